@@ -1,0 +1,297 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"assay.dev/pkg/evalset"
+	"assay.dev/pkg/sim"
+	"assay.dev/services/ingress"
+	"assay.dev/services/ledger"
+)
+
+// submission is one request the demo sends.
+type submission struct {
+	Tenant string
+	Body   ingress.SubmitRequest
+	Label  string
+}
+
+type submitted struct {
+	submission
+	Region string
+	WorkID string
+	Status int
+}
+
+// demoSet is the evaluation set for both tenants: every bundled diff as a
+// code review, plus one change review and one moderation call each.
+func demoSet() []submission {
+	var out []submission
+	for _, tenant := range []string{"acme", "globex"} {
+		for _, it := range evalset.Items() {
+			in, _ := json.Marshal(map[string]string{"diff": it.Diff, "title": it.Title})
+			out = append(out, submission{Tenant: tenant, Label: it.Name, Body: ingress.SubmitRequest{
+				Contract: "code-review", SourceID: it.SourceID, Revision: it.Revision, Input: in}})
+		}
+		first := evalset.Items()[0]
+		in, _ := json.Marshal(map[string]string{"diff": first.Diff, "title": first.Title})
+		out = append(out, submission{Tenant: tenant, Label: first.Name + " (tags)", Body: ingress.SubmitRequest{
+			Contract: "change-review", SourceID: first.SourceID, Revision: first.Revision, Input: in}})
+		out = append(out, submission{Tenant: tenant, Label: "storefront review", Body: ingress.SubmitRequest{
+			Contract: "moderation", SourceID: "reviews/" + tenant + "#9001", Revision: "r1",
+			Input: json.RawMessage(`{"text":"BUY NOW!!! free money at cheap-watches.example, buy now, buy now"}`)}})
+	}
+	return out
+}
+
+// forcedInvalid is the evaluation item whose answer the simulated provider
+// bends (an extra property, twice) so the demo shows the repair path ending
+// schema_rejected.
+func forcedInvalid() (tenant string, item evalset.Item) {
+	items := evalset.Items()
+	return "globex", items[len(items)/2]
+}
+
+func runDemo(ctx context.Context, e *devEnv, w io.Writer) error {
+	started := time.Now()
+	client := &http.Client{Timeout: 30 * time.Second}
+	forcedTenant, forcedItem := forcedInvalid()
+	if e.sim != nil {
+		if err := e.sim.AddFault(sim.Fault{Kind: sim.FaultExtraProperty, Tenant: forcedTenant,
+			Match: forcedItem.Title, Times: 2}); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintln(w, "note: ASSAY_MODEL_BASE_URL is set, so no invalid output is forced")
+	}
+
+	set := demoSet()
+	var subs []submitted
+	for _, s := range set {
+		r, err := e.submit(ctx, client, s)
+		if err != nil {
+			return err
+		}
+		subs = append(subs, r)
+	}
+	// A redelivered webhook: the same key again must name the same work.
+	dup, err := e.submit(ctx, client, set[0])
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "submitted %d work items to 2 cells; duplicate delivery of %s → HTTP %d, work %s (same id: %t)\n\n",
+		len(subs), set[0].Label, dup.Status, dup.WorkID, dup.WorkID == subs[0].WorkID)
+	if dup.WorkID != subs[0].WorkID || dup.Status != http.StatusOK {
+		return fmt.Errorf("duplicate delivery got work %s with HTTP %d, want %s with 200", dup.WorkID, dup.Status, subs[0].WorkID)
+	}
+
+	views, err := e.waitTerminal(ctx, client, subs, 3*time.Minute)
+	if err != nil {
+		return err
+	}
+	calls, ledgerRows, err := e.waitLedger(ctx, 20*time.Second)
+	if err != nil {
+		return err
+	}
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORK ID\tTENANT\tREGION\tCONTRACT\tSOURCE\tOUTCOME\tFINDINGS\tATTEMPTS\tCOST (USD)\tREASON")
+	outcomes := map[string]int{}
+	for i, s := range subs {
+		v := views[i]
+		attempts, cost, err := e.cells[s.Region].Env.Store.WorkCost(ctx, s.WorkID)
+		if err != nil {
+			return err
+		}
+		findings := "-"
+		if v.Result != nil {
+			findings = fmt.Sprint(v.Result.Findings)
+		}
+		outcomes[*v.Outcome]++
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.WorkID, s.Tenant, s.Region, s.Body.Contract,
+			s.Body.SourceID, *v.Outcome, findings, attempts, dollars(cost), short(v.Reason, 60))
+	}
+	tw.Flush()
+
+	fmt.Fprintln(w, "\nusage (GET /v1/usage, from the ledger)")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tREGION\tOUTCOME\tCALLS\tINPUT UNITS\tOUTPUT UNITS\tCOST (USD)")
+	for _, t := range e.tenants {
+		rep, err := e.usage(ctx, client, t.ID)
+		if err != nil {
+			return err
+		}
+		for _, l := range rep.ByOutcome {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", t.ID, t.HomeRegion, l.Outcome, l.Calls, l.InputUnits, l.OutputUnits, dollars(l.CostMicros))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t\t\t%s\n", t.ID, t.HomeRegion, "total", rep.Calls, dollars(rep.CostMicros))
+	}
+	tw.Flush()
+
+	var keys []string
+	for k := range outcomes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
+	}
+	fmt.Fprintf(w, "\noutcomes: %s\n", strings.Join(parts, ", "))
+	if e.sim != nil {
+		fmt.Fprintln(w, "model calls (simulated provider) vs ledger attempt rows, per tenant:")
+		ok := true
+		for _, t := range e.tenants {
+			fmt.Fprintf(w, "  %-7s provider %d  ledger %d\n", t.ID, calls[t.ID], ledgerRows[t.ID])
+			ok = ok && calls[t.ID] == ledgerRows[t.ID]
+		}
+		if !ok {
+			return errors.New("the ledger does not reconcile with the provider's call count")
+		}
+	}
+	fmt.Fprintf(w, "done in %s\n", time.Since(started).Round(time.Millisecond))
+	return nil
+}
+
+func (e *devEnv) submit(ctx context.Context, client *http.Client, s submission) (submitted, error) {
+	t := e.tenantSeed(s.Tenant)
+	c := e.cells[t.HomeRegion]
+	body, _ := json.Marshal(s.Body)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL+"/v1/work", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+t.Token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return submitted{}, err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusAccepted && resp.StatusCode != http.StatusOK {
+		return submitted{}, fmt.Errorf("submit %s for %s: HTTP %d: %s", s.Label, s.Tenant, resp.StatusCode, raw)
+	}
+	var r ingress.SubmitResponse
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return submitted{}, err
+	}
+	return submitted{submission: s, Region: t.HomeRegion, WorkID: r.WorkID, Status: resp.StatusCode}, nil
+}
+
+func (e *devEnv) tenantSeed(id string) struct{ ID, HomeRegion, Token string } {
+	for _, t := range e.tenants {
+		if t.ID == id {
+			return struct{ ID, HomeRegion, Token string }{t.ID, t.HomeRegion, t.Token}
+		}
+	}
+	panic("unknown demo tenant " + id)
+}
+
+func (e *devEnv) getJSON(ctx context.Context, client *http.Client, url, token string, v any) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: HTTP %d: %s", url, resp.StatusCode, raw)
+	}
+	return json.Unmarshal(raw, v)
+}
+
+func (e *devEnv) waitTerminal(ctx context.Context, client *http.Client, subs []submitted, limit time.Duration) ([]ingress.WorkView, error) {
+	views := make([]ingress.WorkView, len(subs))
+	deadline := time.Now().Add(limit)
+	for {
+		pending := 0
+		for i, s := range subs {
+			if views[i].Outcome != nil {
+				continue
+			}
+			t := e.tenantSeed(s.Tenant)
+			if err := e.getJSON(ctx, client, e.cells[s.Region].URL+"/v1/work/"+s.WorkID, t.Token, &views[i]); err != nil {
+				return nil, err
+			}
+			if views[i].Outcome == nil {
+				pending++
+			}
+		}
+		if pending == 0 {
+			return views, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%d work items did not reach an outcome within %s", pending, limit)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// waitLedger waits until the ledger has caught up with the provider's count
+// (attempt events are recorded asynchronously), then returns both.
+func (e *devEnv) waitLedger(ctx context.Context, limit time.Duration) (calls, rows map[string]int64, err error) {
+	deadline := time.Now().Add(limit)
+	for {
+		rows = map[string]int64{}
+		for _, c := range e.cells {
+			m, err := c.Env.Store.LedgerCountByTenant(ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			for k, v := range m {
+				rows[k] += v
+			}
+		}
+		calls = map[string]int64{}
+		if e.sim == nil {
+			return calls, rows, nil
+		}
+		for k, v := range e.sim.Stats().Tenants {
+			calls[k] = v.Calls
+		}
+		same := len(calls) == len(rows)
+		for k, v := range calls {
+			same = same && rows[k] == v
+		}
+		if same || time.Now().After(deadline) {
+			return calls, rows, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (e *devEnv) usage(ctx context.Context, client *http.Client, tenant string) (ledger.UsageReport, error) {
+	t := e.tenantSeed(tenant)
+	var rep ledger.UsageReport
+	err := e.getJSON(ctx, client, e.cells[t.HomeRegion].URL+"/v1/usage?tenant="+tenant, t.Token, &rep)
+	return rep, err
+}
+
+func dollars(micros int64) string { return fmt.Sprintf("%.6f", float64(micros)/1e6) }
+
+func short(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}
+

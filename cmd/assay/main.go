@@ -1,0 +1,153 @@
+// Command assay is the operator's tool and the all-in-one binary:
+//
+//	assay dev [--serve]       both cells in one process, the demo by default
+//	assay migrate             apply the cell's migrations
+//	assay sim                 run the simulated provider
+//	assay tenants seed FILE   create tenants and tokens from a JSON file
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"assay.dev/pkg/config"
+	"assay.dev/pkg/sim"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+const usage = `usage: assay <command> [flags]
+
+commands:
+  dev [--serve]          run both cells (us, eu) in one process on embedded defaults;
+                         without --serve, submit the evaluation set, print results, exit
+  migrate                apply the cell's migrations (ASSAY_DATABASE_URL)
+  sim                    run the simulated OpenAI-compatible provider (ASSAY_HTTP_ADDR)
+  tenants seed FILE      create tenants and tokens from FILE: [{"id","homeRegion","token"}]
+`
+
+func run(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	var err error
+	switch args[0] {
+	case "dev":
+		err = dev(ctx, args[1:])
+	case "migrate":
+		err = migrate(ctx, args[1:])
+	case "sim":
+		err = runSim(ctx, args[1:])
+	case "tenants":
+		err = tenants(ctx, args[1:])
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return 0
+	default:
+		fmt.Fprintf(os.Stderr, "assay: unknown command %q\n%s", args[0], usage)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "assay %s: %v\n", args[0], err)
+		if _, ok := err.(configError); ok {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+// configError marks a bad setting, which exits 2.
+type configError struct{ error }
+
+func migrate(ctx context.Context, args []string) error {
+	cfg, err := config.Load("assay migrate", args, os.Getenv, config.Need{})
+	if err != nil {
+		return configError{err}
+	}
+	st, err := store.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+	}
+	defer st.Close()
+	applied, err := st.Migrate(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("region %s: %d migration(s) applied %v\n", cfg.Region, len(applied), applied)
+	return nil
+}
+
+func runSim(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("assay sim", flag.ContinueOnError)
+	addr := fs.String("addr", envOr("ASSAY_HTTP_ADDR", "127.0.0.1:8090"), "listen address ($ASSAY_HTTP_ADDR)")
+	if err := fs.Parse(args); err != nil {
+		return configError{err}
+	}
+	log := telemetry.NewLogger(os.Stderr, "sim", "", slog.LevelInfo)
+	s := sim.New(sim.Options{Logger: log})
+	url, err := s.Start(*addr)
+	if err != nil {
+		return configError{fmt.Errorf("ASSAY_HTTP_ADDR: %w", err)}
+	}
+	fmt.Printf("simulated provider at %s (POST %s/v1/chat/completions, GET %s/sim/stats)\n", url, url, url)
+	<-ctx.Done()
+	return s.Close()
+}
+
+func tenants(ctx context.Context, args []string) error {
+	if len(args) < 2 || args[0] != "seed" {
+		return configError{fmt.Errorf("usage: assay tenants seed FILE [flags]")}
+	}
+	raw, err := os.ReadFile(args[1])
+	if err != nil {
+		return configError{err}
+	}
+	var seeds []store.TenantSeed
+	if err := json.Unmarshal(raw, &seeds); err != nil {
+		return configError{fmt.Errorf("%s: %w", args[1], err)}
+	}
+	for _, t := range seeds {
+		if err := config.ValidateRegion(t.HomeRegion); err != nil {
+			return configError{fmt.Errorf("%s: tenant %q: homeRegion: %w", args[1], t.ID, err)}
+		}
+	}
+	cfg, err := config.Load("assay tenants seed", args[2:], os.Getenv, config.Need{})
+	if err != nil {
+		return configError{err}
+	}
+	st, err := store.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+	}
+	defer st.Close()
+	if _, err := st.Migrate(ctx); err != nil {
+		return err
+	}
+	if err := st.SeedTenants(ctx, seeds); err != nil {
+		return err
+	}
+	fmt.Printf("region %s: %d tenant(s) seeded\n", cfg.Region, len(seeds))
+	return nil
+}
+
+func envOr(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}
+

@@ -1,0 +1,237 @@
+// Package diff parses unified diffs (git's format) far enough to ground a
+// model's findings: which files a change touches, which new-file lines sit in a
+// changed hunk, and what text the change contains.
+package diff
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Kind of one diff line.
+const (
+	Added   = '+'
+	Removed = '-'
+	Context = ' '
+)
+
+// Line is one body line of a hunk.
+type Line struct {
+	Kind byte   // Added, Removed or Context
+	Text string // the line without its marker
+	// NewLine is the line number in the new file; 0 for removed lines.
+	NewLine int
+}
+
+// Hunk is one @@ section.
+type Hunk struct {
+	OldStart, OldLines int
+	NewStart, NewLines int
+	Lines              []Line
+}
+
+// File is the part of a diff that touches one path.
+type File struct {
+	// Path is the new path ("b/" stripped); for a deleted file, the old path.
+	Path    string
+	OldPath string
+	Deleted bool
+	Hunks   []Hunk
+}
+
+// Diff is a parsed unified diff.
+type Diff struct {
+	Files []File
+}
+
+// ErrEmpty is returned for input that holds no file section at all.
+var ErrEmpty = errors.New("diff: no file sections")
+
+// Parse reads a unified diff. It accepts both `diff --git` output and plain
+// `---`/`+++` pairs, and refuses hunks whose line counts do not add up.
+func Parse(s string) (*Diff, error) {
+	d := &Diff{}
+	lines := strings.Split(strings.ReplaceAll(s, "\r\n", "\n"), "\n")
+	var cur *File
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		switch {
+		case strings.HasPrefix(l, "diff --git "):
+			d.Files = append(d.Files, File{})
+			cur = &d.Files[len(d.Files)-1]
+			if a, b, ok := gitPaths(l); ok {
+				cur.OldPath, cur.Path = a, b
+			}
+		case strings.HasPrefix(l, "--- "):
+			if cur == nil || len(cur.Hunks) > 0 {
+				d.Files = append(d.Files, File{})
+				cur = &d.Files[len(d.Files)-1]
+			}
+			if p := stripPath(l[4:], "a/"); p != "" {
+				cur.OldPath = p
+			}
+		case strings.HasPrefix(l, "+++ "):
+			if cur == nil {
+				return nil, fmt.Errorf("diff: line %d: +++ without ---", i+1)
+			}
+			p := stripPath(l[4:], "b/")
+			if p == "" {
+				cur.Deleted = true
+				cur.Path = cur.OldPath
+			} else {
+				cur.Path = p
+			}
+		case strings.HasPrefix(l, "@@"):
+			if cur == nil || cur.Path == "" {
+				return nil, fmt.Errorf("diff: line %d: hunk before file header", i+1)
+			}
+			h, err := parseHunkHeader(l)
+			if err != nil {
+				return nil, fmt.Errorf("diff: line %d: %w", i+1, err)
+			}
+			oldLeft, newLeft, n := h.OldLines, h.NewLines, h.NewStart
+			for oldLeft > 0 || newLeft > 0 {
+				i++
+				if i >= len(lines) {
+					return nil, fmt.Errorf("diff: hunk at %s:%d ends early", cur.Path, h.NewStart)
+				}
+				b := lines[i]
+				if strings.HasPrefix(b, `\ `) { // "\ No newline at end of file"
+					continue
+				}
+				kind := byte(Context)
+				if b != "" {
+					kind = b[0]
+					b = b[1:]
+				}
+				switch kind {
+				case Added:
+					h.Lines = append(h.Lines, Line{Kind: Added, Text: b, NewLine: n})
+					n++
+					newLeft--
+				case Removed:
+					h.Lines = append(h.Lines, Line{Kind: Removed, Text: b})
+					oldLeft--
+				case Context:
+					h.Lines = append(h.Lines, Line{Kind: Context, Text: b, NewLine: n})
+					n++
+					newLeft--
+					oldLeft--
+				default:
+					return nil, fmt.Errorf("diff: line %d: unexpected %q inside hunk", i+1, kind)
+				}
+				if oldLeft < 0 || newLeft < 0 {
+					return nil, fmt.Errorf("diff: hunk at %s:%d has more lines than its header says", cur.Path, h.NewStart)
+				}
+			}
+			cur.Hunks = append(cur.Hunks, h)
+		}
+	}
+	if len(d.Files) == 0 {
+		return nil, ErrEmpty
+	}
+	return d, nil
+}
+
+func gitPaths(l string) (string, string, bool) {
+	rest := strings.TrimPrefix(l, "diff --git ")
+	i := strings.Index(rest, " b/")
+	if !strings.HasPrefix(rest, "a/") || i < 0 {
+		return "", "", false
+	}
+	return rest[2:i], rest[i+3:], true
+}
+
+func stripPath(p, prefix string) string {
+	if i := strings.IndexByte(p, '\t'); i >= 0 {
+		p = p[:i]
+	}
+	p = strings.TrimSpace(p)
+	if p == "/dev/null" {
+		return ""
+	}
+	return strings.TrimPrefix(p, prefix)
+}
+
+func parseHunkHeader(l string) (Hunk, error) {
+	// @@ -a,b +c,d @@ optional section
+	f := strings.Fields(l)
+	if len(f) < 4 || f[0] != "@@" || f[3] != "@@" || !strings.HasPrefix(f[1], "-") || !strings.HasPrefix(f[2], "+") {
+		return Hunk{}, fmt.Errorf("malformed hunk header %q", l)
+	}
+	var h Hunk
+	var err error
+	if h.OldStart, h.OldLines, err = rangeOf(f[1][1:]); err != nil {
+		return Hunk{}, err
+	}
+	if h.NewStart, h.NewLines, err = rangeOf(f[2][1:]); err != nil {
+		return Hunk{}, err
+	}
+	return h, nil
+}
+
+func rangeOf(s string) (start, n int, err error) {
+	a, b, has := strings.Cut(s, ",")
+	if start, err = strconv.Atoi(a); err != nil || start < 0 {
+		return 0, 0, fmt.Errorf("bad hunk range %q", s)
+	}
+	n = 1
+	if has {
+		if n, err = strconv.Atoi(b); err != nil || n < 0 {
+			return 0, 0, fmt.Errorf("bad hunk range %q", s)
+		}
+	}
+	return start, n, nil
+}
+
+// File returns the section for path, or nil when the diff does not touch it.
+func (d *Diff) File(path string) *File {
+	for i := range d.Files {
+		if d.Files[i].Path == path {
+			return &d.Files[i]
+		}
+	}
+	return nil
+}
+
+// InHunk reports whether new-file line n lies inside one of f's hunks.
+func (f *File) InHunk(n int) bool {
+	for _, h := range f.Hunks {
+		if n >= h.NewStart && n < h.NewStart+h.NewLines {
+			return true
+		}
+	}
+	return false
+}
+
+// Contains reports whether text (whitespace-trimmed, non-empty) occurs in the
+// text of one of f's hunk lines.
+func (f *File) Contains(text string) bool {
+	t := strings.TrimSpace(text)
+	if t == "" {
+		return false
+	}
+	for _, h := range f.Hunks {
+		for _, l := range h.Lines {
+			if strings.Contains(l.Text, t) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Added returns f's added lines in order.
+func (f *File) Added() []Line {
+	var out []Line
+	for _, h := range f.Hunks {
+		for _, l := range h.Lines {
+			if l.Kind == Added {
+				out = append(out, l)
+			}
+		}
+	}
+	return out
+}

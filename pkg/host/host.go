@@ -1,0 +1,186 @@
+// Package host runs one assay service as a process: it reads the shared
+// settings, connects to the cell's Postgres and NATS, applies migrations,
+// serves /healthz, /readyz and /metrics beside the service's own API, and
+// drains in order on SIGTERM.
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/config"
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+)
+
+// Env is what a service gets from its host.
+type Env struct {
+	Config    config.Config
+	Store     *store.Store
+	NC        *nats.Conn
+	JS        jetstream.JetStream
+	Contracts *contract.Registry
+	Log       *slog.Logger
+	Tel       *telemetry.Provider
+}
+
+// Part is a running service as the host sees it.
+type Part interface {
+	Start(ctx context.Context) error
+	Ready(ctx context.Context) error
+}
+
+// Connect opens everything a service of a cell needs.
+func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logger) (*Env, error) {
+	tel, err := telemetry.Setup(ctx, name, cfg.Region)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	reg, err := contract.Load()
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+	}
+	if _, err := st.Migrate(ctx); err != nil {
+		st.Close()
+		return nil, err
+	}
+	nc, err := nats.Connect(cfg.NATSURL, nats.Name("assay-"+name+"-"+cfg.Region),
+		nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond))
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("ASSAY_NATS_URL: connect %s: %w", cfg.NATSURL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		st.Close()
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return &Env{Config: cfg, Store: st, NC: nc, JS: js, Contracts: reg, Log: log, Tel: tel}, nil
+}
+
+// Close releases connections, last to first.
+func (e *Env) Close(ctx context.Context) {
+	if e.NC != nil {
+		_ = e.NC.Drain()
+	}
+	if e.Store != nil {
+		e.Store.Close()
+	}
+	if e.Tel != nil {
+		_ = e.Tel.Shutdown(ctx)
+	}
+}
+
+// Mux builds the HTTP surface every service has: its own API (may be nil),
+// /healthz (the process answers), /readyz (every part is ready) and /metrics.
+func Mux(api http.Handler, tel *telemetry.Provider, parts ...Part) *http.ServeMux {
+	mux := http.NewServeMux()
+	if api != nil {
+		mux.Handle("/v1/", api)
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		apierror.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		for _, p := range parts {
+			if err := p.Ready(ctx); err != nil {
+				apierror.Write(w, http.StatusServiceUnavailable, "not_ready", err.Error())
+				return
+			}
+		}
+		apierror.JSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	if tel != nil {
+		mux.Handle("GET /metrics", tel.MetricsHandler())
+	}
+	return mux
+}
+
+// Serve listens on addr and serves h until ctx ends, then shuts down.
+// It returns the bound address through bound once listening.
+func Serve(ctx context.Context, addr string, h http.Handler, bound func(string)) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("ASSAY_HTTP_ADDR: listen %s: %w", addr, err)
+	}
+	if bound != nil {
+		bound(ln.Addr().String())
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return err
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Main runs one service process. build makes the service from the Env;
+// stop drains it. Exit codes: 2 for a bad setting, 1 for a failure.
+func Main(name string, need config.Need, build func(*Env) (Part, http.Handler, func(context.Context), error)) {
+	log := telemetry.NewLogger(os.Stderr, name, os.Getenv("ASSAY_REGION"), slog.LevelInfo)
+	cfg, err := config.Load(name, os.Args[1:], os.Getenv, need)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(2)
+	}
+	log = telemetry.NewLogger(os.Stderr, name, cfg.Region, slog.LevelInfo)
+	ctx, stopSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stopSignals()
+	env, err := Connect(ctx, name, cfg, log)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(1)
+	}
+	part, api, stop, err := build(env)
+	if err == nil {
+		err = part.Start(ctx)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		env.Close(context.Background())
+		os.Exit(1)
+	}
+	err = Serve(ctx, cfg.HTTPAddr, Mux(api, env.Tel, part), func(a string) {
+		log.Info("serving", "addr", a)
+	})
+	// Stop taking work, finish or release what is held, then close pools.
+	dctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	stop(dctx)
+	env.Close(dctx)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(1)
+	}
+}

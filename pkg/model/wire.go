@@ -1,0 +1,122 @@
+// Package model is the one adapter to an OpenAI-compatible chat-completions
+// endpoint. This file holds the wire shapes and the message layout that the
+// adapter sends and the simulated provider reads.
+package model
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+)
+
+// ChatRequest is the body of POST /v1/chat/completions.
+type ChatRequest struct {
+	Model          string          `json:"model"`
+	Messages       []Message       `json:"messages"`
+	ResponseFormat *ResponseFormat `json:"response_format,omitempty"`
+	// User carries the tenant id so that a provider (and the simulated one)
+	// can attribute every call.
+	User        string   `json:"user,omitempty"`
+	Temperature *float64 `json:"temperature,omitempty"`
+	MaxTokens   int      `json:"max_tokens,omitempty"`
+}
+
+// Message is one chat message.
+type Message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// ResponseFormat asks for structured output against a JSON Schema.
+type ResponseFormat struct {
+	Type       string      `json:"type"` // "json_schema"
+	JSONSchema *JSONSchema `json:"json_schema,omitempty"`
+}
+
+// JSONSchema names the contract and carries its schema file verbatim.
+type JSONSchema struct {
+	Name   string          `json:"name"`
+	Strict bool            `json:"strict"`
+	Schema json.RawMessage `json:"schema"`
+}
+
+// ChatResponse is the subset of a chat.completion answer assay reads.
+type ChatResponse struct {
+	ID      string   `json:"id"`
+	Object  string   `json:"object"`
+	Created int64    `json:"created"`
+	Model   string   `json:"model"`
+	Choices []Choice `json:"choices"`
+	Usage   Usage    `json:"usage"`
+}
+
+// Choice is one completion choice.
+type Choice struct {
+	Index        int     `json:"index"`
+	Message      Message `json:"message"`
+	FinishReason string  `json:"finish_reason"`
+}
+
+// Usage is the provider's own count of units.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// Correlation is what the worker tells the model to echo back. It travels in
+// the system message, never in the untrusted input.
+type Correlation struct {
+	WorkID          string `json:"workId"`
+	SchemaVersion   string `json:"schemaVersion"`
+	TaxonomyVersion string `json:"taxonomyVersion,omitempty"`
+}
+
+// correlationMarker starts the line of the system message that carries the
+// correlation document.
+const correlationMarker = "assay-correlation: "
+
+// Messages lays out one call: the contract's instructions and the correlation
+// line in the system message, an optional repair note as a second system
+// message, and the untrusted input, verbatim, alone in the user message.
+func Messages(instructions string, c Correlation, repair string, input json.RawMessage) []Message {
+	corr, _ := json.Marshal(c)
+	msgs := []Message{{Role: "system", Content: strings.TrimRight(instructions, "\n") + "\n\n" + correlationMarker + string(corr)}}
+	if repair != "" {
+		msgs = append(msgs, Message{Role: "system", Content: "Your previous answer was rejected: " + repair + "\nAnswer again with JSON that satisfies the schema."})
+	}
+	return append(msgs, Message{Role: "user", Content: string(input)})
+}
+
+// ErrNoCorrelation is returned by ParseCorrelation when no system message
+// carries a correlation line.
+var ErrNoCorrelation = errors.New("model: no correlation line in the system message")
+
+// ParseCorrelation finds the correlation document in a request's messages.
+func ParseCorrelation(msgs []Message) (Correlation, error) {
+	for _, m := range msgs {
+		if m.Role != "system" {
+			continue
+		}
+		for _, l := range strings.Split(m.Content, "\n") {
+			if rest, ok := strings.CutPrefix(l, correlationMarker); ok {
+				var c Correlation
+				if err := json.Unmarshal([]byte(rest), &c); err != nil {
+					return Correlation{}, err
+				}
+				return c, nil
+			}
+		}
+	}
+	return Correlation{}, ErrNoCorrelation
+}
+
+// Input returns the content of the last user message: the untrusted input.
+func Input(msgs []Message) string {
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Role == "user" {
+			return msgs[i].Content
+		}
+	}
+	return ""
+}

@@ -1,0 +1,135 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Fault kinds.
+const (
+	FaultRateLimit          = "rate_limit"           // 429 with Retry-After
+	FaultLatency            = "latency"              // sleep Latency, then answer normally
+	FaultHang               = "hang"                 // never answer until the client goes away or Close
+	FaultTruncated          = "truncated"            // 200 with the chat.completion body cut in half
+	FaultInvalidJSON        = "invalid_json"         // message content is not JSON
+	FaultServerError        = "server_error"         // 500
+	FaultReject             = "reject"               // 400 content-policy error
+	FaultExtraProperty      = "extra_property"       // valid output plus an unknown top-level property
+	FaultBadEnum            = "bad_enum"             // a value outside a closed vocabulary
+	FaultWrongChangeID      = "wrong_change_id"      // code-review changeId is not the work id
+	FaultWrongSchemaVersion = "wrong_schema_version" // code-review and change-review
+	FaultUngroundedFile     = "ungrounded_file"      // code-review finding on a file not in the diff
+	FaultLineOutsideHunk    = "line_outside_hunk"    // code-review finding on a real file, line outside every hunk
+	FaultEvidenceNotInDiff  = "evidence_not_in_diff" // code-review finding whose evidence is not diff text
+)
+
+// FaultKinds lists every kind AddFault accepts.
+var FaultKinds = []string{
+	FaultRateLimit, FaultLatency, FaultHang, FaultTruncated, FaultInvalidJSON,
+	FaultServerError, FaultReject, FaultExtraProperty, FaultBadEnum,
+	FaultWrongChangeID, FaultWrongSchemaVersion, FaultUngroundedFile,
+	FaultLineOutsideHunk, FaultEvidenceNotInDiff,
+}
+
+// Fault bends matching calls. The first matching fault with Times left
+// applies and consumes one. A fault whose kind cannot be expressed in a
+// call's contract (wrong_change_id on moderation, say, or line_outside_hunk
+// when the diff has no usable file) does not match that call.
+type Fault struct {
+	Kind   string
+	Tenant string // "" matches any tenant; "-" is the request without a user
+	Match  string // substring of the user message (the untrusted input); "" matches any
+	Times  int    // calls it applies to; 0 means every call
+	// RetryAfter is sent, in whole seconds rounded up, with rate_limit;
+	// default 1s.
+	RetryAfter time.Duration
+	Latency    time.Duration // for latency
+}
+
+// faultJSON carries durations as Go duration strings ("2s").
+type faultJSON struct {
+	Kind       string `json:"kind"`
+	Tenant     string `json:"tenant,omitempty"`
+	Match      string `json:"match,omitempty"`
+	Times      int    `json:"times,omitempty"`
+	RetryAfter string `json:"retryAfter,omitempty"`
+	Latency    string `json:"latency,omitempty"`
+}
+
+// MarshalJSON writes durations as Go duration strings.
+func (f Fault) MarshalJSON() ([]byte, error) {
+	j := faultJSON{Kind: f.Kind, Tenant: f.Tenant, Match: f.Match, Times: f.Times}
+	if f.RetryAfter != 0 {
+		j.RetryAfter = f.RetryAfter.String()
+	}
+	if f.Latency != 0 {
+		j.Latency = f.Latency.String()
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON reads durations as Go duration strings.
+func (f *Fault) UnmarshalJSON(b []byte) error {
+	var j faultJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	out := Fault{Kind: j.Kind, Tenant: j.Tenant, Match: j.Match, Times: j.Times}
+	var err error
+	if j.RetryAfter != "" {
+		if out.RetryAfter, err = time.ParseDuration(j.RetryAfter); err != nil {
+			return fmt.Errorf("retryAfter: %w", err)
+		}
+	}
+	if j.Latency != "" {
+		if out.Latency, err = time.ParseDuration(j.Latency); err != nil {
+			return fmt.Errorf("latency: %w", err)
+		}
+	}
+	*f = out
+	return nil
+}
+
+// AddFault appends a fault after the ones already set.
+func (s *Server) AddFault(f Fault) error {
+	known := false
+	for _, k := range FaultKinds {
+		known = known || k == f.Kind
+	}
+	switch {
+	case !known:
+		return fmt.Errorf("sim: unknown fault kind %q", f.Kind)
+	case f.Times < 0:
+		return fmt.Errorf("sim: fault times %d is negative", f.Times)
+	case f.RetryAfter < 0 || f.Latency < 0:
+		return fmt.Errorf("sim: fault durations must not be negative")
+	case f.Kind == FaultLatency && f.Latency == 0:
+		return fmt.Errorf("sim: latency fault needs a latency")
+	}
+	if f.Kind == FaultRateLimit && f.RetryAfter == 0 {
+		f.RetryAfter = time.Second
+	}
+	s.mu.Lock()
+	s.faults = append(s.faults, &f)
+	s.mu.Unlock()
+	return nil
+}
+
+// ClearFaults removes every fault.
+func (s *Server) ClearFaults() {
+	s.mu.Lock()
+	s.faults = nil
+	s.mu.Unlock()
+}
+
+// Faults returns the faults still set, Times being what is left.
+func (s *Server) Faults() []Fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Fault, 0, len(s.faults))
+	for _, f := range s.faults {
+		out = append(out, *f)
+	}
+	return out
+}

@@ -1,0 +1,630 @@
+// Package sim is the simulated model provider: a real HTTP server speaking the
+// OpenAI-compatible chat-completions protocol, answering the seed contracts
+// with a deterministic reviewer, counting every call per tenant and injecting
+// the faults a real provider shows (rate limits, hangs, broken or
+// schema-invalid answers, wrong correlation, ungrounded findings).
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"assay.dev/pkg/diff"
+	"assay.dev/pkg/model"
+)
+
+// DefaultModel is the model name reported when neither the request nor the
+// options name one.
+const DefaultModel = "assay-sim-1"
+
+// Contract names, as sent in response_format.json_schema.name.
+const (
+	ContractCodeReview   = "code-review"
+	ContractChangeReview = "change-review"
+	ContractModeration   = "moderation"
+)
+
+// AnonymousTenant is the tenant a request without a user field counts under.
+const AnonymousTenant = "-"
+
+// maxBody bounds a request body; diffs are large but not unbounded.
+const maxBody = 32 << 20
+
+// Options configure a Server.
+type Options struct {
+	Model   string        // reported model when the request names none; default "assay-sim-1"
+	Latency time.Duration // added to every answered call; 0 by default
+	Logger  *slog.Logger  // nil discards
+}
+
+// Stats are the calls counted since start or the last ResetStats.
+type Stats struct {
+	Total   int64                  `json:"total"`
+	Tenants map[string]TenantStats `json:"tenants"`
+}
+
+// TenantStats count one tenant's calls. Every decoded call lands in exactly
+// one outcome, so Calls == OK + RateLimited + Faulted + BadRequest.
+type TenantStats struct {
+	Calls       int64 `json:"calls"`
+	OK          int64 `json:"ok"`          // answered with a valid output
+	RateLimited int64 `json:"rateLimited"` // answered 429 by a rate_limit fault
+	Faulted     int64 `json:"faulted"`     // any other fault applied (latency included)
+	BadRequest  int64 `json:"badRequest"`  // refused with 400 before any fault
+}
+
+// Server is the simulated provider. It is an http.Handler and can also listen
+// on its own with Start.
+type Server struct {
+	opts Options
+	log  *slog.Logger
+	mux  *http.ServeMux
+	seq  atomic.Int64
+
+	mu     sync.Mutex
+	faults []*Fault // Times counts down; a Times>0 fault is dropped at 0
+	stats  map[string]*TenantStats
+
+	srvMu     sync.Mutex
+	srv       *http.Server
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// New returns a Server with no faults.
+func New(opts Options) *Server {
+	if opts.Model == "" {
+		opts.Model = DefaultModel
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{opts: opts, log: log, mux: http.NewServeMux(), stats: map[string]*TenantStats{}, done: make(chan struct{})}
+	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	s.mux.HandleFunc("GET /sim/stats", s.handleStats)
+	s.mux.HandleFunc("DELETE /sim/stats", func(w http.ResponseWriter, r *http.Request) {
+		s.ResetStats()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	s.mux.HandleFunc("GET /sim/faults", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, s.Faults())
+	})
+	s.mux.HandleFunc("POST /sim/faults", s.handleAddFault)
+	s.mux.HandleFunc("DELETE /sim/faults", func(w http.ResponseWriter, r *http.Request) {
+		s.ClearFaults()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Start listens on addr ("127.0.0.1:0" picks a free port) and serves in the
+// background. It returns the base URL without a trailing slash.
+func (s *Server) Start(addr string) (string, error) {
+	s.srvMu.Lock()
+	defer s.srvMu.Unlock()
+	select {
+	case <-s.done:
+		return "", errors.New("sim: server is closed")
+	default:
+	}
+	if s.srv != nil {
+		return "", errors.New("sim: server already started")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("sim: listen %s: %w", addr, err)
+	}
+	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	go func(srv *http.Server) {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("sim: serve", "err", err)
+		}
+	}(s.srv)
+	return "http://" + ln.Addr().String(), nil
+}
+
+// Close stops the listener, drops open connections and releases hanging and
+// sleeping calls. It is safe to call more than once.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() { close(s.done) })
+	s.srvMu.Lock()
+	defer s.srvMu.Unlock()
+	if s.srv == nil {
+		return nil
+	}
+	return s.srv.Close()
+}
+
+// Stats returns a copy of the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Stats{Tenants: make(map[string]TenantStats, len(s.stats))}
+	for k, v := range s.stats {
+		st.Tenants[k] = *v
+		st.Total += v.Calls
+	}
+	return st
+}
+
+// ResetStats zeroes the counters.
+func (s *Server) ResetStats() {
+	s.mu.Lock()
+	s.stats = map[string]*TenantStats{}
+	s.mu.Unlock()
+}
+
+type outcome int
+
+const (
+	outcomeOK outcome = iota
+	outcomeRateLimited
+	outcomeFaulted
+	outcomeBadRequest
+)
+
+// record counts one call. It runs before the answer is written so that a
+// client which has its answer always sees its call in Stats.
+func (s *Server) record(tenant string, o outcome) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recordLocked(tenant, o)
+}
+
+func (s *Server) recordLocked(tenant string, o outcome) {
+	ts := s.stats[tenant]
+	if ts == nil {
+		ts = &TenantStats{}
+		s.stats[tenant] = ts
+	}
+	ts.Calls++
+	switch o {
+	case outcomeOK:
+		ts.OK++
+	case outcomeRateLimited:
+		ts.RateLimited++
+	case outcomeFaulted:
+		ts.Faulted++
+	case outcomeBadRequest:
+		ts.BadRequest++
+	}
+}
+
+// call is a decoded, validated chat request.
+type call struct {
+	req      model.ChatRequest
+	tenant   string
+	contract string
+	corr     model.Correlation
+	input    string // the raw user message
+	diffText string // code-review and change-review
+	diff     *diff.Diff
+	text     string // moderation
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	var req model.ChatRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_body", "could not decode the request body: "+err.Error())
+		return
+	}
+	c := &call{req: req, tenant: req.User}
+	if c.tenant == "" {
+		c.tenant = AnonymousTenant
+	}
+	if msg := c.prepare(); msg != "" {
+		s.record(c.tenant, outcomeBadRequest)
+		s.log.Debug("sim: bad request", "tenant", c.tenant, "reason", msg)
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", msg)
+		return
+	}
+
+	f := s.admit(c)
+	kind := ""
+	if f != nil {
+		kind = f.Kind
+	}
+	s.log.Debug("sim: call", "tenant", c.tenant, "contract", c.contract, "workId", c.corr.WorkID, "fault", kind)
+
+	ctx := r.Context()
+	if kind == FaultHang {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.done:
+			// Abort the connection so the client sees a failure, not an
+			// empty 200.
+			panic(http.ErrAbortHandler)
+		}
+	}
+	if !s.sleep(ctx, s.opts.Latency) {
+		return
+	}
+
+	switch kind {
+	case FaultRateLimit:
+		ra := f.RetryAfter
+		if ra <= 0 {
+			ra = time.Second
+		}
+		secs := int64((ra + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+		writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded",
+			fmt.Sprintf("Rate limit reached for %s; please try again in %ds.", c.tenant, secs))
+		return
+	case FaultServerError:
+		writeError(w, http.StatusInternalServerError, "server_error", "", "The server had an error while processing your request. Sorry about that!")
+		return
+	case FaultReject:
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "content_policy_violation",
+			"Your request was rejected as a result of our safety system.")
+		return
+	case FaultLatency:
+		if !s.sleep(ctx, f.Latency) {
+			return
+		}
+	}
+
+	content := c.answer(kind)
+	resp := model.ChatResponse{
+		ID:      fmt.Sprintf("chatcmpl-sim-%d", s.seq.Add(1)),
+		Object:  "chat.completion",
+		Created: time.Now().Unix(),
+		Model:   cmpOr(req.Model, s.opts.Model),
+		Choices: []model.Choice{{Index: 0, Message: model.Message{Role: "assistant", Content: content}, FinishReason: "stop"}},
+	}
+	var prompt int
+	for _, m := range req.Messages {
+		prompt += len(m.Content)
+	}
+	resp.Usage.PromptTokens = tokens(prompt)
+	resp.Usage.CompletionTokens = tokens(len(content))
+	resp.Usage.TotalTokens = resp.Usage.PromptTokens + resp.Usage.CompletionTokens
+	body, _ := json.Marshal(resp)
+	if kind == FaultTruncated {
+		body = body[:len(body)/2]
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+}
+
+// tokens estimates units the way the contract says: ceil(bytes/4).
+func tokens(n int) int { return (n + 3) / 4 }
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// sleep waits d unless the request goes away or the server closes; it
+// reports whether the call should still be answered.
+func (s *Server) sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-s.done:
+		return false
+	}
+}
+
+// prepare validates the request and extracts contract, correlation and
+// input; it returns a message for a 400 or "".
+func (c *call) prepare() string {
+	hasUser := false
+	for _, m := range c.req.Messages {
+		if m.Role == "user" {
+			hasUser = true
+		}
+	}
+	if !hasUser {
+		return "messages must include a user message"
+	}
+	rf := c.req.ResponseFormat
+	if rf == nil || rf.JSONSchema == nil {
+		return "response_format.json_schema is required"
+	}
+	c.contract = rf.JSONSchema.Name
+	switch c.contract {
+	case ContractCodeReview, ContractChangeReview, ContractModeration:
+	default:
+		return fmt.Sprintf("unknown contract %q in response_format.json_schema.name", c.contract)
+	}
+	corr, err := model.ParseCorrelation(c.req.Messages)
+	if err != nil {
+		return "no correlation: " + err.Error()
+	}
+	c.corr = corr
+	c.input = model.Input(c.req.Messages)
+	// The input is a JSON document; anything else is read as the raw diff or
+	// text, the way a model would still try to answer.
+	var doc struct {
+		Diff *string `json:"diff"`
+		Text *string `json:"text"`
+	}
+	ok := json.Unmarshal([]byte(c.input), &doc) == nil
+	if c.contract == ContractModeration {
+		c.text = c.input
+		if ok && doc.Text != nil {
+			c.text = *doc.Text
+		}
+		return ""
+	}
+	c.diffText = c.input
+	if ok && doc.Diff != nil {
+		c.diffText = *doc.Diff
+	}
+	if d, err := diff.Parse(c.diffText); err == nil {
+		c.diff = d
+	}
+	return ""
+}
+
+// admit picks and consumes the first matching fault and counts the call, in
+// one critical section so that concurrent calls neither share a Times slot
+// nor miss the counters.
+func (s *Server) admit(c *call) *Fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var chosen *Fault
+	for i, f := range s.faults {
+		if f.Tenant != "" && f.Tenant != c.tenant {
+			continue
+		}
+		if f.Match != "" && !strings.Contains(c.input, f.Match) {
+			continue
+		}
+		if !c.applicable(f.Kind) {
+			continue
+		}
+		cp := *f
+		chosen = &cp
+		if f.Times > 0 {
+			f.Times--
+			if f.Times == 0 {
+				s.faults = append(s.faults[:i:i], s.faults[i+1:]...)
+			}
+		}
+		break
+	}
+	o := outcomeOK
+	switch {
+	case chosen == nil:
+	case chosen.Kind == FaultRateLimit:
+		o = outcomeRateLimited
+	default:
+		o = outcomeFaulted
+	}
+	s.recordLocked(c.tenant, o)
+	return chosen
+}
+
+// applicable reports whether a fault kind can be expressed in this call's
+// contract; a fault that cannot is skipped and keeps its Times.
+func (c *call) applicable(kind string) bool {
+	switch kind {
+	case FaultWrongChangeID, FaultUngroundedFile:
+		return c.contract == ContractCodeReview
+	case FaultWrongSchemaVersion:
+		return c.contract == ContractCodeReview || c.contract == ContractChangeReview
+	case FaultLineOutsideHunk, FaultEvidenceNotInDiff:
+		if c.contract != ContractCodeReview {
+			return false
+		}
+		_, _, ok := anchor(c.diff)
+		return ok
+	}
+	return true
+}
+
+// anchor is the first new-side hunk line with text in a file that still
+// exists, from which a grounded finding can be built.
+func anchor(d *diff.Diff) (*diff.File, diff.Line, bool) {
+	if d == nil {
+		return nil, diff.Line{}, false
+	}
+	for i := range d.Files {
+		f := &d.Files[i]
+		if f.Deleted || f.Path == "" {
+			continue
+		}
+		for _, h := range f.Hunks {
+			for _, l := range h.Lines {
+				if l.Kind != diff.Removed && l.NewLine >= 1 && strings.TrimSpace(l.Text) != "" {
+					return f, l, true
+				}
+			}
+		}
+	}
+	return nil, diff.Line{}, false
+}
+
+// answer renders the output for the call, bent by a content fault kind.
+func (c *call) answer(kind string) string {
+	var out any
+	switch c.contract {
+	case ContractCodeReview:
+		cr := ReviewCode(c.diffText, c.corr.SchemaVersion, c.corr.WorkID)
+		c.bendCodeReview(&cr, kind)
+		out = cr
+	case ContractChangeReview:
+		ch := ReviewChange(c.diffText, c.corr.SchemaVersion)
+		switch kind {
+		case FaultBadEnum:
+			ch.Severity = "critical"
+		case FaultWrongSchemaVersion:
+			ch.SchemaVersion = otherVersion(ch.SchemaVersion)
+		}
+		out = ch
+	default:
+		m := Moderate(c.text)
+		if kind == FaultBadEnum {
+			m.Category = "hate"
+		}
+		out = m
+	}
+	b, _ := json.Marshal(out)
+	switch kind {
+	case FaultExtraProperty:
+		b = append(bytes.TrimSuffix(b, []byte("}")), []byte(`,"notes":"I also looked at the surrounding code."}`)...)
+	case FaultInvalidJSON:
+		return "Sure! Here is what I found in the change:\n" + string(b[:len(b)/2])
+	}
+	return string(b)
+}
+
+func (c *call) bendCodeReview(cr *CodeReview, kind string) {
+	// put replaces the first finding, or adds one, with a finding that is
+	// wrong in exactly one way.
+	put := func(f CodeFinding) {
+		if len(cr.Findings) == 0 {
+			cr.Findings = append(cr.Findings, f)
+		} else {
+			cr.Findings[0] = f
+		}
+	}
+	base := CodeFinding{File: "README.md", Line: 1, Severity: SeverityWarning, Summary: "Possible issue in the change.", Evidence: "README"}
+	f, l, ok := anchor(c.diff)
+	if ok {
+		base = CodeFinding{File: f.Path, Line: l.NewLine, Severity: SeverityWarning, Summary: "Possible issue in the change.", Evidence: strings.TrimSpace(l.Text)}
+	}
+	switch kind {
+	case FaultBadEnum:
+		if len(cr.Findings) == 0 {
+			cr.Findings = append(cr.Findings, base)
+		}
+		cr.Findings[0].Severity = "critical"
+	case FaultWrongChangeID:
+		cr.ChangeID = otherID(cr.ChangeID)
+	case FaultWrongSchemaVersion:
+		cr.SchemaVersion = otherVersion(cr.SchemaVersion)
+	case FaultUngroundedFile:
+		path := "internal/legacy/unrelated.go"
+		for c.diff != nil && c.diff.File(path) != nil {
+			path = "x/" + path
+		}
+		base.File = path
+		put(base)
+	case FaultLineOutsideHunk:
+		end := 0
+		for _, h := range f.Hunks {
+			end = max(end, h.NewStart+h.NewLines)
+		}
+		base.Line = end + 100
+		put(base)
+	case FaultEvidenceNotInDiff:
+		ev := "applyLegacyDiscount(order, 0.15) // not part of this change"
+		for f.Contains(ev) {
+			ev += " again"
+		}
+		base.Evidence = ev
+		put(base)
+	}
+}
+
+// otherID changes the last character so the id keeps its shape (length and
+// alphabet) but is no longer the work id.
+func otherID(id string) string {
+	if id == "" {
+		return "wrong-change-id"
+	}
+	last := id[len(id)-1]
+	repl := byte('0')
+	if last >= '0' && last <= '9' {
+		repl = '0' + (last-'0'+1)%10
+	}
+	return id[:len(id)-1] + string(repl)
+}
+
+// otherVersion bumps the trailing number of a version ("1.2" → "1.3") so the
+// value still looks like a version.
+func otherVersion(v string) string {
+	i := len(v)
+	for i > 0 && v[i-1] >= '0' && v[i-1] <= '9' {
+		i--
+	}
+	if i == len(v) {
+		return v + "1"
+	}
+	n, err := strconv.Atoi(v[i:])
+	if err != nil {
+		return v[:i] + "0"
+	}
+	return v[:i] + strconv.Itoa(n+1)
+}
+
+func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.Stats())
+}
+
+func (s *Server) handleAddFault(w http.ResponseWriter, r *http.Request) {
+	var f Fault
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err == nil {
+		err = json.Unmarshal(b, &f)
+	}
+	if err == nil {
+		err = s.AddFault(f)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_fault", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusCreated, f)
+}
+
+// apiError is the OpenAI error envelope.
+type apiError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	} `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
+	var e apiError
+	e.Error.Message, e.Error.Type = msg, typ
+	if code != "" {
+		e.Error.Code = &code
+	}
+	writeJSON(w, status, e)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}

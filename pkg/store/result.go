@@ -1,0 +1,85 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Result is the one accepted output of a work item.
+type Result struct {
+	WorkID        string          `json:"workId"`
+	SchemaVersion string          `json:"schemaVersion"`
+	AttemptID     string          `json:"attemptId"`
+	Output        json.RawMessage `json:"output"`
+	Findings      int             `json:"findings"`
+	CreatedAt     time.Time       `json:"createdAt"`
+}
+
+// Commit is the commit fence. While the attempt's lease is still the work's
+// lease it marks the work accepted and inserts the one result row; the result
+// key (work, schema version) refuses a second. committed=false means the
+// lease was lost: the attempt is recorded stale_lease instead.
+func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, output json.RawMessage, findings int) (committed bool, err error) {
+	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		ok, err := s.FinishLeased(ctx, tx, w.ID, token, "accepted", "")
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return s.FinishAttempt(ctx, tx, attemptID, "stale_lease", "lease lost before commit", "")
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO results (work_id, schema_version, tenant_id, attempt_id, output, findings)
+			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
+			w.ID, w.SchemaVersion, w.TenantID, attemptID, output, findings)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			// The lease CAS passed, so this cannot be a second commit of the
+			// same work; refuse loudly rather than accept without a row.
+			return fmt.Errorf("result for %s already exists", w.ID)
+		}
+		committed = true
+		return s.FinishAttempt(ctx, tx, attemptID, "ok", "", "")
+	})
+	if err != nil {
+		return false, fmt.Errorf("store: commit %s: %w", w.ID, err)
+	}
+	return committed, nil
+}
+
+// Reject ends leased work schema_rejected with the gate's reason. false
+// means the lease was lost; the attempt is then recorded stale_lease.
+func (s *Store) Reject(ctx context.Context, workID, attemptID, token, reason string) (rejected bool, err error) {
+	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		ok, err := s.FinishLeased(ctx, tx, workID, token, "schema_rejected", reason)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return s.FinishAttempt(ctx, tx, attemptID, "stale_lease", "lease lost before commit", "")
+		}
+		rejected = true
+		return s.FinishAttempt(ctx, tx, attemptID, "invalid_output", reason, "")
+	})
+	if err != nil {
+		return false, fmt.Errorf("store: reject %s: %w", workID, err)
+	}
+	return rejected, nil
+}
+
+// GetResult reads the accepted result of a work item.
+func (s *Store) GetResult(ctx context.Context, workID string) (*Result, error) {
+	var r Result
+	err := s.Pool.QueryRow(ctx, `SELECT work_id, schema_version, attempt_id::text, output, findings, created_at
+		FROM results WHERE work_id = $1`, workID).Scan(&r.WorkID, &r.SchemaVersion, &r.AttemptID, &r.Output, &r.Findings, &r.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	return &r, err
+}

@@ -1,0 +1,103 @@
+// Package store is the cell's system of record: migrations and every query
+// the services run against the cell's Postgres. Each state change is one
+// guarded statement; a unique constraint, not a read, decides a race.
+package store
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// migrateLock is the advisory lock key that serialises migrations across
+// every service starting at once.
+const migrateLock = 0x61737361 // "assa"
+
+// Store wraps the cell's pool.
+type Store struct {
+	Pool *pgxpool.Pool
+}
+
+// Open connects to the cell's database and checks that it answers.
+func Open(ctx context.Context, url string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("store: parse url: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: connect: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("store: ping: %w", err)
+	}
+	return &Store{Pool: pool}, nil
+}
+
+// Close closes the pool.
+func (s *Store) Close() { s.Pool.Close() }
+
+// Migrate applies the embedded migrations that are not yet applied, in
+// order, under an advisory lock. It returns the versions it applied.
+func (s *Store) Migrate(ctx context.Context) ([]string, error) {
+	conn, err := s.Pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("store: migrate: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrateLock); err != nil {
+		return nil, fmt.Errorf("store: migrate lock: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, migrateLock) //nolint:errcheck
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return nil, fmt.Errorf("store: migrate: %w", err)
+	}
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(names)
+	var applied []string
+	for _, name := range names {
+		version := strings.TrimSuffix(strings.TrimPrefix(name, "migrations/"), ".sql")
+		body, err := migrations.ReadFile(name)
+		if err != nil {
+			return nil, err
+		}
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING`, version)
+			if err != nil || tag.RowsAffected() == 0 {
+				return err
+			}
+			applied = append(applied, version)
+			_, err = tx.Exec(ctx, string(body))
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("store: migration %s: %w", version, err)
+		}
+	}
+	return applied, nil
+}
+
+// isUniqueViolation tells a lost race on a fence from any other error.
+func isUniqueViolation(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505"
+}
+
+// ErrNotFound is returned when a row asked for by key does not exist.
+var ErrNotFound = errors.New("store: not found")

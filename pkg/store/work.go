@@ -1,0 +1,226 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Work is one requested extraction.
+type Work struct {
+	ID              string
+	TenantID        string
+	Region          string
+	Contract        string
+	SchemaVersion   string
+	TaxonomyVersion string
+	SourceID        string
+	Revision        string
+	Lane            string
+	Input           string
+	Digest          string
+	State           string
+	Reason          string
+	LeaseToken      string
+	LeaseExpiresAt  time.Time
+	Attempts        int
+	Repairs         int
+	RepairNote      string
+	Dispatch        int
+	DeadlineAt      time.Time
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+}
+
+// Terminal reports whether the work has reached its outcome.
+func (w *Work) Terminal() bool { return w.State != "queued" && w.State != "running" }
+
+const workColumns = `id, tenant_id, region, contract, schema_version, taxonomy_version, source_id,
+	revision, lane, input, content_digest, state, coalesce(reason, ''), coalesce(lease_token::text, ''),
+	coalesce(lease_expires_at, 'epoch'), attempts, repairs, coalesce(repair_note, ''), dispatch,
+	deadline_at, created_at, updated_at`
+
+func scanWork(row pgx.Row) (*Work, error) {
+	var w Work
+	err := row.Scan(&w.ID, &w.TenantID, &w.Region, &w.Contract, &w.SchemaVersion, &w.TaxonomyVersion,
+		&w.SourceID, &w.Revision, &w.Lane, &w.Input, &w.Digest, &w.State, &w.Reason, &w.LeaseToken,
+		&w.LeaseExpiresAt, &w.Attempts, &w.Repairs, &w.RepairNote, &w.Dispatch, &w.DeadlineAt,
+		&w.CreatedAt, &w.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	return &w, err
+}
+
+// InsertWork applies the ingress fence. In one transaction it inserts the
+// work row and, only when the row is new, the outbox rows that announce it.
+// A duplicate returns the existing work and created=false.
+func (s *Store) InsertWork(ctx context.Context, w *Work, announce func(*Work) ([]OutboxMsg, error)) (got *Work, created bool, err error) {
+	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		row := tx.QueryRow(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version,
+				taxonomy_version, source_id, revision, lane, input, content_digest, deadline_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+			ON CONFLICT ON CONSTRAINT work_ingress_key DO NOTHING
+			RETURNING `+workColumns,
+			w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID,
+			w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt)
+		got, err = scanWork(row)
+		if errors.Is(err, ErrNotFound) {
+			got, err = scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work
+				WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND revision = $4`,
+				w.TenantID, w.Contract, w.SourceID, w.Revision))
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		created = true
+		msgs, err := announce(got)
+		if err != nil {
+			return err
+		}
+		return insertOutbox(ctx, tx, msgs)
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("store: insert work: %w", err)
+	}
+	return got, created, nil
+}
+
+// GetWork reads one work row.
+func (s *Store) GetWork(ctx context.Context, id string) (*Work, error) {
+	return scanWork(s.Pool.QueryRow(ctx, `SELECT `+workColumns+` FROM work WHERE id = $1`, id))
+}
+
+// Claim is the claim fence: it takes the lease on queued work (or on running
+// work whose lease has expired) and records the attempt, in one transaction.
+// ok=false means another worker holds the work or it is terminal.
+func (s *Store) Claim(ctx context.Context, workID, attemptID, token string, ttl time.Duration) (w *Work, ok bool, err error) {
+	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		w, err = scanWork(tx.QueryRow(ctx, `UPDATE work SET state = 'running', lease_token = $2,
+				lease_expires_at = now() + $3::interval, attempts = attempts + 1, updated_at = now()
+			WHERE id = $1 AND (state = 'queued' OR (state = 'running' AND lease_expires_at < now()))
+			RETURNING `+workColumns, workID, token, ttl.String()))
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		ok = true
+		_, err = tx.Exec(ctx, `INSERT INTO attempts (id, work_id, tenant_id, number, lease_token)
+			VALUES ($1, $2, $3, $4, $5)`, attemptID, w.ID, w.TenantID, w.Attempts, token)
+		return err
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("store: claim %s: %w", workID, err)
+	}
+	return w, ok, nil
+}
+
+// ExtendLease pushes the lease out while its holder still has it. false
+// means the lease is lost.
+func (s *Store) ExtendLease(ctx context.Context, workID, token string, ttl time.Duration) (bool, error) {
+	tag, err := s.Pool.Exec(ctx, `UPDATE work SET lease_expires_at = now() + $3::interval
+		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, ttl.String())
+	if err != nil {
+		return false, fmt.Errorf("store: extend lease %s: %w", workID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Requeue gives up the lease so the work can be claimed again, optionally
+// noting what a repair attempt must tell the model.
+func (s *Store) Requeue(ctx context.Context, tx pgx.Tx, workID, token string, repairNote string) (bool, error) {
+	tag, err := tx.Exec(ctx, `UPDATE work SET state = 'queued', lease_token = NULL, lease_expires_at = NULL,
+			repairs = repairs + CASE WHEN $3 = '' THEN 0 ELSE 1 END,
+			repair_note = CASE WHEN $3 = '' THEN repair_note ELSE $3 END, updated_at = now()
+		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, repairNote)
+	if err != nil {
+		return false, fmt.Errorf("store: requeue %s: %w", workID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// FinishLeased ends leased work with a terminal outcome, only while the
+// caller still holds the lease.
+func (s *Store) FinishLeased(ctx context.Context, tx pgx.Tx, workID, token, outcome, reason string) (bool, error) {
+	tag, err := tx.Exec(ctx, `UPDATE work SET state = $3, reason = $4, lease_token = NULL,
+			lease_expires_at = NULL, updated_at = now()
+		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, outcome, reason)
+	if err != nil {
+		return false, fmt.Errorf("store: finish %s: %w", workID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// FinishUnleased ends work that nobody holds (queued, or running with an
+// expired lease), e.g. when its deadline or attempt budget has run out.
+func (s *Store) FinishUnleased(ctx context.Context, workID, outcome, reason string) (bool, error) {
+	tag, err := s.Pool.Exec(ctx, `UPDATE work SET state = $2, reason = $3, lease_token = NULL,
+			lease_expires_at = NULL, updated_at = now()
+		WHERE id = $1 AND (state = 'queued' OR (state = 'running' AND lease_expires_at < now()))`,
+		workID, outcome, reason)
+	if err != nil {
+		return false, fmt.Errorf("store: finish %s: %w", workID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Stuck is work the sweeper re-announces.
+type Stuck struct {
+	Work     *Work
+	Redrive  bool // true when an expired lease was taken back: a new dispatch number
+	Dispatch int
+}
+
+// SweepStuck finds queued work untouched for longer than queuedFor, and
+// running work whose lease expired more than leaseGrace ago. For the latter
+// it bumps the dispatch number, so the re-announcement is a new message.
+func (s *Store) SweepStuck(ctx context.Context, queuedFor, leaseGrace time.Duration, limit int) ([]Stuck, error) {
+	var out []Stuck
+	rows, err := s.Pool.Query(ctx, `SELECT `+workColumns+` FROM work
+		WHERE state = 'queued' AND updated_at < now() - $1::interval
+		ORDER BY updated_at LIMIT $2`, queuedFor.String(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: sweep: %w", err)
+	}
+	for rows.Next() {
+		w, err := scanWork(rows)
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, Stuck{Work: w, Dispatch: w.Dispatch})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows, err = s.Pool.Query(ctx, `UPDATE work SET dispatch = dispatch + 1, updated_at = now()
+		WHERE id IN (SELECT id FROM work WHERE state = 'running' AND lease_expires_at < now() - $1::interval
+			ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+		AND state = 'running' AND lease_expires_at < now() - $1::interval
+		RETURNING `+workColumns, leaseGrace.String(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: sweep: %w", err)
+	}
+	for rows.Next() {
+		w, err := scanWork(rows)
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, Stuck{Work: w, Redrive: true, Dispatch: w.Dispatch})
+	}
+	return out, rows.Err()
+}
+
+// TouchQueued marks re-announced queued work so the sweeper waits a full
+// period before announcing it again.
+func (s *Store) TouchQueued(ctx context.Context, workID string) error {
+	_, err := s.Pool.Exec(ctx, `UPDATE work SET updated_at = now() WHERE id = $1 AND state = 'queued'`, workID)
+	return err
+}

@@ -1,0 +1,3 @@
+module assay.dev/schemas
+
+go 1.26.5

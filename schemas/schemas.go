@@ -1,0 +1,10 @@
+// Package schemas carries the contract files so that the model adapter, the
+// gate and the test fixtures read the very same bytes.
+package schemas
+
+import "embed"
+
+// FS holds every contract schema, prompt and the contract manifest.
+//
+//go:embed *.json prompts
+var FS embed.FS

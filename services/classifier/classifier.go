@@ -1,0 +1,271 @@
+// Package classifier is the only caller of the model. It claims work under a
+// lease, calls the model once per attempt with a deadline, checks the answer
+// against the contract to decide on a repair, and hands every attempt to the
+// committer (RESULT) and the ledger (ATTEMPT) through its outbox.
+package classifier
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
+
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/model"
+	"assay.dev/pkg/outbox"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+)
+
+// Config of one classifier instance.
+type Config struct {
+	// Region is the cell this instance serves.
+	Region string
+	// Model is the model name recorded on every attempt.
+	Model string
+	// Concurrency is how many model calls run at once. Default 4.
+	Concurrency int
+	// LeaseTTL is how long a claim holds without a heartbeat. Default 30s.
+	LeaseTTL time.Duration
+	// Heartbeat is how often a running call extends its lease and tells
+	// JetStream it is still working. Default LeaseTTL/3; negative disables
+	// (for tests that need a lease to lapse).
+	Heartbeat time.Duration
+	// HandoffTTL is how long the lease is kept after a result is handed to
+	// the committer. Default 5m.
+	HandoffTTL time.Duration
+	// CallTimeout bounds one model call (and the work's deadline bounds it
+	// further). Default 60s.
+	CallTimeout time.Duration
+	// MaxAttempts bounds model calls per work item. Default 5.
+	MaxAttempts int
+	// MaxRepairs bounds re-asks that tell the model what failed. Default 1.
+	MaxRepairs int
+	// BackoffBase and BackoffCap shape the capped exponential backoff with
+	// full jitter used when the provider gives no Retry-After.
+	// Defaults 500ms and 30s.
+	BackoffBase, BackoffCap time.Duration
+	// AckWait and MaxDeliver configure the durable consumer.
+	// Defaults 30s and 50.
+	AckWait    time.Duration
+	MaxDeliver int
+}
+
+func (c *Config) defaults() error {
+	if c.Region == "" {
+		return errors.New("classifier: Region is required")
+	}
+	if c.Model == "" {
+		return errors.New("classifier: Model is required")
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 4
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 30 * time.Second
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = c.LeaseTTL / 3
+	}
+	if c.HandoffTTL == 0 {
+		c.HandoffTTL = 5 * time.Minute
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = 60 * time.Second
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
+	if c.MaxRepairs == 0 {
+		c.MaxRepairs = 1
+	}
+	if c.BackoffBase == 0 {
+		c.BackoffBase = 500 * time.Millisecond
+	}
+	if c.BackoffCap == 0 {
+		c.BackoffCap = 30 * time.Second
+	}
+	if c.AckWait == 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.MaxDeliver == 0 {
+		c.MaxDeliver = 50
+	}
+	return nil
+}
+
+// Completer is the one method of the model adapter the classifier uses.
+type Completer interface {
+	Complete(ctx context.Context, call model.Call) (*model.Reply, error)
+}
+
+// Deps are what the classifier talks to.
+type Deps struct {
+	Store     *store.Store
+	JS        jetstream.JetStream
+	Model     Completer
+	Contracts *contract.Registry
+	Log       *slog.Logger
+	Tel       *telemetry.Provider
+}
+
+// Service is one classifier instance.
+type Service struct {
+	cfg   Config
+	d     Deps
+	relay *outbox.Relay
+
+	attempts metric.Int64Counter
+
+	sem      chan struct{}
+	inflight sync.WaitGroup
+	cc       jetstream.ConsumeContext
+	runCtx   context.Context
+	cancel   context.CancelFunc
+	stopOnce sync.Once
+}
+
+// New checks the config and builds the service.
+func New(cfg Config, d Deps) (*Service, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, d: d, sem: make(chan struct{}, cfg.Concurrency)}
+	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log}
+	var err error
+	s.attempts, err = d.Tel.Meter().Int64Counter("assay_classifier_attempts",
+		metric.WithDescription("model-call attempts by outcome"))
+	return s, err
+}
+
+// Consumer is the durable name of the classifier's WORK consumer.
+const Consumer = "classifier"
+
+// Start ensures the cell's streams and the durable consumer, then consumes.
+func (s *Service) Start(ctx context.Context) error {
+	for _, k := range []string{event.KindResult, event.KindAttempt} {
+		if _, err := event.EnsureStream(ctx, s.d.JS, k, s.cfg.Region, event.StreamSettings{}); err != nil {
+			return err
+		}
+	}
+	st, err := event.EnsureStream(ctx, s.d.JS, event.KindWork, s.cfg.Region, event.StreamSettings{})
+	if err != nil {
+		return err
+	}
+	cons, err := event.EnsureConsumer(ctx, st, event.ConsumerSettings{
+		Durable: Consumer, AckWait: s.cfg.AckWait, MaxDeliver: s.cfg.MaxDeliver,
+		MaxAckPending: 4 * s.cfg.Concurrency,
+	})
+	if err != nil {
+		return err
+	}
+	s.runCtx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	s.relay.Start(s.runCtx)
+	s.cc, err = cons.Consume(s.onMsg, jetstream.PullMaxMessages(s.cfg.Concurrency))
+	if err != nil {
+		s.relay.Stop()
+		return fmt.Errorf("classifier: consume: %w", err)
+	}
+	return nil
+}
+
+// Stop stops taking work, lets running calls finish until ctx ends (then
+// cancels them, which requeues their work), and flushes the outbox.
+func (s *Service) Stop(ctx context.Context) {
+	s.stopOnce.Do(func() {
+		if s.cc != nil {
+			s.cc.Stop()
+		}
+		done := make(chan struct{})
+		go func() { s.inflight.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.cancel()
+			<-done
+		}
+		if s.cancel != nil {
+			s.cancel()
+		}
+		s.relay.Stop()
+	})
+}
+
+// Ready reports whether the service can take work.
+func (s *Service) Ready(ctx context.Context) error {
+	if err := s.d.Store.Pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if _, err := s.d.JS.Consumer(ctx, event.StreamName(event.KindWork, s.cfg.Region), Consumer); err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	return nil
+}
+
+func (s *Service) onMsg(msg jetstream.Msg) {
+	// Holding the callback until a slot frees keeps at most Concurrency
+	// calls running; the rest wait in JetStream, not in goroutines.
+	s.sem <- struct{}{}
+	s.inflight.Add(1)
+	go func() {
+		defer func() { <-s.sem; s.inflight.Done() }()
+		s.handle(msg)
+	}()
+}
+
+func (s *Service) handle(msg jetstream.Msg) {
+	ctx := telemetry.Extract(s.runCtx, msg.Headers())
+	var ev event.Work
+	if err := event.Decode(msg.Data(), &ev); err != nil {
+		telemetry.Decision(ctx, s.d.Log, msg.Subject(), "refused", "undecodable work message: "+err.Error())
+		_ = msg.Term()
+		return
+	}
+	d := s.Process(ctx, ev, func() { _ = msg.InProgress() })
+	var err error
+	switch d.Kind {
+	case Ack:
+		err = msg.Ack()
+	case Nak:
+		err = msg.NakWithDelay(d.Delay)
+	case Term:
+		err = msg.Term()
+	}
+	if err != nil {
+		s.d.Log.Warn("settling work message failed", "key", ev.WorkID, "err", err)
+	}
+}
+
+// Disposition says what to do with the message that carried the work.
+type Disposition struct {
+	Kind  int
+	Delay time.Duration
+}
+
+// Dispositions.
+const (
+	Ack = iota
+	Nak
+	Term
+)
+
+// backoff is capped exponential backoff with full jitter.
+func (s *Service) backoff(attempt int) time.Duration {
+	ceiling := s.cfg.BackoffBase << min(attempt, 20)
+	if ceiling <= 0 || ceiling > s.cfg.BackoffCap {
+		ceiling = s.cfg.BackoffCap
+	}
+	n, err := rand.Int(rand.Reader, big.NewInt(int64(ceiling)))
+	if err != nil {
+		return ceiling
+	}
+	return time.Duration(n.Int64())
+}

@@ -1,0 +1,22 @@
+// Command committer gates and commits one cell's results.
+package main
+
+import (
+	"context"
+	"net/http"
+
+	"assay.dev/pkg/config"
+	"assay.dev/pkg/host"
+	"assay.dev/services/committer"
+)
+
+func main() {
+	host.Main("committer", config.Need{HTTPAddr: ":8082"}, func(e *host.Env) (host.Part, http.Handler, func(context.Context), error) {
+		s, err := committer.New(committer.Config{Region: e.Config.Region},
+			committer.Deps{Store: e.Store, JS: e.JS, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return s, nil, s.Stop, nil
+	})
+}

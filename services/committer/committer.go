@@ -1,0 +1,240 @@
+// Package committer is the only writer of accepted results. It runs the gate
+// on every final answer and commits with a compare-and-set on the lease, so
+// an answer from a lost lease is recorded and never becomes a result.
+package committer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/gate"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+)
+
+// Config of one committer instance.
+type Config struct {
+	// Region is the cell this instance serves.
+	Region string
+	// Concurrency is how many results are committed at once. Default 4.
+	Concurrency int
+	// AckWait and MaxDeliver configure the durable consumer. Defaults 30s, 20.
+	AckWait    time.Duration
+	MaxDeliver int
+}
+
+// Deps are what the committer talks to.
+type Deps struct {
+	Store     *store.Store
+	JS        jetstream.JetStream
+	Contracts *contract.Registry
+	Log       *slog.Logger
+	Tel       *telemetry.Provider
+}
+
+// Service is one committer instance.
+type Service struct {
+	cfg      Config
+	d        Deps
+	verdicts metric.Int64Counter
+
+	sem      chan struct{}
+	inflight sync.WaitGroup
+	cc       jetstream.ConsumeContext
+	runCtx   context.Context
+	cancel   context.CancelFunc
+	stopOnce sync.Once
+}
+
+// Consumer is the durable name of the committer's RESULT consumer.
+const Consumer = "committer"
+
+// New checks the config and builds the service.
+func New(cfg Config, d Deps) (*Service, error) {
+	if cfg.Region == "" {
+		return nil, errors.New("committer: Region is required")
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 4
+	}
+	s := &Service{cfg: cfg, d: d, sem: make(chan struct{}, cfg.Concurrency)}
+	var err error
+	s.verdicts, err = d.Tel.Meter().Int64Counter("assay_committer_verdicts",
+		metric.WithDescription("final answers by verdict"))
+	return s, err
+}
+
+// Start ensures the RESULT stream and the durable consumer, then consumes.
+func (s *Service) Start(ctx context.Context) error {
+	st, err := event.EnsureStream(ctx, s.d.JS, event.KindResult, s.cfg.Region, event.StreamSettings{})
+	if err != nil {
+		return err
+	}
+	cons, err := event.EnsureConsumer(ctx, st, event.ConsumerSettings{Durable: Consumer,
+		AckWait: s.cfg.AckWait, MaxDeliver: s.cfg.MaxDeliver, MaxAckPending: 4 * s.cfg.Concurrency})
+	if err != nil {
+		return err
+	}
+	s.runCtx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	s.cc, err = cons.Consume(func(msg jetstream.Msg) {
+		s.sem <- struct{}{}
+		s.inflight.Add(1)
+		go func() {
+			defer func() { <-s.sem; s.inflight.Done() }()
+			s.handle(msg)
+		}()
+	}, jetstream.PullMaxMessages(s.cfg.Concurrency))
+	if err != nil {
+		return fmt.Errorf("committer: consume: %w", err)
+	}
+	return nil
+}
+
+// Stop stops taking results and waits for the ones in hand. Idempotent.
+func (s *Service) Stop(ctx context.Context) {
+	s.stopOnce.Do(func() {
+		if s.cc != nil {
+			s.cc.Stop()
+		}
+		done := make(chan struct{})
+		go func() { s.inflight.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		if s.cancel != nil {
+			s.cancel()
+		}
+	})
+}
+
+// Ready reports whether the service can take results.
+func (s *Service) Ready(ctx context.Context) error {
+	if err := s.d.Store.Pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if _, err := s.d.JS.Consumer(ctx, event.StreamName(event.KindResult, s.cfg.Region), Consumer); err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	return nil
+}
+
+func (s *Service) handle(msg jetstream.Msg) {
+	ctx := telemetry.Extract(s.runCtx, msg.Headers())
+	var ev event.Result
+	if err := event.Decode(msg.Data(), &ev); err != nil {
+		telemetry.Decision(ctx, s.d.Log, msg.Subject(), "refused", "undecodable result message: "+err.Error())
+		_ = msg.Term()
+		return
+	}
+	if err := s.Commit(ctx, ev); err != nil {
+		s.d.Log.Warn("commit failed; will retry", "key", ev.WorkID, "attempt", ev.AttemptID, "err", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = msg.Ack()
+}
+
+// Commit applies one RESULT event. It is idempotent: a redelivered event
+// finds the work already decided and changes nothing.
+func (s *Service) Commit(ctx context.Context, ev event.Result) error {
+	ctx, span := s.d.Tel.Tracer().Start(ctx, "committer.commit", trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("assay.work_id", ev.WorkID), attribute.String("assay.attempt_id", ev.AttemptID)))
+	defer span.End()
+	log := s.d.Log
+	if ev.Region != s.cfg.Region {
+		telemetry.Decision(ctx, log, ev.WorkID, "refused", fmt.Sprintf("result of region %s reached the %s cell", ev.Region, s.cfg.Region))
+		return nil
+	}
+	if ev.Outcome != "ok" && !(ev.Outcome == "invalid_output" && ev.Final) {
+		// Retries, repairs, refusals and stale answers are the classifier's
+		// to decide; the attempt row already holds them.
+		telemetry.Decision(ctx, log, ev.WorkID, ev.Outcome, "not a final answer; recorded only", slog.String("attempt", ev.AttemptID))
+		return nil
+	}
+	w, err := s.d.Store.GetWork(ctx, ev.WorkID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && w.TenantID != ev.TenantID) {
+		telemetry.Decision(ctx, log, ev.WorkID, "refused", "result names work this cell does not have for that tenant")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if w.Terminal() {
+		// Accepted, rejected or ended otherwise already; a second answer
+		// never becomes a second result.
+		if err := s.markStale(ctx, ev, w); err != nil {
+			return err
+		}
+		telemetry.Decision(ctx, log, w.ID, "stale_lease", "work already "+w.State+"; answer recorded, not published", slog.String("attempt", ev.AttemptID))
+		return nil
+	}
+	if ev.Outcome == "invalid_output" {
+		return s.reject(ctx, w, ev, ev.Reason)
+	}
+	c, ok := s.d.Contracts.Get(w.Contract)
+	if !ok {
+		return s.reject(ctx, w, ev, fmt.Sprintf("contract %q is not known to this committer", w.Contract))
+	}
+	acc, fail := gate.Check(c, []byte(ev.Output), gate.Expect{WorkID: ev.WorkID, SchemaVersion: ev.SchemaVersion,
+		TaxonomyVersion: ev.TaxonomyVersion, CurrentTaxonomyVersion: c.TaxonomyVersion,
+		Digest: ev.Digest, CurrentDigest: w.Digest, Input: json.RawMessage(w.Input)})
+	if fail != nil {
+		return s.reject(ctx, w, ev, fail.Error())
+	}
+	committed, err := s.d.Store.Commit(ctx, w, ev.AttemptID, ev.LeaseToken, acc.Output, acc.Findings)
+	if err != nil {
+		return err
+	}
+	if !committed {
+		s.count(ctx, "stale_lease")
+		telemetry.Decision(ctx, log, w.ID, "stale_lease", "lease lost before commit; answer recorded, not published", slog.String("attempt", ev.AttemptID))
+		return nil
+	}
+	s.count(ctx, "accepted")
+	telemetry.Decision(ctx, log, w.ID, "accepted", "passed syntax, schema, correlation, grounding and policy",
+		slog.String("attempt", ev.AttemptID), slog.Int("findings", acc.Findings))
+	return nil
+}
+
+func (s *Service) reject(ctx context.Context, w *store.Work, ev event.Result, reason string) error {
+	rejected, err := s.d.Store.Reject(ctx, w.ID, ev.AttemptID, ev.LeaseToken, reason)
+	if err != nil {
+		return err
+	}
+	if !rejected {
+		s.count(ctx, "stale_lease")
+		telemetry.Decision(ctx, s.d.Log, w.ID, "stale_lease", "lease lost before the rejection; recorded only", slog.String("attempt", ev.AttemptID))
+		return nil
+	}
+	s.count(ctx, "schema_rejected")
+	telemetry.Decision(ctx, s.d.Log, w.ID, "schema_rejected", reason, slog.String("attempt", ev.AttemptID))
+	return nil
+}
+
+func (s *Service) markStale(ctx context.Context, ev event.Result, w *store.Work) error {
+	res, err := s.d.Store.GetResult(ctx, w.ID)
+	if err == nil && res.AttemptID == ev.AttemptID {
+		return nil // this very attempt is the accepted one: a redelivery
+	}
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	return s.d.Store.MarkStale(ctx, ev.AttemptID)
+}
+
+func (s *Service) count(ctx context.Context, verdict string) {
+	s.verdicts.Add(ctx, 1, metric.WithAttributes(attribute.String("verdict", verdict), attribute.String("region", s.cfg.Region)))
+}

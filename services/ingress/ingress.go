@@ -1,0 +1,231 @@
+// Package ingress is the front door of a cell: it authenticates the caller,
+// takes the tenant and region from the credential, applies the ingress fence
+// and enqueues through the transactional outbox.
+package ingress
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/outbox"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+)
+
+// Config of one ingress instance.
+type Config struct {
+	// Region is the cell this instance serves.
+	Region string
+	// MaxBodyBytes caps a request body. Default 1 MiB.
+	MaxBodyBytes int64
+	// DefaultDeadline applies per lane when a request names none.
+	// Defaults: interactive 10m, batch 24h.
+	InteractiveDeadline, BatchDeadline time.Duration
+	// SweepEvery is how often stuck work is looked for. Default 5s.
+	SweepEvery time.Duration
+	// QueuedFor is how long work may sit queued before it is announced
+	// again. Default 60s.
+	QueuedFor time.Duration
+	// LeaseGrace is how long after a lease expired the work is announced
+	// again. Default 5s.
+	LeaseGrace time.Duration
+}
+
+func (c *Config) defaults() error {
+	if c.Region == "" {
+		return errors.New("ingress: Region is required")
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+	if c.InteractiveDeadline == 0 {
+		c.InteractiveDeadline = 10 * time.Minute
+	}
+	if c.BatchDeadline == 0 {
+		c.BatchDeadline = 24 * time.Hour
+	}
+	if c.SweepEvery == 0 {
+		c.SweepEvery = 5 * time.Second
+	}
+	if c.QueuedFor == 0 {
+		c.QueuedFor = 60 * time.Second
+	}
+	if c.LeaseGrace == 0 {
+		c.LeaseGrace = 5 * time.Second
+	}
+	return nil
+}
+
+// Deps are what ingress talks to.
+type Deps struct {
+	Store     *store.Store
+	JS        jetstream.JetStream
+	Contracts *contract.Registry
+	Log       *slog.Logger
+	Tel       *telemetry.Provider
+}
+
+// Service is one ingress instance.
+type Service struct {
+	cfg   Config
+	d     Deps
+	relay *outbox.Relay
+
+	submitted metric.Int64Counter
+
+	stopOnce sync.Once
+	cancel   context.CancelFunc
+	done     chan struct{}
+}
+
+// New checks the config and builds the service.
+func New(cfg Config, d Deps) (*Service, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, d: d}
+	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log}
+	var err error
+	s.submitted, err = d.Tel.Meter().Int64Counter("assay_ingress_requests",
+		metric.WithDescription("work submissions by result"))
+	return s, err
+}
+
+// Start creates the cell's WORK stream if needed and runs the outbox relay
+// and the sweeper.
+func (s *Service) Start(ctx context.Context) error {
+	if _, err := event.EnsureStream(ctx, s.d.JS, event.KindWork, s.cfg.Region, event.StreamSettings{}); err != nil {
+		return err
+	}
+	ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	s.done = make(chan struct{})
+	s.relay.Start(ctx)
+	go s.sweep(ctx)
+	return nil
+}
+
+// Stop ends the sweeper and the relay (after a last drain). Idempotent.
+func (s *Service) Stop() {
+	s.stopOnce.Do(func() {
+		if s.cancel != nil {
+			s.cancel()
+			<-s.done
+		}
+		s.relay.Stop()
+	})
+}
+
+// Ready reports whether the service can take work.
+func (s *Service) Ready(ctx context.Context) error {
+	if err := s.d.Store.Pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if _, err := s.d.JS.Stream(ctx, event.StreamName(event.KindWork, s.cfg.Region)); err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	return nil
+}
+
+// WorkID is deterministic from the ingress key, so a duplicate names the
+// same work everywhere, even before it reaches the database.
+func WorkID(tenant, contractName, sourceID, revision string) string {
+	h := sha256.New()
+	for _, p := range []string{tenant, contractName, sourceID, revision} {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return "w_" + hex.EncodeToString(h.Sum(nil))[:24]
+}
+
+// Digest is the content digest of a work's input.
+func Digest(input []byte) string {
+	h := sha256.Sum256(input)
+	return "sha256:" + hex.EncodeToString(h[:])
+}
+
+func (s *Service) announce(ctx context.Context) func(*store.Work) ([]store.OutboxMsg, error) {
+	return func(w *store.Work) ([]store.OutboxMsg, error) {
+		m, err := s.workMsg(ctx, w, w.Dispatch)
+		return []store.OutboxMsg{m}, err
+	}
+}
+
+func (s *Service) workMsg(ctx context.Context, w *store.Work, dispatch int) (store.OutboxMsg, error) {
+	return outbox.Msg(ctx, event.WorkSubject(w.Region, w.Lane, w.TenantID), event.WorkMsgID(w.ID, dispatch),
+		event.Work{WorkID: w.ID, TenantID: w.TenantID, Region: w.Region, Lane: w.Lane, Dispatch: dispatch})
+}
+
+// sweep re-announces work that sits queued with no live attempt, and work
+// whose lease expired. A lost broker message delays work; it never loses it.
+func (s *Service) sweep(ctx context.Context) {
+	defer close(s.done)
+	t := time.NewTicker(s.cfg.SweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := s.SweepOnce(ctx); err != nil && ctx.Err() == nil {
+			s.d.Log.Warn("sweep failed", "err", err)
+		}
+	}
+}
+
+// SweepOnce runs one sweep pass.
+func (s *Service) SweepOnce(ctx context.Context) error {
+	stuck, err := s.d.Store.SweepStuck(ctx, s.cfg.QueuedFor, s.cfg.LeaseGrace, 500)
+	if err != nil {
+		return err
+	}
+	for _, st := range stuck {
+		m, err := s.workMsg(ctx, st.Work, st.Dispatch)
+		if err != nil {
+			return err
+		}
+		if err := s.d.Store.Tx(ctx, func(tx pgx.Tx) error { return s.d.Store.InsertOutbox(ctx, tx, []store.OutboxMsg{m}) }); err != nil {
+			return err
+		}
+		if !st.Redrive {
+			if err := s.d.Store.TouchQueued(ctx, st.Work.ID); err != nil {
+				return err
+			}
+		}
+		reason := "queued longer than " + s.cfg.QueuedFor.String()
+		if st.Redrive {
+			reason = "lease expired"
+		}
+		telemetry.Decision(ctx, s.d.Log, st.Work.ID, "requeued", reason, slog.Int("dispatch", st.Dispatch))
+	}
+	if len(stuck) > 0 {
+		s.relay.Kick()
+	}
+	return nil
+}
+
+// Handler serves the ingress API.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/work", s.submit)
+	mux.HandleFunc("GET /v1/work/{id}", s.get)
+	return mux
+}
+
+func (s *Service) count(ctx context.Context, result string) {
+	s.submitted.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result), attribute.String("region", s.cfg.Region)))
+}

@@ -1,0 +1,212 @@
+// Package ledger appends every attempt, failed ones included, to its
+// tenant's usage, priced from a configurable table, and answers usage
+// queries.
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+)
+
+// Price is US dollars per million units.
+type Price struct {
+	Input  float64 `json:"input"`
+	Output float64 `json:"output"`
+}
+
+// Prices maps a model name to its price; "*" prices any model not listed.
+type Prices map[string]Price
+
+// DefaultPrices prices every model at 0.15/0.60 dollars per million units.
+var DefaultPrices = Prices{"*": {Input: 0.15, Output: 0.60}}
+
+// ParsePrices reads a price table from JSON, e.g.
+// {"gpt-4o-mini": {"input": 0.15, "output": 0.6}, "*": {...}}.
+func ParsePrices(raw []byte) (Prices, error) {
+	var p Prices
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return nil, fmt.Errorf("price table: %w", err)
+	}
+	for m, pr := range p {
+		if pr.Input < 0 || pr.Output < 0 || math.IsNaN(pr.Input) || math.IsNaN(pr.Output) {
+			return nil, fmt.Errorf("price table: model %q: prices must be non-negative", m)
+		}
+	}
+	return p, nil
+}
+
+// CostMicros prices an attempt in millionths of a dollar.
+func (p Prices) CostMicros(model string, in, out int64) int64 {
+	pr, ok := p[model]
+	if !ok {
+		pr = p["*"]
+	}
+	// dollars/1M units × units = micro-dollars.
+	return int64(math.Round(pr.Input*float64(in) + pr.Output*float64(out)))
+}
+
+// Config of one ledger instance.
+type Config struct {
+	// Region is the cell this instance serves.
+	Region string
+	// Prices prices attempts. Default DefaultPrices.
+	Prices Prices
+	// AckWait and MaxDeliver configure the durable consumer. Defaults 30s, 20.
+	AckWait    time.Duration
+	MaxDeliver int
+}
+
+// Deps are what the ledger talks to.
+type Deps struct {
+	Store *store.Store
+	JS    jetstream.JetStream
+	Log   *slog.Logger
+	Tel   *telemetry.Provider
+}
+
+// Service is one ledger instance.
+type Service struct {
+	cfg      Config
+	d        Deps
+	recorded metric.Int64Counter
+
+	cc       jetstream.ConsumeContext
+	runCtx   context.Context
+	cancel   context.CancelFunc
+	stopOnce sync.Once
+	inflight sync.WaitGroup
+}
+
+// Consumer is the durable name of the ledger's ATTEMPT consumer.
+const Consumer = "ledger"
+
+// New checks the config and builds the service.
+func New(cfg Config, d Deps) (*Service, error) {
+	if cfg.Region == "" {
+		return nil, errors.New("ledger: Region is required")
+	}
+	if cfg.Prices == nil {
+		cfg.Prices = DefaultPrices
+	}
+	if _, ok := cfg.Prices["*"]; !ok {
+		return nil, errors.New(`ledger: the price table needs a "*" entry for models it does not list`)
+	}
+	s := &Service{cfg: cfg, d: d}
+	var err error
+	s.recorded, err = d.Tel.Meter().Int64Counter("assay_ledger_attempts",
+		metric.WithDescription("attempts appended to the ledger by outcome"))
+	return s, err
+}
+
+// Start ensures the ATTEMPT stream and the durable consumer, then consumes.
+func (s *Service) Start(ctx context.Context) error {
+	st, err := event.EnsureStream(ctx, s.d.JS, event.KindAttempt, s.cfg.Region, event.StreamSettings{})
+	if err != nil {
+		return err
+	}
+	cons, err := event.EnsureConsumer(ctx, st, event.ConsumerSettings{Durable: Consumer,
+		AckWait: s.cfg.AckWait, MaxDeliver: s.cfg.MaxDeliver, MaxAckPending: 256})
+	if err != nil {
+		return err
+	}
+	s.runCtx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	s.cc, err = cons.Consume(func(msg jetstream.Msg) {
+		s.inflight.Add(1)
+		defer s.inflight.Done()
+		s.handle(msg)
+	})
+	if err != nil {
+		return fmt.Errorf("ledger: consume: %w", err)
+	}
+	return nil
+}
+
+// Stop stops taking attempts and waits for the one in hand. Idempotent.
+func (s *Service) Stop(ctx context.Context) {
+	s.stopOnce.Do(func() {
+		if s.cc != nil {
+			s.cc.Stop()
+		}
+		done := make(chan struct{})
+		go func() { s.inflight.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		if s.cancel != nil {
+			s.cancel()
+		}
+	})
+}
+
+// Ready reports whether the service can take attempts.
+func (s *Service) Ready(ctx context.Context) error {
+	if err := s.d.Store.Pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if _, err := s.d.JS.Consumer(ctx, event.StreamName(event.KindAttempt, s.cfg.Region), Consumer); err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	return nil
+}
+
+func (s *Service) handle(msg jetstream.Msg) {
+	ctx := telemetry.Extract(s.runCtx, msg.Headers())
+	var ev event.Attempt
+	if err := event.Decode(msg.Data(), &ev); err != nil {
+		telemetry.Decision(ctx, s.d.Log, msg.Subject(), "refused", "undecodable attempt message: "+err.Error())
+		_ = msg.Term()
+		return
+	}
+	if err := s.Append(ctx, ev); err != nil {
+		s.d.Log.Warn("ledger append failed; will retry", "key", ev.AttemptID, "err", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = msg.Ack()
+}
+
+// Append records one attempt; a redelivery changes nothing.
+func (s *Service) Append(ctx context.Context, ev event.Attempt) error {
+	ctx, span := s.d.Tel.Tracer().Start(ctx, "ledger.append", trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("assay.attempt_id", ev.AttemptID), attribute.String("assay.tenant", ev.TenantID)))
+	defer span.End()
+	if ev.Region != s.cfg.Region {
+		telemetry.Decision(ctx, s.d.Log, ev.AttemptID, "refused", fmt.Sprintf("attempt of region %s reached the %s cell", ev.Region, s.cfg.Region))
+		return nil
+	}
+	up := ev.UpstreamAttempts
+	if up < 1 {
+		up = 1
+	}
+	cost := s.cfg.Prices.CostMicros(ev.Model, ev.InputUnits, ev.OutputUnits)
+	inserted, err := s.d.Store.AppendLedger(ctx, store.LedgerRow{AttemptID: ev.AttemptID, TenantID: ev.TenantID,
+		WorkID: ev.WorkID, Model: ev.Model, Outcome: ev.Outcome, UpstreamAttempts: up, InputUnits: ev.InputUnits,
+		OutputUnits: ev.OutputUnits, CostMicros: cost, LatencyMS: ev.LatencyMS, OccurredAt: ev.At})
+	if err != nil {
+		return err
+	}
+	if !inserted {
+		telemetry.Decision(ctx, s.d.Log, ev.AttemptID, "duplicate", "attempt already in the ledger")
+		return nil
+	}
+	s.recorded.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", ev.Outcome), attribute.String("region", s.cfg.Region)))
+	telemetry.Decision(ctx, s.d.Log, ev.AttemptID, "recorded", "attempt "+ev.Outcome,
+		slog.String("tenant", ev.TenantID), slog.String("work", ev.WorkID), slog.Int64("cost_micros", cost))
+	return nil
+}

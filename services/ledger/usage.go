@@ -1,0 +1,86 @@
+package ledger
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/store"
+)
+
+// UsageReport answers GET /v1/usage.
+type UsageReport struct {
+	TenantID   string            `json:"tenantId"`
+	From       time.Time         `json:"from"`
+	To         time.Time         `json:"to"`
+	Calls      int64             `json:"calls"`
+	CostMicros int64             `json:"costMicros"`
+	ByOutcome  []store.UsageLine `json:"byOutcome"`
+}
+
+// Handler serves GET /v1/usage?tenant=…&from=…&to=… (RFC 3339 times; from
+// defaults to 30 days ago, to to now). The token decides the tenant; a
+// tenant parameter that names another one is refused.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/usage", s.usage)
+	return mux
+}
+
+func (s *Service) usage(w http.ResponseWriter, r *http.Request) {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		apierror.Write(w, http.StatusUnauthorized, "unauthenticated", "send an API token as 'Authorization: Bearer <token>'")
+		return
+	}
+	t, err := s.d.Store.TenantByToken(r.Context(), strings.TrimSpace(tok))
+	if errors.Is(err, store.ErrNotFound) {
+		apierror.Write(w, http.StatusUnauthorized, "unauthenticated", "unknown or revoked API token")
+		return
+	}
+	if err != nil {
+		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; try again")
+		return
+	}
+	q := r.URL.Query()
+	if tn := q.Get("tenant"); tn != "" && tn != t.ID {
+		apierror.Write(w, http.StatusForbidden, "forbidden", "this token may only read its own tenant's usage")
+		return
+	}
+	to := time.Now()
+	from := to.Add(-30 * 24 * time.Hour)
+	for _, p := range []struct {
+		name string
+		dst  *time.Time
+	}{{"from", &from}, {"to", &to}} {
+		if v := q.Get(p.name); v != "" {
+			ts, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				apierror.Write(w, http.StatusBadRequest, "invalid_time", p.name+" must be an RFC 3339 time, e.g. 2026-12-01T00:00:00Z")
+				return
+			}
+			*p.dst = ts
+		}
+	}
+	if !from.Before(to) {
+		apierror.Write(w, http.StatusBadRequest, "invalid_period", "from must be before to")
+		return
+	}
+	lines, err := s.d.Store.Usage(r.Context(), t.ID, from, to)
+	if err != nil {
+		s.d.Log.Error("usage query failed", "err", err)
+		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; try again")
+		return
+	}
+	rep := UsageReport{TenantID: t.ID, From: from.UTC(), To: to.UTC(), ByOutcome: lines}
+	if rep.ByOutcome == nil {
+		rep.ByOutcome = []store.UsageLine{}
+	}
+	for _, l := range lines {
+		rep.Calls += l.Calls
+		rep.CostMicros += l.CostMicros
+	}
+	apierror.JSON(w, http.StatusOK, rep)
+}
