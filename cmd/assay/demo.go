@@ -294,4 +294,3 @@ func short(s string, n int) string {
 	}
 	return s[:n-1] + "…"
 }
-

@@ -150,4 +150,3 @@ func envOr(k, d string) string {
 	}
 	return d
 }
-
