@@ -1,0 +1,362 @@
+// Package contract loads the extraction contracts from assay.dev/schemas: the
+// schema sent to the model, the input schema ingress checks, the prompt and
+// the versions the gate correlates against. Every schema is compiled once, at
+// Load, so a broken contract file stops start-up instead of a request.
+package contract
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"slices"
+	"strings"
+
+	"assay.dev/pkg/diff"
+	"assay.dev/schemas"
+	"github.com/kaptinlin/jsonschema"
+)
+
+// manifestFile lists the contracts inside schemas.FS.
+const manifestFile = "contracts.json"
+
+// GroundingDiff marks a contract whose findings must point into the input diff.
+const GroundingDiff = "diff"
+
+// Contract is one loaded contract.
+type Contract struct {
+	Name            string
+	SchemaVersion   string // e.g. "code-review/1"
+	TaxonomyVersion string // e.g. "2026-11"
+	// Prompt is the text of the contract's instructions.
+	Prompt string
+	// Schema is the output schema file's bytes verbatim: what the model gets
+	// as response_format.json_schema.schema.
+	Schema json.RawMessage
+	// InputSchema is the input schema file's bytes verbatim.
+	InputSchema json.RawMessage
+	// Correlation names the output fields that must echo the work id and the
+	// schema version; "" means the contract carries no such field.
+	Correlation struct{ WorkID, SchemaVersion string }
+	// Grounding is GroundingDiff or "".
+	Grounding string
+
+	output *jsonschema.Schema
+	input  *jsonschema.Schema
+}
+
+// Registry holds every contract of the manifest.
+type Registry struct {
+	byName map[string]*Contract
+	names  []string
+}
+
+type manifestEntry struct {
+	Name            string `json:"name"`
+	Schema          string `json:"schema"`
+	Input           string `json:"input"`
+	SchemaVersion   string `json:"schemaVersion"`
+	TaxonomyVersion string `json:"taxonomyVersion"`
+	Prompt          string `json:"prompt"`
+	Correlation     struct {
+		WorkID        string `json:"workId"`
+		SchemaVersion string `json:"schemaVersion"`
+	} `json:"correlation"`
+	Grounding string `json:"grounding"`
+}
+
+// Load reads and compiles the contracts embedded in assay.dev/schemas.
+func Load() (*Registry, error) {
+	return load(schemas.FS)
+}
+
+func load(fsys fs.FS) (*Registry, error) {
+	raw, err := fs.ReadFile(fsys, manifestFile)
+	if err != nil {
+		return nil, fmt.Errorf("contract: %w", err)
+	}
+	var entries []manifestEntry
+	if err := decodeStrict(raw, &entries); err != nil {
+		return nil, fmt.Errorf("contract: %s: %w", manifestFile, err)
+	}
+	if len(entries) == 0 {
+		return nil, fmt.Errorf("contract: %s: no contracts", manifestFile)
+	}
+	// One compiler for all: no schema carries an $id, so nothing is shared
+	// between them through its cache.
+	compiler := jsonschema.NewCompiler()
+	r := &Registry{byName: make(map[string]*Contract, len(entries))}
+	for i, e := range entries {
+		c, err := build(fsys, compiler, e)
+		if err != nil {
+			return nil, fmt.Errorf("contract: %s[%d] (%q): %w", manifestFile, i, e.Name, err)
+		}
+		if _, dup := r.byName[c.Name]; dup {
+			return nil, fmt.Errorf("contract: %s[%d]: duplicate name %q", manifestFile, i, c.Name)
+		}
+		r.byName[c.Name] = c
+		r.names = append(r.names, c.Name)
+	}
+	slices.Sort(r.names)
+	return r, nil
+}
+
+func build(fsys fs.FS, compiler *jsonschema.Compiler, e manifestEntry) (*Contract, error) {
+	for _, f := range []struct{ name, value string }{
+		{"name", e.Name}, {"schema", e.Schema}, {"input", e.Input},
+		{"schemaVersion", e.SchemaVersion}, {"taxonomyVersion", e.TaxonomyVersion}, {"prompt", e.Prompt},
+	} {
+		if strings.TrimSpace(f.value) == "" {
+			return nil, fmt.Errorf("%s is empty", f.name)
+		}
+	}
+	if e.Grounding != "" && e.Grounding != GroundingDiff {
+		return nil, fmt.Errorf("grounding %q is not %q or empty", e.Grounding, GroundingDiff)
+	}
+	c := &Contract{
+		Name:            e.Name,
+		SchemaVersion:   e.SchemaVersion,
+		TaxonomyVersion: e.TaxonomyVersion,
+		Grounding:       e.Grounding,
+	}
+	c.Correlation.WorkID = e.Correlation.WorkID
+	c.Correlation.SchemaVersion = e.Correlation.SchemaVersion
+
+	prompt, err := fs.ReadFile(fsys, e.Prompt)
+	if err != nil {
+		return nil, err
+	}
+	if len(bytes.TrimSpace(prompt)) == 0 {
+		return nil, fmt.Errorf("%s: empty prompt", e.Prompt)
+	}
+	c.Prompt = string(prompt)
+
+	var outDoc, inDoc map[string]any
+	if c.Schema, outDoc, c.output, err = compile(fsys, compiler, e.Schema, true); err != nil {
+		return nil, err
+	}
+	if c.InputSchema, inDoc, c.input, err = compile(fsys, compiler, e.Input, false); err != nil {
+		return nil, err
+	}
+
+	// The gate reads these fields by name, so they must exist as strings.
+	for _, f := range []string{c.Correlation.WorkID, c.Correlation.SchemaVersion} {
+		if f != "" && propType(outDoc, f) != "string" {
+			return nil, fmt.Errorf("%s: correlation field %q is not a string property", e.Schema, f)
+		}
+	}
+	if c.Grounding == GroundingDiff {
+		if propType(inDoc, "diff") != "string" {
+			return nil, fmt.Errorf("%s: grounding %q needs a string property \"diff\"", e.Input, GroundingDiff)
+		}
+		item := findingItem(outDoc)
+		if propType(item, "file") != "string" || propType(item, "line") != "integer" || propType(item, "evidence") != "string" {
+			return nil, fmt.Errorf("%s: grounding %q needs findings items with file (string), line (integer) and evidence (string)", e.Schema, GroundingDiff)
+		}
+	}
+	return c, nil
+}
+
+// compile reads one schema file, checks it against the keywords assay relies
+// on (and, for output schemas, the strict structured-output rules) and
+// compiles it.
+func compile(fsys fs.FS, compiler *jsonschema.Compiler, name string, strict bool) (json.RawMessage, map[string]any, *jsonschema.Schema, error) {
+	raw, err := fs.ReadFile(fsys, name)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var doc map[string]any
+	if err := decodeStrict(raw, &doc); err != nil {
+		return nil, nil, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if err := lint(doc, "#", strict); err != nil {
+		return nil, nil, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	s, err := compiler.Compile(raw)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%s: compile: %w", name, err)
+	}
+	return json.RawMessage(raw), doc, s, nil
+}
+
+// knownKeywords are the schema keywords the contracts may use. The validator
+// ignores keywords it does not know, so a misspelt "maxitems" would silently
+// stop constraining the model; lint refuses it instead.
+var knownKeywords = map[string]bool{
+	"$schema": true, "title": true, "description": true,
+	"type": true, "enum": true, "const": true,
+	"properties": true, "required": true, "additionalProperties": true,
+	"items": true, "minItems": true, "maxItems": true, "uniqueItems": true,
+	"minLength": true, "maxLength": true, "pattern": true,
+	"minimum": true, "maximum": true,
+}
+
+// lint walks a schema document. With strict set it also enforces OpenAI's
+// strict structured-output rules: every object closes additionalProperties
+// and lists every property as required.
+func lint(s map[string]any, at string, strict bool) error {
+	for k := range s {
+		if !knownKeywords[k] {
+			return fmt.Errorf("%s: keyword %q is not one assay supports", at, k)
+		}
+	}
+	if _, ok := s["type"]; !ok {
+		return fmt.Errorf("%s: no type", at)
+	}
+	props, _ := s["properties"].(map[string]any)
+	if s["type"] == "object" {
+		if ap, ok := s["additionalProperties"].(bool); !ok || ap {
+			return fmt.Errorf("%s: object without \"additionalProperties\": false", at)
+		}
+		if strict {
+			req, _ := s["required"].([]any)
+			if len(req) != len(props) {
+				return fmt.Errorf("%s: strict output needs every property in \"required\"", at)
+			}
+			for _, r := range req {
+				if name, _ := r.(string); props[name] == nil {
+					return fmt.Errorf("%s: required %v is not a property", at, r)
+				}
+			}
+		}
+	}
+	for name, p := range props {
+		ps, ok := p.(map[string]any)
+		if !ok {
+			return fmt.Errorf("%s/properties/%s: not a schema object", at, name)
+		}
+		if err := lint(ps, at+"/properties/"+name, strict); err != nil {
+			return err
+		}
+	}
+	if items, ok := s["items"]; ok {
+		is, ok := items.(map[string]any)
+		if !ok {
+			return fmt.Errorf("%s/items: not a schema object", at)
+		}
+		if err := lint(is, at+"/items", strict); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func propType(s map[string]any, name string) string {
+	props, _ := s["properties"].(map[string]any)
+	p, _ := props[name].(map[string]any)
+	t, _ := p["type"].(string)
+	return t
+}
+
+func findingItem(s map[string]any) map[string]any {
+	props, _ := s["properties"].(map[string]any)
+	f, _ := props["findings"].(map[string]any)
+	item, _ := f["items"].(map[string]any)
+	return item
+}
+
+// Get returns the named contract.
+func (r *Registry) Get(name string) (*Contract, bool) {
+	c, ok := r.byName[name]
+	return c, ok
+}
+
+// Names returns the contract names, sorted.
+func (r *Registry) Names() []string {
+	return slices.Clone(r.names)
+}
+
+// ValidateInput checks a work's input: one JSON object, nothing after it,
+// matching the input schema; for diff-grounded contracts the diff must parse,
+// since the gate could not ground any finding otherwise.
+func (c *Contract) ValidateInput(raw []byte) error {
+	doc, err := DecodeObject(raw)
+	if err != nil {
+		return &ValidationError{Doc: "input", Violations: []Violation{{Field: "input", Keyword: "json", Message: err.Error()}}}
+	}
+	if err := validate(c.input, "input", doc); err != nil {
+		return err
+	}
+	if c.Grounding == GroundingDiff {
+		d, _ := doc.(map[string]any)["diff"].(string)
+		if _, err := diff.Parse(d); err != nil {
+			return &ValidationError{Doc: "input", Violations: []Violation{{Pointer: "/diff", Field: "input.diff", Keyword: "diff", Message: "not a unified diff: " + err.Error()}}}
+		}
+	}
+	return nil
+}
+
+// ValidateOutput checks a decoded output document (from encoding/json, with
+// or without UseNumber) against the output schema. A []byte or
+// json.RawMessage is decoded first.
+func (c *Contract) ValidateOutput(doc any) error {
+	switch b := doc.(type) {
+	case json.RawMessage:
+		return c.ValidateOutput([]byte(b))
+	case []byte:
+		v, err := decodeValue(b)
+		if err != nil {
+			return &ValidationError{Doc: "output", Violations: []Violation{{Field: "output", Keyword: "json", Message: err.Error()}}}
+		}
+		doc = v
+	}
+	return validate(c.output, "output", doc)
+}
+
+// DecodeObject decodes exactly one JSON object, numbers as json.Number, and
+// refuses anything after it.
+func DecodeObject(raw []byte) (any, error) {
+	v, err := decodeValue(raw)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := v.(map[string]any); !ok {
+		return nil, fmt.Errorf("not a JSON object but %s", jsonKind(v))
+	}
+	return v, nil
+}
+
+func decodeValue(raw []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("invalid JSON: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("invalid JSON: data after the top-level value")
+	}
+	return v, nil
+}
+
+func decodeStrict(raw []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("data after the top-level value")
+	}
+	return nil
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "a boolean"
+	case json.Number, float64:
+		return "a number"
+	case string:
+		return "a string"
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "an object"
+	}
+	return fmt.Sprintf("%T", v)
+}

@@ -1,0 +1,185 @@
+package contract
+
+import (
+	"cmp"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kaptinlin/jsonschema"
+)
+
+// Violation is one failed schema keyword at one place in a document.
+type Violation struct {
+	// Pointer is the JSON pointer of the offending value ("" for the root).
+	Pointer string
+	// Field is Pointer in a readable form, e.g. "output.findings[0].line".
+	Field string
+	// Keyword is the schema keyword that failed, e.g. "maxItems"; "json" for
+	// a document that is not a single JSON object, "diff" for an unparsable
+	// diff.
+	Keyword string
+	Message string
+}
+
+func (v Violation) String() string {
+	return v.Field + ": " + v.Keyword + ": " + v.Message
+}
+
+// ValidationError lists what made a document invalid, in document order.
+type ValidationError struct {
+	Doc        string // "input" or "output"
+	Violations []Violation
+}
+
+// maxListed bounds Error's text: a repair note or a log line needs the first
+// problems, not all of them.
+const maxListed = 5
+
+func (e *ValidationError) Error() string {
+	var b strings.Builder
+	for i, v := range e.Violations {
+		if i == maxListed {
+			fmt.Fprintf(&b, "; and %d more", len(e.Violations)-maxListed)
+			break
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(v.String())
+	}
+	return b.String()
+}
+
+// aggregateKeywords only summarise the failures of their subschemas, which
+// are reported on their own.
+var aggregateKeywords = map[string]bool{
+	"properties": true, "patternProperties": true, "additionalProperties": true,
+	"items": true, "prefixItems": true,
+}
+
+func validate(s *jsonschema.Schema, name string, doc any) error {
+	res := s.Validate(doc)
+	if res.IsValid() {
+		return nil
+	}
+	e := &ValidationError{Doc: name}
+	collect(res, nil, doc, e)
+	if len(e.Violations) == 0 {
+		// The library said no without a leaf we could place: still refuse.
+		e.Violations = append(e.Violations, Violation{Field: name, Keyword: "schema", Message: "document does not match the schema"})
+	}
+	slices.SortStableFunc(e.Violations, func(a, b Violation) int {
+		return cmp.Or(cmp.Compare(a.Pointer, b.Pointer), cmp.Compare(a.Keyword, b.Keyword))
+	})
+	return e
+}
+
+func collect(r *jsonschema.EvaluationResult, parent []string, doc any, e *ValidationError) {
+	loc := append(slices.Clip(parent), splitPointer(r.InstanceLocation)...)
+	// The library evaluates a missing required property as null; that
+	// phantom type error would hide the real one ("required" on the parent).
+	if _, ok := lookup(doc, loc); !ok {
+		return
+	}
+	add := func(kw, msg string) {
+		e.Violations = append(e.Violations, Violation{Pointer: joinPointer(loc), Field: field(e.Doc, doc, loc), Keyword: kw, Message: msg})
+	}
+	// A property matched by additionalProperties: false shows up as a child
+	// failing the "false" schema; say what it means instead.
+	if strings.HasPrefix(r.EvaluationPath, "/additionalProperties/") {
+		add("additionalProperties", "property is not allowed")
+		return
+	}
+	childFailed := false
+	for _, d := range r.Details {
+		childFailed = childFailed || !d.IsValid()
+	}
+	for kw, err := range r.Errors {
+		if childFailed && aggregateKeywords[kw] {
+			continue
+		}
+		add(kw, err.Error())
+	}
+	for _, d := range r.Details {
+		if !d.IsValid() {
+			collect(d, loc, doc, e)
+		}
+	}
+}
+
+var (
+	unescapePointer = strings.NewReplacer("~1", "/", "~0", "~")
+	escapePointer   = strings.NewReplacer("~", "~0", "/", "~1")
+)
+
+func splitPointer(p string) []string {
+	if p == "" {
+		return nil
+	}
+	segs := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	for i, s := range segs {
+		segs[i] = unescapePointer.Replace(s)
+	}
+	return segs
+}
+
+func joinPointer(segs []string) string {
+	var b strings.Builder
+	for _, s := range segs {
+		b.WriteByte('/')
+		b.WriteString(escapePointer.Replace(s))
+	}
+	return b.String()
+}
+
+func lookup(doc any, segs []string) (any, bool) {
+	cur := doc
+	for _, s := range segs {
+		switch v := cur.(type) {
+		case map[string]any:
+			next, ok := v[s]
+			if !ok {
+				return nil, false
+			}
+			cur = next
+		case []any:
+			i, err := strconv.Atoi(s)
+			if err != nil || i < 0 || i >= len(v) {
+				return nil, false
+			}
+			cur = v[i]
+		default:
+			return nil, false
+		}
+	}
+	return cur, true
+}
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// field renders a location the way a reader of the contract names it.
+func field(root string, doc any, segs []string) string {
+	var b strings.Builder
+	b.WriteString(root)
+	cur := doc
+	for _, s := range segs {
+		switch v := cur.(type) {
+		case []any:
+			b.WriteString("[" + s + "]")
+			i, _ := strconv.Atoi(s)
+			cur = v[i]
+		default:
+			if identifier.MatchString(s) {
+				b.WriteString("." + s)
+			} else {
+				b.WriteString("[" + strconv.Quote(s) + "]")
+			}
+			m, _ := v.(map[string]any)
+			cur = m[s]
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,341 @@
+// Package gate decides whether a model's output may become an accepted
+// result. It runs the stages of the committer's gate in order — syntax,
+// schema, correlation, grounding, policy — and stops at the first failure,
+// which names the stage, a stable code and the offending field.
+package gate
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/diff"
+)
+
+// Stage is one step of the gate.
+type Stage string
+
+// The stages, in the order Check runs them.
+const (
+	StageSyntax      Stage = "syntax"
+	StageSchema      Stage = "schema"
+	StageCorrelation Stage = "correlation"
+	StageGrounding   Stage = "grounding"
+	StagePolicy      Stage = "policy"
+)
+
+// Failure codes. They are stable: metrics, logs, repair notes and tests key
+// on them.
+const (
+	CodeTooLarge     = "syntax.too_large"
+	CodeInvalidJSON  = "syntax.invalid_json"
+	CodeNotObject    = "syntax.not_object"
+	CodeTrailingData = "syntax.trailing_data"
+
+	CodeNoContract      = "schema.no_contract"
+	CodeSchemaViolation = "schema.violation"
+
+	CodeWorkID          = "correlation.work_id"
+	CodeSchemaVersion   = "correlation.schema_version"
+	CodeTaxonomyVersion = "correlation.taxonomy_version"
+	CodeDigest          = "correlation.digest"
+
+	CodeBadInput          = "grounding.bad_input"
+	CodeFileNotInDiff     = "grounding.file_not_in_diff"
+	CodeLineOutsideHunk   = "grounding.line_outside_hunk"
+	CodeEvidenceNotInDiff = "grounding.evidence_not_in_diff"
+
+	CodeDuplicateFinding    = "policy.duplicate_finding"
+	CodeSelfHarmNeedsHuman  = "policy.self_harm_needs_review"
+	CodeSeverityUnderstated = "policy.severity_understated"
+)
+
+// Failure says why an output was refused.
+type Failure struct {
+	Stage  Stage
+	Code   string
+	Detail string // names the field, e.g. findings[0].file "x.go" is not in the diff
+}
+
+func (f *Failure) Error() string {
+	return "gate: " + f.Code + ": " + f.Detail
+}
+
+// Expect is what the worker was asked to do and what is true now.
+type Expect struct {
+	// WorkID, SchemaVersion and TaxonomyVersion entered the worker with the work.
+	WorkID, SchemaVersion, TaxonomyVersion string
+	// CurrentTaxonomyVersion is the contract's taxonomy now.
+	CurrentTaxonomyVersion string
+	// Digest is the content digest the worker saw; CurrentDigest the work's
+	// digest now. They must be equal (both empty counts as equal).
+	Digest, CurrentDigest string
+	// Input is the work's input; grounding reads {"diff": ...} from it.
+	Input json.RawMessage
+}
+
+// Accepted is an output that passed the whole gate.
+type Accepted struct {
+	// Output is the validated document re-encoded compactly (keys sorted,
+	// HTML left unescaped): exactly what was checked, whatever whitespace or
+	// duplicate keys the model sent.
+	Output json.RawMessage
+	// Findings is the length of a top-level "findings" array, 0 if none.
+	Findings int
+}
+
+// MaxOutputBytes caps an output before it is parsed.
+const MaxOutputBytes = 256 << 10
+
+// Check runs the gate on one output of contract c.
+func Check(c *contract.Contract, output []byte, exp Expect) (*Accepted, *Failure) {
+	if c == nil {
+		return nil, fail(StageSchema, CodeNoContract, "no contract to check against")
+	}
+	doc, f := checkSyntax(output)
+	if f != nil {
+		return nil, f
+	}
+	if err := c.ValidateOutput(doc); err != nil {
+		return nil, fail(StageSchema, CodeSchemaViolation, "%s", err.Error())
+	}
+	if f := checkCorrelation(c, doc, exp); f != nil {
+		return nil, f
+	}
+	if c.Grounding == contract.GroundingDiff {
+		if f := checkGrounding(doc, exp.Input); f != nil {
+			return nil, f
+		}
+	}
+	if f := checkPolicy(doc); f != nil {
+		return nil, f
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(doc); err != nil {
+		// Unreachable for a decoded document; refuse rather than publish nothing.
+		return nil, fail(StageSyntax, CodeInvalidJSON, "re-encoding: %v", err)
+	}
+	findings, _ := doc["findings"].([]any)
+	return &Accepted{Output: bytes.TrimRight(buf.Bytes(), "\n"), Findings: len(findings)}, nil
+}
+
+func fail(s Stage, code, format string, args ...any) *Failure {
+	return &Failure{Stage: s, Code: code, Detail: fmt.Sprintf(format, args...)}
+}
+
+func checkSyntax(output []byte) (map[string]any, *Failure) {
+	if len(output) > MaxOutputBytes {
+		return nil, fail(StageSyntax, CodeTooLarge, "output is %d bytes, over the %d-byte limit", len(output), MaxOutputBytes)
+	}
+	// encoding/json would silently replace bad bytes with U+FFFD, so the
+	// accepted text would differ from what the model sent.
+	if !utf8.Valid(output) {
+		return nil, fail(StageSyntax, CodeInvalidJSON, "output is not valid UTF-8")
+	}
+	if len(bytes.TrimSpace(output)) == 0 {
+		return nil, fail(StageSyntax, CodeInvalidJSON, "output is empty")
+	}
+	dec := json.NewDecoder(bytes.NewReader(output))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, fail(StageSyntax, CodeInvalidJSON, "output ends inside a JSON value (truncated?)")
+		}
+		return nil, fail(StageSyntax, CodeInvalidJSON, "output is not JSON: %v", err)
+	}
+	doc, ok := v.(map[string]any)
+	if !ok {
+		return nil, fail(StageSyntax, CodeNotObject, "output is %s, not a JSON object", kind(v))
+	}
+	if off := dec.InputOffset(); len(bytes.TrimSpace(output[off:])) > 0 {
+		return nil, fail(StageSyntax, CodeTrailingData, "%d bytes follow the JSON object at offset %d", len(bytes.TrimSpace(output[off:])), off)
+	}
+	return doc, nil
+}
+
+func kind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "a boolean"
+	case json.Number:
+		return "a number"
+	case string:
+		return "a string"
+	case []any:
+		return "an array"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+func checkCorrelation(c *contract.Contract, doc map[string]any, exp Expect) *Failure {
+	if f := c.Correlation.WorkID; f != "" {
+		if got, _ := doc[f].(string); got != exp.WorkID {
+			return fail(StageCorrelation, CodeWorkID, "%s %s is not the work id %s", f, quote(got), quote(exp.WorkID))
+		}
+	}
+	if exp.SchemaVersion != c.SchemaVersion {
+		return fail(StageCorrelation, CodeSchemaVersion, "the work entered the worker with schema version %s, the contract is %s", quote(exp.SchemaVersion), quote(c.SchemaVersion))
+	}
+	if f := c.Correlation.SchemaVersion; f != "" {
+		if got, _ := doc[f].(string); got != exp.SchemaVersion {
+			return fail(StageCorrelation, CodeSchemaVersion, "%s %s is not the work's schema version %s", f, quote(got), quote(exp.SchemaVersion))
+		}
+	}
+	if exp.TaxonomyVersion != exp.CurrentTaxonomyVersion || exp.CurrentTaxonomyVersion != c.TaxonomyVersion {
+		return fail(StageCorrelation, CodeTaxonomyVersion, "taxonomy version %s entered the worker, the current one is %s and the contract's is %s",
+			quote(exp.TaxonomyVersion), quote(exp.CurrentTaxonomyVersion), quote(c.TaxonomyVersion))
+	}
+	if exp.Digest == "" || exp.Digest != exp.CurrentDigest {
+		return fail(StageCorrelation, CodeDigest, "the worker saw content digest %s, the work's digest is now %s", quote(exp.Digest), quote(exp.CurrentDigest))
+	}
+	return nil
+}
+
+func checkGrounding(doc map[string]any, input json.RawMessage) *Failure {
+	in, err := contract.DecodeObject(input)
+	if err != nil {
+		return fail(StageGrounding, CodeBadInput, "work input: %v", err)
+	}
+	text, ok := in.(map[string]any)["diff"].(string)
+	if !ok {
+		return fail(StageGrounding, CodeBadInput, "work input has no string \"diff\"")
+	}
+	d, err := diff.Parse(text)
+	if err != nil {
+		return fail(StageGrounding, CodeBadInput, "work input diff: %v", err)
+	}
+	findings, _ := doc["findings"].([]any)
+	for i, raw := range findings {
+		// The schema stage has already guaranteed each finding's shape.
+		fd, _ := raw.(map[string]any)
+		file, _ := fd["file"].(string)
+		df := d.File(file)
+		if df == nil {
+			return fail(StageGrounding, CodeFileNotInDiff, "findings[%d].file %s is not in the diff", i, quote(file))
+		}
+		if line, ok := lineOf(fd["line"]); !ok || !df.InHunk(line) {
+			return fail(StageGrounding, CodeLineOutsideHunk, "findings[%d].line %s is outside every changed hunk of %s", i, fd["line"], quote(file))
+		}
+		if ev, _ := fd["evidence"].(string); !evidenceIn(df, ev) {
+			return fail(StageGrounding, CodeEvidenceNotInDiff, "findings[%d].evidence %s is not text of the diff of %s", i, quote(ev), quote(file))
+		}
+	}
+	return nil
+}
+
+// lineOf reads an integer line number; JSON allows 12, 12.0 and 1.2e1 alike.
+func lineOf(v any) (int, bool) {
+	n, ok := v.(json.Number)
+	if !ok {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(string(n), 64)
+	if err != nil || f != math.Trunc(f) || f < 1 || f > math.MaxInt32 {
+		return 0, false
+	}
+	return int(f), true
+}
+
+// evidenceIn accepts evidence found within one diff line of the file, or
+// evidence spanning several lines when each of its non-blank lines is.
+func evidenceIn(f *diff.File, ev string) bool {
+	if f.Contains(ev) {
+		return true
+	}
+	lines := strings.Split(strings.TrimSpace(ev), "\n")
+	if len(lines) < 2 {
+		return false
+	}
+	for _, l := range lines {
+		if strings.TrimSpace(l) != "" && !f.Contains(l) {
+			return false
+		}
+	}
+	return true
+}
+
+// checkPolicy holds the rules a schema cannot express. They key on fields,
+// not contract names, so a new version of a contract keeps them:
+//
+//   - policy.duplicate_finding: two findings with the same identity — the
+//     same file, line and summary (code-review) or the same code and summary
+//     (change-review). Repeats inflate counts and post twice to a pull request.
+//   - policy.severity_understated: an overall "severity" (low < medium <
+//     high) below that of one of its findings.
+//   - policy.self_harm_needs_review: category "self_harm" without
+//     needsHumanReview; such a verdict must never be handled unattended.
+func checkPolicy(doc map[string]any) *Failure {
+	findings, _ := doc["findings"].([]any)
+	seen := make(map[string]int, len(findings))
+	for i, raw := range findings {
+		fd, _ := raw.(map[string]any)
+		key, err := json.Marshal([]any{fd["file"], fd["line"], fd["code"], fd["summary"]})
+		if err != nil {
+			continue
+		}
+		if j, dup := seen[string(key)]; dup {
+			return fail(StagePolicy, CodeDuplicateFinding, "findings[%d] repeats findings[%d] (%s)", i, j, identity(fd))
+		}
+		seen[string(key)] = i
+	}
+	if overall, ok := doc["severity"].(string); ok {
+		for i, raw := range findings {
+			fd, _ := raw.(map[string]any)
+			if s, _ := fd["severity"].(string); rank(s) > rank(overall) && rank(overall) > 0 {
+				return fail(StagePolicy, CodeSeverityUnderstated, "severity %s is below findings[%d].severity %s", quote(overall), i, quote(s))
+			}
+		}
+	}
+	if doc["category"] == "self_harm" && doc["needsHumanReview"] != true {
+		return fail(StagePolicy, CodeSelfHarmNeedsHuman, "category \"self_harm\" requires needsHumanReview true")
+	}
+	return nil
+}
+
+func rank(severity string) int {
+	switch severity {
+	case "low":
+		return 1
+	case "medium":
+		return 2
+	case "high":
+		return 3
+	}
+	return 0
+}
+
+func identity(fd map[string]any) string {
+	var parts []string
+	for _, k := range []string{"file", "line", "code", "summary"} {
+		switch v := fd[k].(type) {
+		case string:
+			parts = append(parts, k+" "+quote(v))
+		case json.Number:
+			parts = append(parts, k+" "+v.String())
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// quote renders a value for a Detail, shortened: the model's text can be up
+// to a thousand characters and a Detail goes into logs and repair notes.
+func quote(s string) string {
+	const limit = 80
+	if utf8.RuneCountInString(s) > limit {
+		r := []rune(s)
+		return fmt.Sprintf("%q…", string(r[:limit]))
+	}
+	return fmt.Sprintf("%q", s)
+}

@@ -1,0 +1,264 @@
+package model
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultMaxBodyBytes caps a response body when Client.MaxBodyBytes is 0.
+const DefaultMaxBodyBytes = 1 << 20
+
+// Kind classifies a failed call so the caller can decide whether and when to
+// retry; the adapter itself never does.
+type Kind string
+
+const (
+	KindRateLimited Kind = "rate_limited"       // 429
+	KindRejected    Kind = "transport_rejected" // 4xx other than 408/429, and other non-2xx answers
+	KindTransient   Kind = "transport_error"    // 5xx, 408, connection errors
+	KindTimeout     Kind = "timeout"            // ctx deadline or network timeout
+	KindMalformed   Kind = "malformed"          // 2xx whose body is not a usable chat.completion
+	KindCanceled    Kind = "canceled"           // the caller canceled ctx before its deadline
+)
+
+// Error is the only error type Complete returns.
+type Error struct {
+	Kind   Kind
+	Status int // HTTP status, 0 when no response was read
+	// RetryAfter is the provider's Retry-After hint, 0 if absent.
+	RetryAfter time.Duration
+	Msg        string
+	Err        error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("model: ")
+	b.WriteString(string(e.Kind))
+	if e.Status != 0 {
+		fmt.Fprintf(&b, " (HTTP %d)", e.Status)
+	}
+	if e.Msg != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Msg)
+	}
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
+	}
+	return b.String()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Client calls one OpenAI-compatible chat-completions endpoint.
+type Client struct {
+	BaseURL string
+	APIKey  string
+	Model   string
+	// HTTP is the client used for requests. nil means a shared client with
+	// a pooled transport and no overall timeout: deadlines come from ctx.
+	HTTP *http.Client
+	// MaxBodyBytes caps the response body read; 0 means DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+}
+
+// Call is one structured-output request.
+type Call struct {
+	Tenant   string
+	Contract string // json_schema name
+	Schema   json.RawMessage
+	Messages []Message
+}
+
+// Reply is a successful answer, or on error whatever was observed of it.
+type Reply struct {
+	Content string
+	Usage   Usage
+	Model   string
+	Status  int
+	Latency time.Duration
+	Raw     []byte // response body, capped at MaxBodyBytes
+}
+
+// defaultHTTP is shared so that every Client with a nil HTTP reuses one
+// connection pool.
+var defaultHTTP = &http.Client{
+	Transport: func() http.RoundTripper {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns = 256
+		t.MaxIdleConnsPerHost = 64
+		t.IdleConnTimeout = 90 * time.Second
+		return t
+	}(),
+	// A followed redirect would be a second upstream attempt the ledger
+	// never sees.
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+}
+
+// Complete makes exactly one HTTP request. The error, if any, is *Error; the
+// Reply may then still carry Status, Latency and Raw for the ledger.
+func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
+	temp := 0.0
+	body, err := json.Marshal(ChatRequest{
+		Model:    c.Model,
+		Messages: call.Messages,
+		ResponseFormat: &ResponseFormat{
+			Type:       "json_schema",
+			JSONSchema: &JSONSchema{Name: call.Contract, Strict: true, Schema: call.Schema},
+		},
+		User:        call.Tenant,
+		Temperature: &temp,
+	})
+	if err != nil {
+		return nil, &Error{Kind: KindRejected, Msg: "encoding request", Err: err}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.BaseURL, "/")+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return nil, &Error{Kind: KindRejected, Msg: "building request", Err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	if c.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.APIKey)
+	}
+	// net/http may replay the body only when not one byte reached the
+	// server (a stale pooled connection), so the provider still sees at most
+	// one attempt.
+
+	hc := c.HTTP
+	if hc == nil {
+		hc = defaultHTTP
+	}
+	limit := c.MaxBodyBytes
+	if limit <= 0 {
+		limit = DefaultMaxBodyBytes
+	}
+
+	start := time.Now()
+	resp, err := hc.Do(req)
+	if err != nil {
+		return &Reply{Latency: time.Since(start)}, transportError(ctx, "sending request", err)
+	}
+	raw, readErr := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	resp.Body.Close()
+	rep := &Reply{Status: resp.StatusCode, Latency: time.Since(start), Model: c.Model}
+	over := int64(len(raw)) > limit
+	if over {
+		raw = raw[:limit]
+	}
+	rep.Raw = raw
+	if readErr != nil {
+		e := transportError(ctx, "reading response", readErr)
+		e.Status = resp.StatusCode
+		return rep, e
+	}
+
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return rep, statusError(resp, raw)
+	}
+	if over {
+		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, Msg: fmt.Sprintf("response body exceeds %d bytes", limit)}
+	}
+	var cr ChatResponse
+	if err := json.Unmarshal(raw, &cr); err != nil {
+		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, Msg: "response is not JSON", Err: err}
+	}
+	// Some compatible servers omit "object"; anything else named is not ours.
+	if cr.Object != "" && cr.Object != "chat.completion" {
+		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, Msg: fmt.Sprintf("response object is %q, not chat.completion", cr.Object)}
+	}
+	if len(cr.Choices) == 0 {
+		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, Msg: "response has no choices"}
+	}
+	rep.Content = cr.Choices[0].Message.Content
+	rep.Usage = cr.Usage
+	if cr.Model != "" {
+		rep.Model = cr.Model
+	}
+	return rep, nil
+}
+
+// transportError classifies a failure to exchange bytes with the provider.
+func transportError(ctx context.Context, what string, err error) *Error {
+	if cerr := ctx.Err(); cerr != nil {
+		if errors.Is(cerr, context.DeadlineExceeded) {
+			return &Error{Kind: KindTimeout, Msg: what, Err: cerr}
+		}
+		return &Error{Kind: KindCanceled, Msg: what, Err: cerr}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return &Error{Kind: KindTimeout, Msg: what, Err: err}
+	}
+	return &Error{Kind: KindTransient, Msg: what, Err: err}
+}
+
+func statusError(resp *http.Response, raw []byte) *Error {
+	e := &Error{Status: resp.StatusCode, Msg: providerMessage(raw)}
+	switch s := resp.StatusCode; {
+	case s == http.StatusTooManyRequests:
+		e.Kind = KindRateLimited
+	case s == http.StatusRequestTimeout || s >= 500:
+		e.Kind = KindTransient
+	default:
+		e.Kind = KindRejected
+	}
+	e.RetryAfter = ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	return e
+}
+
+// providerMessage extracts the OpenAI-style {"error":{"message":...}} text,
+// shortened, so that logs say why without carrying whole bodies.
+func providerMessage(raw []byte) string {
+	var b struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	msg := ""
+	if json.Unmarshal(raw, &b) == nil {
+		msg = b.Error.Message
+	}
+	if msg == "" {
+		msg = strings.TrimSpace(string(raw))
+	}
+	if len(msg) > 200 {
+		msg = msg[:200] + "…"
+	}
+	return msg
+}
+
+// ParseRetryAfter reads a Retry-After value given as delay-seconds or as an
+// HTTP-date relative to now. Absent, unparseable or past values yield 0.
+func ParseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n <= 0 {
+			return 0
+		}
+		// Cap absurd values rather than overflow the Duration.
+		if n > int64(24*time.Hour/time.Second) {
+			n = int64(24 * time.Hour / time.Second)
+		}
+		return time.Duration(n) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		if d := t.Sub(now); d > 0 {
+			return d
+		}
+	}
+	return 0
+}

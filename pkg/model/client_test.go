@@ -1,0 +1,437 @@
+package model
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+const okBody = `{"id":"c1","object":"chat.completion","created":1,"model":"m-served",
+"choices":[{"index":0,"message":{"role":"assistant","content":"{\"a\":1}"},"finish_reason":"stop"}],
+"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`
+
+type captured struct {
+	header http.Header
+	method string
+	path   string
+	body   []byte
+}
+
+type bundle struct {
+	srv    *httptest.Server
+	client *Client
+	calls  *atomic.Int64
+	mu     *sync.Mutex
+	last   *captured
+}
+
+// setup starts a provider that records every request and answers with h.
+func setup(t *testing.T, h http.HandlerFunc) bundle {
+	t.Helper()
+	b := bundle{calls: new(atomic.Int64), mu: new(sync.Mutex), last: new(captured)}
+	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b.calls.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		b.mu.Lock()
+		*b.last = captured{header: r.Header.Clone(), method: r.Method, path: r.URL.Path, body: body}
+		b.mu.Unlock()
+		h(w, r)
+	}))
+	t.Cleanup(b.srv.Close)
+	b.client = &Client{BaseURL: b.srv.URL, APIKey: "sk-test", Model: "m-asked"}
+	return b
+}
+
+func (b bundle) captured() captured {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return *b.last
+}
+
+func answer(status int, body string, hdr ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		for i := 0; i+1 < len(hdr); i += 2 {
+			w.Header().Set(hdr[i], hdr[i+1])
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	}
+}
+
+var testCall = Call{
+	Tenant:   "tenant-1",
+	Contract: "review_v1",
+	Schema:   json.RawMessage(`{"type":"object"}`),
+	Messages: []Message{{Role: "system", Content: "do it"}, {Role: "user", Content: "input"}},
+}
+
+func asError(t *testing.T, err error) *Error {
+	t.Helper()
+	if err == nil {
+		t.Fatal("expected an error, got nil")
+	}
+	var me *Error
+	if !errors.As(err, &me) {
+		t.Fatalf("error %T %v is not *model.Error", err, err)
+	}
+	return me
+}
+
+func TestCompleteSuccessSendsRequestShape(t *testing.T) {
+	t.Parallel()
+	b := setup(t, answer(200, okBody))
+
+	rep, err := b.client.Complete(context.Background(), testCall)
+	if err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if rep.Content != `{"a":1}` || rep.Model != "m-served" || rep.Status != 200 {
+		t.Fatalf("reply = %+v", rep)
+	}
+	if rep.Usage != (Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7}) {
+		t.Fatalf("usage = %+v", rep.Usage)
+	}
+	if rep.Latency <= 0 || string(rep.Raw) != okBody {
+		t.Fatalf("latency %v raw %q", rep.Latency, rep.Raw)
+	}
+	if n := b.calls.Load(); n != 1 {
+		t.Fatalf("requests = %d, want 1", n)
+	}
+
+	got := b.captured()
+	if got.method != http.MethodPost || got.path != "/v1/chat/completions" {
+		t.Fatalf("request %s %s", got.method, got.path)
+	}
+	if h := got.header.Get("Authorization"); h != "Bearer sk-test" {
+		t.Fatalf("Authorization = %q", h)
+	}
+	if h := got.header.Get("Content-Type"); h != "application/json" {
+		t.Fatalf("Content-Type = %q", h)
+	}
+	var req ChatRequest
+	if err := json.Unmarshal(got.body, &req); err != nil {
+		t.Fatalf("request body: %v", err)
+	}
+	if req.Model != "m-asked" || req.User != "tenant-1" || len(req.Messages) != 2 || req.Messages[1] != testCall.Messages[1] {
+		t.Fatalf("request = %+v", req)
+	}
+	rf := req.ResponseFormat
+	if rf == nil || rf.Type != "json_schema" || rf.JSONSchema == nil || rf.JSONSchema.Name != "review_v1" || !rf.JSONSchema.Strict || string(rf.JSONSchema.Schema) != `{"type":"object"}` {
+		t.Fatalf("response_format = %+v / %+v", rf, rf.JSONSchema)
+	}
+	// Temperature 0 must be on the wire, not omitted.
+	var rawReq map[string]json.RawMessage
+	json.Unmarshal(got.body, &rawReq)
+	if string(rawReq["temperature"]) != "0" {
+		t.Fatalf("temperature = %s", rawReq["temperature"])
+	}
+}
+
+func TestCompleteOmitsAuthorizationWithoutKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, answer(200, okBody))
+	b.client.APIKey = ""
+	b.client.BaseURL += "/" // a trailing slash must not double up
+	if _, err := b.client.Complete(context.Background(), testCall); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	got := b.captured()
+	if _, ok := got.header["Authorization"]; ok {
+		t.Fatalf("Authorization sent: %q", got.header.Get("Authorization"))
+	}
+	if got.path != "/v1/chat/completions" {
+		t.Fatalf("path = %q", got.path)
+	}
+}
+
+func TestCompleteStatusKindsOneRequestEach(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name       string
+		h          http.HandlerFunc
+		kind       Kind
+		retryAfter time.Duration
+	}{
+		{"429 seconds", answer(429, `{"error":{"message":"slow down"}}`, "Retry-After", "7"), KindRateLimited, 7 * time.Second},
+		{"429 no header", answer(429, `{}`), KindRateLimited, 0},
+		{"500", answer(500, `oops`), KindTransient, 0},
+		{"503 retry-after", answer(503, `{}`, "Retry-After", "2"), KindTransient, 2 * time.Second},
+		{"408", answer(408, `{}`), KindTransient, 0},
+		{"400", answer(400, `{"error":{"message":"bad schema"}}`), KindRejected, 0},
+		{"401", answer(401, `{}`), KindRejected, 0},
+		{"404", answer(404, `{}`), KindRejected, 0},
+		{"307 not followed", answer(307, ``, "Location", "/elsewhere"), KindRejected, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, tc.h)
+			rep, err := b.client.Complete(context.Background(), testCall)
+			e := asError(t, err)
+			if e.Kind != tc.kind || e.RetryAfter != tc.retryAfter {
+				t.Fatalf("got kind %q retryAfter %v, want %q %v (%v)", e.Kind, e.RetryAfter, tc.kind, tc.retryAfter, e)
+			}
+			if n := b.calls.Load(); n != 1 {
+				t.Fatalf("requests = %d, want exactly 1", n)
+			}
+			if rep == nil || rep.Status != e.Status || e.Status == 0 || rep.Latency <= 0 {
+				t.Fatalf("reply %+v, error status %d", rep, e.Status)
+			}
+		})
+	}
+}
+
+func TestCompleteErrorCarriesProviderMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, answer(400, `{"error":{"message":"schema is not strict"}}`))
+	_, err := b.client.Complete(context.Background(), testCall)
+	if e := asError(t, err); !strings.Contains(e.Error(), "schema is not strict") || !strings.Contains(e.Error(), "400") {
+		t.Fatalf("Error() = %q", e.Error())
+	}
+}
+
+func TestCompleteRetryAfterHTTPDate(t *testing.T) {
+	t.Parallel()
+	at := time.Now().Add(2 * time.Minute).UTC().Format(http.TimeFormat)
+	b := setup(t, answer(429, `{}`, "Retry-After", at))
+	_, err := b.client.Complete(context.Background(), testCall)
+	e := asError(t, err)
+	// HTTP-dates have one-second resolution, so the hint lands within a
+	// second below two minutes.
+	if e.Kind != KindRateLimited || e.RetryAfter <= time.Minute || e.RetryAfter > 2*time.Minute {
+		t.Fatalf("kind %q retryAfter %v", e.Kind, e.RetryAfter)
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	cases := map[string]time.Duration{
+		"":                               0,
+		"0":                              0,
+		"-3":                             0,
+		" 12 ":                           12 * time.Second,
+		"soon":                           0,
+		"Sun, 01 Mar 2026 12:00:30 GMT":  30 * time.Second,
+		"Sunday, 01-Mar-26 12:01:00 GMT": time.Minute,
+		"Sun, 01 Mar 2026 11:59:00 GMT":  0,
+		"99999999999":                    24 * time.Hour,
+	}
+	for in, want := range cases {
+		if got := ParseRetryAfter(in, now); got != want {
+			t.Errorf("ParseRetryAfter(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+func TestCompleteMalformed(t *testing.T) {
+	t.Parallel()
+	cases := map[string]string{
+		"not json":   `<html>hello</html>`,
+		"truncated":  okBody[:40],
+		"no choices": `{"id":"x","object":"chat.completion","choices":[]}`,
+		"not chat":   `{"object":"list","data":[]}`,
+		"empty":      ``,
+	}
+	for name, body := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, answer(200, body))
+			rep, err := b.client.Complete(context.Background(), testCall)
+			if e := asError(t, err); e.Kind != KindMalformed || e.Status != 200 {
+				t.Fatalf("got %v", e)
+			}
+			if rep == nil || string(rep.Raw) != body {
+				t.Fatalf("reply %+v", rep)
+			}
+		})
+	}
+}
+
+func TestCompleteBodyCap(t *testing.T) {
+	t.Parallel()
+	b := setup(t, answer(200, okBody))
+	b.client.MaxBodyBytes = 64
+	rep, err := b.client.Complete(context.Background(), testCall)
+	if e := asError(t, err); e.Kind != KindMalformed {
+		t.Fatalf("got %v", e)
+	}
+	if rep == nil || len(rep.Raw) != 64 || string(rep.Raw) != okBody[:64] {
+		t.Fatalf("raw = %q", rep.Raw)
+	}
+
+	// The default cap is 1 MiB.
+	big := strings.Repeat("x", DefaultMaxBodyBytes+10)
+	b2 := setup(t, answer(200, big))
+	rep, err = b2.client.Complete(context.Background(), testCall)
+	if e := asError(t, err); e.Kind != KindMalformed || !strings.Contains(e.Msg, "exceeds") {
+		t.Fatalf("got %v", e)
+	}
+	if len(rep.Raw) != DefaultMaxBodyBytes {
+		t.Fatalf("raw len = %d", len(rep.Raw))
+	}
+}
+
+// hang blocks until the client goes away, telling the test it has the request.
+func hang(started chan<- struct{}) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-r.Context().Done()
+	}
+}
+
+func TestCompleteDeadlineIsTimeout(t *testing.T) {
+	t.Parallel()
+	started := make(chan struct{})
+	b := setup(t, hang(started))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	rep, err := b.client.Complete(ctx, testCall)
+	e := asError(t, err)
+	if e.Kind != KindTimeout || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v", e)
+	}
+	if rep == nil || rep.Latency <= 0 {
+		t.Fatalf("reply %+v", rep)
+	}
+	if n := b.calls.Load(); n != 1 {
+		t.Fatalf("requests = %d", n)
+	}
+}
+
+func TestCompleteCallerCancel(t *testing.T) {
+	t.Parallel()
+	started := make(chan struct{})
+	b := setup(t, hang(started))
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-started
+		cancel()
+	}()
+	_, err := b.client.Complete(ctx, testCall)
+	e := asError(t, err)
+	if e.Kind != KindCanceled || !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v", e)
+	}
+}
+
+func TestCompleteNetTimeoutIsTimeout(t *testing.T) {
+	t.Parallel()
+	started := make(chan struct{})
+	b := setup(t, hang(started))
+	b.client.HTTP = &http.Client{Timeout: 50 * time.Millisecond}
+	_, err := b.client.Complete(context.Background(), testCall)
+	if e := asError(t, err); e.Kind != KindTimeout {
+		t.Fatalf("got %v", e)
+	}
+}
+
+func TestCompleteConnectionErrors(t *testing.T) {
+	t.Parallel()
+	t.Run("dropped", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, func(w http.ResponseWriter, r *http.Request) {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+		})
+		rep, err := b.client.Complete(context.Background(), testCall)
+		if e := asError(t, err); e.Kind != KindTransient || e.Status != 0 {
+			t.Fatalf("got %v", e)
+		}
+		if rep == nil || rep.Status != 0 {
+			t.Fatalf("reply %+v", rep)
+		}
+		if n := b.calls.Load(); n != 1 {
+			t.Fatalf("requests = %d, want 1", n)
+		}
+	})
+	t.Run("body cut short", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", fmt.Sprint(len(okBody)))
+			w.WriteHeader(200)
+			io.WriteString(w, okBody[:20])
+			http.NewResponseController(w).Flush()
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+		})
+		_, err := b.client.Complete(context.Background(), testCall)
+		if e := asError(t, err); e.Kind != KindTransient || e.Status != 200 {
+			t.Fatalf("got %v", e)
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		t.Parallel()
+		srv := httptest.NewServer(http.NotFoundHandler())
+		url := srv.URL
+		srv.Close()
+		c := &Client{BaseURL: url}
+		_, err := c.Complete(context.Background(), testCall)
+		if e := asError(t, err); e.Kind != KindTransient {
+			t.Fatalf("got %v", e)
+		}
+	})
+}
+
+func TestCompleteBadBaseURL(t *testing.T) {
+	t.Parallel()
+	c := &Client{BaseURL: "http://bad host"}
+	rep, err := c.Complete(context.Background(), testCall)
+	if e := asError(t, err); e.Kind != KindRejected || rep != nil {
+		t.Fatalf("got %v, %+v", e, rep)
+	}
+}
+
+// FuzzCompleteResponse feeds arbitrary provider bodies through the decoder:
+// every outcome is either a reply with content or a malformed error.
+func FuzzCompleteResponse(f *testing.F) {
+	f.Add([]byte(okBody))
+	f.Add([]byte(`{"choices":[{}]}`))
+	f.Add([]byte(`{"object":"chat.completion","choices":null}`))
+	f.Add([]byte(`[]`))
+	f.Add([]byte("\x00\xff"))
+	var body atomic.Pointer[[]byte]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(*body.Load())
+	}))
+	defer srv.Close()
+	c := &Client{BaseURL: srv.URL, MaxBodyBytes: 4096}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		body.Store(&b)
+		rep, err := c.Complete(context.Background(), testCall)
+		if err != nil {
+			if e := asError(t, err); e.Kind != KindMalformed {
+				t.Fatalf("kind %q for body %q", e.Kind, b)
+			}
+			return
+		}
+		if rep.Status != 200 {
+			t.Fatalf("status %d", rep.Status)
+		}
+	})
+}
+
+func ExampleParseRetryAfter() {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	fmt.Println(ParseRetryAfter("3", now))
+	fmt.Println(ParseRetryAfter("Sun, 01 Mar 2026 12:01:30 GMT", now))
+	fmt.Println(ParseRetryAfter("", now))
+	// Output:
+	// 3s
+	// 1m30s
+	// 0s
+}

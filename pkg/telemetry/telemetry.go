@@ -1,0 +1,198 @@
+// Package telemetry sets up OpenTelemetry traces and metrics for one assay
+// service in one region, carries trace context across NATS messages, and
+// writes the structured logs every service shares.
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/exporters/autoexport"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// propagator is fixed rather than read from the global so that Inject and
+// Extract always speak W3C, whatever else a process installs.
+var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+// Provider owns one service's tracer and meter providers. Several may live in
+// one process (dev mode runs every service of every region together), so
+// nothing here depends on the global tracer or meter provider.
+type Provider struct {
+	tp       *sdktrace.TracerProvider
+	mp       *sdkmetric.MeterProvider
+	tracer   trace.Tracer
+	meter    metric.Meter
+	registry *prometheus.Registry
+	handler  http.Handler
+
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// Setup builds the providers for service ("ingress", "classifier", ...) in
+// region. Traces are exported only when OTEL_TRACES_EXPORTER names an
+// exporter; metrics are always served by MetricsHandler and additionally
+// pushed when OTEL_METRICS_EXPORTER names a push exporter.
+func Setup(ctx context.Context, service, region string) (*Provider, error) {
+	if service == "" {
+		return nil, errors.New("telemetry: service name is empty")
+	}
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(
+		attribute.String("service.name", "assay-"+service),
+		attribute.String("cloud.region", region),
+	))
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: resource: %w", err)
+	}
+	otel.SetTextMapPropagator(propagator)
+
+	p := &Provider{registry: prometheus.NewRegistry()}
+
+	traceOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	if named(os.Getenv("OTEL_TRACES_EXPORTER")) {
+		exp, err := autoexport.NewSpanExporter(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: OTEL_TRACES_EXPORTER: %w", err)
+		}
+		traceOpts = append(traceOpts, sdktrace.WithBatcher(exp))
+	}
+	// Without an exporter spans are still created with real ids, so trace
+	// context flows through logs and message headers.
+	p.tp = sdktrace.NewTracerProvider(traceOpts...)
+
+	promExp, err := otelprom.New(otelprom.WithRegisterer(p.registry))
+	if err != nil {
+		_ = p.tp.Shutdown(ctx)
+		return nil, fmt.Errorf("telemetry: prometheus exporter: %w", err)
+	}
+	meterOpts := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithReader(promExp)}
+	// "prometheus" would make autoexport start its own HTTP server; this
+	// provider already serves MetricsHandler.
+	if v := os.Getenv("OTEL_METRICS_EXPORTER"); named(v) && strings.TrimSpace(v) != "prometheus" {
+		reader, err := autoexport.NewMetricReader(ctx)
+		if err != nil {
+			_ = p.tp.Shutdown(ctx)
+			return nil, fmt.Errorf("telemetry: OTEL_METRICS_EXPORTER: %w", err)
+		}
+		meterOpts = append(meterOpts, sdkmetric.WithReader(reader))
+	}
+	p.mp = sdkmetric.NewMeterProvider(meterOpts...)
+
+	scope := "assay.dev/" + service
+	p.tracer = p.tp.Tracer(scope)
+	p.meter = p.mp.Meter(scope)
+
+	// Go runtime and process collectors are per registry, so each service's
+	// /metrics is complete on its own.
+	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	p.handler = promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{Registry: p.registry})
+	return p, nil
+}
+
+func named(v string) bool {
+	v = strings.TrimSpace(v)
+	return v != "" && v != "none"
+}
+
+// Tracer returns the service's tracer.
+func (p *Provider) Tracer() trace.Tracer { return p.tracer }
+
+// Meter returns the service's meter.
+func (p *Provider) Meter() metric.Meter { return p.meter }
+
+// MetricsHandler serves this provider's metrics in the Prometheus text format.
+func (p *Provider) MetricsHandler() http.Handler { return p.handler }
+
+// Shutdown flushes and stops the exporters. Later calls return the first
+// call's result.
+func (p *Provider) Shutdown(ctx context.Context) error {
+	p.shutdownOnce.Do(func() {
+		p.shutdownErr = errors.Join(p.tp.Shutdown(ctx), p.mp.Shutdown(ctx))
+	})
+	return p.shutdownErr
+}
+
+// headerCarrier adapts nats.Header, whose keys are case-sensitive, to the
+// propagation carrier.
+type headerCarrier nats.Header
+
+func (c headerCarrier) Get(key string) string {
+	if v := nats.Header(c).Get(key); v != "" {
+		return v
+	}
+	// Other publishers may have written Traceparent or TRACEPARENT.
+	for k, vs := range c {
+		if strings.EqualFold(k, key) && len(vs) > 0 {
+			return vs[0]
+		}
+	}
+	return ""
+}
+
+func (c headerCarrier) Set(key, value string) { nats.Header(c).Set(key, value) }
+
+func (c headerCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// Inject writes the W3C traceparent, tracestate and baggage of ctx into h.
+// h must be non-nil (nats.Msg.Header is nil until set); a nil h is ignored.
+func Inject(ctx context.Context, h nats.Header) {
+	if h == nil {
+		return
+	}
+	propagator.Inject(ctx, headerCarrier(h))
+}
+
+// Extract returns ctx carrying the remote span context and baggage found in h.
+func Extract(ctx context.Context, h nats.Header) context.Context {
+	if h == nil {
+		return ctx
+	}
+	return propagator.Extract(ctx, headerCarrier(h))
+}
+
+// NewLogger returns a JSON logger whose every line names service and region.
+func NewLogger(w io.Writer, service, region string, level slog.Level) *slog.Logger {
+	h := slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})
+	return slog.New(h).With(slog.String("service", service), slog.String("region", region))
+}
+
+// Decision logs one decision line: what was decided about key and why, tied
+// to the current trace when there is one.
+func Decision(ctx context.Context, log *slog.Logger, key, outcome, reason string, attrs ...slog.Attr) {
+	if log == nil {
+		log = slog.Default()
+	}
+	all := make([]slog.Attr, 0, 5+len(attrs))
+	all = append(all, slog.String("key", key), slog.String("outcome", outcome), slog.String("reason", reason))
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		all = append(all, slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
+	}
+	all = append(all, attrs...)
+	log.LogAttrs(ctx, slog.LevelInfo, "decision", all...)
+}
