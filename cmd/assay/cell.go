@@ -24,6 +24,9 @@ type cellOptions struct {
 	Classifier classifier.Config // Region and Model are filled in
 	Ingress    ingress.Config    // Region is filled in
 	Prices     ledger.Prices
+	// NoClassifier leaves the classifier out, for tests that drive
+	// classifiers by hand.
+	NoClassifier bool
 }
 
 // cell is one region's four services in one process, behind one HTTP
@@ -37,7 +40,8 @@ type cell struct {
 	Committer  *committer.Service
 	Ledger     *ledger.Service
 
-	stopHTTP context.CancelFunc
+	noClassifier bool
+	stopHTTP     context.CancelFunc
 	httpDone chan error
 	stopOnce sync.Once
 }
@@ -47,7 +51,7 @@ func startCell(ctx context.Context, o cellOptions) (c *cell, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c = &cell{Region: o.Config.Region, Env: env}
+	c = &cell{Region: o.Config.Region, Env: env, noClassifier: o.NoClassifier}
 	defer func() {
 		if err != nil {
 			c.Stop(context.Background())
@@ -59,7 +63,7 @@ func startCell(ctx context.Context, o cellOptions) (c *cell, err error) {
 		return c, err
 	}
 	o.Classifier.Region, o.Classifier.Model = o.Config.Region, o.Config.Model
-	mc := &model.Client{BaseURL: o.Config.ModelBaseURL, APIKey: o.Config.ModelAPIKey, Model: o.Config.Model}
+	mc := modelClient(o.Config)
 	if c.Classifier, err = classifier.New(o.Classifier, classifier.Deps{Store: env.Store, JS: env.JS, Model: mc,
 		Contracts: env.Contracts, Log: env.Log.With("service", "classifier"), Tel: env.Tel}); err != nil {
 		return c, err
@@ -72,7 +76,11 @@ func startCell(ctx context.Context, o cellOptions) (c *cell, err error) {
 		JS: env.JS, Log: env.Log.With("service", "ledger"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
-	for _, p := range []host.Part{c.Ingress, c.Ledger, c.Committer, c.Classifier} {
+	parts := []host.Part{c.Ingress, c.Ledger, c.Committer, c.Classifier}
+	if o.NoClassifier {
+		parts = parts[:3]
+	}
+	for _, p := range parts {
 		if err = p.Start(ctx); err != nil {
 			return c, err
 		}
@@ -81,7 +89,7 @@ func startCell(ctx context.Context, o cellOptions) (c *cell, err error) {
 	api.Handle("/v1/work", c.Ingress.Handler())
 	api.Handle("/v1/work/", c.Ingress.Handler())
 	api.Handle("/v1/usage", c.Ledger.Handler())
-	mux := host.Mux(api, env.Tel, c.Ingress, c.Classifier, c.Committer, c.Ledger)
+	mux := host.Mux(api, env.Tel, parts...)
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.stopHTTP, c.httpDone = cancel, make(chan error, 1)
 	bound := make(chan string, 1)
@@ -114,7 +122,7 @@ func (c *cell) Stop(ctx context.Context) {
 		if c.Ingress != nil {
 			c.Ingress.Stop()
 		}
-		if c.Classifier != nil {
+		if c.Classifier != nil && !c.noClassifier {
 			c.Classifier.Stop(ctx)
 		}
 		if c.Committer != nil {
@@ -125,4 +133,8 @@ func (c *cell) Stop(ctx context.Context) {
 		}
 		c.Env.Close(ctx)
 	})
+}
+
+func modelClient(cfg config.Config) *model.Client {
+	return &model.Client{BaseURL: cfg.ModelBaseURL, APIKey: cfg.ModelAPIKey, Model: cfg.Model}
 }

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -23,7 +24,7 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
 const usage = `usage: assay <command> [flags]
@@ -36,9 +37,9 @@ commands:
   tenants seed FILE      create tenants and tokens from FILE: [{"id","homeRegion","token"}]
 `
 
-func run(args []string) int {
+func run(args []string, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, usage)
+		fmt.Fprint(stderr, usage)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -57,11 +58,11 @@ func run(args []string) int {
 		fmt.Print(usage)
 		return 0
 	default:
-		fmt.Fprintf(os.Stderr, "assay: unknown command %q\n%s", args[0], usage)
+		fmt.Fprintf(stderr, "assay: unknown command %q\n%s", args[0], usage)
 		return 2
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "assay %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "assay %s: %v\n", args[0], err)
 		if _, ok := err.(configError); ok {
 			return 2
 		}
