@@ -42,8 +42,8 @@ type cell struct {
 
 	noClassifier bool
 	stopHTTP     context.CancelFunc
-	httpDone chan error
-	stopOnce sync.Once
+	httpDone     chan error
+	stopOnce     sync.Once
 }
 
 func startCell(ctx context.Context, o cellOptions) (c *cell, err error) {

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"assay.dev/pkg/config"
-	"assay.dev/pkg/event"
 	"assay.dev/pkg/evalset"
+	"assay.dev/pkg/event"
 	"assay.dev/pkg/sim"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
