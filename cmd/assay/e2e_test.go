@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
@@ -202,6 +204,30 @@ func TestConcurrentIdenticalSubmissions(t *testing.T) {
 	}
 	if n := b.calls("acme"); n != 1 {
 		t.Errorf("model calls = %d, want 1", n)
+	}
+	// One trace spans ingress → classifier → committer and ledger: the
+	// WORK, RESULT and ATTEMPT messages carry the same trace id.
+	traces := map[string]string{}
+	for _, kind := range []string{event.KindWork, event.KindResult, event.KindAttempt} {
+		st, err := b.cell.Env.JS.Stream(context.Background(), event.StreamName(kind, "us"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, err := st.GetMsg(context.Background(), 1)
+		if err != nil {
+			t.Fatalf("%s: first message: %v", kind, err)
+		}
+		if id := msg.Header.Get(jetstream.MsgIDHeader); id == "" {
+			t.Errorf("%s message has no Nats-Msg-Id", kind)
+		}
+		parts := strings.Split(msg.Header.Get("traceparent"), "-")
+		if len(parts) != 4 {
+			t.Fatalf("%s message has no traceparent header: %v", kind, msg.Header)
+		}
+		traces[kind] = parts[1]
+	}
+	if traces[event.KindWork] != traces[event.KindResult] || traces[event.KindWork] != traces[event.KindAttempt] {
+		t.Errorf("trace ids differ across the path: %v", traces)
 	}
 }
 
