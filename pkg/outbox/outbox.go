@@ -112,7 +112,11 @@ func (r *Relay) loop(ctx context.Context) {
 
 // Drain publishes one batch and returns how many were published.
 func (r *Relay) Drain(ctx context.Context) (int, error) {
-	return r.Store.DrainOutbox(ctx, r.Batch, func(msgs []store.OutboxMsg) (int, error) {
+	batch := r.Batch
+	if batch <= 0 {
+		batch = 100
+	}
+	return r.Store.DrainOutbox(ctx, batch, func(msgs []store.OutboxMsg) (int, error) {
 		for i, m := range msgs {
 			nm := &nats.Msg{Subject: m.Subject, Data: m.Payload, Header: nats.Header{}}
 			for k, v := range m.Headers {

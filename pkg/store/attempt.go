@@ -63,13 +63,7 @@ func (s *Store) RawResponse(ctx context.Context, attemptID string) (string, erro
 }
 
 // MarkStale records that an attempt's answer came from a lease that is no
-// longer the work's. An attempt the gate already rejected keeps that verdict.
+// longer the work's. The attempt that decided the work keeps its verdict.
 func (s *Store) MarkStale(ctx context.Context, attemptID string) error {
-	_, err := s.Pool.Exec(ctx, `UPDATE attempts SET outcome = 'stale_lease',
-			reason = coalesce(reason, 'work already decided by another attempt'), finished_at = coalesce(finished_at, now())
-		WHERE id = $1 AND coalesce(outcome, '') IN ('', 'ok')`, attemptID)
-	if err != nil {
-		return fmt.Errorf("store: mark stale %s: %w", attemptID, err)
-	}
-	return nil
+	return markLost(ctx, s.Pool, attemptID)
 }

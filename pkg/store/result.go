@@ -31,7 +31,7 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 			return err
 		}
 		if !ok {
-			return s.FinishAttempt(ctx, tx, attemptID, "stale_lease", "lease lost before commit", "")
+			return markLost(ctx, tx, attemptID)
 		}
 		tag, err := tx.Exec(ctx, `INSERT INTO results (work_id, schema_version, tenant_id, attempt_id, output, findings)
 			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
@@ -62,7 +62,7 @@ func (s *Store) Reject(ctx context.Context, workID, attemptID, token, reason str
 			return err
 		}
 		if !ok {
-			return s.FinishAttempt(ctx, tx, attemptID, "stale_lease", "lease lost before commit", "")
+			return markLost(ctx, tx, attemptID)
 		}
 		rejected = true
 		return s.FinishAttempt(ctx, tx, attemptID, "invalid_output", reason, "")
@@ -71,6 +71,20 @@ func (s *Store) Reject(ctx context.Context, workID, attemptID, token, reason str
 		return false, fmt.Errorf("store: reject %s: %w", workID, err)
 	}
 	return rejected, nil
+}
+
+// markLost records stale_lease on an attempt whose verdict came too late.
+// The attempt that decided the work keeps its outcome: a redelivered verdict
+// for it must not relabel the accepted (or rejected) answer as stale.
+func markLost(ctx context.Context, db execer, attemptID string) error {
+	_, err := db.Exec(ctx, `UPDATE attempts SET outcome = 'stale_lease', reason = coalesce(reason, 'lease lost before the verdict'),
+			finished_at = coalesce(finished_at, now())
+		WHERE id = $1 AND coalesce(outcome, '') IN ('', 'ok')
+			AND NOT EXISTS (SELECT 1 FROM results WHERE attempt_id = $1)`, attemptID)
+	if err != nil {
+		return fmt.Errorf("store: mark lost %s: %w", attemptID, err)
+	}
+	return nil
 }
 
 // GetResult reads the accepted result of a work item.

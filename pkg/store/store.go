@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -93,11 +94,13 @@ func (s *Store) Migrate(ctx context.Context) ([]string, error) {
 	return applied, nil
 }
 
-// isUniqueViolation tells a lost race on a fence from any other error.
-func isUniqueViolation(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "23505"
+// execer is what a pool and a transaction share.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
+
+// interval passes a duration to Postgres exactly, whatever its unit.
+func interval(d time.Duration) int64 { return d.Microseconds() }
 
 // ErrNotFound is returned when a row asked for by key does not exist.
 var ErrNotFound = errors.New("store: not found")

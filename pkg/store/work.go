@@ -101,9 +101,9 @@ func (s *Store) GetWork(ctx context.Context, id string) (*Work, error) {
 func (s *Store) Claim(ctx context.Context, workID, attemptID, token string, ttl time.Duration) (w *Work, ok bool, err error) {
 	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		w, err = scanWork(tx.QueryRow(ctx, `UPDATE work SET state = 'running', lease_token = $2,
-				lease_expires_at = now() + $3::interval, attempts = attempts + 1, updated_at = now()
+				lease_expires_at = now() + $3 * interval '1 microsecond', attempts = attempts + 1, updated_at = now()
 			WHERE id = $1 AND (state = 'queued' OR (state = 'running' AND lease_expires_at < now()))
-			RETURNING `+workColumns, workID, token, ttl.String()))
+			RETURNING `+workColumns, workID, token, interval(ttl)))
 		if errors.Is(err, ErrNotFound) {
 			return nil
 		}
@@ -124,8 +124,8 @@ func (s *Store) Claim(ctx context.Context, workID, attemptID, token string, ttl 
 // ExtendLease pushes the lease out while its holder still has it. false
 // means the lease is lost.
 func (s *Store) ExtendLease(ctx context.Context, workID, token string, ttl time.Duration) (bool, error) {
-	tag, err := s.Pool.Exec(ctx, `UPDATE work SET lease_expires_at = now() + $3::interval
-		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, ttl.String())
+	tag, err := s.Pool.Exec(ctx, `UPDATE work SET lease_expires_at = now() + $3 * interval '1 microsecond'
+		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, interval(ttl))
 	if err != nil {
 		return false, fmt.Errorf("store: extend lease %s: %w", workID, err)
 	}
@@ -183,8 +183,8 @@ type Stuck struct {
 func (s *Store) SweepStuck(ctx context.Context, queuedFor, leaseGrace time.Duration, limit int) ([]Stuck, error) {
 	var out []Stuck
 	rows, err := s.Pool.Query(ctx, `SELECT `+workColumns+` FROM work
-		WHERE state = 'queued' AND updated_at < now() - $1::interval
-		ORDER BY updated_at LIMIT $2`, queuedFor.String(), limit)
+		WHERE state = 'queued' AND updated_at < now() - $1 * interval '1 microsecond'
+		ORDER BY updated_at LIMIT $2`, interval(queuedFor), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: sweep: %w", err)
 	}
@@ -199,11 +199,13 @@ func (s *Store) SweepStuck(ctx context.Context, queuedFor, leaseGrace time.Durat
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	rows, err = s.Pool.Query(ctx, `UPDATE work SET dispatch = dispatch + 1, updated_at = now()
-		WHERE id IN (SELECT id FROM work WHERE state = 'running' AND lease_expires_at < now() - $1::interval
+	// Moving the expired lease up to now keeps it claimable while making
+	// the next re-announcement wait another full grace period.
+	rows, err = s.Pool.Query(ctx, `UPDATE work SET dispatch = dispatch + 1, lease_expires_at = now(), updated_at = now()
+		WHERE id IN (SELECT id FROM work WHERE state = 'running' AND lease_expires_at < now() - $1 * interval '1 microsecond'
 			ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-		AND state = 'running' AND lease_expires_at < now() - $1::interval
-		RETURNING `+workColumns, leaseGrace.String(), limit)
+		AND state = 'running' AND lease_expires_at < now() - $1 * interval '1 microsecond'
+		RETURNING `+workColumns, interval(leaseGrace), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: sweep: %w", err)
 	}

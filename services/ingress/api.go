@@ -210,6 +210,10 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (req Subm
 // DecodeSubmit decodes a submission strictly: one JSON object, known fields
 // only, nothing after it.
 func DecodeSubmit(body []byte, req *SubmitRequest) error {
+	// A JSON null decodes into a struct without error and leaves it zero.
+	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) > 0 && b[0] != '{' {
+		return errors.New("request body: must be a JSON object")
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(req); err != nil {

@@ -1,0 +1,316 @@
+package event_test
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func TestSubjectsAndStreams(t *testing.T) {
+	t.Parallel()
+	cases := []struct{ got, want string }{
+		{event.WorkSubject("us", event.Interactive, "acme"), "assay.us.work.interactive.acme"},
+		{event.WorkSubject("eu", event.Batch, "acme-2"), "assay.eu.work.batch.acme-2"},
+		{event.ResultSubject("us", "acme"), "assay.us.result.acme"},
+		{event.AttemptSubject("eu", "acme"), "assay.eu.attempt.acme"},
+		{event.StreamName(event.KindWork, "us"), "WORK_US"},
+		{event.StreamName(event.KindResult, "eu"), "RESULT_EU"},
+		{event.StreamName(event.KindAttempt, "us"), "ATTEMPT_US"},
+		{event.StreamSubjects(event.KindWork, "us"), "assay.us.work.>"},
+		{event.StreamSubjects(event.KindResult, "eu"), "assay.eu.result.>"},
+		{event.StreamSubjects(event.KindAttempt, "us"), "assay.us.attempt.>"},
+		{event.WorkMsgID("w_abc", 3), "w_abc.3"},
+	}
+	for _, c := range cases {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+}
+
+func TestValidTokenAndLane(t *testing.T) {
+	t.Parallel()
+	good := []string{"acme", "a", "0", "acme-2", "a-", strings.Repeat("a", 63)}
+	bad := []string{"", "-acme", "ac.me", "acme.", "*", ">", "ac*", "a>", "ac me", " acme", "acme\n", "Acme",
+		"ACME", "ac_me", "acmé", strings.Repeat("a", 64), "ac\tme"}
+	for _, s := range good {
+		if !event.ValidToken(s) {
+			t.Errorf("ValidToken(%q) = false, want true", s)
+		}
+	}
+	for _, s := range bad {
+		if event.ValidToken(s) {
+			t.Errorf("ValidToken(%q) = true, want false", s)
+		}
+	}
+	for _, l := range []string{event.Interactive, event.Batch} {
+		if !event.ValidLane(l) {
+			t.Errorf("ValidLane(%q) = false", l)
+		}
+	}
+	for _, l := range []string{"", "Batch", "bulk", "batch ", "*"} {
+		if event.ValidLane(l) {
+			t.Errorf("ValidLane(%q) = true", l)
+		}
+	}
+}
+
+const (
+	goodWork    = `{"workId":"w_1","tenantId":"acme","region":"us","lane":"batch","dispatch":1}`
+	goodResult  = `{"attemptId":"a1","workId":"w_1","tenantId":"acme","region":"us","number":1,"leaseToken":"t1","outcome":"ok","final":true,"output":"{}"}`
+	goodAttempt = `{"attemptId":"a1","workId":"w_1","tenantId":"acme","region":"us","number":1,"model":"m","outcome":"ok","inputUnits":10,"outputUnits":5,"at":"2026-03-01T00:00:00Z"}`
+)
+
+func TestDecodeAccepts(t *testing.T) {
+	t.Parallel()
+	var w event.Work
+	if err := event.Decode([]byte(goodWork), &w); err != nil {
+		t.Fatalf("work: %v", err)
+	}
+	if w != (event.Work{WorkID: "w_1", TenantID: "acme", Region: "us", Lane: "batch", Dispatch: 1}) {
+		t.Fatalf("work = %+v", w)
+	}
+	var r event.Result
+	if err := event.Decode([]byte(goodResult), &r); err != nil {
+		t.Fatalf("result: %v", err)
+	}
+	if r.AttemptID != "a1" || r.LeaseToken != "t1" || !r.Final || r.Output != "{}" {
+		t.Fatalf("result = %+v", r)
+	}
+	var a event.Attempt
+	if err := event.Decode([]byte(goodAttempt+"\n"), &a); err != nil {
+		t.Fatalf("attempt with a trailing newline: %v", err)
+	}
+	if a.InputUnits != 10 || !a.At.Equal(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Fatalf("attempt = %+v", a)
+	}
+}
+
+func TestDecodeRefuses(t *testing.T) {
+	t.Parallel()
+	workWith := func(tenant, lane string) string {
+		return `{"workId":"w_1","tenantId":"` + tenant + `","region":"us","lane":"` + lane + `","dispatch":1}`
+	}
+	work := map[string]string{
+		"unknown field":     `{"workId":"w_1","tenantId":"acme","region":"us","lane":"batch","extra":1}`,
+		"trailing object":   goodWork + `{}`,
+		"trailing garbage":  goodWork + ` x`,
+		"trailing array":    goodWork + `[]`,
+		"not an object":     `[1]`,
+		"empty":             ``,
+		"null":              `null`,
+		"wrong type":        `{"workId":1,"tenantId":"acme","region":"us","lane":"batch"}`,
+		"truncated":         goodWork[:len(goodWork)-1],
+		"tenant with dot":   workWith("ac.me", "batch"),
+		"tenant star":       workWith("*", "batch"),
+		"tenant gt":         workWith(">", "batch"),
+		"tenant wildcard":   workWith("acme.*", "batch"),
+		"tenant space":      workWith("ac me", "batch"),
+		"tenant uppercase":  workWith("Acme", "batch"),
+		"tenant empty":      workWith("", "batch"),
+		"tenant leading -":  workWith("-acme", "batch"),
+		"tenant too long":   workWith(strings.Repeat("a", 64), "batch"),
+		"tenant newline":    workWith(`acme\n`, "batch"),
+		"bad lane":          workWith("acme", "bulk"),
+		"empty lane":        workWith("acme", ""),
+		"uppercase lane":    workWith("acme", "Batch"),
+		"missing workId":    `{"tenantId":"acme","region":"us","lane":"batch"}`,
+		"missing region":    `{"workId":"w_1","tenantId":"acme","lane":"batch"}`,
+		"oversize":          `{"workId":"` + strings.Repeat("w", event.MaxEventBytes) + `","tenantId":"acme","region":"us","lane":"batch"}`,
+		"oversize padding":  goodWork + strings.Repeat(" ", event.MaxEventBytes),
+		"duplicate decoded": goodWork + goodWork,
+	}
+	for name, body := range work {
+		var w event.Work
+		if err := event.Decode([]byte(body), &w); err == nil {
+			t.Errorf("work %s: accepted %.80q", name, body)
+		}
+	}
+
+	result := map[string]string{
+		"missing attemptId":  `{"workId":"w_1","tenantId":"acme","leaseToken":"t","outcome":"ok"}`,
+		"missing workId":     `{"attemptId":"a","tenantId":"acme","leaseToken":"t","outcome":"ok"}`,
+		"missing leaseToken": `{"attemptId":"a","workId":"w_1","tenantId":"acme","outcome":"ok"}`,
+		"missing outcome":    `{"attemptId":"a","workId":"w_1","tenantId":"acme","leaseToken":"t"}`,
+		"bad tenant":         `{"attemptId":"a","workId":"w_1","tenantId":"a.>","leaseToken":"t","outcome":"ok"}`,
+		"unknown field":      `{"attemptId":"a","workId":"w_1","tenantId":"acme","leaseToken":"t","outcome":"ok","x":true}`,
+		"trailing data":      goodResult + `1`,
+	}
+	for name, body := range result {
+		var r event.Result
+		if err := event.Decode([]byte(body), &r); err == nil {
+			t.Errorf("result %s: accepted %q", name, body)
+		}
+	}
+
+	attempt := map[string]string{
+		"missing attemptId": `{"workId":"w_1","tenantId":"acme","outcome":"ok"}`,
+		"missing workId":    `{"attemptId":"a","tenantId":"acme","outcome":"ok"}`,
+		"missing outcome":   `{"attemptId":"a","workId":"w_1","tenantId":"acme"}`,
+		"bad tenant":        `{"attemptId":"a","workId":"w_1","tenantId":"ACME","outcome":"ok"}`,
+		"negative input":    `{"attemptId":"a","workId":"w_1","tenantId":"acme","outcome":"ok","inputUnits":-1}`,
+		"negative output":   `{"attemptId":"a","workId":"w_1","tenantId":"acme","outcome":"ok","outputUnits":-1}`,
+		"bad time":          `{"attemptId":"a","workId":"w_1","tenantId":"acme","outcome":"ok","at":"yesterday"}`,
+		"unknown field":     `{"attemptId":"a","workId":"w_1","tenantId":"acme","outcome":"ok","costMicros":1}`,
+		"trailing data":     goodAttempt + `"x"`,
+	}
+	for name, body := range attempt {
+		var a event.Attempt
+		if err := event.Decode([]byte(body), &a); err == nil {
+			t.Errorf("attempt %s: accepted %q", name, body)
+		}
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, s := range []string{goodWork, goodResult, goodAttempt, `{}`, `null`, `{"tenantId":"a.b"}`, goodWork + `{}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var w event.Work
+		if err := event.Decode(data, &w); err == nil {
+			if !event.ValidToken(w.TenantID) || !event.ValidLane(w.Lane) || w.WorkID == "" || w.Region == "" {
+				t.Fatalf("accepted work %+v from %q", w, data)
+			}
+			if s := event.WorkSubject(w.Region, w.Lane, w.TenantID); !strings.HasSuffix(s, "."+w.TenantID) ||
+				strings.Count(w.TenantID, ".") != 0 {
+				t.Fatalf("subject %q from accepted work", s)
+			}
+		}
+		var r event.Result
+		if err := event.Decode(data, &r); err == nil && !event.ValidToken(r.TenantID) {
+			t.Fatalf("accepted result with tenant %q", r.TenantID)
+		}
+		var a event.Attempt
+		if err := event.Decode(data, &a); err == nil && (!event.ValidToken(a.TenantID) || a.InputUnits < 0 || a.OutputUnits < 0) {
+			t.Fatalf("accepted attempt %+v", a)
+		}
+	})
+}
+
+func TestStreamsOnJetStream(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc, err := nats.Connect(testenv.NATS(t))
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("jetstream: %v", err)
+	}
+	settings := event.StreamSettings{MaxAge: time.Hour, Duplicates: time.Minute}
+
+	if _, err := event.EnsureStream(ctx, js, event.KindWork, "us", settings); err != nil {
+		t.Fatalf("first ensure stream: %v", err)
+	}
+	st, err := event.EnsureStream(ctx, js, event.KindWork, "us", settings)
+	if err != nil {
+		t.Fatalf("second ensure stream: %v", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatalf("stream info: %v", err)
+	}
+	cfg := info.Config
+	if cfg.Name != "WORK_US" || len(cfg.Subjects) != 1 || cfg.Subjects[0] != "assay.us.work.>" {
+		t.Fatalf("stream %s subjects %v", cfg.Name, cfg.Subjects)
+	}
+	if cfg.Retention != jetstream.LimitsPolicy {
+		t.Fatalf("retention = %v, want limits", cfg.Retention)
+	}
+	if cfg.MaxAge != time.Hour || cfg.Duplicates != time.Minute || cfg.Replicas != 1 {
+		t.Fatalf("max age %v, duplicates %v, replicas %d; want 1h, 1m, 1", cfg.MaxAge, cfg.Duplicates, cfg.Replicas)
+	}
+	names := js.StreamNames(ctx)
+	var streams []string
+	for n := range names.Name() {
+		streams = append(streams, n)
+	}
+	if names.Err() != nil || len(streams) != 1 {
+		t.Fatalf("streams = %v, %v; want only WORK_US", streams, names.Err())
+	}
+
+	defaults, err := event.EnsureStream(ctx, js, event.KindResult, "us", event.StreamSettings{})
+	if err != nil {
+		t.Fatalf("ensure result stream: %v", err)
+	}
+	dc := defaults.CachedInfo().Config
+	if dc.MaxAge != 7*24*time.Hour || dc.Duplicates != 2*time.Minute || dc.Retention != jetstream.LimitsPolicy {
+		t.Fatalf("default settings: max age %v, duplicates %v, retention %v", dc.MaxAge, dc.Duplicates, dc.Retention)
+	}
+
+	subject := event.WorkSubject("us", event.Batch, "acme")
+	payload := []byte(goodWork)
+	msgID := event.WorkMsgID("w_1", 1)
+	first, err := js.Publish(ctx, subject, payload, jetstream.WithMsgID(msgID))
+	if err != nil {
+		t.Fatalf("first publish: %v", err)
+	}
+	second, err := js.Publish(ctx, subject, payload, jetstream.WithMsgID(msgID))
+	if err != nil {
+		t.Fatalf("second publish: %v", err)
+	}
+	if first.Duplicate || !second.Duplicate || second.Sequence != first.Sequence {
+		t.Fatalf("publish acks %+v then %+v, want the second a duplicate of the first", first, second)
+	}
+	if _, err := js.Publish(ctx, subject, payload, jetstream.WithMsgID(event.WorkMsgID("w_1", 2))); err != nil {
+		t.Fatalf("publish next dispatch: %v", err)
+	}
+	info, err = st.Info(ctx)
+	if err != nil {
+		t.Fatalf("stream info: %v", err)
+	}
+	if info.State.Msgs != 2 {
+		t.Fatalf("stream holds %d messages, want 2 (one per distinct Nats-Msg-Id)", info.State.Msgs)
+	}
+
+	cs := event.ConsumerSettings{Durable: "classifier", AckWait: 5 * time.Second, Filter: "assay.us.work.batch.>"}
+	if _, err := event.EnsureConsumer(ctx, st, cs); err != nil {
+		t.Fatalf("first ensure consumer: %v", err)
+	}
+	cons, err := event.EnsureConsumer(ctx, st, cs)
+	if err != nil {
+		t.Fatalf("second ensure consumer: %v", err)
+	}
+	ci, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatalf("consumer info: %v", err)
+	}
+	cc := ci.Config
+	if cc.Durable != "classifier" || cc.AckPolicy != jetstream.AckExplicitPolicy || cc.AckWait != 5*time.Second ||
+		cc.MaxDeliver != 20 || cc.MaxAckPending != 64 || cc.FilterSubject != "assay.us.work.batch.>" {
+		t.Fatalf("consumer config = %+v", cc)
+	}
+	if info.State.Consumers != 0 {
+		t.Fatalf("consumers before ensure = %d", info.State.Consumers)
+	}
+	info, err = st.Info(ctx)
+	if err != nil || info.State.Consumers != 1 {
+		t.Fatalf("stream has %v consumers (%v), want 1", info.State.Consumers, err)
+	}
+	batch, err := cons.Fetch(2, jetstream.FetchMaxWait(2*time.Second))
+	if err != nil {
+		t.Fatalf("fetch: %v", err)
+	}
+	var got [][]byte
+	for m := range batch.Messages() {
+		got = append(got, m.Data())
+		if err := m.Ack(); err != nil {
+			t.Fatalf("ack: %v", err)
+		}
+	}
+	if len(got) != 2 || !bytes.Equal(got[0], payload) {
+		t.Fatalf("fetched %d messages, want 2", len(got))
+	}
+}

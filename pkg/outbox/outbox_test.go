@@ -1,0 +1,263 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/outbox"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+type bundle struct {
+	ctx    context.Context
+	store  *store.Store
+	js     jetstream.JetStream
+	stream jetstream.Stream
+}
+
+func setup(t *testing.T) bundle {
+	t.Helper()
+	ctx := t.Context()
+	s, err := store.Open(ctx, testenv.Database(t))
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	t.Cleanup(s.Close)
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	nc, err := nats.Connect(testenv.NATS(t))
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("jetstream: %v", err)
+	}
+	st, err := event.EnsureStream(ctx, js, event.KindWork, "us", event.StreamSettings{})
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	return bundle{ctx: ctx, store: s, js: js, stream: st}
+}
+
+func (b bundle) write(t *testing.T, msgs ...store.OutboxMsg) {
+	t.Helper()
+	if err := b.store.Tx(b.ctx, func(tx pgx.Tx) error { return b.store.InsertOutbox(b.ctx, tx, msgs) }); err != nil {
+		t.Fatalf("insert outbox: %v", err)
+	}
+}
+
+func (b bundle) pending(t *testing.T) int {
+	t.Helper()
+	n, err := b.store.PendingOutbox(b.ctx)
+	if err != nil {
+		t.Fatalf("pending: %v", err)
+	}
+	return n
+}
+
+func (b bundle) streamMsgs(t *testing.T) uint64 {
+	t.Helper()
+	info, err := b.stream.Info(b.ctx)
+	if err != nil {
+		t.Fatalf("stream info: %v", err)
+	}
+	return info.State.Msgs
+}
+
+func workMsg(t *testing.T, ctx context.Context, workID string, dispatch int) store.OutboxMsg {
+	t.Helper()
+	ev := event.Work{WorkID: workID, TenantID: "acme", Region: "us", Lane: event.Batch, Dispatch: dispatch}
+	m, err := outbox.Msg(ctx, event.WorkSubject("us", event.Batch, "acme"), event.WorkMsgID(workID, dispatch), ev)
+	if err != nil {
+		t.Fatalf("outbox msg: %v", err)
+	}
+	return m
+}
+
+func TestMsgCarriesTraceContext(t *testing.T) {
+	t.Parallel()
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ctx, span := tp.Tracer("outbox-test").Start(t.Context(), "submit")
+	defer span.End()
+
+	m := workMsg(t, ctx, "w_1", 1)
+	tp0 := m.Headers["traceparent"]
+	want := fmt.Sprintf("00-%s-%s-01", span.SpanContext().TraceID(), span.SpanContext().SpanID())
+	if tp0 != want {
+		t.Fatalf("traceparent header = %q (headers %v), want %q", tp0, m.Headers, want)
+	}
+	if m.MsgID != "w_1.1" || m.Subject != "assay.us.work.batch.acme" {
+		t.Fatalf("msg = %+v", m)
+	}
+	var ev event.Work
+	if err := event.Decode(m.Payload, &ev); err != nil || ev.WorkID != "w_1" || ev.Dispatch != 1 {
+		t.Fatalf("payload %s decodes to %+v, %v", m.Payload, ev, err)
+	}
+
+	plain := workMsg(t, context.Background(), "w_2", 1)
+	if len(plain.Headers) != 0 {
+		t.Fatalf("headers without a span = %v, want none", plain.Headers)
+	}
+	if _, err := outbox.Msg(ctx, "s", "id", func() {}); err == nil {
+		t.Fatal("Msg accepted a value JSON cannot encode")
+	}
+}
+
+func TestDrainPublishesOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ctx, span := tp.Tracer("outbox-test").Start(b.ctx, "submit")
+	defer span.End()
+
+	first, second := workMsg(t, ctx, "w_1", 1), workMsg(t, ctx, "w_2", 1)
+	b.write(t, first, second)
+	rolledBack := workMsg(t, ctx, "w_3", 1)
+	err := b.store.Tx(b.ctx, func(tx pgx.Tx) error {
+		if err := b.store.InsertOutbox(b.ctx, tx, []store.OutboxMsg{rolledBack}); err != nil {
+			return err
+		}
+		return fmt.Errorf("abort")
+	})
+	if err == nil {
+		t.Fatal("aborted transaction committed")
+	}
+
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Batch: 10}
+	n, err := relay.Drain(b.ctx)
+	if err != nil || n != 2 {
+		t.Fatalf("drain: n=%d err=%v, want 2", n, err)
+	}
+	if n, err := relay.Drain(b.ctx); err != nil || n != 0 {
+		t.Fatalf("second drain: n=%d err=%v, want 0", n, err)
+	}
+	if p := b.pending(t); p != 0 {
+		t.Fatalf("pending = %d, want 0", p)
+	}
+	if got := b.streamMsgs(t); got != 2 {
+		t.Fatalf("stream holds %d messages, want 2", got)
+	}
+
+	for seq, want := range []store.OutboxMsg{first, second} {
+		raw, err := b.stream.GetMsg(b.ctx, uint64(seq+1))
+		if err != nil {
+			t.Fatalf("get msg %d: %v", seq+1, err)
+		}
+		if raw.Subject != want.Subject || string(raw.Data) != string(want.Payload) {
+			t.Fatalf("msg %d = %s %s, want %s %s", seq+1, raw.Subject, raw.Data, want.Subject, want.Payload)
+		}
+		if got := raw.Header.Get(jetstream.MsgIDHeader); got != want.MsgID {
+			t.Fatalf("msg %d Nats-Msg-Id = %q, want %q", seq+1, got, want.MsgID)
+		}
+		if got := raw.Header.Get("traceparent"); got == "" || got != want.Headers["traceparent"] {
+			t.Fatalf("msg %d traceparent = %q, want %q", seq+1, got, want.Headers["traceparent"])
+		}
+		remote := trace.SpanContextFromContext(telemetry.Extract(context.Background(), raw.Header))
+		if remote.TraceID() != span.SpanContext().TraceID() || remote.SpanID() != span.SpanContext().SpanID() {
+			t.Fatalf("msg %d carries trace %s/%s, want %s/%s", seq+1, remote.TraceID(), remote.SpanID(),
+				span.SpanContext().TraceID(), span.SpanContext().SpanID())
+		}
+	}
+
+	// A row re-announcing the same dispatch is published but stored once.
+	b.write(t, workMsg(t, ctx, "w_1", 1))
+	if n, err := relay.Drain(b.ctx); err != nil || n != 1 {
+		t.Fatalf("drain duplicate: n=%d err=%v, want 1", n, err)
+	}
+	if got := b.streamMsgs(t); got != 2 {
+		t.Fatalf("stream holds %d messages after a duplicate Nats-Msg-Id, want 2", got)
+	}
+}
+
+func TestDrainStopsAtFailedPublish(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ok := workMsg(t, b.ctx, "w_1", 1)
+	orphan := store.OutboxMsg{Subject: "assay.us.nowhere.acme", MsgID: "x", Payload: []byte(`{}`)}
+	b.write(t, ok, orphan)
+
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Batch: 10}
+	if n, err := relay.Drain(ctx); err != nil || n != 1 {
+		t.Fatalf("drain: n=%d err=%v, want 1 published before the failure", n, err)
+	}
+	if p := b.pending(t); p != 1 {
+		t.Fatalf("pending = %d, want 1", p)
+	}
+	if n, err := relay.Drain(ctx); err == nil || n != 0 {
+		t.Fatalf("drain of an unroutable message: n=%d err=%v, want an error", n, err)
+	}
+	if p := b.pending(t); p != 1 {
+		t.Fatalf("pending after a failed drain = %d, want 1", p)
+	}
+}
+
+func TestRelayStartKickStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Every: time.Hour, Batch: 20}
+	relay.Start(b.ctx)
+	t.Cleanup(relay.Stop)
+
+	var msgs []store.OutboxMsg
+	for i := range 45 {
+		msgs = append(msgs, workMsg(t, b.ctx, fmt.Sprintf("w_%d", i), 1))
+	}
+	b.write(t, msgs...)
+	relay.Kick()
+	relay.Kick()
+	deadline := time.Now().Add(10 * time.Second)
+	for b.pending(t) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("kicked relay left %d pending after 10s", b.pending(t))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := b.streamMsgs(t); got != 45 {
+		t.Fatalf("stream holds %d messages, want 45", got)
+	}
+
+	b.write(t, workMsg(t, b.ctx, "w_last", 1), workMsg(t, b.ctx, "w_last", 2))
+	relay.Stop()
+	relay.Stop()
+	if p := b.pending(t); p != 0 {
+		t.Fatalf("pending after Stop = %d, want 0", p)
+	}
+	if got := b.streamMsgs(t); got != 47 {
+		t.Fatalf("stream holds %d messages after Stop, want 47", got)
+	}
+}
+
+func TestRelayStopsWithContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithCancel(b.ctx)
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Every: time.Hour}
+	relay.Start(ctx)
+	b.write(t, workMsg(t, b.ctx, "w_1", 1))
+	cancel()
+	relay.Stop()
+	if p := b.pending(t); p != 0 {
+		t.Fatalf("pending after the context ended = %d, want 0", p)
+	}
+}

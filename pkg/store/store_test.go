@@ -1,0 +1,704 @@
+package store_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// setup opens a fresh, migrated database with the tenants acme and other.
+func setup(t *testing.T) (*store.Store, context.Context) {
+	t.Helper()
+	ctx := t.Context()
+	s := open(t, testenv.Database(t))
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	err := s.SeedTenants(ctx, []store.TenantSeed{
+		{ID: "acme", HomeRegion: "us", Token: "tok-acme"},
+		{ID: "other", HomeRegion: "us", Token: "tok-other"},
+	})
+	if err != nil {
+		t.Fatalf("seed tenants: %v", err)
+	}
+	return s, ctx
+}
+
+func open(t *testing.T, url string) *store.Store {
+	t.Helper()
+	s, err := store.Open(t.Context(), url)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func newUUID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+func newWork(tenant, source, revision string) *store.Work {
+	return &store.Work{
+		ID:              "w_" + tenant + "_" + source + "_" + revision,
+		TenantID:        tenant,
+		Region:          "us",
+		Contract:        "pr-review",
+		SchemaVersion:   "1",
+		TaxonomyVersion: "1",
+		SourceID:        source,
+		Revision:        revision,
+		Lane:            "batch",
+		Input:           `{"diff":""}`,
+		Digest:          "sha256:00",
+		DeadlineAt:      time.Now().Add(time.Hour),
+	}
+}
+
+func announce(w *store.Work) ([]store.OutboxMsg, error) {
+	return []store.OutboxMsg{{
+		Subject: "assay.us.work.batch." + w.TenantID,
+		MsgID:   fmt.Sprintf("%s.%d", w.ID, w.Dispatch),
+		Payload: []byte(`{"workId":"` + w.ID + `"}`),
+	}}, nil
+}
+
+func insert(t *testing.T, ctx context.Context, s *store.Store, w *store.Work) *store.Work {
+	t.Helper()
+	got, created, err := s.InsertWork(ctx, w, announce)
+	if err != nil {
+		t.Fatalf("insert work: %v", err)
+	}
+	if !created {
+		t.Fatalf("insert work %s: created=false for a new key", w.ID)
+	}
+	return got
+}
+
+func claim(t *testing.T, ctx context.Context, s *store.Store, workID, attemptID, token string, ttl time.Duration) *store.Work {
+	t.Helper()
+	w, ok, err := s.Claim(ctx, workID, attemptID, token, ttl)
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if !ok {
+		t.Fatalf("claim %s with %s: not ok", workID, token)
+	}
+	return w
+}
+
+// waitLeaseExpired polls until the database's clock has passed the work's
+// lease.
+func waitLeaseExpired(t *testing.T, ctx context.Context, s *store.Store, workID string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var expired bool
+		if err := s.Pool.QueryRow(ctx, `SELECT lease_expires_at < now() FROM work WHERE id = $1`, workID).Scan(&expired); err != nil {
+			t.Fatalf("read lease: %v", err)
+		}
+		if expired {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lease of %s did not expire within 10s", workID)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func count(t *testing.T, ctx context.Context, s *store.Store, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := s.Pool.QueryRow(ctx, query, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+func attemptOutcome(t *testing.T, ctx context.Context, s *store.Store, attemptID string) string {
+	t.Helper()
+	var outcome string
+	err := s.Pool.QueryRow(ctx, `SELECT coalesce(outcome, '') FROM attempts WHERE id = $1`, attemptID).Scan(&outcome)
+	if err != nil {
+		t.Fatalf("read attempt %s: %v", attemptID, err)
+	}
+	return outcome
+}
+
+func sqlState(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+func TestMigrateTwice(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := open(t, testenv.Database(t))
+	first, err := s.Migrate(ctx)
+	if err != nil {
+		t.Fatalf("first migrate: %v", err)
+	}
+	if !slices.Equal(first, []string{"0001_init"}) {
+		t.Fatalf("first migrate applied %v, want [0001_init]", first)
+	}
+	second, err := s.Migrate(ctx)
+	if err != nil {
+		t.Fatalf("second migrate: %v", err)
+	}
+	if len(second) != 0 {
+		t.Fatalf("second migrate applied %v, want nothing", second)
+	}
+}
+
+func TestMigrateConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := testenv.Database(t)
+	stores := make([]*store.Store, 4)
+	for i := range stores {
+		stores[i] = open(t, url)
+	}
+	applied := make([][]string, len(stores))
+	errs := make([]error, len(stores))
+	var wg sync.WaitGroup
+	for i, s := range stores {
+		wg.Go(func() { applied[i], errs[i] = s.Migrate(ctx) })
+	}
+	wg.Wait()
+	var total []string
+	for i := range stores {
+		if errs[i] != nil {
+			t.Fatalf("migrate %d: %v", i, errs[i])
+		}
+		total = append(total, applied[i]...)
+	}
+	if !slices.Equal(total, []string{"0001_init"}) {
+		t.Fatalf("migrations applied across callers = %v, want 0001_init exactly once", total)
+	}
+	if n := count(t, ctx, stores[0], `SELECT count(*) FROM schema_migrations`); n != 1 {
+		t.Fatalf("schema_migrations has %d rows, want 1", n)
+	}
+}
+
+func TestInsertWorkFence(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	const n = 20
+	type res struct {
+		id      string
+		created bool
+		err     error
+	}
+	results := make([]res, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			w := newWork("acme", "octo/repo#1", "abc")
+			got, created, err := s.InsertWork(ctx, w, announce)
+			if err == nil {
+				results[i] = res{id: got.ID, created: created}
+			} else {
+				results[i] = res{err: err}
+			}
+		})
+	}
+	wg.Wait()
+	createdCount := 0
+	for i, r := range results {
+		if r.err != nil {
+			t.Fatalf("insert %d: %v", i, r.err)
+		}
+		if r.id != results[0].id {
+			t.Fatalf("insert %d returned id %q, insert 0 returned %q", i, r.id, results[0].id)
+		}
+		if r.created {
+			createdCount++
+		}
+	}
+	if createdCount != 1 {
+		t.Fatalf("%d inserts reported created, want exactly 1", createdCount)
+	}
+	if got := count(t, ctx, s, `SELECT count(*) FROM work`); got != 1 {
+		t.Fatalf("%d work rows, want 1", got)
+	}
+	if got := count(t, ctx, s, `SELECT count(*) FROM outbox`); got != 1 {
+		t.Fatalf("%d outbox rows, want 1", got)
+	}
+
+	next, created, err := s.InsertWork(ctx, newWork("acme", "octo/repo#1", "def"), announce)
+	if err != nil {
+		t.Fatalf("insert new revision: %v", err)
+	}
+	if !created || next.ID == results[0].id {
+		t.Fatalf("new revision: created=%v id=%q, want a second work row", created, next.ID)
+	}
+	if got := count(t, ctx, s, `SELECT count(*) FROM work`); got != 2 {
+		t.Fatalf("%d work rows after a new revision, want 2", got)
+	}
+	if got := count(t, ctx, s, `SELECT count(*) FROM outbox`); got != 2 {
+		t.Fatalf("%d outbox rows after a new revision, want 2", got)
+	}
+}
+
+func TestInsertWorkAnnounceErrorRollsBack(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	boom := errors.New("boom")
+	_, _, err := s.InsertWork(ctx, newWork("acme", "octo/repo#2", "abc"), func(*store.Work) ([]store.OutboxMsg, error) {
+		return nil, boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("InsertWork error = %v, want the announce error", err)
+	}
+	if got := count(t, ctx, s, `SELECT count(*) FROM work`); got != 0 {
+		t.Fatalf("%d work rows after a failed announce, want 0", got)
+	}
+}
+
+func TestClaimFence(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := insert(t, ctx, s, newWork("acme", "octo/repo#3", "abc"))
+
+	tokens := []string{newUUID(), newUUID()}
+	oks := make([]bool, len(tokens))
+	errs := make([]error, len(tokens))
+	var wg sync.WaitGroup
+	for i, tok := range tokens {
+		wg.Go(func() { _, oks[i], errs[i] = s.Claim(ctx, w.ID, newUUID(), tok, time.Minute) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("claim %d: %v", i, err)
+		}
+	}
+	if oks[0] == oks[1] {
+		t.Fatalf("concurrent claims ok = %v, want exactly one", oks)
+	}
+	winner := tokens[0]
+	if oks[1] {
+		winner = tokens[1]
+	}
+	got, err := s.GetWork(ctx, w.ID)
+	if err != nil {
+		t.Fatalf("get work: %v", err)
+	}
+	if got.State != "running" || got.LeaseToken != winner || got.Attempts != 1 {
+		t.Fatalf("after claim: state=%s token=%s attempts=%d, want running %s 1", got.State, got.LeaseToken, got.Attempts, winner)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM attempts WHERE work_id = $1`, w.ID); n != 1 {
+		t.Fatalf("%d attempt rows, want 1", n)
+	}
+
+	if _, ok, err := s.Claim(ctx, w.ID, newUUID(), newUUID(), time.Minute); err != nil || ok {
+		t.Fatalf("claim on a live lease: ok=%v err=%v, want not ok", ok, err)
+	}
+	if _, ok, err := s.Claim(ctx, "w_missing", newUUID(), newUUID(), time.Minute); err != nil || ok {
+		t.Fatalf("claim on missing work: ok=%v err=%v, want not ok", ok, err)
+	}
+}
+
+func TestClaimAfterLeaseExpires(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := insert(t, ctx, s, newWork("acme", "octo/repo#4", "abc"))
+	oldToken, newToken := newUUID(), newUUID()
+	claim(t, ctx, s, w.ID, newUUID(), oldToken, 50*time.Millisecond)
+	waitLeaseExpired(t, ctx, s, w.ID)
+
+	got := claim(t, ctx, s, w.ID, newUUID(), newToken, time.Minute)
+	if got.Attempts != 2 || got.LeaseToken != newToken {
+		t.Fatalf("second claim: attempts=%d token=%s, want 2 %s", got.Attempts, got.LeaseToken, newToken)
+	}
+	if ok, err := s.ExtendLease(ctx, w.ID, oldToken, time.Minute); err != nil || ok {
+		t.Fatalf("extend with the old token: ok=%v err=%v, want false", ok, err)
+	}
+	err := s.Tx(ctx, func(tx pgx.Tx) error {
+		ok, err := s.FinishLeased(ctx, tx, w.ID, oldToken, "accepted", "")
+		if err == nil && ok {
+			return errors.New("old token finished the work")
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("finish with the old token: %v", err)
+	}
+	if ok, err := s.ExtendLease(ctx, w.ID, newToken, time.Minute); err != nil || !ok {
+		t.Fatalf("extend with the live token: ok=%v err=%v, want true", ok, err)
+	}
+	cur, err := s.GetWork(ctx, w.ID)
+	if err != nil {
+		t.Fatalf("get work: %v", err)
+	}
+	if cur.State != "running" || cur.LeaseToken != newToken {
+		t.Fatalf("work state=%s token=%s, want running %s", cur.State, cur.LeaseToken, newToken)
+	}
+	numbers := count(t, ctx, s, `SELECT count(DISTINCT number) FROM attempts WHERE work_id = $1`, w.ID)
+	if numbers != 2 {
+		t.Fatalf("%d distinct attempt numbers, want 2", numbers)
+	}
+}
+
+func TestCommitFence(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := insert(t, ctx, s, newWork("acme", "octo/repo#5", "abc"))
+	oldAttempt, oldToken := newUUID(), newUUID()
+	claim(t, ctx, s, w.ID, oldAttempt, oldToken, 50*time.Millisecond)
+	waitLeaseExpired(t, ctx, s, w.ID)
+	liveAttempt, liveToken := newUUID(), newUUID()
+	w = claim(t, ctx, s, w.ID, liveAttempt, liveToken, time.Minute)
+	output := json.RawMessage(`{"findings":[]}`)
+
+	if ok, err := s.Commit(ctx, w, oldAttempt, oldToken, output, 0); err != nil || ok {
+		t.Fatalf("commit with the expired lease: committed=%v err=%v, want false", ok, err)
+	}
+	if got := attemptOutcome(t, ctx, s, oldAttempt); got != "stale_lease" {
+		t.Fatalf("old attempt outcome = %q, want stale_lease", got)
+	}
+
+	if ok, err := s.Commit(ctx, w, liveAttempt, liveToken, output, 0); err != nil || !ok {
+		t.Fatalf("commit with the live lease: committed=%v err=%v, want true", ok, err)
+	}
+	if got := attemptOutcome(t, ctx, s, liveAttempt); got != "ok" {
+		t.Fatalf("committed attempt outcome = %q, want ok", got)
+	}
+
+	// A redelivered commit of the same attempt, then the old one again.
+	if ok, err := s.Commit(ctx, w, liveAttempt, liveToken, output, 0); err != nil || ok {
+		t.Fatalf("second commit with the same token: committed=%v err=%v, want false", ok, err)
+	}
+	if ok, err := s.Commit(ctx, w, oldAttempt, oldToken, output, 0); err != nil || ok {
+		t.Fatalf("second commit with the old token: committed=%v err=%v, want false", ok, err)
+	}
+	if got := attemptOutcome(t, ctx, s, oldAttempt); got != "stale_lease" {
+		t.Fatalf("old attempt outcome = %q, want stale_lease", got)
+	}
+	if got := attemptOutcome(t, ctx, s, liveAttempt); got != "ok" {
+		t.Fatalf("accepted attempt outcome after a redelivered commit = %q, want ok", got)
+	}
+
+	if n := count(t, ctx, s, `SELECT count(*) FROM results WHERE work_id = $1`, w.ID); n != 1 {
+		t.Fatalf("%d result rows, want 1", n)
+	}
+	res, err := s.GetResult(ctx, w.ID)
+	if err != nil {
+		t.Fatalf("get result: %v", err)
+	}
+	if res.AttemptID != liveAttempt || res.SchemaVersion != "1" {
+		t.Fatalf("result attempt=%s schema=%s, want %s 1", res.AttemptID, res.SchemaVersion, liveAttempt)
+	}
+	cur, err := s.GetWork(ctx, w.ID)
+	if err != nil {
+		t.Fatalf("get work: %v", err)
+	}
+	if cur.State != "accepted" || cur.LeaseToken != "" || !cur.Terminal() {
+		t.Fatalf("work state=%s token=%q, want accepted without a lease", cur.State, cur.LeaseToken)
+	}
+	if _, ok, err := s.Claim(ctx, w.ID, newUUID(), newUUID(), time.Minute); err != nil || ok {
+		t.Fatalf("claim on accepted work: ok=%v err=%v, want not ok", ok, err)
+	}
+}
+
+func TestRejectFence(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := insert(t, ctx, s, newWork("acme", "octo/repo#6", "abc"))
+	oldAttempt, oldToken := newUUID(), newUUID()
+	claim(t, ctx, s, w.ID, oldAttempt, oldToken, 50*time.Millisecond)
+	waitLeaseExpired(t, ctx, s, w.ID)
+	liveAttempt, liveToken := newUUID(), newUUID()
+	w = claim(t, ctx, s, w.ID, liveAttempt, liveToken, time.Minute)
+
+	if ok, err := s.Reject(ctx, w.ID, oldAttempt, oldToken, "late"); err != nil || ok {
+		t.Fatalf("reject with the expired lease: rejected=%v err=%v, want false", ok, err)
+	}
+	if got := attemptOutcome(t, ctx, s, oldAttempt); got != "stale_lease" {
+		t.Fatalf("old attempt outcome = %q, want stale_lease", got)
+	}
+	if ok, err := s.Reject(ctx, w.ID, liveAttempt, liveToken, "schema: missing findings"); err != nil || !ok {
+		t.Fatalf("reject with the live lease: rejected=%v err=%v, want true", ok, err)
+	}
+	if ok, err := s.Reject(ctx, w.ID, liveAttempt, liveToken, "schema: missing findings"); err != nil || ok {
+		t.Fatalf("second reject with the same token: rejected=%v err=%v, want false", ok, err)
+	}
+	if ok, err := s.Reject(ctx, w.ID, oldAttempt, oldToken, "late"); err != nil || ok {
+		t.Fatalf("second reject with the old token: rejected=%v err=%v, want false", ok, err)
+	}
+	if ok, err := s.Commit(ctx, w, liveAttempt, liveToken, json.RawMessage(`{}`), 0); err != nil || ok {
+		t.Fatalf("commit after reject: committed=%v err=%v, want false", ok, err)
+	}
+	if got := attemptOutcome(t, ctx, s, liveAttempt); got != "invalid_output" {
+		t.Fatalf("rejected attempt outcome = %q, want invalid_output", got)
+	}
+	if got := attemptOutcome(t, ctx, s, oldAttempt); got != "stale_lease" {
+		t.Fatalf("old attempt outcome = %q, want stale_lease", got)
+	}
+	cur, err := s.GetWork(ctx, w.ID)
+	if err != nil {
+		t.Fatalf("get work: %v", err)
+	}
+	if cur.State != "schema_rejected" || cur.Reason != "schema: missing findings" {
+		t.Fatalf("work state=%s reason=%q, want schema_rejected with the gate's reason", cur.State, cur.Reason)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM results`); n != 0 {
+		t.Fatalf("%d result rows after a rejection, want 0", n)
+	}
+}
+
+func TestTenantForeignKeys(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := insert(t, ctx, s, newWork("acme", "octo/repo#7", "abc"))
+
+	_, err := s.Pool.Exec(ctx, `INSERT INTO attempts (id, work_id, tenant_id, number, lease_token)
+		VALUES ($1, $2, 'other', 1, $3)`, newUUID(), w.ID, newUUID())
+	if got := sqlState(err); got != "23503" {
+		t.Fatalf("attempt with another tenant: err=%v (SQLSTATE %q), want 23503", err, got)
+	}
+	_, err = s.AppendLedger(ctx, store.LedgerRow{AttemptID: newUUID(), TenantID: "other", WorkID: w.ID,
+		Model: "m", Outcome: "ok", OccurredAt: time.Now()})
+	if got := sqlState(err); got != "23503" {
+		t.Fatalf("ledger row with another tenant: err=%v (SQLSTATE %q), want 23503", err, got)
+	}
+	_, err = s.Pool.Exec(ctx, `INSERT INTO ledger (attempt_id, tenant_id, work_id, model, outcome, occurred_at)
+		VALUES ($1, 'other', $2, 'm', 'ok', now())`, newUUID(), w.ID)
+	if got := sqlState(err); got != "23503" {
+		t.Fatalf("ledger insert with another tenant: err=%v (SQLSTATE %q), want 23503", err, got)
+	}
+	_, err = s.Pool.Exec(ctx, `INSERT INTO attempts (id, work_id, tenant_id, number, lease_token)
+		VALUES ($1, $2, 'acme', 1, $3)`, newUUID(), w.ID, newUUID())
+	if err != nil {
+		t.Fatalf("attempt with the work's tenant: %v", err)
+	}
+}
+
+func TestLedgerAndUsage(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := insert(t, ctx, s, newWork("acme", "octo/repo#8", "abc"))
+	ow := insert(t, ctx, s, newWork("other", "octo/repo#8", "abc"))
+	from := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	to := from.Add(24 * time.Hour)
+
+	row := func(tenant, workID, outcome string, in, out, cost int64, at time.Time) store.LedgerRow {
+		return store.LedgerRow{AttemptID: newUUID(), TenantID: tenant, WorkID: workID, Model: "assay-sim-1",
+			Outcome: outcome, UpstreamAttempts: 1, InputUnits: in, OutputUnits: out, CostMicros: cost,
+			LatencyMS: 10, OccurredAt: at}
+	}
+	first := row("acme", w.ID, "ok", 1000, 100, 210, from)
+	rows := []store.LedgerRow{
+		first,
+		row("acme", w.ID, "ok", 500, 50, 105, from.Add(time.Hour)),
+		row("acme", w.ID, "rate_limited", 0, 0, 0, to.Add(-time.Second)),
+		row("acme", w.ID, "ok", 9999, 9999, 9999, to),                     // end is exclusive
+		row("acme", w.ID, "ok", 9999, 9999, 9999, from.Add(-time.Second)), // before the period
+		row("other", ow.ID, "ok", 7777, 7777, 7777, from.Add(time.Hour)),
+	}
+	for _, r := range rows {
+		inserted, err := s.AppendLedger(ctx, r)
+		if err != nil || !inserted {
+			t.Fatalf("append %s: inserted=%v err=%v, want true", r.AttemptID, inserted, err)
+		}
+	}
+	again := first
+	again.CostMicros = 1_000_000
+	inserted, err := s.AppendLedger(ctx, again)
+	if err != nil || inserted {
+		t.Fatalf("append the same attempt again: inserted=%v err=%v, want false", inserted, err)
+	}
+
+	got, err := s.Usage(ctx, "acme", from, to)
+	if err != nil {
+		t.Fatalf("usage: %v", err)
+	}
+	want := []store.UsageLine{
+		{Outcome: "ok", Calls: 2, InputUnits: 1500, OutputUnits: 150, CostMicros: 315},
+		{Outcome: "rate_limited", Calls: 1},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("usage = %+v, want %+v", got, want)
+	}
+	none, err := s.Usage(ctx, "acme", to.Add(time.Hour), to.Add(2*time.Hour))
+	if err != nil || len(none) != 0 {
+		t.Fatalf("usage of an empty period = %+v, %v; want nothing", none, err)
+	}
+	attempts, cost, err := s.WorkCost(ctx, w.ID)
+	if err != nil || attempts != 5 || cost != 210+105+9999+9999 {
+		t.Fatalf("work cost = %d attempts, %d micros, %v", attempts, cost, err)
+	}
+}
+
+func TestDrainOutbox(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	var sent []store.OutboxMsg
+	for i := range 5 {
+		sent = append(sent, store.OutboxMsg{
+			Subject: "assay.us.work.batch.acme",
+			MsgID:   fmt.Sprintf("m%d", i),
+			Payload: []byte(fmt.Sprintf(`{"n":%d}`, i)),
+			Headers: map[string]string{"X-N": fmt.Sprint(i)},
+		})
+	}
+	if err := s.Tx(ctx, func(tx pgx.Tx) error { return s.InsertOutbox(ctx, tx, sent) }); err != nil {
+		t.Fatalf("insert outbox: %v", err)
+	}
+
+	boom := errors.New("broker down")
+	n, err := s.DrainOutbox(ctx, 10, func(msgs []store.OutboxMsg) (int, error) { return 0, boom })
+	if !errors.Is(err, boom) || n != 0 {
+		t.Fatalf("drain publishing nothing: n=%d err=%v, want 0 and the publish error", n, err)
+	}
+
+	var seen []store.OutboxMsg
+	n, err = s.DrainOutbox(ctx, 10, func(msgs []store.OutboxMsg) (int, error) {
+		seen = msgs
+		return 2, boom
+	})
+	if err != nil || n != 2 {
+		t.Fatalf("partial drain: n=%d err=%v, want 2 and no error", n, err)
+	}
+	if len(seen) != 5 {
+		t.Fatalf("publish saw %d messages, want 5", len(seen))
+	}
+	for i, m := range seen {
+		if m.MsgID != sent[i].MsgID || m.Subject != sent[i].Subject || string(m.Payload) != string(sent[i].Payload) ||
+			m.Headers["X-N"] != fmt.Sprint(i) || m.ID == 0 {
+			t.Fatalf("message %d = %+v, want %+v in insertion order", i, m, sent[i])
+		}
+	}
+	var marked []string
+	rows, err := s.Pool.Query(ctx, `SELECT msg_id FROM outbox WHERE published_at IS NOT NULL ORDER BY id`)
+	if err != nil {
+		t.Fatalf("read outbox: %v", err)
+	}
+	marked, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("read outbox: %v", err)
+	}
+	if !slices.Equal(marked, []string{"m0", "m1"}) {
+		t.Fatalf("published rows = %v, want [m0 m1]", marked)
+	}
+	if p, err := s.PendingOutbox(ctx); err != nil || p != 3 {
+		t.Fatalf("pending = %d, %v; want 3", p, err)
+	}
+
+	n, err = s.DrainOutbox(ctx, 2, func(msgs []store.OutboxMsg) (int, error) {
+		if len(msgs) != 2 || msgs[0].MsgID != "m2" {
+			return 0, fmt.Errorf("got %d messages starting %q, want 2 starting m2", len(msgs), msgs[0].MsgID)
+		}
+		return len(msgs), nil
+	})
+	if err != nil || n != 2 {
+		t.Fatalf("limited drain: n=%d err=%v", n, err)
+	}
+	n, err = s.DrainOutbox(ctx, 10, func(msgs []store.OutboxMsg) (int, error) { return len(msgs), nil })
+	if err != nil || n != 1 {
+		t.Fatalf("final drain: n=%d err=%v, want 1", n, err)
+	}
+	n, err = s.DrainOutbox(ctx, 10, func(msgs []store.OutboxMsg) (int, error) {
+		return 0, errors.New("publish called with nothing pending")
+	})
+	if err != nil || n != 0 {
+		t.Fatalf("empty drain: n=%d err=%v", n, err)
+	}
+	if p, err := s.PendingOutbox(ctx); err != nil || p != 0 {
+		t.Fatalf("pending = %d, %v; want 0", p, err)
+	}
+}
+
+func TestSweepStuck(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	oldQueued := insert(t, ctx, s, newWork("acme", "octo/repo#9", "old"))
+	insert(t, ctx, s, newWork("acme", "octo/repo#9", "fresh"))
+	expired := insert(t, ctx, s, newWork("acme", "octo/repo#9", "expired"))
+	live := insert(t, ctx, s, newWork("acme", "octo/repo#9", "live"))
+	done := insert(t, ctx, s, newWork("acme", "octo/repo#9", "done"))
+
+	if _, err := s.Pool.Exec(ctx, `UPDATE work SET updated_at = now() - interval '1 hour' WHERE id = ANY($1)`,
+		[]string{oldQueued.ID, done.ID}); err != nil {
+		t.Fatalf("age work: %v", err)
+	}
+	if ok, err := s.FinishUnleased(ctx, done.ID, "canceled", "caller canceled"); err != nil || !ok {
+		t.Fatalf("finish unleased: ok=%v err=%v", ok, err)
+	}
+	if _, err := s.Pool.Exec(ctx, `UPDATE work SET updated_at = now() - interval '1 hour' WHERE id = $1`, done.ID); err != nil {
+		t.Fatalf("age work: %v", err)
+	}
+	claim(t, ctx, s, expired.ID, newUUID(), newUUID(), 50*time.Millisecond)
+	claim(t, ctx, s, live.ID, newUUID(), newUUID(), time.Minute)
+	waitLeaseExpired(t, ctx, s, expired.ID)
+
+	graced, err := s.SweepStuck(ctx, 10*time.Minute, time.Hour, 100)
+	if err != nil {
+		t.Fatalf("sweep with a long grace: %v", err)
+	}
+	if len(graced) != 1 || graced[0].Work.ID != oldQueued.ID {
+		t.Fatalf("sweep with a long grace found %v, want only %s", stuckIDs(graced), oldQueued.ID)
+	}
+
+	stuck, err := s.SweepStuck(ctx, 10*time.Minute, 0, 100)
+	if err != nil {
+		t.Fatalf("sweep: %v", err)
+	}
+	if len(stuck) != 2 {
+		t.Fatalf("sweep found %v, want %s and %s", stuckIDs(stuck), oldQueued.ID, expired.ID)
+	}
+	byID := map[string]store.Stuck{}
+	for _, st := range stuck {
+		byID[st.Work.ID] = st
+	}
+	q, ok := byID[oldQueued.ID]
+	if !ok || q.Redrive || q.Dispatch != 1 {
+		t.Fatalf("queued work in sweep = %+v (found %v), want no redrive, dispatch 1", q, ok)
+	}
+	r, ok := byID[expired.ID]
+	if !ok || !r.Redrive || r.Dispatch != 2 {
+		t.Fatalf("expired work in sweep = %+v (found %v), want redrive, dispatch 2", r, ok)
+	}
+	cur, err := s.GetWork(ctx, expired.ID)
+	if err != nil || cur.Dispatch != 2 {
+		t.Fatalf("expired work dispatch = %v, %v; want 2", cur, err)
+	}
+
+	if err := s.TouchQueued(ctx, oldQueued.ID); err != nil {
+		t.Fatalf("touch queued: %v", err)
+	}
+	again, err := s.SweepStuck(ctx, 10*time.Minute, time.Hour, 100)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("sweep after touch found %v, %v; want nothing", stuckIDs(again), err)
+	}
+}
+
+func stuckIDs(st []store.Stuck) []string {
+	var ids []string
+	for _, s := range st {
+		ids = append(ids, s.Work.ID)
+	}
+	return ids
+}

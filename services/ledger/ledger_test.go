@@ -1,0 +1,94 @@
+package ledger
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParsePrices(t *testing.T) {
+	t.Parallel()
+	p, err := ParsePrices([]byte(`{"gpt-4o-mini": {"input": 0.15, "output": 0.6}, "*": {"input": 1, "output": 2}, "free": {}}`))
+	if err != nil {
+		t.Fatalf("parse: %v", err)
+	}
+	want := Prices{"gpt-4o-mini": {Input: 0.15, Output: 0.6}, "*": {Input: 1, Output: 2}, "free": {}}
+	if len(p) != len(want) {
+		t.Fatalf("prices = %v, want %v", p, want)
+	}
+	for m, pr := range want {
+		if p[m] != pr {
+			t.Fatalf("price of %q = %+v, want %+v", m, p[m], pr)
+		}
+	}
+
+	bad := map[string]string{
+		"negative input":  `{"m": {"input": -0.01, "output": 1}}`,
+		"negative output": `{"*": {"input": 1, "output": -1}}`,
+		"malformed":       `{"m": {"input": 1,}}`,
+		"truncated":       `{"m": {"input": 1`,
+		"string price":    `{"m": {"input": "0.15"}}`,
+		"not an object":   `[1, 2]`,
+		"price not obj":   `{"m": 0.15}`,
+		"empty":           ``,
+		"NaN literal":     `{"m": {"input": NaN}}`,
+		"overflow":        `{"m": {"input": 1e400}}`,
+	}
+	for name, raw := range bad {
+		if _, err := ParsePrices([]byte(raw)); err == nil {
+			t.Errorf("%s: accepted %s", name, raw)
+		} else if !strings.HasPrefix(err.Error(), "price table:") {
+			t.Errorf("%s: error %q does not say price table", name, err)
+		}
+	}
+	_, err = ParsePrices([]byte(`{"cheap": {"input": -1}}`))
+	if err == nil || !strings.Contains(err.Error(), `"cheap"`) {
+		t.Fatalf("negative price error %v does not name the model", err)
+	}
+}
+
+func TestCostMicros(t *testing.T) {
+	t.Parallel()
+	p := Prices{
+		"*":     {Input: 0.15, Output: 0.60},
+		"big":   {Input: 2.50, Output: 10},
+		"free":  {},
+		"odd":   {Input: 0.0005, Output: 0},
+		"exact": {Input: 1, Output: 1},
+	}
+	cases := []struct {
+		model   string
+		in, out int64
+		want    int64
+	}{
+		{"unknown-model", 1000, 0, 150},
+		{"unknown-model", 0, 1000, 600},
+		{"unknown-model", 1000, 1000, 750},
+		{"unknown-model", 1_000_000, 0, 150_000},
+		{"big", 1000, 100, 3500},
+		{"big", 0, 0, 0},
+		{"free", 1_000_000, 1_000_000, 0},
+		{"exact", 123, 456, 579},
+		{"odd", 1000, 0, 1}, // 0.5 rounds half away from zero
+		{"odd", 999, 0, 0},
+		{"odd", 3000, 0, 2},
+	}
+	for _, c := range cases {
+		if got := p.CostMicros(c.model, c.in, c.out); got != c.want {
+			t.Errorf("CostMicros(%q, %d, %d) = %d, want %d", c.model, c.in, c.out, got, c.want)
+		}
+	}
+	if got := DefaultPrices.CostMicros("anything", 1000, 1000); got != 750 {
+		t.Fatalf("default prices: 1000 in + 1000 out = %d micro-dollars, want 750", got)
+	}
+	noFallback := Prices{"only": {Input: 1, Output: 1}}
+	if got := noFallback.CostMicros("other", 1000, 1000); got != 0 {
+		t.Fatalf("no fallback price: %d, want 0", got)
+	}
+	parsed, err := ParsePrices([]byte(`{"*": {"input": 0.15, "output": 0.6}}`))
+	if err != nil {
+		t.Fatalf("parse: %v", err)
+	}
+	if got := parsed.CostMicros("gpt-4o-mini", 1000, 0); got != 150 {
+		t.Fatalf("1000 input units at 0.15 $/M = %d micro-dollars, want 150", got)
+	}
+}
