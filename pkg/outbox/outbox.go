@@ -86,14 +86,16 @@ func (r *Relay) loop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		for {
-			n, err := r.Drain(ctx)
+			// A drain is never cut short by Stop: a transaction torn
+			// mid-publish would keep its rows locked past the final drain.
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			n, err := r.Drain(dctx)
+			cancel()
 			if err != nil {
-				if ctx.Err() == nil {
-					r.Log.Warn("outbox drain failed", "err", err)
-				}
+				r.Log.Warn("outbox drain failed", "err", err)
 				break
 			}
-			if n < r.Batch {
+			if n < r.Batch || ctx.Err() != nil {
 				break
 			}
 		}
@@ -101,7 +103,9 @@ func (r *Relay) loop(ctx context.Context) {
 		case <-ctx.Done():
 			// One last pass so that a clean stop leaves nothing behind.
 			fin, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			_, _ = r.Drain(fin)
+			if _, err := r.Drain(fin); err != nil {
+				r.Log.Warn("final outbox drain failed", "err", err)
+			}
 			cancel()
 			return
 		case <-r.kick:
