@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 
+	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/model"
@@ -125,11 +126,7 @@ type Service struct {
 
 	attempts metric.Int64Counter
 
-	sem      chan struct{}
-	inflight sync.WaitGroup
-	cc       jetstream.ConsumeContext
-	runCtx   context.Context
-	cancel   context.CancelFunc
+	loop     *consumer.Loop
 	stopOnce sync.Once
 }
 
@@ -138,7 +135,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, d: d, sem: make(chan struct{}, cfg.Concurrency)}
+	s := &Service{cfg: cfg, d: d}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log}
 	var err error
 	s.attempts, err = d.Tel.Meter().Int64Counter("assay_classifier_attempts",
@@ -167,12 +164,10 @@ func (s *Service) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.runCtx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	s.relay.Start(s.runCtx)
-	s.cc, err = cons.Consume(s.onMsg, jetstream.PullMaxMessages(s.cfg.Concurrency))
-	if err != nil {
+	s.relay.Start(context.WithoutCancel(ctx))
+	if s.loop, err = consumer.Start(ctx, cons, s.cfg.Concurrency, s.handle); err != nil {
 		s.relay.Stop()
-		return fmt.Errorf("classifier: consume: %w", err)
+		return fmt.Errorf("classifier: %w", err)
 	}
 	return nil
 }
@@ -181,19 +176,8 @@ func (s *Service) Start(ctx context.Context) error {
 // cancels them, which requeues their work), and flushes the outbox.
 func (s *Service) Stop(ctx context.Context) {
 	s.stopOnce.Do(func() {
-		if s.cc != nil {
-			s.cc.Stop()
-		}
-		done := make(chan struct{})
-		go func() { s.inflight.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			s.cancel()
-			<-done
-		}
-		if s.cancel != nil {
-			s.cancel()
+		if s.loop != nil {
+			s.loop.Stop(ctx)
 		}
 		s.relay.Stop()
 	})
@@ -201,28 +185,11 @@ func (s *Service) Stop(ctx context.Context) {
 
 // Ready reports whether the service can take work.
 func (s *Service) Ready(ctx context.Context) error {
-	if err := s.d.Store.Pool.Ping(ctx); err != nil {
-		return fmt.Errorf("postgres: %w", err)
-	}
-	if _, err := s.d.JS.Consumer(ctx, event.StreamName(event.KindWork, s.cfg.Region), Consumer); err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	return nil
+	return consumer.Ready(ctx, s.d.Store.Pool, s.d.JS, event.StreamName(event.KindWork, s.cfg.Region), Consumer)
 }
 
-func (s *Service) onMsg(msg jetstream.Msg) {
-	// Holding the callback until a slot frees keeps at most Concurrency
-	// calls running; the rest wait in JetStream, not in goroutines.
-	s.sem <- struct{}{}
-	s.inflight.Add(1)
-	go func() {
-		defer func() { <-s.sem; s.inflight.Done() }()
-		s.handle(msg)
-	}()
-}
-
-func (s *Service) handle(msg jetstream.Msg) {
-	ctx := telemetry.Extract(s.runCtx, msg.Headers())
+func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
+	ctx = telemetry.Extract(ctx, msg.Headers())
 	var ev event.Work
 	if err := event.Decode(msg.Data(), &ev); err != nil {
 		telemetry.Decision(ctx, s.d.Log, msg.Subject(), "refused", "undecodable work message: "+err.Error())

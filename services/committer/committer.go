@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/gate"
@@ -49,13 +49,7 @@ type Service struct {
 	cfg      Config
 	d        Deps
 	verdicts metric.Int64Counter
-
-	sem      chan struct{}
-	inflight sync.WaitGroup
-	cc       jetstream.ConsumeContext
-	runCtx   context.Context
-	cancel   context.CancelFunc
-	stopOnce sync.Once
+	loop     *consumer.Loop
 }
 
 // Consumer is the durable name of the committer's RESULT consumer.
@@ -69,7 +63,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 4
 	}
-	s := &Service{cfg: cfg, d: d, sem: make(chan struct{}, cfg.Concurrency)}
+	s := &Service{cfg: cfg, d: d}
 	var err error
 	s.verdicts, err = d.Tel.Meter().Int64Counter("assay_committer_verdicts",
 		metric.WithDescription("final answers by verdict"))
@@ -87,52 +81,26 @@ func (s *Service) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.runCtx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	s.cc, err = cons.Consume(func(msg jetstream.Msg) {
-		s.sem <- struct{}{}
-		s.inflight.Add(1)
-		go func() {
-			defer func() { <-s.sem; s.inflight.Done() }()
-			s.handle(msg)
-		}()
-	}, jetstream.PullMaxMessages(s.cfg.Concurrency))
-	if err != nil {
-		return fmt.Errorf("committer: consume: %w", err)
+	if s.loop, err = consumer.Start(ctx, cons, s.cfg.Concurrency, s.handle); err != nil {
+		return fmt.Errorf("committer: %w", err)
 	}
 	return nil
 }
 
 // Stop stops taking results and waits for the ones in hand. Idempotent.
 func (s *Service) Stop(ctx context.Context) {
-	s.stopOnce.Do(func() {
-		if s.cc != nil {
-			s.cc.Stop()
-		}
-		done := make(chan struct{})
-		go func() { s.inflight.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-ctx.Done():
-		}
-		if s.cancel != nil {
-			s.cancel()
-		}
-	})
+	if s.loop != nil {
+		s.loop.Stop(ctx)
+	}
 }
 
 // Ready reports whether the service can take results.
 func (s *Service) Ready(ctx context.Context) error {
-	if err := s.d.Store.Pool.Ping(ctx); err != nil {
-		return fmt.Errorf("postgres: %w", err)
-	}
-	if _, err := s.d.JS.Consumer(ctx, event.StreamName(event.KindResult, s.cfg.Region), Consumer); err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	return nil
+	return consumer.Ready(ctx, s.d.Store.Pool, s.d.JS, event.StreamName(event.KindResult, s.cfg.Region), Consumer)
 }
 
-func (s *Service) handle(msg jetstream.Msg) {
-	ctx := telemetry.Extract(s.runCtx, msg.Headers())
+func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
+	ctx = telemetry.Extract(ctx, msg.Headers())
 	var ev event.Result
 	if err := event.Decode(msg.Data(), &ev); err != nil {
 		telemetry.Decision(ctx, s.d.Log, msg.Subject(), "refused", "undecodable result message: "+err.Error())

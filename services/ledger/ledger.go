@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
@@ -84,12 +84,7 @@ type Service struct {
 	cfg      Config
 	d        Deps
 	recorded metric.Int64Counter
-
-	cc       jetstream.ConsumeContext
-	runCtx   context.Context
-	cancel   context.CancelFunc
-	stopOnce sync.Once
-	inflight sync.WaitGroup
+	loop     *consumer.Loop
 }
 
 // Consumer is the durable name of the ledger's ATTEMPT consumer.
@@ -124,49 +119,26 @@ func (s *Service) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.runCtx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	s.cc, err = cons.Consume(func(msg jetstream.Msg) {
-		s.inflight.Add(1)
-		defer s.inflight.Done()
-		s.handle(msg)
-	})
-	if err != nil {
-		return fmt.Errorf("ledger: consume: %w", err)
+	if s.loop, err = consumer.Start(ctx, cons, 4, s.handle); err != nil {
+		return fmt.Errorf("ledger: %w", err)
 	}
 	return nil
 }
 
-// Stop stops taking attempts and waits for the one in hand. Idempotent.
+// Stop stops taking attempts and waits for the ones in hand. Idempotent.
 func (s *Service) Stop(ctx context.Context) {
-	s.stopOnce.Do(func() {
-		if s.cc != nil {
-			s.cc.Stop()
-		}
-		done := make(chan struct{})
-		go func() { s.inflight.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-ctx.Done():
-		}
-		if s.cancel != nil {
-			s.cancel()
-		}
-	})
+	if s.loop != nil {
+		s.loop.Stop(ctx)
+	}
 }
 
 // Ready reports whether the service can take attempts.
 func (s *Service) Ready(ctx context.Context) error {
-	if err := s.d.Store.Pool.Ping(ctx); err != nil {
-		return fmt.Errorf("postgres: %w", err)
-	}
-	if _, err := s.d.JS.Consumer(ctx, event.StreamName(event.KindAttempt, s.cfg.Region), Consumer); err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	return nil
+	return consumer.Ready(ctx, s.d.Store.Pool, s.d.JS, event.StreamName(event.KindAttempt, s.cfg.Region), Consumer)
 }
 
-func (s *Service) handle(msg jetstream.Msg) {
-	ctx := telemetry.Extract(s.runCtx, msg.Headers())
+func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
+	ctx = telemetry.Extract(ctx, msg.Headers())
 	var ev event.Attempt
 	if err := event.Decode(msg.Data(), &ev); err != nil {
 		telemetry.Decision(ctx, s.d.Log, msg.Subject(), "refused", "undecodable attempt message: "+err.Error())

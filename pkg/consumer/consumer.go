@@ -1,0 +1,82 @@
+// Package consumer runs a service's durable JetStream consumer: at most a set
+// number of messages in hand at once, and an orderly stop that finishes what
+// is in hand before the service closes its pools.
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Handler processes one message and settles it (ack, nak or term). ctx ends
+// only when Stop gives up waiting.
+type Handler func(ctx context.Context, msg jetstream.Msg)
+
+// Loop is a running consumer.
+type Loop struct {
+	sem      chan struct{}
+	inflight sync.WaitGroup
+	cc       jetstream.ConsumeContext
+	cancel   context.CancelFunc
+	stopOnce sync.Once
+}
+
+// Start consumes from cons, handing each message to h on its own goroutine,
+// with at most concurrency in hand. Messages beyond that wait in JetStream,
+// not in memory.
+func Start(ctx context.Context, cons jetstream.Consumer, concurrency int, h Handler) (*Loop, error) {
+	if concurrency < 1 {
+		concurrency = 1
+	}
+	l := &Loop{sem: make(chan struct{}, concurrency)}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	l.cancel = cancel
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		l.sem <- struct{}{}
+		l.inflight.Add(1)
+		go func() {
+			defer func() { <-l.sem; l.inflight.Done() }()
+			h(runCtx, msg)
+		}()
+	}, jetstream.PullMaxMessages(concurrency))
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	l.cc = cc
+	return l, nil
+}
+
+// Stop stops taking messages and waits for those in hand; when ctx ends
+// first it cancels them (their handlers release what they hold) and waits
+// for them to return. Idempotent.
+func (l *Loop) Stop(ctx context.Context) {
+	l.stopOnce.Do(func() {
+		l.cc.Stop()
+		done := make(chan struct{})
+		go func() { l.inflight.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			l.cancel()
+			<-done
+		}
+		l.cancel()
+	})
+}
+
+// Ready reports whether a service's database answers and its durable
+// consumer exists.
+func Ready(ctx context.Context, pool *pgxpool.Pool, js jetstream.StreamConsumerManager, stream, durable string) error {
+	if err := pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if _, err := js.Consumer(ctx, stream, durable); err != nil {
+		return fmt.Errorf("jetstream: consumer %s on %s: %w", durable, stream, err)
+	}
+	return nil
+}
