@@ -106,4 +106,7 @@ func TestSweeperRecoversAbandonedClaim(t *testing.T) {
 	if n := b.calls("acme"); n != 1 {
 		t.Errorf("model calls = %d, want 1", n)
 	}
+	if len(v.Attempts) != 2 || v.Attempts[0].Outcome != "lease_expired" || v.Attempts[1].Outcome != "ok" {
+		t.Errorf("attempts %+v, want the abandoned one lease_expired, then ok", v.Attempts)
+	}
 }

@@ -79,7 +79,7 @@ func (s *Store) Reject(ctx context.Context, workID, attemptID, token, reason str
 func markLost(ctx context.Context, db execer, attemptID string) error {
 	_, err := db.Exec(ctx, `UPDATE attempts SET outcome = 'stale_lease', reason = coalesce(reason, 'lease lost before the verdict'),
 			finished_at = coalesce(finished_at, now())
-		WHERE id = $1 AND coalesce(outcome, '') IN ('', 'ok')
+		WHERE id = $1 AND coalesce(outcome, '') IN ('', 'ok', 'lease_expired')
 			AND NOT EXISTS (SELECT 1 FROM results WHERE attempt_id = $1)`, attemptID)
 	if err != nil {
 		return fmt.Errorf("store: mark lost %s: %w", attemptID, err)

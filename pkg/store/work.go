@@ -111,6 +111,14 @@ func (s *Store) Claim(ctx context.Context, workID, attemptID, token string, ttl 
 			return err
 		}
 		ok = true
+		// An earlier attempt still without an outcome held the lease that
+		// just lapsed; say so, so it does not look like it is still running.
+		// Its worker may yet report back, and then records stale_lease.
+		if _, err = tx.Exec(ctx, `UPDATE attempts SET outcome = 'lease_expired',
+				reason = 'the lease lapsed before the worker reported back'
+			WHERE work_id = $1 AND outcome IS NULL`, w.ID); err != nil {
+			return err
+		}
 		_, err = tx.Exec(ctx, `INSERT INTO attempts (id, work_id, tenant_id, number, lease_token)
 			VALUES ($1, $2, $3, $4, $5)`, attemptID, w.ID, w.TenantID, w.Attempts, token)
 		return err
