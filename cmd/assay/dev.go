@@ -20,6 +20,7 @@ import (
 	"assay.dev/pkg/sim"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ledger"
 )
 
 // devEnv is what `assay dev` starts around the cells: NATS in-process,
@@ -72,6 +73,21 @@ func dev(ctx context.Context, args []string) error {
 
 func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 	e = &devEnv{cells: map[string]*cell{}, log: telemetry.NewLogger(o.LogTo, "dev", "", o.Level)}
+	// Settings first: a bad one stops start-up before anything runs.
+	prices, err := ledger.LoadPrices(os.Getenv("ASSAY_PRICE_TABLE"))
+	if err != nil {
+		return e, configError{fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)}
+	}
+	if u := os.Getenv("ASSAY_MODEL_BASE_URL"); u != "" {
+		if p, err := url.Parse(u); err != nil || p.Host == "" || (p.Scheme != "http" && p.Scheme != "https") {
+			return e, configError{fmt.Errorf("ASSAY_MODEL_BASE_URL: %q is not an http(s) URL", u)}
+		}
+	}
+	if u := os.Getenv("ASSAY_DATABASE_URL"); u != "" {
+		if _, err := pgx.ParseConfig(u); err != nil {
+			return e, configError{fmt.Errorf("ASSAY_DATABASE_URL: cannot parse: %v", err)}
+		}
+	}
 	if e.dir, err = os.MkdirTemp("", "assay-dev-"); err != nil {
 		return nil, err
 	}
@@ -91,8 +107,6 @@ func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 			return e, fmt.Errorf("throwaway postgres (set ASSAY_DATABASE_URL to use a running server): %w", err)
 		}
 		e.baseDB = e.pg.URL("postgres")
-	} else if _, err := pgx.ParseConfig(e.baseDB); err != nil {
-		return e, configError{fmt.Errorf("ASSAY_DATABASE_URL: cannot parse: %v", err)}
 	}
 
 	e.modelURL = os.Getenv("ASSAY_MODEL_BASE_URL")
@@ -116,7 +130,7 @@ func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 		cfg := config.Config{Region: region, DatabaseURL: dbURL, NATSURL: e.nats.ClientURL(),
 			ModelBaseURL: e.modelURL, ModelAPIKey: os.Getenv("ASSAY_MODEL_API_KEY"),
 			Model: envOr("ASSAY_MODEL", "assay-sim-1"), HTTPAddr: "127.0.0.1:0"}
-		c, err := startCell(ctx, cellOptions{Config: cfg, Log: e.log.With("region", region)})
+		c, err := startCell(ctx, cellOptions{Config: cfg, Log: e.log.With("region", region), Prices: prices})
 		if err != nil {
 			return e, fmt.Errorf("cell %s: %w", region, err)
 		}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -48,6 +49,18 @@ func ParsePrices(raw []byte) (Prices, error) {
 		}
 	}
 	return p, nil
+}
+
+// LoadPrices reads a price table file; an empty path gives DefaultPrices.
+func LoadPrices(path string) (Prices, error) {
+	if path == "" {
+		return DefaultPrices, nil
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("price table: %w", err)
+	}
+	return ParsePrices(raw)
 }
 
 // CostMicros prices an attempt in millionths of a dollar.

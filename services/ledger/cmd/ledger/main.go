@@ -14,15 +14,9 @@ import (
 
 func main() {
 	host.Main("ledger", config.Need{HTTPAddr: ":8083"}, func(e *host.Env) (host.Part, http.Handler, func(context.Context), error) {
-		prices := ledger.DefaultPrices
-		if f := os.Getenv("ASSAY_PRICE_TABLE"); f != "" {
-			raw, err := os.ReadFile(f)
-			if err != nil {
-				return nil, nil, nil, fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)
-			}
-			if prices, err = ledger.ParsePrices(raw); err != nil {
-				return nil, nil, nil, fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)
-			}
+		prices, err := ledger.LoadPrices(os.Getenv("ASSAY_PRICE_TABLE"))
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)
 		}
 		s, err := ledger.New(ledger.Config{Region: e.Config.Region, Prices: prices},
 			ledger.Deps{Store: e.Store, JS: e.JS, Log: e.Log, Tel: e.Tel})
