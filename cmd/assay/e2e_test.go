@@ -17,6 +17,7 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/evalset"
+	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/sim"
 	"assay.dev/pkg/store"
@@ -349,6 +350,12 @@ func TestLateAnswerFromLostLease(t *testing.T) {
 		}
 		return s
 	}
+	// The hand-driven classifiers are not started, so relay their outbox
+	// rows here.
+	relay := &outbox.Relay{Store: env.Store, JS: env.JS, Log: env.Log, Every: 20 * time.Millisecond,
+		Subjects: []string{event.StreamPrefix(event.KindResult, "us"), event.StreamPrefix(event.KindAttempt, "us")}}
+	relay.Start(context.Background())
+	t.Cleanup(relay.Stop)
 	// A stands for a worker that stalls: no heartbeat, a short lease.
 	a := mk(classifier.Config{LeaseTTL: 500 * time.Millisecond, Heartbeat: -1})
 	bb := mk(classifier.Config{})

@@ -49,10 +49,14 @@ const (
 // StreamName is e.g. WORK_US.
 func StreamName(kind, region string) string { return kind + "_" + strings.ToUpper(region) }
 
-// StreamSubjects is the subject filter of a cell's stream of one kind.
-func StreamSubjects(kind, region string) string {
-	return "assay." + region + "." + strings.ToLower(kind) + ".>"
+// StreamPrefix is what every subject of a cell's stream of one kind starts
+// with, e.g. "assay.us.work.".
+func StreamPrefix(kind, region string) string {
+	return "assay." + region + "." + strings.ToLower(kind) + "."
 }
+
+// StreamSubjects is the subject filter of a cell's stream of one kind.
+func StreamSubjects(kind, region string) string { return StreamPrefix(kind, region) + ">" }
 
 // WorkMsgID is the Nats-Msg-Id of a work announcement: the work id and the
 // dispatch number, so a re-announcement inside the window is not stored twice.

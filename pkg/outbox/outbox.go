@@ -41,6 +41,9 @@ type Relay struct {
 	Every time.Duration
 	// Batch is how many rows one transaction publishes. Default 100.
 	Batch int
+	// Subjects limits the relay to subjects with these prefixes, the ones
+	// its credential may publish. None means every subject.
+	Subjects []string
 
 	kick     chan struct{}
 	stopOnce sync.Once
@@ -120,7 +123,7 @@ func (r *Relay) Drain(ctx context.Context) (int, error) {
 	if batch <= 0 {
 		batch = 100
 	}
-	return r.Store.DrainOutbox(ctx, batch, func(msgs []store.OutboxMsg) (int, error) {
+	return r.Store.DrainOutbox(ctx, batch, r.Subjects, func(msgs []store.OutboxMsg) (int, error) {
 		for i, m := range msgs {
 			nm := &nats.Msg{Subject: m.Subject, Data: m.Payload, Header: nats.Header{}}
 			for k, v := range m.Headers {

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -38,11 +39,18 @@ func insertOutbox(ctx context.Context, tx pgx.Tx, msgs []OutboxMsg) error {
 // DrainOutbox locks up to limit unpublished messages, hands them to publish
 // in order and marks the ones it returns as published, all in one
 // transaction. Several relays can run at once: locked rows are skipped.
-func (s *Store) DrainOutbox(ctx context.Context, limit int, publish func([]OutboxMsg) (published int, err error)) (int, error) {
+// prefixes limits the drain to subjects starting with one of them; none
+// means every subject.
+func (s *Store) DrainOutbox(ctx context.Context, limit int, prefixes []string, publish func([]OutboxMsg) (published int, err error)) (int, error) {
 	n := 0
+	patterns := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		patterns[i] = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(p) + "%"
+	}
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT id, subject, msg_id, payload, headers FROM outbox
-			WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, limit)
+			WHERE published_at IS NULL AND (cardinality($2::text[]) = 0 OR subject LIKE ANY ($2))
+			ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, limit, patterns)
 		if err != nil {
 			return err
 		}

@@ -66,15 +66,9 @@ func (s *Store) Migrate(ctx context.Context) ([]string, error) {
 		version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		return nil, fmt.Errorf("store: migrate: %w", err)
 	}
-	names, err := fs.Glob(migrations, "migrations/*.sql")
-	if err != nil {
-		return nil, err
-	}
-	sort.Strings(names)
 	var applied []string
-	for _, name := range names {
-		version := strings.TrimSuffix(strings.TrimPrefix(name, "migrations/"), ".sql")
-		body, err := migrations.ReadFile(name)
+	for _, version := range Versions() {
+		body, err := migrations.ReadFile("migrations/" + version + ".sql")
 		if err != nil {
 			return nil, err
 		}
@@ -92,6 +86,16 @@ func (s *Store) Migrate(ctx context.Context) ([]string, error) {
 		}
 	}
 	return applied, nil
+}
+
+// Versions lists the embedded migrations in the order they apply.
+func Versions() []string {
+	names, _ := fs.Glob(migrations, "migrations/*.sql")
+	sort.Strings(names)
+	for i, n := range names {
+		names[i] = strings.TrimSuffix(strings.TrimPrefix(n, "migrations/"), ".sql")
+	}
+	return names
 }
 
 // execer is what a pool and a transaction share.

@@ -33,6 +33,10 @@ type Work struct {
 	DeadlineAt      time.Time
 	CreatedAt       time.Time
 	UpdatedAt       time.Time
+
+	// SupersedeOlder, on insert, ends the same source's other revisions
+	// that have not reached an outcome as superseded (a force-push).
+	SupersedeOlder bool `json:"-"`
 }
 
 // Terminal reports whether the work has reached its outcome.
@@ -78,6 +82,17 @@ func (s *Store) InsertWork(ctx context.Context, w *Work, announce func(*Work) ([
 			return err
 		}
 		created = true
+		if w.SupersedeOlder {
+			// A running attempt loses its lease here: its answer is then
+			// recorded stale and never published.
+			if _, err := tx.Exec(ctx, `UPDATE work SET state = 'superseded', lease_token = NULL,
+					lease_expires_at = NULL, reason = 'superseded by revision ' || $5, updated_at = now()
+				WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
+					AND state IN ('queued', 'running')`,
+				got.TenantID, got.Contract, got.SourceID, got.ID, got.Revision); err != nil {
+				return err
+			}
+		}
 		msgs, err := announce(got)
 		if err != nil {
 			return err

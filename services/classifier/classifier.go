@@ -136,7 +136,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, d: d}
-	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log}
+	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Subjects: []string{
+		event.StreamPrefix(event.KindResult, cfg.Region), event.StreamPrefix(event.KindAttempt, cfg.Region)}}
 	var err error
 	s.attempts, err = d.Tel.Meter().Int64Counter("assay_classifier_attempts",
 		metric.WithDescription("model-call attempts by outcome"))

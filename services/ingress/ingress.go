@@ -98,7 +98,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, d: d}
-	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log}
+	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log,
+		Subjects: []string{event.StreamPrefix(event.KindWork, cfg.Region)}}
 	var err error
 	s.submitted, err = d.Tel.Meter().Int64Counter("assay_ingress_requests",
 		metric.WithDescription("work submissions by result"))
