@@ -17,8 +17,8 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/evalset"
-	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/sim"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
