@@ -38,6 +38,7 @@ fuzz: ## run each fuzz target for FUZZTIME
 	cd pkg && $(GO) test -run='^$$' -fuzz=FuzzCompleteResponse -fuzztime=$(FUZZTIME) ./model
 	cd pkg && $(GO) test -run='^$$' -fuzz=FuzzDecode -fuzztime=$(FUZZTIME) ./event
 	cd services/ingress && $(GO) test -run='^$$' -fuzz=FuzzDecodeSubmit -fuzztime=$(FUZZTIME) .
+	cd services/ingress && $(GO) test -run='^$$' -fuzz=FuzzWebhook -fuzztime=$(FUZZTIME) .
 
 tidy: ## go mod tidy every module
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) mod tidy); done

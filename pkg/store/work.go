@@ -64,45 +64,53 @@ func scanWork(row pgx.Row) (*Work, error) {
 // A duplicate returns the existing work and created=false.
 func (s *Store) InsertWork(ctx context.Context, w *Work, announce func(*Work) ([]OutboxMsg, error)) (got *Work, created bool, err error) {
 	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		row := tx.QueryRow(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version,
-				taxonomy_version, source_id, revision, lane, input, content_digest, deadline_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-			ON CONFLICT ON CONSTRAINT work_ingress_key DO NOTHING
-			RETURNING `+workColumns,
-			w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID,
-			w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt)
-		got, err = scanWork(row)
-		if errors.Is(err, ErrNotFound) {
-			got, err = scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work
-				WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND revision = $4`,
-				w.TenantID, w.Contract, w.SourceID, w.Revision))
-			return err
-		}
-		if err != nil {
-			return err
-		}
-		created = true
-		if w.SupersedeOlder {
-			// A running attempt loses its lease here: its answer is then
-			// recorded stale and never published.
-			if _, err := tx.Exec(ctx, `UPDATE work SET state = 'superseded', lease_token = NULL,
-					lease_expires_at = NULL, reason = 'superseded by revision ' || $5, updated_at = now()
-				WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
-					AND state IN ('queued', 'running')`,
-				got.TenantID, got.Contract, got.SourceID, got.ID, got.Revision); err != nil {
-				return err
-			}
-		}
-		msgs, err := announce(got)
-		if err != nil {
-			return err
-		}
-		return insertOutbox(ctx, tx, msgs)
+		got, created, err = insertWork(ctx, tx, w, announce)
+		return err
 	})
 	if err != nil {
 		return nil, false, fmt.Errorf("store: insert work: %w", err)
 	}
 	return got, created, nil
+}
+
+// insertWork is InsertWork inside the caller's transaction.
+func insertWork(ctx context.Context, tx pgx.Tx, w *Work, announce func(*Work) ([]OutboxMsg, error)) (got *Work, created bool, err error) {
+	row := tx.QueryRow(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version,
+			taxonomy_version, source_id, revision, lane, input, content_digest, deadline_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+		ON CONFLICT ON CONSTRAINT work_ingress_key DO NOTHING
+		RETURNING `+workColumns,
+		w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID,
+		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt)
+	got, err = scanWork(row)
+	if errors.Is(err, ErrNotFound) {
+		got, err = scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work
+			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND revision = $4`,
+			w.TenantID, w.Contract, w.SourceID, w.Revision))
+		return got, false, err
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	if w.SupersedeOlder {
+		// A running attempt loses its lease here: its answer is then
+		// recorded stale and never published.
+		if _, err := tx.Exec(ctx, `UPDATE work SET state = 'superseded', lease_token = NULL,
+				lease_expires_at = NULL, reason = 'superseded by revision ' || $5, updated_at = now()
+			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
+				AND state IN ('queued', 'running')`,
+			got.TenantID, got.Contract, got.SourceID, got.ID, got.Revision); err != nil {
+			return nil, false, err
+		}
+	}
+	msgs, err := announce(got)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := insertOutbox(ctx, tx, msgs); err != nil {
+		return nil, false, err
+	}
+	return got, true, nil
 }
 
 // GetWork reads one work row.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"sync"
 	"time"
 
@@ -43,6 +44,23 @@ type Config struct {
 	// LeaseGrace is how long after a lease expired the work is announced
 	// again. Default 5s.
 	LeaseGrace time.Duration
+
+	// GitHubSecret is the webhook secret that signs GitHub deliveries.
+	// Empty refuses POST /v1/webhooks/github with 503 webhooks_disabled.
+	GitHubSecret string
+	// GitHubAPI is the REST API the diffs are fetched from. Default
+	// https://api.github.com.
+	GitHubAPI string
+	// GitHubToken, when set, authenticates the diff fetches.
+	GitHubToken string
+	// GitHubTimeout bounds one diff fetch. Default 5s, well inside the 10s
+	// GitHub waits for a webhook answer.
+	GitHubTimeout time.Duration
+	// MaxDiffBytes caps a fetched diff. Default 1 MiB.
+	MaxDiffBytes int64
+	// Diffs fetches pull-request diffs. Default: GitHubDiffs built from the
+	// settings above.
+	Diffs DiffSource
 }
 
 func (c *Config) defaults() error {
@@ -67,6 +85,21 @@ func (c *Config) defaults() error {
 	if c.LeaseGrace == 0 {
 		c.LeaseGrace = 5 * time.Second
 	}
+	if c.GitHubAPI == "" {
+		c.GitHubAPI = "https://api.github.com"
+	}
+	if u, err := url.Parse(c.GitHubAPI); err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
+		return fmt.Errorf("ingress: GitHubAPI %q is not an http(s) URL", c.GitHubAPI)
+	}
+	if c.GitHubTimeout == 0 {
+		c.GitHubTimeout = 5 * time.Second
+	}
+	if c.MaxDiffBytes == 0 {
+		c.MaxDiffBytes = 1 << 20
+	}
+	if c.Diffs == nil {
+		c.Diffs = &GitHubDiffs{API: c.GitHubAPI, Token: c.GitHubToken, MaxBytes: c.MaxDiffBytes, Timeout: c.GitHubTimeout}
+	}
 	return nil
 }
 
@@ -86,6 +119,7 @@ type Service struct {
 	relay *outbox.Relay
 
 	submitted metric.Int64Counter
+	webhooks  metric.Int64Counter
 
 	stopOnce sync.Once
 	cancel   context.CancelFunc
@@ -103,6 +137,11 @@ func New(cfg Config, d Deps) (*Service, error) {
 	var err error
 	s.submitted, err = d.Tel.Meter().Int64Counter("assay_ingress_requests",
 		metric.WithDescription("work submissions by result"))
+	if err != nil {
+		return nil, err
+	}
+	s.webhooks, err = d.Tel.Meter().Int64Counter("assay_ingress_webhooks",
+		metric.WithDescription("GitHub webhook deliveries by result"))
 	return s, err
 }
 
@@ -224,6 +263,7 @@ func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/work", s.submit)
 	mux.HandleFunc("GET /v1/work/{id}", s.get)
+	mux.HandleFunc("POST /v1/webhooks/github", s.githubWebhook)
 	return mux
 }
 

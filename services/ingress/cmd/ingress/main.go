@@ -4,6 +4,7 @@ package main
 import (
 	"context"
 	"net/http"
+	"os"
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/host"
@@ -12,7 +13,9 @@ import (
 
 func main() {
 	host.Main("ingress", config.Need{HTTPAddr: ":8080"}, func(e *host.Env) (host.Part, http.Handler, func(context.Context), error) {
-		s, err := ingress.New(ingress.Config{Region: e.Config.Region}, ingress.Deps{Store: e.Store, JS: e.JS,
+		s, err := ingress.New(ingress.Config{Region: e.Config.Region,
+			GitHubSecret: os.Getenv("ASSAY_GITHUB_WEBHOOK_SECRET"), GitHubAPI: os.Getenv("ASSAY_GITHUB_API_URL"),
+			GitHubToken: os.Getenv("ASSAY_GITHUB_TOKEN")}, ingress.Deps{Store: e.Store, JS: e.JS,
 			Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
 		if err != nil {
 			return nil, nil, nil, err
