@@ -8,9 +8,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/host"
 	"assay.dev/pkg/model"
+	"assay.dev/pkg/price"
 	"assay.dev/services/classifier"
 	"assay.dev/services/committer"
 	"assay.dev/services/ingress"
@@ -23,10 +27,14 @@ type cellOptions struct {
 	Log        *slog.Logger
 	Classifier classifier.Config // Region and Model are filled in
 	Ingress    ingress.Config    // Region is filled in
-	Prices     ledger.Prices
+	Prices     price.Prices
 	// NoClassifier leaves the classifier out, for tests that drive
 	// classifiers by hand.
 	NoClassifier bool
+	// NATSURLs, when set, gives each service ("ingress", "classifier",
+	// "committer", "ledger") a connection of its own from this URL, so each
+	// works with its own credentials alone. Nil shares Env's connection.
+	NATSURLs map[string]string
 }
 
 // cell is one region's four services in one process, behind one HTTP
@@ -41,6 +49,7 @@ type cell struct {
 	Ledger     *ledger.Service
 
 	noClassifier bool
+	conns        []*nats.Conn // per-service connections, from NATSURLs
 	stopHTTP     context.CancelFunc
 	httpDone     chan error
 	stopOnce     sync.Once
@@ -57,23 +66,32 @@ func startCell(ctx context.Context, o cellOptions) (c *cell, err error) {
 			c.Stop(context.Background())
 		}
 	}()
+	js := map[string]jetstream.JetStream{}
+	for _, name := range []string{"ingress", "classifier", "committer", "ledger"} {
+		if js[name], err = c.serviceJS(o, name); err != nil {
+			return c, err
+		}
+	}
 	o.Ingress.Region = o.Config.Region
-	if c.Ingress, err = ingress.New(o.Ingress, ingress.Deps{Store: env.Store, JS: env.JS, Contracts: env.Contracts,
+	if c.Ingress, err = ingress.New(o.Ingress, ingress.Deps{Store: env.Store, JS: js["ingress"], Contracts: env.Contracts,
 		Log: env.Log.With("service", "ingress"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
 	o.Classifier.Region, o.Classifier.Model = o.Config.Region, o.Config.Model
+	if o.Classifier.Prices == nil {
+		o.Classifier.Prices = o.Prices
+	}
 	mc := modelClient(o.Config)
-	if c.Classifier, err = classifier.New(o.Classifier, classifier.Deps{Store: env.Store, JS: env.JS, Model: mc,
+	if c.Classifier, err = classifier.New(o.Classifier, classifier.Deps{Store: env.Store, JS: js["classifier"], Model: mc,
 		Contracts: env.Contracts, Log: env.Log.With("service", "classifier"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
 	if c.Committer, err = committer.New(committer.Config{Region: o.Config.Region}, committer.Deps{Store: env.Store,
-		JS: env.JS, Contracts: env.Contracts, Log: env.Log.With("service", "committer"), Tel: env.Tel}); err != nil {
+		JS: js["committer"], Contracts: env.Contracts, Log: env.Log.With("service", "committer"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
 	if c.Ledger, err = ledger.New(ledger.Config{Region: o.Config.Region, Prices: o.Prices}, ledger.Deps{Store: env.Store,
-		JS: env.JS, Log: env.Log.With("service", "ledger"), Tel: env.Tel}); err != nil {
+		JS: js["ledger"], Log: env.Log.With("service", "ledger"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
 	parts := []host.Part{c.Ingress, c.Ledger, c.Committer, c.Classifier}
@@ -88,6 +106,7 @@ func startCell(ctx context.Context, o cellOptions) (c *cell, err error) {
 	api := http.NewServeMux()
 	api.Handle("/v1/work", c.Ingress.Handler())
 	api.Handle("/v1/work/", c.Ingress.Handler())
+	api.Handle("/v1/webhooks/", c.Ingress.Handler())
 	api.Handle("/v1/usage", c.Ledger.Handler())
 	mux := host.Mux(api, env.Tel, parts...)
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -131,8 +150,35 @@ func (c *cell) Stop(ctx context.Context) {
 		if c.Ledger != nil {
 			c.Ledger.Stop(ctx)
 		}
+		for _, nc := range c.conns {
+			_ = nc.Drain()
+		}
 		c.Env.Close(ctx)
 	})
+}
+
+// serviceJS is the JetStream a service uses: Env's, or with NATSURLs one on
+// a connection of the service's own.
+func (c *cell) serviceJS(o cellOptions, name string) (jetstream.JetStream, error) {
+	if o.NATSURLs == nil {
+		return c.Env.JS, nil
+	}
+	u, ok := o.NATSURLs[name]
+	if !ok {
+		return nil, fmt.Errorf("cell %s: no NATS URL for %s", c.Region, name)
+	}
+	log := c.Env.Log.With("service", name)
+	// Permission violations are asynchronous; without this they are silent.
+	nc, err := nats.Connect(u, nats.Name("assay-"+name+"-"+c.Region),
+		nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Error("nats", "err", err)
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("cell %s: NATS for %s: %w", c.Region, name, err)
+	}
+	c.conns = append(c.conns, nc)
+	return jetstream.New(nc)
 }
 
 func modelClient(cfg config.Config) *model.Client {

@@ -17,10 +17,11 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devpg"
+	"assay.dev/pkg/price"
 	"assay.dev/pkg/sim"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
-	"assay.dev/services/ledger"
+	"assay.dev/services/ingress"
 )
 
 // devEnv is what `assay dev` starts around the cells: NATS in-process,
@@ -37,6 +38,8 @@ type devEnv struct {
 	cells    map[string]*cell
 	tenants  []store.TenantSeed
 	log      *slog.Logger
+
+	webhookSecret string
 }
 
 type devOptions struct {
@@ -74,7 +77,7 @@ func dev(ctx context.Context, args []string) error {
 func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 	e = &devEnv{cells: map[string]*cell{}, log: telemetry.NewLogger(o.LogTo, "dev", "", o.Level)}
 	// Settings first: a bad one stops start-up before anything runs.
-	prices, err := ledger.LoadPrices(os.Getenv("ASSAY_PRICE_TABLE"))
+	prices, err := price.Load(os.Getenv("ASSAY_PRICE_TABLE"))
 	if err != nil {
 		return e, configError{fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)}
 	}
@@ -121,6 +124,10 @@ func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 		{ID: "acme", HomeRegion: "us", Token: store.NewToken()},
 		{ID: "globex", HomeRegion: "eu", Token: store.NewToken()},
 	}
+	// Webhooks need a secret; dev makes one up unless one is given.
+	if e.webhookSecret = os.Getenv("ASSAY_GITHUB_WEBHOOK_SECRET"); e.webhookSecret == "" {
+		e.webhookSecret = store.NewToken()
+	}
 	stamp := time.Now().UnixNano()
 	for _, region := range config.Regions {
 		dbURL, err := e.createDB(ctx, fmt.Sprintf("assay_dev_%s_%d", region, stamp))
@@ -130,7 +137,9 @@ func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 		cfg := config.Config{Region: region, DatabaseURL: dbURL, NATSURL: e.nats.ClientURL(),
 			ModelBaseURL: e.modelURL, ModelAPIKey: os.Getenv("ASSAY_MODEL_API_KEY"),
 			Model: envOr("ASSAY_MODEL", "assay-sim-1"), HTTPAddr: "127.0.0.1:0"}
-		c, err := startCell(ctx, cellOptions{Config: cfg, Log: e.log.With("region", region), Prices: prices})
+		c, err := startCell(ctx, cellOptions{Config: cfg, Log: e.log.With("region", region), Prices: prices,
+			Ingress: ingress.Config{GitHubSecret: e.webhookSecret, GitHubAPI: os.Getenv("ASSAY_GITHUB_API_URL"),
+				GitHubToken: os.Getenv("ASSAY_GITHUB_TOKEN")}})
 		if err != nil {
 			return e, fmt.Errorf("cell %s: %w", region, err)
 		}
@@ -139,6 +148,11 @@ func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 		// cell is refused with the right region named.
 		if err := c.Env.Store.SeedTenants(ctx, e.tenants); err != nil {
 			return e, err
+		}
+		for _, t := range e.tenants {
+			if err := c.Env.Store.LinkSource(ctx, "github_repository", t.ID+"/shop", t.ID); err != nil {
+				return e, err
+			}
 		}
 	}
 	return e, nil
@@ -215,11 +229,12 @@ func (e *devEnv) printEndpoints(w io.Writer) {
 	for _, region := range config.Regions {
 		c := e.cells[region]
 		fmt.Fprintf(w, "\n  cell %s\n", region)
-		for _, p := range []string{"POST /v1/work", "GET  /v1/work/{id}", "GET  /v1/usage", "GET  /healthz", "GET  /readyz", "GET  /metrics"} {
+		for _, p := range []string{"POST /v1/work", "GET  /v1/work/{id}", "POST /v1/webhooks/github", "GET  /v1/usage", "GET  /healthz", "GET  /readyz", "GET  /metrics"} {
 			verb, path, _ := strings.Cut(p, " ")
 			fmt.Fprintf(w, "    %-5s %s%s\n", verb, c.URL, strings.TrimSpace(path))
 		}
 	}
+	fmt.Fprintf(w, "\n  GitHub webhooks: secret %s; repositories acme/shop and globex/shop are linked to their tenants\n", e.webhookSecret)
 	fmt.Fprintln(w, "\n  tenants")
 	for _, t := range e.tenants {
 		fmt.Fprintf(w, "    %-7s home %s  token %s\n", t.ID, t.HomeRegion, t.Token)

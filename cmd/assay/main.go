@@ -4,6 +4,8 @@
 //	assay migrate             apply the cell's migrations
 //	assay sim                 run the simulated provider
 //	assay tenants seed FILE   create tenants and tokens from a JSON file
+//	assay tenant …            add, list, rotate-token, suspend, resume, set-budget, link
+//	assay usage reconcile     check attempts against results, the ledger and the provider
 package main
 
 import (
@@ -35,6 +37,8 @@ commands:
   migrate                apply the cell's migrations (ASSAY_DATABASE_URL)
   sim                    run the simulated OpenAI-compatible provider (ASSAY_HTTP_ADDR)
   tenants seed FILE      create tenants and tokens from FILE: [{"id","homeRegion","token"}]
+  tenant COMMAND         add, list, rotate-token, suspend, resume, set-budget, link (assay tenant for help)
+  usage reconcile        check attempts against results, the ledger and the provider's counts
 `
 
 func run(args []string, stderr io.Writer) int {
@@ -54,6 +58,14 @@ func run(args []string, stderr io.Writer) int {
 		err = runSim(ctx, args[1:])
 	case "tenants":
 		err = tenants(ctx, args[1:])
+	case "tenant":
+		err = tenantCmd(ctx, args[1:], os.Stdout)
+	case "usage":
+		if len(args) < 2 || args[1] != "reconcile" {
+			err = configError{fmt.Errorf("usage: assay usage reconcile [flags]")}
+			break
+		}
+		err = usageReconcile(ctx, args[2:], os.Stdout)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return 0

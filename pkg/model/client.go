@@ -78,6 +78,9 @@ type Call struct {
 	Contract string // json_schema name
 	Schema   json.RawMessage
 	Messages []Message
+	// MaxTokens caps the answer's units (0: the provider's default). The
+	// budget reservation counts on it as an upper bound.
+	MaxTokens int
 }
 
 // Reply is a successful answer, or on error whatever was observed of it.
@@ -118,6 +121,7 @@ func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
 		},
 		User:        call.Tenant,
 		Temperature: &temp,
+		MaxTokens:   call.MaxTokens,
 	})
 	if err != nil {
 		return nil, &Error{Kind: KindRejected, Msg: "encoding request", Err: err}

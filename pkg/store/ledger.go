@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // LedgerRow is one attempt as the ledger keeps it.
@@ -24,45 +26,24 @@ type LedgerRow struct {
 // AppendLedger records an attempt once; a redelivered event changes
 // nothing. inserted=false means it was already there.
 func (s *Store) AppendLedger(ctx context.Context, r LedgerRow) (inserted bool, err error) {
-	tag, err := s.Pool.Exec(ctx, `INSERT INTO ledger (attempt_id, tenant_id, work_id, model, outcome,
-			upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (attempt_id) DO NOTHING`,
-		r.AttemptID, r.TenantID, r.WorkID, r.Model, r.Outcome, r.UpstreamAttempts, r.InputUnits,
-		r.OutputUnits, r.CostMicros, r.LatencyMS, r.OccurredAt)
+	// The row and the settlement of the attempt's budget reservation are
+	// one transaction, so a redelivery neither records nor settles twice.
+	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `INSERT INTO ledger (attempt_id, tenant_id, work_id, model, outcome,
+				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (attempt_id) DO NOTHING`,
+			r.AttemptID, r.TenantID, r.WorkID, r.Model, r.Outcome, r.UpstreamAttempts, r.InputUnits,
+			r.OutputUnits, r.CostMicros, r.LatencyMS, r.OccurredAt)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		inserted = true
+		return settle(ctx, tx, r.TenantID, r.AttemptID, r.CostMicros)
+	})
 	if err != nil {
 		return false, fmt.Errorf("store: ledger %s: %w", r.AttemptID, err)
 	}
-	return tag.RowsAffected() == 1, nil
-}
-
-// UsageLine is one outcome's totals.
-type UsageLine struct {
-	Outcome     string `json:"outcome"`
-	Calls       int64  `json:"calls"`
-	InputUnits  int64  `json:"inputUnits"`
-	OutputUnits int64  `json:"outputUnits"`
-	CostMicros  int64  `json:"costMicros"`
-}
-
-// Usage totals a tenant's ledger by outcome over [from, to).
-func (s *Store) Usage(ctx context.Context, tenant string, from, to time.Time) ([]UsageLine, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT outcome, count(*),
-			coalesce(sum(input_units), 0), coalesce(sum(output_units), 0), coalesce(sum(cost_micros), 0)
-		FROM ledger WHERE tenant_id = $1 AND occurred_at >= $2 AND occurred_at < $3
-		GROUP BY outcome ORDER BY outcome`, tenant, from, to)
-	if err != nil {
-		return nil, fmt.Errorf("store: usage: %w", err)
-	}
-	defer rows.Close()
-	var out []UsageLine
-	for rows.Next() {
-		var u UsageLine
-		if err := rows.Scan(&u.Outcome, &u.Calls, &u.InputUnits, &u.OutputUnits, &u.CostMicros); err != nil {
-			return nil, err
-		}
-		out = append(out, u)
-	}
-	return out, rows.Err()
+	return inserted, nil
 }
 
 // WorkCost sums the ledger for one work item: attempts and cost.

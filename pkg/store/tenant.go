@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -71,4 +72,93 @@ func (s *Store) TenantByToken(ctx context.Context, token string) (Tenant, error)
 		return Tenant{}, ErrNotFound
 	}
 	return t, err
+}
+
+// SetBudget sets a tenant's budget per period (nil: unlimited). The current
+// period's limit follows, so a cut takes effect at the next reservation.
+func (s *Store) SetBudget(ctx context.Context, tenantID string, micros *int64, period string) error {
+	return pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE tenants SET budget_micros = $2, budget_period = $3 WHERE id = $1`,
+			tenantID, micros, period)
+		if err != nil {
+			return fmt.Errorf("store: set budget: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrNotFound
+		}
+		if micros != nil {
+			_, err = tx.Exec(ctx, `UPDATE budget_periods SET limit_micros = $2 WHERE tenant_id = $1 AND period_start = $3`,
+				tenantID, *micros, PeriodStart(period, time.Now()))
+		}
+		return err
+	})
+}
+
+// TenantInfo is a tenant as the operator sees it.
+type TenantInfo struct {
+	Tenant
+	BudgetMicros *int64 `json:"budgetMicros"`
+	BudgetPeriod string `json:"budgetPeriod"`
+	ActiveTokens int    `json:"activeTokens"`
+}
+
+// AddTenant creates a tenant with its first token. It fails if the tenant
+// exists.
+func (s *Store) AddTenant(ctx context.Context, id, homeRegion, token string) error {
+	return pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO tenants (id, home_region) VALUES ($1, $2)`, id, homeRegion); err != nil {
+			return fmt.Errorf("store: add tenant %q: %w", id, err)
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO tenant_tokens (token_hash, tenant_id, label) VALUES ($1, $2, 'initial')`,
+			HashToken(token), id)
+		return err
+	})
+}
+
+// ListTenants lists every tenant this cell knows.
+func (s *Store) ListTenants(ctx context.Context) ([]TenantInfo, error) {
+	rows, err := s.Pool.Query(ctx, `SELECT t.id, t.home_region, t.status, t.budget_micros, t.budget_period,
+			(SELECT count(*) FROM tenant_tokens k WHERE k.tenant_id = t.id AND k.revoked_at IS NULL)
+		FROM tenants t ORDER BY t.id`)
+	if err != nil {
+		return nil, fmt.Errorf("store: list tenants: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (TenantInfo, error) {
+		var t TenantInfo
+		err := r.Scan(&t.ID, &t.HomeRegion, &t.Status, &t.BudgetMicros, &t.BudgetPeriod, &t.ActiveTokens)
+		return t, err
+	})
+}
+
+// RotateToken revokes every active token of the tenant and adds token, in
+// one transaction.
+func (s *Store) RotateToken(ctx context.Context, tenantID, token string) error {
+	return pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)`, tenantID).Scan(&exists); err != nil {
+			return err
+		}
+		if !exists {
+			return ErrNotFound
+		}
+		if _, err := tx.Exec(ctx, `UPDATE tenant_tokens SET revoked_at = now() WHERE tenant_id = $1 AND revoked_at IS NULL`,
+			tenantID); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO tenant_tokens (token_hash, tenant_id, label) VALUES ($1, $2, 'rotated')`,
+			HashToken(token), tenantID)
+		return err
+	})
+}
+
+// SetStatus suspends ("suspended") or resumes ("active") a tenant.
+func (s *Store) SetStatus(ctx context.Context, tenantID, status string) error {
+	tag, err := s.Pool.Exec(ctx, `UPDATE tenants SET status = $2 WHERE id = $1`, tenantID, status)
+	if err != nil {
+		return fmt.Errorf("store: set status: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
 }

@@ -22,6 +22,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/outbox"
+	"assay.dev/pkg/price"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
@@ -58,6 +59,16 @@ type Config struct {
 	// Defaults 30s and 50.
 	AckWait    time.Duration
 	MaxDeliver int
+	// Prices estimate an attempt's cost for its budget reservation; the
+	// ledger settles it from the same table. Default price.Default.
+	Prices price.Prices
+	// MaxOutputUnits caps every answer (max_tokens) and bounds the
+	// reservation. Default 4096.
+	MaxOutputUnits int
+	// BytesPerUnit is how many request bytes the estimate counts as one
+	// unit. Default 1, which no tokenizer undercuts; a larger value admits
+	// more attempts but lets a misestimate spend past the budget.
+	BytesPerUnit float64
 }
 
 func (c *Config) defaults() error {
@@ -99,6 +110,18 @@ func (c *Config) defaults() error {
 	}
 	if c.MaxDeliver == 0 {
 		c.MaxDeliver = 50
+	}
+	if c.Prices == nil {
+		c.Prices = price.Default
+	}
+	if _, ok := c.Prices["*"]; !ok {
+		return errors.New(`classifier: the price table needs a "*" entry`)
+	}
+	if c.MaxOutputUnits <= 0 {
+		c.MaxOutputUnits = 4096
+	}
+	if c.BytesPerUnit <= 0 {
+		c.BytesPerUnit = 1
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -76,7 +77,33 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 	}
 
 	attemptID, token := newUUID(), newUUID()
+	// Reserve before claiming: work whose tenant cannot pay ends without a
+	// claim, an attempt or a call.
+	est := s.Estimate(c, w)
+	switch res, err := s.d.Store.Reserve(ctx, w.TenantID, attemptID, est); {
+	case err != nil:
+		log.Warn("budget reservation failed", "key", w.ID, "err", err)
+		return Disposition{Kind: Nak, Delay: time.Second}
+	case res == store.Exhausted:
+		return s.finishUnleased(ctx, w, "budget_exhausted",
+			fmt.Sprintf("tenant %s's budget cannot cover an attempt estimated at %d micro-dollars", w.TenantID, est))
+	case res == store.Busy:
+		// Attempts in flight hold the rest; they settle at their real cost,
+		// which may leave room. Ask again later without holding anything.
+		delay := s.backoff(1)
+		if time.Now().Add(delay).After(w.DeadlineAt) {
+			return s.finishUnleased(ctx, w, "budget_exhausted",
+				fmt.Sprintf("tenant %s's budget is held by attempts in flight past this work's deadline", w.TenantID))
+		}
+		telemetry.Decision(ctx, log, w.ID, "deferred", "budget held by attempts in flight", slog.Duration("delay", delay))
+		return Disposition{Kind: Nak, Delay: delay}
+	}
 	cw, ok, err := s.d.Store.Claim(ctx, w.ID, attemptID, token, s.cfg.LeaseTTL)
+	if err != nil || !ok {
+		if rerr := s.d.Store.Release(context.WithoutCancel(ctx), attemptID); rerr != nil {
+			log.Warn("releasing a reservation failed", "key", w.ID, "attempt", attemptID, "err", rerr)
+		}
+	}
 	if err != nil {
 		log.Warn("claim failed", "key", w.ID, "err", err)
 		return Disposition{Kind: Nak, Delay: time.Second}
@@ -132,13 +159,7 @@ func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract,
 	}
 	ctx, span := s.d.Tel.Tracer().Start(callCtx, "model.complete", trace.WithSpanKind(trace.SpanKindClient))
 	defer span.End()
-	reply, err := s.d.Model.Complete(ctx, model.Call{
-		Tenant:   w.TenantID,
-		Contract: c.Name,
-		Schema:   c.Schema,
-		Messages: model.Messages(c.Prompt, model.Correlation{WorkID: w.ID, SchemaVersion: w.SchemaVersion,
-			TaxonomyVersion: w.TaxonomyVersion}, repair, json.RawMessage(w.Input)),
-	})
+	reply, err := s.d.Model.Complete(ctx, s.modelCall(c, w, repair))
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 	}
@@ -275,6 +296,29 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	telemetry.Decision(ctx, s.d.Log, w.ID, res.Outcome, orDefault(reason, "model answered"),
 		slog.String("attempt", attemptID), slog.String("next", next), slog.Duration("delay", disp.Delay))
 	return disp
+}
+
+func (s *Service) modelCall(c *contract.Contract, w *store.Work, repair string) model.Call {
+	return model.Call{
+		Tenant:   w.TenantID,
+		Contract: c.Name,
+		Schema:   c.Schema,
+		Messages: model.Messages(c.Prompt, model.Correlation{WorkID: w.ID, SchemaVersion: w.SchemaVersion,
+			TaxonomyVersion: w.TaxonomyVersion}, repair, json.RawMessage(w.Input)),
+		MaxTokens: s.cfg.MaxOutputUnits,
+	}
+}
+
+// Estimate bounds one attempt's cost from above: the request's bytes over
+// BytesPerUnit as its units, and the answer at its cap.
+func (s *Service) Estimate(c *contract.Contract, w *store.Work) int64 {
+	call := s.modelCall(c, w, w.RepairNote)
+	in := len(call.Schema)
+	for _, m := range call.Messages {
+		in += len(m.Content)
+	}
+	units := int64(math.Ceil(float64(in) / s.cfg.BytesPerUnit))
+	return s.cfg.Prices.CostMicros(s.cfg.Model, units, int64(s.cfg.MaxOutputUnits))
 }
 
 func retryOutcome(err error, mErr *model.Error) string {

@@ -5,12 +5,9 @@ package ledger
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"os"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,65 +17,17 @@ import (
 
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/price"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
-
-// Price is US dollars per million units.
-type Price struct {
-	Input  float64 `json:"input"`
-	Output float64 `json:"output"`
-}
-
-// Prices maps a model name to its price; "*" prices any model not listed.
-type Prices map[string]Price
-
-// DefaultPrices prices every model at 0.15/0.60 dollars per million units.
-var DefaultPrices = Prices{"*": {Input: 0.15, Output: 0.60}}
-
-// ParsePrices reads a price table from JSON, e.g.
-// {"gpt-4o-mini": {"input": 0.15, "output": 0.6}, "*": {...}}.
-func ParsePrices(raw []byte) (Prices, error) {
-	var p Prices
-	if err := json.Unmarshal(raw, &p); err != nil {
-		return nil, fmt.Errorf("price table: %w", err)
-	}
-	for m, pr := range p {
-		if pr.Input < 0 || pr.Output < 0 || math.IsNaN(pr.Input) || math.IsNaN(pr.Output) {
-			return nil, fmt.Errorf("price table: model %q: prices must be non-negative", m)
-		}
-	}
-	return p, nil
-}
-
-// LoadPrices reads a price table file; an empty path gives DefaultPrices.
-func LoadPrices(path string) (Prices, error) {
-	if path == "" {
-		return DefaultPrices, nil
-	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("price table: %w", err)
-	}
-	return ParsePrices(raw)
-}
-
-// CostMicros prices an attempt in millionths of a dollar.
-func (p Prices) CostMicros(model string, in, out int64) int64 {
-	pr, ok := p[model]
-	if !ok {
-		pr = p["*"]
-	}
-	// dollars/1M units × units = micro-dollars.
-	return int64(math.Round(pr.Input*float64(in) + pr.Output*float64(out)))
-}
 
 // Config of one ledger instance.
 type Config struct {
 	// Region is the cell this instance serves.
 	Region string
-	// Prices prices attempts. Default DefaultPrices.
-	Prices Prices
+	// Prices prices attempts. Default price.Default.
+	Prices price.Prices
 	// AckWait and MaxDeliver configure the durable consumer. Defaults 30s, 20.
 	AckWait    time.Duration
 	MaxDeliver int
@@ -109,7 +58,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, errors.New("ledger: Region is required")
 	}
 	if cfg.Prices == nil {
-		cfg.Prices = DefaultPrices
+		cfg.Prices = price.Default
 	}
 	if _, ok := cfg.Prices["*"]; !ok {
 		return nil, errors.New(`ledger: the price table needs a "*" entry for models it does not list`)

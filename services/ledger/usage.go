@@ -10,14 +10,18 @@ import (
 	"assay.dev/pkg/store"
 )
 
-// UsageReport answers GET /v1/usage.
+// UsageReport answers GET /v1/usage: the same ledger rows totalled by
+// outcome and by model.
 type UsageReport struct {
-	TenantID   string            `json:"tenantId"`
-	From       time.Time         `json:"from"`
-	To         time.Time         `json:"to"`
-	Calls      int64             `json:"calls"`
-	CostMicros int64             `json:"costMicros"`
-	ByOutcome  []store.UsageLine `json:"byOutcome"`
+	TenantID    string                 `json:"tenantId"`
+	From        time.Time              `json:"from"`
+	To          time.Time              `json:"to"`
+	Calls       int64                  `json:"calls"`
+	InputUnits  int64                  `json:"inputUnits"`
+	OutputUnits int64                  `json:"outputUnits"`
+	CostMicros  int64                  `json:"costMicros"`
+	ByOutcome   []store.UsageLine      `json:"byOutcome"`
+	ByModel     []store.ModelUsageLine `json:"byModel"`
 }
 
 // Handler serves GET /v1/usage?tenant=…&from=…&to=… (RFC 3339 times; from
@@ -74,12 +78,24 @@ func (s *Service) usage(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; try again")
 		return
 	}
-	rep := UsageReport{TenantID: t.ID, From: from.UTC(), To: to.UTC(), ByOutcome: lines}
+	models, err := s.d.Store.UsageByModel(r.Context(), t.ID, from, to)
+	if err != nil {
+		s.d.Log.Error("usage query failed", "err", err)
+		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; try again")
+		return
+	}
+	rep := UsageReport{TenantID: t.ID, From: from.UTC(), To: to.UTC(), ByOutcome: lines, ByModel: models}
+	// Empty arrays, not null, so clients can range over them unchecked.
 	if rep.ByOutcome == nil {
 		rep.ByOutcome = []store.UsageLine{}
 	}
+	if rep.ByModel == nil {
+		rep.ByModel = []store.ModelUsageLine{}
+	}
 	for _, l := range lines {
 		rep.Calls += l.Calls
+		rep.InputUnits += l.InputUnits
+		rep.OutputUnits += l.OutputUnits
 		rep.CostMicros += l.CostMicros
 	}
 	apierror.JSON(w, http.StatusOK, rep)

@@ -9,12 +9,13 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/host"
+	"assay.dev/pkg/price"
 	"assay.dev/services/ledger"
 )
 
 func main() {
 	host.Main("ledger", config.Need{HTTPAddr: ":8083"}, func(e *host.Env) (host.Part, http.Handler, func(context.Context), error) {
-		prices, err := ledger.LoadPrices(os.Getenv("ASSAY_PRICE_TABLE"))
+		prices, err := price.Load(os.Getenv("ASSAY_PRICE_TABLE"))
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)
 		}

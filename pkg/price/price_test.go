@@ -1,13 +1,13 @@
-package ledger
+package price
 
 import (
 	"strings"
 	"testing"
 )
 
-func TestParsePrices(t *testing.T) {
+func TestParse(t *testing.T) {
 	t.Parallel()
-	p, err := ParsePrices([]byte(`{"gpt-4o-mini": {"input": 0.15, "output": 0.6}, "*": {"input": 1, "output": 2}, "free": {}}`))
+	p, err := Parse([]byte(`{"gpt-4o-mini": {"input": 0.15, "output": 0.6}, "*": {"input": 1, "output": 2}, "free": {}}`))
 	if err != nil {
 		t.Fatalf("parse: %v", err)
 	}
@@ -32,15 +32,16 @@ func TestParsePrices(t *testing.T) {
 		"empty":           ``,
 		"NaN literal":     `{"m": {"input": NaN}}`,
 		"overflow":        `{"m": {"input": 1e400}}`,
+		"no fallback":     `{"m": {"input": 1, "output": 1}}`,
 	}
 	for name, raw := range bad {
-		if _, err := ParsePrices([]byte(raw)); err == nil {
+		if _, err := Parse([]byte(raw)); err == nil {
 			t.Errorf("%s: accepted %s", name, raw)
 		} else if !strings.HasPrefix(err.Error(), "price table:") {
 			t.Errorf("%s: error %q does not say price table", name, err)
 		}
 	}
-	_, err = ParsePrices([]byte(`{"cheap": {"input": -1}}`))
+	_, err = Parse([]byte(`{"cheap": {"input": -1}}`))
 	if err == nil || !strings.Contains(err.Error(), `"cheap"`) {
 		t.Fatalf("negative price error %v does not name the model", err)
 	}
@@ -77,14 +78,14 @@ func TestCostMicros(t *testing.T) {
 			t.Errorf("CostMicros(%q, %d, %d) = %d, want %d", c.model, c.in, c.out, got, c.want)
 		}
 	}
-	if got := DefaultPrices.CostMicros("anything", 1000, 1000); got != 750 {
+	if got := Default.CostMicros("anything", 1000, 1000); got != 750 {
 		t.Fatalf("default prices: 1000 in + 1000 out = %d micro-dollars, want 750", got)
 	}
 	noFallback := Prices{"only": {Input: 1, Output: 1}}
 	if got := noFallback.CostMicros("other", 1000, 1000); got != 0 {
 		t.Fatalf("no fallback price: %d, want 0", got)
 	}
-	parsed, err := ParsePrices([]byte(`{"*": {"input": 0.15, "output": 0.6}}`))
+	parsed, err := Parse([]byte(`{"*": {"input": 0.15, "output": 0.6}}`))
 	if err != nil {
 		t.Fatalf("parse: %v", err)
 	}

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"text/tabwriter"
+
+	"assay.dev/pkg/config"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/store"
+)
+
+const tenantUsage = `usage: assay tenant <command> [args] [--region R --database-url URL]
+
+  add ID --home-region R [--budget-usd N --period month|day]
+                              create a tenant; prints its API token once
+  list                        the tenants this cell knows
+  rotate-token ID             revoke every token of ID and print a new one once
+  suspend ID | resume ID      refuse (403) or accept the tenant's requests again
+  set-budget ID --usd N|--unlimited [--period month|day]
+  link ID github_installation|github_repository KEY
+                              map a GitHub App installation id or owner/repo to ID
+
+Tenants are per cell: run each command against every cell, so that a cell
+can name the right region for a tenant homed elsewhere.
+`
+
+// tenantCmd runs `assay tenant …` against the cell in ASSAY_DATABASE_URL.
+func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return configError{errors.New(tenantUsage)}
+	}
+	verb, rest := args[0], args[1:]
+	fs := flag.NewFlagSet("assay tenant "+verb, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	home := fs.String("home-region", "", "the tenant's home region")
+	usd := fs.Float64("budget-usd", -1, "budget per period in US dollars")
+	setUSD := fs.Float64("usd", -1, "budget per period in US dollars")
+	unlimited := fs.Bool("unlimited", false, "remove the budget")
+	period := fs.String("period", "month", "budget period: month or day")
+	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
+	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
+	var pos []string
+	for len(rest) > 0 {
+		if err := fs.Parse(rest); err != nil {
+			return configError{fmt.Errorf("%v\n%s", err, tenantUsage)}
+		}
+		rest = fs.Args()
+		if len(rest) > 0 {
+			pos, rest = append(pos, rest[0]), rest[1:]
+		}
+	}
+	if _, err := config.Load("assay tenant", []string{"--region", *region, "--database-url", *dbURL}, func(string) string { return "" }, config.Need{}); err != nil {
+		return configError{err}
+	}
+	if *period != "month" && *period != "day" {
+		return configError{fmt.Errorf("--period: %q is not month or day", *period)}
+	}
+	want := map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1, "link": 3}
+	n, known := want[verb]
+	if !known {
+		return configError{fmt.Errorf("unknown tenant command %q\n%s", verb, tenantUsage)}
+	}
+	if len(pos) != n {
+		return configError{fmt.Errorf("tenant %s takes %d argument(s), got %d\n%s", verb, n, len(pos), tenantUsage)}
+	}
+	if n > 0 && !event.ValidToken(pos[0]) {
+		return configError{fmt.Errorf("tenant id %q: use 1-63 lowercase letters, digits and '-', starting with a letter or digit", pos[0])}
+	}
+	st, err := store.Open(ctx, *dbURL)
+	if err != nil {
+		return fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+	}
+	defer st.Close()
+	if _, err := st.Migrate(ctx); err != nil {
+		return err
+	}
+	notFound := func(err error) error {
+		if errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("no tenant %q in region %s's database", pos[0], *region)
+		}
+		return err
+	}
+	switch verb {
+	case "add":
+		if err := config.ValidateRegion(*home); err != nil {
+			return configError{fmt.Errorf("--home-region: %w", err)}
+		}
+		tok := store.NewToken()
+		if err := st.AddTenant(ctx, pos[0], *home, tok); err != nil {
+			return err
+		}
+		if *usd >= 0 {
+			if err := setBudget(ctx, st, pos[0], *usd, false, *period); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(stdout, "tenant %s added (home region %s)\ntoken (shown once, stored hashed): %s\n", pos[0], *home, tok)
+	case "list":
+		ts, err := st.ListTenants(ctx)
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "TENANT\tHOME\tSTATUS\tBUDGET (USD)\tPERIOD\tTOKENS")
+		for _, t := range ts {
+			b := "unlimited"
+			if t.BudgetMicros != nil {
+				b = dollars(*t.BudgetMicros)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", t.ID, t.HomeRegion, t.Status, b, t.BudgetPeriod, t.ActiveTokens)
+		}
+		return tw.Flush()
+	case "rotate-token":
+		tok := store.NewToken()
+		if err := st.RotateToken(ctx, pos[0], tok); err != nil {
+			return notFound(err)
+		}
+		fmt.Fprintf(stdout, "every earlier token of %s is revoked\ntoken (shown once, stored hashed): %s\n", pos[0], tok)
+	case "suspend", "resume":
+		status := map[string]string{"suspend": "suspended", "resume": "active"}[verb]
+		if err := st.SetStatus(ctx, pos[0], status); err != nil {
+			return notFound(err)
+		}
+		fmt.Fprintf(stdout, "tenant %s is %s\n", pos[0], status)
+	case "set-budget":
+		if (*setUSD < 0) == !*unlimited {
+			return configError{errors.New("set-budget takes exactly one of --usd N or --unlimited")}
+		}
+		if err := setBudget(ctx, st, pos[0], *setUSD, *unlimited, *period); err != nil {
+			return notFound(err)
+		}
+		fmt.Fprintf(stdout, "tenant %s budget set\n", pos[0])
+	case "link":
+		if pos[1] != "github_installation" && pos[1] != "github_repository" {
+			return configError{fmt.Errorf("link kind %q is not github_installation or github_repository", pos[1])}
+		}
+		if err := st.LinkSource(ctx, pos[1], pos[2], pos[0]); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s %s now belongs to tenant %s\n", pos[1], pos[2], pos[0])
+	}
+	return nil
+}
+
+func setBudget(ctx context.Context, st *store.Store, id string, usd float64, unlimited bool, period string) error {
+	if unlimited {
+		return st.SetBudget(ctx, id, nil, period)
+	}
+	if math.IsInf(usd, 0) || math.IsNaN(usd) || usd > 1e9 {
+		return configError{fmt.Errorf("budget %s is not a sensible amount of dollars", strconv.FormatFloat(usd, 'f', -1, 64))}
+	}
+	micros := int64(math.Round(usd * 1e6))
+	return st.SetBudget(ctx, id, &micros, period)
+}

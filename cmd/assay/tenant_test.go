@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+
+	"assay.dev/pkg/evalset"
+)
+
+// The operator's tenant commands, against a running cell: a new tenant's
+// token works, a rotated one stops working, a suspended tenant gets 403 and
+// nothing is enqueued.
+func TestTenantCommands(t *testing.T) {
+	t.Parallel()
+	b := setup(t, cellOptions{})
+	ctx := context.Background()
+	db := b.cell.Env.Config.DatabaseURL
+	tenant := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		args = append(args, "--region", "us", "--database-url", db)
+		if err := tenantCmd(ctx, args, &out); err != nil {
+			t.Fatalf("assay tenant %v: %v", args, err)
+		}
+		return out.String()
+	}
+	tokenRE := regexp.MustCompile(`token \(shown once, stored hashed\): (\S+)`)
+	out := tenant("add", "initech", "--home-region", "us", "--budget-usd", "2.5")
+	first := tokenRE.FindStringSubmatch(out)
+	if first == nil {
+		t.Fatalf("add printed no token: %q", out)
+	}
+	req := codeReview(evalset.Items()[0], "tenant commands")
+	if status, raw := b.post(t, first[1], req); status != http.StatusAccepted {
+		t.Fatalf("new tenant's token: HTTP %d %s", status, raw)
+	}
+	if n := b.count(t, `SELECT count(*) FROM tenant_tokens WHERE token_hash = sha256($1::bytea)`, first[1]); n != 1 {
+		t.Errorf("the token is not stored as its SHA-256 (%d rows)", n)
+	}
+	if n := b.count(t, `SELECT count(*) FROM tenant_tokens WHERE position(convert_to($1, 'UTF8') in token_hash) > 0`, first[1]); n != 0 {
+		t.Errorf("token text found in storage")
+	}
+
+	second := tokenRE.FindStringSubmatch(tenant("rotate-token", "initech"))
+	if second == nil || second[1] == first[1] {
+		t.Fatalf("rotate-token printed no new token")
+	}
+	if status, _ := b.post(t, first[1], req); status != http.StatusUnauthorized {
+		t.Errorf("revoked token: HTTP %d, want 401", status)
+	}
+	if status, _ := b.post(t, second[1], req); status != http.StatusOK {
+		t.Errorf("rotated token on a duplicate: HTTP %d, want 200", status)
+	}
+
+	tenant("suspend", "initech")
+	other := req
+	other.SourceID = "shop/suspended#1"
+	status, raw := b.post(t, second[1], other)
+	if status != http.StatusForbidden || !strings.Contains(string(raw), `"tenant_suspended"`) {
+		t.Errorf("suspended tenant: HTTP %d %s, want 403 tenant_suspended", status, raw)
+	}
+	if n := b.count(t, `SELECT count(*) FROM work WHERE source_id = 'shop/suspended#1'`); n != 0 {
+		t.Errorf("a suspended tenant's request was stored")
+	}
+	tenant("resume", "initech")
+	if status, raw := b.post(t, second[1], other); status != http.StatusAccepted {
+		t.Errorf("resumed tenant: HTTP %d %s", status, raw)
+	}
+
+	list := tenant("list")
+	if !regexp.MustCompile(`initech\s+us\s+active\s+2\.500000\s+month\s+1`).MatchString(list) {
+		t.Errorf("list does not show initech with its budget and one token:\n%s", list)
+	}
+	tenant("set-budget", "initech", "--unlimited")
+	if !regexp.MustCompile(`initech\s+us\s+active\s+unlimited`).MatchString(tenant("list")) {
+		t.Errorf("set-budget --unlimited did not take")
+	}
+
+	for _, bad := range [][]string{
+		{"add", "Bad.Id", "--home-region", "us"},
+		{"add", "x", "--home-region", "mars"},
+		{"suspend"},
+		{"set-budget", "initech"},
+		{"frobnicate", "x"},
+	} {
+		var out bytes.Buffer
+		err := tenantCmd(ctx, append(bad, "--region", "us", "--database-url", db), &out)
+		if _, ok := err.(configError); !ok {
+			t.Errorf("assay tenant %v: %v, want a usage error", bad, err)
+		}
+	}
+	var out2 bytes.Buffer
+	if err := tenantCmd(ctx, []string{"suspend", "nobody", "--region", "us", "--database-url", db}, &out2); err == nil ||
+		!strings.Contains(err.Error(), `no tenant "nobody"`) {
+		t.Errorf("suspending an unknown tenant: %v", err)
+	}
+}

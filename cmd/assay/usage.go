@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"assay.dev/pkg/sim"
+	"assay.dev/pkg/store"
+)
+
+// usageReconcile is `assay usage reconcile`: it checks the cell's attempts
+// against its results and ledger, and optionally the ledger against the
+// provider's own count of calls, printing one line per check. It returns an
+// error when any check finds a difference.
+//
+//	--database-url URL    the cell's Postgres (default $ASSAY_DATABASE_URL)
+//	--region REGION       the cell; when set, work of another region is a difference (default $ASSAY_REGION)
+//	--provider-stats URL  the simulated provider's GET /sim/stats; compares calls per tenant
+//	--since TIME          only work created (ledger rows occurred) at or after TIME, RFC 3339 or a duration ago ("24h")
+func usageReconcile(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("assay usage reconcile", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
+	region := fs.String("region", os.Getenv("ASSAY_REGION"), "the cell's region ($ASSAY_REGION)")
+	statsURL := fs.String("provider-stats", "", "the simulated provider's /sim/stats URL")
+	sinceFlag := fs.String("since", "", "RFC 3339 time or duration ago; default: everything")
+	if err := fs.Parse(args); err != nil {
+		return configError{err}
+	}
+	if fs.NArg() > 0 {
+		return configError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	if *dbURL == "" {
+		return configError{errors.New("ASSAY_DATABASE_URL: required (or --database-url)")}
+	}
+	var since time.Time
+	if v := *sinceFlag; v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			since = time.Now().Add(-d)
+		} else if since, err = time.Parse(time.RFC3339, v); err != nil {
+			return configError{fmt.Errorf("--since: %q is neither an RFC 3339 time nor a duration", v)}
+		}
+	}
+	st, err := store.Open(ctx, *dbURL)
+	if err != nil {
+		return configError{fmt.Errorf("ASSAY_DATABASE_URL: %w", err)}
+	}
+	defer st.Close()
+
+	checks, err := st.Reconcile(ctx, since)
+	if err != nil {
+		return err
+	}
+	if *region != "" {
+		c, err := regionCheck(ctx, st, *region, since)
+		if err != nil {
+			return err
+		}
+		checks = append(checks, c)
+	}
+	if *statsURL != "" {
+		c, err := providerCheck(ctx, st, *statsURL, since)
+		if err != nil {
+			return err
+		}
+		checks = append(checks, c)
+	}
+
+	scope := "all time"
+	if !since.IsZero() {
+		scope = "since " + since.UTC().Format(time.RFC3339)
+	}
+	fmt.Fprintf(stdout, "reconcile %s, %s\n", cmpOr(*region, "cell"), scope)
+	var failed []string
+	for _, c := range checks {
+		status := "OK  "
+		if !c.OK() {
+			status = "DIFF"
+			failed = append(failed, c.Name)
+		}
+		fmt.Fprintf(stdout, "%s  %-24s %d %s, %d differ  (%s)\n", status, c.Name, c.Checked, c.Unit, c.Differ, c.What)
+		if len(c.Offenders) > 0 {
+			more := ""
+			if n := c.Differ - int64(len(c.Offenders)); n > 0 {
+				more = fmt.Sprintf(" and %d more", n)
+			}
+			fmt.Fprintf(stdout, "      %s%s\n", strings.Join(c.Offenders, " "), more)
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%d of %d checks found differences: %s", len(failed), len(checks), strings.Join(failed, ", "))
+	}
+	return nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// regionCheck finds work of another region in this cell's database, which
+// the cell boundary says cannot exist.
+func regionCheck(ctx context.Context, st *store.Store, region string, since time.Time) (store.Check, error) {
+	c := store.Check{Name: "work_in_region", What: "all work belongs to region " + region, Unit: "work"}
+	err := st.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE region <> $1) FROM work WHERE created_at >= $2`,
+		region, since).Scan(&c.Checked, &c.Differ)
+	if err != nil {
+		return c, fmt.Errorf("region check: %w", err)
+	}
+	if c.Differ > 0 {
+		rows, err := st.Pool.Query(ctx, `SELECT id FROM work WHERE created_at >= $2 AND region <> $1 ORDER BY id LIMIT $3`,
+			region, since, store.MaxOffenders)
+		if err != nil {
+			return c, fmt.Errorf("region check: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				return c, err
+			}
+			c.Offenders = append(c.Offenders, id)
+		}
+		return c, rows.Err()
+	}
+	return c, nil
+}
+
+// providerCheck compares the ledger's rows per tenant with the calls the
+// provider counted per tenant. The provider counts since it started or its
+// stats were reset, so --since should match that moment.
+func providerCheck(ctx context.Context, st *store.Store, url string, since time.Time) (store.Check, error) {
+	c := store.Check{Name: "ledger_provider_calls", What: "ledger rows per tenant equal the provider's calls per tenant", Unit: "tenants"}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return c, configError{fmt.Errorf("--provider-stats: %w", err)}
+	}
+	cl := &http.Client{Timeout: 10 * time.Second}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return c, fmt.Errorf("provider stats: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return c, fmt.Errorf("provider stats: %s answered HTTP %d", url, resp.StatusCode)
+	}
+	var stats sim.Stats
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&stats); err != nil {
+		return c, fmt.Errorf("provider stats: %w", err)
+	}
+	rows, err := st.LedgerCountByTenantSince(ctx, since)
+	if err != nil {
+		return c, err
+	}
+	tenants := map[string]bool{}
+	for t := range rows {
+		tenants[t] = true
+	}
+	for t := range stats.Tenants {
+		tenants[t] = true
+	}
+	names := make([]string, 0, len(tenants))
+	for t := range tenants {
+		names = append(names, t)
+	}
+	slices.Sort(names)
+	c.Checked = int64(len(names))
+	for _, t := range names {
+		if calls := stats.Tenants[t].Calls; calls != rows[t] {
+			c.Differ++
+			if len(c.Offenders) < store.MaxOffenders {
+				c.Offenders = append(c.Offenders, fmt.Sprintf("%s(provider=%d,ledger=%d)", t, calls, rows[t]))
+			}
+		}
+	}
+	return c, nil
+}

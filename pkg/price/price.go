@@ -1,0 +1,63 @@
+// Package price turns an attempt's units into money, from one table shared
+// by the classifier (which reserves an estimate before a call) and the
+// ledger (which settles the real cost after it).
+package price
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+)
+
+// Price is US dollars per million units.
+type Price struct {
+	Input  float64 `json:"input"`
+	Output float64 `json:"output"`
+}
+
+// Prices maps a model name to its price; "*" prices any model not listed.
+type Prices map[string]Price
+
+// Default prices every model at 0.15/0.60 dollars per million units.
+var Default = Prices{"*": {Input: 0.15, Output: 0.60}}
+
+// Parse reads a price table from JSON, e.g.
+// {"gpt-4o-mini": {"input": 0.15, "output": 0.6}, "*": {...}}.
+func Parse(raw []byte) (Prices, error) {
+	var p Prices
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return nil, fmt.Errorf("price table: %w", err)
+	}
+	for m, pr := range p {
+		if pr.Input < 0 || pr.Output < 0 || math.IsNaN(pr.Input) || math.IsNaN(pr.Output) {
+			return nil, fmt.Errorf("price table: model %q: prices must be non-negative", m)
+		}
+	}
+	if _, ok := p["*"]; !ok {
+		return nil, fmt.Errorf(`price table: needs a "*" entry for models it does not list`)
+	}
+	return p, nil
+}
+
+// Load reads a price table file; an empty path gives Default.
+func Load(path string) (Prices, error) {
+	if path == "" {
+		return Default, nil
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("price table: %w", err)
+	}
+	return Parse(raw)
+}
+
+// CostMicros prices an attempt in millionths of a dollar.
+func (p Prices) CostMicros(model string, in, out int64) int64 {
+	pr, ok := p[model]
+	if !ok {
+		pr = p["*"]
+	}
+	// dollars/1M units × units = micro-dollars.
+	return int64(math.Round(pr.Input*float64(in) + pr.Output*float64(out)))
+}

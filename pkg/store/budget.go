@@ -1,0 +1,143 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PeriodStart is the start (UTC) of the budget period that holds t.
+func PeriodStart(period string, t time.Time) time.Time {
+	t = t.UTC()
+	if period == "day" {
+		return time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+	}
+	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+}
+
+// Reservation is what Reserve decided.
+type Reservation int
+
+// Reservation outcomes.
+const (
+	// Reserved: the amount is set aside for the attempt (or the tenant has
+	// no budget).
+	Reserved Reservation = iota
+	// Busy: the amount fits only once reservations in flight settle, and
+	// they settle at their real cost, which may be less.
+	Busy
+	// Exhausted: what is already spent leaves no room for the amount.
+	Exhausted
+)
+
+// Reserve takes amount from the tenant's budget for the current period on
+// behalf of one attempt, before its model call. The UPDATE that takes it is
+// the fence: it admits the reservation only while reserved + spent + amount
+// stays within the limit, so two workers can never both take the last of it.
+func (s *Store) Reserve(ctx context.Context, tenantID, attemptID string, amount int64) (res Reservation, err error) {
+	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		var limit *int64
+		var period string
+		if err := tx.QueryRow(ctx, `SELECT budget_micros, budget_period FROM tenants WHERE id = $1`, tenantID).
+			Scan(&limit, &period); err != nil {
+			return err
+		}
+		if limit == nil {
+			res = Reserved
+			return nil
+		}
+		start := PeriodStart(period, time.Now())
+		if _, err := tx.Exec(ctx, `INSERT INTO budget_periods (tenant_id, period_start, limit_micros)
+			VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, tenantID, start, *limit); err != nil {
+			return err
+		}
+		var spent, limitNow int64
+		err := tx.QueryRow(ctx, `UPDATE budget_periods SET reserved_micros = reserved_micros + $3
+			WHERE tenant_id = $1 AND period_start = $2 AND reserved_micros + spent_micros + $3 <= limit_micros
+			RETURNING spent_micros, limit_micros`, tenantID, start, amount).Scan(&spent, &limitNow)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Refused; tell a full budget from one that is only busy.
+			if err := tx.QueryRow(ctx, `SELECT spent_micros, limit_micros FROM budget_periods
+				WHERE tenant_id = $1 AND period_start = $2`, tenantID, start).Scan(&spent, &limitNow); err != nil {
+				return err
+			}
+			res = Busy
+			if spent+amount > limitNow {
+				res = Exhausted
+			}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		res = Reserved
+		_, err = tx.Exec(ctx, `INSERT INTO budget_reservations (attempt_id, tenant_id, period_start, amount_micros)
+			VALUES ($1, $2, $3, $4)`, attemptID, tenantID, start, amount)
+		return err
+	})
+	if err != nil {
+		return Exhausted, fmt.Errorf("store: reserve for %s: %w", tenantID, err)
+	}
+	return res, nil
+}
+
+// Release returns a reservation whose attempt never called the model.
+func (s *Store) Release(ctx context.Context, attemptID string) error {
+	_, err := s.Pool.Exec(ctx, `WITH r AS (
+			DELETE FROM budget_reservations WHERE attempt_id = $1 AND settled_at IS NULL
+			RETURNING tenant_id, period_start, amount_micros)
+		UPDATE budget_periods p SET reserved_micros = p.reserved_micros - r.amount_micros
+		FROM r WHERE p.tenant_id = r.tenant_id AND p.period_start = r.period_start`, attemptID)
+	if err != nil {
+		return fmt.Errorf("store: release %s: %w", attemptID, err)
+	}
+	return nil
+}
+
+// settle replaces an attempt's reservation with its real cost. An attempt
+// without a reservation (its tenant had no budget when it started) is still
+// charged to the tenant's current period, when that period exists.
+func settle(ctx context.Context, tx pgx.Tx, tenantID, attemptID string, cost int64) error {
+	var start time.Time
+	var amount int64
+	err := tx.QueryRow(ctx, `UPDATE budget_reservations SET settled_at = now()
+		WHERE attempt_id = $1 AND settled_at IS NULL RETURNING period_start, amount_micros`, attemptID).Scan(&start, &amount)
+	if errors.Is(err, pgx.ErrNoRows) {
+		_, err = tx.Exec(ctx, `UPDATE budget_periods p SET spent_micros = p.spent_micros + $2
+			FROM tenants t WHERE t.id = $1 AND t.budget_micros IS NOT NULL AND p.tenant_id = t.id
+				AND p.period_start = CASE t.budget_period WHEN 'day' THEN date_trunc('day', now() AT TIME ZONE 'UTC')
+					ELSE date_trunc('month', now() AT TIME ZONE 'UTC') END AT TIME ZONE 'UTC'`, tenantID, cost)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `UPDATE budget_periods SET reserved_micros = reserved_micros - $3, spent_micros = spent_micros + $4
+		WHERE tenant_id = $1 AND period_start = $2`, tenantID, start, amount, cost)
+	return err
+}
+
+// Budget is a tenant's standing for one period.
+type Budget struct {
+	TenantID       string    `json:"tenantId"`
+	PeriodStart    time.Time `json:"periodStart"`
+	LimitMicros    int64     `json:"limitMicros"`
+	ReservedMicros int64     `json:"reservedMicros"`
+	SpentMicros    int64     `json:"spentMicros"`
+}
+
+// CurrentBudget reads the tenant's current period; ErrNotFound when the
+// tenant has no budget or nothing was reserved this period yet.
+func (s *Store) CurrentBudget(ctx context.Context, tenantID string) (Budget, error) {
+	var b Budget
+	err := s.Pool.QueryRow(ctx, `SELECT p.tenant_id, p.period_start, p.limit_micros, p.reserved_micros, p.spent_micros
+		FROM budget_periods p WHERE p.tenant_id = $1 ORDER BY p.period_start DESC LIMIT 1`, tenantID).
+		Scan(&b.TenantID, &b.PeriodStart, &b.LimitMicros, &b.ReservedMicros, &b.SpentMicros)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Budget{}, ErrNotFound
+	}
+	return b, err
+}

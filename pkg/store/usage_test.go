@@ -1,0 +1,104 @@
+package store_test
+
+import (
+	"encoding/json"
+	"slices"
+	"testing"
+	"time"
+
+	"assay.dev/pkg/store"
+)
+
+func TestUsageByModel(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := insert(t, ctx, s, newWork("acme", "octo/repo#9", "abc"))
+	from := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC)
+	for _, r := range []struct {
+		model    string
+		in, cost int64
+		at       time.Time
+	}{
+		{"gpt-4o-mini", 100, 10, from},
+		{"gpt-4o-mini", 200, 20, from.Add(time.Minute)},
+		{"assay-sim-1", 50, 5, from.Add(time.Hour)},
+		{"assay-sim-1", 999, 999, from.Add(48 * time.Hour)}, // after the period
+	} {
+		if _, err := s.AppendLedger(ctx, store.LedgerRow{AttemptID: newUUID(), TenantID: "acme", WorkID: w.ID,
+			Model: r.model, Outcome: "ok", InputUnits: r.in, OutputUnits: 1, CostMicros: r.cost, OccurredAt: r.at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.UsageByModel(ctx, "acme", from, from.Add(24*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []store.ModelUsageLine{
+		{Model: "assay-sim-1", Calls: 1, InputUnits: 50, OutputUnits: 1, CostMicros: 5},
+		{Model: "gpt-4o-mini", Calls: 2, InputUnits: 300, OutputUnits: 2, CostMicros: 30},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("by model %+v, want %+v", got, want)
+	}
+	if other, err := s.UsageByModel(ctx, "other", from, from.Add(24*time.Hour)); err != nil || len(other) != 0 {
+		t.Fatalf("another tenant's usage: %+v %v", other, err)
+	}
+}
+
+func TestReconcile(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := insert(t, ctx, s, newWork("acme", "octo/repo#10", "abc"))
+	attempt, token := newUUID(), newUUID()
+	cw := claim(t, ctx, s, w.ID, attempt, token, time.Minute)
+	if ok, err := s.Commit(ctx, cw, attempt, token, json.RawMessage(`{"findings":[]}`), 0); err != nil || !ok {
+		t.Fatalf("commit: %v %v", ok, err)
+	}
+	if _, err := s.AppendLedger(ctx, store.LedgerRow{AttemptID: attempt, TenantID: "acme", WorkID: w.ID,
+		Model: "m", Outcome: "ok", OccurredAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	checks, err := s.Reconcile(ctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range checks {
+		if !c.OK() {
+			t.Errorf("%s: %d differ %v", c.Name, c.Differ, c.Offenders)
+		}
+	}
+	if checks[0].Checked != 1 {
+		t.Errorf("accepted work checked = %d, want 1", checks[0].Checked)
+	}
+
+	if _, err := s.Pool.Exec(ctx, `DELETE FROM ledger WHERE attempt_id = $1`, attempt); err != nil {
+		t.Fatal(err)
+	}
+	stray := newUUID()
+	if _, err := s.AppendLedger(ctx, store.LedgerRow{AttemptID: stray, TenantID: "acme", WorkID: w.ID,
+		Model: "m", Outcome: "ok", OccurredAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	checks, err = s.Reconcile(ctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := map[string][]string{}
+	for _, c := range checks {
+		if !c.OK() {
+			bad[c.Name] = c.Offenders
+		}
+	}
+	if len(bad) != 2 || !slices.Equal(bad["attempt_one_ledger_row"], []string{attempt}) || !slices.Equal(bad["ledger_has_attempt"], []string{stray}) {
+		t.Fatalf("differences %v", bad)
+	}
+	// Work created after since is out of scope.
+	if checks, err = s.Reconcile(ctx, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range checks {
+		if c.Checked != 0 || !c.OK() {
+			t.Errorf("%s after since: %+v", c.Name, c)
+		}
+	}
+}

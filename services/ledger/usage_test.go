@@ -1,0 +1,105 @@
+package ledger
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"testing"
+	"time"
+
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func TestUsageReportByOutcomeAndModel(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	st, err := store.Open(ctx, testenv.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: "tok-acme"},
+		{ID: "globex", HomeRegion: "us", Token: "tok-globex"}}); err != nil {
+		t.Fatal(err)
+	}
+	tel, err := telemetry.Setup(ctx, "ledger", "us")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Region: "us"}, Deps{Store: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _, err := st.InsertWork(ctx, &store.Work{ID: "w_usage", TenantID: "acme", Region: "us", Contract: "moderation",
+		SchemaVersion: "1", TaxonomyVersion: "1", SourceID: "t/1", Revision: "r1", Lane: "batch", Input: `{"text":"x"}`,
+		Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Hour)}, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(-time.Hour)
+	for i, r := range []struct {
+		model, outcome string
+		in, out, cost  int64
+	}{
+		{"assay-sim-1", "ok", 100, 10, 21},
+		{"assay-sim-1", "invalid_output", 100, 20, 27},
+		{"gpt-4o-mini", "ok", 50, 5, 11},
+		{"gpt-4o-mini", "rate_limited", 0, 0, 0},
+	} {
+		if _, err := st.AppendLedger(ctx, store.LedgerRow{AttemptID: "00000000-0000-4000-8000-00000000000" + string(rune('1'+i)),
+			TenantID: "acme", WorkID: w.ID, Model: r.model, Outcome: r.outcome, InputUnits: r.in, OutputUnits: r.out,
+			CostMicros: r.cost, OccurredAt: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(token string) (int, UsageReport) {
+		req := httptest.NewRequest(http.MethodGet, "/v1/usage", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		var rep UsageReport
+		if rec.Code == http.StatusOK {
+			if err := json.Unmarshal(rec.Body.Bytes(), &rep); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return rec.Code, rep
+	}
+	code, rep := get("tok-acme")
+	if code != http.StatusOK || rep.TenantID != "acme" || rep.Calls != 4 || rep.InputUnits != 250 || rep.OutputUnits != 35 || rep.CostMicros != 59 {
+		t.Fatalf("HTTP %d %+v", code, rep)
+	}
+	wantModels := []store.ModelUsageLine{
+		{Model: "assay-sim-1", Calls: 2, InputUnits: 200, OutputUnits: 30, CostMicros: 48},
+		{Model: "gpt-4o-mini", Calls: 2, InputUnits: 50, OutputUnits: 5, CostMicros: 11},
+	}
+	if !slices.Equal(rep.ByModel, wantModels) {
+		t.Errorf("byModel %+v, want %+v", rep.ByModel, wantModels)
+	}
+	if len(rep.ByOutcome) != 3 || rep.ByOutcome[1] != (store.UsageLine{Outcome: "ok", Calls: 2, InputUnits: 150, OutputUnits: 15, CostMicros: 32}) {
+		t.Errorf("byOutcome %+v", rep.ByOutcome)
+	}
+	// Another tenant sees only its own, empty, usage: arrays, not null.
+	req := httptest.NewRequest(http.MethodGet, "/v1/usage", nil)
+	req.Header.Set("Authorization", "Bearer tok-globex")
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK || !json.Valid(rec.Body.Bytes()) {
+		t.Fatalf("globex: HTTP %d %s", rec.Code, rec.Body)
+	}
+	var raw map[string]json.RawMessage
+	_ = json.Unmarshal(rec.Body.Bytes(), &raw)
+	if string(raw["byModel"]) != "[]" || string(raw["byOutcome"]) != "[]" || string(raw["calls"]) != "0" {
+		t.Errorf("globex report %s", rec.Body)
+	}
+}
