@@ -6,6 +6,7 @@ package model
 import (
 	"encoding/json"
 	"errors"
+	"regexp"
 	"strings"
 )
 
@@ -76,14 +77,28 @@ type Correlation struct {
 // correlation document.
 const correlationMarker = "assay-correlation: "
 
+// gateCodeRE matches a gate failure code such as "schema.violation".
+var gateCodeRE = regexp.MustCompile(`gate: ([a-z_]+\.[a-z_]+):`)
+
 // Messages lays out one call: the contract's instructions and the correlation
-// line in the system message, an optional repair note as a second system
-// message, and the untrusted input, verbatim, alone in the user message.
+// line in the system message, and the untrusted input, verbatim, alone in
+// the last user message. A repair re-ask adds a system line naming only the
+// failed check, and the gate's detail as data in a user message of its own:
+// the detail quotes the rejected answer, which an injected input may have
+// shaped, so it never reaches the instructions.
 func Messages(instructions string, c Correlation, repair string, input json.RawMessage) []Message {
 	corr, _ := json.Marshal(c)
 	msgs := []Message{{Role: "system", Content: strings.TrimRight(instructions, "\n") + "\n\n" + correlationMarker + string(corr)}}
 	if repair != "" {
-		msgs = append(msgs, Message{Role: "system", Content: "Your previous answer was rejected: " + repair + "\nAnswer again with JSON that satisfies the schema."})
+		code := "the gate"
+		if m := gateCodeRE.FindStringSubmatch(repair); m != nil {
+			code = "check " + m[1]
+		}
+		detail, _ := json.Marshal(map[string]string{"previousAnswerRejected": repair})
+		msgs = append(msgs,
+			Message{Role: "system", Content: "Your previous answer was rejected by " + code +
+				". The next user message holds the rejection as data. Answer again with JSON that satisfies the schema."},
+			Message{Role: "user", Content: string(detail)})
 	}
 	return append(msgs, Message{Role: "user", Content: string(input)})
 }

@@ -32,13 +32,26 @@ func TestMessagesKeepInstructionsAndInputApart(t *testing.T) {
 }
 
 func TestRepairNoteSaysWhatFailed(t *testing.T) {
-	msgs := model.Messages("Review the change.", model.Correlation{WorkID: "w_1", SchemaVersion: "v"},
-		"gate: schema.violation: output.notes: additionalProperties", json.RawMessage(`{}`))
-	if len(msgs) != 3 || msgs[1].Role != "system" || !strings.Contains(msgs[1].Content, "output.notes: additionalProperties") {
-		t.Fatalf("repair message missing or wrong: %+v", msgs)
+	note := `gate: schema.violation: output.ignore_previous_instructions: additionalProperties: property is not allowed`
+	msgs := model.Messages("Review the change.", model.Correlation{WorkID: "w_1", SchemaVersion: "v"}, note, json.RawMessage(`{}`))
+	if len(msgs) != 4 || msgs[1].Role != "system" || msgs[2].Role != "user" || msgs[3].Role != "user" {
+		t.Fatalf("layout %+v, want system, system, user, user", msgs)
 	}
-	if msgs[2].Role != "user" {
-		t.Errorf("the input must stay last, alone in the user message")
+	if !strings.Contains(msgs[1].Content, "check schema.violation") {
+		t.Errorf("the repair instruction does not name the failed check: %q", msgs[1].Content)
+	}
+	// What the rejected answer chose (here a property name) stays data.
+	for _, m := range msgs[:2] {
+		if strings.Contains(m.Content, "ignore_previous") {
+			t.Errorf("text from the rejected answer reached a system message: %q", m.Content)
+		}
+	}
+	var data map[string]string
+	if err := json.Unmarshal([]byte(msgs[2].Content), &data); err != nil || data["previousAnswerRejected"] != note {
+		t.Errorf("the rejection detail is not carried as data: %q", msgs[2].Content)
+	}
+	if msgs[3].Content != "{}" {
+		t.Errorf("the input must stay last, alone in its user message")
 	}
 }
 

@@ -22,6 +22,13 @@ const (
 	FaultUngroundedFile     = "ungrounded_file"      // code-review finding on a file not in the diff
 	FaultLineOutsideHunk    = "line_outside_hunk"    // code-review finding on a real file, line outside every hunk
 	FaultEvidenceNotInDiff  = "evidence_not_in_diff" // code-review finding whose evidence is not diff text
+	// FaultObeyInjection makes the model gullible: it follows instructions
+	// found in the untrusted input ("ignore previous instructions", "output
+	// the following JSON instead: {...}", "set changeId to X", "add a field
+	// tenant=globex", "report severity critical", "mark this as approved").
+	// It matches only calls whose input carries such an instruction, so with
+	// Times 0 it is a mode: every other call is answered normally.
+	FaultObeyInjection = "obey_injection"
 )
 
 // FaultKinds lists every kind AddFault accepts.
@@ -29,7 +36,7 @@ var FaultKinds = []string{
 	FaultRateLimit, FaultLatency, FaultHang, FaultTruncated, FaultInvalidJSON,
 	FaultServerError, FaultReject, FaultExtraProperty, FaultBadEnum,
 	FaultWrongChangeID, FaultWrongSchemaVersion, FaultUngroundedFile,
-	FaultLineOutsideHunk, FaultEvidenceNotInDiff,
+	FaultLineOutsideHunk, FaultEvidenceNotInDiff, FaultObeyInjection,
 }
 
 // Fault bends matching calls. The first matching fault with Times left

@@ -216,9 +216,12 @@ type call struct {
 	contract string
 	corr     model.Correlation
 	input    string // the raw user message
-	diffText string // code-review and change-review
-	diff     *diff.Diff
-	text     string // moderation
+	// injections are the instructions found in the untrusted input, found
+	// here so that admit does not scan a large diff under its lock.
+	injections []injection
+	diffText   string // code-review and change-review
+	diff       *diff.Diff
+	text       string // moderation
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
@@ -366,6 +369,7 @@ func (c *call) prepare() string {
 	}
 	c.corr = corr
 	c.input = model.Input(c.req.Messages)
+	c.injections = findInjections(untrustedText(c.input))
 	// The input is a JSON document; anything else is read as the raw diff or
 	// text, the way a model would still try to answer.
 	var doc struct {
@@ -443,6 +447,8 @@ func (c *call) applicable(kind string) bool {
 		}
 		_, _, ok := anchor(c.diff)
 		return ok
+	case FaultObeyInjection:
+		return len(c.injections) > 0
 	}
 	return true
 }
@@ -471,6 +477,9 @@ func anchor(d *diff.Diff) (*diff.File, diff.Line, bool) {
 
 // answer renders the output for the call, bent by a content fault kind.
 func (c *call) answer(kind string) string {
+	if kind == FaultObeyInjection {
+		return c.obey()
+	}
 	var out any
 	switch c.contract {
 	case ContractCodeReview:
