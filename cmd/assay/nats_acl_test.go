@@ -1,0 +1,339 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"assay.dev/pkg/config"
+	"assay.dev/pkg/evalset"
+	"assay.dev/pkg/sim"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/testenv"
+)
+
+var aclServices = []string{"ingress", "classifier", "committer", "ledger"}
+
+// aclServer starts nats-server with deploy/nats/assay.conf, as shipped but
+// for where it listens and stores, and returns a URL maker for its users.
+func aclServer(t *testing.T) func(user string) string {
+	t.Helper()
+	passwords := map[string]string{}
+	for _, r := range config.Regions {
+		for _, svc := range aclServices {
+			b := make([]byte, 16)
+			_, _ = rand.Read(b)
+			// A leading letter: the config parser would read an all-digit
+			// value from the environment as a number.
+			pw := "p" + hex.EncodeToString(b)
+			passwords[r+"-"+svc] = pw
+			t.Setenv("ASSAY_NATS_"+strings.ToUpper(r)+"_"+strings.ToUpper(svc)+"_PASSWORD", pw)
+		}
+	}
+	opts, err := server.ProcessConfigFile("../../deploy/nats/assay.conf")
+	if err != nil {
+		t.Fatalf("deploy/nats/assay.conf: %v", err)
+	}
+	opts.Host, opts.Port = "127.0.0.1", -1
+	opts.StoreDir = t.TempDir()
+	opts.NoSigs, opts.NoLog = true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("nats-server: %v", err)
+	}
+	ns.Start()
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready for connections within 10s")
+	}
+	addr, err := url.Parse(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(user string) string {
+		pw, ok := passwords[user]
+		if !ok {
+			t.Fatalf("no NATS user %q", user)
+		}
+		return (&url.URL{Scheme: "nats", User: url.UserPassword(user, pw), Host: addr.Host}).String()
+	}
+}
+
+// lockedBuffer collects a cell's log lines while its services write them.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// aclCell runs one region's cell with every service on its own NATS user.
+func aclCell(t *testing.T, region string, natsURL func(string) string, simURL string, s *sim.Server,
+	tenants []store.TenantSeed, token string) (*bundle, *lockedBuffer) {
+	t.Helper()
+	ctx := context.Background()
+	urls := map[string]string{}
+	for _, svc := range aclServices {
+		urls[svc] = natsURL(region + "-" + svc)
+	}
+	logs := &lockedBuffer{}
+	// Env still opens a connection of its own; it gets ingress's user
+	// because the server admits no anonymous clients, and no service uses it.
+	cfg := config.Config{Region: region, DatabaseURL: testenv.Database(t), NATSURL: urls["ingress"],
+		ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
+	c, err := startCell(ctx, cellOptions{Config: cfg, NATSURLs: urls,
+		Log: telemetry.NewLogger(logs, "test", region, slog.LevelInfo)})
+	if err != nil {
+		t.Fatalf("start %s cell: %v\n%s", region, err, logs)
+	}
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c.Stop(sctx)
+	})
+	if err := c.Env.Store.SeedTenants(ctx, tenants); err != nil {
+		t.Fatalf("seed: %v", err)
+	}
+	return &bundle{cell: c, sim: s, token: token, http: &http.Client{Timeout: 20 * time.Second}}, logs
+}
+
+// permissionErrors receives a connection's asynchronous errors; the server
+// reports a refused publish or subscription only that way.
+type permissionErrors chan error
+
+// expect waits for the server to refuse op ("Publish" or "Subscription") on
+// subject. Errors about other subjects, left by earlier checks, are skipped.
+func (ch permissionErrors) expect(t *testing.T, op, subject string) {
+	t.Helper()
+	want := strings.ToLower(fmt.Sprintf("permissions violation for %s to %q", op, subject))
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case err := <-ch:
+			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(strings.ToLower(err.Error()), want) {
+				return
+			}
+		case <-deadline:
+			t.Errorf("no permissions violation for %s to %q within 5s", op, subject)
+			return
+		}
+	}
+}
+
+func TestNATSACLLeastPrivilege(t *testing.T) {
+	// Not parallel: the server configuration takes passwords from the
+	// environment.
+	natsURL := aclServer(t)
+	s := sim.New(sim.Options{})
+	simURL, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("sim: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+
+	tenants := []store.TenantSeed{
+		{ID: "acme", HomeRegion: "us", Token: store.NewToken()},
+		{ID: "globex", HomeRegion: "eu", Token: store.NewToken()},
+	}
+	us, usLogs := aclCell(t, "us", natsURL, simURL, s, tenants, tenants[0].Token)
+	eu, euLogs := aclCell(t, "eu", natsURL, simURL, s, tenants, tenants[1].Token)
+
+	// Each service works with its own credential alone: work goes through
+	// ingress, classifier, committer and ledger in both cells.
+	for _, tc := range []struct {
+		b      *bundle
+		tenant string
+	}{{us, "acme"}, {eu, "globex"}} {
+		status, r := tc.b.submit(t, codeReview(evalset.Items()[0], "acl "+tc.tenant))
+		if status != http.StatusAccepted {
+			t.Fatalf("%s: HTTP %d, want 202", tc.tenant, status)
+		}
+		if v := tc.b.wait(t, r.WorkID); *v.Outcome != "accepted" {
+			t.Fatalf("%s: outcome %s (%s), want accepted", tc.tenant, *v.Outcome, v.Reason)
+		}
+		tc.b.waitLedger(t, tc.tenant, 1)
+		resp, err := tc.b.http.Get(tc.b.cell.URL + "/readyz")
+		if err != nil {
+			t.Fatalf("readyz: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s cell /readyz: HTTP %d", tc.b.cell.Region, resp.StatusCode)
+		}
+	}
+	// A refused ack or publish need not fail the work (redelivery and the
+	// sweeper cover for it), so the services' own NATS errors are checked.
+	for region, logs := range map[string]*lockedBuffer{"us": usLogs, "eu": euLogs} {
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(strings.ToLower(l), "permissions violation") {
+				t.Errorf("%s cell: a service was refused by NATS: %s", region, l)
+			}
+		}
+	}
+
+	anon, _ := url.Parse(natsURL("us-ingress"))
+	for _, u := range []*url.Userinfo{nil, url.UserPassword("nobody", "x"), url.UserPassword("us-classifier", "x")} {
+		anon.User = u
+		if nc, err := nats.Connect(anon.String()); err == nil {
+			nc.Close()
+			t.Errorf("connected as %v", u)
+		}
+	}
+
+	// The US classifier's credential, on its own.
+	errs := make(permissionErrors, 64)
+	nc, err := nats.Connect(natsURL("us-classifier"), nats.PermissionErrOnSubscribe(true),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case errs <- err:
+			default:
+			}
+		}))
+	if err != nil {
+		t.Fatalf("connect as us-classifier: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func() (context.Context, context.CancelFunc) {
+		// A refused request is dropped, not answered: it ends by timeout.
+		return context.WithTimeout(context.Background(), time.Second)
+	}
+	// The credential itself works for what the classifier does.
+	ctx, cancel := call()
+	if _, err := js.Consumer(ctx, "WORK_US", "classifier"); err != nil {
+		t.Errorf("us-classifier reads its own consumer: %v", err)
+	}
+	cancel()
+
+	for _, subj := range []string{"assay.eu.work.interactive.acme", "assay.eu.result.acme", "assay.us.work.interactive.acme"} {
+		if err := nc.Publish(subj, []byte("{}")); err != nil {
+			t.Fatalf("publish %s: %v", subj, err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatalf("flush: %v", err)
+		}
+		errs.expect(t, "Publish", subj)
+	}
+	ctx, cancel = call()
+	if _, err := js.Publish(ctx, "assay.us.work.interactive.acme", []byte("{}")); err == nil {
+		t.Error("us-classifier published work to WORK_US through JetStream")
+	}
+	cancel()
+	errs.expect(t, "Publish", "assay.us.work.interactive.acme")
+
+	for _, subj := range []string{"assay.eu.>", "assay.us.work.>", "assay.us.attempt.>"} {
+		sub, err := nc.SubscribeSync(subj)
+		if err != nil {
+			t.Fatalf("subscribe %s: %v", subj, err)
+		}
+		if _, err := sub.NextMsg(5 * time.Second); !errors.Is(err, nats.ErrPermissionViolation) {
+			t.Errorf("subscribe %s: %v, want a permissions violation", subj, err)
+		}
+		errs.expect(t, "Subscription", subj)
+	}
+
+	// JetStream API calls on EU streams, and reads of ATTEMPT_US, which the
+	// classifier writes but never reads.
+	apiChecks := []struct {
+		what, subject string
+		do            func(context.Context) error
+	}{
+		{"create a consumer on WORK_EU", "$JS.API.CONSUMER.CREATE.WORK_EU.classifier", func(ctx context.Context) error {
+			_, err := js.CreateOrUpdateConsumer(ctx, "WORK_EU", jetstream.ConsumerConfig{Durable: "classifier",
+				AckPolicy: jetstream.AckExplicitPolicy})
+			return err
+		}},
+		{"read WORK_EU's info", "$JS.API.STREAM.INFO.WORK_EU", func(ctx context.Context) error {
+			_, err := js.Stream(ctx, "WORK_EU")
+			return err
+		}},
+		{"create WORK_EU", "$JS.API.STREAM.CREATE.WORK_EU", func(ctx context.Context) error {
+			_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "WORK_EU", Subjects: []string{"assay.eu.work.>"}})
+			return err
+		}},
+		{"create a consumer on ATTEMPT_US", "$JS.API.CONSUMER.CREATE.ATTEMPT_US.snoop", func(ctx context.Context) error {
+			_, err := js.CreateOrUpdateConsumer(ctx, "ATTEMPT_US", jetstream.ConsumerConfig{Durable: "snoop",
+				AckPolicy: jetstream.AckExplicitPolicy})
+			return err
+		}},
+		{"look up the ledger's consumer", "$JS.API.CONSUMER.INFO.ATTEMPT_US.ledger", func(ctx context.Context) error {
+			_, err := js.Consumer(ctx, "ATTEMPT_US", "ledger")
+			return err
+		}},
+		{"pull from the ledger's consumer", "$JS.API.CONSUMER.MSG.NEXT.ATTEMPT_US.ledger", func(ctx context.Context) error {
+			_, err := nc.RequestWithContext(ctx, "$JS.API.CONSUMER.MSG.NEXT.ATTEMPT_US.ledger", []byte(`{"batch":1}`))
+			return err
+		}},
+		{"get a message from ATTEMPT_US", "$JS.API.STREAM.MSG.GET.ATTEMPT_US", func(ctx context.Context) error {
+			st, err := js.Stream(ctx, "ATTEMPT_US")
+			if err != nil {
+				return fmt.Errorf("unexpected: its own stream's info: %w", err)
+			}
+			_, err = st.GetMsg(ctx, 1)
+			return err
+		}},
+	}
+	for _, c := range apiChecks {
+		ctx, cancel := call()
+		if err := c.do(ctx); err == nil || strings.HasPrefix(err.Error(), "unexpected") {
+			t.Errorf("us-classifier could %s (err %v)", c.what, err)
+		}
+		cancel()
+		errs.expect(t, "Publish", c.subject)
+	}
+
+	// Nothing the US credential sent reached the EU cell's stream.
+	euJS, err := jetstream.New(eu.cell.Env.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = call()
+	defer cancel()
+	st, err := euJS.Stream(ctx, "WORK_EU")
+	if err != nil {
+		t.Fatalf("WORK_EU as eu-ingress: %v", err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter("assay.eu.work.>"))
+	if err != nil {
+		t.Fatalf("WORK_EU info: %v", err)
+	}
+	if n := info.State.Subjects["assay.eu.work.interactive.acme"]; n != 0 {
+		t.Errorf("WORK_EU holds %d messages for acme from the US credential", n)
+	}
+	for subj := range info.State.Subjects {
+		if !strings.HasSuffix(subj, ".globex") {
+			t.Errorf("WORK_EU holds a message on %s", subj)
+		}
+	}
+}
