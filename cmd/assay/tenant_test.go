@@ -7,8 +7,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"assay.dev/pkg/evalset"
+	"assay.dev/pkg/event"
+	"assay.dev/services/classifier"
 )
 
 // The operator's tenant commands, against a running cell: a new tenant's
@@ -97,5 +100,38 @@ func TestTenantCommands(t *testing.T) {
 	if err := tenantCmd(ctx, []string{"suspend", "nobody", "--region", "us", "--database-url", db}, &out2); err == nil ||
 		!strings.Contains(err.Error(), `no tenant "nobody"`) {
 		t.Errorf("suspending an unknown tenant: %v", err)
+	}
+}
+
+// A service instance serves one region: work, results and attempts of
+// another region are refused, and nothing is written for them.
+func TestServicesRefuseAnotherRegion(t *testing.T) {
+	t.Parallel()
+	b := setup(t, cellOptions{})
+	ctx := context.Background()
+	_, r := b.submit(t, codeReview(evalset.Items()[6], "region refusal"))
+	v := b.wait(t, r.WorkID)
+	if *v.Outcome != "accepted" {
+		t.Fatalf("outcome %s", *v.Outcome)
+	}
+	if d := b.cell.Classifier.Process(ctx, event.Work{WorkID: r.WorkID, TenantID: "acme", Region: "eu",
+		Lane: event.Interactive, Dispatch: 9}, func() {}); d.Kind != classifier.Term {
+		t.Errorf("classifier took work of region eu: %+v", d)
+	}
+	res := event.Result{AttemptID: "00000000-0000-4000-8000-0000000000aa", WorkID: r.WorkID, TenantID: "acme", Region: "eu",
+		LeaseToken: "00000000-0000-4000-8000-0000000000bb", Outcome: "ok", Final: true, Output: "{}"}
+	if err := b.cell.Committer.Commit(ctx, res); err != nil {
+		t.Fatal(err)
+	}
+	att := event.Attempt{AttemptID: "00000000-0000-4000-8000-0000000000aa", WorkID: r.WorkID, TenantID: "acme",
+		Region: "eu", Model: "m", Outcome: "ok", InputUnits: 1, At: time.Now()}
+	if err := b.cell.Ledger.Append(ctx, att); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM ledger WHERE attempt_id = '00000000-0000-4000-8000-0000000000aa'`); n != 0 {
+		t.Errorf("the ledger recorded an attempt of another region")
+	}
+	if n := b.count(t, `SELECT count(*) FROM attempts WHERE work_id = $1`, r.WorkID); n != 1 {
+		t.Errorf("attempts = %d, want 1", n)
 	}
 }
