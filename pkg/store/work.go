@@ -35,8 +35,12 @@ type Work struct {
 	UpdatedAt       time.Time
 
 	// SupersedeOlder, on insert, ends the same source's other revisions
-	// that have not reached an outcome as superseded (a force-push).
-	SupersedeOlder bool `json:"-"`
+	// that have not reached an outcome as superseded (a force-push). With
+	// SourceUpdatedAt set it keeps push order: only revisions whose source
+	// time is older are superseded, and a revision that arrives after a
+	// newer one is stored superseded at once.
+	SupersedeOlder  bool      `json:"-"`
+	SourceUpdatedAt time.Time `json:"-"`
 }
 
 // Terminal reports whether the work has reached its outcome.
@@ -75,13 +79,17 @@ func (s *Store) InsertWork(ctx context.Context, w *Work, announce func(*Work) ([
 
 // insertWork is InsertWork inside the caller's transaction.
 func insertWork(ctx context.Context, tx pgx.Tx, w *Work, announce func(*Work) ([]OutboxMsg, error)) (got *Work, created bool, err error) {
+	var sourceAt *time.Time
+	if !w.SourceUpdatedAt.IsZero() {
+		sourceAt = &w.SourceUpdatedAt
+	}
 	row := tx.QueryRow(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version,
-			taxonomy_version, source_id, revision, lane, input, content_digest, deadline_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+			taxonomy_version, source_id, revision, lane, input, content_digest, deadline_at, source_updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 		ON CONFLICT ON CONSTRAINT work_ingress_key DO NOTHING
 		RETURNING `+workColumns,
 		w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID,
-		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt)
+		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt, sourceAt)
 	got, err = scanWork(row)
 	if errors.Is(err, ErrNotFound) {
 		got, err = scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work
@@ -93,13 +101,31 @@ func insertWork(ctx context.Context, tx pgx.Tx, w *Work, announce func(*Work) ([
 		return nil, false, err
 	}
 	if w.SupersedeOlder {
+		// A revision pushed after this one is already here: this one was
+		// delivered late and is superseded from the start, unannounced.
+		var newer string
+		err := tx.QueryRow(ctx, `SELECT revision FROM work
+			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
+				AND $5::timestamptz IS NOT NULL AND source_updated_at > $5
+			ORDER BY source_updated_at DESC LIMIT 1`,
+			got.TenantID, got.Contract, got.SourceID, got.ID, sourceAt).Scan(&newer)
+		if err == nil {
+			got, err = scanWork(tx.QueryRow(ctx, `UPDATE work SET state = 'superseded',
+					reason = 'revision ' || $2 || ' was pushed later', updated_at = now()
+				WHERE id = $1 RETURNING `+workColumns, got.ID, newer))
+			return got, err == nil, err
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return nil, false, err
+		}
 		// A running attempt loses its lease here: its answer is then
 		// recorded stale and never published.
 		if _, err := tx.Exec(ctx, `UPDATE work SET state = 'superseded', lease_token = NULL,
 				lease_expires_at = NULL, reason = 'superseded by revision ' || $5, updated_at = now()
 			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
-				AND state IN ('queued', 'running')`,
-			got.TenantID, got.Contract, got.SourceID, got.ID, got.Revision); err != nil {
+				AND state IN ('queued', 'running')
+				AND ($6::timestamptz IS NULL OR source_updated_at IS NULL OR source_updated_at < $6)`,
+			got.TenantID, got.Contract, got.SourceID, got.ID, got.Revision, sourceAt); err != nil {
 			return nil, false, err
 		}
 	}

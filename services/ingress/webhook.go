@@ -53,6 +53,8 @@ type PullRequest struct {
 	Title  string `json:"title"`
 	Head   GitRef `json:"head"`
 	Base   GitRef `json:"base"`
+	// UpdatedAt orders revisions that arrive out of order.
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // GitRef is a pull request's head or base.
@@ -314,7 +316,8 @@ func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
 		Input:           string(input),
 		Digest:          Digest(input),
 		DeadlineAt:      time.Now().Add(s.cfg.InteractiveDeadline),
-		SupersedeOlder:  pr.Action == "synchronize",
+		SupersedeOlder:  true,
+		SourceUpdatedAt: pr.PullRequest.UpdatedAt,
 	}
 	span.SetAttributes(attribute.String("assay.work_id", work.ID))
 	res, err := s.d.Store.InsertWebhookWork(ctx, store.Delivery{ID: deliveryID, TenantID: t.ID, Event: ev, Action: pr.Action},

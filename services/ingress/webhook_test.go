@@ -988,3 +988,39 @@ func TestGitHubDiffs(t *testing.T) {
 		t.Fatalf("with token: %v, Authorization %q", err, got.Header.Get("Authorization"))
 	}
 }
+
+// Deliveries can arrive out of order: a revision pushed earlier that is
+// delivered after a later one is stored superseded and never announced, and
+// the later revision stays live.
+func TestWebhookLateOlderRevisionDoesNotSupersedeNewer(t *testing.T) {
+	t.Parallel()
+	e := newWebhookEnv(t, nil)
+	e.gh.setDiff(prSource, evalDiff(t, "07-coupon-twice"))
+	newer := e.deliver("pull_request", "d-sync-first", readPayload(t, "pull_request_synchronize.json"))
+	if newer.status != http.StatusAccepted {
+		t.Fatalf("synchronize: %d %s", newer.status, newer.body)
+	}
+	older := e.deliver("pull_request", "d-open-late", readPayload(t, "pull_request_opened.json"))
+	if older.status != http.StatusAccepted {
+		t.Fatalf("late opened: %d %s", older.status, older.body)
+	}
+	late, err := e.st.GetWork(t.Context(), older.work().WorkID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if late.State != "superseded" || !strings.Contains(late.Reason, headSync) {
+		t.Fatalf("late older revision: state %q reason %q, want superseded naming %s", late.State, late.Reason, headSync)
+	}
+	cur, err := e.st.GetWork(t.Context(), newer.work().WorkID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur.State != "queued" {
+		t.Fatalf("the newer revision is %s, want queued", cur.State)
+	}
+	var announced int
+	if err := e.st.Pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE msg_id LIKE $1 || '.%'`,
+		late.ID).Scan(&announced); err != nil || announced != 0 {
+		t.Fatalf("the late revision was announced %d times (%v)", announced, err)
+	}
+}
