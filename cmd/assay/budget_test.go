@@ -19,8 +19,8 @@ func TestBudgetRace(t *testing.T) {
 	t.Parallel()
 	const k = 5
 	// The simulated provider counts a unit per 4 bytes, so an estimate at 4
-	// bytes a unit with the answer capped at 128 units bounds its real cost.
-	cfg := classifier.Config{Concurrency: 8, MaxOutputUnits: 128, BytesPerUnit: 4}
+	// bytes a unit with the answer capped at 512 units bounds its real cost.
+	cfg := classifier.Config{Concurrency: 8, MaxOutputUnits: 512, BytesPerUnit: 4}
 	b := setup(t, cellOptions{Classifier: cfg})
 	ctx := context.Background()
 	env := b.cell.Env

@@ -17,10 +17,10 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devpg"
-	"assay.dev/pkg/price"
 	"assay.dev/pkg/sim"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/classifier"
 	"assay.dev/services/ingress"
 )
 
@@ -77,9 +77,9 @@ func dev(ctx context.Context, args []string) error {
 func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 	e = &devEnv{cells: map[string]*cell{}, log: telemetry.NewLogger(o.LogTo, "dev", "", o.Level)}
 	// Settings first: a bad one stops start-up before anything runs.
-	prices, err := price.Load(os.Getenv("ASSAY_PRICE_TABLE"))
-	if err != nil {
-		return e, configError{fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)}
+	var ccfg classifier.Config
+	if err := ccfg.FromEnv(os.Getenv); err != nil {
+		return e, configError{err}
 	}
 	if u := os.Getenv("ASSAY_MODEL_BASE_URL"); u != "" {
 		if p, err := url.Parse(u); err != nil || p.Host == "" || (p.Scheme != "http" && p.Scheme != "https") {
@@ -137,7 +137,7 @@ func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 		cfg := config.Config{Region: region, DatabaseURL: dbURL, NATSURL: e.nats.ClientURL(),
 			ModelBaseURL: e.modelURL, ModelAPIKey: os.Getenv("ASSAY_MODEL_API_KEY"),
 			Model: envOr("ASSAY_MODEL", "assay-sim-1"), HTTPAddr: "127.0.0.1:0"}
-		c, err := startCell(ctx, cellOptions{Config: cfg, Log: e.log.With("region", region), Prices: prices,
+		c, err := startCell(ctx, cellOptions{Config: cfg, Log: e.log.With("region", region), Prices: ccfg.Prices, Classifier: ccfg,
 			Ingress: ingress.Config{GitHubSecret: e.webhookSecret, GitHubAPI: os.Getenv("ASSAY_GITHUB_API_URL"),
 				GitHubToken: os.Getenv("ASSAY_GITHUB_TOKEN")}})
 		if err != nil {

@@ -289,12 +289,18 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 
 	content := c.answer(kind)
+	finish := "stop"
+	// Like a real provider, stop at max_tokens: the answer is cut short
+	// and says so.
+	if mt := c.req.MaxTokens; mt > 0 && tokens(len(content)) > mt {
+		content, finish = content[:mt*4], "length"
+	}
 	resp := model.ChatResponse{
 		ID:      fmt.Sprintf("chatcmpl-sim-%d", s.seq.Add(1)),
 		Object:  "chat.completion",
 		Created: time.Now().Unix(),
 		Model:   cmpOr(req.Model, s.opts.Model),
-		Choices: []model.Choice{{Index: 0, Message: model.Message{Role: "assistant", Content: content}, FinishReason: "stop"}},
+		Choices: []model.Choice{{Index: 0, Message: model.Message{Role: "assistant", Content: content}, FinishReason: finish}},
 	}
 	var prompt int
 	for _, m := range req.Messages {

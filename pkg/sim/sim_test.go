@@ -942,3 +942,37 @@ func TestObeyInjection(t *testing.T) {
 		t.Errorf("a Times 0 fault was consumed: %+v", s.Faults())
 	}
 }
+
+// An answer longer than max_tokens is cut there and finishes with "length",
+// as a real provider's does; one within it is untouched.
+func TestMaxTokensCutsTheAnswer(t *testing.T) {
+	t.Parallel()
+	_, base := start(t)
+	in := diffInput(evalDiffForMaxTokens)
+	full := content(t, mustDo(t, http.MethodPost, base+"/v1/chat/completions", chatReq("code-review", "acme", in)))
+	r := mustDo(t, http.MethodPost, base+"/v1/chat/completions", chatReq("code-review", "acme", in,
+		func(r *model.ChatRequest) { r.MaxTokens = 10 }))
+	var cr model.ChatResponse
+	if err := json.Unmarshal(r.body, &cr); err != nil {
+		t.Fatal(err)
+	}
+	got := cr.Choices[0].Message.Content
+	if cr.Choices[0].FinishReason != "length" || len(got) != 40 || !strings.HasPrefix(full, got) || cr.Usage.CompletionTokens != 10 {
+		t.Fatalf("finish %q, %d bytes, %d units; want length, 40 bytes of the full answer, 10 units",
+			cr.Choices[0].FinishReason, len(got), cr.Usage.CompletionTokens)
+	}
+	roomy := content(t, mustDo(t, http.MethodPost, base+"/v1/chat/completions", chatReq("code-review", "acme", in,
+		func(r *model.ChatRequest) { r.MaxTokens = 100000 })))
+	if roomy != full {
+		t.Fatal("an answer within max_tokens was changed")
+	}
+}
+
+const evalDiffForMaxTokens = `diff --git a/cart.go b/cart.go
+--- a/cart.go
++++ b/cart.go
+@@ -1,2 +1,3 @@
+ package cart
++var total float64 = price * 1.2
+ // end
+`

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/big"
+	"strconv"
 	"sync"
 	"time"
 
@@ -259,4 +260,30 @@ func (s *Service) backoff(attempt int) time.Duration {
 		return ceiling
 	}
 	return time.Duration(n.Int64())
+}
+
+// FromEnv fills the budget settings from the environment:
+// ASSAY_PRICE_TABLE (a price table file), ASSAY_MAX_OUTPUT_UNITS and
+// ASSAY_BUDGET_BYTES_PER_UNIT. Errors name the variable.
+func (c *Config) FromEnv(getenv func(string) string) error {
+	prices, err := price.Load(getenv("ASSAY_PRICE_TABLE"))
+	if err != nil {
+		return fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)
+	}
+	c.Prices = prices
+	if v := getenv("ASSAY_MAX_OUTPUT_UNITS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return fmt.Errorf("ASSAY_MAX_OUTPUT_UNITS: %q is not a positive whole number", v)
+		}
+		c.MaxOutputUnits = n
+	}
+	if v := getenv("ASSAY_BUDGET_BYTES_PER_UNIT"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 1 || f > 16 {
+			return fmt.Errorf("ASSAY_BUDGET_BYTES_PER_UNIT: %q is not a number from 1 to 16", v)
+		}
+		c.BytesPerUnit = f
+	}
+	return nil
 }
