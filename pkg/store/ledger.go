@@ -53,21 +53,7 @@ func (s *Store) WorkCost(ctx context.Context, workID string) (attempts int, cost
 	return attempts, costMicros, err
 }
 
-// LedgerCountByTenant counts ledger rows per tenant.
+// LedgerCountByTenant counts every ledger row per tenant.
 func (s *Store) LedgerCountByTenant(ctx context.Context) (map[string]int64, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT tenant_id, count(*) FROM ledger GROUP BY tenant_id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[string]int64{}
-	for rows.Next() {
-		var t string
-		var n int64
-		if err := rows.Scan(&t, &n); err != nil {
-			return nil, err
-		}
-		out[t] = n
-	}
-	return out, rows.Err()
+	return s.LedgerCountByTenantSince(ctx, time.Time{})
 }
