@@ -655,7 +655,13 @@ func TestSweepStuck(t *testing.T) {
 	claim(t, ctx, s, live.ID, newUUID(), newUUID(), time.Minute)
 	waitLeaseExpired(t, ctx, s, expired.ID)
 
-	graced, err := s.SweepStuck(ctx, 10*time.Minute, time.Hour, 100)
+	before := count(t, ctx, s, `SELECT count(*) FROM outbox`)
+	var announced []string
+	announce := func(st store.Stuck) (store.OutboxMsg, error) {
+		announced = append(announced, st.Work.ID)
+		return store.OutboxMsg{Subject: "assay.us.work.interactive.acme", MsgID: fmt.Sprintf("%s.%d", st.Work.ID, st.Dispatch), Payload: []byte("{}")}, nil
+	}
+	graced, err := s.SweepStuck(ctx, 10*time.Minute, time.Hour, 100, announce)
 	if err != nil {
 		t.Fatalf("sweep with a long grace: %v", err)
 	}
@@ -663,7 +669,20 @@ func TestSweepStuck(t *testing.T) {
 		t.Fatalf("sweep with a long grace found %v, want only %s", stuckIDs(graced), oldQueued.ID)
 	}
 
-	stuck, err := s.SweepStuck(ctx, 10*time.Minute, 0, 100)
+	// The first pass touched the queued work: only the expired lease is
+	// left for a pass with no grace.
+	stuck, err := s.SweepStuck(ctx, 10*time.Minute, 0, 100, announce)
+	if err != nil {
+		t.Fatalf("sweep: %v", err)
+	}
+	if len(stuck) != 1 || stuck[0].Work.ID != expired.ID {
+		t.Fatalf("sweep after the first found %v, want only %s", stuckIDs(stuck), expired.ID)
+	}
+	if _, err := s.Pool.Exec(ctx, `UPDATE work SET updated_at = now() - interval '1 hour' WHERE id = $1`, oldQueued.ID); err != nil {
+		t.Fatalf("age work: %v", err)
+	}
+	waitLeaseExpired(t, ctx, s, expired.ID)
+	stuck, err = s.SweepStuck(ctx, 10*time.Minute, 0, 100, announce)
 	if err != nil {
 		t.Fatalf("sweep: %v", err)
 	}
@@ -679,20 +698,20 @@ func TestSweepStuck(t *testing.T) {
 		t.Fatalf("queued work in sweep = %+v (found %v), want no redrive, dispatch 1", q, ok)
 	}
 	r, ok := byID[expired.ID]
-	if !ok || !r.Redrive || r.Dispatch != 2 {
-		t.Fatalf("expired work in sweep = %+v (found %v), want redrive, dispatch 2", r, ok)
+	if !ok || !r.Redrive || r.Dispatch != 3 {
+		t.Fatalf("expired work in sweep = %+v (found %v), want redrive, dispatch 3", r, ok)
 	}
 	cur, err := s.GetWork(ctx, expired.ID)
-	if err != nil || cur.Dispatch != 2 {
-		t.Fatalf("expired work dispatch = %v, %v; want 2", cur, err)
+	if err != nil || cur.Dispatch != 3 {
+		t.Fatalf("expired work dispatch = %v, %v; want 3", cur, err)
 	}
-
-	if err := s.TouchQueued(ctx, oldQueued.ID); err != nil {
-		t.Fatalf("touch queued: %v", err)
+	// Every pass wrote its announcements in the same transaction.
+	if n := count(t, ctx, s, `SELECT count(*) FROM outbox`) - before; n != 4 || len(announced) != 4 {
+		t.Fatalf("%d outbox rows written for %v, want 4", n, announced)
 	}
-	again, err := s.SweepStuck(ctx, 10*time.Minute, time.Hour, 100)
+	again, err := s.SweepStuck(ctx, 10*time.Minute, time.Hour, 100, announce)
 	if err != nil || len(again) != 0 {
-		t.Fatalf("sweep after touch found %v, %v; want nothing", stuckIDs(again), err)
+		t.Fatalf("sweep right after found %v, %v; want nothing", stuckIDs(again), err)
 	}
 }
 

@@ -235,51 +235,55 @@ type Stuck struct {
 }
 
 // SweepStuck finds queued work untouched for longer than queuedFor, and
-// running work whose lease expired more than leaseGrace ago. For the latter
-// it bumps the dispatch number, so the re-announcement is a new message.
-func (s *Store) SweepStuck(ctx context.Context, queuedFor, leaseGrace time.Duration, limit int) ([]Stuck, error) {
+// running work whose lease expired more than leaseGrace ago, and writes the
+// outbox rows announce makes for them, in one transaction. Queued work is
+// touched, so the next pass waits a full period; expired work gets a new
+// dispatch number, so its re-announcement is a new message, and its lease
+// moves up to now, which keeps it claimable while the next re-announcement
+// waits another full grace period.
+func (s *Store) SweepStuck(ctx context.Context, queuedFor, leaseGrace time.Duration, limit int,
+	announce func(Stuck) (OutboxMsg, error)) ([]Stuck, error) {
 	var out []Stuck
-	rows, err := s.Pool.Query(ctx, `SELECT `+workColumns+` FROM work
-		WHERE state = 'queued' AND updated_at < now() - $1 * interval '1 microsecond'
-		ORDER BY updated_at LIMIT $2`, interval(queuedFor), limit)
+	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		out = out[:0]
+		for _, q := range []struct {
+			sql     string
+			after   time.Duration
+			redrive bool
+		}{
+			{`UPDATE work SET updated_at = now()
+				WHERE id IN (SELECT id FROM work WHERE state = 'queued' AND updated_at < now() - $1 * interval '1 microsecond'
+					ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+				RETURNING ` + workColumns, queuedFor, false},
+			{`UPDATE work SET dispatch = dispatch + 1, lease_expires_at = now(), updated_at = now()
+				WHERE id IN (SELECT id FROM work WHERE state = 'running' AND lease_expires_at < now() - $1 * interval '1 microsecond'
+					ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+				RETURNING ` + workColumns, leaseGrace, true},
+		} {
+			rows, err := tx.Query(ctx, q.sql, interval(q.after), limit)
+			if err != nil {
+				return err
+			}
+			found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Work, error) { return scanWork(r) })
+			if err != nil {
+				return err
+			}
+			for _, w := range found {
+				out = append(out, Stuck{Work: w, Redrive: q.redrive, Dispatch: w.Dispatch})
+			}
+		}
+		msgs := make([]OutboxMsg, 0, len(out))
+		for _, st := range out {
+			m, err := announce(st)
+			if err != nil {
+				return err
+			}
+			msgs = append(msgs, m)
+		}
+		return insertOutbox(ctx, tx, msgs)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("store: sweep: %w", err)
 	}
-	for rows.Next() {
-		w, err := scanWork(rows)
-		if err != nil {
-			rows.Close()
-			return nil, err
-		}
-		out = append(out, Stuck{Work: w, Dispatch: w.Dispatch})
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	// Moving the expired lease up to now keeps it claimable while making
-	// the next re-announcement wait another full grace period.
-	rows, err = s.Pool.Query(ctx, `UPDATE work SET dispatch = dispatch + 1, lease_expires_at = now(), updated_at = now()
-		WHERE id IN (SELECT id FROM work WHERE state = 'running' AND lease_expires_at < now() - $1 * interval '1 microsecond'
-			ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-		AND state = 'running' AND lease_expires_at < now() - $1 * interval '1 microsecond'
-		RETURNING `+workColumns, interval(leaseGrace), limit)
-	if err != nil {
-		return nil, fmt.Errorf("store: sweep: %w", err)
-	}
-	for rows.Next() {
-		w, err := scanWork(rows)
-		if err != nil {
-			rows.Close()
-			return nil, err
-		}
-		out = append(out, Stuck{Work: w, Redrive: true, Dispatch: w.Dispatch})
-	}
-	return out, rows.Err()
-}
-
-// TouchQueued marks re-announced queued work so the sweeper waits a full
-// period before announcing it again.
-func (s *Store) TouchQueued(ctx context.Context, workID string) error {
-	_, err := s.Pool.Exec(ctx, `UPDATE work SET updated_at = now() WHERE id = $1 AND state = 'queued'`, workID)
-	return err
+	return out, nil
 }

@@ -15,7 +15,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -229,23 +228,13 @@ func (s *Service) sweep(ctx context.Context) {
 
 // SweepOnce runs one sweep pass.
 func (s *Service) SweepOnce(ctx context.Context) error {
-	stuck, err := s.d.Store.SweepStuck(ctx, s.cfg.QueuedFor, s.cfg.LeaseGrace, 500)
+	stuck, err := s.d.Store.SweepStuck(ctx, s.cfg.QueuedFor, s.cfg.LeaseGrace, 500, func(st store.Stuck) (store.OutboxMsg, error) {
+		return s.workMsg(ctx, st.Work, st.Dispatch)
+	})
 	if err != nil {
 		return err
 	}
 	for _, st := range stuck {
-		m, err := s.workMsg(ctx, st.Work, st.Dispatch)
-		if err != nil {
-			return err
-		}
-		if err := s.d.Store.Tx(ctx, func(tx pgx.Tx) error { return s.d.Store.InsertOutbox(ctx, tx, []store.OutboxMsg{m}) }); err != nil {
-			return err
-		}
-		if !st.Redrive {
-			if err := s.d.Store.TouchQueued(ctx, st.Work.ID); err != nil {
-				return err
-			}
-		}
 		reason := "queued longer than " + s.cfg.QueuedFor.String()
 		if st.Redrive {
 			reason = "lease expired"
