@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -39,15 +40,26 @@ type bundle struct {
 	http   *http.Client
 }
 
-func setup(t *testing.T, o cellOptions) *bundle {
+func setup(t *testing.T, o cellOptions) *bundle { return setupFront(t, o, nil) }
+
+// setupFront is setup with front, when not nil, wrapped around the simulated
+// provider: every model call of the cell passes through it.
+func setupFront(t *testing.T, o cellOptions, front func(http.Handler) http.Handler) *bundle {
 	t.Helper()
 	ctx := context.Background()
 	s := sim.New(sim.Options{})
-	simURL, err := s.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("sim: %v", err)
-	}
 	t.Cleanup(func() { _ = s.Close() })
+	var simURL string
+	if front == nil {
+		var err error
+		if simURL, err = s.Start("127.0.0.1:0"); err != nil {
+			t.Fatalf("sim: %v", err)
+		}
+	} else {
+		srv := httptest.NewServer(front(s))
+		t.Cleanup(srv.Close)
+		simURL = srv.URL
+	}
 	o.Config = config.Config{Region: "us", DatabaseURL: testenv.Database(t), NATSURL: testenv.NATS(t),
 		ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
 	if o.Log == nil {

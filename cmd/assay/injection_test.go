@@ -6,20 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
-	"assay.dev/pkg/config"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/sim"
-	"assay.dev/pkg/store"
-	"assay.dev/pkg/telemetry"
-	"assay.dev/pkg/testenv"
 	"assay.dev/services/ingress"
 )
 
@@ -39,49 +32,26 @@ func (rc *recorder) requests() []model.ChatRequest {
 // recorder in front of the simulated provider.
 func setupRecorded(t *testing.T, o cellOptions) (*bundle, *recorder) {
 	t.Helper()
-	ctx := context.Background()
-	s := sim.New(sim.Options{})
-	t.Cleanup(func() { _ = s.Close() })
 	rc := &recorder{}
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		raw, err := io.ReadAll(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		if r.URL.Path == "/v1/chat/completions" {
-			var req model.ChatRequest
-			if json.Unmarshal(raw, &req) == nil {
-				rc.mu.Lock()
-				rc.reqs = append(rc.reqs, req)
-				rc.mu.Unlock()
+	b := setupFront(t, o, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			raw, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
 			}
-		}
-		r.Body = io.NopCloser(bytes.NewReader(raw))
-		s.ServeHTTP(w, r)
-	}))
-	t.Cleanup(front.Close)
-	o.Config = config.Config{Region: "us", DatabaseURL: testenv.Database(t), NATSURL: testenv.NATS(t),
-		ModelBaseURL: front.URL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
-	if o.Log == nil {
-		o.Log = telemetry.NewLogger(io.Discard, "test", "us", slog.LevelInfo)
-	}
-	c, err := startCell(ctx, o)
-	if err != nil {
-		t.Fatalf("start cell: %v", err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c.Stop(sctx)
+			if r.URL.Path == "/v1/chat/completions" {
+				var req model.ChatRequest
+				if json.Unmarshal(raw, &req) == nil {
+					rc.mu.Lock()
+					rc.reqs = append(rc.reqs, req)
+					rc.mu.Unlock()
+				}
+			}
+			r.Body = io.NopCloser(bytes.NewReader(raw))
+			next.ServeHTTP(w, r)
+		})
 	})
-	b := &bundle{cell: c, sim: s, tenant: "acme", token: store.NewToken(), http: &http.Client{Timeout: 20 * time.Second}}
-	if err := c.Env.Store.SeedTenants(ctx, []store.TenantSeed{
-		{ID: "acme", HomeRegion: "us", Token: b.token},
-		{ID: "globex", HomeRegion: "eu", Token: "globex-token"},
-	}); err != nil {
-		t.Fatalf("seed: %v", err)
-	}
 	return b, rc
 }
 
