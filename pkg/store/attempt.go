@@ -52,15 +52,6 @@ func (s *Store) Attempts(ctx context.Context, workID string) ([]Attempt, error) 
 	})
 }
 
-// RawResponse returns what the model answered for one attempt.
-func (s *Store) RawResponse(ctx context.Context, attemptID string) (string, error) {
-	var raw string
-	err := s.Pool.QueryRow(ctx, `SELECT coalesce(raw_response, '') FROM attempts WHERE id = $1`, attemptID).Scan(&raw)
-	if err == pgx.ErrNoRows {
-		return "", ErrNotFound
-	}
-	return raw, err
-}
 
 // MarkStale records that an attempt's answer came from a lease that is no
 // longer the work's. The attempt that decided the work keeps its verdict.

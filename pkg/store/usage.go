@@ -28,32 +28,42 @@ type ModelUsageLine struct {
 
 // Usage totals a tenant's ledger by outcome over [from, to).
 func (s *Store) Usage(ctx context.Context, tenant string, from, to time.Time) ([]UsageLine, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT outcome, count(*),
-			coalesce(sum(input_units), 0), coalesce(sum(output_units), 0), coalesce(sum(cost_micros), 0)
-		FROM ledger WHERE tenant_id = $1 AND occurred_at >= $2 AND occurred_at < $3
-		GROUP BY outcome ORDER BY outcome`, tenant, from, to)
-	if err != nil {
-		return nil, fmt.Errorf("store: usage: %w", err)
+	rows, err := s.usageBy(ctx, "outcome", tenant, from, to)
+	out := make([]UsageLine, len(rows))
+	for i, r := range rows {
+		out[i] = UsageLine{Outcome: r.key, Calls: r.calls, InputUnits: r.in, OutputUnits: r.out, CostMicros: r.cost}
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (UsageLine, error) {
-		var u UsageLine
-		err := r.Scan(&u.Outcome, &u.Calls, &u.InputUnits, &u.OutputUnits, &u.CostMicros)
-		return u, err
-	})
+	return out, err
 }
 
 // UsageByModel totals a tenant's ledger by model over [from, to).
 func (s *Store) UsageByModel(ctx context.Context, tenant string, from, to time.Time) ([]ModelUsageLine, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT model, count(*),
+	rows, err := s.usageBy(ctx, "model", tenant, from, to)
+	out := make([]ModelUsageLine, len(rows))
+	for i, r := range rows {
+		out[i] = ModelUsageLine{Model: r.key, Calls: r.calls, InputUnits: r.in, OutputUnits: r.out, CostMicros: r.cost}
+	}
+	return out, err
+}
+
+type usageRow struct {
+	key                  string
+	calls, in, out, cost int64
+}
+
+// usageBy totals a tenant's ledger over [from, to) grouped by column, which
+// is one of the two fixed names above, never input.
+func (s *Store) usageBy(ctx context.Context, column, tenant string, from, to time.Time) ([]usageRow, error) {
+	rows, err := s.Pool.Query(ctx, `SELECT `+column+`, count(*),
 			coalesce(sum(input_units), 0), coalesce(sum(output_units), 0), coalesce(sum(cost_micros), 0)
 		FROM ledger WHERE tenant_id = $1 AND occurred_at >= $2 AND occurred_at < $3
-		GROUP BY model ORDER BY model`, tenant, from, to)
+		GROUP BY 1 ORDER BY 1`, tenant, from, to)
 	if err != nil {
-		return nil, fmt.Errorf("store: usage by model: %w", err)
+		return nil, fmt.Errorf("store: usage by %s: %w", column, err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ModelUsageLine, error) {
-		var u ModelUsageLine
-		err := r.Scan(&u.Model, &u.Calls, &u.InputUnits, &u.OutputUnits, &u.CostMicros)
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (usageRow, error) {
+		var u usageRow
+		err := r.Scan(&u.key, &u.calls, &u.in, &u.out, &u.cost)
 		return u, err
 	})
 }
