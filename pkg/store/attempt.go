@@ -52,7 +52,6 @@ func (s *Store) Attempts(ctx context.Context, workID string) ([]Attempt, error) 
 	})
 }
 
-
 // MarkStale records that an attempt's answer came from a lease that is no
 // longer the work's. The attempt that decided the work keeps its verdict.
 func (s *Store) MarkStale(ctx context.Context, attemptID string) error {
