@@ -153,13 +153,9 @@ func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract,
 			}
 		}()
 	}
-	repair := ""
-	if w.Repairs > 0 {
-		repair = w.RepairNote
-	}
 	ctx, span := s.d.Tel.Tracer().Start(callCtx, "model.complete", trace.WithSpanKind(trace.SpanKindClient))
 	defer span.End()
-	reply, err := s.d.Model.Complete(ctx, s.modelCall(c, w, repair))
+	reply, err := s.d.Model.Complete(ctx, s.modelCall(c, w))
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 	}
@@ -298,7 +294,13 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	return disp
 }
 
-func (s *Service) modelCall(c *contract.Contract, w *store.Work, repair string) model.Call {
+// modelCall is the request for one attempt at w; a repair re-ask carries
+// what failed last time.
+func (s *Service) modelCall(c *contract.Contract, w *store.Work) model.Call {
+	repair := ""
+	if w.Repairs > 0 {
+		repair = w.RepairNote
+	}
 	return model.Call{
 		Tenant:   w.TenantID,
 		Contract: c.Name,
@@ -312,7 +314,7 @@ func (s *Service) modelCall(c *contract.Contract, w *store.Work, repair string) 
 // Estimate bounds one attempt's cost from above: the request's bytes over
 // BytesPerUnit as its units, and the answer at its cap.
 func (s *Service) Estimate(c *contract.Contract, w *store.Work) int64 {
-	call := s.modelCall(c, w, w.RepairNote)
+	call := s.modelCall(c, w)
 	in := len(call.Schema)
 	for _, m := range call.Messages {
 		in += len(m.Content)
