@@ -51,14 +51,27 @@ func TestReserveRace(t *testing.T) {
 	if err != nil || b.ReservedMicros != limit {
 		t.Fatalf("period %+v (%v), want %d reserved", b, err, limit)
 	}
-	// Releasing one makes room for exactly one more; spending the rest
-	// leaves the budget exhausted.
-	if err := s.Release(ctx, "00000000-0000-4000-8000-000000000000"); err != nil {
-		t.Fatal(err)
+	// Releasing one makes room for exactly one more, once.
+	var held string
+	for i, r := range results {
+		if r == store.Reserved {
+			held = fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
+			break
+		}
 	}
-	_ = s.Release(ctx, "00000000-0000-4000-8000-000000000000") // a second release changes nothing
-	if b, _ := s.CurrentBudget(ctx, "acme"); b.ReservedMicros != limit-amount && results[0] == store.Reserved {
-		t.Fatalf("after release: %+v", b)
+	for range 2 {
+		if err := s.Release(ctx, held); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, err := s.CurrentBudget(ctx, "acme"); err != nil || b.ReservedMicros != limit-amount {
+		t.Fatalf("after releasing %s twice: %+v (%v), want %d reserved", held, b, err, limit-amount)
+	}
+	if r, err := s.Reserve(ctx, "acme", "00000000-0000-4000-8000-888888888888", amount); err != nil || r != store.Reserved {
+		t.Fatalf("reserve after a release = %v, %v; want reserved", r, err)
+	}
+	if r, err := s.Reserve(ctx, "acme", "00000000-0000-4000-8000-888888888889", amount); err != nil || r != store.Busy {
+		t.Fatalf("reserve on a full budget = %v, %v; want busy", r, err)
 	}
 	if _, err := s.Pool.Exec(ctx, `UPDATE budget_periods SET spent_micros = limit_micros, reserved_micros = 0`); err != nil {
 		t.Fatal(err)
