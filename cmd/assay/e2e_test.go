@@ -524,3 +524,46 @@ func TestWrongRegionAndBadInputAreRefused(t *testing.T) {
 		t.Errorf("work rows = %d after refused requests, want 0", n)
 	}
 }
+
+// A RESULT redelivered after its work was decided: the accepted attempt
+// keeps its verdict, any other answer is recorded stale, and no second
+// result appears.
+func TestCommitterRedelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t, cellOptions{})
+	ctx := context.Background()
+	_, r := b.submit(t, codeReview(evalset.Items()[7], "redelivered result"))
+	if v := b.wait(t, r.WorkID); *v.Outcome != "accepted" {
+		t.Fatalf("outcome %s", *v.Outcome)
+	}
+	var winner string
+	if err := b.cell.Env.Store.Pool.QueryRow(ctx, `SELECT attempt_id::text FROM results WHERE work_id = $1`, r.WorkID).Scan(&winner); err != nil {
+		t.Fatal(err)
+	}
+	ev := event.Result{AttemptID: winner, WorkID: r.WorkID, TenantID: "acme", Region: "us",
+		LeaseToken: "00000000-0000-4000-8000-0000000000cc", Outcome: "ok", Final: true, Output: "{}"}
+	if err := b.cell.Committer.Commit(ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM attempts WHERE id = $1 AND outcome = 'ok'`, winner); n != 1 {
+		t.Errorf("a redelivered verdict relabelled the accepted attempt")
+	}
+	// A stray answer for the same work from an attempt that lost its lease.
+	var stray string
+	if err := b.cell.Env.Store.Pool.QueryRow(ctx, `INSERT INTO attempts (id, work_id, tenant_id, number, lease_token, outcome)
+		VALUES (gen_random_uuid(), $1, 'acme', 99, gen_random_uuid(), 'ok') RETURNING id::text`, r.WorkID).Scan(&stray); err != nil {
+		t.Fatal(err)
+	}
+	ev.AttemptID = stray
+	for range 2 {
+		if err := b.cell.Committer.Commit(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := b.count(t, `SELECT count(*) FROM attempts WHERE id = $1 AND outcome = 'stale_lease'`, stray); n != 1 {
+		t.Errorf("the late answer is not recorded stale_lease")
+	}
+	if n := b.count(t, `SELECT count(*) FROM results WHERE work_id = $1`, r.WorkID); n != 1 {
+		t.Errorf("result rows = %d, want 1", n)
+	}
+}

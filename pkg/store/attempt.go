@@ -53,7 +53,9 @@ func (s *Store) Attempts(ctx context.Context, workID string) ([]Attempt, error) 
 }
 
 // MarkStale records that an attempt's answer came from a lease that is no
-// longer the work's. The attempt that decided the work keeps its verdict.
-func (s *Store) MarkStale(ctx context.Context, attemptID string) error {
+// longer the work's. The attempt that decided the work keeps its verdict,
+// and an attempt already marked is left alone: marked says whether this
+// call changed it.
+func (s *Store) MarkStale(ctx context.Context, attemptID string) (marked bool, err error) {
 	return markLost(ctx, s.Pool, attemptID)
 }

@@ -31,7 +31,8 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 			return err
 		}
 		if !ok {
-			return markLost(ctx, tx, attemptID)
+			_, err := markLost(ctx, tx, attemptID)
+			return err
 		}
 		tag, err := tx.Exec(ctx, `INSERT INTO results (work_id, schema_version, tenant_id, attempt_id, output, findings)
 			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
@@ -62,7 +63,8 @@ func (s *Store) Reject(ctx context.Context, workID, attemptID, token, reason str
 			return err
 		}
 		if !ok {
-			return markLost(ctx, tx, attemptID)
+			_, err := markLost(ctx, tx, attemptID)
+			return err
 		}
 		rejected = true
 		return s.FinishAttempt(ctx, tx, attemptID, "invalid_output", reason, "")
@@ -76,15 +78,15 @@ func (s *Store) Reject(ctx context.Context, workID, attemptID, token, reason str
 // markLost records stale_lease on an attempt whose verdict came too late.
 // The attempt that decided the work keeps its outcome: a redelivered verdict
 // for it must not relabel the accepted (or rejected) answer as stale.
-func markLost(ctx context.Context, db execer, attemptID string) error {
-	_, err := db.Exec(ctx, `UPDATE attempts SET outcome = 'stale_lease', reason = coalesce(reason, 'lease lost before the verdict'),
+func markLost(ctx context.Context, db execer, attemptID string) (marked bool, err error) {
+	tag, err := db.Exec(ctx, `UPDATE attempts SET outcome = 'stale_lease', reason = coalesce(reason, 'lease lost before the verdict'),
 			finished_at = coalesce(finished_at, now())
 		WHERE id = $1 AND coalesce(outcome, '') IN ('', 'ok', 'lease_expired')
 			AND NOT EXISTS (SELECT 1 FROM results WHERE attempt_id = $1)`, attemptID)
 	if err != nil {
-		return fmt.Errorf("store: mark lost %s: %w", attemptID, err)
+		return false, fmt.Errorf("store: mark lost %s: %w", attemptID, err)
 	}
-	return nil
+	return tag.RowsAffected() == 1, nil
 }
 
 // GetResult reads the accepted result of a work item.

@@ -143,8 +143,13 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	if w.Terminal() {
 		// Accepted, rejected or ended otherwise already; a second answer
 		// never becomes a second result.
-		if err := s.markStale(ctx, ev, w); err != nil {
+		marked, err := s.d.Store.MarkStale(ctx, ev.AttemptID)
+		if err != nil {
 			return err
+		}
+		if !marked {
+			telemetry.Decision(ctx, log, w.ID, "duplicate", "this answer's verdict is already recorded", slog.String("attempt", ev.AttemptID))
+			return nil
 		}
 		telemetry.Decision(ctx, log, w.ID, "stale_lease", "work already "+w.State+"; answer recorded, not published", slog.String("attempt", ev.AttemptID))
 		return nil
@@ -190,17 +195,6 @@ func (s *Service) reject(ctx context.Context, w *store.Work, ev event.Result, re
 	s.count(ctx, "schema_rejected")
 	telemetry.Decision(ctx, s.d.Log, w.ID, "schema_rejected", reason, slog.String("attempt", ev.AttemptID))
 	return nil
-}
-
-func (s *Service) markStale(ctx context.Context, ev event.Result, w *store.Work) error {
-	res, err := s.d.Store.GetResult(ctx, w.ID)
-	if err == nil && res.AttemptID == ev.AttemptID {
-		return nil // this very attempt is the accepted one: a redelivery
-	}
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		return err
-	}
-	return s.d.Store.MarkStale(ctx, ev.AttemptID)
 }
 
 func (s *Service) count(ctx context.Context, verdict string) {
