@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -34,7 +35,8 @@ const (
 type Error struct {
 	Kind   Kind
 	Status int // HTTP status, 0 when no response was read
-	// RetryAfter is the provider's Retry-After hint, 0 if absent.
+	// RetryAfter is the provider's retry hint (retry-after-ms, else
+	// Retry-After), 0 if absent.
 	RetryAfter time.Duration
 	Msg        string
 	Err        error
@@ -217,7 +219,7 @@ func statusError(resp *http.Response, raw []byte) *Error {
 	default:
 		e.Kind = KindRejected
 	}
-	e.RetryAfter = ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	e.RetryAfter = RetryAfterHeader(resp.Header, time.Now())
 	return e
 }
 
@@ -242,6 +244,32 @@ func providerMessage(raw []byte) string {
 	return msg
 }
 
+// maxRetryAfter caps a provider's hint rather than overflow a Duration.
+const maxRetryAfter = 24 * time.Hour
+
+// RetryAfterHeader reads a response's retry hint: retry-after-ms (exact
+// milliseconds, as OpenAI sends it) when present and positive, otherwise
+// Retry-After. It returns 0 when neither gives a usable delay.
+func RetryAfterHeader(h http.Header, now time.Time) time.Duration {
+	if d := ParseRetryAfterMS(h.Get("Retry-After-Ms")); d > 0 {
+		return d
+	}
+	return ParseRetryAfter(h.Get("Retry-After"), now)
+}
+
+// ParseRetryAfterMS reads a retry-after-ms value: milliseconds, possibly
+// fractional. Absent, unparseable or non-positive values yield 0.
+func ParseRetryAfterMS(v string) time.Duration {
+	ms, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || math.IsNaN(ms) || math.IsInf(ms, 0) || ms <= 0 {
+		return 0
+	}
+	if ms >= float64(maxRetryAfter/time.Millisecond) {
+		return maxRetryAfter
+	}
+	return time.Duration(math.Ceil(ms * float64(time.Millisecond)))
+}
+
 // ParseRetryAfter reads a Retry-After value given as delay-seconds or as an
 // HTTP-date relative to now. Absent, unparseable or past values yield 0.
 func ParseRetryAfter(v string, now time.Time) time.Duration {
@@ -253,9 +281,8 @@ func ParseRetryAfter(v string, now time.Time) time.Duration {
 		if n <= 0 {
 			return 0
 		}
-		// Cap absurd values rather than overflow the Duration.
-		if n > int64(24*time.Hour/time.Second) {
-			n = int64(24 * time.Hour / time.Second)
+		if n > int64(maxRetryAfter/time.Second) {
+			n = int64(maxRetryAfter / time.Second)
 		}
 		return time.Duration(n) * time.Second
 	}

@@ -234,6 +234,68 @@ func TestParseRetryAfter(t *testing.T) {
 	}
 }
 
+func TestParseRetryAfterMS(t *testing.T) {
+	t.Parallel()
+	cases := map[string]time.Duration{
+		"":            0,
+		"0":           0,
+		"-5":          0,
+		"soon":        0,
+		"NaN":         0,
+		"Inf":         0,
+		"1":           time.Millisecond,
+		" 334 ":       334 * time.Millisecond,
+		"1500.25":     1500250 * time.Microsecond,
+		"0.0000001":   time.Nanosecond, // rounded up, never 0
+		"99999999999": 24 * time.Hour,
+	}
+	for in, want := range cases {
+		if got := ParseRetryAfterMS(in); got != want {
+			t.Errorf("ParseRetryAfterMS(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+func TestRetryAfterHeaderPrefersMilliseconds(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	hdr := func(kv ...string) http.Header {
+		h := http.Header{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			h.Set(kv[i], kv[i+1])
+		}
+		return h
+	}
+	cases := []struct {
+		h    http.Header
+		want time.Duration
+	}{
+		{hdr(), 0},
+		{hdr("Retry-After", "2"), 2 * time.Second},
+		{hdr("retry-after-ms", "1250"), 1250 * time.Millisecond},
+		{hdr("Retry-After", "2", "retry-after-ms", "1250"), 1250 * time.Millisecond},
+		{hdr("Retry-After", "2", "retry-after-ms", "soon"), 2 * time.Second},
+		{hdr("Retry-After", "2", "retry-after-ms", "0"), 2 * time.Second},
+		{hdr("Retry-After", "Sun, 01 Mar 2026 12:00:30 GMT", "retry-after-ms", "40"), 40 * time.Millisecond},
+	}
+	for i, c := range cases {
+		if got := RetryAfterHeader(c.h, now); got != c.want {
+			t.Errorf("case %d %v: got %v, want %v", i, c.h, got, c.want)
+		}
+	}
+}
+
+func TestCompleteRetryAfterMSPreferred(t *testing.T) {
+	t.Parallel()
+	b := setup(t, answer(429, `{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}`,
+		"Retry-After", "1", "retry-after-ms", "334"))
+	_, err := b.client.Complete(context.Background(), testCall)
+	e := asError(t, err)
+	if e.Kind != KindRateLimited || e.RetryAfter != 334*time.Millisecond || e.Msg != "slow down" {
+		t.Fatalf("kind %q retryAfter %v msg %q", e.Kind, e.RetryAfter, e.Msg)
+	}
+}
+
 func TestCompleteMalformed(t *testing.T) {
 	t.Parallel()
 	cases := map[string]string{

@@ -1,8 +1,9 @@
 // Package sim is the simulated model provider: a real HTTP server speaking the
 // OpenAI-compatible chat-completions protocol, answering the seed contracts
-// with a deterministic reviewer, counting every call per tenant and injecting
-// the faults a real provider shows (rate limits, hangs, broken or
-// schema-invalid answers, wrong correlation, ungrounded findings).
+// with a deterministic reviewer, counting every call per tenant, limiting
+// calls to a settable, moving capacity and injecting the faults a real
+// provider shows (rate limits, hangs, broken or schema-invalid answers,
+// wrong correlation, ungrounded findings).
 package sim
 
 import (
@@ -45,24 +46,34 @@ const maxBody = 32 << 20
 // Options configure a Server.
 type Options struct {
 	Model   string        // reported model when the request names none; default "assay-sim-1"
-	Latency time.Duration // added to every answered call; 0 by default
+	Latency time.Duration // added to every answered call unless a Capacity sets its own; 0 by default
 	Logger  *slog.Logger  // nil discards
 }
 
-// Stats are the calls counted since start or the last ResetStats.
+// Stats are the calls counted since start or the last ResetStats. Total,
+// Accepted, Throttled and Early sum the tenants'.
 type Stats struct {
-	Total   int64                  `json:"total"`
-	Tenants map[string]TenantStats `json:"tenants"`
+	Total     int64                  `json:"total"`
+	Accepted  int64                  `json:"accepted"`
+	Throttled int64                  `json:"throttled"`
+	Early     int64                  `json:"early"`
+	Tenants   map[string]TenantStats `json:"tenants"`
 }
 
 // TenantStats count one tenant's calls. Every decoded call lands in exactly
-// one outcome, so Calls == OK + RateLimited + Faulted + BadRequest.
+// one outcome, so Calls == OK + RateLimited + Faulted + BadRequest +
+// Throttled. A valid call is either Throttled or Accepted, so Accepted ==
+// OK + RateLimited + Faulted. Early counts calls, whatever their outcome,
+// that came before the Retry-After given for their key had passed.
 type TenantStats struct {
 	Calls       int64 `json:"calls"`
 	OK          int64 `json:"ok"`          // answered with a valid output
 	RateLimited int64 `json:"rateLimited"` // answered 429 by a rate_limit fault
 	Faulted     int64 `json:"faulted"`     // any other fault applied (latency included)
-	BadRequest  int64 `json:"badRequest"`  // refused with 400 before any fault
+	BadRequest  int64 `json:"badRequest"`  // refused with 400 before capacity and faults
+	Throttled   int64 `json:"throttled"`   // answered 429 at once, beyond capacity
+	Accepted    int64 `json:"accepted"`    // let through by capacity (every valid call when unlimited)
+	Early       int64 `json:"early"`       // came before the Retry-After given for its key
 }
 
 // Server is the simulated provider. It is an http.Handler and can also listen
@@ -76,6 +87,15 @@ type Server struct {
 	mu     sync.Mutex
 	faults []*Fault // Times counts down; a Times>0 fault is dropped at 0
 	stats  map[string]*TenantStats
+	capa   *capState // nil: unlimited
+	// inFlight holds the planned end of each admitted call not yet
+	// answered, zero for a hang.
+	inFlight map[int64]time.Time
+	flightID int64
+	// notBefore is, per retry key, when the last Retry-After given runs
+	// out; entries that ran out are swept once it reaches sweepAt.
+	notBefore map[string]time.Time
+	sweepAt   int
 
 	srvMu     sync.Mutex
 	srv       *http.Server
@@ -92,7 +112,11 @@ func New(opts Options) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{opts: opts, log: log, mux: http.NewServeMux(), stats: map[string]*TenantStats{}, done: make(chan struct{})}
+	s := &Server{
+		opts: opts, log: log, mux: http.NewServeMux(), stats: map[string]*TenantStats{},
+		inFlight: map[int64]time.Time{}, notBefore: map[string]time.Time{}, sweepAt: minSweep,
+		done: make(chan struct{}),
+	}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	s.mux.HandleFunc("GET /sim/stats", s.handleStats)
 	s.mux.HandleFunc("DELETE /sim/stats", func(w http.ResponseWriter, r *http.Request) {
@@ -105,6 +129,14 @@ func New(opts Options) *Server {
 	s.mux.HandleFunc("POST /sim/faults", s.handleAddFault)
 	s.mux.HandleFunc("DELETE /sim/faults", func(w http.ResponseWriter, r *http.Request) {
 		s.ClearFaults()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	s.mux.HandleFunc("GET /sim/capacity", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, s.Capacity())
+	})
+	s.mux.HandleFunc("POST /sim/capacity", s.handleSetCapacity)
+	s.mux.HandleFunc("DELETE /sim/capacity", func(w http.ResponseWriter, r *http.Request) {
+		s.ClearCapacity()
 		w.WriteHeader(http.StatusNoContent)
 	})
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -162,14 +194,20 @@ func (s *Server) Stats() Stats {
 	for k, v := range s.stats {
 		st.Tenants[k] = *v
 		st.Total += v.Calls
+		st.Accepted += v.Accepted
+		st.Throttled += v.Throttled
+		st.Early += v.Early
 	}
 	return st
 }
 
-// ResetStats zeroes the counters.
+// ResetStats zeroes the counters and forgets the Retry-After given, so that
+// Early counts against hints given since.
 func (s *Server) ResetStats() {
 	s.mu.Lock()
 	s.stats = map[string]*TenantStats{}
+	s.notBefore = map[string]time.Time{}
+	s.sweepAt = minSweep
 	s.mu.Unlock()
 }
 
@@ -180,6 +218,7 @@ const (
 	outcomeRateLimited
 	outcomeFaulted
 	outcomeBadRequest
+	outcomeThrottled
 )
 
 // record counts one call. It runs before the answer is written so that a
@@ -187,16 +226,19 @@ const (
 func (s *Server) record(tenant string, o outcome) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.recordLocked(tenant, o)
+	s.recordLocked(tenant, o, false)
 }
 
-func (s *Server) recordLocked(tenant string, o outcome) {
+func (s *Server) recordLocked(tenant string, o outcome, early bool) {
 	ts := s.stats[tenant]
 	if ts == nil {
 		ts = &TenantStats{}
 		s.stats[tenant] = ts
 	}
 	ts.Calls++
+	if early {
+		ts.Early++
+	}
 	switch o {
 	case outcomeOK:
 		ts.OK++
@@ -206,7 +248,58 @@ func (s *Server) recordLocked(tenant string, o outcome) {
 		ts.Faulted++
 	case outcomeBadRequest:
 		ts.BadRequest++
+	case outcomeThrottled:
+		ts.Throttled++
 	}
+	if o == outcomeOK || o == outcomeRateLimited || o == outcomeFaulted {
+		ts.Accepted++
+	}
+}
+
+// minSweep is the notBefore size below which it is never swept.
+const minSweep = 1024
+
+// earlyLocked reports whether a call for key at now comes before the
+// Retry-After last given for it, forgetting a hint that ran out.
+func (s *Server) earlyLocked(key string, now time.Time) bool {
+	nb, ok := s.notBefore[key]
+	if !ok {
+		return false
+	}
+	if now.Before(nb) {
+		return true
+	}
+	delete(s.notBefore, key)
+	return false
+}
+
+// notBeforeLocked records that key was told to wait until t. Hints that ran
+// out are swept whenever the map doubles from its size after the last
+// sweep (at least minSweep), so it stays within twice the hints running.
+func (s *Server) notBeforeLocked(key string, t, now time.Time) {
+	s.notBefore[key] = t
+	if len(s.notBefore) < s.sweepAt {
+		return
+	}
+	for k, nb := range s.notBefore {
+		if !now.Before(nb) {
+			delete(s.notBefore, k)
+		}
+	}
+	s.sweepAt = max(minSweep, 2*len(s.notBefore))
+}
+
+func (s *Server) setNotBefore(key string, t time.Time) {
+	s.mu.Lock()
+	s.notBeforeLocked(key, t, time.Now())
+	s.mu.Unlock()
+}
+
+// release ends an admitted call's hold on concurrency; it may run twice.
+func (s *Server) release(id int64) {
+	s.mu.Lock()
+	delete(s.inFlight, id)
+	s.mu.Unlock()
 }
 
 // call is a decoded, validated chat request.
@@ -242,7 +335,18 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	f := s.admit(c)
+	a := s.admit(c)
+	if a.refused != "" {
+		given, _ := setRetryAfter(w.Header(), a.wait)
+		s.log.Debug("sim: throttled", "tenant", c.tenant, "workId", c.corr.WorkID, "beyond", a.refused, "retryAfter", given)
+		writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded",
+			fmt.Sprintf("Rate limit reached for %s on %s; please try again in %dms.", c.tenant, a.refused, given/time.Millisecond))
+		return
+	}
+	// The slot is released before each answer is written, so a client
+	// holding its answer never finds its own call still in flight.
+	defer s.release(a.id)
+	f := a.fault
 	kind := ""
 	if f != nil {
 		kind = f.Kind
@@ -260,7 +364,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 			panic(http.ErrAbortHandler)
 		}
 	}
-	if !s.sleep(ctx, s.opts.Latency) {
+	if !s.sleep(ctx, a.latency) {
 		return
 	}
 
@@ -270,15 +374,18 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		if ra <= 0 {
 			ra = time.Second
 		}
-		secs := int64((ra + time.Second - 1) / time.Second)
-		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+		given, secs := setRetryAfter(w.Header(), ra)
+		s.setNotBefore(c.retryKey(), time.Now().Add(given))
+		s.release(a.id)
 		writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded",
 			fmt.Sprintf("Rate limit reached for %s; please try again in %ds.", c.tenant, secs))
 		return
 	case FaultServerError:
+		s.release(a.id)
 		writeError(w, http.StatusInternalServerError, "server_error", "", "The server had an error while processing your request. Sorry about that!")
 		return
 	case FaultReject:
+		s.release(a.id)
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "content_policy_violation",
 			"Your request was rejected as a result of our safety system.")
 		return
@@ -313,6 +420,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if kind == FaultTruncated {
 		body = body[:len(body)/2]
 	}
+	s.release(a.id)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(http.StatusOK)
@@ -400,12 +508,46 @@ func (c *call) prepare() string {
 	return ""
 }
 
-// admit picks and consumes the first matching fault and counts the call, in
-// one critical section so that concurrent calls neither share a Times slot
-// nor miss the counters.
-func (s *Server) admit(c *call) *Fault {
+// admission is what admit decided for a call.
+type admission struct {
+	// refused names the capacity exceeded, "" when the call was admitted.
+	refused string
+	wait    time.Duration // refused: until capacity frees up
+	id      int64         // admitted: the call in inFlight
+	fault   *Fault        // admitted: the fault to apply, if any
+	latency time.Duration // admitted: to wait before answering
+}
+
+// retryKey is what a Retry-After is given to: the work id, or the tenant
+// when the correlation has none.
+func (c *call) retryKey() string {
+	if c.corr.WorkID != "" {
+		return "work:" + c.corr.WorkID
+	}
+	return "tenant:" + c.tenant
+}
+
+// admit checks the call against capacity, then picks and consumes the first
+// matching fault and counts the call, in one critical section so that
+// concurrent calls neither share a token, a slot or a Times slot nor miss
+// the counters. A call refused by capacity consumes no fault.
+func (s *Server) admit(c *call) admission {
+	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	key := c.retryKey()
+	early := s.earlyLocked(key, now)
+	lat := s.opts.Latency
+	if s.capa != nil {
+		wait, refused := s.capa.admit(now, s.inFlight)
+		if refused != "" {
+			wait = max(1, (wait+time.Millisecond-1)/time.Millisecond) * time.Millisecond
+			s.notBeforeLocked(key, now.Add(wait), now)
+			s.recordLocked(c.tenant, outcomeThrottled, early)
+			return admission{refused: refused, wait: wait}
+		}
+		lat = s.capa.cfg.Latency.draw(s.capa.rng)
+	}
 	var chosen *Fault
 	for i, f := range s.faults {
 		if f.Tenant != "" && f.Tenant != c.tenant {
@@ -435,8 +577,18 @@ func (s *Server) admit(c *call) *Fault {
 	default:
 		o = outcomeFaulted
 	}
-	s.recordLocked(c.tenant, o)
-	return chosen
+	s.recordLocked(c.tenant, o, early)
+	end := now.Add(lat)
+	switch {
+	case chosen == nil:
+	case chosen.Kind == FaultHang:
+		end = time.Time{}
+	case chosen.Kind == FaultLatency:
+		end = end.Add(chosen.Latency)
+	}
+	s.flightID++
+	s.inFlight[s.flightID] = end
+	return admission{id: s.flightID, fault: chosen, latency: lat}
 }
 
 // applicable reports whether a fault kind can be expressed in this call's
