@@ -5,6 +5,7 @@
 //	assay sim                 run the simulated provider
 //	assay tenants seed FILE   create tenants and tokens from a JSON file
 //	assay tenant …            add, list, rotate-token, suspend, resume, set-budget, link
+//	assay work rerun ID       queue dropped work again
 //	assay usage reconcile     check attempts against results, the ledger and the provider
 package main
 
@@ -37,7 +38,8 @@ commands:
   migrate                apply the cell's migrations (ASSAY_DATABASE_URL)
   sim                    run the simulated OpenAI-compatible provider (ASSAY_HTTP_ADDR)
   tenants seed FILE      create tenants and tokens from FILE: [{"id","homeRegion","token"}]
-  tenant COMMAND         add, list, rotate-token, suspend, resume, set-budget, link (assay tenant for help)
+  tenant COMMAND         add, list, rotate-token, suspend, resume, set-budget, set-rate, link (assay tenant for help)
+  work rerun ID          queue work that admission dropped again
   usage reconcile        check attempts against results, the ledger and the provider's counts
 `
 
@@ -60,6 +62,8 @@ func run(args []string, stderr io.Writer) int {
 		err = tenants(ctx, args[1:])
 	case "tenant":
 		err = tenantCmd(ctx, args[1:], os.Stdout)
+	case "work":
+		err = workCmd(ctx, args[1:], os.Stdout)
 	case "usage":
 		if len(args) < 2 || args[1] != "reconcile" {
 			err = configError{fmt.Errorf("usage: assay usage reconcile [flags]")}

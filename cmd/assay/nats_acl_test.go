@@ -231,7 +231,7 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 	}
 	// The credential itself works for what the classifier does.
 	ctx, cancel := call()
-	if _, err := js.Consumer(ctx, "WORK_US", "classifier"); err != nil {
+	if _, err := js.Consumer(ctx, "WORK_US", "classifier-interactive"); err != nil {
 		t.Errorf("us-classifier reads its own consumer: %v", err)
 	}
 	cancel()

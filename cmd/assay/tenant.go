@@ -24,6 +24,9 @@ const tenantUsage = `usage: assay tenant <command> [args] [--region R --database
   rotate-token ID             revoke every token of ID and print a new one once
   suspend ID | resume ID      refuse (403) or accept the tenant's requests again
   set-budget ID --usd N|--unlimited [--period month|day]
+  set-rate ID --per-minute N --burst N
+                              admission rate per lane: over it API calls get 429,
+                              webhook work is dropped with a re-run command
   link ID github_installation|github_repository KEY
                               map a GitHub App installation id or owner/repo to ID
 
@@ -44,6 +47,8 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	setUSD := fs.Float64("usd", -1, "budget per period in US dollars")
 	unlimited := fs.Bool("unlimited", false, "remove the budget")
 	period := fs.String("period", "month", "budget period: month or day")
+	perMinute := fs.Int("per-minute", 0, "admitted requests per minute, per lane")
+	burst := fs.Int("burst", 0, "requests admitted at once above the rate")
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
 	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
 	var pos []string
@@ -62,7 +67,7 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if *period != "month" && *period != "day" {
 		return configError{fmt.Errorf("--period: %q is not month or day", *period)}
 	}
-	want := map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1, "link": 3}
+	want := map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1, "set-rate": 1, "link": 3}
 	n, known := want[verb]
 	if !known {
 		return configError{fmt.Errorf("unknown tenant command %q\n%s", verb, tenantUsage)}
@@ -108,13 +113,14 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 			return err
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "TENANT\tHOME\tSTATUS\tBUDGET (USD)\tPERIOD\tTOKENS")
+		fmt.Fprintln(tw, "TENANT\tHOME\tSTATUS\tRATE/MIN\tBURST\tBUDGET (USD)\tPERIOD\tTOKENS")
 		for _, t := range ts {
 			b := "unlimited"
 			if t.BudgetMicros != nil {
 				b = dollars(*t.BudgetMicros)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", t.ID, t.HomeRegion, t.Status, b, t.BudgetPeriod, t.ActiveTokens)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\n", t.ID, t.HomeRegion, t.Status, t.RatePerMinute, t.Burst,
+				b, t.BudgetPeriod, t.ActiveTokens)
 		}
 		return tw.Flush()
 	case "rotate-token":
@@ -137,6 +143,14 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 			return notFound(err)
 		}
 		fmt.Fprintf(stdout, "tenant %s budget set\n", pos[0])
+	case "set-rate":
+		if *perMinute < 1 || *burst < 1 {
+			return configError{errors.New("set-rate needs --per-minute N and --burst N, both at least 1")}
+		}
+		if err := st.SetRate(ctx, pos[0], *perMinute, *burst); err != nil {
+			return notFound(err)
+		}
+		fmt.Fprintf(stdout, "tenant %s admits %d per minute per lane, burst %d\n", pos[0], *perMinute, *burst)
 	case "link":
 		if pos[1] != "github_installation" && pos[1] != "github_repository" {
 			return configError{fmt.Errorf("link kind %q is not github_installation or github_repository", pos[1])}

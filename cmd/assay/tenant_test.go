@@ -75,12 +75,16 @@ func TestTenantCommands(t *testing.T) {
 	}
 
 	list := tenant("list")
-	if !regexp.MustCompile(`initech\s+us\s+active\s+2\.500000\s+month\s+1`).MatchString(list) {
+	if !regexp.MustCompile(`initech\s+us\s+active\s+600\s+60\s+2\.500000\s+month\s+1`).MatchString(list) {
 		t.Errorf("list does not show initech with its budget and one token:\n%s", list)
 	}
 	tenant("set-budget", "initech", "--unlimited")
-	if !regexp.MustCompile(`initech\s+us\s+active\s+unlimited`).MatchString(tenant("list")) {
+	if !regexp.MustCompile(`initech\s+us\s+active\s+600\s+60\s+unlimited`).MatchString(tenant("list")) {
 		t.Errorf("set-budget --unlimited did not take")
+	}
+	tenant("set-rate", "initech", "--per-minute", "120", "--burst", "10")
+	if !regexp.MustCompile(`initech\s+us\s+active\s+120\s+10\s+unlimited`).MatchString(tenant("list")) {
+		t.Errorf("set-rate did not take")
 	}
 
 	for _, bad := range [][]string{
@@ -88,6 +92,7 @@ func TestTenantCommands(t *testing.T) {
 		{"add", "x", "--home-region", "mars"},
 		{"suspend"},
 		{"set-budget", "initech"},
+		{"set-rate", "initech", "--per-minute", "0", "--burst", "5"},
 		{"frobnicate", "x"},
 	} {
 		var out bytes.Buffer

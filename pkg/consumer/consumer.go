@@ -18,12 +18,17 @@ type Handler func(ctx context.Context, msg jetstream.Msg)
 
 // Loop is a running consumer.
 type Loop struct {
-	sem      chan struct{}
+	enter    Gate
 	inflight sync.WaitGroup
 	cc       jetstream.ConsumeContext
 	cancel   context.CancelFunc
+	halt     context.CancelFunc
 	stopOnce sync.Once
 }
+
+// Gate admits one message into hand and returns what gives its place back.
+// It may wait; it fails only when ctx ends.
+type Gate func(ctx context.Context) (leave func(), err error)
 
 // Start consumes from cons, handing each message to h on its own goroutine,
 // with at most concurrency in hand. Messages beyond that wait in JetStream,
@@ -32,18 +37,44 @@ func Start(ctx context.Context, cons jetstream.Consumer, concurrency int, h Hand
 	if concurrency < 1 {
 		concurrency = 1
 	}
-	l := &Loop{sem: make(chan struct{}, concurrency)}
+	sem := make(chan struct{}, concurrency)
+	gate := func(ctx context.Context) (func(), error) {
+		select {
+		case sem <- struct{}{}:
+			return func() { <-sem }, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return StartGated(ctx, cons, concurrency, gate, h)
+}
+
+// StartGated is Start with a gate deciding how many messages are in hand,
+// e.g. an adaptive limit. pull bounds the messages buffered from the server
+// while the gate is closed; keep it small, their ack wait is running.
+func StartGated(ctx context.Context, cons jetstream.Consumer, pull int, enter Gate, h Handler) (*Loop, error) {
+	if pull < 1 {
+		pull = 1
+	}
+	l := &Loop{enter: enter}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	l.cancel = cancel
+	haltCtx, halt := context.WithCancel(runCtx)
+	l.cancel, l.halt = cancel, halt
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		l.sem <- struct{}{}
+		leave, err := l.enter(haltCtx)
+		if err != nil {
+			// Stopping: hand the message back for another instance.
+			_ = msg.Nak()
+			return
+		}
 		l.inflight.Add(1)
 		go func() {
-			defer func() { <-l.sem; l.inflight.Done() }()
+			defer func() { leave(); l.inflight.Done() }()
 			h(runCtx, msg)
 		}()
-	}, jetstream.PullMaxMessages(concurrency))
+	}, jetstream.PullMaxMessages(pull))
 	if err != nil {
+		halt()
 		cancel()
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
@@ -57,6 +88,7 @@ func Start(ctx context.Context, cons jetstream.Consumer, concurrency int, h Hand
 func (l *Loop) Stop(ctx context.Context) {
 	l.stopOnce.Do(func() {
 		l.cc.Stop()
+		l.halt()
 		done := make(chan struct{})
 		go func() { l.inflight.Wait(); close(done) }()
 		select {

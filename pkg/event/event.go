@@ -33,6 +33,18 @@ func WorkSubject(region, lane, tenant string) string {
 	return "assay." + region + ".work." + lane + "." + tenant
 }
 
+// LaneSubjects is the filter of one lane's work in a cell.
+func LaneSubjects(region, lane string) string { return "assay." + region + ".work." + lane + ".>" }
+
+// CancelSubject is where a cell tells its classifiers to stop a model call
+// for work that no longer needs it (a newer revision superseded it). It is
+// captured by the WORK stream, so cancels can be replayed with the work, but
+// no lane consumer reads it: every classifier subscribes to it directly.
+func CancelSubject(region, tenant string) string { return "assay." + region + ".work.cancel." + tenant }
+
+// CancelSubjects is the filter of a cell's cancels.
+func CancelSubjects(region string) string { return "assay." + region + ".work.cancel.>" }
+
 // ResultSubject carries every attempt's output.
 func ResultSubject(region, tenant string) string { return "assay." + region + ".result." + tenant }
 
@@ -70,6 +82,24 @@ type Work struct {
 	Region   string `json:"region"`
 	Lane     string `json:"lane"`
 	Dispatch int    `json:"dispatch"`
+}
+
+// Cancel asks whoever runs a model call for the work to stop it.
+type Cancel struct {
+	WorkID   string `json:"workId"`
+	TenantID string `json:"tenantId"`
+	Region   string `json:"region"`
+	Reason   string `json:"reason"`
+}
+
+func (c *Cancel) check() error {
+	switch {
+	case c.WorkID == "":
+		return errors.New("event: cancel: workId missing")
+	case !ValidToken(c.TenantID):
+		return fmt.Errorf("event: cancel: bad tenantId %q", c.TenantID)
+	}
+	return nil
 }
 
 // Result is one attempt's output, handed to the committer.

@@ -23,9 +23,24 @@ type Result struct {
 // Commit is the commit fence. While the attempt's lease is still the work's
 // lease it marks the work accepted and inserts the one result row; the result
 // key (work, schema version) refuses a second. committed=false means the
-// lease was lost: the attempt is recorded stale_lease instead.
+// lease was lost, or the deadline passed and the work is now expired: the
+// attempt is recorded stale_lease instead.
 func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, output json.RawMessage, findings int) (committed bool, err error) {
 	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		// Past its deadline the work ends expired, whatever the answer.
+		late, err := tx.Exec(ctx, `UPDATE work SET state = 'expired',
+				reason = 'deadline passed before a result was accepted', lease_token = NULL,
+				lease_expires_at = NULL, updated_at = now()
+			WHERE id = $1 AND state = 'running' AND lease_token = $2 AND deadline_at <= now()`, w.ID, token)
+		if err != nil {
+			return err
+		}
+		if late.RowsAffected() == 1 {
+			_, err := tx.Exec(ctx, `UPDATE attempts SET outcome = 'stale_lease',
+					reason = 'deadline passed before the verdict', finished_at = coalesce(finished_at, now())
+				WHERE id = $1`, attemptID)
+			return err
+		}
 		ok, err := s.FinishLeased(ctx, tx, w.ID, token, "accepted", "")
 		if err != nil {
 			return err

@@ -17,6 +17,10 @@ type Tenant struct {
 	ID         string `json:"id"`
 	HomeRegion string `json:"homeRegion"`
 	Status     string `json:"status"`
+	// RatePerMinute and Burst shape the tenant's ingress token bucket, one
+	// per lane.
+	RatePerMinute int `json:"ratePerMinute"`
+	Burst         int `json:"burst"`
 }
 
 // TenantSeed is one entry of a tenants file. Token is the plain token; only
@@ -65,9 +69,10 @@ func (s *Store) SeedTenants(ctx context.Context, seeds []TenantSeed) error {
 // unknown or revoked token.
 func (s *Store) TenantByToken(ctx context.Context, token string) (Tenant, error) {
 	var t Tenant
-	err := s.Pool.QueryRow(ctx, `SELECT t.id, t.home_region, t.status
+	err := s.Pool.QueryRow(ctx, `SELECT t.id, t.home_region, t.status, t.rate_per_minute, t.burst
 		FROM tenant_tokens k JOIN tenants t ON t.id = k.tenant_id
-		WHERE k.token_hash = $1 AND k.revoked_at IS NULL`, HashToken(token)).Scan(&t.ID, &t.HomeRegion, &t.Status)
+		WHERE k.token_hash = $1 AND k.revoked_at IS NULL`, HashToken(token)).Scan(&t.ID, &t.HomeRegion, &t.Status,
+		&t.RatePerMinute, &t.Burst)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Tenant{}, ErrNotFound
 	}
@@ -117,7 +122,8 @@ func (s *Store) AddTenant(ctx context.Context, id, homeRegion, token string) err
 
 // ListTenants lists every tenant this cell knows.
 func (s *Store) ListTenants(ctx context.Context) ([]TenantInfo, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT t.id, t.home_region, t.status, t.budget_micros, t.budget_period,
+	rows, err := s.Pool.Query(ctx, `SELECT t.id, t.home_region, t.status, t.rate_per_minute, t.burst,
+			t.budget_micros, t.budget_period,
 			(SELECT count(*) FROM tenant_tokens k WHERE k.tenant_id = t.id AND k.revoked_at IS NULL)
 		FROM tenants t ORDER BY t.id`)
 	if err != nil {
@@ -125,7 +131,7 @@ func (s *Store) ListTenants(ctx context.Context) ([]TenantInfo, error) {
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (TenantInfo, error) {
 		var t TenantInfo
-		err := r.Scan(&t.ID, &t.HomeRegion, &t.Status, &t.BudgetMicros, &t.BudgetPeriod, &t.ActiveTokens)
+		err := r.Scan(&t.ID, &t.HomeRegion, &t.Status, &t.RatePerMinute, &t.Burst, &t.BudgetMicros, &t.BudgetPeriod, &t.ActiveTokens)
 		return t, err
 	})
 }
@@ -149,6 +155,21 @@ func (s *Store) RotateToken(ctx context.Context, tenantID, token string) error {
 			HashToken(token), tenantID)
 		return err
 	})
+}
+
+// SetRate sets the tenant's ingress rate per minute and burst, per lane.
+func (s *Store) SetRate(ctx context.Context, tenantID string, perMinute, burst int) error {
+	if perMinute < 1 || burst < 1 {
+		return fmt.Errorf("store: set rate: rate per minute and burst must be at least 1")
+	}
+	tag, err := s.Pool.Exec(ctx, `UPDATE tenants SET rate_per_minute = $2, burst = $3 WHERE id = $1`, tenantID, perMinute, burst)
+	if err != nil {
+		return fmt.Errorf("store: set rate: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
 }
 
 // SetStatus suspends ("suspended") or resumes ("active") a tenant.

@@ -47,9 +47,9 @@ func (s *Store) LinkSource(ctx context.Context, kind, key, tenant string) error 
 // the source is not linked.
 func (s *Store) TenantBySource(ctx context.Context, kind, key string) (Tenant, error) {
 	var t Tenant
-	err := s.Pool.QueryRow(ctx, `SELECT t.id, t.home_region, t.status
+	err := s.Pool.QueryRow(ctx, `SELECT t.id, t.home_region, t.status, t.rate_per_minute, t.burst
 		FROM tenant_sources src JOIN tenants t ON t.id = src.tenant_id
-		WHERE src.kind = $1 AND src.key = $2`, kind, key).Scan(&t.ID, &t.HomeRegion, &t.Status)
+		WHERE src.kind = $1 AND src.key = $2`, kind, key).Scan(&t.ID, &t.HomeRegion, &t.Status, &t.RatePerMinute, &t.Burst)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Tenant{}, ErrNotFound
 	}

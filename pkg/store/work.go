@@ -41,6 +41,15 @@ type Work struct {
 	// newer one is stored superseded at once.
 	SupersedeOlder  bool      `json:"-"`
 	SourceUpdatedAt time.Time `json:"-"`
+	// DropReason, on insert, stores the work dropped with this reason and
+	// unannounced: admission refused it, and the reason tells how to ask
+	// again. Asking again with the same key re-admits it.
+	DropReason string `json:"-"`
+	// Superseded and SupersededRunning, after an insert, name the older
+	// work it superseded, and those of them a worker was running: their
+	// model calls are to be canceled.
+	Superseded        []string `json:"-"`
+	SupersededRunning []string `json:"-"`
 }
 
 // Terminal reports whether the work has reached its outcome.
@@ -84,18 +93,26 @@ func insertWork(ctx context.Context, tx pgx.Tx, w *Work, announce func(*Work) ([
 		sourceAt = &w.SourceUpdatedAt
 	}
 	row := tx.QueryRow(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version,
-			taxonomy_version, source_id, revision, lane, input, content_digest, deadline_at, source_updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+			taxonomy_version, source_id, revision, lane, input, content_digest, deadline_at, source_updated_at,
+			state, reason)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
+			CASE WHEN $14 = '' THEN 'queued' ELSE 'dropped' END, NULLIF($14, ''))
 		ON CONFLICT ON CONSTRAINT work_ingress_key DO NOTHING
 		RETURNING `+workColumns,
 		w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID,
-		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt, sourceAt)
+		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt, sourceAt, w.DropReason)
 	got, err = scanWork(row)
 	if errors.Is(err, ErrNotFound) {
 		got, err = scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work
-			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND revision = $4`,
+			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND revision = $4 FOR UPDATE`,
 			w.TenantID, w.Contract, w.SourceID, w.Revision))
-		return got, false, err
+		if err != nil || got.State != "dropped" || w.DropReason != "" {
+			return got, false, err
+		}
+		// Asked again after admission refused it: the same work, queued.
+		if got, err = readmit(ctx, tx, got.ID, w.DeadlineAt); err != nil {
+			return nil, false, err
+		}
 	}
 	if err != nil {
 		return nil, false, err
@@ -120,14 +137,37 @@ func insertWork(ctx context.Context, tx pgx.Tx, w *Work, announce func(*Work) ([
 		}
 		// A running attempt loses its lease here: its answer is then
 		// recorded stale and never published.
-		if _, err := tx.Exec(ctx, `UPDATE work SET state = 'superseded', lease_token = NULL,
-				lease_expires_at = NULL, reason = 'superseded by revision ' || $5, updated_at = now()
-			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
-				AND state IN ('queued', 'running')
-				AND ($6::timestamptz IS NULL OR source_updated_at IS NULL OR source_updated_at < $6)`,
-			got.TenantID, got.Contract, got.SourceID, got.ID, got.Revision, sourceAt); err != nil {
+		rows, err := tx.Query(ctx, `WITH old AS (SELECT id, state FROM work
+				WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
+					AND state IN ('queued', 'running')
+					AND ($6::timestamptz IS NULL OR source_updated_at IS NULL OR source_updated_at < $6)
+				FOR UPDATE)
+			UPDATE work w SET state = 'superseded', lease_token = NULL, lease_expires_at = NULL,
+				reason = 'superseded by revision ' || $5, updated_at = now()
+			FROM old WHERE w.id = old.id
+			RETURNING w.id, old.state`,
+			got.TenantID, got.Contract, got.SourceID, got.ID, got.Revision, sourceAt)
+		if err != nil {
 			return nil, false, err
 		}
+		for rows.Next() {
+			var id, was string
+			if err := rows.Scan(&id, &was); err != nil {
+				rows.Close()
+				return nil, false, err
+			}
+			got.Superseded = append(got.Superseded, id)
+			if was == "running" {
+				got.SupersededRunning = append(got.SupersededRunning, id)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, false, err
+		}
+	}
+	if got.State == "dropped" {
+		return got, true, nil
 	}
 	msgs, err := announce(got)
 	if err != nil {
@@ -137,6 +177,82 @@ func insertWork(ctx context.Context, tx pgx.Tx, w *Work, announce func(*Work) ([
 		return nil, false, err
 	}
 	return got, true, nil
+}
+
+// readmit queues dropped work again with a new deadline and a new dispatch
+// number.
+func readmit(ctx context.Context, tx pgx.Tx, id string, deadline time.Time) (*Work, error) {
+	return scanWork(tx.QueryRow(ctx, `UPDATE work SET state = 'queued', reason = NULL, deadline_at = $2,
+			dispatch = dispatch + 1, updated_at = now()
+		WHERE id = $1 AND state = 'dropped' RETURNING `+workColumns, id, deadline))
+}
+
+// ErrNotDropped is returned by Rerun for work admission did not drop.
+var ErrNotDropped = errors.New("only dropped work can be run again")
+
+// Rerun queues dropped work again with a new deadline and writes its
+// announcement, in one transaction. It refuses work in any other state
+// (ErrNotDropped) and a revision that a later one of the same source has
+// replaced (ErrSuperseded).
+func (s *Store) Rerun(ctx context.Context, id string, deadline time.Time, announce func(*Work) ([]OutboxMsg, error)) (*Work, error) {
+	var got *Work
+	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		w, err := scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work WHERE id = $1 FOR UPDATE`, id))
+		if err != nil {
+			return err
+		}
+		if w.State != "dropped" {
+			return fmt.Errorf("work %s is %s: %w", id, w.State, ErrNotDropped)
+		}
+		var newer string
+		err = tx.QueryRow(ctx, `SELECT revision FROM work
+			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4 AND created_at > $5
+			ORDER BY created_at DESC LIMIT 1`, w.TenantID, w.Contract, w.SourceID, w.ID, w.CreatedAt).Scan(&newer)
+		if err == nil {
+			return fmt.Errorf("work %s: revision %s of %s arrived later; run that one: %w", id, newer, w.SourceID, ErrSuperseded)
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if got, err = readmit(ctx, tx, id, deadline); err != nil {
+			return err
+		}
+		msgs, err := announce(got)
+		if err != nil {
+			return err
+		}
+		return insertOutbox(ctx, tx, msgs)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: rerun: %w", err)
+	}
+	return got, nil
+}
+
+// ErrSuperseded is returned by Rerun when a later revision replaced the work.
+var ErrSuperseded = errors.New("superseded")
+
+// ExpireOverdue ends work whose deadline passed more than grace ago and
+// that has no outcome yet: queued work nobody will take in time, and
+// running work whose worker has not reported back. The grace lets a live
+// worker record its own outcome first. A late answer then finds the work
+// expired and is recorded stale, never published.
+func (s *Store) ExpireOverdue(ctx context.Context, grace time.Duration, limit int) ([]*Work, error) {
+	rows, err := s.Pool.Query(ctx, `UPDATE work SET state = 'expired',
+			reason = 'deadline passed before a result was accepted', lease_token = NULL,
+			lease_expires_at = NULL, updated_at = now()
+		WHERE id IN (SELECT id FROM work WHERE state IN ('queued', 'running')
+				AND deadline_at < now() - $1 * interval '1 microsecond'
+			ORDER BY deadline_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+		RETURNING `+workColumns, interval(grace), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: expire: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Work, error) { return scanWork(r) })
+	if err != nil {
+		return nil, fmt.Errorf("store: expire: %w", err)
+	}
+	return out, nil
 }
 
 // GetWork reads one work row.

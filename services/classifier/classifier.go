@@ -15,9 +15,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"assay.dev/pkg/admission"
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
@@ -34,8 +37,14 @@ type Config struct {
 	Region string
 	// Model is the model name recorded on every attempt.
 	Model string
-	// Concurrency is how many model calls run at once. Default 4.
+	// Concurrency is the hard ceiling on model calls at once in this cell;
+	// the adaptive limit moves below it. Default 32.
 	Concurrency int
+	// InitialConcurrency is where the adaptive limit starts. Default 4.
+	InitialConcurrency int
+	// FixedConcurrency keeps the limit at Concurrency, with no adaptation,
+	// for a provider whose capacity is known and reserved.
+	FixedConcurrency bool
 	// LeaseTTL is how long a claim holds without a heartbeat. Default 30s.
 	LeaseTTL time.Duration
 	// Heartbeat is how often a running call extends its lease and tells
@@ -80,7 +89,13 @@ func (c *Config) defaults() error {
 		return errors.New("classifier: Model is required")
 	}
 	if c.Concurrency <= 0 {
-		c.Concurrency = 4
+		c.Concurrency = 32
+	}
+	if c.InitialConcurrency <= 0 {
+		c.InitialConcurrency = min(4, c.Concurrency)
+	}
+	if c.InitialConcurrency > c.Concurrency {
+		return fmt.Errorf("classifier: InitialConcurrency %d is above the ceiling Concurrency %d", c.InitialConcurrency, c.Concurrency)
 	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = 30 * time.Second
@@ -140,6 +155,10 @@ type Deps struct {
 	Contracts *contract.Registry
 	Log       *slog.Logger
 	Tel       *telemetry.Provider
+	// Limiter is the cell's concurrency limit for its provider. Default: a
+	// new one from the config; instances in one process that call the same
+	// provider for the same cell may share one.
+	Limiter *admission.Limiter
 }
 
 // Service is one classifier instance.
@@ -147,29 +166,83 @@ type Service struct {
 	cfg   Config
 	d     Deps
 	relay *outbox.Relay
+	lim   *admission.Limiter
 
 	attempts metric.Int64Counter
 
-	loop     *consumer.Loop
+	mu      sync.Mutex
+	running map[string]context.CancelCauseFunc // work id -> its model call
+
+	loops    []*consumer.Loop
+	cancels  *nats.Subscription
 	stopOnce sync.Once
 }
+
+// errSuperseded cancels a model call whose work a newer revision replaced.
+var errSuperseded = errors.New("superseded by a newer revision")
 
 // New checks the config and builds the service.
 func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, d: d}
+	s := &Service{cfg: cfg, d: d, lim: d.Limiter, running: map[string]context.CancelCauseFunc{}}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Subjects: []string{
 		event.StreamPrefix(event.KindResult, cfg.Region), event.StreamPrefix(event.KindAttempt, cfg.Region)}}
+	if s.lim == nil {
+		lc := admission.LimiterConfig{Initial: cfg.InitialConcurrency, Max: cfg.Concurrency, OnChange: s.limitChanged}
+		if cfg.FixedConcurrency {
+			lc.Initial, lc.Min = cfg.Concurrency, cfg.Concurrency
+		}
+		var err error
+		if s.lim, err = admission.NewLimiter(lc); err != nil {
+			return nil, fmt.Errorf("classifier: %w", err)
+		}
+	}
 	var err error
 	s.attempts, err = d.Tel.Meter().Int64Counter("assay_classifier_attempts",
 		metric.WithDescription("model-call attempts by outcome"))
+	if err != nil {
+		return nil, err
+	}
+	region := metric.WithAttributes(attribute.String("region", cfg.Region))
+	_, err = d.Tel.Meter().Int64ObservableGauge("assay_classifier_limit",
+		metric.WithDescription("model calls the adaptive limit allows at once"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(int64(s.lim.Limit()), region)
+			return nil
+		}))
+	if err != nil {
+		return nil, err
+	}
+	_, err = d.Tel.Meter().Int64ObservableGauge("assay_classifier_in_flight",
+		metric.WithDescription("model calls running now"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(int64(s.lim.Stats().InFlight), region)
+			return nil
+		}))
 	return s, err
 }
 
-// Consumer is the durable name of the classifier's WORK consumer.
-const Consumer = "classifier"
+// Consumer names the durable WORK consumer of a lane.
+func Consumer(lane string) string { return "classifier-" + lane }
+
+// Lanes are consumed apart, so a batch backlog never stands in front of
+// interactive work; they share the cell's limiter, where interactive goes
+// first.
+var lanes = []string{event.Interactive, event.Batch}
+
+// Limiter is the instance's concurrency limiter.
+func (s *Service) Limiter() *admission.Limiter { return s.lim }
+
+func (s *Service) limitChanged(old, new int, reason string) {
+	outcome := "limit_raised"
+	if new < old {
+		outcome = "limit_lowered"
+	}
+	telemetry.Decision(context.Background(), s.d.Log, "limit:"+s.cfg.Region, outcome, reason,
+		slog.Int("from", old), slog.Int("to", new))
+}
 
 // Start ensures the cell's streams and the durable consumer, then consumes.
 func (s *Service) Start(ctx context.Context) error {
@@ -182,17 +255,27 @@ func (s *Service) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cons, err := event.EnsureConsumer(ctx, st, event.ConsumerSettings{
-		Durable: Consumer, AckWait: s.cfg.AckWait, MaxDeliver: s.cfg.MaxDeliver,
-		MaxAckPending: 4 * s.cfg.Concurrency,
-	})
-	if err != nil {
-		return err
+	// Cancels first, so no call starts unseen by them.
+	if s.cancels, err = s.d.JS.Conn().Subscribe(event.CancelSubjects(s.cfg.Region), s.onCancel); err != nil {
+		return fmt.Errorf("classifier: subscribe to cancels: %w", err)
 	}
 	s.relay.Start(context.WithoutCancel(ctx))
-	if s.loop, err = consumer.Start(ctx, cons, s.cfg.Concurrency, s.handle); err != nil {
-		s.relay.Stop()
-		return fmt.Errorf("classifier: %w", err)
+	for _, lane := range lanes {
+		cons, err := event.EnsureConsumer(ctx, st, event.ConsumerSettings{
+			Durable: Consumer(lane), Filter: event.LaneSubjects(s.cfg.Region, lane),
+			AckWait: s.cfg.AckWait, MaxDeliver: s.cfg.MaxDeliver, MaxAckPending: 4 * s.cfg.Concurrency,
+		})
+		if err == nil {
+			var loop *consumer.Loop
+			loop, err = consumer.StartGated(ctx, cons, 2, func(ctx context.Context) (func(), error) {
+				return s.lim.Enter(ctx, lane)
+			}, s.handle)
+			s.loops = append(s.loops, loop)
+		}
+		if err != nil {
+			s.Stop(context.Background())
+			return fmt.Errorf("classifier: %w", err)
+		}
 	}
 	return nil
 }
@@ -201,8 +284,15 @@ func (s *Service) Start(ctx context.Context) error {
 // cancels them, which requeues their work), and flushes the outbox.
 func (s *Service) Stop(ctx context.Context) {
 	s.stopOnce.Do(func() {
-		if s.loop != nil {
-			s.loop.Stop(ctx)
+		var wg sync.WaitGroup
+		for _, l := range s.loops {
+			if l != nil {
+				wg.Go(func() { l.Stop(ctx) })
+			}
+		}
+		wg.Wait()
+		if s.cancels != nil {
+			_ = s.cancels.Unsubscribe()
 		}
 		s.relay.Stop()
 	})
@@ -210,7 +300,29 @@ func (s *Service) Stop(ctx context.Context) {
 
 // Ready reports whether the service can take work.
 func (s *Service) Ready(ctx context.Context) error {
-	return consumer.Ready(ctx, s.d.Store.Pool, s.d.JS, event.StreamName(event.KindWork, s.cfg.Region), Consumer)
+	for _, lane := range lanes {
+		if err := consumer.Ready(ctx, s.d.Store.Pool, s.d.JS, event.StreamName(event.KindWork, s.cfg.Region), Consumer(lane)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// onCancel stops the model call of superseded work if this instance runs
+// it. Its answer, should one still arrive, is recorded stale.
+func (s *Service) onCancel(msg *nats.Msg) {
+	var c event.Cancel
+	if err := event.Decode(msg.Data, &c); err != nil {
+		s.d.Log.Warn("undecodable cancel message", "subject", msg.Subject, "err", err)
+		return
+	}
+	s.mu.Lock()
+	cancel := s.running[c.WorkID]
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel(errSuperseded)
+		telemetry.Decision(context.Background(), s.d.Log, c.WorkID, "superseded", "model call canceled: "+c.Reason)
+	}
 }
 
 func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {

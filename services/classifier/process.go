@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"assay.dev/pkg/admission"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/gate"
@@ -76,6 +77,14 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 		return s.finishUnleased(ctx, w, "transport_rejected", fmt.Sprintf("contract %q is not known to this worker", w.Contract))
 	}
 
+	// A permit from the cell's limiter before anything is held: waiting here
+	// costs a goroutine and a message in hand, both bounded by the limiter.
+	permit, err := s.lim.Acquire(ctx, w.Lane)
+	if err != nil {
+		return Disposition{Kind: Nak}
+	}
+	defer permit.Release(admission.Signal{Kind: admission.Ignore})
+
 	attemptID, token := newUUID(), newUUID()
 	// Reserve before claiming: work whose tenant cannot pay ends without a
 	// claim, an attempt or a call.
@@ -116,6 +125,7 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 	telemetry.Decision(ctx, log, cw.ID, "claimed", "lease taken", slog.String("attempt", attemptID), slog.Int("number", cw.Attempts))
 
 	reply, callErr := s.call(ctx, cw, c, token, progress)
+	permit.Release(signal(reply, callErr))
 	// What the call cost must be recorded even when the worker is stopping.
 	ctx = context.WithoutCancel(ctx)
 	stillMine, err := s.d.Store.ExtendLease(ctx, cw.ID, token, s.cfg.HandoffTTL)
@@ -131,6 +141,16 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 // delivery alive while it runs.
 func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract, token string, progress func()) (*model.Reply, error) {
 	timeout := min(s.cfg.CallTimeout, time.Until(w.DeadlineAt))
+	ctx, cancelCause := context.WithCancelCause(ctx)
+	defer cancelCause(nil)
+	s.mu.Lock()
+	s.running[w.ID] = cancelCause
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.running, w.ID)
+		s.mu.Unlock()
+	}()
 	callCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if s.cfg.Heartbeat > 0 {
@@ -321,6 +341,25 @@ func (s *Service) Estimate(c *contract.Contract, w *store.Work) int64 {
 	}
 	units := int64(math.Ceil(float64(in) / s.cfg.BytesPerUnit))
 	return s.cfg.Prices.CostMicros(s.cfg.Model, units, int64(s.cfg.MaxOutputUnits))
+}
+
+// signal is what one call tells the limiter: success with its latency,
+// or congestion (a 429 or a timeout). Anything else says nothing about the
+// provider's capacity.
+func signal(reply *model.Reply, err error) admission.Signal {
+	var mErr *model.Error
+	errors.As(err, &mErr)
+	switch {
+	case err == nil && reply != nil:
+		return admission.Signal{Kind: admission.Success, Latency: reply.Latency}
+	case mErr != nil && mErr.Kind == model.KindRateLimited:
+		return admission.Signal{Kind: admission.RateLimited}
+	case mErr != nil && mErr.Kind == model.KindTimeout:
+		return admission.Signal{Kind: admission.Timeout}
+	case mErr != nil && mErr.Kind == model.KindMalformed && reply != nil:
+		return admission.Signal{Kind: admission.Success, Latency: reply.Latency}
+	}
+	return admission.Signal{Kind: admission.Ignore}
 }
 
 func retryOutcome(err error, mErr *model.Error) string {

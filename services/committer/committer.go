@@ -172,8 +172,15 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 		return err
 	}
 	if !committed {
+		why := "lease lost before commit; answer recorded, not published"
+		if now, err := s.d.Store.GetWork(ctx, w.ID); err == nil && now.State == "expired" {
+			s.count(ctx, "expired")
+			telemetry.Decision(ctx, log, w.ID, "expired", "deadline passed before the verdict; answer recorded, not published",
+				slog.String("attempt", ev.AttemptID))
+			return nil
+		}
 		s.count(ctx, "stale_lease")
-		telemetry.Decision(ctx, log, w.ID, "stale_lease", "lease lost before commit; answer recorded, not published", slog.String("attempt", ev.AttemptID))
+		telemetry.Decision(ctx, log, w.ID, "stale_lease", why, slog.String("attempt", ev.AttemptID))
 		return nil
 	}
 	s.count(ctx, "accepted")

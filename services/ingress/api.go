@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -144,8 +146,29 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		Input:           string(input),
 		Digest:          Digest(input),
 		DeadlineAt:      time.Now().Add(deadline),
+		// A new revision of the same source replaces the older one's work.
+		SupersedeOlder: true,
 	}
 	span.SetAttributes(attribute.String("assay.work_id", work.ID), attribute.String("assay.tenant", t.ID))
+	if wait, ok := s.admit(t, req.Lane); !ok {
+		// A key already accepted costs nothing, over the rate or not.
+		if got, err := s.d.Store.GetWork(ctx, work.ID); err == nil && got.State != "dropped" {
+			s.count(ctx, "duplicate")
+			telemetry.Decision(ctx, s.d.Log, got.ID, "duplicate", "ingress key already accepted",
+				slog.String("tenant", t.ID), slog.String("state", got.State))
+			apierror.JSON(w, http.StatusOK, SubmitResponse{WorkID: got.ID, State: got.State, Duplicate: true,
+				Region: got.Region, Links: Links{Self: "/v1/work/" + got.ID}})
+			return
+		}
+		secs := int(math.Ceil(wait.Seconds()))
+		s.count(ctx, "rate_limited")
+		telemetry.Decision(ctx, s.d.Log, work.ID, "refused", overRate(t, req.Lane),
+			slog.String("tenant", t.ID), slog.Duration("retry_after", wait))
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		apierror.Write(w, http.StatusTooManyRequests, "rate_limited",
+			fmt.Sprintf("%s; retry after %d s (nothing was stored)", overRate(t, req.Lane), secs))
+		return
+	}
 	got, created, err := s.d.Store.InsertWork(ctx, work, s.announce(ctx))
 	if err != nil {
 		s.d.Log.Error("insert work failed", "key", work.ID, "err", err)
@@ -157,6 +180,7 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		Links: Links{Self: "/v1/work/" + got.ID}}
 	if created {
 		s.relay.Kick()
+		s.logSuperseded(ctx, got)
 		s.count(ctx, "accepted")
 		telemetry.Decision(ctx, s.d.Log, got.ID, "queued", "new ingress key",
 			slog.String("tenant", t.ID), slog.String("source", req.SourceID), slog.String("revision", req.Revision))

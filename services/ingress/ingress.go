@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"assay.dev/pkg/admission"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outbox"
@@ -119,6 +120,7 @@ type Service struct {
 
 	submitted metric.Int64Counter
 	webhooks  metric.Int64Counter
+	buckets   *admission.Buckets
 
 	stopOnce sync.Once
 	cancel   context.CancelFunc
@@ -130,7 +132,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, d: d}
+	s := &Service{cfg: cfg, d: d, buckets: admission.NewBuckets(time.Now)}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log,
 		Subjects: []string{event.StreamPrefix(event.KindWork, cfg.Region)}}
 	var err error
@@ -197,13 +199,52 @@ func Digest(input []byte) string {
 }
 
 func (s *Service) announce(ctx context.Context) func(*store.Work) ([]store.OutboxMsg, error) {
+	return Announce(ctx)
+}
+
+// Announce makes the outbox rows of newly queued work: its announcement,
+// and a cancel for each older revision a worker is running.
+func Announce(ctx context.Context) func(*store.Work) ([]store.OutboxMsg, error) {
 	return func(w *store.Work) ([]store.OutboxMsg, error) {
-		m, err := s.workMsg(ctx, w, w.Dispatch)
-		return []store.OutboxMsg{m}, err
+		m, err := WorkMessage(ctx, w, w.Dispatch)
+		if err != nil {
+			return nil, err
+		}
+		msgs := []store.OutboxMsg{m}
+		// A worker running an older revision stops paying for its answer.
+		for _, old := range w.SupersededRunning {
+			c, err := outbox.Msg(ctx, event.CancelSubject(w.Region, w.TenantID), "cancel."+old+"."+w.ID,
+				event.Cancel{WorkID: old, TenantID: w.TenantID, Region: w.Region, Reason: "revision " + w.Revision + " superseded it"})
+			if err != nil {
+				return nil, err
+			}
+			msgs = append(msgs, c)
+		}
+		return msgs, nil
+	}
+}
+
+// logSuperseded records the supersede decision for each older work item.
+func (s *Service) logSuperseded(ctx context.Context, w *store.Work) {
+	running := map[string]bool{}
+	for _, id := range w.SupersededRunning {
+		running[id] = true
+	}
+	for _, id := range w.Superseded {
+		why := "revision " + w.Revision + " arrived"
+		if running[id] {
+			why += "; its running model call is canceled"
+		}
+		telemetry.Decision(ctx, s.d.Log, id, "superseded", why, slog.String("by", w.ID))
 	}
 }
 
 func (s *Service) workMsg(ctx context.Context, w *store.Work, dispatch int) (store.OutboxMsg, error) {
+	return WorkMessage(ctx, w, dispatch)
+}
+
+// WorkMessage is the outbox row that announces w with a dispatch number.
+func WorkMessage(ctx context.Context, w *store.Work, dispatch int) (store.OutboxMsg, error) {
 	return outbox.Msg(ctx, event.WorkSubject(w.Region, w.Lane, w.TenantID), event.WorkMsgID(w.ID, dispatch),
 		event.Work{WorkID: w.ID, TenantID: w.TenantID, Region: w.Region, Lane: w.Lane, Dispatch: dispatch})
 }
@@ -226,8 +267,16 @@ func (s *Service) sweep(ctx context.Context) {
 	}
 }
 
-// SweepOnce runs one sweep pass.
+// SweepOnce runs one sweep pass: work past its deadline ends expired, then
+// stuck work is announced again.
 func (s *Service) SweepOnce(ctx context.Context) error {
+	expired, err := s.d.Store.ExpireOverdue(ctx, s.cfg.LeaseGrace, 500)
+	if err != nil {
+		return err
+	}
+	for _, w := range expired {
+		telemetry.Decision(ctx, s.d.Log, w.ID, "expired", w.Reason, slog.String("tenant", w.TenantID), slog.String("lane", w.Lane))
+	}
 	stuck, err := s.d.Store.SweepStuck(ctx, s.cfg.QueuedFor, s.cfg.LeaseGrace, 500, func(st store.Stuck) (store.OutboxMsg, error) {
 		return s.workMsg(ctx, st.Work, st.Dispatch)
 	})
@@ -245,6 +294,23 @@ func (s *Service) SweepOnce(ctx context.Context) error {
 		s.relay.Kick()
 	}
 	return nil
+}
+
+// admit takes a token from the tenant's bucket for the lane. When there is
+// none it returns how long until there is one.
+func (s *Service) admit(t store.Tenant, lane string) (time.Duration, bool) {
+	ok, wait := s.buckets.Take(t.ID+"/"+lane, float64(t.RatePerMinute), t.Burst)
+	return wait, ok
+}
+
+// overRate says why admission refused work.
+func overRate(t store.Tenant, lane string) string {
+	return fmt.Sprintf("tenant %s is over its %s rate of %d per minute (burst %d)", t.ID, lane, t.RatePerMinute, t.Burst)
+}
+
+// RerunCommand is the command that asks again for dropped work.
+func RerunCommand(w *store.Work) string {
+	return fmt.Sprintf("assay work rerun %s --region %s", w.ID, w.Region)
 }
 
 // Handler serves the ingress API.

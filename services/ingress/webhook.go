@@ -165,6 +165,9 @@ func Sign(secret string, body []byte) string {
 type WebhookResponse struct {
 	SubmitResponse
 	Delivery string `json:"delivery"`
+	// Reason is set when admission dropped the work: why, and the command
+	// that asks again.
+	Reason string `json:"reason,omitempty"`
 }
 
 // IgnoredResponse answers a delivery that asks for no work.
@@ -320,6 +323,11 @@ func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
 		SourceUpdatedAt: pr.PullRequest.UpdatedAt,
 	}
 	span.SetAttributes(attribute.String("assay.work_id", work.ID))
+	if _, ok := s.admit(t, work.Lane); !ok {
+		// GitHub does not retry a refused delivery: the work is stored
+		// dropped, and its reason says how to ask again.
+		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", overRate(t, work.Lane), RerunCommand(work))
+	}
 	res, err := s.d.Store.InsertWebhookWork(ctx, store.Delivery{ID: deliveryID, TenantID: t.ID, Event: ev, Action: pr.Action},
 		work, s.announce(ctx))
 	if err != nil {
@@ -342,6 +350,14 @@ func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.relay.Kick()
+	s.logSuperseded(ctx, res.Work)
+	if res.Work.State == "dropped" {
+		resp.Reason = res.Work.Reason
+		s.webhooks.Add(ctx, 1, metric.WithAttributes(attribute.String("result", "dropped"), attribute.String("region", s.cfg.Region)))
+		telemetry.Decision(ctx, s.d.Log, res.Work.ID, "dropped", res.Work.Reason, attrs...)
+		apierror.JSON(w, http.StatusAccepted, resp)
+		return
+	}
 	s.webhooks.Add(ctx, 1, metric.WithAttributes(attribute.String("result", "accepted"), attribute.String("region", s.cfg.Region)))
 	reason := "new ingress key"
 	if work.SupersedeOlder {

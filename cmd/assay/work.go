@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"assay.dev/pkg/config"
+	"assay.dev/pkg/store"
+	"assay.dev/services/ingress"
+)
+
+const workUsage = `usage: assay work rerun ID [--deadline D] [--region R --database-url URL]
+
+  rerun ID      queue work that admission dropped again, with a new deadline
+                (default 10m); the cell's ingress announces it
+`
+
+// workCmd runs `assay work …` against the cell in ASSAY_DATABASE_URL.
+func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 || args[0] != "rerun" {
+		return configError{errors.New(workUsage)}
+	}
+	fs := flag.NewFlagSet("assay work rerun", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	deadline := fs.Duration("deadline", 10*time.Minute, "how long the work may take from now")
+	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
+	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
+	var pos []string
+	for rest := args[1:]; len(rest) > 0; {
+		if err := fs.Parse(rest); err != nil {
+			return configError{fmt.Errorf("%v\n%s", err, workUsage)}
+		}
+		if rest = fs.Args(); len(rest) > 0 {
+			pos, rest = append(pos, rest[0]), rest[1:]
+		}
+	}
+	if len(pos) != 1 {
+		return configError{fmt.Errorf("work rerun takes one work id, got %d\n%s", len(pos), workUsage)}
+	}
+	if *deadline <= 0 {
+		return configError{fmt.Errorf("--deadline: %s is not a positive duration", *deadline)}
+	}
+	if _, err := config.Load("assay work", []string{"--region", *region, "--database-url", *dbURL}, func(string) string { return "" }, config.Need{}); err != nil {
+		return configError{err}
+	}
+	st, err := store.Open(ctx, *dbURL)
+	if err != nil {
+		return fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+	}
+	defer st.Close()
+	w, err := st.Rerun(ctx, pos[0], time.Now().Add(*deadline), ingress.Announce(ctx))
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("no work %q in region %s's database", pos[0], *region)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "work %s queued again (dispatch %d, deadline %s)\n", w.ID, w.Dispatch, w.DeadlineAt.UTC().Format(time.RFC3339))
+	return nil
+}

@@ -1,0 +1,116 @@
+package ingress
+
+import (
+	"bytes"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"assay.dev/pkg/store"
+)
+
+// submitAPI posts a moderation request for source as tenant acme.
+func (e *webhookEnv) submitAPI(source, lane string) (answer, http.Header) {
+	e.t.Helper()
+	body := `{"contract":"moderation","sourceId":"` + source + `","revision":"r1","lane":"` + lane + `","input":{"text":"hello"}}`
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/work", bytes.NewBufferString(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer tok-acme")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	_, _ = buf.ReadFrom(resp.Body)
+	return answer{status: resp.StatusCode, body: buf.Bytes()}, resp.Header
+}
+
+// Over its rate, an API caller gets 429 with Retry-After and a JSON error,
+// nothing is stored; a key already accepted still answers as a duplicate;
+// the other lane has its own bucket.
+func TestSubmitOverRate(t *testing.T) {
+	t.Parallel()
+	e := newWebhookEnv(t, nil)
+	if err := e.st.SetRate(t.Context(), "acme", 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, src := range []string{"ticket-1", "ticket-2"} {
+		if a, _ := e.submitAPI(src, "interactive"); a.status != http.StatusAccepted {
+			t.Fatalf("%s within the burst: %d %s", src, a.status, a.body)
+		}
+	}
+	a, h := e.submitAPI("ticket-3", "interactive")
+	if a.status != http.StatusTooManyRequests || a.code() != "rate_limited" {
+		t.Fatalf("over the rate: %d %s, want 429 rate_limited", a.status, a.body)
+	}
+	// One token a minute: the next is just under 60 s away.
+	secs, err := strconv.Atoi(h.Get("Retry-After"))
+	if err != nil || secs < 59 || secs > 60 {
+		t.Fatalf("Retry-After %q, want 59-60 s", h.Get("Retry-After"))
+	}
+	if !strings.Contains(string(a.body), "rate of 1 per minute") {
+		t.Fatalf("message does not name the rate: %s", a.body)
+	}
+	if n := e.count(`SELECT count(*) FROM work WHERE source_id = 'ticket-3'`); n != 0 {
+		t.Fatalf("refused work stored: %d rows", n)
+	}
+	if a, _ := e.submitAPI("ticket-1", "interactive"); a.status != http.StatusOK || !a.work().Duplicate {
+		t.Fatalf("duplicate over the rate: %d %s, want 200 duplicate", a.status, a.body)
+	}
+	if a, _ := e.submitAPI("sweep-1", "batch"); a.status != http.StatusAccepted {
+		t.Fatalf("batch lane has its own bucket: %d %s", a.status, a.body)
+	}
+	e.decision(WorkID("acme", "moderation", "ticket-3", "r1"), "refused")
+}
+
+// Over its rate, webhook work is stored dropped with the command that asks
+// again; that command queues it.
+func TestWebhookOverRateDropped(t *testing.T) {
+	t.Parallel()
+	e := newWebhookEnv(t, nil)
+	if err := e.st.SetRate(t.Context(), "acme", 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	first := e.deliver("pull_request", "d-open", readPayload(t, "pull_request_opened.json"))
+	if first.status != http.StatusAccepted || first.work().State != "queued" {
+		t.Fatalf("opened: %d %s", first.status, first.body)
+	}
+	e.gh.setDiff(prSource, evalDiff(t, "07-coupon-twice"))
+	second := e.deliver("pull_request", "d-sync", readPayload(t, "pull_request_synchronize.json"))
+	r := second.work()
+	id := WorkID("acme", WebhookContract, prSource, headSync)
+	want := "ask again with: assay work rerun " + id + " --region us"
+	if second.status != http.StatusAccepted || r.State != "dropped" || !strings.Contains(r.Reason, want) {
+		t.Fatalf("over the rate: %d %s, want dropped naming %q", second.status, second.body, want)
+	}
+	w, err := e.st.GetWork(t.Context(), id)
+	if err != nil || w.State != "dropped" || !strings.Contains(w.Reason, want) {
+		t.Fatalf("stored %+v %v", w, err)
+	}
+	e.decision(id, "dropped")
+	if msgs := e.published(); len(msgs) != 1 {
+		t.Fatalf("dropped work was announced: %+v", msgs)
+	}
+	// The same delivery again is the same dropped work, not a second row.
+	if again := e.deliver("pull_request", "d-sync", readPayload(t, "pull_request_synchronize.json")); again.work().WorkID != id {
+		t.Fatalf("redelivery: %s", again.body)
+	}
+
+	dropped := w.Dispatch
+	w, err = e.st.Rerun(t.Context(), id, time.Now().Add(time.Minute), Announce(t.Context()))
+	if err != nil || w.State != "queued" || w.Dispatch != dropped+1 {
+		t.Fatalf("rerun: state %q dispatch %d (dropped at %d) %v", w.State, w.Dispatch, dropped, err)
+	}
+	if msgs := e.published(); len(msgs) != 2 || msgs[1].WorkID != id || msgs[1].Dispatch != w.Dispatch {
+		t.Fatalf("after rerun the WORK stream holds %+v", msgs)
+	}
+	if _, err := e.st.Rerun(t.Context(), id, time.Now().Add(time.Minute), Announce(t.Context())); err == nil ||
+		!strings.Contains(err.Error(), store.ErrNotDropped.Error()) {
+		t.Fatalf("second rerun: %v, want a refusal", err)
+	}
+}
