@@ -31,6 +31,9 @@ type cellOptions struct {
 	// NoClassifier leaves the classifier out, for tests that drive
 	// classifiers by hand.
 	NoClassifier bool
+	// WrapModel, when set, wraps the model client the classifier calls
+	// (the goodput benchmark's baseline retries naively inside it).
+	WrapModel func(classifier.Completer) classifier.Completer
 	// NATSURLs, when set, gives each service ("ingress", "classifier",
 	// "committer", "ledger") a connection of its own from this URL, so each
 	// works with its own credentials alone. Nil shares Env's connection.
@@ -81,7 +84,10 @@ func startCell(ctx context.Context, o cellOptions) (c *cell, err error) {
 	if o.Classifier.Prices == nil {
 		o.Classifier.Prices = o.Prices
 	}
-	mc := modelClient(o.Config)
+	var mc classifier.Completer = modelClient(o.Config)
+	if o.WrapModel != nil {
+		mc = o.WrapModel(mc)
+	}
 	if c.Classifier, err = classifier.New(o.Classifier, classifier.Deps{Store: env.Store, JS: js["classifier"], Model: mc,
 		Contracts: env.Contracts, Log: env.Log.With("service", "classifier"), Tel: env.Tel}); err != nil {
 		return c, err

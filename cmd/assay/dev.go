@@ -81,6 +81,10 @@ func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 	if err := ccfg.FromEnv(os.Getenv); err != nil {
 		return e, configError{err}
 	}
+	var icfg ingress.Config
+	if err := icfg.FromEnv(os.Getenv); err != nil {
+		return e, configError{err}
+	}
 	if u := os.Getenv("ASSAY_MODEL_BASE_URL"); u != "" {
 		if p, err := url.Parse(u); err != nil || p.Host == "" || (p.Scheme != "http" && p.Scheme != "https") {
 			return e, configError{fmt.Errorf("ASSAY_MODEL_BASE_URL: %q is not an http(s) URL", u)}
@@ -125,8 +129,9 @@ func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 		{ID: "globex", HomeRegion: "eu", Token: store.NewToken()},
 	}
 	// Webhooks need a secret; dev makes one up unless one is given.
-	if e.webhookSecret = os.Getenv("ASSAY_GITHUB_WEBHOOK_SECRET"); e.webhookSecret == "" {
+	if e.webhookSecret = icfg.GitHubSecret; e.webhookSecret == "" {
 		e.webhookSecret = store.NewToken()
+		icfg.GitHubSecret = e.webhookSecret
 	}
 	stamp := time.Now().UnixNano()
 	for _, region := range config.Regions {
@@ -138,8 +143,7 @@ func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 			ModelBaseURL: e.modelURL, ModelAPIKey: os.Getenv("ASSAY_MODEL_API_KEY"),
 			Model: envOr("ASSAY_MODEL", "assay-sim-1"), HTTPAddr: "127.0.0.1:0"}
 		c, err := startCell(ctx, cellOptions{Config: cfg, Log: e.log.With("region", region), Prices: ccfg.Prices, Classifier: ccfg,
-			Ingress: ingress.Config{GitHubSecret: e.webhookSecret, GitHubAPI: os.Getenv("ASSAY_GITHUB_API_URL"),
-				GitHubToken: os.Getenv("ASSAY_GITHUB_TOKEN")}})
+			Ingress: icfg})
 		if err != nil {
 			return e, fmt.Errorf("cell %s: %w", region, err)
 		}

@@ -6,6 +6,7 @@
 //	assay tenants seed FILE   create tenants and tokens from a JSON file
 //	assay tenant …            add, list, rotate-token, suspend, resume, set-budget, link
 //	assay work rerun ID       queue dropped work again
+//	assay bench goodput       the admission benchmark
 //	assay usage reconcile     check attempts against results, the ledger and the provider
 package main
 
@@ -40,6 +41,7 @@ commands:
   tenants seed FILE      create tenants and tokens from FILE: [{"id","homeRegion","token"}]
   tenant COMMAND         add, list, rotate-token, suspend, resume, set-budget, set-rate, link (assay tenant for help)
   work rerun ID          queue work that admission dropped again
+  bench goodput          admission benchmark against the simulated provider (make bench-goodput)
   usage reconcile        check attempts against results, the ledger and the provider's counts
 `
 
@@ -62,6 +64,8 @@ func run(args []string, stderr io.Writer) int {
 		err = tenants(ctx, args[1:])
 	case "tenant":
 		err = tenantCmd(ctx, args[1:], os.Stdout)
+	case "bench":
+		err = benchCmd(ctx, args[1:], os.Stdout)
 	case "work":
 		err = workCmd(ctx, args[1:], os.Stdout)
 	case "usage":

@@ -92,6 +92,11 @@ type LimiterConfig struct {
 	// GrowthWindows: the limit grows by one after GrowthWindows × Limit()
 	// consecutive clean successes. Default 10.
 	GrowthWindows int
+	// SlowStart, until the first congestion signal, grows the limit after
+	// one window (Limit() clean successes) instead of GrowthWindows, so a
+	// fresh limiter finds a roomy provider within seconds; after the first
+	// 429, timeout or latency rise it grows slowly.
+	SlowStart bool
 	// LatencyTolerance: a short-term latency above LatencyTolerance × the
 	// baseline counts as congestion. Greater than 1. Default 2.
 	LatencyTolerance float64
@@ -171,9 +176,10 @@ type Limiter struct {
 	limit     float64 // permits are floor(limit), within Min..Max
 	epoch     uint64  // bumped by every decrease
 	clean     int     // consecutive clean successes since the last change
+	probing   bool    // slow start: no congestion seen yet
 	lat       latencyEstimate
 	permits   pool
-	hand      pool
+	hand      [2]pool // by lane: a batch backlog never takes interactive's slots
 	decreases uint64
 	increases uint64
 
@@ -191,7 +197,7 @@ func NewLimiter(cfg LimiterConfig) (*Limiter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Limiter{cfg: cfg, limit: float64(cfg.Initial)}, nil
+	return &Limiter{cfg: cfg, limit: float64(cfg.Initial), probing: cfg.SlowStart}, nil
 }
 
 // Permit allows one call. Release it with the call's outcome.
@@ -234,11 +240,14 @@ func (p *Permit) Release(s Signal) {
 	l.deliver()
 }
 
-// Enter waits for a slot to hold a message: at most Limit()+Headroom are held
-// across both lanes. leave gives the slot back; only its first call has an
-// effect. Enter returns an error wrapping ctx.Err() if ctx ends first.
+// Enter waits for a slot to hold a message: each lane holds at most
+// Limit()+Headroom (batch BatchReserve fewer), in slots of its own, so a batch
+// backlog never keeps an interactive message out. leave gives the slot back;
+// only its first call has an effect. Enter returns an error wrapping
+// ctx.Err() if ctx ends first.
 func (l *Limiter) Enter(ctx context.Context, lane string) (leave func(), err error) {
-	if _, _, err := l.wait(ctx, &l.hand, lane); err != nil {
+	hand := &l.hand[laneIndex(lane)]
+	if _, _, err := l.wait(ctx, hand, lane); err != nil {
 		return nil, fmt.Errorf("admission: wait to enter: %w", err)
 	}
 	left := false
@@ -249,7 +258,7 @@ func (l *Limiter) Enter(ctx context.Context, lane string) (leave func(), err err
 			return
 		}
 		left = true
-		l.hand.used--
+		hand.used--
 		l.dispatchLocked()
 	}, nil
 }
@@ -288,9 +297,9 @@ func (l *Limiter) Stats() LimiterStats {
 		Limit:     l.limitLocked(),
 		Target:    l.limit,
 		InFlight:  l.permits.used,
-		InHand:    l.hand.used,
+		InHand:    l.hand[laneInteractive].used + l.hand[laneBatch].used,
 		Waiting:   l.permits.counts(),
-		Entering:  l.hand.counts(),
+		Entering:  LaneCounts{Interactive: l.hand[laneInteractive].counts().Interactive, Batch: l.hand[laneBatch].counts().Batch},
 		Decreases: l.decreases,
 		Increases: l.increases,
 		Baseline:  time.Duration(l.lat.baseline),
@@ -323,7 +332,11 @@ func (l *Limiter) observeLocked(epoch uint64, busy bool, s Signal) string {
 			return ""
 		}
 		l.clean++
-		if l.clean < l.cfg.GrowthWindows*l.limitLocked() {
+		windows := l.cfg.GrowthWindows
+		if l.probing {
+			windows = 1
+		}
+		if l.clean < windows*l.limitLocked() {
 			return ""
 		}
 		l.clean = 0
@@ -341,6 +354,7 @@ func (l *Limiter) observeLocked(epoch uint64, busy bool, s Signal) string {
 // the window the signal's permit belongs to.
 func (l *Limiter) congestionLocked(epoch uint64, reason string) string {
 	l.clean = 0
+	l.probing = false
 	if epoch != l.epoch {
 		return ""
 	}
@@ -351,7 +365,7 @@ func (l *Limiter) congestionLocked(epoch uint64, reason string) string {
 }
 
 func (l *Limiter) capacityLocked(p *pool) int {
-	if p == &l.hand {
+	if p != &l.permits {
 		return l.limitLocked() + l.cfg.Headroom
 	}
 	return l.limitLocked()
@@ -359,7 +373,9 @@ func (l *Limiter) capacityLocked(p *pool) int {
 
 func (l *Limiter) dispatchLocked() {
 	l.permits.dispatch(l.capacityLocked(&l.permits), l.cfg.BatchReserve, l.epoch)
-	l.hand.dispatch(l.capacityLocked(&l.hand), l.cfg.BatchReserve, l.epoch)
+	for i := range l.hand {
+		l.hand[i].dispatch(l.capacityLocked(&l.hand[i]), l.cfg.BatchReserve, l.epoch)
+	}
 }
 
 // wait takes a slot of p for lane, waiting as long as ctx allows, and

@@ -88,6 +88,35 @@ func call(t testing.TB, l *admission.Limiter, clk *clock, kind admission.SignalK
 	}
 }
 
+// With SlowStart the limit grows after every window until the first
+// congestion signal, then after GrowthWindows windows.
+func TestLimiterSlowStart(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	l := newLimiter(t, admission.LimiterConfig{Initial: 4, Max: 32, SlowStart: true, Now: clk.Now})
+	for limit := 4; limit < 10; limit++ {
+		for range limit {
+			call(t, l, clk, admission.Success, 100*time.Millisecond)
+		}
+		if got := l.Limit(); got != limit+1 {
+			t.Fatalf("slow start: after %d successes at %d, limit %d", limit, limit, got)
+		}
+	}
+	call(t, l, clk, admission.RateLimited, 0) // 10 -> 9
+	for range 9 {
+		call(t, l, clk, admission.Success, 100*time.Millisecond)
+	}
+	if got := l.Limit(); got != 9 {
+		t.Fatalf("after the first 429 one window grew the limit to %d", got)
+	}
+	for range 81 {
+		call(t, l, clk, admission.Success, 100*time.Millisecond)
+	}
+	if got := l.Limit(); got != 10 {
+		t.Fatalf("after ten windows the limit is %d, want 10", got)
+	}
+}
+
 // Light traffic, one call at a time under a limit of 4, says nothing about
 // the provider's room: the limit does not grow.
 func TestLimiterDoesNotGrowWhenUnused(t *testing.T) {
@@ -526,33 +555,36 @@ func TestEnterBoundsHandSlots(t *testing.T) {
 			}()
 			return ch
 		}
+		// Each lane has slots of its own: batch 2+2-1 = 3, interactive 4.
 		var leaves []func()
 		for range 3 {
 			leaves = append(leaves, enter(admission.Batch))
 		}
 		batch := goEnter(admission.Batch)
 		synctest.Wait()
-		leaves = append(leaves, enter(admission.Interactive))
-		inter := goEnter(admission.Interactive)
+		var inter []func()
+		for range 4 { // a full batch lane keeps no interactive message out
+			inter = append(inter, enter(admission.Interactive))
+		}
+		interWaiting := goEnter(admission.Interactive)
 		synctest.Wait()
-		if s := l.Stats(); s.InHand != 4 || s.Entering != (admission.LaneCounts{Interactive: 1, Batch: 1}) {
-			t.Fatalf("stats = %+v, want 4 in hand (limit 2 + headroom 2), one waiting per lane", s)
+		if s := l.Stats(); s.InHand != 7 || s.Entering != (admission.LaneCounts{Interactive: 1, Batch: 1}) {
+			t.Fatalf("stats = %+v, want 7 in hand (3 batch, 4 interactive), one waiting per lane", s)
 		}
 		// Hand slots and permits are counted apart.
 		acquire(t, l, admission.Interactive).Release(admission.Signal{})
 
-		leaves[0]()
-		leaves[0]() // idempotent
+		inter[0]()
+		inter[0]() // idempotent
 		synctest.Wait()
-		if s := l.Stats(); s.InHand != 4 || s.Entering != (admission.LaneCounts{Batch: 1}) {
-			t.Fatalf("after one leave: %+v, want the interactive waiter in", s)
+		if s := l.Stats(); s.InHand != 7 || s.Entering != (admission.LaneCounts{Batch: 1}) {
+			t.Fatalf("after one interactive leave: %+v, want the interactive waiter in and batch still waiting", s)
 		}
-		leaves = append(leaves, <-inter)
-		leaves[1]()
-		leaves[2]()
+		inter = append(inter, <-interWaiting)
+		leaves[0]()
 		synctest.Wait()
 		leaves = append(leaves, <-batch)
-		for _, leave := range leaves {
+		for _, leave := range append(leaves, inter...) {
 			leave()
 		}
 		if s := l.Stats(); s.InHand != 0 {
@@ -573,13 +605,14 @@ func TestEnterBoundsHandSlots(t *testing.T) {
 }
 
 // Many goroutines on real time: never more permits in flight than the limit,
-// never more messages in hand than limit + headroom, nothing leaked.
+// never more messages in hand than limit + headroom per lane, nothing leaked.
 func TestPermitsUnderConcurrency(t *testing.T) {
 	t.Parallel()
 	const maxLimit, headroom = 12, 2
 	l := newLimiter(t, admission.LimiterConfig{Initial: 2, Max: maxLimit, Headroom: headroom, GrowthWindows: 1})
 	run := func(congested bool) {
-		var inFlight, inHand atomic.Int64
+		var inFlight atomic.Int64
+		var inHand [2]atomic.Int64 // by lane
 		var wg sync.WaitGroup
 		for g := range 64 {
 			wg.Go(func() {
@@ -598,8 +631,12 @@ func TestPermitsUnderConcurrency(t *testing.T) {
 						cancel()
 						continue
 					}
-					if n := inHand.Add(1); n > maxLimit+headroom {
-						t.Errorf("%d in hand, above Max+Headroom", n)
+					held := &inHand[1]
+					if lane == admission.Interactive {
+						held = &inHand[0]
+					}
+					if n := held.Add(1); n > maxLimit+headroom {
+						t.Errorf("%d of lane %s in hand, above Max+Headroom", n, lane)
 					}
 					p, err := l.Acquire(ctx, lane)
 					if err == nil {
@@ -622,7 +659,7 @@ func TestPermitsUnderConcurrency(t *testing.T) {
 						p.Release(s)
 						p.Release(s)
 					}
-					inHand.Add(-1)
+					held.Add(-1)
 					leave()
 					cancel()
 				}

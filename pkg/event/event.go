@@ -82,6 +82,9 @@ type Work struct {
 	Region   string `json:"region"`
 	Lane     string `json:"lane"`
 	Dispatch int    `json:"dispatch"`
+	// DeadlineAt is the work's deadline when it was announced, so a worker
+	// can pass over work that cannot finish in time without reading it.
+	DeadlineAt time.Time `json:"deadlineAt,omitzero"`
 }
 
 // Cancel asks whoever runs a model call for the work to stop it.

@@ -57,6 +57,11 @@ type Config struct {
 	// CallTimeout bounds one model call (and the work's deadline bounds it
 	// further). Default 60s.
 	CallTimeout time.Duration
+	// DeadlineMargin is the time an answer needs after its call to be
+	// checked and committed. Work with less than twice a typical call plus
+	// this margin left ends expired instead of taking a permit. Default
+	// 500ms; negative means none.
+	DeadlineMargin time.Duration
 	// MaxAttempts bounds model calls per work item. Default 5.
 	MaxAttempts int
 	// MaxRepairs bounds re-asks that tell the model what failed. Default 1.
@@ -112,6 +117,10 @@ func (c *Config) defaults() error {
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 5
 	}
+	if c.DeadlineMargin == 0 {
+		c.DeadlineMargin = 500 * time.Millisecond
+	}
+	c.DeadlineMargin = max(c.DeadlineMargin, 0)
 	if c.MaxRepairs == 0 {
 		c.MaxRepairs = 1
 	}
@@ -190,7 +199,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Subjects: []string{
 		event.StreamPrefix(event.KindResult, cfg.Region), event.StreamPrefix(event.KindAttempt, cfg.Region)}}
 	if s.lim == nil {
-		lc := admission.LimiterConfig{Initial: cfg.InitialConcurrency, Max: cfg.Concurrency, OnChange: s.limitChanged}
+		lc := admission.LimiterConfig{Initial: cfg.InitialConcurrency, Max: cfg.Concurrency, SlowStart: true,
+			OnChange: s.limitChanged}
 		if cfg.FixedConcurrency {
 			lc.Initial, lc.Min = cfg.Concurrency, cfg.Concurrency
 		}
@@ -374,10 +384,25 @@ func (s *Service) backoff(attempt int) time.Duration {
 	return time.Duration(n.Int64())
 }
 
-// FromEnv fills the budget settings from the environment:
-// ASSAY_PRICE_TABLE (a price table file), ASSAY_MAX_OUTPUT_UNITS and
-// ASSAY_BUDGET_BYTES_PER_UNIT. Errors name the variable.
+// FromEnv fills the budget and admission settings from the environment:
+// ASSAY_PRICE_TABLE (a price table file), ASSAY_MAX_OUTPUT_UNITS,
+// ASSAY_BUDGET_BYTES_PER_UNIT, ASSAY_MODEL_MAX_CONCURRENCY (the ceiling)
+// and ASSAY_MODEL_CONCURRENCY (adaptive or fixed). Errors name the variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
+	if v := getenv("ASSAY_MODEL_MAX_CONCURRENCY"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1024 {
+			return fmt.Errorf("ASSAY_MODEL_MAX_CONCURRENCY: %q is not a whole number from 1 to 1024", v)
+		}
+		c.Concurrency = n
+	}
+	switch v := getenv("ASSAY_MODEL_CONCURRENCY"); v {
+	case "", "adaptive":
+	case "fixed":
+		c.FixedConcurrency = true
+	default:
+		return fmt.Errorf("ASSAY_MODEL_CONCURRENCY: %q is not adaptive or fixed", v)
+	}
 	prices, err := price.Load(getenv("ASSAY_PRICE_TABLE"))
 	if err != nil {
 		return fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)

@@ -49,6 +49,14 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 		telemetry.Decision(ctx, log, ev.WorkID, "refused", fmt.Sprintf("work of region %s reached the %s cell", ev.Region, s.cfg.Region))
 		return Disposition{Kind: Term}
 	}
+	// A backlog brings work near its deadline: pass over it without a read.
+	// The sweeper ends it expired once the deadline has passed.
+	if !ev.DeadlineAt.IsZero() && time.Until(ev.DeadlineAt) < s.timeNeeded() {
+		telemetry.Decision(ctx, log, ev.WorkID, "passed_over",
+			fmt.Sprintf("%s left before the deadline; an accepted answer needs about %s; the sweeper ends it expired",
+				time.Until(ev.DeadlineAt).Round(time.Millisecond), s.timeNeeded().Round(time.Millisecond)))
+		return Disposition{Kind: Ack}
+	}
 	w, err := s.d.Store.GetWork(ctx, ev.WorkID)
 	if errors.Is(err, store.ErrNotFound) {
 		telemetry.Decision(ctx, log, ev.WorkID, "refused", "no such work in this cell")
@@ -68,6 +76,13 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 	}
 	if time.Now().After(w.DeadlineAt) {
 		return s.finishUnleased(ctx, w, "expired", "deadline passed before an attempt could start")
+	}
+	// Under a backlog work reaches the worker near its deadline; a call
+	// whose answer cannot be accepted in time would only hold a permit
+	// that live work needs.
+	if left, need := time.Until(w.DeadlineAt), s.timeNeeded(); left < need {
+		return s.finishUnleased(ctx, w, "expired",
+			fmt.Sprintf("%s left before the deadline; an accepted answer needs about %s", left.Round(time.Millisecond), need.Round(time.Millisecond)))
 	}
 	if w.Attempts >= s.cfg.MaxAttempts {
 		return s.finishUnleased(ctx, w, "retry_exhausted", fmt.Sprintf("all %d attempts spent", s.cfg.MaxAttempts))
@@ -124,8 +139,15 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 	span.SetAttributes(attribute.String("assay.attempt_id", attemptID), attribute.Int("assay.attempt", cw.Attempts))
 	telemetry.Decision(ctx, log, cw.ID, "claimed", "lease taken", slog.String("attempt", attemptID), slog.Int("number", cw.Attempts))
 
+	// A call cut short by the work's own deadline says nothing of the
+	// provider: only the call timeout counts as its slowness.
+	deadlineBound := time.Until(cw.DeadlineAt) < s.cfg.CallTimeout
 	reply, callErr := s.call(ctx, cw, c, token, progress)
-	permit.Release(signal(reply, callErr))
+	sig := signal(reply, callErr)
+	if sig.Kind == admission.Timeout && deadlineBound {
+		sig.Kind = admission.Ignore
+	}
+	permit.Release(sig)
 	// What the call cost must be recorded even when the worker is stopping.
 	ctx = context.WithoutCancel(ctx)
 	stillMine, err := s.d.Store.ExtendLease(ctx, cw.ID, token, s.cfg.HandoffTTL)
@@ -135,6 +157,13 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 		log.Warn("lease check failed", "key", cw.ID, "err", err)
 	}
 	return s.settle(ctx, cw, c, attemptID, token, reply, callErr, stillMine)
+}
+
+// timeNeeded is how long before its deadline work must start for an answer
+// to be accepted in time: twice a typical call, plus DeadlineMargin for the
+// way to the committer.
+func (s *Service) timeNeeded() time.Duration {
+	return 2*s.lim.Stats().Baseline + s.cfg.DeadlineMargin
 }
 
 // call runs one model call with a deadline, keeping the lease and the

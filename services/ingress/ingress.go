@@ -103,6 +103,31 @@ func (c *Config) defaults() error {
 	return nil
 }
 
+// FromEnv fills the settings an operator sets from the environment:
+// ASSAY_INTERACTIVE_DEADLINE and ASSAY_BATCH_DEADLINE (Go durations, e.g.
+// 10m), and the GitHub webhook settings ASSAY_GITHUB_WEBHOOK_SECRET,
+// ASSAY_GITHUB_API_URL and ASSAY_GITHUB_TOKEN. Errors name the variable.
+func (c *Config) FromEnv(getenv func(string) string) error {
+	for _, d := range []struct {
+		name string
+		to   *time.Duration
+	}{{"ASSAY_INTERACTIVE_DEADLINE", &c.InteractiveDeadline}, {"ASSAY_BATCH_DEADLINE", &c.BatchDeadline}} {
+		v := getenv(d.name)
+		if v == "" {
+			continue
+		}
+		dur, err := time.ParseDuration(v)
+		if err != nil || dur < time.Second || dur > 7*24*time.Hour {
+			return fmt.Errorf("%s: %q is not a duration from 1s to 168h", d.name, v)
+		}
+		*d.to = dur
+	}
+	c.GitHubSecret = getenv("ASSAY_GITHUB_WEBHOOK_SECRET")
+	c.GitHubAPI = getenv("ASSAY_GITHUB_API_URL")
+	c.GitHubToken = getenv("ASSAY_GITHUB_TOKEN")
+	return nil
+}
+
 // Deps are what ingress talks to.
 type Deps struct {
 	Store     *store.Store
@@ -246,7 +271,7 @@ func (s *Service) workMsg(ctx context.Context, w *store.Work, dispatch int) (sto
 // WorkMessage is the outbox row that announces w with a dispatch number.
 func WorkMessage(ctx context.Context, w *store.Work, dispatch int) (store.OutboxMsg, error) {
 	return outbox.Msg(ctx, event.WorkSubject(w.Region, w.Lane, w.TenantID), event.WorkMsgID(w.ID, dispatch),
-		event.Work{WorkID: w.ID, TenantID: w.TenantID, Region: w.Region, Lane: w.Lane, Dispatch: dispatch})
+		event.Work{WorkID: w.ID, TenantID: w.TenantID, Region: w.Region, Lane: w.Lane, Dispatch: dispatch, DeadlineAt: w.DeadlineAt})
 }
 
 // sweep re-announces work that sits queued with no live attempt, and work

@@ -13,10 +13,11 @@ import (
 
 func main() {
 	host.Main("ingress", config.Need{HTTPAddr: ":8080"}, func(e *host.Env) (host.Part, http.Handler, func(context.Context), error) {
-		s, err := ingress.New(ingress.Config{Region: e.Config.Region,
-			GitHubSecret: os.Getenv("ASSAY_GITHUB_WEBHOOK_SECRET"), GitHubAPI: os.Getenv("ASSAY_GITHUB_API_URL"),
-			GitHubToken: os.Getenv("ASSAY_GITHUB_TOKEN")}, ingress.Deps{Store: e.Store, JS: e.JS,
-			Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
+		cfg := ingress.Config{Region: e.Config.Region}
+		if err := cfg.FromEnv(os.Getenv); err != nil {
+			return nil, nil, nil, err
+		}
+		s, err := ingress.New(cfg, ingress.Deps{Store: e.Store, JS: e.JS, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
 		if err != nil {
 			return nil, nil, nil, err
 		}
