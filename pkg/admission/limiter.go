@@ -272,19 +272,28 @@ func (l *Limiter) Limit() int {
 
 // LimiterStats is a snapshot of a Limiter.
 type LimiterStats struct {
-	Limit     int           // permits
-	Target    float64       // the limit before rounding down
-	InFlight  int           // permits held
-	InHand    int           // hand slots held
-	Waiting   LaneCounts    // callers waiting in Acquire
-	Entering  LaneCounts    // callers waiting in Enter
-	Decreases uint64        // decreases applied; damped signals do not count
-	Increases uint64        // growth steps
-	Baseline  time.Duration // slow latency estimate; zero before the first answer
-	Short     time.Duration // short-term latency estimate
+	Limit     int        // permits
+	Target    float64    // the limit before rounding down
+	InFlight  int        // permits held
+	InHand    int        // hand slots held
+	Waiting   LaneCounts // callers waiting in Acquire
+	Entering  LaneCounts // callers waiting in Enter
+	Decreases uint64     // decreases applied; damped signals do not count
+	Increases uint64     // growth steps
+	// PermitWaits counts the permits granted after a wait, PermitWaited
+	// sums those waits, by lane: what admission itself added to queueing.
+	PermitWaits  LaneCounts
+	PermitWaited LaneDurations
+	Baseline     time.Duration // slow latency estimate; zero before the first answer
+	Short        time.Duration // short-term latency estimate
 }
 
-// LaneCounts counts callers per lane.
+// LaneDurations are times by lane.
+type LaneDurations struct {
+	Interactive, Batch time.Duration
+}
+
+// LaneCounts count callers by lane.
 type LaneCounts struct {
 	Interactive, Batch int
 }
@@ -294,10 +303,13 @@ func (l *Limiter) Stats() LimiterStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return LimiterStats{
-		Limit:     l.limitLocked(),
-		Target:    l.limit,
-		InFlight:  l.permits.used,
-		InHand:    l.hand[laneInteractive].used + l.hand[laneBatch].used,
+		Limit:       l.limitLocked(),
+		Target:      l.limit,
+		InFlight:    l.permits.used,
+		InHand:      l.hand[laneInteractive].used + l.hand[laneBatch].used,
+		PermitWaits: LaneCounts{Interactive: l.permits.waits[laneInteractive], Batch: l.permits.waits[laneBatch]},
+		PermitWaited: LaneDurations{Interactive: l.permits.waited[laneInteractive],
+			Batch: l.permits.waited[laneBatch]},
 		Waiting:   l.permits.counts(),
 		Entering:  LaneCounts{Interactive: l.hand[laneInteractive].counts().Interactive, Batch: l.hand[laneBatch].counts().Batch},
 		Decreases: l.decreases,
@@ -397,10 +409,16 @@ func (l *Limiter) wait(ctx context.Context, p *pool, lane string) (uint64, bool,
 	}
 	w := &waiter{ready: make(chan struct{})}
 	w.elem = p.waiting[i].PushBack(w)
+	since := l.cfg.Now()
 	l.mu.Unlock()
 
 	select {
 	case <-w.ready:
+		waited := l.cfg.Now().Sub(since)
+		l.mu.Lock()
+		p.waits[i]++
+		p.waited[i] += waited
+		l.mu.Unlock()
 		return w.epoch, true, nil
 	case <-ctx.Done():
 	}
@@ -449,7 +467,9 @@ func laneIndex(lane string) int {
 // pool is a counted resource with a FIFO queue of waiters per lane.
 type pool struct {
 	used    int
-	waiting [2]list.List // of *waiter, by lane index
+	waiting [2]list.List     // of *waiter, by lane index
+	waits   [2]int           // grants that had to wait, by lane index
+	waited  [2]time.Duration // their total wait
 }
 
 type waiter struct {

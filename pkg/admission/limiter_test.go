@@ -429,10 +429,14 @@ func TestInteractiveServedFirstAndBatchReserve(t *testing.T) {
 			t.Fatalf("stats = %+v", s)
 		}
 
+		time.Sleep(time.Second)
 		b1.Release(admission.Signal{})
 		synctest.Wait()
 		r2 := done(t, "i2", i2)
 		waiting(t, "b4", b4)
+		if s := l.Stats(); s.PermitWaits.Interactive != 1 || s.PermitWaited.Interactive != time.Second || s.PermitWaits.Batch != 0 {
+			t.Fatalf("permit waits %+v for %+v, want one interactive wait of 1s", s.PermitWaits, s.PermitWaited)
+		}
 
 		// Three in flight, nobody interactive waiting: batch still leaves the
 		// last permit alone.

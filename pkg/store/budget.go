@@ -38,6 +38,15 @@ const (
 // the fence: it admits the reservation only while reserved + spent + amount
 // stays within the limit, so two workers can never both take the last of it.
 func (s *Store) Reserve(ctx context.Context, tenantID, attemptID string, amount int64) (res Reservation, err error) {
+	// A tenant without a budget costs one read, outside a transaction.
+	var limited bool
+	if err := s.Pool.QueryRow(ctx, `SELECT budget_micros IS NOT NULL FROM tenants WHERE id = $1`, tenantID).
+		Scan(&limited); err != nil {
+		return Reserved, fmt.Errorf("store: reserve: %w", err)
+	}
+	if !limited {
+		return Reserved, nil
+	}
 	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		var limit *int64
 		var period string

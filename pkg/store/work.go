@@ -264,40 +264,47 @@ func (s *Store) GetWork(ctx context.Context, id string) (*Work, error) {
 // work whose lease has expired) and records the attempt, in one transaction.
 // ok=false means another worker holds the work or it is terminal.
 func (s *Store) Claim(ctx context.Context, workID, attemptID, token string, ttl time.Duration) (w *Work, ok bool, err error) {
-	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		w, err = scanWork(tx.QueryRow(ctx, `UPDATE work SET state = 'running', lease_token = $2,
+	// One statement, so one round trip: take the lease, mark an earlier
+	// attempt still without an outcome (whose lease just lapsed) as such —
+	// its worker may yet report back, and then records stale_lease — and
+	// record the new attempt. Sub-statements share one snapshot, so the
+	// new attempt is not among those marked.
+	w, err = scanWork(s.Pool.QueryRow(ctx, `WITH claimed AS (
+			UPDATE work SET state = 'running', lease_token = $2,
 				lease_expires_at = now() + $3 * interval '1 microsecond', attempts = attempts + 1, updated_at = now()
 			WHERE id = $1 AND (state = 'queued' OR (state = 'running' AND lease_expires_at < now()))
-			RETURNING `+workColumns, workID, token, interval(ttl)))
-		if errors.Is(err, ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		ok = true
-		// An earlier attempt still without an outcome held the lease that
-		// just lapsed; say so, so it does not look like it is still running.
-		// Its worker may yet report back, and then records stale_lease.
-		if _, err = tx.Exec(ctx, `UPDATE attempts SET outcome = 'lease_expired',
-				reason = 'the lease lapsed before the worker reported back'
-			WHERE work_id = $1 AND outcome IS NULL`, w.ID); err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `INSERT INTO attempts (id, work_id, tenant_id, number, lease_token)
-			VALUES ($1, $2, $3, $4, $5)`, attemptID, w.ID, w.TenantID, w.Attempts, token)
-		return err
-	})
+			RETURNING work.*
+		), lapsed AS (
+			UPDATE attempts SET outcome = 'lease_expired', reason = 'the lease lapsed before the worker reported back'
+			WHERE work_id = $1 AND outcome IS NULL AND EXISTS (SELECT 1 FROM claimed)
+		), attempt AS (
+			INSERT INTO attempts (id, work_id, tenant_id, number, lease_token)
+			SELECT $4, id, tenant_id, attempts, $2 FROM claimed
+		)
+		SELECT `+workColumns+` FROM claimed`, workID, token, interval(ttl), attemptID))
+	if errors.Is(err, ErrNotFound) {
+		return nil, false, nil
+	}
 	if err != nil {
 		return nil, false, fmt.Errorf("store: claim %s: %w", workID, err)
 	}
-	return w, ok, nil
+	return w, true, nil
 }
 
 // ExtendLease pushes the lease out while its holder still has it. false
 // means the lease is lost.
 func (s *Store) ExtendLease(ctx context.Context, workID, token string, ttl time.Duration) (bool, error) {
 	tag, err := s.Pool.Exec(ctx, `UPDATE work SET lease_expires_at = now() + $3 * interval '1 microsecond'
+		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, interval(ttl))
+	if err != nil {
+		return false, fmt.Errorf("store: extend lease %s: %w", workID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ExtendLeaseTx is ExtendLease inside the caller's transaction.
+func (s *Store) ExtendLeaseTx(ctx context.Context, tx pgx.Tx, workID, token string, ttl time.Duration) (bool, error) {
+	tag, err := tx.Exec(ctx, `UPDATE work SET lease_expires_at = now() + $3 * interval '1 microsecond'
 		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, interval(ttl))
 	if err != nil {
 		return false, fmt.Errorf("store: extend lease %s: %w", workID, err)

@@ -386,8 +386,10 @@ func (s *Service) backoff(attempt int) time.Duration {
 
 // FromEnv fills the budget and admission settings from the environment:
 // ASSAY_PRICE_TABLE (a price table file), ASSAY_MAX_OUTPUT_UNITS,
-// ASSAY_BUDGET_BYTES_PER_UNIT, ASSAY_MODEL_MAX_CONCURRENCY (the ceiling)
-// and ASSAY_MODEL_CONCURRENCY (adaptive or fixed). Errors name the variable.
+// ASSAY_BUDGET_BYTES_PER_UNIT, ASSAY_MODEL_MAX_CONCURRENCY (the ceiling),
+// ASSAY_MODEL_CONCURRENCY (adaptive or fixed), and the timings
+// ASSAY_LEASE_TTL, ASSAY_ACK_WAIT and ASSAY_HANDOFF_TTL. Errors name the
+// variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
 	if v := getenv("ASSAY_MODEL_MAX_CONCURRENCY"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -395,6 +397,18 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 			return fmt.Errorf("ASSAY_MODEL_MAX_CONCURRENCY: %q is not a whole number from 1 to 1024", v)
 		}
 		c.Concurrency = n
+	}
+	for _, d := range []struct {
+		name string
+		to   *time.Duration
+	}{{"ASSAY_LEASE_TTL", &c.LeaseTTL}, {"ASSAY_ACK_WAIT", &c.AckWait}, {"ASSAY_HANDOFF_TTL", &c.HandoffTTL}} {
+		if v := getenv(d.name); v != "" {
+			dur, err := time.ParseDuration(v)
+			if err != nil || dur < 100*time.Millisecond || dur > 24*time.Hour {
+				return fmt.Errorf("%s: %q is not a duration from 100ms to 24h", d.name, v)
+			}
+			*d.to = dur
+		}
 	}
 	switch v := getenv("ASSAY_MODEL_CONCURRENCY"); v {
 	case "", "adaptive":

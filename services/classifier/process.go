@@ -150,7 +150,10 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 	permit.Release(sig)
 	// What the call cost must be recorded even when the worker is stopping.
 	ctx = context.WithoutCancel(ctx)
-	stillMine, err := s.d.Store.ExtendLease(ctx, cw.ID, token, s.cfg.HandoffTTL)
+	// The ordinary lease until the answer is recorded: the handoff lease is
+	// taken in the transaction that hands it to the committer, so a worker
+	// that dies before that strands the work for LeaseTTL, not HandoffTTL.
+	stillMine, err := s.d.Store.ExtendLease(ctx, cw.ID, token, s.cfg.LeaseTTL)
 	if err != nil {
 		// Unknown whether the lease holds; record the attempt as if it did
 		// not, the committer's compare-and-set decides anyway.
@@ -242,6 +245,7 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 
 	disp := Disposition{Kind: Ack}
 	var workChange func(pgx.Tx) error
+	ended := false // workChange gives the work its outcome
 	reason := ""
 	switch {
 	case !stillMine:
@@ -254,10 +258,15 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 			Digest: w.Digest, CurrentDigest: w.Digest, Input: json.RawMessage(w.Input)})
 		if fail == nil {
 			res.Outcome = OutcomeOK
+			workChange = s.handoff(ctx, w.ID, token)
 			break
 		}
 		res.Outcome, reason = OutcomeInvalidOutput, fail.Error()
-		if w.Repairs < s.cfg.MaxRepairs && w.Attempts < s.cfg.MaxAttempts {
+		// A stale taxonomy or a changed digest is the work's, not the
+		// answer's: no re-ask can pass, so none is paid for.
+		unfixable := fail.Code == gate.CodeTaxonomyVersion || fail.Code == gate.CodeDigest
+		workChange = s.handoff(ctx, w.ID, token)
+		if !unfixable && w.Repairs < s.cfg.MaxRepairs && w.Attempts < s.cfg.MaxAttempts {
 			res.Final = false
 			workChange = func(tx pgx.Tx) error {
 				_, err := s.d.Store.Requeue(ctx, tx, w.ID, token, fail.Error())
@@ -267,6 +276,7 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 		}
 	case mErr != nil && mErr.Kind == model.KindRejected:
 		res.Outcome, reason = OutcomeRejected, mErr.Error()
+		ended = true
 		workChange = func(tx pgx.Tx) error {
 			_, err := s.d.Store.FinishLeased(ctx, tx, w.ID, token, "transport_rejected", reason)
 			return err
@@ -293,6 +303,7 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 			if !time.Now().Add(delay).Before(w.DeadlineAt) {
 				why = fmt.Sprintf("%s and the next try would pass the deadline", res.Outcome)
 			}
+			ended = true
 			workChange = func(tx pgx.Tx) error {
 				_, err := s.d.Store.FinishLeased(ctx, tx, w.ID, token, final, why)
 				return err
@@ -333,7 +344,7 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 		next = "repair"
 	case disp.Kind == Nak:
 		next = "retry"
-	case workChange != nil:
+	case ended:
 		next = "ended"
 	case res.Outcome == OutcomeStaleLease:
 		next = "recorded_stale"
@@ -341,6 +352,15 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	telemetry.Decision(ctx, s.d.Log, w.ID, res.Outcome, orDefault(reason, "model answered"),
 		slog.String("attempt", attemptID), slog.String("next", next), slog.Duration("delay", disp.Delay))
 	return disp
+}
+
+// handoff keeps the lease while the committer decides, written in the
+// transaction that hands the answer over: no record, no handoff.
+func (s *Service) handoff(ctx context.Context, workID, token string) func(pgx.Tx) error {
+	return func(tx pgx.Tx) error {
+		_, err := s.d.Store.ExtendLeaseTx(ctx, tx, workID, token, s.cfg.HandoffTTL)
+		return err
+	}
 }
 
 // modelCall is the request for one attempt at w; a repair re-ask carries

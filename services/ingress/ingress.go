@@ -105,20 +105,28 @@ func (c *Config) defaults() error {
 
 // FromEnv fills the settings an operator sets from the environment:
 // ASSAY_INTERACTIVE_DEADLINE and ASSAY_BATCH_DEADLINE (Go durations, e.g.
-// 10m), and the GitHub webhook settings ASSAY_GITHUB_WEBHOOK_SECRET,
+// 10m), the sweeper's ASSAY_SWEEP_EVERY, ASSAY_SWEEP_QUEUED_FOR and
+// ASSAY_SWEEP_LEASE_GRACE, and the GitHub webhook settings ASSAY_GITHUB_WEBHOOK_SECRET,
 // ASSAY_GITHUB_API_URL and ASSAY_GITHUB_TOKEN. Errors name the variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
 	for _, d := range []struct {
-		name string
-		to   *time.Duration
-	}{{"ASSAY_INTERACTIVE_DEADLINE", &c.InteractiveDeadline}, {"ASSAY_BATCH_DEADLINE", &c.BatchDeadline}} {
+		name  string
+		to    *time.Duration
+		least time.Duration
+	}{
+		{"ASSAY_INTERACTIVE_DEADLINE", &c.InteractiveDeadline, time.Second},
+		{"ASSAY_BATCH_DEADLINE", &c.BatchDeadline, time.Second},
+		{"ASSAY_SWEEP_EVERY", &c.SweepEvery, 100 * time.Millisecond},
+		{"ASSAY_SWEEP_QUEUED_FOR", &c.QueuedFor, 100 * time.Millisecond},
+		{"ASSAY_SWEEP_LEASE_GRACE", &c.LeaseGrace, 100 * time.Millisecond},
+	} {
 		v := getenv(d.name)
 		if v == "" {
 			continue
 		}
 		dur, err := time.ParseDuration(v)
-		if err != nil || dur < time.Second || dur > 7*24*time.Hour {
-			return fmt.Errorf("%s: %q is not a duration from 1s to 168h", d.name, v)
+		if err != nil || dur < d.least || dur > 7*24*time.Hour {
+			return fmt.Errorf("%s: %q is not a duration from %s to 168h", d.name, v, d.least)
 		}
 		*d.to = dur
 	}
