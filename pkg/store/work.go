@@ -97,11 +97,13 @@ func insertWork(ctx context.Context, tx pgx.Tx, w *Work, announce func(*Work) ([
 			state, reason)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
 			CASE WHEN $14 = '' THEN 'queued' ELSE 'dropped' END, NULLIF($14, ''))
-		ON CONFLICT ON CONSTRAINT work_ingress_key DO NOTHING
+		ON CONFLICT DO NOTHING
 		RETURNING `+workColumns,
 		w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID,
 		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt, sourceAt, w.DropReason)
 	got, err = scanWork(row)
+	// Any unique key refuses a copy: the id is derived from the ingress key,
+	// so a racing copy may meet either index first.
 	if errors.Is(err, ErrNotFound) {
 		got, err = scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work
 			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND revision = $4 FOR UPDATE`,
