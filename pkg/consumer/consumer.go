@@ -6,6 +6,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,7 +34,7 @@ type Gate func(ctx context.Context) (leave func(), err error)
 // Start consumes from cons, handing each message to h on its own goroutine,
 // with at most concurrency in hand. Messages beyond that wait in JetStream,
 // not in memory.
-func Start(ctx context.Context, cons jetstream.Consumer, concurrency int, h Handler) (*Loop, error) {
+func Start(ctx context.Context, cons jetstream.Consumer, concurrency int, h Handler, opts ...Option) (*Loop, error) {
 	if concurrency < 1 {
 		concurrency = 1
 	}
@@ -46,15 +47,36 @@ func Start(ctx context.Context, cons jetstream.Consumer, concurrency int, h Hand
 			return nil, ctx.Err()
 		}
 	}
-	return StartGated(ctx, cons, concurrency, gate, h)
+	return StartGated(ctx, cons, concurrency, gate, h, opts...)
 }
+
+// Option adjusts a Loop.
+type Option func(*options)
+
+type options struct {
+	log *slog.Logger
+}
+
+// WithLog logs what goes wrong with the pull subscription itself (missed
+// heartbeats, a deleted consumer), which no handler sees.
+func WithLog(log *slog.Logger) Option { return func(o *options) { o.log = log } }
 
 // StartGated is Start with a gate deciding how many messages are in hand,
 // e.g. an adaptive limit. pull bounds the messages buffered from the server
 // while the gate is closed; keep it small, their ack wait is running.
-func StartGated(ctx context.Context, cons jetstream.Consumer, pull int, enter Gate, h Handler) (*Loop, error) {
+func StartGated(ctx context.Context, cons jetstream.Consumer, pull int, enter Gate, h Handler, opts ...Option) (*Loop, error) {
 	if pull < 1 {
 		pull = 1
+	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	consumeOpts := []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(pull)}
+	if o.log != nil {
+		consumeOpts = append(consumeOpts, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			o.log.Warn("consumer: pull subscription", "consumer", cons.CachedInfo().Name, "err", err)
+		}))
 	}
 	l := &Loop{enter: enter}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -72,7 +94,7 @@ func StartGated(ctx context.Context, cons jetstream.Consumer, pull int, enter Ga
 			defer func() { leave(); l.inflight.Done() }()
 			h(runCtx, msg)
 		}()
-	}, jetstream.PullMaxMessages(pull))
+	}, consumeOpts...)
 	if err != nil {
 		halt()
 		cancel()

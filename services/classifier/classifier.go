@@ -279,7 +279,7 @@ func (s *Service) Start(ctx context.Context) error {
 			var loop *consumer.Loop
 			loop, err = consumer.StartGated(ctx, cons, 2, func(ctx context.Context) (func(), error) {
 				return s.lim.Enter(ctx, lane)
-			}, s.handle)
+			}, s.handle, consumer.WithLog(s.d.Log))
 			s.loops = append(s.loops, loop)
 		}
 		if err != nil {

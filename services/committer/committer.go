@@ -35,6 +35,19 @@ type Config struct {
 	MaxDeliver int
 }
 
+// FromEnv fills ASSAY_ACK_WAIT (the RESULT consumer's ack wait, a Go
+// duration) from the environment. Errors name the variable.
+func (c *Config) FromEnv(getenv func(string) string) error {
+	if v := getenv("ASSAY_ACK_WAIT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 100*time.Millisecond || d > 24*time.Hour {
+			return fmt.Errorf("ASSAY_ACK_WAIT: %q is not a duration from 100ms to 24h", v)
+		}
+		c.AckWait = d
+	}
+	return nil
+}
+
 // Deps are what the committer talks to.
 type Deps struct {
 	Store     *store.Store
@@ -81,7 +94,7 @@ func (s *Service) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.loop, err = consumer.Start(ctx, cons, s.cfg.Concurrency, s.handle); err != nil {
+	if s.loop, err = consumer.Start(ctx, cons, s.cfg.Concurrency, s.handle, consumer.WithLog(s.d.Log)); err != nil {
 		return fmt.Errorf("committer: %w", err)
 	}
 	return nil

@@ -4,6 +4,7 @@ package main
 import (
 	"context"
 	"net/http"
+	"os"
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/host"
@@ -12,7 +13,11 @@ import (
 
 func main() {
 	host.Main("committer", config.Need{HTTPAddr: ":8082"}, func(e *host.Env) (host.Part, http.Handler, func(context.Context), error) {
-		s, err := committer.New(committer.Config{Region: e.Config.Region},
+		cfg := committer.Config{Region: e.Config.Region}
+		if err := cfg.FromEnv(os.Getenv); err != nil {
+			return nil, nil, nil, err
+		}
+		s, err := committer.New(cfg,
 			committer.Deps{Store: e.Store, JS: e.JS, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
 		if err != nil {
 			return nil, nil, nil, err
