@@ -1,15 +1,20 @@
 # assay — make help lists the targets.
 
 GO      ?= go
-MODULES := pkg schemas services/ingress services/classifier services/committer services/ledger cmd/assay
+MODULES := pkg schemas services/ingress services/classifier services/committer services/ledger cmd/assay cmd/chaos
 # -race needs cgo; the race detector roughly doubles test time on 2 cores.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 FUZZTIME  ?= 30s
+# The ugly-path and concurrency tests run again, repeated, under -race.
+UGLYCOUNT ?= 3
+UGLYRUN   ?= TestUgly|TestLateAnswerFromLostLease|TestConcurrentIdenticalSubmissions|TestWebhookReplayedConcurrently
+# make chaos CHAOSFLAGS='-seed 7 -n 1000'; see cd cmd/chaos && go run . -h
+CHAOSFLAGS ?=
 
-.PHONY: help demo serve test build vet fmt fuzz tidy
+.PHONY: help demo serve test chaos build vet fmt fuzz tidy bench-goodput
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 demo: ## run both cells on embedded defaults, submit the evaluation set, print results
 	cd cmd/assay && $(GO) run . dev
@@ -21,6 +26,15 @@ test: ## run every module's tests against real Postgres and real JetStream
 	@set -e; for m in $(MODULES); do \
 		echo "== $$m"; (cd $$m && $(GO) test $(TESTFLAGS) ./...); \
 	done
+	@set -e; for m in $(MODULES); do \
+		if grep -rqsE --include='*_test.go' 'func ($(UGLYRUN))[A-Za-z0-9_]*\(' $$m; then \
+			echo "== $$m (ugly-path and concurrency tests again, -count=$(UGLYCOUNT))"; \
+			(cd $$m && $(GO) test -race -count=$(UGLYCOUNT) -timeout 15m -run '^($(UGLYRUN))' ./...); \
+		fi; \
+	done
+
+chaos: ## kill, restart and starve the services under load; check the exactly-once invariants (CHAOSFLAGS)
+	cd cmd/chaos && $(GO) run . $(CHAOSFLAGS)
 
 build: ## build every module on its own (GOWORK=off) into bin/
 	@set -e; mkdir -p bin; for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) build ./...); done
@@ -31,6 +45,9 @@ build: ## build every module on its own (GOWORK=off) into bin/
 vet: ## go vet and gofmt every module
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; exit 1; }
+
+bench-goodput: ## admission benchmark: 5 scenarios, adaptive vs baseline, over real JetStream and Postgres
+	cd cmd/assay && $(GO) run . bench goodput
 
 fuzz: ## run each fuzz target for FUZZTIME
 	cd pkg && $(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME) ./diff

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -21,29 +22,78 @@ type LedgerRow struct {
 	CostMicros       int64
 	LatencyMS        int64
 	OccurredAt       time.Time
+	// Estimated marks a row the ledger wrote for an attempt whose worker
+	// died before reporting: no units, the reservation as its cost. The
+	// attempt's own event, should it still arrive, replaces it.
+	Estimated bool
 }
+
+// Recorded says what RecordLedger did with a row.
+type Recorded int
+
+// What RecordLedger did.
+const (
+	// Duplicate: the attempt was already in the ledger; nothing changed.
+	Duplicate Recorded = iota
+	// Inserted: a new row.
+	Inserted
+	// Replaced: the attempt's report replaced the estimate the reaper
+	// had written for it.
+	Replaced
+)
 
 // AppendLedger records an attempt once; a redelivered event changes
 // nothing. inserted=false means it was already there.
 func (s *Store) AppendLedger(ctx context.Context, r LedgerRow) (inserted bool, err error) {
+	rec, err := s.RecordLedger(ctx, r)
+	return rec != Duplicate, err
+}
+
+// RecordLedger records an attempt once; a redelivered event changes
+// nothing. The one exception is an estimated row: the attempt's real report
+// replaces it (the row count stays one per attempt) and the budget is
+// corrected by the difference.
+func (s *Store) RecordLedger(ctx context.Context, r LedgerRow) (rec Recorded, err error) {
 	// The row and the settlement of the attempt's budget reservation are
 	// one transaction, so a redelivery neither records nor settles twice.
 	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		rec = Duplicate
 		tag, err := tx.Exec(ctx, `INSERT INTO ledger (attempt_id, tenant_id, work_id, model, outcome,
-				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (attempt_id) DO NOTHING`,
+				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (attempt_id) DO NOTHING`,
 			r.AttemptID, r.TenantID, r.WorkID, r.Model, r.Outcome, r.UpstreamAttempts, r.InputUnits,
-			r.OutputUnits, r.CostMicros, r.LatencyMS, r.OccurredAt)
-		if err != nil || tag.RowsAffected() == 0 {
+			r.OutputUnits, r.CostMicros, r.LatencyMS, r.OccurredAt, r.Estimated)
+		if err != nil {
 			return err
 		}
-		inserted = true
-		return settle(ctx, tx, r.TenantID, r.AttemptID, r.CostMicros)
+		if tag.RowsAffected() == 1 {
+			rec = Inserted
+			return settle(ctx, tx, r.TenantID, r.AttemptID, r.CostMicros)
+		}
+		if r.Estimated {
+			return nil
+		}
+		var was int64
+		err = tx.QueryRow(ctx, `UPDATE ledger l SET model = $2, outcome = $3, upstream_attempts = $4,
+				input_units = $5, output_units = $6, cost_micros = $7, latency_ms = $8, occurred_at = $9,
+				estimated = false, recorded_at = now()
+			FROM (SELECT attempt_id, cost_micros FROM ledger WHERE attempt_id = $1 AND estimated FOR UPDATE) old
+			WHERE l.attempt_id = old.attempt_id RETURNING old.cost_micros`,
+			r.AttemptID, r.Model, r.Outcome, r.UpstreamAttempts, r.InputUnits, r.OutputUnits, r.CostMicros,
+			r.LatencyMS, r.OccurredAt).Scan(&was)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		rec = Replaced
+		return respend(ctx, tx, r.TenantID, r.AttemptID, r.CostMicros-was)
 	})
 	if err != nil {
-		return false, fmt.Errorf("store: ledger %s: %w", r.AttemptID, err)
+		return Duplicate, fmt.Errorf("store: ledger %s: %w", r.AttemptID, err)
 	}
-	return inserted, nil
+	return rec, nil
 }
 
 // WorkCost sums the ledger for one work item: attempts and cost.

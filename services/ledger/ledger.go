@@ -31,6 +31,36 @@ type Config struct {
 	// AckWait and MaxDeliver configure the durable consumer. Defaults 30s, 20.
 	AckWait    time.Duration
 	MaxDeliver int
+	// ReapEvery is how often the reaper looks for attempts the ledger
+	// should hold but does not: events the broker lost, attempts whose
+	// worker died. Default 5s; negative turns the reaper off.
+	ReapEvery time.Duration
+	// ReapGrace is how old an event or an attempt must be before the
+	// reaper acts on it, so that it does not race the event on its way.
+	// Default 30s.
+	ReapGrace time.Duration
+	// ReapHorizon bounds how far back the reaper re-reads published
+	// events from the outbox. Default 1h.
+	ReapHorizon time.Duration
+}
+
+// FromEnv fills the settings an operator sets from the environment:
+// ASSAY_ACK_WAIT (the consumer's), ASSAY_LEDGER_REAP_EVERY and
+// ASSAY_LEDGER_REAP_GRACE, as Go durations. Errors name the variable.
+func (c *Config) FromEnv(getenv func(string) string) error {
+	for _, d := range []struct {
+		name string
+		to   *time.Duration
+	}{{"ASSAY_ACK_WAIT", &c.AckWait}, {"ASSAY_LEDGER_REAP_EVERY", &c.ReapEvery}, {"ASSAY_LEDGER_REAP_GRACE", &c.ReapGrace}} {
+		if v := getenv(d.name); v != "" {
+			dur, err := time.ParseDuration(v)
+			if err != nil || dur < 100*time.Millisecond || dur > 24*time.Hour {
+				return fmt.Errorf("%s: %q is not a duration from 100ms to 24h", d.name, v)
+			}
+			*d.to = dur
+		}
+	}
+	return nil
 }
 
 // Deps are what the ledger talks to.
@@ -47,6 +77,7 @@ type Service struct {
 	d        Deps
 	recorded metric.Int64Counter
 	loop     *consumer.Loop
+	reaper   reaper
 }
 
 // Consumer is the durable name of the ledger's ATTEMPT consumer.
@@ -62,6 +93,15 @@ func New(cfg Config, d Deps) (*Service, error) {
 	}
 	if _, ok := cfg.Prices["*"]; !ok {
 		return nil, errors.New(`ledger: the price table needs a "*" entry for models it does not list`)
+	}
+	if cfg.ReapEvery == 0 {
+		cfg.ReapEvery = 5 * time.Second
+	}
+	if cfg.ReapGrace <= 0 {
+		cfg.ReapGrace = 30 * time.Second
+	}
+	if cfg.ReapHorizon <= 0 {
+		cfg.ReapHorizon = time.Hour
 	}
 	s := &Service{cfg: cfg, d: d}
 	var err error
@@ -81,14 +121,16 @@ func (s *Service) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.loop, err = consumer.Start(ctx, cons, 4, s.handle); err != nil {
+	if s.loop, err = consumer.Start(ctx, cons, 4, s.handle, consumer.WithLog(s.d.Log)); err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
+	s.reaper.start(ctx, s)
 	return nil
 }
 
 // Stop stops taking attempts and waits for the ones in hand. Idempotent.
 func (s *Service) Stop(ctx context.Context) {
+	s.reaper.stop()
 	if s.loop != nil {
 		s.loop.Stop(ctx)
 	}
@@ -129,18 +171,33 @@ func (s *Service) Append(ctx context.Context, ev event.Attempt) error {
 		up = 1
 	}
 	cost := s.cfg.Prices.CostMicros(ev.Model, ev.InputUnits, ev.OutputUnits)
-	inserted, err := s.d.Store.AppendLedger(ctx, store.LedgerRow{AttemptID: ev.AttemptID, TenantID: ev.TenantID,
+	return s.append(ctx, store.LedgerRow{AttemptID: ev.AttemptID, TenantID: ev.TenantID,
 		WorkID: ev.WorkID, Model: ev.Model, Outcome: ev.Outcome, UpstreamAttempts: up, InputUnits: ev.InputUnits,
 		OutputUnits: ev.OutputUnits, CostMicros: cost, LatencyMS: ev.LatencyMS, OccurredAt: ev.At})
-	if err != nil {
+}
+
+// append writes one ledger row and logs the decision.
+func (s *Service) append(ctx context.Context, row store.LedgerRow) error {
+	rec, err := s.d.Store.RecordLedger(ctx, row)
+	switch {
+	case err != nil:
 		return err
-	}
-	if !inserted {
-		telemetry.Decision(ctx, s.d.Log, ev.AttemptID, "duplicate", "attempt already in the ledger")
+	case rec == store.Duplicate:
+		telemetry.Decision(ctx, s.d.Log, row.AttemptID, "duplicate", "attempt already in the ledger")
+		return nil
+	case rec == store.Replaced:
+		telemetry.Decision(ctx, s.d.Log, row.AttemptID, "replaced",
+			"the attempt's own report replaced the estimate written when its worker seemed dead",
+			slog.String("tenant", row.TenantID), slog.String("work", row.WorkID), slog.Int64("cost_micros", row.CostMicros))
 		return nil
 	}
-	s.recorded.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", ev.Outcome), attribute.String("region", s.cfg.Region)))
-	telemetry.Decision(ctx, s.d.Log, ev.AttemptID, "recorded", "attempt "+ev.Outcome,
-		slog.String("tenant", ev.TenantID), slog.String("work", ev.WorkID), slog.Int64("cost_micros", cost))
+	s.recorded.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", row.Outcome), attribute.String("region", s.cfg.Region)))
+	reason := "attempt " + row.Outcome
+	if row.Estimated {
+		reason += "; its worker died before reporting, so its reservation is charged as an estimate"
+	}
+	telemetry.Decision(ctx, s.d.Log, row.AttemptID, "recorded", reason,
+		slog.String("tenant", row.TenantID), slog.String("work", row.WorkID), slog.Int64("cost_micros", row.CostMicros),
+		slog.Bool("estimated", row.Estimated))
 	return nil
 }

@@ -19,7 +19,11 @@ func main() {
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)
 		}
-		s, err := ledger.New(ledger.Config{Region: e.Config.Region, Prices: prices},
+		cfg := ledger.Config{Region: e.Config.Region, Prices: prices}
+		if err := cfg.FromEnv(os.Getenv); err != nil {
+			return nil, nil, nil, err
+		}
+		s, err := ledger.New(cfg,
 			ledger.Deps{Store: e.Store, JS: e.JS, Log: e.Log, Tel: e.Tel})
 		if err != nil {
 			return nil, nil, nil, err

@@ -1,0 +1,508 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"assay.dev/pkg/config"
+)
+
+// quiesce waits until both cells are still: every acknowledged work item
+// has an outcome, no outbox row is pending, no attempt is open, every
+// attempt has its ledger row, and nothing has moved for a while.
+func (h *Harness) quiesce(ctx context.Context, acked []string) (time.Duration, error) {
+	start := time.Now()
+	deadline := start.Add(h.o.Quiesce)
+	var last string
+	stableSince := time.Now()
+	for {
+		var open, pending, unfinished, attempts, ledger int64
+		for _, region := range config.Regions {
+			var o, p, u, a, l int64
+			err := h.pool[region].QueryRow(ctx, `SELECT
+					(SELECT count(*) FROM work WHERE state IN ('queued', 'running')),
+					(SELECT count(*) FROM outbox WHERE published_at IS NULL),
+					(SELECT count(*) FROM attempts WHERE outcome IS NULL),
+					(SELECT count(*) FROM attempts),
+					(SELECT count(*) FROM ledger)`).Scan(&o, &p, &u, &a, &l)
+			if err != nil {
+				// Postgres may be restarting; a still cell is one that answers.
+				o = -1
+			}
+			open, pending, unfinished, attempts, ledger = open+o, pending+p, unfinished+u, attempts+a, ledger+l
+		}
+		state := fmt.Sprintf("open work %d, pending outbox %d, open attempts %d, attempts %d, ledger rows %d, provider calls %d",
+			open, pending, unfinished, attempts, ledger, h.sim.Stats().Total)
+		if state != last {
+			last, stableSince = state, time.Now()
+			h.logf("settling: %s", state)
+		}
+		still := open == 0 && pending == 0 && unfinished == 0 && attempts == ledger
+		if still && time.Since(stableSince) >= h.o.Settle {
+			return time.Since(start), nil
+		}
+		if time.Now().After(deadline) {
+			return time.Since(start), fmt.Errorf("not quiescent after %s: %s", h.o.Quiesce, state)
+		}
+		select {
+		case <-ctx.Done():
+			return time.Since(start), ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// check is one invariant's verdict.
+type check struct {
+	N      string // "1", "2", …
+	What   string
+	Figure string
+	OK     bool
+	// Offenders are up to a few ids that break it, for diagnosis.
+	Offenders []string
+}
+
+// workRow is what the checks read of one work item.
+type workRow struct {
+	ID, Tenant, Region, State string
+	Results                   int
+	Attempts                  int
+	Ledger                    int
+	Estimated                 int
+	BadTenant                 int // attempts, ledger rows or results naming another tenant
+	RetryAttempts             int // attempts that ended in a way that forces another call
+	CreatedAt, UpdatedAt      time.Time
+}
+
+func (h *Harness) readWork(ctx context.Context) (map[string]*workRow, error) {
+	out := map[string]*workRow{}
+	for _, region := range config.Regions {
+		rows, err := h.pool[region].Query(ctx, `SELECT w.id, w.tenant_id, w.region, w.state, w.created_at, w.updated_at,
+				(SELECT count(*) FROM results r WHERE r.work_id = w.id),
+				(SELECT count(*) FROM attempts a WHERE a.work_id = w.id),
+				(SELECT count(*) FROM ledger l WHERE l.work_id = w.id),
+				(SELECT count(*) FROM ledger l WHERE l.work_id = w.id AND l.estimated),
+				(SELECT count(*) FROM attempts a WHERE a.work_id = w.id AND a.tenant_id IS DISTINCT FROM w.tenant_id)
+				+ (SELECT count(*) FROM ledger l WHERE l.work_id = w.id AND l.tenant_id IS DISTINCT FROM w.tenant_id)
+				+ (SELECT count(*) FROM results r WHERE r.work_id = w.id AND r.tenant_id IS DISTINCT FROM w.tenant_id),
+				(SELECT count(*) FROM attempts a WHERE a.work_id = w.id AND a.outcome IN ('invalid_output',
+					'rate_limited', 'timeout', 'transport_error', 'lease_expired', 'stale_lease', 'canceled'))
+			FROM work w`)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var w workRow
+			if err := rows.Scan(&w.ID, &w.Tenant, &w.Region, &w.State, &w.CreatedAt, &w.UpdatedAt, &w.Results, &w.Attempts,
+				&w.Ledger, &w.Estimated, &w.BadTenant, &w.RetryAttempts); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out[w.ID] = &w
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// evaluate checks invariants 1 to 6 (and the budget's reservations).
+func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*faultRecord) ([]check, []recovery, error) {
+	works, err := h.readWork(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var checks []check
+	add := func(c check) {
+		if len(c.Offenders) > 5 {
+			c.Offenders = c.Offenders[:5]
+		}
+		checks = append(checks, c)
+	}
+
+	// 1. Every acknowledged work id reached exactly one terminal outcome.
+	acked := map[string]bool{}
+	var notAcked []string
+	for _, s := range subs {
+		if !s.Acked {
+			notAcked = append(notAcked, fmt.Sprintf("%s %s: %s", s.Tenant.ID, s.SourceID, strings.Join(s.Errors, "; ")))
+		}
+		for id := range s.WorkIDs {
+			acked[id] = true
+		}
+	}
+	outcomes := map[string]int{}
+	var missing, open []string
+	for id := range acked {
+		w, ok := works[id]
+		switch {
+		case !ok:
+			missing = append(missing, id)
+		case w.State == "queued" || w.State == "running":
+			open = append(open, id+" "+w.State)
+		default:
+			outcomes[w.State]++
+		}
+	}
+	var oc []string
+	for k, v := range outcomes {
+		oc = append(oc, fmt.Sprintf("%s %d", k, v))
+	}
+	sort.Strings(oc)
+	add(check{N: "1", What: "every acknowledged work id reached exactly one terminal outcome",
+		Figure: fmt.Sprintf("%d acknowledged, %d terminal (%s), %d lost, %d unfinished; %d keys never acknowledged",
+			len(acked), len(acked)-len(missing)-len(open), strings.Join(oc, ", "), len(missing), len(open), len(notAcked)),
+		OK: len(missing) == 0 && len(open) == 0, Offenders: append(append(missing, open...), notAcked...)})
+
+	// 2. accepted => exactly one result; no result for anything else.
+	var accepted, noResult, extra int
+	var bad2 []string
+	for _, w := range works {
+		if w.State == "accepted" {
+			accepted++
+			if w.Results != 1 {
+				noResult++
+				bad2 = append(bad2, fmt.Sprintf("%s accepted with %d results", w.ID, w.Results))
+			}
+		} else if w.Results > 0 {
+			extra++
+			bad2 = append(bad2, fmt.Sprintf("%s %s with %d results", w.ID, w.State, w.Results))
+		}
+	}
+	add(check{N: "2", What: "accepted => exactly one result row; no result for any other outcome",
+		Figure: fmt.Sprintf("%d accepted, %d without exactly one result, %d results on work not accepted", accepted, noResult, extra),
+		OK:     noResult == 0 && extra == 0, Offenders: bad2})
+
+	// 3. Ledger rows per tenant == the provider's calls per tenant.
+	stats := h.sim.Stats()
+	ledgerByTenant := map[string]int{}
+	estimated := 0
+	for _, w := range works {
+		ledgerByTenant[w.Tenant] += w.Ledger
+		estimated += w.Estimated
+	}
+	var per []string
+	ok3 := true
+	var totalCalls, totalLedger int64
+	for _, t := range h.tenants {
+		calls := stats.Tenants[t.ID].Calls
+		l := int64(ledgerByTenant[t.ID])
+		totalCalls, totalLedger = totalCalls+calls, totalLedger+l
+		mark := "="
+		if calls != l {
+			mark, ok3 = "≠", false
+		}
+		per = append(per, fmt.Sprintf("%s %d%s%d", t.ID, l, mark, calls))
+	}
+	for k, v := range stats.Tenants {
+		if !slices.ContainsFunc(h.tenants, func(t tenant) bool { return t.ID == k }) {
+			ok3 = false
+			per = append(per, fmt.Sprintf("%s (unknown tenant) 0≠%d", k, v.Calls))
+		}
+	}
+	calls := h.front.calls()
+	var bad3 []string
+	for id, w := range works {
+		if calls[id] != w.Ledger {
+			bad3 = append(bad3, fmt.Sprintf("%s: provider %d calls, ledger %d rows (%d estimated), attempts %d",
+				id, calls[id], w.Ledger, w.Estimated, w.Attempts))
+		}
+	}
+	sort.Strings(bad3)
+	add(check{N: "3", What: "ledger attempt rows per tenant == provider calls per tenant (exact)",
+		Figure: fmt.Sprintf("ledger %d, provider %d (%d rows estimated for workers that died); %s; %d work items differ",
+			totalLedger, totalCalls, estimated, strings.Join(per, ", "), len(bad3)),
+		OK: ok3, Offenders: bad3})
+
+	// 4. Every attempt has a tenant, and it is its work's.
+	var noTenant, crossTenant int
+	for _, region := range config.Regions {
+		var a, b int
+		if err := h.pool[region].QueryRow(ctx, `SELECT
+				(SELECT count(*) FROM attempts WHERE tenant_id IS NULL OR tenant_id = ''),
+				(SELECT count(*) FROM attempts a JOIN work w ON w.id = a.work_id WHERE a.tenant_id <> w.tenant_id)
+				+ (SELECT count(*) FROM ledger l JOIN work w ON w.id = l.work_id WHERE l.tenant_id <> w.tenant_id)
+				+ (SELECT count(*) FROM results r JOIN work w ON w.id = r.work_id WHERE r.tenant_id <> w.tenant_id)`).
+			Scan(&a, &b); err != nil {
+			return nil, nil, err
+		}
+		noTenant, crossTenant = noTenant+a, crossTenant+b
+	}
+	var attemptsTotal int
+	for _, w := range works {
+		attemptsTotal += w.Attempts
+	}
+	add(check{N: "4", What: "no attempt without a tenant; every attempt's (ledger row's, result's) tenant == its work's",
+		Figure: fmt.Sprintf("%d attempts, %d without a tenant, %d rows naming another tenant", attemptsTotal, noTenant, crossTenant),
+		OK:     noTenant == 0 && crossTenant == 0})
+
+	// 5. A key delivered DupTimes at once costs one call, unless a fault
+	// forced a retry, and then every extra call is an attempt.
+	var keys, oneID, oneCall, retried, unexplained, deliveries int
+	var bad5 []string
+	for _, s := range subs {
+		if s.Times < 2 {
+			continue
+		}
+		keys++
+		for _, n := range s.WorkIDs {
+			deliveries += n
+		}
+		if len(s.WorkIDs) != 1 || s.Created > 1 {
+			bad5 = append(bad5, fmt.Sprintf("%s %s: %d work ids, %d created", s.Tenant.ID, s.SourceID, len(s.WorkIDs), s.Created))
+			unexplained++
+			continue
+		}
+		oneID++
+		var id string
+		for k := range s.WorkIDs {
+			id = k
+		}
+		w := works[id]
+		c := calls[id]
+		switch {
+		case w == nil:
+			unexplained++
+			bad5 = append(bad5, id+": no work row")
+		case c == 1 && w.Attempts == 1 && w.Results <= 1:
+			oneCall++
+		case c > 1 && c == w.Ledger && w.Attempts == c && w.Results <= 1:
+			// Every extra call is an attempt with its ledger row. (An
+			// attempt may say ok and still not be the result: its RESULT
+			// event was lost with the broker's store and the work was
+			// answered again.)
+			retried++
+		default:
+			unexplained++
+			bad5 = append(bad5, fmt.Sprintf("%s: %d calls, %d attempts (%d ended forcing a retry), %d ledger rows, %d results",
+				id, c, w.Attempts, w.RetryAttempts, w.Ledger, w.Results))
+		}
+	}
+	add(check{N: "5", What: fmt.Sprintf("a key delivered %d× at once: one work id, one model call unless a fault forced a retry, every extra call an attempt", h.o.DupTimes),
+		Figure: fmt.Sprintf("%d keys (%d deliveries acknowledged), %d with one work id; %d cost one call, %d retried by a fault (extra calls all attempts), %d unexplained",
+			keys, deliveries, oneID, oneCall, retried, unexplained),
+		OK: unexplained == 0, Offenders: bad5})
+
+	// 6. Throughput after each fault returns to 95% of the pre-fault rate
+	// within 30s.
+	recs := h.recoveries(works, sched)
+	ok6 := true
+	var worst time.Duration
+	measured := 0
+	var bad6 []string
+	for _, r := range recs {
+		if r.NA != "" {
+			continue
+		}
+		measured++
+		if !r.Recovered || r.After > 30*time.Second {
+			ok6 = false
+			bad6 = append(bad6, r.Fault.label())
+		}
+		worst = max(worst, r.After)
+	}
+	add(check{N: "6", What: "throughput after each fault back to >= 95% of the pre-fault rate within 30s",
+		Figure: fmt.Sprintf("%d faults measured, slowest recovery %s; %d not recovered in 30s", measured, worst.Round(100*time.Millisecond), len(bad6)),
+		OK:     ok6, Offenders: bad6})
+
+	// Budgets: every reservation settled or released.
+	var open7, heldMicros int64
+	for _, region := range config.Regions {
+		var n, m int64
+		if err := h.pool[region].QueryRow(ctx, `SELECT count(*), coalesce(sum(amount_micros), 0)
+			FROM budget_reservations WHERE settled_at IS NULL`).Scan(&n, &m); err != nil {
+			return nil, nil, err
+		}
+		var reserved int64
+		if err := h.pool[region].QueryRow(ctx, `SELECT coalesce(sum(reserved_micros), 0) FROM budget_periods`).Scan(&reserved); err != nil {
+			return nil, nil, err
+		}
+		open7, heldMicros = open7+n, heldMicros+reserved
+	}
+	add(check{N: "b", What: "budgets: no reservation left held once everything settled",
+		Figure: fmt.Sprintf("%d reservations unsettled, %d micro-dollars still reserved", open7, heldMicros),
+		OK:     open7 == 0 && heldMicros == 0})
+	return checks, recs, nil
+}
+
+// recovery is how throughput came back after one fault.
+type recovery struct {
+	Fault     *faultRecord
+	Scope     string
+	Before    float64 // items/s finished in the window before the fault
+	Recovered bool
+	After     time.Duration // from the fault until a window reached 95% of Before
+	NA        string
+	// Held is how many work items the fault left to a lease or the
+	// sweeper, Finished how many of them reached an outcome, Last when the
+	// last did, after the fault.
+	Held, Finished int
+	Last           time.Duration
+}
+
+const (
+	rateBefore = 20 * time.Second
+	rateWindow = 5 * time.Second
+)
+
+// recoveries measures, per fault, work finished per second in its scope
+// (its region, or both cells) before the fault, and how long after it a
+// rateWindow-long window first finished at least 95% as much. The rate
+// before a fault is what the cell sustained: work finished in the window,
+// but no more than arrived in it. More than arrived is the backlog of an
+// earlier fault being drained, a rate no cell keeps up once it is drained.
+func (h *Harness) recoveries(works map[string]*workRow, sched []*faultRecord) []recovery {
+	var all, allIn []time.Time
+	byRegion, inByRegion := map[string][]time.Time{}, map[string][]time.Time{}
+	for _, w := range works {
+		allIn = append(allIn, w.CreatedAt)
+		inByRegion[w.Region] = append(inByRegion[w.Region], w.CreatedAt)
+		if w.State == "queued" || w.State == "running" {
+			continue
+		}
+		all = append(all, w.UpdatedAt)
+		byRegion[w.Region] = append(byRegion[w.Region], w.UpdatedAt)
+	}
+	sortTimes := func(ts []time.Time) { sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) }) }
+	sortTimes(all)
+	sortTimes(allIn)
+	for _, m := range []map[string][]time.Time{byRegion, inByRegion} {
+		for _, ts := range m {
+			sortTimes(ts)
+		}
+	}
+	count := func(ts []time.Time, from, to time.Time) int {
+		i := sort.Search(len(ts), func(i int) bool { return !ts[i].Before(from) })
+		j := sort.Search(len(ts), func(i int) bool { return !ts[i].Before(to) })
+		return j - i
+	}
+	var out []recovery
+	for _, f := range sched {
+		r := recovery{Fault: f, Scope: "both cells", Held: len(f.Lost)}
+		for _, id := range f.Lost {
+			if w := works[id]; w != nil && w.State != "queued" && w.State != "running" {
+				r.Finished++
+				r.Last = max(r.Last, w.UpdatedAt.Sub(f.Fired))
+			}
+		}
+		ts, in := all, allIn
+		if f.Region != "" {
+			r.Scope, ts, in = "cell "+f.Region, byRegion[f.Region], inByRegion[f.Region]
+		}
+		if f.Fired.IsZero() || f.Skip != "" || f.Err != nil {
+			r.NA = "did not run"
+			out = append(out, r)
+			continue
+		}
+		r.Before = float64(min(count(ts, f.Fired.Add(-rateBefore), f.Fired), count(in, f.Fired.Add(-rateBefore), f.Fired))) / rateBefore.Seconds()
+		if r.Before*rateBefore.Seconds() < 10 {
+			r.NA = "too little finished before it to measure"
+			out = append(out, r)
+			continue
+		}
+		if f.Fired.Add(30 * time.Second).After(h.loadEnd) {
+			r.NA = "load ended within 30s of it"
+			out = append(out, r)
+			continue
+		}
+		target := 0.95 * r.Before
+		for k := time.Duration(0); k <= 60*time.Second; k += 250 * time.Millisecond {
+			from := f.Fired.Add(k)
+			if from.Add(rateWindow).After(h.loadEnd) {
+				break
+			}
+			if float64(count(ts, from, from.Add(rateWindow)))/rateWindow.Seconds() >= target {
+				r.Recovered, r.After = true, k+rateWindow
+				break
+			}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// report prints the invariant table, the faults and the recoveries.
+func (h *Harness) report(w io.Writer, checks []check, recs []recovery, subs []*submission, st *loadStats, quiet time.Duration) bool {
+	ok := true
+	fmt.Fprintf(w, "\n== chaos seed %d: %d keys (%d delivered %d× at once) over %s, %d tenants in %s\n",
+		h.o.Seed, len(subs), countDup(subs), h.o.DupTimes, h.o.Load, len(h.tenants), strings.Join(config.Regions, "+"))
+	fmt.Fprintf(w, "   ingress requests %d (retries %d: %d unavailable, %d throttled, %d network errors); quiescent %s after the load\n\n",
+		st.requests.Load(), st.retries.Load(), st.unavailable.Load(), st.throttled.Load(), st.netErrors.Load(), quiet.Round(time.Second))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "#\tinvariant\tverdict\tfigure")
+	for _, c := range checks {
+		v := "ok"
+		if !c.OK {
+			v, ok = "VIOLATED", false
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.N, c.What, v, c.Figure)
+	}
+	tw.Flush()
+	for _, c := range checks {
+		if !c.OK && len(c.Offenders) > 0 {
+			fmt.Fprintf(w, "\n   invariant %s, first offenders:\n", c.N)
+			for _, o := range c.Offenders {
+				fmt.Fprintf(w, "     %s\n", o)
+			}
+		}
+	}
+	fmt.Fprintf(w, "\n   faults (seed %d):\n", h.o.Seed)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "   at\tfault\tscope\trate before\trecovered after\tstranded work done\twhat happened")
+	for _, r := range recs {
+		f := r.Fault
+		rec := "n/a: " + r.NA
+		switch {
+		case r.NA != "":
+		case r.Recovered:
+			rec = r.After.Round(100 * time.Millisecond).String()
+		default:
+			rec = "NOT within 60s"
+		}
+		what := f.Note
+		if f.Skip != "" {
+			what = "skipped: " + f.Skip
+		}
+		if f.Err != nil {
+			what = "failed: " + f.Err.Error()
+		}
+		held := "-"
+		if r.Held > 0 {
+			held = fmt.Sprintf("%d/%d after %s", r.Finished, r.Held, r.Last.Round(time.Second))
+		}
+		fmt.Fprintf(tw, "   %s\t%s\t%s\t%.1f/s\t%s\t%s\t%s\n", f.At.Round(time.Second), f.Kind, r.Scope, r.Before, rec, held, what)
+	}
+	tw.Flush()
+	kills := 0
+	for _, p := range h.procs {
+		kills += p.kills
+	}
+	fmt.Fprintf(w, "\n   SIGKILLs of services %d, of nats-server %d; provider calls %d\n", kills, h.nats.kills, h.sim.Stats().Total)
+	for _, n := range h.notes {
+		fmt.Fprintf(w, "   note: %s\n", n)
+	}
+	verdict := "all invariants hold"
+	if !ok {
+		verdict = "INVARIANTS VIOLATED"
+	}
+	fmt.Fprintf(w, "\n== %s (seed %d; repeat with -seed %d)\n", verdict, h.o.Seed, h.o.Seed)
+	return ok
+}
+
+func countDup(subs []*submission) int {
+	n := 0
+	for _, s := range subs {
+		if s.Times > 1 {
+			n++
+		}
+	}
+	return n
+}

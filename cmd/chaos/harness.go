@@ -1,0 +1,451 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"assay.dev/pkg/config"
+	"assay.dev/pkg/devpg"
+	"assay.dev/pkg/sim"
+	"assay.dev/pkg/store"
+)
+
+// services are the four binaries, started once per region.
+var services = []string{"ingress", "classifier", "committer", "ledger"}
+
+// fastTimings are the services' timing settings for a run that must settle
+// quickly: a dead worker's lease lapses in 3s, its work is swept 1s later,
+// the reaper looks every second.
+var fastTimings = []string{
+	"ASSAY_LEASE_TTL=3s", "ASSAY_ACK_WAIT=5s", "ASSAY_HANDOFF_TTL=20s",
+	"ASSAY_SWEEP_EVERY=500ms", "ASSAY_SWEEP_QUEUED_FOR=10s", "ASSAY_SWEEP_LEASE_GRACE=1s",
+	"ASSAY_LEDGER_REAP_EVERY=1s", "ASSAY_LEDGER_REAP_GRACE=5s",
+}
+
+// ackWait is the classifier's consumer AckWait in this run.
+func (h *Harness) ackWait() time.Duration {
+	if h.o.FastTimings {
+		return 5 * time.Second
+	}
+	return 30 * time.Second
+}
+
+// tenant is one seeded tenant.
+type tenant struct {
+	ID, Region, Token string
+}
+
+// Harness is one chaos run: the processes it started and what it observed.
+type Harness struct {
+	o   Options
+	rng *rand.Rand
+	out io.Writer
+	dir string
+
+	bins map[string]string
+
+	nats      *proc
+	natsURL   string
+	natsStore string
+
+	pg      *pgControl // nil when the server is not ours to restart
+	baseURL string
+	dbName  map[string]string
+	dbURL   map[string]string
+	pool    map[string]*pgxpool.Pool
+
+	sim    *sim.Server
+	front  *simFront
+	simURL string
+	simSrv *http.Server
+
+	procs   map[string]*proc // "classifier-us"
+	loadEnd time.Time
+	tenants []tenant
+	started time.Time
+
+	outMu sync.Mutex // out may be a bytes.Buffer, written from the load, the faults and the checks
+	mu    sync.Mutex
+	notes []string
+}
+
+func newHarness(o Options, out io.Writer) *Harness {
+	return &Harness{o: o, out: out, started: time.Now(), rng: rand.New(rand.NewPCG(uint64(o.Seed), 0x61737361)),
+		bins: map[string]string{}, dbName: map[string]string{}, dbURL: map[string]string{},
+		pool: map[string]*pgxpool.Pool{}, procs: map[string]*proc{}}
+}
+
+func (h *Harness) logf(format string, args ...any) {
+	line := fmt.Sprintf("chaos %6.1fs  %s\n", time.Since(h.started).Seconds(), fmt.Sprintf(format, args...))
+	h.outMu.Lock()
+	defer h.outMu.Unlock()
+	_, _ = io.WriteString(h.out, line)
+}
+
+func (h *Harness) note(format string, args ...any) {
+	h.mu.Lock()
+	h.notes = append(h.notes, fmt.Sprintf(format, args...))
+	h.mu.Unlock()
+}
+
+// setUp builds the binaries and starts Postgres, nats-server, the simulated
+// provider and every service of both cells.
+func (h *Harness) setUp(ctx context.Context) (err error) {
+	h.started = time.Now()
+	if h.dir, err = os.MkdirTemp("", "assay-chaos-"); err != nil {
+		return err
+	}
+	if err := h.build(ctx); err != nil {
+		return err
+	}
+	if err := h.startPostgres(ctx); err != nil {
+		return err
+	}
+	if err := h.startNATS(ctx); err != nil {
+		return err
+	}
+	if err := h.startSim(); err != nil {
+		return err
+	}
+	if err := h.seed(ctx); err != nil {
+		return err
+	}
+	return h.startServices(ctx)
+}
+
+// build compiles the four services and nats-server into the run's dir, or
+// uses the ones in Options.BinDir.
+func (h *Harness) build(ctx context.Context) error {
+	names := append([]string{"nats-server"}, services...)
+	if h.o.BinDir != "" {
+		for _, n := range names {
+			p := filepath.Join(h.o.BinDir, n)
+			if _, err := os.Stat(p); err != nil {
+				return fmt.Errorf("-bin-dir: %w", err)
+			}
+			h.bins[n] = p
+		}
+		return nil
+	}
+	bin := filepath.Join(h.dir, "bin")
+	h.logf("building nats-server and the four services into %s", bin)
+	args := []string{"build", "-o", bin + "/"}
+	for _, s := range services {
+		args = append(args, "assay.dev/services/"+s+"/cmd/"+s)
+	}
+	args = append(args, "github.com/nats-io/nats-server/v2")
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = h.o.Src
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	for _, n := range names {
+		h.bins[n] = filepath.Join(bin, n)
+	}
+	return nil
+}
+
+// pgControl restarts a Postgres cluster the harness started, with pg_ctl run
+// as the owner of its data directory.
+type pgControl struct {
+	cluster  *devpg.Cluster
+	data     string
+	binDir   string
+	uid, gid uint32
+}
+
+func (h *Harness) startPostgres(ctx context.Context) error {
+	if h.o.DatabaseURL != "" {
+		h.baseURL = h.o.DatabaseURL
+	} else {
+		c, err := devpg.Start(ctx, "")
+		if err != nil {
+			return fmt.Errorf("throwaway postgres (or set ASSAY_DATABASE_URL): %w", err)
+		}
+		h.pg = &pgControl{cluster: c}
+		h.baseURL = c.URL("postgres")
+	}
+	conn, err := pgx.Connect(ctx, h.baseURL)
+	if err != nil {
+		return fmt.Errorf("postgres %s: %w", redact(h.baseURL), err)
+	}
+	defer conn.Close(context.Background())
+	if h.pg != nil {
+		if err := conn.QueryRow(ctx, `SHOW data_directory`).Scan(&h.pg.data); err != nil {
+			return err
+		}
+		if err := conn.QueryRow(ctx, `SELECT setting FROM pg_config WHERE name = 'BINDIR'`).Scan(&h.pg.binDir); err != nil {
+			return err
+		}
+		// devpg turns synchronous_commit off for speed; then a crash of
+		// Postgres loses commits it had acknowledged (a claim, a work row),
+		// which no service can make up for. Production keeps it on, and
+		// so does the harness unless told to show what happens without.
+		if !h.o.PGAsyncCommit {
+			if _, err := conn.Exec(ctx, `ALTER SYSTEM SET synchronous_commit = on`); err != nil {
+				return err
+			}
+			if _, err := conn.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+				return err
+			}
+		}
+		fi, err := os.Stat(h.pg.data)
+		if err != nil {
+			return err
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		h.pg.uid, h.pg.gid = st.Uid, st.Gid
+	}
+	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
+	for _, region := range config.Regions {
+		name := "assay_chaos_" + region + "_" + stamp
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			return fmt.Errorf("create database %s: %w", name, err)
+		}
+		h.dbName[region] = name
+		u, err := url.Parse(h.baseURL)
+		if err != nil {
+			return err
+		}
+		u.Path = "/" + name
+		h.dbURL[region] = u.String()
+		cfg, err := pgxpool.ParseConfig(withParam(h.dbURL[region], "application_name", "chaos-harness"))
+		if err != nil {
+			return err
+		}
+		cfg.MaxConns = 4
+		if h.pool[region], err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// restartPostgres stops the server the way a crash would (immediate) and
+// starts it again on the same port.
+func (h *Harness) restartPostgres(ctx context.Context) error {
+	p := h.pg
+	cmd := exec.CommandContext(ctx, filepath.Join(p.binDir, "pg_ctl"), "restart", "-m", "immediate", "-w", "-t", "60",
+		"-D", p.data, "-l", filepath.Join(filepath.Dir(p.data), "restart.log"))
+	cmd.Dir = filepath.Dir(p.data)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: p.uid, Gid: p.gid}}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PG") && !strings.HasPrefix(kv, "HOME=") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = append(env, "HOME=/")
+	// The postmaster inherits the output pipe; do not wait for it to close.
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil && !errors.Is(err, exec.ErrWaitDelay) {
+		return fmt.Errorf("pg_ctl restart: %w\n%s", err, out)
+	}
+	return nil
+}
+
+func (h *Harness) startNATS(ctx context.Context) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	mport, err := freePort()
+	if err != nil {
+		return err
+	}
+	h.natsStore = filepath.Join(h.dir, "nats")
+	h.natsURL = "nats://" + addr(port)
+	h.nats = &proc{name: "nats-server", bin: h.bins["nats-server"],
+		args: []string{"-a", "127.0.0.1", "-p", strconv.Itoa(port), "-m", strconv.Itoa(mport),
+			"-js", "-sd", h.natsStore},
+		env: os.Environ(), logPath: filepath.Join(h.dir, "nats-server.log"),
+		ready: "http://" + addr(mport) + "/healthz?js-enabled-only=true"}
+	if err := h.nats.start(); err != nil {
+		return err
+	}
+	return h.nats.waitReady(ctx, 30*time.Second)
+}
+
+func (h *Harness) startSim() error {
+	h.sim = sim.New(sim.Options{Latency: h.o.SimLatency})
+	regionOf := map[string]string{}
+	for _, t := range h.tenantList() {
+		regionOf[t.ID] = t.Region
+	}
+	h.front = newSimFront(h.sim, regionOf)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	h.simURL = "http://" + ln.Addr().String()
+	h.simSrv = &http.Server{Handler: h.front, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = h.simSrv.Serve(ln) }()
+	return nil
+}
+
+// tenantList makes the tenants once: Options.Tenants of them, homed in
+// turn in each region.
+func (h *Harness) tenantList() []tenant {
+	if h.tenants == nil {
+		for i := range h.o.Tenants {
+			h.tenants = append(h.tenants, tenant{ID: fmt.Sprintf("tenant%d", i+1),
+				Region: config.Regions[i%len(config.Regions)], Token: store.NewToken()})
+		}
+	}
+	return h.tenants
+}
+
+// seed migrates both cells and gives every cell every tenant; the first
+// tenant has a budget, so reservations are taken and settled under faults.
+func (h *Harness) seed(ctx context.Context) error {
+	var seeds []store.TenantSeed
+	for _, t := range h.tenantList() {
+		seeds = append(seeds, store.TenantSeed{ID: t.ID, HomeRegion: t.Region, Token: t.Token})
+	}
+	for _, region := range config.Regions {
+		st, err := store.Open(ctx, h.dbURL[region])
+		if err != nil {
+			return err
+		}
+		_, err = st.Migrate(ctx)
+		if err == nil {
+			err = st.SeedTenants(ctx, seeds)
+		}
+		if err == nil {
+			budget := int64(1_000_000_000) // $1000 a month: reserved and settled, never exhausted
+			err = st.SetBudget(ctx, h.tenants[0].ID, &budget, "month")
+		}
+		st.Close()
+		if err != nil {
+			return fmt.Errorf("seed %s: %w", region, err)
+		}
+	}
+	return nil
+}
+
+func (h *Harness) startServices(ctx context.Context) error {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "ASSAY_") && !strings.HasPrefix(kv, "OTEL_") {
+			env = append(env, kv)
+		}
+	}
+	for _, region := range config.Regions {
+		for _, svc := range services {
+			port, err := freePort()
+			if err != nil {
+				return err
+			}
+			name := svc + "-" + region
+			e := append(append([]string(nil), env...),
+				"ASSAY_REGION="+region,
+				"ASSAY_DATABASE_URL="+withParam(h.dbURL[region], "application_name", "chaos-"+name),
+				"ASSAY_NATS_URL="+h.natsURL,
+				"ASSAY_HTTP_ADDR="+addr(port))
+			if svc == "classifier" {
+				e = append(e, "ASSAY_MODEL_BASE_URL="+h.simURL)
+			}
+			if h.o.FastTimings {
+				e = append(e, fastTimings...)
+			}
+			h.procs[name] = &proc{name: name, bin: h.bins[svc], env: e,
+				logPath: filepath.Join(h.dir, name+".log"), ready: "http://" + addr(port) + "/readyz"}
+		}
+	}
+	for _, region := range config.Regions {
+		for _, svc := range services {
+			if err := h.procs[svc+"-"+region].start(); err != nil {
+				return err
+			}
+		}
+	}
+	for _, p := range h.procs {
+		if err := p.waitReady(ctx, 60*time.Second); err != nil {
+			return err
+		}
+	}
+	h.logf("up: nats %s, sim %s, %d services, tenants %d over %s", h.natsURL, h.simURL, len(h.procs),
+		len(h.tenants), strings.Join(config.Regions, "+"))
+	return nil
+}
+
+// ingressURL is a region's ingress base URL.
+func (h *Harness) ingressURL(region string) string {
+	r := h.procs["ingress-"+region].ready
+	return strings.TrimSuffix(r, "/readyz")
+}
+
+// tearDown stops everything setUp started. Logs are kept when keep is set.
+func (h *Harness) tearDown(keep bool) {
+	var wg sync.WaitGroup
+	for _, p := range h.procs {
+		wg.Add(1)
+		go func(p *proc) { defer wg.Done(); _ = p.stop() }(p)
+	}
+	wg.Wait()
+	if h.nats != nil {
+		_ = h.nats.stop()
+	}
+	if h.simSrv != nil {
+		_ = h.simSrv.Close()
+	}
+	if h.sim != nil {
+		_ = h.sim.Close()
+	}
+	for _, p := range h.pool {
+		p.Close()
+	}
+	if h.pg != nil {
+		_ = h.pg.cluster.Stop()
+	} else if len(h.dbName) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if conn, err := pgx.Connect(ctx, h.baseURL); err == nil {
+			for _, db := range h.dbName {
+				_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
+			}
+			conn.Close(ctx)
+		}
+		cancel()
+	}
+	if h.dir != "" && !keep {
+		_ = os.RemoveAll(h.dir)
+	}
+}
+
+// withParam adds a query parameter to a postgres:// URL.
+func withParam(u, k, v string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return u
+	}
+	q := p.Query()
+	q.Set(k, v)
+	p.RawQuery = q.Encode()
+	return p.String()
+}
+
+func redact(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	return p.Redacted()
+}

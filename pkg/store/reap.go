@@ -1,0 +1,139 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The ledger reaper's queries. The broker carries ATTEMPT events, but
+// Postgres holds what they say: the attempt row and the outbox row written
+// in the transaction that finished the attempt. So an event the broker lost
+// is read back from the outbox, and an attempt whose worker died before it
+// could write either still becomes a ledger row, estimated.
+
+// DeadAttempt is an attempt whose worker will not report: it claimed the
+// work (and so, a moment later, called the model) and then its lease went
+// to another attempt, lapsed, or the work ended without it.
+type DeadAttempt struct {
+	AttemptID string
+	WorkID    string
+	TenantID  string
+	Number    int
+	StartedAt time.Time
+	// ReservedMicros is its unsettled budget reservation, 0 if none.
+	ReservedMicros int64
+	// Model is the model another attempt of the same work reported, or
+	// "unknown".
+	Model string
+}
+
+// DeadAttempts finds up to limit attempts without an outcome of their own
+// (none, or lease_expired from the next claim) that started more than grace
+// ago, whose lease is no longer live (taken by another attempt, or lapsed
+// more than grace ago), and that have neither a ledger row nor an ATTEMPT
+// event in the outbox. Those still without an outcome are marked
+// lease_expired, as the next claim would have done.
+func (s *Store) DeadAttempts(ctx context.Context, grace time.Duration, limit int) ([]DeadAttempt, error) {
+	rows, err := s.Pool.Query(ctx, `WITH dead AS (
+			SELECT a.id FROM attempts a JOIN work w ON w.id = a.work_id
+			WHERE (a.outcome IS NULL OR a.outcome = 'lease_expired')
+				AND a.started_at < now() - $1 * interval '1 microsecond'
+				AND NOT (w.state = 'running' AND w.lease_token = a.lease_token
+					AND w.lease_expires_at > now() - $1 * interval '1 microsecond')
+				AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = a.id)
+				AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = a.id::text)
+			ORDER BY a.started_at LIMIT $2
+		), marked AS (
+			UPDATE attempts a SET outcome = 'lease_expired',
+				reason = 'the worker never reported back and its lease is gone',
+				finished_at = coalesce(a.finished_at, now())
+			FROM dead WHERE a.id = dead.id AND a.outcome IS NULL
+			RETURNING a.id
+		)
+		SELECT a.id::text, a.work_id, a.tenant_id, a.number, a.started_at,
+			coalesce((SELECT r.amount_micros FROM budget_reservations r
+				WHERE r.attempt_id = a.id AND r.settled_at IS NULL), 0),
+			coalesce((SELECT l.model FROM ledger l WHERE l.work_id = a.work_id AND NOT l.estimated LIMIT 1), 'unknown')
+		FROM attempts a JOIN dead ON dead.id = a.id
+		ORDER BY a.started_at`, interval(grace), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: dead attempts: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadAttempt, error) {
+		var d DeadAttempt
+		err := r.Scan(&d.AttemptID, &d.WorkID, &d.TenantID, &d.Number, &d.StartedAt, &d.ReservedMicros, &d.Model)
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: dead attempts: %w", err)
+	}
+	return out, nil
+}
+
+// UnrecordedAttemptEvents returns the payloads of up to limit ATTEMPT events
+// of the region that were published between horizon and grace ago and whose
+// attempt has no ledger row: events the broker acknowledged and then lost
+// (a purged stream, a store lost with its node), or that nobody consumed.
+func (s *Store) UnrecordedAttemptEvents(ctx context.Context, region string, grace, horizon time.Duration, limit int) ([][]byte, error) {
+	rows, err := s.Pool.Query(ctx, `SELECT o.payload FROM outbox o
+		WHERE o.subject LIKE 'assay.%.attempt.%' AND o.subject LIKE $1
+			AND o.published_at < now() - $2 * interval '1 microsecond'
+			AND o.published_at > now() - $3 * interval '1 microsecond'
+			AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = o.msg_id::uuid)
+		ORDER BY o.published_at LIMIT $4`,
+		"assay."+region+".attempt.%", interval(grace), interval(horizon), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: unrecorded attempt events: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		return nil, fmt.Errorf("store: unrecorded attempt events: %w", err)
+	}
+	return out, nil
+}
+
+// ReleaseOrphanReservations returns reservations older than grace whose
+// attempt was never recorded: the worker died between reserving and
+// claiming, or a claim that lost did not get to release. It returns how
+// many it released.
+func (s *Store) ReleaseOrphanReservations(ctx context.Context, grace time.Duration) (int64, error) {
+	var n int64
+	err := s.Pool.QueryRow(ctx, `WITH gone AS (
+			DELETE FROM budget_reservations r
+			WHERE r.settled_at IS NULL AND r.created_at < now() - $1 * interval '1 microsecond'
+				AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.id = r.attempt_id)
+			RETURNING tenant_id, period_start, amount_micros
+		), sums AS (
+			SELECT tenant_id, period_start, sum(amount_micros) AS amount, count(*) AS n FROM gone GROUP BY 1, 2
+		), upd AS (
+			UPDATE budget_periods p SET reserved_micros = p.reserved_micros - sums.amount
+			FROM sums WHERE p.tenant_id = sums.tenant_id AND p.period_start = sums.period_start
+		)
+		SELECT coalesce(sum(n), 0) FROM sums`, interval(grace)).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("store: release orphan reservations: %w", err)
+	}
+	return n, nil
+}
+
+// respend corrects what an attempt spent by delta, in the period its
+// reservation was taken from, else the tenant's current period.
+func respend(ctx context.Context, tx pgx.Tx, tenantID, attemptID string, delta int64) error {
+	if delta == 0 {
+		return nil
+	}
+	tag, err := tx.Exec(ctx, `UPDATE budget_periods p SET spent_micros = greatest(p.spent_micros + $3, 0)
+		FROM budget_reservations r
+		WHERE r.attempt_id = $2 AND p.tenant_id = $1 AND p.period_start = r.period_start`, tenantID, attemptID, delta)
+	if err != nil || tag.RowsAffected() > 0 {
+		return err
+	}
+	_, err = tx.Exec(ctx, `UPDATE budget_periods p SET spent_micros = greatest(p.spent_micros + $2, 0)
+		FROM tenants t WHERE t.id = $1 AND t.budget_micros IS NOT NULL AND p.tenant_id = t.id
+			AND p.period_start = CASE t.budget_period WHEN 'day' THEN date_trunc('day', now() AT TIME ZONE 'UTC')
+				ELSE date_trunc('month', now() AT TIME ZONE 'UTC') END AT TIME ZONE 'UTC'`, tenantID, delta)
+	return err
+}
