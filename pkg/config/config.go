@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -140,4 +141,28 @@ func redact(msg, rawURL string) string {
 		}
 	}
 	return msg
+}
+
+// Duration is one duration setting a service reads from the environment.
+type Duration struct {
+	Name     string         // the variable, e.g. ASSAY_LEASE_TTL
+	To       *time.Duration // set when the variable is
+	Min, Max time.Duration  // the accepted range
+}
+
+// Durations reads each variable that is set as a Go duration (e.g. 30s)
+// within its range. The error names the variable.
+func Durations(getenv func(string) string, ds ...Duration) error {
+	for _, d := range ds {
+		v := getenv(d.Name)
+		if v == "" {
+			continue
+		}
+		dur, err := time.ParseDuration(v)
+		if err != nil || dur < d.Min || dur > d.Max {
+			return fmt.Errorf("%s: %q is not a duration from %s to %s", d.Name, v, d.Min, d.Max)
+		}
+		*d.To = dur
+	}
+	return nil
 }

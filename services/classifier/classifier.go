@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"assay.dev/pkg/admission"
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
@@ -398,17 +399,12 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		}
 		c.Concurrency = n
 	}
-	for _, d := range []struct {
-		name string
-		to   *time.Duration
-	}{{"ASSAY_LEASE_TTL", &c.LeaseTTL}, {"ASSAY_ACK_WAIT", &c.AckWait}, {"ASSAY_HANDOFF_TTL", &c.HandoffTTL}} {
-		if v := getenv(d.name); v != "" {
-			dur, err := time.ParseDuration(v)
-			if err != nil || dur < 100*time.Millisecond || dur > 24*time.Hour {
-				return fmt.Errorf("%s: %q is not a duration from 100ms to 24h", d.name, v)
-			}
-			*d.to = dur
-		}
+	if err := config.Durations(getenv,
+		config.Duration{Name: "ASSAY_LEASE_TTL", To: &c.LeaseTTL, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
+		config.Duration{Name: "ASSAY_ACK_WAIT", To: &c.AckWait, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
+		config.Duration{Name: "ASSAY_HANDOFF_TTL", To: &c.HandoffTTL, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
+	); err != nil {
+		return err
 	}
 	switch v := getenv("ASSAY_MODEL_CONCURRENCY"); v {
 	case "", "adaptive":

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
@@ -38,14 +39,8 @@ type Config struct {
 // FromEnv fills ASSAY_ACK_WAIT (the RESULT consumer's ack wait, a Go
 // duration) from the environment. Errors name the variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
-	if v := getenv("ASSAY_ACK_WAIT"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < 100*time.Millisecond || d > 24*time.Hour {
-			return fmt.Errorf("ASSAY_ACK_WAIT: %q is not a duration from 100ms to 24h", v)
-		}
-		c.AckWait = d
-	}
-	return nil
+	return config.Durations(getenv,
+		config.Duration{Name: "ASSAY_ACK_WAIT", To: &c.AckWait, Min: 100 * time.Millisecond, Max: 24 * time.Hour})
 }
 
 // Deps are what the committer talks to.

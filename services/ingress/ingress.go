@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"assay.dev/pkg/admission"
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outbox"
@@ -109,26 +110,15 @@ func (c *Config) defaults() error {
 // ASSAY_SWEEP_LEASE_GRACE, and the GitHub webhook settings ASSAY_GITHUB_WEBHOOK_SECRET,
 // ASSAY_GITHUB_API_URL and ASSAY_GITHUB_TOKEN. Errors name the variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
-	for _, d := range []struct {
-		name  string
-		to    *time.Duration
-		least time.Duration
-	}{
-		{"ASSAY_INTERACTIVE_DEADLINE", &c.InteractiveDeadline, time.Second},
-		{"ASSAY_BATCH_DEADLINE", &c.BatchDeadline, time.Second},
-		{"ASSAY_SWEEP_EVERY", &c.SweepEvery, 100 * time.Millisecond},
-		{"ASSAY_SWEEP_QUEUED_FOR", &c.QueuedFor, 100 * time.Millisecond},
-		{"ASSAY_SWEEP_LEASE_GRACE", &c.LeaseGrace, 100 * time.Millisecond},
-	} {
-		v := getenv(d.name)
-		if v == "" {
-			continue
-		}
-		dur, err := time.ParseDuration(v)
-		if err != nil || dur < d.least || dur > 7*24*time.Hour {
-			return fmt.Errorf("%s: %q is not a duration from %s to 168h", d.name, v, d.least)
-		}
-		*d.to = dur
+	const week = 7 * 24 * time.Hour
+	if err := config.Durations(getenv,
+		config.Duration{Name: "ASSAY_INTERACTIVE_DEADLINE", To: &c.InteractiveDeadline, Min: time.Second, Max: week},
+		config.Duration{Name: "ASSAY_BATCH_DEADLINE", To: &c.BatchDeadline, Min: time.Second, Max: week},
+		config.Duration{Name: "ASSAY_SWEEP_EVERY", To: &c.SweepEvery, Min: 100 * time.Millisecond, Max: week},
+		config.Duration{Name: "ASSAY_SWEEP_QUEUED_FOR", To: &c.QueuedFor, Min: 100 * time.Millisecond, Max: week},
+		config.Duration{Name: "ASSAY_SWEEP_LEASE_GRACE", To: &c.LeaseGrace, Min: 100 * time.Millisecond, Max: week},
+	); err != nil {
+		return err
 	}
 	c.GitHubSecret = getenv("ASSAY_GITHUB_WEBHOOK_SECRET")
 	c.GitHubAPI = getenv("ASSAY_GITHUB_API_URL")

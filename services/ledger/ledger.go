@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/price"
@@ -48,19 +49,11 @@ type Config struct {
 // ASSAY_ACK_WAIT (the consumer's), ASSAY_LEDGER_REAP_EVERY and
 // ASSAY_LEDGER_REAP_GRACE, as Go durations. Errors name the variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
-	for _, d := range []struct {
-		name string
-		to   *time.Duration
-	}{{"ASSAY_ACK_WAIT", &c.AckWait}, {"ASSAY_LEDGER_REAP_EVERY", &c.ReapEvery}, {"ASSAY_LEDGER_REAP_GRACE", &c.ReapGrace}} {
-		if v := getenv(d.name); v != "" {
-			dur, err := time.ParseDuration(v)
-			if err != nil || dur < 100*time.Millisecond || dur > 24*time.Hour {
-				return fmt.Errorf("%s: %q is not a duration from 100ms to 24h", d.name, v)
-			}
-			*d.to = dur
-		}
-	}
-	return nil
+	return config.Durations(getenv,
+		config.Duration{Name: "ASSAY_ACK_WAIT", To: &c.AckWait, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
+		config.Duration{Name: "ASSAY_LEDGER_REAP_EVERY", To: &c.ReapEvery, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
+		config.Duration{Name: "ASSAY_LEDGER_REAP_GRACE", To: &c.ReapGrace, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
+	)
 }
 
 // Deps are what the ledger talks to.
