@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats-server/v2/server"
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devpg"
@@ -202,16 +201,11 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 		return res, err
 	}
 	defer os.RemoveAll(dir)
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: dir, NoSigs: true, NoLog: true})
+	ns, err := startNATS(dir)
 	if err != nil {
 		return res, err
 	}
-	go ns.Start()
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		return res, errors.New("embedded nats did not start")
-	}
 	dbName := fmt.Sprintf("assay_bench_%d", time.Now().UnixNano())
 	dbURL, drop, err := benchDB(ctx, baseDB, dbName)
 	if err != nil {
@@ -342,34 +336,21 @@ func benchLogger(w io.Writer, scenario int, mode string) *slog.Logger {
 }
 
 // benchDB creates a fresh database on the server of base and returns its
-// URL (with a pool large enough for four services in one process) and a
+// URL, with a pool large enough for four services in one process, and a
 // function that drops it.
 func benchDB(ctx context.Context, base, name string) (string, func(), error) {
-	conn, err := pgx.Connect(ctx, base)
-	if err != nil {
-		return "", nil, fmt.Errorf("ASSAY_DATABASE_URL: connect: %w", err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return "", nil, err
-	}
-	u, err := url.Parse(base)
+	dbURL, err := createDatabase(ctx, base, name)
 	if err != nil {
 		return "", nil, err
 	}
-	u.Path = "/" + name
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return "", nil, err
+	}
 	q := u.Query()
 	q.Set("pool_max_conns", "64")
 	u.RawQuery = q.Encode()
-	drop := func() {
-		c, err := pgx.Connect(context.Background(), base)
-		if err != nil {
-			return
-		}
-		defer c.Close(context.Background())
-		_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-	}
-	return u.String(), drop, nil
+	return u.String(), func() { dropDatabases(context.Background(), base, name) }, nil
 }
 
 func countQ(ctx context.Context, c *cell, q string, args ...any) (int, error) {

@@ -98,14 +98,8 @@ func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 	if e.dir, err = os.MkdirTemp("", "assay-dev-"); err != nil {
 		return nil, err
 	}
-	e.nats, err = server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: e.dir + "/nats", NoSigs: true, NoLog: true})
-	if err != nil {
-		return e, fmt.Errorf("embedded nats: %w", err)
-	}
-	go e.nats.Start()
-	if !e.nats.ReadyForConnections(10 * time.Second) {
-		return e, errors.New("embedded nats did not start")
+	if e.nats, err = startNATS(e.dir + "/nats"); err != nil {
+		return e, err
 	}
 
 	e.baseDB = os.Getenv("ASSAY_DATABASE_URL")
@@ -164,7 +158,33 @@ func startDev(ctx context.Context, o devOptions) (e *devEnv, err error) {
 
 // createDB makes a fresh database on the dev server for one cell.
 func (e *devEnv) createDB(ctx context.Context, name string) (string, error) {
-	conn, err := pgx.Connect(ctx, e.baseDB)
+	u, err := createDatabase(ctx, e.baseDB, name)
+	if err == nil {
+		e.dbs = append(e.dbs, name)
+	}
+	return u, err
+}
+
+// startNATS starts an embedded nats-server with JetStream on a free port,
+// its store in dir.
+func startNATS(dir string) (*server.Server, error) {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+		StoreDir: dir, NoSigs: true, NoLog: true})
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, errors.New("embedded nats did not start")
+	}
+	return ns, nil
+}
+
+// createDatabase creates database name on the server of base and returns
+// its URL.
+func createDatabase(ctx context.Context, base, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, base)
 	if err != nil {
 		return "", fmt.Errorf("ASSAY_DATABASE_URL: connect: %w", err)
 	}
@@ -172,13 +192,24 @@ func (e *devEnv) createDB(ctx context.Context, name string) (string, error) {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", fmt.Errorf("create database %s: %w", name, err)
 	}
-	e.dbs = append(e.dbs, name)
-	u, err := url.Parse(e.baseDB)
+	u, err := url.Parse(base)
 	if err != nil {
 		return "", err
 	}
 	u.Path = "/" + name
 	return u.String(), nil
+}
+
+// dropDatabases drops the databases on the server of base, best effort.
+func dropDatabases(ctx context.Context, base string, names ...string) {
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return
+	}
+	defer conn.Close(ctx)
+	for _, db := range names {
+		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
+	}
 }
 
 // Stop stops everything startDev started, cells first.
@@ -198,12 +229,7 @@ func (e *devEnv) Stop() {
 	if e.pg != nil {
 		_ = e.pg.Stop()
 	} else if len(e.dbs) > 0 {
-		if conn, err := pgx.Connect(ctx, e.baseDB); err == nil {
-			for _, db := range e.dbs {
-				_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
-			}
-			conn.Close(ctx)
-		}
+		dropDatabases(ctx, e.baseDB, e.dbs...)
 	}
 	if e.dir != "" {
 		_ = os.RemoveAll(e.dir)
