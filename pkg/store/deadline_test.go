@@ -2,6 +2,8 @@ package store_test
 
 import (
 	"encoding/json"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,8 +42,8 @@ func TestDeadlineExpiry(t *testing.T) {
 		t.Fatalf("within the grace: %v %v", got, err)
 	}
 	// Its answer arrives after the deadline: the commit fence refuses it.
-	if ok, err := s.Commit(ctx, running, attempt, token, json.RawMessage(`{"findings":[]}`), 0); err != nil || ok {
-		t.Fatalf("late commit: committed=%v err=%v, want false", ok, err)
+	if v, err := s.Commit(ctx, running, attempt, token, json.RawMessage(`{"findings":[]}`), 0); err != nil || v != store.Late {
+		t.Fatalf("late commit: verdict %v err %v, want not committed", v, err)
 	}
 	w, err := s.GetWork(ctx, running.ID)
 	if err != nil || w.State != "expired" {
@@ -88,8 +90,8 @@ func TestDroppedAndReadmitted(t *testing.T) {
 	if n := count(t, ctx, s, `SELECT count(*) FROM outbox`); n != 1 {
 		t.Fatalf("%d outbox rows after re-admission, want 1", n)
 	}
-	if _, err := s.Rerun(ctx, w.ID, time.Now().Add(time.Minute), announce); err == nil {
-		t.Fatal("rerun of queued work succeeded")
+	if _, err := s.Rerun(ctx, w.ID, time.Now().Add(time.Minute), announce); !errors.Is(err, store.ErrNotDropped) {
+		t.Fatalf("rerun of queued work: %v, want ErrNotDropped", err)
 	}
 	if got, created, err = s.InsertWork(ctx, w, announce); err != nil || created {
 		t.Fatalf("third ask: created=%v err=%v, want a plain duplicate", created, err)
@@ -101,11 +103,11 @@ func TestDroppedAndReadmitted(t *testing.T) {
 	old.DropReason = "over the rate"
 	insert(t, ctx, s, old)
 	insert(t, ctx, s, newWork("acme", "octo/repo#31", "b"))
-	if _, err := s.Rerun(ctx, old.ID, time.Now().Add(time.Minute), announce); err == nil {
-		t.Fatal("rerun of a replaced revision succeeded")
+	if _, err := s.Rerun(ctx, old.ID, time.Now().Add(time.Minute), announce); !errors.Is(err, store.ErrSuperseded) ||
+		!strings.Contains(err.Error(), "revision b") {
+		t.Fatalf("rerun of a replaced revision: %v, want ErrSuperseded naming revision b", err)
 	}
-	if _, err := s.Rerun(ctx, "w_nope", time.Now(), announce); err == nil {
-		t.Fatal("rerun of unknown work succeeded")
+	if _, err := s.Rerun(ctx, "w_nope", time.Now(), announce); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("rerun of unknown work: %v, want ErrNotFound", err)
 	}
-	var _ = store.ErrNotDropped
 }

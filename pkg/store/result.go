@@ -22,10 +22,10 @@ type Result struct {
 
 // Commit is the commit fence. While the attempt's lease is still the work's
 // lease it marks the work accepted and inserts the one result row; the result
-// key (work, schema version) refuses a second. committed=false means the
-// lease was lost, or the deadline passed and the work is now expired: the
-// attempt is recorded stale_lease instead.
-func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, output json.RawMessage, findings int) (committed bool, err error) {
+// key (work, schema version) refuses a second. Otherwise the attempt is
+// recorded stale_lease and the verdict says why: the lease was lost, or the
+// deadline passed and the work is now expired.
+func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, output json.RawMessage, findings int) (v Verdict, err error) {
 	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		// Past its deadline the work ends expired, whatever the answer.
 		late, err := tx.Exec(ctx, `UPDATE work SET state = 'expired',
@@ -36,6 +36,7 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 			return err
 		}
 		if late.RowsAffected() == 1 {
+			v = Late
 			_, err := tx.Exec(ctx, `UPDATE attempts SET outcome = 'stale_lease',
 					reason = 'deadline passed before the verdict', finished_at = coalesce(finished_at, now())
 				WHERE id = $1`, attemptID)
@@ -46,6 +47,7 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 			return err
 		}
 		if !ok {
+			v = Lost
 			_, err := markLost(ctx, tx, attemptID)
 			return err
 		}
@@ -60,14 +62,27 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 			// same work; refuse loudly rather than accept without a row.
 			return fmt.Errorf("result for %s already exists", w.ID)
 		}
-		committed = true
+		v = Committed
 		return s.FinishAttempt(ctx, tx, attemptID, "ok", "", "")
 	})
 	if err != nil {
-		return false, fmt.Errorf("store: commit %s: %w", w.ID, err)
+		return Lost, fmt.Errorf("store: commit %s: %w", w.ID, err)
 	}
-	return committed, nil
+	return v, nil
 }
+
+// Verdict is what Commit did with an answer.
+type Verdict int
+
+// Verdicts.
+const (
+	// Lost: the attempt's lease was no longer the work's.
+	Lost Verdict = iota
+	// Late: the work's deadline had passed; the work is now expired.
+	Late
+	// Committed: the answer is the work's one result.
+	Committed
+)
 
 // Reject ends leased work schema_rejected with the gate's reason. false
 // means the lease was lost; the attempt is then recorded stale_lease.

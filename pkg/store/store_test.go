@@ -374,26 +374,26 @@ func TestCommitFence(t *testing.T) {
 	w = claim(t, ctx, s, w.ID, liveAttempt, liveToken, time.Minute)
 	output := json.RawMessage(`{"findings":[]}`)
 
-	if ok, err := s.Commit(ctx, w, oldAttempt, oldToken, output, 0); err != nil || ok {
-		t.Fatalf("commit with the expired lease: committed=%v err=%v, want false", ok, err)
+	if v, err := s.Commit(ctx, w, oldAttempt, oldToken, output, 0); err != nil || v != store.Lost {
+		t.Fatalf("commit with the expired lease: verdict %v err %v, want lost", v, err)
 	}
 	if got := attemptOutcome(t, ctx, s, oldAttempt); got != "stale_lease" {
 		t.Fatalf("old attempt outcome = %q, want stale_lease", got)
 	}
 
-	if ok, err := s.Commit(ctx, w, liveAttempt, liveToken, output, 0); err != nil || !ok {
-		t.Fatalf("commit with the live lease: committed=%v err=%v, want true", ok, err)
+	if v, err := s.Commit(ctx, w, liveAttempt, liveToken, output, 0); err != nil || v != store.Committed {
+		t.Fatalf("commit with the live lease: verdict %v err %v, want committed", v, err)
 	}
 	if got := attemptOutcome(t, ctx, s, liveAttempt); got != "ok" {
 		t.Fatalf("committed attempt outcome = %q, want ok", got)
 	}
 
 	// A redelivered commit of the same attempt, then the old one again.
-	if ok, err := s.Commit(ctx, w, liveAttempt, liveToken, output, 0); err != nil || ok {
-		t.Fatalf("second commit with the same token: committed=%v err=%v, want false", ok, err)
+	if v, err := s.Commit(ctx, w, liveAttempt, liveToken, output, 0); err != nil || v != store.Lost {
+		t.Fatalf("second commit with the same token: verdict %v err %v, want lost", v, err)
 	}
-	if ok, err := s.Commit(ctx, w, oldAttempt, oldToken, output, 0); err != nil || ok {
-		t.Fatalf("second commit with the old token: committed=%v err=%v, want false", ok, err)
+	if v, err := s.Commit(ctx, w, oldAttempt, oldToken, output, 0); err != nil || v != store.Lost {
+		t.Fatalf("second commit with the old token: verdict %v err %v, want lost", v, err)
 	}
 	if got := attemptOutcome(t, ctx, s, oldAttempt); got != "stale_lease" {
 		t.Fatalf("old attempt outcome = %q, want stale_lease", got)
@@ -449,8 +449,8 @@ func TestRejectFence(t *testing.T) {
 	if ok, err := s.Reject(ctx, w.ID, oldAttempt, oldToken, "late"); err != nil || ok {
 		t.Fatalf("second reject with the old token: rejected=%v err=%v, want false", ok, err)
 	}
-	if ok, err := s.Commit(ctx, w, liveAttempt, liveToken, json.RawMessage(`{}`), 0); err != nil || ok {
-		t.Fatalf("commit after reject: committed=%v err=%v, want false", ok, err)
+	if v, err := s.Commit(ctx, w, liveAttempt, liveToken, json.RawMessage(`{}`), 0); err != nil || v != store.Lost {
+		t.Fatalf("commit after reject: verdict %v err %v, want lost", v, err)
 	}
 	if got := attemptOutcome(t, ctx, s, liveAttempt); got != "invalid_output" {
 		t.Fatalf("rejected attempt outcome = %q, want invalid_output", got)

@@ -175,20 +175,20 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	if fail != nil {
 		return s.reject(ctx, w, ev, fail.Error())
 	}
-	committed, err := s.d.Store.Commit(ctx, w, ev.AttemptID, ev.LeaseToken, acc.Output, acc.Findings)
+	verdict, err := s.d.Store.Commit(ctx, w, ev.AttemptID, ev.LeaseToken, acc.Output, acc.Findings)
 	if err != nil {
 		return err
 	}
-	if !committed {
-		why := "lease lost before commit; answer recorded, not published"
-		if now, err := s.d.Store.GetWork(ctx, w.ID); err == nil && now.State == "expired" {
-			s.count(ctx, "expired")
-			telemetry.Decision(ctx, log, w.ID, "expired", "deadline passed before the verdict; answer recorded, not published",
-				slog.String("attempt", ev.AttemptID))
-			return nil
-		}
+	switch verdict {
+	case store.Late:
+		s.count(ctx, "expired")
+		telemetry.Decision(ctx, log, w.ID, "expired", "deadline passed before the verdict; answer recorded, not published",
+			slog.String("attempt", ev.AttemptID))
+		return nil
+	case store.Lost:
 		s.count(ctx, "stale_lease")
-		telemetry.Decision(ctx, log, w.ID, "stale_lease", why, slog.String("attempt", ev.AttemptID))
+		telemetry.Decision(ctx, log, w.ID, "stale_lease", "lease lost before commit; answer recorded, not published",
+			slog.String("attempt", ev.AttemptID))
 		return nil
 	}
 	s.count(ctx, "accepted")
