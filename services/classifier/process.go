@@ -49,12 +49,13 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 		telemetry.Decision(ctx, log, ev.WorkID, "refused", fmt.Sprintf("work of region %s reached the %s cell", ev.Region, s.cfg.Region))
 		return Disposition{Kind: Term}
 	}
-	// A backlog brings work near its deadline: pass over it without a read.
-	// The sweeper ends it expired once the deadline has passed.
-	if !ev.DeadlineAt.IsZero() && time.Until(ev.DeadlineAt) < s.timeNeeded() {
-		telemetry.Decision(ctx, log, ev.WorkID, "passed_over",
-			fmt.Sprintf("%s left before the deadline; an accepted answer needs about %s; the sweeper ends it expired",
-				time.Until(ev.DeadlineAt).Round(time.Millisecond), s.timeNeeded().Round(time.Millisecond)))
+	// A backlog brings work near its deadline, where a call whose answer
+	// cannot be accepted in time would only hold a permit that live work
+	// needs. The announcement carries the deadline, so such work is passed
+	// over without a read; the sweeper ends it expired.
+	need := s.timeNeeded()
+	if left := time.Until(ev.DeadlineAt); !ev.DeadlineAt.IsZero() && left < need {
+		telemetry.Decision(ctx, log, ev.WorkID, "passed_over", shortOfTime(left, need)+"; the sweeper ends it expired")
 		return Disposition{Kind: Ack}
 	}
 	w, err := s.d.Store.GetWork(ctx, ev.WorkID)
@@ -77,12 +78,8 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 	if time.Now().After(w.DeadlineAt) {
 		return s.finishUnleased(ctx, w, "expired", "deadline passed before an attempt could start")
 	}
-	// Under a backlog work reaches the worker near its deadline; a call
-	// whose answer cannot be accepted in time would only hold a permit
-	// that live work needs.
-	if left, need := time.Until(w.DeadlineAt), s.timeNeeded(); left < need {
-		return s.finishUnleased(ctx, w, "expired",
-			fmt.Sprintf("%s left before the deadline; an accepted answer needs about %s", left.Round(time.Millisecond), need.Round(time.Millisecond)))
+	if left := time.Until(w.DeadlineAt); left < need {
+		return s.finishUnleased(ctx, w, "expired", shortOfTime(left, need))
 	}
 	if w.Attempts >= s.cfg.MaxAttempts {
 		return s.finishUnleased(ctx, w, "retry_exhausted", fmt.Sprintf("all %d attempts spent", s.cfg.MaxAttempts))
@@ -167,6 +164,12 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 // way to the committer.
 func (s *Service) timeNeeded() time.Duration {
 	return 2*s.lim.Stats().Baseline + s.cfg.DeadlineMargin
+}
+
+// shortOfTime says why work with left before its deadline is not tried.
+func shortOfTime(left, need time.Duration) string {
+	return fmt.Sprintf("%s left before the deadline; an accepted answer needs about %s",
+		left.Round(time.Millisecond), need.Round(time.Millisecond))
 }
 
 // call runs one model call with a deadline, keeping the lease and the
