@@ -172,6 +172,28 @@ func (b *bundle) waitLedger(t *testing.T, tenant string, want int) {
 	}
 }
 
+// handClassifiers returns a maker of classifiers of the cell that are not
+// started, for tests that drive Process by hand, and relays their outbox
+// rows (a started classifier runs its own relay).
+func (b *bundle) handClassifiers(t *testing.T) func(classifier.Config) *classifier.Service {
+	t.Helper()
+	env := b.cell.Env
+	relay := &outbox.Relay{Store: env.Store, JS: env.JS, Log: env.Log, Every: 20 * time.Millisecond,
+		Subjects: []string{event.StreamPrefix(event.KindResult, "us"), event.StreamPrefix(event.KindAttempt, "us")}}
+	relay.Start(context.Background())
+	t.Cleanup(relay.Stop)
+	return func(cfg classifier.Config) *classifier.Service {
+		t.Helper()
+		cfg.Region, cfg.Model = "us", "assay-sim-1"
+		s, err := classifier.New(cfg, classifier.Deps{Store: env.Store, JS: env.JS, Model: modelClient(env.Config),
+			Contracts: env.Contracts, Log: env.Log, Tel: env.Tel})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+}
+
 func (b *bundle) calls(tenant string) int64 { return b.sim.Stats().Tenants[tenant].Calls }
 
 func TestConcurrentIdenticalSubmissions(t *testing.T) {
@@ -352,22 +374,7 @@ func TestGateFailuresEndRejected(t *testing.T) {
 func TestLateAnswerFromLostLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t, cellOptions{NoClassifier: true})
-	env := b.cell.Env
-	mk := func(cfg classifier.Config) *classifier.Service {
-		cfg.Region, cfg.Model = "us", "assay-sim-1"
-		s, err := classifier.New(cfg, classifier.Deps{Store: env.Store, JS: env.JS, Model: modelClient(env.Config),
-			Contracts: env.Contracts, Log: env.Log, Tel: env.Tel})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	// The hand-driven classifiers are not started, so relay their outbox
-	// rows here.
-	relay := &outbox.Relay{Store: env.Store, JS: env.JS, Log: env.Log, Every: 20 * time.Millisecond,
-		Subjects: []string{event.StreamPrefix(event.KindResult, "us"), event.StreamPrefix(event.KindAttempt, "us")}}
-	relay.Start(context.Background())
-	t.Cleanup(relay.Stop)
+	mk := b.handClassifiers(t)
 	// A stands for a worker that stalls: no heartbeat, a short lease.
 	a := mk(classifier.Config{LeaseTTL: 500 * time.Millisecond, Heartbeat: -1})
 	bb := mk(classifier.Config{})
@@ -401,10 +408,10 @@ func TestLateAnswerFromLostLease(t *testing.T) {
 	b.waitLedger(t, "acme", 2)
 
 	var late, winner string
-	if err := env.Store.Pool.QueryRow(ctx, `SELECT id::text FROM attempts WHERE work_id = $1 AND number = 1`, r.WorkID).Scan(&late); err != nil {
+	if err := b.cell.Env.Store.Pool.QueryRow(ctx, `SELECT id::text FROM attempts WHERE work_id = $1 AND number = 1`, r.WorkID).Scan(&late); err != nil {
 		t.Fatal(err)
 	}
-	if err := env.Store.Pool.QueryRow(ctx, `SELECT attempt_id::text FROM results WHERE work_id = $1`, r.WorkID).Scan(&winner); err != nil {
+	if err := b.cell.Env.Store.Pool.QueryRow(ctx, `SELECT attempt_id::text FROM results WHERE work_id = $1`, r.WorkID).Scan(&winner); err != nil {
 		t.Fatal(err)
 	}
 	if winner == late {

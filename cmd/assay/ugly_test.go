@@ -26,7 +26,6 @@ import (
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/model"
-	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/sim"
 	"assay.dev/services/classifier"
 	"assay.dev/services/ingress"
@@ -205,20 +204,7 @@ func TestUglyWorkerKilledAfterExtraction(t *testing.T) {
 	// Registered after the cell's, so it runs first: the provider's server
 	// waits for this call to end before it closes.
 	t.Cleanup(func() { close(dead) })
-	env := b.cell.Env
-	mk := func(cfg classifier.Config) *classifier.Service {
-		cfg.Region, cfg.Model = "us", "assay-sim-1"
-		s, err := classifier.New(cfg, classifier.Deps{Store: env.Store, JS: env.JS, Model: modelClient(env.Config),
-			Contracts: env.Contracts, Log: env.Log, Tel: env.Tel})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	relay := &outbox.Relay{Store: env.Store, JS: env.JS, Log: env.Log, Every: 20 * time.Millisecond,
-		Subjects: []string{event.StreamPrefix(event.KindResult, "us"), event.StreamPrefix(event.KindAttempt, "us")}}
-	relay.Start(context.Background())
-	t.Cleanup(relay.Stop)
+	mk := b.handClassifiers(t)
 	doomed := mk(classifier.Config{LeaseTTL: 300 * time.Millisecond, Heartbeat: -1, CallTimeout: time.Hour})
 	survivor := mk(classifier.Config{})
 	_, r := b.submit(t, codeReview(evalset.Items()[7], "killed after extraction"))

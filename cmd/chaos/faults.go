@@ -372,17 +372,28 @@ func (h *Harness) restartNATS(ctx context.Context, f *faultRecord, crash, lose b
 	return nil
 }
 
-// streamsMissing names the cells' streams the broker does not have.
-func (h *Harness) streamsMissing(ctx context.Context) (string, error) {
+// jetStream connects to the harness's nats-server for one fault; the
+// function closes the connection.
+func (h *Harness) jetStream() (jetstream.JetStream, func(), error) {
 	nc, err := nats.Connect(h.natsURL)
 	if err != nil {
-		return "", err
+		return nil, nil, err
 	}
-	defer nc.Close()
 	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return js, nc.Close, nil
+}
+
+// streamsMissing names the cells' streams the broker does not have.
+func (h *Harness) streamsMissing(ctx context.Context) (string, error) {
+	js, closeJS, err := h.jetStream()
 	if err != nil {
 		return "", err
 	}
+	defer closeJS()
 	var missing []string
 	for _, region := range config.Regions {
 		for _, k := range []string{event.KindWork, event.KindResult, event.KindAttempt} {
@@ -404,15 +415,11 @@ func (h *Harness) purgeWork(ctx context.Context, f *faultRecord) error {
 	}
 	// Let announcements pile up unconsumed.
 	time.Sleep(10 * time.Second)
-	nc, err := nats.Connect(h.natsURL)
+	js, closeJS, err := h.jetStream()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeJS()
 	st, err := js.Stream(ctx, event.StreamName(event.KindWork, f.Region))
 	if err != nil {
 		return err
@@ -560,15 +567,11 @@ func (h *Harness) modelStall(ctx context.Context, f *faultRecord) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	nc, err := nats.Connect(h.natsURL)
+	js, closeJS, err := h.jetStream()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeJS()
 	lane := "interactive"
 	_ = h.pool[f.Region].QueryRow(ctx, `SELECT lane FROM work WHERE id = $1`, workID).Scan(&lane)
 	payload, _ := json.Marshal(event.Work{WorkID: workID, TenantID: tenant, Region: f.Region, Lane: lane, Dispatch: dispatch})

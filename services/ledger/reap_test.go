@@ -2,8 +2,6 @@ package ledger
 
 import (
 	"encoding/json"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -12,8 +10,6 @@ import (
 
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/telemetry"
-	"assay.dev/pkg/testenv"
 )
 
 // The reaper makes the ledger whole from Postgres: an attempt whose worker
@@ -25,28 +21,9 @@ import (
 func TestReaperMakesTheLedgerWhole(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	st, err := store.Open(ctx, testenv.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: "tok-acme"}}); err != nil {
-		t.Fatal(err)
-	}
+	s, st := newTestLedger(t, Config{Region: "us", ReapEvery: -1, ReapGrace: time.Second}, "acme")
 	budget := int64(10_000_000)
 	if err := st.SetBudget(ctx, "acme", &budget, "month"); err != nil {
-		t.Fatal(err)
-	}
-	tel, err := telemetry.Setup(ctx, "ledger", "us")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(Config{Region: "us", ReapEvery: -1, ReapGrace: time.Second},
-		Deps{Store: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
-	if err != nil {
 		t.Fatal(err)
 	}
 	exec := func(sql string, args ...any) {

@@ -17,8 +17,10 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-func TestUsageReportByOutcomeAndModel(t *testing.T) {
-	t.Parallel()
+// newTestLedger is a ledger of region us on a fresh, migrated database with
+// the tenants (homed in us), not started.
+func newTestLedger(t *testing.T, cfg Config, tenants ...string) (*Service, *store.Store) {
+	t.Helper()
 	ctx := t.Context()
 	st, err := store.Open(ctx, testenv.Database(t))
 	if err != nil {
@@ -28,18 +30,28 @@ func TestUsageReportByOutcomeAndModel(t *testing.T) {
 	if _, err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: "tok-acme"},
-		{ID: "globex", HomeRegion: "us", Token: "tok-globex"}}); err != nil {
+	var seeds []store.TenantSeed
+	for _, id := range tenants {
+		seeds = append(seeds, store.TenantSeed{ID: id, HomeRegion: "us", Token: "tok-" + id})
+	}
+	if err := st.SeedTenants(ctx, seeds); err != nil {
 		t.Fatal(err)
 	}
 	tel, err := telemetry.Setup(ctx, "ledger", "us")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Region: "us"}, Deps{Store: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
+	s, err := New(cfg, Deps{Store: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, st
+}
+
+func TestUsageReportByOutcomeAndModel(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, st := newTestLedger(t, Config{Region: "us"}, "acme", "globex")
 	w, _, err := st.InsertWork(ctx, &store.Work{ID: "w_usage", TenantID: "acme", Region: "us", Contract: "moderation",
 		SchemaVersion: "1", TaxonomyVersion: "1", SourceID: "t/1", Revision: "r1", Lane: "batch", Input: `{"text":"x"}`,
 		Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Hour)}, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil })
