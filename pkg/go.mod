@@ -6,7 +6,6 @@ require (
 	assay.dev/schemas v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/kaptinlin/jsonschema v0.9.8
-	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.24.1
 	go.opentelemetry.io/contrib/exporters/autoexport v0.72.0
@@ -18,7 +17,10 @@ require (
 	go.opentelemetry.io/otel/trace v1.47.0
 )
 
+require github.com/nats-io/nats-server/v2 v2.15.2 // indirect
+
 require (
+	assay.dev/pkg/devkit v0.0.0
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
@@ -71,4 +73,7 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-replace assay.dev/schemas => ../schemas
+replace (
+	assay.dev/pkg/devkit => ./devkit
+	assay.dev/schemas => ../schemas
+)

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"assay.dev/pkg/evalset"
+	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/event"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/services/classifier"
 )
 

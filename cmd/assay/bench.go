@@ -22,10 +22,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"assay.dev/pkg/config"
-	"assay.dev/pkg/devpg"
-	"assay.dev/pkg/evalset"
+	"assay.dev/pkg/devkit/devpg"
+	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/model"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/classifier"

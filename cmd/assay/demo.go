@@ -13,8 +13,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"assay.dev/pkg/evalset"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/services/ingress"
 	"assay.dev/services/ledger"
 )

@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"assay.dev/pkg/config"
-	"assay.dev/pkg/devpg"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/devpg"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/classifier"

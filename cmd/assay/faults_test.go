@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"assay.dev/pkg/evalset"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/services/ingress"
 )
 

@@ -13,6 +13,7 @@ require (
 )
 
 require (
+	assay.dev/pkg/devkit v0.0.0
 	assay.dev/schemas v0.0.0 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -34,7 +35,7 @@ require (
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
-	github.com/nats-io/nats.go v1.55.0 // indirect
+	github.com/nats-io/nats.go v1.55.0
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/prometheus/client_golang v1.24.1 // indirect
@@ -78,6 +79,7 @@ require (
 
 replace (
 	assay.dev/pkg => ../../pkg
+	assay.dev/pkg/devkit => ../../pkg/devkit
 	assay.dev/schemas => ../../schemas
 	assay.dev/services/classifier => ../../services/classifier
 	assay.dev/services/committer => ../../services/committer

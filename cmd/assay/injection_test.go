@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"assay.dev/pkg/model"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/services/ingress"
 )
 

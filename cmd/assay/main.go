@@ -22,7 +22,7 @@ import (
 	"syscall"
 
 	"assay.dev/pkg/config"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )

@@ -20,11 +20,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/config"
-	"assay.dev/pkg/evalset"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
-	"assay.dev/pkg/testenv"
+	"assay.dev/pkg/devkit/testenv"
 )
 
 var aclServices = []string{"ingress", "classifier", "committer", "ledger"}

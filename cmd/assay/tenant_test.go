@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"assay.dev/pkg/evalset"
+	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/services/classifier"
 )

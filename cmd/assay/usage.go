@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/store"
 )
 

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"assay.dev/pkg/evalset"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/sim"
 )
 
 // reconcileLine returns the output line of one check.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"assay.dev/pkg/testenv"
+	"assay.dev/pkg/devkit/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

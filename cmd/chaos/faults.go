@@ -14,7 +14,7 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/sim"
 )
 
 // Fault kinds the schedule can hold.

@@ -12,6 +12,7 @@ tool (
 
 replace (
 	assay.dev/pkg => ../../pkg
+	assay.dev/pkg/devkit => ../../pkg/devkit
 	assay.dev/schemas => ../../schemas
 	assay.dev/services/classifier => ../../services/classifier
 	assay.dev/services/committer => ../../services/committer
@@ -26,6 +27,7 @@ require (
 )
 
 require (
+	assay.dev/pkg/devkit v0.0.0
 	assay.dev/schemas v0.0.0 // indirect
 	assay.dev/services/classifier v0.0.0 // indirect
 	assay.dev/services/committer v0.0.0 // indirect

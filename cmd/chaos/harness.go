@@ -22,8 +22,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"assay.dev/pkg/config"
-	"assay.dev/pkg/devpg"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/devpg"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/store"
 )
 

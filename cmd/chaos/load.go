@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"assay.dev/pkg/evalset"
+	"assay.dev/pkg/devkit/evalset"
 )
 
 // submission is one ingress key and what the ingress answered for it.

@@ -9,7 +9,7 @@ import (
 	"sync"
 
 	"assay.dev/pkg/model"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/sim"
 )
 
 // simFront stands in front of the simulated provider, in the harness

@@ -13,7 +13,7 @@ import (
 
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/event"
-	"assay.dev/pkg/testenv"
+	"assay.dev/pkg/devkit/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/event"
-	"assay.dev/pkg/testenv"
+	"assay.dev/pkg/devkit/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/testenv"
+	"assay.dev/pkg/devkit/testenv"
 )
 
 // Fifty workers reserve at once against a budget that holds ten: exactly

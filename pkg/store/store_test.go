@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/testenv"
+	"assay.dev/pkg/devkit/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -68,5 +68,6 @@ require (
 
 replace (
 	assay.dev/pkg => ../../pkg
+	assay.dev/pkg/devkit => ../../pkg/devkit
 	assay.dev/schemas => ../../schemas
 )

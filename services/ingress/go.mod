@@ -11,6 +11,7 @@ require (
 )
 
 require (
+	assay.dev/pkg/devkit v0.0.0
 	assay.dev/schemas v0.0.0 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -74,5 +75,6 @@ require (
 
 replace (
 	assay.dev/pkg => ../../pkg
+	assay.dev/pkg/devkit => ../../pkg/devkit
 	assay.dev/schemas => ../../schemas
 )

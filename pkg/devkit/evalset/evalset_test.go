@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"assay.dev/pkg/diff"
-	"assay.dev/pkg/evalset"
-	"assay.dev/pkg/sim"
+	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/sim"
 )
 
 var (

@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats-server/v2/server"
 
-	"assay.dev/pkg/devpg"
+	"assay.dev/pkg/devkit/devpg"
 )
 
 // DefaultPostgresURL is the local server tried when ASSAY_TEST_DATABASE_URL
