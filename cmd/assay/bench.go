@@ -20,12 +20,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/devpg"
 	"assay.dev/pkg/devkit/evalset"
-	"assay.dev/pkg/model"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/model"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/classifier"
@@ -58,7 +60,7 @@ type benchScenario struct {
 type benchRun struct {
 	sc       *benchScenario
 	mode     string // adaptive, baseline, reference
-	cell     *cell
+	cell     *cell.Cell
 	sim      *sim.Server
 	token    string
 	client   *http.Client
@@ -201,7 +203,7 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 		return res, err
 	}
 	defer os.RemoveAll(dir)
-	ns, err := startNATS(dir)
+	ns, err := cell.StartNATS(dir)
 	if err != nil {
 		return res, err
 	}
@@ -225,7 +227,7 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 		ccfg = classifier.Config{Concurrency: 16, FixedConcurrency: true, CallTimeout: 10 * time.Second}
 		wrap = func(c classifier.Completer) classifier.Completer { return naiveRetry{next: c} }
 	}
-	c, err := startCell(ctx, cellOptions{
+	c, err := cell.Start(ctx, cell.Options{
 		Config: config.Config{Region: "us", DatabaseURL: dbURL, NATSURL: ns.ClientURL(), ModelBaseURL: simURL,
 			Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"},
 		Log:        benchLogger(logw, sc.n, mode),
@@ -240,6 +242,11 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 		defer cancel()
 		c.Stop(sctx)
 	}()
+	db, err := pgxpool.New(ctx, dbURL) // the benchmark's own reads of the record
+	if err != nil {
+		return res, err
+	}
+	defer db.Close()
 	tok := store.NewToken()
 	if err := c.Env.Store.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: tok}}); err != nil {
 		return res, err
@@ -273,7 +280,7 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 	}()
 	r.start = time.Now()
 	var dbStart time.Time
-	if err := c.Env.Store.Pool.QueryRow(ctx, `SELECT now()`).Scan(&dbStart); err != nil {
+	if err := db.QueryRow(ctx, `SELECT now()`).Scan(&dbStart); err != nil {
 		return res, err
 	}
 	if err := sc.drive(ctx, r); err != nil {
@@ -285,7 +292,7 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 	// its deadline is expired by the sweeper), or two minutes pass.
 	quiet := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(quiet) {
-		if res.InFlight, err = countQ(ctx, c, `SELECT count(*) FROM work WHERE state IN ('queued', 'running')`); err != nil {
+		if res.InFlight, err = countQ(ctx, db, `SELECT count(*) FROM work WHERE state IN ('queued', 'running')`); err != nil {
 			return res, err
 		}
 		if res.InFlight == 0 {
@@ -301,14 +308,14 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 	window := loadEnd.Sub(r.start)
 	res.Capacity = sc.avgOf(window)
 	res.Offered, res.IngressRefused, res.RequestFailures = r.offered.Load(), r.refused.Load(), r.failures.Load()
-	if err := benchMeasure(ctx, c, dbStart, window, &res); err != nil {
+	if err := benchMeasure(ctx, db, dbStart, window, &res); err != nil {
 		return res, err
 	}
 	if sc.n == 5 {
 		// The sweep's goodput is over the time until its last acceptance.
 		var n int
 		var span float64
-		if err := c.Env.Store.Pool.QueryRow(ctx, `WITH b AS (SELECT max(updated_at) AS last FROM work
+		if err := db.QueryRow(ctx, `WITH b AS (SELECT max(updated_at) AS last FROM work
 				WHERE lane = 'batch' AND state = 'accepted')
 			SELECT count(*), coalesce(extract(epoch FROM (SELECT last FROM b) - $1::timestamptz), 0)
 			FROM work WHERE state = 'accepted' AND updated_at <= (SELECT last FROM b)`, dbStart).Scan(&n, &span); err != nil {
@@ -339,7 +346,7 @@ func benchLogger(w io.Writer, scenario int, mode string) *slog.Logger {
 // URL, with a pool large enough for four services in one process, and a
 // function that drops it.
 func benchDB(ctx context.Context, base, name string) (string, func(), error) {
-	dbURL, err := createDatabase(ctx, base, name)
+	dbURL, err := cell.CreateDatabase(ctx, base, name)
 	if err != nil {
 		return "", nil, err
 	}
@@ -350,20 +357,19 @@ func benchDB(ctx context.Context, base, name string) (string, func(), error) {
 	q := u.Query()
 	q.Set("pool_max_conns", "64")
 	u.RawQuery = q.Encode()
-	return u.String(), func() { dropDatabases(context.Background(), base, name) }, nil
+	return u.String(), func() { cell.DropDatabases(context.Background(), base, name) }, nil
 }
 
-func countQ(ctx context.Context, c *cell, q string, args ...any) (int, error) {
+func countQ(ctx context.Context, db *pgxpool.Pool, q string, args ...any) (int, error) {
 	var n int
-	err := c.Env.Store.Pool.QueryRow(ctx, q, args...).Scan(&n)
+	err := db.QueryRow(ctx, q, args...).Scan(&n)
 	return n, err
 }
 
 // benchMeasure reads the figures of a run from the cell's database: the
 // record, not the load generator's view of it.
-func benchMeasure(ctx context.Context, c *cell, dbStart time.Time, window time.Duration, res *benchResult) error {
-	db := c.Env.Store.Pool
-	inWindow, err := countQ(ctx, c, `SELECT count(*) FROM work WHERE state = 'accepted'
+func benchMeasure(ctx context.Context, db *pgxpool.Pool, dbStart time.Time, window time.Duration, res *benchResult) error {
+	inWindow, err := countQ(ctx, db, `SELECT count(*) FROM work WHERE state = 'accepted'
 		AND updated_at <= $1::timestamptz + $2 * interval '1 microsecond'`, dbStart, window.Microseconds())
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/services/ingress"
@@ -62,12 +63,16 @@ func forcedInvalid() (tenant string, item evalset.Item) {
 	return "globex", items[len(items)/2]
 }
 
-func runDemo(ctx context.Context, e *devEnv, w io.Writer) error {
+// demo runs the evaluation set through the dev mode's cells.
+type demo struct{ *cell.Dev }
+
+func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
+	e := demo{dev}
 	started := time.Now()
 	client := &http.Client{Timeout: 30 * time.Second}
 	forcedTenant, forcedItem := forcedInvalid()
-	if e.sim != nil {
-		if err := e.sim.AddFault(sim.Fault{Kind: sim.FaultExtraProperty, Tenant: forcedTenant,
+	if e.Sim != nil {
+		if err := e.Sim.AddFault(sim.Fault{Kind: sim.FaultExtraProperty, Tenant: forcedTenant,
 			Match: forcedItem.Title, Times: 2}); err != nil {
 			return err
 		}
@@ -109,7 +114,7 @@ func runDemo(ctx context.Context, e *devEnv, w io.Writer) error {
 	outcomes := map[string]int{}
 	for i, s := range subs {
 		v := views[i]
-		attempts, cost, err := e.cells[s.Region].Env.Store.WorkCost(ctx, s.WorkID)
+		attempts, cost, err := e.Cells[s.Region].Env.Store.WorkCost(ctx, s.WorkID)
 		if err != nil {
 			return err
 		}
@@ -126,7 +131,7 @@ func runDemo(ctx context.Context, e *devEnv, w io.Writer) error {
 	fmt.Fprintln(w, "\nusage (GET /v1/usage, from the ledger)")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tREGION\tOUTCOME\tCALLS\tINPUT UNITS\tOUTPUT UNITS\tCOST (USD)")
-	for _, t := range e.tenants {
+	for _, t := range e.Tenants {
 		rep, err := e.usage(ctx, client, t.ID)
 		if err != nil {
 			return err
@@ -148,10 +153,10 @@ func runDemo(ctx context.Context, e *devEnv, w io.Writer) error {
 		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
 	}
 	fmt.Fprintf(w, "\noutcomes: %s\n", strings.Join(parts, ", "))
-	if e.sim != nil {
+	if e.Sim != nil {
 		fmt.Fprintln(w, "model calls (simulated provider) vs ledger attempt rows, per tenant:")
 		ok := true
-		for _, t := range e.tenants {
+		for _, t := range e.Tenants {
 			fmt.Fprintf(w, "  %-7s provider %d  ledger %d\n", t.ID, calls[t.ID], ledgerRows[t.ID])
 			ok = ok && calls[t.ID] == ledgerRows[t.ID]
 		}
@@ -163,9 +168,9 @@ func runDemo(ctx context.Context, e *devEnv, w io.Writer) error {
 	return nil
 }
 
-func (e *devEnv) submit(ctx context.Context, client *http.Client, s submission) (submitted, error) {
+func (e demo) submit(ctx context.Context, client *http.Client, s submission) (submitted, error) {
 	t := e.tenantSeed(s.Tenant)
-	c := e.cells[t.HomeRegion]
+	c := e.Cells[t.HomeRegion]
 	body, _ := json.Marshal(s.Body)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL+"/v1/work", bytes.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+t.Token)
@@ -186,8 +191,8 @@ func (e *devEnv) submit(ctx context.Context, client *http.Client, s submission) 
 	return submitted{submission: s, Region: t.HomeRegion, WorkID: r.WorkID, Status: resp.StatusCode}, nil
 }
 
-func (e *devEnv) tenantSeed(id string) struct{ ID, HomeRegion, Token string } {
-	for _, t := range e.tenants {
+func (e demo) tenantSeed(id string) struct{ ID, HomeRegion, Token string } {
+	for _, t := range e.Tenants {
 		if t.ID == id {
 			return struct{ ID, HomeRegion, Token string }{t.ID, t.HomeRegion, t.Token}
 		}
@@ -195,7 +200,7 @@ func (e *devEnv) tenantSeed(id string) struct{ ID, HomeRegion, Token string } {
 	panic("unknown demo tenant " + id)
 }
 
-func (e *devEnv) getJSON(ctx context.Context, client *http.Client, url, token string, v any) error {
+func (e demo) getJSON(ctx context.Context, client *http.Client, url, token string, v any) error {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := client.Do(req)
@@ -210,7 +215,7 @@ func (e *devEnv) getJSON(ctx context.Context, client *http.Client, url, token st
 	return json.Unmarshal(raw, v)
 }
 
-func (e *devEnv) waitTerminal(ctx context.Context, client *http.Client, subs []submitted, limit time.Duration) ([]ingress.WorkView, error) {
+func (e demo) waitTerminal(ctx context.Context, client *http.Client, subs []submitted, limit time.Duration) ([]ingress.WorkView, error) {
 	views := make([]ingress.WorkView, len(subs))
 	deadline := time.Now().Add(limit)
 	for {
@@ -220,7 +225,7 @@ func (e *devEnv) waitTerminal(ctx context.Context, client *http.Client, subs []s
 				continue
 			}
 			t := e.tenantSeed(s.Tenant)
-			if err := e.getJSON(ctx, client, e.cells[s.Region].URL+"/v1/work/"+s.WorkID, t.Token, &views[i]); err != nil {
+			if err := e.getJSON(ctx, client, e.Cells[s.Region].URL+"/v1/work/"+s.WorkID, t.Token, &views[i]); err != nil {
 				return nil, err
 			}
 			if views[i].Outcome == nil {
@@ -243,11 +248,11 @@ func (e *devEnv) waitTerminal(ctx context.Context, client *http.Client, subs []s
 
 // waitLedger waits until the ledger has caught up with the provider's count
 // (attempt events are recorded asynchronously), then returns both.
-func (e *devEnv) waitLedger(ctx context.Context, limit time.Duration) (calls, rows map[string]int64, err error) {
+func (e demo) waitLedger(ctx context.Context, limit time.Duration) (calls, rows map[string]int64, err error) {
 	deadline := time.Now().Add(limit)
 	for {
 		rows = map[string]int64{}
-		for _, c := range e.cells {
+		for _, c := range e.Cells {
 			m, err := c.Env.Store.LedgerCountByTenant(ctx)
 			if err != nil {
 				return nil, nil, err
@@ -257,10 +262,10 @@ func (e *devEnv) waitLedger(ctx context.Context, limit time.Duration) (calls, ro
 			}
 		}
 		calls = map[string]int64{}
-		if e.sim == nil {
+		if e.Sim == nil {
 			return calls, rows, nil
 		}
-		for k, v := range e.sim.Stats().Tenants {
+		for k, v := range e.Sim.Stats().Tenants {
 			calls[k] = v.Calls
 		}
 		same := len(calls) == len(rows)
@@ -278,10 +283,10 @@ func (e *devEnv) waitLedger(ctx context.Context, limit time.Duration) (calls, ro
 	}
 }
 
-func (e *devEnv) usage(ctx context.Context, client *http.Client, tenant string) (ledger.UsageReport, error) {
+func (e demo) usage(ctx context.Context, client *http.Client, tenant string) (ledger.UsageReport, error) {
 	t := e.tenantSeed(tenant)
 	var rep ledger.UsageReport
-	err := e.getJSON(ctx, client, e.cells[t.HomeRegion].URL+"/v1/usage?tenant="+tenant, t.Token, &rep)
+	err := e.getJSON(ctx, client, e.Cells[t.HomeRegion].URL+"/v1/usage?tenant="+tenant, t.Token, &rep)
 	return rep, err
 }
 

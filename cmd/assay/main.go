@@ -19,10 +19,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	"assay.dev/cmd/assay/internal/natsconf"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
@@ -43,6 +46,7 @@ commands:
   work rerun ID          queue work that admission dropped again
   bench goodput          admission benchmark against the simulated provider (make bench-goodput)
   usage reconcile        check attempts against results, the ledger and the provider's counts
+  nats-config            print the least-privilege NATS server configuration (deploy/nats/assay.conf)
 `
 
 func run(args []string, stderr io.Writer) int {
@@ -68,6 +72,8 @@ func run(args []string, stderr io.Writer) int {
 		err = benchCmd(ctx, args[1:], os.Stdout)
 	case "work":
 		err = workCmd(ctx, args[1:], os.Stdout)
+	case "nats-config":
+		err = natsConfig(args[1:], os.Stdout)
 	case "usage":
 		if len(args) < 2 || args[1] != "reconcile" {
 			err = configError{fmt.Errorf("usage: assay usage reconcile [flags]")}
@@ -83,7 +89,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "assay %s: %v\n", args[0], err)
-		if _, ok := err.(configError); ok {
+		if _, ok := err.(configError); ok || config.IsInvalid(err) {
 			return 2
 		}
 		return 1
@@ -141,14 +147,14 @@ func tenants(ctx context.Context, args []string) error {
 	if err := json.Unmarshal(raw, &seeds); err != nil {
 		return configError{fmt.Errorf("%s: %w", args[1], err)}
 	}
-	for _, t := range seeds {
-		if err := config.ValidateRegion(t.HomeRegion); err != nil {
-			return configError{fmt.Errorf("%s: tenant %q: homeRegion: %w", args[1], t.ID, err)}
-		}
-	}
 	cfg, err := config.Load("assay tenants seed", args[2:], os.Getenv, config.Need{})
 	if err != nil {
 		return configError{err}
+	}
+	for _, t := range seeds {
+		if err := config.ValidateRegion(cfg.Regions, t.HomeRegion); err != nil {
+			return configError{fmt.Errorf("%s: tenant %q: homeRegion: %w", args[1], t.ID, err)}
+		}
 	}
 	st, err := store.Open(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -163,6 +169,35 @@ func tenants(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("region %s: %d tenant(s) seeded\n", cfg.Region, len(seeds))
 	return nil
+}
+
+// natsConfig prints the NATS server configuration of an installation's
+// cells: `assay nats-config [--installation NAME] [--cells us,eu]`.
+func natsConfig(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("assay nats-config", flag.ContinueOnError)
+	inst := fs.String("installation", envOr("ASSAY_INSTALLATION", event.DefaultInstallation), "installation name ($ASSAY_INSTALLATION)")
+	cells := fs.String("cells", envOr("ASSAY_REGIONS", strings.Join(config.DefaultRegions, ",")), "cells, comma separated (default $ASSAY_REGIONS)")
+	if err := fs.Parse(args); err != nil {
+		return configError{err}
+	}
+	list, err := config.ParseRegions(*cells)
+	if err != nil {
+		return configError{fmt.Errorf("--cells: %w", err)}
+	}
+	if !event.ValidToken(*inst) {
+		return configError{fmt.Errorf("--installation: %q is not an installation name (lower-case letters, digits, hyphens)", *inst)}
+	}
+	_, err = io.WriteString(stdout, natsconf.Render(*inst, list))
+	return err
+}
+
+// regionsOnly reads only ASSAY_REGIONS from the environment, for commands
+// whose other settings come from their own flags.
+func regionsOnly(k string) string {
+	if k == "ASSAY_REGIONS" {
+		return os.Getenv(k)
+	}
+	return ""
 }
 
 func envOr(k, d string) string {

@@ -61,7 +61,8 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 			pos, rest = append(pos, rest[0]), rest[1:]
 		}
 	}
-	if _, err := config.Load("assay tenant", []string{"--region", *region, "--database-url", *dbURL}, func(string) string { return "" }, config.Need{}); err != nil {
+	cfg, err := config.Load("assay tenant", []string{"--region", *region, "--database-url", *dbURL}, regionsOnly, config.Need{})
+	if err != nil {
 		return configError{err}
 	}
 	if *period != "month" && *period != "day" {
@@ -94,7 +95,7 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	switch verb {
 	case "add":
-		if err := config.ValidateRegion(*home); err != nil {
+		if err := config.ValidateRegion(cfg.Regions, *home); err != nil {
 			return configError{fmt.Errorf("--home-region: %w", err)}
 		}
 		tok := store.NewToken()

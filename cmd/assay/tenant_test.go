@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/event"
-	"assay.dev/services/classifier"
 )
 
 // The operator's tenant commands, against a running cell: a new tenant's
@@ -19,9 +21,9 @@ import (
 // nothing is enqueued.
 func TestTenantCommands(t *testing.T) {
 	t.Parallel()
-	b := setup(t, cellOptions{})
+	b := celltest.Setup(t, cell.Options{})
 	ctx := context.Background()
-	db := b.cell.Env.Config.DatabaseURL
+	db := b.Cell.Env.Config.DatabaseURL
 	tenant := func(args ...string) string {
 		t.Helper()
 		var out bytes.Buffer
@@ -37,14 +39,14 @@ func TestTenantCommands(t *testing.T) {
 	if first == nil {
 		t.Fatalf("add printed no token: %q", out)
 	}
-	req := codeReview(evalset.Items()[0], "tenant commands")
-	if status, raw := b.post(t, first[1], req); status != http.StatusAccepted {
+	req := celltest.CodeReview(evalset.Items()[0], "tenant commands")
+	if status, raw := b.Post(t, first[1], req); status != http.StatusAccepted {
 		t.Fatalf("new tenant's token: HTTP %d %s", status, raw)
 	}
-	if n := b.count(t, `SELECT count(*) FROM tenant_tokens WHERE token_hash = sha256($1::bytea)`, first[1]); n != 1 {
+	if n := b.Count(t, `SELECT count(*) FROM tenant_tokens WHERE token_hash = sha256($1::bytea)`, first[1]); n != 1 {
 		t.Errorf("the token is not stored as its SHA-256 (%d rows)", n)
 	}
-	if n := b.count(t, `SELECT count(*) FROM tenant_tokens WHERE position(convert_to($1, 'UTF8') in token_hash) > 0`, first[1]); n != 0 {
+	if n := b.Count(t, `SELECT count(*) FROM tenant_tokens WHERE position(convert_to($1, 'UTF8') in token_hash) > 0`, first[1]); n != 0 {
 		t.Errorf("token text found in storage")
 	}
 
@@ -52,25 +54,25 @@ func TestTenantCommands(t *testing.T) {
 	if second == nil || second[1] == first[1] {
 		t.Fatalf("rotate-token printed no new token")
 	}
-	if status, _ := b.post(t, first[1], req); status != http.StatusUnauthorized {
+	if status, _ := b.Post(t, first[1], req); status != http.StatusUnauthorized {
 		t.Errorf("revoked token: HTTP %d, want 401", status)
 	}
-	if status, _ := b.post(t, second[1], req); status != http.StatusOK {
+	if status, _ := b.Post(t, second[1], req); status != http.StatusOK {
 		t.Errorf("rotated token on a duplicate: HTTP %d, want 200", status)
 	}
 
 	tenant("suspend", "initech")
 	other := req
 	other.SourceID = "shop/suspended#1"
-	status, raw := b.post(t, second[1], other)
+	status, raw := b.Post(t, second[1], other)
 	if status != http.StatusForbidden || !strings.Contains(string(raw), `"tenant_suspended"`) {
 		t.Errorf("suspended tenant: HTTP %d %s, want 403 tenant_suspended", status, raw)
 	}
-	if n := b.count(t, `SELECT count(*) FROM work WHERE source_id = 'shop/suspended#1'`); n != 0 {
+	if n := b.Count(t, `SELECT count(*) FROM work WHERE source_id = 'shop/suspended#1'`); n != 0 {
 		t.Errorf("a suspended tenant's request was stored")
 	}
 	tenant("resume", "initech")
-	if status, raw := b.post(t, second[1], other); status != http.StatusAccepted {
+	if status, raw := b.Post(t, second[1], other); status != http.StatusAccepted {
 		t.Errorf("resumed tenant: HTTP %d %s", status, raw)
 	}
 
@@ -112,31 +114,31 @@ func TestTenantCommands(t *testing.T) {
 // another region are refused, and nothing is written for them.
 func TestServicesRefuseAnotherRegion(t *testing.T) {
 	t.Parallel()
-	b := setup(t, cellOptions{})
+	b := celltest.Setup(t, cell.Options{})
 	ctx := context.Background()
-	_, r := b.submit(t, codeReview(evalset.Items()[6], "region refusal"))
-	v := b.wait(t, r.WorkID)
+	_, r := b.Submit(t, celltest.CodeReview(evalset.Items()[6], "region refusal"))
+	v := b.Wait(t, r.WorkID)
 	if *v.Outcome != "accepted" {
 		t.Fatalf("outcome %s", *v.Outcome)
 	}
-	if d := b.cell.Classifier.Process(ctx, event.Work{WorkID: r.WorkID, TenantID: "acme", Region: "eu",
-		Lane: event.Interactive, Dispatch: 9}, func() {}); d.Kind != classifier.Term {
+	if d := b.Cell.Classifier.Process(ctx, event.Work{WorkID: r.WorkID, TenantID: "acme", Region: "eu",
+		Lane: event.Interactive, Dispatch: 9}, celltest.Delivery{}); d.Settle != consumer.Term {
 		t.Errorf("classifier took work of region eu: %+v", d)
 	}
 	res := event.Result{AttemptID: "00000000-0000-4000-8000-0000000000aa", WorkID: r.WorkID, TenantID: "acme", Region: "eu",
 		LeaseToken: "00000000-0000-4000-8000-0000000000bb", Outcome: "ok", Final: true, Output: "{}"}
-	if err := b.cell.Committer.Commit(ctx, res); err != nil {
+	if err := b.Cell.Committer.Commit(ctx, res); err != nil {
 		t.Fatal(err)
 	}
 	att := event.Attempt{AttemptID: "00000000-0000-4000-8000-0000000000aa", WorkID: r.WorkID, TenantID: "acme",
 		Region: "eu", Model: "m", Outcome: "ok", InputUnits: 1, At: time.Now()}
-	if err := b.cell.Ledger.Append(ctx, att); err != nil {
+	if err := b.Cell.Ledger.Append(ctx, att); err != nil {
 		t.Fatal(err)
 	}
-	if n := b.count(t, `SELECT count(*) FROM ledger WHERE attempt_id = '00000000-0000-4000-8000-0000000000aa'`); n != 0 {
+	if n := b.Count(t, `SELECT count(*) FROM ledger WHERE attempt_id = '00000000-0000-4000-8000-0000000000aa'`); n != 0 {
 		t.Errorf("the ledger recorded an attempt of another region")
 	}
-	if n := b.count(t, `SELECT count(*) FROM attempts WHERE work_id = $1`, r.WorkID); n != 1 {
+	if n := b.Count(t, `SELECT count(*) FROM attempts WHERE work_id = $1`, r.WorkID); n != 1 {
 		t.Errorf("attempts = %d, want 1", n)
 	}
 }

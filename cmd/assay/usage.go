@@ -61,7 +61,7 @@ func usageReconcile(ctx context.Context, args []string, stdout io.Writer) error 
 		return err
 	}
 	if *region != "" {
-		c, err := regionCheck(ctx, st, *region, since)
+		c, err := st.RegionCheck(ctx, *region, since)
 		if err != nil {
 			return err
 		}
@@ -107,34 +107,6 @@ func cmpOr(a, b string) string {
 		return a
 	}
 	return b
-}
-
-// regionCheck finds work of another region in this cell's database, which
-// the cell boundary says cannot exist.
-func regionCheck(ctx context.Context, st *store.Store, region string, since time.Time) (store.Check, error) {
-	c := store.Check{Name: "work_in_region", What: "all work belongs to region " + region, Unit: "work"}
-	err := st.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE region <> $1) FROM work WHERE created_at >= $2`,
-		region, since).Scan(&c.Checked, &c.Differ)
-	if err != nil {
-		return c, fmt.Errorf("region check: %w", err)
-	}
-	if c.Differ > 0 {
-		rows, err := st.Pool.Query(ctx, `SELECT id FROM work WHERE created_at >= $2 AND region <> $1 ORDER BY id LIMIT $3`,
-			region, since, store.MaxOffenders)
-		if err != nil {
-			return c, fmt.Errorf("region check: %w", err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				return c, err
-			}
-			c.Offenders = append(c.Offenders, id)
-		}
-		return c, rows.Err()
-	}
-	return c, nil
 }
 
 // providerCheck compares the ledger's rows per tenant with the calls the

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
 )
@@ -36,29 +38,29 @@ func offendersOf(out, check string) string {
 
 func TestUsageReconcile(t *testing.T) {
 	t.Parallel()
-	b := setup(t, cellOptions{})
+	b := celltest.Setup(t, cell.Options{})
 	ctx := context.Background()
 	items := evalset.Items()
-	if err := b.sim.AddFault(sim.Fault{Kind: sim.FaultWrongChangeID, Tenant: "acme", Match: "reconcile rejected", Times: 2}); err != nil {
+	if err := b.Sim.AddFault(sim.Fault{Kind: sim.FaultWrongChangeID, Tenant: "acme", Match: "reconcile rejected", Times: 2}); err != nil {
 		t.Fatal(err)
 	}
 	var ids []string
 	for i, title := range []string{"reconcile one", "reconcile two", "reconcile rejected"} {
-		req := codeReview(items[i], title)
+		req := celltest.CodeReview(items[i], title)
 		req.SourceID = fmt.Sprintf("shop/reconcile#%d", i+1)
-		_, r := b.submit(t, req)
+		_, r := b.Submit(t, req)
 		ids = append(ids, r.WorkID)
 	}
 	for i, want := range []string{"accepted", "accepted", "schema_rejected"} {
-		if v := b.wait(t, ids[i]); *v.Outcome != want {
+		if v := b.Wait(t, ids[i]); *v.Outcome != want {
 			t.Fatalf("work %d: %s (%s), want %s", i, *v.Outcome, v.Reason, want)
 		}
 	}
-	b.waitLedger(t, "acme", 4)
+	b.WaitLedger(t, "acme", 4)
 	acc1, acc2, rej := ids[0], ids[1], ids[2]
 
-	dbURL := b.cell.Env.Config.DatabaseURL
-	args := []string{"--database-url", dbURL, "--region", "us", "--provider-stats", b.cell.Env.Config.ModelBaseURL + "/sim/stats"}
+	dbURL := b.Cell.Env.Config.DatabaseURL
+	args := []string{"--database-url", dbURL, "--region", "us", "--provider-stats", b.Cell.Env.Config.ModelBaseURL + "/sim/stats"}
 	var out bytes.Buffer
 	if err := usageReconcile(ctx, args, &out); err != nil {
 		t.Fatalf("clean cell: %v\n%s", err, out.String())
@@ -79,7 +81,7 @@ func TestUsageReconcile(t *testing.T) {
 
 	attempt := func(workID string, number int) string {
 		var id string
-		if err := b.cell.Env.Store.Pool.QueryRow(ctx, `SELECT id::text FROM attempts WHERE work_id = $1 AND number = $2`,
+		if err := b.DB.QueryRow(ctx, `SELECT id::text FROM attempts WHERE work_id = $1 AND number = $2`,
 			workID, number).Scan(&id); err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +89,7 @@ func TestUsageReconcile(t *testing.T) {
 	}
 	exec := func(sql string, args ...any) {
 		t.Helper()
-		tag, err := b.cell.Env.Store.Pool.Exec(ctx, sql, args...)
+		tag, err := b.DB.Exec(ctx, sql, args...)
 		if err != nil || tag.RowsAffected() != 1 {
 			t.Fatalf("%s: %v (%d rows)", sql, err, tag.RowsAffected())
 		}

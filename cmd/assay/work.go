@@ -45,7 +45,8 @@ func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if *deadline <= 0 {
 		return configError{fmt.Errorf("--deadline: %s is not a positive duration", *deadline)}
 	}
-	if _, err := config.Load("assay work", []string{"--region", *region, "--database-url", *dbURL}, func(string) string { return "" }, config.Need{}); err != nil {
+	cfg, err := config.Load("assay work", []string{"--region", *region, "--database-url", *dbURL}, regionsOnly, config.Need{})
+	if err != nil {
 		return configError{err}
 	}
 	st, err := store.Open(ctx, *dbURL)
@@ -53,7 +54,7 @@ func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
 	}
 	defer st.Close()
-	w, err := st.Rerun(ctx, pos[0], time.Now().Add(*deadline), ingress.Announce(ctx))
+	w, err := st.Rerun(ctx, pos[0], time.Now().Add(*deadline), ingress.Announce(ctx, cfg.Names()))
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("no work %q in region %s's database", pos[0], *region)
 	}

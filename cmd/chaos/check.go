@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"assay.dev/pkg/config"
+	"assay.dev/pkg/outcome"
 )
 
 // quiesce waits until both cells are still: every acknowledged work item
@@ -23,7 +24,7 @@ func (h *Harness) quiesce(ctx context.Context, acked []string) (time.Duration, e
 	stableSince := time.Now()
 	for {
 		var open, pending, unfinished, attempts, ledger int64
-		for _, region := range config.Regions {
+		for _, region := range config.DefaultRegions {
 			var o, p, u, a, l int64
 			err := h.pool[region].QueryRow(ctx, `SELECT
 					(SELECT count(*) FROM work WHERE state IN ('queued', 'running')),
@@ -82,7 +83,7 @@ type workRow struct {
 
 func (h *Harness) readWork(ctx context.Context) (map[string]*workRow, error) {
 	out := map[string]*workRow{}
-	for _, region := range config.Regions {
+	for _, region := range config.DefaultRegions {
 		rows, err := h.pool[region].Query(ctx, `SELECT w.id, w.tenant_id, w.region, w.state, w.created_at, w.updated_at,
 				(SELECT count(*) FROM results r WHERE r.work_id = w.id),
 				(SELECT count(*) FROM attempts a WHERE a.work_id = w.id),
@@ -146,7 +147,7 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 		switch {
 		case !ok:
 			missing = append(missing, id)
-		case w.State == "queued" || w.State == "running":
+		case !outcome.IsTerminal(w.State):
 			open = append(open, id+" "+w.State)
 		default:
 			outcomes[w.State]++
@@ -166,7 +167,7 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 	var accepted, noResult, extra int
 	var bad2 []string
 	for _, w := range works {
-		if w.State == "accepted" {
+		if w.State == outcome.Accepted {
 			accepted++
 			if w.Results != 1 {
 				noResult++
@@ -224,7 +225,7 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 
 	// 4. Every attempt has a tenant, and it is its work's.
 	var noTenant, crossTenant int
-	for _, region := range config.Regions {
+	for _, region := range config.DefaultRegions {
 		var a, b int
 		if err := h.pool[region].QueryRow(ctx, `SELECT
 				(SELECT count(*) FROM attempts WHERE tenant_id IS NULL OR tenant_id = ''),
@@ -315,7 +316,7 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 
 	// Budgets: every reservation settled or released.
 	var open7, heldMicros int64
-	for _, region := range config.Regions {
+	for _, region := range config.DefaultRegions {
 		var n, m int64
 		if err := h.pool[region].QueryRow(ctx, `SELECT count(*), coalesce(sum(amount_micros), 0)
 			FROM budget_reservations WHERE settled_at IS NULL`).Scan(&n, &m); err != nil {
@@ -365,7 +366,7 @@ func (h *Harness) recoveries(works map[string]*workRow, sched []*faultRecord) []
 	for _, w := range works {
 		allIn = append(allIn, w.CreatedAt)
 		inByRegion[w.Region] = append(inByRegion[w.Region], w.CreatedAt)
-		if w.State == "queued" || w.State == "running" {
+		if !outcome.IsTerminal(w.State) {
 			continue
 		}
 		all = append(all, w.UpdatedAt)
@@ -388,7 +389,7 @@ func (h *Harness) recoveries(works map[string]*workRow, sched []*faultRecord) []
 	for _, f := range sched {
 		r := recovery{Fault: f, Scope: "both cells", Held: len(f.Lost)}
 		for _, id := range f.Lost {
-			if w := works[id]; w != nil && w.State != "queued" && w.State != "running" {
+			if w := works[id]; w != nil && outcome.IsTerminal(w.State) {
 				r.Finished++
 				r.Last = max(r.Last, w.UpdatedAt.Sub(f.Fired))
 			}
@@ -433,7 +434,7 @@ func (h *Harness) recoveries(works map[string]*workRow, sched []*faultRecord) []
 func (h *Harness) report(w io.Writer, checks []check, recs []recovery, subs []*submission, st *loadStats, quiet time.Duration) bool {
 	ok := true
 	fmt.Fprintf(w, "\n== chaos seed %d: %d keys (%d delivered %d× at once) over %s, %d tenants in %s\n",
-		h.o.Seed, len(subs), countDup(subs), h.o.DupTimes, h.o.Load, len(h.tenants), strings.Join(config.Regions, "+"))
+		h.o.Seed, len(subs), countDup(subs), h.o.DupTimes, h.o.Load, len(h.tenants), strings.Join(config.DefaultRegions, "+"))
 	fmt.Fprintf(w, "   ingress requests %d (retries %d: %d unavailable, %d throttled, %d network errors); quiescent %s after the load\n\n",
 		st.requests.Load(), st.retries.Load(), st.unavailable.Load(), st.throttled.Load(), st.netErrors.Load(), quiet.Round(time.Second))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

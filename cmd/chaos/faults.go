@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/config"
-	"assay.dev/pkg/event"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/event"
 )
 
 // Fault kinds the schedule can hold.
@@ -109,7 +109,7 @@ func (h *Harness) schedule() []*faultRecord {
 		switch k {
 		case FaultNATSCrash, FaultNATSRestart, FaultNATSStoreLost, FaultPGRestart, FaultPGTerminate, FaultModelInvalid:
 		default:
-			f.Region = config.Regions[h.rng.IntN(len(config.Regions))]
+			f.Region = config.DefaultRegions[h.rng.IntN(len(config.DefaultRegions))]
 		}
 		out = append(out, f)
 	}
@@ -283,7 +283,7 @@ func (h *Harness) restartNATS(ctx context.Context, f *faultRecord, crash, lose b
 		// Freeze the consumers of RESULT and ATTEMPT events for a moment,
 		// so the store that is lost holds events the broker acknowledged
 		// and nobody consumed yet.
-		for _, region := range config.Regions {
+		for _, region := range config.DefaultRegions {
 			for _, svc := range []string{"committer", "ledger"} {
 				p := h.procs[svc+"-"+region]
 				if err := p.pause(); err != nil {
@@ -293,7 +293,7 @@ func (h *Harness) restartNATS(ctx context.Context, f *faultRecord, crash, lose b
 			}
 		}
 		time.Sleep(5 * time.Second)
-		for _, region := range config.Regions {
+		for _, region := range config.DefaultRegions {
 			rows, err := h.pool[region].Query(ctx, `SELECT id FROM work WHERE state IN ('queued', 'running')`)
 			if err != nil {
 				return err
@@ -354,7 +354,7 @@ func (h *Harness) restartNATS(ctx context.Context, f *faultRecord, crash, lose b
 	if err != nil {
 		return err
 	}
-	for _, region := range config.Regions {
+	for _, region := range config.DefaultRegions {
 		for _, svc := range services {
 			p := h.procs[svc+"-"+region]
 			if err := p.stop(); err != nil {
@@ -395,10 +395,10 @@ func (h *Harness) streamsMissing(ctx context.Context) (string, error) {
 	}
 	defer closeJS()
 	var missing []string
-	for _, region := range config.Regions {
+	for _, region := range config.DefaultRegions {
 		for _, k := range []string{event.KindWork, event.KindResult, event.KindAttempt} {
-			if _, err := js.Stream(ctx, event.StreamName(k, region)); err != nil {
-				missing = append(missing, event.StreamName(k, region))
+			if _, err := js.Stream(ctx, (event.Names{Cell: region}).Stream(k)); err != nil {
+				missing = append(missing, (event.Names{Cell: region}).Stream(k))
 			}
 		}
 	}
@@ -420,7 +420,7 @@ func (h *Harness) purgeWork(ctx context.Context, f *faultRecord) error {
 		return err
 	}
 	defer closeJS()
-	st, err := js.Stream(ctx, event.StreamName(event.KindWork, f.Region))
+	st, err := js.Stream(ctx, (event.Names{Cell: f.Region}).Stream(event.KindWork))
 	if err != nil {
 		return err
 	}
@@ -441,7 +441,7 @@ func (h *Harness) purgeWork(ctx context.Context, f *faultRecord) error {
 	}
 	f.Lost = ids
 	f.Note = fmt.Sprintf("classifier-%s down 10s, then %d messages purged from %s with %d work items unfinished; classifier restarted",
-		f.Region, info.State.Msgs, event.StreamName(event.KindWork, f.Region), len(ids))
+		f.Region, info.State.Msgs, (event.Names{Cell: f.Region}).Stream(event.KindWork), len(ids))
 	return h.restartAfter(ctx, p)
 }
 
@@ -529,7 +529,7 @@ func (h *Harness) terminateBackends(ctx context.Context, f *faultRecord) error {
 	for _, db := range h.dbName {
 		names = append(names, db)
 	}
-	if err := h.pool[config.Regions[0]].QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+	if err := h.pool[config.DefaultRegions[0]].QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE application_name LIKE 'chaos-%' AND application_name <> 'chaos-harness' AND datname = ANY($1)`,
 		names).Scan(&n); err != nil {
 		return err
@@ -575,7 +575,7 @@ func (h *Harness) modelStall(ctx context.Context, f *faultRecord) error {
 	lane := "interactive"
 	_ = h.pool[f.Region].QueryRow(ctx, `SELECT lane FROM work WHERE id = $1`, workID).Scan(&lane)
 	payload, _ := json.Marshal(event.Work{WorkID: workID, TenantID: tenant, Region: f.Region, Lane: lane, Dispatch: dispatch})
-	if _, err := js.Publish(ctx, event.WorkSubject(f.Region, lane, tenant), payload,
+	if _, err := js.Publish(ctx, (event.Names{Cell: f.Region}).Work(lane, tenant), payload,
 		jetstream.WithMsgID("chaos-redelivery-"+workID)); err != nil {
 		return err
 	}

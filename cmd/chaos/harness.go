@@ -214,7 +214,7 @@ func (h *Harness) startPostgres(ctx context.Context) error {
 		h.pg.uid, h.pg.gid = st.Uid, st.Gid
 	}
 	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
-	for _, region := range config.Regions {
+	for _, region := range config.DefaultRegions {
 		name := "assay_chaos_" + region + "_" + stamp
 		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 			return fmt.Errorf("create database %s: %w", name, err)
@@ -307,7 +307,7 @@ func (h *Harness) tenantList() []tenant {
 	if h.tenants == nil {
 		for i := range h.o.Tenants {
 			h.tenants = append(h.tenants, tenant{ID: fmt.Sprintf("tenant%d", i+1),
-				Region: config.Regions[i%len(config.Regions)], Token: store.NewToken()})
+				Region: config.DefaultRegions[i%len(config.DefaultRegions)], Token: store.NewToken()})
 		}
 	}
 	return h.tenants
@@ -320,7 +320,7 @@ func (h *Harness) seed(ctx context.Context) error {
 	for _, t := range h.tenantList() {
 		seeds = append(seeds, store.TenantSeed{ID: t.ID, HomeRegion: t.Region, Token: t.Token})
 	}
-	for _, region := range config.Regions {
+	for _, region := range config.DefaultRegions {
 		st, err := store.Open(ctx, h.dbURL[region])
 		if err != nil {
 			return err
@@ -348,7 +348,7 @@ func (h *Harness) startServices(ctx context.Context) error {
 			env = append(env, kv)
 		}
 	}
-	for _, region := range config.Regions {
+	for _, region := range config.DefaultRegions {
 		for _, svc := range services {
 			port, err := freePort()
 			if err != nil {
@@ -370,7 +370,7 @@ func (h *Harness) startServices(ctx context.Context) error {
 				logPath: filepath.Join(h.dir, name+".log"), ready: "http://" + addr(port) + "/readyz"}
 		}
 	}
-	for _, region := range config.Regions {
+	for _, region := range config.DefaultRegions {
 		for _, svc := range services {
 			if err := h.procs[svc+"-"+region].start(); err != nil {
 				return err
@@ -383,7 +383,7 @@ func (h *Harness) startServices(ctx context.Context) error {
 		}
 	}
 	h.logf("up: nats %s, sim %s, %d services, tenants %d over %s", h.natsURL, h.simURL, len(h.procs),
-		len(h.tenants), strings.Join(config.Regions, "+"))
+		len(h.tenants), strings.Join(config.DefaultRegions, "+"))
 	return nil
 }
 

@@ -8,8 +8,8 @@ import (
 	"net/http/httptest"
 	"sync"
 
-	"assay.dev/pkg/model"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/model"
 )
 
 // simFront stands in front of the simulated provider, in the harness

@@ -31,3 +31,21 @@ func JSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
+
+// Error is a refusal on its way to the caller: an HTTP status, a stable
+// code and a message for a person.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+// New is an Error.
+func New(status int, code, message string) *Error {
+	return &Error{Status: status, Code: code, Message: message}
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Write answers with the error document.
+func (e *Error) Write(w http.ResponseWriter) { Write(w, e.Status, e.Code, e.Message) }

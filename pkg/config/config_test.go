@@ -2,10 +2,13 @@ package config_test
 
 import (
 	"os"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"assay.dev/pkg/config"
+	"assay.dev/pkg/event"
 )
 
 func env(vars map[string]string) func(string) string {
@@ -47,13 +50,16 @@ func TestLoadDefaults(t *testing.T) {
 		t.Fatalf("load: %v", err)
 	}
 	want := config.Config{
-		Region:      "us",
-		DatabaseURL: "postgres://assay@127.0.0.1:5432/assay?sslmode=disable",
-		NATSURL:     "nats://127.0.0.1:4222",
-		Model:       "assay-sim-1",
-		HTTPAddr:    ":8080",
+		Regions:      []string{"us", "eu"},
+		Region:       "us",
+		Cell:         "us",
+		Installation: "assay",
+		DatabaseURL:  "postgres://assay@127.0.0.1:5432/assay?sslmode=disable",
+		NATSURL:      "nats://127.0.0.1:4222",
+		Model:        "assay-sim-1",
+		HTTPAddr:     ":8080",
 	}
-	if c != want {
+	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("config = %+v, want %+v", c, want)
 	}
 	c, err = config.Load("svc", nil, env(valid()), config.Need{})
@@ -78,7 +84,10 @@ func TestLoadFlagsOverrideEnv(t *testing.T) {
 		t.Fatalf("load: %v", err)
 	}
 	want := config.Config{
+		Regions:      []string{"us", "eu"},
 		Region:       "eu",
+		Cell:         "eu",
+		Installation: "assay",
 		DatabaseURL:  "postgres://flag@db/assay",
 		NATSURL:      "tls://flag:4222",
 		ModelBaseURL: "https://flag",
@@ -86,7 +95,7 @@ func TestLoadFlagsOverrideEnv(t *testing.T) {
 		Model:        "flag-model",
 		HTTPAddr:     ":9090",
 	}
-	if c != want {
+	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("config = %+v, want %+v", c, want)
 	}
 
@@ -123,6 +132,16 @@ func TestLoadRefuses(t *testing.T) {
 		{name: "http addr default bad", vars: valid(), need: config.Need{HTTPAddr: "8080"}, want: "ASSAY_HTTP_ADDR"},
 		{name: "bad flag value", vars: valid(), args: []string{"-region", "mars"}, want: "ASSAY_REGION"},
 		{name: "stray argument", vars: valid(), args: []string{"extra"}, want: `"extra"`},
+		{name: "region not listed", vars: map[string]string{"ASSAY_REGION": "ap", "ASSAY_DATABASE_URL": "postgres://x/y"}, want: "ASSAY_REGION"},
+		{name: "bad regions", vars: with("ASSAY_REGIONS", "us,EU"), want: "ASSAY_REGIONS"},
+		{name: "region twice", vars: with("ASSAY_REGIONS", "us,us"), want: "ASSAY_REGIONS"},
+		{name: "empty region in list", vars: with("ASSAY_REGIONS", "us,,eu"), want: "ASSAY_REGIONS"},
+		{name: "bad cell", vars: with("ASSAY_CELL", "us.1"), want: "ASSAY_CELL"},
+		{name: "bad installation", vars: with("ASSAY_INSTALLATION", "Prod"), want: "ASSAY_INSTALLATION"},
+		{name: "replicas 0", vars: with("ASSAY_STREAM_REPLICAS", "0"), want: "ASSAY_STREAM_REPLICAS"},
+		{name: "replicas 7", vars: with("ASSAY_STREAM_REPLICAS", "7"), want: "ASSAY_STREAM_REPLICAS"},
+		{name: "max age words", vars: with("ASSAY_STREAM_MAX_AGE", "a week"), want: "ASSAY_STREAM_MAX_AGE"},
+		{name: "max age short", vars: with("ASSAY_STREAM_MAX_AGE", "1m"), want: "ASSAY_STREAM_MAX_AGE"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -179,15 +198,43 @@ func TestLoadDoesNotEchoPassword(t *testing.T) {
 
 func TestValidateRegion(t *testing.T) {
 	t.Parallel()
-	for _, r := range config.Regions {
-		if err := config.ValidateRegion(r); err != nil {
+	for _, r := range config.DefaultRegions {
+		if err := config.ValidateRegion(config.DefaultRegions, r); err != nil {
 			t.Errorf("ValidateRegion(%q) = %v", r, err)
 		}
 	}
-	for _, r := range []string{"", "mars", "US", " us"} {
-		if err := config.ValidateRegion(r); err == nil {
+	for _, r := range []string{"", "mars", "US", " us", "ap"} {
+		if err := config.ValidateRegion(config.DefaultRegions, r); err == nil {
 			t.Errorf("ValidateRegion(%q) accepted", r)
 		}
+	}
+}
+
+// A region, its cell id, the installation and the streams' replicas, age
+// and placement are configuration: a cell "ap" runs by configuration alone.
+func TestRegionsCellAndStreamsFromConfiguration(t *testing.T) {
+	t.Parallel()
+	vars := valid()
+	vars["ASSAY_REGIONS"] = "us, eu,ap"
+	vars["ASSAY_REGION"] = "ap"
+	vars["ASSAY_CELL"] = "ap-1"
+	vars["ASSAY_INSTALLATION"] = "staging"
+	vars["ASSAY_STREAM_REPLICAS"] = "3"
+	vars["ASSAY_STREAM_MAX_AGE"] = "72h"
+	vars["ASSAY_STREAM_PLACEMENT"] = "region:ap, tier:js"
+	c, err := config.Load("svc", nil, env(vars), config.Need{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c.Regions, []string{"us", "eu", "ap"}) || c.Region != "ap" || c.Cell != "ap-1" {
+		t.Fatalf("regions %v region %s cell %s", c.Regions, c.Region, c.Cell)
+	}
+	want := event.StreamSettings{Replicas: 3, MaxAge: 72 * time.Hour, Placement: []string{"region:ap", "tier:js"}}
+	if !reflect.DeepEqual(c.Streams, want) {
+		t.Fatalf("streams %+v, want %+v", c.Streams, want)
+	}
+	if n := c.Names(); n.Stream(event.KindWork) != "STAGING_WORK_AP_1" || n.Work(event.Batch, "acme") != "staging.ap-1.work.batch.acme" {
+		t.Fatalf("names %+v: %s %s", n, n.Stream(event.KindWork), n.Work(event.Batch, "acme"))
 	}
 }
 

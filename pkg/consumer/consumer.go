@@ -1,136 +1,294 @@
-// Package consumer runs a service's durable JetStream consumer: at most a set
-// number of messages in hand at once, and an orderly stop that finishes what
-// is in hand before the service closes its pools.
+// Package consumer runs a service's durable JetStream consumer as one
+// lifecycle part: it creates the durable once the stream it reads exists
+// (the stream belongs to the service that publishes to it, which may start
+// later), keeps at most a set number of messages in hand, settles each as
+// its handler decides, creates the durable again when the server lost it,
+// and stops in order: no new messages, then the ones in hand finished.
 package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/lifecycle"
+	"assay.dev/pkg/telemetry"
 )
 
-// Handler processes one message and settles it (ack, nak or term). ctx ends
-// only when Stop gives up waiting.
-type Handler func(ctx context.Context, msg jetstream.Msg)
+// Settle is how a message is settled.
+type Settle int
 
-// Loop is a running consumer.
-type Loop struct {
-	enter    Gate
-	inflight sync.WaitGroup
-	cc       jetstream.ConsumeContext
-	cancel   context.CancelFunc
-	halt     context.CancelFunc
-	stopOnce sync.Once
+// Settlements.
+const (
+	// Ack: done with it.
+	Ack Settle = iota
+	// Nak: deliver it again after Delay.
+	Nak
+	// Term: never deliver it again.
+	Term
+)
+
+// Disposition is a handler's decision about its message.
+type Disposition struct {
+	Settle Settle
+	Delay  time.Duration
+}
+
+// Done acknowledges the message.
+func Done() Disposition { return Disposition{Settle: Ack} }
+
+// Retry asks for the message again after delay.
+func Retry(delay time.Duration) Disposition { return Disposition{Settle: Nak, Delay: delay} }
+
+// Refuse terminates the message: no delivery of it can ever succeed.
+func Refuse() Disposition { return Disposition{Settle: Term} }
+
+// Delivery is what a handler may do with the message in hand besides
+// deciding its disposition.
+type Delivery interface {
+	// InProgress tells the server the message is still being worked on.
+	InProgress() error
+}
+
+// Handler handles one message and decides how it is settled.
+type Handler func(ctx context.Context, msg jetstream.Msg) Disposition
+
+// Typed is the one Handler of every assay consumer: it continues the
+// message's trace, decodes its payload as a T (a payload that does not
+// decode is terminated and the refusal logged as a decision), and settles
+// the message as process decides.
+func Typed[T any](log *slog.Logger, decode func([]byte) (T, error), process func(ctx context.Context, v T, d Delivery) Disposition) Handler {
+	return func(ctx context.Context, msg jetstream.Msg) Disposition {
+		ctx = telemetry.Extract(ctx, msg.Headers())
+		v, err := decode(msg.Data())
+		if err != nil {
+			telemetry.Decision(ctx, log, msg.Subject(), "refused", "undecodable message: "+err.Error())
+			return Refuse()
+		}
+		return process(ctx, v, msg)
+	}
 }
 
 // Gate admits one message into hand and returns what gives its place back.
 // It may wait; it fails only when ctx ends.
 type Gate func(ctx context.Context) (leave func(), err error)
 
-// Start consumes from cons, handing each message to h on its own goroutine,
-// with at most concurrency in hand. Messages beyond that wait in JetStream,
-// not in memory.
-func Start(ctx context.Context, cons jetstream.Consumer, concurrency int, h Handler, opts ...Option) (*Loop, error) {
-	if concurrency < 1 {
-		concurrency = 1
+// Config configures a Consumer.
+type Config struct {
+	// JS reaches the stream.
+	JS jetstream.StreamConsumerManager
+	// Stream is the stream read.
+	Stream string
+	// Durable configures the durable pull consumer.
+	Durable event.ConsumerSettings
+	// Concurrency bounds the messages in hand when Gate is nil. Default 1.
+	Concurrency int
+	// Gate, when set, admits each message into hand instead of
+	// Concurrency (an adaptive limit). Pull then bounds the messages
+	// buffered from the server while the gate is closed; keep it small,
+	// their ack wait is running. Default 2.
+	Gate Gate
+	Pull int
+	// Handle handles each message. Required.
+	Handle Handler
+	// Log records what goes wrong with the subscription itself (missed
+	// heartbeats, a deleted consumer), which no handler sees.
+	Log *slog.Logger
+	// RetryEvery is how long to wait before trying again to create the
+	// durable, while the stream is missing or the server does not answer.
+	// Default 1s.
+	RetryEvery time.Duration
+}
+
+// Consumer is a running durable consumer.
+type Consumer struct {
+	cfg  Config
+	run  lifecycle.Runner
+	gate Gate
+
+	mu       sync.Mutex
+	cc       jetstream.ConsumeContext
+	lost     chan struct{} // closed when the server lost the consumer
+	inflight sync.WaitGroup
+	// halt ends waits at the gate when Stop begins; work ends handlers
+	// only when Stop gives up waiting for them.
+	halt, work           context.Context
+	haltCancel, workStop context.CancelFunc
+}
+
+// New checks the config.
+func New(cfg Config) (*Consumer, error) {
+	if cfg.Stream == "" || cfg.Durable.Durable == "" || cfg.Handle == nil {
+		return nil, errors.New("consumer: Stream, Durable.Durable and Handle are required")
 	}
-	sem := make(chan struct{}, concurrency)
-	gate := func(ctx context.Context) (func(), error) {
-		select {
-		case sem <- struct{}{}:
-			return func() { <-sem }, nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.RetryEvery <= 0 {
+		cfg.RetryEvery = time.Second
+	}
+	c := &Consumer{cfg: cfg, gate: cfg.Gate}
+	if c.gate == nil {
+		if cfg.Concurrency < 1 {
+			cfg.Concurrency = 1
 		}
+		c.cfg.Pull = cfg.Concurrency
+		sem := make(chan struct{}, cfg.Concurrency)
+		c.gate = func(ctx context.Context) (func(), error) {
+			select {
+			case sem <- struct{}{}:
+				return func() { <-sem }, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	} else if c.cfg.Pull < 1 {
+		c.cfg.Pull = 2
 	}
-	return StartGated(ctx, cons, concurrency, gate, h, opts...)
+	return c, nil
 }
 
-// Option adjusts a Loop.
-type Option func(*options)
-
-type options struct {
-	log *slog.Logger
+// Start creates the durable and consumes, in the background: when the
+// stream does not exist yet, it tries again every RetryEvery until it
+// does, and Ready reports the wait.
+func (c *Consumer) Start(ctx context.Context) error {
+	if c.cfg.JS == nil {
+		return errors.New("consumer: " + c.cfg.Durable.Durable + " has no JetStream to consume from")
+	}
+	c.work, c.workStop = context.WithCancel(context.WithoutCancel(ctx))
+	c.halt, c.haltCancel = context.WithCancel(c.work)
+	return c.run.Go(ctx, c.loop)
 }
 
-// WithLog logs what goes wrong with the pull subscription itself (missed
-// heartbeats, a deleted consumer), which no handler sees.
-func WithLog(log *slog.Logger) Option { return func(o *options) { o.log = log } }
-
-// StartGated is Start with a gate deciding how many messages are in hand,
-// e.g. an adaptive limit. pull bounds the messages buffered from the server
-// while the gate is closed; keep it small, their ack wait is running.
-func StartGated(ctx context.Context, cons jetstream.Consumer, pull int, enter Gate, h Handler, opts ...Option) (*Loop, error) {
-	if pull < 1 {
-		pull = 1
-	}
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
-	consumeOpts := []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(pull)}
-	if o.log != nil {
-		consumeOpts = append(consumeOpts, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			o.log.Warn("consumer: pull subscription", "consumer", cons.CachedInfo().Name, "err", err)
-		}))
-	}
-	l := &Loop{enter: enter}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	haltCtx, halt := context.WithCancel(runCtx)
-	l.cancel, l.halt = cancel, halt
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		leave, err := l.enter(haltCtx)
+func (c *Consumer) loop(ctx context.Context) {
+	defer c.unsubscribe()
+	for {
+		lost, err := c.subscribe(ctx)
 		if err != nil {
-			// Stopping: hand the message back for another instance.
-			_ = msg.Nak()
-			return
+			if !errors.Is(err, jetstream.ErrStreamNotFound) {
+				c.cfg.Log.Warn("consumer: cannot consume yet; trying again", "consumer", c.cfg.Durable.Durable,
+					"stream", c.cfg.Stream, "err", err, "retry_in", c.cfg.RetryEvery.String())
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(c.cfg.RetryEvery):
+			}
+			continue
 		}
-		l.inflight.Add(1)
-		go func() {
-			defer func() { leave(); l.inflight.Done() }()
-			h(runCtx, msg)
-		}()
-	}, consumeOpts...)
-	if err != nil {
-		halt()
-		cancel()
-		return nil, fmt.Errorf("consumer: %w", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-lost:
+			c.cfg.Log.Warn("consumer: the server lost the durable; creating it again",
+				"consumer", c.cfg.Durable.Durable, "stream", c.cfg.Stream)
+			c.unsubscribe()
+		}
 	}
-	l.cc = cc
-	return l, nil
+}
+
+// subscribe creates (or updates) the durable and starts consuming it.
+func (c *Consumer) subscribe(ctx context.Context) (<-chan struct{}, error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cons, err := c.cfg.JS.CreateOrUpdateConsumer(cctx, c.cfg.Stream, event.ConsumerConfig(c.cfg.Durable))
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: %w", c.cfg.Durable.Durable, c.cfg.Stream, err)
+	}
+	lost := make(chan struct{})
+	var lostOnce sync.Once
+	cc, err := cons.Consume(c.receive, jetstream.PullMaxMessages(c.cfg.Pull),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+				lostOnce.Do(func() { close(lost) })
+				return
+			}
+			c.cfg.Log.Warn("consumer: pull subscription", "consumer", c.cfg.Durable.Durable, "err", err)
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: %w", c.cfg.Durable.Durable, c.cfg.Stream, err)
+	}
+	c.mu.Lock()
+	c.cc, c.lost = cc, lost
+	c.mu.Unlock()
+	return lost, nil
+}
+
+func (c *Consumer) unsubscribe() {
+	c.mu.Lock()
+	cc := c.cc
+	c.cc = nil
+	c.mu.Unlock()
+	if cc != nil {
+		cc.Stop()
+	}
+}
+
+// receive takes one message into hand, on its own goroutine, once the gate
+// admits it.
+func (c *Consumer) receive(msg jetstream.Msg) {
+	leave, err := c.gate(c.halt)
+	if err != nil {
+		// Stopping: hand the message back for another instance.
+		_ = msg.Nak()
+		return
+	}
+	c.inflight.Add(1)
+	go func() {
+		defer func() { leave(); c.inflight.Done() }()
+		d := c.cfg.Handle(c.work, msg)
+		var err error
+		switch d.Settle {
+		case Ack:
+			err = msg.Ack()
+		case Nak:
+			err = msg.NakWithDelay(d.Delay)
+		case Term:
+			err = msg.Term()
+		}
+		if err != nil {
+			c.cfg.Log.Warn("consumer: settling a message failed", "consumer", c.cfg.Durable.Durable,
+				"subject", msg.Subject(), "err", err)
+		}
+	}()
 }
 
 // Stop stops taking messages and waits for those in hand; when ctx ends
 // first it cancels them (their handlers release what they hold) and waits
-// for them to return. Idempotent.
-func (l *Loop) Stop(ctx context.Context) {
-	l.stopOnce.Do(func() {
-		l.cc.Stop()
-		l.halt()
-		done := make(chan struct{})
-		go func() { l.inflight.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			l.cancel()
-			<-done
-		}
-		l.cancel()
-	})
+// for them to return. Idempotent; a Consumer never started is a no-op.
+func (c *Consumer) Stop(ctx context.Context) {
+	if c.haltCancel == nil {
+		return
+	}
+	c.haltCancel()
+	c.run.Stop(ctx)
+	done := make(chan struct{})
+	go func() { c.inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		c.workStop()
+		<-done
+	}
+	c.workStop()
 }
 
-// Ready reports whether a service's database answers and its durable
-// consumer exists.
-func Ready(ctx context.Context, pool *pgxpool.Pool, js jetstream.StreamConsumerManager, stream, durable string) error {
-	if err := pool.Ping(ctx); err != nil {
-		return fmt.Errorf("postgres: %w", err)
+// Ready reports whether the durable exists and is being consumed.
+func (c *Consumer) Ready(ctx context.Context) error {
+	c.mu.Lock()
+	cc := c.cc
+	c.mu.Unlock()
+	if cc == nil {
+		return fmt.Errorf("consumer %s on %s: not consuming yet", c.cfg.Durable.Durable, c.cfg.Stream)
 	}
-	if _, err := js.Consumer(ctx, stream, durable); err != nil {
-		return fmt.Errorf("jetstream: consumer %s on %s: %w", durable, stream, err)
+	if _, err := c.cfg.JS.Consumer(ctx, c.cfg.Stream, c.cfg.Durable.Durable); err != nil {
+		return fmt.Errorf("consumer %s on %s: %w", c.cfg.Durable.Durable, c.cfg.Stream, err)
 	}
 	return nil
 }

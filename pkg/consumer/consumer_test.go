@@ -2,7 +2,11 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,15 +16,18 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/consumer"
-	"assay.dev/pkg/event"
 	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/event"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-func setup(t *testing.T, n int) jetstream.Consumer {
+var names = event.Names{Cell: "us"}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func connect(t *testing.T) jetstream.JetStream {
 	t.Helper()
-	ctx := context.Background()
 	nc, err := nats.Connect(testenv.NATS(t))
 	if err != nil {
 		t.Fatal(err)
@@ -30,30 +37,56 @@ func setup(t *testing.T, n int) jetstream.Consumer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := event.EnsureStream(ctx, js, event.KindWork, "us", event.StreamSettings{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	return js
+}
+
+func publish(t *testing.T, js jetstream.JetStream, n int) {
+	t.Helper()
 	for i := range n {
-		if _, err := js.Publish(ctx, event.WorkSubject("us", event.Interactive, "acme"), []byte(fmt.Sprint(i))); err != nil {
+		if _, err := js.Publish(context.Background(), names.Work(event.Interactive, "acme"), []byte(fmt.Sprint(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cons, err := event.EnsureConsumer(ctx, st, event.ConsumerSettings{Durable: "test", AckWait: 30 * time.Second})
+}
+
+func setup(t *testing.T, n int) jetstream.JetStream {
+	t.Helper()
+	js := connect(t)
+	if _, err := event.EnsureStream(context.Background(), js, names, event.KindWork, event.StreamSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, n)
+	return js
+}
+
+func start(t *testing.T, cfg consumer.Config) *consumer.Consumer {
+	t.Helper()
+	if cfg.Stream == "" {
+		cfg.Stream = names.Stream(event.KindWork)
+	}
+	if cfg.Durable.Durable == "" {
+		cfg.Durable = event.ConsumerSettings{Durable: "test", AckWait: 30 * time.Second}
+	}
+	cfg.Log = quiet()
+	c, err := consumer.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cons
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Stop(context.Background()) })
+	return c
 }
 
 // No more than the concurrency limit is ever in hand, and every message
-// is handled.
+// is handled and acknowledged.
 func TestConcurrencyIsBounded(t *testing.T) {
 	t.Parallel()
-	cons := setup(t, 40)
+	js := setup(t, 40)
 	var inHand, peak, handled atomic.Int64
 	done := make(chan struct{})
-	l, err := consumer.Start(context.Background(), cons, 3, func(ctx context.Context, msg jetstream.Msg) {
+	start(t, consumer.Config{JS: js, Concurrency: 3, Handle: func(ctx context.Context, msg jetstream.Msg) consumer.Disposition {
 		n := inHand.Add(1)
 		for {
 			p := peak.Load()
@@ -63,15 +96,11 @@ func TestConcurrencyIsBounded(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 		inHand.Add(-1)
-		_ = msg.Ack()
 		if handled.Add(1) == 40 {
 			close(done)
 		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Stop(context.Background())
+		return consumer.Done()
+	}})
 	select {
 	case <-done:
 	case <-time.After(20 * time.Second):
@@ -80,36 +109,171 @@ func TestConcurrencyIsBounded(t *testing.T) {
 	if p := peak.Load(); p > 3 || p < 1 {
 		t.Errorf("peak in hand = %d, want 1..3", p)
 	}
+	waitAcked(t, js, "test", 40)
+}
+
+func waitAcked(t *testing.T, js jetstream.JetStream, durable string, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := js.Consumer(context.Background(), names.Stream(event.KindWork), durable)
+		if err == nil && info.CachedInfo().AckFloor.Stream >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ack floor of %s never reached %d (err %v)", durable, want, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // Stop waits for the messages in hand; when its context ends first it
 // cancels them, and still returns only after their handlers did.
 func TestStopWaitsThenCancels(t *testing.T) {
 	t.Parallel()
-	cons := setup(t, 2)
+	js := setup(t, 2)
 	started := make(chan struct{}, 2)
 	var mu sync.Mutex
 	var ended []string
-	l, err := consumer.Start(context.Background(), cons, 2, func(ctx context.Context, msg jetstream.Msg) {
+	c := start(t, consumer.Config{JS: js, Concurrency: 2, Handle: func(ctx context.Context, msg jetstream.Msg) consumer.Disposition {
 		started <- struct{}{}
 		<-ctx.Done() // a handler that only ends when told to
 		mu.Lock()
 		ended = append(ended, string(msg.Data()))
 		mu.Unlock()
-		_ = msg.Nak()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+		return consumer.Retry(0)
+	}})
 	<-started
 	<-started
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	l.Stop(ctx)
+	c.Stop(ctx)
 	mu.Lock()
 	defer mu.Unlock()
 	if len(ended) != 2 {
 		t.Fatalf("Stop returned with %d of 2 handlers finished", len(ended))
 	}
-	l.Stop(context.Background()) // idempotent
+	c.Stop(context.Background()) // idempotent
+}
+
+// A consumer whose stream does not exist yet waits for it, not ready, and
+// consumes once its owner created it.
+func TestWaitsForTheStream(t *testing.T) {
+	t.Parallel()
+	js := connect(t)
+	got := make(chan string, 1)
+	c := start(t, consumer.Config{JS: js, RetryEvery: 20 * time.Millisecond,
+		Handle: func(ctx context.Context, msg jetstream.Msg) consumer.Disposition {
+			got <- string(msg.Data())
+			return consumer.Done()
+		}})
+	time.Sleep(100 * time.Millisecond)
+	if err := c.Ready(context.Background()); err == nil {
+		t.Fatal("Ready while the stream does not exist")
+	}
+	if _, err := event.EnsureStream(context.Background(), js, names, event.KindWork, event.StreamSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, 1)
+	select {
+	case v := <-got:
+		if v != "0" {
+			t.Fatalf("got %q", v)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing consumed after the stream appeared")
+	}
+	if err := c.Ready(context.Background()); err != nil {
+		t.Fatalf("Ready after consuming: %v", err)
+	}
+}
+
+// A durable the server lost is created again and consumption goes on.
+func TestDurableDeletedIsCreatedAgain(t *testing.T) {
+	t.Parallel()
+	js := setup(t, 1)
+	var handled atomic.Int64
+	c := start(t, consumer.Config{JS: js, RetryEvery: 20 * time.Millisecond,
+		Handle: func(ctx context.Context, msg jetstream.Msg) consumer.Disposition {
+			handled.Add(1)
+			return consumer.Done()
+		}})
+	waitAcked(t, js, "test", 1)
+	if err := js.DeleteConsumer(context.Background(), names.Stream(event.KindWork), "test"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for c.Ready(context.Background()) != nil || handled.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("durable not back in 20s (handled %d; ready: %v)", handled.Load(), c.Ready(context.Background()))
+		}
+		publish(t, js, 1)
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+type payload struct{ N int }
+
+// Typed terminates a message that does not decode, logs why, and settles
+// the rest as the process function says.
+func TestTypedSettlesAsDecided(t *testing.T) {
+	t.Parallel()
+	js := connect(t)
+	if _, err := event.EnsureStream(context.Background(), js, names, event.KindWork, event.StreamSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"1", "not a number", "2"} {
+		if _, err := js.Publish(context.Background(), names.Work(event.Interactive, "acme"), []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var logged strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewJSONHandler(lockedWriter{&mu, &logged}, nil))
+	decode := func(b []byte) (payload, error) {
+		var n int
+		if _, err := fmt.Sscan(string(b), &n); err != nil {
+			return payload{}, errors.New("not a number")
+		}
+		return payload{n}, nil
+	}
+	seen := make(chan int, 10)
+	var naked atomic.Bool
+	start(t, consumer.Config{JS: js, Handle: consumer.Typed(log, decode,
+		func(ctx context.Context, p payload, d consumer.Delivery) consumer.Disposition {
+			seen <- p.N
+			if p.N == 2 && naked.CompareAndSwap(false, true) {
+				return consumer.Retry(10 * time.Millisecond)
+			}
+			return consumer.Done()
+		})})
+	var got []int
+	for len(got) < 3 {
+		select {
+		case n := <-seen:
+			got = append(got, n)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("handled %v", got)
+		}
+	}
+	if fmt.Sprint(got) != "[1 2 2]" {
+		t.Fatalf("handled %v, want [1 2 2] (2 retried once, the bad payload never handed over)", got)
+	}
+	waitAcked(t, js, "test", 3)
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logged.String(), `"outcome":"refused"`) || !strings.Contains(logged.String(), "not a number") {
+		t.Fatalf("the refusal was not logged as a decision: %s", logged.String())
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	b  *strings.Builder
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
 }

@@ -28,29 +28,6 @@ func ValidToken(s string) bool { return tokenRE.MatchString(s) }
 // ValidLane reports whether s is a lane.
 func ValidLane(s string) bool { return s == Interactive || s == Batch }
 
-// WorkSubject is where work for a tenant is announced.
-func WorkSubject(region, lane, tenant string) string {
-	return "assay." + region + ".work." + lane + "." + tenant
-}
-
-// LaneSubjects is the filter of one lane's work in a cell.
-func LaneSubjects(region, lane string) string { return "assay." + region + ".work." + lane + ".>" }
-
-// CancelSubject is where a cell tells its classifiers to stop a model call
-// for work that no longer needs it (a newer revision superseded it). It is
-// captured by the WORK stream, so cancels can be replayed with the work, but
-// no lane consumer reads it: every classifier subscribes to it directly.
-func CancelSubject(region, tenant string) string { return "assay." + region + ".work.cancel." + tenant }
-
-// CancelSubjects is the filter of a cell's cancels.
-func CancelSubjects(region string) string { return "assay." + region + ".work.cancel.>" }
-
-// ResultSubject carries every attempt's output.
-func ResultSubject(region, tenant string) string { return "assay." + region + ".result." + tenant }
-
-// AttemptSubject carries every attempt's usage.
-func AttemptSubject(region, tenant string) string { return "assay." + region + ".attempt." + tenant }
-
 // Stream kinds.
 const (
 	KindWork    = "WORK"
@@ -58,17 +35,84 @@ const (
 	KindAttempt = "ATTEMPT"
 )
 
-// StreamName is e.g. WORK_US.
-func StreamName(kind, region string) string { return kind + "_" + strings.ToUpper(region) }
+// Kinds lists the stream kinds of a cell.
+var Kinds = []string{KindWork, KindResult, KindAttempt}
 
-// StreamPrefix is what every subject of a cell's stream of one kind starts
-// with, e.g. "assay.us.work.".
-func StreamPrefix(kind, region string) string {
-	return "assay." + region + "." + strings.ToLower(kind) + "."
+// DefaultInstallation names an installation that sets none.
+const DefaultInstallation = "assay"
+
+// Names are the names one cell of one installation uses on NATS: its
+// subjects, streams and durables. Everything is named by cell id, which
+// defaults to the region's name, and prefixed by the installation, so
+// several installations can share a NATS cluster and a region can later
+// hold several cells.
+type Names struct {
+	// Installation prefixes every subject, stream and durable. It must be
+	// a subject token. Default "assay".
+	Installation string
+	// Cell is the cell id, e.g. "us". Required; a subject token.
+	Cell string
 }
 
-// StreamSubjects is the subject filter of a cell's stream of one kind.
-func StreamSubjects(kind, region string) string { return StreamPrefix(kind, region) + ">" }
+// Check reports a name that cannot be used.
+func (n Names) Check() error {
+	if !ValidToken(n.inst()) {
+		return fmt.Errorf("event: installation %q is not a subject token (lower-case letters, digits, hyphens)", n.Installation)
+	}
+	if !ValidToken(n.Cell) {
+		return fmt.Errorf("event: cell %q is not a subject token (lower-case letters, digits, hyphens)", n.Cell)
+	}
+	return nil
+}
+
+func (n Names) inst() string {
+	if n.Installation == "" {
+		return DefaultInstallation
+	}
+	return n.Installation
+}
+
+// Work is where work for a tenant is announced.
+func (n Names) Work(lane, tenant string) string { return n.Prefix(KindWork) + lane + "." + tenant }
+
+// Lane is the filter of one lane's work in the cell.
+func (n Names) Lane(lane string) string { return n.Prefix(KindWork) + lane + ".>" }
+
+// Cancel is where the cell tells its classifiers to stop a model call for
+// work that no longer needs it (a newer revision superseded it). It is
+// captured by the WORK stream, so cancels can be replayed with the work, but
+// no lane consumer reads it: every classifier subscribes to it directly.
+func (n Names) Cancel(tenant string) string { return n.Prefix(KindWork) + "cancel." + tenant }
+
+// Cancels is the filter of the cell's cancels.
+func (n Names) Cancels() string { return n.Prefix(KindWork) + "cancel.>" }
+
+// Result carries every attempt's output.
+func (n Names) Result(tenant string) string { return n.Prefix(KindResult) + tenant }
+
+// Attempt carries every attempt's usage.
+func (n Names) Attempt(tenant string) string { return n.Prefix(KindAttempt) + tenant }
+
+// Stream is the name of the cell's stream of one kind, e.g. ASSAY_WORK_US.
+func (n Names) Stream(kind string) string {
+	return streamToken(n.inst()) + "_" + kind + "_" + streamToken(n.Cell)
+}
+
+// Prefix is what every subject of the cell's stream of one kind starts
+// with, e.g. "assay.us.work.".
+func (n Names) Prefix(kind string) string {
+	return n.inst() + "." + n.Cell + "." + strings.ToLower(kind) + "."
+}
+
+// Subjects is the subject filter of the cell's stream of one kind.
+func (n Names) Subjects(kind string) string { return n.Prefix(kind) + ">" }
+
+// Durable is the name of a durable consumer of the installation, e.g.
+// assay-committer.
+func (n Names) Durable(name string) string { return n.inst() + "-" + name }
+
+// streamToken is a subject token as stream names spell it.
+func streamToken(s string) string { return strings.ToUpper(strings.ReplaceAll(s, "-", "_")) }
 
 // WorkMsgID is the Nats-Msg-Id of a work announcement: the work id and the
 // dispatch number, so a re-announcement inside the window is not stored twice.
@@ -148,7 +192,7 @@ const MaxEventBytes = 1 << 20
 
 // Decode reads an event strictly: one JSON object, known fields only, then
 // checks the fields every consumer relies on.
-func Decode(data []byte, v interface{ check() error }) error {
+func Decode(data []byte, v checker) error {
 	if len(data) > MaxEventBytes {
 		return fmt.Errorf("event: %d bytes is over the %d limit", len(data), MaxEventBytes)
 	}
@@ -161,6 +205,19 @@ func Decode(data []byte, v interface{ check() error }) error {
 		return errors.New("event: trailing data")
 	}
 	return v.check()
+}
+
+// checker is an event that checks its own fields after decoding.
+type checker interface{ check() error }
+
+// Parse decodes data strictly as a T, as Decode does.
+func Parse[T any, P interface {
+	*T
+	checker
+}](data []byte) (T, error) {
+	var v T
+	err := Decode(data, P(&v))
+	return v, err
 }
 
 func (w *Work) check() error {

@@ -9,30 +9,53 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"assay.dev/pkg/event"
 	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/event"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 func TestSubjectsAndStreams(t *testing.T) {
 	t.Parallel()
+	us, eu := event.Names{Cell: "us"}, event.Names{Installation: "assay", Cell: "eu"}
+	staging := event.Names{Installation: "staging-2", Cell: "us-1"}
 	cases := []struct{ got, want string }{
-		{event.WorkSubject("us", event.Interactive, "acme"), "assay.us.work.interactive.acme"},
-		{event.WorkSubject("eu", event.Batch, "acme-2"), "assay.eu.work.batch.acme-2"},
-		{event.ResultSubject("us", "acme"), "assay.us.result.acme"},
-		{event.AttemptSubject("eu", "acme"), "assay.eu.attempt.acme"},
-		{event.StreamName(event.KindWork, "us"), "WORK_US"},
-		{event.StreamName(event.KindResult, "eu"), "RESULT_EU"},
-		{event.StreamName(event.KindAttempt, "us"), "ATTEMPT_US"},
-		{event.StreamSubjects(event.KindWork, "us"), "assay.us.work.>"},
-		{event.StreamSubjects(event.KindResult, "eu"), "assay.eu.result.>"},
-		{event.StreamSubjects(event.KindAttempt, "us"), "assay.us.attempt.>"},
+		{us.Work(event.Interactive, "acme"), "assay.us.work.interactive.acme"},
+		{eu.Work(event.Batch, "acme-2"), "assay.eu.work.batch.acme-2"},
+		{us.Lane(event.Batch), "assay.us.work.batch.>"},
+		{us.Cancel("acme"), "assay.us.work.cancel.acme"},
+		{us.Cancels(), "assay.us.work.cancel.>"},
+		{us.Result("acme"), "assay.us.result.acme"},
+		{eu.Attempt("acme"), "assay.eu.attempt.acme"},
+		{us.Stream(event.KindWork), "ASSAY_WORK_US"},
+		{eu.Stream(event.KindResult), "ASSAY_RESULT_EU"},
+		{us.Stream(event.KindAttempt), "ASSAY_ATTEMPT_US"},
+		{us.Subjects(event.KindWork), "assay.us.work.>"},
+		{eu.Subjects(event.KindResult), "assay.eu.result.>"},
+		{us.Subjects(event.KindAttempt), "assay.us.attempt.>"},
+		{us.Durable("committer"), "assay-committer"},
+		{staging.Work(event.Batch, "acme"), "staging-2.us-1.work.batch.acme"},
+		{staging.Stream(event.KindWork), "STAGING_2_WORK_US_1"},
+		{staging.Durable("ledger"), "staging-2-ledger"},
 		{event.WorkMsgID("w_abc", 3), "w_abc.3"},
 	}
 	for _, c := range cases {
 		if c.got != c.want {
 			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+}
+
+func TestNamesCheck(t *testing.T) {
+	t.Parallel()
+	for _, n := range []event.Names{{Cell: "us"}, {Installation: "prod", Cell: "eu-2"}} {
+		if err := n.Check(); err != nil {
+			t.Errorf("%+v: %v", n, err)
+		}
+	}
+	for _, n := range []event.Names{{}, {Cell: "US"}, {Cell: "us.east"}, {Installation: "a.b", Cell: "us"}, {Installation: "*", Cell: "us"}} {
+		if err := n.Check(); err == nil {
+			t.Errorf("%+v accepted", n)
 		}
 	}
 }
@@ -181,7 +204,7 @@ func FuzzDecode(f *testing.F) {
 			if !event.ValidToken(w.TenantID) || !event.ValidLane(w.Lane) || w.WorkID == "" || w.Region == "" {
 				t.Fatalf("accepted work %+v from %q", w, data)
 			}
-			if s := event.WorkSubject(w.Region, w.Lane, w.TenantID); !strings.HasSuffix(s, "."+w.TenantID) ||
+			if s := (event.Names{Cell: "us"}).Work(w.Lane, w.TenantID); !strings.HasSuffix(s, "."+w.TenantID) ||
 				strings.Count(w.TenantID, ".") != 0 {
 				t.Fatalf("subject %q from accepted work", s)
 			}
@@ -210,11 +233,12 @@ func TestStreamsOnJetStream(t *testing.T) {
 		t.Fatalf("jetstream: %v", err)
 	}
 	settings := event.StreamSettings{MaxAge: time.Hour, Duplicates: time.Minute}
+	us := event.Names{Cell: "us"}
 
-	if _, err := event.EnsureStream(ctx, js, event.KindWork, "us", settings); err != nil {
+	if _, err := event.EnsureStream(ctx, js, us, event.KindWork, settings); err != nil {
 		t.Fatalf("first ensure stream: %v", err)
 	}
-	st, err := event.EnsureStream(ctx, js, event.KindWork, "us", settings)
+	st, err := event.EnsureStream(ctx, js, us, event.KindWork, settings)
 	if err != nil {
 		t.Fatalf("second ensure stream: %v", err)
 	}
@@ -223,7 +247,7 @@ func TestStreamsOnJetStream(t *testing.T) {
 		t.Fatalf("stream info: %v", err)
 	}
 	cfg := info.Config
-	if cfg.Name != "WORK_US" || len(cfg.Subjects) != 1 || cfg.Subjects[0] != "assay.us.work.>" {
+	if cfg.Name != "ASSAY_WORK_US" || len(cfg.Subjects) != 1 || cfg.Subjects[0] != "assay.us.work.>" {
 		t.Fatalf("stream %s subjects %v", cfg.Name, cfg.Subjects)
 	}
 	if cfg.Retention != jetstream.LimitsPolicy {
@@ -238,10 +262,10 @@ func TestStreamsOnJetStream(t *testing.T) {
 		streams = append(streams, n)
 	}
 	if names.Err() != nil || len(streams) != 1 {
-		t.Fatalf("streams = %v, %v; want only WORK_US", streams, names.Err())
+		t.Fatalf("streams = %v, %v; want only ASSAY_WORK_US", streams, names.Err())
 	}
 
-	defaults, err := event.EnsureStream(ctx, js, event.KindResult, "us", event.StreamSettings{})
+	defaults, err := event.EnsureStream(ctx, js, us, event.KindResult, event.StreamSettings{})
 	if err != nil {
 		t.Fatalf("ensure result stream: %v", err)
 	}
@@ -250,7 +274,7 @@ func TestStreamsOnJetStream(t *testing.T) {
 		t.Fatalf("default settings: max age %v, duplicates %v, retention %v", dc.MaxAge, dc.Duplicates, dc.Retention)
 	}
 
-	subject := event.WorkSubject("us", event.Batch, "acme")
+	subject := us.Work(event.Batch, "acme")
 	payload := []byte(goodWork)
 	msgID := event.WorkMsgID("w_1", 1)
 	first, err := js.Publish(ctx, subject, payload, jetstream.WithMsgID(msgID))
@@ -276,10 +300,10 @@ func TestStreamsOnJetStream(t *testing.T) {
 	}
 
 	cs := event.ConsumerSettings{Durable: "classifier", AckWait: 5 * time.Second, Filter: "assay.us.work.batch.>"}
-	if _, err := event.EnsureConsumer(ctx, st, cs); err != nil {
+	if _, err := st.CreateOrUpdateConsumer(ctx, event.ConsumerConfig(cs)); err != nil {
 		t.Fatalf("first ensure consumer: %v", err)
 	}
-	cons, err := event.EnsureConsumer(ctx, st, cs)
+	cons, err := st.CreateOrUpdateConsumer(ctx, event.ConsumerConfig(cs))
 	if err != nil {
 		t.Fatalf("second ensure consumer: %v", err)
 	}
@@ -312,5 +336,20 @@ func TestStreamsOnJetStream(t *testing.T) {
 	}
 	if len(got) != 2 || !bytes.Equal(got[0], payload) {
 		t.Fatalf("fetched %d messages, want 2", len(got))
+	}
+}
+
+// Replicas and placement come from the settings: a production cluster
+// runs R3 streams placed on the servers of the cell's region.
+func TestStreamConfigReplicasAndPlacement(t *testing.T) {
+	t.Parallel()
+	cfg := event.StreamConfig(event.Names{Cell: "eu"}, event.KindAttempt,
+		event.StreamSettings{Replicas: 3, Placement: []string{"region:eu"}, MaxAge: 48 * time.Hour})
+	if cfg.Replicas != 3 || cfg.Placement == nil || len(cfg.Placement.Tags) != 1 || cfg.Placement.Tags[0] != "region:eu" ||
+		cfg.MaxAge != 48*time.Hour || cfg.Name != "ASSAY_ATTEMPT_EU" {
+		t.Fatalf("config = %+v", cfg)
+	}
+	if d := event.StreamConfig(event.Names{Cell: "us"}, event.KindWork, event.StreamSettings{}); d.Placement != nil || d.Replicas != 1 {
+		t.Fatalf("defaults: placement %+v, replicas %d", d.Placement, d.Replicas)
 	}
 }

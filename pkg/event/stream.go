@@ -8,14 +8,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// StreamSettings are the knobs of a cell's streams.
+// StreamSettings are the knobs of a cell's streams. The zero value gives
+// the defaults on each field.
 type StreamSettings struct {
 	// MaxAge bounds history kept for replay. Default 7 days.
 	MaxAge time.Duration
 	// Duplicates is the Nats-Msg-Id dedupe window. Default 2 minutes.
 	Duplicates time.Duration
-	// Replicas is 1 in dev, 3 in production clusters. Default 1.
+	// Replicas is 1 for a single server, 3 in a production cluster.
+	// Default 1.
 	Replicas int
+	// Placement tags place the stream on servers carrying all of them,
+	// e.g. a region's tag. Default none.
+	Placement []string
 }
 
 func (s StreamSettings) withDefaults() StreamSettings {
@@ -31,22 +36,33 @@ func (s StreamSettings) withDefaults() StreamSettings {
 	return s
 }
 
-// EnsureStream creates or updates one of a cell's streams. Limits retention,
-// not work-queue: history stays for replay until MaxAge.
-func EnsureStream(ctx context.Context, js jetstream.StreamManager, kind, region string, s StreamSettings) (jetstream.Stream, error) {
+// StreamConfig is the configuration of the cell's stream of one kind.
+// Limits retention, not work-queue: history stays for replay until MaxAge.
+func StreamConfig(n Names, kind string, s StreamSettings) jetstream.StreamConfig {
 	s = s.withDefaults()
-	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:       StreamName(kind, region),
-		Subjects:   []string{StreamSubjects(kind, region)},
+	cfg := jetstream.StreamConfig{
+		Name:       n.Stream(kind),
+		Subjects:   []string{n.Subjects(kind)},
 		Retention:  jetstream.LimitsPolicy,
 		Storage:    jetstream.FileStorage,
 		MaxAge:     s.MaxAge,
 		Duplicates: s.Duplicates,
 		Replicas:   s.Replicas,
 		Discard:    jetstream.DiscardOld,
-	})
+	}
+	if len(s.Placement) > 0 {
+		cfg.Placement = &jetstream.Placement{Tags: s.Placement}
+	}
+	return cfg
+}
+
+// EnsureStream creates or updates the cell's stream of one kind. Only the
+// service that publishes to a stream creates it.
+func EnsureStream(ctx context.Context, js jetstream.StreamManager, n Names, kind string, s StreamSettings) (jetstream.Stream, error) {
+	cfg := StreamConfig(n, kind, s)
+	st, err := js.CreateOrUpdateStream(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("event: stream %s: %w", StreamName(kind, region), err)
+		return nil, fmt.Errorf("event: stream %s: %w", cfg.Name, err)
 	}
 	return st, nil
 }
@@ -60,8 +76,9 @@ type ConsumerSettings struct {
 	Filter        string        // default the whole stream
 }
 
-// EnsureConsumer creates or updates a durable pull consumer with explicit acks.
-func EnsureConsumer(ctx context.Context, st jetstream.Stream, c ConsumerSettings) (jetstream.Consumer, error) {
+// ConsumerConfig is the configuration of a durable pull consumer with
+// explicit acks.
+func ConsumerConfig(c ConsumerSettings) jetstream.ConsumerConfig {
 	if c.AckWait == 0 {
 		c.AckWait = 30 * time.Second
 	}
@@ -71,7 +88,7 @@ func EnsureConsumer(ctx context.Context, st jetstream.Stream, c ConsumerSettings
 	if c.MaxAckPending == 0 {
 		c.MaxAckPending = 64
 	}
-	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+	return jetstream.ConsumerConfig{
 		Durable:       c.Durable,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       c.AckWait,
@@ -79,9 +96,5 @@ func EnsureConsumer(ctx context.Context, st jetstream.Stream, c ConsumerSettings
 		MaxAckPending: c.MaxAckPending,
 		FilterSubject: c.Filter,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("event: consumer %s: %w", c.Durable, err)
 	}
-	return cons, nil
 }

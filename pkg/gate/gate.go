@@ -81,6 +81,24 @@ type Expect struct {
 	Input json.RawMessage
 }
 
+// Seen is what entered the worker with the work; an answer must name it.
+type Seen struct {
+	WorkID, SchemaVersion, TaxonomyVersion, Digest string
+}
+
+// ExpectFor is what an answer to work seen so must match now: the
+// contract's current taxonomy, the work's current digest, and its input,
+// which grounds the answer's findings. The classifier and the committer
+// both check answers against it.
+func ExpectFor(c *contract.Contract, seen Seen, currentDigest string, input []byte) Expect {
+	e := Expect{WorkID: seen.WorkID, SchemaVersion: seen.SchemaVersion, TaxonomyVersion: seen.TaxonomyVersion,
+		Digest: seen.Digest, CurrentDigest: currentDigest, Input: input}
+	if c != nil {
+		e.CurrentTaxonomyVersion = c.TaxonomyVersion
+	}
+	return e
+}
+
 // Accepted is an output that passed the whole gate.
 type Accepted struct {
 	// Output is the validated document re-encoded compactly (keys sorted,

@@ -22,6 +22,7 @@ import (
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
+	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
@@ -37,9 +38,10 @@ type Env struct {
 	Tel       *telemetry.Provider
 }
 
-// Part is a running service as the host sees it.
+// Part is a service as the host sees it: a lifecycle part that can say
+// whether it is ready.
 type Part interface {
-	Start(ctx context.Context) error
+	lifecycle.Service
 	Ready(ctx context.Context) error
 }
 
@@ -145,9 +147,10 @@ func Serve(ctx context.Context, addr string, h http.Handler, bound func(string))
 	return nil
 }
 
-// Main runs one service process. build makes the service from the Env;
-// stop drains it. Exit codes: 2 for a bad setting, 1 for a failure.
-func Main(name string, need config.Need, build func(*Env) (Part, http.Handler, func(context.Context), error)) {
+// Main runs one service process. build makes the service from the Env,
+// with its own API (may be nil). Exit codes: 2 for a bad setting, 1 for a
+// failure.
+func Main(name string, need config.Need, build func(*Env) (Part, http.Handler, error)) {
 	log := telemetry.NewLogger(os.Stderr, name, os.Getenv("ASSAY_REGION"), slog.LevelInfo)
 	cfg, err := config.Load(name, os.Args[1:], os.Getenv, need)
 	if err != nil {
@@ -162,7 +165,7 @@ func Main(name string, need config.Need, build func(*Env) (Part, http.Handler, f
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(1)
 	}
-	part, api, stop, err := build(env)
+	part, api, err := build(env)
 	if err == nil {
 		err = part.Start(ctx)
 	}
@@ -177,7 +180,7 @@ func Main(name string, need config.Need, build func(*Env) (Part, http.Handler, f
 	// Stop taking work, finish or release what is held, then close pools.
 	dctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 	defer cancel()
-	stop(dctx)
+	part.Stop(dctx)
 	env.Close(dctx)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)

@@ -8,23 +8,29 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
-	"assay.dev/pkg/devkit/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
+var names = event.Names{Cell: "us"}
+
+var streams = []string{event.KindWork}
+
 type bundle struct {
 	ctx    context.Context
 	store  *store.Store
+	db     *pgxpool.Pool // writes outbox rows as a service's transaction would
 	js     jetstream.JetStream
 	stream jetstream.Stream
 }
@@ -32,7 +38,8 @@ type bundle struct {
 func setup(t *testing.T) bundle {
 	t.Helper()
 	ctx := t.Context()
-	s, err := store.Open(ctx, testenv.Database(t))
+	url := testenv.Database(t)
+	s, err := store.Open(ctx, url)
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}
@@ -49,18 +56,33 @@ func setup(t *testing.T) bundle {
 	if err != nil {
 		t.Fatalf("jetstream: %v", err)
 	}
-	st, err := event.EnsureStream(ctx, js, event.KindWork, "us", event.StreamSettings{})
+	st, err := event.EnsureStream(ctx, js, names, event.KindWork, event.StreamSettings{})
 	if err != nil {
 		t.Fatalf("stream: %v", err)
 	}
-	return bundle{ctx: ctx, store: s, js: js, stream: st}
+	db, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatalf("pool: %v", err)
+	}
+	t.Cleanup(db.Close)
+	return bundle{ctx: ctx, store: s, db: db, js: js, stream: st}
 }
 
 func (b bundle) write(t *testing.T, msgs ...store.OutboxMsg) {
 	t.Helper()
-	if err := b.store.Tx(b.ctx, func(tx pgx.Tx) error { return b.store.InsertOutbox(b.ctx, tx, msgs) }); err != nil {
+	if err := pgx.BeginFunc(b.ctx, b.db, func(tx pgx.Tx) error { return insertRows(b.ctx, tx, msgs) }); err != nil {
 		t.Fatalf("insert outbox: %v", err)
 	}
+}
+
+func insertRows(ctx context.Context, tx pgx.Tx, msgs []store.OutboxMsg) error {
+	for _, m := range msgs {
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox (stream, subject, msg_id, payload, headers) VALUES ($1, $2, $3, $4, $5)`,
+			m.Stream, m.Subject, m.MsgID, m.Payload, m.Headers); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (b bundle) pending(t *testing.T) int {
@@ -84,7 +106,7 @@ func (b bundle) streamMsgs(t *testing.T) uint64 {
 func workMsg(t *testing.T, ctx context.Context, workID string, dispatch int) store.OutboxMsg {
 	t.Helper()
 	ev := event.Work{WorkID: workID, TenantID: "acme", Region: "us", Lane: event.Batch, Dispatch: dispatch}
-	m, err := outbox.Msg(ctx, event.WorkSubject("us", event.Batch, "acme"), event.WorkMsgID(workID, dispatch), ev)
+	m, err := outbox.Msg(ctx, event.KindWork, names.Work(event.Batch, "acme"), event.WorkMsgID(workID, dispatch), ev)
 	if err != nil {
 		t.Fatalf("outbox msg: %v", err)
 	}
@@ -116,7 +138,7 @@ func TestMsgCarriesTraceContext(t *testing.T) {
 	if len(plain.Headers) != 0 {
 		t.Fatalf("headers without a span = %v, want none", plain.Headers)
 	}
-	if _, err := outbox.Msg(ctx, "s", "id", func() {}); err == nil {
+	if _, err := outbox.Msg(ctx, event.KindWork, "s", "id", func() {}); err == nil {
 		t.Fatal("Msg accepted a value JSON cannot encode")
 	}
 }
@@ -132,8 +154,8 @@ func TestDrainPublishesOnce(t *testing.T) {
 	first, second := workMsg(t, ctx, "w_1", 1), workMsg(t, ctx, "w_2", 1)
 	b.write(t, first, second)
 	rolledBack := workMsg(t, ctx, "w_3", 1)
-	err := b.store.Tx(b.ctx, func(tx pgx.Tx) error {
-		if err := b.store.InsertOutbox(b.ctx, tx, []store.OutboxMsg{rolledBack}); err != nil {
+	err := pgx.BeginFunc(b.ctx, b.db, func(tx pgx.Tx) error {
+		if err := insertRows(b.ctx, tx, []store.OutboxMsg{rolledBack}); err != nil {
 			return err
 		}
 		return fmt.Errorf("abort")
@@ -142,7 +164,7 @@ func TestDrainPublishesOnce(t *testing.T) {
 		t.Fatal("aborted transaction committed")
 	}
 
-	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Batch: 10}
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Streams: streams, Batch: 10}
 	n, err := relay.Drain(b.ctx)
 	if err != nil || n != 2 {
 		t.Fatalf("drain: n=%d err=%v, want 2", n, err)
@@ -192,12 +214,12 @@ func TestDrainStopsAtFailedPublish(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ok := workMsg(t, b.ctx, "w_1", 1)
-	orphan := store.OutboxMsg{Subject: "assay.us.nowhere.acme", MsgID: "x", Payload: []byte(`{}`)}
+	orphan := store.OutboxMsg{Stream: event.KindWork, Subject: "assay.us.nowhere.acme", MsgID: "x", Payload: []byte(`{}`), Headers: map[string]string{}}
 	b.write(t, ok, orphan)
 
 	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
 	defer cancel()
-	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Batch: 10}
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Streams: streams, Batch: 10}
 	if n, err := relay.Drain(ctx); err != nil || n != 1 {
 		t.Fatalf("drain: n=%d err=%v, want 1 published before the failure", n, err)
 	}
@@ -215,9 +237,11 @@ func TestDrainStopsAtFailedPublish(t *testing.T) {
 func TestRelayStartKickStop(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Every: time.Hour, Batch: 20}
-	relay.Start(b.ctx)
-	t.Cleanup(relay.Stop)
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Streams: streams, Every: time.Hour, Batch: 20}
+	if err := relay.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Stop(context.Background()) })
 
 	var msgs []store.OutboxMsg
 	for i := range 45 {
@@ -238,8 +262,8 @@ func TestRelayStartKickStop(t *testing.T) {
 	}
 
 	b.write(t, workMsg(t, b.ctx, "w_last", 1), workMsg(t, b.ctx, "w_last", 2))
-	relay.Stop()
-	relay.Stop()
+	relay.Stop(b.ctx)
+	relay.Stop(b.ctx)
 	if p := b.pending(t); p != 0 {
 		t.Fatalf("pending after Stop = %d, want 0", p)
 	}
@@ -248,16 +272,25 @@ func TestRelayStartKickStop(t *testing.T) {
 	}
 }
 
-func TestRelayStopsWithContext(t *testing.T) {
+// A relay runs until it is stopped, not until its start context ends: a
+// process stops its parts in order after its signal, and the relay's final
+// drain comes after the rows the others wrote while stopping.
+func TestRelayOutlivesItsStartContext(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx, cancel := context.WithCancel(b.ctx)
-	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Every: time.Hour}
-	relay.Start(ctx)
-	b.write(t, workMsg(t, b.ctx, "w_1", 1))
-	cancel()
-	relay.Stop()
-	if p := b.pending(t); p != 0 {
-		t.Fatalf("pending after the context ended = %d, want 0", p)
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Streams: streams, Every: 10 * time.Millisecond}
+	if err := relay.Start(ctx); err != nil {
+		t.Fatal(err)
 	}
+	cancel()
+	b.write(t, workMsg(t, b.ctx, "w_1", 1))
+	deadline := time.Now().Add(10 * time.Second)
+	for b.pending(t) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the relay stopped publishing when its start context ended")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	relay.Stop(b.ctx)
 }

@@ -10,25 +10,84 @@ import (
 
 // Attempt is one claim and one model call.
 type Attempt struct {
-	ID         string     `json:"attemptId"`
-	WorkID     string     `json:"workId"`
-	TenantID   string     `json:"tenantId"`
-	Number     int        `json:"number"`
-	Outcome    string     `json:"outcome"`
-	Reason     string     `json:"reason,omitempty"`
-	StartedAt  time.Time  `json:"startedAt"`
-	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+	ID         string
+	WorkID     string
+	TenantID   string
+	Number     int
+	Outcome    string
+	Reason     string
+	StartedAt  time.Time
+	FinishedAt *time.Time
 }
 
-// Tx runs fn in one transaction.
-func (s *Store) Tx(ctx context.Context, fn func(pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, s.Pool, fn)
+// WorkChange is what recording an attempt does to its work. Each applies
+// only while the attempt's lease is still the work's: a worker that lost its
+// lease records its attempt and changes nothing else.
+type WorkChange int
+
+// Work changes.
+const (
+	// NoChange leaves the work as it is.
+	NoChange WorkChange = iota
+	// Handoff keeps the lease for HandoffTTL while the committer decides.
+	Handoff
+	// Requeue gives the lease up so the work can be claimed again; with a
+	// RepairNote the next attempt is a repair re-ask.
+	Requeue
+	// Finish ends the work with WorkOutcome and WorkReason.
+	Finish
+)
+
+// AttemptRecord is how one attempt ended, with what it does to its work and
+// the events it implies.
+type AttemptRecord struct {
+	AttemptID, WorkID, LeaseToken string
+	// Outcome and Reason are the attempt's.
+	Outcome, Reason string
+	// Raw is the answer as the provider sent it, kept in the cell.
+	Raw string
+
+	Change                  WorkChange
+	HandoffTTL              time.Duration // Handoff
+	RepairNote              string        // Requeue
+	WorkOutcome, WorkReason string        // Finish
+
+	// Outbox are the events the attempt implies (its RESULT and ATTEMPT).
+	Outbox []OutboxMsg
 }
 
-// FinishAttempt records how an attempt ended. The raw response stays in the
+// RecordAttempt records an attempt, changes its work and writes its events
+// in one transaction: no record without its events, no handoff without a
+// record.
+func (s *Store) RecordAttempt(ctx context.Context, r AttemptRecord) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := finishAttempt(ctx, tx, r.AttemptID, r.Outcome, r.Reason, r.Raw); err != nil {
+			return err
+		}
+		var err error
+		switch r.Change {
+		case Handoff:
+			_, err = extendLease(ctx, tx, r.WorkID, r.LeaseToken, r.HandoffTTL)
+		case Requeue:
+			_, err = requeue(ctx, tx, r.WorkID, r.LeaseToken, r.RepairNote)
+		case Finish:
+			_, err = finishLeased(ctx, tx, r.WorkID, r.LeaseToken, r.WorkOutcome, r.WorkReason)
+		}
+		if err != nil {
+			return err
+		}
+		return insertOutbox(ctx, tx, r.Outbox)
+	})
+	if err != nil {
+		return fmt.Errorf("store: record attempt %s: %w", r.AttemptID, err)
+	}
+	return nil
+}
+
+// finishAttempt records how an attempt ended. The raw response stays in the
 // cell for diagnosis.
-func (s *Store) FinishAttempt(ctx context.Context, tx pgx.Tx, attemptID, outcome, reason, raw string) error {
-	_, err := tx.Exec(ctx, `UPDATE attempts SET outcome = $2, reason = nullif($3, ''),
+func finishAttempt(ctx context.Context, db execer, attemptID, outcome, reason, raw string) error {
+	_, err := db.Exec(ctx, `UPDATE attempts SET outcome = $2, reason = nullif($3, ''),
 			raw_response = coalesce(nullif($4, ''), raw_response), finished_at = coalesce(finished_at, now())
 		WHERE id = $1`, attemptID, outcome, reason, raw)
 	if err != nil {
@@ -39,7 +98,7 @@ func (s *Store) FinishAttempt(ctx context.Context, tx pgx.Tx, attemptID, outcome
 
 // Attempts lists a work item's attempts in order.
 func (s *Store) Attempts(ctx context.Context, workID string) ([]Attempt, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT id::text, work_id, tenant_id, number, coalesce(outcome, 'running'),
+	rows, err := s.pool.Query(ctx, `SELECT id::text, work_id, tenant_id, number, coalesce(outcome, 'running'),
 			coalesce(reason, ''), started_at, finished_at
 		FROM attempts WHERE work_id = $1 ORDER BY number`, workID)
 	if err != nil {
@@ -57,5 +116,5 @@ func (s *Store) Attempts(ctx context.Context, workID string) ([]Attempt, error) 
 // and an attempt already marked is left alone: marked says whether this
 // call changed it.
 func (s *Store) MarkStale(ctx context.Context, attemptID string) (marked bool, err error) {
-	return markLost(ctx, s.Pool, attemptID)
+	return markLost(ctx, s.pool, attemptID)
 }

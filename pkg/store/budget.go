@@ -9,13 +9,17 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// PeriodStart is the start (UTC) of the budget period that holds t.
-func PeriodStart(period string, t time.Time) time.Time {
-	t = t.UTC()
-	if period == "day" {
-		return time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
-	}
-	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+// The budget policy lives here, whole: a reservation before each model
+// call, its settlement (or correction) from the ledger, and the period rule,
+// which is the SQL function budget_period_start (migration 0005) so that
+// every statement that names a period asks the same rule.
+
+// PeriodStart asks the database's period rule for the start (UTC) of the
+// budget period of kind period ("day" or "month") that holds at.
+func (s *Store) PeriodStart(ctx context.Context, period string, at time.Time) (time.Time, error) {
+	var start time.Time
+	err := s.pool.QueryRow(ctx, `SELECT budget_period_start($1, $2)`, period, at).Scan(&start)
+	return start.UTC(), err
 }
 
 // Reservation is what Reserve decided.
@@ -40,25 +44,24 @@ const (
 func (s *Store) Reserve(ctx context.Context, tenantID, attemptID string, amount int64) (res Reservation, err error) {
 	// A tenant without a budget costs one read, outside a transaction.
 	var limited bool
-	if err := s.Pool.QueryRow(ctx, `SELECT budget_micros IS NOT NULL FROM tenants WHERE id = $1`, tenantID).
+	if err := s.pool.QueryRow(ctx, `SELECT budget_micros IS NOT NULL FROM tenants WHERE id = $1`, tenantID).
 		Scan(&limited); err != nil {
 		return Reserved, fmt.Errorf("store: reserve: %w", err)
 	}
 	if !limited {
 		return Reserved, nil
 	}
-	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var limit *int64
-		var period string
-		if err := tx.QueryRow(ctx, `SELECT budget_micros, budget_period FROM tenants WHERE id = $1`, tenantID).
-			Scan(&limit, &period); err != nil {
+		var start time.Time
+		if err := tx.QueryRow(ctx, `SELECT budget_micros, budget_period_start(budget_period, now()) FROM tenants WHERE id = $1`,
+			tenantID).Scan(&limit, &start); err != nil {
 			return err
 		}
 		if limit == nil {
 			res = Reserved
 			return nil
 		}
-		start := PeriodStart(period, time.Now())
 		if _, err := tx.Exec(ctx, `INSERT INTO budget_periods (tenant_id, period_start, limit_micros)
 			VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, tenantID, start, *limit); err != nil {
 			return err
@@ -95,7 +98,7 @@ func (s *Store) Reserve(ctx context.Context, tenantID, attemptID string, amount 
 
 // Release returns a reservation whose attempt never called the model.
 func (s *Store) Release(ctx context.Context, attemptID string) error {
-	_, err := s.Pool.Exec(ctx, `WITH r AS (
+	_, err := s.pool.Exec(ctx, `WITH r AS (
 			DELETE FROM budget_reservations WHERE attempt_id = $1 AND settled_at IS NULL
 			RETURNING tenant_id, period_start, amount_micros)
 		UPDATE budget_periods p SET reserved_micros = p.reserved_micros - r.amount_micros
@@ -115,17 +118,37 @@ func settle(ctx context.Context, tx pgx.Tx, tenantID, attemptID string, cost int
 	err := tx.QueryRow(ctx, `UPDATE budget_reservations SET settled_at = now()
 		WHERE attempt_id = $1 AND settled_at IS NULL RETURNING period_start, amount_micros`, attemptID).Scan(&start, &amount)
 	if errors.Is(err, pgx.ErrNoRows) {
-		_, err = tx.Exec(ctx, `UPDATE budget_periods p SET spent_micros = p.spent_micros + $2
-			FROM tenants t WHERE t.id = $1 AND t.budget_micros IS NOT NULL AND p.tenant_id = t.id
-				AND p.period_start = CASE t.budget_period WHEN 'day' THEN date_trunc('day', now() AT TIME ZONE 'UTC')
-					ELSE date_trunc('month', now() AT TIME ZONE 'UTC') END AT TIME ZONE 'UTC'`, tenantID, cost)
-		return err
+		return spendNow(ctx, tx, tenantID, cost)
 	}
 	if err != nil {
 		return err
 	}
 	_, err = tx.Exec(ctx, `UPDATE budget_periods SET reserved_micros = reserved_micros - $3, spent_micros = spent_micros + $4
 		WHERE tenant_id = $1 AND period_start = $2`, tenantID, start, amount, cost)
+	return err
+}
+
+// respend corrects what an attempt spent by delta, in the period its
+// reservation was taken from, else the tenant's current period.
+func respend(ctx context.Context, tx pgx.Tx, tenantID, attemptID string, delta int64) error {
+	if delta == 0 {
+		return nil
+	}
+	tag, err := tx.Exec(ctx, `UPDATE budget_periods p SET spent_micros = greatest(p.spent_micros + $3, 0)
+		FROM budget_reservations r
+		WHERE r.attempt_id = $2 AND p.tenant_id = $1 AND p.period_start = r.period_start`, tenantID, attemptID, delta)
+	if err != nil || tag.RowsAffected() > 0 {
+		return err
+	}
+	return spendNow(ctx, tx, tenantID, delta)
+}
+
+// spendNow adds delta to what the tenant spent in its current period, when
+// it has a budget and that period has begun.
+func spendNow(ctx context.Context, tx pgx.Tx, tenantID string, delta int64) error {
+	_, err := tx.Exec(ctx, `UPDATE budget_periods p SET spent_micros = greatest(p.spent_micros + $2, 0)
+		FROM tenants t WHERE t.id = $1 AND t.budget_micros IS NOT NULL AND p.tenant_id = t.id
+			AND p.period_start = budget_period_start(t.budget_period, now())`, tenantID, delta)
 	return err
 }
 
@@ -142,7 +165,7 @@ type Budget struct {
 // tenant has no budget or nothing was reserved this period yet.
 func (s *Store) CurrentBudget(ctx context.Context, tenantID string) (Budget, error) {
 	var b Budget
-	err := s.Pool.QueryRow(ctx, `SELECT p.tenant_id, p.period_start, p.limit_micros, p.reserved_micros, p.spent_micros
+	err := s.pool.QueryRow(ctx, `SELECT p.tenant_id, p.period_start, p.limit_micros, p.reserved_micros, p.spent_micros
 		FROM budget_periods p WHERE p.tenant_id = $1 ORDER BY p.period_start DESC LIMIT 1`, tenantID).
 		Scan(&b.TenantID, &b.PeriodStart, &b.LimitMicros, &b.ReservedMicros, &b.SpentMicros)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"assay.dev/pkg/store"
 	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/store"
 )
 
 // Fifty workers reserve at once against a budget that holds ten: exactly
@@ -73,7 +73,7 @@ func TestReserveRace(t *testing.T) {
 	if r, err := s.Reserve(ctx, "acme", "00000000-0000-4000-8000-888888888889", amount); err != nil || r != store.Busy {
 		t.Fatalf("reserve on a full budget = %v, %v; want busy", r, err)
 	}
-	if _, err := s.Pool.Exec(ctx, `UPDATE budget_periods SET spent_micros = limit_micros, reserved_micros = 0`); err != nil {
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE budget_periods SET spent_micros = limit_micros, reserved_micros = 0`); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := s.Reserve(ctx, "acme", "00000000-0000-4000-8000-999999999999", 1); err != nil || r != store.Exhausted {
@@ -81,12 +81,21 @@ func TestReserveRace(t *testing.T) {
 	}
 }
 
+// The period rule is one SQL function; every budget statement asks it.
 func TestPeriodStart(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
 	at := time.Date(2026, 12, 1, 17, 4, 5, 0, time.FixedZone("x", -8*3600)) // 2026-12-02 01:04 UTC
-	if got := store.PeriodStart("day", at); !got.Equal(time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)) {
-		t.Errorf("day: %v", got)
-	}
-	if got := store.PeriodStart("month", at); !got.Equal(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)) {
-		t.Errorf("month: %v", got)
+	for _, c := range []struct {
+		period string
+		want   time.Time
+	}{
+		{"day", time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)},
+		{"month", time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)},
+	} {
+		got, err := s.PeriodStart(ctx, c.period, at)
+		if err != nil || !got.Equal(c.want) {
+			t.Errorf("%s: %v, %v; want %v", c.period, got, err, c.want)
+		}
 	}
 }

@@ -56,7 +56,7 @@ func (s *Store) AppendLedger(ctx context.Context, r LedgerRow) (inserted bool, e
 func (s *Store) RecordLedger(ctx context.Context, r LedgerRow) (rec Recorded, err error) {
 	// The row and the settlement of the attempt's budget reservation are
 	// one transaction, so a redelivery neither records nor settles twice.
-	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		rec = Duplicate
 		tag, err := tx.Exec(ctx, `INSERT INTO ledger (attempt_id, tenant_id, work_id, model, outcome,
 				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated)
@@ -98,7 +98,7 @@ func (s *Store) RecordLedger(ctx context.Context, r LedgerRow) (rec Recorded, er
 
 // WorkCost sums the ledger for one work item: attempts and cost.
 func (s *Store) WorkCost(ctx context.Context, workID string) (attempts int, costMicros int64, err error) {
-	err = s.Pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(cost_micros), 0) FROM ledger WHERE work_id = $1`,
+	err = s.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(cost_micros), 0) FROM ledger WHERE work_id = $1`,
 		workID).Scan(&attempts, &costMicros)
 	return attempts, costMicros, err
 }

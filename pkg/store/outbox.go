@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -11,16 +10,14 @@ import (
 // OutboxMsg is one message to publish once the transaction that wrote it
 // has committed.
 type OutboxMsg struct {
-	ID      int64
+	ID int64
+	// Stream is the kind of stream the message goes to (WORK, RESULT, …);
+	// relays and the ledger's reaper select rows by it.
+	Stream  string
 	Subject string
 	MsgID   string
 	Payload []byte
 	Headers map[string]string
-}
-
-// InsertOutbox writes messages in the caller's transaction.
-func (s *Store) InsertOutbox(ctx context.Context, tx pgx.Tx, msgs []OutboxMsg) error {
-	return insertOutbox(ctx, tx, msgs)
 }
 
 func insertOutbox(ctx context.Context, tx pgx.Tx, msgs []OutboxMsg) error {
@@ -28,35 +25,33 @@ func insertOutbox(ctx context.Context, tx pgx.Tx, msgs []OutboxMsg) error {
 		if m.Headers == nil {
 			m.Headers = map[string]string{}
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO outbox (subject, msg_id, payload, headers) VALUES ($1, $2, $3, $4)`,
-			m.Subject, m.MsgID, m.Payload, m.Headers); err != nil {
+		if m.Stream == "" {
+			return fmt.Errorf("store: outbox row for %s names no stream", m.Subject)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox (stream, subject, msg_id, payload, headers) VALUES ($1, $2, $3, $4, $5)`,
+			m.Stream, m.Subject, m.MsgID, m.Payload, m.Headers); err != nil {
 			return fmt.Errorf("store: outbox: %w", err)
 		}
 	}
 	return nil
 }
 
-// DrainOutbox locks up to limit unpublished messages, hands them to publish
-// in order and marks the ones it returns as published, all in one
-// transaction. Several relays can run at once: locked rows are skipped.
-// prefixes limits the drain to subjects starting with one of them; none
-// means every subject.
-func (s *Store) DrainOutbox(ctx context.Context, limit int, prefixes []string, publish func([]OutboxMsg) (published int, err error)) (int, error) {
+// DrainOutbox locks up to limit unpublished messages for the given
+// streams, hands them to publish in order and marks the ones it returns as
+// published, all in one transaction. Several relays can run at once:
+// locked rows are skipped.
+func (s *Store) DrainOutbox(ctx context.Context, limit int, streams []string, publish func([]OutboxMsg) (published int, err error)) (int, error) {
 	n := 0
-	patterns := make([]string, len(prefixes))
-	for i, p := range prefixes {
-		patterns[i] = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(p) + "%"
-	}
-	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT id, subject, msg_id, payload, headers FROM outbox
-			WHERE published_at IS NULL AND (cardinality($2::text[]) = 0 OR subject LIKE ANY ($2))
-			ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, limit, patterns)
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT id, stream, subject, msg_id, payload, headers FROM outbox
+			WHERE published_at IS NULL AND stream = ANY($2)
+			ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, limit, streams)
 		if err != nil {
 			return err
 		}
 		msgs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OutboxMsg, error) {
 			var m OutboxMsg
-			err := r.Scan(&m.ID, &m.Subject, &m.MsgID, &m.Payload, &m.Headers)
+			err := r.Scan(&m.ID, &m.Stream, &m.Subject, &m.MsgID, &m.Payload, &m.Headers)
 			return m, err
 		})
 		if err != nil || len(msgs) == 0 {
@@ -87,6 +82,6 @@ func (s *Store) DrainOutbox(ctx context.Context, limit int, prefixes []string, p
 // PendingOutbox counts unpublished messages.
 func (s *Store) PendingOutbox(ctx context.Context) (int, error) {
 	var n int
-	err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n)
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n)
 	return n, err
 }

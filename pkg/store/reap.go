@@ -37,7 +37,7 @@ type DeadAttempt struct {
 // event in the outbox. Those still without an outcome are marked
 // lease_expired, as the next claim would have done.
 func (s *Store) DeadAttempts(ctx context.Context, grace time.Duration, limit int) ([]DeadAttempt, error) {
-	rows, err := s.Pool.Query(ctx, `WITH dead AS (
+	rows, err := s.pool.Query(ctx, `WITH dead AS (
 			SELECT a.id FROM attempts a JOIN work w ON w.id = a.work_id
 			WHERE (a.outcome IS NULL OR a.outcome = 'lease_expired')
 				AND a.started_at < now() - $1 * interval '1 microsecond'
@@ -73,24 +73,26 @@ func (s *Store) DeadAttempts(ctx context.Context, grace time.Duration, limit int
 	return out, nil
 }
 
-// UnrecordedAttemptEvents returns the payloads of up to limit ATTEMPT events
-// of the region that were published between horizon and grace ago and whose
-// attempt has no ledger row: events the broker acknowledged and then lost
-// (a purged stream, a store lost with its node), or that nobody consumed.
-func (s *Store) UnrecordedAttemptEvents(ctx context.Context, region string, grace, horizon time.Duration, limit int) ([][]byte, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT o.payload FROM outbox o
-		WHERE o.subject LIKE 'assay.%.attempt.%' AND o.subject LIKE $1
+// UnrecordedEvents returns the payloads of up to limit events of the
+// given stream (the cell's ATTEMPT events) that were published between
+// horizon and grace ago and whose attempt has no ledger row: events the
+// broker acknowledged and then lost (a purged stream, a store lost with its
+// node), or that nobody consumed. Such events carry their attempt id as
+// their message id.
+func (s *Store) UnrecordedEvents(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error) {
+	rows, err := s.pool.Query(ctx, `SELECT o.payload FROM outbox o
+		WHERE o.stream = $1
 			AND o.published_at < now() - $2 * interval '1 microsecond'
 			AND o.published_at > now() - $3 * interval '1 microsecond'
 			AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = o.msg_id::uuid)
 		ORDER BY o.published_at LIMIT $4`,
-		"assay."+region+".attempt.%", interval(grace), interval(horizon), limit)
+		stream, interval(grace), interval(horizon), limit)
 	if err != nil {
-		return nil, fmt.Errorf("store: unrecorded attempt events: %w", err)
+		return nil, fmt.Errorf("store: unrecorded events: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
 	if err != nil {
-		return nil, fmt.Errorf("store: unrecorded attempt events: %w", err)
+		return nil, fmt.Errorf("store: unrecorded events: %w", err)
 	}
 	return out, nil
 }
@@ -101,7 +103,7 @@ func (s *Store) UnrecordedAttemptEvents(ctx context.Context, region string, grac
 // many it released.
 func (s *Store) ReleaseOrphanReservations(ctx context.Context, grace time.Duration) (int64, error) {
 	var n int64
-	err := s.Pool.QueryRow(ctx, `WITH gone AS (
+	err := s.pool.QueryRow(ctx, `WITH gone AS (
 			DELETE FROM budget_reservations r
 			WHERE r.settled_at IS NULL AND r.created_at < now() - $1 * interval '1 microsecond'
 				AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.id = r.attempt_id)
@@ -117,23 +119,4 @@ func (s *Store) ReleaseOrphanReservations(ctx context.Context, grace time.Durati
 		return 0, fmt.Errorf("store: release orphan reservations: %w", err)
 	}
 	return n, nil
-}
-
-// respend corrects what an attempt spent by delta, in the period its
-// reservation was taken from, else the tenant's current period.
-func respend(ctx context.Context, tx pgx.Tx, tenantID, attemptID string, delta int64) error {
-	if delta == 0 {
-		return nil
-	}
-	tag, err := tx.Exec(ctx, `UPDATE budget_periods p SET spent_micros = greatest(p.spent_micros + $3, 0)
-		FROM budget_reservations r
-		WHERE r.attempt_id = $2 AND p.tenant_id = $1 AND p.period_start = r.period_start`, tenantID, attemptID, delta)
-	if err != nil || tag.RowsAffected() > 0 {
-		return err
-	}
-	_, err = tx.Exec(ctx, `UPDATE budget_periods p SET spent_micros = greatest(p.spent_micros + $2, 0)
-		FROM tenants t WHERE t.id = $1 AND t.budget_micros IS NOT NULL AND p.tenant_id = t.id
-			AND p.period_start = CASE t.budget_period WHEN 'day' THEN date_trunc('day', now() AT TIME ZONE 'UTC')
-				ELSE date_trunc('month', now() AT TIME ZONE 'UTC') END AT TIME ZONE 'UTC'`, tenantID, delta)
-	return err
 }

@@ -8,16 +8,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"assay.dev/pkg/outcome"
 )
 
 // Result is the one accepted output of a work item.
 type Result struct {
-	WorkID        string          `json:"workId"`
-	SchemaVersion string          `json:"schemaVersion"`
-	AttemptID     string          `json:"attemptId"`
-	Output        json.RawMessage `json:"output"`
-	Findings      int             `json:"findings"`
-	CreatedAt     time.Time       `json:"createdAt"`
+	WorkID        string
+	SchemaVersion string
+	AttemptID     string
+	Output        json.RawMessage
+	Findings      int
+	CreatedAt     time.Time
 }
 
 // Commit is the commit fence. While the attempt's lease is still the work's
@@ -26,7 +28,7 @@ type Result struct {
 // recorded stale_lease and the verdict says why: the lease was lost, or the
 // deadline passed and the work is now expired.
 func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, output json.RawMessage, findings int) (v Verdict, err error) {
-	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// Past its deadline the work ends expired, whatever the answer.
 		late, err := tx.Exec(ctx, `UPDATE work SET state = 'expired',
 				reason = 'deadline passed before a result was accepted', lease_token = NULL,
@@ -42,7 +44,7 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 				WHERE id = $1`, attemptID)
 			return err
 		}
-		ok, err := s.FinishLeased(ctx, tx, w.ID, token, "accepted", "")
+		ok, err := finishLeased(ctx, tx, w.ID, token, outcome.Accepted, "")
 		if err != nil {
 			return err
 		}
@@ -63,7 +65,7 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 			return fmt.Errorf("result for %s already exists", w.ID)
 		}
 		v = Committed
-		return s.FinishAttempt(ctx, tx, attemptID, "ok", "", "")
+		return finishAttempt(ctx, tx, attemptID, outcome.AttemptOK, "", "")
 	})
 	if err != nil {
 		return Lost, fmt.Errorf("store: commit %s: %w", w.ID, err)
@@ -87,8 +89,8 @@ const (
 // Reject ends leased work schema_rejected with the gate's reason. false
 // means the lease was lost; the attempt is then recorded stale_lease.
 func (s *Store) Reject(ctx context.Context, workID, attemptID, token, reason string) (rejected bool, err error) {
-	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		ok, err := s.FinishLeased(ctx, tx, workID, token, "schema_rejected", reason)
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		ok, err := finishLeased(ctx, tx, workID, token, outcome.SchemaRejected, reason)
 		if err != nil {
 			return err
 		}
@@ -97,7 +99,7 @@ func (s *Store) Reject(ctx context.Context, workID, attemptID, token, reason str
 			return err
 		}
 		rejected = true
-		return s.FinishAttempt(ctx, tx, attemptID, "invalid_output", reason, "")
+		return finishAttempt(ctx, tx, attemptID, outcome.AttemptInvalidOutput, reason, "")
 	})
 	if err != nil {
 		return false, fmt.Errorf("store: reject %s: %w", workID, err)
@@ -122,7 +124,7 @@ func markLost(ctx context.Context, db execer, attemptID string) (marked bool, er
 // GetResult reads the accepted result of a work item.
 func (s *Store) GetResult(ctx context.Context, workID string) (*Result, error) {
 	var r Result
-	err := s.Pool.QueryRow(ctx, `SELECT work_id, schema_version, attempt_id::text, output, findings, created_at
+	err := s.pool.QueryRow(ctx, `SELECT work_id, schema_version, attempt_id::text, output, findings, created_at
 		FROM results WHERE work_id = $1`, workID).Scan(&r.WorkID, &r.SchemaVersion, &r.AttemptID, &r.Output, &r.Findings, &r.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound

@@ -25,9 +25,10 @@ var migrations embed.FS
 // every service starting at once.
 const migrateLock = 0x61737361 // "assa"
 
-// Store wraps the cell's pool.
+// Store is the cell's database. Its pool stays inside: every query the
+// services run is a method here.
 type Store struct {
-	Pool *pgxpool.Pool
+	pool *pgxpool.Pool
 }
 
 // Open connects to the cell's database and checks that it answers.
@@ -44,16 +45,24 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("store: ping: %w", err)
 	}
-	return &Store{Pool: pool}, nil
+	return &Store{pool: pool}, nil
 }
 
 // Close closes the pool.
-func (s *Store) Close() { s.Pool.Close() }
+func (s *Store) Close() { s.pool.Close() }
+
+// Ping checks that the database answers, for readiness.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("store: ping: %w", err)
+	}
+	return nil
+}
 
 // Migrate applies the embedded migrations that are not yet applied, in
 // order, under an advisory lock. It returns the versions it applied.
 func (s *Store) Migrate(ctx context.Context) ([]string, error) {
-	conn, err := s.Pool.Acquire(ctx)
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("store: migrate: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"sync"
 	"testing"
@@ -14,8 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"assay.dev/pkg/store"
 	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -75,6 +77,7 @@ func newWork(tenant, source, revision string) *store.Work {
 
 func announce(w *store.Work) ([]store.OutboxMsg, error) {
 	return []store.OutboxMsg{{
+		Stream:  "WORK",
 		Subject: "assay.us.work.batch." + w.TenantID,
 		MsgID:   fmt.Sprintf("%s.%d", w.ID, w.Dispatch),
 		Payload: []byte(`{"workId":"` + w.ID + `"}`),
@@ -112,7 +115,7 @@ func waitLeaseExpired(t *testing.T, ctx context.Context, s *store.Store, workID 
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var expired bool
-		if err := s.Pool.QueryRow(ctx, `SELECT lease_expires_at < now() FROM work WHERE id = $1`, workID).Scan(&expired); err != nil {
+		if err := store.Pool(s).QueryRow(ctx, `SELECT lease_expires_at < now() FROM work WHERE id = $1`, workID).Scan(&expired); err != nil {
 			t.Fatalf("read lease: %v", err)
 		}
 		if expired {
@@ -128,7 +131,7 @@ func waitLeaseExpired(t *testing.T, ctx context.Context, s *store.Store, workID 
 func count(t *testing.T, ctx context.Context, s *store.Store, query string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := s.Pool.QueryRow(ctx, query, args...).Scan(&n); err != nil {
+	if err := store.Pool(s).QueryRow(ctx, query, args...).Scan(&n); err != nil {
 		t.Fatalf("%s: %v", query, err)
 	}
 	return n
@@ -137,7 +140,7 @@ func count(t *testing.T, ctx context.Context, s *store.Store, query string, args
 func attemptOutcome(t *testing.T, ctx context.Context, s *store.Store, attemptID string) string {
 	t.Helper()
 	var outcome string
-	err := s.Pool.QueryRow(ctx, `SELECT coalesce(outcome, '') FROM attempts WHERE id = $1`, attemptID).Scan(&outcome)
+	err := store.Pool(s).QueryRow(ctx, `SELECT coalesce(outcome, '') FROM attempts WHERE id = $1`, attemptID).Scan(&outcome)
 	if err != nil {
 		t.Fatalf("read attempt %s: %v", attemptID, err)
 	}
@@ -337,15 +340,8 @@ func TestClaimAfterLeaseExpires(t *testing.T) {
 	if ok, err := s.ExtendLease(ctx, w.ID, oldToken, time.Minute); err != nil || ok {
 		t.Fatalf("extend with the old token: ok=%v err=%v, want false", ok, err)
 	}
-	err := s.Tx(ctx, func(tx pgx.Tx) error {
-		ok, err := s.FinishLeased(ctx, tx, w.ID, oldToken, "accepted", "")
-		if err == nil && ok {
-			return errors.New("old token finished the work")
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatalf("finish with the old token: %v", err)
+	if ok, err := store.FinishLeased(ctx, s, w.ID, oldToken, "accepted", ""); err != nil || ok {
+		t.Fatalf("finish with the old token: ok=%v err=%v, want false", ok, err)
 	}
 	if ok, err := s.ExtendLease(ctx, w.ID, newToken, time.Minute); err != nil || !ok {
 		t.Fatalf("extend with the live token: ok=%v err=%v, want true", ok, err)
@@ -475,7 +471,7 @@ func TestTenantForeignKeys(t *testing.T) {
 	s, ctx := setup(t)
 	w := insert(t, ctx, s, newWork("acme", "octo/repo#7", "abc"))
 
-	_, err := s.Pool.Exec(ctx, `INSERT INTO attempts (id, work_id, tenant_id, number, lease_token)
+	_, err := store.Pool(s).Exec(ctx, `INSERT INTO attempts (id, work_id, tenant_id, number, lease_token)
 		VALUES ($1, $2, 'other', 1, $3)`, newUUID(), w.ID, newUUID())
 	if got := sqlState(err); got != "23503" {
 		t.Fatalf("attempt with another tenant: err=%v (SQLSTATE %q), want 23503", err, got)
@@ -485,12 +481,12 @@ func TestTenantForeignKeys(t *testing.T) {
 	if got := sqlState(err); got != "23503" {
 		t.Fatalf("ledger row with another tenant: err=%v (SQLSTATE %q), want 23503", err, got)
 	}
-	_, err = s.Pool.Exec(ctx, `INSERT INTO ledger (attempt_id, tenant_id, work_id, model, outcome, occurred_at)
+	_, err = store.Pool(s).Exec(ctx, `INSERT INTO ledger (attempt_id, tenant_id, work_id, model, outcome, occurred_at)
 		VALUES ($1, 'other', $2, 'm', 'ok', now())`, newUUID(), w.ID)
 	if got := sqlState(err); got != "23503" {
 		t.Fatalf("ledger insert with another tenant: err=%v (SQLSTATE %q), want 23503", err, got)
 	}
-	_, err = s.Pool.Exec(ctx, `INSERT INTO attempts (id, work_id, tenant_id, number, lease_token)
+	_, err = store.Pool(s).Exec(ctx, `INSERT INTO attempts (id, work_id, tenant_id, number, lease_token)
 		VALUES ($1, $2, 'acme', 1, $3)`, newUUID(), w.ID, newUUID())
 	if err != nil {
 		t.Fatalf("attempt with the work's tenant: %v", err)
@@ -559,24 +555,25 @@ func TestDrainOutbox(t *testing.T) {
 	var sent []store.OutboxMsg
 	for i := range 5 {
 		sent = append(sent, store.OutboxMsg{
+			Stream:  "WORK",
 			Subject: "assay.us.work.batch.acme",
 			MsgID:   fmt.Sprintf("m%d", i),
 			Payload: []byte(fmt.Sprintf(`{"n":%d}`, i)),
 			Headers: map[string]string{"X-N": fmt.Sprint(i)},
 		})
 	}
-	if err := s.Tx(ctx, func(tx pgx.Tx) error { return s.InsertOutbox(ctx, tx, sent) }); err != nil {
+	if err := store.InsertOutbox(ctx, s, sent); err != nil {
 		t.Fatalf("insert outbox: %v", err)
 	}
 
 	boom := errors.New("broker down")
-	n, err := s.DrainOutbox(ctx, 10, nil, func(msgs []store.OutboxMsg) (int, error) { return 0, boom })
+	n, err := s.DrainOutbox(ctx, 10, []string{"WORK"}, func(msgs []store.OutboxMsg) (int, error) { return 0, boom })
 	if !errors.Is(err, boom) || n != 0 {
 		t.Fatalf("drain publishing nothing: n=%d err=%v, want 0 and the publish error", n, err)
 	}
 
 	var seen []store.OutboxMsg
-	n, err = s.DrainOutbox(ctx, 10, nil, func(msgs []store.OutboxMsg) (int, error) {
+	n, err = s.DrainOutbox(ctx, 10, []string{"WORK"}, func(msgs []store.OutboxMsg) (int, error) {
 		seen = msgs
 		return 2, boom
 	})
@@ -593,7 +590,7 @@ func TestDrainOutbox(t *testing.T) {
 		}
 	}
 	var marked []string
-	rows, err := s.Pool.Query(ctx, `SELECT msg_id FROM outbox WHERE published_at IS NOT NULL ORDER BY id`)
+	rows, err := store.Pool(s).Query(ctx, `SELECT msg_id FROM outbox WHERE published_at IS NOT NULL ORDER BY id`)
 	if err != nil {
 		t.Fatalf("read outbox: %v", err)
 	}
@@ -608,7 +605,7 @@ func TestDrainOutbox(t *testing.T) {
 		t.Fatalf("pending = %d, %v; want 3", p, err)
 	}
 
-	n, err = s.DrainOutbox(ctx, 2, nil, func(msgs []store.OutboxMsg) (int, error) {
+	n, err = s.DrainOutbox(ctx, 2, []string{"WORK"}, func(msgs []store.OutboxMsg) (int, error) {
 		if len(msgs) != 2 || msgs[0].MsgID != "m2" {
 			return 0, fmt.Errorf("got %d messages starting %q, want 2 starting m2", len(msgs), msgs[0].MsgID)
 		}
@@ -617,11 +614,11 @@ func TestDrainOutbox(t *testing.T) {
 	if err != nil || n != 2 {
 		t.Fatalf("limited drain: n=%d err=%v", n, err)
 	}
-	n, err = s.DrainOutbox(ctx, 10, nil, func(msgs []store.OutboxMsg) (int, error) { return len(msgs), nil })
+	n, err = s.DrainOutbox(ctx, 10, []string{"WORK"}, func(msgs []store.OutboxMsg) (int, error) { return len(msgs), nil })
 	if err != nil || n != 1 {
 		t.Fatalf("final drain: n=%d err=%v, want 1", n, err)
 	}
-	n, err = s.DrainOutbox(ctx, 10, nil, func(msgs []store.OutboxMsg) (int, error) {
+	n, err = s.DrainOutbox(ctx, 10, []string{"WORK"}, func(msgs []store.OutboxMsg) (int, error) {
 		return 0, errors.New("publish called with nothing pending")
 	})
 	if err != nil || n != 0 {
@@ -641,14 +638,14 @@ func TestSweepStuck(t *testing.T) {
 	live := insert(t, ctx, s, newWork("acme", "octo/repo#9", "live"))
 	done := insert(t, ctx, s, newWork("acme", "octo/repo#9", "done"))
 
-	if _, err := s.Pool.Exec(ctx, `UPDATE work SET updated_at = now() - interval '1 hour' WHERE id = ANY($1)`,
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE work SET updated_at = now() - interval '1 hour' WHERE id = ANY($1)`,
 		[]string{oldQueued.ID, done.ID}); err != nil {
 		t.Fatalf("age work: %v", err)
 	}
 	if ok, err := s.FinishUnleased(ctx, done.ID, "canceled", "caller canceled"); err != nil || !ok {
 		t.Fatalf("finish unleased: ok=%v err=%v", ok, err)
 	}
-	if _, err := s.Pool.Exec(ctx, `UPDATE work SET updated_at = now() - interval '1 hour' WHERE id = $1`, done.ID); err != nil {
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE work SET updated_at = now() - interval '1 hour' WHERE id = $1`, done.ID); err != nil {
 		t.Fatalf("age work: %v", err)
 	}
 	claim(t, ctx, s, expired.ID, newUUID(), newUUID(), 50*time.Millisecond)
@@ -659,7 +656,7 @@ func TestSweepStuck(t *testing.T) {
 	var announced []string
 	announce := func(st store.Stuck) (store.OutboxMsg, error) {
 		announced = append(announced, st.Work.ID)
-		return store.OutboxMsg{Subject: "assay.us.work.interactive.acme", MsgID: fmt.Sprintf("%s.%d", st.Work.ID, st.Dispatch), Payload: []byte("{}")}, nil
+		return store.OutboxMsg{Stream: "WORK", Subject: "assay.us.work.interactive.acme", MsgID: fmt.Sprintf("%s.%d", st.Work.ID, st.Dispatch), Payload: []byte("{}")}, nil
 	}
 	graced, err := s.SweepStuck(ctx, 10*time.Minute, time.Hour, 100, announce)
 	if err != nil {
@@ -678,7 +675,7 @@ func TestSweepStuck(t *testing.T) {
 	if len(stuck) != 1 || stuck[0].Work.ID != expired.ID {
 		t.Fatalf("sweep after the first found %v, want only %s", stuckIDs(stuck), expired.ID)
 	}
-	if _, err := s.Pool.Exec(ctx, `UPDATE work SET updated_at = now() - interval '1 hour' WHERE id = $1`, oldQueued.ID); err != nil {
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE work SET updated_at = now() - interval '1 hour' WHERE id = $1`, oldQueued.ID); err != nil {
 		t.Fatalf("age work: %v", err)
 	}
 	waitLeaseExpired(t, ctx, s, expired.ID)
@@ -721,4 +718,25 @@ func stuckIDs(st []store.Stuck) []string {
 		ids = append(ids, s.Work.ID)
 	}
 	return ids
+}
+
+// The database's CHECK constraint and the outcome package name the same
+// work states: one vocabulary in the database, events, metrics, logs and
+// the API.
+func TestWorkStatesMatchTheVocabulary(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	var def string
+	if err := store.Pool(s).QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint
+		WHERE conrelid = 'work'::regclass AND conname = 'work_state_check'`).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	var inDB []string
+	for _, m := range regexp.MustCompile(`'([a-z_]+)'::text`).FindAllStringSubmatch(def, -1) {
+		inDB = append(inDB, m[1])
+	}
+	got, want := slices.Sorted(slices.Values(inDB)), slices.Sorted(slices.Values(outcome.WorkStates))
+	if !slices.Equal(got, want) {
+		t.Fatalf("work_state_check allows %v; package outcome names %v", got, want)
+	}
 }

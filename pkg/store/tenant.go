@@ -7,9 +7,14 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
+)
+
+// Tenant statuses.
+const (
+	TenantActive    = "active"
+	TenantSuspended = "suspended"
 )
 
 // Tenant is who owns work, budget and cost.
@@ -47,7 +52,7 @@ func NewToken() string {
 // SeedTenants creates the tenants and their tokens, leaving existing ones
 // as they are.
 func (s *Store) SeedTenants(ctx context.Context, seeds []TenantSeed) error {
-	return pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		for _, t := range seeds {
 			if t.Token == "" {
 				return fmt.Errorf("store: tenant %q: empty token", t.ID)
@@ -69,7 +74,7 @@ func (s *Store) SeedTenants(ctx context.Context, seeds []TenantSeed) error {
 // unknown or revoked token.
 func (s *Store) TenantByToken(ctx context.Context, token string) (Tenant, error) {
 	var t Tenant
-	err := s.Pool.QueryRow(ctx, `SELECT t.id, t.home_region, t.status, t.rate_per_minute, t.burst
+	err := s.pool.QueryRow(ctx, `SELECT t.id, t.home_region, t.status, t.rate_per_minute, t.burst
 		FROM tenant_tokens k JOIN tenants t ON t.id = k.tenant_id
 		WHERE k.token_hash = $1 AND k.revoked_at IS NULL`, HashToken(token)).Scan(&t.ID, &t.HomeRegion, &t.Status,
 		&t.RatePerMinute, &t.Burst)
@@ -82,7 +87,7 @@ func (s *Store) TenantByToken(ctx context.Context, token string) (Tenant, error)
 // SetBudget sets a tenant's budget per period (nil: unlimited). The current
 // period's limit follows, so a cut takes effect at the next reservation.
 func (s *Store) SetBudget(ctx context.Context, tenantID string, micros *int64, period string) error {
-	return pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE tenants SET budget_micros = $2, budget_period = $3 WHERE id = $1`,
 			tenantID, micros, period)
 		if err != nil {
@@ -92,8 +97,8 @@ func (s *Store) SetBudget(ctx context.Context, tenantID string, micros *int64, p
 			return ErrNotFound
 		}
 		if micros != nil {
-			_, err = tx.Exec(ctx, `UPDATE budget_periods SET limit_micros = $2 WHERE tenant_id = $1 AND period_start = $3`,
-				tenantID, *micros, PeriodStart(period, time.Now()))
+			_, err = tx.Exec(ctx, `UPDATE budget_periods SET limit_micros = $2
+				WHERE tenant_id = $1 AND period_start = budget_period_start($3, now())`, tenantID, *micros, period)
 		}
 		return err
 	})
@@ -110,7 +115,7 @@ type TenantInfo struct {
 // AddTenant creates a tenant with its first token. It fails if the tenant
 // exists.
 func (s *Store) AddTenant(ctx context.Context, id, homeRegion, token string) error {
-	return pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO tenants (id, home_region) VALUES ($1, $2)`, id, homeRegion); err != nil {
 			return fmt.Errorf("store: add tenant %q: %w", id, err)
 		}
@@ -122,7 +127,7 @@ func (s *Store) AddTenant(ctx context.Context, id, homeRegion, token string) err
 
 // ListTenants lists every tenant this cell knows.
 func (s *Store) ListTenants(ctx context.Context) ([]TenantInfo, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT t.id, t.home_region, t.status, t.rate_per_minute, t.burst,
+	rows, err := s.pool.Query(ctx, `SELECT t.id, t.home_region, t.status, t.rate_per_minute, t.burst,
 			t.budget_micros, t.budget_period,
 			(SELECT count(*) FROM tenant_tokens k WHERE k.tenant_id = t.id AND k.revoked_at IS NULL)
 		FROM tenants t ORDER BY t.id`)
@@ -139,7 +144,7 @@ func (s *Store) ListTenants(ctx context.Context) ([]TenantInfo, error) {
 // RotateToken revokes every active token of the tenant and adds token, in
 // one transaction.
 func (s *Store) RotateToken(ctx context.Context, tenantID, token string) error {
-	return pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var exists bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)`, tenantID).Scan(&exists); err != nil {
 			return err
@@ -162,7 +167,7 @@ func (s *Store) SetRate(ctx context.Context, tenantID string, perMinute, burst i
 	if perMinute < 1 || burst < 1 {
 		return fmt.Errorf("store: set rate: rate per minute and burst must be at least 1")
 	}
-	tag, err := s.Pool.Exec(ctx, `UPDATE tenants SET rate_per_minute = $2, burst = $3 WHERE id = $1`, tenantID, perMinute, burst)
+	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET rate_per_minute = $2, burst = $3 WHERE id = $1`, tenantID, perMinute, burst)
 	if err != nil {
 		return fmt.Errorf("store: set rate: %w", err)
 	}
@@ -174,7 +179,7 @@ func (s *Store) SetRate(ctx context.Context, tenantID string, perMinute, burst i
 
 // SetStatus suspends ("suspended") or resumes ("active") a tenant.
 func (s *Store) SetStatus(ctx context.Context, tenantID, status string) error {
-	tag, err := s.Pool.Exec(ctx, `UPDATE tenants SET status = $2 WHERE id = $1`, tenantID, status)
+	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET status = $2 WHERE id = $1`, tenantID, status)
 	if err != nil {
 		return fmt.Errorf("store: set status: %w", err)
 	}

@@ -10,20 +10,20 @@ import (
 
 // UsageLine is one outcome's totals.
 type UsageLine struct {
-	Outcome     string `json:"outcome"`
-	Calls       int64  `json:"calls"`
-	InputUnits  int64  `json:"inputUnits"`
-	OutputUnits int64  `json:"outputUnits"`
-	CostMicros  int64  `json:"costMicros"`
+	Outcome     string
+	Calls       int64
+	InputUnits  int64
+	OutputUnits int64
+	CostMicros  int64
 }
 
 // ModelUsageLine is one model's totals.
 type ModelUsageLine struct {
-	Model       string `json:"model"`
-	Calls       int64  `json:"calls"`
-	InputUnits  int64  `json:"inputUnits"`
-	OutputUnits int64  `json:"outputUnits"`
-	CostMicros  int64  `json:"costMicros"`
+	Model       string
+	Calls       int64
+	InputUnits  int64
+	OutputUnits int64
+	CostMicros  int64
 }
 
 // Usage totals a tenant's ledger by outcome over [from, to).
@@ -54,7 +54,7 @@ type usageRow struct {
 // usageBy totals a tenant's ledger over [from, to) grouped by column, which
 // is one of the two fixed names above, never input.
 func (s *Store) usageBy(ctx context.Context, column, tenant string, from, to time.Time) ([]usageRow, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT `+column+`, count(*),
+	rows, err := s.pool.Query(ctx, `SELECT `+column+`, count(*),
 			coalesce(sum(input_units), 0), coalesce(sum(output_units), 0), coalesce(sum(cost_micros), 0)
 		FROM ledger WHERE tenant_id = $1 AND occurred_at >= $2 AND occurred_at < $3
 		GROUP BY 1 ORDER BY 1`, tenant, from, to)
@@ -132,10 +132,10 @@ func (s *Store) Reconcile(ctx context.Context, since time.Time) ([]Check, error)
 	out := make([]Check, 0, len(reconcileQueries))
 	for _, q := range reconcileQueries {
 		c := Check{Name: q.name, What: q.what, Unit: q.unit}
-		if err := s.Pool.QueryRow(ctx, q.checked, since).Scan(&c.Checked); err != nil {
+		if err := s.pool.QueryRow(ctx, q.checked, since).Scan(&c.Checked); err != nil {
 			return nil, fmt.Errorf("store: reconcile %s: %w", q.name, err)
 		}
-		rows, err := s.Pool.Query(ctx, `SELECT id, count(*) OVER () FROM (`+q.bad+`) AS bad (id) ORDER BY id LIMIT $2`,
+		rows, err := s.pool.Query(ctx, `SELECT id, count(*) OVER () FROM (`+q.bad+`) AS bad (id) ORDER BY id LIMIT $2`,
 			since, MaxOffenders)
 		if err != nil {
 			return nil, fmt.Errorf("store: reconcile %s: %w", q.name, err)
@@ -160,7 +160,7 @@ func (s *Store) Reconcile(ctx context.Context, since time.Time) ([]Check, error)
 // LedgerCountByTenantSince counts ledger rows per tenant that occurred at or
 // after since.
 func (s *Store) LedgerCountByTenantSince(ctx context.Context, since time.Time) (map[string]int64, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT tenant_id, count(*) FROM ledger WHERE occurred_at >= $1 GROUP BY tenant_id`, since)
+	rows, err := s.pool.Query(ctx, `SELECT tenant_id, count(*) FROM ledger WHERE occurred_at >= $1 GROUP BY tenant_id`, since)
 	if err != nil {
 		return nil, fmt.Errorf("store: ledger count: %w", err)
 	}
@@ -175,4 +175,25 @@ func (s *Store) LedgerCountByTenantSince(ctx context.Context, since time.Time) (
 		out[t] = n
 	}
 	return out, rows.Err()
+}
+
+// RegionCheck finds work of another region in this cell's database, which
+// the cell boundary says cannot exist.
+func (s *Store) RegionCheck(ctx context.Context, region string, since time.Time) (Check, error) {
+	c := Check{Name: "work_in_region", What: "all work belongs to region " + region, Unit: "work"}
+	err := s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE region <> $1) FROM work WHERE created_at >= $2`,
+		region, since).Scan(&c.Checked, &c.Differ)
+	if err != nil {
+		return c, fmt.Errorf("store: region check: %w", err)
+	}
+	if c.Differ == 0 {
+		return c, nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT id FROM work WHERE created_at >= $2 AND region <> $1 ORDER BY id LIMIT $3`,
+		region, since, MaxOffenders)
+	if err != nil {
+		return c, fmt.Errorf("store: region check: %w", err)
+	}
+	c.Offenders, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	return c, err
 }

@@ -71,7 +71,7 @@ func TestReconcile(t *testing.T) {
 		t.Errorf("accepted work checked = %d, want 1", checks[0].Checked)
 	}
 
-	if _, err := s.Pool.Exec(ctx, `DELETE FROM ledger WHERE attempt_id = $1`, attempt); err != nil {
+	if _, err := store.Pool(s).Exec(ctx, `DELETE FROM ledger WHERE attempt_id = $1`, attempt); err != nil {
 		t.Fatal(err)
 	}
 	stray := newUUID()

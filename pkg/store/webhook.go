@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"assay.dev/pkg/outcome"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -17,8 +18,8 @@ const (
 
 // Decisions recorded on a webhook delivery that produced work.
 const (
-	DeliveryQueued    = "queued"    // the delivery created the work
-	DeliveryDuplicate = "duplicate" // the work already existed under another delivery
+	DeliveryQueued    = outcome.Queued // the delivery created the work
+	DeliveryDuplicate = "duplicate"    // the work already existed under another delivery
 )
 
 // Delivery is one recorded webhook delivery.
@@ -35,7 +36,7 @@ type Delivery struct {
 // LinkSource maps a webhook source to a tenant, replacing any earlier
 // mapping of the same source.
 func (s *Store) LinkSource(ctx context.Context, kind, key, tenant string) error {
-	_, err := s.Pool.Exec(ctx, `INSERT INTO tenant_sources (kind, key, tenant_id) VALUES ($1, $2, $3)
+	_, err := s.pool.Exec(ctx, `INSERT INTO tenant_sources (kind, key, tenant_id) VALUES ($1, $2, $3)
 		ON CONFLICT (kind, key) DO UPDATE SET tenant_id = excluded.tenant_id`, kind, key, tenant)
 	if err != nil {
 		return fmt.Errorf("store: link %s %q: %w", kind, key, err)
@@ -47,7 +48,7 @@ func (s *Store) LinkSource(ctx context.Context, kind, key, tenant string) error 
 // the source is not linked.
 func (s *Store) TenantBySource(ctx context.Context, kind, key string) (Tenant, error) {
 	var t Tenant
-	err := s.Pool.QueryRow(ctx, `SELECT t.id, t.home_region, t.status, t.rate_per_minute, t.burst
+	err := s.pool.QueryRow(ctx, `SELECT t.id, t.home_region, t.status, t.rate_per_minute, t.burst
 		FROM tenant_sources src JOIN tenants t ON t.id = src.tenant_id
 		WHERE src.kind = $1 AND src.key = $2`, kind, key).Scan(&t.ID, &t.HomeRegion, &t.Status, &t.RatePerMinute, &t.Burst)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -73,7 +74,7 @@ func scanDelivery(row pgx.Row) (*Delivery, error) {
 // GetDelivery reads a recorded delivery; ErrNotFound when it was never
 // recorded.
 func (s *Store) GetDelivery(ctx context.Context, id string) (*Delivery, error) {
-	d, err := scanDelivery(s.Pool.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries
+	d, err := scanDelivery(s.pool.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries
 		WHERE delivery_id = $1`, id))
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("store: delivery %q: %w", id, err)
@@ -101,7 +102,7 @@ type WebhookInsert struct {
 // work was new (DeliveryQueued) or already existed (DeliveryDuplicate).
 func (s *Store) InsertWebhookWork(ctx context.Context, d Delivery, w *Work, announce func(*Work) ([]OutboxMsg, error)) (WebhookInsert, error) {
 	var r WebhookInsert
-	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		r = WebhookInsert{}
 		// A concurrent copy of the same delivery waits here on the primary
 		// key until the first commits, then sees its row.

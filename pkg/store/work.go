@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"assay.dev/pkg/outcome"
 )
 
 // Work is one requested extraction.
@@ -53,7 +55,7 @@ type Work struct {
 }
 
 // Terminal reports whether the work has reached its outcome.
-func (w *Work) Terminal() bool { return w.State != "queued" && w.State != "running" }
+func (w *Work) Terminal() bool { return outcome.IsTerminal(w.State) }
 
 const workColumns = `id, tenant_id, region, contract, schema_version, taxonomy_version, source_id,
 	revision, lane, input, content_digest, state, coalesce(reason, ''), coalesce(lease_token::text, ''),
@@ -76,7 +78,7 @@ func scanWork(row pgx.Row) (*Work, error) {
 // work row and, only when the row is new, the outbox rows that announce it.
 // A duplicate returns the existing work and created=false.
 func (s *Store) InsertWork(ctx context.Context, w *Work, announce func(*Work) ([]OutboxMsg, error)) (got *Work, created bool, err error) {
-	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		got, created, err = insertWork(ctx, tx, w, announce)
 		return err
 	})
@@ -86,89 +88,21 @@ func (s *Store) InsertWork(ctx context.Context, w *Work, announce func(*Work) ([
 	return got, created, nil
 }
 
-// insertWork is InsertWork inside the caller's transaction.
+// insertWork is InsertWork inside the caller's transaction: insert the row
+// (or find the one the ingress key already names), supersede the same
+// source's other revisions, and announce what is queued.
 func insertWork(ctx context.Context, tx pgx.Tx, w *Work, announce func(*Work) ([]OutboxMsg, error)) (got *Work, created bool, err error) {
-	var sourceAt *time.Time
-	if !w.SourceUpdatedAt.IsZero() {
-		sourceAt = &w.SourceUpdatedAt
-	}
-	row := tx.QueryRow(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version,
-			taxonomy_version, source_id, revision, lane, input, content_digest, deadline_at, source_updated_at,
-			state, reason)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
-			CASE WHEN $14 = '' THEN 'queued' ELSE 'dropped' END, NULLIF($14, ''))
-		ON CONFLICT DO NOTHING
-		RETURNING `+workColumns,
-		w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID,
-		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt, sourceAt, w.DropReason)
-	got, err = scanWork(row)
-	// Any unique key refuses a copy: the id is derived from the ingress key,
-	// so a racing copy may meet either index first.
-	if errors.Is(err, ErrNotFound) {
-		got, err = scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work
-			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND revision = $4 FOR UPDATE`,
-			w.TenantID, w.Contract, w.SourceID, w.Revision))
-		if err != nil || got.State != "dropped" || w.DropReason != "" {
-			return got, false, err
-		}
-		// Asked again after admission refused it: the same work, queued.
-		if got, err = readmit(ctx, tx, got.ID, w.DeadlineAt); err != nil {
-			return nil, false, err
-		}
-	}
-	if err != nil {
-		return nil, false, err
+	got, created, err = insertOrFind(ctx, tx, w)
+	if err != nil || !created {
+		return got, created, err
 	}
 	if w.SupersedeOlder {
-		// A revision pushed after this one is already here: this one was
-		// delivered late and is superseded from the start, unannounced.
-		var newer string
-		err := tx.QueryRow(ctx, `SELECT revision FROM work
-			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
-				AND $5::timestamptz IS NOT NULL AND source_updated_at > $5
-			ORDER BY source_updated_at DESC LIMIT 1`,
-			got.TenantID, got.Contract, got.SourceID, got.ID, sourceAt).Scan(&newer)
-		if err == nil {
-			got, err = scanWork(tx.QueryRow(ctx, `UPDATE work SET state = 'superseded',
-					reason = 'revision ' || $2 || ' was pushed later', updated_at = now()
-				WHERE id = $1 RETURNING `+workColumns, got.ID, newer))
+		late, err := supersede(ctx, tx, got, w.SourceUpdatedAt)
+		if err != nil || late {
 			return got, err == nil, err
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return nil, false, err
-		}
-		// A running attempt loses its lease here: its answer is then
-		// recorded stale and never published.
-		rows, err := tx.Query(ctx, `WITH old AS (SELECT id, state FROM work
-				WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
-					AND state IN ('queued', 'running')
-					AND ($6::timestamptz IS NULL OR source_updated_at IS NULL OR source_updated_at < $6)
-				FOR UPDATE)
-			UPDATE work w SET state = 'superseded', lease_token = NULL, lease_expires_at = NULL,
-				reason = 'superseded by revision ' || $5, updated_at = now()
-			FROM old WHERE w.id = old.id
-			RETURNING w.id, old.state`,
-			got.TenantID, got.Contract, got.SourceID, got.ID, got.Revision, sourceAt)
-		if err != nil {
-			return nil, false, err
-		}
-		for rows.Next() {
-			var id, was string
-			if err := rows.Scan(&id, &was); err != nil {
-				rows.Close()
-				return nil, false, err
-			}
-			got.Superseded = append(got.Superseded, id)
-			if was == "running" {
-				got.SupersededRunning = append(got.SupersededRunning, id)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, false, err
-		}
 	}
-	if got.State == "dropped" {
+	if got.State == outcome.Dropped {
 		return got, true, nil
 	}
 	msgs, err := announce(got)
@@ -179,6 +113,98 @@ func insertWork(ctx context.Context, tx pgx.Tx, w *Work, announce func(*Work) ([
 		return nil, false, err
 	}
 	return got, true, nil
+}
+
+// insertOrFind inserts the work row. When the ingress key is taken it
+// returns the existing row (created=false), except dropped work asked for
+// again with room in the bucket: that is the same work, queued again.
+func insertOrFind(ctx context.Context, tx pgx.Tx, w *Work) (*Work, bool, error) {
+	state := outcome.Queued
+	if w.DropReason != "" {
+		state = outcome.Dropped
+	}
+	got, err := scanWork(tx.QueryRow(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version,
+			taxonomy_version, source_id, revision, lane, input, content_digest, deadline_at, source_updated_at,
+			state, reason)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, NULLIF($15, ''))
+		ON CONFLICT DO NOTHING
+		RETURNING `+workColumns,
+		w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID,
+		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt, sourceTime(w.SourceUpdatedAt), state, w.DropReason))
+	if err == nil || !errors.Is(err, ErrNotFound) {
+		return got, err == nil, err
+	}
+	// Any unique key refuses a copy: the id is derived from the ingress key,
+	// so a racing copy may meet either index first.
+	got, err = scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work
+		WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND revision = $4 FOR UPDATE`,
+		w.TenantID, w.Contract, w.SourceID, w.Revision))
+	if err != nil || got.State != outcome.Dropped || w.DropReason != "" {
+		return got, false, err
+	}
+	// Asked again after admission refused it: the same work, queued.
+	got, err = readmit(ctx, tx, got.ID, w.DeadlineAt)
+	return got, err == nil, err
+}
+
+func sourceTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// supersede ends the same source's other revisions that have no outcome
+// yet, in push order when the source's time is known. When a revision
+// pushed after got is already here, got itself was delivered late: it is
+// stored superseded, unannounced, and late is true.
+func supersede(ctx context.Context, tx pgx.Tx, got *Work, sourceUpdatedAt time.Time) (late bool, err error) {
+	sourceAt := sourceTime(sourceUpdatedAt)
+	var newer string
+	err = tx.QueryRow(ctx, `SELECT revision FROM work
+		WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
+			AND $5::timestamptz IS NOT NULL AND source_updated_at > $5
+		ORDER BY source_updated_at DESC LIMIT 1`,
+		got.TenantID, got.Contract, got.SourceID, got.ID, sourceAt).Scan(&newer)
+	if err == nil {
+		row, err := scanWork(tx.QueryRow(ctx, `UPDATE work SET state = $3,
+				reason = 'revision ' || $2 || ' was pushed later', updated_at = now()
+			WHERE id = $1 RETURNING `+workColumns, got.ID, newer, outcome.Superseded))
+		if err == nil {
+			*got = *row
+		}
+		return true, err
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return false, err
+	}
+	// A running attempt loses its lease here: its answer is then recorded
+	// stale and never published.
+	rows, err := tx.Query(ctx, `WITH old AS (SELECT id, state FROM work
+			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
+				AND state IN ('queued', 'running')
+				AND ($6::timestamptz IS NULL OR source_updated_at IS NULL OR source_updated_at < $6)
+			FOR UPDATE)
+		UPDATE work w SET state = $7, lease_token = NULL, lease_expires_at = NULL,
+			reason = 'superseded by revision ' || $5, updated_at = now()
+		FROM old WHERE w.id = old.id
+		RETURNING w.id, old.state`,
+		got.TenantID, got.Contract, got.SourceID, got.ID, got.Revision, sourceAt, outcome.Superseded)
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, was string
+		if err := rows.Scan(&id, &was); err != nil {
+			return false, err
+		}
+		got.Superseded = append(got.Superseded, id)
+		if was == outcome.Running {
+			got.SupersededRunning = append(got.SupersededRunning, id)
+		}
+	}
+	return false, rows.Err()
 }
 
 // readmit queues dropped work again with a new deadline and a new dispatch
@@ -198,12 +224,12 @@ var ErrNotDropped = errors.New("only dropped work can be run again")
 // replaced (ErrSuperseded).
 func (s *Store) Rerun(ctx context.Context, id string, deadline time.Time, announce func(*Work) ([]OutboxMsg, error)) (*Work, error) {
 	var got *Work
-	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		w, err := scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work WHERE id = $1 FOR UPDATE`, id))
 		if err != nil {
 			return err
 		}
-		if w.State != "dropped" {
+		if w.State != outcome.Dropped {
 			return fmt.Errorf("work %s is %s: %w", id, w.State, ErrNotDropped)
 		}
 		var newer string
@@ -240,7 +266,7 @@ var ErrSuperseded = errors.New("superseded")
 // worker record its own outcome first. A late answer then finds the work
 // expired and is recorded stale, never published.
 func (s *Store) ExpireOverdue(ctx context.Context, grace time.Duration, limit int) ([]*Work, error) {
-	rows, err := s.Pool.Query(ctx, `UPDATE work SET state = 'expired',
+	rows, err := s.pool.Query(ctx, `UPDATE work SET state = 'expired',
 			reason = 'deadline passed before a result was accepted', lease_token = NULL,
 			lease_expires_at = NULL, updated_at = now()
 		WHERE id IN (SELECT id FROM work WHERE state IN ('queued', 'running')
@@ -259,7 +285,7 @@ func (s *Store) ExpireOverdue(ctx context.Context, grace time.Duration, limit in
 
 // GetWork reads one work row.
 func (s *Store) GetWork(ctx context.Context, id string) (*Work, error) {
-	return scanWork(s.Pool.QueryRow(ctx, `SELECT `+workColumns+` FROM work WHERE id = $1`, id))
+	return scanWork(s.pool.QueryRow(ctx, `SELECT `+workColumns+` FROM work WHERE id = $1`, id))
 }
 
 // Claim is the claim fence: it takes the lease on queued work (or on running
@@ -271,7 +297,7 @@ func (s *Store) Claim(ctx context.Context, workID, attemptID, token string, ttl 
 	// its worker may yet report back, and then records stale_lease — and
 	// record the new attempt. Sub-statements share one snapshot, so the
 	// new attempt is not among those marked.
-	w, err = scanWork(s.Pool.QueryRow(ctx, `WITH claimed AS (
+	w, err = scanWork(s.pool.QueryRow(ctx, `WITH claimed AS (
 			UPDATE work SET state = 'running', lease_token = $2,
 				lease_expires_at = now() + $3 * interval '1 microsecond', attempts = attempts + 1, updated_at = now()
 			WHERE id = $1 AND (state = 'queued' OR (state = 'running' AND lease_expires_at < now()))
@@ -296,7 +322,12 @@ func (s *Store) Claim(ctx context.Context, workID, attemptID, token string, ttl 
 // ExtendLease pushes the lease out while its holder still has it. false
 // means the lease is lost.
 func (s *Store) ExtendLease(ctx context.Context, workID, token string, ttl time.Duration) (bool, error) {
-	tag, err := s.Pool.Exec(ctx, `UPDATE work SET lease_expires_at = now() + $3 * interval '1 microsecond'
+	return extendLease(ctx, s.pool, workID, token, ttl)
+}
+
+// extendLease is ExtendLease inside the caller's transaction.
+func extendLease(ctx context.Context, db execer, workID, token string, ttl time.Duration) (bool, error) {
+	tag, err := db.Exec(ctx, `UPDATE work SET lease_expires_at = now() + $3 * interval '1 microsecond'
 		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, interval(ttl))
 	if err != nil {
 		return false, fmt.Errorf("store: extend lease %s: %w", workID, err)
@@ -304,20 +335,10 @@ func (s *Store) ExtendLease(ctx context.Context, workID, token string, ttl time.
 	return tag.RowsAffected() == 1, nil
 }
 
-// ExtendLeaseTx is ExtendLease inside the caller's transaction.
-func (s *Store) ExtendLeaseTx(ctx context.Context, tx pgx.Tx, workID, token string, ttl time.Duration) (bool, error) {
-	tag, err := tx.Exec(ctx, `UPDATE work SET lease_expires_at = now() + $3 * interval '1 microsecond'
-		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, interval(ttl))
-	if err != nil {
-		return false, fmt.Errorf("store: extend lease %s: %w", workID, err)
-	}
-	return tag.RowsAffected() == 1, nil
-}
-
-// Requeue gives up the lease so the work can be claimed again, optionally
+// requeue gives up the lease so the work can be claimed again, optionally
 // noting what a repair attempt must tell the model.
-func (s *Store) Requeue(ctx context.Context, tx pgx.Tx, workID, token string, repairNote string) (bool, error) {
-	tag, err := tx.Exec(ctx, `UPDATE work SET state = 'queued', lease_token = NULL, lease_expires_at = NULL,
+func requeue(ctx context.Context, db execer, workID, token string, repairNote string) (bool, error) {
+	tag, err := db.Exec(ctx, `UPDATE work SET state = 'queued', lease_token = NULL, lease_expires_at = NULL,
 			repairs = repairs + CASE WHEN $3 = '' THEN 0 ELSE 1 END,
 			repair_note = CASE WHEN $3 = '' THEN repair_note ELSE $3 END, updated_at = now()
 		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, repairNote)
@@ -327,12 +348,12 @@ func (s *Store) Requeue(ctx context.Context, tx pgx.Tx, workID, token string, re
 	return tag.RowsAffected() == 1, nil
 }
 
-// FinishLeased ends leased work with a terminal outcome, only while the
+// finishLeased ends leased work with a terminal outcome, only while the
 // caller still holds the lease.
-func (s *Store) FinishLeased(ctx context.Context, tx pgx.Tx, workID, token, outcome, reason string) (bool, error) {
-	tag, err := tx.Exec(ctx, `UPDATE work SET state = $3, reason = $4, lease_token = NULL,
+func finishLeased(ctx context.Context, db execer, workID, token, state, reason string) (bool, error) {
+	tag, err := db.Exec(ctx, `UPDATE work SET state = $3, reason = $4, lease_token = NULL,
 			lease_expires_at = NULL, updated_at = now()
-		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, outcome, reason)
+		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, state, reason)
 	if err != nil {
 		return false, fmt.Errorf("store: finish %s: %w", workID, err)
 	}
@@ -341,11 +362,11 @@ func (s *Store) FinishLeased(ctx context.Context, tx pgx.Tx, workID, token, outc
 
 // FinishUnleased ends work that nobody holds (queued, or running with an
 // expired lease), e.g. when its deadline or attempt budget has run out.
-func (s *Store) FinishUnleased(ctx context.Context, workID, outcome, reason string) (bool, error) {
-	tag, err := s.Pool.Exec(ctx, `UPDATE work SET state = $2, reason = $3, lease_token = NULL,
+func (s *Store) FinishUnleased(ctx context.Context, workID, state, reason string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE work SET state = $2, reason = $3, lease_token = NULL,
 			lease_expires_at = NULL, updated_at = now()
 		WHERE id = $1 AND (state = 'queued' OR (state = 'running' AND lease_expires_at < now()))`,
-		workID, outcome, reason)
+		workID, state, reason)
 	if err != nil {
 		return false, fmt.Errorf("store: finish %s: %w", workID, err)
 	}
@@ -369,7 +390,7 @@ type Stuck struct {
 func (s *Store) SweepStuck(ctx context.Context, queuedFor, leaseGrace time.Duration, limit int,
 	announce func(Stuck) (OutboxMsg, error)) ([]Stuck, error) {
 	var out []Stuck
-	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		out = out[:0]
 		for _, q := range []struct {
 			sql     string

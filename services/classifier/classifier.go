@@ -25,17 +25,24 @@ import (
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/outbox"
+	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/price"
-	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
 
 // Config of one classifier instance.
 type Config struct {
-	// Region is the cell this instance serves.
+	// Region is the region this instance serves.
 	Region string
+	// Names are the cell's NATS names. Default the cell named after Region
+	// in the default installation.
+	Names event.Names
+	// Streams configure the RESULT and ATTEMPT streams, which the
+	// classifier owns.
+	Streams event.StreamSettings
 	// Model is the model name recorded on every attempt.
 	Model string
 	// Concurrency is the hard ceiling on model calls at once in this cell;
@@ -65,7 +72,8 @@ type Config struct {
 	DeadlineMargin time.Duration
 	// MaxAttempts bounds model calls per work item. Default 5.
 	MaxAttempts int
-	// MaxRepairs bounds re-asks that tell the model what failed. Default 1.
+	// MaxRepairs bounds re-asks that tell the model what failed. Default 1;
+	// negative allows none.
 	MaxRepairs int
 	// BackoffBase and BackoffCap shape the capped exponential backoff with
 	// full jitter used when the provider gives no Retry-After.
@@ -93,6 +101,12 @@ func (c *Config) defaults() error {
 	}
 	if c.Model == "" {
 		return errors.New("classifier: Model is required")
+	}
+	if c.Names.Cell == "" {
+		c.Names.Cell = c.Region
+	}
+	if err := c.Names.Check(); err != nil {
+		return fmt.Errorf("classifier: %w", err)
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 32
@@ -125,6 +139,7 @@ func (c *Config) defaults() error {
 	if c.MaxRepairs == 0 {
 		c.MaxRepairs = 1
 	}
+	c.MaxRepairs = max(c.MaxRepairs, 0)
 	if c.BackoffBase == 0 {
 		c.BackoffBase = 500 * time.Millisecond
 	}
@@ -159,7 +174,7 @@ type Completer interface {
 
 // Deps are what the classifier talks to.
 type Deps struct {
-	Store     *store.Store
+	Store     Store
 	JS        jetstream.JetStream
 	Model     Completer
 	Contracts *contract.Registry
@@ -177,15 +192,13 @@ type Service struct {
 	d     Deps
 	relay *outbox.Relay
 	lim   *admission.Limiter
+	lanes []*consumer.Consumer
 
 	attempts metric.Int64Counter
 
 	mu      sync.Mutex
 	running map[string]context.CancelCauseFunc // work id -> its model call
-
-	loops    []*consumer.Loop
-	cancels  *nats.Subscription
-	stopOnce sync.Once
+	cancels *nats.Subscription
 }
 
 // errSuperseded cancels a model call whose work a newer revision replaced.
@@ -197,8 +210,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, d: d, lim: d.Limiter, running: map[string]context.CancelCauseFunc{}}
-	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Subjects: []string{
-		event.StreamPrefix(event.KindResult, cfg.Region), event.StreamPrefix(event.KindAttempt, cfg.Region)}}
+	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindResult, event.KindAttempt}}
 	if s.lim == nil {
 		lc := admission.LimiterConfig{Initial: cfg.InitialConcurrency, Max: cfg.Concurrency, SlowStart: true,
 			OnChange: s.limitChanged}
@@ -232,11 +244,26 @@ func New(cfg Config, d Deps) (*Service, error) {
 			o.Observe(int64(s.lim.Stats().InFlight), region)
 			return nil
 		}))
-	return s, err
+	if err != nil {
+		return nil, err
+	}
+	handle := consumer.Typed(d.Log, event.Parse[event.Work], s.Process)
+	for _, lane := range lanes {
+		c, err := consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindWork),
+			Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names, lane), Filter: cfg.Names.Lane(lane),
+				AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, MaxAckPending: 4 * cfg.Concurrency},
+			Gate: func(ctx context.Context) (func(), error) { return s.lim.Enter(ctx, lane) },
+			Pull: 2, Handle: handle, Log: d.Log})
+		if err != nil {
+			return nil, fmt.Errorf("classifier: %w", err)
+		}
+		s.lanes = append(s.lanes, c)
+	}
+	return s, nil
 }
 
 // Consumer names the durable WORK consumer of a lane.
-func Consumer(lane string) string { return "classifier-" + lane }
+func Consumer(n event.Names, lane string) string { return n.Durable("classifier-" + lane) }
 
 // Lanes are consumed apart, so a batch backlog never stands in front of
 // interactive work; they share the cell's limiter, where interactive goes
@@ -255,64 +282,58 @@ func (s *Service) limitChanged(old, new int, reason string) {
 		slog.Int("from", old), slog.Int("to", new))
 }
 
-// Start ensures the cell's streams and the durable consumer, then consumes.
+// Start creates the RESULT and ATTEMPT streams it publishes to, listens
+// for cancels, starts its outbox relay and consumes each lane of the WORK
+// stream (created by ingress, which owns it; the consumers wait for it).
 func (s *Service) Start(ctx context.Context) error {
 	for _, k := range []string{event.KindResult, event.KindAttempt} {
-		if _, err := event.EnsureStream(ctx, s.d.JS, k, s.cfg.Region, event.StreamSettings{}); err != nil {
+		if _, err := event.EnsureStream(ctx, s.d.JS, s.cfg.Names, k, s.cfg.Streams); err != nil {
 			return err
 		}
 	}
-	st, err := event.EnsureStream(ctx, s.d.JS, event.KindWork, s.cfg.Region, event.StreamSettings{})
-	if err != nil {
-		return err
-	}
 	// Cancels first, so no call starts unseen by them.
-	if s.cancels, err = s.d.JS.Conn().Subscribe(event.CancelSubjects(s.cfg.Region), s.onCancel); err != nil {
+	var err error
+	if s.cancels, err = s.d.JS.Conn().Subscribe(s.cfg.Names.Cancels(), s.onCancel); err != nil {
 		return fmt.Errorf("classifier: subscribe to cancels: %w", err)
 	}
-	s.relay.Start(context.WithoutCancel(ctx))
-	for _, lane := range lanes {
-		cons, err := event.EnsureConsumer(ctx, st, event.ConsumerSettings{
-			Durable: Consumer(lane), Filter: event.LaneSubjects(s.cfg.Region, lane),
-			AckWait: s.cfg.AckWait, MaxDeliver: s.cfg.MaxDeliver, MaxAckPending: 4 * s.cfg.Concurrency,
-		})
-		if err == nil {
-			var loop *consumer.Loop
-			loop, err = consumer.StartGated(ctx, cons, 2, func(ctx context.Context) (func(), error) {
-				return s.lim.Enter(ctx, lane)
-			}, s.handle, consumer.WithLog(s.d.Log))
-			s.loops = append(s.loops, loop)
-		}
-		if err != nil {
-			s.Stop(context.Background())
-			return fmt.Errorf("classifier: %w", err)
-		}
+	parts := []lifecycle.Service{s.relay}
+	for _, l := range s.lanes {
+		parts = append(parts, l)
+	}
+	if err := lifecycle.StartAll(ctx, parts...); err != nil {
+		_ = s.cancels.Unsubscribe()
+		return fmt.Errorf("classifier: %w", err)
 	}
 	return nil
 }
 
 // Stop stops taking work, lets running calls finish until ctx ends (then
 // cancels them, which requeues their work), and flushes the outbox.
+// Idempotent.
 func (s *Service) Stop(ctx context.Context) {
-	s.stopOnce.Do(func() {
-		var wg sync.WaitGroup
-		for _, l := range s.loops {
-			if l != nil {
-				wg.Go(func() { l.Stop(ctx) })
-			}
-		}
-		wg.Wait()
-		if s.cancels != nil {
-			_ = s.cancels.Unsubscribe()
-		}
-		s.relay.Stop()
-	})
+	lanes := make([]lifecycle.Service, len(s.lanes))
+	for i, l := range s.lanes {
+		lanes[i] = l
+	}
+	lifecycle.StopAllParallel(ctx, lanes...)
+	s.mu.Lock()
+	cancels := s.cancels
+	s.cancels = nil
+	s.mu.Unlock()
+	if cancels != nil {
+		_ = cancels.Unsubscribe()
+	}
+	s.relay.Stop(ctx)
 }
 
-// Ready reports whether the service can take work.
+// Ready reports whether the service can take work: its database answers
+// and both lanes are consumed.
 func (s *Service) Ready(ctx context.Context) error {
-	for _, lane := range lanes {
-		if err := consumer.Ready(ctx, s.d.Store.Pool, s.d.JS, event.StreamName(event.KindWork, s.cfg.Region), Consumer(lane)); err != nil {
+	if err := s.d.Store.Ping(ctx); err != nil {
+		return err
+	}
+	for _, l := range s.lanes {
+		if err := l.Ready(ctx); err != nil {
 			return err
 		}
 	}
@@ -332,45 +353,9 @@ func (s *Service) onCancel(msg *nats.Msg) {
 	s.mu.Unlock()
 	if cancel != nil {
 		cancel(errSuperseded)
-		telemetry.Decision(context.Background(), s.d.Log, c.WorkID, "superseded", "model call canceled: "+c.Reason)
+		telemetry.Decision(context.Background(), s.d.Log, c.WorkID, outcome.Superseded, "model call canceled: "+c.Reason)
 	}
 }
-
-func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
-	ctx = telemetry.Extract(ctx, msg.Headers())
-	var ev event.Work
-	if err := event.Decode(msg.Data(), &ev); err != nil {
-		telemetry.Decision(ctx, s.d.Log, msg.Subject(), "refused", "undecodable work message: "+err.Error())
-		_ = msg.Term()
-		return
-	}
-	d := s.Process(ctx, ev, func() { _ = msg.InProgress() })
-	var err error
-	switch d.Kind {
-	case Ack:
-		err = msg.Ack()
-	case Nak:
-		err = msg.NakWithDelay(d.Delay)
-	case Term:
-		err = msg.Term()
-	}
-	if err != nil {
-		s.d.Log.Warn("settling work message failed", "key", ev.WorkID, "err", err)
-	}
-}
-
-// Disposition says what to do with the message that carried the work.
-type Disposition struct {
-	Kind  int
-	Delay time.Duration
-}
-
-// Dispositions.
-const (
-	Ack = iota
-	Nak
-	Term
-)
 
 // backoff is capped exponential backoff with full jitter.
 func (s *Service) backoff(attempt int) time.Duration {
@@ -388,18 +373,29 @@ func (s *Service) backoff(attempt int) time.Duration {
 // FromEnv fills the budget and admission settings from the environment:
 // ASSAY_PRICE_TABLE (a price table file), ASSAY_MAX_OUTPUT_UNITS,
 // ASSAY_BUDGET_BYTES_PER_UNIT, ASSAY_MODEL_MAX_CONCURRENCY (the ceiling),
-// ASSAY_MODEL_CONCURRENCY (adaptive or fixed), and the timings
-// ASSAY_LEASE_TTL, ASSAY_ACK_WAIT and ASSAY_HANDOFF_TTL. Errors name the
-// variable.
+// ASSAY_MODEL_CONCURRENCY (adaptive or fixed), the retry bounds
+// ASSAY_MAX_ATTEMPTS and ASSAY_MAX_REPAIRS, and the timings
+// ASSAY_CALL_TIMEOUT, ASSAY_LEASE_TTL, ASSAY_ACK_WAIT and
+// ASSAY_HANDOFF_TTL. Errors name the variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
-	if v := getenv("ASSAY_MODEL_MAX_CONCURRENCY"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1024 {
-			return fmt.Errorf("ASSAY_MODEL_MAX_CONCURRENCY: %q is not a whole number from 1 to 1024", v)
+	for _, n := range []struct {
+		name     string
+		to       *int
+		min, max int
+	}{
+		{"ASSAY_MODEL_MAX_CONCURRENCY", &c.Concurrency, 1, 1024},
+		{"ASSAY_MAX_ATTEMPTS", &c.MaxAttempts, 1, 100},
+		{"ASSAY_MAX_REPAIRS", &c.MaxRepairs, 0, 10},
+	} {
+		if err := config.Int(getenv, n.name, n.to, n.min, n.max); err != nil {
+			return err
 		}
-		c.Concurrency = n
+	}
+	if getenv("ASSAY_MAX_REPAIRS") == "0" {
+		c.MaxRepairs = -1 // none, where the zero value means the default
 	}
 	if err := config.Durations(getenv,
+		config.Duration{Name: "ASSAY_CALL_TIMEOUT", To: &c.CallTimeout, Min: 100 * time.Millisecond, Max: time.Hour},
 		config.Duration{Name: "ASSAY_LEASE_TTL", To: &c.LeaseTTL, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
 		config.Duration{Name: "ASSAY_ACK_WAIT", To: &c.AckWait, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
 		config.Duration{Name: "ASSAY_HANDOFF_TTL", To: &c.HandoffTTL, Min: 100 * time.Millisecond, Max: 24 * time.Hour},

@@ -10,13 +10,13 @@ import (
 	"math"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"assay.dev/pkg/admission"
+	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/gate"
@@ -26,74 +26,37 @@ import (
 	"assay.dev/pkg/telemetry"
 )
 
-// Attempt outcomes the classifier decides.
-const (
-	OutcomeOK            = "ok"
-	OutcomeInvalidOutput = "invalid_output"
-	OutcomeRateLimited   = "rate_limited"
-	OutcomeTimeout       = "timeout"
-	OutcomeTransport     = "transport_error"
-	OutcomeRejected      = "transport_rejected"
-	OutcomeStaleLease    = "stale_lease"
-	OutcomeCanceled      = "canceled"
-)
-
-// Process runs one delivery of a work announcement: claim, call, decide.
-// progress is called while the model call runs, to keep the delivery alive.
-func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) Disposition {
+// Process runs one delivery of a work announcement: screen it, read the
+// work, take a permit, reserve budget, claim, call the model, and record
+// what the answer means. Every decision is one of decide.go's; this carries
+// them out.
+func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Delivery) consumer.Disposition {
 	ctx, span := s.d.Tel.Tracer().Start(ctx, "classifier.process", trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("assay.work_id", ev.WorkID), attribute.String("assay.tenant", ev.TenantID)))
 	defer span.End()
-	log := s.d.Log
-	if ev.Region != s.cfg.Region {
-		telemetry.Decision(ctx, log, ev.WorkID, "refused", fmt.Sprintf("work of region %s reached the %s cell", ev.Region, s.cfg.Region))
-		return Disposition{Kind: Term}
-	}
-	// A backlog brings work near its deadline, where a call whose answer
-	// cannot be accepted in time would only hold a permit that live work
-	// needs. The announcement carries the deadline, so such work is passed
-	// over without a read; the sweeper ends it expired.
 	need := s.timeNeeded()
-	if left := time.Until(ev.DeadlineAt); !ev.DeadlineAt.IsZero() && left < need {
-		telemetry.Decision(ctx, log, ev.WorkID, "passed_over", shortOfTime(left, need)+"; the sweeper ends it expired")
-		return Disposition{Kind: Ack}
+	if st := screen(ev, s.cfg.Region, time.Now(), need); !st.proceed {
+		return s.carry(ctx, ev.WorkID, nil, st)
 	}
 	w, err := s.d.Store.GetWork(ctx, ev.WorkID)
 	if errors.Is(err, store.ErrNotFound) {
-		telemetry.Decision(ctx, log, ev.WorkID, "refused", "no such work in this cell")
-		return Disposition{Kind: Term}
+		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "refused", "no such work in this cell")
+		return consumer.Refuse()
 	}
 	if err != nil {
-		log.Warn("read work failed", "key", ev.WorkID, "err", err)
-		return Disposition{Kind: Nak, Delay: time.Second}
+		s.d.Log.Warn("read work failed", "key", ev.WorkID, "err", err)
+		return consumer.Retry(time.Second)
 	}
-	if w.TenantID != ev.TenantID {
-		telemetry.Decision(ctx, log, ev.WorkID, "refused", "message tenant does not match the work's tenant")
-		return Disposition{Kind: Term}
-	}
-	if w.Terminal() {
-		telemetry.Decision(ctx, log, w.ID, w.State, "already terminal; duplicate delivery ignored")
-		return Disposition{Kind: Ack}
-	}
-	if time.Now().After(w.DeadlineAt) {
-		return s.finishUnleased(ctx, w, "expired", "deadline passed before an attempt could start")
-	}
-	if left := time.Until(w.DeadlineAt); left < need {
-		return s.finishUnleased(ctx, w, "expired", shortOfTime(left, need))
-	}
-	if w.Attempts >= s.cfg.MaxAttempts {
-		return s.finishUnleased(ctx, w, "retry_exhausted", fmt.Sprintf("all %d attempts spent", s.cfg.MaxAttempts))
-	}
-	c, ok := s.d.Contracts.Get(w.Contract)
-	if !ok {
-		return s.finishUnleased(ctx, w, "transport_rejected", fmt.Sprintf("contract %q is not known to this worker", w.Contract))
+	c, known := s.d.Contracts.Get(w.Contract)
+	if st := admit(ev, w, time.Now(), need, s.cfg.MaxAttempts, known); !st.proceed {
+		return s.carry(ctx, w.ID, w, st)
 	}
 
 	// A permit from the cell's limiter before anything is held: waiting here
 	// costs a goroutine and a message in hand, both bounded by the limiter.
 	permit, err := s.lim.Acquire(ctx, w.Lane)
 	if err != nil {
-		return Disposition{Kind: Nak}
+		return consumer.Retry(0)
 	}
 	defer permit.Release(admission.Signal{Kind: admission.Ignore})
 
@@ -101,45 +64,35 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 	// Reserve before claiming: work whose tenant cannot pay ends without a
 	// claim, an attempt or a call.
 	est := s.Estimate(c, w)
-	switch res, err := s.d.Store.Reserve(ctx, w.TenantID, attemptID, est); {
-	case err != nil:
-		log.Warn("budget reservation failed", "key", w.ID, "err", err)
-		return Disposition{Kind: Nak, Delay: time.Second}
-	case res == store.Exhausted:
-		return s.finishUnleased(ctx, w, "budget_exhausted",
-			fmt.Sprintf("tenant %s's budget cannot cover an attempt estimated at %d micro-dollars", w.TenantID, est))
-	case res == store.Busy:
-		// Attempts in flight hold the rest; they settle at their real cost,
-		// which may leave room. Ask again later without holding anything.
-		delay := s.backoff(1)
-		if time.Now().Add(delay).After(w.DeadlineAt) {
-			return s.finishUnleased(ctx, w, "budget_exhausted",
-				fmt.Sprintf("tenant %s's budget is held by attempts in flight past this work's deadline", w.TenantID))
-		}
-		telemetry.Decision(ctx, log, w.ID, "deferred", "budget held by attempts in flight", slog.Duration("delay", delay))
-		return Disposition{Kind: Nak, Delay: delay}
+	res, err := s.d.Store.Reserve(ctx, w.TenantID, attemptID, est)
+	if err != nil {
+		s.d.Log.Warn("budget reservation failed", "key", w.ID, "err", err)
+		return consumer.Retry(time.Second)
+	}
+	if st := afford(res, w, est, time.Now(), s.backoff(1)); !st.proceed {
+		return s.carry(ctx, w.ID, w, st)
 	}
 	cw, ok, err := s.d.Store.Claim(ctx, w.ID, attemptID, token, s.cfg.LeaseTTL)
 	if err != nil || !ok {
 		if rerr := s.d.Store.Release(context.WithoutCancel(ctx), attemptID); rerr != nil {
-			log.Warn("releasing a reservation failed", "key", w.ID, "attempt", attemptID, "err", rerr)
+			s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", attemptID, "err", rerr)
 		}
 	}
 	if err != nil {
-		log.Warn("claim failed", "key", w.ID, "err", err)
-		return Disposition{Kind: Nak, Delay: time.Second}
+		s.d.Log.Warn("claim failed", "key", w.ID, "err", err)
+		return consumer.Retry(time.Second)
 	}
 	if !ok {
-		telemetry.Decision(ctx, log, w.ID, "claim_lost", "another worker holds the lease or the work just ended")
-		return Disposition{Kind: Ack}
+		telemetry.Decision(ctx, s.d.Log, w.ID, "claim_lost", "another worker holds the lease or the work just ended")
+		return consumer.Done()
 	}
 	span.SetAttributes(attribute.String("assay.attempt_id", attemptID), attribute.Int("assay.attempt", cw.Attempts))
-	telemetry.Decision(ctx, log, cw.ID, "claimed", "lease taken", slog.String("attempt", attemptID), slog.Int("number", cw.Attempts))
+	telemetry.Decision(ctx, s.d.Log, cw.ID, "claimed", "lease taken", slog.String("attempt", attemptID), slog.Int("number", cw.Attempts))
 
 	// A call cut short by the work's own deadline says nothing of the
 	// provider: only the call timeout counts as its slowness.
 	deadlineBound := time.Until(cw.DeadlineAt) < s.cfg.CallTimeout
-	reply, callErr := s.call(ctx, cw, c, token, progress)
+	reply, callErr := s.call(ctx, cw, c, token, func() { _ = d.InProgress() })
 	sig := signal(reply, callErr)
 	if sig.Kind == admission.Timeout && deadlineBound {
 		sig.Kind = admission.Ignore
@@ -154,9 +107,23 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 	if err != nil {
 		// Unknown whether the lease holds; record the attempt as if it did
 		// not, the committer's compare-and-set decides anyway.
-		log.Warn("lease check failed", "key", cw.ID, "err", err)
+		s.d.Log.Warn("lease check failed", "key", cw.ID, "err", err)
 	}
 	return s.settle(ctx, cw, c, attemptID, token, reply, callErr, stillMine)
+}
+
+// carry carries out a decision taken before any call: end the unleased
+// work, or log why the delivery ends here.
+func (s *Service) carry(ctx context.Context, key string, w *store.Work, st step) consumer.Disposition {
+	if st.finish != "" {
+		return s.finishUnleased(ctx, w, st.finish, st.reason)
+	}
+	var attrs []slog.Attr
+	if st.disp.Settle == consumer.Nak {
+		attrs = append(attrs, slog.Duration("delay", st.disp.Delay))
+	}
+	telemetry.Decision(ctx, s.d.Log, key, st.decision, st.reason, attrs...)
+	return st.disp
 }
 
 // timeNeeded is how long before its deadline work must start for an answer
@@ -164,12 +131,6 @@ func (s *Service) Process(ctx context.Context, ev event.Work, progress func()) D
 // way to the committer.
 func (s *Service) timeNeeded() time.Duration {
 	return 2*s.lim.Stats().Baseline + s.cfg.DeadlineMargin
-}
-
-// shortOfTime says why work with left before its deadline is not tried.
-func shortOfTime(left, need time.Duration) string {
-	return fmt.Sprintf("%s left before the deadline; an accepted answer needs about %s",
-		left.Round(time.Millisecond), need.Round(time.Millisecond))
 }
 
 // call runs one model call with a deadline, keeping the lease and the
@@ -217,15 +178,60 @@ func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract,
 	return reply, err
 }
 
-// settle turns the call's result into the attempt's outcome, the work's next
-// state and the RESULT and ATTEMPT events, all in one transaction.
+// settle decides what the call's result means and records it: the
+// attempt's outcome, the work's next state and the RESULT and ATTEMPT
+// events, in one transaction.
 func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token string,
-	reply *model.Reply, callErr error, stillMine bool) Disposition {
+	reply *model.Reply, callErr error, stillMine bool) consumer.Disposition {
+	out, hasOutput := output(reply, callErr)
+	a := answer{stillMine: stillMine, err: callErr, output: out, hasOutput: hasOutput,
+		attempts: w.Attempts, repairs: w.Repairs, now: time.Now(), deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts)}
+	if stillMine && hasOutput {
+		_, a.fail = gate.Check(c, []byte(out), gate.ExpectFor(c, seen(w), w.Digest, []byte(w.Input)))
+	}
+	v := judge(a, s.limits())
+
 	res := event.Result{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
 		Number: w.Attempts, LeaseToken: token, Contract: c.Name, SchemaVersion: w.SchemaVersion,
-		TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Final: true}
+		TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason,
+		Final: v.final, Output: out}
+	msgs, err := s.events(ctx, w, res, s.attemptEvent(w, attemptID, v.outcome, reply))
+	if err != nil {
+		return consumer.Retry(time.Second)
+	}
+	// Keep the raw answer in the cell whatever happens to it next.
+	err = s.d.Store.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
+		Outcome: v.outcome, Reason: v.reason, Raw: out, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
+		RepairNote: v.repairNote, WorkOutcome: v.workOutcome, WorkReason: v.workReason, Outbox: msgs})
+	if err != nil {
+		s.d.Log.Error("recording attempt failed", "key", w.ID, "attempt", attemptID, "err", err)
+		return consumer.Retry(time.Second)
+	}
+	s.relay.Kick()
+	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", v.outcome), attribute.String("region", s.cfg.Region)))
+	reason := v.reason
+	if reason == "" {
+		reason = "model answered"
+	}
+	telemetry.Decision(ctx, s.d.Log, w.ID, v.outcome, reason,
+		slog.String("attempt", attemptID), slog.String("next", v.next), slog.Duration("delay", v.disp.Delay))
+	return v.disp
+}
+
+// seen is what entered this worker with the work.
+func seen(w *store.Work) gate.Seen {
+	return gate.Seen{WorkID: w.ID, SchemaVersion: w.SchemaVersion, TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest}
+}
+
+func (s *Service) limits() limits {
+	return limits{maxAttempts: s.cfg.MaxAttempts, maxRepairs: s.cfg.MaxRepairs}
+}
+
+// attemptEvent is the ATTEMPT event of one attempt: its usage, for the
+// ledger.
+func (s *Service) attemptEvent(w *store.Work, attemptID, outcome string, reply *model.Reply) event.Attempt {
 	att := event.Attempt{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
-		Number: w.Attempts, Model: s.cfg.Model, UpstreamAttempts: 1, At: time.Now().UTC()}
+		Number: w.Attempts, Model: s.cfg.Model, Outcome: outcome, UpstreamAttempts: 1, At: time.Now().UTC()}
 	if reply != nil {
 		att.InputUnits, att.OutputUnits = int64(reply.Usage.PromptTokens), int64(reply.Usage.CompletionTokens)
 		att.LatencyMS = reply.Latency.Milliseconds()
@@ -233,137 +239,20 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 			att.Model = reply.Model
 		}
 	}
-
-	var mErr *model.Error
-	errors.As(callErr, &mErr)
-	output := ""
-	switch {
-	case callErr == nil:
-		output = reply.Content
-	case mErr != nil && mErr.Kind == model.KindMalformed && reply != nil:
-		// A truncated or garbled body is an invalid output: the gate
-		// says what is wrong with it and the repair path applies.
-		output = string(reply.Raw)
-	}
-
-	disp := Disposition{Kind: Ack}
-	var workChange func(pgx.Tx) error
-	ended := false // workChange gives the work its outcome
-	reason := ""
-	switch {
-	case !stillMine:
-		res.Outcome, reason = OutcomeStaleLease, "lease lost during the model call"
-		res.Output = output
-	case callErr == nil || (mErr != nil && mErr.Kind == model.KindMalformed && reply != nil):
-		res.Output = output
-		_, fail := gate.Check(c, []byte(output), gate.Expect{WorkID: w.ID, SchemaVersion: w.SchemaVersion,
-			TaxonomyVersion: w.TaxonomyVersion, CurrentTaxonomyVersion: c.TaxonomyVersion,
-			Digest: w.Digest, CurrentDigest: w.Digest, Input: json.RawMessage(w.Input)})
-		if fail == nil {
-			res.Outcome = OutcomeOK
-			workChange = s.handoff(ctx, w.ID, token)
-			break
-		}
-		res.Outcome, reason = OutcomeInvalidOutput, fail.Error()
-		// A stale taxonomy or a changed digest is the work's, not the
-		// answer's: no re-ask can pass, so none is paid for.
-		unfixable := fail.Code == gate.CodeTaxonomyVersion || fail.Code == gate.CodeDigest
-		workChange = s.handoff(ctx, w.ID, token)
-		if !unfixable && w.Repairs < s.cfg.MaxRepairs && w.Attempts < s.cfg.MaxAttempts {
-			res.Final = false
-			workChange = func(tx pgx.Tx) error {
-				_, err := s.d.Store.Requeue(ctx, tx, w.ID, token, fail.Error())
-				return err
-			}
-			disp = Disposition{Kind: Nak}
-		}
-	case mErr != nil && mErr.Kind == model.KindRejected:
-		res.Outcome, reason = OutcomeRejected, mErr.Error()
-		ended = true
-		workChange = func(tx pgx.Tx) error {
-			_, err := s.d.Store.FinishLeased(ctx, tx, w.ID, token, "transport_rejected", reason)
-			return err
-		}
-	default:
-		res.Outcome, reason = retryOutcome(callErr, mErr), errText(callErr)
-		delay := s.backoff(w.Attempts)
-		if mErr != nil && mErr.RetryAfter > 0 {
-			delay = mErr.RetryAfter // honoured exactly, never early
-		}
-		switch {
-		case res.Outcome == OutcomeCanceled:
-			delay = 0
-			fallthrough
-		case w.Attempts < s.cfg.MaxAttempts && time.Now().Add(delay).Before(w.DeadlineAt):
-			workChange = func(tx pgx.Tx) error {
-				_, err := s.d.Store.Requeue(ctx, tx, w.ID, token, "")
-				return err
-			}
-			disp = Disposition{Kind: Nak, Delay: delay}
-		default:
-			final := "retry_exhausted"
-			why := fmt.Sprintf("%s after %d of %d attempts", res.Outcome, w.Attempts, s.cfg.MaxAttempts)
-			if !time.Now().Add(delay).Before(w.DeadlineAt) {
-				why = fmt.Sprintf("%s and the next try would pass the deadline", res.Outcome)
-			}
-			ended = true
-			workChange = func(tx pgx.Tx) error {
-				_, err := s.d.Store.FinishLeased(ctx, tx, w.ID, token, final, why)
-				return err
-			}
-		}
-	}
-	res.Reason, att.Outcome = reason, res.Outcome
-
-	resMsg, err := outbox.Msg(ctx, event.ResultSubject(w.Region, w.TenantID), attemptID, res)
-	if err != nil {
-		return Disposition{Kind: Nak, Delay: time.Second}
-	}
-	attMsg, err := outbox.Msg(ctx, event.AttemptSubject(w.Region, w.TenantID), attemptID, att)
-	if err != nil {
-		return Disposition{Kind: Nak, Delay: time.Second}
-	}
-	// Keep the raw answer in the cell whatever happens to it next.
-	err = s.d.Store.Tx(ctx, func(tx pgx.Tx) error {
-		if err := s.d.Store.FinishAttempt(ctx, tx, attemptID, res.Outcome, reason, output); err != nil {
-			return err
-		}
-		if workChange != nil {
-			if err := workChange(tx); err != nil {
-				return err
-			}
-		}
-		return s.d.Store.InsertOutbox(ctx, tx, []store.OutboxMsg{resMsg, attMsg})
-	})
-	if err != nil {
-		s.d.Log.Error("recording attempt failed", "key", w.ID, "attempt", attemptID, "err", err)
-		return Disposition{Kind: Nak, Delay: time.Second}
-	}
-	s.relay.Kick()
-	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", res.Outcome), attribute.String("region", s.cfg.Region)))
-	next := "handed_to_committer"
-	switch {
-	case disp.Kind == Nak && res.Outcome == OutcomeInvalidOutput:
-		next = "repair"
-	case disp.Kind == Nak:
-		next = "retry"
-	case ended:
-		next = "ended"
-	case res.Outcome == OutcomeStaleLease:
-		next = "recorded_stale"
-	}
-	telemetry.Decision(ctx, s.d.Log, w.ID, res.Outcome, orDefault(reason, "model answered"),
-		slog.String("attempt", attemptID), slog.String("next", next), slog.Duration("delay", disp.Delay))
-	return disp
+	return att
 }
 
-// handoff keeps the lease while the committer decides, written in the
-// transaction that hands the answer over: no record, no handoff.
-func (s *Service) handoff(ctx context.Context, workID, token string) func(pgx.Tx) error {
-	return func(tx pgx.Tx) error {
-		_, err := s.d.Store.ExtendLeaseTx(ctx, tx, workID, token, s.cfg.HandoffTTL)
-		return err
+// events are the outbox rows of an attempt's RESULT and ATTEMPT events.
+func (s *Service) events(ctx context.Context, w *store.Work, res event.Result, att event.Attempt) ([]store.OutboxMsg, error) {
+	resMsg, err := outbox.Msg(ctx, event.KindResult, s.cfg.Names.Result(w.TenantID), res.AttemptID, res)
+	if err != nil {
+		return nil, err
 	}
+	attMsg, err := outbox.Msg(ctx, event.KindAttempt, s.cfg.Names.Attempt(w.TenantID), att.AttemptID, att)
+	if err != nil {
+		return nil, err
+	}
+	return []store.OutboxMsg{resMsg, attMsg}, nil
 }
 
 // modelCall is the request for one attempt at w; a repair re-ask carries
@@ -414,48 +303,18 @@ func signal(reply *model.Reply, err error) admission.Signal {
 	return admission.Signal{Kind: admission.Ignore}
 }
 
-func retryOutcome(err error, mErr *model.Error) string {
-	switch {
-	case errors.Is(err, context.Canceled):
-		return OutcomeCanceled
-	case mErr == nil:
-		return OutcomeTransport
-	case mErr.Kind == model.KindRateLimited:
-		return OutcomeRateLimited
-	case mErr.Kind == model.KindTimeout:
-		return OutcomeTimeout
-	case mErr.Kind == "canceled":
-		return OutcomeCanceled
-	}
-	return OutcomeTransport
-}
-
-func (s *Service) finishUnleased(ctx context.Context, w *store.Work, outcome, reason string) Disposition {
-	ok, err := s.d.Store.FinishUnleased(ctx, w.ID, outcome, reason)
+func (s *Service) finishUnleased(ctx context.Context, w *store.Work, state, reason string) consumer.Disposition {
+	ok, err := s.d.Store.FinishUnleased(ctx, w.ID, state, reason)
 	if err != nil {
 		s.d.Log.Warn("finish failed", "key", w.ID, "err", err)
-		return Disposition{Kind: Nak, Delay: time.Second}
+		return consumer.Retry(time.Second)
 	}
 	if ok {
-		telemetry.Decision(ctx, s.d.Log, w.ID, outcome, reason)
+		telemetry.Decision(ctx, s.d.Log, w.ID, state, reason)
 	} else {
 		telemetry.Decision(ctx, s.d.Log, w.ID, "claim_lost", "work is held by a live lease or already ended")
 	}
-	return Disposition{Kind: Ack}
-}
-
-func errText(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
-}
-
-func orDefault(s, d string) string {
-	if s == "" {
-		return d
-	}
-	return s
+	return consumer.Done()
 }
 
 // newUUID returns a random (version 4) UUID.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 )
 
@@ -103,14 +104,42 @@ func TestWebhookOverRateDropped(t *testing.T) {
 	}
 
 	dropped := w.Dispatch
-	w, err = e.st.Rerun(t.Context(), id, time.Now().Add(time.Minute), Announce(t.Context()))
+	w, err = e.st.Rerun(t.Context(), id, time.Now().Add(time.Minute), Announce(t.Context(), event.Names{Cell: "us"}))
 	if err != nil || w.State != "queued" || w.Dispatch != dropped+1 {
 		t.Fatalf("rerun: state %q dispatch %d (dropped at %d) %v", w.State, w.Dispatch, dropped, err)
 	}
 	if msgs := e.published(); len(msgs) != 2 || msgs[1].WorkID != id || msgs[1].Dispatch != w.Dispatch {
 		t.Fatalf("after rerun the WORK stream holds %+v", msgs)
 	}
-	if _, err := e.st.Rerun(t.Context(), id, time.Now().Add(time.Minute), Announce(t.Context())); !errors.Is(err, store.ErrNotDropped) {
+	if _, err := e.st.Rerun(t.Context(), id, time.Now().Add(time.Minute), Announce(t.Context(), event.Names{Cell: "us"})); !errors.Is(err, store.ErrNotDropped) {
 		t.Fatalf("second rerun: %v, want ErrNotDropped", err)
 	}
+}
+
+// One tenant authentication for every entry point: a suspended tenant is
+// refused on the work API and on webhooks alike, and nothing is stored.
+func TestSuspendedTenantRefusedEverywhere(t *testing.T) {
+	t.Parallel()
+	e := newWebhookEnv(t, nil)
+	if err := e.st.SetStatus(t.Context(), "acme", store.TenantSuspended); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := e.submitAPI("ticket-1", "interactive"); a.status != http.StatusForbidden || a.code() != "tenant_suspended" {
+		t.Fatalf("work API: %d %s, want 403 tenant_suspended", a.status, a.body)
+	}
+	req, _ := http.NewRequest(http.MethodGet, e.srv.URL+"/v1/work/"+WorkID("acme", "moderation", "ticket-1", "r1"), nil)
+	req.Header.Set("Authorization", "Bearer tok-acme")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("GET /v1/work: %d, want 403", resp.StatusCode)
+	}
+	if a := e.deliver("pull_request", "d-suspended", readPayload(t, "pull_request_opened.json")); a.status != http.StatusForbidden ||
+		a.code() != "tenant_suspended" {
+		t.Fatalf("webhook: %d %s, want 403 tenant_suspended", a.status, a.body)
+	}
+	e.nothingStored()
 }

@@ -19,7 +19,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/auth"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
@@ -51,21 +53,40 @@ type Links struct {
 
 // WorkView answers GET /v1/work/{id}.
 type WorkView struct {
-	WorkID     string          `json:"workId"`
-	TenantID   string          `json:"tenantId"`
-	Region     string          `json:"region"`
-	Contract   string          `json:"contract"`
-	SourceID   string          `json:"sourceId"`
-	Revision   string          `json:"revision"`
-	Lane       string          `json:"lane"`
-	State      string          `json:"state"`
-	Outcome    *string         `json:"outcome"`
-	Reason     string          `json:"reason,omitempty"`
-	DeadlineAt time.Time       `json:"deadlineAt"`
-	CreatedAt  time.Time       `json:"createdAt"`
-	UpdatedAt  time.Time       `json:"updatedAt"`
-	Attempts   []store.Attempt `json:"attempts"`
-	Result     *store.Result   `json:"result,omitempty"`
+	WorkID     string        `json:"workId"`
+	TenantID   string        `json:"tenantId"`
+	Region     string        `json:"region"`
+	Contract   string        `json:"contract"`
+	SourceID   string        `json:"sourceId"`
+	Revision   string        `json:"revision"`
+	Lane       string        `json:"lane"`
+	State      string        `json:"state"`
+	Outcome    *string       `json:"outcome"`
+	Reason     string        `json:"reason,omitempty"`
+	DeadlineAt time.Time     `json:"deadlineAt"`
+	CreatedAt  time.Time     `json:"createdAt"`
+	UpdatedAt  time.Time     `json:"updatedAt"`
+	Attempts   []AttemptView `json:"attempts"`
+	Result     *ResultView   `json:"result,omitempty"`
+}
+
+// AttemptView is one attempt of a work item.
+type AttemptView struct {
+	AttemptID  string     `json:"attemptId"`
+	Number     int        `json:"number"`
+	Outcome    string     `json:"outcome"`
+	Reason     string     `json:"reason,omitempty"`
+	StartedAt  time.Time  `json:"startedAt"`
+	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+}
+
+// ResultView is the accepted output of a work item.
+type ResultView struct {
+	SchemaVersion string          `json:"schemaVersion"`
+	AttemptID     string          `json:"attemptId"`
+	Output        json.RawMessage `json:"output"`
+	Findings      int             `json:"findings"`
+	CreatedAt     time.Time       `json:"createdAt"`
 }
 
 var (
@@ -74,32 +95,15 @@ var (
 	revisionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
 )
 
-// authenticate resolves the bearer token to a tenant of this cell, or
-// writes the error and returns false.
+// authenticate resolves the bearer token to a tenant this cell serves, or
+// writes the refusal and returns false.
 func (s *Service) authenticate(w http.ResponseWriter, r *http.Request) (store.Tenant, bool) {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || strings.TrimSpace(tok) == "" {
-		apierror.Write(w, http.StatusUnauthorized, "unauthenticated", "send an API token as 'Authorization: Bearer <token>'")
-		return store.Tenant{}, false
-	}
-	t, err := s.d.Store.TenantByToken(r.Context(), strings.TrimSpace(tok))
-	if errors.Is(err, store.ErrNotFound) {
-		apierror.Write(w, http.StatusUnauthorized, "unauthenticated", "unknown or revoked API token")
-		return store.Tenant{}, false
-	}
-	if err != nil {
-		s.d.Log.Error("token lookup failed", "err", err)
-		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; try again")
-		return store.Tenant{}, false
-	}
-	if t.Status != "active" {
-		apierror.Write(w, http.StatusForbidden, "tenant_suspended", fmt.Sprintf("tenant %s is suspended", t.ID))
-		return store.Tenant{}, false
-	}
-	if t.HomeRegion != s.cfg.Region {
-		apierror.Write(w, http.StatusMisdirectedRequest, "wrong_region",
-			fmt.Sprintf("tenant %s is homed in region %s; send this request to the %s cell, this is %s",
-				t.ID, t.HomeRegion, t.HomeRegion, s.cfg.Region))
+	t, refused := auth.Bearer(r.Context(), s.d.Store, r.Header.Get("Authorization"), s.cell())
+	if refused != nil {
+		if refused.Status == http.StatusServiceUnavailable {
+			s.d.Log.Error("token lookup failed: the database did not answer")
+		}
+		refused.Write(w)
 		return store.Tenant{}, false
 	}
 	return t, true
@@ -114,59 +118,17 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		s.count(ctx, "unauthenticated")
 		return
 	}
-	req, code, msg := s.decodeSubmit(w, r)
-	if code != "" {
-		s.count(ctx, code)
-		status := http.StatusBadRequest
-		if code == "payload_too_large" {
-			status = http.StatusRequestEntityTooLarge
-		}
-		apierror.Write(w, status, code, msg)
+	req, refused := s.decodeSubmit(w, r)
+	if refused != nil {
+		s.count(ctx, refused.Code)
+		refused.Write(w)
 		return
 	}
 	c, _ := s.d.Contracts.Get(req.Contract)
-	deadline := s.cfg.InteractiveDeadline
-	if req.Lane == event.Batch {
-		deadline = s.cfg.BatchDeadline
-	}
-	if req.DeadlineSeconds > 0 {
-		deadline = time.Duration(req.DeadlineSeconds) * time.Second
-	}
-	input := compact(req.Input)
-	work := &store.Work{
-		ID:              WorkID(t.ID, c.Name, req.SourceID, req.Revision),
-		TenantID:        t.ID,
-		Region:          s.cfg.Region,
-		Contract:        c.Name,
-		SchemaVersion:   c.SchemaVersion,
-		TaxonomyVersion: c.TaxonomyVersion,
-		SourceID:        req.SourceID,
-		Revision:        req.Revision,
-		Lane:            req.Lane,
-		Input:           string(input),
-		Digest:          Digest(input),
-		DeadlineAt:      time.Now().Add(deadline),
-		// A new revision of the same source replaces the older one's work.
-		SupersedeOlder: true,
-	}
+	work := s.newWork(t, c, req.SourceID, req.Revision, req.Lane, compact(req.Input), s.deadline(req))
 	span.SetAttributes(attribute.String("assay.work_id", work.ID), attribute.String("assay.tenant", t.ID))
 	if wait, ok := s.admit(t, req.Lane); !ok {
-		// A key already accepted costs nothing, over the rate or not.
-		if got, err := s.d.Store.GetWork(ctx, work.ID); err == nil && got.State != "dropped" {
-			s.count(ctx, "duplicate")
-			telemetry.Decision(ctx, s.d.Log, got.ID, "duplicate", "ingress key already accepted",
-				slog.String("tenant", t.ID), slog.String("state", got.State))
-			apierror.JSON(w, http.StatusOK, SubmitResponse{WorkID: got.ID, State: got.State, Duplicate: true,
-				Region: got.Region, Links: Links{Self: "/v1/work/" + got.ID}})
-			return
-		}
-		secs := int(math.Ceil(wait.Seconds()))
-		s.count(ctx, "rate_limited")
-		telemetry.Decision(ctx, s.d.Log, work.ID, "refused", overRate(t, req.Lane),
-			slog.String("tenant", t.ID), slog.Duration("retry_after", wait))
-		w.Header().Set("Retry-After", strconv.Itoa(secs))
-		apierror.Write(w, http.StatusTooManyRequests, "rate_limited",
-			fmt.Sprintf("%s; retry after %d s (nothing was stored)", overRate(t, req.Lane), secs))
+		s.overRate(ctx, w, t, work, wait)
 		return
 	}
 	got, created, err := s.d.Store.InsertWork(ctx, work, s.announce(ctx))
@@ -176,36 +138,78 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the work was not stored; try again")
 		return
 	}
-	resp := SubmitResponse{WorkID: got.ID, State: got.State, Duplicate: !created, Region: got.Region,
-		Links: Links{Self: "/v1/work/" + got.ID}}
-	if created {
-		s.relay.Kick()
-		s.logSuperseded(ctx, got)
-		s.count(ctx, "accepted")
-		telemetry.Decision(ctx, s.d.Log, got.ID, "queued", "new ingress key",
-			slog.String("tenant", t.ID), slog.String("source", req.SourceID), slog.String("revision", req.Revision))
-		apierror.JSON(w, http.StatusAccepted, resp)
+	if !created {
+		s.duplicate(ctx, w, t, got)
 		return
 	}
+	s.relay.Kick()
+	s.logSuperseded(ctx, got)
+	s.count(ctx, outcome.Accepted)
+	telemetry.Decision(ctx, s.d.Log, got.ID, outcome.Queued, "new ingress key",
+		slog.String("tenant", t.ID), slog.String("source", req.SourceID), slog.String("revision", req.Revision))
+	apierror.JSON(w, http.StatusAccepted, submitted(got, false))
+}
+
+// deadline is the request's deadline: its own, else its lane's.
+func (s *Service) deadline(req SubmitRequest) time.Time {
+	d := s.cfg.InteractiveDeadline
+	if req.Lane == event.Batch {
+		d = s.cfg.BatchDeadline
+	}
+	if req.DeadlineSeconds > 0 {
+		d = time.Duration(req.DeadlineSeconds) * time.Second
+	}
+	return time.Now().Add(d)
+}
+
+// overRate answers a submission the tenant's bucket refused: 429 with
+// Retry-After, nothing stored; a key already accepted costs nothing, over
+// the rate or not, and answers as the duplicate it is.
+func (s *Service) overRate(ctx context.Context, w http.ResponseWriter, t store.Tenant, work *store.Work, wait time.Duration) {
+	if got, err := s.d.Store.GetWork(ctx, work.ID); err == nil && got.State != outcome.Dropped {
+		s.duplicate(ctx, w, t, got)
+		return
+	}
+	secs := int(math.Ceil(wait.Seconds()))
+	s.count(ctx, "rate_limited")
+	telemetry.Decision(ctx, s.d.Log, work.ID, "refused", overRate(t, work.Lane),
+		slog.String("tenant", t.ID), slog.Duration("retry_after", wait))
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	apierror.Write(w, http.StatusTooManyRequests, "rate_limited",
+		fmt.Sprintf("%s; retry after %d s (nothing was stored)", overRate(t, work.Lane), secs))
+}
+
+// duplicate answers a submission whose ingress key was already accepted.
+func (s *Service) duplicate(ctx context.Context, w http.ResponseWriter, t store.Tenant, got *store.Work) {
 	s.count(ctx, "duplicate")
 	telemetry.Decision(ctx, s.d.Log, got.ID, "duplicate", "ingress key already accepted",
 		slog.String("tenant", t.ID), slog.String("state", got.State))
-	apierror.JSON(w, http.StatusOK, resp)
+	apierror.JSON(w, http.StatusOK, submitted(got, true))
 }
 
-// decodeSubmit reads the body strictly and validates it. A non-empty code
-// means the request is refused.
-func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (req SubmitRequest, code, msg string) {
+func submitted(w *store.Work, duplicate bool) SubmitResponse {
+	return SubmitResponse{WorkID: w.ID, State: w.State, Duplicate: duplicate, Region: w.Region,
+		Links: Links{Self: "/v1/work/" + w.ID}}
+}
+
+// decodeSubmit reads the body strictly and validates it; a refusal says
+// why the request is refused.
+func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRequest, *apierror.Error) {
+	var req SubmitRequest
+	bad := func(code, msg string) (SubmitRequest, *apierror.Error) {
+		return req, apierror.New(http.StatusBadRequest, code, msg)
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return req, "payload_too_large", fmt.Sprintf("request body is over %d bytes", s.cfg.MaxBodyBytes)
+			return req, apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large",
+				fmt.Sprintf("request body is over %d bytes", s.cfg.MaxBodyBytes))
 		}
-		return req, "bad_request", "could not read the request body"
+		return bad("bad_request", "could not read the request body")
 	}
 	if err := DecodeSubmit(body, &req); err != nil {
-		return req, "invalid_json", err.Error()
+		return bad("invalid_json", err.Error())
 	}
 	if req.Lane == "" {
 		req.Lane = event.Interactive
@@ -213,22 +217,22 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (req Subm
 	c, ok := s.d.Contracts.Get(req.Contract)
 	switch {
 	case !ok:
-		return req, "unknown_contract", fmt.Sprintf("contract %q is not known (known: %s)", req.Contract, strings.Join(s.d.Contracts.Names(), ", "))
+		return bad("unknown_contract", fmt.Sprintf("contract %q is not known (known: %s)", req.Contract, strings.Join(s.d.Contracts.Names(), ", ")))
 	case !sourceRE.MatchString(req.SourceID):
-		return req, "invalid_source_id", "sourceId must be 1-200 characters of letters, digits and ._/#:@+- (e.g. owner/repo#42)"
+		return bad("invalid_source_id", "sourceId must be 1-200 characters of letters, digits and ._/#:@+- (e.g. owner/repo#42)")
 	case !revisionRE.MatchString(req.Revision):
-		return req, "invalid_revision", "revision must be 1-100 characters of letters, digits and ._- (e.g. a commit SHA)"
+		return bad("invalid_revision", "revision must be 1-100 characters of letters, digits and ._- (e.g. a commit SHA)")
 	case !event.ValidLane(req.Lane):
-		return req, "invalid_lane", fmt.Sprintf("lane %q is not one of interactive, batch", req.Lane)
+		return bad("invalid_lane", fmt.Sprintf("lane %q is not one of interactive, batch", req.Lane))
 	case req.DeadlineSeconds < 0 || req.DeadlineSeconds > 7*24*3600:
-		return req, "invalid_deadline", "deadlineSeconds must be between 1 and 604800"
+		return bad("invalid_deadline", "deadlineSeconds must be between 1 and 604800")
 	case len(req.Input) == 0:
-		return req, "invalid_input", "input is required"
+		return bad("invalid_input", "input is required")
 	}
 	if err := c.ValidateInput(req.Input); err != nil {
-		return req, "invalid_input", err.Error()
+		return bad("invalid_input", err.Error())
 	}
-	return req, "", ""
+	return req, nil
 }
 
 // DecodeSubmit decodes a submission strictly: one JSON object, known fields
@@ -270,7 +274,7 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		s.d.Log.Error("read work failed", "key", r.PathValue("id"), "err", err)
-		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; try again")
+		auth.Unavailable().Write(w)
 		return
 	}
 	apierror.JSON(w, http.StatusOK, v)
@@ -284,21 +288,26 @@ func (s *Service) View(ctx context.Context, id string) (*WorkView, error) {
 	}
 	v := &WorkView{WorkID: wk.ID, TenantID: wk.TenantID, Region: wk.Region, Contract: wk.Contract,
 		SourceID: wk.SourceID, Revision: wk.Revision, Lane: wk.Lane, State: wk.State, Reason: wk.Reason,
-		DeadlineAt: wk.DeadlineAt, CreatedAt: wk.CreatedAt, UpdatedAt: wk.UpdatedAt}
+		DeadlineAt: wk.DeadlineAt, CreatedAt: wk.CreatedAt, UpdatedAt: wk.UpdatedAt, Attempts: []AttemptView{}}
 	if wk.Terminal() {
 		o := wk.State
 		v.Outcome = &o
 	}
-	if v.Attempts, err = s.d.Store.Attempts(ctx, id); err != nil {
+	attempts, err := s.d.Store.Attempts(ctx, id)
+	if err != nil {
 		return nil, err
 	}
-	if v.Attempts == nil {
-		v.Attempts = []store.Attempt{}
+	for _, a := range attempts {
+		v.Attempts = append(v.Attempts, AttemptView{AttemptID: a.ID, Number: a.Number, Outcome: a.Outcome,
+			Reason: a.Reason, StartedAt: a.StartedAt, FinishedAt: a.FinishedAt})
 	}
-	if wk.State == "accepted" {
-		if v.Result, err = s.d.Store.GetResult(ctx, id); err != nil {
+	if wk.State == outcome.Accepted {
+		r, err := s.d.Store.GetResult(ctx, id)
+		if err != nil {
 			return nil, err
 		}
+		v.Result = &ResultView{SchemaVersion: r.SchemaVersion, AttemptID: r.AttemptID, Output: r.Output,
+			Findings: r.Findings, CreatedAt: r.CreatedAt}
 	}
 	return v, nil
 }

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,18 +19,26 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"assay.dev/pkg/admission"
+	"assay.dev/pkg/auth"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/outbox"
+	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
 
 // Config of one ingress instance.
 type Config struct {
-	// Region is the cell this instance serves.
+	// Region is the region this instance serves.
 	Region string
+	// Names are the cell's NATS names. Default the cell named after Region
+	// in the default installation.
+	Names event.Names
+	// Streams configure the WORK stream, which ingress owns.
+	Streams event.StreamSettings
 	// MaxBodyBytes caps a request body. Default 1 MiB.
 	MaxBodyBytes int64
 	// DefaultDeadline applies per lane when a request names none.
@@ -67,6 +74,12 @@ type Config struct {
 func (c *Config) defaults() error {
 	if c.Region == "" {
 		return errors.New("ingress: Region is required")
+	}
+	if c.Names.Cell == "" {
+		c.Names.Cell = c.Region
+	}
+	if err := c.Names.Check(); err != nil {
+		return fmt.Errorf("ingress: %w", err)
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
@@ -128,7 +141,7 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 
 // Deps are what ingress talks to.
 type Deps struct {
-	Store     *store.Store
+	Store     Store
 	JS        jetstream.JetStream
 	Contracts *contract.Registry
 	Log       *slog.Logger
@@ -137,17 +150,14 @@ type Deps struct {
 
 // Service is one ingress instance.
 type Service struct {
-	cfg   Config
-	d     Deps
-	relay *outbox.Relay
+	cfg     Config
+	d       Deps
+	relay   *outbox.Relay
+	sweeper lifecycle.Ticker
 
 	submitted metric.Int64Counter
 	webhooks  metric.Int64Counter
 	buckets   *admission.Buckets
-
-	stopOnce sync.Once
-	cancel   context.CancelFunc
-	done     chan struct{}
 }
 
 // New checks the config and builds the service.
@@ -156,8 +166,10 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, d: d, buckets: admission.NewBuckets(time.Now)}
-	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log,
-		Subjects: []string{event.StreamPrefix(event.KindWork, cfg.Region)}}
+	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork}}
+	sw := &s.sweeper
+	sw.Name, sw.Every, sw.Log, sw.PassTimeout = "sweeper", cfg.SweepEvery, d.Log, time.Minute
+	sw.Pass = func(ctx context.Context) (bool, error) { return false, s.SweepOnce(ctx) }
 	var err error
 	s.submitted, err = d.Tel.Meter().Int64Counter("assay_ingress_requests",
 		metric.WithDescription("work submissions by result"))
@@ -169,40 +181,32 @@ func New(cfg Config, d Deps) (*Service, error) {
 	return s, err
 }
 
-// Start creates the cell's WORK stream if needed and runs the outbox relay
-// and the sweeper.
+// Start creates the cell's WORK stream, which ingress owns, and runs the
+// outbox relay and the sweeper.
 func (s *Service) Start(ctx context.Context) error {
-	if _, err := event.EnsureStream(ctx, s.d.JS, event.KindWork, s.cfg.Region, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(ctx, s.d.JS, s.cfg.Names, event.KindWork, s.cfg.Streams); err != nil {
 		return err
 	}
-	ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	s.done = make(chan struct{})
-	s.relay.Start(ctx)
-	go s.sweep(ctx)
-	return nil
+	return lifecycle.StartAll(ctx, s.relay, &s.sweeper)
 }
 
-// Stop ends the sweeper and the relay (after a last drain). Idempotent.
-func (s *Service) Stop() {
-	s.stopOnce.Do(func() {
-		if s.cancel != nil {
-			s.cancel()
-			<-s.done
-		}
-		s.relay.Stop()
-	})
-}
+// Stop ends the sweeper, then the relay after a last drain. Idempotent.
+func (s *Service) Stop(ctx context.Context) { lifecycle.StopAll(ctx, &s.sweeper, s.relay) }
 
-// Ready reports whether the service can take work.
+// Ready reports whether the service can take work: its database answers
+// and the WORK stream exists.
 func (s *Service) Ready(ctx context.Context) error {
-	if err := s.d.Store.Pool.Ping(ctx); err != nil {
-		return fmt.Errorf("postgres: %w", err)
+	if err := s.d.Store.Ping(ctx); err != nil {
+		return err
 	}
-	if _, err := s.d.JS.Stream(ctx, event.StreamName(event.KindWork, s.cfg.Region)); err != nil {
+	if _, err := s.d.JS.Stream(ctx, s.cfg.Names.Stream(event.KindWork)); err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	return nil
 }
+
+// cell is who ingress authenticates for.
+func (s *Service) cell() auth.Cell { return auth.Cell{Region: s.cfg.Region, ID: s.cfg.Names.Cell} }
 
 // WorkID is deterministic from the ingress key, so a duplicate names the
 // same work everywhere, even before it reaches the database.
@@ -222,21 +226,22 @@ func Digest(input []byte) string {
 }
 
 func (s *Service) announce(ctx context.Context) func(*store.Work) ([]store.OutboxMsg, error) {
-	return Announce(ctx)
+	return Announce(ctx, s.cfg.Names)
 }
 
-// Announce makes the outbox rows of newly queued work: its announcement,
-// and a cancel for each older revision a worker is running.
-func Announce(ctx context.Context) func(*store.Work) ([]store.OutboxMsg, error) {
+// Announce makes the outbox rows of newly queued work in the cell n names:
+// its announcement, and a cancel for each older revision a worker is
+// running.
+func Announce(ctx context.Context, n event.Names) func(*store.Work) ([]store.OutboxMsg, error) {
 	return func(w *store.Work) ([]store.OutboxMsg, error) {
-		m, err := WorkMessage(ctx, w, w.Dispatch)
+		m, err := WorkMessage(ctx, n, w, w.Dispatch)
 		if err != nil {
 			return nil, err
 		}
 		msgs := []store.OutboxMsg{m}
 		// A worker running an older revision stops paying for its answer.
 		for _, old := range w.SupersededRunning {
-			c, err := outbox.Msg(ctx, event.CancelSubject(w.Region, w.TenantID), "cancel."+old+"."+w.ID,
+			c, err := outbox.Msg(ctx, event.KindWork, n.Cancel(w.TenantID), "cancel."+old+"."+w.ID,
 				event.Cancel{WorkID: old, TenantID: w.TenantID, Region: w.Region, Reason: "revision " + w.Revision + " superseded it"})
 			if err != nil {
 				return nil, err
@@ -258,50 +263,30 @@ func (s *Service) logSuperseded(ctx context.Context, w *store.Work) {
 		if running[id] {
 			why += "; its running model call is canceled"
 		}
-		telemetry.Decision(ctx, s.d.Log, id, "superseded", why, slog.String("by", w.ID))
+		telemetry.Decision(ctx, s.d.Log, id, outcome.Superseded, why, slog.String("by", w.ID))
 	}
-}
-
-func (s *Service) workMsg(ctx context.Context, w *store.Work, dispatch int) (store.OutboxMsg, error) {
-	return WorkMessage(ctx, w, dispatch)
 }
 
 // WorkMessage is the outbox row that announces w with a dispatch number.
-func WorkMessage(ctx context.Context, w *store.Work, dispatch int) (store.OutboxMsg, error) {
-	return outbox.Msg(ctx, event.WorkSubject(w.Region, w.Lane, w.TenantID), event.WorkMsgID(w.ID, dispatch),
+func WorkMessage(ctx context.Context, n event.Names, w *store.Work, dispatch int) (store.OutboxMsg, error) {
+	return outbox.Msg(ctx, event.KindWork, n.Work(w.Lane, w.TenantID), event.WorkMsgID(w.ID, dispatch),
 		event.Work{WorkID: w.ID, TenantID: w.TenantID, Region: w.Region, Lane: w.Lane, Dispatch: dispatch, DeadlineAt: w.DeadlineAt})
 }
 
-// sweep re-announces work that sits queued with no live attempt, and work
-// whose lease expired. A lost broker message delays work; it never loses it.
-func (s *Service) sweep(ctx context.Context) {
-	defer close(s.done)
-	t := time.NewTicker(s.cfg.SweepEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := s.SweepOnce(ctx); err != nil && ctx.Err() == nil {
-			s.d.Log.Warn("sweep failed", "err", err)
-		}
-	}
-}
-
-// SweepOnce runs one sweep pass: work past its deadline ends expired, then
-// stuck work is announced again.
+// SweepOnce runs one pass of the sweeper, a lifecycle.Ticker: work past its
+// deadline ends expired, then work that sits queued with no live attempt,
+// or whose lease expired, is announced again. A lost broker message delays
+// work; it never loses it.
 func (s *Service) SweepOnce(ctx context.Context) error {
 	expired, err := s.d.Store.ExpireOverdue(ctx, s.cfg.LeaseGrace, 500)
 	if err != nil {
 		return err
 	}
 	for _, w := range expired {
-		telemetry.Decision(ctx, s.d.Log, w.ID, "expired", w.Reason, slog.String("tenant", w.TenantID), slog.String("lane", w.Lane))
+		telemetry.Decision(ctx, s.d.Log, w.ID, outcome.Expired, w.Reason, slog.String("tenant", w.TenantID), slog.String("lane", w.Lane))
 	}
 	stuck, err := s.d.Store.SweepStuck(ctx, s.cfg.QueuedFor, s.cfg.LeaseGrace, 500, func(st store.Stuck) (store.OutboxMsg, error) {
-		return s.workMsg(ctx, st.Work, st.Dispatch)
+		return WorkMessage(ctx, s.cfg.Names, st.Work, st.Dispatch)
 	})
 	if err != nil {
 		return err
@@ -347,4 +332,26 @@ func (s *Service) Handler() http.Handler {
 
 func (s *Service) count(ctx context.Context, result string) {
 	s.submitted.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result), attribute.String("region", s.cfg.Region)))
+}
+
+// newWork is the work a caller or a webhook asks for: the one place a work
+// row is made from a request, keyed by the ingress key and bound to the
+// contract's versions. A new revision of the same source supersedes the
+// older one's work.
+func (s *Service) newWork(t store.Tenant, c *contract.Contract, source, revision, lane string, input []byte, deadline time.Time) *store.Work {
+	return &store.Work{
+		ID:              WorkID(t.ID, c.Name, source, revision),
+		TenantID:        t.ID,
+		Region:          s.cfg.Region,
+		Contract:        c.Name,
+		SchemaVersion:   c.SchemaVersion,
+		TaxonomyVersion: c.TaxonomyVersion,
+		SourceID:        source,
+		Revision:        revision,
+		Lane:            lane,
+		Input:           string(input),
+		Digest:          Digest(input),
+		DeadlineAt:      deadline,
+		SupersedeOlder:  true,
+	}
 }

@@ -25,7 +25,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/auth"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
@@ -175,202 +177,246 @@ type IgnoredResponse struct {
 	Ignored string `json:"ignored"`
 }
 
+// delivery is one webhook delivery as it moves through the stages of
+// githubWebhook.
+type delivery struct {
+	id, event string
+	body      []byte
+	pr        *PullRequestEvent
+	tenant    store.Tenant
+	via       string // what the tenant was found by, for messages
+}
+
+func (d *delivery) key() string { return "delivery:" + d.id }
+
+// githubWebhook turns a GitHub delivery into code-review work in four
+// stages: verify (secret, size, signature, content type, headers), parse
+// (event, payload, action), route (tenant, admission to this cell, a
+// delivery already recorded) and store (the diff, the work, the answer).
+// Each stage that refuses answers with its error and the decision logged.
 func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
 	ctx, span := s.d.Tel.Tracer().Start(r.Context(), "ingress.webhook.github", trace.WithSpanKind(trace.SpanKindServer))
 	defer span.End()
-	fail := func(status int, code, msg string) {
-		s.webhooks.Add(ctx, 1, metric.WithAttributes(attribute.String("result", code), attribute.String("region", s.cfg.Region)))
-		apierror.Write(w, status, code, msg)
+	d, refused := s.verifyDelivery(ctx, w, r)
+	if refused == nil {
+		span.SetAttributes(attribute.String("github.delivery", d.id), attribute.String("github.event", d.event))
+		var ignored string
+		if ignored, refused = s.parseDelivery(d); refused == nil && ignored != "" {
+			s.ignore(ctx, w, d, ignored)
+			return
+		}
 	}
-	if s.cfg.GitHubSecret == "" {
-		fail(http.StatusServiceUnavailable, "webhooks_disabled", "this cell has no GitHub webhook secret configured")
+	if refused == nil {
+		var dup *store.Delivery
+		if dup, refused = s.routeDelivery(ctx, d); refused == nil && dup != nil {
+			s.webhookDuplicate(ctx, w, dup, nil)
+			return
+		}
+	}
+	if refused != nil {
+		s.countWebhook(ctx, refused.Code)
+		refused.Write(w)
 		return
+	}
+	span.SetAttributes(attribute.String("assay.tenant", d.tenant.ID))
+	s.storeDelivery(ctx, w, d)
+}
+
+// verifyDelivery checks everything about a delivery that does not need its
+// payload read: a configured secret, the size, the signature over the raw
+// body, the content type and GitHub's headers.
+func (s *Service) verifyDelivery(ctx context.Context, w http.ResponseWriter, r *http.Request) (*delivery, *apierror.Error) {
+	if s.cfg.GitHubSecret == "" {
+		return nil, apierror.New(http.StatusServiceUnavailable, "webhooks_disabled", "this cell has no GitHub webhook secret configured")
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			fail(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", s.cfg.MaxBodyBytes))
-			return
+			return nil, apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", s.cfg.MaxBodyBytes))
 		}
-		fail(http.StatusBadRequest, "bad_request", "could not read the request body")
-		return
+		return nil, apierror.New(http.StatusBadRequest, "bad_request", "could not read the request body")
 	}
 	if !VerifySignature(s.cfg.GitHubSecret, body, r.Header.Get("X-Hub-Signature-256")) {
 		s.d.Log.WarnContext(ctx, "webhook signature refused", "delivery", clip(r.Header.Get("X-GitHub-Delivery")))
-		fail(http.StatusUnauthorized, "invalid_signature", "X-Hub-Signature-256 is missing or does not match the body")
-		return
+		return nil, apierror.New(http.StatusUnauthorized, "invalid_signature", "X-Hub-Signature-256 is missing or does not match the body")
 	}
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
 		// GitHub can also send the payload form-encoded; only JSON is read.
-		fail(http.StatusUnsupportedMediaType, "unsupported_media_type", "set the webhook's content type to application/json")
-		return
+		return nil, apierror.New(http.StatusUnsupportedMediaType, "unsupported_media_type", "set the webhook's content type to application/json")
 	}
 	// The signature covers the body only; the headers are checked here.
-	deliveryID, ev := r.Header.Get("X-GitHub-Delivery"), r.Header.Get("X-GitHub-Event")
-	if !deliveryRE.MatchString(deliveryID) {
-		fail(http.StatusBadRequest, "invalid_delivery", "X-GitHub-Delivery must be 1-100 letters, digits and hyphens")
-		return
+	d := &delivery{id: r.Header.Get("X-GitHub-Delivery"), event: r.Header.Get("X-GitHub-Event"), body: body}
+	if !deliveryRE.MatchString(d.id) {
+		return nil, apierror.New(http.StatusBadRequest, "invalid_delivery", "X-GitHub-Delivery must be 1-100 letters, digits and hyphens")
 	}
-	if !eventRE.MatchString(ev) {
-		fail(http.StatusBadRequest, "invalid_event", "X-GitHub-Event must be a lower-case event name")
-		return
+	if !eventRE.MatchString(d.event) {
+		return nil, apierror.New(http.StatusBadRequest, "invalid_event", "X-GitHub-Event must be a lower-case event name")
 	}
-	key := "delivery:" + deliveryID
-	span.SetAttributes(attribute.String("github.delivery", deliveryID), attribute.String("github.event", ev))
-	ignore := func(reason string, attrs ...slog.Attr) {
-		s.webhooks.Add(ctx, 1, metric.WithAttributes(attribute.String("result", "ignored"), attribute.String("region", s.cfg.Region)))
-		telemetry.Decision(ctx, s.d.Log, key, "ignored", reason, append(attrs, slog.String("event", ev))...)
-		apierror.JSON(w, http.StatusOK, IgnoredResponse{Ignored: reason})
+	return d, nil
+}
+
+// parseDelivery reads the payload of a verified delivery. ignored, when
+// set, says why the delivery asks for no work.
+func (s *Service) parseDelivery(d *delivery) (ignored string, refused *apierror.Error) {
+	if d.event != "pull_request" {
+		return fmt.Sprintf("event %s is not reviewed", d.event), nil
 	}
-	if ev != "pull_request" {
-		ignore(fmt.Sprintf("event %s is not reviewed", ev))
-		return
-	}
-	pr, err := DecodePullRequestEvent(body)
+	pr, err := DecodePullRequestEvent(d.body)
 	if err != nil {
-		fail(http.StatusBadRequest, "invalid_payload", err.Error())
-		return
+		return "", apierror.New(http.StatusBadRequest, "invalid_payload", err.Error())
 	}
-	source := pr.SourceID()
+	d.pr = pr
 	if !reviewed[pr.Action] {
-		ignore(fmt.Sprintf("pull_request action %s is not reviewed", pr.Action), slog.String("source", source))
-		return
+		return fmt.Sprintf("pull_request action %s is not reviewed", pr.Action), nil
 	}
-	t, via, err := s.webhookTenant(ctx, pr)
+	return "", nil
+}
+
+// routeDelivery finds the delivery's tenant and admits it to this cell.
+// dup is the record of a delivery id already seen: a redelivery costs
+// neither a diff fetch nor a transaction (the store's transaction is still
+// the fence when copies race).
+func (s *Service) routeDelivery(ctx context.Context, d *delivery) (dup *store.Delivery, refused *apierror.Error) {
+	source := slog.String("source", d.pr.SourceID())
+	t, via, err := s.webhookTenant(ctx, d.pr)
+	d.via = via
 	if errors.Is(err, store.ErrNotFound) {
-		telemetry.Decision(ctx, s.d.Log, key, "refused", "no tenant linked to "+via, slog.String("source", source))
-		fail(http.StatusNotFound, "unknown_installation", via+" is not linked to a tenant")
-		return
+		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", "no tenant linked to "+via, source)
+		return nil, apierror.New(http.StatusNotFound, "unknown_installation", via+" is not linked to a tenant")
 	}
 	if err != nil {
-		s.d.Log.ErrorContext(ctx, "webhook tenant lookup failed", "key", key, "err", err)
-		fail(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")
-		return
+		s.d.Log.ErrorContext(ctx, "webhook tenant lookup failed", "key", d.key(), "err", err)
+		return nil, apierror.New(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")
 	}
-	if t.Status != "active" {
-		telemetry.Decision(ctx, s.d.Log, key, "refused", "tenant suspended", slog.String("tenant", t.ID))
-		fail(http.StatusForbidden, "tenant_suspended", fmt.Sprintf("tenant %s is suspended", t.ID))
-		return
+	if refused := auth.Admit(t, s.cell()); refused != nil {
+		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", refused.Message, slog.String("tenant", t.ID))
+		return nil, refused
 	}
-	if t.HomeRegion != s.cfg.Region {
-		telemetry.Decision(ctx, s.d.Log, key, "refused", "tenant homed in "+t.HomeRegion, slog.String("tenant", t.ID))
-		fail(http.StatusMisdirectedRequest, "wrong_region",
-			fmt.Sprintf("tenant %s is homed in region %s; point this webhook at the %s cell, this is %s",
-				t.ID, t.HomeRegion, t.HomeRegion, s.cfg.Region))
-		return
-	}
-	span.SetAttributes(attribute.String("assay.tenant", t.ID))
-
-	// A redelivery costs neither a diff fetch nor a transaction. The
-	// transaction below is still the fence when copies race.
-	if d, err := s.d.Store.GetDelivery(ctx, deliveryID); err == nil {
-		s.webhookDuplicate(ctx, w, d, nil)
-		return
-	} else if !errors.Is(err, store.ErrNotFound) {
-		s.d.Log.ErrorContext(ctx, "webhook delivery lookup failed", "key", key, "err", err)
-		fail(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")
-		return
-	}
-
-	ref := PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA}
-	diffText, err := s.cfg.Diffs.Diff(ctx, ref)
-	if errors.Is(err, ErrDiffTooLarge) {
-		telemetry.Decision(ctx, s.d.Log, key, "refused", "diff too large", slog.String("source", source))
-		fail(http.StatusUnprocessableEntity, "diff_too_large", fmt.Sprintf("the diff of %s is over %d bytes", source, s.cfg.MaxDiffBytes))
-		return
-	}
-	if err != nil {
-		// Nothing is stored, so GitHub's redelivery of the same id is
-		// processed in full.
-		s.d.Log.WarnContext(ctx, "diff fetch failed", "key", key, "source", source, "err", err)
-		fail(http.StatusBadGateway, "upstream_unavailable", "could not fetch the pull request's diff from GitHub; redeliver later")
-		return
-	}
-	if strings.TrimSpace(diffText) == "" {
-		ignore("pull request has no changes", slog.String("source", source))
-		return
-	}
-	c, ok := s.d.Contracts.Get(WebhookContract)
-	if !ok {
-		s.d.Log.ErrorContext(ctx, "webhook contract missing", "contract", WebhookContract)
-		fail(http.StatusServiceUnavailable, "unavailable", "contract "+WebhookContract+" is not loaded")
-		return
-	}
-	input, err := reviewInput(diffText, pr.PullRequest.Title)
+	d.tenant = t
+	rec, err := s.d.Store.GetDelivery(ctx, d.id)
 	if err == nil {
-		err = c.ValidateInput(input)
+		return rec, nil
 	}
-	if err != nil {
-		telemetry.Decision(ctx, s.d.Log, key, "refused", "diff not reviewable", slog.String("source", source), slog.String("err", err.Error()))
-		fail(http.StatusUnprocessableEntity, "invalid_diff", "the pull request's diff cannot be reviewed: "+err.Error())
+	if !errors.Is(err, store.ErrNotFound) {
+		s.d.Log.ErrorContext(ctx, "webhook delivery lookup failed", "key", d.key(), "err", err)
+		return nil, apierror.New(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")
+	}
+	return nil, nil
+}
+
+// storeDelivery fetches the pull request's diff, makes the work and stores
+// it with the delivery, then answers.
+func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *delivery) {
+	work, ignored, refused := s.reviewWork(ctx, d)
+	switch {
+	case refused != nil:
+		s.countWebhook(ctx, refused.Code)
+		refused.Write(w)
+		return
+	case ignored != "":
+		s.ignore(ctx, w, d, ignored)
 		return
 	}
-	work := &store.Work{
-		ID:              WorkID(t.ID, c.Name, source, ref.HeadSHA),
-		TenantID:        t.ID,
-		Region:          s.cfg.Region,
-		Contract:        c.Name,
-		SchemaVersion:   c.SchemaVersion,
-		TaxonomyVersion: c.TaxonomyVersion,
-		SourceID:        source,
-		Revision:        ref.HeadSHA,
-		Lane:            event.Interactive,
-		Input:           string(input),
-		Digest:          Digest(input),
-		DeadlineAt:      time.Now().Add(s.cfg.InteractiveDeadline),
-		SupersedeOlder:  true,
-		SourceUpdatedAt: pr.PullRequest.UpdatedAt,
-	}
-	span.SetAttributes(attribute.String("assay.work_id", work.ID))
-	if _, ok := s.admit(t, work.Lane); !ok {
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("assay.work_id", work.ID))
+	if _, ok := s.admit(d.tenant, work.Lane); !ok {
 		// GitHub does not retry a refused delivery: the work is stored
 		// dropped, and its reason says how to ask again.
-		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", overRate(t, work.Lane), RerunCommand(work))
+		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", overRate(d.tenant, work.Lane), RerunCommand(work))
 	}
-	res, err := s.d.Store.InsertWebhookWork(ctx, store.Delivery{ID: deliveryID, TenantID: t.ID, Event: ev, Action: pr.Action},
+	res, err := s.d.Store.InsertWebhookWork(ctx, store.Delivery{ID: d.id, TenantID: d.tenant.ID, Event: d.event, Action: d.pr.Action},
 		work, s.announce(ctx))
 	if err != nil {
-		s.d.Log.ErrorContext(ctx, "insert webhook work failed", "key", work.ID, "delivery", deliveryID, "err", err)
-		fail(http.StatusServiceUnavailable, "unavailable", "the work was not stored; redeliver later")
+		s.d.Log.ErrorContext(ctx, "insert webhook work failed", "key", work.ID, "delivery", d.id, "err", err)
+		s.countWebhook(ctx, "unavailable")
+		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the work was not stored; redeliver later")
 		return
 	}
 	if !res.First {
 		s.webhookDuplicate(ctx, w, res.Delivery, res.Work)
 		return
 	}
-	resp := WebhookResponse{SubmitResponse: SubmitResponse{WorkID: res.Work.ID, State: res.Work.State, Duplicate: !res.Created,
-		Region: res.Work.Region, Links: Links{Self: "/v1/work/" + res.Work.ID}}, Delivery: deliveryID}
-	attrs := []slog.Attr{slog.String("tenant", t.ID), slog.String("source", source), slog.String("revision", ref.HeadSHA),
-		slog.String("delivery", deliveryID), slog.String("action", pr.Action), slog.String("via", via)}
-	if !res.Created {
-		s.webhooks.Add(ctx, 1, metric.WithAttributes(attribute.String("result", "duplicate"), attribute.String("region", s.cfg.Region)))
+	resp := WebhookResponse{SubmitResponse: submitted(res.Work, !res.Created), Delivery: d.id}
+	attrs := []slog.Attr{slog.String("tenant", d.tenant.ID), slog.String("source", work.SourceID), slog.String("revision", work.Revision),
+		slog.String("delivery", d.id), slog.String("action", d.pr.Action), slog.String("via", d.via)}
+	switch {
+	case !res.Created:
+		s.countWebhook(ctx, "duplicate")
 		telemetry.Decision(ctx, s.d.Log, res.Work.ID, "duplicate", "ingress key already accepted", attrs...)
 		apierror.JSON(w, http.StatusOK, resp)
+		return
+	case res.Work.State == outcome.Dropped:
+		s.relay.Kick()
+		s.logSuperseded(ctx, res.Work)
+		resp.Reason = res.Work.Reason
+		s.countWebhook(ctx, outcome.Dropped)
+		telemetry.Decision(ctx, s.d.Log, res.Work.ID, outcome.Dropped, res.Work.Reason, attrs...)
+		apierror.JSON(w, http.StatusAccepted, resp)
 		return
 	}
 	s.relay.Kick()
 	s.logSuperseded(ctx, res.Work)
-	if res.Work.State == "dropped" {
-		resp.Reason = res.Work.Reason
-		s.webhooks.Add(ctx, 1, metric.WithAttributes(attribute.String("result", "dropped"), attribute.String("region", s.cfg.Region)))
-		telemetry.Decision(ctx, s.d.Log, res.Work.ID, "dropped", res.Work.Reason, attrs...)
-		apierror.JSON(w, http.StatusAccepted, resp)
-		return
-	}
-	s.webhooks.Add(ctx, 1, metric.WithAttributes(attribute.String("result", "accepted"), attribute.String("region", s.cfg.Region)))
-	reason := "new ingress key"
-	if work.SupersedeOlder {
-		reason = "new head; older revisions superseded"
-	}
-	telemetry.Decision(ctx, s.d.Log, res.Work.ID, "queued", reason, attrs...)
+	s.countWebhook(ctx, outcome.Accepted)
+	telemetry.Decision(ctx, s.d.Log, res.Work.ID, outcome.Queued, "new head; older revisions superseded", attrs...)
 	apierror.JSON(w, http.StatusAccepted, resp)
+}
+
+// reviewWork fetches the delivery's diff and makes its code-review work.
+// ignored, when set, says why the delivery asks for no work after all.
+func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work, ignored string, refused *apierror.Error) {
+	pr, source := d.pr, slog.String("source", d.pr.SourceID())
+	ref := PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA}
+	diffText, err := s.cfg.Diffs.Diff(ctx, ref)
+	if errors.Is(err, ErrDiffTooLarge) {
+		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", "diff too large", source)
+		return nil, "", apierror.New(http.StatusUnprocessableEntity, "diff_too_large", fmt.Sprintf("the diff of %s is over %d bytes", pr.SourceID(), s.cfg.MaxDiffBytes))
+	}
+	if err != nil {
+		// Nothing is stored, so GitHub's redelivery of the same id is
+		// processed in full.
+		s.d.Log.WarnContext(ctx, "diff fetch failed", "key", d.key(), "source", pr.SourceID(), "err", err)
+		return nil, "", apierror.New(http.StatusBadGateway, "upstream_unavailable", "could not fetch the pull request's diff from GitHub; redeliver later")
+	}
+	if strings.TrimSpace(diffText) == "" {
+		return nil, "pull request has no changes", nil
+	}
+	c, ok := s.d.Contracts.Get(WebhookContract)
+	if !ok {
+		s.d.Log.ErrorContext(ctx, "webhook contract missing", "contract", WebhookContract)
+		return nil, "", apierror.New(http.StatusServiceUnavailable, "unavailable", "contract "+WebhookContract+" is not loaded")
+	}
+	input, err := reviewInput(diffText, pr.PullRequest.Title)
+	if err == nil {
+		err = c.ValidateInput(input)
+	}
+	if err != nil {
+		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", "diff not reviewable", source, slog.String("err", err.Error()))
+		return nil, "", apierror.New(http.StatusUnprocessableEntity, "invalid_diff", "the pull request's diff cannot be reviewed: "+err.Error())
+	}
+	work = s.newWork(d.tenant, c, pr.SourceID(), ref.HeadSHA, event.Interactive, input, time.Now().Add(s.cfg.InteractiveDeadline))
+	work.SourceUpdatedAt = pr.PullRequest.UpdatedAt
+	return work, "", nil
+}
+
+// ignore answers a delivery that asks for no work: 200 with the reason.
+func (s *Service) ignore(ctx context.Context, w http.ResponseWriter, d *delivery, reason string) {
+	attrs := []slog.Attr{slog.String("event", d.event)}
+	if d.pr != nil {
+		attrs = append(attrs, slog.String("source", d.pr.SourceID()))
+	}
+	s.countWebhook(ctx, "ignored")
+	telemetry.Decision(ctx, s.d.Log, d.key(), "ignored", reason, attrs...)
+	apierror.JSON(w, http.StatusOK, IgnoredResponse{Ignored: reason})
+}
+
+func (s *Service) countWebhook(ctx context.Context, result string) {
+	s.webhooks.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result), attribute.String("region", s.cfg.Region)))
 }
 
 // webhookDuplicate answers a delivery id already recorded: the work it
 // produced, unchanged.
 func (s *Service) webhookDuplicate(ctx context.Context, w http.ResponseWriter, d *store.Delivery, wk *store.Work) {
-	s.webhooks.Add(ctx, 1, metric.WithAttributes(attribute.String("result", "duplicate_delivery"), attribute.String("region", s.cfg.Region)))
+	s.countWebhook(ctx, "duplicate_delivery")
 	resp := WebhookResponse{SubmitResponse: SubmitResponse{WorkID: d.WorkID, Duplicate: true, Region: s.cfg.Region}, Delivery: d.ID}
 	if d.WorkID != "" {
 		resp.Links.Self = "/v1/work/" + d.WorkID

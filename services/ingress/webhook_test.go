@@ -19,15 +19,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
-	"assay.dev/pkg/devkit/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -349,6 +350,7 @@ type webhookEnv struct {
 	svc *Service
 	srv *httptest.Server
 	st  *store.Store
+	db  *pgxpool.Pool
 	js  jetstream.JetStream
 	gh  *fakeGitHub
 	log *lockedBuffer
@@ -360,7 +362,8 @@ type webhookEnv struct {
 func newWebhookEnv(t *testing.T, edit func(*Config)) *webhookEnv {
 	t.Helper()
 	ctx := t.Context()
-	st, err := store.Open(ctx, testenv.Database(t))
+	dbURL := testenv.Database(t)
+	st, err := store.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,10 +414,10 @@ func newWebhookEnv(t *testing.T, edit func(*Config)) *webhookEnv {
 	if err := svc.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(svc.Stop)
+	t.Cleanup(func() { svc.Stop(context.Background()) })
 	srv := httptest.NewServer(svc.Handler())
 	t.Cleanup(srv.Close)
-	return &webhookEnv{t: t, svc: svc, srv: srv, st: st, js: js, gh: gh, log: logs}
+	return &webhookEnv{t: t, svc: svc, srv: srv, st: st, db: testenv.Pool(t, dbURL), js: js, gh: gh, log: logs}
 }
 
 type answer struct {
@@ -484,7 +487,7 @@ func (e *webhookEnv) deliver(eventName, delivery string, body []byte, sig ...str
 func (e *webhookEnv) count(query string, args ...any) int {
 	e.t.Helper()
 	var n int
-	if err := e.st.Pool.QueryRow(e.t.Context(), query, args...).Scan(&n); err != nil {
+	if err := e.db.QueryRow(e.t.Context(), query, args...).Scan(&n); err != nil {
 		e.t.Fatalf("%s: %v", query, err)
 	}
 	return n
@@ -512,7 +515,7 @@ func (e *webhookEnv) published() []event.Work {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	st, err := e.js.Stream(ctx, event.StreamName(event.KindWork, "us"))
+	st, err := e.js.Stream(ctx, (event.Names{Cell: "us"}).Stream(event.KindWork))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -530,7 +533,7 @@ func (e *webhookEnv) published() []event.Work {
 		if err := event.Decode(m.Data, &w); err != nil {
 			e.t.Fatalf("message %d: %v", seq, err)
 		}
-		if want := event.WorkSubject("us", w.Lane, w.TenantID); m.Subject != want {
+		if want := (event.Names{Cell: "us"}).Work(w.Lane, w.TenantID); m.Subject != want {
 			e.t.Fatalf("message %d on %s, want %s", seq, m.Subject, want)
 		}
 		out = append(out, w)
@@ -1019,7 +1022,7 @@ func TestWebhookLateOlderRevisionDoesNotSupersedeNewer(t *testing.T) {
 		t.Fatalf("the newer revision is %s, want queued", cur.State)
 	}
 	var announced int
-	if err := e.st.Pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE msg_id LIKE $1 || '.%'`,
+	if err := e.db.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE msg_id LIKE $1 || '.%'`,
 		late.ID).Scan(&announced); err != nil || announced != 0 {
 		t.Fatalf("the late revision was announced %d times (%v)", announced, err)
 	}

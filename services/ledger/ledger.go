@@ -18,6 +18,7 @@ import (
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/price"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
@@ -25,8 +26,11 @@ import (
 
 // Config of one ledger instance.
 type Config struct {
-	// Region is the cell this instance serves.
+	// Region is the region this instance serves.
 	Region string
+	// Names are the cell's NATS names. Default the cell named after Region
+	// in the default installation.
+	Names event.Names
 	// Prices prices attempts. Default price.Default.
 	Prices price.Prices
 	// AckWait and MaxDeliver configure the durable consumer. Defaults 30s, 20.
@@ -58,8 +62,8 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 
 // Deps are what the ledger talks to.
 type Deps struct {
-	Store *store.Store
-	JS    jetstream.JetStream
+	Store Store
+	JS    jetstream.StreamConsumerManager
 	Log   *slog.Logger
 	Tel   *telemetry.Provider
 }
@@ -69,12 +73,12 @@ type Service struct {
 	cfg      Config
 	d        Deps
 	recorded metric.Int64Counter
-	loop     *consumer.Loop
-	reaper   reaper
+	attempts *consumer.Consumer
+	reaper   lifecycle.Ticker
 }
 
 // Consumer is the durable name of the ledger's ATTEMPT consumer.
-const Consumer = "ledger"
+func Consumer(n event.Names) string { return n.Durable("ledger") }
 
 // New checks the config and builds the service.
 func New(cfg Config, d Deps) (*Service, error) {
@@ -96,58 +100,65 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if cfg.ReapHorizon <= 0 {
 		cfg.ReapHorizon = time.Hour
 	}
+	if cfg.Names.Cell == "" {
+		cfg.Names.Cell = cfg.Region
+	}
+	if err := cfg.Names.Check(); err != nil {
+		return nil, fmt.Errorf("ledger: %w", err)
+	}
 	s := &Service{cfg: cfg, d: d}
 	var err error
-	s.recorded, err = d.Tel.Meter().Int64Counter("assay_ledger_attempts",
-		metric.WithDescription("attempts appended to the ledger by outcome"))
-	return s, err
+	if s.recorded, err = d.Tel.Meter().Int64Counter("assay_ledger_attempts",
+		metric.WithDescription("attempts appended to the ledger by outcome")); err != nil {
+		return nil, err
+	}
+	s.attempts, err = consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindAttempt),
+		Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names), AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver,
+			MaxAckPending: 256},
+		Concurrency: 4, Log: d.Log, Handle: consumer.Typed(d.Log, event.Parse[event.Attempt], s.handle)})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: %w", err)
+	}
+	r := &s.reaper
+	r.Name, r.Every, r.Log = "ledger reaper", cfg.ReapEvery, d.Log
+	r.PassTimeout = time.Minute
+	r.Pass = func(ctx context.Context) (bool, error) {
+		_, err := s.Reap(ctx)
+		return false, err
+	}
+	return s, nil
 }
 
-// Start ensures the ATTEMPT stream and the durable consumer, then consumes.
+// Start consumes the ATTEMPT stream (the classifier's; the consumer waits
+// for it) and runs the reaper.
 func (s *Service) Start(ctx context.Context) error {
-	st, err := event.EnsureStream(ctx, s.d.JS, event.KindAttempt, s.cfg.Region, event.StreamSettings{})
-	if err != nil {
-		return err
+	parts := []lifecycle.Service{s.attempts}
+	if s.cfg.ReapEvery > 0 {
+		parts = append(parts, &s.reaper)
 	}
-	cons, err := event.EnsureConsumer(ctx, st, event.ConsumerSettings{Durable: Consumer,
-		AckWait: s.cfg.AckWait, MaxDeliver: s.cfg.MaxDeliver, MaxAckPending: 256})
-	if err != nil {
-		return err
-	}
-	if s.loop, err = consumer.Start(ctx, cons, 4, s.handle, consumer.WithLog(s.d.Log)); err != nil {
-		return fmt.Errorf("ledger: %w", err)
-	}
-	s.reaper.start(ctx, s)
-	return nil
+	return lifecycle.StartAll(ctx, parts...)
 }
 
-// Stop stops taking attempts and waits for the ones in hand. Idempotent.
+// Stop stops the reaper, then stops taking attempts and waits for the ones
+// in hand. Idempotent.
 func (s *Service) Stop(ctx context.Context) {
-	s.reaper.stop()
-	if s.loop != nil {
-		s.loop.Stop(ctx)
-	}
+	lifecycle.StopAll(ctx, &s.reaper, s.attempts)
 }
 
 // Ready reports whether the service can take attempts.
 func (s *Service) Ready(ctx context.Context) error {
-	return consumer.Ready(ctx, s.d.Store.Pool, s.d.JS, event.StreamName(event.KindAttempt, s.cfg.Region), Consumer)
+	if err := s.d.Store.Ping(ctx); err != nil {
+		return err
+	}
+	return s.attempts.Ready(ctx)
 }
 
-func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
-	ctx = telemetry.Extract(ctx, msg.Headers())
-	var ev event.Attempt
-	if err := event.Decode(msg.Data(), &ev); err != nil {
-		telemetry.Decision(ctx, s.d.Log, msg.Subject(), "refused", "undecodable attempt message: "+err.Error())
-		_ = msg.Term()
-		return
-	}
+func (s *Service) handle(ctx context.Context, ev event.Attempt, _ consumer.Delivery) consumer.Disposition {
 	if err := s.Append(ctx, ev); err != nil {
 		s.d.Log.Warn("ledger append failed; will retry", "key", ev.AttemptID, "err", err)
-		_ = msg.NakWithDelay(time.Second)
-		return
+		return consumer.Retry(time.Second)
 	}
-	_ = msg.Ack()
+	return consumer.Done()
 }
 
 // Append records one attempt; a redelivery changes nothing.

@@ -3,10 +3,9 @@ package ledger
 import (
 	"context"
 	"log/slog"
-	"sync"
-	"time"
 
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
@@ -14,49 +13,13 @@ import (
 // reapBatch bounds the rows one reaper pass handles per query.
 const reapBatch = 500
 
-// reaper makes the ledger whole from Postgres when the broker did not
+// The reaper makes the ledger whole from Postgres when the broker did not
 // deliver: it re-reads ATTEMPT events the broker acknowledged and then lost
 // from the outbox that published them, records attempts whose worker died
 // before reporting (estimated, charged their reservation) and returns
-// reservations whose attempt was never recorded. Several ledger instances
-// may reap at once: every write is idempotent.
-type reaper struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	once   sync.Once
-}
-
-func (r *reaper) start(ctx context.Context, s *Service) {
-	if s.cfg.ReapEvery < 0 {
-		return
-	}
-	ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	r.done = make(chan struct{})
-	go func() {
-		defer close(r.done)
-		t := time.NewTicker(s.cfg.ReapEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if _, err := s.Reap(ctx); err != nil && ctx.Err() == nil {
-				s.d.Log.Warn("ledger reap failed", "err", err)
-			}
-		}
-	}()
-}
-
-func (r *reaper) stop() {
-	r.once.Do(func() {
-		if r.cancel != nil {
-			r.cancel()
-			<-r.done
-		}
-	})
-}
+// reservations whose attempt was never recorded. It is a lifecycle.Ticker
+// on Reap; several ledger instances may reap at once, every write is
+// idempotent.
 
 // Reaped counts what one pass did.
 type Reaped struct {
@@ -68,7 +31,7 @@ type Reaped struct {
 // Reap runs one reaper pass.
 func (s *Service) Reap(ctx context.Context) (Reaped, error) {
 	var n Reaped
-	payloads, err := s.d.Store.UnrecordedAttemptEvents(ctx, s.cfg.Region, s.cfg.ReapGrace, s.cfg.ReapHorizon, reapBatch)
+	payloads, err := s.d.Store.UnrecordedEvents(ctx, event.KindAttempt, s.cfg.ReapGrace, s.cfg.ReapHorizon, reapBatch)
 	if err != nil {
 		return n, err
 	}
@@ -94,7 +57,7 @@ func (s *Service) Reap(ctx context.Context) (Reaped, error) {
 		// the model call, which the provider bills whether or not the
 		// answer came back. Units are unknown; the reservation bounds them.
 		if err := s.append(ctx, store.LedgerRow{AttemptID: d.AttemptID, TenantID: d.TenantID, WorkID: d.WorkID,
-			Model: d.Model, Outcome: "lease_expired", UpstreamAttempts: 1, CostMicros: d.ReservedMicros,
+			Model: d.Model, Outcome: outcome.AttemptLeaseExpired, UpstreamAttempts: 1, CostMicros: d.ReservedMicros,
 			OccurredAt: d.StartedAt, Estimated: true}); err != nil {
 			return n, err
 		}

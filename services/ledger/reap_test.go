@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 )
@@ -21,21 +19,21 @@ import (
 func TestReaperMakesTheLedgerWhole(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	s, st := newTestLedger(t, Config{Region: "us", ReapEvery: -1, ReapGrace: time.Second}, "acme")
+	s, st, db := newTestLedger(t, Config{Region: "us", ReapEvery: -1, ReapGrace: time.Second}, "acme")
 	budget := int64(10_000_000)
 	if err := st.SetBudget(ctx, "acme", &budget, "month"); err != nil {
 		t.Fatal(err)
 	}
 	exec := func(sql string, args ...any) {
 		t.Helper()
-		if _, err := st.Pool.Exec(ctx, sql, args...); err != nil {
+		if _, err := db.Exec(ctx, sql, args...); err != nil {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
 	count := func(sql string, args ...any) int64 {
 		t.Helper()
 		var n int64
-		if err := st.Pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+		if err := db.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
 			t.Fatalf("%s: %v", sql, err)
 		}
 		return n
@@ -73,12 +71,9 @@ func TestReaperMakesTheLedgerWhole(t *testing.T) {
 	ev := event.Attempt{AttemptID: lost, WorkID: "w_lost", TenantID: "acme", Region: "us", Number: 1,
 		Model: "assay-sim-1", Outcome: "ok", UpstreamAttempts: 1, InputUnits: 1000, OutputUnits: 100, At: time.Now().UTC()}
 	payload, _ := json.Marshal(ev)
-	if err := st.Tx(ctx, func(tx pgx.Tx) error {
-		if err := st.FinishAttempt(ctx, tx, lost, "ok", "", "{}"); err != nil {
-			return err
-		}
-		return st.InsertOutbox(ctx, tx, []store.OutboxMsg{{Subject: event.AttemptSubject("us", "acme"), MsgID: lost, Payload: payload}})
-	}); err != nil {
+	if err := st.RecordAttempt(ctx, store.AttemptRecord{AttemptID: lost, WorkID: "w_lost", Outcome: "ok", Raw: "{}",
+		Outbox: []store.OutboxMsg{{Stream: event.KindAttempt, Subject: (event.Names{Cell: "us"}).Attempt("acme"),
+			MsgID: lost, Payload: payload}}}); err != nil {
 		t.Fatal(err)
 	}
 	exec(`UPDATE outbox SET published_at = now() - interval '2 minutes' WHERE msg_id = $1`, lost)

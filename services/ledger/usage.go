@@ -1,27 +1,35 @@
 package ledger
 
 import (
-	"errors"
 	"net/http"
-	"strings"
 	"time"
 
 	"assay.dev/pkg/apierror"
-	"assay.dev/pkg/store"
+	"assay.dev/pkg/auth"
 )
 
 // UsageReport answers GET /v1/usage: the same ledger rows totalled by
 // outcome and by model.
 type UsageReport struct {
-	TenantID    string                 `json:"tenantId"`
-	From        time.Time              `json:"from"`
-	To          time.Time              `json:"to"`
-	Calls       int64                  `json:"calls"`
-	InputUnits  int64                  `json:"inputUnits"`
-	OutputUnits int64                  `json:"outputUnits"`
-	CostMicros  int64                  `json:"costMicros"`
-	ByOutcome   []store.UsageLine      `json:"byOutcome"`
-	ByModel     []store.ModelUsageLine `json:"byModel"`
+	TenantID    string      `json:"tenantId"`
+	From        time.Time   `json:"from"`
+	To          time.Time   `json:"to"`
+	Calls       int64       `json:"calls"`
+	InputUnits  int64       `json:"inputUnits"`
+	OutputUnits int64       `json:"outputUnits"`
+	CostMicros  int64       `json:"costMicros"`
+	ByOutcome   []UsageLine `json:"byOutcome"`
+	ByModel     []UsageLine `json:"byModel"`
+}
+
+// UsageLine totals one outcome's or one model's attempts.
+type UsageLine struct {
+	Outcome     string `json:"outcome,omitempty"`
+	Model       string `json:"model,omitempty"`
+	Calls       int64  `json:"calls"`
+	InputUnits  int64  `json:"inputUnits"`
+	OutputUnits int64  `json:"outputUnits"`
+	CostMicros  int64  `json:"costMicros"`
 }
 
 // Handler serves GET /v1/usage?tenant=…&from=…&to=… (RFC 3339 times; from
@@ -34,18 +42,9 @@ func (s *Service) Handler() http.Handler {
 }
 
 func (s *Service) usage(w http.ResponseWriter, r *http.Request) {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
-		apierror.Write(w, http.StatusUnauthorized, "unauthenticated", "send an API token as 'Authorization: Bearer <token>'")
-		return
-	}
-	t, err := s.d.Store.TenantByToken(r.Context(), strings.TrimSpace(tok))
-	if errors.Is(err, store.ErrNotFound) {
-		apierror.Write(w, http.StatusUnauthorized, "unauthenticated", "unknown or revoked API token")
-		return
-	}
-	if err != nil {
-		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; try again")
+	t, refused := auth.Bearer(r.Context(), s.d.Store, r.Header.Get("Authorization"), auth.Cell{Region: s.cfg.Region, ID: s.cfg.Names.Cell})
+	if refused != nil {
+		refused.Write(w)
 		return
 	}
 	q := r.URL.Query()
@@ -75,28 +74,28 @@ func (s *Service) usage(w http.ResponseWriter, r *http.Request) {
 	lines, err := s.d.Store.Usage(r.Context(), t.ID, from, to)
 	if err != nil {
 		s.d.Log.Error("usage query failed", "err", err)
-		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; try again")
+		auth.Unavailable().Write(w)
 		return
 	}
 	models, err := s.d.Store.UsageByModel(r.Context(), t.ID, from, to)
 	if err != nil {
 		s.d.Log.Error("usage query failed", "err", err)
-		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; try again")
+		auth.Unavailable().Write(w)
 		return
 	}
-	rep := UsageReport{TenantID: t.ID, From: from.UTC(), To: to.UTC(), ByOutcome: lines, ByModel: models}
 	// Empty arrays, not null, so clients can range over them unchecked.
-	if rep.ByOutcome == nil {
-		rep.ByOutcome = []store.UsageLine{}
-	}
-	if rep.ByModel == nil {
-		rep.ByModel = []store.ModelUsageLine{}
-	}
+	rep := UsageReport{TenantID: t.ID, From: from.UTC(), To: to.UTC(), ByOutcome: []UsageLine{}, ByModel: []UsageLine{}}
 	for _, l := range lines {
+		rep.ByOutcome = append(rep.ByOutcome, UsageLine{Outcome: l.Outcome, Calls: l.Calls, InputUnits: l.InputUnits,
+			OutputUnits: l.OutputUnits, CostMicros: l.CostMicros})
 		rep.Calls += l.Calls
 		rep.InputUnits += l.InputUnits
 		rep.OutputUnits += l.OutputUnits
 		rep.CostMicros += l.CostMicros
+	}
+	for _, l := range models {
+		rep.ByModel = append(rep.ByModel, UsageLine{Model: l.Model, Calls: l.Calls, InputUnits: l.InputUnits,
+			OutputUnits: l.OutputUnits, CostMicros: l.CostMicros})
 	}
 	apierror.JSON(w, http.StatusOK, rep)
 }

@@ -7,22 +7,26 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
-	"assay.dev/pkg/devkit/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 // newTestLedger is a ledger of region us on a fresh, migrated database with
 // the tenants (homed in us), not started.
-func newTestLedger(t *testing.T, cfg Config, tenants ...string) (*Service, *store.Store) {
+func newTestLedger(t *testing.T, cfg Config, tenants ...string) (*Service, *store.Store, *pgxpool.Pool) {
 	t.Helper()
 	ctx := t.Context()
-	st, err := store.Open(ctx, testenv.Database(t))
+	url := testenv.Database(t)
+	st, err := store.Open(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,13 +49,13 @@ func newTestLedger(t *testing.T, cfg Config, tenants ...string) (*Service, *stor
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, st
+	return s, st, testenv.Pool(t, url)
 }
 
 func TestUsageReportByOutcomeAndModel(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	s, st := newTestLedger(t, Config{Region: "us"}, "acme", "globex")
+	s, st, _ := newTestLedger(t, Config{Region: "us"}, "acme", "globex")
 	w, _, err := st.InsertWork(ctx, &store.Work{ID: "w_usage", TenantID: "acme", Region: "us", Contract: "moderation",
 		SchemaVersion: "1", TaxonomyVersion: "1", SourceID: "t/1", Revision: "r1", Lane: "batch", Input: `{"text":"x"}`,
 		Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Hour)}, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil })
@@ -91,14 +95,14 @@ func TestUsageReportByOutcomeAndModel(t *testing.T) {
 	if code != http.StatusOK || rep.TenantID != "acme" || rep.Calls != 4 || rep.InputUnits != 250 || rep.OutputUnits != 35 || rep.CostMicros != 59 {
 		t.Fatalf("HTTP %d %+v", code, rep)
 	}
-	wantModels := []store.ModelUsageLine{
+	wantModels := []UsageLine{
 		{Model: "assay-sim-1", Calls: 2, InputUnits: 200, OutputUnits: 30, CostMicros: 48},
 		{Model: "gpt-4o-mini", Calls: 2, InputUnits: 50, OutputUnits: 5, CostMicros: 11},
 	}
 	if !slices.Equal(rep.ByModel, wantModels) {
 		t.Errorf("byModel %+v, want %+v", rep.ByModel, wantModels)
 	}
-	if len(rep.ByOutcome) != 3 || rep.ByOutcome[1] != (store.UsageLine{Outcome: "ok", Calls: 2, InputUnits: 150, OutputUnits: 15, CostMicros: 32}) {
+	if len(rep.ByOutcome) != 3 || rep.ByOutcome[1] != (UsageLine{Outcome: "ok", Calls: 2, InputUnits: 150, OutputUnits: 15, CostMicros: 32}) {
 		t.Errorf("byOutcome %+v", rep.ByOutcome)
 	}
 	// Another tenant sees only its own, empty, usage: arrays, not null.
@@ -113,5 +117,36 @@ func TestUsageReportByOutcomeAndModel(t *testing.T) {
 	_ = json.Unmarshal(rec.Body.Bytes(), &raw)
 	if string(raw["byModel"]) != "[]" || string(raw["byOutcome"]) != "[]" || string(raw["calls"]) != "0" {
 		t.Errorf("globex report %s", rec.Body)
+	}
+}
+
+// Usage is read through the one tenant authentication: a suspended tenant
+// is refused, and a tenant homed in another region is sent there.
+func TestUsageRefusesSuspendedAndMisdirectedTenants(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, st, _ := newTestLedger(t, Config{Region: "us"}, "acme")
+	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "globex", HomeRegion: "eu", Token: "tok-globex"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetStatus(ctx, "acme", store.TenantSuspended); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		token string
+		code  int
+		err   string
+	}{
+		{"tok-acme", http.StatusForbidden, `"tenant_suspended"`},
+		{"tok-globex", http.StatusMisdirectedRequest, `"wrong_region"`},
+		{"nope", http.StatusUnauthorized, `"unauthenticated"`},
+	} {
+		req := httptest.NewRequest(http.MethodGet, "/v1/usage", nil)
+		req.Header.Set("Authorization", "Bearer "+c.token)
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		if rec.Code != c.code || !strings.Contains(rec.Body.String(), c.err) {
+			t.Errorf("%s: HTTP %d %s, want %d %s", c.token, rec.Code, rec.Body, c.code, c.err)
+		}
 	}
 }

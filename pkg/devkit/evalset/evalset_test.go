@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"assay.dev/pkg/diff"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/diff"
 )
 
 var (

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 
 	"assay.dev/pkg/devkit/devpg"
@@ -119,6 +120,18 @@ func Database(tb testing.TB) string {
 		tb.Fatalf("testenv: %v", err)
 	}
 	return u
+}
+
+// Pool opens a pool on the database at url for a test's own reads and
+// writes (setting rows up, reading them back), closed when tb ends.
+func Pool(tb testing.TB, url string) *pgxpool.Pool {
+	tb.Helper()
+	p, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		tb.Fatalf("testenv: pool: %v", err)
+	}
+	tb.Cleanup(p.Close)
+	return p
 }
 
 // admin runs one statement on the maintenance database. CREATE DATABASE

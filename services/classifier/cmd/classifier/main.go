@@ -2,7 +2,6 @@
 package main
 
 import (
-	"context"
 	"net/http"
 	"os"
 
@@ -13,17 +12,14 @@ import (
 )
 
 func main() {
-	host.Main("classifier", config.Need{Model: true, HTTPAddr: ":8081"}, func(e *host.Env) (host.Part, http.Handler, func(context.Context), error) {
-		cfg := classifier.Config{Region: e.Config.Region, Model: e.Config.Model}
+	host.Main("classifier", config.Need{Model: true, HTTPAddr: ":8081"}, func(e *host.Env) (host.Part, http.Handler, error) {
+		cfg := classifier.Config{Region: e.Config.Region, Names: e.Config.Names(), Streams: e.Config.Streams, Model: e.Config.Model}
 		if err := cfg.FromEnv(os.Getenv); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
 		mc := &model.Client{BaseURL: e.Config.ModelBaseURL, APIKey: e.Config.ModelAPIKey, Model: e.Config.Model}
 		s, err := classifier.New(cfg,
 			classifier.Deps{Store: e.Store, JS: e.JS, Model: mc, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		return s, nil, s.Stop, nil
+		return s, nil, err
 	})
 }

@@ -2,7 +2,6 @@
 package main
 
 import (
-	"context"
 	"net/http"
 	"os"
 
@@ -12,16 +11,13 @@ import (
 )
 
 func main() {
-	host.Main("committer", config.Need{HTTPAddr: ":8082"}, func(e *host.Env) (host.Part, http.Handler, func(context.Context), error) {
-		cfg := committer.Config{Region: e.Config.Region}
+	host.Main("committer", config.Need{HTTPAddr: ":8082"}, func(e *host.Env) (host.Part, http.Handler, error) {
+		cfg := committer.Config{Region: e.Config.Region, Names: e.Config.Names()}
 		if err := cfg.FromEnv(os.Getenv); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
 		s, err := committer.New(cfg,
 			committer.Deps{Store: e.Store, JS: e.JS, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		return s, nil, s.Stop, nil
+		return s, nil, err
 	})
 }

@@ -2,7 +2,6 @@
 package main
 
 import (
-	"context"
 	"net/http"
 	"os"
 
@@ -12,15 +11,15 @@ import (
 )
 
 func main() {
-	host.Main("ingress", config.Need{HTTPAddr: ":8080"}, func(e *host.Env) (host.Part, http.Handler, func(context.Context), error) {
-		cfg := ingress.Config{Region: e.Config.Region}
+	host.Main("ingress", config.Need{HTTPAddr: ":8080"}, func(e *host.Env) (host.Part, http.Handler, error) {
+		cfg := ingress.Config{Region: e.Config.Region, Names: e.Config.Names(), Streams: e.Config.Streams}
 		if err := cfg.FromEnv(os.Getenv); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
 		s, err := ingress.New(cfg, ingress.Deps{Store: e.Store, JS: e.JS, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
-		return s, s.Handler(), func(context.Context) { s.Stop() }, nil
+		return s, s.Handler(), nil
 	})
 }

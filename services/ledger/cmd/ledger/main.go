@@ -2,7 +2,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -14,20 +13,19 @@ import (
 )
 
 func main() {
-	host.Main("ledger", config.Need{HTTPAddr: ":8083"}, func(e *host.Env) (host.Part, http.Handler, func(context.Context), error) {
+	host.Main("ledger", config.Need{HTTPAddr: ":8083"}, func(e *host.Env) (host.Part, http.Handler, error) {
 		prices, err := price.Load(os.Getenv("ASSAY_PRICE_TABLE"))
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)
+			return nil, nil, fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)
 		}
-		cfg := ledger.Config{Region: e.Config.Region, Prices: prices}
+		cfg := ledger.Config{Region: e.Config.Region, Names: e.Config.Names(), Prices: prices}
 		if err := cfg.FromEnv(os.Getenv); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
-		s, err := ledger.New(cfg,
-			ledger.Deps{Store: e.Store, JS: e.JS, Log: e.Log, Tel: e.Tel})
+		s, err := ledger.New(cfg, ledger.Deps{Store: e.Store, JS: e.JS, Log: e.Log, Tel: e.Tel})
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
-		return s, s.Handler(), s.Stop, nil
+		return s, s.Handler(), nil
 	})
 }

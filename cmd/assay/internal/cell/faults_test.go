@@ -1,4 +1,4 @@
-package main
+package cell_test
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/services/ingress"
@@ -15,7 +17,7 @@ import (
 // row, and a retry waits at least the Retry-After the provider gave.
 func TestTransportFaults(t *testing.T) {
 	t.Parallel()
-	b := setup(t, cellOptions{})
+	b := celltest.Setup(t, cell.Options{})
 	cases := []struct {
 		fault    sim.Fault
 		outcome  string
@@ -34,19 +36,19 @@ func TestTransportFaults(t *testing.T) {
 	for i, tc := range cases {
 		title := "transport case " + tc.fault.Kind
 		tc.fault.Tenant, tc.fault.Match = "acme", title
-		if err := b.sim.AddFault(tc.fault); err != nil {
+		if err := b.Sim.AddFault(tc.fault); err != nil {
 			t.Fatal(err)
 		}
-		req := codeReview(evalset.Items()[3], title)
+		req := celltest.CodeReview(evalset.Items()[3], title)
 		req.SourceID = "shop/transport#" + tc.fault.Kind
 		req.DeadlineSeconds = tc.deadline
-		_, r := b.submit(t, req)
+		_, r := b.Submit(t, req)
 		ids[i] = r.WorkID
 	}
 	total := 0
 	for i, tc := range cases {
 		t.Run(tc.fault.Kind, func(t *testing.T) {
-			v := b.wait(t, ids[i])
+			v := b.Wait(t, ids[i])
 			if *v.Outcome != tc.outcome {
 				t.Fatalf("outcome %s (%s), want %s", *v.Outcome, v.Reason, tc.outcome)
 			}
@@ -69,11 +71,11 @@ func TestTransportFaults(t *testing.T) {
 		})
 		total += len(tc.attempts)
 	}
-	b.waitLedger(t, "acme", total)
-	if n := b.calls("acme"); n != int64(total) {
+	b.WaitLedger(t, "acme", total)
+	if n := b.Calls("acme"); n != int64(total) {
 		t.Errorf("model calls %d, ledger rows %d", n, total)
 	}
-	if n := b.count(t, `SELECT count(*) FROM ledger WHERE outcome = 'rate_limited'`); n != 1 {
+	if n := b.Count(t, `SELECT count(*) FROM ledger WHERE outcome = 'rate_limited'`); n != 1 {
 		t.Errorf("rate-limited attempts in the ledger = %d, want 1", n)
 	}
 }
@@ -83,27 +85,27 @@ func TestTransportFaults(t *testing.T) {
 // finishes it.
 func TestSweeperRecoversAbandonedClaim(t *testing.T) {
 	t.Parallel()
-	b := setup(t, cellOptions{NoClassifier: true, Ingress: ingress.Config{
+	b := celltest.Setup(t, cell.Options{NoClassifier: true, Ingress: ingress.Config{
 		SweepEvery: 100 * time.Millisecond, LeaseGrace: 100 * time.Millisecond}})
-	_, r := b.submit(t, codeReview(evalset.Items()[4], "abandoned"))
+	_, r := b.Submit(t, celltest.CodeReview(evalset.Items()[4], "abandoned"))
 	ctx := context.Background()
 	// The dead worker: it took the lease and was never heard of again.
-	if _, ok, err := b.cell.Env.Store.Claim(ctx, r.WorkID, "00000000-0000-4000-8000-000000000001",
+	if _, ok, err := b.Cell.Env.Store.Claim(ctx, r.WorkID, "00000000-0000-4000-8000-000000000001",
 		"00000000-0000-4000-8000-000000000002", 2*time.Second); err != nil || !ok {
 		t.Fatalf("claim: %v %v", ok, err)
 	}
-	if err := b.cell.Classifier.Start(ctx); err != nil {
+	if err := b.Cell.Classifier.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.cell.Classifier.Stop(context.Background()) })
-	v := b.wait(t, r.WorkID)
+	t.Cleanup(func() { b.Cell.Classifier.Stop(context.Background()) })
+	v := b.Wait(t, r.WorkID)
 	if *v.Outcome != "accepted" {
 		t.Fatalf("outcome %s (%s), want accepted", *v.Outcome, v.Reason)
 	}
-	if n := b.count(t, `SELECT dispatch FROM work WHERE id = $1`, r.WorkID); n < 2 {
+	if n := b.Count(t, `SELECT dispatch FROM work WHERE id = $1`, r.WorkID); n < 2 {
 		t.Errorf("dispatch = %d, want a re-announcement", n)
 	}
-	if n := b.calls("acme"); n != 1 {
+	if n := b.Calls("acme"); n != 1 {
 		t.Errorf("model calls = %d, want 1", n)
 	}
 	if len(v.Attempts) != 2 || v.Attempts[0].Outcome != "lease_expired" || v.Attempts[1].Outcome != "ok" {

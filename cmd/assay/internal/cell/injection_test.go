@@ -1,4 +1,4 @@
-package main
+package cell_test
 
 import (
 	"bytes"
@@ -11,8 +11,10 @@ import (
 	"sync"
 	"testing"
 
-	"assay.dev/pkg/model"
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/model"
 	"assay.dev/services/ingress"
 )
 
@@ -30,10 +32,10 @@ func (rc *recorder) requests() []model.ChatRequest {
 
 // setupRecorded is setup with the cell's model calls passing through a
 // recorder in front of the simulated provider.
-func setupRecorded(t *testing.T, o cellOptions) (*bundle, *recorder) {
+func setupRecorded(t *testing.T, o cell.Options) (*celltest.Bundle, *recorder) {
 	t.Helper()
 	rc := &recorder{}
-	b := setupFront(t, o, func(next http.Handler) http.Handler {
+	b := celltest.SetupFront(t, o, func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			raw, err := io.ReadAll(r.Body)
 			if err != nil {
@@ -75,8 +77,8 @@ func injDiff(path string, added ...string) string {
 // injected text only ever travels in the user message.
 func TestPromptInjectionIsContained(t *testing.T) {
 	t.Parallel()
-	b, rc := setupRecorded(t, cellOptions{})
-	if err := b.sim.AddFault(sim.Fault{Kind: sim.FaultObeyInjection}); err != nil {
+	b, rc := setupRecorded(t, cell.Options{})
+	if err := b.Sim.AddFault(sim.Fault{Kind: sim.FaultObeyInjection}); err != nil {
 		t.Fatal(err)
 	}
 	buggy := `order.Total = float64(cents) / 100`
@@ -139,7 +141,7 @@ func TestPromptInjectionIsContained(t *testing.T) {
 		} else {
 			in, _ = json.Marshal(map[string]string{"diff": tc.diff, "title": tc.title})
 		}
-		_, r := b.submit(t, ingress.SubmitRequest{Contract: tc.contract, SourceID: src(i), Revision: rev, Input: in})
+		_, r := b.Submit(t, ingress.SubmitRequest{Contract: tc.contract, SourceID: src(i), Revision: rev, Input: in})
 		ids[i] = r.WorkID
 	}
 	if ids[1] != forgedID {
@@ -147,7 +149,7 @@ func TestPromptInjectionIsContained(t *testing.T) {
 	}
 	wantCalls := 0
 	for i, tc := range cases {
-		v := b.wait(t, ids[i])
+		v := b.Wait(t, ids[i])
 		t.Logf("%s: %s %s", tc.name, *v.Outcome, v.Reason)
 		if *v.Outcome != tc.want {
 			t.Errorf("%s: outcome %s (%s), want %s", tc.name, *v.Outcome, v.Reason, tc.want)
@@ -169,7 +171,7 @@ func TestPromptInjectionIsContained(t *testing.T) {
 		"code-review": {"schemaVersion": true, "changeId": true, "findings": true},
 		"moderation":  {"category": true, "confidence": true, "needsHumanReview": true},
 	}
-	rows, err := b.cell.Env.Store.Pool.Query(ctx, `SELECT r.work_id, r.tenant_id, w.contract, r.output::text
+	rows, err := b.DB.Query(ctx, `SELECT r.work_id, r.tenant_id, w.contract, r.output::text
 		FROM results r JOIN work w ON w.id = r.work_id`)
 	if err != nil {
 		t.Fatal(err)
@@ -204,14 +206,14 @@ func TestPromptInjectionIsContained(t *testing.T) {
 		t.Errorf("result rows = %d, want 3 (the control, the forged review, the approved abuse)", results)
 	}
 
-	b.waitLedger(t, "acme", wantCalls)
+	b.WaitLedger(t, "acme", wantCalls)
 	for _, table := range []string{"work", "attempts", "results", "ledger"} {
-		if n := b.count(t, `SELECT count(*) FROM `+table+` WHERE tenant_id <> 'acme'`); n != 0 {
+		if n := b.Count(t, `SELECT count(*) FROM `+table+` WHERE tenant_id <> 'acme'`); n != 0 {
 			t.Errorf("%s rows with another tenant = %d", table, n)
 		}
 	}
-	if n := b.calls("acme"); n != int64(wantCalls) || b.sim.Stats().Total != int64(wantCalls) {
-		t.Errorf("provider calls acme=%d total=%d, want %d", n, b.sim.Stats().Total, wantCalls)
+	if n := b.Calls("acme"); n != int64(wantCalls) || b.Sim.Stats().Total != int64(wantCalls) {
+		t.Errorf("provider calls acme=%d total=%d, want %d", n, b.Sim.Stats().Total, wantCalls)
 	}
 
 	// The injected text travels only as data in the user message: never in

@@ -1,4 +1,4 @@
-package main
+package cell_test
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/store"
@@ -21,14 +23,14 @@ func TestBudgetRace(t *testing.T) {
 	// The simulated provider counts a unit per 4 bytes, so an estimate at 4
 	// bytes a unit with the answer capped at 512 units bounds its real cost.
 	cfg := classifier.Config{Concurrency: 8, MaxOutputUnits: 512, BytesPerUnit: 4}
-	b := setup(t, cellOptions{Classifier: cfg})
+	b := celltest.Setup(t, cell.Options{Classifier: cfg})
 	ctx := context.Background()
-	env := b.cell.Env
+	env := b.Cell.Env
 	// A second classifier on the same durable: two processes' worth of
 	// workers race for the same budget.
 	cfg.Region, cfg.Model = "us", "assay-sim-1"
 	second, err := classifier.New(cfg,
-		classifier.Deps{Store: env.Store, JS: env.JS, Model: modelClient(env.Config), Contracts: env.Contracts, Log: env.Log, Tel: env.Tel})
+		classifier.Deps{Store: env.Store, JS: env.JS, Model: cell.ModelClient(env.Config), Contracts: env.Contracts, Log: env.Log, Tel: env.Tel})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,14 +42,14 @@ func TestBudgetRace(t *testing.T) {
 	// What one attempt costs: every item below has the same size, so the
 	// same units and the same price.
 	item := evalset.Items()[5]
-	cal := codeReview(item, "budget")
+	cal := celltest.CodeReview(item, "budget")
 	cal.SourceID = "shop/budget#0"
-	_, r := b.submit(t, cal)
-	if v := b.wait(t, r.WorkID); *v.Outcome != "accepted" {
+	_, r := b.Submit(t, cal)
+	if v := b.Wait(t, r.WorkID); *v.Outcome != "accepted" {
 		t.Fatalf("calibration: %s", *v.Outcome)
 	}
-	b.waitLedger(t, "acme", 1)
-	one := int64(b.count(t, `SELECT cost_micros::int FROM ledger WHERE work_id = $1`, r.WorkID))
+	b.WaitLedger(t, "acme", 1)
+	one := int64(b.Count(t, `SELECT cost_micros::int FROM ledger WHERE work_id = $1`, r.WorkID))
 
 	if err := env.Store.SeedTenants(ctx, []store.TenantSeed{{ID: "thrifty", HomeRegion: "us", Token: "thrifty-token"}}); err != nil {
 		t.Fatal(err)
@@ -63,28 +65,28 @@ func TestBudgetRace(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Slow calls keep many reservations in flight at once.
-	if err := b.sim.AddFault(sim.Fault{Kind: sim.FaultLatency, Tenant: "thrifty", Latency: 150 * time.Millisecond}); err != nil {
+	if err := b.Sim.AddFault(sim.Fault{Kind: sim.FaultLatency, Tenant: "thrifty", Latency: 150 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
-	b.token = "thrifty-token"
+	b.Token = "thrifty-token"
 	ids := make([]string, 3*k)
 	for i := range ids {
-		req := codeReview(item, "budget")
+		req := celltest.CodeReview(item, "budget")
 		req.SourceID = fmt.Sprintf("shop/budget#%d", i+1)
-		_, r := b.submit(t, req)
+		_, r := b.Submit(t, req)
 		ids[i] = r.WorkID
 	}
 	outcomes := map[string]int{}
 	for _, id := range ids {
-		v := b.wait(t, id)
+		v := b.Wait(t, id)
 		outcomes[*v.Outcome]++
 		if *v.Outcome == "budget_exhausted" && len(v.Attempts) != 0 {
 			t.Errorf("%s ended budget_exhausted after %d attempts", id, len(v.Attempts))
 		}
 	}
-	calls := b.calls("thrifty")
-	b.waitLedger(t, "thrifty", int(calls))
-	spent := int64(b.count(t, `SELECT coalesce(sum(cost_micros), 0)::int FROM ledger WHERE tenant_id = 'thrifty'`))
+	calls := b.Calls("thrifty")
+	b.WaitLedger(t, "thrifty", int(calls))
+	spent := int64(b.Count(t, `SELECT coalesce(sum(cost_micros), 0)::int FROM ledger WHERE tenant_id = 'thrifty'`))
 	bud, err := env.Store.CurrentBudget(ctx, "thrifty")
 	if err != nil {
 		t.Fatal(err)
@@ -108,12 +110,12 @@ func TestBudgetRace(t *testing.T) {
 	}
 }
 
-func estimate(t *testing.T, b *bundle, s *classifier.Service, workID string) int64 {
+func estimate(t *testing.T, b *celltest.Bundle, s *classifier.Service, workID string) int64 {
 	t.Helper()
-	w, err := b.cell.Env.Store.GetWork(context.Background(), workID)
+	w, err := b.Cell.Env.Store.GetWork(context.Background(), workID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, _ := b.cell.Env.Contracts.Get(w.Contract)
+	c, _ := b.Cell.Env.Contracts.Get(w.Contract)
 	return s.Estimate(c, w)
 }

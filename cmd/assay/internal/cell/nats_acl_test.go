@@ -1,4 +1,4 @@
-package main
+package cell_test
 
 import (
 	"bytes"
@@ -19,33 +19,37 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/cmd/assay/internal/natsconf"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
-	"assay.dev/pkg/devkit/testenv"
 )
 
-var aclServices = []string{"ingress", "classifier", "committer", "ledger"}
+func cellNames(cell string) event.Names { return event.Names{Installation: "assay", Cell: cell} }
 
 // aclServer starts nats-server with deploy/nats/assay.conf, as shipped but
 // for where it listens and stores, and returns a URL maker for its users.
 func aclServer(t *testing.T) func(user string) string {
 	t.Helper()
 	passwords := map[string]string{}
-	for _, r := range config.Regions {
-		for _, svc := range aclServices {
+	for _, r := range config.DefaultRegions {
+		for _, svc := range natsconf.Services {
 			b := make([]byte, 16)
 			_, _ = rand.Read(b)
 			// A leading letter: the config parser would read an all-digit
 			// value from the environment as a number.
 			pw := "p" + hex.EncodeToString(b)
-			passwords[r+"-"+svc] = pw
-			t.Setenv("ASSAY_NATS_"+strings.ToUpper(r)+"_"+strings.ToUpper(svc)+"_PASSWORD", pw)
+			passwords[natsconf.User(cellNames(r), svc)] = pw
+			t.Setenv(natsconf.PasswordVar(cellNames(r), svc), pw)
 		}
 	}
-	opts, err := server.ProcessConfigFile("../../deploy/nats/assay.conf")
+	opts, err := server.ProcessConfigFile("../../../../deploy/nats/assay.conf")
 	if err != nil {
 		t.Fatalf("deploy/nats/assay.conf: %v", err)
 	}
@@ -97,19 +101,20 @@ func (b *lockedBuffer) String() string {
 
 // aclCell runs one region's cell with every service on its own NATS user.
 func aclCell(t *testing.T, region string, natsURL func(string) string, simURL string, s *sim.Server,
-	tenants []store.TenantSeed, token string) (*bundle, *lockedBuffer) {
+	tenants []store.TenantSeed, token string) (*celltest.Bundle, *lockedBuffer) {
 	t.Helper()
 	ctx := context.Background()
 	urls := map[string]string{}
-	for _, svc := range aclServices {
-		urls[svc] = natsURL(region + "-" + svc)
+	for _, svc := range natsconf.Services {
+		urls[svc] = natsURL(natsconf.User(cellNames(region), svc))
 	}
 	logs := &lockedBuffer{}
 	// Env still opens a connection of its own; it gets ingress's user
 	// because the server admits no anonymous clients, and no service uses it.
-	cfg := config.Config{Region: region, DatabaseURL: testenv.Database(t), NATSURL: urls["ingress"],
-		ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
-	c, err := startCell(ctx, cellOptions{Config: cfg, NATSURLs: urls,
+	dbURL := testenv.Database(t)
+	cfg := config.Config{Regions: config.DefaultRegions, Region: region, Cell: region, Installation: "assay",
+		DatabaseURL: dbURL, NATSURL: urls["ingress"], ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
+	c, err := cell.Start(ctx, cell.Options{Config: cfg, NATSURLs: urls,
 		Log: telemetry.NewLogger(logs, "test", region, slog.LevelInfo)})
 	if err != nil {
 		t.Fatalf("start %s cell: %v\n%s", region, err, logs)
@@ -122,7 +127,8 @@ func aclCell(t *testing.T, region string, natsURL func(string) string, simURL st
 	if err := c.Env.Store.SeedTenants(ctx, tenants); err != nil {
 		t.Fatalf("seed: %v", err)
 	}
-	return &bundle{cell: c, sim: s, token: token, http: &http.Client{Timeout: 20 * time.Second}}, logs
+	return &celltest.Bundle{Cell: c, Sim: s, Token: token, Tenant: tenants[0].ID, HTTP: &http.Client{Timeout: 20 * time.Second},
+		DB: testenv.Pool(t, dbURL)}, logs
 }
 
 // permissionErrors receives a connection's asynchronous errors; the server
@@ -169,24 +175,24 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 	// Each service works with its own credential alone: work goes through
 	// ingress, classifier, committer and ledger in both cells.
 	for _, tc := range []struct {
-		b      *bundle
+		b      *celltest.Bundle
 		tenant string
 	}{{us, "acme"}, {eu, "globex"}} {
-		status, r := tc.b.submit(t, codeReview(evalset.Items()[0], "acl "+tc.tenant))
+		status, r := tc.b.Submit(t, celltest.CodeReview(evalset.Items()[0], "acl "+tc.tenant))
 		if status != http.StatusAccepted {
 			t.Fatalf("%s: HTTP %d, want 202", tc.tenant, status)
 		}
-		if v := tc.b.wait(t, r.WorkID); *v.Outcome != "accepted" {
+		if v := tc.b.Wait(t, r.WorkID); *v.Outcome != "accepted" {
 			t.Fatalf("%s: outcome %s (%s), want accepted", tc.tenant, *v.Outcome, v.Reason)
 		}
-		tc.b.waitLedger(t, tc.tenant, 1)
-		resp, err := tc.b.http.Get(tc.b.cell.URL + "/readyz")
+		tc.b.WaitLedger(t, tc.tenant, 1)
+		resp, err := tc.b.HTTP.Get(tc.b.Cell.URL + "/readyz")
 		if err != nil {
 			t.Fatalf("readyz: %v", err)
 		}
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
-			t.Errorf("%s cell /readyz: HTTP %d", tc.b.cell.Region, resp.StatusCode)
+			t.Errorf("%s cell /readyz: HTTP %d", tc.b.Cell.Region, resp.StatusCode)
 		}
 	}
 	// A refused ack or publish need not fail the work (redelivery and the
@@ -199,8 +205,8 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 		}
 	}
 
-	anon, _ := url.Parse(natsURL("us-ingress"))
-	for _, u := range []*url.Userinfo{nil, url.UserPassword("nobody", "x"), url.UserPassword("us-classifier", "x")} {
+	anon, _ := url.Parse(natsURL("assay-us-ingress"))
+	for _, u := range []*url.Userinfo{nil, url.UserPassword("nobody", "x"), url.UserPassword("assay-us-classifier", "x")} {
 		anon.User = u
 		if nc, err := nats.Connect(anon.String()); err == nil {
 			nc.Close()
@@ -210,7 +216,7 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 
 	// The US classifier's credential, on its own.
 	errs := make(permissionErrors, 64)
-	nc, err := nats.Connect(natsURL("us-classifier"), nats.PermissionErrOnSubscribe(true),
+	nc, err := nats.Connect(natsURL("assay-us-classifier"), nats.PermissionErrOnSubscribe(true),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			select {
 			case errs <- err:
@@ -231,7 +237,7 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 	}
 	// The credential itself works for what the classifier does.
 	ctx, cancel := call()
-	if _, err := js.Consumer(ctx, "WORK_US", "classifier-interactive"); err != nil {
+	if _, err := js.Consumer(ctx, "ASSAY_WORK_US", "assay-classifier-interactive"); err != nil {
 		t.Errorf("us-classifier reads its own consumer: %v", err)
 	}
 	cancel()
@@ -269,34 +275,34 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 		what, subject string
 		do            func(context.Context) error
 	}{
-		{"create a consumer on WORK_EU", "$JS.API.CONSUMER.CREATE.WORK_EU.classifier", func(ctx context.Context) error {
-			_, err := js.CreateOrUpdateConsumer(ctx, "WORK_EU", jetstream.ConsumerConfig{Durable: "classifier",
+		{"create a consumer on WORK_EU", "$JS.API.CONSUMER.CREATE.ASSAY_WORK_EU.classifier", func(ctx context.Context) error {
+			_, err := js.CreateOrUpdateConsumer(ctx, "ASSAY_WORK_EU", jetstream.ConsumerConfig{Durable: "classifier",
 				AckPolicy: jetstream.AckExplicitPolicy})
 			return err
 		}},
-		{"read WORK_EU's info", "$JS.API.STREAM.INFO.WORK_EU", func(ctx context.Context) error {
-			_, err := js.Stream(ctx, "WORK_EU")
+		{"read WORK_EU's info", "$JS.API.STREAM.INFO.ASSAY_WORK_EU", func(ctx context.Context) error {
+			_, err := js.Stream(ctx, "ASSAY_WORK_EU")
 			return err
 		}},
-		{"create WORK_EU", "$JS.API.STREAM.CREATE.WORK_EU", func(ctx context.Context) error {
-			_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "WORK_EU", Subjects: []string{"assay.eu.work.>"}})
+		{"create WORK_EU", "$JS.API.STREAM.CREATE.ASSAY_WORK_EU", func(ctx context.Context) error {
+			_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ASSAY_WORK_EU", Subjects: []string{"assay.eu.work.>"}})
 			return err
 		}},
-		{"create a consumer on ATTEMPT_US", "$JS.API.CONSUMER.CREATE.ATTEMPT_US.snoop", func(ctx context.Context) error {
-			_, err := js.CreateOrUpdateConsumer(ctx, "ATTEMPT_US", jetstream.ConsumerConfig{Durable: "snoop",
+		{"create a consumer on ATTEMPT_US", "$JS.API.CONSUMER.CREATE.ASSAY_ATTEMPT_US.snoop", func(ctx context.Context) error {
+			_, err := js.CreateOrUpdateConsumer(ctx, "ASSAY_ATTEMPT_US", jetstream.ConsumerConfig{Durable: "snoop",
 				AckPolicy: jetstream.AckExplicitPolicy})
 			return err
 		}},
-		{"look up the ledger's consumer", "$JS.API.CONSUMER.INFO.ATTEMPT_US.ledger", func(ctx context.Context) error {
-			_, err := js.Consumer(ctx, "ATTEMPT_US", "ledger")
+		{"look up the ledger's consumer", "$JS.API.CONSUMER.INFO.ASSAY_ATTEMPT_US.assay-ledger", func(ctx context.Context) error {
+			_, err := js.Consumer(ctx, "ASSAY_ATTEMPT_US", "assay-ledger")
 			return err
 		}},
-		{"pull from the ledger's consumer", "$JS.API.CONSUMER.MSG.NEXT.ATTEMPT_US.ledger", func(ctx context.Context) error {
-			_, err := nc.RequestWithContext(ctx, "$JS.API.CONSUMER.MSG.NEXT.ATTEMPT_US.ledger", []byte(`{"batch":1}`))
+		{"pull from the ledger's consumer", "$JS.API.CONSUMER.MSG.NEXT.ASSAY_ATTEMPT_US.assay-ledger", func(ctx context.Context) error {
+			_, err := nc.RequestWithContext(ctx, "$JS.API.CONSUMER.MSG.NEXT.ASSAY_ATTEMPT_US.assay-ledger", []byte(`{"batch":1}`))
 			return err
 		}},
-		{"get a message from ATTEMPT_US", "$JS.API.STREAM.MSG.GET.ATTEMPT_US", func(ctx context.Context) error {
-			st, err := js.Stream(ctx, "ATTEMPT_US")
+		{"get a message from ATTEMPT_US", "$JS.API.STREAM.MSG.GET.ASSAY_ATTEMPT_US", func(ctx context.Context) error {
+			st, err := js.Stream(ctx, "ASSAY_ATTEMPT_US")
 			if err != nil {
 				return fmt.Errorf("unexpected: its own stream's info: %w", err)
 			}
@@ -314,13 +320,13 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 	}
 
 	// Nothing the US credential sent reached the EU cell's stream.
-	euJS, err := jetstream.New(eu.cell.Env.NC)
+	euJS, err := jetstream.New(eu.Cell.Env.NC)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel = call()
 	defer cancel()
-	st, err := euJS.Stream(ctx, "WORK_EU")
+	st, err := euJS.Stream(ctx, "ASSAY_WORK_EU")
 	if err != nil {
 		t.Fatalf("WORK_EU as eu-ingress: %v", err)
 	}

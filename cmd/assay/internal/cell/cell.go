@@ -1,4 +1,8 @@
-package main
+// Package cell wires one region's four services into one process, and
+// runs the all-in-one dev mode around such cells: in-process NATS, a
+// throwaway Postgres, the simulated provider. The CLI's dev mode and demo,
+// the benchmarks and the end-to-end tests all start cells here.
+package cell
 
 import (
 	"context"
@@ -13,6 +17,7 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/host"
+	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/price"
 	"assay.dev/services/classifier"
@@ -21,12 +26,14 @@ import (
 	"assay.dev/services/ledger"
 )
 
-// cellOptions configure one cell run in-process.
-type cellOptions struct {
+// Options configure one cell run in-process.
+type Options struct {
 	Config     config.Config
 	Log        *slog.Logger
-	Classifier classifier.Config // Region and Model are filled in
-	Ingress    ingress.Config    // Region is filled in
+	Classifier classifier.Config // Region, Names, Streams and Model are filled in
+	Ingress    ingress.Config    // Region, Names and Streams are filled in
+	Committer  committer.Config  // Region and Names are filled in
+	Ledger     ledger.Config     // Region, Names and Prices are filled in
 	Prices     price.Prices
 	// NoClassifier leaves the classifier out, for tests that drive
 	// classifiers by hand.
@@ -40,9 +47,9 @@ type cellOptions struct {
 	NATSURLs map[string]string
 }
 
-// cell is one region's four services in one process, behind one HTTP
+// Cell is one region's four services in one process, behind one HTTP
 // listener that serves the ingress API, the usage API, health and metrics.
-type cell struct {
+type Cell struct {
 	Region     string
 	URL        string
 	Env        *host.Env
@@ -51,19 +58,21 @@ type cell struct {
 	Committer  *committer.Service
 	Ledger     *ledger.Service
 
-	noClassifier bool
-	conns        []*nats.Conn // per-service connections, from NATSURLs
-	stopHTTP     context.CancelFunc
-	httpDone     chan error
-	stopOnce     sync.Once
+	parts    []host.Part  // started, in start order
+	conns    []*nats.Conn // per-service connections, from NATSURLs
+	stopHTTP context.CancelFunc
+	httpDone chan error
+	stopOnce sync.Once
 }
 
-func startCell(ctx context.Context, o cellOptions) (c *cell, err error) {
+// Start connects, builds and starts the cell's services and serves its
+// HTTP surface on Config.HTTPAddr (default a free port on 127.0.0.1).
+func Start(ctx context.Context, o Options) (c *Cell, err error) {
 	env, err := host.Connect(ctx, "dev", o.Config, o.Log)
 	if err != nil {
 		return nil, err
 	}
-	c = &cell{Region: o.Config.Region, Env: env, noClassifier: o.NoClassifier}
+	c = &Cell{Region: o.Config.Region, Env: env}
 	defer func() {
 		if err != nil {
 			c.Stop(context.Background())
@@ -75,50 +84,62 @@ func startCell(ctx context.Context, o cellOptions) (c *cell, err error) {
 			return c, err
 		}
 	}
-	o.Ingress.Region = o.Config.Region
+	cfg, names := o.Config, o.Config.Names()
+	log := func(service string) *slog.Logger { return env.Log.With("service", service) }
+	o.Ingress.Region, o.Ingress.Names, o.Ingress.Streams = cfg.Region, names, cfg.Streams
 	if c.Ingress, err = ingress.New(o.Ingress, ingress.Deps{Store: env.Store, JS: js["ingress"], Contracts: env.Contracts,
-		Log: env.Log.With("service", "ingress"), Tel: env.Tel}); err != nil {
+		Log: log("ingress"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
-	o.Classifier.Region, o.Classifier.Model = o.Config.Region, o.Config.Model
+	o.Classifier.Region, o.Classifier.Names, o.Classifier.Streams, o.Classifier.Model = cfg.Region, names, cfg.Streams, cfg.Model
 	if o.Classifier.Prices == nil {
 		o.Classifier.Prices = o.Prices
 	}
-	var mc classifier.Completer = modelClient(o.Config)
+	var mc classifier.Completer = ModelClient(cfg)
 	if o.WrapModel != nil {
 		mc = o.WrapModel(mc)
 	}
 	if c.Classifier, err = classifier.New(o.Classifier, classifier.Deps{Store: env.Store, JS: js["classifier"], Model: mc,
-		Contracts: env.Contracts, Log: env.Log.With("service", "classifier"), Tel: env.Tel}); err != nil {
+		Contracts: env.Contracts, Log: log("classifier"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
-	if c.Committer, err = committer.New(committer.Config{Region: o.Config.Region}, committer.Deps{Store: env.Store,
-		JS: js["committer"], Contracts: env.Contracts, Log: env.Log.With("service", "committer"), Tel: env.Tel}); err != nil {
+	o.Committer.Region, o.Committer.Names = cfg.Region, names
+	if c.Committer, err = committer.New(o.Committer, committer.Deps{Store: env.Store,
+		JS: js["committer"], Contracts: env.Contracts, Log: log("committer"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
-	if c.Ledger, err = ledger.New(ledger.Config{Region: o.Config.Region, Prices: o.Prices}, ledger.Deps{Store: env.Store,
-		JS: js["ledger"], Log: env.Log.With("service", "ledger"), Tel: env.Tel}); err != nil {
+	o.Ledger.Region, o.Ledger.Names, o.Ledger.Prices = cfg.Region, names, o.Prices
+	if c.Ledger, err = ledger.New(o.Ledger, ledger.Deps{Store: env.Store,
+		JS: js["ledger"], Log: log("ledger"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
-	parts := []host.Part{c.Ingress, c.Ledger, c.Committer, c.Classifier}
+	// Each stream's owner first: ingress creates WORK, the classifier
+	// RESULT and ATTEMPT; the consumers wait for their streams anyway.
+	parts := []host.Part{c.Ingress, c.Classifier, c.Committer, c.Ledger}
 	if o.NoClassifier {
-		parts = parts[:3]
+		parts = []host.Part{c.Ingress, c.Committer, c.Ledger}
 	}
 	for _, p := range parts {
 		if err = p.Start(ctx); err != nil {
 			return c, err
 		}
+		c.parts = append(c.parts, p)
 	}
+	return c, c.serve(ctx, o.Config.HTTPAddr, parts)
+}
+
+// serve serves the cell's HTTP surface: the ingress and usage APIs, health,
+// readiness of every part, and metrics.
+func (c *Cell) serve(ctx context.Context, addr string, parts []host.Part) error {
 	api := http.NewServeMux()
 	api.Handle("/v1/work", c.Ingress.Handler())
 	api.Handle("/v1/work/", c.Ingress.Handler())
 	api.Handle("/v1/webhooks/", c.Ingress.Handler())
 	api.Handle("/v1/usage", c.Ledger.Handler())
-	mux := host.Mux(api, env.Tel, parts...)
+	mux := host.Mux(api, c.Env.Tel, parts...)
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.stopHTTP, c.httpDone = cancel, make(chan error, 1)
 	bound := make(chan string, 1)
-	addr := o.Config.HTTPAddr
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
@@ -126,36 +147,29 @@ func startCell(ctx context.Context, o cellOptions) (c *cell, err error) {
 	select {
 	case a := <-bound:
 		c.URL = "http://" + a
-	case err = <-c.httpDone:
+		return nil
+	case err := <-c.httpDone:
 		c.httpDone <- err
-		return c, err
+		return err
 	case <-time.After(10 * time.Second):
-		return c, fmt.Errorf("cell %s: HTTP listener did not start", c.Region)
+		return fmt.Errorf("cell %s: HTTP listener did not start", c.Region)
 	}
-	return c, nil
 }
 
 // Stop drains the cell in order: no new requests, no new work taken,
 // in-flight attempts finished or released, outboxes flushed, then
 // connections closed. Idempotent.
-func (c *cell) Stop(ctx context.Context) {
+func (c *Cell) Stop(ctx context.Context) {
 	c.stopOnce.Do(func() {
 		if c.stopHTTP != nil {
 			c.stopHTTP()
 			<-c.httpDone
 		}
-		if c.Ingress != nil {
-			c.Ingress.Stop()
+		parts := make([]lifecycle.Service, len(c.parts))
+		for i, p := range c.parts {
+			parts[i] = p
 		}
-		if c.Classifier != nil && !c.noClassifier {
-			c.Classifier.Stop(ctx)
-		}
-		if c.Committer != nil {
-			c.Committer.Stop(ctx)
-		}
-		if c.Ledger != nil {
-			c.Ledger.Stop(ctx)
-		}
+		lifecycle.StopAll(ctx, parts...)
 		for _, nc := range c.conns {
 			_ = nc.Drain()
 		}
@@ -165,7 +179,7 @@ func (c *cell) Stop(ctx context.Context) {
 
 // serviceJS is the JetStream a service uses: Env's, or with NATSURLs one on
 // a connection of the service's own.
-func (c *cell) serviceJS(o cellOptions, name string) (jetstream.JetStream, error) {
+func (c *Cell) serviceJS(o Options, name string) (jetstream.JetStream, error) {
 	if o.NATSURLs == nil {
 		return c.Env.JS, nil
 	}
@@ -187,6 +201,7 @@ func (c *cell) serviceJS(o cellOptions, name string) (jetstream.JetStream, error
 	return jetstream.New(nc)
 }
 
-func modelClient(cfg config.Config) *model.Client {
+// ModelClient is the model adapter a cell's classifier calls.
+func ModelClient(cfg config.Config) *model.Client {
 	return &model.Client{BaseURL: cfg.ModelBaseURL, APIKey: cfg.ModelAPIKey, Model: cfg.Model}
 }

@@ -1,4 +1,4 @@
-package main
+package cell_test
 
 import (
 	"bytes"
@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/devkit/evalset"
-	"assay.dev/pkg/event"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/event"
 	"assay.dev/services/classifier"
 )
 
@@ -63,35 +65,35 @@ func poll(t *testing.T, what string, within time.Duration, cond func() bool) {
 func TestSupersedeCancelsRunningCall(t *testing.T) {
 	t.Parallel()
 	logs := &decisionLog{}
-	b := setup(t, cellOptions{Log: slog.New(slog.NewJSONHandler(logs, nil)),
+	b := celltest.Setup(t, cell.Options{Log: slog.New(slog.NewJSONHandler(logs, nil)),
 		Classifier: classifier.Config{LeaseTTL: time.Minute, CallTimeout: time.Minute}})
 	it := evalset.Items()[2]
-	if err := b.sim.AddFault(sim.Fault{Kind: sim.FaultHang, Tenant: "acme", Match: "rev one", Times: 1}); err != nil {
+	if err := b.Sim.AddFault(sim.Fault{Kind: sim.FaultHang, Tenant: "acme", Match: "rev one", Times: 1}); err != nil {
 		t.Fatal(err)
 	}
-	_, first := b.submit(t, codeReview(it, "rev one"))
-	poll(t, "the first revision's call reaches the provider", 20*time.Second, func() bool { return b.calls("acme") == 1 })
+	_, first := b.Submit(t, celltest.CodeReview(it, "rev one"))
+	poll(t, "the first revision's call reaches the provider", 20*time.Second, func() bool { return b.Calls("acme") == 1 })
 
-	next := codeReview(it, "rev two")
+	next := celltest.CodeReview(it, "rev two")
 	next.Revision = strings.Repeat("c", 40)
-	_, second := b.submit(t, next)
+	_, second := b.Submit(t, next)
 	poll(t, "the hanging call is canceled and recorded", 5*time.Second, func() bool {
-		return b.count(t, `SELECT count(*) FROM attempts WHERE work_id = $1 AND outcome = 'stale_lease'`, first.WorkID) == 1
+		return b.Count(t, `SELECT count(*) FROM attempts WHERE work_id = $1 AND outcome = 'stale_lease'`, first.WorkID) == 1
 	})
 	if logs.find(first.WorkID, "superseded", "model call canceled") == nil {
 		t.Fatalf("no supersede decision of the classifier naming the canceled call")
 	}
-	if v := b.wait(t, second.WorkID); *v.Outcome != "accepted" {
+	if v := b.Wait(t, second.WorkID); *v.Outcome != "accepted" {
 		t.Fatalf("newer revision: %s (%s)", *v.Outcome, v.Reason)
 	}
-	if v := b.wait(t, first.WorkID); *v.Outcome != "superseded" || v.Result != nil {
+	if v := b.Wait(t, first.WorkID); *v.Outcome != "superseded" || v.Result != nil {
 		t.Fatalf("older revision: %s, result %v", *v.Outcome, v.Result)
 	}
-	if n := b.count(t, `SELECT count(*) FROM results WHERE work_id = $1`, first.WorkID); n != 0 {
+	if n := b.Count(t, `SELECT count(*) FROM results WHERE work_id = $1`, first.WorkID); n != 0 {
 		t.Fatalf("%d results for superseded work", n)
 	}
 	// The canceled call is still an attempt the tenant's ledger holds.
-	b.waitLedger(t, "acme", 2)
+	b.WaitLedger(t, "acme", 2)
 }
 
 // A 429 with Retry-After sends the message back with that delay: while it
@@ -99,15 +101,15 @@ func TestSupersedeCancelsRunningCall(t *testing.T) {
 // permit, and the retry comes no earlier than the provider asked.
 func TestRetryAfterHoldsNoPermit(t *testing.T) {
 	t.Parallel()
-	b := setup(t, cellOptions{Classifier: classifier.Config{Concurrency: 1, FixedConcurrency: true}})
-	if err := b.sim.AddFault(sim.Fault{Kind: sim.FaultRateLimit, Tenant: "acme", Match: "throttled", RetryAfter: 3 * time.Second, Times: 1}); err != nil {
+	b := celltest.Setup(t, cell.Options{Classifier: classifier.Config{Concurrency: 1, FixedConcurrency: true}})
+	if err := b.Sim.AddFault(sim.Fault{Kind: sim.FaultRateLimit, Tenant: "acme", Match: "throttled", RetryAfter: 3 * time.Second, Times: 1}); err != nil {
 		t.Fatal(err)
 	}
-	_, slow := b.submit(t, codeReview(evalset.Items()[4], "throttled"))
+	_, slow := b.Submit(t, celltest.CodeReview(evalset.Items()[4], "throttled"))
 	poll(t, "the 429 is recorded", 20*time.Second, func() bool {
-		return b.count(t, `SELECT count(*) FROM attempts WHERE work_id = $1 AND outcome = 'rate_limited'`, slow.WorkID) == 1
+		return b.Count(t, `SELECT count(*) FROM attempts WHERE work_id = $1 AND outcome = 'rate_limited'`, slow.WorkID) == 1
 	})
-	lim := b.cell.Classifier.Limiter()
+	lim := b.Cell.Classifier.Limiter()
 	poll(t, "the permit and the slot are given back", 2*time.Second, func() bool {
 		s := lim.Stats()
 		return s.InFlight == 0 && s.InHand == 0
@@ -115,25 +117,25 @@ func TestRetryAfterHoldsNoPermit(t *testing.T) {
 	if s := lim.Stats(); s.Limit != 1 {
 		t.Fatalf("limit %d, want the fixed 1", s.Limit)
 	}
-	_, fast := b.submit(t, codeReview(evalset.Items()[5], "not throttled"))
-	if v := b.wait(t, fast.WorkID); *v.Outcome != "accepted" {
+	_, fast := b.Submit(t, celltest.CodeReview(evalset.Items()[5], "not throttled"))
+	if v := b.Wait(t, fast.WorkID); *v.Outcome != "accepted" {
 		t.Fatalf("other work: %s", *v.Outcome)
 	}
-	if n := b.count(t, `SELECT count(*) FROM work WHERE id = $1 AND state = 'queued'`, slow.WorkID); n != 1 {
+	if n := b.Count(t, `SELECT count(*) FROM work WHERE id = $1 AND state = 'queued'`, slow.WorkID); n != 1 {
 		t.Fatalf("the throttled work finished before its Retry-After, while other work ran")
 	}
-	if v := b.wait(t, slow.WorkID); *v.Outcome != "accepted" {
+	if v := b.Wait(t, slow.WorkID); *v.Outcome != "accepted" {
 		t.Fatalf("throttled work: %s", *v.Outcome)
 	}
 	var gap float64
-	if err := b.cell.Env.Store.Pool.QueryRow(context.Background(), `SELECT extract(epoch FROM max(started_at) - min(finished_at))
+	if err := b.DB.QueryRow(context.Background(), `SELECT extract(epoch FROM max(started_at) - min(finished_at))
 		FROM attempts WHERE work_id = $1`, slow.WorkID).Scan(&gap); err != nil {
 		t.Fatal(err)
 	}
 	if gap < 3 {
 		t.Fatalf("retry %.3f s after the 429, want at least the 3 s Retry-After", gap)
 	}
-	if st := b.sim.Stats(); st.Early != 0 {
+	if st := b.Sim.Stats(); st.Early != 0 {
 		t.Fatalf("%d calls before the Retry-After", st.Early)
 	}
 }
@@ -143,12 +145,12 @@ func TestRetryAfterHoldsNoPermit(t *testing.T) {
 // records the answer stale and publishes nothing.
 func TestDeadlineExpiresAndLateResultIsNotRevived(t *testing.T) {
 	t.Parallel()
-	b := setup(t, cellOptions{NoClassifier: true})
+	b := celltest.Setup(t, cell.Options{NoClassifier: true})
 	ctx := context.Background()
-	req := codeReview(evalset.Items()[6], "short deadline")
+	req := celltest.CodeReview(evalset.Items()[6], "short deadline")
 	req.DeadlineSeconds = 1
-	_, r := b.submit(t, req)
-	st := b.cell.Env.Store
+	_, r := b.Submit(t, req)
+	st := b.Cell.Env.Store
 	attempt, token := "00000000-0000-4000-8000-0000000000a1", "00000000-0000-4000-8000-0000000000b1"
 	w, ok, err := st.Claim(ctx, r.WorkID, attempt, token, time.Minute)
 	if err != nil || !ok {
@@ -156,7 +158,7 @@ func TestDeadlineExpiresAndLateResultIsNotRevived(t *testing.T) {
 	}
 	// The worker holds a live lease, but the deadline is the caller's.
 	poll(t, "the sweeper expires the work", 20*time.Second, func() bool {
-		if err := b.cell.Ingress.SweepOnce(ctx); err != nil {
+		if err := b.Cell.Ingress.SweepOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
 		cur, err := st.GetWork(ctx, r.WorkID)
@@ -166,14 +168,14 @@ func TestDeadlineExpiresAndLateResultIsNotRevived(t *testing.T) {
 	ev := event.Result{AttemptID: attempt, WorkID: w.ID, TenantID: "acme", Region: "us", Number: 1, LeaseToken: token,
 		Contract: w.Contract, SchemaVersion: w.SchemaVersion, TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest,
 		Outcome: "ok", Final: true, Output: out}
-	if err := b.cell.Committer.Commit(ctx, ev); err != nil {
+	if err := b.Cell.Committer.Commit(ctx, ev); err != nil {
 		t.Fatal(err)
 	}
-	v := b.wait(t, r.WorkID)
+	v := b.Wait(t, r.WorkID)
 	if *v.Outcome != "expired" || v.Result != nil {
 		t.Fatalf("after the late answer: %s, result %v", *v.Outcome, v.Result)
 	}
-	if n := b.count(t, `SELECT count(*) FROM attempts WHERE id = $1 AND outcome = 'stale_lease'`, attempt); n != 1 {
+	if n := b.Count(t, `SELECT count(*) FROM attempts WHERE id = $1 AND outcome = 'stale_lease'`, attempt); n != 1 {
 		t.Fatalf("late answer not recorded stale")
 	}
 }

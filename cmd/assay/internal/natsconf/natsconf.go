@@ -1,0 +1,167 @@
+// Package natsconf writes the least-privilege NATS server configuration of
+// an installation: one account per cell, one user per service, each user
+// allowed only its own subjects and the exact JetStream API calls its
+// service makes. The names come from the same code the services name their
+// streams, subjects and durables with, so the configuration cannot drift
+// from them; deploy/nats/assay.conf is its output for the default
+// installation and cells.
+package natsconf
+
+import (
+	"fmt"
+	"strings"
+
+	"assay.dev/pkg/event"
+	"assay.dev/services/classifier"
+	"assay.dev/services/committer"
+	"assay.dev/services/ledger"
+)
+
+// Services are the services that connect to NATS, in the order they are
+// listed.
+var Services = []string{"ingress", "classifier", "committer", "ledger"}
+
+// Account is the NATS account of a cell: the hard wall between cells.
+func Account(n event.Names) string {
+	return strings.ToUpper(strings.ReplaceAll(n.Installation+"_"+n.Cell, "-", "_"))
+}
+
+// User is a service's NATS user in a cell.
+func User(n event.Names, service string) string { return n.Installation + "-" + n.Cell + "-" + service }
+
+// PasswordVar is the server's environment variable that holds a user's
+// password (plain, or a bcrypt hash).
+func PasswordVar(n event.Names, service string) string {
+	return Account(n) + "_" + strings.ToUpper(service) + "_NATS_PASSWORD"
+}
+
+// Render is the server configuration for the cells of an installation.
+func Render(installation string, cells []string) string {
+	var b strings.Builder
+	b.WriteString(header)
+	b.WriteString("\naccounts {\n")
+	for _, cell := range cells {
+		n := event.Names{Installation: installation, Cell: cell}
+		fmt.Fprintf(&b, "  %s {\n    jetstream: enabled\n    users [\n", Account(n))
+		for _, svc := range Services {
+			writeUser(&b, n, svc)
+		}
+		b.WriteString("    ]\n  }\n")
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+const header = `# assay NATS server: one account per cell, one user per service.
+# Written by "assay nats-config"; do not edit by hand, run it again.
+#
+# Accounts are the hard wall: subjects, streams and consumers of one account
+# do not exist for another, so one cell's credential cannot even name
+# another cell's stream. Inside an account each user may publish only to its
+# own subjects and to the exact JetStream API calls its service makes;
+# everything else is denied. Services subscribe only to inboxes (JetStream
+# API answers, publish acks and pulled messages all arrive there), and the
+# classifier to its cell's cancels.
+#
+# Passwords are read from the environment when the server starts (it refuses
+# to start if one is unset). They may be plain text or bcrypt hashes; see
+# README.md. Where the server listens and stores is left to its command line
+# (-p, -sd) or to a file that includes this one.
+
+jetstream: enabled
+`
+
+// grant is one user's permissions.
+type grant struct {
+	publish   []line
+	subscribe []string
+}
+
+// line is one allowed subject with an optional comment above it.
+type line struct{ comment, subject string }
+
+func writeUser(b *strings.Builder, n event.Names, service string) {
+	g := grants(n, service)
+	fmt.Fprintf(b, "      {\n        user: %q\n        password: $%s\n        permissions {\n          publish {\n            allow [\n",
+		User(n, service), PasswordVar(n, service))
+	for _, l := range g.publish {
+		if l.comment != "" {
+			fmt.Fprintf(b, "              # %s\n", l.comment)
+		}
+		fmt.Fprintf(b, "              %q\n", l.subject)
+	}
+	b.WriteString("            ]\n          }\n")
+	quoted := make([]string, len(g.subscribe))
+	for i, s := range g.subscribe {
+		quoted[i] = fmt.Sprintf("%q", s)
+	}
+	fmt.Fprintf(b, "          subscribe { allow [%s] }\n        }\n      }\n", strings.Join(quoted, ", "))
+}
+
+// grants are what one service of a cell may do.
+func grants(n event.Names, service string) grant {
+	inbox := []string{"_INBOX.>"}
+	switch service {
+	case "ingress":
+		return grant{publish: []line{{"The outbox relay and the sweeper publish work and cancels.", n.Subjects(event.KindWork)}},
+			subscribe: inbox}.with(owns(n.Stream(event.KindWork)), "It owns the WORK stream: creates it at start, reads it for /readyz.")
+	case "classifier":
+		g := grant{publish: []line{
+			{"Attempt outcomes through its outbox; never work.", n.Subjects(event.KindResult)},
+			{"", n.Subjects(event.KindAttempt)},
+		}, subscribe: append(inbox, n.Cancels())}
+		g = g.with(append(owns(n.Stream(event.KindResult)), owns(n.Stream(event.KindAttempt))...),
+			"It owns the RESULT and ATTEMPT streams.")
+		for i, lane := range []string{event.Interactive, event.Batch} {
+			comment := ""
+			if i == 0 {
+				comment = "Its durable pull consumer on WORK per lane, created with the lane's filter."
+			}
+			g = g.with(consumes(n.Stream(event.KindWork), classifier.Consumer(n, lane), n.Lane(lane)), comment)
+		}
+		return g
+	case "committer":
+		return grant{subscribe: inbox}.with(consumes(n.Stream(event.KindResult), committer.Consumer(n), ""),
+			"Its durable pull consumer on RESULT.")
+	case "ledger":
+		return grant{subscribe: inbox}.with(consumes(n.Stream(event.KindAttempt), ledger.Consumer(n), ""),
+			"Its durable pull consumer on ATTEMPT.")
+	}
+	panic("natsconf: unknown service " + service)
+}
+
+// with adds subjects under one comment.
+func (g grant) with(subjects []string, comment string) grant {
+	for i, s := range subjects {
+		l := line{subject: s}
+		if i == 0 {
+			l.comment = comment
+		}
+		g.publish = append(g.publish, l)
+	}
+	return g
+}
+
+// owns are the API calls that ensure a stream: CreateOrUpdateStream tries
+// the update, then creates on "not found"; the info call serves readiness.
+func owns(stream string) []string {
+	return []string{"$JS.API.STREAM.INFO." + stream, "$JS.API.STREAM.CREATE." + stream, "$JS.API.STREAM.UPDATE." + stream}
+}
+
+// consumes are the API calls and acks of one durable pull consumer:
+// CreateOrUpdateConsumer (with the filter in the subject when it has one),
+// its info for readiness, pulls, and acks in both subject forms (the
+// server's default, and with domain and account hash under the
+// js_ack_fc_v2 feature flag).
+func consumes(stream, durable, filter string) []string {
+	create := "$JS.API.CONSUMER.CREATE." + stream + "." + durable
+	out := []string{create}
+	if filter != "" {
+		out = append(out, create+"."+filter)
+	}
+	return append(out,
+		"$JS.API.CONSUMER.INFO."+stream+"."+durable,
+		"$JS.API.CONSUMER.MSG.NEXT."+stream+"."+durable,
+		"$JS.ACK."+stream+"."+durable+".>",
+		"$JS.ACK.*.*."+stream+"."+durable+".>")
+}

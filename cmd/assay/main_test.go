@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// The whole demo on the test database server: every work item reaches an
+// outcome and the ledger matches the provider's count per tenant.
+func TestDemoReconciles(t *testing.T) {
+	t.Setenv("ASSAY_DATABASE_URL", testenv.PostgresURL(t))
+	t.Setenv("ASSAY_MODEL_BASE_URL", "")
+	ctx := context.Background()
+	e, err := cell.StartDev(ctx, cell.DevOptions{LogTo: io.Discard})
+	if e != nil {
+		defer e.Stop()
+	}
+	if err != nil {
+		t.Fatalf("start dev: %v", err)
+	}
+	var out bytes.Buffer
+	if err := runDemo(ctx, e, &out); err != nil {
+		t.Fatalf("demo: %v\n%s", err, out.String())
+	}
+	calls, rows, err := demo{e}.waitLedger(ctx, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := len(evalset.Items())
+	for _, tenant := range []string{"acme", "globex"} {
+		if calls[tenant] == 0 || calls[tenant] != rows[tenant] {
+			t.Errorf("%s: provider calls %d, ledger rows %d", tenant, calls[tenant], rows[tenant])
+		}
+	}
+	// acme: every item once; globex: one item answered twice (the forced
+	// invalid output and its repair).
+	if calls["acme"] != int64(items+2) || calls["globex"] != int64(items+3) {
+		t.Errorf("calls %v, want acme %d and globex %d", calls, items+2, items+3)
+	}
+	for _, want := range []string{"schema_rejected", "accepted", "same id: true"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestBadSettingsStopStartup(t *testing.T) {
+	cases := []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"ASSAY_REGION": "us", "ASSAY_DATABASE_URL": "postgres://%zz"}, "ASSAY_DATABASE_URL"},
+		{map[string]string{"ASSAY_REGION": "mars", "ASSAY_DATABASE_URL": "postgres://postgres@127.0.0.1/x"}, `ASSAY_REGION: unknown region "mars"`},
+		{map[string]string{"ASSAY_REGION": "", "ASSAY_DATABASE_URL": "postgres://postgres@127.0.0.1/x"}, "ASSAY_REGION: required"},
+	}
+	for _, tc := range cases {
+		for k, v := range tc.env {
+			t.Setenv(k, v)
+		}
+		var stderr bytes.Buffer
+		if code := run([]string{"migrate"}, &stderr); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (%s)", tc.env, code, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%v: message %q does not name %s", tc.env, stderr.String(), tc.want)
+		}
+	}
+}

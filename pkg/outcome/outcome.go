@@ -1,0 +1,74 @@
+// Package outcome is assay's closed vocabulary of work states, work
+// outcomes and attempt outcomes. The same words are used in the database
+// (its CHECK constraints list them), in events, metrics, logs and the API.
+package outcome
+
+import "slices"
+
+// Work states before an outcome.
+const (
+	Queued  = "queued"
+	Running = "running"
+)
+
+// Work outcomes: every work item ends in exactly one.
+const (
+	// Accepted passed the whole gate; the only outcome that is published.
+	Accepted = "accepted"
+	// SchemaRejected: the output failed syntax, schema, correlation or
+	// grounding and the repair budget is spent.
+	SchemaRejected = "schema_rejected"
+	// RetryExhausted: rate limits or transient faults outlasted the
+	// attempt budget or the deadline.
+	RetryExhausted = "retry_exhausted"
+	// TransportRejected: the provider refused for good.
+	TransportRejected = "transport_rejected"
+	// Dropped: admission refused it; its reason says how to ask again.
+	Dropped = "dropped"
+	// Expired: its deadline passed before a result was accepted.
+	Expired = "expired"
+	// Superseded: a newer revision of the same source arrived.
+	Superseded = "superseded"
+	// Canceled: the caller canceled it.
+	Canceled = "canceled"
+	// BudgetExhausted: the tenant's budget could not cover another attempt.
+	BudgetExhausted = "budget_exhausted"
+)
+
+// Terminal lists the work outcomes.
+var Terminal = []string{Accepted, SchemaRejected, RetryExhausted, TransportRejected, Dropped, Expired,
+	Superseded, Canceled, BudgetExhausted}
+
+// WorkStates lists every state a work row can be in.
+var WorkStates = append([]string{Queued, Running}, Terminal...)
+
+// IsTerminal reports whether state is a work outcome.
+func IsTerminal(state string) bool { return slices.Contains(Terminal, state) }
+
+// Attempt outcomes: how one claim and one model call ended.
+const (
+	// AttemptOK: the model answered and the answer passed the worker's gate.
+	AttemptOK = "ok"
+	// AttemptInvalidOutput: the model answered and the gate refused it.
+	AttemptInvalidOutput = "invalid_output"
+	// AttemptRateLimited: the provider answered 429.
+	AttemptRateLimited = "rate_limited"
+	// AttemptTimeout: the call outlasted its deadline.
+	AttemptTimeout = "timeout"
+	// AttemptTransportError: a transient fault (5xx, connection error).
+	AttemptTransportError = "transport_error"
+	// AttemptTransportRejected: the provider refused the call for good.
+	AttemptTransportRejected = "transport_rejected"
+	// AttemptStaleLease: an answer from a lease that was no longer the
+	// work's (lost, superseded, or past the deadline); recorded, never
+	// published.
+	AttemptStaleLease = "stale_lease"
+	// AttemptCanceled: the worker stopped and gave the work back.
+	AttemptCanceled = "canceled"
+	// AttemptLeaseExpired: the worker never reported back.
+	AttemptLeaseExpired = "lease_expired"
+)
+
+// Attempts lists every attempt outcome.
+var Attempts = []string{AttemptOK, AttemptInvalidOutput, AttemptRateLimited, AttemptTimeout,
+	AttemptTransportError, AttemptTransportRejected, AttemptStaleLease, AttemptCanceled, AttemptLeaseExpired}

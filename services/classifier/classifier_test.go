@@ -1,0 +1,223 @@
+package classifier_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/model"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+	"assay.dev/services/classifier"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+var names = event.Names{Cell: "us"}
+
+// bundle is the classifier alone, started on real Postgres and JetStream
+// with the simulated provider: what ingress would do (the work row, the
+// WORK stream, the announcement) the test does itself.
+type bundle struct {
+	svc *classifier.Service
+	st  *store.Store
+	db  *pgxpool.Pool
+	js  jetstream.JetStream
+	sim *sim.Server
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	ctx := t.Context()
+	url := testenv.Database(t)
+	st, err := store.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: "tok-acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(testenv.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sim.New(sim.Options{})
+	simURL, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	reg, err := contract.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tel, err := telemetry.Setup(ctx, "classifier", "us")
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := classifier.New(classifier.Config{Region: "us", Model: "assay-sim-1", BackoffBase: 10 * time.Millisecond},
+		classifier.Deps{Store: st, JS: js, Model: &model.Client{BaseURL: simURL, Model: "assay-sim-1"}, Contracts: reg,
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()) })
+	return &bundle{svc: svc, st: st, db: testenv.Pool(t, url), js: js, sim: s}
+}
+
+// enqueue stores moderation work and announces it, as ingress would.
+func (b *bundle) enqueue(t *testing.T, source, text string) string {
+	t.Helper()
+	ctx := t.Context()
+	in, _ := json.Marshal(map[string]string{"text": text})
+	w, _, err := b.st.InsertWork(ctx, &store.Work{ID: "w_" + source, TenantID: "acme", Region: "us", Contract: "moderation",
+		SchemaVersion: "moderation/1", TaxonomyVersion: "2026-11", SourceID: source, Revision: "r1", Lane: event.Interactive,
+		Input: string(in), Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Minute)},
+		func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := event.EnsureStream(ctx, b.js, names, event.KindWork, event.StreamSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	ev, _ := json.Marshal(event.Work{WorkID: w.ID, TenantID: "acme", Region: "us", Lane: event.Interactive, Dispatch: 1,
+		DeadlineAt: w.DeadlineAt})
+	if _, err := b.js.Publish(ctx, names.Work(event.Interactive, "acme"), ev); err != nil {
+		t.Fatal(err)
+	}
+	return w.ID
+}
+
+// events waits for n messages on the cell's stream of kind.
+func (b *bundle) events(t *testing.T, kind string, n int) []jetstream.RawStreamMsg {
+	t.Helper()
+	ctx := t.Context()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		st, err := b.js.Stream(ctx, names.Stream(kind))
+		if err == nil {
+			info, err := st.Info(ctx)
+			if err == nil && info.State.Msgs >= uint64(n) {
+				var out []jetstream.RawStreamMsg
+				for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+					m, err := st.GetMsg(ctx, seq)
+					if err != nil {
+						t.Fatal(err)
+					}
+					out = append(out, *m)
+				}
+				return out
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d %s events not published within 15s", n, kind)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The classifier on its own: it creates the streams it owns, consumes the
+// announcement, claims, calls the model once, and hands the answer over as
+// a RESULT and an ATTEMPT event, keeping the lease for the committer.
+func TestClassifierAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.enqueue(t, "post-1", "buy now, free money")
+	results := b.events(t, event.KindResult, 1)
+	var res event.Result
+	if err := event.Decode(results[0].Data, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.WorkID != id || res.Outcome != outcome.AttemptOK || !res.Final || res.Output == "" {
+		t.Fatalf("result %+v", res)
+	}
+	var att event.Attempt
+	if err := event.Decode(b.events(t, event.KindAttempt, 1)[0].Data, &att); err != nil {
+		t.Fatal(err)
+	}
+	if att.AttemptID != res.AttemptID || att.Outcome != outcome.AttemptOK || att.InputUnits <= 0 {
+		t.Fatalf("attempt %+v", att)
+	}
+	w, err := b.st.GetWork(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.State != outcome.Running || w.LeaseToken != res.LeaseToken || time.Until(w.LeaseExpiresAt) < 4*time.Minute {
+		t.Fatalf("work %s lease %s until %s; want it held for the committer", w.State, w.LeaseToken, w.LeaseExpiresAt)
+	}
+	if n := b.sim.Stats().Tenants["acme"].Calls; n != 1 {
+		t.Fatalf("provider calls = %d, want 1", n)
+	}
+	if err := b.svc.Ready(t.Context()); err != nil {
+		t.Fatalf("ready: %v", err)
+	}
+}
+
+// A refusal ends the work transport_rejected in the classifier itself; a
+// 429 is retried after its Retry-After; both are recorded attempts.
+func TestClassifierEndsAndRetriesOnItsOwn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if err := b.sim.AddFault(sim.Fault{Kind: sim.FaultReject, Tenant: "acme", Match: "refuse me", Times: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.sim.AddFault(sim.Fault{Kind: sim.FaultRateLimit, Tenant: "acme", Match: "slow down", Times: 1}); err != nil {
+		t.Fatal(err)
+	}
+	refused := b.enqueue(t, "post-refused", "refuse me")
+	limited := b.enqueue(t, "post-limited", "slow down")
+	b.events(t, event.KindAttempt, 3) // the refusal, the 429 and its retry
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var state string
+		if err := b.db.QueryRow(t.Context(), `SELECT state FROM work WHERE id = $1`, refused).Scan(&state); err != nil {
+			t.Fatal(err)
+		}
+		if state == outcome.TransportRejected {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("refused work is %s, want transport_rejected", state)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var outcomes []string
+	rows, err := b.db.Query(t.Context(), `SELECT outcome FROM attempts WHERE work_id = $1 ORDER BY number`, limited)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var o string
+		if err := rows.Scan(&o); err != nil {
+			t.Fatal(err)
+		}
+		outcomes = append(outcomes, o)
+	}
+	if len(outcomes) != 2 || outcomes[0] != outcome.AttemptRateLimited || outcomes[1] != outcome.AttemptOK {
+		t.Fatalf("attempts of the rate-limited work: %v, want rate_limited then ok", outcomes)
+	}
+}

@@ -1,0 +1,239 @@
+package classifier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"assay.dev/pkg/consumer"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/gate"
+	"assay.dev/pkg/model"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+)
+
+// The classifier's decisions are pure functions of what it knows at the
+// moment it decides; process.go carries them out. Each decision names the
+// disposition of the message that carried the work.
+
+// step is a decision taken before the model call.
+type step struct {
+	// proceed: go on to the next stage.
+	proceed bool
+	// finish, when set, ends the unleased work with this outcome.
+	finish string
+	// decision is logged when the work is neither tried nor finished.
+	decision string
+	reason   string
+	disp     consumer.Disposition
+}
+
+func proceed() step { return step{proceed: true} }
+
+func finishWith(state, reason string) step {
+	return step{finish: state, reason: reason, disp: consumer.Done()}
+}
+
+func skip(decision, reason string, disp consumer.Disposition) step {
+	return step{decision: decision, reason: reason, disp: disp}
+}
+
+// screen decides on an announcement before anything is read: another
+// cell's work is refused, and work too close to its deadline is passed over
+// (the sweeper ends it expired) so it never takes a permit live work needs.
+func screen(ev event.Work, region string, now time.Time, need time.Duration) step {
+	if ev.Region != region {
+		return skip("refused", fmt.Sprintf("work of region %s reached the %s cell", ev.Region, region), consumer.Refuse())
+	}
+	if left := ev.DeadlineAt.Sub(now); !ev.DeadlineAt.IsZero() && left < need {
+		return skip("passed_over", shortOfTime(left, need)+"; the sweeper ends it expired", consumer.Done())
+	}
+	return proceed()
+}
+
+// admit decides on the work row the announcement points to.
+func admit(ev event.Work, w *store.Work, now time.Time, need time.Duration, maxAttempts int, contractKnown bool) step {
+	switch {
+	case w.TenantID != ev.TenantID:
+		return skip("refused", "message tenant does not match the work's tenant", consumer.Refuse())
+	case w.Terminal():
+		return skip(w.State, "already terminal; duplicate delivery ignored", consumer.Done())
+	case !now.Before(w.DeadlineAt):
+		return finishWith(outcome.Expired, "deadline passed before an attempt could start")
+	case w.DeadlineAt.Sub(now) < need:
+		return finishWith(outcome.Expired, shortOfTime(w.DeadlineAt.Sub(now), need))
+	case w.Attempts >= maxAttempts:
+		return finishWith(outcome.RetryExhausted, fmt.Sprintf("all %d attempts spent", maxAttempts))
+	case !contractKnown:
+		return finishWith(outcome.TransportRejected, fmt.Sprintf("contract %q is not known to this worker", w.Contract))
+	}
+	return proceed()
+}
+
+// afford decides on the budget reservation for an attempt estimated at
+// est. delay is how long a busy budget waits before it is asked again.
+func afford(res store.Reservation, w *store.Work, est int64, now time.Time, delay time.Duration) step {
+	switch res {
+	case store.Exhausted:
+		return finishWith(outcome.BudgetExhausted,
+			fmt.Sprintf("tenant %s's budget cannot cover an attempt estimated at %d micro-dollars", w.TenantID, est))
+	case store.Busy:
+		// Attempts in flight hold the rest; they settle at their real
+		// cost, which may leave room. Ask again later holding nothing.
+		if now.Add(delay).After(w.DeadlineAt) {
+			return finishWith(outcome.BudgetExhausted,
+				fmt.Sprintf("tenant %s's budget is held by attempts in flight past this work's deadline", w.TenantID))
+		}
+		return skip("deferred", "budget held by attempts in flight", consumer.Retry(delay))
+	}
+	return proceed()
+}
+
+// shortOfTime says why work with left before its deadline is not tried.
+func shortOfTime(left, need time.Duration) string {
+	return fmt.Sprintf("%s left before the deadline; an accepted answer needs about %s",
+		left.Round(time.Millisecond), need.Round(time.Millisecond))
+}
+
+// answer is what one attempt's call came back with, and what the worker
+// knows when it decides about it.
+type answer struct {
+	// stillMine: the lease was still the attempt's after the call.
+	stillMine bool
+	// err is the call's error; nil when the model answered.
+	err error
+	// output reached the gate: the model's content, or a 2xx body that is
+	// not a usable answer (its fault is the gate's to name).
+	output    string
+	hasOutput bool
+	// fail is the gate's verdict on output; nil when it passed or did not
+	// run.
+	fail *gate.Failure
+
+	attempts, repairs int
+	now, deadline     time.Time
+	// backoff is the jittered delay to use when the provider gives none.
+	backoff time.Duration
+}
+
+// limits bound retries and repairs.
+type limits struct {
+	maxAttempts, maxRepairs int
+}
+
+// verdict is the classifier's decision on one attempt: the attempt's
+// outcome, what happens to the work, the RESULT event's Final flag, and
+// the disposition of the message.
+type verdict struct {
+	outcome, reason string
+	change          store.WorkChange
+	workOutcome     string
+	workReason      string
+	repairNote      string
+	final           bool
+	disp            consumer.Disposition
+	// next names what follows, for the decision log.
+	next string
+}
+
+// judge decides what one attempt's answer means.
+func judge(a answer, l limits) verdict {
+	var mErr *model.Error
+	errors.As(a.err, &mErr)
+	switch {
+	case !a.stillMine:
+		// Lost, or superseded while the call ran: recorded, never published.
+		return verdict{outcome: outcome.AttemptStaleLease, reason: "lease lost during the model call",
+			final: true, disp: consumer.Done(), next: "recorded_stale"}
+	case a.hasOutput && a.fail == nil:
+		return verdict{outcome: outcome.AttemptOK, change: store.Handoff, final: true, disp: consumer.Done(),
+			next: "handed_to_committer"}
+	case a.hasOutput:
+		return judgeInvalid(a, l)
+	case mErr != nil && mErr.Kind == model.KindRejected:
+		return verdict{outcome: outcome.AttemptTransportRejected, reason: mErr.Error(), change: store.Finish,
+			workOutcome: outcome.TransportRejected, workReason: mErr.Error(), final: true, disp: consumer.Done(), next: "ended"}
+	}
+	return judgeRetry(a, mErr, l)
+}
+
+// judgeInvalid decides on an answer the gate refused: a bounded repair
+// re-ask that tells the model what failed, else the committer rejects it.
+func judgeInvalid(a answer, l limits) verdict {
+	v := verdict{outcome: outcome.AttemptInvalidOutput, reason: a.fail.Error(), change: store.Handoff,
+		final: true, disp: consumer.Done(), next: "handed_to_committer"}
+	// A stale taxonomy or a changed digest is the work's, not the answer's:
+	// no re-ask can pass, so none is paid for.
+	unfixable := a.fail.Code == gate.CodeTaxonomyVersion || a.fail.Code == gate.CodeDigest
+	if !unfixable && a.repairs < l.maxRepairs && a.attempts < l.maxAttempts {
+		v.change, v.repairNote, v.final = store.Requeue, a.fail.Error(), false
+		v.disp, v.next = consumer.Retry(0), "repair"
+	}
+	return v
+}
+
+// judgeRetry decides on a call that brought no answer: try again after the
+// provider's Retry-After, exactly, or the backoff, within the attempt
+// budget and the deadline.
+func judgeRetry(a answer, mErr *model.Error, l limits) verdict {
+	v := verdict{outcome: retryOutcome(a.err, mErr), reason: errText(a.err), final: true}
+	delay := a.backoff
+	if mErr != nil && mErr.RetryAfter > 0 {
+		delay = mErr.RetryAfter // honoured exactly, never early
+	}
+	switch {
+	case v.outcome == outcome.AttemptCanceled:
+		// The worker stopped: the work goes back at once, whatever its
+		// attempts, for another worker.
+		v.change, v.disp, v.next = store.Requeue, consumer.Retry(0), "retry"
+	case a.attempts < l.maxAttempts && a.now.Add(delay).Before(a.deadline):
+		v.change, v.disp, v.next = store.Requeue, consumer.Retry(delay), "retry"
+	default:
+		v.change, v.workOutcome, v.disp, v.next = store.Finish, outcome.RetryExhausted, consumer.Done(), "ended"
+		v.workReason = fmt.Sprintf("%s after %d of %d attempts", v.outcome, a.attempts, l.maxAttempts)
+		if !a.now.Add(delay).Before(a.deadline) {
+			v.workReason = fmt.Sprintf("%s and the next try would pass the deadline", v.outcome)
+		}
+	}
+	return v
+}
+
+// retryOutcome names a call that brought no answer.
+func retryOutcome(err error, mErr *model.Error) string {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return outcome.AttemptCanceled
+	case mErr == nil:
+		return outcome.AttemptTransportError
+	case mErr.Kind == model.KindRateLimited:
+		return outcome.AttemptRateLimited
+	case mErr.Kind == model.KindTimeout:
+		return outcome.AttemptTimeout
+	case mErr.Kind == model.KindCanceled:
+		return outcome.AttemptCanceled
+	}
+	return outcome.AttemptTransportError
+}
+
+// output is what of a call's result reaches the gate: the model's content,
+// or a 2xx body that is not a usable chat completion (truncated or
+// garbled), which the gate names as the invalid output it is.
+func output(reply *model.Reply, err error) (string, bool) {
+	var mErr *model.Error
+	switch {
+	case err == nil && reply != nil:
+		return reply.Content, true
+	case errors.As(err, &mErr) && mErr.Kind == model.KindMalformed && reply != nil:
+		return string(reply.Raw), true
+	}
+	return "", false
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

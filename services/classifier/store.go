@@ -1,0 +1,23 @@
+package classifier
+
+import (
+	"context"
+	"time"
+
+	"assay.dev/pkg/outbox"
+	"assay.dev/pkg/store"
+)
+
+// Store is what the classifier asks of the cell's database; *store.Store
+// is one.
+type Store interface {
+	outbox.Source
+	Ping(ctx context.Context) error
+	GetWork(ctx context.Context, id string) (*store.Work, error)
+	Reserve(ctx context.Context, tenantID, attemptID string, amount int64) (store.Reservation, error)
+	Release(ctx context.Context, attemptID string) error
+	Claim(ctx context.Context, workID, attemptID, token string, ttl time.Duration) (*store.Work, bool, error)
+	ExtendLease(ctx context.Context, workID, token string, ttl time.Duration) (bool, error)
+	FinishUnleased(ctx context.Context, workID, state, reason string) (bool, error)
+	RecordAttempt(ctx context.Context, r store.AttemptRecord) error
+}

@@ -1,0 +1,177 @@
+package committer_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+	"assay.dev/services/committer"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+var names = event.Names{Cell: "us"}
+
+type bundle struct {
+	st *store.Store
+	db *pgxpool.Pool
+	js jetstream.JetStream
+}
+
+// setup starts the committer alone on real Postgres and JetStream; what the
+// classifier would do (the RESULT stream, the claim, the event) the test
+// does itself.
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	ctx := t.Context()
+	url := testenv.Database(t)
+	st, err := store.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: "tok-acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(testenv.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := contract.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tel, err := telemetry.Setup(ctx, "committer", "us")
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := committer.New(committer.Config{Region: "us"}, committer.Deps{Store: st, JS: js, Contracts: reg,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()) })
+	if _, err := event.EnsureStream(ctx, js, names, event.KindResult, event.StreamSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	return &bundle{st: st, db: testenv.Pool(t, url), js: js}
+}
+
+// claimed stores moderation work and claims it, as a classifier would
+// before its call; it returns the RESULT event an answer would travel in.
+func (b *bundle) claimed(t *testing.T, source string) event.Result {
+	t.Helper()
+	ctx := t.Context()
+	w, _, err := b.st.InsertWork(ctx, &store.Work{ID: "w_" + source, TenantID: "acme", Region: "us", Contract: "moderation",
+		SchemaVersion: "moderation/1", TaxonomyVersion: "2026-11", SourceID: source, Revision: "r1", Lane: event.Interactive,
+		Input: `{"text":"hello"}`, Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Minute)},
+		func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	attempt := "00000000-0000-4000-8000-" + source[len(source)-12:]
+	token := "00000000-0000-4000-9000-" + source[len(source)-12:]
+	if _, ok, err := b.st.Claim(ctx, w.ID, attempt, token, time.Minute); err != nil || !ok {
+		t.Fatalf("claim: %v %v", ok, err)
+	}
+	return event.Result{AttemptID: attempt, WorkID: w.ID, TenantID: "acme", Region: "us", Number: 1, LeaseToken: token,
+		Contract: "moderation", SchemaVersion: w.SchemaVersion, TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest,
+		Outcome: outcome.AttemptOK, Final: true}
+}
+
+func (b *bundle) publish(t *testing.T, ev event.Result) {
+	t.Helper()
+	raw, _ := json.Marshal(ev)
+	if _, err := b.js.Publish(t.Context(), names.Result(ev.TenantID), raw); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (b *bundle) waitState(t *testing.T, id, want string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var state string
+		if err := b.db.QueryRow(t.Context(), `SELECT state FROM work WHERE id = $1`, id).Scan(&state); err != nil {
+			t.Fatal(err)
+		}
+		if state == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("work %s is %s, want %s", id, state, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The committer on its own: a valid answer becomes the one result, an
+// invalid one ends the work schema_rejected, a second answer and a
+// redelivery change nothing.
+func TestCommitterAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	good := b.claimed(t, "post-000000000001")
+	good.Output = `{"category":"spam","confidence":0.9,"needsHumanReview":false}`
+	b.publish(t, good)
+	b.publish(t, good) // redelivered
+	b.waitState(t, good.WorkID, outcome.Accepted)
+
+	bad := b.claimed(t, "post-000000000002")
+	bad.Output = `{"category":"ads","confidence":0.9,"needsHumanReview":false}`
+	b.publish(t, bad)
+	b.waitState(t, bad.WorkID, outcome.SchemaRejected)
+
+	stray := good
+	stray.AttemptID = "00000000-0000-4000-8000-0000000000ff"
+	if _, err := b.db.Exec(t.Context(), `INSERT INTO attempts (id, work_id, tenant_id, number, lease_token)
+		VALUES ($1, $2, 'acme', 2, gen_random_uuid())`, stray.AttemptID, stray.WorkID); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, stray)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var o *string
+		if err := b.db.QueryRow(t.Context(), `SELECT outcome FROM attempts WHERE id = $1`, stray.AttemptID).Scan(&o); err != nil {
+			t.Fatal(err)
+		}
+		if o != nil && *o == outcome.AttemptStaleLease {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the second answer is %v, want stale_lease", o)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var results int
+	if err := b.db.QueryRow(t.Context(), `SELECT count(*) FROM results`).Scan(&results); err != nil {
+		t.Fatal(err)
+	}
+	if results != 1 {
+		t.Fatalf("result rows = %d, want 1", results)
+	}
+}

@@ -1,0 +1,26 @@
+package ingress
+
+import (
+	"context"
+	"time"
+
+	"assay.dev/pkg/auth"
+	"assay.dev/pkg/outbox"
+	"assay.dev/pkg/store"
+)
+
+// Store is what ingress asks of the cell's database; *store.Store is one.
+type Store interface {
+	auth.Tenants
+	outbox.Source
+	Ping(ctx context.Context) error
+	GetWork(ctx context.Context, id string) (*store.Work, error)
+	InsertWork(ctx context.Context, w *store.Work, announce func(*store.Work) ([]store.OutboxMsg, error)) (*store.Work, bool, error)
+	Attempts(ctx context.Context, workID string) ([]store.Attempt, error)
+	GetResult(ctx context.Context, workID string) (*store.Result, error)
+	TenantBySource(ctx context.Context, kind, key string) (store.Tenant, error)
+	GetDelivery(ctx context.Context, id string) (*store.Delivery, error)
+	InsertWebhookWork(ctx context.Context, d store.Delivery, w *store.Work, announce func(*store.Work) ([]store.OutboxMsg, error)) (store.WebhookInsert, error)
+	ExpireOverdue(ctx context.Context, grace time.Duration, limit int) ([]*store.Work, error)
+	SweepStuck(ctx context.Context, queuedFor, leaseGrace time.Duration, limit int, announce func(store.Stuck) (store.OutboxMsg, error)) ([]store.Stuck, error)
+}

@@ -1,0 +1,22 @@
+package ledger
+
+import (
+	"context"
+	"time"
+
+	"assay.dev/pkg/auth"
+	"assay.dev/pkg/store"
+)
+
+// Store is what the ledger asks of the cell's database; *store.Store is
+// one.
+type Store interface {
+	auth.Tenants
+	Ping(ctx context.Context) error
+	RecordLedger(ctx context.Context, r store.LedgerRow) (store.Recorded, error)
+	UnrecordedEvents(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error)
+	DeadAttempts(ctx context.Context, grace time.Duration, limit int) ([]store.DeadAttempt, error)
+	ReleaseOrphanReservations(ctx context.Context, grace time.Duration) (int64, error)
+	Usage(ctx context.Context, tenant string, from, to time.Time) ([]store.UsageLine, error)
+	UsageByModel(ctx context.Context, tenant string, from, to time.Time) ([]store.ModelUsageLine, error)
+}
