@@ -38,20 +38,10 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	if st := screen(ev, s.cfg.Region, time.Now(), need); !st.proceed {
 		return s.carry(ctx, ev.WorkID, nil, st)
 	}
-	w, err := s.d.Store.GetWork(ctx, ev.WorkID)
-	if errors.Is(err, store.ErrNotFound) {
-		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "refused", "no such work in this cell")
-		return consumer.Refuse()
+	w, c, disp, ok := s.read(ctx, ev, need)
+	if !ok {
+		return disp
 	}
-	if err != nil {
-		s.d.Log.Warn("read work failed", "key", ev.WorkID, "err", err)
-		return consumer.Retry(time.Second)
-	}
-	c, known := s.d.Contracts.Get(w.Contract)
-	if st := admit(ev, w, time.Now(), need, s.cfg.MaxAttempts, known); !st.proceed {
-		return s.carry(ctx, w.ID, w, st)
-	}
-
 	// A permit from the cell's limiter before anything is held: waiting here
 	// costs a goroutine and a message in hand, both bounded by the limiter.
 	permit, err := s.lim.Acquire(ctx, w.Lane)
@@ -59,35 +49,11 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 		return consumer.Retry(0)
 	}
 	defer permit.Release(admission.Signal{Kind: admission.Ignore})
-
-	attemptID, token := newUUID(), newUUID()
-	// Reserve before claiming: work whose tenant cannot pay ends without a
-	// claim, an attempt or a call.
-	est := s.Estimate(c, w)
-	res, err := s.d.Store.Reserve(ctx, w.TenantID, attemptID, est)
-	if err != nil {
-		s.d.Log.Warn("budget reservation failed", "key", w.ID, "err", err)
-		return consumer.Retry(time.Second)
-	}
-	if st := afford(res, w, est, time.Now(), s.backoff(1)); !st.proceed {
-		return s.carry(ctx, w.ID, w, st)
-	}
-	cw, ok, err := s.d.Store.Claim(ctx, w.ID, attemptID, token, s.cfg.LeaseTTL)
-	if err != nil || !ok {
-		if rerr := s.d.Store.Release(context.WithoutCancel(ctx), attemptID); rerr != nil {
-			s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", attemptID, "err", rerr)
-		}
-	}
-	if err != nil {
-		s.d.Log.Warn("claim failed", "key", w.ID, "err", err)
-		return consumer.Retry(time.Second)
-	}
+	cw, attemptID, token, disp, ok := s.claim(ctx, w, c)
 	if !ok {
-		telemetry.Decision(ctx, s.d.Log, w.ID, "claim_lost", "another worker holds the lease or the work just ended")
-		return consumer.Done()
+		return disp
 	}
 	span.SetAttributes(attribute.String("assay.attempt_id", attemptID), attribute.Int("assay.attempt", cw.Attempts))
-	telemetry.Decision(ctx, s.d.Log, cw.ID, "claimed", "lease taken", slog.String("attempt", attemptID), slog.Int("number", cw.Attempts))
 
 	// A call cut short by the work's own deadline says nothing of the
 	// provider: only the call timeout counts as its slowness.
@@ -110,6 +76,57 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 		s.d.Log.Warn("lease check failed", "key", cw.ID, "err", err)
 	}
 	return s.settle(ctx, cw, c, attemptID, token, reply, callErr, stillMine)
+}
+
+// read reads the work the announcement points to and admits it; ok=false
+// ends the delivery with disp.
+func (s *Service) read(ctx context.Context, ev event.Work, need time.Duration) (w *store.Work, c *contract.Contract, disp consumer.Disposition, ok bool) {
+	w, err := s.d.Store.GetWork(ctx, ev.WorkID)
+	if errors.Is(err, store.ErrNotFound) {
+		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "refused", "no such work in this cell")
+		return nil, nil, consumer.Refuse(), false
+	}
+	if err != nil {
+		s.d.Log.Warn("read work failed", "key", ev.WorkID, "err", err)
+		return nil, nil, consumer.Retry(time.Second), false
+	}
+	c, known := s.d.Contracts.Get(w.Contract)
+	if st := admit(ev, w, time.Now(), need, s.cfg.MaxAttempts, known); !st.proceed {
+		return nil, nil, s.carry(ctx, w.ID, w, st), false
+	}
+	return w, c, consumer.Disposition{}, true
+}
+
+// claim reserves the attempt's budget, then takes the lease: work whose
+// tenant cannot pay ends without a claim, an attempt or a call. ok=false
+// ends the delivery with disp.
+func (s *Service) claim(ctx context.Context, w *store.Work, c *contract.Contract) (cw *store.Work, attemptID, token string, disp consumer.Disposition, ok bool) {
+	attemptID, token = newUUID(), newUUID()
+	est := s.Estimate(c, w)
+	res, err := s.d.Store.Reserve(ctx, w.TenantID, attemptID, est)
+	if err != nil {
+		s.d.Log.Warn("budget reservation failed", "key", w.ID, "err", err)
+		return nil, "", "", consumer.Retry(time.Second), false
+	}
+	if st := afford(res, w, est, time.Now(), s.backoff(1)); !st.proceed {
+		return nil, "", "", s.carry(ctx, w.ID, w, st), false
+	}
+	cw, ok, err = s.d.Store.Claim(ctx, w.ID, attemptID, token, s.cfg.LeaseTTL)
+	if err != nil || !ok {
+		if rerr := s.d.Store.Release(context.WithoutCancel(ctx), attemptID); rerr != nil {
+			s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", attemptID, "err", rerr)
+		}
+	}
+	if err != nil {
+		s.d.Log.Warn("claim failed", "key", w.ID, "err", err)
+		return nil, "", "", consumer.Retry(time.Second), false
+	}
+	if !ok {
+		telemetry.Decision(ctx, s.d.Log, w.ID, "claim_lost", "another worker holds the lease or the work just ended")
+		return nil, "", "", consumer.Done(), false
+	}
+	telemetry.Decision(ctx, s.d.Log, cw.ID, "claimed", "lease taken", slog.String("attempt", attemptID), slog.Int("number", cw.Attempts))
+	return cw, attemptID, token, consumer.Disposition{}, true
 }
 
 // carry carries out a decision taken before any call: end the unleased
