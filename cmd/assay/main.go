@@ -46,6 +46,7 @@ commands:
   work rerun ID          queue work that admission dropped again
   bench goodput          admission benchmark against the simulated provider (make bench-goodput)
   usage reconcile        check attempts against results, the ledger and the provider's counts
+  outbox list|retry      outbox rows set aside because they could not be published; put them back
   nats-config            print the least-privilege NATS server configuration (deploy/nats/assay.conf)
 `
 
@@ -72,6 +73,8 @@ func run(args []string, stderr io.Writer) int {
 		err = benchCmd(ctx, args[1:], os.Stdout)
 	case "work":
 		err = workCmd(ctx, args[1:], os.Stdout)
+	case "outbox":
+		err = outboxCmd(ctx, args[1:], os.Stdout)
 	case "nats-config":
 		err = natsConfig(args[1:], os.Stdout)
 	case "usage":

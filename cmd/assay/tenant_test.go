@@ -126,7 +126,7 @@ func TestServicesRefuseAnotherRegion(t *testing.T) {
 		t.Errorf("classifier took work of region eu: %+v", d)
 	}
 	res := event.Result{AttemptID: "00000000-0000-4000-8000-0000000000aa", WorkID: r.WorkID, TenantID: "acme", Region: "eu",
-		LeaseToken: "00000000-0000-4000-8000-0000000000bb", Outcome: "ok", Final: true, Output: "{}"}
+		LeaseToken: "00000000-0000-4000-8000-0000000000bb", Outcome: "ok", Final: true}
 	if err := b.Cell.Committer.Commit(ctx, res); err != nil {
 		t.Fatal(err)
 	}

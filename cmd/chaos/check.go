@@ -12,6 +12,7 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/price"
 )
 
 // quiesce waits until both cells are still: every acknowledged work item
@@ -28,7 +29,7 @@ func (h *Harness) quiesce(ctx context.Context, acked []string) (time.Duration, e
 			var o, p, u, a, l int64
 			err := h.pool[region].QueryRow(ctx, `SELECT
 					(SELECT count(*) FROM work WHERE state IN ('queued', 'running')),
-					(SELECT count(*) FROM outbox WHERE published_at IS NULL),
+					(SELECT count(*) FROM outbox WHERE published_at IS NULL AND set_aside_at IS NULL),
 					(SELECT count(*) FROM attempts WHERE outcome IS NULL),
 					(SELECT count(*) FROM attempts),
 					(SELECT count(*) FROM ledger)`).Scan(&o, &p, &u, &a, &l)
@@ -222,6 +223,35 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 		Figure: fmt.Sprintf("ledger %d, provider %d (%d rows estimated for workers that died); %s; %d work items differ",
 			totalLedger, totalCalls, estimated, strings.Join(per, ", "), len(bad3)),
 		OK: ok3, Offenders: bad3})
+
+	// 3b. The ledger never under-counts cost: per tenant, what it charged is
+	// at least the price of the units the provider billed (answers whose
+	// usage a client could not read, and calls that never answered, are
+	// charged their estimate).
+	var per3b []string
+	ok3b := true
+	for _, t := range h.tenants {
+		st := stats.Tenants[t.ID]
+		billed := price.Default.CostMicros(chaosModel, st.PromptUnits, st.CompletionUnits)
+		var charged int64
+		for _, region := range config.DefaultRegions {
+			var c int64
+			if err := h.pool[region].QueryRow(ctx, `SELECT coalesce(sum(cost_micros), 0) FROM ledger WHERE tenant_id = $1`,
+				t.ID).Scan(&c); err != nil {
+				return nil, nil, err
+			}
+			charged += c
+		}
+		// Each ledger row is rounded to a micro-dollar on its own: allow
+		// half of one per call.
+		mark := "≥"
+		if charged < billed-(st.Calls+1)/2 {
+			mark, ok3b = "<", false
+		}
+		per3b = append(per3b, fmt.Sprintf("%s %d%s%d µ$", t.ID, charged, mark, billed))
+	}
+	add(check{N: "3b", What: "ledger cost per tenant >= the price of the units the provider billed, to the rounding of each row (never under-counts)",
+		Figure: strings.Join(per3b, ", "), OK: ok3b})
 
 	// 4. Every attempt has a tenant, and it is its work's.
 	var noTenant, crossTenant int

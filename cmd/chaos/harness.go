@@ -361,7 +361,7 @@ func (h *Harness) startServices(ctx context.Context) error {
 				"ASSAY_NATS_URL="+h.natsURL,
 				"ASSAY_HTTP_ADDR="+addr(port))
 			if svc == "classifier" {
-				e = append(e, "ASSAY_MODEL_BASE_URL="+h.simURL)
+				e = append(e, "ASSAY_MODEL_BASE_URL="+h.simURL, "ASSAY_MODEL="+chaosModel)
 			}
 			if h.o.FastTimings {
 				e = append(e, fastTimings...)
@@ -449,3 +449,7 @@ func redact(u string) string {
 	}
 	return p.Redacted()
 }
+
+// chaosModel is the model the classifiers ask the simulated provider for;
+// the default price table prices it, in the services and in the checks.
+const chaosModel = "assay-sim-1"

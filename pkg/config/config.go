@@ -54,7 +54,8 @@ type Config struct {
 	ModelBaseURL string
 	// ModelAPIKey is sent as a bearer token (ASSAY_MODEL_API_KEY). Optional.
 	ModelAPIKey string
-	// Model is the model name sent on every call (ASSAY_MODEL). Default assay-sim-1.
+	// Model is the model name sent on every call (ASSAY_MODEL). Required by
+	// the classifier: there is no default model of a real endpoint.
 	Model string
 	// HTTPAddr is where the service serves its API, /healthz, /readyz and
 	// /metrics (ASSAY_HTTP_ADDR). Default given by the service.
@@ -78,7 +79,7 @@ var settings = []setting{
 	{"ASSAY_INSTALLATION", "installation", "prefix of every stream, subject and durable (default assay)", func(c *Config) *string { return &c.Installation }},
 	{"ASSAY_DATABASE_URL", "database-url", "the cell's Postgres URL", func(c *Config) *string { return &c.DatabaseURL }},
 	{"ASSAY_NATS_URL", "nats-url", "NATS URL", func(c *Config) *string { return &c.NATSURL }},
-	{"ASSAY_MODEL_BASE_URL", "model-base-url", "OpenAI-compatible endpoint, without /v1", func(c *Config) *string { return &c.ModelBaseURL }},
+	{"ASSAY_MODEL_BASE_URL", "model-base-url", "OpenAI-compatible endpoint, with or without /v1", func(c *Config) *string { return &c.ModelBaseURL }},
 	{"ASSAY_MODEL_API_KEY", "model-api-key", "bearer token for the model endpoint", func(c *Config) *string { return &c.ModelAPIKey }},
 	{"ASSAY_MODEL", "model", "model name", func(c *Config) *string { return &c.Model }},
 	{"ASSAY_HTTP_ADDR", "http-addr", "listen address for HTTP", func(c *Config) *string { return &c.HTTPAddr }},
@@ -129,9 +130,6 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 	}
 	if c.NATSURL == "" {
 		c.NATSURL = "nats://127.0.0.1:4222"
-	}
-	if c.Model == "" {
-		c.Model = "assay-sim-1"
 	}
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = need.HTTPAddr
@@ -218,6 +216,9 @@ func (c Config) validate(need Need, errs []error) error {
 			errs = append(errs, errors.New("ASSAY_MODEL_BASE_URL: required"))
 		} else if u, err := url.Parse(c.ModelBaseURL); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 			errs = append(errs, fmt.Errorf("ASSAY_MODEL_BASE_URL: %q is not an http(s) URL", c.ModelBaseURL))
+		}
+		if c.Model == "" {
+			errs = append(errs, errors.New("ASSAY_MODEL: required: the model name the endpoint serves (e.g. gpt-4o-mini)"))
 		}
 	}
 	if c.HTTPAddr != "" {

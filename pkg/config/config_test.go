@@ -56,7 +56,6 @@ func TestLoadDefaults(t *testing.T) {
 		Installation: "assay",
 		DatabaseURL:  "postgres://assay@127.0.0.1:5432/assay?sslmode=disable",
 		NATSURL:      "nats://127.0.0.1:4222",
-		Model:        "assay-sim-1",
 		HTTPAddr:     ":8080",
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -126,6 +125,7 @@ func TestLoadRefuses(t *testing.T) {
 		{name: "nats no host", vars: with("ASSAY_NATS_URL", "nats://"), want: "ASSAY_NATS_URL"},
 		{name: "nats garbage", vars: with("ASSAY_NATS_URL", "::not a url"), want: "ASSAY_NATS_URL"},
 		{name: "model base missing", vars: valid(), need: config.Need{Model: true}, want: "ASSAY_MODEL_BASE_URL"},
+		{name: "model name missing", vars: with("ASSAY_MODEL_BASE_URL", "https://gateway.internal/v1"), need: config.Need{Model: true}, want: "ASSAY_MODEL: required"},
 		{name: "model base scheme", vars: with("ASSAY_MODEL_BASE_URL", "ftp://x"), need: config.Need{Model: true}, want: "ASSAY_MODEL_BASE_URL"},
 		{name: "model base no host", vars: with("ASSAY_MODEL_BASE_URL", "http://"), need: config.Need{Model: true}, want: "ASSAY_MODEL_BASE_URL"},
 		{name: "http addr no port", vars: with("ASSAY_HTTP_ADDR", "localhost"), want: "ASSAY_HTTP_ADDR"},

@@ -104,6 +104,10 @@ type Config struct {
 	// durable, while the stream is missing or the server does not answer.
 	// Default 1s.
 	RetryEvery time.Duration
+	// ReadyGrace is how long a durable the server lost may stay missing
+	// while the consumer creates it again before Ready says so. Default
+	// 10s.
+	ReadyGrace time.Duration
 }
 
 // Consumer is a running durable consumer.
@@ -115,6 +119,8 @@ type Consumer struct {
 	mu       sync.Mutex
 	cc       jetstream.ConsumeContext
 	lost     chan struct{} // closed when the server lost the consumer
+	consumed bool          // the durable existed and was consumed once
+	missing  time.Time     // since when the durable is known missing
 	inflight sync.WaitGroup
 	// halt ends waits at the gate when Stop begins; work ends handlers
 	// only when Stop gives up waiting for them.
@@ -132,6 +138,9 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	if cfg.RetryEvery <= 0 {
 		cfg.RetryEvery = time.Second
+	}
+	if cfg.ReadyGrace <= 0 {
+		cfg.ReadyGrace = 10 * time.Second
 	}
 	c := &Consumer{cfg: cfg, gate: cfg.Gate}
 	if c.gate == nil {
@@ -188,6 +197,7 @@ func (c *Consumer) loop(ctx context.Context) {
 		case <-lost:
 			c.cfg.Log.Warn("consumer: the server lost the durable; creating it again",
 				"consumer", c.cfg.Durable.Durable, "stream", c.cfg.Stream)
+			c.markMissing()
 			c.unsubscribe()
 		}
 	}
@@ -215,7 +225,7 @@ func (c *Consumer) subscribe(ctx context.Context) (<-chan struct{}, error) {
 		return nil, fmt.Errorf("consumer %s on %s: %w", c.cfg.Durable.Durable, c.cfg.Stream, err)
 	}
 	c.mu.Lock()
-	c.cc, c.lost = cc, lost
+	c.cc, c.lost, c.consumed, c.missing = cc, lost, true, time.Time{}
 	c.mu.Unlock()
 	return lost, nil
 }
@@ -279,16 +289,41 @@ func (c *Consumer) Stop(ctx context.Context) {
 	c.workStop()
 }
 
-// Ready reports whether the durable exists and is being consumed.
+func (c *Consumer) markMissing() {
+	c.mu.Lock()
+	if c.missing.IsZero() {
+		c.missing = time.Now()
+	}
+	c.mu.Unlock()
+}
+
+// Ready reports whether the durable exists and is being consumed. Before
+// it was consumed once it is not ready; after that a durable the server
+// lost is still ready for ReadyGrace while it is created again.
 func (c *Consumer) Ready(ctx context.Context) error {
 	c.mu.Lock()
-	cc := c.cc
+	consumed := c.consumed
 	c.mu.Unlock()
-	if cc == nil {
+	if !consumed {
 		return fmt.Errorf("consumer %s on %s: not consuming yet", c.cfg.Durable.Durable, c.cfg.Stream)
 	}
-	if _, err := c.cfg.JS.Consumer(ctx, c.cfg.Stream, c.cfg.Durable.Durable); err != nil {
-		return fmt.Errorf("consumer %s on %s: %w", c.cfg.Durable.Durable, c.cfg.Stream, err)
+	_, err := c.cfg.JS.Consumer(ctx, c.cfg.Stream, c.cfg.Durable.Durable)
+	if err == nil {
+		c.mu.Lock()
+		c.missing = time.Time{}
+		c.mu.Unlock()
+		return nil
 	}
-	return nil
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		c.markMissing()
+		c.mu.Lock()
+		since := c.missing
+		c.mu.Unlock()
+		if time.Since(since) < c.cfg.ReadyGrace {
+			return nil
+		}
+		return fmt.Errorf("consumer %s on %s: missing for %s: %w", c.cfg.Durable.Durable, c.cfg.Stream,
+			time.Since(since).Round(time.Second), err)
+	}
+	return fmt.Errorf("consumer %s on %s: %w", c.cfg.Durable.Durable, c.cfg.Stream, err)
 }

@@ -193,13 +193,21 @@ func TestDurableDeletedIsCreatedAgain(t *testing.T) {
 	t.Parallel()
 	js := setup(t, 1)
 	var handled atomic.Int64
-	c := start(t, consumer.Config{JS: js, RetryEvery: 20 * time.Millisecond,
+	c := start(t, consumer.Config{JS: js, RetryEvery: 20 * time.Millisecond, ReadyGrace: 50 * time.Millisecond,
 		Handle: func(ctx context.Context, msg jetstream.Msg) consumer.Disposition {
 			handled.Add(1)
 			return consumer.Done()
 		}})
 	waitAcked(t, js, "test", 1)
-	if err := js.DeleteConsumer(context.Background(), names.Stream(event.KindWork), "test"); err != nil {
+	// The stream lost with the broker's store takes its durable along.
+	if err := js.DeleteStream(context.Background(), names.Stream(event.KindWork)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := c.Ready(context.Background()); err == nil {
+		t.Fatal("Ready while the durable is missing past its grace")
+	}
+	if _, err := event.EnsureStream(context.Background(), js, names, event.KindWork, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(20 * time.Second)

@@ -40,6 +40,12 @@ type Contract struct {
 	// Correlation names the output fields that must echo the work id and the
 	// schema version; "" means the contract carries no such field.
 	Correlation struct{ WorkID, SchemaVersion string }
+	// WireSchemaVersion is the schema version as the contract's own field
+	// spells it, a JSON value (code review: 1; change review:
+	// "change-review.v1"): what the correlation line tells the model and
+	// the gate holds the answer to. Without a field of its own it is
+	// SchemaVersion as a JSON string.
+	WireSchemaVersion json.RawMessage
 	// Grounding is GroundingDiff or "".
 	Grounding string
 
@@ -61,8 +67,9 @@ type manifestEntry struct {
 	TaxonomyVersion string `json:"taxonomyVersion"`
 	Prompt          string `json:"prompt"`
 	Correlation     struct {
-		WorkID        string `json:"workId"`
-		SchemaVersion string `json:"schemaVersion"`
+		WorkID             string          `json:"workId"`
+		SchemaVersion      string          `json:"schemaVersion"`
+		SchemaVersionValue json.RawMessage `json:"schemaVersionValue"`
 	} `json:"correlation"`
 	Grounding string `json:"grounding"`
 }
@@ -123,6 +130,17 @@ func build(fsys fs.FS, compiler *jsonschema.Compiler, e manifestEntry) (*Contrac
 	}
 	c.Correlation.WorkID = e.Correlation.WorkID
 	c.Correlation.SchemaVersion = e.Correlation.SchemaVersion
+	c.WireSchemaVersion, _ = json.Marshal(e.SchemaVersion)
+	if len(e.Correlation.SchemaVersionValue) > 0 {
+		if e.Correlation.SchemaVersion == "" {
+			return nil, errors.New("correlation.schemaVersionValue needs correlation.schemaVersion, the field it is the value of")
+		}
+		var b bytes.Buffer
+		if err := json.Compact(&b, e.Correlation.SchemaVersionValue); err != nil {
+			return nil, fmt.Errorf("correlation.schemaVersionValue: %w", err)
+		}
+		c.WireSchemaVersion = b.Bytes()
+	}
 
 	prompt, err := fs.ReadFile(fsys, e.Prompt)
 	if err != nil {
@@ -141,10 +159,14 @@ func build(fsys fs.FS, compiler *jsonschema.Compiler, e manifestEntry) (*Contrac
 		return nil, err
 	}
 
-	// The gate reads these fields by name, so they must exist as strings.
-	for _, f := range []string{c.Correlation.WorkID, c.Correlation.SchemaVersion} {
-		if f != "" && propType(outDoc, f) != "string" {
-			return nil, fmt.Errorf("%s: correlation field %q is not a string property", e.Schema, f)
+	// The gate reads these fields by name, so they must exist: the work id
+	// as a string, the schema version as the schema spells it.
+	if f := c.Correlation.WorkID; f != "" && propType(outDoc, f) != "string" {
+		return nil, fmt.Errorf("%s: correlation field %q is not a string property", e.Schema, f)
+	}
+	if f := c.Correlation.SchemaVersion; f != "" {
+		if t := propType(outDoc, f); t != "string" && t != "integer" {
+			return nil, fmt.Errorf("%s: correlation field %q is not a string or integer property", e.Schema, f)
 		}
 	}
 	if c.Grounding == GroundingDiff {

@@ -50,10 +50,10 @@ func TestLoad(t *testing.T) {
 	if _, ok := r.Get("nope"); ok {
 		t.Fatal("Get(nope) found a contract")
 	}
-	want := map[string]struct{ version, workID, schemaVersion, grounding string }{
-		"code-review":   {"code-review/1", "changeId", "schemaVersion", "diff"},
-		"change-review": {"change-review/1", "", "schema_version", ""},
-		"moderation":    {"moderation/1", "", "", ""},
+	want := map[string]struct{ version, workID, schemaVersion, wire, grounding string }{
+		"code-review":   {"code-review/1", "changeId", "schemaVersion", `1`, "diff"},
+		"change-review": {"change-review/1", "", "schema_version", `"change-review.v1"`, ""},
+		"moderation":    {"moderation/1", "", "", `"moderation/1"`, ""},
 	}
 	for name, w := range want {
 		c := mustGet(t, r, name)
@@ -65,7 +65,8 @@ func TestLoad(t *testing.T) {
 			t.Errorf("%s: Schema is not the file's bytes verbatim", name)
 		}
 		if c.SchemaVersion != w.version || c.TaxonomyVersion != "2026-11" ||
-			c.Correlation.WorkID != w.workID || c.Correlation.SchemaVersion != w.schemaVersion || c.Grounding != w.grounding {
+			c.Correlation.WorkID != w.workID || c.Correlation.SchemaVersion != w.schemaVersion || c.Grounding != w.grounding ||
+			string(c.WireSchemaVersion) != w.wire {
 			t.Errorf("%s: got %+v", name, c)
 		}
 		if !strings.Contains(c.Prompt, "untrusted") {
@@ -155,7 +156,7 @@ func decode(t testing.TB, s string) any {
 	return v
 }
 
-const validCodeReview = `{"schemaVersion":"code-review/1","changeId":"w1","findings":[
+const validCodeReview = `{"schemaVersion":1,"changeId":"w1","findings":[
  {"file":"auth/login.go","line":12,"severity":"blocking","summary":"Logs the password.","evidence":"log.Printf(\"password %s\", p)"}]}`
 
 // TestValidateOutputKeywords proves that each keyword the contracts rely on
@@ -165,24 +166,24 @@ func TestValidateOutputKeywords(t *testing.T) {
 	cases := []struct {
 		contract, doc, field, keyword string
 	}{
-		{"code-review", `{"schemaVersion":"code-review/1","changeId":"w1","findings":[],"extra":1}`, "output.extra", "additionalProperties"},
-		{"code-review", `{"schemaVersion":"code-review/1","changeId":"w1","findings":[{"file":"a","line":1,"severity":"info","summary":"s","evidence":"e","x":true}]}`, "output.findings[0].x", "additionalProperties"},
-		{"code-review", `{"schemaVersion":"code-review/1","changeId":"w1","findings":[{"file":"a","line":1,"severity":"fatal","summary":"s","evidence":"e"}]}`, "output.findings[0].severity", "enum"},
-		{"code-review", `{"schemaVersion":"code-review/1","findings":[]}`, "output", "required"},
-		{"code-review", `{"schemaVersion":"code-review/1","changeId":"w1","findings":[{"file":"a","line":1,"severity":"info","summary":"s"}]}`, "output.findings[0]", "required"},
-		{"code-review", `{"schemaVersion":"code-review/1","changeId":"w1","findings":[{"file":"a","line":0,"severity":"info","summary":"s","evidence":"e"}]}`, "output.findings[0].line", "minimum"},
-		{"code-review", `{"schemaVersion":"code-review/1","changeId":"w1","findings":[{"file":"a","line":1.5,"severity":"info","summary":"s","evidence":"e"}]}`, "output.findings[0].line", "type"},
-		{"code-review", `{"schemaVersion":"code-review/1","changeId":"w1","findings":[{"file":"","line":1,"severity":"info","summary":"s","evidence":"e"}]}`, "output.findings[0].file", "minLength"},
-		{"code-review", `{"schemaVersion":"code-review/1","changeId":"w1","findings":[{"file":"` + strings.Repeat("é", 401) + `","line":1,"severity":"info","summary":"s","evidence":"e"}]}`, "output.findings[0].file", "maxLength"},
-		{"code-review", `{"schemaVersion":"code-review/1","changeId":"w1","findings":` + findings(21) + `}`, "output.findings", "maxItems"},
-		{"code-review", `{"schemaVersion":"code-review/1","changeId":42,"findings":[]}`, "output.changeId", "type"},
-		{"code-review", `{"schemaVersion":"code-review/1","changeId":"w1","findings":{}}`, "output.findings", "type"},
+		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[],"extra":1}`, "output.extra", "additionalProperties"},
+		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[{"file":"a","line":1,"severity":"info","summary":"s","evidence":"e","x":true}]}`, "output.findings[0].x", "additionalProperties"},
+		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[{"file":"a","line":1,"severity":"fatal","summary":"s","evidence":"e"}]}`, "output.findings[0].severity", "enum"},
+		{"code-review", `{"schemaVersion":1,"findings":[]}`, "output", "required"},
+		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[{"file":"a","line":1,"severity":"info","summary":"s"}]}`, "output.findings[0]", "required"},
+		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[{"file":"a","line":0,"severity":"info","summary":"s","evidence":"e"}]}`, "output.findings[0].line", "minimum"},
+		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[{"file":"a","line":1.5,"severity":"info","summary":"s","evidence":"e"}]}`, "output.findings[0].line", "type"},
+		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[{"file":"","line":1,"severity":"info","summary":"s","evidence":"e"}]}`, "output.findings[0].file", "minLength"},
+		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[{"file":"` + strings.Repeat("é", 401) + `","line":1,"severity":"info","summary":"s","evidence":"e"}]}`, "output.findings[0].file", "maxLength"},
+		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":` + findings(21) + `}`, "output.findings", "maxItems"},
+		{"code-review", `{"schemaVersion":1,"changeId":42,"findings":[]}`, "output.changeId", "type"},
+		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":{}}`, "output.findings", "type"},
 		{"code-review", `[]`, "output", "type"},
-		{"change-review", `{"schema_version":"change-review/1","severity":"low","tags":["auth","auth"],"findings":[]}`, "output.tags", "uniqueItems"},
-		{"change-review", `{"schema_version":"change-review/1","severity":"low","tags":[],"findings":[]}`, "output.tags", "minItems"},
-		{"change-review", `{"schema_version":"change-review/1","severity":"low","tags":["auth","data-access","payments","rollback","auth"],"findings":[]}`, "output.tags", "maxItems"},
-		{"change-review", `{"schema_version":"change-review/1","severity":"low","tags":["billing"],"findings":[]}`, "output.tags[0]", "enum"},
-		{"change-review", `{"schema_version":"change-review/1","severity":"low","tags":["auth"],"findings":[{"code":"bad-code","severity":"low","summary":"s"}]}`, "output.findings[0].code", "pattern"},
+		{"change-review", `{"schema_version":"change-review.v1","severity":"low","tags":["auth","auth"],"findings":[]}`, "output.tags", "uniqueItems"},
+		{"change-review", `{"schema_version":"change-review.v1","severity":"low","tags":[],"findings":[]}`, "output.tags", "minItems"},
+		{"change-review", `{"schema_version":"change-review.v1","severity":"low","tags":["auth","data-access","payments","rollback","auth"],"findings":[]}`, "output.tags", "maxItems"},
+		{"change-review", `{"schema_version":"change-review.v1","severity":"low","tags":["billing"],"findings":[]}`, "output.tags[0]", "enum"},
+		{"change-review", `{"schema_version":"change-review.v1","severity":"low","tags":["auth"],"findings":[{"code":"bad-code","severity":"low","summary":"s"}]}`, "output.findings[0].code", "pattern"},
 		{"moderation", `{"category":"spam","confidence":1.5,"needsHumanReview":false}`, "output.confidence", "maximum"},
 		{"moderation", `{"category":"spam","confidence":-0.1,"needsHumanReview":false}`, "output.confidence", "minimum"},
 		{"moderation", `{"category":"spam","confidence":0.5,"needsHumanReview":"no"}`, "output.needsHumanReview", "type"},
@@ -214,7 +215,7 @@ func TestValidateOutputKeywords(t *testing.T) {
 
 func TestMissingRequiredIsNotATypeError(t *testing.T) {
 	c := mustGet(t, mustLoad(t), "code-review")
-	err := c.ValidateOutput(decode(t, `{"schemaVersion":"code-review/1","findings":[]}`))
+	err := c.ValidateOutput(decode(t, `{"schemaVersion":1,"findings":[]}`))
 	if got, want := err.Error(), "output: required: Required property 'changeId' is missing"; got != want {
 		t.Fatalf("Error() = %q, want %q", got, want)
 	}
@@ -224,7 +225,7 @@ func TestValidateOutputAccepts(t *testing.T) {
 	r := mustLoad(t)
 	for name, doc := range map[string]string{
 		"code-review":   validCodeReview,
-		"change-review": `{"schema_version":"change-review/1","severity":"high","tags":["auth","rollback"],"findings":[{"code":"MISSING_AUTH_CHECK","severity":"high","summary":"s"}]}`,
+		"change-review": `{"schema_version":"change-review.v1","severity":"high","tags":["auth","rollback"],"findings":[{"code":"MISSING_AUTH_CHECK","severity":"high","summary":"s"}]}`,
 		"moderation":    `{"category":"other","confidence":1,"needsHumanReview":false}`,
 	} {
 		if err := mustGet(t, r, name).ValidateOutput(decode(t, doc)); err != nil {
@@ -274,7 +275,7 @@ func TestErrorListsAtMostFive(t *testing.T) {
 	for range 7 {
 		fs = append(fs, `{"file":"a","line":0,"severity":"info","summary":"s","evidence":"e"}`)
 	}
-	err := c.ValidateOutput(decode(t, `{"schemaVersion":"v","changeId":"w","findings":[`+strings.Join(fs, ",")+`]}`))
+	err := c.ValidateOutput(decode(t, `{"schemaVersion":1,"changeId":"w","findings":[`+strings.Join(fs, ",")+`]}`))
 	if !strings.HasSuffix(err.Error(), "; and 2 more") {
 		t.Fatalf("Error() = %q", err)
 	}

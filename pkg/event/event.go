@@ -22,6 +22,9 @@ const (
 // wildcards or whitespace.
 var tokenRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
+// uuidRE is the text form of an attempt id or lease token.
+var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
 // ValidToken reports whether s can be used as one subject token.
 func ValidToken(s string) bool { return tokenRE.MatchString(s) }
 
@@ -111,6 +114,11 @@ func (n Names) Subjects(kind string) string { return n.Prefix(kind) + ">" }
 // assay-committer.
 func (n Names) Durable(name string) string { return n.inst() + "-" + name }
 
+// WorkConsumer is the durable that consumes one lane of the cell's WORK
+// stream (the classifier's); ingress reads its progress to tell lost
+// announcements from a backlog.
+func (n Names) WorkConsumer(lane string) string { return n.Durable("classifier-" + lane) }
+
 // streamToken is a subject token as stream names spell it.
 func streamToken(s string) string { return strings.ToUpper(strings.ReplaceAll(s, "-", "_")) }
 
@@ -167,8 +175,9 @@ type Result struct {
 	Outcome string `json:"outcome"`
 	Reason  string `json:"reason,omitempty"`
 	// Final is false when a repair attempt follows this one.
-	Final  bool   `json:"final"`
-	Output string `json:"output,omitempty"`
+	Final bool `json:"final"`
+	// The answer itself stays in the cell's database with the attempt, so
+	// no event grows with it: the committer reads it by AttemptID.
 }
 
 // Attempt is one attempt's usage, for the ledger.
@@ -185,6 +194,10 @@ type Attempt struct {
 	OutputUnits      int64     `json:"outputUnits"`
 	LatencyMS        int64     `json:"latencyMs"`
 	At               time.Time `json:"at"`
+	// Estimated: the call left and brought no usage back (a timeout, a
+	// cancel, a 5xx), so InputUnits is the request's estimate and the
+	// ledger marks the row estimated.
+	Estimated bool `json:"estimated,omitempty"`
 }
 
 // MaxEventBytes caps any event a consumer will decode.
@@ -238,6 +251,8 @@ func (r *Result) check() error {
 	switch {
 	case r.AttemptID == "" || r.WorkID == "" || r.LeaseToken == "":
 		return errors.New("event: result: attemptId, workId and leaseToken are required")
+	case !uuidRE.MatchString(r.AttemptID) || !uuidRE.MatchString(r.LeaseToken):
+		return errors.New("event: result: attemptId and leaseToken must be UUIDs")
 	case !ValidToken(r.TenantID):
 		return fmt.Errorf("event: result: bad tenantId %q", r.TenantID)
 	case r.Outcome == "":
@@ -250,6 +265,8 @@ func (a *Attempt) check() error {
 	switch {
 	case a.AttemptID == "" || a.WorkID == "":
 		return errors.New("event: attempt: attemptId and workId are required")
+	case !uuidRE.MatchString(a.AttemptID):
+		return errors.New("event: attempt: attemptId must be a UUID")
 	case !ValidToken(a.TenantID):
 		return fmt.Errorf("event: attempt: bad tenantId %q", a.TenantID)
 	case a.Outcome == "":

@@ -2,10 +2,14 @@ package event
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"assay.dev/pkg/lifecycle"
 )
 
 // StreamSettings are the knobs of a cell's streams. The zero value gives
@@ -97,4 +101,78 @@ func ConsumerConfig(c ConsumerSettings) jetstream.ConsumerConfig {
 		FilterSubject: c.Filter,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
+}
+
+// Keeper keeps the streams a service owns in place: it creates them when
+// the service starts and again whenever the broker has lost them (a store
+// lost with its node), and says whether they exist. Only the service that
+// publishes to a stream keeps it.
+type Keeper struct {
+	JS       jetstream.StreamManager
+	Names    Names
+	Kinds    []string
+	Settings StreamSettings
+	// Every is how often the streams are looked at. Default 5s.
+	Every time.Duration
+	Log   *slog.Logger
+
+	ticker lifecycle.Ticker
+}
+
+// Start creates the streams, then looks after them until Stop.
+func (k *Keeper) Start(ctx context.Context) error {
+	for _, kind := range k.Kinds {
+		if err := k.Ensure(ctx, kind); err != nil {
+			return err
+		}
+	}
+	if k.Every <= 0 {
+		k.Every = 5 * time.Second
+	}
+	if k.Log == nil {
+		k.Log = slog.Default()
+	}
+	t := &k.ticker
+	t.Name, t.Every, t.Log = "stream keeper", k.Every, k.Log
+	t.Pass = func(ctx context.Context) (bool, error) { return false, k.keep(ctx) }
+	return t.Start(ctx)
+}
+
+// Stop ends the keeper. Idempotent.
+func (k *Keeper) Stop(ctx context.Context) { k.ticker.Stop(ctx) }
+
+// Ensure creates or updates the stream of kind.
+func (k *Keeper) Ensure(ctx context.Context, kind string) error {
+	_, err := EnsureStream(ctx, k.JS, k.Names, kind, k.Settings)
+	return err
+}
+
+// keep creates again every stream the broker no longer has.
+func (k *Keeper) keep(ctx context.Context) error {
+	var errs []error
+	for _, kind := range k.Kinds {
+		_, err := k.JS.Stream(ctx, k.Names.Stream(kind))
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			if err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if err := k.Ensure(ctx, kind); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		k.Log.Warn("stream keeper: the broker had lost a stream; it is created again", "stream", k.Names.Stream(kind))
+	}
+	return errors.Join(errs...)
+}
+
+// Ready reports whether every stream the keeper keeps exists.
+func (k *Keeper) Ready(ctx context.Context) error {
+	for _, kind := range k.Kinds {
+		if _, err := k.JS.Stream(ctx, k.Names.Stream(kind)); err != nil {
+			return fmt.Errorf("jetstream: stream %s: %w", k.Names.Stream(kind), err)
+		}
+	}
+	return nil
 }

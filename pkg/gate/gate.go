@@ -150,6 +150,16 @@ func fail(s Stage, code, format string, args ...any) *Failure {
 	return &Failure{Stage: s, Code: code, Detail: fmt.Sprintf(format, args...)}
 }
 
+// TooLarge is the failure of an output of n bytes that was too large to be
+// read whole: the gate names its real size, not the part that was read. A
+// negative n is a size beyond what the reader counts.
+func TooLarge(n int64) *Failure {
+	if n < 0 {
+		return fail(StageSyntax, CodeTooLarge, "output is larger than the reader counts, over the %d-byte limit", MaxOutputBytes)
+	}
+	return fail(StageSyntax, CodeTooLarge, "output is %d bytes, over the %d-byte limit", n, MaxOutputBytes)
+}
+
 func checkSyntax(output []byte) (map[string]any, *Failure) {
 	if len(output) > MaxOutputBytes {
 		return nil, fail(StageSyntax, CodeTooLarge, "output is %d bytes, over the %d-byte limit", len(output), MaxOutputBytes)
@@ -207,8 +217,8 @@ func checkCorrelation(c *contract.Contract, doc map[string]any, exp Expect) *Fai
 		return fail(StageCorrelation, CodeSchemaVersion, "the work entered the worker with schema version %s, the contract is %s", quote(exp.SchemaVersion), quote(c.SchemaVersion))
 	}
 	if f := c.Correlation.SchemaVersion; f != "" {
-		if got, _ := doc[f].(string); got != exp.SchemaVersion {
-			return fail(StageCorrelation, CodeSchemaVersion, "%s %s is not the work's schema version %s", f, quote(got), quote(exp.SchemaVersion))
+		if got, _ := json.Marshal(doc[f]); !bytes.Equal(got, c.WireSchemaVersion) {
+			return fail(StageCorrelation, CodeSchemaVersion, "%s %s is not the contract's schema version %s", f, quote(string(got)), quote(string(c.WireSchemaVersion)))
 		}
 	}
 	if exp.TaxonomyVersion != exp.CurrentTaxonomyVersion || exp.CurrentTaxonomyVersion != c.TaxonomyVersion {

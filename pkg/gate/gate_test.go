@@ -97,14 +97,14 @@ func codeReview(findings ...obj) string {
 	if findings == nil {
 		findings = []obj{}
 	}
-	return js(obj{"schemaVersion": "code-review/1", "changeId": "wrk_01", "findings": findings})
+	return js(obj{"schemaVersion": 1, "changeId": "wrk_01", "findings": findings})
 }
 
 func changeReview(severity string, findings ...obj) string {
 	if findings == nil {
 		findings = []obj{}
 	}
-	return js(obj{"schema_version": "change-review/1", "severity": severity, "tags": []string{"auth", "data-access"}, "findings": findings})
+	return js(obj{"schema_version": "change-review.v1", "severity": severity, "tags": []string{"auth", "data-access"}, "findings": findings})
 }
 
 func moderation(category string, review bool) string {
@@ -134,7 +134,7 @@ var failCases = []failCase{
 	{name: "trailing prose", contract: "moderation", output: moderation("spam", false) + " Hope this helps!", code: "syntax.trailing_data"},
 
 	// schema
-	{name: "missing changeId", contract: "code-review", output: `{"schemaVersion":"code-review/1","findings":[]}`,
+	{name: "missing changeId", contract: "code-review", output: `{"schemaVersion":1,"findings":[]}`,
 		code: "schema.violation", detail: "output: required: Required property 'changeId' is missing"},
 	{name: "severity outside enum", contract: "code-review", output: codeReview(obj{"file": "auth/login.go", "line": 12, "severity": "critical", "summary": "s", "evidence": "log.Printf"}),
 		code: "schema.violation", detail: "output.findings[0].severity: enum: "},
@@ -142,21 +142,23 @@ var failCases = []failCase{
 		code: "schema.violation", detail: "output.reason: additionalProperties: "},
 	{name: "confidence above 1", contract: "moderation", output: `{"category":"spam","confidence":1.01,"needsHumanReview":false}`,
 		code: "schema.violation", detail: "output.confidence: maximum: "},
-	{name: "duplicate tags", contract: "change-review", output: `{"schema_version":"change-review/1","severity":"low","tags":["auth","auth"],"findings":[]}`,
+	{name: "duplicate tags", contract: "change-review", output: `{"schema_version":"change-review.v1","severity":"low","tags":["auth","auth"],"findings":[]}`,
 		code: "schema.violation", detail: "output.tags: uniqueItems: "},
-	{name: "schema before correlation", contract: "code-review", output: `{"schemaVersion":"code-review/9","changeId":"wrk_99","findings":[{}]}`,
+	{name: "schema before correlation", contract: "code-review", output: `{"schemaVersion":9,"changeId":"wrk_99","findings":[{}]}`,
 		code: "schema.violation", detail: "output.findings[0]: required: "},
 
 	// correlation
 	{name: "other work's changeId", contract: "code-review", output: strings.Replace(codeReview(sqlFinding), "wrk_01", "wrk_02", 1),
 		code: "correlation.work_id", detail: `changeId "wrk_02" is not the work id "wrk_01"`},
-	{name: "schemaVersion echoed wrong", contract: "code-review", output: strings.Replace(codeReview(), "code-review/1", "code-review/2", 1),
-		code: "correlation.schema_version", detail: `schemaVersion "code-review/2" is not the work's schema version "code-review/1"`},
-	{name: "work entered with another schema version", contract: "code-review", output: strings.Replace(codeReview(), "code-review/1", "code-review/0", 1),
+	{name: "schemaVersion echoed wrong", contract: "code-review", output: strings.Replace(codeReview(), `"schemaVersion":1`, `"schemaVersion":2`, 1),
+		code: "correlation.schema_version", detail: `schemaVersion "2" is not the contract's schema version "1"`},
+	{name: "schemaVersion as the work's internal string", contract: "code-review", output: strings.Replace(codeReview(), `"schemaVersion":1`, `"schemaVersion":"code-review/1"`, 1),
+		code: "schema.violation", detail: `output.schemaVersion`},
+	{name: "work entered with another schema version", contract: "code-review", output: codeReview(),
 		expect: func(e *gate.Expect) { e.SchemaVersion = "code-review/0" },
 		code:   "correlation.schema_version", detail: `schema version "code-review/0", the contract is "code-review/1"`},
-	{name: "schema_version echoed wrong", contract: "change-review", output: strings.Replace(changeReview("low"), "change-review/1", "code-review/1", 1),
-		code: "correlation.schema_version", detail: `schema_version "code-review/1" is not`},
+	{name: "schema_version echoed wrong", contract: "change-review", output: strings.Replace(changeReview("low"), "change-review.v1", "change-review/1", 1),
+		code: "correlation.schema_version", detail: `schema_version "\"change-review/1\"" is not`},
 	{name: "taxonomy changed since claim", contract: "change-review", output: changeReview("low"),
 		expect: func(e *gate.Expect) { e.TaxonomyVersion = "2026-10" },
 		code:   "correlation.taxonomy_version", detail: `taxonomy version "2026-10" entered the worker, the current one is "2026-11"`},
@@ -392,7 +394,7 @@ func ExampleCheck() {
 	}
 	c, _ := reg.Get("code-review")
 	in, _ := json.Marshal(map[string]string{"diff": reviewDiff})
-	output := `{"schemaVersion":"code-review/1","changeId":"wrk_01","findings":[
+	output := `{"schemaVersion":1,"changeId":"wrk_01","findings":[
 	  {"file":"auth/session.go","line":14,"severity":"blocking","summary":"Session never expires.","evidence":"ttl := 0"}]}`
 
 	_, f := gate.Check(c, []byte(output), gate.Expect{

@@ -10,8 +10,10 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -38,8 +40,12 @@ type Error struct {
 	// RetryAfter is the provider's retry hint (retry-after-ms, else
 	// Retry-After), 0 if absent.
 	RetryAfter time.Duration
-	Msg        string
-	Err        error
+	// BodyBytes, on a body over the read cap, is its real size: from
+	// Content-Length, else counted while discarding the rest up to
+	// MaxDrainBytes; -1 when it is larger still.
+	BodyBytes int64
+	Msg       string
+	Err       error
 }
 
 func (e *Error) Error() string {
@@ -74,6 +80,14 @@ type Client struct {
 	MaxBodyBytes int64
 }
 
+// Endpoint is the chat-completions URL of a base URL given with or without
+// its /v1, as OpenAI-compatible clients take it either way: /v1/v1 is never
+// asked for.
+func Endpoint(base string) string {
+	base = strings.TrimSuffix(strings.TrimRight(base, "/"), "/v1")
+	return base + "/v1/chat/completions"
+}
+
 // Call is one structured-output request.
 type Call struct {
 	Tenant   string
@@ -93,6 +107,9 @@ type Reply struct {
 	Status  int
 	Latency time.Duration
 	Raw     []byte // response body, capped at MaxBodyBytes
+	// Sent: the whole request reached the connection, so the provider
+	// may bill the call even if no answer came back.
+	Sent bool
 }
 
 // defaultHTTP is shared so that every Client with a nil HTTP reuses one
@@ -128,7 +145,7 @@ func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
 	if err != nil {
 		return nil, &Error{Kind: KindRejected, Msg: "encoding request", Err: err}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.BaseURL, "/")+"/v1/chat/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, Endpoint(c.BaseURL), bytes.NewReader(body))
 	if err != nil {
 		return nil, &Error{Kind: KindRejected, Msg: "building request", Err: err}
 	}
@@ -150,18 +167,24 @@ func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
 		limit = DefaultMaxBodyBytes
 	}
 
+	var sent atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		WroteRequest: func(info httptrace.WroteRequestInfo) { sent.Store(info.Err == nil) },
+	}))
 	start := time.Now()
 	resp, err := hc.Do(req)
 	if err != nil {
-		return &Reply{Latency: time.Since(start)}, transportError(ctx, "sending request", err)
+		return &Reply{Latency: time.Since(start), Sent: sent.Load()}, transportError(ctx, "sending request", err)
 	}
 	raw, readErr := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	resp.Body.Close()
-	rep := &Reply{Status: resp.StatusCode, Latency: time.Since(start), Model: c.Model}
 	over := int64(len(raw)) > limit
+	size := int64(len(raw))
 	if over {
 		raw = raw[:limit]
+		size = bodySize(resp, size, readErr)
 	}
+	resp.Body.Close()
+	rep := &Reply{Status: resp.StatusCode, Latency: time.Since(start), Model: c.Model, Sent: true}
 	rep.Raw = raw
 	if readErr != nil {
 		e := transportError(ctx, "reading response", readErr)
@@ -173,7 +196,12 @@ func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
 		return rep, statusError(resp, raw)
 	}
 	if over {
-		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, Msg: fmt.Sprintf("response body exceeds %d bytes", limit)}
+		what := fmt.Sprintf("%d bytes", size)
+		if size < 0 {
+			what = fmt.Sprintf("more than %d bytes", MaxDrainBytes)
+		}
+		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, BodyBytes: size,
+			Msg: fmt.Sprintf("response body is %s, over the %d-byte cap", what, limit)}
 	}
 	var cr ChatResponse
 	if err := json.Unmarshal(raw, &cr); err != nil {
@@ -192,6 +220,27 @@ func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
 		rep.Model = cr.Model
 	}
 	return rep, nil
+}
+
+// MaxDrainBytes bounds how much of an oversize body is read, and thrown
+// away, only to learn its size.
+const MaxDrainBytes = 64 << 20
+
+// bodySize is the real size of a body whose first read bytes were read:
+// Content-Length when the server sent one, else what the rest counts up to
+// MaxDrainBytes (-1 beyond).
+func bodySize(resp *http.Response, read int64, readErr error) int64 {
+	if resp.ContentLength > 0 {
+		return resp.ContentLength
+	}
+	if readErr != nil {
+		return read
+	}
+	n, _ := io.Copy(io.Discard, io.LimitReader(resp.Body, MaxDrainBytes-read+1))
+	if read+n > MaxDrainBytes {
+		return -1
+	}
+	return read + n
 }
 
 // transportError classifies a failure to exchange bytes with the provider.

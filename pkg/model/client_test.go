@@ -332,15 +332,46 @@ func TestCompleteBodyCap(t *testing.T) {
 		t.Fatalf("raw = %q", rep.Raw)
 	}
 
-	// The default cap is 1 MiB.
+	// The default cap is 1 MiB; the error gives the body's real size.
 	big := strings.Repeat("x", DefaultMaxBodyBytes+10)
 	b2 := setup(t, answer(200, big))
 	rep, err = b2.client.Complete(context.Background(), testCall)
-	if e := asError(t, err); e.Kind != KindMalformed || !strings.Contains(e.Msg, "exceeds") {
-		t.Fatalf("got %v", e)
+	if e := asError(t, err); e.Kind != KindMalformed || e.BodyBytes != int64(len(big)) ||
+		!strings.Contains(e.Msg, fmt.Sprintf("%d bytes, over the %d-byte cap", len(big), DefaultMaxBodyBytes)) {
+		t.Fatalf("got %v (body %d bytes)", e, e.BodyBytes)
 	}
 	if len(rep.Raw) != DefaultMaxBodyBytes {
 		t.Fatalf("raw len = %d", len(rep.Raw))
+	}
+}
+
+// Without a Content-Length the rest of an oversize body is counted, not
+// kept, to give its size; beyond MaxDrainBytes the size is unknown (-1).
+func TestOversizeBodyCountedWithoutContentLength(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{5 << 20, MaxDrainBytes + 10} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusOK)
+			chunk := strings.Repeat("y", 64<<10)
+			for sent := 0; sent < n; sent += len(chunk) {
+				if _, err := io.WriteString(w, chunk[:min(len(chunk), n-sent)]); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush() // chunked: no Content-Length
+			}
+		}))
+		c := &Client{BaseURL: srv.URL, Model: "m"}
+		rep, err := c.Complete(context.Background(), testCall)
+		srv.Close()
+		e := asError(t, err)
+		want := int64(n)
+		if n > MaxDrainBytes {
+			want = -1
+		}
+		if e.Kind != KindMalformed || e.BodyBytes != want || len(rep.Raw) != DefaultMaxBodyBytes {
+			t.Fatalf("%d bytes: %v, size %d, raw %d", n, e, e.BodyBytes, len(rep.Raw))
+		}
 	}
 }
 
@@ -496,4 +527,20 @@ func ExampleParseRetryAfter() {
 	// 3s
 	// 1m30s
 	// 0s
+}
+
+func TestEndpointWithOrWithoutV1(t *testing.T) {
+	t.Parallel()
+	for base, want := range map[string]string{
+		"http://gw:8000":             "http://gw:8000/v1/chat/completions",
+		"http://gw:8000/":            "http://gw:8000/v1/chat/completions",
+		"http://gw:8000/v1":          "http://gw:8000/v1/chat/completions",
+		"http://gw:8000/v1/":         "http://gw:8000/v1/chat/completions",
+		"https://api.example/openai": "https://api.example/openai/v1/chat/completions",
+		"https://api.example/v1x":    "https://api.example/v1x/v1/chat/completions",
+	} {
+		if got := Endpoint(base); got != want {
+			t.Errorf("Endpoint(%q) = %q, want %q", base, got, want)
+		}
+	}
 }

@@ -68,9 +68,11 @@ type Usage struct {
 // Correlation is what the worker tells the model to echo back. It travels in
 // the system message, never in the untrusted input.
 type Correlation struct {
-	WorkID          string `json:"workId"`
-	SchemaVersion   string `json:"schemaVersion"`
-	TaxonomyVersion string `json:"taxonomyVersion,omitempty"`
+	WorkID string `json:"workId"`
+	// SchemaVersion is the value the answer's schema version field must
+	// hold, as the contract spells it (1, "change-review.v1", …).
+	SchemaVersion   json.RawMessage `json:"schemaVersion"`
+	TaxonomyVersion string          `json:"taxonomyVersion,omitempty"`
 }
 
 // correlationMarker starts the line of the system message that carries the

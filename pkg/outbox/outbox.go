@@ -1,16 +1,23 @@
 // Package outbox publishes what a transaction wrote to the outbox table, so
 // that a row change and the message it implies are never split: a crash
-// between the two delays the message, it never loses it.
+// between the two delays the message, it never loses it. A row that cannot
+// be published is set aside after a bounded number of tries; it never holds
+// up the rows behind it.
 package outbox
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/store"
@@ -35,7 +42,8 @@ func Msg(ctx context.Context, stream, subject, msgID string, v any) (store.Outbo
 
 // Source is where a relay finds the rows to publish.
 type Source interface {
-	DrainOutbox(ctx context.Context, limit int, streams []string, publish func([]store.OutboxMsg) (int, error)) (int, error)
+	DrainOutbox(ctx context.Context, limit int, streams []string, policy store.SetAsidePolicy,
+		publish func([]store.OutboxMsg) []store.Sent) (store.Drained, error)
 }
 
 // Relay drains the outbox into JetStream: a lifecycle part that publishes
@@ -51,14 +59,34 @@ type Relay struct {
 	Every time.Duration
 	// Batch is how many rows one transaction publishes. Default 100.
 	Batch int
+	// MaxPayload is the largest message the broker takes (the
+	// connection's MaxPayload); a larger row is set aside without a try.
+	// 0: no check before publishing.
+	MaxPayload int64
+	// Ensure, when set, creates the stream of a kind again; the relay asks
+	// it when the broker says no stream takes a row's subject (a stream
+	// lost with the broker's store), then tries the row once more.
+	Ensure func(ctx context.Context, stream string) error
+	// SetAside bounds how long a failing row is tried.
+	SetAside store.SetAsidePolicy
+	// PublishTimeout bounds one publish's wait for the broker's ack.
+	// Default 3s.
+	PublishTimeout time.Duration
+	// Meter counts set-aside rows (assay_outbox_set_aside). Optional.
+	Meter metric.Meter
 
-	ticker lifecycle.Ticker
+	ticker   lifecycle.Ticker
+	setAside metric.Int64Counter
+	once     sync.Once
 }
 
 // Start runs the relay until Stop.
 func (r *Relay) Start(ctx context.Context) error {
 	if r.Every == 0 {
 		r.Every = 250 * time.Millisecond
+	}
+	if err := r.init(); err != nil {
+		return err
 	}
 	t := &r.ticker
 	t.Name, t.Every, t.Final, t.Log = "outbox relay", r.Every, true, r.Log
@@ -67,6 +95,19 @@ func (r *Relay) Start(ctx context.Context) error {
 		return n == r.batch(), err
 	}
 	return t.Start(ctx)
+}
+
+func (r *Relay) init() (err error) {
+	r.once.Do(func() {
+		if r.Log == nil {
+			r.Log = slog.Default()
+		}
+		if r.Meter != nil {
+			r.setAside, err = r.Meter.Int64Counter("assay_outbox_set_aside",
+				metric.WithDescription("outbox rows set aside after they could not be published"))
+		}
+	})
+	return err
 }
 
 // Kick asks for a drain now, e.g. right after a commit that wrote rows.
@@ -82,18 +123,109 @@ func (r *Relay) batch() int {
 	return r.Batch
 }
 
-// Drain publishes one batch and returns how many were published.
+// errTooLarge marks a row larger than the broker takes.
+var errTooLarge = errors.New("larger than the broker's max payload")
+
+// Drain publishes one batch and returns how many rows it handled
+// (published, failed or set aside). It stops early, without counting a
+// try, when the broker is unreachable.
 func (r *Relay) Drain(ctx context.Context) (int, error) {
-	return r.Store.DrainOutbox(ctx, r.batch(), r.Streams, func(msgs []store.OutboxMsg) (int, error) {
-		for i, m := range msgs {
-			nm := &nats.Msg{Subject: m.Subject, Data: m.Payload, Header: nats.Header{}}
-			for k, v := range m.Headers {
-				nm.Header.Set(k, v)
+	if err := r.init(); err != nil {
+		return 0, err
+	}
+	var stopped error
+	d, err := r.Store.DrainOutbox(ctx, r.batch(), r.Streams, r.SetAside, func(msgs []store.OutboxMsg) []store.Sent {
+		sent := make([]store.Sent, 0, len(msgs))
+		ensured := map[string]bool{}
+		for _, m := range msgs {
+			s := r.publish(ctx, m, ensured)
+			if s.Err != nil && (ctx.Err() != nil || unreachable(s.Err)) {
+				stopped = s.Err
+				break
 			}
-			if _, err := r.JS.PublishMsg(ctx, nm, jetstream.WithMsgID(m.MsgID)); err != nil {
-				return i, err
+			sent = append(sent, s)
+			if errors.Is(s.Err, context.DeadlineExceeded) {
+				// No ack in time, from a broker that is connected: a
+				// publish it refuses without a word (a permission) looks
+				// so. The row counts a try; the rest wait for the next
+				// pass rather than each waiting out its own timeout.
+				break
 			}
 		}
-		return len(msgs), nil
+		return sent
 	})
+	if err != nil {
+		return 0, err
+	}
+	for _, f := range d.SetAside {
+		if r.setAside != nil {
+			r.setAside.Add(ctx, 1, metric.WithAttributes(attribute.String("stream", f.Stream)))
+		}
+		telemetry.Decision(ctx, r.Log, f.MsgID, "set_aside",
+			fmt.Sprintf("outbox row %d could not be published after %d tries: %s; list with assay outbox list, retry with assay outbox retry %d",
+				f.ID, f.Tries, f.Err, f.ID),
+			slog.String("stream", f.Stream), slog.String("subject", f.Subject), slog.Int("bytes", len(f.Payload)))
+	}
+	for _, f := range d.Failed {
+		r.Log.Warn("outbox row not published; will try again", "key", f.MsgID, "outbox_id", f.ID, "tries", f.Tries, "err", f.Err)
+	}
+	if stopped != nil {
+		return d.Published, fmt.Errorf("outbox: broker unreachable: %w", stopped)
+	}
+	return d.Published + len(d.Failed) + len(d.SetAside), nil
+}
+
+// publish sends one row, creating its stream again once when the broker
+// says none takes its subject.
+func (r *Relay) publish(ctx context.Context, m store.OutboxMsg, ensured map[string]bool) store.Sent {
+	nm := &nats.Msg{Subject: m.Subject, Data: m.Payload, Header: nats.Header{}}
+	for k, v := range m.Headers {
+		nm.Header.Set(k, v)
+	}
+	if r.MaxPayload > 0 && int64(len(m.Payload)+headerBytes(nm.Header)+len(m.Subject)) > r.MaxPayload {
+		return store.Sent{Err: fmt.Errorf("%d bytes: %w of %d", len(m.Payload), errTooLarge, r.MaxPayload), Permanent: true}
+	}
+	err := r.send(ctx, nm, m.MsgID)
+	if errors.Is(err, jetstream.ErrNoStreamResponse) && r.Ensure != nil && !ensured[m.Stream] {
+		ensured[m.Stream] = true
+		if eerr := r.Ensure(ctx, m.Stream); eerr != nil {
+			return store.Sent{Err: fmt.Errorf("no stream takes %s, and creating %s failed: %w", m.Subject, m.Stream, eerr)}
+		}
+		r.Log.Warn("outbox: stream was missing and is created again", "stream", m.Stream)
+		err = r.send(ctx, nm, m.MsgID)
+	}
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return store.Sent{Err: err, Permanent: true}
+	}
+	return store.Sent{Err: err}
+}
+
+// send publishes one message and waits for its ack up to PublishTimeout.
+func (r *Relay) send(ctx context.Context, nm *nats.Msg, msgID string) error {
+	d := r.PublishTimeout
+	if d <= 0 {
+		d = 3 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	_, err := r.JS.PublishMsg(ctx, nm, jetstream.WithMsgID(msgID))
+	return err
+}
+
+// unreachable says the broker, not the row, is at fault: stop the drain and
+// count no try.
+func unreachable(err error) bool {
+	return errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, nats.ErrConnectionDraining) || errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, nats.ErrInvalidConnection)
+}
+
+func headerBytes(h nats.Header) int {
+	n := len("NATS/1.0\r\n\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n + len(jetstream.MsgIDHeader) + 64
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -210,27 +211,75 @@ func TestDrainPublishesOnce(t *testing.T) {
 	}
 }
 
-func TestDrainStopsAtFailedPublish(t *testing.T) {
+// Poison rows never block: a row larger than the broker takes and a row
+// whose subject no stream takes sit between good rows; the good ones go
+// out in order, the oversize one is set aside at once, the other after its
+// tries.
+func TestPoisonRowsAreSetAside(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ok := workMsg(t, b.ctx, "w_1", 1)
+	huge := workMsg(t, b.ctx, "w_huge", 1)
+	huge.Payload = []byte(`{"workId":"` + strings.Repeat("x", 2<<20) + `"}`)
 	orphan := store.OutboxMsg{Stream: event.KindWork, Subject: "assay.us.nowhere.acme", MsgID: "x", Payload: []byte(`{}`), Headers: map[string]string{}}
-	b.write(t, ok, orphan)
+	b.write(t, workMsg(t, b.ctx, "w_1", 1), huge, orphan, workMsg(t, b.ctx, "w_2", 1))
 
-	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
 	defer cancel()
-	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Streams: streams, Batch: 10}
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Streams: streams, Batch: 10,
+		MaxPayload: b.js.Conn().MaxPayload(), SetAside: store.SetAsidePolicy{MaxTries: 2, Grace: -1},
+		Ensure: func(ctx context.Context, kind string) error {
+			_, err := event.EnsureStream(ctx, b.js, names, kind, event.StreamSettings{})
+			return err
+		}}
+	if n, err := relay.Drain(ctx); err != nil || n != 4 {
+		t.Fatalf("first drain: n=%d err=%v, want 4 rows handled", n, err)
+	}
+	if got := b.streamMsgs(t); got != 2 {
+		t.Fatalf("stream holds %d messages, want the 2 good ones", got)
+	}
 	if n, err := relay.Drain(ctx); err != nil || n != 1 {
-		t.Fatalf("drain: n=%d err=%v, want 1 published before the failure", n, err)
+		t.Fatalf("second drain: n=%d err=%v, want the orphan tried again", n, err)
 	}
-	if p := b.pending(t); p != 1 {
-		t.Fatalf("pending = %d, want 1", p)
+	if p := b.pending(t); p != 0 {
+		t.Fatalf("pending = %d, want 0: both poison rows set aside", p)
 	}
-	if n, err := relay.Drain(ctx); err == nil || n != 0 {
-		t.Fatalf("drain of an unroutable message: n=%d err=%v, want an error", n, err)
+	aside, err := b.store.SetAsideRows(b.ctx, 10)
+	if err != nil || len(aside) != 2 || aside[0].MsgID != huge.MsgID || !strings.Contains(aside[0].LastError, "max payload") ||
+		aside[1].MsgID != "x" || aside[1].Tries != 2 {
+		t.Fatalf("set-aside rows %+v, %v", aside, err)
 	}
-	if p := b.pending(t); p != 1 {
-		t.Fatalf("pending after a failed drain = %d, want 1", p)
+	// Later rows are not held up.
+	b.write(t, workMsg(t, b.ctx, "w_3", 1))
+	if n, err := relay.Drain(ctx); err != nil || n != 1 || b.streamMsgs(t) != 3 {
+		t.Fatalf("drain after the poison: n=%d err=%v, stream %d", n, err, b.streamMsgs(t))
+	}
+}
+
+// A relay whose stream the broker lost creates it again and publishes.
+func TestRelayCreatesALostStreamAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if err := b.js.DeleteStream(b.ctx, names.Stream(event.KindWork)); err != nil {
+		t.Fatal(err)
+	}
+	b.write(t, workMsg(t, b.ctx, "w_1", 1))
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Streams: streams,
+		Ensure: func(ctx context.Context, kind string) error {
+			_, err := event.EnsureStream(ctx, b.js, names, kind, event.StreamSettings{})
+			return err
+		}}
+	if n, err := relay.Drain(b.ctx); err != nil || n != 1 {
+		t.Fatalf("drain: n=%d err=%v", n, err)
+	}
+	if p := b.pending(t); p != 0 {
+		t.Fatalf("pending = %d, want 0", p)
+	}
+	st, err := b.js.Stream(b.ctx, names.Stream(event.KindWork))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := st.Info(b.ctx); err != nil || info.State.Msgs != 1 {
+		t.Fatalf("stream created again holds %v messages (%v), want 1", info.State.Msgs, err)
 	}
 }
 

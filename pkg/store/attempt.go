@@ -50,6 +50,7 @@ type AttemptRecord struct {
 	Change                  WorkChange
 	HandoffTTL              time.Duration // Handoff
 	RepairNote              string        // Requeue
+	RetryAfter              time.Duration // Requeue: when it may be tried again
 	WorkOutcome, WorkReason string        // Finish
 
 	// Outbox are the events the attempt implies (its RESULT and ATTEMPT).
@@ -69,7 +70,7 @@ func (s *Store) RecordAttempt(ctx context.Context, r AttemptRecord) error {
 		case Handoff:
 			_, err = extendLease(ctx, tx, r.WorkID, r.LeaseToken, r.HandoffTTL)
 		case Requeue:
-			_, err = requeue(ctx, tx, r.WorkID, r.LeaseToken, r.RepairNote)
+			_, err = requeue(ctx, tx, r.WorkID, r.LeaseToken, r.RepairNote, r.RetryAfter)
 		case Finish:
 			_, err = finishLeased(ctx, tx, r.WorkID, r.LeaseToken, r.WorkOutcome, r.WorkReason)
 		}

@@ -56,7 +56,7 @@ func TestDeadlineExpiry(t *testing.T) {
 		t.Fatalf("%d results for expired work", n)
 	}
 	// Expired is terminal: a claim cannot take it back.
-	if _, ok, err := s.Claim(ctx, running.ID, newUUID(), newUUID(), time.Minute); err != nil || ok {
+	if _, ok, err := s.Claim(ctx, running.ID, newUUID(), newUUID(), time.Minute, 0); err != nil || ok {
 		t.Fatalf("claim of expired work: ok=%v err=%v", ok, err)
 	}
 	if w, _ := s.GetWork(ctx, live.ID); w.State != "queued" {

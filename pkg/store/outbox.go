@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -36,15 +37,64 @@ func insertOutbox(ctx context.Context, tx pgx.Tx, msgs []OutboxMsg) error {
 	return nil
 }
 
-// DrainOutbox locks up to limit unpublished messages for the given
-// streams, hands them to publish in order and marks the ones it returns as
-// published, all in one transaction. Several relays can run at once:
-// locked rows are skipped.
-func (s *Store) DrainOutbox(ctx context.Context, limit int, streams []string, publish func([]OutboxMsg) (published int, err error)) (int, error) {
-	n := 0
+// Sent is what publishing one outbox row did.
+type Sent struct {
+	// Err is nil when the row was published.
+	Err error
+	// Permanent marks an error no retry can mend (the row is larger than
+	// the broker takes): the row is set aside at once.
+	Permanent bool
+}
+
+// SetAsidePolicy bounds how long a row that fails to publish is tried.
+type SetAsidePolicy struct {
+	// MaxTries is how many failed publishes set a row aside. Default 5.
+	MaxTries int
+	// Grace is how long after its first failure a row is still tried,
+	// whatever its tries, so a broker that restarts sets nothing aside.
+	// Default 30s.
+	Grace time.Duration
+}
+
+func (p SetAsidePolicy) withDefaults() SetAsidePolicy {
+	if p.MaxTries <= 0 {
+		p.MaxTries = 5
+	}
+	if p.Grace == 0 {
+		p.Grace = 30 * time.Second
+	}
+	return p
+}
+
+// Drained is what one DrainOutbox did.
+type Drained struct {
+	Published int
+	// Failed rows stay for the next drain, SetAside ones are out of it.
+	Failed, SetAside []FailedMsg
+}
+
+// FailedMsg is a row that failed to publish.
+type FailedMsg struct {
+	OutboxMsg
+	Tries int
+	Err   string
+}
+
+// DrainOutbox locks up to limit pending rows of the given streams and hands
+// them to publish in order, in one transaction. publish answers for each
+// row it tried, in order; a shorter answer means it stopped (the broker is
+// unreachable) and the rest wait untouched. Published rows are marked;
+// a failed row counts a try and, past the policy, is set aside, and the
+// rows after it still go out. Several relays can run at once: locked rows
+// are skipped.
+func (s *Store) DrainOutbox(ctx context.Context, limit int, streams []string, policy SetAsidePolicy,
+	publish func([]OutboxMsg) []Sent) (Drained, error) {
+	policy = policy.withDefaults()
+	var d Drained
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		d = Drained{}
 		rows, err := tx.Query(ctx, `SELECT id, stream, subject, msg_id, payload, headers FROM outbox
-			WHERE published_at IS NULL AND stream = ANY($2)
+			WHERE published_at IS NULL AND set_aside_at IS NULL AND stream = ANY($2)
 			ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, limit, streams)
 		if err != nil {
 			return err
@@ -57,31 +107,132 @@ func (s *Store) DrainOutbox(ctx context.Context, limit int, streams []string, pu
 		if err != nil || len(msgs) == 0 {
 			return err
 		}
-		n, err = publish(msgs)
-		if n > 0 {
-			ids := make([]int64, n)
-			for i := range n {
-				ids[i] = msgs[i].ID
+		sent := publish(msgs)
+		var published []int64
+		for i, r := range sent[:min(len(sent), len(msgs))] {
+			if r.Err == nil {
+				published = append(published, msgs[i].ID)
+				continue
 			}
-			if _, uerr := tx.Exec(ctx, `UPDATE outbox SET published_at = now() WHERE id = ANY($1)`, ids); uerr != nil {
-				return uerr
+			f := FailedMsg{OutboxMsg: msgs[i], Err: r.Err.Error()}
+			var aside bool
+			if err := tx.QueryRow(ctx, `UPDATE outbox SET tries = tries + 1, last_error = $2,
+					first_failed_at = coalesce(first_failed_at, now()),
+					set_aside_at = CASE WHEN $3 OR (tries + 1 >= $4 AND coalesce(first_failed_at, now()) <= now() - $5 * interval '1 microsecond')
+						THEN now() END
+				WHERE id = $1 RETURNING tries, set_aside_at IS NOT NULL`,
+				f.ID, f.Err, r.Permanent, policy.MaxTries, interval(policy.Grace)).Scan(&f.Tries, &aside); err != nil {
+				return err
+			}
+			if aside {
+				d.SetAside = append(d.SetAside, f)
+			} else {
+				d.Failed = append(d.Failed, f)
 			}
 		}
-		// Keep what was published marked even if a later message failed.
-		if err != nil && n == 0 {
-			return err
+		if len(published) > 0 {
+			if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = now() WHERE id = ANY($1)`, published); err != nil {
+				return err
+			}
 		}
+		d.Published = len(published)
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("store: drain outbox: %w", err)
+		return Drained{}, fmt.Errorf("store: drain outbox: %w", err)
 	}
-	return n, nil
+	return d, nil
+}
+
+// SetAsideRow is a set-aside outbox row as the operator sees it.
+type SetAsideRow struct {
+	ID        int64     `json:"id"`
+	Stream    string    `json:"stream"`
+	Subject   string    `json:"subject"`
+	MsgID     string    `json:"msgId"`
+	Bytes     int       `json:"bytes"`
+	Tries     int       `json:"tries"`
+	LastError string    `json:"lastError"`
+	CreatedAt time.Time `json:"createdAt"`
+	SetAside  time.Time `json:"setAsideAt"`
+}
+
+// SetAsideRows lists up to limit set-aside rows, oldest first.
+func (s *Store) SetAsideRows(ctx context.Context, limit int) ([]SetAsideRow, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, stream, subject, msg_id, length(payload), tries, coalesce(last_error, ''),
+			created_at, set_aside_at
+		FROM outbox WHERE set_aside_at IS NOT NULL AND published_at IS NULL ORDER BY id LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: set-aside rows: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (SetAsideRow, error) {
+		var x SetAsideRow
+		err := r.Scan(&x.ID, &x.Stream, &x.Subject, &x.MsgID, &x.Bytes, &x.Tries, &x.LastError, &x.CreatedAt, &x.SetAside)
+		return x, err
+	})
+}
+
+// RetrySetAside puts set-aside rows back in the queue with their tries
+// cleared: the ids given, or every one when ids is empty. It returns how
+// many it put back.
+func (s *Store) RetrySetAside(ctx context.Context, ids []int64) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE outbox SET set_aside_at = NULL, tries = 0, first_failed_at = NULL
+		WHERE set_aside_at IS NOT NULL AND published_at IS NULL AND (coalesce(cardinality($1::bigint[]), 0) = 0 OR id = ANY($1))`, ids)
+	if err != nil {
+		return 0, fmt.Errorf("store: retry set-aside rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // PendingOutbox counts unpublished messages.
 func (s *Store) PendingOutbox(ctx context.Context) (int, error) {
 	var n int
-	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n)
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL AND set_aside_at IS NULL`).Scan(&n)
 	return n, err
+}
+
+// Retention says how long a cell keeps what it no longer needs.
+type Retention struct {
+	// Outbox is how long a published outbox row is kept (the ledger's
+	// reaper reads ATTEMPT events back from it, so it must outlast the
+	// reaper's horizon).
+	Outbox time.Duration
+	// Data is how long work inputs and raw answers are kept after the work
+	// ended; then they are removed, and the rows that say what happened
+	// stay.
+	Data time.Duration
+	// Limit bounds the rows one pass touches per table.
+	Limit int
+}
+
+// Purged counts what one Purge removed.
+type Purged struct {
+	Outbox, Inputs, Answers int64
+}
+
+// Purge removes published outbox rows older than r.Outbox, and the inputs
+// and raw answers of work that ended more than r.Data ago.
+func (s *Store) Purge(ctx context.Context, r Retention) (Purged, error) {
+	var p Purged
+	steps := []struct {
+		n   *int64
+		sql string
+		age time.Duration
+	}{
+		{&p.Outbox, `DELETE FROM outbox WHERE id IN (SELECT id FROM outbox
+			WHERE published_at < now() - $1 * interval '1 microsecond' ORDER BY published_at LIMIT $2)`, r.Outbox},
+		{&p.Answers, `UPDATE attempts SET raw_response = NULL WHERE id IN (SELECT a.id FROM attempts a JOIN work w ON w.id = a.work_id
+			WHERE a.raw_response IS NOT NULL AND w.state NOT IN ('queued', 'running')
+				AND w.updated_at < now() - $1 * interval '1 microsecond' LIMIT $2)`, r.Data},
+		{&p.Inputs, `UPDATE work SET input = '' WHERE id IN (SELECT id FROM work
+			WHERE input <> '' AND state NOT IN ('queued', 'running') AND updated_at < now() - $1 * interval '1 microsecond' LIMIT $2)`, r.Data},
+	}
+	for _, st := range steps {
+		tag, err := s.pool.Exec(ctx, st.sql, interval(st.age), r.Limit)
+		if err != nil {
+			return p, fmt.Errorf("store: purge: %w", err)
+		}
+		*st.n = tag.RowsAffected()
+	}
+	return p, nil
 }

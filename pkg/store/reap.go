@@ -23,8 +23,9 @@ type DeadAttempt struct {
 	TenantID  string
 	Number    int
 	StartedAt time.Time
-	// ReservedMicros is its unsettled budget reservation, 0 if none.
-	ReservedMicros int64
+	// ChargeMicros is what it is charged: its unsettled budget reservation,
+	// or the estimate it was claimed with, whichever is larger.
+	ChargeMicros int64
 	// Model is the model another attempt of the same work reported, or
 	// "unknown".
 	Model string
@@ -54,8 +55,8 @@ func (s *Store) DeadAttempts(ctx context.Context, grace time.Duration, limit int
 			RETURNING a.id
 		)
 		SELECT a.id::text, a.work_id, a.tenant_id, a.number, a.started_at,
-			coalesce((SELECT r.amount_micros FROM budget_reservations r
-				WHERE r.attempt_id = a.id AND r.settled_at IS NULL), 0),
+			greatest(a.estimate_micros, coalesce((SELECT r.amount_micros FROM budget_reservations r
+				WHERE r.attempt_id = a.id AND r.settled_at IS NULL), 0)),
 			coalesce((SELECT l.model FROM ledger l WHERE l.work_id = a.work_id AND NOT l.estimated LIMIT 1), 'unknown')
 		FROM attempts a JOIN dead ON dead.id = a.id
 		ORDER BY a.started_at`, interval(grace), limit)
@@ -64,7 +65,7 @@ func (s *Store) DeadAttempts(ctx context.Context, grace time.Duration, limit int
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadAttempt, error) {
 		var d DeadAttempt
-		err := r.Scan(&d.AttemptID, &d.WorkID, &d.TenantID, &d.Number, &d.StartedAt, &d.ReservedMicros, &d.Model)
+		err := r.Scan(&d.AttemptID, &d.WorkID, &d.TenantID, &d.Number, &d.StartedAt, &d.ChargeMicros, &d.Model)
 		return d, err
 	})
 	if err != nil {
@@ -119,4 +120,31 @@ func (s *Store) ReleaseOrphanReservations(ctx context.Context, grace time.Durati
 		return 0, fmt.Errorf("store: release orphan reservations: %w", err)
 	}
 	return n, nil
+}
+
+// UncommittedResults returns the payloads of up to limit RESULT events of
+// the given stream published between horizon and grace ago whose answer
+// still waits for its verdict: the attempt handed its work to the
+// committer, holds the lease, and the work has no outcome. These are events
+// the broker acknowledged and then lost; without them the work would wait
+// out its handoff lease and be paid for again.
+func (s *Store) UncommittedResults(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error) {
+	rows, err := s.pool.Query(ctx, `SELECT o.payload FROM outbox o
+		JOIN attempts a ON a.id = o.msg_id::uuid
+		JOIN work w ON w.id = a.work_id
+		WHERE o.stream = $1
+			AND o.published_at < now() - $2 * interval '1 microsecond'
+			AND o.published_at > now() - $3 * interval '1 microsecond'
+			AND a.outcome IN ('ok', 'invalid_output')
+			AND w.state = 'running' AND w.lease_token = a.lease_token
+		ORDER BY o.published_at LIMIT $4`,
+		stream, interval(grace), interval(horizon), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: uncommitted results: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		return nil, fmt.Errorf("store: uncommitted results: %w", err)
+	}
+	return out, nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -98,7 +99,7 @@ func insert(t *testing.T, ctx context.Context, s *store.Store, w *store.Work) *s
 
 func claim(t *testing.T, ctx context.Context, s *store.Store, workID, attemptID, token string, ttl time.Duration) *store.Work {
 	t.Helper()
-	w, ok, err := s.Claim(ctx, workID, attemptID, token, ttl)
+	w, ok, err := s.Claim(ctx, workID, attemptID, token, ttl, 0)
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
@@ -291,7 +292,7 @@ func TestClaimFence(t *testing.T) {
 	errs := make([]error, len(tokens))
 	var wg sync.WaitGroup
 	for i, tok := range tokens {
-		wg.Go(func() { _, oks[i], errs[i] = s.Claim(ctx, w.ID, newUUID(), tok, time.Minute) })
+		wg.Go(func() { _, oks[i], errs[i] = s.Claim(ctx, w.ID, newUUID(), tok, time.Minute, 0) })
 	}
 	wg.Wait()
 	for i, err := range errs {
@@ -317,10 +318,10 @@ func TestClaimFence(t *testing.T) {
 		t.Fatalf("%d attempt rows, want 1", n)
 	}
 
-	if _, ok, err := s.Claim(ctx, w.ID, newUUID(), newUUID(), time.Minute); err != nil || ok {
+	if _, ok, err := s.Claim(ctx, w.ID, newUUID(), newUUID(), time.Minute, 0); err != nil || ok {
 		t.Fatalf("claim on a live lease: ok=%v err=%v, want not ok", ok, err)
 	}
-	if _, ok, err := s.Claim(ctx, "w_missing", newUUID(), newUUID(), time.Minute); err != nil || ok {
+	if _, ok, err := s.Claim(ctx, "w_missing", newUUID(), newUUID(), time.Minute, 0); err != nil || ok {
 		t.Fatalf("claim on missing work: ok=%v err=%v, want not ok", ok, err)
 	}
 }
@@ -415,7 +416,7 @@ func TestCommitFence(t *testing.T) {
 	if cur.State != "accepted" || cur.LeaseToken != "" || !cur.Terminal() {
 		t.Fatalf("work state=%s token=%q, want accepted without a lease", cur.State, cur.LeaseToken)
 	}
-	if _, ok, err := s.Claim(ctx, w.ID, newUUID(), newUUID(), time.Minute); err != nil || ok {
+	if _, ok, err := s.Claim(ctx, w.ID, newUUID(), newUUID(), time.Minute, 0); err != nil || ok {
 		t.Fatalf("claim on accepted work: ok=%v err=%v, want not ok", ok, err)
 	}
 }
@@ -528,18 +529,18 @@ func TestLedgerAndUsage(t *testing.T) {
 		t.Fatalf("append the same attempt again: inserted=%v err=%v, want false", inserted, err)
 	}
 
-	got, err := s.Usage(ctx, "acme", from, to)
+	got, err := s.Usage(ctx, "acme", from, to, store.ByOutcome)
 	if err != nil {
 		t.Fatalf("usage: %v", err)
 	}
 	want := []store.UsageLine{
-		{Outcome: "ok", Calls: 2, InputUnits: 1500, OutputUnits: 150, CostMicros: 315},
-		{Outcome: "rate_limited", Calls: 1},
+		{Key: "ok", Calls: 2, InputUnits: 1500, OutputUnits: 150, CostMicros: 315},
+		{Key: "rate_limited", Calls: 1},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("usage = %+v, want %+v", got, want)
 	}
-	none, err := s.Usage(ctx, "acme", to.Add(time.Hour), to.Add(2*time.Hour))
+	none, err := s.Usage(ctx, "acme", to.Add(time.Hour), to.Add(2*time.Hour), store.ByOutcome)
 	if err != nil || len(none) != 0 {
 		t.Fatalf("usage of an empty period = %+v, %v; want nothing", none, err)
 	}
@@ -566,26 +567,28 @@ func TestDrainOutbox(t *testing.T) {
 		t.Fatalf("insert outbox: %v", err)
 	}
 
-	boom := errors.New("broker down")
-	n, err := s.DrainOutbox(ctx, 10, []string{"WORK"}, func(msgs []store.OutboxMsg) (int, error) { return 0, boom })
-	if !errors.Is(err, boom) || n != 0 {
-		t.Fatalf("drain publishing nothing: n=%d err=%v, want 0 and the publish error", n, err)
+	work := []string{"WORK"}
+	ok := func(msgs []store.OutboxMsg) []store.Sent { return make([]store.Sent, len(msgs)) }
+	// The broker is unreachable before the first row: nothing is touched.
+	d, err := s.DrainOutbox(ctx, 10, work, store.SetAsidePolicy{}, func([]store.OutboxMsg) []store.Sent { return nil })
+	if err != nil || d.Published != 0 || len(d.Failed) != 0 {
+		t.Fatalf("drain publishing nothing: %+v %v", d, err)
 	}
 
 	var seen []store.OutboxMsg
-	n, err = s.DrainOutbox(ctx, 10, []string{"WORK"}, func(msgs []store.OutboxMsg) (int, error) {
+	d, err = s.DrainOutbox(ctx, 10, work, store.SetAsidePolicy{}, func(msgs []store.OutboxMsg) []store.Sent {
 		seen = msgs
-		return 2, boom
+		return make([]store.Sent, 2) // then the broker went away
 	})
-	if err != nil || n != 2 {
-		t.Fatalf("partial drain: n=%d err=%v, want 2 and no error", n, err)
+	if err != nil || d.Published != 2 {
+		t.Fatalf("partial drain: %+v %v, want 2 published", d, err)
 	}
 	if len(seen) != 5 {
 		t.Fatalf("publish saw %d messages, want 5", len(seen))
 	}
 	for i, m := range seen {
 		if m.MsgID != sent[i].MsgID || m.Subject != sent[i].Subject || string(m.Payload) != string(sent[i].Payload) ||
-			m.Headers["X-N"] != fmt.Sprint(i) || m.ID == 0 {
+			m.Headers["X-N"] != fmt.Sprint(i) || m.ID == 0 || m.Stream != "WORK" {
 			t.Fatalf("message %d = %+v, want %+v in insertion order", i, m, sent[i])
 		}
 	}
@@ -605,27 +608,101 @@ func TestDrainOutbox(t *testing.T) {
 		t.Fatalf("pending = %d, %v; want 3", p, err)
 	}
 
-	n, err = s.DrainOutbox(ctx, 2, []string{"WORK"}, func(msgs []store.OutboxMsg) (int, error) {
+	d, err = s.DrainOutbox(ctx, 2, work, store.SetAsidePolicy{}, func(msgs []store.OutboxMsg) []store.Sent {
 		if len(msgs) != 2 || msgs[0].MsgID != "m2" {
-			return 0, fmt.Errorf("got %d messages starting %q, want 2 starting m2", len(msgs), msgs[0].MsgID)
+			t.Errorf("got %d messages starting %q, want 2 starting m2", len(msgs), msgs[0].MsgID)
 		}
-		return len(msgs), nil
+		return ok(msgs)
 	})
-	if err != nil || n != 2 {
-		t.Fatalf("limited drain: n=%d err=%v", n, err)
+	if err != nil || d.Published != 2 {
+		t.Fatalf("limited drain: %+v %v", d, err)
 	}
-	n, err = s.DrainOutbox(ctx, 10, []string{"WORK"}, func(msgs []store.OutboxMsg) (int, error) { return len(msgs), nil })
-	if err != nil || n != 1 {
-		t.Fatalf("final drain: n=%d err=%v, want 1", n, err)
+	if d, err = s.DrainOutbox(ctx, 10, work, store.SetAsidePolicy{}, ok); err != nil || d.Published != 1 {
+		t.Fatalf("final drain: %+v %v, want 1", d, err)
 	}
-	n, err = s.DrainOutbox(ctx, 10, []string{"WORK"}, func(msgs []store.OutboxMsg) (int, error) {
-		return 0, errors.New("publish called with nothing pending")
+	d, err = s.DrainOutbox(ctx, 10, work, store.SetAsidePolicy{}, func(msgs []store.OutboxMsg) []store.Sent {
+		t.Error("publish called with nothing pending")
+		return nil
 	})
-	if err != nil || n != 0 {
-		t.Fatalf("empty drain: n=%d err=%v", n, err)
+	if err != nil || d.Published != 0 {
+		t.Fatalf("empty drain: %+v %v", d, err)
 	}
 	if p, err := s.PendingOutbox(ctx); err != nil || p != 0 {
 		t.Fatalf("pending = %d, %v; want 0", p, err)
+	}
+}
+
+// A row that fails to publish counts a try and is set aside past the
+// policy (at once when the failure is permanent); the rows after it still
+// go out; an operator's retry puts it back.
+func TestDrainOutboxSetsPoisonAside(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	var rows []store.OutboxMsg
+	for _, id := range []string{"good-1", "huge", "nowhere", "good-2"} {
+		rows = append(rows, store.OutboxMsg{Stream: "WORK", Subject: "assay.us.work.batch.acme", MsgID: id, Payload: []byte(`{}`)})
+	}
+	if err := store.InsertOutbox(ctx, s, rows); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(msgs []store.OutboxMsg) []store.Sent {
+		out := make([]store.Sent, len(msgs))
+		for i, m := range msgs {
+			switch m.MsgID {
+			case "huge":
+				out[i] = store.Sent{Err: errors.New("larger than the broker's max payload"), Permanent: true}
+			case "nowhere":
+				out[i] = store.Sent{Err: errors.New("no stream takes the subject")}
+			}
+		}
+		return out
+	}
+	policy := store.SetAsidePolicy{MaxTries: 2, Grace: -1}
+	d, err := s.DrainOutbox(ctx, 10, []string{"WORK"}, policy, publish)
+	if err != nil || d.Published != 2 || len(d.SetAside) != 1 || d.SetAside[0].MsgID != "huge" ||
+		len(d.Failed) != 1 || d.Failed[0].MsgID != "nowhere" || d.Failed[0].Tries != 1 {
+		t.Fatalf("first drain: %+v %v", d, err)
+	}
+	d, err = s.DrainOutbox(ctx, 10, []string{"WORK"}, policy, publish)
+	if err != nil || len(d.SetAside) != 1 || d.SetAside[0].MsgID != "nowhere" || d.SetAside[0].Tries != 2 ||
+		!strings.Contains(d.SetAside[0].Err, "no stream") {
+		t.Fatalf("second drain: %+v %v", d, err)
+	}
+	if p, err := s.PendingOutbox(ctx); err != nil || p != 0 {
+		t.Fatalf("pending = %d, %v; want 0 (set-aside rows are out of the queue)", p, err)
+	}
+	aside, err := s.SetAsideRows(ctx, 10)
+	if err != nil || len(aside) != 2 || aside[0].MsgID != "huge" || aside[1].LastError == "" {
+		t.Fatalf("set-aside rows: %+v %v", aside, err)
+	}
+	if n, err := s.RetrySetAside(ctx, []int64{aside[1].ID}); err != nil || n != 1 {
+		t.Fatalf("retry one: %d %v", n, err)
+	}
+	d, err = s.DrainOutbox(ctx, 10, []string{"WORK"}, policy, func(msgs []store.OutboxMsg) []store.Sent {
+		return make([]store.Sent, len(msgs))
+	})
+	if err != nil || d.Published != 1 {
+		t.Fatalf("after the retry: %+v %v", d, err)
+	}
+	if n, err := s.RetrySetAside(ctx, nil); err != nil || n != 1 {
+		t.Fatalf("retry all: %d %v", n, err)
+	}
+}
+
+// A row that fails during the grace is not set aside, however often: a
+// broker that restarts sets nothing aside.
+func TestDrainOutboxGraceKeepsRowsInTheQueue(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	if err := store.InsertOutbox(ctx, s, []store.OutboxMsg{{Stream: "WORK", Subject: "assay.us.work.batch.acme", MsgID: "m", Payload: []byte(`{}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	fail := func(msgs []store.OutboxMsg) []store.Sent { return []store.Sent{{Err: errors.New("no ack")}} }
+	for range 5 {
+		d, err := s.DrainOutbox(ctx, 10, []string{"WORK"}, store.SetAsidePolicy{MaxTries: 2, Grace: time.Hour}, fail)
+		if err != nil || len(d.SetAside) != 0 || len(d.Failed) != 1 {
+			t.Fatalf("%+v %v", d, err)
+		}
 	}
 }
 
@@ -658,7 +735,7 @@ func TestSweepStuck(t *testing.T) {
 		announced = append(announced, st.Work.ID)
 		return store.OutboxMsg{Stream: "WORK", Subject: "assay.us.work.interactive.acme", MsgID: fmt.Sprintf("%s.%d", st.Work.ID, st.Dispatch), Payload: []byte("{}")}, nil
 	}
-	graced, err := s.SweepStuck(ctx, 10*time.Minute, time.Hour, 100, announce)
+	graced, err := s.SweepStuck(ctx, store.Sweep{QueuedFor: 10 * time.Minute, LeaseGrace: time.Hour, Limit: 100}, announce)
 	if err != nil {
 		t.Fatalf("sweep with a long grace: %v", err)
 	}
@@ -668,7 +745,7 @@ func TestSweepStuck(t *testing.T) {
 
 	// The first pass touched the queued work: only the expired lease is
 	// left for a pass with no grace.
-	stuck, err := s.SweepStuck(ctx, 10*time.Minute, 0, 100, announce)
+	stuck, err := s.SweepStuck(ctx, store.Sweep{QueuedFor: 10 * time.Minute, Limit: 100}, announce)
 	if err != nil {
 		t.Fatalf("sweep: %v", err)
 	}
@@ -679,7 +756,7 @@ func TestSweepStuck(t *testing.T) {
 		t.Fatalf("age work: %v", err)
 	}
 	waitLeaseExpired(t, ctx, s, expired.ID)
-	stuck, err = s.SweepStuck(ctx, 10*time.Minute, 0, 100, announce)
+	stuck, err = s.SweepStuck(ctx, store.Sweep{QueuedFor: 10 * time.Minute, Limit: 100}, announce)
 	if err != nil {
 		t.Fatalf("sweep: %v", err)
 	}
@@ -691,8 +768,8 @@ func TestSweepStuck(t *testing.T) {
 		byID[st.Work.ID] = st
 	}
 	q, ok := byID[oldQueued.ID]
-	if !ok || q.Redrive || q.Dispatch != 1 {
-		t.Fatalf("queued work in sweep = %+v (found %v), want no redrive, dispatch 1", q, ok)
+	if !ok || q.Redrive || q.Dispatch != 3 {
+		t.Fatalf("queued work in sweep = %+v (found %v), want no redrive, dispatch 3 (a new message each time)", q, ok)
 	}
 	r, ok := byID[expired.ID]
 	if !ok || !r.Redrive || r.Dispatch != 3 {
@@ -706,9 +783,41 @@ func TestSweepStuck(t *testing.T) {
 	if n := count(t, ctx, s, `SELECT count(*) FROM outbox`) - before; n != 4 || len(announced) != 4 {
 		t.Fatalf("%d outbox rows written for %v, want 4", n, announced)
 	}
-	again, err := s.SweepStuck(ctx, 10*time.Minute, time.Hour, 100, announce)
+	again, err := s.SweepStuck(ctx, store.Sweep{QueuedFor: 10 * time.Minute, LeaseGrace: time.Hour, Limit: 100}, announce)
 	if err != nil || len(again) != 0 {
 		t.Fatalf("sweep right after found %v, %v; want nothing", stuckIDs(again), err)
+	}
+}
+
+// Queued work whose announcement still waits in a backlog is left alone:
+// only work announced before the lane's backlog head, whose message was
+// delivered or lost, is announced again; work due for a later retry waits.
+func TestSweepLeavesABacklogAlone(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	lost := insert(t, ctx, s, newWork("acme", "octo/repo#10", "lost"))
+	waiting := insert(t, ctx, s, newWork("acme", "octo/repo#10", "waiting"))
+	retrying := insert(t, ctx, s, newWork("acme", "octo/repo#10", "retrying"))
+	db := store.Pool(s)
+	for id, age := range map[string]string{lost.ID: "2 hours", waiting.ID: "1 hour", retrying.ID: "2 hours"} {
+		if _, err := db.Exec(ctx, `UPDATE work SET updated_at = now() - $2::interval WHERE id = $1`, id, age); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A 429 asked for two hours' patience.
+	if _, err := db.Exec(ctx, `UPDATE work SET retry_at = now() + interval '1 hour' WHERE id = $1`, retrying.ID); err != nil {
+		t.Fatal(err)
+	}
+	announce := func(st store.Stuck) (store.OutboxMsg, error) {
+		return store.OutboxMsg{Stream: "WORK", Subject: "assay.us.work.batch.acme", MsgID: fmt.Sprintf("%s.%d", st.Work.ID, st.Dispatch), Payload: []byte("{}")}, nil
+	}
+	head := time.Now().Add(-90 * time.Minute) // the batch consumer's next undelivered message
+	stuck, err := s.SweepStuck(ctx, store.Sweep{QueuedFor: time.Minute, Heads: map[string]time.Time{"batch": head}, Limit: 100}, announce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := stuckIDs(stuck); len(ids) != 1 || ids[0] != lost.ID {
+		t.Fatalf("swept %v, want only %s (the other two wait in the backlog or for their retry)", ids, lost.ID)
 	}
 }
 
@@ -738,5 +847,47 @@ func TestWorkStatesMatchTheVocabulary(t *testing.T) {
 	got, want := slices.Sorted(slices.Values(inDB)), slices.Sorted(slices.Values(outcome.WorkStates))
 	if !slices.Equal(got, want) {
 		t.Fatalf("work_state_check allows %v; package outcome names %v", got, want)
+	}
+}
+
+// Retention: published outbox rows past their age go; inputs and raw
+// answers of work that ended long ago go, the rows that tell what happened
+// stay; live work keeps everything.
+func TestPurge(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	done := insert(t, ctx, s, newWork("acme", "octo/repo#11", "done"))
+	live := insert(t, ctx, s, newWork("acme", "octo/repo#12", "live"))
+	for _, w := range []*store.Work{done, live} {
+		attempt, token := newUUID(), newUUID()
+		claim(t, ctx, s, w.ID, attempt, token, time.Minute)
+		if err := s.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attempt, WorkID: w.ID, LeaseToken: token,
+			Outcome: "ok", Raw: `{"answer":1}`, Change: store.Handoff, HandoffTTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := store.Pool(s)
+	if _, err := db.Exec(ctx, `UPDATE work SET state = 'schema_rejected', lease_token = NULL, lease_expires_at = NULL,
+		updated_at = now() - interval '40 days' WHERE id = $1`, done.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `UPDATE outbox SET published_at = now() - interval '2 days'`); err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.Purge(ctx, store.Retention{Outbox: 24 * time.Hour, Data: 30 * 24 * time.Hour, Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Outbox != 2 || p.Inputs != 1 || p.Answers != 1 {
+		t.Fatalf("purged %+v, want 2 outbox rows, 1 input, 1 answer", p)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM work WHERE id = $1 AND input = '' AND state = 'schema_rejected'`, done.ID); n != 1 {
+		t.Fatal("the ended work lost more than its input")
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM attempts WHERE work_id = $1 AND raw_response IS NOT NULL`, live.ID); n != 1 {
+		t.Fatal("live work lost its answer")
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM attempts WHERE work_id = $1`, done.ID); n != 1 {
+		t.Fatal("the attempt row itself went")
 	}
 }

@@ -8,62 +8,43 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// UsageLine is one outcome's totals.
+// UsageLine totals a tenant's ledger rows that share one key: an outcome
+// or a model.
 type UsageLine struct {
-	Outcome     string
+	Key         string
 	Calls       int64
 	InputUnits  int64
 	OutputUnits int64
 	CostMicros  int64
+	// Estimated counts the rows, and their cost, that are estimates: calls
+	// that left and brought no usage back, and attempts whose worker died.
+	EstimatedCalls      int64
+	EstimatedCostMicros int64
 }
 
-// ModelUsageLine is one model's totals.
-type ModelUsageLine struct {
-	Model       string
-	Calls       int64
-	InputUnits  int64
-	OutputUnits int64
-	CostMicros  int64
-}
+// Usage groupings.
+const (
+	ByOutcome = "outcome"
+	ByModel   = "model"
+)
 
-// Usage totals a tenant's ledger by outcome over [from, to).
-func (s *Store) Usage(ctx context.Context, tenant string, from, to time.Time) ([]UsageLine, error) {
-	rows, err := s.usageBy(ctx, "outcome", tenant, from, to)
-	out := make([]UsageLine, len(rows))
-	for i, r := range rows {
-		out[i] = UsageLine{Outcome: r.key, Calls: r.calls, InputUnits: r.in, OutputUnits: r.out, CostMicros: r.cost}
+// Usage totals a tenant's ledger over [from, to) grouped by ByOutcome or
+// ByModel, in key order.
+func (s *Store) Usage(ctx context.Context, tenant string, from, to time.Time, by string) ([]UsageLine, error) {
+	if by != ByOutcome && by != ByModel {
+		return nil, fmt.Errorf("store: usage by %q", by)
 	}
-	return out, err
-}
-
-// UsageByModel totals a tenant's ledger by model over [from, to).
-func (s *Store) UsageByModel(ctx context.Context, tenant string, from, to time.Time) ([]ModelUsageLine, error) {
-	rows, err := s.usageBy(ctx, "model", tenant, from, to)
-	out := make([]ModelUsageLine, len(rows))
-	for i, r := range rows {
-		out[i] = ModelUsageLine{Model: r.key, Calls: r.calls, InputUnits: r.in, OutputUnits: r.out, CostMicros: r.cost}
-	}
-	return out, err
-}
-
-type usageRow struct {
-	key                  string
-	calls, in, out, cost int64
-}
-
-// usageBy totals a tenant's ledger over [from, to) grouped by column, which
-// is one of the two fixed names above, never input.
-func (s *Store) usageBy(ctx context.Context, column, tenant string, from, to time.Time) ([]usageRow, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+column+`, count(*),
-			coalesce(sum(input_units), 0), coalesce(sum(output_units), 0), coalesce(sum(cost_micros), 0)
+	rows, err := s.pool.Query(ctx, `SELECT `+by+`, count(*),
+			coalesce(sum(input_units), 0), coalesce(sum(output_units), 0), coalesce(sum(cost_micros), 0),
+			count(*) FILTER (WHERE estimated), coalesce(sum(cost_micros) FILTER (WHERE estimated), 0)
 		FROM ledger WHERE tenant_id = $1 AND occurred_at >= $2 AND occurred_at < $3
 		GROUP BY 1 ORDER BY 1`, tenant, from, to)
 	if err != nil {
-		return nil, fmt.Errorf("store: usage by %s: %w", column, err)
+		return nil, fmt.Errorf("store: usage by %s: %w", by, err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (usageRow, error) {
-		var u usageRow
-		err := r.Scan(&u.key, &u.calls, &u.in, &u.out, &u.cost)
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (UsageLine, error) {
+		var u UsageLine
+		err := r.Scan(&u.Key, &u.Calls, &u.InputUnits, &u.OutputUnits, &u.CostMicros, &u.EstimatedCalls, &u.EstimatedCostMicros)
 		return u, err
 	})
 }

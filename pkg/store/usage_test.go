@@ -29,18 +29,23 @@ func TestUsageByModel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := s.UsageByModel(ctx, "acme", from, from.Add(24*time.Hour))
+	// A timeout charged its estimate counts apart as estimated.
+	if _, err := s.AppendLedger(ctx, store.LedgerRow{AttemptID: newUUID(), TenantID: "acme", WorkID: w.ID,
+		Model: "gpt-4o-mini", Outcome: "timeout", InputUnits: 400, CostMicros: 40, OccurredAt: from, Estimated: true}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Usage(ctx, "acme", from, from.Add(24*time.Hour), store.ByModel)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []store.ModelUsageLine{
-		{Model: "assay-sim-1", Calls: 1, InputUnits: 50, OutputUnits: 1, CostMicros: 5},
-		{Model: "gpt-4o-mini", Calls: 2, InputUnits: 300, OutputUnits: 2, CostMicros: 30},
+	want := []store.UsageLine{
+		{Key: "assay-sim-1", Calls: 1, InputUnits: 50, OutputUnits: 1, CostMicros: 5},
+		{Key: "gpt-4o-mini", Calls: 3, InputUnits: 700, OutputUnits: 2, CostMicros: 70, EstimatedCalls: 1, EstimatedCostMicros: 40},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("by model %+v, want %+v", got, want)
 	}
-	if other, err := s.UsageByModel(ctx, "other", from, from.Add(24*time.Hour)); err != nil || len(other) != 0 {
+	if other, err := s.Usage(ctx, "other", from, from.Add(24*time.Hour), store.ByModel); err != nil || len(other) != 0 {
 		t.Fatalf("another tenant's usage: %+v %v", other, err)
 	}
 }

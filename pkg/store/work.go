@@ -62,12 +62,15 @@ const workColumns = `id, tenant_id, region, contract, schema_version, taxonomy_v
 	coalesce(lease_expires_at, 'epoch'), attempts, repairs, coalesce(repair_note, ''), dispatch,
 	deadline_at, created_at, updated_at`
 
-func scanWork(row pgx.Row) (*Work, error) {
+func scanWork(row pgx.Row) (*Work, error) { return scanWorkWith(row) }
+
+// scanWorkWith scans the work columns and then extra.
+func scanWorkWith(row pgx.Row, extra ...any) (*Work, error) {
 	var w Work
-	err := row.Scan(&w.ID, &w.TenantID, &w.Region, &w.Contract, &w.SchemaVersion, &w.TaxonomyVersion,
+	err := row.Scan(append([]any{&w.ID, &w.TenantID, &w.Region, &w.Contract, &w.SchemaVersion, &w.TaxonomyVersion,
 		&w.SourceID, &w.Revision, &w.Lane, &w.Input, &w.Digest, &w.State, &w.Reason, &w.LeaseToken,
 		&w.LeaseExpiresAt, &w.Attempts, &w.Repairs, &w.RepairNote, &w.Dispatch, &w.DeadlineAt,
-		&w.CreatedAt, &w.UpdatedAt)
+		&w.CreatedAt, &w.UpdatedAt}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -283,6 +286,17 @@ func (s *Store) ExpireOverdue(ctx context.Context, grace time.Duration, limit in
 	return out, nil
 }
 
+// WorkAnswer reads one work row and the raw answer of one of its attempts,
+// in one statement: what the committer gates. The answer is "" when the
+// attempt is not the work's or kept none.
+func (s *Store) WorkAnswer(ctx context.Context, workID, attemptID string) (*Work, string, error) {
+	var answer string
+	w, err := scanWorkWith(s.pool.QueryRow(ctx, `SELECT `+workColumns+`,
+			coalesce((SELECT raw_response FROM attempts a WHERE a.id = $2::uuid AND a.work_id = work.id), '')
+		FROM work WHERE id = $1`, workID, attemptID), &answer)
+	return w, answer, err
+}
+
 // GetWork reads one work row.
 func (s *Store) GetWork(ctx context.Context, id string) (*Work, error) {
 	return scanWork(s.pool.QueryRow(ctx, `SELECT `+workColumns+` FROM work WHERE id = $1`, id))
@@ -291,7 +305,10 @@ func (s *Store) GetWork(ctx context.Context, id string) (*Work, error) {
 // Claim is the claim fence: it takes the lease on queued work (or on running
 // work whose lease has expired) and records the attempt, in one transaction.
 // ok=false means another worker holds the work or it is terminal.
-func (s *Store) Claim(ctx context.Context, workID, attemptID, token string, ttl time.Duration) (w *Work, ok bool, err error) {
+//
+// estimate is what the attempt's call may cost from above, kept with the
+// attempt: if its worker dies before reporting, the ledger charges it.
+func (s *Store) Claim(ctx context.Context, workID, attemptID, token string, ttl time.Duration, estimate int64) (w *Work, ok bool, err error) {
 	// One statement, so one round trip: take the lease, mark an earlier
 	// attempt still without an outcome (whose lease just lapsed) as such —
 	// its worker may yet report back, and then records stale_lease — and
@@ -306,10 +323,10 @@ func (s *Store) Claim(ctx context.Context, workID, attemptID, token string, ttl 
 			UPDATE attempts SET outcome = 'lease_expired', reason = 'the lease lapsed before the worker reported back'
 			WHERE work_id = $1 AND outcome IS NULL AND EXISTS (SELECT 1 FROM claimed)
 		), attempt AS (
-			INSERT INTO attempts (id, work_id, tenant_id, number, lease_token)
-			SELECT $4, id, tenant_id, attempts, $2 FROM claimed
+			INSERT INTO attempts (id, work_id, tenant_id, number, lease_token, estimate_micros)
+			SELECT $4, id, tenant_id, attempts, $2, $5 FROM claimed
 		)
-		SELECT `+workColumns+` FROM claimed`, workID, token, interval(ttl), attemptID))
+		SELECT `+workColumns+` FROM claimed`, workID, token, interval(ttl), attemptID, estimate))
 	if errors.Is(err, ErrNotFound) {
 		return nil, false, nil
 	}
@@ -335,13 +352,14 @@ func extendLease(ctx context.Context, db execer, workID, token string, ttl time.
 	return tag.RowsAffected() == 1, nil
 }
 
-// requeue gives up the lease so the work can be claimed again, optionally
-// noting what a repair attempt must tell the model.
-func requeue(ctx context.Context, db execer, workID, token string, repairNote string) (bool, error) {
+// requeue gives up the lease so the work can be claimed again after
+// retryAfter, optionally noting what a repair attempt must tell the model.
+func requeue(ctx context.Context, db execer, workID, token string, repairNote string, retryAfter time.Duration) (bool, error) {
 	tag, err := db.Exec(ctx, `UPDATE work SET state = 'queued', lease_token = NULL, lease_expires_at = NULL,
 			repairs = repairs + CASE WHEN $3 = '' THEN 0 ELSE 1 END,
-			repair_note = CASE WHEN $3 = '' THEN repair_note ELSE $3 END, updated_at = now()
-		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, repairNote)
+			repair_note = CASE WHEN $3 = '' THEN repair_note ELSE $3 END, updated_at = now(),
+			retry_at = now() + $4 * interval '1 microsecond'
+		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, repairNote, interval(retryAfter))
 	if err != nil {
 		return false, fmt.Errorf("store: requeue %s: %w", workID, err)
 	}
@@ -375,38 +393,64 @@ func (s *Store) FinishUnleased(ctx context.Context, workID, state, reason string
 
 // Stuck is work the sweeper re-announces.
 type Stuck struct {
-	Work     *Work
-	Redrive  bool // true when an expired lease was taken back: a new dispatch number
+	Work *Work
+	// Redrive is true when an expired lease was taken back; false for
+	// queued work whose announcement was lost.
+	Redrive  bool
 	Dispatch int
 }
 
-// SweepStuck finds queued work untouched for longer than queuedFor, and
-// running work whose lease expired more than leaseGrace ago, and writes the
-// outbox rows announce makes for them, in one transaction. Queued work is
-// touched, so the next pass waits a full period; expired work gets a new
-// dispatch number, so its re-announcement is a new message, and its lease
-// moves up to now, which keeps it claimable while the next re-announcement
-// waits another full grace period.
-func (s *Store) SweepStuck(ctx context.Context, queuedFor, leaseGrace time.Duration, limit int,
-	announce func(Stuck) (OutboxMsg, error)) ([]Stuck, error) {
+// Sweep says what the sweeper looks for.
+type Sweep struct {
+	// QueuedFor is how long queued work, announced or due for its retry,
+	// waits before it counts as lost.
+	QueuedFor time.Duration
+	// LeaseGrace is how long after its lease expired running work is taken
+	// back.
+	LeaseGrace time.Duration
+	// Heads, per lane, is since when announcements wait undelivered in the
+	// lane's consumer: queued work announced before then was delivered (or
+	// lost) and has no message waiting, work announced after waits its
+	// turn behind a healthy backlog and is left alone. A lane not named
+	// counts as caught up.
+	Heads map[string]time.Time
+	Limit int
+}
+
+// SweepStuck finds queued work whose announcement is lost and running work
+// whose lease expired more than LeaseGrace ago, and writes the outbox rows
+// announce makes for them, in one transaction. Each gets a new dispatch
+// number, so its re-announcement is a new message that the broker's
+// duplicate window does not swallow; queued work is touched, so the next
+// pass waits a full period; expired work's lease moves up to now, which
+// keeps it claimable while the next re-announcement waits another full
+// grace period.
+func (s *Store) SweepStuck(ctx context.Context, sw Sweep, announce func(Stuck) (OutboxMsg, error)) ([]Stuck, error) {
+	lanes, heads := []string{}, []time.Time{}
+	for l, h := range sw.Heads {
+		lanes, heads = append(lanes, l), append(heads, h)
+	}
 	var out []Stuck
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		out = out[:0]
 		for _, q := range []struct {
 			sql     string
-			after   time.Duration
+			args    []any
 			redrive bool
 		}{
-			{`UPDATE work SET updated_at = now()
-				WHERE id IN (SELECT id FROM work WHERE state = 'queued' AND updated_at < now() - $1 * interval '1 microsecond'
+			{`UPDATE work SET dispatch = dispatch + 1, updated_at = now()
+				WHERE id IN (SELECT id FROM work WHERE state = 'queued'
+						AND greatest(updated_at, coalesce(retry_at, updated_at)) < now() - $1 * interval '1 microsecond'
+						AND updated_at < coalesce((SELECT h FROM unnest($3::text[], $4::timestamptz[]) AS x(l, h)
+							WHERE x.l = work.lane), now())
 					ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-				RETURNING ` + workColumns, queuedFor, false},
+				RETURNING ` + workColumns, []any{interval(sw.QueuedFor), sw.Limit, lanes, heads}, false},
 			{`UPDATE work SET dispatch = dispatch + 1, lease_expires_at = now(), updated_at = now()
 				WHERE id IN (SELECT id FROM work WHERE state = 'running' AND lease_expires_at < now() - $1 * interval '1 microsecond'
 					ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-				RETURNING ` + workColumns, leaseGrace, true},
+				RETURNING ` + workColumns, []any{interval(sw.LeaseGrace), sw.Limit}, true},
 		} {
-			rows, err := tx.Query(ctx, q.sql, interval(q.after), limit)
+			rows, err := tx.Query(ctx, q.sql, q.args...)
 			if err != nil {
 				return err
 			}

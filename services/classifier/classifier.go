@@ -30,6 +30,7 @@ import (
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/price"
+	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
 
@@ -43,6 +44,9 @@ type Config struct {
 	// Streams configure the RESULT and ATTEMPT streams, which the
 	// classifier owns.
 	Streams event.StreamSettings
+	// SetAside bounds how long an outbox row that cannot be published is
+	// tried before it is set aside.
+	SetAside store.SetAsidePolicy
 	// Model is the model name recorded on every attempt.
 	Model string
 	// Concurrency is the hard ceiling on model calls at once in this cell;
@@ -188,11 +192,12 @@ type Deps struct {
 
 // Service is one classifier instance.
 type Service struct {
-	cfg   Config
-	d     Deps
-	relay *outbox.Relay
-	lim   *admission.Limiter
-	lanes []*consumer.Consumer
+	cfg     Config
+	d       Deps
+	streams *event.Keeper
+	relay   *outbox.Relay
+	lim     *admission.Limiter
+	lanes   []*consumer.Consumer
 
 	attempts metric.Int64Counter
 
@@ -210,7 +215,10 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, d: d, lim: d.Limiter, running: map[string]context.CancelCauseFunc{}}
-	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindResult, event.KindAttempt}}
+	owned := []string{event.KindResult, event.KindAttempt}
+	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log}
+	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: owned, Ensure: s.streams.Ensure,
+		Meter: d.Tel.Meter(), SetAside: cfg.SetAside}
 	if s.lim == nil {
 		lc := admission.LimiterConfig{Initial: cfg.InitialConcurrency, Max: cfg.Concurrency, SlowStart: true,
 			OnChange: s.limitChanged}
@@ -263,7 +271,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 }
 
 // Consumer names the durable WORK consumer of a lane.
-func Consumer(n event.Names, lane string) string { return n.Durable("classifier-" + lane) }
+func Consumer(n event.Names, lane string) string { return n.WorkConsumer(lane) }
 
 // Lanes are consumed apart, so a batch backlog never stands in front of
 // interactive work; they share the cell's limiter, where interactive goes
@@ -286,14 +294,14 @@ func (s *Service) limitChanged(old, new int, reason string) {
 // for cancels, starts its outbox relay and consumes each lane of the WORK
 // stream (created by ingress, which owns it; the consumers wait for it).
 func (s *Service) Start(ctx context.Context) error {
-	for _, k := range []string{event.KindResult, event.KindAttempt} {
-		if _, err := event.EnsureStream(ctx, s.d.JS, s.cfg.Names, k, s.cfg.Streams); err != nil {
-			return err
-		}
+	if err := s.streams.Start(ctx); err != nil {
+		return err
 	}
+	s.relay.MaxPayload = s.d.JS.Conn().MaxPayload()
 	// Cancels first, so no call starts unseen by them.
 	var err error
 	if s.cancels, err = s.d.JS.Conn().Subscribe(s.cfg.Names.Cancels(), s.onCancel); err != nil {
+		s.streams.Stop(ctx)
 		return fmt.Errorf("classifier: subscribe to cancels: %w", err)
 	}
 	parts := []lifecycle.Service{s.relay}
@@ -302,6 +310,7 @@ func (s *Service) Start(ctx context.Context) error {
 	}
 	if err := lifecycle.StartAll(ctx, parts...); err != nil {
 		_ = s.cancels.Unsubscribe()
+		s.streams.Stop(ctx)
 		return fmt.Errorf("classifier: %w", err)
 	}
 	return nil
@@ -324,12 +333,16 @@ func (s *Service) Stop(ctx context.Context) {
 		_ = cancels.Unsubscribe()
 	}
 	s.relay.Stop(ctx)
+	s.streams.Stop(ctx)
 }
 
-// Ready reports whether the service can take work: its database answers
-// and both lanes are consumed.
+// Ready reports whether the service can take work: its database answers,
+// its streams exist and both lanes are consumed.
 func (s *Service) Ready(ctx context.Context) error {
 	if err := s.d.Store.Ping(ctx); err != nil {
+		return err
+	}
+	if err := s.streams.Ready(ctx); err != nil {
 		return err
 	}
 	for _, l := range s.lanes {

@@ -152,8 +152,17 @@ func TestClassifierAlone(t *testing.T) {
 	if err := event.Decode(results[0].Data, &res); err != nil {
 		t.Fatal(err)
 	}
-	if res.WorkID != id || res.Outcome != outcome.AttemptOK || !res.Final || res.Output == "" {
+	if res.WorkID != id || res.Outcome != outcome.AttemptOK || !res.Final {
 		t.Fatalf("result %+v", res)
+	}
+	// The answer stays in the cell with its attempt; the event names it.
+	var raw string
+	if err := b.db.QueryRow(t.Context(), `SELECT raw_response FROM attempts WHERE id = $1`, res.AttemptID).Scan(&raw); err != nil ||
+		!json.Valid([]byte(raw)) {
+		t.Fatalf("raw answer %q, %v", raw, err)
+	}
+	if len(results[0].Data) > 2048 {
+		t.Fatalf("the RESULT event is %d bytes; it should carry no answer", len(results[0].Data))
 	}
 	var att event.Attempt
 	if err := event.Decode(b.events(t, event.KindAttempt, 1)[0].Data, &att); err != nil {

@@ -111,7 +111,7 @@ func (s *Service) claim(ctx context.Context, w *store.Work, c *contract.Contract
 	if st := afford(res, w, est, time.Now(), s.backoff(1)); !st.proceed {
 		return nil, "", "", s.carry(ctx, w.ID, w, st), false
 	}
-	cw, ok, err = s.d.Store.Claim(ctx, w.ID, attemptID, token, s.cfg.LeaseTTL)
+	cw, ok, err = s.d.Store.Claim(ctx, w.ID, attemptID, token, s.cfg.LeaseTTL, est)
 	if err != nil || !ok {
 		if rerr := s.d.Store.Release(context.WithoutCancel(ctx), attemptID); rerr != nil {
 			s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", attemptID, "err", rerr)
@@ -203,7 +203,13 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	out, hasOutput := output(reply, callErr)
 	a := answer{stillMine: stillMine, err: callErr, output: out, hasOutput: hasOutput,
 		attempts: w.Attempts, repairs: w.Repairs, now: time.Now(), deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts)}
-	if stillMine && hasOutput {
+	var mErr *model.Error
+	switch {
+	case !stillMine || !hasOutput:
+	case errors.As(callErr, &mErr) && mErr.BodyBytes != 0:
+		// Too large to be read whole: the gate's reason gives its real size.
+		a.fail = gate.TooLarge(mErr.BodyBytes)
+	default:
 		_, a.fail = gate.Check(c, []byte(out), gate.ExpectFor(c, seen(w), w.Digest, []byte(w.Input)))
 	}
 	v := judge(a, s.limits())
@@ -211,15 +217,15 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	res := event.Result{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
 		Number: w.Attempts, LeaseToken: token, Contract: c.Name, SchemaVersion: w.SchemaVersion,
 		TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason,
-		Final: v.final, Output: out}
-	msgs, err := s.events(ctx, w, res, s.attemptEvent(w, attemptID, v.outcome, reply))
+		Final: v.final}
+	msgs, err := s.events(ctx, w, res, s.attemptEvent(c, w, attemptID, v.outcome, reply, callErr))
 	if err != nil {
 		return consumer.Retry(time.Second)
 	}
 	// Keep the raw answer in the cell whatever happens to it next.
 	err = s.d.Store.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
 		Outcome: v.outcome, Reason: v.reason, Raw: out, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
-		RepairNote: v.repairNote, WorkOutcome: v.workOutcome, WorkReason: v.workReason, Outbox: msgs})
+		RepairNote: v.repairNote, RetryAfter: v.disp.Delay, WorkOutcome: v.workOutcome, WorkReason: v.workReason, Outbox: msgs})
 	if err != nil {
 		s.d.Log.Error("recording attempt failed", "key", w.ID, "attempt", attemptID, "err", err)
 		return consumer.Retry(time.Second)
@@ -245,18 +251,55 @@ func (s *Service) limits() limits {
 }
 
 // attemptEvent is the ATTEMPT event of one attempt: its usage, for the
-// ledger.
-func (s *Service) attemptEvent(w *store.Work, attemptID, outcome string, reply *model.Reply) event.Attempt {
+// ledger. A call that left and brought no usage back (a timeout, a cancel,
+// a 5xx) is charged the request's estimated input units, and a 2xx answer
+// whose usage cannot be read those and its bytes as output, marked
+// estimated: the provider may bill them, and the ledger never under-counts.
+func (s *Service) attemptEvent(c *contract.Contract, w *store.Work, attemptID, outcome string, reply *model.Reply, callErr error) event.Attempt {
 	att := event.Attempt{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
 		Number: w.Attempts, Model: s.cfg.Model, Outcome: outcome, UpstreamAttempts: 1, At: time.Now().UTC()}
-	if reply != nil {
-		att.InputUnits, att.OutputUnits = int64(reply.Usage.PromptTokens), int64(reply.Usage.CompletionTokens)
-		att.LatencyMS = reply.Latency.Milliseconds()
-		if reply.Model != "" {
-			att.Model = reply.Model
+	if reply == nil {
+		return att
+	}
+	att.InputUnits, att.OutputUnits = int64(reply.Usage.PromptTokens), int64(reply.Usage.CompletionTokens)
+	att.LatencyMS = reply.Latency.Milliseconds()
+	if reply.Model != "" {
+		att.Model = reply.Model
+	}
+	switch unbilled(reply, callErr) {
+	case noAnswer:
+		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w), 0, true
+	case unreadable:
+		body := int64(len(reply.Raw))
+		var mErr *model.Error
+		if errors.As(callErr, &mErr) && mErr.BodyBytes > body {
+			body = mErr.BodyBytes // a body too large to be read whole
 		}
+		out := int64(math.Ceil(float64(body) / s.cfg.BytesPerUnit))
+		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w), out, true
 	}
 	return att
+}
+
+// What the provider may have billed that no usage says.
+const (
+	billed     = iota // the usage came back, or nothing left, or the provider refused
+	noAnswer          // the request left and no answer came (a timeout, a cancel, a 5xx, a cut connection)
+	unreadable        // a 2xx answer whose usage could not be read (cut or garbled)
+)
+
+func unbilled(reply *model.Reply, err error) int {
+	var mErr *model.Error
+	if !reply.Sent || reply.Usage.PromptTokens > 0 || !errors.As(err, &mErr) {
+		return billed
+	}
+	switch mErr.Kind {
+	case model.KindTimeout, model.KindCanceled, model.KindTransient:
+		return noAnswer
+	case model.KindMalformed:
+		return unreadable
+	}
+	return billed
 }
 
 // events are the outbox rows of an attempt's RESULT and ATTEMPT events.
@@ -283,22 +326,27 @@ func (s *Service) modelCall(c *contract.Contract, w *store.Work) model.Call {
 		Tenant:   w.TenantID,
 		Contract: c.Name,
 		Schema:   c.Schema,
-		Messages: model.Messages(c.Prompt, model.Correlation{WorkID: w.ID, SchemaVersion: w.SchemaVersion,
+		Messages: model.Messages(c.Prompt, model.Correlation{WorkID: w.ID, SchemaVersion: c.WireSchemaVersion,
 			TaxonomyVersion: w.TaxonomyVersion}, repair, json.RawMessage(w.Input)),
 		MaxTokens: s.cfg.MaxOutputUnits,
 	}
 }
 
-// Estimate bounds one attempt's cost from above: the request's bytes over
-// BytesPerUnit as its units, and the answer at its cap.
+// Estimate bounds one attempt's cost from above: the request's input units
+// and the answer at its cap.
 func (s *Service) Estimate(c *contract.Contract, w *store.Work) int64 {
+	return s.cfg.Prices.CostMicros(s.cfg.Model, s.inputUnits(c, w), int64(s.cfg.MaxOutputUnits))
+}
+
+// inputUnits estimates a request's input units from above: its bytes over
+// BytesPerUnit.
+func (s *Service) inputUnits(c *contract.Contract, w *store.Work) int64 {
 	call := s.modelCall(c, w)
 	in := len(call.Schema)
 	for _, m := range call.Messages {
 		in += len(m.Content)
 	}
-	units := int64(math.Ceil(float64(in) / s.cfg.BytesPerUnit))
-	return s.cfg.Prices.CostMicros(s.cfg.Model, units, int64(s.cfg.MaxOutputUnits))
+	return int64(math.Ceil(float64(in) / s.cfg.BytesPerUnit))
 }
 
 // signal is what one call tells the limiter: success with its latency,

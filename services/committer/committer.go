@@ -20,6 +20,7 @@ import (
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/gate"
+	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
@@ -36,13 +37,23 @@ type Config struct {
 	// AckWait and MaxDeliver configure the durable consumer. Defaults 30s, 20.
 	AckWait    time.Duration
 	MaxDeliver int
+	// ReapEvery is how often the committer looks in the outbox for RESULT
+	// events the broker lost (a store lost with its node): answers whose
+	// work still waits for a verdict. Default 5s; negative turns it off.
+	ReapEvery time.Duration
+	// ReapGrace is how old such an event must be before it is read back,
+	// so the reaper does not race the broker's delivery. Default 60s.
+	ReapGrace time.Duration
 }
 
-// FromEnv fills ASSAY_ACK_WAIT (the RESULT consumer's ack wait, a Go
-// duration) from the environment. Errors name the variable.
+// FromEnv fills ASSAY_ACK_WAIT (the RESULT consumer's ack wait),
+// ASSAY_COMMITTER_REAP_EVERY and ASSAY_COMMITTER_REAP_GRACE (Go durations)
+// from the environment. Errors name the variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
 	return config.Durations(getenv,
-		config.Duration{Name: "ASSAY_ACK_WAIT", To: &c.AckWait, Min: 100 * time.Millisecond, Max: 24 * time.Hour})
+		config.Duration{Name: "ASSAY_ACK_WAIT", To: &c.AckWait, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
+		config.Duration{Name: "ASSAY_COMMITTER_REAP_EVERY", To: &c.ReapEvery, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
+		config.Duration{Name: "ASSAY_COMMITTER_REAP_GRACE", To: &c.ReapGrace, Min: 100 * time.Millisecond, Max: 24 * time.Hour})
 }
 
 // Deps are what the committer talks to.
@@ -60,6 +71,7 @@ type Service struct {
 	d        Deps
 	verdicts metric.Int64Counter
 	results  *consumer.Consumer
+	reaper   lifecycle.Ticker
 }
 
 // Consumer is the durable name of the committer's RESULT consumer.
@@ -79,6 +91,12 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 4
 	}
+	if cfg.ReapEvery == 0 {
+		cfg.ReapEvery = 5 * time.Second
+	}
+	if cfg.ReapGrace <= 0 {
+		cfg.ReapGrace = time.Minute
+	}
 	s := &Service{cfg: cfg, d: d}
 	var err error
 	if s.verdicts, err = d.Tel.Meter().Int64Counter("assay_committer_verdicts",
@@ -93,15 +111,54 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("committer: %w", err)
 	}
+	r := &s.reaper
+	r.Name, r.Every, r.Log, r.PassTimeout = "committer reaper", cfg.ReapEvery, d.Log, time.Minute
+	r.Pass = func(ctx context.Context) (bool, error) {
+		n, err := s.Reap(ctx)
+		return n == reapBatch, err
+	}
 	return s, nil
 }
 
 // Start consumes the RESULT stream (the classifier's; the consumer waits
-// for it).
-func (s *Service) Start(ctx context.Context) error { return s.results.Start(ctx) }
+// for it) and runs the reaper.
+func (s *Service) Start(ctx context.Context) error {
+	parts := []lifecycle.Service{s.results}
+	if s.cfg.ReapEvery > 0 {
+		parts = append(parts, &s.reaper)
+	}
+	return lifecycle.StartAll(ctx, parts...)
+}
 
-// Stop stops taking results and waits for the ones in hand. Idempotent.
-func (s *Service) Stop(ctx context.Context) { s.results.Stop(ctx) }
+// Stop stops the reaper, then stops taking results and waits for the ones
+// in hand. Idempotent.
+func (s *Service) Stop(ctx context.Context) { lifecycle.StopAll(ctx, &s.reaper, s.results) }
+
+// reapBatch bounds the events one reaper pass reads back.
+const reapBatch = 200
+
+// Reap reads back from the outbox the RESULT events the broker lost whose
+// work still waits for a verdict, and commits them as if delivered: the
+// commit is idempotent, so one that was only late changes nothing.
+func (s *Service) Reap(ctx context.Context) (int, error) {
+	payloads, err := s.d.Store.UncommittedResults(ctx, event.KindResult, s.cfg.ReapGrace, time.Hour, reapBatch)
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range payloads {
+		ev, err := event.Parse[event.Result](p)
+		if err != nil {
+			s.d.Log.Warn("undecodable RESULT event in the outbox", "err", err)
+			continue
+		}
+		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "reaped", "RESULT event published but its answer still waits for a verdict; read back from the outbox",
+			slog.String("attempt", ev.AttemptID))
+		if err := s.Commit(ctx, ev); err != nil {
+			return 0, err
+		}
+	}
+	return len(payloads), nil
+}
 
 // Ready reports whether the service can take results.
 func (s *Service) Ready(ctx context.Context) error {
@@ -128,9 +185,10 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	act, reason := screen(ev, s.cfg.Region)
 	var w *store.Work
 	var c *contract.Contract
+	var answer string
 	if act == check {
 		var err error
-		if w, err = s.d.Store.GetWork(ctx, ev.WorkID); errors.Is(err, store.ErrNotFound) {
+		if w, answer, err = s.d.Store.WorkAnswer(ctx, ev.WorkID, ev.AttemptID); errors.Is(err, store.ErrNotFound) {
 			w = nil
 		} else if err != nil {
 			return err
@@ -157,7 +215,7 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	case reject:
 		return s.reject(ctx, w, ev, reason)
 	}
-	acc, fail := gate.Check(c, []byte(ev.Output), gate.ExpectFor(c, gate.Seen{WorkID: ev.WorkID,
+	acc, fail := gate.Check(c, []byte(answer), gate.ExpectFor(c, gate.Seen{WorkID: ev.WorkID,
 		SchemaVersion: ev.SchemaVersion, TaxonomyVersion: ev.TaxonomyVersion, Digest: ev.Digest}, w.Digest, []byte(w.Input)))
 	if fail != nil {
 		return s.reject(ctx, w, ev, fail.Error())

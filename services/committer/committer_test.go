@@ -95,12 +95,22 @@ func (b *bundle) claimed(t *testing.T, source string) event.Result {
 	}
 	attempt := "00000000-0000-4000-8000-" + source[len(source)-12:]
 	token := "00000000-0000-4000-9000-" + source[len(source)-12:]
-	if _, ok, err := b.st.Claim(ctx, w.ID, attempt, token, time.Minute); err != nil || !ok {
+	if _, ok, err := b.st.Claim(ctx, w.ID, attempt, token, time.Minute, 0); err != nil || !ok {
 		t.Fatalf("claim: %v %v", ok, err)
 	}
 	return event.Result{AttemptID: attempt, WorkID: w.ID, TenantID: "acme", Region: "us", Number: 1, LeaseToken: token,
 		Contract: "moderation", SchemaVersion: w.SchemaVersion, TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest,
 		Outcome: outcome.AttemptOK, Final: true}
+}
+
+// answered records the attempt's answer in the cell, as the classifier
+// does in the transaction that hands it over.
+func (b *bundle) answered(t *testing.T, ev event.Result, answer string) {
+	t.Helper()
+	if err := b.st.RecordAttempt(t.Context(), store.AttemptRecord{AttemptID: ev.AttemptID, WorkID: ev.WorkID,
+		LeaseToken: ev.LeaseToken, Outcome: ev.Outcome, Raw: answer, Change: store.Handoff, HandoffTTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (b *bundle) publish(t *testing.T, ev event.Result) {
@@ -136,13 +146,13 @@ func TestCommitterAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	good := b.claimed(t, "post-000000000001")
-	good.Output = `{"category":"spam","confidence":0.9,"needsHumanReview":false}`
+	b.answered(t, good, `{"category":"spam","confidence":0.9,"needsHumanReview":false}`)
 	b.publish(t, good)
 	b.publish(t, good) // redelivered
 	b.waitState(t, good.WorkID, outcome.Accepted)
 
 	bad := b.claimed(t, "post-000000000002")
-	bad.Output = `{"category":"ads","confidence":0.9,"needsHumanReview":false}`
+	b.answered(t, bad, `{"category":"ads","confidence":0.9,"needsHumanReview":false}`)
 	b.publish(t, bad)
 	b.waitState(t, bad.WorkID, outcome.SchemaRejected)
 
@@ -173,5 +183,39 @@ func TestCommitterAlone(t *testing.T) {
 	}
 	if results != 1 {
 		t.Fatalf("result rows = %d, want 1", results)
+	}
+}
+
+// A RESULT event the broker acknowledged and then lost is read back from
+// the outbox: its answer gets its verdict without waiting out the handoff
+// lease and paying for another call.
+func TestReaperCommitsLostResults(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ev := b.claimed(t, "post-000000000003")
+	payload, _ := json.Marshal(ev)
+	if err := b.st.RecordAttempt(t.Context(), store.AttemptRecord{AttemptID: ev.AttemptID, WorkID: ev.WorkID,
+		LeaseToken: ev.LeaseToken, Outcome: ev.Outcome, Raw: `{"category":"other","confidence":0.5,"needsHumanReview":false}`,
+		Change: store.Handoff, HandoffTTL: 5 * time.Minute,
+		Outbox: []store.OutboxMsg{{Stream: event.KindResult, Subject: names.Result("acme"), MsgID: ev.AttemptID, Payload: payload}}}); err != nil {
+		t.Fatal(err)
+	}
+	// Published two minutes ago, never delivered: the broker lost it.
+	if _, err := b.db.Exec(t.Context(), `UPDATE outbox SET published_at = now() - interval '2 minutes'`); err != nil {
+		t.Fatal(err)
+	}
+	reg, _ := contract.Load()
+	tel, _ := telemetry.Setup(t.Context(), "committer", "us")
+	svc, err := committer.New(committer.Config{Region: "us", ReapEvery: -1, ReapGrace: time.Second},
+		committer.Deps{Store: b.st, JS: b.js, Contracts: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := svc.Reap(t.Context()); err != nil || n != 1 {
+		t.Fatalf("reap: %d %v, want 1 event read back", n, err)
+	}
+	b.waitState(t, ev.WorkID, outcome.Accepted)
+	if n, err := svc.Reap(t.Context()); err != nil || n != 0 {
+		t.Fatalf("second reap: %d %v, want nothing left", n, err)
 	}
 }

@@ -3,6 +3,7 @@ package committer
 import (
 	"context"
 	"encoding/json"
+	"time"
 
 	"assay.dev/pkg/store"
 )
@@ -11,8 +12,9 @@ import (
 // one.
 type Store interface {
 	Ping(ctx context.Context) error
-	GetWork(ctx context.Context, id string) (*store.Work, error)
+	WorkAnswer(ctx context.Context, workID, attemptID string) (*store.Work, string, error)
 	MarkStale(ctx context.Context, attemptID string) (bool, error)
 	Reject(ctx context.Context, workID, attemptID, token, reason string) (bool, error)
+	UncommittedResults(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error)
 	Commit(ctx context.Context, w *store.Work, attemptID, token string, output json.RawMessage, findings int) (store.Verdict, error)
 }

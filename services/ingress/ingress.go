@@ -52,6 +52,15 @@ type Config struct {
 	// LeaseGrace is how long after a lease expired the work is announced
 	// again. Default 5s.
 	LeaseGrace time.Duration
+	// SetAside bounds how long an outbox row that cannot be published is
+	// tried before it is set aside.
+	SetAside store.SetAsidePolicy
+	// OutboxRetention is how long published outbox rows are kept. Default
+	// 24h; at least 2h, past the ledger reaper's one-hour horizon.
+	OutboxRetention time.Duration
+	// DataRetention is how long work inputs and raw answers are kept after
+	// the work ended. Default 720h (30 days).
+	DataRetention time.Duration
 
 	// GitHubSecret is the webhook secret that signs GitHub deliveries.
 	// Empty refuses POST /v1/webhooks/github with 503 webhooks_disabled.
@@ -99,6 +108,12 @@ func (c *Config) defaults() error {
 	if c.LeaseGrace == 0 {
 		c.LeaseGrace = 5 * time.Second
 	}
+	if c.OutboxRetention == 0 {
+		c.OutboxRetention = 24 * time.Hour
+	}
+	if c.DataRetention == 0 {
+		c.DataRetention = 30 * 24 * time.Hour
+	}
 	if c.GitHubAPI == "" {
 		c.GitHubAPI = "https://api.github.com"
 	}
@@ -130,6 +145,8 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		config.Duration{Name: "ASSAY_SWEEP_EVERY", To: &c.SweepEvery, Min: 100 * time.Millisecond, Max: week},
 		config.Duration{Name: "ASSAY_SWEEP_QUEUED_FOR", To: &c.QueuedFor, Min: 100 * time.Millisecond, Max: week},
 		config.Duration{Name: "ASSAY_SWEEP_LEASE_GRACE", To: &c.LeaseGrace, Min: 100 * time.Millisecond, Max: week},
+		config.Duration{Name: "ASSAY_OUTBOX_RETENTION", To: &c.OutboxRetention, Min: 2 * time.Hour, Max: 366 * 24 * time.Hour},
+		config.Duration{Name: "ASSAY_DATA_RETENTION", To: &c.DataRetention, Min: time.Hour, Max: 10 * 366 * 24 * time.Hour},
 	); err != nil {
 		return err
 	}
@@ -152,8 +169,10 @@ type Deps struct {
 type Service struct {
 	cfg     Config
 	d       Deps
+	streams *event.Keeper
 	relay   *outbox.Relay
 	sweeper lifecycle.Ticker
+	janitor lifecycle.Ticker
 
 	submitted metric.Int64Counter
 	webhooks  metric.Int64Counter
@@ -166,10 +185,15 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, d: d, buckets: admission.NewBuckets(time.Now)}
-	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork}}
+	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log}
+	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},
+		Ensure: s.streams.Ensure, Meter: d.Tel.Meter(), SetAside: cfg.SetAside}
 	sw := &s.sweeper
 	sw.Name, sw.Every, sw.Log, sw.PassTimeout = "sweeper", cfg.SweepEvery, d.Log, time.Minute
 	sw.Pass = func(ctx context.Context) (bool, error) { return false, s.SweepOnce(ctx) }
+	jn := &s.janitor
+	jn.Name, jn.Every, jn.Log, jn.PassTimeout = "retention", 10*time.Minute, d.Log, 5*time.Minute
+	jn.Pass = s.purge
 	var err error
 	s.submitted, err = d.Tel.Meter().Int64Counter("assay_ingress_requests",
 		metric.WithDescription("work submissions by result"))
@@ -184,14 +208,30 @@ func New(cfg Config, d Deps) (*Service, error) {
 // Start creates the cell's WORK stream, which ingress owns, and runs the
 // outbox relay and the sweeper.
 func (s *Service) Start(ctx context.Context) error {
-	if _, err := event.EnsureStream(ctx, s.d.JS, s.cfg.Names, event.KindWork, s.cfg.Streams); err != nil {
-		return err
-	}
-	return lifecycle.StartAll(ctx, s.relay, &s.sweeper)
+	s.relay.MaxPayload = s.d.JS.Conn().MaxPayload()
+	return lifecycle.StartAll(ctx, s.streams, s.relay, &s.sweeper, &s.janitor)
 }
 
 // Stop ends the sweeper, then the relay after a last drain. Idempotent.
-func (s *Service) Stop(ctx context.Context) { lifecycle.StopAll(ctx, &s.sweeper, s.relay) }
+func (s *Service) Stop(ctx context.Context) {
+	lifecycle.StopAll(ctx, &s.janitor, &s.sweeper, s.relay, s.streams)
+}
+
+// purge is one pass of the cell's retention: published outbox rows past
+// OutboxRetention, inputs and raw answers of work that ended more than
+// DataRetention ago. A full batch asks for another pass at once.
+func (s *Service) purge(ctx context.Context) (bool, error) {
+	const batch = 5000
+	p, err := s.d.Store.Purge(ctx, store.Retention{Outbox: s.cfg.OutboxRetention, Data: s.cfg.DataRetention, Limit: batch})
+	if err != nil {
+		return false, err
+	}
+	if p.Outbox+p.Inputs+p.Answers > 0 {
+		s.d.Log.Info("retention: removed what the cell no longer keeps", "outbox_rows", p.Outbox,
+			"work_inputs", p.Inputs, "raw_answers", p.Answers)
+	}
+	return p.Outbox == batch || p.Inputs == batch || p.Answers == batch, nil
+}
 
 // Ready reports whether the service can take work: its database answers
 // and the WORK stream exists.
@@ -199,10 +239,7 @@ func (s *Service) Ready(ctx context.Context) error {
 	if err := s.d.Store.Ping(ctx); err != nil {
 		return err
 	}
-	if _, err := s.d.JS.Stream(ctx, s.cfg.Names.Stream(event.KindWork)); err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	return nil
+	return s.streams.Ready(ctx)
 }
 
 // cell is who ingress authenticates for.
@@ -285,14 +322,15 @@ func (s *Service) SweepOnce(ctx context.Context) error {
 	for _, w := range expired {
 		telemetry.Decision(ctx, s.d.Log, w.ID, outcome.Expired, w.Reason, slog.String("tenant", w.TenantID), slog.String("lane", w.Lane))
 	}
-	stuck, err := s.d.Store.SweepStuck(ctx, s.cfg.QueuedFor, s.cfg.LeaseGrace, 500, func(st store.Stuck) (store.OutboxMsg, error) {
+	sw := store.Sweep{QueuedFor: s.cfg.QueuedFor, LeaseGrace: s.cfg.LeaseGrace, Heads: s.backlogHeads(ctx), Limit: 500}
+	stuck, err := s.d.Store.SweepStuck(ctx, sw, func(st store.Stuck) (store.OutboxMsg, error) {
 		return WorkMessage(ctx, s.cfg.Names, st.Work, st.Dispatch)
 	})
 	if err != nil {
 		return err
 	}
 	for _, st := range stuck {
-		reason := "queued longer than " + s.cfg.QueuedFor.String()
+		reason := "queued longer than " + s.cfg.QueuedFor.String() + " with no announcement waiting"
 		if st.Redrive {
 			reason = "lease expired"
 		}
@@ -302,6 +340,37 @@ func (s *Service) SweepOnce(ctx context.Context) error {
 		s.relay.Kick()
 	}
 	return nil
+}
+
+// backlogHeads reads, for each lane, since when announcements wait
+// undelivered in its consumer: the time of the next message the consumer
+// has not delivered yet. Queued work announced before then has no message
+// waiting (it was delivered, or the broker lost it) and is announced
+// again; work announced after waits its turn. A lane whose consumer cannot
+// be read, or that has delivered everything, counts as caught up.
+func (s *Service) backlogHeads(ctx context.Context) map[string]time.Time {
+	heads := map[string]time.Time{}
+	stream := s.cfg.Names.Stream(event.KindWork)
+	for _, lane := range []string{event.Interactive, event.Batch} {
+		cons, err := s.d.JS.Consumer(ctx, stream, s.cfg.Names.WorkConsumer(lane))
+		if err != nil {
+			continue
+		}
+		info := cons.CachedInfo()
+		if info.NumPending == 0 {
+			continue
+		}
+		st, err := s.d.JS.Stream(ctx, stream)
+		if err != nil {
+			continue
+		}
+		next, err := st.GetMsg(ctx, info.Delivered.Stream+1, jetstream.WithGetMsgSubject(s.cfg.Names.Lane(lane)))
+		if err != nil {
+			continue
+		}
+		heads[lane] = next.Time
+	}
+	return heads
 }
 
 // admit takes a token from the tenant's bucket for the lane. When there is

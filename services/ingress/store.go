@@ -22,5 +22,6 @@ type Store interface {
 	GetDelivery(ctx context.Context, id string) (*store.Delivery, error)
 	InsertWebhookWork(ctx context.Context, d store.Delivery, w *store.Work, announce func(*store.Work) ([]store.OutboxMsg, error)) (store.WebhookInsert, error)
 	ExpireOverdue(ctx context.Context, grace time.Duration, limit int) ([]*store.Work, error)
-	SweepStuck(ctx context.Context, queuedFor, leaseGrace time.Duration, limit int, announce func(store.Stuck) (store.OutboxMsg, error)) ([]store.Stuck, error)
+	Purge(ctx context.Context, r store.Retention) (store.Purged, error)
+	SweepStuck(ctx context.Context, sw store.Sweep, announce func(store.Stuck) (store.OutboxMsg, error)) ([]store.Stuck, error)
 }

@@ -177,7 +177,7 @@ func (s *Service) Append(ctx context.Context, ev event.Attempt) error {
 	cost := s.cfg.Prices.CostMicros(ev.Model, ev.InputUnits, ev.OutputUnits)
 	return s.append(ctx, store.LedgerRow{AttemptID: ev.AttemptID, TenantID: ev.TenantID,
 		WorkID: ev.WorkID, Model: ev.Model, Outcome: ev.Outcome, UpstreamAttempts: up, InputUnits: ev.InputUnits,
-		OutputUnits: ev.OutputUnits, CostMicros: cost, LatencyMS: ev.LatencyMS, OccurredAt: ev.At})
+		OutputUnits: ev.OutputUnits, CostMicros: cost, LatencyMS: ev.LatencyMS, OccurredAt: ev.At, Estimated: ev.Estimated})
 }
 
 // append writes one ledger row and logs the decision.

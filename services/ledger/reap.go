@@ -57,7 +57,7 @@ func (s *Service) Reap(ctx context.Context) (Reaped, error) {
 		// the model call, which the provider bills whether or not the
 		// answer came back. Units are unknown; the reservation bounds them.
 		if err := s.append(ctx, store.LedgerRow{AttemptID: d.AttemptID, TenantID: d.TenantID, WorkID: d.WorkID,
-			Model: d.Model, Outcome: outcome.AttemptLeaseExpired, UpstreamAttempts: 1, CostMicros: d.ReservedMicros,
+			Model: d.Model, Outcome: outcome.AttemptLeaseExpired, UpstreamAttempts: 1, CostMicros: d.ChargeMicros,
 			OccurredAt: d.StartedAt, Estimated: true}); err != nil {
 			return n, err
 		}

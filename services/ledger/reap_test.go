@@ -51,7 +51,7 @@ func TestReaperMakesTheLedgerWhole(t *testing.T) {
 		if res, err := st.Reserve(ctx, "acme", attemptID, reserve); err != nil || res != store.Reserved {
 			t.Fatalf("reserve: %v %v", res, err)
 		}
-		if _, ok, err := st.Claim(ctx, workID, attemptID, "00000000-0000-4000-8000-"+attemptID[24:], time.Minute); err != nil || !ok {
+		if _, ok, err := st.Claim(ctx, workID, attemptID, "00000000-0000-4000-8000-"+attemptID[24:], time.Minute, 0); err != nil || !ok {
 			t.Fatalf("claim: %v %v", ok, err)
 		}
 	}

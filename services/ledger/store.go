@@ -17,6 +17,5 @@ type Store interface {
 	UnrecordedEvents(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error)
 	DeadAttempts(ctx context.Context, grace time.Duration, limit int) ([]store.DeadAttempt, error)
 	ReleaseOrphanReservations(ctx context.Context, grace time.Duration) (int64, error)
-	Usage(ctx context.Context, tenant string, from, to time.Time) ([]store.UsageLine, error)
-	UsageByModel(ctx context.Context, tenant string, from, to time.Time) ([]store.ModelUsageLine, error)
+	Usage(ctx context.Context, tenant string, from, to time.Time, by string) ([]store.UsageLine, error)
 }

@@ -6,30 +6,43 @@ import (
 
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
+	"assay.dev/pkg/store"
 )
 
 // UsageReport answers GET /v1/usage: the same ledger rows totalled by
 // outcome and by model.
 type UsageReport struct {
-	TenantID    string      `json:"tenantId"`
-	From        time.Time   `json:"from"`
-	To          time.Time   `json:"to"`
-	Calls       int64       `json:"calls"`
-	InputUnits  int64       `json:"inputUnits"`
-	OutputUnits int64       `json:"outputUnits"`
-	CostMicros  int64       `json:"costMicros"`
-	ByOutcome   []UsageLine `json:"byOutcome"`
-	ByModel     []UsageLine `json:"byModel"`
+	TenantID    string    `json:"tenantId"`
+	From        time.Time `json:"from"`
+	To          time.Time `json:"to"`
+	Calls       int64     `json:"calls"`
+	InputUnits  int64     `json:"inputUnits"`
+	OutputUnits int64     `json:"outputUnits"`
+	CostMicros  int64     `json:"costMicros"`
+	// EstimatedCalls and EstimatedCostMicros are the part of the totals that
+	// is estimated: calls that left and brought no usage back, charged the
+	// request's estimate, and attempts whose worker died.
+	EstimatedCalls      int64       `json:"estimatedCalls"`
+	EstimatedCostMicros int64       `json:"estimatedCostMicros"`
+	ByOutcome           []UsageLine `json:"byOutcome"`
+	ByModel             []UsageLine `json:"byModel"`
 }
 
 // UsageLine totals one outcome's or one model's attempts.
 type UsageLine struct {
-	Outcome     string `json:"outcome,omitempty"`
-	Model       string `json:"model,omitempty"`
-	Calls       int64  `json:"calls"`
-	InputUnits  int64  `json:"inputUnits"`
-	OutputUnits int64  `json:"outputUnits"`
-	CostMicros  int64  `json:"costMicros"`
+	Outcome             string `json:"outcome,omitempty"`
+	Model               string `json:"model,omitempty"`
+	Calls               int64  `json:"calls"`
+	InputUnits          int64  `json:"inputUnits"`
+	OutputUnits         int64  `json:"outputUnits"`
+	CostMicros          int64  `json:"costMicros"`
+	EstimatedCalls      int64  `json:"estimatedCalls"`
+	EstimatedCostMicros int64  `json:"estimatedCostMicros"`
+}
+
+func usageLine(l store.UsageLine) UsageLine {
+	return UsageLine{Calls: l.Calls, InputUnits: l.InputUnits, OutputUnits: l.OutputUnits, CostMicros: l.CostMicros,
+		EstimatedCalls: l.EstimatedCalls, EstimatedCostMicros: l.EstimatedCostMicros}
 }
 
 // Handler serves GET /v1/usage?tenant=…&from=…&to=… (RFC 3339 times; from
@@ -71,13 +84,13 @@ func (s *Service) usage(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_period", "from must be before to")
 		return
 	}
-	lines, err := s.d.Store.Usage(r.Context(), t.ID, from, to)
+	lines, err := s.d.Store.Usage(r.Context(), t.ID, from, to, store.ByOutcome)
 	if err != nil {
 		s.d.Log.Error("usage query failed", "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
-	models, err := s.d.Store.UsageByModel(r.Context(), t.ID, from, to)
+	models, err := s.d.Store.Usage(r.Context(), t.ID, from, to, store.ByModel)
 	if err != nil {
 		s.d.Log.Error("usage query failed", "err", err)
 		auth.Unavailable().Write(w)
@@ -86,16 +99,20 @@ func (s *Service) usage(w http.ResponseWriter, r *http.Request) {
 	// Empty arrays, not null, so clients can range over them unchecked.
 	rep := UsageReport{TenantID: t.ID, From: from.UTC(), To: to.UTC(), ByOutcome: []UsageLine{}, ByModel: []UsageLine{}}
 	for _, l := range lines {
-		rep.ByOutcome = append(rep.ByOutcome, UsageLine{Outcome: l.Outcome, Calls: l.Calls, InputUnits: l.InputUnits,
-			OutputUnits: l.OutputUnits, CostMicros: l.CostMicros})
+		u := usageLine(l)
+		u.Outcome = l.Key
+		rep.ByOutcome = append(rep.ByOutcome, u)
 		rep.Calls += l.Calls
 		rep.InputUnits += l.InputUnits
 		rep.OutputUnits += l.OutputUnits
 		rep.CostMicros += l.CostMicros
+		rep.EstimatedCalls += l.EstimatedCalls
+		rep.EstimatedCostMicros += l.EstimatedCostMicros
 	}
 	for _, l := range models {
-		rep.ByModel = append(rep.ByModel, UsageLine{Model: l.Model, Calls: l.Calls, InputUnits: l.InputUnits,
-			OutputUnits: l.OutputUnits, CostMicros: l.CostMicros})
+		u := usageLine(l)
+		u.Model = l.Key
+		rep.ByModel = append(rep.ByModel, u)
 	}
 	apierror.JSON(w, http.StatusOK, rep)
 }

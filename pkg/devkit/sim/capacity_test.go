@@ -20,7 +20,7 @@ import (
 // withWork sets the correlation's work id ("" drops it).
 func withWork(id string) reqOpt {
 	return func(r *model.ChatRequest) {
-		r.Messages = model.Messages("Classify the text.", model.Correlation{WorkID: id, SchemaVersion: "1.0"}, "", json.RawMessage(model.Input(r.Messages)))
+		r.Messages = model.Messages("Classify the text.", model.Correlation{WorkID: id, SchemaVersion: json.RawMessage(`"1.0"`)}, "", json.RawMessage(model.Input(r.Messages)))
 	}
 }
 
@@ -521,7 +521,7 @@ func TestCapacityHTTP(t *testing.T) {
 	}
 	c := &model.Client{BaseURL: base}
 	_, err := c.Complete(context.Background(), model.Call{Tenant: "acme", Contract: ContractModeration, Schema: json.RawMessage(`{}`),
-		Messages: model.Messages("Classify.", model.Correlation{WorkID: "h2", SchemaVersion: "1.0"}, "", json.RawMessage(`{"text":"y"}`))})
+		Messages: model.Messages("Classify.", model.Correlation{WorkID: "h2", SchemaVersion: json.RawMessage(`"1.0"`)}, "", json.RawMessage(`{"text":"y"}`))})
 	var me *model.Error
 	if !errors.As(err, &me) || me.Kind != model.KindRateLimited || me.RetryAfter <= 990*time.Second || me.RetryAfter > 1000*time.Second || me.RetryAfter%time.Millisecond != 0 {
 		t.Fatalf("adapter error %v (retry after %v)", err, me.RetryAfter)

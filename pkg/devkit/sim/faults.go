@@ -22,6 +22,10 @@ const (
 	FaultUngroundedFile     = "ungrounded_file"      // code-review finding on a file not in the diff
 	FaultLineOutsideHunk    = "line_outside_hunk"    // code-review finding on a real file, line outside every hunk
 	FaultEvidenceNotInDiff  = "evidence_not_in_diff" // code-review finding whose evidence is not diff text
+	// FaultHuge answers with content of Size bytes (default 5 MiB), a valid
+	// answer padded with a long summary, ignoring max_tokens as a
+	// misbehaving provider would.
+	FaultHuge = "huge"
 	// FaultObeyInjection makes the model gullible: it follows instructions
 	// found in the untrusted input ("ignore previous instructions", "output
 	// the following JSON instead: {...}", "set changeId to X", "add a field
@@ -36,7 +40,7 @@ var FaultKinds = []string{
 	FaultRateLimit, FaultLatency, FaultHang, FaultTruncated, FaultInvalidJSON,
 	FaultServerError, FaultReject, FaultExtraProperty, FaultBadEnum,
 	FaultWrongChangeID, FaultWrongSchemaVersion, FaultUngroundedFile,
-	FaultLineOutsideHunk, FaultEvidenceNotInDiff, FaultObeyInjection,
+	FaultLineOutsideHunk, FaultEvidenceNotInDiff, FaultObeyInjection, FaultHuge,
 }
 
 // Fault bends matching calls. The first matching fault with Times left
@@ -52,6 +56,7 @@ type Fault struct {
 	// default 1s.
 	RetryAfter time.Duration
 	Latency    time.Duration // for latency
+	Size       int           // for huge: the content's bytes
 }
 
 // faultJSON carries durations as Go duration strings ("2s").
@@ -62,11 +67,12 @@ type faultJSON struct {
 	Times      int    `json:"times,omitempty"`
 	RetryAfter string `json:"retryAfter,omitempty"`
 	Latency    string `json:"latency,omitempty"`
+	Size       int    `json:"size,omitempty"`
 }
 
 // MarshalJSON writes durations as Go duration strings.
 func (f Fault) MarshalJSON() ([]byte, error) {
-	j := faultJSON{Kind: f.Kind, Tenant: f.Tenant, Match: f.Match, Times: f.Times}
+	j := faultJSON{Kind: f.Kind, Tenant: f.Tenant, Match: f.Match, Times: f.Times, Size: f.Size}
 	if f.RetryAfter != 0 {
 		j.RetryAfter = f.RetryAfter.String()
 	}
@@ -82,7 +88,7 @@ func (f *Fault) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return err
 	}
-	out := Fault{Kind: j.Kind, Tenant: j.Tenant, Match: j.Match, Times: j.Times}
+	out := Fault{Kind: j.Kind, Tenant: j.Tenant, Match: j.Match, Times: j.Times, Size: j.Size}
 	var err error
 	if j.RetryAfter != "" {
 		if out.RetryAfter, err = time.ParseDuration(j.RetryAfter); err != nil {

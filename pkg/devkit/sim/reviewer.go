@@ -2,6 +2,7 @@ package sim
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"slices"
@@ -190,9 +191,9 @@ func anyMatch(re *regexp.Regexp, lines []string) bool {
 
 // CodeReview is the code-review contract's output.
 type CodeReview struct {
-	SchemaVersion string        `json:"schemaVersion"`
-	ChangeID      string        `json:"changeId"`
-	Findings      []CodeFinding `json:"findings"`
+	SchemaVersion json.RawMessage `json:"schemaVersion"`
+	ChangeID      string          `json:"changeId"`
+	Findings      []CodeFinding   `json:"findings"`
 }
 
 // CodeFinding is one code-review finding.
@@ -206,7 +207,7 @@ type CodeFinding struct {
 
 // ChangeReview is the change-review contract's output.
 type ChangeReview struct {
-	SchemaVersion string          `json:"schema_version"`
+	SchemaVersion json.RawMessage `json:"schema_version"`
 	Severity      string          `json:"severity"`
 	Tags          []string        `json:"tags"`
 	Findings      []ChangeFinding `json:"findings"`
@@ -227,7 +228,7 @@ type Moderation struct {
 }
 
 // ReviewCode answers the code-review contract for a diff.
-func ReviewCode(diffText, schemaVersion, changeID string) CodeReview {
+func ReviewCode(diffText string, schemaVersion json.RawMessage, changeID string) CodeReview {
 	fs := Review(diffText)
 	out := CodeReview{SchemaVersion: schemaVersion, ChangeID: changeID, Findings: []CodeFinding{}}
 	for _, f := range fs {
@@ -261,7 +262,7 @@ var changeSeverity = map[string]string{SeverityInfo: "low", SeverityWarning: "me
 
 // ReviewChange answers the change-review contract for a diff: one finding per
 // rule that fired, severity the highest of them, tags from the diff's content.
-func ReviewChange(diffText, schemaVersion string) ChangeReview {
+func ReviewChange(diffText string, schemaVersion json.RawMessage) ChangeReview {
 	fs := Review(diffText)
 	out := ChangeReview{SchemaVersion: schemaVersion, Severity: "low", Tags: changeTags(diffText), Findings: []ChangeFinding{}}
 	order := map[string]int{"low": 0, "medium": 1, "high": 2}

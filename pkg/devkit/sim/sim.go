@@ -74,6 +74,10 @@ type TenantStats struct {
 	Throttled   int64 `json:"throttled"`   // answered 429 at once, beyond capacity
 	Accepted    int64 `json:"accepted"`    // let through by capacity (every valid call when unlimited)
 	Early       int64 `json:"early"`       // came before the Retry-After given for its key
+	// PromptUnits and CompletionUnits are what the provider billed: the
+	// usage of every 2xx answer it wrote, readable by the client or not.
+	PromptUnits     int64 `json:"promptUnits"`
+	CompletionUnits int64 `json:"completionUnits"`
 }
 
 // Server is the simulated provider. It is an http.Handler and can also listen
@@ -256,6 +260,19 @@ func (s *Server) recordLocked(tenant string, o outcome, early bool) {
 	}
 }
 
+// bill adds an answer's usage to what the tenant was billed.
+func (s *Server) bill(tenant string, u model.Usage) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ts := s.stats[tenant]
+	if ts == nil {
+		ts = &TenantStats{}
+		s.stats[tenant] = ts
+	}
+	ts.PromptUnits += int64(u.PromptTokens)
+	ts.CompletionUnits += int64(u.CompletionTokens)
+}
+
 // minSweep is the notBefore size below which it is never swept.
 const minSweep = 1024
 
@@ -397,9 +414,14 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 
 	content := c.answer(kind)
 	finish := "stop"
-	// Like a real provider, stop at max_tokens: the answer is cut short
-	// and says so.
-	if mt := c.req.MaxTokens; mt > 0 && tokens(len(content)) > mt {
+	switch mt := c.req.MaxTokens; {
+	case kind == FaultHuge:
+		// A misbehaving provider: the valid answer padded far past
+		// max_tokens with a summary of the whole change.
+		content = huge(content, f.Size)
+	case mt > 0 && tokens(len(content)) > mt:
+		// Like a real provider, stop at max_tokens: the answer is cut
+		// short and says so.
 		content, finish = content[:mt*4], "length"
 	}
 	resp := model.ChatResponse{
@@ -420,11 +442,22 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if kind == FaultTruncated {
 		body = body[:len(body)/2]
 	}
+	s.bill(c.tenant, resp.Usage)
 	s.release(a.id)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
+}
+
+// huge pads a JSON object answer to size bytes (default 5 MiB) with a
+// "summary" property.
+func huge(answer string, size int) string {
+	if size <= 0 {
+		size = 5 << 20
+	}
+	pad := max(size-len(answer)-len(`,"summary":""`), 0)
+	return strings.TrimSuffix(answer, "}") + `,"summary":"` + strings.Repeat("The change looks fine. ", pad/23+1)[:pad] + `"}`
 }
 
 // tokens estimates units the way the contract says: ceil(bytes/4).
@@ -733,9 +766,22 @@ func otherID(id string) string {
 	return id[:len(id)-1] + string(repl)
 }
 
-// otherVersion bumps the trailing number of a version ("1.2" → "1.3") so the
-// value still looks like a version.
-func otherVersion(v string) string {
+// otherVersion is another schema version of the same form as v, a JSON
+// value: a number one higher, or a string whose trailing number is bumped
+// ("1.2" → "1.3"), so the value still looks like a version.
+func otherVersion(v json.RawMessage) json.RawMessage {
+	var n int64
+	if err := json.Unmarshal(v, &n); err == nil {
+		out, _ := json.Marshal(n + 1)
+		return out
+	}
+	var str string
+	_ = json.Unmarshal(v, &str)
+	out, _ := json.Marshal(bumpVersion(str))
+	return out
+}
+
+func bumpVersion(v string) string {
 	i := len(v)
 	for i > 0 && v[i-1] >= '0' && v[i-1] <= '9' {
 		i--

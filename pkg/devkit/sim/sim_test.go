@@ -103,22 +103,22 @@ func TestReviewOrderAndUnparseable(t *testing.T) {
 	if fs := Review("not a diff at all"); len(fs) != 0 {
 		t.Fatalf("unparseable diff gave %+v", fs)
 	}
-	if cr := ReviewCode("@@ broken", "1", "w"); cr.Findings == nil || len(cr.Findings) != 0 {
+	if cr := ReviewCode("@@ broken", json.RawMessage(`1`), "w"); cr.Findings == nil || len(cr.Findings) != 0 {
 		t.Fatalf("findings = %#v, want empty non-nil", cr.Findings)
 	}
 	var many []string
 	for range 30 {
 		many = append(many, "x.Status = \"paid\"")
 	}
-	if cr := ReviewCode(diffOf("m.go", many...), "1", "w"); len(cr.Findings) != maxFindings {
+	if cr := ReviewCode(diffOf("m.go", many...), json.RawMessage(`1`), "w"); len(cr.Findings) != maxFindings {
 		t.Fatalf("%d findings, want the cap %d", len(cr.Findings), maxFindings)
 	}
 }
 
 func TestReviewChangeAndModerate(t *testing.T) {
 	d := diffOf("payments/refund.go", "amount := float64(req.Amount)", `q := "SELECT * FROM refunds WHERE id = '" + id + "'"`, "// TODO: migration")
-	ch := ReviewChange(d, "2")
-	if ch.SchemaVersion != "2" || ch.Severity != "high" {
+	ch := ReviewChange(d, json.RawMessage(`"2"`))
+	if string(ch.SchemaVersion) != `"2"` || ch.Severity != "high" {
 		t.Fatalf("got %+v", ch)
 	}
 	if !slices.Equal(ch.Tags, []string{TagDataAccess, TagPayments, TagRollback}) {
@@ -131,10 +131,10 @@ func TestReviewChangeAndModerate(t *testing.T) {
 	if !slices.Equal(codes, []string{RuleMoneyFloat, RuleSQLConcat, RuleTodo}) {
 		t.Fatalf("codes %v", codes)
 	}
-	if ch := ReviewChange(diffOf("README.md", "hello"), "2"); ch.Severity != "low" || !slices.Equal(ch.Tags, []string{TagDataAccess}) || len(ch.Findings) != 0 {
+	if ch := ReviewChange(diffOf("README.md", "hello"), json.RawMessage(`"2"`)); ch.Severity != "low" || !slices.Equal(ch.Tags, []string{TagDataAccess}) || len(ch.Findings) != 0 {
 		t.Fatalf("clean change: %+v", ch)
 	}
-	if ch := ReviewChange(diffOf("auth/session.go", "x := 1"), "2"); !slices.Equal(ch.Tags, []string{TagAuth}) {
+	if ch := ReviewChange(diffOf("auth/session.go", "x := 1"), json.RawMessage(`"2"`)); !slices.Equal(ch.Tags, []string{TagAuth}) {
 		t.Fatalf("auth tags %v", ch.Tags)
 	}
 
@@ -191,7 +191,7 @@ type reqOpt func(*model.ChatRequest)
 func chatReq(contract, tenant, input string, opts ...reqOpt) model.ChatRequest {
 	r := model.ChatRequest{
 		Model:          "test-model",
-		Messages:       model.Messages("Review the change.", model.Correlation{WorkID: "01J9ZK3Q7W5Y8R2T4V6X8Z0B1C", SchemaVersion: "1.0"}, "", json.RawMessage(input)),
+		Messages:       model.Messages("Review the change.", model.Correlation{WorkID: "01J9ZK3Q7W5Y8R2T4V6X8Z0B1C", SchemaVersion: json.RawMessage(`"1.0"`)}, "", json.RawMessage(input)),
 		ResponseFormat: &model.ResponseFormat{Type: "json_schema", JSONSchema: &model.JSONSchema{Name: contract, Strict: true, Schema: json.RawMessage(`{}`)}},
 		User:           tenant,
 	}
@@ -313,7 +313,7 @@ func TestChatContracts(t *testing.T) {
 	}
 	var out CodeReview
 	decodeStrict(t, content(t, r), &out)
-	if out.SchemaVersion != "1.0" || out.ChangeID != "01J9ZK3Q7W5Y8R2T4V6X8Z0B1C" || len(out.Findings) != 2 {
+	if string(out.SchemaVersion) != `"1.0"` || out.ChangeID != "01J9ZK3Q7W5Y8R2T4V6X8Z0B1C" || len(out.Findings) != 2 {
 		t.Fatalf("code review %+v", out)
 	}
 	if f := out.Findings[0]; f.File != "checkout/confirm.go" || f.Line != 11 || f.Severity != SeverityBlocking || f.Evidence != "order.Status = StatusPaid" {
@@ -322,7 +322,7 @@ func TestChatContracts(t *testing.T) {
 
 	var ch ChangeReview
 	decodeStrict(t, content(t, mustDo(t, "POST", url, chatReq(ContractChangeReview, "acme", diffInput(testDiff)))), &ch)
-	if ch.SchemaVersion != "1.0" || ch.Severity != "high" || len(ch.Tags) == 0 || len(ch.Findings) != 2 {
+	if string(ch.SchemaVersion) != `"1.0"` || ch.Severity != "high" || len(ch.Tags) == 0 || len(ch.Findings) != 2 {
 		t.Fatalf("change review %+v", ch)
 	}
 
@@ -479,19 +479,19 @@ func TestFaultKinds(t *testing.T) {
 		}},
 		{Fault{Kind: FaultWrongChangeID}, ContractCodeReview, func(t *testing.T, r result) {
 			out := code(t, r)
-			if out.ChangeID == "01J9ZK3Q7W5Y8R2T4V6X8Z0B1C" || len(out.ChangeID) != 26 || out.SchemaVersion != "1.0" {
+			if out.ChangeID == "01J9ZK3Q7W5Y8R2T4V6X8Z0B1C" || len(out.ChangeID) != 26 || string(out.SchemaVersion) != `"1.0"` {
 				t.Fatalf("%+v", out)
 			}
 		}},
 		{Fault{Kind: FaultWrongSchemaVersion}, ContractCodeReview, func(t *testing.T, r result) {
-			if out := code(t, r); out.SchemaVersion != "1.1" {
+			if out := code(t, r); string(out.SchemaVersion) != `"1.1"` {
 				t.Fatalf("%+v", out)
 			}
 		}},
 		{Fault{Kind: FaultWrongSchemaVersion}, ContractChangeReview, func(t *testing.T, r result) {
 			var out ChangeReview
 			decodeStrict(t, content(t, r), &out)
-			if out.SchemaVersion != "1.1" {
+			if string(out.SchemaVersion) != `"1.1"` {
 				t.Fatalf("%+v", out)
 			}
 		}},
@@ -536,6 +536,7 @@ func TestFaultKinds(t *testing.T) {
 			}
 			tt.check(t, r)
 			st := s.Stats().Tenants["acme"]
+			st.PromptUnits, st.CompletionUnits = 0, 0 // billed units: TestBilledUnits
 			want := TenantStats{Calls: 1, Faulted: 1, Accepted: 1}
 			if tt.fault.Kind == FaultRateLimit {
 				want = TenantStats{Calls: 1, RateLimited: 1, Accepted: 1}
@@ -635,7 +636,7 @@ func TestFaultMatchTenantTimes(t *testing.T) {
 		// Every call shares one work id, so after the first 429 they may
 		// count as Early depending on the wall clock; TestEarly covers it.
 		got := stats.Tenants[k]
-		got.Early = 0
+		got.Early, got.PromptUnits, got.CompletionUnits = 0, 0, 0
 		if got != w {
 			t.Errorf("tenant %s: %+v, want %+v", k, stats.Tenants[k], w)
 		}
@@ -799,9 +800,10 @@ func TestAdminHTTP(t *testing.T) {
 }
 
 func TestHelpers(t *testing.T) {
-	for in, want := range map[string]string{"1": "2", "1.0": "1.1", "v9": "v10", "code-review": "code-review1", "": "1"} {
-		if got := otherVersion(in); got != want {
-			t.Errorf("otherVersion(%q) = %q, want %q", in, got, want)
+	for in, want := range map[string]string{`1`: `2`, `41`: `42`, `"1"`: `"2"`, `"1.0"`: `"1.1"`, `"v9"`: `"v10"`,
+		`"change-review.v1"`: `"change-review.v2"`, `"code-review"`: `"code-review1"`, `""`: `"1"`} {
+		if got := otherVersion(json.RawMessage(in)); string(got) != want {
+			t.Errorf("otherVersion(%s) = %s, want %s", in, got, want)
 		}
 	}
 	for in, want := range map[string]string{"abc9": "abc0", "abcZ": "abc0", "abc0": "abc1", "": "wrong-change-id"} {
@@ -980,3 +982,34 @@ const evalDiffForMaxTokens = `diff --git a/cart.go b/cart.go
 +var total float64 = price * 1.2
  // end
 `
+
+// The provider bills the usage of every 2xx answer it writes, the ones a
+// client cannot read included; a refusal bills nothing.
+func TestBilledUnits(t *testing.T) {
+	s := New(Options{})
+	url, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.AddFault(Fault{Kind: FaultTruncated, Times: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddFault(Fault{Kind: FaultReject, Tenant: "acme", Match: "refused", Times: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, text := range []string{"text one", "text two", "refused"} {
+		if _, err := do(t, context.Background(), "POST", url+"/v1/chat/completions",
+			chatReq(ContractModeration, "acme", `{"text":"`+text+`"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := s.Stats().Tenants["acme"]
+	if st.Calls != 3 || st.PromptUnits <= 0 || st.CompletionUnits <= 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	one := st.PromptUnits / 2
+	if st.PromptUnits != 2*one {
+		t.Fatalf("prompt units %d: two answered calls of the same size, the refusal none", st.PromptUnits)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/store"
 	"assay.dev/services/classifier"
 )
 
@@ -152,7 +153,7 @@ func TestDeadlineExpiresAndLateResultIsNotRevived(t *testing.T) {
 	_, r := b.Submit(t, req)
 	st := b.Cell.Env.Store
 	attempt, token := "00000000-0000-4000-8000-0000000000a1", "00000000-0000-4000-8000-0000000000b1"
-	w, ok, err := st.Claim(ctx, r.WorkID, attempt, token, time.Minute)
+	w, ok, err := st.Claim(ctx, r.WorkID, attempt, token, time.Minute, 0)
 	if err != nil || !ok {
 		t.Fatalf("claim: %v %v", ok, err)
 	}
@@ -165,9 +166,13 @@ func TestDeadlineExpiresAndLateResultIsNotRevived(t *testing.T) {
 		return err == nil && cur.State == "expired"
 	})
 	out := `{"changeId":"` + w.ID + `","schemaVersion":"` + w.SchemaVersion + `","findings":[]}`
+	if err := st.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attempt, WorkID: w.ID, LeaseToken: token,
+		Outcome: "ok", Raw: out}); err != nil {
+		t.Fatal(err)
+	}
 	ev := event.Result{AttemptID: attempt, WorkID: w.ID, TenantID: "acme", Region: "us", Number: 1, LeaseToken: token,
 		Contract: w.Contract, SchemaVersion: w.SchemaVersion, TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest,
-		Outcome: "ok", Final: true, Output: out}
+		Outcome: "ok", Final: true}
 	if err := b.Cell.Committer.Commit(ctx, ev); err != nil {
 		t.Fatal(err)
 	}

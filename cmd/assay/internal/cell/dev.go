@@ -66,10 +66,17 @@ func StartDev(ctx context.Context, o DevOptions) (e *Dev, err error) {
 	if err := icfg.FromEnv(os.Getenv); err != nil {
 		return e, config.Invalid(err)
 	}
+	model := "assay-sim-1"
 	if u := os.Getenv("ASSAY_MODEL_BASE_URL"); u != "" {
 		if p, err := url.Parse(u); err != nil || p.Host == "" || (p.Scheme != "http" && p.Scheme != "https") {
 			return e, config.Invalid(fmt.Errorf("ASSAY_MODEL_BASE_URL: %q is not an http(s) URL", u))
 		}
+		// A real endpoint has no default model.
+		if model = os.Getenv("ASSAY_MODEL"); model == "" {
+			return e, config.Invalid(errors.New("ASSAY_MODEL: required with ASSAY_MODEL_BASE_URL: the model name the endpoint serves (e.g. gpt-4o-mini)"))
+		}
+	} else if m := os.Getenv("ASSAY_MODEL"); m != "" {
+		model = m
 	}
 	if u := os.Getenv("ASSAY_DATABASE_URL"); u != "" {
 		if _, err := pgx.ParseConfig(u); err != nil {
@@ -123,7 +130,7 @@ func StartDev(ctx context.Context, o DevOptions) (e *Dev, err error) {
 		cfg := config.Config{Regions: e.Regions, Region: region, Cell: region, Installation: "assay",
 			DatabaseURL: dbURL, NATSURL: e.NATS.ClientURL(),
 			ModelBaseURL: e.ModelURL, ModelAPIKey: os.Getenv("ASSAY_MODEL_API_KEY"),
-			Model: envOr("ASSAY_MODEL", "assay-sim-1"), HTTPAddr: "127.0.0.1:0"}
+			Model: model, HTTPAddr: "127.0.0.1:0"}
 		c, err := Start(ctx, Options{Config: cfg, Log: e.Log.With("region", region), Prices: ccfg.Prices, Classifier: ccfg,
 			Ingress: icfg})
 		if err != nil {
@@ -248,7 +255,7 @@ func (e *Dev) PrintEndpoints(w io.Writer) {
 	fmt.Fprintf(w, "  model                       %s\n", model)
 	for _, region := range e.Regions {
 		c := e.Cells[region]
-		fmt.Fprintf(w, "\n  cell %s\n", region)
+		fmt.Fprintf(w, "\n  cell %s (database %s)\n", region, c.Env.Config.DatabaseURL)
 		for _, p := range []string{"POST /v1/work", "GET  /v1/work/{id}", "POST /v1/webhooks/github", "GET  /v1/usage", "GET  /healthz", "GET  /readyz", "GET  /metrics"} {
 			verb, path, _ := strings.Cut(p, " ")
 			fmt.Fprintf(w, "    %-5s %s%s\n", verb, c.URL, strings.TrimSpace(path))
@@ -263,11 +270,4 @@ func (e *Dev) PrintEndpoints(w io.Writer) {
 	fmt.Fprintf(w, "\n  try:\n    curl -s -X POST %s/v1/work -H 'Authorization: Bearer %s' \\\n"+
 		"      -d '{\"contract\":\"moderation\",\"sourceId\":\"forum/post#1\",\"revision\":\"r1\",\"input\":{\"text\":\"buy now, free money\"}}'\n",
 		e.Cells[t.HomeRegion].URL, t.Token)
-}
-
-func envOr(k, d string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return d
 }

@@ -316,7 +316,7 @@ func TestCommitterRedelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev := event.Result{AttemptID: winner, WorkID: r.WorkID, TenantID: "acme", Region: "us",
-		LeaseToken: "00000000-0000-4000-8000-0000000000cc", Outcome: "ok", Final: true, Output: "{}"}
+		LeaseToken: "00000000-0000-4000-8000-0000000000cc", Outcome: "ok", Final: true}
 	if err := b.Cell.Committer.Commit(ctx, ev); err != nil {
 		t.Fatal(err)
 	}

@@ -91,7 +91,7 @@ func TestSweeperRecoversAbandonedClaim(t *testing.T) {
 	ctx := context.Background()
 	// The dead worker: it took the lease and was never heard of again.
 	if _, ok, err := b.Cell.Env.Store.Claim(ctx, r.WorkID, "00000000-0000-4000-8000-000000000001",
-		"00000000-0000-4000-8000-000000000002", 2*time.Second); err != nil || !ok {
+		"00000000-0000-4000-8000-000000000002", 2*time.Second, 0); err != nil || !ok {
 		t.Fatalf("claim: %v %v", ok, err)
 	}
 	if err := b.Cell.Classifier.Start(ctx); err != nil {

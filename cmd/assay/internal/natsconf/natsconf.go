@@ -103,8 +103,13 @@ func grants(n event.Names, service string) grant {
 	inbox := []string{"_INBOX.>"}
 	switch service {
 	case "ingress":
+		work := n.Stream(event.KindWork)
 		return grant{publish: []line{{"The outbox relay and the sweeper publish work and cancels.", n.Subjects(event.KindWork)}},
-			subscribe: inbox}.with(owns(n.Stream(event.KindWork)), "It owns the WORK stream: creates it at start, reads it for /readyz.")
+			subscribe: inbox}.with(owns(work), "It owns the WORK stream: creates it at start, reads it for /readyz.").
+			with([]string{"$JS.API.CONSUMER.INFO." + work + "." + n.WorkConsumer(event.Interactive),
+				"$JS.API.CONSUMER.INFO." + work + "." + n.WorkConsumer(event.Batch),
+				"$JS.API.STREAM.MSG.GET." + work},
+				"The sweeper reads how far each lane's consumer got, to tell a lost announcement from a backlog.")
 	case "classifier":
 		g := grant{publish: []line{
 			{"Attempt outcomes through its outbox; never work.", n.Subjects(event.KindResult)},
