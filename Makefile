@@ -56,6 +56,7 @@ fuzz: ## run each fuzz target for FUZZTIME
 	cd pkg && $(GO) test -run='^$$' -fuzz=FuzzDecode -fuzztime=$(FUZZTIME) ./event
 	cd services/ingress && $(GO) test -run='^$$' -fuzz=FuzzDecodeSubmit -fuzztime=$(FUZZTIME) .
 	cd services/ingress && $(GO) test -run='^$$' -fuzz=FuzzWebhook -fuzztime=$(FUZZTIME) .
+	cd services/classifier && $(GO) test -run='^$$' -fuzz=FuzzAnswerBytes -fuzztime=$(FUZZTIME) .
 
 tidy: ## go mod tidy every module
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) mod tidy); done

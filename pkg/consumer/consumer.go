@@ -177,6 +177,11 @@ func (c *Consumer) Start(ctx context.Context) error {
 
 func (c *Consumer) loop(ctx context.Context) {
 	defer c.unsubscribe()
+	// A broker that lost its store and came back answers a pull for a
+	// durable it no longer has with silence (no responders, missed
+	// heartbeats), not with "deleted": the durable is looked at too.
+	check := time.NewTicker(5 * time.Second)
+	defer check.Stop()
 	for {
 		lost, err := c.subscribe(ctx)
 		if err != nil {
@@ -191,16 +196,33 @@ func (c *Consumer) loop(ctx context.Context) {
 			}
 			continue
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-lost:
-			c.cfg.Log.Warn("consumer: the server lost the durable; creating it again",
-				"consumer", c.cfg.Durable.Durable, "stream", c.cfg.Stream)
-			c.markMissing()
-			c.unsubscribe()
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-check.C:
+				if !c.gone(ctx) {
+					continue
+				}
+			case <-lost:
+			}
+			break wait
 		}
+		c.cfg.Log.Warn("consumer: the server lost the durable; creating it again",
+			"consumer", c.cfg.Durable.Durable, "stream", c.cfg.Stream)
+		c.markMissing()
+		c.unsubscribe()
 	}
+}
+
+// gone reports whether the server says the durable (or its stream) does
+// not exist.
+func (c *Consumer) gone(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := c.cfg.JS.Consumer(ctx, c.cfg.Stream, c.cfg.Durable.Durable)
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
 // subscribe creates (or updates) the durable and starts consuming it.

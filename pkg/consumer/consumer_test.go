@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -260,7 +261,7 @@ func TestTypedSettlesAsDecided(t *testing.T) {
 		select {
 		case n := <-seen:
 			got = append(got, n)
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatalf("handled %v", got)
 		}
 	}
@@ -284,4 +285,71 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.b.Write(p)
+}
+
+// The broker loses its store and comes back empty on the same address: the
+// stream's owner creates the stream again (here the test), and the
+// consumer, which the new server answers with silence rather than
+// "deleted", notices and creates its durable again. Nothing restarts.
+func TestBrokerLostItsStore(t *testing.T) {
+	t.Parallel()
+	first, err := testenv.StartNATS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := first.Addr().(*net.TCPAddr).Port
+	nc, err := nats.Connect(first.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := event.EnsureStream(context.Background(), js, names, event.KindWork, event.StreamSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, 1)
+	var handled atomic.Int64
+	start(t, consumer.Config{JS: js, RetryEvery: 50 * time.Millisecond,
+		Handle: func(ctx context.Context, msg jetstream.Msg) consumer.Disposition {
+			handled.Add(1)
+			return consumer.Done()
+		}})
+	waitAcked(t, js, "test", 1)
+
+	first.Shutdown()
+	first.WaitForShutdown()
+	second, err := testenv.StartNATSOn(t.TempDir(), port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { second.Shutdown(); second.WaitForShutdown() })
+	deadline := time.Now().Add(30 * time.Second)
+	for !nc.IsConnected() {
+		if time.Now().After(deadline) {
+			t.Fatal("the client never reconnected")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The owner creates its stream again (its keeper tries until the new
+	// server's JetStream answers).
+	for {
+		_, err := event.EnsureStream(context.Background(), js, names, event.KindWork, event.StreamSettings{})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for handled.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing consumed after the broker lost its store (handled %d)", handled.Load())
+		}
+		publish(t, js, 1)
+		time.Sleep(200 * time.Millisecond)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/kaptinlin/jsonschema"
 )
@@ -182,4 +183,39 @@ func field(root string, doc any, segs []string) string {
 		}
 	}
 	return b.String()
+}
+
+// TextError says where bytes stop being text a Postgres text column can
+// hold: the first byte that is not valid UTF-8 (an overlong encoding, a
+// surrogate, a stray continuation byte), or a NUL.
+type TextError struct {
+	Offset int
+	NUL    bool
+}
+
+func (e *TextError) Error() string {
+	if e.NUL {
+		return fmt.Sprintf("a NUL byte at byte %d", e.Offset)
+	}
+	return fmt.Sprintf("bytes that are not valid UTF-8 at byte %d", e.Offset)
+}
+
+// CheckText returns a *TextError for the first byte of b that is not
+// storable text, or nil.
+func CheckText(b []byte) error {
+	for i := 0; i < len(b); {
+		if b[i] == 0 {
+			return &TextError{Offset: i, NUL: true}
+		}
+		if b[i] < utf8.RuneSelf {
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return &TextError{Offset: i}
+		}
+		i += n
+	}
+	return nil
 }

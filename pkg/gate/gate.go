@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -34,10 +36,14 @@ const (
 // Failure codes. They are stable: metrics, logs, repair notes and tests key
 // on them.
 const (
-	CodeTooLarge     = "syntax.too_large"
-	CodeInvalidJSON  = "syntax.invalid_json"
-	CodeNotObject    = "syntax.not_object"
-	CodeTrailingData = "syntax.trailing_data"
+	CodeTooLarge = "syntax.too_large"
+	// CodeInvalidEncoding: bytes that are not valid UTF-8, a NUL, or a
+	// string escaping U+0000, none of which Postgres stores as text or
+	// JSON.
+	CodeInvalidEncoding = "syntax.invalid_encoding"
+	CodeInvalidJSON     = "syntax.invalid_json"
+	CodeNotObject       = "syntax.not_object"
+	CodeTrailingData    = "syntax.trailing_data"
 
 	CodeNoContract      = "schema.no_contract"
 	CodeSchemaViolation = "schema.violation"
@@ -165,9 +171,10 @@ func checkSyntax(output []byte) (map[string]any, *Failure) {
 		return nil, fail(StageSyntax, CodeTooLarge, "output is %d bytes, over the %d-byte limit", len(output), MaxOutputBytes)
 	}
 	// encoding/json would silently replace bad bytes with U+FFFD, so the
-	// accepted text would differ from what the model sent.
-	if !utf8.Valid(output) {
-		return nil, fail(StageSyntax, CodeInvalidJSON, "output is not valid UTF-8")
+	// accepted text would differ from what the model sent; and neither a
+	// NUL nor bytes that are not UTF-8 can be stored as text.
+	if err := contract.CheckText(output); err != nil {
+		return nil, fail(StageSyntax, CodeInvalidEncoding, "output has %v", err)
 	}
 	if len(bytes.TrimSpace(output)) == 0 {
 		return nil, fail(StageSyntax, CodeInvalidJSON, "output is empty")
@@ -188,7 +195,37 @@ func checkSyntax(output []byte) (map[string]any, *Failure) {
 	if off := dec.InputOffset(); len(bytes.TrimSpace(output[off:])) > 0 {
 		return nil, fail(StageSyntax, CodeTrailingData, "%d bytes follow the JSON object at offset %d", len(bytes.TrimSpace(output[off:])), off)
 	}
+	if path := nulString(doc, "output"); path != "" {
+		return nil, fail(StageSyntax, CodeInvalidEncoding, "%s escapes U+0000, which a JSON column cannot hold", path)
+	}
 	return doc, nil
+}
+
+// nulString names the first string (key or value) under v that holds
+// U+0000, "" when none does.
+func nulString(v any, at string) string {
+	switch x := v.(type) {
+	case string:
+		if strings.IndexByte(x, 0) >= 0 {
+			return at
+		}
+	case []any:
+		for i, e := range x {
+			if p := nulString(e, fmt.Sprintf("%s[%d]", at, i)); p != "" {
+				return p
+			}
+		}
+	case map[string]any:
+		for _, k := range slices.Sorted(maps.Keys(x)) {
+			if strings.IndexByte(k, 0) >= 0 {
+				return at + " (a key)"
+			}
+			if p := nulString(x[k], at+"."+k); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
 }
 
 func kind(v any) string {

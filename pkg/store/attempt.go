@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -44,8 +46,9 @@ type AttemptRecord struct {
 	AttemptID, WorkID, LeaseToken string
 	// Outcome and Reason are the attempt's.
 	Outcome, Reason string
-	// Raw is the answer as the provider sent it, kept in the cell.
-	Raw string
+	// Raw is the answer as the provider sent it, kept in the cell byte for
+	// byte, whatever its bytes.
+	Raw []byte
 
 	Change                  WorkChange
 	HandoffTTL              time.Duration // Handoff
@@ -70,9 +73,9 @@ func (s *Store) RecordAttempt(ctx context.Context, r AttemptRecord) error {
 		case Handoff:
 			_, err = extendLease(ctx, tx, r.WorkID, r.LeaseToken, r.HandoffTTL)
 		case Requeue:
-			_, err = requeue(ctx, tx, r.WorkID, r.LeaseToken, r.RepairNote, r.RetryAfter)
+			_, err = requeue(ctx, tx, r.WorkID, r.LeaseToken, Text(r.RepairNote), r.RetryAfter)
 		case Finish:
-			_, err = finishLeased(ctx, tx, r.WorkID, r.LeaseToken, r.WorkOutcome, r.WorkReason)
+			_, err = finishLeased(ctx, tx, r.WorkID, r.LeaseToken, r.WorkOutcome, Text(r.WorkReason))
 		}
 		if err != nil {
 			return err
@@ -86,11 +89,14 @@ func (s *Store) RecordAttempt(ctx context.Context, r AttemptRecord) error {
 }
 
 // finishAttempt records how an attempt ended. The raw response stays in the
-// cell for diagnosis.
-func finishAttempt(ctx context.Context, db execer, attemptID, outcome, reason, raw string) error {
+// cell for diagnosis; nil keeps what is there.
+func finishAttempt(ctx context.Context, db execer, attemptID, outcome, reason string, raw []byte) error {
+	if len(raw) == 0 {
+		raw = nil
+	}
 	_, err := db.Exec(ctx, `UPDATE attempts SET outcome = $2, reason = nullif($3, ''),
-			raw_response = coalesce(nullif($4, ''), raw_response), finished_at = coalesce(finished_at, now())
-		WHERE id = $1`, attemptID, outcome, reason, raw)
+			raw_response = coalesce($4, raw_response), finished_at = coalesce(finished_at, now())
+		WHERE id = $1`, attemptID, outcome, Text(reason), raw)
 	if err != nil {
 		return fmt.Errorf("store: finish attempt %s: %w", attemptID, err)
 	}
@@ -118,4 +124,15 @@ func (s *Store) Attempts(ctx context.Context, workID string) ([]Attempt, error) 
 // call changed it.
 func (s *Store) MarkStale(ctx context.Context, attemptID string) (marked bool, err error) {
 	return markLost(ctx, s.pool, attemptID)
+}
+
+// Text makes s storable in a text column: bytes that are not UTF-8 and NUL
+// become U+FFFD. It is for what the cell writes about its work (reasons,
+// notes), never for what it must keep exactly (an input is refused at the
+// edge, a raw answer is kept as bytes).
+func Text(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }

@@ -61,7 +61,7 @@ func (s *Store) RecordLedger(ctx context.Context, r LedgerRow) (rec Recorded, er
 		tag, err := tx.Exec(ctx, `INSERT INTO ledger (attempt_id, tenant_id, work_id, model, outcome,
 				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (attempt_id) DO NOTHING`,
-			r.AttemptID, r.TenantID, r.WorkID, r.Model, r.Outcome, r.UpstreamAttempts, r.InputUnits,
+			r.AttemptID, r.TenantID, r.WorkID, Text(r.Model), r.Outcome, r.UpstreamAttempts, r.InputUnits,
 			r.OutputUnits, r.CostMicros, r.LatencyMS, r.OccurredAt, r.Estimated)
 		if err != nil {
 			return err
@@ -79,7 +79,7 @@ func (s *Store) RecordLedger(ctx context.Context, r LedgerRow) (rec Recorded, er
 				estimated = false, recorded_at = now()
 			FROM (SELECT attempt_id, cost_micros FROM ledger WHERE attempt_id = $1 AND estimated FOR UPDATE) old
 			WHERE l.attempt_id = old.attempt_id RETURNING old.cost_micros`,
-			r.AttemptID, r.Model, r.Outcome, r.UpstreamAttempts, r.InputUnits, r.OutputUnits, r.CostMicros,
+			r.AttemptID, Text(r.Model), r.Outcome, r.UpstreamAttempts, r.InputUnits, r.OutputUnits, r.CostMicros,
 			r.LatencyMS, r.OccurredAt).Scan(&was)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil

@@ -114,7 +114,7 @@ func (s *Store) DrainOutbox(ctx context.Context, limit int, streams []string, po
 				published = append(published, msgs[i].ID)
 				continue
 			}
-			f := FailedMsg{OutboxMsg: msgs[i], Err: r.Err.Error()}
+			f := FailedMsg{OutboxMsg: msgs[i], Err: Text(r.Err.Error())}
 			var aside bool
 			if err := tx.QueryRow(ctx, `UPDATE outbox SET tries = tries + 1, last_error = $2,
 					first_failed_at = coalesce(first_failed_at, now()),

@@ -65,7 +65,7 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 			return fmt.Errorf("result for %s already exists", w.ID)
 		}
 		v = Committed
-		return finishAttempt(ctx, tx, attemptID, outcome.AttemptOK, "", "")
+		return finishAttempt(ctx, tx, attemptID, outcome.AttemptOK, "", nil)
 	})
 	if err != nil {
 		return Lost, fmt.Errorf("store: commit %s: %w", w.ID, err)
@@ -90,7 +90,7 @@ const (
 // means the lease was lost; the attempt is then recorded stale_lease.
 func (s *Store) Reject(ctx context.Context, workID, attemptID, token, reason string) (rejected bool, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		ok, err := finishLeased(ctx, tx, workID, token, outcome.SchemaRejected, reason)
+		ok, err := finishLeased(ctx, tx, workID, token, outcome.SchemaRejected, Text(reason))
 		if err != nil {
 			return err
 		}
@@ -99,7 +99,7 @@ func (s *Store) Reject(ctx context.Context, workID, attemptID, token, reason str
 			return err
 		}
 		rejected = true
-		return finishAttempt(ctx, tx, attemptID, outcome.AttemptInvalidOutput, reason, "")
+		return finishAttempt(ctx, tx, attemptID, outcome.AttemptInvalidOutput, reason, nil)
 	})
 	if err != nil {
 		return false, fmt.Errorf("store: reject %s: %w", workID, err)

@@ -117,3 +117,25 @@ func interval(d time.Duration) int64 { return d.Microseconds() }
 
 // ErrNotFound is returned when a row asked for by key does not exist.
 var ErrNotFound = errors.New("store: not found")
+
+// Permanent reports whether err is the database refusing data for good: a
+// data exception (SQLSTATE class 22: bytes that are not text, a value out
+// of range) or an integrity violation (class 23). Retrying such a write can
+// never succeed; anything else (a lost connection 08, a serialization
+// failure 40, a shutdown 57, too many connections 53) may pass on retry.
+func Permanent(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || len(pe.Code) < 2 {
+		return false
+	}
+	return pe.Code[:2] == "22" || pe.Code[:2] == "23"
+}
+
+// SQLState is err's SQLSTATE, "" when the database did not answer one.
+func SQLState(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}

@@ -287,12 +287,12 @@ func (s *Store) ExpireOverdue(ctx context.Context, grace time.Duration, limit in
 }
 
 // WorkAnswer reads one work row and the raw answer of one of its attempts,
-// in one statement: what the committer gates. The answer is "" when the
+// in one statement: what the committer gates. The answer is nil when the
 // attempt is not the work's or kept none.
-func (s *Store) WorkAnswer(ctx context.Context, workID, attemptID string) (*Work, string, error) {
-	var answer string
+func (s *Store) WorkAnswer(ctx context.Context, workID, attemptID string) (*Work, []byte, error) {
+	var answer []byte
 	w, err := scanWorkWith(s.pool.QueryRow(ctx, `SELECT `+workColumns+`,
-			coalesce((SELECT raw_response FROM attempts a WHERE a.id = $2::uuid AND a.work_id = work.id), '')
+			(SELECT raw_response FROM attempts a WHERE a.id = $2::uuid AND a.work_id = work.id)
 		FROM work WHERE id = $1`, workID, attemptID), &answer)
 	return w, answer, err
 }
@@ -384,7 +384,7 @@ func (s *Store) FinishUnleased(ctx context.Context, workID, state, reason string
 	tag, err := s.pool.Exec(ctx, `UPDATE work SET state = $2, reason = $3, lease_token = NULL,
 			lease_expires_at = NULL, updated_at = now()
 		WHERE id = $1 AND (state = 'queued' OR (state = 'running' AND lease_expires_at < now()))`,
-		workID, state, reason)
+		workID, state, Text(reason))
 	if err != nil {
 		return false, fmt.Errorf("store: finish %s: %w", workID, err)
 	}

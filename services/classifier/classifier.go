@@ -199,7 +199,8 @@ type Service struct {
 	lim     *admission.Limiter
 	lanes   []*consumer.Consumer
 
-	attempts metric.Int64Counter
+	attempts     metric.Int64Counter
+	storeRefused metric.Int64Counter
 
 	mu      sync.Mutex
 	running map[string]context.CancelCauseFunc // work id -> its model call
@@ -233,6 +234,11 @@ func New(cfg Config, d Deps) (*Service, error) {
 	var err error
 	s.attempts, err = d.Tel.Meter().Int64Counter("assay_classifier_attempts",
 		metric.WithDescription("model-call attempts by outcome"))
+	if err != nil {
+		return nil, err
+	}
+	s.storeRefused, err = d.Tel.Meter().Int64Counter("assay_store_refused",
+		metric.WithDescription("records the cell's database refused for good (SQLSTATE class 22 or 23), not retried"))
 	if err != nil {
 		return nil, err
 	}

@@ -156,9 +156,9 @@ func TestClassifierAlone(t *testing.T) {
 		t.Fatalf("result %+v", res)
 	}
 	// The answer stays in the cell with its attempt; the event names it.
-	var raw string
+	var raw []byte
 	if err := b.db.QueryRow(t.Context(), `SELECT raw_response FROM attempts WHERE id = $1`, res.AttemptID).Scan(&raw); err != nil ||
-		!json.Valid([]byte(raw)) {
+		!json.Valid(raw) {
 		t.Fatalf("raw answer %q, %v", raw, err)
 	}
 	if len(results[0].Data) > 2048 {

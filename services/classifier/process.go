@@ -22,6 +22,7 @@ import (
 	"assay.dev/pkg/gate"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/outbox"
+	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
@@ -218,14 +219,23 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 		Number: w.Attempts, LeaseToken: token, Contract: c.Name, SchemaVersion: w.SchemaVersion,
 		TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason,
 		Final: v.final}
-	msgs, err := s.events(ctx, w, res, s.attemptEvent(c, w, attemptID, v.outcome, reply, callErr))
+	att := s.attemptEvent(c, w, attemptID, v.outcome, reply, callErr)
+	msgs, err := s.events(ctx, w, res, att)
 	if err != nil {
 		return consumer.Retry(time.Second)
 	}
-	// Keep the raw answer in the cell whatever happens to it next.
+	// Keep the raw answer in the cell, byte for byte, whatever happens to
+	// it next.
 	err = s.d.Store.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
-		Outcome: v.outcome, Reason: v.reason, Raw: out, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
+		Outcome: v.outcome, Reason: v.reason, Raw: []byte(out), Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
 		RepairNote: v.repairNote, RetryAfter: v.disp.Delay, WorkOutcome: v.workOutcome, WorkReason: v.workReason, Outbox: msgs})
+	if store.Permanent(err) {
+		// The database refused the record for good (a data exception, an
+		// integrity violation): retrying would claim and pay again for
+		// nothing. The attempt is recorded without what was refused and
+		// the work ends with the reason.
+		v, err = s.refused(ctx, w, res, att, token, hasOutput, err)
+	}
 	if err != nil {
 		s.d.Log.Error("recording attempt failed", "key", w.ID, "attempt", attemptID, "err", err)
 		return consumer.Retry(time.Second)
@@ -239,6 +249,31 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	telemetry.Decision(ctx, s.d.Log, w.ID, v.outcome, reason,
 		slog.String("attempt", attemptID), slog.String("next", v.next), slog.Duration("delay", v.disp.Delay))
 	return v.disp
+}
+
+// refused records an attempt whose record the database refused for good:
+// without its raw answer, ending the work — schema_rejected when the model
+// answered (what it answered cannot be kept), retry_exhausted otherwise —
+// with a reason that names the refusal, and the events of that.
+func (s *Service) refused(ctx context.Context, w *store.Work, res event.Result, att event.Attempt, token string,
+	hasOutput bool, cause error) (verdict, error) {
+	code := store.SQLState(cause)
+	s.storeRefused.Add(ctx, 1, metric.WithAttributes(attribute.String("sqlstate_class", code[:min(2, len(code))]),
+		attribute.String("region", s.cfg.Region)))
+	reason := fmt.Sprintf("the cell's database refused the attempt's record for good (SQLSTATE %s); not retried", code)
+	v := verdict{outcome: res.Outcome, reason: reason, change: store.Finish, workOutcome: outcome.RetryExhausted,
+		workReason: reason, final: true, disp: consumer.Done(), next: "ended"}
+	if hasOutput {
+		v.outcome, v.workOutcome = outcome.AttemptInvalidOutput, outcome.SchemaRejected
+	}
+	res.Outcome, res.Reason, res.Final = v.outcome, reason, true
+	att.Outcome = v.outcome
+	msgs, err := s.events(ctx, w, res, att)
+	if err != nil {
+		return v, err
+	}
+	return v, s.d.Store.RecordAttempt(ctx, store.AttemptRecord{AttemptID: res.AttemptID, WorkID: w.ID, LeaseToken: token,
+		Outcome: v.outcome, Reason: reason, Change: store.Finish, WorkOutcome: v.workOutcome, WorkReason: reason, Outbox: msgs})
 }
 
 // seen is what entered this worker with the work.

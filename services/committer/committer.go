@@ -70,6 +70,7 @@ type Service struct {
 	cfg      Config
 	d        Deps
 	verdicts metric.Int64Counter
+	refused  metric.Int64Counter
 	results  *consumer.Consumer
 	reaper   lifecycle.Ticker
 }
@@ -101,6 +102,10 @@ func New(cfg Config, d Deps) (*Service, error) {
 	var err error
 	if s.verdicts, err = d.Tel.Meter().Int64Counter("assay_committer_verdicts",
 		metric.WithDescription("final answers by verdict")); err != nil {
+		return nil, err
+	}
+	if s.refused, err = d.Tel.Meter().Int64Counter("assay_store_refused",
+		metric.WithDescription("records the cell's database refused for good (SQLSTATE class 22 or 23), not retried")); err != nil {
 		return nil, err
 	}
 	s.results, err = consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindResult),
@@ -185,7 +190,7 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	act, reason := screen(ev, s.cfg.Region)
 	var w *store.Work
 	var c *contract.Contract
-	var answer string
+	var answer []byte
 	if act == check {
 		var err error
 		if w, answer, err = s.d.Store.WorkAnswer(ctx, ev.WorkID, ev.AttemptID); errors.Is(err, store.ErrNotFound) {
@@ -215,12 +220,19 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	case reject:
 		return s.reject(ctx, w, ev, reason)
 	}
-	acc, fail := gate.Check(c, []byte(answer), gate.ExpectFor(c, gate.Seen{WorkID: ev.WorkID,
+	acc, fail := gate.Check(c, answer, gate.ExpectFor(c, gate.Seen{WorkID: ev.WorkID,
 		SchemaVersion: ev.SchemaVersion, TaxonomyVersion: ev.TaxonomyVersion, Digest: ev.Digest}, w.Digest, []byte(w.Input)))
 	if fail != nil {
 		return s.reject(ctx, w, ev, fail.Error())
 	}
 	v, err := s.d.Store.Commit(ctx, w, ev.AttemptID, ev.LeaseToken, acc.Output, acc.Findings)
+	if store.Permanent(err) {
+		// Refused for good: a retry would only loop. The answer cannot
+		// become a result; the work ends with the reason.
+		s.refused.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.cfg.Region)))
+		return s.reject(ctx, w, ev, fmt.Sprintf("the cell's database refused the result for good (SQLSTATE %s); not retried",
+			store.SQLState(err)))
+	}
 	if err != nil {
 		return err
 	}

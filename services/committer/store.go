@@ -12,7 +12,7 @@ import (
 // one.
 type Store interface {
 	Ping(ctx context.Context) error
-	WorkAnswer(ctx context.Context, workID, attemptID string) (*store.Work, string, error)
+	WorkAnswer(ctx context.Context, workID, attemptID string) (*store.Work, []byte, error)
 	MarkStale(ctx context.Context, attemptID string) (bool, error)
 	Reject(ctx context.Context, workID, attemptID, token, reason string) (bool, error)
 	UncommittedResults(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error)

@@ -20,6 +20,7 @@ import (
 
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
+	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
@@ -132,6 +133,14 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	got, created, err := s.d.Store.InsertWork(ctx, work, s.announce(ctx))
+	if store.Permanent(err) {
+		// Bad input the checks above let through: a 400, never a
+		// "try again".
+		s.count(ctx, "invalid_input")
+		apierror.Write(w, http.StatusBadRequest, "invalid_input",
+			fmt.Sprintf("the cell cannot store this request (SQLSTATE %s); nothing was stored", store.SQLState(err)))
+		return
+	}
 	if err != nil {
 		s.d.Log.Error("insert work failed", "key", work.ID, "err", err)
 		s.count(ctx, "unavailable")
@@ -207,6 +216,11 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRe
 				fmt.Sprintf("request body is over %d bytes", s.cfg.MaxBodyBytes))
 		}
 		return bad("bad_request", "could not read the request body")
+	}
+	// Checked before anything reads it: Postgres stores text, and
+	// encoding/json would quietly turn bad bytes into U+FFFD.
+	if err := contract.CheckText(body); err != nil {
+		return bad("invalid_input", "request body has "+err.Error()+"; send UTF-8 text without NUL")
 	}
 	if err := DecodeSubmit(body, &req); err != nil {
 		return bad("invalid_json", err.Error())

@@ -26,6 +26,7 @@ import (
 
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
+	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
@@ -241,6 +242,9 @@ func (s *Service) verifyDelivery(ctx context.Context, w http.ResponseWriter, r *
 		s.d.Log.WarnContext(ctx, "webhook signature refused", "delivery", clip(r.Header.Get("X-GitHub-Delivery")))
 		return nil, apierror.New(http.StatusUnauthorized, "invalid_signature", "X-Hub-Signature-256 is missing or does not match the body")
 	}
+	if err := contract.CheckText(body); err != nil {
+		return nil, apierror.New(http.StatusBadRequest, "invalid_payload", "payload has "+err.Error())
+	}
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
 		// GitHub can also send the payload form-encoded; only JSON is read.
 		return nil, apierror.New(http.StatusUnsupportedMediaType, "unsupported_media_type", "set the webhook's content type to application/json")
@@ -379,6 +383,11 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 	}
 	if strings.TrimSpace(diffText) == "" {
 		return nil, "pull request has no changes", nil
+	}
+	if err := contract.CheckText([]byte(diffText)); err != nil {
+		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", "diff is not text: "+err.Error(), source)
+		return nil, "", apierror.New(http.StatusBadRequest, "invalid_payload",
+			"the pull request's diff has "+err.Error()+"; it cannot be stored or reviewed as text")
 	}
 	c, ok := s.d.Contracts.Get(WebhookContract)
 	if !ok {

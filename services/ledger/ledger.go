@@ -73,6 +73,7 @@ type Service struct {
 	cfg      Config
 	d        Deps
 	recorded metric.Int64Counter
+	refused  metric.Int64Counter
 	attempts *consumer.Consumer
 	reaper   lifecycle.Ticker
 }
@@ -110,6 +111,10 @@ func New(cfg Config, d Deps) (*Service, error) {
 	var err error
 	if s.recorded, err = d.Tel.Meter().Int64Counter("assay_ledger_attempts",
 		metric.WithDescription("attempts appended to the ledger by outcome")); err != nil {
+		return nil, err
+	}
+	if s.refused, err = d.Tel.Meter().Int64Counter("assay_store_refused",
+		metric.WithDescription("records the cell's database refused for good (SQLSTATE class 22 or 23), not retried")); err != nil {
 		return nil, err
 	}
 	s.attempts, err = consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindAttempt),
@@ -154,11 +159,24 @@ func (s *Service) Ready(ctx context.Context) error {
 }
 
 func (s *Service) handle(ctx context.Context, ev event.Attempt, _ consumer.Delivery) consumer.Disposition {
-	if err := s.Append(ctx, ev); err != nil {
+	err := s.Append(ctx, ev)
+	switch {
+	case store.Permanent(err):
+		s.refuse(ctx, ev, err)
+	case err != nil:
 		s.d.Log.Warn("ledger append failed; will retry", "key", ev.AttemptID, "err", err)
 		return consumer.Retry(time.Second)
 	}
 	return consumer.Done()
+}
+
+// refuse logs and counts an attempt the database refused for good; it is
+// not retried, which could never succeed.
+func (s *Service) refuse(ctx context.Context, ev event.Attempt, err error) {
+	s.refused.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.cfg.Region)))
+	telemetry.Decision(ctx, s.d.Log, ev.AttemptID, "refused",
+		fmt.Sprintf("the cell's database refused the ledger row for good (SQLSTATE %s); not retried", store.SQLState(err)),
+		slog.String("tenant", ev.TenantID), slog.String("work", ev.WorkID))
 }
 
 // Append records one attempt; a redelivery changes nothing.

@@ -43,7 +43,10 @@ func (s *Service) Reap(ctx context.Context) (Reaped, error) {
 		}
 		telemetry.Decision(ctx, s.d.Log, ev.AttemptID, "reaped", "ATTEMPT event published but never recorded; read back from the outbox",
 			slog.String("tenant", ev.TenantID), slog.String("work", ev.WorkID))
-		if err := s.Append(ctx, ev); err != nil {
+		if err := s.Append(ctx, ev); store.Permanent(err) {
+			s.refuse(ctx, ev, err)
+			continue
+		} else if err != nil {
 			return n, err
 		}
 		n.Events++

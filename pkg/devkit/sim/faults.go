@@ -22,6 +22,9 @@ const (
 	FaultUngroundedFile     = "ungrounded_file"      // code-review finding on a file not in the diff
 	FaultLineOutsideHunk    = "line_outside_hunk"    // code-review finding on a real file, line outside every hunk
 	FaultEvidenceNotInDiff  = "evidence_not_in_diff" // code-review finding whose evidence is not diff text
+	// FaultBadBytes answers 200 with a body that is not JSON and holds
+	// bytes that are not UTF-8 and a NUL.
+	FaultBadBytes = "bad_bytes"
 	// FaultHuge answers with content of Size bytes (default 5 MiB), a valid
 	// answer padded with a long summary, ignoring max_tokens as a
 	// misbehaving provider would.
@@ -40,7 +43,7 @@ var FaultKinds = []string{
 	FaultRateLimit, FaultLatency, FaultHang, FaultTruncated, FaultInvalidJSON,
 	FaultServerError, FaultReject, FaultExtraProperty, FaultBadEnum,
 	FaultWrongChangeID, FaultWrongSchemaVersion, FaultUngroundedFile,
-	FaultLineOutsideHunk, FaultEvidenceNotInDiff, FaultObeyInjection, FaultHuge,
+	FaultLineOutsideHunk, FaultEvidenceNotInDiff, FaultObeyInjection, FaultHuge, FaultBadBytes,
 }
 
 // Fault bends matching calls. The first matching fault with Times left

@@ -410,6 +410,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		if !s.sleep(ctx, f.Latency) {
 			return
 		}
+	case FaultBadBytes:
+		s.release(a.id)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("\xff\xfe<html>upstream \x00 error\xc0\xaf</html>"))
+		return
 	}
 
 	content := c.answer(kind)

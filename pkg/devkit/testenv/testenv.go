@@ -192,10 +192,14 @@ func NATS(tb testing.TB) string {
 
 // StartNATS starts an embedded NATS server with JetStream storing under dir,
 // listening on a free port on 127.0.0.1.
-func StartNATS(dir string) (*server.Server, error) {
+func StartNATS(dir string) (*server.Server, error) { return StartNATSOn(dir, -1) }
+
+// StartNATSOn is StartNATS on the given port (-1: a free one), for a test
+// that restarts a server where its clients reconnect.
+func StartNATSOn(dir string, port int) (*server.Server, error) {
 	s, err := server.NewServer(&server.Options{
 		Host:      "127.0.0.1",
-		Port:      -1,
+		Port:      port,
 		JetStream: true,
 		StoreDir:  dir,
 		NoSigs:    true,

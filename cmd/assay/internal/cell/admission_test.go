@@ -167,7 +167,7 @@ func TestDeadlineExpiresAndLateResultIsNotRevived(t *testing.T) {
 	})
 	out := `{"changeId":"` + w.ID + `","schemaVersion":"` + w.SchemaVersion + `","findings":[]}`
 	if err := st.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attempt, WorkID: w.ID, LeaseToken: token,
-		Outcome: "ok", Raw: out}); err != nil {
+		Outcome: "ok", Raw: []byte(out)}); err != nil {
 		t.Fatal(err)
 	}
 	ev := event.Result{AttemptID: attempt, WorkID: w.ID, TenantID: "acme", Region: "us", Number: 1, LeaseToken: token,
