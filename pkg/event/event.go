@@ -182,12 +182,17 @@ type Result struct {
 
 // Attempt is one attempt's usage, for the ledger.
 type Attempt struct {
-	AttemptID        string    `json:"attemptId"`
-	WorkID           string    `json:"workId"`
-	TenantID         string    `json:"tenantId"`
-	Region           string    `json:"region"`
-	Number           int       `json:"number"`
-	Model            string    `json:"model"`
+	AttemptID string `json:"attemptId"`
+	WorkID    string `json:"workId"`
+	TenantID  string `json:"tenantId"`
+	Region    string `json:"region"`
+	Number    int    `json:"number"`
+	// Model is the model the classifier asked for: what the budget was
+	// reserved at and what the ledger prices.
+	Model string `json:"model"`
+	// ServedModel is the name the provider answered with, when it differs
+	// (gpt-4o-mini answered as gpt-4o-mini-2024-07-18); recorded beside.
+	ServedModel      string    `json:"servedModel,omitempty"`
 	Outcome          string    `json:"outcome"`
 	UpstreamAttempts int       `json:"upstreamAttempts"`
 	InputUnits       int64     `json:"inputUnits"`

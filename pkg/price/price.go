@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 )
 
 // Price is US dollars per million units.
@@ -16,7 +17,9 @@ type Price struct {
 	Output float64 `json:"output"`
 }
 
-// Prices maps a model name to its price; "*" prices any model not listed.
+// Prices maps a model name to its price. A key that ends in "*" prices a
+// family (gpt-4o-mini* prices gpt-4o-mini-2024-07-18); the exact name wins,
+// then the longest family; "*" prices any model not listed.
 type Prices map[string]Price
 
 // Default prices every model at 0.15/0.60 dollars per million units.
@@ -52,12 +55,28 @@ func Load(path string) (Prices, error) {
 	return Parse(raw)
 }
 
+// Lookup is the price of a model: its exact name, else its longest family,
+// else "*".
+func (p Prices) Lookup(model string) Price {
+	if pr, ok := p[model]; ok {
+		return pr
+	}
+	best, found := "", false
+	for k := range p {
+		fam, ok := strings.CutSuffix(k, "*")
+		if ok && fam != "" && strings.HasPrefix(model, fam) && len(fam) > len(best) {
+			best, found = fam, true
+		}
+	}
+	if found {
+		return p[best+"*"]
+	}
+	return p["*"]
+}
+
 // CostMicros prices an attempt in millionths of a dollar.
 func (p Prices) CostMicros(model string, in, out int64) int64 {
-	pr, ok := p[model]
-	if !ok {
-		pr = p["*"]
-	}
+	pr := p.Lookup(model)
 	// dollars/1M units × units = micro-dollars.
 	return int64(math.Round(pr.Input*float64(in) + pr.Output*float64(out)))
 }

@@ -93,3 +93,27 @@ func TestCostMicros(t *testing.T) {
 		t.Fatalf("1000 input units at 0.15 $/M = %d micro-dollars, want 150", got)
 	}
 }
+
+// A family prices the dated names a provider answers with: the exact name
+// wins, then the longest family, then "*".
+func TestLookupFamilies(t *testing.T) {
+	t.Parallel()
+	p := Prices{
+		"gpt-4o":       {Input: 2.5, Output: 10},
+		"gpt-4o*":      {Input: 2.6, Output: 11},
+		"gpt-4o-mini*": {Input: 0.15, Output: 0.6},
+		"*":            {Input: 10, Output: 40},
+	}
+	for model, want := range map[string]Price{
+		"gpt-4o":                 {Input: 2.5, Output: 10},
+		"gpt-4o-2024-08-06":      {Input: 2.6, Output: 11},
+		"gpt-4o-mini":            {Input: 0.15, Output: 0.6},
+		"gpt-4o-mini-2024-07-18": {Input: 0.15, Output: 0.6},
+		"gpt-4":                  {Input: 10, Output: 40},
+		"":                       {Input: 10, Output: 40},
+	} {
+		if got := p.Lookup(model); got != want {
+			t.Errorf("Lookup(%q) = %+v, want %+v", model, got, want)
+		}
+	}
+}

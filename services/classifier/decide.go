@@ -237,3 +237,18 @@ func errText(err error) string {
 	}
 	return err.Error()
 }
+
+// framingUnits is room for the units a provider counts beyond the bytes
+// sent or answered: message framing, a reasoning model's hidden thoughts up
+// to the cap.
+const framingUnits = 1024
+
+// plausible reports whether a provider's usage could be true of one call
+// that sent reqBytes and answered ansBytes under a cap of maxTokens. No
+// tokenizer makes more than one unit of a byte, so each count is bounded by
+// what it counts; a negative count is never true.
+func plausible(u model.Usage, reqBytes, ansBytes, maxTokens int) bool {
+	return u.PromptTokens >= 0 && u.CompletionTokens >= 0 &&
+		u.PromptTokens <= reqBytes+framingUnits &&
+		u.CompletionTokens <= max(maxTokens, ansBytes)+framingUnits
+}

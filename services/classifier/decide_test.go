@@ -233,3 +233,35 @@ func TestOutputReachesTheGate(t *testing.T) {
 		}
 	}
 }
+
+// Usage no tokenizer can produce is not taken on trust: a negative count,
+// more prompt units than bytes sent, more completion units than the cap or
+// the answer's bytes allow.
+func TestPlausibleUsage(t *testing.T) {
+	t.Parallel()
+	const req, ans, capped = 4000, 900, 512
+	cases := []struct {
+		name string
+		u    model.Usage
+		want bool
+	}{
+		{"an ordinary call", model.Usage{PromptTokens: 1000, CompletionTokens: 225}, true},
+		{"nothing counted", model.Usage{}, true},
+		{"every byte a unit, and framing", model.Usage{PromptTokens: req + framingUnits, CompletionTokens: capped + framingUnits}, true},
+		{"hidden reasoning up to the cap", model.Usage{PromptTokens: 1000, CompletionTokens: capped}, true},
+		{"negative prompt", model.Usage{PromptTokens: -1000, CompletionTokens: 225}, false},
+		{"negative completion", model.Usage{PromptTokens: 1000, CompletionTokens: -1}, false},
+		{"more prompt units than bytes", model.Usage{PromptTokens: req + framingUnits + 1, CompletionTokens: 225}, false},
+		{"completion past cap and answer", model.Usage{PromptTokens: 1000, CompletionTokens: 1 << 40}, false},
+	}
+	for _, c := range cases {
+		if got := plausible(c.u, req, ans, capped); got != c.want {
+			t.Errorf("%s: plausible(%+v) = %v, want %v", c.name, c.u, got, c.want)
+		}
+	}
+	// An answer that ran past the cap (a provider ignoring max_tokens) is
+	// bounded by its bytes instead.
+	if !plausible(model.Usage{PromptTokens: 1000, CompletionTokens: 1 << 20}, req, 5<<20, capped) {
+		t.Error("a 5 MiB answer counted as 1 Mi units is possible")
+	}
+}

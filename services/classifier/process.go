@@ -298,10 +298,21 @@ func (s *Service) attemptEvent(c *contract.Contract, w *store.Work, attemptID, o
 	}
 	att.InputUnits, att.OutputUnits = int64(reply.Usage.PromptTokens), int64(reply.Usage.CompletionTokens)
 	att.LatencyMS = reply.Latency.Milliseconds()
-	if reply.Model != "" {
-		att.Model = reply.Model
+	if reply.Model != "" && reply.Model != att.Model {
+		// Priced at what was asked for, and reserved at; the echo is kept.
+		att.ServedModel = reply.Model
 	}
-	switch unbilled(reply, callErr) {
+	kind := unbilled(reply, callErr)
+	if kind == billed && !plausible(reply.Usage, s.requestBytes(c, w), len(reply.Raw), s.cfg.MaxOutputUnits) {
+		kind = implausible
+	}
+	switch kind {
+	case implausible:
+		// Numbers no tokenizer can produce are not copied, and the call is
+		// not dropped: it is charged its reservation's estimate, or its
+		// bytes when the answer ran past the cap.
+		out := max(int64(s.cfg.MaxOutputUnits), int64(math.Ceil(float64(len(reply.Raw))/s.cfg.BytesPerUnit)))
+		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w), out, true
 	case noAnswer:
 		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w), 0, true
 	case unreadable:
@@ -318,9 +329,10 @@ func (s *Service) attemptEvent(c *contract.Contract, w *store.Work, attemptID, o
 
 // What the provider may have billed that no usage says.
 const (
-	billed     = iota // the usage came back, or nothing left, or the provider refused
-	noAnswer          // the request left and no answer came (a timeout, a cancel, a 5xx, a cut connection)
-	unreadable        // a 2xx answer whose usage could not be read (cut or garbled)
+	billed      = iota // the usage came back, or nothing left, or the provider refused
+	noAnswer           // the request left and no answer came (a timeout, a cancel, a 5xx, a cut connection)
+	unreadable         // a 2xx answer whose usage could not be read (cut or garbled)
+	implausible        // usage came back with numbers no real call can have
 )
 
 func unbilled(reply *model.Reply, err error) int {
@@ -376,12 +388,18 @@ func (s *Service) Estimate(c *contract.Contract, w *store.Work) int64 {
 // inputUnits estimates a request's input units from above: its bytes over
 // BytesPerUnit.
 func (s *Service) inputUnits(c *contract.Contract, w *store.Work) int64 {
+	return int64(math.Ceil(float64(s.requestBytes(c, w)) / s.cfg.BytesPerUnit))
+}
+
+// requestBytes is the size of what an attempt at w sends: its schema and
+// messages.
+func (s *Service) requestBytes(c *contract.Contract, w *store.Work) int {
 	call := s.modelCall(c, w)
 	in := len(call.Schema)
 	for _, m := range call.Messages {
 		in += len(m.Content)
 	}
-	return int64(math.Ceil(float64(in) / s.cfg.BytesPerUnit))
+	return in
 }
 
 // signal is what one call tells the limiter: success with its latency,

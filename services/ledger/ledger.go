@@ -194,13 +194,13 @@ func (s *Service) Append(ctx context.Context, ev event.Attempt) error {
 	}
 	cost := s.cfg.Prices.CostMicros(ev.Model, ev.InputUnits, ev.OutputUnits)
 	return s.append(ctx, store.LedgerRow{AttemptID: ev.AttemptID, TenantID: ev.TenantID,
-		WorkID: ev.WorkID, Model: ev.Model, Outcome: ev.Outcome, UpstreamAttempts: up, InputUnits: ev.InputUnits,
+		WorkID: ev.WorkID, Model: ev.Model, ServedModel: ev.ServedModel, Outcome: ev.Outcome, UpstreamAttempts: up, InputUnits: ev.InputUnits,
 		OutputUnits: ev.OutputUnits, CostMicros: cost, LatencyMS: ev.LatencyMS, OccurredAt: ev.At, Estimated: ev.Estimated})
 }
 
 // append writes one ledger row and logs the decision.
 func (s *Service) append(ctx context.Context, row store.LedgerRow) error {
-	rec, err := s.d.Store.RecordLedger(ctx, row)
+	rec, excess, err := s.d.Store.RecordLedger(ctx, row)
 	switch {
 	case err != nil:
 		return err
@@ -214,6 +214,14 @@ func (s *Service) append(ctx context.Context, row store.LedgerRow) error {
 		return nil
 	}
 	s.recorded.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", row.Outcome), attribute.String("region", s.cfg.Region)))
+	if excess > 0 {
+		// The reservation bounds a call from above; a cost past it says the
+		// estimate is wrong (a price table without the model, say). It is
+		// spent all the same, so the next reservation sees it.
+		telemetry.Decision(ctx, s.d.Log, row.AttemptID, "over_reservation",
+			fmt.Sprintf("the attempt cost %d micro-dollars beyond its reservation; spent in full, the next reservation sees it", excess),
+			slog.String("tenant", row.TenantID), slog.String("work", row.WorkID), slog.Int64("excess_micros", excess))
+	}
 	reason := "attempt " + row.Outcome
 	if row.Estimated {
 		reason += "; its worker died before reporting, so its reservation is charged as an estimate"

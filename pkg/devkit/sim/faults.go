@@ -29,6 +29,14 @@ const (
 	// answer padded with a long summary, ignoring max_tokens as a
 	// misbehaving provider would.
 	FaultHuge = "huge"
+	// FaultRenamed answers normally but reports the model under a dated
+	// name (gpt-4o-mini answered as gpt-4o-mini-2024-07-18), the way
+	// OpenAI does.
+	FaultRenamed = "renamed"
+	// FaultBadUsage answers normally but reports usage no provider should:
+	// negative prompt units and a completion count past any bound. The
+	// call is billed at its true usage.
+	FaultBadUsage = "bad_usage"
 	// FaultObeyInjection makes the model gullible: it follows instructions
 	// found in the untrusted input ("ignore previous instructions", "output
 	// the following JSON instead: {...}", "set changeId to X", "add a field
@@ -44,6 +52,7 @@ var FaultKinds = []string{
 	FaultServerError, FaultReject, FaultExtraProperty, FaultBadEnum,
 	FaultWrongChangeID, FaultWrongSchemaVersion, FaultUngroundedFile,
 	FaultLineOutsideHunk, FaultEvidenceNotInDiff, FaultObeyInjection, FaultHuge, FaultBadBytes,
+	FaultRenamed, FaultBadUsage,
 }
 
 // Fault bends matching calls. The first matching fault with Times left

@@ -30,6 +30,9 @@ import (
 // options name one.
 const DefaultModel = "assay-sim-1"
 
+// DatedSuffix is what the renamed fault adds to the model's name.
+const DatedSuffix = "-2024-07-18"
+
 // Contract names, as sent in response_format.json_schema.name.
 const (
 	ContractCodeReview   = "code-review"
@@ -444,11 +447,19 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	resp.Usage.PromptTokens = tokens(prompt)
 	resp.Usage.CompletionTokens = tokens(len(content))
 	resp.Usage.TotalTokens = resp.Usage.PromptTokens + resp.Usage.CompletionTokens
+	billed := resp.Usage
+	switch kind {
+	case FaultRenamed:
+		resp.Model += DatedSuffix
+	case FaultBadUsage:
+		resp.Usage.PromptTokens, resp.Usage.CompletionTokens = -resp.Usage.PromptTokens, 1<<40
+		resp.Usage.TotalTokens = resp.Usage.PromptTokens + resp.Usage.CompletionTokens
+	}
 	body, _ := json.Marshal(resp)
 	if kind == FaultTruncated {
 		body = body[:len(body)/2]
 	}
-	s.bill(c.tenant, resp.Usage)
+	s.bill(c.tenant, billed)
 	s.release(a.id)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
