@@ -9,11 +9,13 @@ import (
 	"math"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
+	"assay.dev/services/ingress"
 )
 
 const tenantUsage = `usage: assay tenant <command> [args] [--region R --database-url URL]
@@ -27,8 +29,14 @@ const tenantUsage = `usage: assay tenant <command> [args] [--region R --database
   set-rate ID --per-minute N --burst N
                               admission rate per lane: over it API calls get 429,
                               webhook work is dropped with a re-run command
-  link ID github_installation|github_repository KEY
-                              map a GitHub App installation id or owner/repo to ID
+  link ID github_installation INSTALLATION_ID --repositories owner/*,owner/repo
+                              map a GitHub App installation to ID, for the
+                              repositories it covers (deliveries naming any
+                              other are refused, 403, with nothing fetched)
+  link ID github_repository owner/repo
+                              map a repository's webhook to ID
+  webhook-secret ID           give ID a new secret for its repository hooks
+                              (replacing the old one); printed once
 
 Tenants are per cell: run each command against every cell, so that a cell
 can name the right region for a tenant homed elsewhere.
@@ -49,6 +57,7 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	period := fs.String("period", "month", "budget period: month or day")
 	perMinute := fs.Int("per-minute", 0, "admitted requests per minute, per lane")
 	burst := fs.Int("burst", 0, "requests admitted at once above the rate")
+	repos := fs.String("repositories", "", "the repositories an installation covers: owner/* or owner/repo, comma-separated")
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
 	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
 	var pos []string
@@ -68,7 +77,7 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if *period != "month" && *period != "day" {
 		return configError{fmt.Errorf("--period: %q is not month or day", *period)}
 	}
-	want := map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1, "set-rate": 1, "link": 3}
+	want := map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1, "set-rate": 1, "link": 3, "webhook-secret": 1}
 	n, known := want[verb]
 	if !known {
 		return configError{fmt.Errorf("unknown tenant command %q\n%s", verb, tenantUsage)}
@@ -153,15 +162,58 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "tenant %s admits %d per minute per lane, burst %d\n", pos[0], *perMinute, *burst)
 	case "link":
-		if pos[1] != "github_installation" && pos[1] != "github_repository" {
-			return configError{fmt.Errorf("link kind %q is not github_installation or github_repository", pos[1])}
+		l, err := linkOf(pos, *repos)
+		if err != nil {
+			return configError{err}
 		}
-		if err := st.LinkSource(ctx, pos[1], pos[2], pos[0]); err != nil {
+		if err := st.LinkSource(ctx, l); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "%s %s now belongs to tenant %s\n", pos[1], pos[2], pos[0])
+		if len(l.Repositories) > 0 {
+			fmt.Fprintf(stdout, "it covers %s\n", strings.Join(l.Repositories, ", "))
+		}
+	case "webhook-secret":
+		secret := store.NewWebhookSecret()
+		if err := st.SetWebhookSecret(ctx, pos[0], secret); err != nil {
+			return notFound(err)
+		}
+		fmt.Fprintf(stdout, "tenant %s webhook secret (shown once; set it on each repository hook linked to %s): %s\n", pos[0], pos[0], secret)
 	}
 	return nil
+}
+
+// linkOf is the link `tenant link ID KIND KEY` asks for, checked.
+func linkOf(pos []string, repos string) (store.Link, error) {
+	l := store.Link{Tenant: pos[0], Kind: pos[1], Key: pos[2]}
+	switch l.Kind {
+	case store.SourceGitHubInstallation:
+		if id, err := strconv.ParseInt(l.Key, 10, 64); err != nil || id <= 0 || strconv.FormatInt(id, 10) != l.Key {
+			return l, fmt.Errorf("installation id %q is not a positive decimal number", l.Key)
+		}
+		for _, p := range strings.Split(repos, ",") {
+			if p = strings.TrimSpace(p); p == "" {
+				continue
+			}
+			if !ingress.RepositoryPatternOK(p) {
+				return l, fmt.Errorf("--repositories: %q is not owner/* or owner/repo", p)
+			}
+			l.Repositories = append(l.Repositories, p)
+		}
+		if len(l.Repositories) == 0 {
+			return l, errors.New("an installation link needs --repositories owner/*,owner/repo: the repositories the installation may speak for")
+		}
+	case store.SourceGitHubRepository:
+		if !ingress.RepositoryPatternOK(l.Key) || strings.HasSuffix(l.Key, "/*") {
+			return l, fmt.Errorf("repository %q is not owner/repo", l.Key)
+		}
+		if repos != "" {
+			return l, errors.New("--repositories is for an installation link; a repository link names one repository")
+		}
+	default:
+		return l, fmt.Errorf("link kind %q is not github_installation or github_repository", l.Kind)
+	}
+	return l, nil
 }
 
 func setBudget(ctx context.Context, st *store.Store, id string, usd float64, unlimited bool, period string) error {

@@ -89,7 +89,23 @@ func TestTenantCommands(t *testing.T) {
 		t.Errorf("set-rate did not take")
 	}
 
+	tenant("link", "initech", "github_installation", "4242", "--repositories", "initech/*, tools/ci")
+	if n := b.Count(t, `SELECT count(*) FROM tenant_sources WHERE key = '4242' AND tenant_id = 'initech'
+		AND repositories = '{initech/*,tools/ci}'`); n != 1 {
+		t.Errorf("link did not record the installation with its repositories")
+	}
+	secretRE := regexp.MustCompile(`webhook secret \(shown once; [^)]*\): (whs_\S+)`)
+	sec := secretRE.FindStringSubmatch(tenant("webhook-secret", "initech"))
+	if sec == nil || b.Count(t, `SELECT count(*) FROM tenant_webhook_secrets WHERE tenant_id = 'initech' AND secret = $1`, sec[1]) != 1 {
+		t.Errorf("webhook-secret printed no secret, or not the one stored")
+	}
+
 	for _, bad := range [][]string{
+		{"link", "initech", "github_installation", "4242"},
+		{"link", "initech", "github_installation", "-1", "--repositories", "initech/*"},
+		{"link", "initech", "github_installation", "4242", "--repositories", "*/*"},
+		{"link", "initech", "github_repository", "initech/*"},
+		{"link", "initech", "github_repository", "initech/app", "--repositories", "initech/*"},
 		{"add", "Bad.Id", "--home-region", "us"},
 		{"add", "x", "--home-region", "mars"},
 		{"suspend"},

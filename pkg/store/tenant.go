@@ -49,6 +49,14 @@ func NewToken() string {
 	return "asy_" + base64.RawURLEncoding.EncodeToString(b)
 }
 
+// NewWebhookSecret returns a fresh secret for a tenant's repository
+// hooks: 32 random bytes, URL-safe.
+func NewWebhookSecret() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return "whs_" + base64.RawURLEncoding.EncodeToString(b)
+}
+
 // SeedTenants creates the tenants and their tokens, leaving existing ones
 // as they are.
 func (s *Store) SeedTenants(ctx context.Context, seeds []TenantSeed) error {

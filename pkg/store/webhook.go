@@ -33,15 +33,109 @@ type Delivery struct {
 	ReceivedAt time.Time
 }
 
+// Link maps a webhook source to a tenant. An installation link names the
+// repositories the installation covers ("owner/*" or "owner/repo", at least
+// one); a repository link names none.
+type Link struct {
+	Kind, Key, Tenant string
+	Repositories      []string
+}
+
 // LinkSource maps a webhook source to a tenant, replacing any earlier
 // mapping of the same source.
-func (s *Store) LinkSource(ctx context.Context, kind, key, tenant string) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO tenant_sources (kind, key, tenant_id) VALUES ($1, $2, $3)
-		ON CONFLICT (kind, key) DO UPDATE SET tenant_id = excluded.tenant_id`, kind, key, tenant)
+func (s *Store) LinkSource(ctx context.Context, l Link) error {
+	switch {
+	case l.Kind == SourceGitHubInstallation && len(l.Repositories) == 0:
+		return fmt.Errorf("store: link installation %q: name the repositories it covers", l.Key)
+	case l.Kind != SourceGitHubInstallation && len(l.Repositories) != 0:
+		return fmt.Errorf("store: link %s %q: only an installation covers repositories", l.Kind, l.Key)
+	}
+	repos := l.Repositories
+	if repos == nil {
+		repos = []string{}
+	}
+	_, err := s.pool.Exec(ctx, `INSERT INTO tenant_sources (kind, key, tenant_id, repositories) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (kind, key) DO UPDATE SET tenant_id = excluded.tenant_id, repositories = excluded.repositories`,
+		l.Kind, l.Key, l.Tenant, repos)
 	if err != nil {
-		return fmt.Errorf("store: link %s %q: %w", kind, key, err)
+		return fmt.Errorf("store: link %s %q: %w", l.Kind, l.Key, err)
 	}
 	return nil
+}
+
+// SourceLink is one linked source and the tenant it belongs to.
+type SourceLink struct {
+	Tenant       Tenant
+	Repositories []string // an installation's
+}
+
+// WebhookLinks are the links a delivery's installation and repository have;
+// nil where there is none.
+type WebhookLinks struct {
+	Installation *SourceLink
+	Repository   *SourceLink
+}
+
+// WebhookLinks reads the links of an installation (skipped when "") and a
+// repository.
+func (s *Store) WebhookLinks(ctx context.Context, installation, repository string) (WebhookLinks, error) {
+	rows, err := s.pool.Query(ctx, `SELECT src.kind, src.repositories, t.id, t.home_region, t.status, t.rate_per_minute, t.burst
+		FROM tenant_sources src JOIN tenants t ON t.id = src.tenant_id
+		WHERE (src.kind = $1 AND src.key = $2) OR (src.kind = $3 AND src.key = $4)`,
+		SourceGitHubInstallation, installation, SourceGitHubRepository, repository)
+	if err != nil {
+		return WebhookLinks{}, fmt.Errorf("store: links of %q, %q: %w", installation, repository, err)
+	}
+	var l WebhookLinks
+	for rows.Next() {
+		var kind string
+		var src SourceLink
+		t := &src.Tenant
+		if err := rows.Scan(&kind, &src.Repositories, &t.ID, &t.HomeRegion, &t.Status, &t.RatePerMinute, &t.Burst); err != nil {
+			rows.Close()
+			return WebhookLinks{}, fmt.Errorf("store: links of %q, %q: %w", installation, repository, err)
+		}
+		if kind == SourceGitHubInstallation {
+			l.Installation = &src
+		} else {
+			l.Repository = &src
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return WebhookLinks{}, fmt.Errorf("store: links of %q, %q: %w", installation, repository, err)
+	}
+	return l, nil
+}
+
+// SetWebhookSecret gives a tenant a new webhook secret for its repository
+// hooks, replacing the one it had.
+func (s *Store) SetWebhookSecret(ctx context.Context, tenant, secret string) error {
+	tag, err := s.pool.Exec(ctx, `INSERT INTO tenant_webhook_secrets (tenant_id, secret)
+		SELECT id, $2 FROM tenants WHERE id = $1
+		ON CONFLICT (tenant_id) DO UPDATE SET secret = excluded.secret, created_at = now()`, tenant, secret)
+	if err != nil {
+		return fmt.Errorf("store: webhook secret of %q: %w", tenant, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// RepositorySecret is the webhook secret of the tenant a repository is
+// linked to; ErrNotFound when the repository is not linked or its tenant
+// has no secret.
+func (s *Store) RepositorySecret(ctx context.Context, repository string) (tenant, secret string, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT src.tenant_id, sec.secret FROM tenant_sources src
+		JOIN tenant_webhook_secrets sec ON sec.tenant_id = src.tenant_id
+		WHERE src.kind = $1 AND src.key = $2`, SourceGitHubRepository, repository).Scan(&tenant, &secret)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", "", ErrNotFound
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("store: secret of repository %q: %w", repository, err)
+	}
+	return tenant, secret, nil
 }
 
 // TenantBySource resolves a webhook source to its tenant; ErrNotFound when

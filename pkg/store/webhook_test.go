@@ -14,10 +14,10 @@ func TestLinkSourceAndTenantBySource(t *testing.T) {
 	if _, err := s.TenantBySource(ctx, store.SourceGitHubInstallation, "42"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("unlinked installation: err = %v, want ErrNotFound", err)
 	}
-	if err := s.LinkSource(ctx, store.SourceGitHubInstallation, "42", "acme"); err != nil {
+	if err := s.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: "42", Tenant: "acme", Repositories: []string{"octo/*"}}); err != nil {
 		t.Fatalf("link: %v", err)
 	}
-	if err := s.LinkSource(ctx, store.SourceGitHubRepository, "octo/shop", "other"); err != nil {
+	if err := s.LinkSource(ctx, store.Link{Kind: store.SourceGitHubRepository, Key: "octo/shop", Tenant: "other"}); err != nil {
 		t.Fatalf("link repository: %v", err)
 	}
 	got, err := s.TenantBySource(ctx, store.SourceGitHubInstallation, "42")
@@ -34,7 +34,7 @@ func TestLinkSourceAndTenantBySource(t *testing.T) {
 	}
 
 	// Relinking moves the source.
-	if err := s.LinkSource(ctx, store.SourceGitHubInstallation, "42", "other"); err != nil {
+	if err := s.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: "42", Tenant: "other", Repositories: []string{"octo/*"}}); err != nil {
 		t.Fatalf("relink: %v", err)
 	}
 	if got, err := s.TenantBySource(ctx, store.SourceGitHubInstallation, "42"); err != nil || got.ID != "other" {
@@ -44,10 +44,10 @@ func TestLinkSourceAndTenantBySource(t *testing.T) {
 		t.Fatalf("%d tenant_sources rows, want 2", n)
 	}
 
-	if err := s.LinkSource(ctx, store.SourceGitHubInstallation, "7", "nobody"); err == nil {
+	if err := s.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: "7", Tenant: "nobody", Repositories: []string{"octo/*"}}); err == nil {
 		t.Fatal("linked a source to a tenant that does not exist")
 	}
-	if err := s.LinkSource(ctx, "gitlab_group", "7", "acme"); err == nil {
+	if err := s.LinkSource(ctx, store.Link{Kind: "gitlab_group", Key: "7", Tenant: "acme"}); err == nil {
 		t.Fatal("linked a source of an unknown kind")
 	}
 }

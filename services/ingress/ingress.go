@@ -62,8 +62,9 @@ type Config struct {
 	// the work ended. Default 720h (30 days).
 	DataRetention time.Duration
 
-	// GitHubSecret is the webhook secret that signs GitHub deliveries.
-	// Empty refuses POST /v1/webhooks/github with 503 webhooks_disabled.
+	// GitHubSecret is the cell's webhook secret: its GitHub App's, held by
+	// the operator alone. Empty, only deliveries signed with a tenant's own
+	// secret are taken.
 	GitHubSecret string
 	// GitHubAPI is the REST API the diffs are fetched from. Default
 	// https://api.github.com.

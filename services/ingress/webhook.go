@@ -85,6 +85,8 @@ var (
 	actionRE   = regexp.MustCompile(`^[a-z_]{1,64}$`)
 	eventRE    = regexp.MustCompile(`^[a-z_]{1,64}$`)
 	deliveryRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9-]{0,99}$`)
+	// GitHub's X-Hub-Signature-256: the hex HMAC-SHA256 of the body.
+	signatureRE = regexp.MustCompile(`^sha256=[0-9a-f]{64}$`)
 )
 
 // reviewed are the pull_request actions that put a new head up for review.
@@ -183,9 +185,18 @@ type IgnoredResponse struct {
 type delivery struct {
 	id, event string
 	body      []byte
+	by        signer
 	pr        *PullRequestEvent
 	tenant    store.Tenant
 	via       string // what the tenant was found by, for messages
+}
+
+// signer is whose secret signed a delivery: the cell's (its GitHub App's,
+// held by the operator alone), or one tenant's own, which signs only the
+// repository hooks of repositories linked to that tenant.
+type signer struct {
+	app    bool
+	tenant string
 }
 
 func (d *delivery) key() string { return "delivery:" + d.id }
@@ -210,7 +221,7 @@ func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
 	if refused == nil {
 		var dup *store.Delivery
 		if dup, refused = s.routeDelivery(ctx, d); refused == nil && dup != nil {
-			s.webhookDuplicate(ctx, w, dup, nil)
+			s.webhookDuplicate(ctx, w, d.tenant.ID, dup, nil)
 			return
 		}
 	}
@@ -224,40 +235,79 @@ func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
 }
 
 // verifyDelivery checks everything about a delivery that does not need its
-// payload read: a configured secret, the size, the signature over the raw
-// body, the content type and GitHub's headers.
+// payload understood. What headers can say (a signature of the right form,
+// the content type, GitHub's delivery and event headers, a declared size)
+// is checked before a byte of the body is read, so a caller without a
+// credential is answered at once; then the body is read, within the size
+// and the server's read timeout, and its signature verified.
 func (s *Service) verifyDelivery(ctx context.Context, w http.ResponseWriter, r *http.Request) (*delivery, *apierror.Error) {
-	if s.cfg.GitHubSecret == "" {
-		return nil, apierror.New(http.StatusServiceUnavailable, "webhooks_disabled", "this cell has no GitHub webhook secret configured")
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", s.cfg.MaxBodyBytes))
-		}
-		return nil, apierror.New(http.StatusBadRequest, "bad_request", "could not read the request body")
-	}
-	if !VerifySignature(s.cfg.GitHubSecret, body, r.Header.Get("X-Hub-Signature-256")) {
-		s.d.Log.WarnContext(ctx, "webhook signature refused", "delivery", clip(r.Header.Get("X-GitHub-Delivery")))
-		return nil, apierror.New(http.StatusUnauthorized, "invalid_signature", "X-Hub-Signature-256 is missing or does not match the body")
-	}
-	if err := contract.CheckText(body); err != nil {
-		return nil, apierror.New(http.StatusBadRequest, "invalid_payload", "payload has "+err.Error())
+	sig := r.Header.Get("X-Hub-Signature-256")
+	if !signatureRE.MatchString(sig) {
+		return nil, apierror.New(http.StatusUnauthorized, "invalid_signature", "X-Hub-Signature-256 must be sha256= and 64 hex digits")
 	}
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
 		// GitHub can also send the payload form-encoded; only JSON is read.
 		return nil, apierror.New(http.StatusUnsupportedMediaType, "unsupported_media_type", "set the webhook's content type to application/json")
 	}
-	// The signature covers the body only; the headers are checked here.
-	d := &delivery{id: r.Header.Get("X-GitHub-Delivery"), event: r.Header.Get("X-GitHub-Event"), body: body}
+	d := &delivery{id: r.Header.Get("X-GitHub-Delivery"), event: r.Header.Get("X-GitHub-Event")}
 	if !deliveryRE.MatchString(d.id) {
 		return nil, apierror.New(http.StatusBadRequest, "invalid_delivery", "X-GitHub-Delivery must be 1-100 letters, digits and hyphens")
 	}
 	if !eventRE.MatchString(d.event) {
 		return nil, apierror.New(http.StatusBadRequest, "invalid_event", "X-GitHub-Event must be a lower-case event name")
 	}
+	tooLarge := apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", s.cfg.MaxBodyBytes))
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		return nil, tooLarge
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge
+		}
+		return nil, apierror.New(http.StatusBadRequest, "bad_request", "could not read the request body")
+	}
+	if d.by, err = s.signedBy(ctx, body, sig); err != nil {
+		s.d.Log.ErrorContext(ctx, "webhook secret lookup failed", "delivery", d.id, "err", err)
+		return nil, apierror.New(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")
+	}
+	if !d.by.app && d.by.tenant == "" {
+		s.d.Log.WarnContext(ctx, "webhook signature refused", "delivery", d.id)
+		return nil, apierror.New(http.StatusUnauthorized, "invalid_signature", "X-Hub-Signature-256 does not match the body under any secret that may sign it")
+	}
+	if err := contract.CheckText(body); err != nil {
+		return nil, apierror.New(http.StatusBadRequest, "invalid_payload", "payload has "+err.Error())
+	}
+	d.body = body
 	return d, nil
+}
+
+// signedBy finds whose secret signed body: the cell's, else the secret of
+// the tenant the payload's repository is linked to. A zero signer is no
+// one's; an error is the database's.
+func (s *Service) signedBy(ctx context.Context, body []byte, sig string) (signer, error) {
+	if s.cfg.GitHubSecret != "" && VerifySignature(s.cfg.GitHubSecret, body, sig) {
+		return signer{app: true}, nil
+	}
+	// Only to find which secret to try: nothing else is read from a body
+	// before its signature holds.
+	var peek struct {
+		Repository Repository `json:"repository"`
+	}
+	if json.Unmarshal(body, &peek) != nil || !fullNameRE.MatchString(peek.Repository.FullName) {
+		return signer{}, nil
+	}
+	tenant, secret, err := s.d.Store.RepositorySecret(ctx, peek.Repository.FullName)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return signer{}, nil
+	case err != nil:
+		return signer{}, err
+	case VerifySignature(secret, body, sig):
+		return signer{tenant: tenant}, nil
+	}
+	return signer{}, nil
 }
 
 // parseDelivery reads the payload of a verified delivery. ignored, when
@@ -283,15 +333,20 @@ func (s *Service) parseDelivery(d *delivery) (ignored string, refused *apierror.
 // the fence when copies race).
 func (s *Service) routeDelivery(ctx context.Context, d *delivery) (dup *store.Delivery, refused *apierror.Error) {
 	source := slog.String("source", d.pr.SourceID())
-	t, via, err := s.webhookTenant(ctx, d.pr)
-	d.via = via
-	if errors.Is(err, store.ErrNotFound) {
-		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", "no tenant linked to "+via, source)
-		return nil, apierror.New(http.StatusNotFound, "unknown_installation", via+" is not linked to a tenant")
+	installation := ""
+	if d.pr.Installation != nil && d.by.app {
+		installation = strconv.FormatInt(d.pr.Installation.ID, 10)
 	}
+	links, err := s.d.Store.WebhookLinks(ctx, installation, d.pr.Repository.FullName)
 	if err != nil {
 		s.d.Log.ErrorContext(ctx, "webhook tenant lookup failed", "key", d.key(), "err", err)
 		return nil, apierror.New(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")
+	}
+	t, via, refused := bind(d.pr, d.by, links)
+	d.via = via
+	if refused != nil {
+		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", refused.Message, source)
+		return nil, refused
 	}
 	if refused := auth.Admit(t, s.cell()); refused != nil {
 		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", refused.Message, slog.String("tenant", t.ID))
@@ -337,7 +392,7 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 		return
 	}
 	if !res.First {
-		s.webhookDuplicate(ctx, w, res.Delivery, res.Work)
+		s.webhookDuplicate(ctx, w, d.tenant.ID, res.Delivery, res.Work)
 		return
 	}
 	resp := WebhookResponse{SubmitResponse: submitted(res.Work, !res.Created), Delivery: d.id}
@@ -424,7 +479,15 @@ func (s *Service) countWebhook(ctx context.Context, result string) {
 
 // webhookDuplicate answers a delivery id already recorded: the work it
 // produced, unchanged.
-func (s *Service) webhookDuplicate(ctx context.Context, w http.ResponseWriter, d *store.Delivery, wk *store.Work) {
+func (s *Service) webhookDuplicate(ctx context.Context, w http.ResponseWriter, tenant string, d *store.Delivery, wk *store.Work) {
+	if d.TenantID != tenant {
+		// Another tenant's delivery id: nothing of its work is told.
+		s.countWebhook(ctx, "delivery_conflict")
+		telemetry.Decision(ctx, s.d.Log, "delivery:"+d.ID, "refused", "delivery id already recorded for another tenant",
+			slog.String("tenant", tenant))
+		apierror.Write(w, http.StatusConflict, "delivery_conflict", "X-GitHub-Delivery was already used by another delivery; nothing was recorded")
+		return
+	}
 	s.countWebhook(ctx, "duplicate_delivery")
 	resp := WebhookResponse{SubmitResponse: SubmitResponse{WorkID: d.WorkID, Duplicate: true, Region: s.cfg.Region}, Delivery: d.ID}
 	if d.WorkID != "" {
@@ -441,21 +504,62 @@ func (s *Service) webhookDuplicate(ctx context.Context, w http.ResponseWriter, d
 	apierror.JSON(w, http.StatusOK, resp)
 }
 
-// webhookTenant maps the delivery to a tenant: by the App installation when
-// the payload names one that is linked, else by the repository. via names
-// what was looked up, for messages.
-func (s *Service) webhookTenant(ctx context.Context, pr *PullRequestEvent) (t store.Tenant, via string, err error) {
+// bind decides a delivery's tenant from whose secret signed it and the
+// links of its installation and repository. A tenant's secret speaks only
+// for the repositories linked to that tenant. A delivery signed by the
+// cell's secret that names an installation belongs to the installation's
+// tenant, and only for a repository the installation covers (and no other
+// tenant has linked); one whose installation is not linked, or that names
+// none, belongs to the tenant its repository is linked to. via names what
+// was looked up, for messages.
+func bind(pr *PullRequestEvent, by signer, l store.WebhookLinks) (store.Tenant, string, *apierror.Error) {
+	repo := pr.Repository.FullName
+	if !by.app {
+		if l.Repository == nil || l.Repository.Tenant.ID != by.tenant {
+			return store.Tenant{}, "repository " + repo, apierror.New(http.StatusUnauthorized, "invalid_signature",
+				"X-Hub-Signature-256 does not match the body under any secret that may sign it")
+		}
+		return l.Repository.Tenant, "repository " + repo + " (its tenant's secret)", nil
+	}
+	via := ""
 	if pr.Installation != nil {
 		id := strconv.FormatInt(pr.Installation.ID, 10)
-		t, err = s.d.Store.TenantBySource(ctx, store.SourceGitHubInstallation, id)
-		if !errors.Is(err, store.ErrNotFound) {
-			return t, "installation " + id, err
+		if in := l.Installation; in != nil {
+			if !covers(in.Repositories, repo) || (l.Repository != nil && l.Repository.Tenant.ID != in.Tenant.ID) {
+				return store.Tenant{}, "installation " + id, apierror.New(http.StatusForbidden, "repository_not_covered",
+					fmt.Sprintf("installation %s does not cover repository %s; nothing was fetched", id, repo))
+			}
+			return in.Tenant, "installation " + id, nil
 		}
 		via = "installation " + id + " and "
 	}
-	via += "repository " + pr.Repository.FullName
-	t, err = s.d.Store.TenantBySource(ctx, store.SourceGitHubRepository, pr.Repository.FullName)
-	return t, via, err
+	via += "repository " + repo
+	if l.Repository == nil {
+		return store.Tenant{}, via, apierror.New(http.StatusNotFound, "unknown_installation", via+" is not linked to a tenant")
+	}
+	return l.Repository.Tenant, "repository " + repo, nil
+}
+
+// covers reports whether one of an installation's repository patterns
+// ("owner/*" or "owner/repo", as GitHub spells them) names repo.
+func covers(patterns []string, repo string) bool {
+	owner, _, _ := strings.Cut(repo, "/")
+	for _, p := range patterns {
+		if p == repo || p == owner+"/*" {
+			return true
+		}
+	}
+	return false
+}
+
+// RepositoryPatternOK reports whether p is a pattern an installation link
+// can cover: "owner/*" or "owner/repo".
+func RepositoryPatternOK(p string) bool {
+	if owner, ok := strings.CutSuffix(p, "/*"); ok {
+		return fullNameRE.MatchString(owner + "/x")
+	}
+	_, r, _ := strings.Cut(p, "/")
+	return fullNameRE.MatchString(p) && r != "." && r != ".."
 }
 
 // reviewInput builds the code-review input. The title is for context only,

@@ -377,7 +377,7 @@ func newWebhookEnv(t *testing.T, edit func(*Config)) *webhookEnv {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.LinkSource(ctx, store.SourceGitHubInstallation, installation, "acme"); err != nil {
+	if err := st.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: installation, Tenant: "acme", Repositories: []string{"shop/*"}}); err != nil {
 		t.Fatal(err)
 	}
 	nc, err := nats.Connect(testenv.NATS(t))
@@ -482,6 +482,13 @@ func (e *webhookEnv) deliver(eventName, delivery string, body []byte, sig ...str
 		e.t.Fatalf("answer %d has Content-Type %q: %s", resp.StatusCode, ct, b)
 	}
 	return answer{status: resp.StatusCode, body: b}
+}
+
+func (e *webhookEnv) link(l store.Link) {
+	e.t.Helper()
+	if err := e.st.LinkSource(e.t.Context(), l); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 func (e *webhookEnv) count(query string, args ...any) int {
@@ -804,7 +811,7 @@ func TestWebhookTenantMapping(t *testing.T) {
 
 	// A repository webhook maps through the repository; so does an
 	// installation nobody linked, when its repository is linked.
-	if err := e.st.LinkSource(t.Context(), store.SourceGitHubRepository, "shop/checkout", "acme"); err != nil {
+	if err := e.st.LinkSource(t.Context(), store.Link{Kind: store.SourceGitHubRepository, Key: "shop/checkout", Tenant: "acme"}); err != nil {
 		t.Fatal(err)
 	}
 	want := WorkID("acme", WebhookContract, prSource, headOpened)
@@ -819,8 +826,13 @@ func TestWebhookTenantMapping(t *testing.T) {
 	}
 
 	// A tenant homed in another cell is refused here, with nothing stored.
-	if err := e.st.LinkSource(t.Context(), store.SourceGitHubInstallation, installation, "globex"); err != nil {
-		t.Fatal(err)
+	for _, l := range []store.Link{
+		{Kind: store.SourceGitHubInstallation, Key: installation, Tenant: "globex", Repositories: []string{"shop/checkout"}},
+		{Kind: store.SourceGitHubRepository, Key: "shop/checkout", Tenant: "globex"},
+	} {
+		if err := e.st.LinkSource(t.Context(), l); err != nil {
+			t.Fatal(err)
+		}
 	}
 	a = e.deliver("pull_request", "d-eu", readPayload(t, "pull_request_synchronize.json"))
 	if a.status != http.StatusMisdirectedRequest || a.code() != "wrong_region" || !strings.Contains(string(a.body), "eu") {
@@ -943,15 +955,27 @@ func TestWebhookRefusesMalformed(t *testing.T) {
 	e.nothingStored()
 }
 
-func TestWebhookDisabled(t *testing.T) {
+// A cell without a secret of its own takes only deliveries signed with a
+// tenant's secret, for that tenant's repositories.
+func TestWebhookWithoutCellSecret(t *testing.T) {
 	t.Parallel()
 	e := newWebhookEnv(t, func(c *Config) { c.GitHubSecret = "" })
-	body := readPayload(t, "pull_request_opened.json")
-	a := e.deliver("pull_request", "d-1", body, Sign("", body))
-	if a.status != http.StatusServiceUnavailable || a.code() != "webhooks_disabled" {
-		t.Fatalf("no secret: %d %s, want 503 webhooks_disabled", a.status, a.body)
+	body := mutate(t, "pull_request_opened.json", func(m map[string]any) { delete(m, "installation") })
+	if a := e.deliver("pull_request", "d-1", body, Sign("", body)); a.status != http.StatusUnauthorized || a.code() != "invalid_signature" {
+		t.Fatalf("signed with nothing: %d %s, want 401 invalid_signature", a.status, a.body)
+	}
+	if a := e.deliver("pull_request", "d-1", body, Sign(testSecret, body)); a.status != http.StatusUnauthorized {
+		t.Fatalf("signed with a secret the cell does not hold: %d %s, want 401", a.status, a.body)
 	}
 	e.nothingStored()
+	secret := store.NewWebhookSecret()
+	e.link(store.Link{Kind: store.SourceGitHubRepository, Key: "shop/checkout", Tenant: "acme"})
+	if err := e.st.SetWebhookSecret(t.Context(), "acme", secret); err != nil {
+		t.Fatal(err)
+	}
+	if a := e.deliver("pull_request", "d-1", body, Sign(secret, body)); a.status != http.StatusAccepted {
+		t.Fatalf("signed with acme's secret: %d %s, want 202", a.status, a.body)
+	}
 }
 
 func TestConfigRefusesBadGitHubAPI(t *testing.T) {

@@ -143,7 +143,7 @@ func StartDev(ctx context.Context, o DevOptions) (e *Dev, err error) {
 			return e, err
 		}
 		for _, t := range e.Tenants {
-			if err := c.Env.Store.LinkSource(ctx, "github_repository", t.ID+"/shop", t.ID); err != nil {
+			if err := c.Env.Store.LinkSource(ctx, store.Link{Kind: store.SourceGitHubRepository, Key: t.ID + "/shop", Tenant: t.ID}); err != nil {
 				return e, err
 			}
 		}
