@@ -166,8 +166,8 @@ func TestValidateOutputKeywords(t *testing.T) {
 	cases := []struct {
 		contract, doc, field, keyword string
 	}{
-		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[],"extra":1}`, "output.extra", "additionalProperties"},
-		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[{"file":"a","line":1,"severity":"info","summary":"s","evidence":"e","x":true}]}`, "output.findings[0].x", "additionalProperties"},
+		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[],"extra":1}`, "output", "additionalProperties"},
+		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[{"file":"a","line":1,"severity":"info","summary":"s","evidence":"e","x":true}]}`, "output.findings[0]", "additionalProperties"},
 		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[{"file":"a","line":1,"severity":"fatal","summary":"s","evidence":"e"}]}`, "output.findings[0].severity", "enum"},
 		{"code-review", `{"schemaVersion":1,"findings":[]}`, "output", "required"},
 		{"code-review", `{"schemaVersion":1,"changeId":"w1","findings":[{"file":"a","line":1,"severity":"info","summary":"s"}]}`, "output.findings[0]", "required"},
@@ -249,7 +249,7 @@ func TestValidateInput(t *testing.T) {
 		{"code-review", `{"diff":""}`, "input.diff: minLength: "},
 		{"code-review", `{"diff":"` + strings.Repeat("x", 262145) + `"}`, "input.diff: maxLength: "},
 		{"code-review", `{"diff":` + string(diffJSON) + `,"title":"` + strings.Repeat("t", 301) + `"}`, "input.title: maxLength: "},
-		{"code-review", `{"diff":` + string(diffJSON) + `,"repo":"x"}`, "input.repo: additionalProperties: "},
+		{"code-review", `{"diff":` + string(diffJSON) + `,"repo":"x"}`, "input: additionalProperties: has a property the schema does not allow, named (4 bytes, sha256:"},
 		{"code-review", `{"title":"x"}`, "input: required: Required property 'diff' is missing"},
 		{"code-review", `{"diff":42}`, "input.diff: type: "},
 		{"code-review", `["diff"]`, "input: json: not a JSON object but an array"},

@@ -1,7 +1,10 @@
 package contract
 
 import (
+	"bytes"
 	"cmp"
+	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"slices"
@@ -89,11 +92,16 @@ func collect(r *jsonschema.EvaluationResult, parent []string, doc any, e *Valida
 		e.Violations = append(e.Violations, Violation{Pointer: joinPointer(loc), Field: field(e.Doc, doc, loc), Keyword: kw, Message: msg})
 	}
 	// A property matched by additionalProperties: false shows up as a child
-	// failing the "false" schema; say what it means instead.
-	if strings.HasPrefix(r.EvaluationPath, "/additionalProperties/") {
-		add("additionalProperties", "property is not allowed")
+	// failing the "false" schema; say what it means instead. Its name is
+	// the document's text, so the field is its parent's and the name is
+	// described, not repeated.
+	if strings.HasPrefix(r.EvaluationPath, "/additionalProperties/") && len(loc) > 0 {
+		name := loc[len(loc)-1]
+		e.Violations = append(e.Violations, Violation{Pointer: joinPointer(loc[:len(loc)-1]), Field: field(e.Doc, doc, loc[:len(loc)-1]),
+			Keyword: "additionalProperties", Message: "has a property the schema does not allow, named " + Describe(name)})
 		return
 	}
+	value, _ := lookup(doc, loc)
 	childFailed := false
 	for _, d := range r.Details {
 		childFailed = childFailed || !d.IsValid()
@@ -102,13 +110,93 @@ func collect(r *jsonschema.EvaluationResult, parent []string, doc any, e *Valida
 		if childFailed && aggregateKeywords[kw] {
 			continue
 		}
-		add(kw, err.Error())
+		add(kw, safeMessage(kw, err, value))
 	}
 	for _, d := range r.Details {
 		if !d.IsValid() {
 			collect(d, loc, doc, e)
 		}
 	}
+}
+
+// Describe names a text from a document without repeating it: its length
+// and the first bytes of its SHA-256, so two reports of the same value can
+// be matched while neither carries it. Reasons, logs and repair notes say
+// this of anything a caller or a model wrote.
+func Describe(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return fmt.Sprintf("(%d bytes, sha256:%x)", len(s), sum[:4])
+}
+
+// DescribeJSON is Describe for an encoded JSON value: a number, boolean or
+// null is shown as it is, since it carries no text.
+func DescribeJSON(raw []byte) string {
+	var v any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if dec.Decode(&v) == nil {
+		switch v.(type) {
+		case nil, bool, json.Number:
+			return string(raw)
+		}
+	}
+	return Describe(string(raw))
+}
+
+// describeValue is Describe for any decoded JSON value: numbers, booleans
+// and null say what they are, a string is described, an object or an
+// array named by kind.
+func describeValue(v any) string {
+	switch x := v.(type) {
+	case string:
+		return Describe(x)
+	case nil, bool, json.Number:
+		b, _ := json.Marshal(x)
+		return string(b)
+	}
+	return jsonKind(v)
+}
+
+// instanceParams are the parameters in which the schema library repeats
+// the document's own values; a message carries a description instead. A
+// type error's "received" is the value's type, and the properties a
+// "required" names are the schema's: both are kept.
+var instanceParams = []string{"received", "property", "properties", "value"}
+
+// safeMessage renders a schema error with the document's values described,
+// never repeated: an enum refusal would otherwise quote whatever the model
+// put there.
+func safeMessage(kw string, err *jsonschema.EvaluationError, value any) string {
+	if len(err.Params) == 0 {
+		return err.Error()
+	}
+	p := make(map[string]any, len(err.Params))
+	for k, v := range err.Params {
+		p[k] = v
+	}
+	for _, k := range instanceParams {
+		if _, ok := p[k]; !ok || (k == "received" && kw == "type") {
+			continue
+		}
+		if (k == "property" || k == "properties") && kw != "propertyNames" && kw != "additionalProperties" {
+			// The names a "required" wants are the schema's own.
+			continue
+		}
+		switch {
+		case k == "value" && isNumber(value):
+			// A number is kept: it carries no text.
+		case k == "property" || k == "properties":
+			p[k] = "(names not repeated)"
+		default:
+			p[k] = describeValue(value)
+		}
+	}
+	return (&jsonschema.EvaluationError{Keyword: err.Keyword, Code: err.Code, Message: err.Message, Params: p}).Error()
+}
+
+func isNumber(v any) bool {
+	_, ok := v.(json.Number)
+	return ok
 }
 
 var (
@@ -176,7 +264,8 @@ func field(root string, doc any, segs []string) string {
 			if identifier.MatchString(s) {
 				b.WriteString("." + s)
 			} else {
-				b.WriteString("[" + strconv.Quote(s) + "]")
+				// A name no schema of ours defines: the document's text.
+				b.WriteString("[" + Describe(s) + "]")
 			}
 			m, _ := v.(map[string]any)
 			cur = m[s]

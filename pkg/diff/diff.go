@@ -92,10 +92,11 @@ func Parse(s string) (*Diff, error) {
 				return nil, fmt.Errorf("diff: line %d: %w", i+1, err)
 			}
 			oldLeft, newLeft, n := h.OldLines, h.NewLines, h.NewStart
+			at := i + 1 // the hunk header's line
 			for oldLeft > 0 || newLeft > 0 {
 				i++
 				if i >= len(lines) {
-					return nil, fmt.Errorf("diff: hunk at %s:%d ends early", cur.Path, h.NewStart)
+					return nil, fmt.Errorf("diff: the hunk at line %d ends early", at)
 				}
 				b := lines[i]
 				if strings.HasPrefix(b, `\ `) { // "\ No newline at end of file"
@@ -120,10 +121,10 @@ func Parse(s string) (*Diff, error) {
 					newLeft--
 					oldLeft--
 				default:
-					return nil, fmt.Errorf("diff: line %d: unexpected %q inside hunk", i+1, kind)
+					return nil, fmt.Errorf("diff: line %d: a line inside a hunk must start with ' ', '+' or '-'", i+1)
 				}
 				if oldLeft < 0 || newLeft < 0 {
-					return nil, fmt.Errorf("diff: hunk at %s:%d has more lines than its header says", cur.Path, h.NewStart)
+					return nil, fmt.Errorf("diff: the hunk at line %d has more lines than its header says", at)
 				}
 			}
 			cur.Hunks = append(cur.Hunks, h)
@@ -159,7 +160,7 @@ func parseHunkHeader(l string) (Hunk, error) {
 	// @@ -a,b +c,d @@ optional section
 	f := strings.Fields(l)
 	if len(f) < 4 || f[0] != "@@" || f[3] != "@@" || !strings.HasPrefix(f[1], "-") || !strings.HasPrefix(f[2], "+") {
-		return Hunk{}, fmt.Errorf("malformed hunk header %q", l)
+		return Hunk{}, errors.New("malformed hunk header")
 	}
 	var h Hunk
 	var err error
@@ -175,12 +176,12 @@ func parseHunkHeader(l string) (Hunk, error) {
 func rangeOf(s string) (start, n int, err error) {
 	a, b, has := strings.Cut(s, ",")
 	if start, err = strconv.Atoi(a); err != nil || start < 0 {
-		return 0, 0, fmt.Errorf("bad hunk range %q", s)
+		return 0, 0, errors.New("bad hunk range")
 	}
 	n = 1
 	if has {
 		if n, err = strconv.Atoi(b); err != nil || n < 0 {
-			return 0, 0, fmt.Errorf("bad hunk range %q", s)
+			return 0, 0, errors.New("bad hunk range")
 		}
 	}
 	return start, n, nil

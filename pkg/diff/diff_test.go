@@ -164,7 +164,7 @@ func TestParse(t *testing.T) {
 		{
 			name:    "unexpected marker inside hunk",
 			in:      "--- a/x\n+++ b/x\n@@ -1,2 +1,2 @@\n a\n*b\n",
-			wantErr: "unexpected",
+			wantErr: "must start with",
 		},
 		{
 			name:    "hunk before any file header",

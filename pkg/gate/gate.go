@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/diff"
@@ -65,9 +64,13 @@ const (
 
 // Failure says why an output was refused.
 type Failure struct {
-	Stage  Stage
-	Code   string
-	Detail string // names the field, e.g. findings[0].file "x.go" is not in the diff
+	Stage Stage
+	Code  string
+	// Detail names the check's location (a field, a finding's index, a
+	// line number, lengths, a hash), never the answer's or the input's
+	// text: it goes into logs, reasons and repair notes. For example
+	// findings[0].file (9 bytes, sha256:1a2b3c4d) is not a file of the diff.
+	Detail string
 }
 
 func (f *Failure) Error() string {
@@ -186,7 +189,7 @@ func checkSyntax(output []byte) (map[string]any, *Failure) {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil, fail(StageSyntax, CodeInvalidJSON, "output ends inside a JSON value (truncated?)")
 		}
-		return nil, fail(StageSyntax, CodeInvalidJSON, "output is not JSON: %v", err)
+		return nil, fail(StageSyntax, CodeInvalidJSON, "output is not JSON%s", syntaxAt(err))
 	}
 	doc, ok := v.(map[string]any)
 	if !ok {
@@ -247,23 +250,23 @@ func kind(v any) string {
 func checkCorrelation(c *contract.Contract, doc map[string]any, exp Expect) *Failure {
 	if f := c.Correlation.WorkID; f != "" {
 		if got, _ := doc[f].(string); got != exp.WorkID {
-			return fail(StageCorrelation, CodeWorkID, "%s %s is not the work id %s", f, quote(got), quote(exp.WorkID))
+			return fail(StageCorrelation, CodeWorkID, "%s %s is not the work id %s", f, contract.Describe(got), exp.WorkID)
 		}
 	}
 	if exp.SchemaVersion != c.SchemaVersion {
-		return fail(StageCorrelation, CodeSchemaVersion, "the work entered the worker with schema version %s, the contract is %s", quote(exp.SchemaVersion), quote(c.SchemaVersion))
+		return fail(StageCorrelation, CodeSchemaVersion, "the work entered the worker with schema version %q, the contract is %q", exp.SchemaVersion, c.SchemaVersion)
 	}
 	if f := c.Correlation.SchemaVersion; f != "" {
 		if got, _ := json.Marshal(doc[f]); !bytes.Equal(got, c.WireSchemaVersion) {
-			return fail(StageCorrelation, CodeSchemaVersion, "%s %s is not the contract's schema version %s", f, quote(string(got)), quote(string(c.WireSchemaVersion)))
+			return fail(StageCorrelation, CodeSchemaVersion, "%s %s is not the contract's schema version %s", f, contract.DescribeJSON(got), c.WireSchemaVersion)
 		}
 	}
 	if exp.TaxonomyVersion != exp.CurrentTaxonomyVersion || exp.CurrentTaxonomyVersion != c.TaxonomyVersion {
-		return fail(StageCorrelation, CodeTaxonomyVersion, "taxonomy version %s entered the worker, the current one is %s and the contract's is %s",
-			quote(exp.TaxonomyVersion), quote(exp.CurrentTaxonomyVersion), quote(c.TaxonomyVersion))
+		return fail(StageCorrelation, CodeTaxonomyVersion, "taxonomy version %q entered the worker, the current one is %q and the contract's is %q",
+			exp.TaxonomyVersion, exp.CurrentTaxonomyVersion, c.TaxonomyVersion)
 	}
 	if exp.Digest == "" || exp.Digest != exp.CurrentDigest {
-		return fail(StageCorrelation, CodeDigest, "the worker saw content digest %s, the work's digest is now %s", quote(exp.Digest), quote(exp.CurrentDigest))
+		return fail(StageCorrelation, CodeDigest, "the worker saw content digest %q, the work's digest is now %q", exp.Digest, exp.CurrentDigest)
 	}
 	return nil
 }
@@ -279,6 +282,7 @@ func checkGrounding(doc map[string]any, input json.RawMessage) *Failure {
 	}
 	d, err := diff.Parse(text)
 	if err != nil {
+		// The parser's errors name line numbers only.
 		return fail(StageGrounding, CodeBadInput, "work input diff: %v", err)
 	}
 	findings, _ := doc["findings"].([]any)
@@ -288,13 +292,13 @@ func checkGrounding(doc map[string]any, input json.RawMessage) *Failure {
 		file, _ := fd["file"].(string)
 		df := d.File(file)
 		if df == nil {
-			return fail(StageGrounding, CodeFileNotInDiff, "findings[%d].file %s is not in the diff", i, quote(file))
+			return fail(StageGrounding, CodeFileNotInDiff, "findings[%d].file %s is not a file of the diff", i, contract.Describe(file))
 		}
 		if line, ok := lineOf(fd["line"]); !ok || !df.InHunk(line) {
-			return fail(StageGrounding, CodeLineOutsideHunk, "findings[%d].line %s is outside every changed hunk of %s", i, fd["line"], quote(file))
+			return fail(StageGrounding, CodeLineOutsideHunk, "findings[%d].line %v is outside every changed hunk of findings[%d].file", i, fd["line"], i)
 		}
 		if ev, _ := fd["evidence"].(string); !evidenceIn(df, ev) {
-			return fail(StageGrounding, CodeEvidenceNotInDiff, "findings[%d].evidence %s is not text of the diff of %s", i, quote(ev), quote(file))
+			return fail(StageGrounding, CodeEvidenceNotInDiff, "findings[%d].evidence %s is not text of the diff of findings[%d].file", i, contract.Describe(ev), i)
 		}
 	}
 	return nil
@@ -351,7 +355,8 @@ func checkPolicy(doc map[string]any) *Failure {
 			continue
 		}
 		if j, dup := seen[string(key)]; dup {
-			return fail(StagePolicy, CodeDuplicateFinding, "findings[%d] repeats findings[%d] (%s)", i, j, identity(fd))
+			return fail(StagePolicy, CodeDuplicateFinding, "findings[%d] repeats findings[%d]: the same file, line, code and summary, identity %s",
+				i, j, contract.Describe(string(key)))
 		}
 		seen[string(key)] = i
 	}
@@ -359,7 +364,8 @@ func checkPolicy(doc map[string]any) *Failure {
 		for i, raw := range findings {
 			fd, _ := raw.(map[string]any)
 			if s, _ := fd["severity"].(string); rank(s) > rank(overall) && rank(overall) > 0 {
-				return fail(StagePolicy, CodeSeverityUnderstated, "severity %s is below findings[%d].severity %s", quote(overall), i, quote(s))
+				// Both are words of the schema's enum, not free text.
+				return fail(StagePolicy, CodeSeverityUnderstated, "severity %q is below findings[%d].severity %q", overall, i, s)
 			}
 		}
 	}
@@ -381,26 +387,16 @@ func rank(severity string) int {
 	return 0
 }
 
-func identity(fd map[string]any) string {
-	var parts []string
-	for _, k := range []string{"file", "line", "code", "summary"} {
-		switch v := fd[k].(type) {
-		case string:
-			parts = append(parts, k+" "+quote(v))
-		case json.Number:
-			parts = append(parts, k+" "+v.String())
-		}
+// syntaxAt says where JSON stopped parsing, by offset: the decoder's own
+// message repeats the character it met.
+func syntaxAt(err error) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Sprintf(" (a syntax error at byte %d)", se.Offset)
 	}
-	return strings.Join(parts, ", ")
-}
-
-// quote renders a value for a Detail, shortened: the model's text can be up
-// to a thousand characters and a Detail goes into logs and repair notes.
-func quote(s string) string {
-	const limit = 80
-	if utf8.RuneCountInString(s) > limit {
-		r := []rune(s)
-		return fmt.Sprintf("%q…", string(r[:limit]))
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Sprintf(" (a type error at byte %d)", te.Offset)
 	}
-	return fmt.Sprintf("%q", s)
+	return ""
 }

@@ -142,7 +142,7 @@ var failCases = []failCase{
 	{name: "severity outside enum", contract: "code-review", output: codeReview(obj{"file": "auth/login.go", "line": 12, "severity": "critical", "summary": "s", "evidence": "log.Printf"}),
 		code: "schema.violation", detail: "output.findings[0].severity: enum: "},
 	{name: "extra property", contract: "moderation", output: `{"category":"spam","confidence":0.5,"needsHumanReview":false,"reason":"ads"}`,
-		code: "schema.violation", detail: "output.reason: additionalProperties: "},
+		code: "schema.violation", detail: "output: additionalProperties: has a property the schema does not allow, named (6 bytes, sha256:"},
 	{name: "confidence above 1", contract: "moderation", output: `{"category":"spam","confidence":1.01,"needsHumanReview":false}`,
 		code: "schema.violation", detail: "output.confidence: maximum: "},
 	{name: "duplicate tags", contract: "change-review", output: `{"schema_version":"change-review.v1","severity":"low","tags":["auth","auth"],"findings":[]}`,
@@ -152,16 +152,16 @@ var failCases = []failCase{
 
 	// correlation
 	{name: "other work's changeId", contract: "code-review", output: strings.Replace(codeReview(sqlFinding), "wrk_01", "wrk_02", 1),
-		code: "correlation.work_id", detail: `changeId "wrk_02" is not the work id "wrk_01"`},
+		code: "correlation.work_id", detail: `changeId (6 bytes, sha256:c943b346) is not the work id wrk_01`},
 	{name: "schemaVersion echoed wrong", contract: "code-review", output: strings.Replace(codeReview(), `"schemaVersion":1`, `"schemaVersion":2`, 1),
-		code: "correlation.schema_version", detail: `schemaVersion "2" is not the contract's schema version "1"`},
+		code: "correlation.schema_version", detail: `schemaVersion 2 is not the contract's schema version 1`},
 	{name: "schemaVersion as the work's internal string", contract: "code-review", output: strings.Replace(codeReview(), `"schemaVersion":1`, `"schemaVersion":"code-review/1"`, 1),
 		code: "schema.violation", detail: `output.schemaVersion`},
 	{name: "work entered with another schema version", contract: "code-review", output: codeReview(),
 		expect: func(e *gate.Expect) { e.SchemaVersion = "code-review/0" },
 		code:   "correlation.schema_version", detail: `schema version "code-review/0", the contract is "code-review/1"`},
 	{name: "schema_version echoed wrong", contract: "change-review", output: strings.Replace(changeReview("low"), "change-review.v1", "change-review/1", 1),
-		code: "correlation.schema_version", detail: `schema_version "\"change-review/1\"" is not`},
+		code: "correlation.schema_version", detail: `schema_version (17 bytes, sha256:293afe34) is not the contract's schema version "change-review.v1"`},
 	{name: "taxonomy changed since claim", contract: "change-review", output: changeReview("low"),
 		expect: func(e *gate.Expect) { e.TaxonomyVersion = "2026-10" },
 		code:   "correlation.taxonomy_version", detail: `taxonomy version "2026-10" entered the worker, the current one is "2026-11"`},
@@ -188,26 +188,26 @@ var failCases = []failCase{
 		expect: func(e *gate.Expect) { e.Input = nil },
 		code:   "grounding.bad_input", detail: "work input: "},
 	{name: "file not in diff", contract: "code-review", output: codeReview(sqlFinding, finding("auth/session.go", 3, "db.Exec")),
-		code: "grounding.file_not_in_diff", detail: `findings[1].file "auth/session.go" is not in the diff`},
+		code: "grounding.file_not_in_diff", detail: `findings[1].file (15 bytes, sha256:a9edf379) is not a file of the diff`},
 	{name: "file with git prefix", contract: "code-review", output: codeReview(finding("b/auth/login.go", 15, "db.Exec")),
-		code: "grounding.file_not_in_diff", detail: `findings[0].file "b/auth/login.go"`},
+		code: "grounding.file_not_in_diff", detail: `findings[0].file (15 bytes, sha256:ca1834d2)`},
 	{name: "line before hunk", contract: "code-review", output: codeReview(finding("auth/login.go", 9, "db.Exec")),
-		code: "grounding.line_outside_hunk", detail: `findings[0].line 9 is outside every changed hunk of "auth/login.go"`},
+		code: "grounding.line_outside_hunk", detail: `findings[0].line 9 is outside every changed hunk of findings[0].file`},
 	{name: "line after hunk", contract: "code-review", output: codeReview(finding("auth/login.go", 18, "db.Exec")),
 		code: "grounding.line_outside_hunk", detail: `findings[0].line 18`},
 	{name: "line in another file's hunk", contract: "code-review", output: codeReview(finding("docs/README.md", 12, "Login now logs failures.")),
-		code: "grounding.line_outside_hunk", detail: `findings[0].line 12 is outside every changed hunk of "docs/README.md"`},
+		code: "grounding.line_outside_hunk", detail: `findings[0].line 12 is outside every changed hunk of findings[0].file`},
 	{name: "invented evidence", contract: "code-review", output: codeReview(logFinding, finding("auth/login.go", 15, `db.Query(sql)`)),
-		code: "grounding.evidence_not_in_diff", detail: `findings[1].evidence "db.Query(sql)" is not text of the diff of "auth/login.go"`},
+		code: "grounding.evidence_not_in_diff", detail: `findings[1].evidence (13 bytes, sha256:4e0b336d) is not text of the diff of findings[1].file`},
 	{name: "evidence from another file", contract: "code-review", output: codeReview(finding("auth/login.go", 11, "Login now logs failures.")),
-		code: "grounding.evidence_not_in_diff", detail: `findings[0].evidence "Login now logs failures."`},
+		code: "grounding.evidence_not_in_diff", detail: `findings[0].evidence (24 bytes, sha256:35bc2d9b)`},
 	{name: "blank-ish evidence", contract: "code-review", output: codeReview(finding("auth/login.go", 11, "   ")),
 		code: "grounding.evidence_not_in_diff"},
 
 	// policy
 	{name: "same finding twice", contract: "code-review", output: codeReview(sqlFinding, logFinding, obj{"file": "auth/login.go", "line": 15, "severity": "info",
 		"summary": sqlFinding["summary"], "evidence": "db.Exec"}),
-		code: "policy.duplicate_finding", detail: `findings[2] repeats findings[0] (file "auth/login.go", line 15, summary "Builds SQL from user input.")`},
+		code: "policy.duplicate_finding", detail: `findings[2] repeats findings[0]: the same file, line, code and summary`},
 	{name: "same change-review code twice", contract: "change-review", output: changeReview("high",
 		obj{"code": "SQL_INJECTION", "severity": "high", "summary": "Builds SQL from user input."},
 		obj{"code": "SQL_INJECTION", "severity": "medium", "summary": "Builds SQL from user input."}),
@@ -412,5 +412,5 @@ func ExampleCheck() {
 	// Output:
 	// grounding
 	// grounding.file_not_in_diff
-	// findings[0].file "auth/session.go" is not in the diff
+	// findings[0].file (15 bytes, sha256:a9edf379) is not a file of the diff
 }

@@ -46,8 +46,8 @@ type Part interface {
 }
 
 // Connect opens everything a service of a cell needs.
-func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logger) (*Env, error) {
-	tel, err := telemetry.Setup(ctx, name, cfg.Region)
+func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logger, opts ...telemetry.Option) (*Env, error) {
+	tel, err := telemetry.Setup(ctx, name, cfg.Region, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}

@@ -11,10 +11,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // DefaultMaxBodyBytes caps a response body when Client.MaxBodyBytes is 0.
@@ -193,7 +196,7 @@ func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
 	}
 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return rep, statusError(resp, raw)
+		return rep, statusError(resp, raw, call)
 	}
 	if over {
 		what := fmt.Sprintf("%d bytes", size)
@@ -209,7 +212,7 @@ func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
 	}
 	// Some compatible servers omit "object"; anything else named is not ours.
 	if cr.Object != "" && cr.Object != "chat.completion" {
-		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, Msg: fmt.Sprintf("response object is %q, not chat.completion", cr.Object)}
+		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, Msg: fmt.Sprintf("response object is a %d-byte name, not chat.completion", len(cr.Object))}
 	}
 	if len(cr.Choices) == 0 {
 		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, Msg: "response has no choices"}
@@ -258,8 +261,8 @@ func transportError(ctx context.Context, what string, err error) *Error {
 	return &Error{Kind: KindTransient, Msg: what, Err: err}
 }
 
-func statusError(resp *http.Response, raw []byte) *Error {
-	e := &Error{Status: resp.StatusCode, Msg: providerMessage(raw)}
+func statusError(resp *http.Response, raw []byte, call Call) *Error {
+	e := &Error{Status: resp.StatusCode, Msg: providerMessage(raw, call)}
 	switch s := resp.StatusCode; {
 	case s == http.StatusTooManyRequests:
 		e.Kind = KindRateLimited
@@ -272,25 +275,82 @@ func statusError(resp *http.Response, raw []byte) *Error {
 	return e
 }
 
-// providerMessage extracts the OpenAI-style {"error":{"message":...}} text,
-// shortened, so that logs say why without carrying whole bodies.
-func providerMessage(raw []byte) string {
+// messageExcerpt bounds what a log line carries of a provider's message.
+const messageExcerpt = 160
+
+// providerMessage is what may be logged of an error body: the provider's
+// own message ({"error":{"message":...}}), redacted, then cut to a short
+// excerpt; of a body that is not such an error, only its size. Providers
+// quote what they were sent (a content-policy refusal, a schema
+// complaint), and a log pipeline carries it out of the cell.
+func providerMessage(raw []byte, call Call) string {
 	var b struct {
 		Error struct {
 			Message string `json:"message"`
 		} `json:"error"`
 	}
-	msg := ""
-	if json.Unmarshal(raw, &b) == nil {
-		msg = b.Error.Message
+	if json.Unmarshal(raw, &b) != nil || b.Error.Message == "" {
+		return fmt.Sprintf("a %d-byte body that is not an error object", len(raw))
 	}
-	if msg == "" {
-		msg = strings.TrimSpace(string(raw))
+	var sent strings.Builder
+	for _, m := range call.Messages {
+		sent.WriteString(m.Content)
 	}
-	if len(msg) > 200 {
-		msg = msg[:200] + "…"
+	return excerpt(Redact(b.Error.Message, sent.String()), messageExcerpt)
+}
+
+// quoted matches text between quotes, which is where providers repeat
+// what they were sent.
+var quoted = regexp.MustCompile("\"[^\"]*\"|'[^'\\s][^']*'|`[^`]*`|«[^»]*»|“[^”]*”")
+
+// Redact removes from a provider's text what repeats the request: every
+// quoted passage, and every word found in sent that reads as code or a
+// secret rather than prose (it holds a digit, a symbol or an inner capital,
+// or is 12 letters or more). Plain words stay, so the message still says
+// why.
+func Redact(msg, sent string) string {
+	msg = quoted.ReplaceAllString(msg, "[quoted]")
+	words := strings.Fields(msg)
+	for i, w := range words {
+		core := strings.TrimRight(strings.TrimLeft(w, "([{<"), ".,;:!?)]}>")
+		if len(core) >= 4 && !plainWord(core) && strings.Contains(sent, core) {
+			words[i] = strings.Replace(w, core, "[redacted]", 1)
+		}
 	}
-	return msg
+	return strings.Join(words, " ")
+}
+
+// plainWord reports whether w reads as prose: under 12 letters, lower
+// case after the first.
+func plainWord(w string) bool {
+	if utf8.RuneCountInString(w) >= 12 {
+		return false
+	}
+	for i, r := range w {
+		if !unicode.IsLetter(r) && r != '\'' || (i > 0 && unicode.IsUpper(r)) {
+			return false
+		}
+	}
+	return true
+}
+
+// excerpt is s as one line of valid UTF-8 without control characters, cut
+// to at most n bytes on a rune boundary.
+func excerpt(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // maxRetryAfter caps a provider's hint rather than overflow a Duration.

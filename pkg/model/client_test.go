@@ -200,6 +200,42 @@ func TestCompleteErrorCarriesProviderMessage(t *testing.T) {
 	}
 }
 
+// A provider that repeats what it was sent does not carry it into the
+// error: quoted passages and code-like words of the request are redacted
+// before the message is cut short, and a body that is not an error object
+// is told by its size alone.
+func TestCompleteErrorRedactsWhatTheRequestSaid(t *testing.T) {
+	t.Parallel()
+	const secret = "CUSTOMER-SECRET-hunter2"
+	call := testCall
+	call.Messages = []Message{{Role: "system", Content: "do it"},
+		{Role: "user", Content: `{"diff":"+const dbPassword = \"` + secret + `\"\n+token := hunter2x9"}`}}
+	for name, c := range map[string]struct {
+		status      int
+		body, keep  string
+		contentType string
+	}{
+		"quoted":     {400, `{"error":{"message":"Invalid content: \"const dbPassword = ` + secret + `\" was flagged by our safety system"}}`, "was flagged by our safety system", "application/json"},
+		"unquoted":   {400, `{"error":{"message":"Your request mentions ` + secret + ` and dbPassword and hunter2x9; it was rejected"}}`, "Your request mentions [redacted] and [redacted] and [redacted]; it was rejected", "application/json"},
+		"not json":   {502, `<html><body>upstream echoed: const dbPassword = "` + secret + `"</body></html>`, "body that is not an error object", "text/html"},
+		"long prose": {400, `{"error":{"message":"` + strings.Repeat("the request was too long for this model ", 20) + secret + `"}}`, "the request was too long", "application/json"},
+	} {
+		b := setup(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", c.contentType)
+			w.WriteHeader(c.status)
+			io.WriteString(w, c.body)
+		})
+		_, err := b.client.Complete(context.Background(), call)
+		msg := asError(t, err).Error()
+		if strings.Contains(msg, secret) || strings.Contains(msg, "hunter2") || strings.Contains(msg, "dbPassword") {
+			t.Errorf("%s: the error repeats the request: %q", name, msg)
+		}
+		if !strings.Contains(msg, c.keep) || len(msg) > 60+messageExcerpt {
+			t.Errorf("%s: Error() = %q, want it to keep %q within an excerpt", name, msg, c.keep)
+		}
+	}
+}
+
 func TestCompleteRetryAfterHTTPDate(t *testing.T) {
 	t.Parallel()
 	at := time.Now().Add(2 * time.Minute).UTC().Format(http.TimeFormat)

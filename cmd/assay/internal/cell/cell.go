@@ -20,6 +20,7 @@ import (
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/price"
+	"assay.dev/pkg/telemetry"
 	"assay.dev/services/classifier"
 	"assay.dev/services/committer"
 	"assay.dev/services/ingress"
@@ -45,6 +46,8 @@ type Options struct {
 	// "committer", "ledger") a connection of its own from this URL, so each
 	// works with its own credentials alone. Nil shares Env's connection.
 	NATSURLs map[string]string
+	// Telemetry adjusts the cell's telemetry (a test reads its spans).
+	Telemetry []telemetry.Option
 }
 
 // Cell is one region's four services in one process, behind one HTTP
@@ -68,7 +71,7 @@ type Cell struct {
 // Start connects, builds and starts the cell's services and serves its
 // HTTP surface on Config.HTTPAddr (default a free port on 127.0.0.1).
 func Start(ctx context.Context, o Options) (c *Cell, err error) {
-	env, err := host.Connect(ctx, "dev", o.Config, o.Log)
+	env, err := host.Connect(ctx, "dev", o.Config, o.Log, o.Telemetry...)
 	if err != nil {
 		return nil, err
 	}
