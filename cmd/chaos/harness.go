@@ -296,7 +296,7 @@ func (h *Harness) startSim() error {
 		return err
 	}
 	h.simURL = "http://" + ln.Addr().String()
-	h.simSrv = &http.Server{Handler: h.front, ReadHeaderTimeout: 10 * time.Second}
+	h.simSrv = &http.Server{Handler: h.front, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 90 * time.Second}
 	go func() { _ = h.simSrv.Serve(ln) }()
 	return nil
 }

@@ -63,9 +63,10 @@ func (f *simFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.sim.ServeHTTP(w, r)
 		return
 	}
-	body, err := io.ReadAll(r.Body)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 32<<20))
 	if err != nil {
-		// The caller went away mid-request: the provider never saw it.
+		// The caller went away mid-request (or sent more than any
+		// request of the cell's): the provider never saw it.
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))

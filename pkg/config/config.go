@@ -209,13 +209,13 @@ func (c Config) validate(need Need, errs []error) error {
 		errs = append(errs, fmt.Errorf("ASSAY_DATABASE_URL: cannot parse: %s", redact(err.Error(), c.DatabaseURL)))
 	}
 	if u, err := url.Parse(c.NATSURL); err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls") {
-		errs = append(errs, fmt.Errorf("ASSAY_NATS_URL: %q is not a nats:// or tls:// URL", c.NATSURL))
+		errs = append(errs, fmt.Errorf("ASSAY_NATS_URL: %q is not a nats:// or tls:// URL", Redacted(c.NATSURL)))
 	}
 	if need.Model {
 		if c.ModelBaseURL == "" {
 			errs = append(errs, errors.New("ASSAY_MODEL_BASE_URL: required"))
 		} else if u, err := url.Parse(c.ModelBaseURL); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			errs = append(errs, fmt.Errorf("ASSAY_MODEL_BASE_URL: %q is not an http(s) URL", c.ModelBaseURL))
+			errs = append(errs, fmt.Errorf("ASSAY_MODEL_BASE_URL: %q is not an http(s) URL", Redacted(c.ModelBaseURL)))
 		}
 		if c.Model == "" {
 			errs = append(errs, errors.New("ASSAY_MODEL: required: the model name the endpoint serves (e.g. gpt-4o-mini)"))
@@ -263,6 +263,22 @@ type invalidError struct{ error }
 func (e invalidError) Unwrap() error { return e.error }
 
 // redact keeps a password out of an error message.
+// Redacted is a URL setting fit for a message: each of its comma-separated
+// URLs with any password replaced (url.URL.Redacted), and one that does not
+// parse named only as such.
+func Redacted(raw string) string {
+	parts := strings.Split(raw, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			parts[i] = "(a value that does not parse as a URL)"
+			continue
+		}
+		parts[i] = u.Redacted()
+	}
+	return strings.Join(parts, ",")
+}
+
 func redact(msg, rawURL string) string {
 	if u, err := url.Parse(rawURL); err == nil && u.User != nil {
 		if p, ok := u.User.Password(); ok && p != "" {

@@ -196,6 +196,24 @@ func TestLoadDoesNotEchoPassword(t *testing.T) {
 	}
 }
 
+// Nor does a NATS or model URL that is refused.
+func TestLoadDoesNotEchoURLPasswords(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cr3t-Pa55"
+	for name, u := range map[string]string{
+		"ASSAY_NATS_URL":       "http://assay:" + secret + "@127.0.0.1:4222",
+		"ASSAY_MODEL_BASE_URL": "ftp://key:" + secret + "@models.internal/v1",
+	} {
+		_, err := config.Load("svc", nil, env(with(name, u)), config.Need{Model: true})
+		if err == nil || !strings.Contains(err.Error(), name) || strings.Contains(err.Error(), secret) || !strings.Contains(err.Error(), "xxxxx") {
+			t.Errorf("%s %q: error %v; want it named, the password redacted", name, u, err)
+		}
+	}
+	if got := config.Redacted("nats://a:pw1@h1:4222,nats://b:pw2@h2:4222"); got != "nats://a:xxxxx@h1:4222,nats://b:xxxxx@h2:4222" {
+		t.Errorf("Redacted of a server list = %q", got)
+	}
+}
+
 func TestValidateRegion(t *testing.T) {
 	t.Parallel()
 	for _, r := range config.DefaultRegions {

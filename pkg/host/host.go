@@ -5,6 +5,7 @@
 package host
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -67,7 +69,7 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 		nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond))
 	if err != nil {
 		st.Close()
-		return nil, fmt.Errorf("ASSAY_NATS_URL: connect %s: %w", cfg.NATSURL, err)
+		return nil, fmt.Errorf("ASSAY_NATS_URL: connect %s: %w", config.Redacted(cfg.NATSURL), err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -92,8 +94,11 @@ func (e *Env) Close(ctx context.Context) {
 }
 
 // Mux builds the HTTP surface every service has: its own API (may be nil),
-// /healthz (the process answers), /readyz (every part is ready) and /metrics.
-func Mux(api http.Handler, tel *telemetry.Provider, parts ...Part) *http.ServeMux {
+// /healthz (the process answers), /readyz (every part is ready) and
+// /metrics. /readyz answers ready or not ready and nothing more, since
+// anyone may ask it; why a part is not ready goes to the log, once each
+// time the reason changes.
+func Mux(api http.Handler, tel *telemetry.Provider, log *slog.Logger, parts ...Part) *http.ServeMux {
 	mux := http.NewServeMux()
 	if api != nil {
 		mux.Handle("/v1/", api)
@@ -101,15 +106,31 @@ func Mux(api http.Handler, tel *telemetry.Provider, parts ...Part) *http.ServeMu
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		apierror.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
+	var mu sync.Mutex
+	last := ""
+	note := func(why string) {
+		mu.Lock()
+		changed := why != last
+		last = why
+		mu.Unlock()
+		switch {
+		case changed && why != "":
+			log.Warn("not ready", "err", why)
+		case changed:
+			log.Info("ready")
+		}
+	}
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		for _, p := range parts {
 			if err := p.Ready(ctx); err != nil {
-				apierror.Write(w, http.StatusServiceUnavailable, "not_ready", err.Error())
+				note(err.Error())
+				apierror.JSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
 				return
 			}
 		}
+		note("")
 		apierror.JSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	if tel != nil {
@@ -118,9 +139,30 @@ func Mux(api http.Handler, tel *telemetry.Provider, parts ...Part) *http.ServeMu
 	return mux
 }
 
-// Serve listens on addr and serves h until ctx ends, then shuts down.
-// It returns the bound address through bound once listening.
-func Serve(ctx context.Context, addr string, h http.Handler, bound func(string)) error {
+// Limits bound what one HTTP client can hold. A request's headers must
+// arrive within ReadHeader and the whole request, body included, within
+// Read, so a slow body cannot hold a connection; a keep-alive connection
+// idle for Idle is closed; no handler reads more than MaxRequestBytes of a
+// body (the API's own limits are lower). A zero field takes its default.
+type Limits struct {
+	ReadHeader, Read, Write, Idle time.Duration
+	MaxRequestBytes               int64
+}
+
+// DefaultLimits are 5s for headers, 15s for a request, 30s to write an
+// answer, 60s idle and 4 MiB of body.
+var DefaultLimits = Limits{ReadHeader: 5 * time.Second, Read: 15 * time.Second, Write: 30 * time.Second,
+	Idle: 60 * time.Second, MaxRequestBytes: 4 << 20}
+
+func (l Limits) orDefault() Limits {
+	d := DefaultLimits
+	return Limits{ReadHeader: cmp.Or(l.ReadHeader, d.ReadHeader), Read: cmp.Or(l.Read, d.Read), Write: cmp.Or(l.Write, d.Write),
+		Idle: cmp.Or(l.Idle, d.Idle), MaxRequestBytes: cmp.Or(l.MaxRequestBytes, d.MaxRequestBytes)}
+}
+
+// Serve listens on addr and serves h within lim until ctx ends, then shuts
+// down. It returns the bound address through bound once listening.
+func Serve(ctx context.Context, addr string, h http.Handler, lim Limits, bound func(string)) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("ASSAY_HTTP_ADDR: listen %s: %w", addr, err)
@@ -128,7 +170,9 @@ func Serve(ctx context.Context, addr string, h http.Handler, bound func(string))
 	if bound != nil {
 		bound(ln.Addr().String())
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	lim = lim.orDefault()
+	srv := &http.Server{Handler: http.MaxBytesHandler(h, lim.MaxRequestBytes), ReadHeaderTimeout: lim.ReadHeader,
+		ReadTimeout: lim.Read, WriteTimeout: lim.Write, IdleTimeout: lim.Idle}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -174,7 +218,7 @@ func Main(name string, need config.Need, build func(*Env) (Part, http.Handler, e
 		env.Close(context.Background())
 		os.Exit(1)
 	}
-	err = Serve(ctx, cfg.HTTPAddr, Mux(api, env.Tel, part), func(a string) {
+	err = Serve(ctx, cfg.HTTPAddr, Mux(api, env.Tel, log, part), DefaultLimits, func(a string) {
 		log.Info("serving", "addr", a)
 	})
 	// Stop taking work, finish or release what is held, then close pools.

@@ -9,7 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -201,6 +203,28 @@ func submitted(w *store.Work, duplicate bool) SubmitResponse {
 		Links: Links{Self: "/v1/work/" + w.ID}}
 }
 
+// readBody reads a request's body within limit bytes. A body declared
+// larger is refused before a byte of it is read; one that does not arrive
+// within the server's read timeout is 408.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *apierror.Error) {
+	tooLarge := apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", limit))
+	if r.ContentLength > limit {
+		return nil, tooLarge
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var mbe *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case err == nil:
+		return body, nil
+	case errors.As(err, &mbe):
+		return nil, tooLarge
+	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+		return nil, apierror.New(http.StatusRequestTimeout, "request_timeout", "the request body did not arrive within the server's read timeout")
+	}
+	return nil, apierror.New(http.StatusBadRequest, "bad_request", "could not read the request body")
+}
+
 // decodeSubmit reads the body strictly and validates it; a refusal says
 // why the request is refused.
 func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRequest, *apierror.Error) {
@@ -208,14 +232,9 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRe
 	bad := func(code, msg string) (SubmitRequest, *apierror.Error) {
 		return req, apierror.New(http.StatusBadRequest, code, msg)
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return req, apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large",
-				fmt.Sprintf("request body is over %d bytes", s.cfg.MaxBodyBytes))
-		}
-		return bad("bad_request", "could not read the request body")
+	body, refused := readBody(w, r, s.cfg.MaxBodyBytes)
+	if refused != nil {
+		return req, refused
 	}
 	// Checked before anything reads it: Postgres stores text, and
 	// encoding/json would quietly turn bad bytes into U+FFFD.

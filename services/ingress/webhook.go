@@ -256,18 +256,11 @@ func (s *Service) verifyDelivery(ctx context.Context, w http.ResponseWriter, r *
 	if !eventRE.MatchString(d.event) {
 		return nil, apierror.New(http.StatusBadRequest, "invalid_event", "X-GitHub-Event must be a lower-case event name")
 	}
-	tooLarge := apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", s.cfg.MaxBodyBytes))
-	if r.ContentLength > s.cfg.MaxBodyBytes {
-		return nil, tooLarge
+	body, refused := readBody(w, r, s.cfg.MaxBodyBytes)
+	if refused != nil {
+		return nil, refused
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, tooLarge
-		}
-		return nil, apierror.New(http.StatusBadRequest, "bad_request", "could not read the request body")
-	}
+	var err error
 	if d.by, err = s.signedBy(ctx, body, sig); err != nil {
 		s.d.Log.ErrorContext(ctx, "webhook secret lookup failed", "delivery", d.id, "err", err)
 		return nil, apierror.New(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")

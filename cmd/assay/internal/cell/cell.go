@@ -48,6 +48,9 @@ type Options struct {
 	NATSURLs map[string]string
 	// Telemetry adjusts the cell's telemetry (a test reads its spans).
 	Telemetry []telemetry.Option
+	// HTTP bounds what a client can hold of the cell's listener; zero
+	// fields take host.DefaultLimits.
+	HTTP host.Limits
 }
 
 // Cell is one region's four services in one process, behind one HTTP
@@ -128,25 +131,25 @@ func Start(ctx context.Context, o Options) (c *Cell, err error) {
 		}
 		c.parts = append(c.parts, p)
 	}
-	return c, c.serve(ctx, o.Config.HTTPAddr, parts)
+	return c, c.serve(ctx, o.Config.HTTPAddr, o.HTTP, parts)
 }
 
 // serve serves the cell's HTTP surface: the ingress and usage APIs, health,
 // readiness of every part, and metrics.
-func (c *Cell) serve(ctx context.Context, addr string, parts []host.Part) error {
+func (c *Cell) serve(ctx context.Context, addr string, lim host.Limits, parts []host.Part) error {
 	api := http.NewServeMux()
 	api.Handle("/v1/work", c.Ingress.Handler())
 	api.Handle("/v1/work/", c.Ingress.Handler())
 	api.Handle("/v1/webhooks/", c.Ingress.Handler())
 	api.Handle("/v1/usage", c.Ledger.Handler())
-	mux := host.Mux(api, c.Env.Tel, parts...)
+	mux := host.Mux(api, c.Env.Tel, c.Env.Log, parts...)
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.stopHTTP, c.httpDone = cancel, make(chan error, 1)
 	bound := make(chan string, 1)
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	go func() { c.httpDone <- host.Serve(hctx, addr, mux, func(a string) { bound <- a }) }()
+	go func() { c.httpDone <- host.Serve(hctx, addr, mux, lim, func(a string) { bound <- a }) }()
 	select {
 	case a := <-bound:
 		c.URL = "http://" + a

@@ -255,7 +255,7 @@ func (e *Dev) PrintEndpoints(w io.Writer) {
 	fmt.Fprintf(w, "  model                       %s\n", model)
 	for _, region := range e.Regions {
 		c := e.Cells[region]
-		fmt.Fprintf(w, "\n  cell %s (database %s)\n", region, c.Env.Config.DatabaseURL)
+		fmt.Fprintf(w, "\n  cell %s (database %s)\n", region, config.Redacted(c.Env.Config.DatabaseURL))
 		for _, p := range []string{"POST /v1/work", "GET  /v1/work/{id}", "POST /v1/webhooks/github", "GET  /v1/usage", "GET  /healthz", "GET  /readyz", "GET  /metrics"} {
 			verb, path, _ := strings.Cut(p, " ")
 			fmt.Fprintf(w, "    %-5s %s%s\n", verb, c.URL, strings.TrimSpace(path))

@@ -1,14 +1,20 @@
 package cell_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 	"testing"
+	"time"
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/host"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/price"
 	"assay.dev/services/classifier"
@@ -160,5 +166,77 @@ func TestImplausibleUsageIsChargedAsEstimated(t *testing.T) {
 	}
 	if bud.ReservedMicros != 0 || bud.SpentMicros != cost {
 		t.Errorf("period %+v: want nothing reserved and the estimate spent", bud)
+	}
+}
+
+// slowRequest writes head, then body one byte per tick, and reports what
+// came back and when the server answered or closed the connection.
+func slowRequest(t *testing.T, addr, head string, body []byte, tick time.Duration) (string, time.Duration) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	if _, err := io.WriteString(conn, head); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan []byte, 1)
+	go func() {
+		_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+		b, _ := io.ReadAll(conn)
+		answered <- b
+	}()
+	for _, c := range body {
+		select {
+		case b := <-answered:
+			return string(b), time.Since(start)
+		case <-time.After(tick):
+		}
+		if _, err := conn.Write([]byte{c}); err != nil {
+			break
+		}
+	}
+	b := <-answered
+	return string(b), time.Since(start)
+}
+
+// A client without a credential is answered before it sends its body, and
+// one that sends its body a byte at a time is cut off at the server's read
+// timeout, not held for as long as it likes.
+func TestSlowBodiesAreCut(t *testing.T) {
+	t.Parallel()
+	const readTimeout = time.Second
+	b := celltest.Setup(t, cell.Options{HTTP: host.Limits{Read: readTimeout}})
+	addr := strings.TrimPrefix(b.Cell.URL, "http://")
+	body := bytes.Repeat([]byte("x"), 1000)
+	hook := func(extra string) string {
+		return "POST /v1/webhooks/github HTTP/1.1\r\nHost: assay\r\nContent-Type: application/json\r\n" +
+			"X-GitHub-Event: pull_request\r\nX-GitHub-Delivery: d-slow\r\n" + extra + "Content-Length: 1000000\r\n\r\n"
+	}
+	got, took := slowRequest(t, addr, hook(""), body, time.Second)
+	t.Logf("no signature: answered in %s", took.Round(time.Millisecond))
+	if !strings.HasPrefix(got, "HTTP/1.1 401") || took > 500*time.Millisecond {
+		t.Errorf("a delivery without a signature was answered after %s with %.60q; want 401 at once", took, got)
+	}
+	got, took = slowRequest(t, addr, hook("X-Hub-Signature-256: sha256="+strings.Repeat("0", 64)+"\r\n"), body, 300*time.Millisecond)
+	t.Logf("signed, slow body: ended after %s with %.40q", took.Round(time.Millisecond), got)
+	if !strings.HasPrefix(got, "HTTP/1.1 408") {
+		t.Errorf("a slow delivery was answered %.40q, want 408", got)
+	}
+	if took > readTimeout+time.Second {
+		t.Errorf("a slow signed delivery held the connection %s, past the %s read timeout", took, readTimeout)
+	}
+	got, took = slowRequest(t, addr, "POST /v1/work HTTP/1.1\r\nHost: assay\r\nContent-Type: application/json\r\n"+
+		"Authorization: Bearer "+b.Token+"\r\nContent-Length: 900000\r\n\r\n", body, 300*time.Millisecond)
+	t.Logf("API, slow body: ended after %s with %.40q", took.Round(time.Millisecond), got)
+	if took > readTimeout+time.Second {
+		t.Errorf("a slow API request held the connection %s, past the %s read timeout", took, readTimeout)
+	}
+	got, took = slowRequest(t, addr, "POST /v1/work HTTP/1.1\r\nHost: assay\r\nContent-Type: application/json\r\n"+
+		"Authorization: Bearer "+b.Token+"\r\nContent-Length: 5000000\r\n\r\n", body, time.Second)
+	if !strings.HasPrefix(got, "HTTP/1.1 413") || took > 500*time.Millisecond {
+		t.Errorf("a body declared over the limit was answered after %s with %.60q; want 413 at once", took, got)
 	}
 }
