@@ -48,6 +48,10 @@ type Contract struct {
 	WireSchemaVersion json.RawMessage
 	// Grounding is GroundingDiff or "".
 	Grounding string
+	// OnRefusal is what a refusal or a content filter does to the work:
+	// RefusalEnd (the default) ends it transport_rejected, RefusalRetry
+	// tries again with backoff within the attempt budget.
+	OnRefusal string
 
 	output *jsonschema.Schema
 	input  *jsonschema.Schema
@@ -72,7 +76,14 @@ type manifestEntry struct {
 		SchemaVersionValue json.RawMessage `json:"schemaVersionValue"`
 	} `json:"correlation"`
 	Grounding string `json:"grounding"`
+	OnRefusal string `json:"onRefusal"`
 }
+
+// What a refusal does to a contract's work.
+const (
+	RefusalEnd   = "end"
+	RefusalRetry = "retry"
+)
 
 // Load reads and compiles the contracts embedded in assay.dev/schemas.
 func Load() (*Registry, error) {
@@ -122,11 +133,19 @@ func build(fsys fs.FS, compiler *jsonschema.Compiler, e manifestEntry) (*Contrac
 	if e.Grounding != "" && e.Grounding != GroundingDiff {
 		return nil, fmt.Errorf("grounding %q is not %q or empty", e.Grounding, GroundingDiff)
 	}
+	switch e.OnRefusal {
+	case "":
+		e.OnRefusal = RefusalEnd
+	case RefusalEnd, RefusalRetry:
+	default:
+		return nil, fmt.Errorf("onRefusal %q is not %q or %q", e.OnRefusal, RefusalEnd, RefusalRetry)
+	}
 	c := &Contract{
 		Name:            e.Name,
 		SchemaVersion:   e.SchemaVersion,
 		TaxonomyVersion: e.TaxonomyVersion,
 		Grounding:       e.Grounding,
+		OnRefusal:       e.OnRefusal,
 	}
 	c.Correlation.WorkID = e.Correlation.WorkID
 	c.Correlation.SchemaVersion = e.Correlation.SchemaVersion

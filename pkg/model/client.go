@@ -34,6 +34,12 @@ const (
 	KindTimeout     Kind = "timeout"            // ctx deadline or network timeout
 	KindMalformed   Kind = "malformed"          // 2xx whose body is not a usable chat.completion
 	KindCanceled    Kind = "canceled"           // the caller canceled ctx before its deadline
+	// Answers that are not the model's output, told apart before the gate
+	// sees anything: each is what it is, never an invalid answer.
+	KindRefused   Kind = "refused"          // the model declined (message.refusal)
+	KindFiltered  Kind = "content_filtered" // the provider's filter stopped the answer (finish_reason content_filter)
+	KindTruncated Kind = "truncated"        // the answer was cut at max_tokens (finish_reason length)
+	KindToolCall  Kind = "tool_call"        // the model called a tool instead of answering
 )
 
 // Error is the only error type Complete returns.
@@ -210,19 +216,49 @@ func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
 	if err := json.Unmarshal(raw, &cr); err != nil {
 		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, Msg: "response is not JSON", Err: err}
 	}
-	// Some compatible servers omit "object"; anything else named is not ours.
-	if cr.Object != "" && cr.Object != "chat.completion" {
-		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, Msg: fmt.Sprintf("response object is a %d-byte name, not chat.completion", len(cr.Object))}
-	}
-	if len(cr.Choices) == 0 {
-		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, Msg: "response has no choices"}
-	}
-	rep.Content = cr.Choices[0].Message.Content
 	rep.Usage = cr.Usage
 	if cr.Model != "" {
 		rep.Model = cr.Model
 	}
+	if len(cr.Choices) > 0 {
+		rep.Content = cr.Choices[0].Message.Content
+	}
+	if e := classify(&cr, call.MaxTokens); e != nil {
+		e.Status = resp.StatusCode
+		return rep, e
+	}
 	return rep, nil
+}
+
+// classify tells a 2xx chat completion that carries no model output for
+// what it is, before anything reaches the gate: a provider fault (an error
+// object, no choices) is transient, a refusal, a content filter, a cut
+// answer or a tool call are kinds of their own. nil: the content is the
+// model's answer. What is said quotes nothing of the provider's text; the
+// body is kept with the attempt in the cell.
+func classify(cr *ChatResponse, maxTokens int) *Error {
+	// Some compatible servers omit "object"; anything else named is not ours.
+	if cr.Object != "" && cr.Object != "chat.completion" {
+		return &Error{Kind: KindMalformed, Msg: fmt.Sprintf("response object is a %d-byte name, not chat.completion", len(cr.Object))}
+	}
+	if len(cr.Error) > 0 && string(cr.Error) != "null" {
+		return &Error{Kind: KindTransient, Msg: fmt.Sprintf("a 2xx answer carrying an error object (%d bytes) and no answer", len(cr.Error))}
+	}
+	if len(cr.Choices) == 0 {
+		return &Error{Kind: KindTransient, Msg: "a 2xx answer without choices"}
+	}
+	ch := cr.Choices[0]
+	switch {
+	case ch.Message.Refusal != "":
+		return &Error{Kind: KindRefused, Msg: fmt.Sprintf("the model declined to answer (a %d-byte refusal)", len(ch.Message.Refusal))}
+	case ch.FinishReason == "content_filter":
+		return &Error{Kind: KindFiltered, Msg: "the provider's content filter stopped the answer"}
+	case len(ch.Message.ToolCalls) > 0 && ch.Message.Content == "":
+		return &Error{Kind: KindToolCall, Msg: fmt.Sprintf("the model called %d tool(s) instead of answering", len(ch.Message.ToolCalls))}
+	case ch.FinishReason == "length":
+		return &Error{Kind: KindTruncated, Msg: fmt.Sprintf("the answer was cut at max_tokens %d (%d bytes of it came)", maxTokens, len(ch.Message.Content))}
+	}
+	return nil
 }
 
 // MaxDrainBytes bounds how much of an oversize body is read, and thrown

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -122,7 +123,7 @@ func TestCompleteSuccessSendsRequestShape(t *testing.T) {
 	if err := json.Unmarshal(got.body, &req); err != nil {
 		t.Fatalf("request body: %v", err)
 	}
-	if req.Model != "m-asked" || req.User != "tenant-1" || len(req.Messages) != 2 || req.Messages[1] != testCall.Messages[1] {
+	if req.Model != "m-asked" || req.User != "tenant-1" || len(req.Messages) != 2 || req.Messages[1].Content != testCall.Messages[1].Content {
 		t.Fatalf("request = %+v", req)
 	}
 	rf := req.ResponseFormat
@@ -335,11 +336,10 @@ func TestCompleteRetryAfterMSPreferred(t *testing.T) {
 func TestCompleteMalformed(t *testing.T) {
 	t.Parallel()
 	cases := map[string]string{
-		"not json":   `<html>hello</html>`,
-		"truncated":  okBody[:40],
-		"no choices": `{"id":"x","object":"chat.completion","choices":[]}`,
-		"not chat":   `{"object":"list","data":[]}`,
-		"empty":      ``,
+		"not json":  `<html>hello</html>`,
+		"truncated": okBody[:40],
+		"not chat":  `{"object":"list","data":[]}`,
+		"empty":     ``,
 	}
 	for name, body := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -353,6 +353,49 @@ func TestCompleteMalformed(t *testing.T) {
 				t.Fatalf("reply %+v", rep)
 			}
 		})
+	}
+}
+
+// A 2xx that carries no model output is told for what it is, with the
+// body kept and the usage read, before anything reaches the gate.
+func TestCompleteTellsAnswersThatAreNotOutput(t *testing.T) {
+	t.Parallel()
+	const usage = `"usage":{"prompt_tokens":30,"completion_tokens":5,"total_tokens":35}`
+	choice := func(msg, finish string) string {
+		return `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":` + msg + `,"finish_reason":"` + finish + `"}],` + usage + `}`
+	}
+	cases := map[string]struct {
+		body string
+		kind Kind
+	}{
+		"no choices":     {`{"id":"x","object":"chat.completion","choices":[],` + usage + `}`, KindTransient},
+		"error object":   {`{"error":{"message":"The server had an error","type":"server_error"}}`, KindTransient},
+		"refusal":        {choice(`{"role":"assistant","content":null,"refusal":"I can't help with that."}`, "stop"), KindRefused},
+		"content filter": {choice(`{"role":"assistant","content":""}`, "content_filter"), KindFiltered},
+		"tool call":      {choice(`{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]}`, "tool_calls"), KindToolCall},
+		"cut at the cap": {choice(`{"role":"assistant","content":"{\"changeId\":\"w"}`, "length"), KindTruncated},
+	}
+	for name, c := range cases {
+		b := setup(t, answer(200, c.body))
+		call := testCall
+		call.MaxTokens = 512
+		rep, err := b.client.Complete(context.Background(), call)
+		e := asError(t, err)
+		if e.Kind != c.kind || e.Status != 200 || rep == nil || string(rep.Raw) != c.body {
+			t.Errorf("%s: %v (kind %s), reply %+v; want kind %s with the body kept", name, e, e.Kind, rep, c.kind)
+			continue
+		}
+		if name != "error object" && rep.Usage.PromptTokens != 30 {
+			t.Errorf("%s: usage %+v not read", name, rep.Usage)
+		}
+		if strings.Contains(e.Error(), "can't help") || strings.Contains(e.Error(), "server had an error") {
+			t.Errorf("%s: the error quotes the provider: %q", name, e.Error())
+		}
+	}
+	// A tool call beside real content is an answer.
+	b := setup(t, answer(200, choice(`{"role":"assistant","content":"{\"a\":1}","tool_calls":[{"id":"c"}]}`, "stop")))
+	if rep, err := b.client.Complete(context.Background(), testCall); err != nil || rep.Content != `{"a":1}` {
+		t.Errorf("content with a tool call: %v, %+v", err, rep)
 	}
 }
 
@@ -526,7 +569,8 @@ func TestCompleteBadBaseURL(t *testing.T) {
 }
 
 // FuzzCompleteResponse feeds arbitrary provider bodies through the decoder:
-// every outcome is either a reply with content or a malformed error.
+// every outcome of a 200 is a reply with content, a malformed error, or one
+// of the kinds of answer that is not output, with the body kept.
 func FuzzCompleteResponse(f *testing.F) {
 	f.Add([]byte(okBody))
 	f.Add([]byte(`{"choices":[{}]}`))
@@ -543,7 +587,12 @@ func FuzzCompleteResponse(f *testing.F) {
 		body.Store(&b)
 		rep, err := c.Complete(context.Background(), testCall)
 		if err != nil {
-			if e := asError(t, err); e.Kind != KindMalformed {
+			switch e := asError(t, err); e.Kind {
+			case KindMalformed, KindTransient, KindRefused, KindFiltered, KindTruncated, KindToolCall:
+				if e.Kind != KindMalformed && (rep == nil || !bytes.Equal(rep.Raw, b)) {
+					t.Fatalf("kind %q without the body kept", e.Kind)
+				}
+			default:
 				t.Fatalf("kind %q for body %q", e.Kind, b)
 			}
 			return

@@ -22,10 +22,14 @@ type ChatRequest struct {
 	MaxTokens   int      `json:"max_tokens,omitempty"`
 }
 
-// Message is one chat message.
+// Message is one chat message. Refusal and ToolCalls are read from an
+// answer only: a model that declines (OpenAI structured outputs answer
+// content null and a refusal) or calls a tool instead of answering.
 type Message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role      string            `json:"role"`
+	Content   string            `json:"content"`
+	Refusal   string            `json:"refusal,omitempty"`
+	ToolCalls []json.RawMessage `json:"tool_calls,omitempty"`
 }
 
 // ResponseFormat asks for structured output against a JSON Schema.
@@ -49,6 +53,8 @@ type ChatResponse struct {
 	Model   string   `json:"model"`
 	Choices []Choice `json:"choices"`
 	Usage   Usage    `json:"usage"`
+	// Error is set by providers that answer a failure with 2xx.
+	Error json.RawMessage `json:"error,omitempty"`
 }
 
 // Choice is one completion choice.

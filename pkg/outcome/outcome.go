@@ -67,8 +67,18 @@ const (
 	AttemptCanceled = "canceled"
 	// AttemptLeaseExpired: the worker never reported back.
 	AttemptLeaseExpired = "lease_expired"
+	// AttemptRefused: the model declined to answer (a refusal).
+	AttemptRefused = "refused"
+	// AttemptContentFiltered: the provider's content filter stopped the
+	// answer.
+	AttemptContentFiltered = "content_filtered"
+	// AttemptTruncated: the answer was cut at its max_tokens cap.
+	AttemptTruncated = "truncated"
+	// AttemptToolCall: the model called a tool instead of answering.
+	AttemptToolCall = "tool_call"
 )
 
 // Attempts lists every attempt outcome.
 var Attempts = []string{AttemptOK, AttemptInvalidOutput, AttemptRateLimited, AttemptTimeout,
-	AttemptTransportError, AttemptTransportRejected, AttemptStaleLease, AttemptCanceled, AttemptLeaseExpired}
+	AttemptTransportError, AttemptTransportRejected, AttemptStaleLease, AttemptCanceled, AttemptLeaseExpired,
+	AttemptRefused, AttemptContentFiltered, AttemptTruncated, AttemptToolCall}

@@ -54,6 +54,7 @@ type AttemptRecord struct {
 	HandoffTTL              time.Duration // Handoff
 	RepairNote              string        // Requeue
 	RetryAfter              time.Duration // Requeue: when it may be tried again
+	OutputCap               int           // Requeue: the next attempt's raised answer cap; 0 keeps it
 	WorkOutcome, WorkReason string        // Finish
 
 	// Outbox are the events the attempt implies (its RESULT and ATTEMPT).
@@ -73,7 +74,7 @@ func (s *Store) RecordAttempt(ctx context.Context, r AttemptRecord) error {
 		case Handoff:
 			_, err = extendLease(ctx, tx, r.WorkID, r.LeaseToken, r.HandoffTTL)
 		case Requeue:
-			_, err = requeue(ctx, tx, r.WorkID, r.LeaseToken, Text(r.RepairNote), r.RetryAfter)
+			_, err = requeue(ctx, tx, r.WorkID, r.LeaseToken, Text(r.RepairNote), r.RetryAfter, r.OutputCap)
 		case Finish:
 			_, err = finishLeased(ctx, tx, r.WorkID, r.LeaseToken, r.WorkOutcome, Text(r.WorkReason))
 		}

@@ -32,9 +32,12 @@ type Work struct {
 	Repairs         int
 	RepairNote      string
 	Dispatch        int
-	DeadlineAt      time.Time
-	CreatedAt       time.Time
-	UpdatedAt       time.Time
+	// OutputCap is the answer cap of the next attempt when it was raised
+	// (an answer was cut at the cap); 0 takes the classifier's.
+	OutputCap  int
+	DeadlineAt time.Time
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
 
 	// SupersedeOlder, on insert, ends the same source's other revisions
 	// that have not reached an outcome as superseded (a force-push). With
@@ -60,7 +63,7 @@ func (w *Work) Terminal() bool { return outcome.IsTerminal(w.State) }
 const workColumns = `id, tenant_id, region, contract, schema_version, taxonomy_version, source_id,
 	revision, lane, input, content_digest, state, coalesce(reason, ''), coalesce(lease_token::text, ''),
 	coalesce(lease_expires_at, 'epoch'), attempts, repairs, coalesce(repair_note, ''), dispatch,
-	deadline_at, created_at, updated_at`
+	deadline_at, created_at, updated_at, coalesce(output_cap, 0)`
 
 func scanWork(row pgx.Row) (*Work, error) { return scanWorkWith(row) }
 
@@ -70,7 +73,7 @@ func scanWorkWith(row pgx.Row, extra ...any) (*Work, error) {
 	err := row.Scan(append([]any{&w.ID, &w.TenantID, &w.Region, &w.Contract, &w.SchemaVersion, &w.TaxonomyVersion,
 		&w.SourceID, &w.Revision, &w.Lane, &w.Input, &w.Digest, &w.State, &w.Reason, &w.LeaseToken,
 		&w.LeaseExpiresAt, &w.Attempts, &w.Repairs, &w.RepairNote, &w.Dispatch, &w.DeadlineAt,
-		&w.CreatedAt, &w.UpdatedAt}, extra...)...)
+		&w.CreatedAt, &w.UpdatedAt, &w.OutputCap}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -354,12 +357,13 @@ func extendLease(ctx context.Context, db execer, workID, token string, ttl time.
 
 // requeue gives up the lease so the work can be claimed again after
 // retryAfter, optionally noting what a repair attempt must tell the model.
-func requeue(ctx context.Context, db execer, workID, token string, repairNote string, retryAfter time.Duration) (bool, error) {
+func requeue(ctx context.Context, db execer, workID, token string, repairNote string, retryAfter time.Duration, outputCap int) (bool, error) {
 	tag, err := db.Exec(ctx, `UPDATE work SET state = 'queued', lease_token = NULL, lease_expires_at = NULL,
 			repairs = repairs + CASE WHEN $3 = '' THEN 0 ELSE 1 END,
 			repair_note = CASE WHEN $3 = '' THEN repair_note ELSE $3 END, updated_at = now(),
-			retry_at = now() + $4 * interval '1 microsecond'
-		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, repairNote, interval(retryAfter))
+			retry_at = now() + $4 * interval '1 microsecond',
+			output_cap = coalesce(nullif($5, 0), output_cap)
+		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, repairNote, interval(retryAfter), outputCap)
 	if err != nil {
 		return false, fmt.Errorf("store: requeue %s: %w", workID, err)
 	}

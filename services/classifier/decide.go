@@ -116,6 +116,12 @@ type answer struct {
 	now, deadline     time.Time
 	// backoff is the jittered delay to use when the provider gives none.
 	backoff time.Duration
+	// retryRefusals: the contract has a refusal tried again rather than
+	// ended (contract.RefusalRetry).
+	retryRefusals bool
+	// outputCap is the answer cap this call had; raisedCap the cap a
+	// re-ask after a cut answer gets, 0 when the cap was raised already.
+	outputCap, raisedCap int
 }
 
 // limits bound retries and repairs.
@@ -132,8 +138,10 @@ type verdict struct {
 	workOutcome     string
 	workReason      string
 	repairNote      string
-	final           bool
-	disp            consumer.Disposition
+	// outputCap is the next attempt's raised answer cap, 0 to keep it.
+	outputCap int
+	final     bool
+	disp      consumer.Disposition
 	// next names what follows, for the decision log.
 	next string
 }
@@ -155,8 +163,35 @@ func judge(a answer, l limits) verdict {
 	case mErr != nil && mErr.Kind == model.KindRejected:
 		return verdict{outcome: outcome.AttemptTransportRejected, reason: mErr.Error(), change: store.Finish,
 			workOutcome: outcome.TransportRejected, workReason: mErr.Error(), final: true, disp: consumer.Done(), next: "ended"}
+	case mErr != nil && (mErr.Kind == model.KindRefused || mErr.Kind == model.KindFiltered) && !a.retryRefusals:
+		// The model or the provider declined this input: asking again
+		// gets the same answer, so the work ends, and the refusal is kept
+		// with the attempt.
+		return verdict{outcome: retryOutcome(a.err, mErr), reason: mErr.Error(), change: store.Finish,
+			workOutcome: outcome.TransportRejected, workReason: mErr.Error(), final: true, disp: consumer.Done(), next: "ended"}
+	case mErr != nil && mErr.Kind == model.KindTruncated:
+		return judgeTruncated(a, mErr, l)
 	}
 	return judgeRetry(a, mErr, l)
+}
+
+// judgeTruncated decides on an answer cut at its cap. A repair at the same
+// cap would be cut again, so none is asked: the work is asked once more
+// with the cap raised (its reservation is priced at the new cap, so the
+// budget still decides), and a second cut ends it.
+func judgeTruncated(a answer, mErr *model.Error, l limits) verdict {
+	v := verdict{outcome: outcome.AttemptTruncated, reason: mErr.Error(), final: true}
+	switch {
+	case a.raisedCap > a.outputCap && a.attempts < l.maxAttempts && a.now.Before(a.deadline):
+		v.change, v.outputCap, v.disp, v.next = store.Requeue, a.raisedCap, consumer.Retry(0), "retry_raised_cap"
+	default:
+		v.change, v.workOutcome, v.disp, v.next = store.Finish, outcome.RetryExhausted, consumer.Done(), "ended"
+		v.workReason = fmt.Sprintf("the answer was cut at its cap of %d units", a.outputCap)
+		if a.raisedCap == 0 {
+			v.workReason += ", already raised once"
+		}
+	}
+	return v
 }
 
 // judgeInvalid decides on an answer the gate refused: a bounded repair
@@ -213,6 +248,14 @@ func retryOutcome(err error, mErr *model.Error) string {
 		return outcome.AttemptTimeout
 	case mErr.Kind == model.KindCanceled:
 		return outcome.AttemptCanceled
+	case mErr.Kind == model.KindRefused:
+		return outcome.AttemptRefused
+	case mErr.Kind == model.KindFiltered:
+		return outcome.AttemptContentFiltered
+	case mErr.Kind == model.KindToolCall:
+		return outcome.AttemptToolCall
+	case mErr.Kind == model.KindTruncated:
+		return outcome.AttemptTruncated
 	}
 	return outcome.AttemptTransportError
 }

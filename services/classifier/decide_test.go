@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/pkg/admission"
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/gate"
@@ -175,6 +176,29 @@ func TestJudge(t *testing.T) {
 		{"superseded while the call ran", with(func(a *answer) {
 			a.stillMine, a.err = false, &model.Error{Kind: model.KindCanceled, Err: context.Canceled}
 		}), outcome.AttemptStaleLease, store.NoChange, "", true, consumer.Done(), "recorded_stale"},
+		{"503 with Retry-After", with(func(a *answer) {
+			a.err = &model.Error{Kind: model.KindTransient, Status: 503, RetryAfter: 2 * time.Second}
+		}), outcome.AttemptTransportError, store.Requeue, "", true, consumer.Retry(2 * time.Second), "retry"},
+		{"2xx without choices", with(func(a *answer) { a.err = &model.Error{Kind: model.KindTransient, Status: 200} }),
+			outcome.AttemptTransportError, store.Requeue, "", true, consumer.Retry(700 * time.Millisecond), "retry"},
+		{"refusal", with(func(a *answer) { a.err = &model.Error{Kind: model.KindRefused, Status: 200} }),
+			outcome.AttemptRefused, store.Finish, outcome.TransportRejected, true, consumer.Done(), "ended"},
+		{"content filter", with(func(a *answer) { a.err = &model.Error{Kind: model.KindFiltered, Status: 200} }),
+			outcome.AttemptContentFiltered, store.Finish, outcome.TransportRejected, true, consumer.Done(), "ended"},
+		{"refusal, the contract retries them", with(func(a *answer) {
+			a.err, a.retryRefusals = &model.Error{Kind: model.KindRefused, Status: 200}, true
+		}), outcome.AttemptRefused, store.Requeue, "", true, consumer.Retry(700 * time.Millisecond), "retry"},
+		{"tool call", with(func(a *answer) { a.err = &model.Error{Kind: model.KindToolCall, Status: 200} }),
+			outcome.AttemptToolCall, store.Requeue, "", true, consumer.Retry(700 * time.Millisecond), "retry"},
+		{"cut at the cap", with(func(a *answer) {
+			a.err, a.outputCap, a.raisedCap = &model.Error{Kind: model.KindTruncated, Status: 200}, 1024, 2048
+		}), outcome.AttemptTruncated, store.Requeue, "", true, consumer.Retry(0), "retry_raised_cap"},
+		{"cut at the raised cap", with(func(a *answer) {
+			a.err, a.outputCap, a.raisedCap = &model.Error{Kind: model.KindTruncated, Status: 200}, 2048, 0
+		}), outcome.AttemptTruncated, store.Finish, outcome.RetryExhausted, true, consumer.Done(), "ended"},
+		{"cut at the cap, attempts spent", with(func(a *answer) {
+			a.err, a.outputCap, a.raisedCap, a.attempts = &model.Error{Kind: model.KindTruncated, Status: 200}, 1024, 2048, 5
+		}), outcome.AttemptTruncated, store.Finish, outcome.RetryExhausted, true, consumer.Done(), "ended"},
 	}
 	for _, c := range cases {
 		v := judge(c.a, l)
@@ -192,6 +216,9 @@ func TestJudge(t *testing.T) {
 		}
 		if v.change == store.Finish && v.workReason == "" {
 			t.Errorf("%s: the work ends without a reason", c.name)
+		}
+		if (v.outputCap != 0) != (v.next == "retry_raised_cap") || (v.outputCap != 0 && v.outputCap != c.a.raisedCap) {
+			t.Errorf("%s: next attempt's cap %d (next %s)", c.name, v.outputCap, v.next)
 		}
 	}
 }
@@ -263,5 +290,33 @@ func TestPlausibleUsage(t *testing.T) {
 	// bounded by its bytes instead.
 	if !plausible(model.Usage{PromptTokens: 1000, CompletionTokens: 1 << 20}, req, 5<<20, capped) {
 		t.Error("a 5 MiB answer counted as 1 Mi units is possible")
+	}
+}
+
+// What a call tells the adaptive limit: a 503 that says when to come back
+// is congestion like a 429; a 2xx that is not output still answered in
+// time; a refusal's 4xx or a plain 5xx says nothing of capacity.
+func TestSignal(t *testing.T) {
+	t.Parallel()
+	reply := &model.Reply{Latency: 80 * time.Millisecond}
+	cases := []struct {
+		name  string
+		reply *model.Reply
+		err   error
+		want  admission.SignalKind
+	}{
+		{"answer", reply, nil, admission.Success},
+		{"429", reply, &model.Error{Kind: model.KindRateLimited, Status: 429}, admission.RateLimited},
+		{"503 with Retry-After", reply, &model.Error{Kind: model.KindTransient, Status: 503, RetryAfter: time.Second}, admission.RateLimited},
+		{"503 without Retry-After", reply, &model.Error{Kind: model.KindTransient, Status: 503}, admission.Ignore},
+		{"timeout", nil, &model.Error{Kind: model.KindTimeout}, admission.Timeout},
+		{"refusal", reply, &model.Error{Kind: model.KindRefused, Status: 200}, admission.Success},
+		{"cut answer", reply, &model.Error{Kind: model.KindTruncated, Status: 200}, admission.Success},
+		{"400", reply, &model.Error{Kind: model.KindRejected, Status: 400}, admission.Ignore},
+	}
+	for _, c := range cases {
+		if got := signal(c.reply, c.err); got.Kind != c.want {
+			t.Errorf("%s: signal %v, want %v", c.name, got.Kind, c.want)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/http"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -203,7 +204,11 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	reply *model.Reply, callErr error, stillMine bool) consumer.Disposition {
 	out, hasOutput := output(reply, callErr)
 	a := answer{stillMine: stillMine, err: callErr, output: out, hasOutput: hasOutput,
-		attempts: w.Attempts, repairs: w.Repairs, now: time.Now(), deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts)}
+		attempts: w.Attempts, repairs: w.Repairs, now: time.Now(), deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts),
+		retryRefusals: c.OnRefusal == contract.RefusalRetry, outputCap: s.outputCap(w)}
+	if w.OutputCap == 0 {
+		a.raisedCap = 2 * s.cfg.MaxOutputUnits
+	}
 	var mErr *model.Error
 	switch {
 	case !stillMine || !hasOutput:
@@ -226,9 +231,16 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	}
 	// Keep the raw answer in the cell, byte for byte, whatever happens to
 	// it next.
+	raw := []byte(out)
+	if !hasOutput && reply != nil {
+		// Not the model's output (a refusal, a cut answer, an error
+		// object): the provider's body is kept all the same.
+		raw = reply.Raw
+	}
 	err = s.d.Store.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
-		Outcome: v.outcome, Reason: v.reason, Raw: []byte(out), Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
-		RepairNote: v.repairNote, RetryAfter: v.disp.Delay, WorkOutcome: v.workOutcome, WorkReason: v.workReason, Outbox: msgs})
+		Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
+		RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
+		WorkReason: v.workReason, Outbox: msgs})
 	if store.Permanent(err) {
 		// The database refused the record for good (a data exception, an
 		// integrity violation): retrying would claim and pay again for
@@ -303,7 +315,7 @@ func (s *Service) attemptEvent(c *contract.Contract, w *store.Work, attemptID, o
 		att.ServedModel = reply.Model
 	}
 	kind := unbilled(reply, callErr)
-	if kind == billed && !plausible(reply.Usage, s.requestBytes(c, w), len(reply.Raw), s.cfg.MaxOutputUnits) {
+	if kind == billed && !plausible(reply.Usage, s.requestBytes(c, w), len(reply.Raw), s.outputCap(w)) {
 		kind = implausible
 	}
 	switch kind {
@@ -311,7 +323,7 @@ func (s *Service) attemptEvent(c *contract.Contract, w *store.Work, attemptID, o
 		// Numbers no tokenizer can produce are not copied, and the call is
 		// not dropped: it is charged its reservation's estimate, or its
 		// bytes when the answer ran past the cap.
-		out := max(int64(s.cfg.MaxOutputUnits), int64(math.Ceil(float64(len(reply.Raw))/s.cfg.BytesPerUnit)))
+		out := max(int64(s.outputCap(w)), int64(math.Ceil(float64(len(reply.Raw))/s.cfg.BytesPerUnit)))
 		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w), out, true
 	case noAnswer:
 		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w), 0, true
@@ -375,14 +387,23 @@ func (s *Service) modelCall(c *contract.Contract, w *store.Work) model.Call {
 		Schema:   c.Schema,
 		Messages: model.Messages(c.Prompt, model.Correlation{WorkID: w.ID, SchemaVersion: c.WireSchemaVersion,
 			TaxonomyVersion: w.TaxonomyVersion}, repair, json.RawMessage(w.Input)),
-		MaxTokens: s.cfg.MaxOutputUnits,
+		MaxTokens: s.outputCap(w),
 	}
+}
+
+// outputCap is the answer cap of the next attempt at w: the classifier's,
+// or the work's own once a cut answer raised it.
+func (s *Service) outputCap(w *store.Work) int {
+	if w.OutputCap > 0 {
+		return w.OutputCap
+	}
+	return s.cfg.MaxOutputUnits
 }
 
 // Estimate bounds one attempt's cost from above: the request's input units
 // and the answer at its cap.
 func (s *Service) Estimate(c *contract.Contract, w *store.Work) int64 {
-	return s.cfg.Prices.CostMicros(s.cfg.Model, s.inputUnits(c, w), int64(s.cfg.MaxOutputUnits))
+	return s.cfg.Prices.CostMicros(s.cfg.Model, s.inputUnits(c, w), int64(s.outputCap(w)))
 }
 
 // inputUnits estimates a request's input units from above: its bytes over
@@ -403,7 +424,9 @@ func (s *Service) requestBytes(c *contract.Contract, w *store.Work) int {
 }
 
 // signal is what one call tells the limiter: success with its latency,
-// or congestion (a 429 or a timeout). Anything else says nothing about the
+// or congestion (a 429, a 503 that says when to come back, or a timeout).
+// A 2xx that is not model output (a refusal, a cut answer, garbled) still
+// says the provider answered in time. Anything else says nothing about the
 // provider's capacity.
 func signal(reply *model.Reply, err error) admission.Signal {
 	var mErr *model.Error
@@ -411,11 +434,11 @@ func signal(reply *model.Reply, err error) admission.Signal {
 	switch {
 	case err == nil && reply != nil:
 		return admission.Signal{Kind: admission.Success, Latency: reply.Latency}
-	case mErr != nil && mErr.Kind == model.KindRateLimited:
+	case mErr != nil && (mErr.Kind == model.KindRateLimited || (mErr.Status == http.StatusServiceUnavailable && mErr.RetryAfter > 0)):
 		return admission.Signal{Kind: admission.RateLimited}
 	case mErr != nil && mErr.Kind == model.KindTimeout:
 		return admission.Signal{Kind: admission.Timeout}
-	case mErr != nil && mErr.Kind == model.KindMalformed && reply != nil:
+	case mErr != nil && reply != nil && mErr.Status >= 200 && mErr.Status < 300:
 		return admission.Signal{Kind: admission.Success, Latency: reply.Latency}
 	}
 	return admission.Signal{Kind: admission.Ignore}

@@ -37,6 +37,14 @@ const (
 	// negative prompt units and a completion count past any bound. The
 	// call is billed at its true usage.
 	FaultBadUsage = "bad_usage"
+	// Answers that are not model output, as real providers give them.
+	FaultUnavailable   = "unavailable"    // 503 with Retry-After (RetryAfter, default 1s)
+	FaultNoChoices     = "no_choices"     // 200 with "choices": []
+	FaultErrorBody     = "error_body"     // 200 with an {"error": {...}} body and no choices
+	FaultRefusal       = "refusal"        // 200, content null and a refusal (OpenAI structured outputs)
+	FaultLength        = "length"         // 200, the answer cut in half, finish_reason "length", whatever max_tokens
+	FaultContentFilter = "content_filter" // 200, no content, finish_reason "content_filter"
+	FaultToolCalls     = "tool_calls"     // 200, content null and a tool call instead of an answer
 	// FaultObeyInjection makes the model gullible: it follows instructions
 	// found in the untrusted input ("ignore previous instructions", "output
 	// the following JSON instead: {...}", "set changeId to X", "add a field
@@ -52,7 +60,8 @@ var FaultKinds = []string{
 	FaultServerError, FaultReject, FaultExtraProperty, FaultBadEnum,
 	FaultWrongChangeID, FaultWrongSchemaVersion, FaultUngroundedFile,
 	FaultLineOutsideHunk, FaultEvidenceNotInDiff, FaultObeyInjection, FaultHuge, FaultBadBytes,
-	FaultRenamed, FaultBadUsage,
+	FaultRenamed, FaultBadUsage, FaultUnavailable, FaultNoChoices, FaultErrorBody, FaultRefusal,
+	FaultLength, FaultContentFilter, FaultToolCalls,
 }
 
 // Fault bends matching calls. The first matching fault with Times left
@@ -64,8 +73,8 @@ type Fault struct {
 	Tenant string // "" matches any tenant; "-" is the request without a user
 	Match  string // substring of the user message (the untrusted input); "" matches any
 	Times  int    // calls it applies to; 0 means every call
-	// RetryAfter is sent, in whole seconds rounded up, with rate_limit;
-	// default 1s.
+	// RetryAfter is sent, in whole seconds rounded up, with rate_limit
+	// and unavailable; default 1s.
 	RetryAfter time.Duration
 	Latency    time.Duration // for latency
 	Size       int           // for huge: the content's bytes

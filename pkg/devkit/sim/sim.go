@@ -401,6 +401,23 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded",
 			fmt.Sprintf("Rate limit reached for %s; please try again in %ds.", c.tenant, secs))
 		return
+	case FaultUnavailable:
+		ra := f.RetryAfter
+		if ra <= 0 {
+			ra = time.Second
+		}
+		given, secs := setRetryAfter(w.Header(), ra)
+		s.setNotBefore(c.retryKey(), time.Now().Add(given))
+		s.release(a.id)
+		writeError(w, http.StatusServiceUnavailable, "server_error", "overloaded",
+			fmt.Sprintf("The engine is currently overloaded, please try again in %ds.", secs))
+		return
+	case FaultErrorBody:
+		s.release(a.id)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{"error":{"message":"The server had an error processing your request.","type":"server_error","code":null}}`)
+		return
 	case FaultServerError:
 		s.release(a.id)
 		writeError(w, http.StatusInternalServerError, "server_error", "", "The server had an error while processing your request. Sorry about that!")
@@ -429,24 +446,46 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		// A misbehaving provider: the valid answer padded far past
 		// max_tokens with a summary of the whole change.
 		content = huge(content, f.Size)
+	case kind == FaultLength:
+		content, finish = content[:len(content)/2], "length"
 	case mt > 0 && tokens(len(content)) > mt:
 		// Like a real provider, stop at max_tokens: the answer is cut
 		// short and says so.
 		content, finish = content[:mt*4], "length"
+	}
+	// nullContent: the answer's content is JSON null (a refusal, a tool
+	// call), as OpenAI sends it.
+	nullContent := false
+	msg := model.Message{Role: "assistant", Content: content}
+	switch kind {
+	case FaultRefusal:
+		msg.Content, msg.Refusal, nullContent = "", "I'm sorry, but I can't help with that request.", true
+	case FaultContentFilter:
+		msg.Content, finish = "", "content_filter"
+	case FaultToolCalls:
+		args, _ := json.Marshal(content)
+		msg.Content, nullContent, finish = "", true, "tool_calls"
+		msg.ToolCalls = []json.RawMessage{json.RawMessage(`{"id":"call_sim_1","type":"function","function":{"name":"submit_review","arguments":` + string(args) + `}}`)}
 	}
 	resp := model.ChatResponse{
 		ID:      fmt.Sprintf("chatcmpl-sim-%d", s.seq.Add(1)),
 		Object:  "chat.completion",
 		Created: time.Now().Unix(),
 		Model:   cmpOr(req.Model, s.opts.Model),
-		Choices: []model.Choice{{Index: 0, Message: model.Message{Role: "assistant", Content: content}, FinishReason: finish}},
+		Choices: []model.Choice{{Index: 0, Message: msg, FinishReason: finish}},
+	}
+	if kind == FaultNoChoices {
+		resp.Choices = []model.Choice{}
 	}
 	var prompt int
 	for _, m := range req.Messages {
 		prompt += len(m.Content)
 	}
 	resp.Usage.PromptTokens = tokens(prompt)
-	resp.Usage.CompletionTokens = tokens(len(content))
+	resp.Usage.CompletionTokens = tokens(len(msg.Content) + len(msg.Refusal))
+	for _, tc := range msg.ToolCalls {
+		resp.Usage.CompletionTokens += tokens(len(tc))
+	}
 	resp.Usage.TotalTokens = resp.Usage.PromptTokens + resp.Usage.CompletionTokens
 	billed := resp.Usage
 	switch kind {
@@ -457,6 +496,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		resp.Usage.TotalTokens = resp.Usage.PromptTokens + resp.Usage.CompletionTokens
 	}
 	body, _ := json.Marshal(resp)
+	if nullContent {
+		body = bytes.Replace(body, []byte(`"content":""`), []byte(`"content":null`), 1)
+	}
 	if kind == FaultTruncated {
 		body = body[:len(body)/2]
 	}
