@@ -10,6 +10,9 @@ UGLYCOUNT ?= 3
 UGLYRUN   ?= TestUgly|TestLateAnswerFromLostLease|TestConcurrentIdenticalSubmissions|TestWebhookReplayedConcurrently
 # make chaos CHAOSFLAGS='-seed 7 -n 1000'; see cd cmd/chaos && go run . -h
 CHAOSFLAGS ?=
+# make build stamps the binaries with this; --version and assay_build_info show it.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+LDFLAGS := -X assay.dev/pkg/buildinfo.version=$(VERSION)
 
 .PHONY: help demo serve test chaos build vet fmt fuzz tidy bench-goodput
 
@@ -38,9 +41,9 @@ chaos: ## kill, restart and starve the services under load; check the exactly-on
 
 build: ## build every module on its own (GOWORK=off) into bin/
 	@set -e; mkdir -p bin; for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) build ./...); done
-	cd cmd/assay && GOWORK=off $(GO) build -o ../../bin/assay .
+	cd cmd/assay && GOWORK=off $(GO) build -ldflags "$(LDFLAGS)" -o ../../bin/assay .
 	@for s in ingress classifier committer ledger; do \
-		(cd services/$$s && GOWORK=off $(GO) build -o ../../bin/$$s ./cmd/$$s) || exit 1; done
+		(cd services/$$s && GOWORK=off $(GO) build -ldflags "$(LDFLAGS)" -o ../../bin/$$s ./cmd/$$s) || exit 1; done
 
 vet: ## go vet and gofmt every module
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done

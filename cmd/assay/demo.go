@@ -16,8 +16,9 @@ import (
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/usage"
 	"assay.dev/services/ingress"
-	"assay.dev/services/ledger"
 )
 
 // submission is one request the demo sends.
@@ -153,6 +154,9 @@ func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
 		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
 	}
 	fmt.Fprintf(w, "\noutcomes: %s\n", strings.Join(parts, ", "))
+	if err := reachedModel(views); err != nil {
+		return err
+	}
 	if e.Sim != nil {
 		fmt.Fprintln(w, "model calls (simulated provider) vs ledger attempt rows, per tenant:")
 		ok := true
@@ -166,6 +170,29 @@ func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
 	}
 	fmt.Fprintf(w, "done in %s\n", time.Since(started).Round(time.Millisecond))
 	return nil
+}
+
+// reachedModel fails the demo when no item got an answer from the model:
+// every attempt a transport fault means the endpoint, its name or its key
+// is wrong, and the first attempt's reason says which.
+func reachedModel(views []ingress.WorkView) error {
+	first := ""
+	for _, v := range views {
+		for _, a := range v.Attempts {
+			switch a.Outcome {
+			case outcome.AttemptTransportError, outcome.AttemptTransportRejected, outcome.AttemptTimeout, outcome.AttemptRateLimited:
+				if first == "" {
+					first = a.Reason
+				}
+			default:
+				return nil
+			}
+		}
+	}
+	if first == "" {
+		return nil
+	}
+	return fmt.Errorf("no work item reached the model; the first attempt says: %s (check ASSAY_MODEL_BASE_URL, ASSAY_MODEL and ASSAY_MODEL_API_KEY)", first)
 }
 
 func (e demo) submit(ctx context.Context, client *http.Client, s submission) (submitted, error) {
@@ -283,9 +310,9 @@ func (e demo) waitLedger(ctx context.Context, limit time.Duration) (calls, rows 
 	}
 }
 
-func (e demo) usage(ctx context.Context, client *http.Client, tenant string) (ledger.UsageReport, error) {
+func (e demo) usage(ctx context.Context, client *http.Client, tenant string) (usage.Report, error) {
 	t := e.tenantSeed(tenant)
-	var rep ledger.UsageReport
+	var rep usage.Report
 	err := e.getJSON(ctx, client, e.Cells[t.HomeRegion].URL+"/v1/usage?tenant="+tenant, t.Token, &rep)
 	return rep, err
 }

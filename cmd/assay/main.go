@@ -8,11 +8,13 @@
 //	assay work rerun ID       queue dropped work again
 //	assay bench goodput       the admission benchmark
 //	assay usage reconcile     check attempts against results, the ledger and the provider
+//	assay version             the build's version
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -23,6 +25,7 @@ import (
 	"syscall"
 
 	"assay.dev/cmd/assay/internal/natsconf"
+	"assay.dev/pkg/buildinfo"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/event"
@@ -34,7 +37,7 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
-const usage = `usage: assay <command> [flags]
+const mainUsage = `usage: assay <command> [flags]
 
 commands:
   dev [--serve]          run both cells (us, eu) in one process on embedded defaults;
@@ -48,12 +51,75 @@ commands:
   usage reconcile        check attempts against results, the ledger and the provider's counts
   outbox list|retry      outbox rows set aside because they could not be published; put them back
   nats-config            print the least-privilege NATS server configuration (deploy/nats/assay.conf)
+  version                print the build's version
+
+assay COMMAND --help shows a command's flags. A bad setting exits 2, a failure 1.
 `
+
+// helps are each command's own help, printed for -h or --help.
+var helps = map[string]string{
+	"dev": `usage: assay dev [--serve] [-v]
+
+Both cells (us, eu) in one process: an embedded nats-server, a throwaway
+Postgres (or ASSAY_DATABASE_URL's server) and the simulated provider (or
+ASSAY_MODEL_BASE_URL with ASSAY_MODEL). Without --serve it submits the
+evaluation set, prints each item's outcome and exits; it exits 1 when no item
+could reach the model, naming why.
+  --serve   keep the cells running with their HTTP API until interrupted
+  -v        print the services' decision log to stderr
+`,
+	"migrate": `usage: assay migrate [--create-database] [--region R --database-url URL]
+
+Apply the cell's migrations. --create-database first creates the database
+ASSAY_DATABASE_URL names when it is missing and the role may (the services
+do the same at start-up).
+`,
+	"sim": `usage: assay sim [--addr HOST:PORT]
+
+Run the simulated OpenAI-compatible provider (POST /v1/chat/completions,
+GET /sim/stats, POST /sim/faults). --addr defaults to $ASSAY_HTTP_ADDR, else
+127.0.0.1:8090.
+`,
+	"tenants": `usage: assay tenants seed FILE [--region R --database-url URL]
+
+Create the tenants in FILE, a JSON array of {"id","homeRegion","token"},
+with their tokens (24 to 256 letters, digits and _.~-); tenants that exist
+are left as they are.
+`,
+	"tenant": tenantUsage,
+	"work": `usage: assay work rerun ID [--deadline 10m] [--region R --database-url URL]
+
+Queue work that admission dropped again, with a new deadline.
+`,
+	"bench": `usage: assay bench goodput [--scenarios 1,2,3,4,5] [--quick] [--log FILE]
+
+The admission benchmark against the simulated provider (make bench-goodput).
+`,
+	"usage": `usage: assay usage reconcile [--database-url URL] [--region R] [--provider-stats URL] [--since 24h]
+
+Check attempts against results and the ledger; with --provider-stats (the
+simulated provider's address, or its /sim/stats URL) also ledger rows
+against provider calls per tenant. Prints each check; exits 1 on a difference.
+`,
+	"outbox": `usage: assay outbox list [--json] | assay outbox retry ID|--all [--region R --database-url URL]
+
+Outbox rows set aside because they could not be published, and putting them back.
+`,
+	"nats-config": `usage: assay nats-config [--installation NAME] [--cells us,eu]
+
+Print the least-privilege NATS server configuration (deploy/nats/assay.conf).
+`,
+	"version": "usage: assay version\n\nPrint the build's version.\n",
+}
 
 func run(args []string, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, mainUsage)
 		return 2
+	}
+	if h, ok := helps[args[0]]; ok && isHelp(args[1:]) {
+		fmt.Print(h)
+		return 0
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -83,12 +149,19 @@ func run(args []string, stderr io.Writer) int {
 			break
 		}
 		err = usageReconcile(ctx, args[2:], os.Stdout)
+	case "version", "--version":
+		fmt.Println("assay", buildinfo.Read())
+		return 0
 	case "help", "-h", "--help":
-		fmt.Print(usage)
+		fmt.Print(mainUsage)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "assay: unknown command %q\n%s", args[0], usage)
+		fmt.Fprintf(stderr, "assay: unknown command %q\n%s", args[0], mainUsage)
 		return 2
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Print(helps[args[0]])
+		return 0
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "assay %s: %v\n", args[0], err)
@@ -104,12 +177,33 @@ func run(args []string, stderr io.Writer) int {
 type configError struct{ error }
 
 func migrate(ctx context.Context, args []string) error {
-	cfg, err := config.Load("assay migrate", args, os.Getenv, config.Need{})
+	create := false
+	var rest []string
+	for _, a := range args {
+		if a == "--create-database" || a == "-create-database" {
+			create = true
+			continue
+		}
+		rest = append(rest, a)
+	}
+	cfg, err := config.Load("assay migrate", rest, os.Getenv, config.Need{})
 	if err != nil {
 		return configError{err}
 	}
+	if create {
+		made, err := store.EnsureDatabase(ctx, cfg.DatabaseURL)
+		if err != nil {
+			return fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+		}
+		if made {
+			fmt.Printf("region %s: database created\n", cfg.Region)
+		}
+	}
 	st, err := store.Open(ctx, cfg.DatabaseURL)
 	if err != nil {
+		if store.SQLState(err) == "3D000" && !create {
+			return fmt.Errorf("ASSAY_DATABASE_URL: %w (create it first, or run assay migrate --create-database)", err)
+		}
 		return fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
 	}
 	defer st.Close()
@@ -149,6 +243,14 @@ func tenants(ctx context.Context, args []string) error {
 	var seeds []store.TenantSeed
 	if err := json.Unmarshal(raw, &seeds); err != nil {
 		return configError{fmt.Errorf("%s: %w", args[1], err)}
+	}
+	for i, t := range seeds {
+		if !event.ValidToken(t.ID) {
+			return configError{fmt.Errorf("%s[%d]: tenant id %q: use 1-63 lowercase letters, digits and '-'", args[1], i, t.ID)}
+		}
+		if !store.ValidToken(t.Token) {
+			return configError{fmt.Errorf("%s[%d]: tenant %q: the token is not 24 to 256 letters, digits and _.~- (a placeholder?)", args[1], i, t.ID)}
+		}
 	}
 	cfg, err := config.Load("assay tenants seed", args[2:], os.Getenv, config.Need{})
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -20,10 +21,15 @@ import (
 
 const tenantUsage = `usage: assay tenant <command> [args] [--region R --database-url URL]
 
-  add ID --home-region R [--budget-usd N --period month|day]
-                              create a tenant; prints its API token once
-  list                        the tenants this cell knows
-  rotate-token ID             revoke every token of ID and print a new one once
+  add ID --home-region R [--budget-usd N --period month|day] [--token-from FILE] [--token-out FILE]
+                              create a tenant with a new API token, printed once (or
+                              written to --token-out, mode 0600); --token-from installs
+                              the token minted in another cell, so one token works
+                              everywhere (a cell that is not its home answers 421)
+  list [--json]               the tenants this cell knows, with their GitHub links
+  rotate-token ID [--token-from FILE] [--token-out FILE]
+                              revoke every token of ID and add a new one (mint it in
+                              one cell, install it in the others with --token-from)
   suspend ID | resume ID      refuse (403) or accept the tenant's requests again
   set-budget ID --usd N|--unlimited [--period month|day]
   set-rate ID --per-minute N --burst N
@@ -39,13 +45,20 @@ const tenantUsage = `usage: assay tenant <command> [args] [--region R --database
                               (replacing the old one); printed once
 
 Tenants are per cell: run each command against every cell, so that a cell
-can name the right region for a tenant homed elsewhere.
+can name the right region for a tenant homed elsewhere. A token file holds
+the token alone; - reads it from standard input.
+
+Settings: --region (ASSAY_REGION) and --database-url (ASSAY_DATABASE_URL).
 `
 
 // tenantCmd runs `assay tenant …` against the cell in ASSAY_DATABASE_URL.
 func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
 		return configError{errors.New(tenantUsage)}
+	}
+	if isHelp(args) {
+		fmt.Fprint(stdout, tenantUsage)
+		return nil
 	}
 	verb, rest := args[0], args[1:]
 	fs := flag.NewFlagSet("assay tenant "+verb, flag.ContinueOnError)
@@ -58,6 +71,9 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	perMinute := fs.Int("per-minute", 0, "admitted requests per minute, per lane")
 	burst := fs.Int("burst", 0, "requests admitted at once above the rate")
 	repos := fs.String("repositories", "", "the repositories an installation covers: owner/* or owner/repo, comma-separated")
+	tokenFrom := fs.String("token-from", "", "install the token in FILE (- for standard input) instead of minting one")
+	tokenOut := fs.String("token-out", "", "write the new token to FILE (mode 0600) instead of printing it")
+	asJSON := fs.Bool("json", false, "list as JSON")
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
 	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
 	var pos []string
@@ -107,8 +123,14 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		if err := config.ValidateRegion(cfg.Regions, *home); err != nil {
 			return configError{fmt.Errorf("--home-region: %w", err)}
 		}
-		tok := store.NewToken()
+		tok, err := token(*tokenFrom)
+		if err != nil {
+			return err
+		}
 		if err := st.AddTenant(ctx, pos[0], *home, tok); err != nil {
+			if errors.Is(err, store.ErrExists) {
+				return fmt.Errorf("tenant %s already exists in region %s's database (rotate-token gives it a new token)", pos[0], *region)
+			}
 			return err
 		}
 		if *usd >= 0 {
@@ -116,29 +138,24 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 				return err
 			}
 		}
-		fmt.Fprintf(stdout, "tenant %s added (home region %s)\ntoken (shown once, stored hashed): %s\n", pos[0], *home, tok)
+		fmt.Fprintf(stdout, "tenant %s added (home region %s)\n", pos[0], *home)
+		if err := showToken(stdout, tok, *tokenFrom, *tokenOut); err != nil {
+			return err
+		}
 	case "list":
-		ts, err := st.ListTenants(ctx)
+		return listTenants(ctx, st, stdout, *asJSON)
+	case "rotate-token":
+		tok, err := token(*tokenFrom)
 		if err != nil {
 			return err
 		}
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "TENANT\tHOME\tSTATUS\tRATE/MIN\tBURST\tBUDGET (USD)\tPERIOD\tTOKENS")
-		for _, t := range ts {
-			b := "unlimited"
-			if t.BudgetMicros != nil {
-				b = dollars(*t.BudgetMicros)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\n", t.ID, t.HomeRegion, t.Status, t.RatePerMinute, t.Burst,
-				b, t.BudgetPeriod, t.ActiveTokens)
-		}
-		return tw.Flush()
-	case "rotate-token":
-		tok := store.NewToken()
 		if err := st.RotateToken(ctx, pos[0], tok); err != nil {
 			return notFound(err)
 		}
-		fmt.Fprintf(stdout, "every earlier token of %s is revoked\ntoken (shown once, stored hashed): %s\n", pos[0], tok)
+		fmt.Fprintf(stdout, "every earlier token of %s is revoked\n", pos[0])
+		if err := showToken(stdout, tok, *tokenFrom, *tokenOut); err != nil {
+			return err
+		}
 	case "suspend", "resume":
 		status := map[string]string{"suspend": "suspended", "resume": "active"}[verb]
 		if err := st.SetStatus(ctx, pos[0], status); err != nil {
@@ -181,6 +198,138 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "tenant %s webhook secret (shown once; set it on each repository hook linked to %s): %s\n", pos[0], pos[0], secret)
 	}
 	return nil
+}
+
+// token is a new tenant token, or the one in file (- for standard input),
+// minted in another cell.
+func token(file string) (string, error) {
+	if file == "" {
+		return store.NewToken(), nil
+	}
+	var raw []byte
+	var err error
+	if file == "-" {
+		raw, err = io.ReadAll(io.LimitReader(os.Stdin, 4096))
+	} else {
+		raw, err = os.ReadFile(file)
+	}
+	if err != nil {
+		return "", configError{fmt.Errorf("--token-from: %w", err)}
+	}
+	tok := strings.TrimSpace(string(raw))
+	if !store.ValidToken(tok) {
+		return "", configError{fmt.Errorf("--token-from %s: not a token (24 to 256 letters, digits and _.~-)", file)}
+	}
+	return tok, nil
+}
+
+// showToken tells the operator the token: printed once, or written to out;
+// a token installed from elsewhere is not printed again.
+func showToken(stdout io.Writer, tok, from, out string) error {
+	switch {
+	case out != "":
+		f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return configError{fmt.Errorf("--token-out: %w", err)}
+		}
+		if _, err := fmt.Fprintln(f, tok); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "token written to %s (stored here hashed); install it in the other cells with --token-from\n", out)
+	case from != "":
+		fmt.Fprintln(stdout, "token installed from", from, "(stored hashed)")
+	default:
+		fmt.Fprintf(stdout, "token (shown once, stored hashed; install it in the other cells with --token-from): %s\n", tok)
+	}
+	return nil
+}
+
+// tenantLine is one tenant as `tenant list --json` shows it.
+type tenantLine struct {
+	ID            string     `json:"id"`
+	HomeRegion    string     `json:"homeRegion"`
+	Status        string     `json:"status"`
+	RatePerMinute int        `json:"ratePerMinute"`
+	Burst         int        `json:"burst"`
+	BudgetUSD     *float64   `json:"budgetUsd"`
+	BudgetPeriod  string     `json:"budgetPeriod"`
+	ActiveTokens  int        `json:"activeTokens"`
+	Links         []linkLine `json:"links"`
+}
+
+type linkLine struct {
+	Kind         string   `json:"kind"`
+	Key          string   `json:"key"`
+	Repositories []string `json:"repositories,omitempty"`
+}
+
+func listTenants(ctx context.Context, st *store.Store, stdout io.Writer, asJSON bool) error {
+	ts, err := st.ListTenants(ctx)
+	if err != nil {
+		return err
+	}
+	links, err := st.Links(ctx)
+	if err != nil {
+		return err
+	}
+	byTenant := map[string][]store.Link{}
+	for _, l := range links {
+		byTenant[l.Tenant] = append(byTenant[l.Tenant], l)
+	}
+	if asJSON {
+		out := make([]tenantLine, 0, len(ts))
+		for _, t := range ts {
+			l := tenantLine{ID: t.ID, HomeRegion: t.HomeRegion, Status: t.Status, RatePerMinute: t.RatePerMinute, Burst: t.Burst,
+				BudgetPeriod: t.BudgetPeriod, ActiveTokens: t.ActiveTokens, Links: []linkLine{}}
+			for _, k := range byTenant[t.ID] {
+				l.Links = append(l.Links, linkLine{Kind: k.Kind, Key: k.Key, Repositories: k.Repositories})
+			}
+			if t.BudgetMicros != nil {
+				usd := float64(*t.BudgetMicros) / 1e6
+				l.BudgetUSD = &usd
+			}
+			out = append(out, l)
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tHOME\tSTATUS\tRATE/MIN\tBURST\tBUDGET (USD)\tPERIOD\tTOKENS\tGITHUB")
+	for _, t := range ts {
+		b := "unlimited"
+		if t.BudgetMicros != nil {
+			b = dollars(*t.BudgetMicros)
+		}
+		var gh []string
+		for _, l := range byTenant[t.ID] {
+			s := strings.TrimPrefix(l.Kind, "github_") + " " + l.Key
+			if len(l.Repositories) > 0 {
+				s += " (" + strings.Join(l.Repositories, ",") + ")"
+			}
+			gh = append(gh, s)
+		}
+		if len(gh) == 0 {
+			gh = []string{"-"}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\n", t.ID, t.HomeRegion, t.Status, t.RatePerMinute, t.Burst,
+			b, t.BudgetPeriod, t.ActiveTokens, strings.Join(gh, "; "))
+	}
+	return tw.Flush()
+}
+
+// isHelp reports whether args ask for help.
+func isHelp(args []string) bool {
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" || a == "help" {
+			return true
+		}
+	}
+	return false
 }
 
 // linkOf is the link `tenant link ID KIND KEY` asks for, checked.

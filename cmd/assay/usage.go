@@ -31,7 +31,7 @@ func usageReconcile(ctx context.Context, args []string, stdout io.Writer) error 
 	fs.SetOutput(io.Discard)
 	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "the cell's region ($ASSAY_REGION)")
-	statsURL := fs.String("provider-stats", "", "the simulated provider's /sim/stats URL")
+	statsURL := fs.String("provider-stats", "", "the simulated provider's address, base URL or /sim/stats URL")
 	sinceFlag := fs.String("since", "", "RFC 3339 time or duration ago; default: everything")
 	if err := fs.Parse(args); err != nil {
 		return configError{err}
@@ -112,8 +112,19 @@ func cmpOr(a, b string) string {
 // providerCheck compares the ledger's rows per tenant with the calls the
 // provider counted per tenant. The provider counts since it started or its
 // stats were reset, so --since should match that moment.
+// statsEndpoint is the provider's stats URL from its address or base URL
+// (http://127.0.0.1:8090, …/v1) or the full /sim/stats URL.
+func statsEndpoint(u string) string {
+	u = strings.TrimRight(u, "/")
+	if strings.HasSuffix(u, "/sim/stats") {
+		return u
+	}
+	return strings.TrimSuffix(u, "/v1") + "/sim/stats"
+}
+
 func providerCheck(ctx context.Context, st *store.Store, url string, since time.Time) (store.Check, error) {
 	c := store.Check{Name: "ledger_provider_calls", What: "ledger rows per tenant equal the provider's calls per tenant", Unit: "tenants"}
+	url = statsEndpoint(url)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return c, configError{fmt.Errorf("--provider-stats: %w", err)}

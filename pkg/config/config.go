@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"slices"
@@ -60,30 +61,38 @@ type Config struct {
 	// HTTPAddr is where the service serves its API, /healthz, /readyz and
 	// /metrics (ASSAY_HTTP_ADDR). Default given by the service.
 	HTTPAddr string
+	// StartupWait is how long start-up waits for Postgres and NATS to
+	// answer, trying again with capped backoff (ASSAY_STARTUP_WAIT, a Go
+	// duration). Default 60s; 0 tries once.
+	StartupWait time.Duration
 }
 
-// Setting describes one setting: its variable, its flag and its field.
+// Setting describes one setting: its variable, its flag, its default and
+// its field.
 type setting struct {
-	env, flag, usage string
-	field            func(*Config) *string
+	env, flag, def, usage string
+	field                 func(*Config) *string
+	model                 bool // read only by a service that calls the model
 }
 
 // raw holds the settings that are parsed after they are read.
 type raw struct {
-	regions, replicas, maxAge, placement string
+	regions, replicas, maxAge, placement, startupWait string
 }
 
 var settings = []setting{
-	{"ASSAY_REGION", "region", "region served by this instance (one of ASSAY_REGIONS)", func(c *Config) *string { return &c.Region }},
-	{"ASSAY_CELL", "cell", "cell served by this instance (default: the region)", func(c *Config) *string { return &c.Cell }},
-	{"ASSAY_INSTALLATION", "installation", "prefix of every stream, subject and durable (default assay)", func(c *Config) *string { return &c.Installation }},
-	{"ASSAY_DATABASE_URL", "database-url", "the cell's Postgres URL", func(c *Config) *string { return &c.DatabaseURL }},
-	{"ASSAY_NATS_URL", "nats-url", "NATS URL", func(c *Config) *string { return &c.NATSURL }},
-	{"ASSAY_MODEL_BASE_URL", "model-base-url", "OpenAI-compatible endpoint, with or without /v1", func(c *Config) *string { return &c.ModelBaseURL }},
-	{"ASSAY_MODEL_API_KEY", "model-api-key", "bearer token for the model endpoint", func(c *Config) *string { return &c.ModelAPIKey }},
-	{"ASSAY_MODEL", "model", "model name", func(c *Config) *string { return &c.Model }},
-	{"ASSAY_HTTP_ADDR", "http-addr", "listen address for HTTP", func(c *Config) *string { return &c.HTTPAddr }},
+	{"ASSAY_REGION", "region", "", "region served by this instance (one of ASSAY_REGIONS); required", func(c *Config) *string { return &c.Region }, false},
+	{"ASSAY_CELL", "cell", "the region", "cell served by this instance", func(c *Config) *string { return &c.Cell }, false},
+	{"ASSAY_INSTALLATION", "installation", event.DefaultInstallation, "prefix of every stream, subject and durable", func(c *Config) *string { return &c.Installation }, false},
+	{"ASSAY_DATABASE_URL", "database-url", "", "the cell's Postgres URL; required", func(c *Config) *string { return &c.DatabaseURL }, false},
+	{"ASSAY_NATS_URL", "nats-url", defaultNATSURL, "NATS URL, with this service's user and password", func(c *Config) *string { return &c.NATSURL }, false},
+	{"ASSAY_MODEL_BASE_URL", "model-base-url", "", "OpenAI-compatible endpoint, with or without /v1; required", func(c *Config) *string { return &c.ModelBaseURL }, true},
+	{"ASSAY_MODEL_API_KEY", "model-api-key", "", "bearer token for the model endpoint", func(c *Config) *string { return &c.ModelAPIKey }, true},
+	{"ASSAY_MODEL", "model", "", "model name the endpoint serves (e.g. gpt-4o-mini); required", func(c *Config) *string { return &c.Model }, true},
+	{"ASSAY_HTTP_ADDR", "http-addr", "", "listen address for the API, /healthz, /readyz and /metrics", func(c *Config) *string { return &c.HTTPAddr }, false},
 }
+
+const defaultNATSURL = "nats://127.0.0.1:4222"
 
 // Need says which optional settings a service requires.
 type Need struct {
@@ -92,13 +101,66 @@ type Need struct {
 }
 
 var rawSettings = []struct {
-	env, flag, usage string
-	field            func(*raw) *string
+	env, flag, def, usage string
+	field                 func(*raw) *string
 }{
-	{"ASSAY_REGIONS", "regions", "regions of the installation, comma separated (default us,eu)", func(r *raw) *string { return &r.regions }},
-	{"ASSAY_STREAM_REPLICAS", "stream-replicas", "replicas of the streams this instance creates: 1 to 5 (default 1)", func(r *raw) *string { return &r.replicas }},
-	{"ASSAY_STREAM_MAX_AGE", "stream-max-age", "history the streams keep for replay, a Go duration (default 168h)", func(r *raw) *string { return &r.maxAge }},
-	{"ASSAY_STREAM_PLACEMENT", "stream-placement", "server tags the streams are placed by, comma separated (default none)", func(r *raw) *string { return &r.placement }},
+	{"ASSAY_REGIONS", "regions", "us,eu", "regions of the installation, comma separated", func(r *raw) *string { return &r.regions }},
+	{"ASSAY_STREAM_REPLICAS", "stream-replicas", "1", "replicas of the streams this instance creates: 1 to 5", func(r *raw) *string { return &r.replicas }},
+	{"ASSAY_STREAM_MAX_AGE", "stream-max-age", "168h", "history the streams keep for replay, a Go duration", func(r *raw) *string { return &r.maxAge }},
+	{"ASSAY_STREAM_PLACEMENT", "stream-placement", "none", "server tags the streams are placed by, comma separated", func(r *raw) *string { return &r.placement }},
+	{"ASSAY_STARTUP_WAIT", "startup-wait", "60s", "how long start-up waits for Postgres and NATS, a Go duration (0: try once)", func(r *raw) *string { return &r.startupWait }},
+}
+
+// Var is one setting a service reads from the environment alone, for its
+// help: its variable, its default as text, and what it sets.
+type Var struct {
+	Name, Default, Usage string
+}
+
+// ErrHelp is Load's answer to -h or --help: print Usage and exit 0.
+var ErrHelp = flag.ErrHelp
+
+// ErrVersion is Load's answer to --version: print the version and exit 0.
+var ErrVersion = errors.New("config: version asked for")
+
+// Usage is the help of a service: its flags (each mirrors a variable; the
+// model's only for a service that calls it) and then every variable of its
+// own, each with its default.
+func Usage(name, doc string, need Need, own []Var) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "usage: %s [flags]\n\n%s\n\nFlags (each also read from its variable; a flag wins):\n", name, doc)
+	row := func(flag, env, def, usage string) {
+		if def != "" {
+			usage += " (default " + def + ")"
+		}
+		fmt.Fprintf(&b, "  --%-18s %-28s %s\n", flag, env, usage)
+	}
+	for _, s := range settings {
+		if s.model && !need.Model {
+			continue
+		}
+		def := s.def
+		if s.env == "ASSAY_HTTP_ADDR" {
+			def = need.HTTPAddr
+		}
+		row(s.flag, s.env, def, s.usage)
+	}
+	for _, s := range rawSettings {
+		row(s.flag, s.env, s.def, s.usage)
+	}
+	row("version", "", "", "print the version and exit")
+	if len(own) > 0 {
+		fmt.Fprintf(&b, "\nEnvironment (%s's own):\n", name)
+		for _, v := range own {
+			usage := v.Usage
+			if v.Default != "" {
+				usage += " (default " + v.Default + ")"
+			}
+			fmt.Fprintf(&b, "  %-30s %s\n", v.Name, usage)
+		}
+	}
+	b.WriteString("\nA bad setting stops start-up with exit code 2 and names the setting.\n")
+	return b.String()
 }
 
 // Load reads the environment through getenv, then the flags in args (flags
@@ -107,9 +169,13 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 	var c Config
 	var r raw
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
 	for _, s := range settings {
 		p := s.field(&c)
 		*p = getenv(s.env)
+		if s.model && !need.Model {
+			continue
+		}
 		fs.StringVar(p, s.flag, *p, s.usage+" ($"+s.env+")")
 	}
 	for _, s := range rawSettings {
@@ -117,19 +183,34 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 		*p = getenv(s.env)
 		fs.StringVar(p, s.flag, *p, s.usage+" ($"+s.env+")")
 	}
+	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
-		return Config{}, err
+		if errors.Is(err, flag.ErrHelp) {
+			return Config{}, ErrHelp
+		}
+		return Config{}, Invalid(err)
+	}
+	if *version {
+		return Config{}, ErrVersion
 	}
 	if fs.NArg() > 0 {
-		return Config{}, fmt.Errorf("config: unexpected argument %q", fs.Arg(0))
+		return Config{}, Invalid(fmt.Errorf("config: unexpected argument %q", fs.Arg(0)))
 	}
 	var errs []error
 	c.Regions, c.Streams, errs = r.parse()
+	c.StartupWait = 60 * time.Second
+	if r.startupWait != "" {
+		d, err := time.ParseDuration(r.startupWait)
+		if err != nil || d < 0 || d > time.Hour {
+			errs = append(errs, fmt.Errorf("ASSAY_STARTUP_WAIT: %q is not a duration from 0s to 1h", r.startupWait))
+		}
+		c.StartupWait = d
+	}
 	if c.Cell == "" {
 		c.Cell = c.Region
 	}
 	if c.NATSURL == "" {
-		c.NATSURL = "nats://127.0.0.1:4222"
+		c.NATSURL = defaultNATSURL
 	}
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = need.HTTPAddr
@@ -227,7 +308,7 @@ func (c Config) validate(need Need, errs []error) error {
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("config: %w", errors.Join(errs...))
+		return Invalid(fmt.Errorf("config: %w", errors.Join(errs...)))
 	}
 	return nil
 }
@@ -263,6 +344,22 @@ type invalidError struct{ error }
 func (e invalidError) Unwrap() error { return e.error }
 
 // redact keeps a password out of an error message.
+// Redacted is the configuration as a start-up log line shows it: every URL
+// with its password replaced, the API key only as set or not.
+func (c Config) Redacted() map[string]any {
+	key := ""
+	if c.ModelAPIKey != "" {
+		key = "(set)"
+	}
+	return map[string]any{
+		"region": c.Region, "cell": c.Cell, "installation": c.Installation, "regions": strings.Join(c.Regions, ","),
+		"database_url": Redacted(c.DatabaseURL), "nats_url": Redacted(c.NATSURL),
+		"model_base_url": Redacted(c.ModelBaseURL), "model": c.Model, "model_api_key": key,
+		"http_addr": c.HTTPAddr, "startup_wait": c.StartupWait.String(),
+		"stream_replicas": c.Streams.Replicas, "stream_max_age": c.Streams.MaxAge.String(),
+	}
+}
+
 // Redacted is a URL setting fit for a message: each of its comma-separated
 // URLs with any password replaced (url.URL.Redacted), and one that does not
 // parse named only as such.
@@ -297,10 +394,25 @@ func Int(getenv func(string) string, name string, to *int, min, max int) error {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < min || n > max {
-		return fmt.Errorf("%s: %q is not a whole number from %d to %d", name, v, min, max)
+		return Invalid(fmt.Errorf("%s: %q is not a whole number from %d to %d", name, v, min, max))
 	}
 	*to = n
 	return nil
+}
+
+// Asked lists, in first-asked order, the variables fromEnv reads when none
+// is set: what a service's Vars must list.
+func Asked(fromEnv func(getenv func(string) string) error) []string {
+	var names []string
+	seen := map[string]bool{}
+	_ = fromEnv(func(k string) string {
+		if !seen[k] {
+			seen[k] = true
+			names = append(names, k)
+		}
+		return ""
+	})
+	return names
 }
 
 // Duration is one duration setting a service reads from the environment.
@@ -320,7 +432,7 @@ func Durations(getenv func(string) string, ds ...Duration) error {
 		}
 		dur, err := time.ParseDuration(v)
 		if err != nil || dur < d.Min || dur > d.Max {
-			return fmt.Errorf("%s: %q is not a duration from %s to %s", d.Name, v, d.Min, d.Max)
+			return Invalid(fmt.Errorf("%s: %q is not a duration from %s to %s", d.Name, v, d.Min, d.Max))
 		}
 		*d.To = dur
 	}

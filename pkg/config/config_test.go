@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"errors"
 	"os"
 	"reflect"
 	"strings"
@@ -57,6 +58,7 @@ func TestLoadDefaults(t *testing.T) {
 		DatabaseURL:  "postgres://assay@127.0.0.1:5432/assay?sslmode=disable",
 		NATSURL:      "nats://127.0.0.1:4222",
 		HTTPAddr:     ":8080",
+		StartupWait:  time.Minute,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("config = %+v, want %+v", c, want)
@@ -93,6 +95,7 @@ func TestLoadFlagsOverrideEnv(t *testing.T) {
 		ModelAPIKey:  "flag-key",
 		Model:        "flag-model",
 		HTTPAddr:     ":9090",
+		StartupWait:  time.Minute,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("config = %+v, want %+v", c, want)
@@ -263,5 +266,50 @@ func TestLoadUnknownFlag(t *testing.T) {
 	_, err := config.Load("svc", []string{"-nope"}, env(valid()), config.Need{})
 	if err == nil || !strings.Contains(err.Error(), "nope") {
 		t.Fatalf("unknown flag: %v", err)
+	}
+}
+
+// -h and --version are answers, not bad settings; the help lists the
+// service's flags (the model's only when it calls one) and its own
+// variables with their defaults.
+func TestHelpAndVersion(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"-h"}, {"--help"}} {
+		if _, err := config.Load("svc", args, env(nil), config.Need{}); !errors.Is(err, config.ErrHelp) {
+			t.Errorf("%v: %v, want ErrHelp", args, err)
+		}
+	}
+	if _, err := config.Load("svc", []string{"--version"}, env(nil), config.Need{}); !errors.Is(err, config.ErrVersion) {
+		t.Errorf("--version: %v", err)
+	}
+	if _, err := config.Load("svc", []string{"--model", "x"}, env(valid()), config.Need{}); err == nil || !config.IsInvalid(err) {
+		t.Errorf("a model flag for a service without a model: %v, want a bad setting", err)
+	}
+	own := []config.Var{{Name: "ASSAY_SWEEP_EVERY", Default: "5s", Usage: "how often"}}
+	h := config.Usage("ingress", "ingress serves.", config.Need{HTTPAddr: "127.0.0.1:8080"}, own)
+	for _, want := range []string{"--database-url", "ASSAY_DATABASE_URL", "ASSAY_STARTUP_WAIT", "ASSAY_SWEEP_EVERY", "(default 5s)", "(default 127.0.0.1:8080)"} {
+		if !strings.Contains(h, want) {
+			t.Errorf("help lacks %q:\n%s", want, h)
+		}
+	}
+	if strings.Contains(h, "ASSAY_MODEL") {
+		t.Errorf("a service without a model lists the model's settings:\n%s", h)
+	}
+	if h := config.Usage("classifier", "c.", config.Need{Model: true}, nil); !strings.Contains(h, "ASSAY_MODEL_BASE_URL") {
+		t.Errorf("the classifier's help lacks the model's settings:\n%s", h)
+	}
+}
+
+// Asked lists what a FromEnv reads, so a service's Vars can be held to it.
+func TestAsked(t *testing.T) {
+	t.Parallel()
+	got := config.Asked(func(getenv func(string) string) error {
+		getenv("A")
+		getenv("B")
+		getenv("A")
+		return nil
+	})
+	if strings.Join(got, ",") != "A,B" {
+		t.Fatalf("Asked = %v", got)
 	}
 }

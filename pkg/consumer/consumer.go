@@ -247,8 +247,13 @@ func (c *Consumer) subscribe(ctx context.Context) (<-chan struct{}, error) {
 		return nil, fmt.Errorf("consumer %s on %s: %w", c.cfg.Durable.Durable, c.cfg.Stream, err)
 	}
 	c.mu.Lock()
+	first := !c.consumed
 	c.cc, c.lost, c.consumed, c.missing = cc, lost, true, time.Time{}
 	c.mu.Unlock()
+	if first {
+		c.cfg.Log.Info("consumer ensured", "consumer", c.cfg.Durable.Durable, "stream", c.cfg.Stream,
+			"filter", c.cfg.Durable.Filter, "ack_wait", event.ConsumerConfig(c.cfg.Durable).AckWait.String())
+	}
 	return lost, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -121,16 +122,19 @@ type Keeper struct {
 
 // Start creates the streams, then looks after them until Stop.
 func (k *Keeper) Start(ctx context.Context) error {
+	if k.Log == nil {
+		k.Log = slog.Default()
+	}
 	for _, kind := range k.Kinds {
 		if err := k.Ensure(ctx, kind); err != nil {
 			return err
 		}
+		cfg := StreamConfig(k.Names, kind, k.Settings)
+		k.Log.Info("stream ensured", "stream", cfg.Name, "subjects", strings.Join(cfg.Subjects, ","),
+			"replicas", cfg.Replicas, "max_age", cfg.MaxAge.String())
 	}
 	if k.Every <= 0 {
 		k.Every = 5 * time.Second
-	}
-	if k.Log == nil {
-		k.Log = slog.Default()
 	}
 	t := &k.ticker
 	t.Name, t.Every, t.Log = "stream keeper", k.Every, k.Log

@@ -14,14 +14,18 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/buildinfo"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/lifecycle"
@@ -38,7 +42,64 @@ type Env struct {
 	Contracts *contract.Registry
 	Log       *slog.Logger
 	Tel       *telemetry.Provider
+
+	nats     natsHealth
+	draining atomic.Bool
 }
+
+// natsHealth remembers the last permissions violation the server told this
+// connection of: a credential that may not do the service's job.
+type natsHealth struct {
+	mu        sync.Mutex
+	violation string
+	at        time.Time
+}
+
+// violationMemory is how long a permissions violation keeps a service not
+// ready after the server last reported one.
+const violationMemory = time.Minute
+
+func (h *natsHealth) record(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.violation, h.at = err.Error(), time.Now()
+}
+
+func (h *natsHealth) recent() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.violation == "" || time.Since(h.at) > violationMemory {
+		return ""
+	}
+	return h.violation
+}
+
+// Ready reports whether the Env can do a service's job: the database
+// answers, the NATS connection is up, and the server has not refused this
+// credential a subject lately. While the process drains it is not ready.
+func (e *Env) Ready(ctx context.Context) error {
+	if e.draining.Load() {
+		return errors.New("draining: stopping on a signal")
+	}
+	if e.Store != nil {
+		if err := e.Store.Ping(ctx); err != nil {
+			return err
+		}
+	}
+	if e.NC != nil {
+		if st := e.NC.Status(); st != nats.CONNECTED {
+			return fmt.Errorf("nats: connection %s", st)
+		}
+		if v := e.nats.recent(); v != "" {
+			return fmt.Errorf("nats: the server refused this credential: %s", v)
+		}
+	}
+	return nil
+}
+
+// Refusal is the permissions violation the server last reported, "" when
+// none lately: why a start that timed out on JetStream did.
+func (e *Env) Refusal() string { return e.nats.recent() }
 
 // Part is a service as the host sees it: a lifecycle part that can say
 // whether it is ready.
@@ -47,7 +108,10 @@ type Part interface {
 	Ready(ctx context.Context) error
 }
 
-// Connect opens everything a service of a cell needs.
+// Connect opens everything a service of a cell needs. It waits for
+// Postgres and NATS with capped backoff up to cfg.StartupWait, logging each
+// try; creates the cell's database when it does not exist and the role
+// may; applies migrations; and logs what it did.
 func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logger, opts ...telemetry.Option) (*Env, error) {
 	tel, err := telemetry.Setup(ctx, name, cfg.Region, opts...)
 	if err != nil {
@@ -57,27 +121,89 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 	if err != nil {
 		return nil, err
 	}
-	st, err := store.Open(ctx, cfg.DatabaseURL)
+	e := &Env{Config: cfg, Contracts: reg, Log: log, Tel: tel}
+	err = retry(ctx, log, "postgres", cfg.StartupWait, func(ctx context.Context) error {
+		if created, err := store.EnsureDatabase(ctx, cfg.DatabaseURL); err != nil {
+			return err
+		} else if created {
+			log.Info("database created", "database", databaseName(cfg.DatabaseURL))
+		}
+		e.Store, err = store.Open(ctx, cfg.DatabaseURL)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
 	}
-	if _, err := st.Migrate(ctx); err != nil {
-		st.Close()
+	applied, err := e.Store.Migrate(ctx)
+	if err != nil {
+		e.Store.Close()
 		return nil, err
 	}
-	nc, err := nats.Connect(cfg.NATSURL, nats.Name("assay-"+name+"-"+cfg.Region),
-		nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond))
+	versions := store.Versions()
+	log.Info("migrations", "applied", len(applied), "names", strings.Join(applied, ","), "schema", versions[len(versions)-1])
+	err = retry(ctx, log, "nats", cfg.StartupWait, func(context.Context) error {
+		e.NC, err = nats.Connect(cfg.NATSURL, nats.Name("assay-"+name+"-"+cfg.Region),
+			nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+			nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+				subject := ""
+				if sub != nil {
+					subject = sub.Subject
+				}
+				if errors.Is(err, nats.ErrPermissionViolation) {
+					e.nats.record(err)
+				}
+				log.Error("nats: asynchronous error", "err", err, "subject", subject)
+			}),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				log.Warn("nats: disconnected", "err", err)
+			}),
+			nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats: reconnected", "server", nc.ConnectedUrlRedacted()) }),
+		)
+		return err
+	})
 	if err != nil {
-		st.Close()
+		e.Store.Close()
 		return nil, fmt.Errorf("ASSAY_NATS_URL: connect %s: %w", config.Redacted(cfg.NATSURL), err)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		st.Close()
+	log.Info("nats: connected", "server", e.NC.ConnectedUrlRedacted(), "max_payload", e.NC.MaxPayload())
+	if e.JS, err = jetstream.New(e.NC); err != nil {
+		e.NC.Close()
+		e.Store.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	return &Env{Config: cfg, Store: st, NC: nc, JS: js, Contracts: reg, Log: log, Tel: tel}, nil
+	return e, nil
+}
+
+// retry runs try until it succeeds or wait has passed, backing off from
+// 250ms to 5s and logging each failure. wait 0 tries once.
+func retry(ctx context.Context, log *slog.Logger, what string, wait time.Duration, try func(context.Context) error) error {
+	deadline := time.Now().Add(wait)
+	delay := 250 * time.Millisecond
+	for n := 1; ; n++ {
+		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := try(tctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if !time.Now().Add(delay).Before(deadline) || ctx.Err() != nil {
+			return err
+		}
+		log.Warn("waiting for "+what, "try", n, "err", err, "retry_in", delay.String())
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+func databaseName(u string) string {
+	if cfg, err := pgx.ParseConfig(u); err == nil {
+		return cfg.Database
+	}
+	return ""
 }
 
 // Close releases connections, last to first.
@@ -94,11 +220,12 @@ func (e *Env) Close(ctx context.Context) {
 }
 
 // Mux builds the HTTP surface every service has: its own API (may be nil),
-// /healthz (the process answers), /readyz (every part is ready) and
-// /metrics. /readyz answers ready or not ready and nothing more, since
-// anyone may ask it; why a part is not ready goes to the log, once each
-// time the reason changes.
-func Mux(api http.Handler, tel *telemetry.Provider, log *slog.Logger, parts ...Part) *http.ServeMux {
+// /healthz (the process answers, draining included), /readyz (env and
+// every part can do their job) and /metrics; anything else is a JSON 404
+// or 405. /readyz answers ready or not ready and nothing more, since anyone
+// may ask it; why it is not ready goes to the log, once each time the
+// reason changes.
+func Mux(api http.Handler, env *Env, parts ...Part) http.Handler {
 	mux := http.NewServeMux()
 	if api != nil {
 		mux.Handle("/v1/", api)
@@ -115,16 +242,24 @@ func Mux(api http.Handler, tel *telemetry.Provider, log *slog.Logger, parts ...P
 		mu.Unlock()
 		switch {
 		case changed && why != "":
-			log.Warn("not ready", "err", why)
+			env.Log.Warn("not ready", "err", why)
 		case changed:
-			log.Info("ready")
+			env.Log.Info("ready")
 		}
 	}
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		for _, p := range parts {
-			if err := p.Ready(ctx); err != nil {
+		checks := append([]func(context.Context) error{env.Ready}, func(ctx context.Context) error {
+			for _, p := range parts {
+				if err := p.Ready(ctx); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		for _, check := range checks {
+			if err := check(ctx); err != nil {
 				note(err.Error())
 				apierror.JSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
 				return
@@ -133,10 +268,10 @@ func Mux(api http.Handler, tel *telemetry.Provider, log *slog.Logger, parts ...P
 		note("")
 		apierror.JSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	if tel != nil {
-		mux.Handle("GET /metrics", tel.MetricsHandler())
+	if env.Tel != nil {
+		mux.Handle("GET /metrics", env.Tel.MetricsHandler())
 	}
-	return mux
+	return apierror.JSONErrors(mux)
 }
 
 // Limits bound what one HTTP client can hold. A request's headers must
@@ -191,43 +326,115 @@ func Serve(ctx context.Context, addr string, h http.Handler, lim Limits, bound f
 	return nil
 }
 
-// Main runs one service process. build makes the service from the Env,
-// with its own API (may be nil). Exit codes: 2 for a bad setting, 1 for a
-// failure.
-func Main(name string, need config.Need, build func(*Env) (Part, http.Handler, error)) {
-	log := telemetry.NewLogger(os.Stderr, name, os.Getenv("ASSAY_REGION"), slog.LevelInfo)
-	cfg, err := config.Load(name, os.Args[1:], os.Getenv, need)
+// Spec describes one service binary for Run.
+type Spec struct {
+	Name string // "ingress", "classifier", …
+	Doc  string // one line for --help
+	Need config.Need
+	// Vars are the service's own settings, for --help; Configure reads them
+	// (before anything is connected) and its error is a bad setting.
+	Vars      []config.Var
+	Configure func(getenv func(string) string) error
+	// Build makes the service from the Env, with its own API (may be nil).
+	Build func(*Env) (Part, http.Handler, error)
+}
+
+// Run runs one service process. Exit codes: 0 after --help, --version or a
+// clean stop; 2 for a bad setting; 1 for a failure. It logs the version
+// and the effective settings (secrets redacted) at start, serves until
+// SIGTERM or an interrupt, then drains — /healthz still answering, /readyz
+// not ready — and logs what it stopped and how long that took.
+func Run(spec Spec) {
+	info := buildinfo.Read()
+	cfg, err := config.Load(spec.Name, os.Args[1:], os.Getenv, spec.Need)
+	switch {
+	case errors.Is(err, config.ErrHelp):
+		fmt.Print(config.Usage(spec.Name, spec.Doc, spec.Need, spec.Vars))
+		os.Exit(0)
+	case errors.Is(err, config.ErrVersion):
+		fmt.Printf("%s %s\n", spec.Name, info)
+		os.Exit(0)
+	case err == nil && spec.Configure != nil:
+		err = spec.Configure(os.Getenv)
+	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		fmt.Fprintf(os.Stderr, "%s: %v\n(%s --help lists every setting)\n", spec.Name, err, spec.Name)
 		os.Exit(2)
 	}
-	log = telemetry.NewLogger(os.Stderr, name, cfg.Region, slog.LevelInfo)
+	log := telemetry.NewLogger(os.Stderr, spec.Name, cfg.Region, slog.LevelInfo)
+	log.Info("starting", "version", info.Version, "revision", info.Revision, "go", info.GoVersion,
+		"config", cfg.Redacted(), "settings", ownSettings(spec.Vars, os.Getenv))
 	ctx, stopSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stopSignals()
-	env, err := Connect(ctx, name, cfg, log)
+	env, err := Connect(ctx, spec.Name, cfg, log)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
-		os.Exit(1)
+		fail(log, spec.Name, err)
 	}
-	part, api, err := build(env)
+	part, api, err := spec.Build(env)
 	if err == nil {
 		err = part.Start(ctx)
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		if v := env.Refusal(); v != "" {
+			err = fmt.Errorf("%w (the NATS server refused this credential: %s; is ASSAY_NATS_URL this service's user?)", err, v)
+		}
 		env.Close(context.Background())
-		os.Exit(1)
+		fail(log, spec.Name, err)
 	}
-	err = Serve(ctx, cfg.HTTPAddr, Mux(api, env.Tel, log, part), DefaultLimits, func(a string) {
-		log.Info("serving", "addr", a)
-	})
+	// The listener outlives the drain, so probes keep their answers.
+	hctx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
+	served := make(chan error, 1)
+	go func() {
+		served <- Serve(hctx, cfg.HTTPAddr, Mux(api, env, part), DefaultLimits, func(a string) {
+			log.Info("serving", "addr", a)
+		})
+	}()
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+		served <- err
+	}
 	// Stop taking work, finish or release what is held, then close pools.
-	dctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	start := time.Now()
+	env.draining.Store(true)
+	log.Info("draining: no new work; what is held finishes or is released", "grace", drainGrace.String())
+	dctx, cancel := context.WithTimeout(context.Background(), drainGrace)
 	defer cancel()
 	part.Stop(dctx)
-	env.Close(dctx)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
-		os.Exit(1)
+	stopHTTP()
+	if serr := <-served; err == nil {
+		err = serr
 	}
+	env.Close(dctx)
+	log.Info("stopped", "took", time.Since(start).Round(time.Millisecond).String(), "clean", dctx.Err() == nil)
+	if err != nil {
+		fail(log, spec.Name, err)
+	}
+}
+
+// drainGrace bounds the drain; pods need a termination grace above it.
+const drainGrace = 25 * time.Second
+
+func fail(log *slog.Logger, name string, err error) {
+	log.Error("failed", "err", err)
+	fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+	os.Exit(1)
+}
+
+// ownSettings are a service's own settings as it runs with them: each set
+// variable's value (one holding a secret or a token shown as set), the
+// rest as their defaults.
+func ownSettings(vars []config.Var, getenv func(string) string) map[string]string {
+	out := make(map[string]string, len(vars))
+	for _, v := range vars {
+		val := getenv(v.Name)
+		switch {
+		case val == "":
+			val = "default: " + v.Default
+		case strings.Contains(v.Name, "SECRET") || strings.Contains(v.Name, "TOKEN") || strings.Contains(v.Name, "KEY"):
+			val = "(set)"
+		}
+		out[v.Name] = val
+	}
+	return out
 }

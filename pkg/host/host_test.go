@@ -56,7 +56,7 @@ func TestReadyzTellsOnlyReadyOrNot(t *testing.T) {
 	p := &part{}
 	why := errors.New("store: ping: failed to connect to `host=10.1.2.3 user=assay database=assay`: password authentication failed")
 	p.notReady.Store(&why)
-	srv := httptest.NewServer(Mux(nil, nil, slog.New(slog.NewJSONHandler(logs, nil)), p))
+	srv := httptest.NewServer(Mux(nil, &Env{Log: slog.New(slog.NewJSONHandler(logs, nil))}, p))
 	t.Cleanup(srv.Close)
 	probe := func() (int, string) {
 		resp, err := http.Get(srv.URL + "/readyz")

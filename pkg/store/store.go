@@ -48,6 +48,46 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	return &Store{pool: pool}, nil
 }
 
+// EnsureDatabase creates the database url names when it does not exist,
+// connecting with the same credentials to the server's maintenance
+// database (postgres). created says whether it made it. A role that may not
+// create databases gets an error that says so.
+func EnsureDatabase(ctx context.Context, url string) (created bool, err error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return false, fmt.Errorf("store: parse url: %w", err)
+	}
+	name := cfg.Database
+	if name == "" || name == "postgres" {
+		return false, nil
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err == nil {
+		conn.Close(ctx)
+		return false, nil
+	}
+	if SQLState(err) != "3D000" { // invalid_catalog_name: it does not exist
+		return false, fmt.Errorf("store: connect: %w", err)
+	}
+	admin := cfg.Copy()
+	admin.Database = "postgres"
+	conn, err = pgx.ConnectConfig(ctx, admin)
+	if err != nil {
+		return false, fmt.Errorf("store: database %s does not exist, and connecting to create it failed: %w", name, err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	switch code := SQLState(err); {
+	case err == nil:
+		return true, nil
+	case code == "42P04": // duplicate_database: another process made it first
+		return false, nil
+	case code == "42501": // insufficient_privilege
+		return false, fmt.Errorf("store: database %s does not exist and this role may not create it (CREATEDB); create it first: %w", name, err)
+	}
+	return false, fmt.Errorf("store: create database %s: %w", name, err)
+}
+
 // Close closes the pool.
 func (s *Store) Close() { s.pool.Close() }
 

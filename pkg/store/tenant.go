@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"regexp"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -48,6 +49,16 @@ func NewToken() string {
 	_, _ = rand.Read(b)
 	return "asy_" + base64.RawURLEncoding.EncodeToString(b)
 }
+
+// ErrExists is returned for something that is already there.
+var ErrExists = errors.New("already exists")
+
+// tokenRE is what a tenant token may look like: URL-safe ASCII, long
+// enough to be a secret. NewToken's are 36 characters.
+var tokenRE = regexp.MustCompile(`^[A-Za-z0-9_.~-]{24,256}$`)
+
+// ValidToken reports whether tok can be a tenant's API token.
+func ValidToken(tok string) bool { return tokenRE.MatchString(tok) }
 
 // NewWebhookSecret returns a fresh secret for a tenant's repository
 // hooks: 32 random bytes, URL-safe.
@@ -125,6 +136,9 @@ type TenantInfo struct {
 func (s *Store) AddTenant(ctx context.Context, id, homeRegion, token string) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO tenants (id, home_region) VALUES ($1, $2)`, id, homeRegion); err != nil {
+			if SQLState(err) == "23505" {
+				return fmt.Errorf("%w: tenant %q", ErrExists, id)
+			}
 			return fmt.Errorf("store: add tenant %q: %w", id, err)
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO tenant_tokens (token_hash, tenant_id, label) VALUES ($1, $2, 'initial')`,

@@ -240,3 +240,16 @@ func (s *Store) InsertWebhookWork(ctx context.Context, d Delivery, w *Work, anno
 	}
 	return r, nil
 }
+
+// Links lists every webhook source link, by tenant and key.
+func (s *Store) Links(ctx context.Context) ([]Link, error) {
+	rows, err := s.pool.Query(ctx, `SELECT kind, key, tenant_id, repositories FROM tenant_sources ORDER BY tenant_id, kind, key`)
+	if err != nil {
+		return nil, fmt.Errorf("store: links: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Link, error) {
+		var l Link
+		err := r.Scan(&l.Kind, &l.Key, &l.Tenant, &l.Repositories)
+		return l, err
+	})
+}

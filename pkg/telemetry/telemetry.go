@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/contrib/exporters/autoexport"
+
+	"assay.dev/pkg/buildinfo"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
@@ -112,6 +114,13 @@ func Setup(ctx context.Context, service, region string, opts ...Option) (*Provid
 	// Go runtime and process collectors are per registry, so each service's
 	// /metrics is complete on its own.
 	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The build that runs, as a constant 1 with the version in its labels.
+	bi := buildinfo.Read()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "assay_build_info",
+		Help:        "The running build: version, VCS revision and Go version; always 1.",
+		ConstLabels: prometheus.Labels{"service": service, "version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion}})
+	build.Set(1)
+	p.registry.MustRegister(build)
 	p.handler = promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{Registry: p.registry})
 	return p, nil
 }
@@ -197,10 +206,55 @@ func Extract(ctx context.Context, h nats.Header) context.Context {
 	return propagator.Extract(ctx, headerCarrier(h))
 }
 
-// NewLogger returns a JSON logger whose every line names service and region.
+// NewLogger returns a JSON logger whose every line names service and region
+// once: a logger derived With("service", …) or With("region", …) replaces
+// them rather than repeating the key. Durations are written as Go
+// durations ("1.5s"), not nanoseconds.
 func NewLogger(w io.Writer, service, region string, level slog.Level) *slog.Logger {
-	h := slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})
-	return slog.New(h).With(slog.String("service", service), slog.String("region", region))
+	h := slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Value.Kind() == slog.KindDuration {
+			return slog.String(a.Key, a.Value.Duration().String())
+		}
+		return a
+	}})
+	return slog.New(cellHandler{inner: h, service: service, region: region})
+}
+
+// cellHandler is a handler that holds the service and region of every line apart
+// from the other attributes, so each is written once.
+type cellHandler struct {
+	inner           slog.Handler
+	service, region string
+}
+
+func (n cellHandler) Enabled(ctx context.Context, l slog.Level) bool { return n.inner.Enabled(ctx, l) }
+
+func (n cellHandler) Handle(ctx context.Context, r slog.Record) error {
+	r.AddAttrs(slog.String("service", n.service), slog.String("region", n.region))
+	return n.inner.Handle(ctx, r)
+}
+
+func (n cellHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	rest := make([]slog.Attr, 0, len(attrs))
+	for _, a := range attrs {
+		switch a.Key {
+		case "service":
+			n.service = a.Value.String()
+		case "region":
+			n.region = a.Value.String()
+		default:
+			rest = append(rest, a)
+		}
+	}
+	if len(rest) > 0 {
+		n.inner = n.inner.WithAttrs(rest)
+	}
+	return n
+}
+
+func (n cellHandler) WithGroup(name string) slog.Handler {
+	n.inner = n.inner.WithGroup(name)
+	return n
 }
 
 // Decision logs one decision line: what was decided about key and why, tied

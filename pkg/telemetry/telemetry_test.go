@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/baggage"
@@ -184,5 +185,19 @@ func TestNewLoggerLevel(t *testing.T) {
 	log.Warn("shown")
 	if out := buf.String(); strings.Contains(out, "hidden") || !strings.Contains(out, "shown") {
 		t.Fatalf("output %q", out)
+	}
+}
+
+// Each line names its service and region once, whatever a caller added,
+// and durations read as durations.
+func TestLoggerNamesServiceAndRegionOnce(t *testing.T) {
+	var buf bytes.Buffer
+	log := NewLogger(&buf, "dev", "", slog.LevelInfo).With("region", "us").With("service", "classifier", "key", "w_1")
+	log.Info("decision", "delay", 1500*time.Millisecond)
+	line := buf.String()
+	if strings.Count(line, `"service"`) != 1 || strings.Count(line, `"region"`) != 1 ||
+		!strings.Contains(line, `"service":"classifier"`) || !strings.Contains(line, `"region":"us"`) ||
+		!strings.Contains(line, `"key":"w_1"`) || !strings.Contains(line, `"delay":"1.5s"`) {
+		t.Fatalf("log line %s", line)
 	}
 }

@@ -396,6 +396,21 @@ func (s *Service) backoff(attempt int) time.Duration {
 // ASSAY_MAX_ATTEMPTS and ASSAY_MAX_REPAIRS, and the timings
 // ASSAY_CALL_TIMEOUT, ASSAY_LEASE_TTL, ASSAY_ACK_WAIT and
 // ASSAY_HANDOFF_TTL. Errors name the variable.
+// Vars are the settings FromEnv reads, for the classifier's help.
+var Vars = []config.Var{
+	{Name: "ASSAY_MODEL_CONCURRENCY", Default: "adaptive", Usage: "adaptive, or fixed at ASSAY_MODEL_MAX_CONCURRENCY"},
+	{Name: "ASSAY_MODEL_MAX_CONCURRENCY", Default: "32", Usage: "model calls in flight at most, per cell"},
+	{Name: "ASSAY_MAX_ATTEMPTS", Default: "5", Usage: "model calls per work item at most"},
+	{Name: "ASSAY_MAX_REPAIRS", Default: "1", Usage: "repair re-asks per work item at most (0: none)"},
+	{Name: "ASSAY_CALL_TIMEOUT", Default: "60s", Usage: "one model call at most"},
+	{Name: "ASSAY_LEASE_TTL", Default: "30s", Usage: "a claim's lease, extended while the call runs"},
+	{Name: "ASSAY_ACK_WAIT", Default: "30s", Usage: "the WORK consumers' ack wait"},
+	{Name: "ASSAY_HANDOFF_TTL", Default: "5m", Usage: "the lease an answer holds while the committer commits it"},
+	{Name: "ASSAY_PRICE_TABLE", Default: "every model at 0.15/0.60 $/M units", Usage: "JSON price table file, for budget reservations"},
+	{Name: "ASSAY_MAX_OUTPUT_UNITS", Default: "4096", Usage: "the answer's cap (max_tokens); doubled once for an answer cut at it"},
+	{Name: "ASSAY_BUDGET_BYTES_PER_UNIT", Default: "1", Usage: "bytes per unit a reservation counts the request at, 1 to 16"},
+}
+
 func (c *Config) FromEnv(getenv func(string) string) error {
 	for _, n := range []struct {
 		name     string

@@ -49,6 +49,13 @@ type Config struct {
 // FromEnv fills ASSAY_ACK_WAIT (the RESULT consumer's ack wait),
 // ASSAY_COMMITTER_REAP_EVERY and ASSAY_COMMITTER_REAP_GRACE (Go durations)
 // from the environment. Errors name the variable.
+// Vars are the settings FromEnv reads, for the committer's help.
+var Vars = []config.Var{
+	{Name: "ASSAY_ACK_WAIT", Default: "30s", Usage: "the RESULT consumer's ack wait"},
+	{Name: "ASSAY_COMMITTER_REAP_EVERY", Default: "5s", Usage: "how often the reaper reads back RESULT events the broker lost"},
+	{Name: "ASSAY_COMMITTER_REAP_GRACE", Default: "60s", Usage: "a RESULT event published this long ago and not committed is read back"},
+}
+
 func (c *Config) FromEnv(getenv func(string) string) error {
 	return config.Durations(getenv,
 		config.Duration{Name: "ASSAY_ACK_WAIT", To: &c.AckWait, Min: 100 * time.Millisecond, Max: 24 * time.Hour},

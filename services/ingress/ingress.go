@@ -28,6 +28,7 @@ import (
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/usage"
 )
 
 // Config of one ingress instance.
@@ -138,6 +139,20 @@ func (c *Config) defaults() error {
 // 10m), the sweeper's ASSAY_SWEEP_EVERY, ASSAY_SWEEP_QUEUED_FOR and
 // ASSAY_SWEEP_LEASE_GRACE, and the GitHub webhook settings ASSAY_GITHUB_WEBHOOK_SECRET,
 // ASSAY_GITHUB_API_URL and ASSAY_GITHUB_TOKEN. Errors name the variable.
+// Vars are the settings FromEnv reads, for ingress's help.
+var Vars = []config.Var{
+	{Name: "ASSAY_INTERACTIVE_DEADLINE", Default: "10m", Usage: "deadline of interactive work without its own"},
+	{Name: "ASSAY_BATCH_DEADLINE", Default: "24h", Usage: "deadline of batch work without its own"},
+	{Name: "ASSAY_SWEEP_EVERY", Default: "5s", Usage: "how often the sweeper looks for stuck and overdue work"},
+	{Name: "ASSAY_SWEEP_QUEUED_FOR", Default: "60s", Usage: "queued this long behind its lane's backlog head, work is announced again"},
+	{Name: "ASSAY_SWEEP_LEASE_GRACE", Default: "5s", Usage: "a lease expired this long ago is taken back"},
+	{Name: "ASSAY_OUTBOX_RETENTION", Default: "24h", Usage: "published outbox rows are purged after this"},
+	{Name: "ASSAY_DATA_RETENTION", Default: "720h", Usage: "inputs and raw answers of ended work are cleared after this"},
+	{Name: "ASSAY_GITHUB_WEBHOOK_SECRET", Default: "none", Usage: "the cell's (its GitHub App's) webhook secret"},
+	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where pull request diffs are fetched"},
+	{Name: "ASSAY_GITHUB_TOKEN", Default: "none", Usage: "token the diff fetches authenticate with"},
+}
+
 func (c *Config) FromEnv(getenv func(string) string) error {
 	const week = 7 * 24 * time.Hour
 	if err := config.Durations(getenv,
@@ -397,6 +412,9 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/work", s.submit)
 	mux.HandleFunc("GET /v1/work/{id}", s.get)
 	mux.HandleFunc("POST /v1/webhooks/github", s.githubWebhook)
+	// The ledger's rows are in the cell's database: the usage report is
+	// read here too, so a cell has one base URL.
+	mux.Handle("GET /v1/usage", usage.Handler(s.d.Store, s.cell(), s.d.Log))
 	return mux
 }
 

@@ -24,5 +24,6 @@ type Store interface {
 	InsertWebhookWork(ctx context.Context, d store.Delivery, w *store.Work, announce func(*store.Work) ([]store.OutboxMsg, error)) (store.WebhookInsert, error)
 	ExpireOverdue(ctx context.Context, grace time.Duration, limit int) ([]*store.Work, error)
 	Purge(ctx context.Context, r store.Retention) (store.Purged, error)
+	Usage(ctx context.Context, tenant string, from, to time.Time, by string) ([]store.UsageLine, error)
 	SweepStuck(ctx context.Context, sw store.Sweep, announce func(store.Stuck) (store.OutboxMsg, error)) ([]store.Stuck, error)
 }

@@ -52,7 +52,22 @@ type Config struct {
 // FromEnv fills the settings an operator sets from the environment:
 // ASSAY_ACK_WAIT (the consumer's), ASSAY_LEDGER_REAP_EVERY and
 // ASSAY_LEDGER_REAP_GRACE, as Go durations. Errors name the variable.
+// Vars are the settings FromEnv reads, for the ledger's help.
+var Vars = []config.Var{
+	{Name: "ASSAY_ACK_WAIT", Default: "30s", Usage: "the ATTEMPT consumer's ack wait"},
+	{Name: "ASSAY_LEDGER_REAP_EVERY", Default: "5s", Usage: "how often the reaper looks for attempts without a ledger row"},
+	{Name: "ASSAY_LEDGER_REAP_GRACE", Default: "30s", Usage: "an ATTEMPT event published this long ago without a row is read back"},
+	{Name: "ASSAY_PRICE_TABLE", Default: "every model at 0.15/0.60 $/M units", Usage: "JSON price table file the ledger prices attempts with"},
+}
+
 func (c *Config) FromEnv(getenv func(string) string) error {
+	if path := getenv("ASSAY_PRICE_TABLE"); path != "" {
+		prices, err := price.Load(path)
+		if err != nil {
+			return fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)
+		}
+		c.Prices = prices
+	}
 	return config.Durations(getenv,
 		config.Duration{Name: "ASSAY_ACK_WAIT", To: &c.AckWait, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
 		config.Duration{Name: "ASSAY_LEDGER_REAP_EVERY", To: &c.ReapEvery, Min: 100 * time.Millisecond, Max: 24 * time.Hour},

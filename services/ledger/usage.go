@@ -2,117 +2,12 @@ package ledger
 
 import (
 	"net/http"
-	"time"
 
-	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
-	"assay.dev/pkg/store"
+	"assay.dev/pkg/usage"
 )
 
-// UsageReport answers GET /v1/usage: the same ledger rows totalled by
-// outcome and by model.
-type UsageReport struct {
-	TenantID    string    `json:"tenantId"`
-	From        time.Time `json:"from"`
-	To          time.Time `json:"to"`
-	Calls       int64     `json:"calls"`
-	InputUnits  int64     `json:"inputUnits"`
-	OutputUnits int64     `json:"outputUnits"`
-	CostMicros  int64     `json:"costMicros"`
-	// EstimatedCalls and EstimatedCostMicros are the part of the totals that
-	// is estimated: calls that left and brought no usage back, charged the
-	// request's estimate, and attempts whose worker died.
-	EstimatedCalls      int64       `json:"estimatedCalls"`
-	EstimatedCostMicros int64       `json:"estimatedCostMicros"`
-	ByOutcome           []UsageLine `json:"byOutcome"`
-	ByModel             []UsageLine `json:"byModel"`
-}
-
-// UsageLine totals one outcome's or one model's attempts.
-type UsageLine struct {
-	Outcome             string `json:"outcome,omitempty"`
-	Model               string `json:"model,omitempty"`
-	Calls               int64  `json:"calls"`
-	InputUnits          int64  `json:"inputUnits"`
-	OutputUnits         int64  `json:"outputUnits"`
-	CostMicros          int64  `json:"costMicros"`
-	EstimatedCalls      int64  `json:"estimatedCalls"`
-	EstimatedCostMicros int64  `json:"estimatedCostMicros"`
-}
-
-func usageLine(l store.UsageLine) UsageLine {
-	return UsageLine{Calls: l.Calls, InputUnits: l.InputUnits, OutputUnits: l.OutputUnits, CostMicros: l.CostMicros,
-		EstimatedCalls: l.EstimatedCalls, EstimatedCostMicros: l.EstimatedCostMicros}
-}
-
-// Handler serves GET /v1/usage?tenant=…&from=…&to=… (RFC 3339 times; from
-// defaults to 30 days ago, to to now). The token decides the tenant; a
-// tenant parameter that names another one is refused.
+// Handler serves GET /v1/usage from the cell's ledger (see package usage).
 func (s *Service) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/usage", s.usage)
-	return mux
-}
-
-func (s *Service) usage(w http.ResponseWriter, r *http.Request) {
-	t, refused := auth.Bearer(r.Context(), s.d.Store, r.Header.Get("Authorization"), auth.Cell{Region: s.cfg.Region, ID: s.cfg.Names.Cell})
-	if refused != nil {
-		refused.Write(w)
-		return
-	}
-	q := r.URL.Query()
-	if tn := q.Get("tenant"); tn != "" && tn != t.ID {
-		apierror.Write(w, http.StatusForbidden, "forbidden", "this token may only read its own tenant's usage")
-		return
-	}
-	to := time.Now()
-	from := to.Add(-30 * 24 * time.Hour)
-	for _, p := range []struct {
-		name string
-		dst  *time.Time
-	}{{"from", &from}, {"to", &to}} {
-		if v := q.Get(p.name); v != "" {
-			ts, err := time.Parse(time.RFC3339, v)
-			if err != nil {
-				apierror.Write(w, http.StatusBadRequest, "invalid_time", p.name+" must be an RFC 3339 time, e.g. 2026-12-01T00:00:00Z")
-				return
-			}
-			*p.dst = ts
-		}
-	}
-	if !from.Before(to) {
-		apierror.Write(w, http.StatusBadRequest, "invalid_period", "from must be before to")
-		return
-	}
-	lines, err := s.d.Store.Usage(r.Context(), t.ID, from, to, store.ByOutcome)
-	if err != nil {
-		s.d.Log.Error("usage query failed", "err", err)
-		auth.Unavailable().Write(w)
-		return
-	}
-	models, err := s.d.Store.Usage(r.Context(), t.ID, from, to, store.ByModel)
-	if err != nil {
-		s.d.Log.Error("usage query failed", "err", err)
-		auth.Unavailable().Write(w)
-		return
-	}
-	// Empty arrays, not null, so clients can range over them unchecked.
-	rep := UsageReport{TenantID: t.ID, From: from.UTC(), To: to.UTC(), ByOutcome: []UsageLine{}, ByModel: []UsageLine{}}
-	for _, l := range lines {
-		u := usageLine(l)
-		u.Outcome = l.Key
-		rep.ByOutcome = append(rep.ByOutcome, u)
-		rep.Calls += l.Calls
-		rep.InputUnits += l.InputUnits
-		rep.OutputUnits += l.OutputUnits
-		rep.CostMicros += l.CostMicros
-		rep.EstimatedCalls += l.EstimatedCalls
-		rep.EstimatedCostMicros += l.EstimatedCostMicros
-	}
-	for _, l := range models {
-		u := usageLine(l)
-		u.Model = l.Key
-		rep.ByModel = append(rep.ByModel, u)
-	}
-	apierror.JSON(w, http.StatusOK, rep)
+	return usage.Handler(s.d.Store, auth.Cell{Region: s.cfg.Region, ID: s.cfg.Names.Cell}, s.d.Log)
 }

@@ -16,6 +16,7 @@ import (
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/usage"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -78,12 +79,12 @@ func TestUsageReportByOutcomeAndModel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	get := func(token string) (int, UsageReport) {
+	get := func(token string) (int, usage.Report) {
 		req := httptest.NewRequest(http.MethodGet, "/v1/usage", nil)
 		req.Header.Set("Authorization", "Bearer "+token)
 		rec := httptest.NewRecorder()
 		s.Handler().ServeHTTP(rec, req)
-		var rep UsageReport
+		var rep usage.Report
 		if rec.Code == http.StatusOK {
 			if err := json.Unmarshal(rec.Body.Bytes(), &rep); err != nil {
 				t.Fatal(err)

@@ -142,7 +142,7 @@ func (c *Cell) serve(ctx context.Context, addr string, lim host.Limits, parts []
 	api.Handle("/v1/work/", c.Ingress.Handler())
 	api.Handle("/v1/webhooks/", c.Ingress.Handler())
 	api.Handle("/v1/usage", c.Ledger.Handler())
-	mux := host.Mux(api, c.Env.Tel, c.Env.Log, parts...)
+	mux := host.Mux(api, c.Env, parts...)
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.stopHTTP, c.httpDone = cancel, make(chan error, 1)
 	bound := make(chan string, 1)

@@ -132,7 +132,7 @@ func TestProviderAnswersThatAreNotOutput(t *testing.T) {
 		t.Errorf("%d refused attempts keep the refusal text, want 1", n)
 	}
 	// GET /v1/usage and the metrics count them apart.
-	rep := usage(t, b)
+	rep := usageOf(t, b)
 	byOutcome := map[string]int64{}
 	for _, l := range rep.ByOutcome {
 		byOutcome[l.Outcome] = l.Calls

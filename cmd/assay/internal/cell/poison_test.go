@@ -12,8 +12,8 @@ import (
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/usage"
 	"assay.dev/services/classifier"
-	"assay.dev/services/ledger"
 )
 
 // One answer of 5 MiB ends its work schema_rejected with its real size in
@@ -76,13 +76,13 @@ func TestUnansweredCallIsChargedItsEstimate(t *testing.T) {
 	if o != outcome.AttemptTimeout || units <= 0 || cost <= 0 || !estimated {
 		t.Fatalf("ledger row: %s, %d units, %d micros, estimated %v; want a timeout charged its estimate", o, units, cost, estimated)
 	}
-	rep := usage(t, b)
+	rep := usageOf(t, b)
 	if rep.EstimatedCalls != 1 || rep.EstimatedCostMicros != cost || rep.CostMicros != cost {
 		t.Fatalf("usage %+v, want the estimate counted apart", rep)
 	}
 }
 
-func usage(t *testing.T, b *celltest.Bundle) ledger.UsageReport {
+func usageOf(t *testing.T, b *celltest.Bundle) usage.Report {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, b.Cell.URL+"/v1/usage", nil)
 	req.Header.Set("Authorization", "Bearer "+b.Token)
@@ -91,7 +91,7 @@ func usage(t *testing.T, b *celltest.Bundle) ledger.UsageReport {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var rep ledger.UsageReport
+	var rep usage.Report
 	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("usage: HTTP %d %v", resp.StatusCode, err)
 	}

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,24 +31,6 @@ const secretDiff = "diff --git a/config/db.go b/config/db.go\n--- a/config/db.go
 	"@@ -1,3 +1,4 @@\n package config\n \n+const dbPassword = \"" + secret + "\"\n var host = \"db\"\n"
 
 var secretLine = `const dbPassword = "` + secret + `"`
-
-// syncBuffer is a log sink the cell's goroutines write to at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // quoting is a provider whose every answer quotes the secret, each way
 // picked by the title of the work: in a field that fails the gate, in an
@@ -122,7 +103,7 @@ func quoting(t *testing.T) func(http.Handler) http.Handler {
 // attribute, status or event) and no metric.
 func TestSecretReachesNoTelemetry(t *testing.T) {
 	t.Parallel()
-	logs := &syncBuffer{}
+	logs := &lockedBuffer{}
 	spans := tracetest.NewInMemoryExporter()
 	b := celltest.SetupFront(t, cell.Options{
 		Log:        telemetry.NewLogger(logs, "test", "us", slog.LevelDebug),

@@ -3,7 +3,6 @@ package main
 
 import (
 	"net/http"
-	"os"
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/host"
@@ -12,14 +11,16 @@ import (
 )
 
 func main() {
-	host.Main("classifier", config.Need{Model: true, HTTPAddr: ":8081"}, func(e *host.Env) (host.Part, http.Handler, error) {
-		cfg := classifier.Config{Region: e.Config.Region, Names: e.Config.Names(), Streams: e.Config.Streams, Model: e.Config.Model}
-		if err := cfg.FromEnv(os.Getenv); err != nil {
-			return nil, nil, err
-		}
-		mc := &model.Client{BaseURL: e.Config.ModelBaseURL, APIKey: e.Config.ModelAPIKey, Model: e.Config.Model}
-		s, err := classifier.New(cfg,
-			classifier.Deps{Store: e.Store, JS: e.JS, Model: mc, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
-		return s, nil, err
+	var cfg classifier.Config
+	host.Run(host.Spec{
+		Name: "classifier", Doc: "classifier claims one cell's work, calls the model and gates the answer; it owns the RESULT and ATTEMPT streams.",
+		Need: config.Need{Model: true, HTTPAddr: "127.0.0.1:8081"}, Vars: classifier.Vars, Configure: cfg.FromEnv,
+		Build: func(e *host.Env) (host.Part, http.Handler, error) {
+			cfg.Region, cfg.Names, cfg.Streams, cfg.Model = e.Config.Region, e.Config.Names(), e.Config.Streams, e.Config.Model
+			mc := &model.Client{BaseURL: e.Config.ModelBaseURL, APIKey: e.Config.ModelAPIKey, Model: e.Config.Model}
+			s, err := classifier.New(cfg,
+				classifier.Deps{Store: e.Store, JS: e.JS, Model: mc, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
+			return s, nil, err
+		},
 	})
 }

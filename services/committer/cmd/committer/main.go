@@ -3,7 +3,6 @@ package main
 
 import (
 	"net/http"
-	"os"
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/host"
@@ -11,13 +10,15 @@ import (
 )
 
 func main() {
-	host.Main("committer", config.Need{HTTPAddr: ":8082"}, func(e *host.Env) (host.Part, http.Handler, error) {
-		cfg := committer.Config{Region: e.Config.Region, Names: e.Config.Names()}
-		if err := cfg.FromEnv(os.Getenv); err != nil {
-			return nil, nil, err
-		}
-		s, err := committer.New(cfg,
-			committer.Deps{Store: e.Store, JS: e.JS, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
-		return s, nil, err
+	var cfg committer.Config
+	host.Run(host.Spec{
+		Name: "committer", Doc: "committer checks each answer again and commits one result per work item.",
+		Need: config.Need{HTTPAddr: "127.0.0.1:8082"}, Vars: committer.Vars, Configure: cfg.FromEnv,
+		Build: func(e *host.Env) (host.Part, http.Handler, error) {
+			cfg.Region, cfg.Names = e.Config.Region, e.Config.Names()
+			s, err := committer.New(cfg,
+				committer.Deps{Store: e.Store, JS: e.JS, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
+			return s, nil, err
+		},
 	})
 }

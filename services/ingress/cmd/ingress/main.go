@@ -3,7 +3,6 @@ package main
 
 import (
 	"net/http"
-	"os"
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/host"
@@ -11,15 +10,17 @@ import (
 )
 
 func main() {
-	host.Main("ingress", config.Need{HTTPAddr: ":8080"}, func(e *host.Env) (host.Part, http.Handler, error) {
-		cfg := ingress.Config{Region: e.Config.Region, Names: e.Config.Names(), Streams: e.Config.Streams}
-		if err := cfg.FromEnv(os.Getenv); err != nil {
-			return nil, nil, err
-		}
-		s, err := ingress.New(cfg, ingress.Deps{Store: e.Store, JS: e.JS, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
-		if err != nil {
-			return nil, nil, err
-		}
-		return s, s.Handler(), nil
+	var cfg ingress.Config
+	host.Run(host.Spec{
+		Name: "ingress", Doc: "ingress serves one cell's API: work, GitHub webhooks and usage; it owns the WORK stream.",
+		Need: config.Need{HTTPAddr: "127.0.0.1:8080"}, Vars: ingress.Vars, Configure: cfg.FromEnv,
+		Build: func(e *host.Env) (host.Part, http.Handler, error) {
+			cfg.Region, cfg.Names, cfg.Streams = e.Config.Region, e.Config.Names(), e.Config.Streams
+			s, err := ingress.New(cfg, ingress.Deps{Store: e.Store, JS: e.JS, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
+			if err != nil {
+				return nil, nil, err
+			}
+			return s, s.Handler(), nil
+		},
 	})
 }

@@ -2,30 +2,25 @@
 package main
 
 import (
-	"fmt"
 	"net/http"
-	"os"
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/host"
-	"assay.dev/pkg/price"
 	"assay.dev/services/ledger"
 )
 
 func main() {
-	host.Main("ledger", config.Need{HTTPAddr: ":8083"}, func(e *host.Env) (host.Part, http.Handler, error) {
-		prices, err := price.Load(os.Getenv("ASSAY_PRICE_TABLE"))
-		if err != nil {
-			return nil, nil, fmt.Errorf("ASSAY_PRICE_TABLE: %w", err)
-		}
-		cfg := ledger.Config{Region: e.Config.Region, Names: e.Config.Names(), Prices: prices}
-		if err := cfg.FromEnv(os.Getenv); err != nil {
-			return nil, nil, err
-		}
-		s, err := ledger.New(cfg, ledger.Deps{Store: e.Store, JS: e.JS, Log: e.Log, Tel: e.Tel})
-		if err != nil {
-			return nil, nil, err
-		}
-		return s, s.Handler(), nil
+	var cfg ledger.Config
+	host.Run(host.Spec{
+		Name: "ledger", Doc: "ledger records every attempt once, settles budgets and answers usage queries.",
+		Need: config.Need{HTTPAddr: "127.0.0.1:8083"}, Vars: ledger.Vars, Configure: cfg.FromEnv,
+		Build: func(e *host.Env) (host.Part, http.Handler, error) {
+			cfg.Region, cfg.Names = e.Config.Region, e.Config.Names()
+			s, err := ledger.New(cfg, ledger.Deps{Store: e.Store, JS: e.JS, Log: e.Log, Tel: e.Tel})
+			if err != nil {
+				return nil, nil, err
+			}
+			return s, s.Handler(), nil
+		},
 	})
 }
