@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -50,7 +51,8 @@ commands:
   bench goodput          admission benchmark against the simulated provider (make bench-goodput)
   usage reconcile        check attempts against results, the ledger and the provider's counts
   outbox list|retry      outbox rows set aside because they could not be published; put them back
-  nats-config            print the least-privilege NATS server configuration (deploy/nats/assay.conf)
+  nats-config            print the least-privilege NATS server configuration (deploy/nats/assay.conf);
+                         --passwords FILE [--service-urls FILE] also draw a password per user
   version                print the build's version
 
 assay COMMAND --help shows a command's flags. A bad setting exits 2, a failure 1.
@@ -105,9 +107,12 @@ against provider calls per tenant. Prints each check; exits 1 on a difference.
 
 Outbox rows set aside because they could not be published, and putting them back.
 `,
-	"nats-config": `usage: assay nats-config [--installation NAME] [--cells us,eu]
+	"nats-config": `usage: assay nats-config [--installation NAME] [--cells us,eu] [--passwords FILE [--service-urls FILE] [--server-url URL]]
 
 Print the least-privilege NATS server configuration (deploy/nats/assay.conf).
+--passwords writes a fresh password per user (mode 0600, never over a file
+that exists) for the server's environment; --service-urls each service's
+ASSAY_NATS_URL with its password, at --server-url (nats://127.0.0.1:4222).
 `,
 	"version": "usage: assay version\n\nPrint the build's version.\n",
 }
@@ -277,13 +282,23 @@ func tenants(ctx context.Context, args []string) error {
 }
 
 // natsConfig prints the NATS server configuration of an installation's
-// cells: `assay nats-config [--installation NAME] [--cells us,eu]`.
+// cells: `assay nats-config [--installation NAME] [--cells us,eu]
+// [--passwords FILE [--service-urls FILE] [--server-url URL]]`. With
+// --passwords it also writes a fresh password for every user, as the
+// server's environment, and with --service-urls each service's
+// ASSAY_NATS_URL; neither file may exist yet.
 func natsConfig(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("assay nats-config", flag.ContinueOnError)
 	inst := fs.String("installation", envOr("ASSAY_INSTALLATION", event.DefaultInstallation), "installation name ($ASSAY_INSTALLATION)")
 	cells := fs.String("cells", envOr("ASSAY_REGIONS", strings.Join(config.DefaultRegions, ",")), "cells, comma separated (default $ASSAY_REGIONS)")
+	passwords := fs.String("passwords", "", "also write FILE (new, mode 0600): a fresh random password per user, NAME=value lines for the server's environment")
+	urls := fs.String("service-urls", "", "with --passwords, also write FILE (new, mode 0600): each service's ASSAY_NATS_URL with its user and password")
+	server := fs.String("server-url", "nats://127.0.0.1:4222", "where the services reach the server, in --service-urls")
 	if err := fs.Parse(args); err != nil {
 		return configError{err}
+	}
+	if fs.NArg() > 0 {
+		return configError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	list, err := config.ParseRegions(*cells)
 	if err != nil {
@@ -292,8 +307,36 @@ func natsConfig(args []string, stdout io.Writer) error {
 	if !event.ValidToken(*inst) {
 		return configError{fmt.Errorf("--installation: %q is not an installation name (lower-case letters, digits, hyphens)", *inst)}
 	}
+	if *passwords != "" || *urls != "" {
+		if err := natsCredentials(*inst, list, *passwords, *urls, *server); err != nil {
+			return err
+		}
+	}
 	_, err = io.WriteString(stdout, natsconf.Render(*inst, list))
 	return err
+}
+
+// natsCredentials writes the files of --passwords and --service-urls.
+func natsCredentials(inst string, cells []string, passwords, urls, server string) error {
+	if passwords == "" {
+		return configError{fmt.Errorf("--service-urls needs --passwords: the URLs carry the passwords drawn for the server")}
+	}
+	if urls != "" && filepath.Clean(urls) == filepath.Clean(passwords) {
+		return configError{fmt.Errorf("--passwords and --service-urls name the same file")}
+	}
+	srv, err := natsconf.ParseServer(server)
+	if err != nil {
+		return configError{fmt.Errorf("--server-url: %w", err)}
+	}
+	creds, err := natsconf.NewCredentials(inst, cells)
+	if err != nil {
+		return err
+	}
+	files := []natsconf.SecretFile{{Path: passwords, Content: natsconf.ServerEnv(creds)}}
+	if urls != "" {
+		files = append(files, natsconf.SecretFile{Path: urls, Content: natsconf.ServiceURLs(creds, srv)})
+	}
+	return natsconf.WriteSecrets(files...)
 }
 
 // regionsOnly reads only ASSAY_REGIONS from the environment, for commands

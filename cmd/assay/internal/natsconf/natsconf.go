@@ -64,9 +64,10 @@ const header = `# assay NATS server: one account per cell, one user per service.
 # classifier to its cell's cancels.
 #
 # Passwords are read from the environment when the server starts (it refuses
-# to start if one is unset). They may be plain text or bcrypt hashes; see
-# README.md. Where the server listens and stores is left to its command line
-# (-p, -sd) or to a file that includes this one.
+# to start if one is unset); "assay nats-config --passwords FILE" writes a
+# fresh one per user as an env file. They may be plain text or bcrypt hashes;
+# see README.md. Where the server listens and stores is left to its command
+# line (-p, -sd) or to a file that includes this one.
 
 jetstream: enabled
 `
