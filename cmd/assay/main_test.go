@@ -76,3 +76,24 @@ func TestBadSettingsStopStartup(t *testing.T) {
 		}
 	}
 }
+
+// A demo whose model endpoint answers nothing exits non-zero and names the
+// cause, instead of printing a table of retry_exhausted.
+func TestDemoNamesAnUnreachableModel(t *testing.T) {
+	t.Setenv("ASSAY_DATABASE_URL", testenv.PostgresURL(t))
+	t.Setenv("ASSAY_MODEL_BASE_URL", "http://127.0.0.1:1/v1")
+	t.Setenv("ASSAY_MODEL", "gpt-4o-mini")
+	ctx := context.Background()
+	e, err := cell.StartDev(ctx, cell.DevOptions{LogTo: io.Discard})
+	if e != nil {
+		defer e.Stop()
+	}
+	if err != nil {
+		t.Fatalf("start dev: %v", err)
+	}
+	var out bytes.Buffer
+	err = runDemo(ctx, e, &out)
+	if err == nil || !strings.Contains(err.Error(), "no work item reached the model") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("demo against a closed port: %v\n%s", err, out.String())
+	}
+}

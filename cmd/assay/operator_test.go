@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +26,11 @@ import (
 
 // repoRoot is the clone this test runs in.
 const repoRoot = "../.."
+
+var (
+	buildOnce sync.Once
+	buildErr  error
+)
 
 // readmeBlock is the shell block that follows marker in README.md.
 func readmeBlock(t *testing.T, marker string) string {

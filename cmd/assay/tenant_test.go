@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -11,6 +14,7 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/event"
@@ -33,7 +37,7 @@ func TestTenantCommands(t *testing.T) {
 		}
 		return out.String()
 	}
-	tokenRE := regexp.MustCompile(`token \(shown once, stored hashed\): (\S+)`)
+	tokenRE := regexp.MustCompile(`token \(shown once, stored hashed[^)]*\): (\S+)`)
 	out := tenant("add", "initech", "--home-region", "us", "--budget-usd", "2.5")
 	first := tokenRE.FindStringSubmatch(out)
 	if first == nil {
@@ -93,6 +97,25 @@ func TestTenantCommands(t *testing.T) {
 	if n := b.Count(t, `SELECT count(*) FROM tenant_sources WHERE key = '4242' AND tenant_id = 'initech'
 		AND repositories = '{initech/*,tools/ci}'`); n != 1 {
 		t.Errorf("link did not record the installation with its repositories")
+	}
+	var listed []struct {
+		ID    string `json:"id"`
+		Links []struct {
+			Kind, Key    string
+			Repositories []string
+		} `json:"links"`
+	}
+	if err := json.Unmarshal([]byte(tenant("list", "--json")), &listed); err != nil {
+		t.Fatalf("list --json: %v", err)
+	}
+	found := false
+	for _, l := range listed {
+		for _, k := range l.Links {
+			found = found || (l.ID == "initech" && k.Kind == "github_installation" && k.Key == "4242" && len(k.Repositories) == 2)
+		}
+	}
+	if !found || !strings.Contains(tenant("list"), "installation 4242 (initech/*,tools/ci)") {
+		t.Errorf("list does not show initech's installation link: %+v", listed)
 	}
 	secretRE := regexp.MustCompile(`webhook secret \(shown once; [^)]*\): (whs_\S+)`)
 	sec := secretRE.FindStringSubmatch(tenant("webhook-secret", "initech"))
@@ -156,5 +179,55 @@ func TestServicesRefuseAnotherRegion(t *testing.T) {
 	}
 	if n := b.Count(t, `SELECT count(*) FROM attempts WHERE work_id = $1`, r.WorkID); n != 1 {
 		t.Errorf("attempts = %d, want 1", n)
+	}
+}
+
+// One token for every cell: minted where the tenant is added first,
+// installed in the other cell from a file, so the other cell knows the
+// caller and answers 421 with the home region, never 401.
+func TestOneTokenForEveryCell(t *testing.T) {
+	t.Parallel()
+	us := celltest.Setup(t, cell.Options{})
+	eu := celltest.Setup(t, cell.Options{Config: config.Config{Region: "eu", Regions: config.DefaultRegions}})
+	ctx := context.Background()
+	tokenFile := filepath.Join(t.TempDir(), "initech.token")
+	var out bytes.Buffer
+	if err := tenantCmd(ctx, []string{"add", "initech", "--home-region", "us", "--token-out", tokenFile,
+		"--region", "us", "--database-url", us.Cell.Env.Config.DatabaseURL}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "asy_") {
+		t.Errorf("--token-out printed the token: %s", out.String())
+	}
+	if info, err := os.Stat(tokenFile); err != nil || info.Mode().Perm() != 0o600 {
+		t.Fatalf("token file: %v, %v", info, err)
+	}
+	out.Reset()
+	if err := tenantCmd(ctx, []string{"add", "initech", "--home-region", "us", "--token-from", tokenFile,
+		"--region", "eu", "--database-url", eu.Cell.Env.Config.DatabaseURL}, &out); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(tokenFile)
+	tok := strings.TrimSpace(string(raw))
+	req := celltest.CodeReview(evalset.Items()[0], "one token")
+	if status, body := eu.Post(t, tok, req); status != http.StatusMisdirectedRequest || !strings.Contains(string(body), `"us"`) &&
+		!strings.Contains(string(body), " us") {
+		t.Errorf("the eu cell: HTTP %d %s, want 421 naming us", status, body)
+	}
+	if status, body := us.Post(t, tok, req); status != http.StatusAccepted {
+		t.Errorf("the us cell: HTTP %d %s, want 202", status, body)
+	}
+	// Adding it again is a plain refusal, not a database error.
+	err := tenantCmd(ctx, []string{"add", "initech", "--home-region", "us", "--region", "us",
+		"--database-url", us.Cell.Env.Config.DatabaseURL}, &out)
+	if err == nil || !strings.Contains(err.Error(), "already exists") || strings.Contains(err.Error(), "23505") {
+		t.Errorf("adding an existing tenant: %v", err)
+	}
+	// A token file that holds no token is refused before anything changes.
+	bad := filepath.Join(t.TempDir(), "bad.token")
+	_ = os.WriteFile(bad, []byte("…\n"), 0o600)
+	if err := tenantCmd(ctx, []string{"rotate-token", "initech", "--token-from", bad, "--region", "us",
+		"--database-url", us.Cell.Env.Config.DatabaseURL}, &out); err == nil {
+		t.Error("rotate-token took a placeholder as a token")
 	}
 }

@@ -26,8 +26,8 @@ type Report struct {
 	// EstimatedCalls and EstimatedCostMicros are the part of the totals that
 	// is estimated: calls that left and brought no usage back, charged the
 	// request's estimate, and attempts whose worker died.
-	EstimatedCalls      int64       `json:"estimatedCalls"`
-	EstimatedCostMicros int64       `json:"estimatedCostMicros"`
+	EstimatedCalls      int64  `json:"estimatedCalls"`
+	EstimatedCostMicros int64  `json:"estimatedCostMicros"`
 	ByOutcome           []Line `json:"byOutcome"`
 	ByModel             []Line `json:"byModel"`
 }

@@ -96,14 +96,14 @@ func TestUsageReportByOutcomeAndModel(t *testing.T) {
 	if code != http.StatusOK || rep.TenantID != "acme" || rep.Calls != 4 || rep.InputUnits != 250 || rep.OutputUnits != 35 || rep.CostMicros != 59 {
 		t.Fatalf("HTTP %d %+v", code, rep)
 	}
-	wantModels := []UsageLine{
+	wantModels := []usage.Line{
 		{Model: "assay-sim-1", Calls: 2, InputUnits: 200, OutputUnits: 30, CostMicros: 48},
 		{Model: "gpt-4o-mini", Calls: 2, InputUnits: 50, OutputUnits: 5, CostMicros: 11},
 	}
 	if !slices.Equal(rep.ByModel, wantModels) {
 		t.Errorf("byModel %+v, want %+v", rep.ByModel, wantModels)
 	}
-	if len(rep.ByOutcome) != 3 || rep.ByOutcome[1] != (UsageLine{Outcome: "ok", Calls: 2, InputUnits: 150, OutputUnits: 15, CostMicros: 32}) {
+	if len(rep.ByOutcome) != 3 || rep.ByOutcome[1] != (usage.Line{Outcome: "ok", Calls: 2, InputUnits: 150, OutputUnits: 15, CostMicros: 32}) {
 		t.Errorf("byOutcome %+v", rep.ByOutcome)
 	}
 	// Another tenant sees only its own, empty, usage: arrays, not null.

@@ -6,6 +6,7 @@ package celltest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -51,6 +52,12 @@ func Setup(t *testing.T, o cell.Options) *Bundle { return SetupFront(t, o, nil) 
 // SetupFront is Setup with front, when not nil, wrapped around the
 // simulated provider: every model call of the cell passes through it.
 func SetupFront(t *testing.T, o cell.Options, front func(http.Handler) http.Handler) *Bundle {
+	return SetupOn(t, o, front, testenv.NATS(t))
+}
+
+// SetupOn is SetupFront on the NATS server at natsURL, which several cells
+// (of one installation or several) may share.
+func SetupOn(t *testing.T, o cell.Options, front func(http.Handler) http.Handler, natsURL string) *Bundle {
 	t.Helper()
 	ctx := context.Background()
 	s := sim.New(sim.Options{})
@@ -71,8 +78,12 @@ func SetupFront(t *testing.T, o cell.Options, front func(http.Handler) http.Hand
 	if o.Config.Region != "" {
 		region, regions = o.Config.Region, o.Config.Regions
 	}
-	o.Config = config.Config{Regions: regions, Region: region, Cell: region, Installation: "assay",
-		DatabaseURL: dbURL, NATSURL: testenv.NATS(t), ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
+	installation := cmp.Or(o.Config.Installation, "assay")
+	if regions == nil {
+		regions = config.DefaultRegions
+	}
+	o.Config = config.Config{Regions: regions, Region: region, Cell: region, Installation: installation,
+		DatabaseURL: dbURL, NATSURL: natsURL, ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
 	if o.Log == nil {
 		o.Log = telemetry.NewLogger(io.Discard, "test", region, slog.LevelInfo)
 	}
