@@ -123,6 +123,27 @@ var ErrHelp = flag.ErrHelp
 // ErrVersion is Load's answer to --version: print the version and exit 0.
 var ErrVersion = errors.New("config: version asked for")
 
+// Shared are the variables Load reads for a service with need: the shared
+// settings (the model's only when it calls one), each with its default.
+// With a service's own Vars they are every variable it reads.
+func Shared(need Need) []Var {
+	var out []Var
+	for _, s := range settings {
+		if s.model && !need.Model {
+			continue
+		}
+		def := s.def
+		if s.env == "ASSAY_HTTP_ADDR" {
+			def = need.HTTPAddr
+		}
+		out = append(out, Var{Name: s.env, Default: def, Usage: s.usage})
+	}
+	for _, s := range rawSettings {
+		out = append(out, Var{Name: s.env, Default: s.def, Usage: s.usage})
+	}
+	return out
+}
+
 // Usage is the help of a service: its flags (each mirrors a variable; the
 // model's only for a service that calls it) and then every variable of its
 // own, each with its default.
