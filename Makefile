@@ -39,14 +39,14 @@ test: ## run every module's tests against real Postgres and real JetStream
 chaos: ## kill, restart and starve the services under load; check the exactly-once invariants (CHAOSFLAGS)
 	cd cmd/chaos && $(GO) run . $(CHAOSFLAGS)
 
-build: ## build every module on its own (GOWORK=off) into bin/
-	@set -e; mkdir -p bin; for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) build ./...); done
+build: ## the binaries, each module on its own (GOWORK=off), into bin/
+	@mkdir -p bin
 	cd cmd/assay && GOWORK=off $(GO) build -ldflags "$(LDFLAGS)" -o ../../bin/assay .
 	@for s in ingress classifier committer ledger; do \
 		(cd services/$$s && GOWORK=off $(GO) build -ldflags "$(LDFLAGS)" -o ../../bin/$$s ./cmd/$$s) || exit 1; done
 
-vet: ## go vet and gofmt every module
-	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
+vet: ## go vet and gofmt every module, and build each on its own (GOWORK=off)
+	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./... && GOWORK=off $(GO) build ./...); done
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; exit 1; }
 
 bench-goodput: ## admission benchmark: 5 scenarios, adaptive vs baseline, over real JetStream and Postgres

@@ -65,6 +65,9 @@ type Config struct {
 	// answer, trying again with capped backoff (ASSAY_STARTUP_WAIT, a Go
 	// duration). Default 60s; 0 tries once.
 	StartupWait time.Duration
+	// MetricsTenants is how many tenants get a metric label of their own;
+	// the rest are "other" (ASSAY_METRICS_TENANTS, 1 to 1000). Default 20.
+	MetricsTenants int
 }
 
 // Setting describes one setting: its variable, its flag, its default and
@@ -77,7 +80,7 @@ type setting struct {
 
 // raw holds the settings that are parsed after they are read.
 type raw struct {
-	regions, replicas, maxAge, placement, startupWait string
+	regions, replicas, maxAge, placement, startupWait, metricsTenants string
 }
 
 var settings = []setting{
@@ -109,6 +112,7 @@ var rawSettings = []struct {
 	{"ASSAY_STREAM_MAX_AGE", "stream-max-age", "168h", "history the streams keep for replay, a Go duration", func(r *raw) *string { return &r.maxAge }},
 	{"ASSAY_STREAM_PLACEMENT", "stream-placement", "none", "server tags the streams are placed by, comma separated", func(r *raw) *string { return &r.placement }},
 	{"ASSAY_STARTUP_WAIT", "startup-wait", "60s", "how long start-up waits for Postgres and NATS, a Go duration (0: try once)", func(r *raw) *string { return &r.startupWait }},
+	{"ASSAY_METRICS_TENANTS", "metrics-tenants", "20", "tenants with a metric label of their own; the rest are \"other\"", func(r *raw) *string { return &r.metricsTenants }},
 }
 
 // Var is one setting a service reads from the environment alone, for its
@@ -226,6 +230,14 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 			errs = append(errs, fmt.Errorf("ASSAY_STARTUP_WAIT: %q is not a duration from 0s to 1h", r.startupWait))
 		}
 		c.StartupWait = d
+	}
+	c.MetricsTenants = 20
+	if r.metricsTenants != "" {
+		n, err := strconv.Atoi(r.metricsTenants)
+		if err != nil || n < 1 || n > 1000 {
+			errs = append(errs, fmt.Errorf("ASSAY_METRICS_TENANTS: %q is not a whole number from 1 to 1000", r.metricsTenants))
+		}
+		c.MetricsTenants = n
 	}
 	if c.Cell == "" {
 		c.Cell = c.Region

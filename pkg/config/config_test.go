@@ -51,14 +51,15 @@ func TestLoadDefaults(t *testing.T) {
 		t.Fatalf("load: %v", err)
 	}
 	want := config.Config{
-		Regions:      []string{"us", "eu"},
-		Region:       "us",
-		Cell:         "us",
-		Installation: "assay",
-		DatabaseURL:  "postgres://assay@127.0.0.1:5432/assay?sslmode=disable",
-		NATSURL:      "nats://127.0.0.1:4222",
-		HTTPAddr:     ":8080",
-		StartupWait:  time.Minute,
+		Regions:        []string{"us", "eu"},
+		Region:         "us",
+		Cell:           "us",
+		Installation:   "assay",
+		DatabaseURL:    "postgres://assay@127.0.0.1:5432/assay?sslmode=disable",
+		NATSURL:        "nats://127.0.0.1:4222",
+		HTTPAddr:       ":8080",
+		StartupWait:    time.Minute,
+		MetricsTenants: 20,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("config = %+v, want %+v", c, want)
@@ -85,17 +86,18 @@ func TestLoadFlagsOverrideEnv(t *testing.T) {
 		t.Fatalf("load: %v", err)
 	}
 	want := config.Config{
-		Regions:      []string{"us", "eu"},
-		Region:       "eu",
-		Cell:         "eu",
-		Installation: "assay",
-		DatabaseURL:  "postgres://flag@db/assay",
-		NATSURL:      "tls://flag:4222",
-		ModelBaseURL: "https://flag",
-		ModelAPIKey:  "flag-key",
-		Model:        "flag-model",
-		HTTPAddr:     ":9090",
-		StartupWait:  time.Minute,
+		Regions:        []string{"us", "eu"},
+		Region:         "eu",
+		Cell:           "eu",
+		Installation:   "assay",
+		DatabaseURL:    "postgres://flag@db/assay",
+		NATSURL:        "tls://flag:4222",
+		ModelBaseURL:   "https://flag",
+		ModelAPIKey:    "flag-key",
+		Model:          "flag-model",
+		HTTPAddr:       ":9090",
+		StartupWait:    time.Minute,
+		MetricsTenants: 20,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("config = %+v, want %+v", c, want)

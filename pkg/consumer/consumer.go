@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/lifecycle"
@@ -108,6 +110,11 @@ type Config struct {
 	// while the consumer creates it again before Ready says so. Default
 	// 10s.
 	ReadyGrace time.Duration
+	// Meter, when set, gets the durable's JetStream gauges (pending, ack
+	// pending, redelivered, waiting, ack-floor lag), sampled from its
+	// info every 5s and labelled with Labels and stream and consumer.
+	Meter  metric.Meter
+	Labels []attribute.KeyValue
 }
 
 // Consumer is a running durable consumer.
@@ -118,9 +125,10 @@ type Consumer struct {
 
 	mu       sync.Mutex
 	cc       jetstream.ConsumeContext
-	lost     chan struct{} // closed when the server lost the consumer
-	consumed bool          // the durable existed and was consumed once
-	missing  time.Time     // since when the durable is known missing
+	lost     chan struct{}           // closed when the server lost the consumer
+	consumed bool                    // the durable existed and was consumed once
+	missing  time.Time               // since when the durable is known missing
+	info     *jetstream.ConsumerInfo // the last sample of the durable, nil before one
 	inflight sync.WaitGroup
 	// halt ends waits at the gate when Stop begins; work ends handlers
 	// only when Stop gives up waiting for them.
@@ -159,6 +167,11 @@ func New(cfg Config) (*Consumer, error) {
 		}
 	} else if c.cfg.Pull < 1 {
 		c.cfg.Pull = 2
+	}
+	if cfg.Meter != nil {
+		if err := c.gauges(cfg.Meter); err != nil {
+			return nil, fmt.Errorf("consumer %s: gauges: %w", cfg.Durable.Durable, err)
+		}
 	}
 	return c, nil
 }
@@ -221,8 +234,48 @@ func (c *Consumer) loop(ctx context.Context) {
 func (c *Consumer) gone(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err := c.cfg.JS.Consumer(ctx, c.cfg.Stream, c.cfg.Durable.Durable)
+	cons, err := c.cfg.JS.Consumer(ctx, c.cfg.Stream, c.cfg.Durable.Durable)
+	if err == nil {
+		c.mu.Lock()
+		c.info = cons.CachedInfo()
+		c.mu.Unlock()
+	}
 	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
+}
+
+// gauges registers the durable's JetStream gauges on meter.
+func (c *Consumer) gauges(meter metric.Meter) error {
+	attrs := metric.WithAttributes(append(append([]attribute.KeyValue(nil), c.cfg.Labels...),
+		attribute.String("stream", c.cfg.Stream), attribute.String("consumer", c.cfg.Durable.Durable))...)
+	var errs []error
+	gauge := func(name, desc string) metric.Int64ObservableGauge {
+		g, err := meter.Int64ObservableGauge(name, metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	pending := gauge("assay_jetstream_consumer_pending", "messages of the stream the durable has not delivered yet")
+	ackPending := gauge("assay_jetstream_consumer_ack_pending", "messages delivered and not yet acknowledged")
+	redelivered := gauge("assay_jetstream_consumer_redelivered", "messages delivered more than once and not yet acknowledged")
+	waiting := gauge("assay_jetstream_consumer_waiting", "pull requests waiting at the server")
+	lag := gauge("assay_jetstream_consumer_ack_floor_lag", "messages past the ack floor: not delivered, or delivered and not acknowledged")
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	_, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		c.mu.Lock()
+		info := c.info
+		c.mu.Unlock()
+		if info == nil {
+			return nil
+		}
+		o.ObserveInt64(pending, int64(info.NumPending), attrs)
+		o.ObserveInt64(ackPending, int64(info.NumAckPending), attrs)
+		o.ObserveInt64(redelivered, int64(info.NumRedelivered), attrs)
+		o.ObserveInt64(waiting, int64(info.NumWaiting), attrs)
+		o.ObserveInt64(lag, int64(info.NumPending)+int64(info.Delivered.Stream-info.AckFloor.Stream), attrs)
+		return nil
+	}, pending, ackPending, redelivered, waiting, lag)
+	return err
 }
 
 // subscribe creates (or updates) the durable and starts consuming it.
@@ -248,7 +301,7 @@ func (c *Consumer) subscribe(ctx context.Context) (<-chan struct{}, error) {
 	}
 	c.mu.Lock()
 	first := !c.consumed
-	c.cc, c.lost, c.consumed, c.missing = cc, lost, true, time.Time{}
+	c.cc, c.lost, c.consumed, c.missing, c.info = cc, lost, true, time.Time{}, cons.CachedInfo()
 	c.mu.Unlock()
 	if first {
 		c.cfg.Log.Info("consumer ensured", "consumer", c.cfg.Durable.Durable, "stream", c.cfg.Stream,

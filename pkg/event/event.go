@@ -28,6 +28,9 @@ var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4
 // ValidToken reports whether s can be used as one subject token.
 func ValidToken(s string) bool { return tokenRE.MatchString(s) }
 
+// Lanes are every lane, interactive first.
+var Lanes = []string{Interactive, Batch}
+
 // ValidLane reports whether s is a lane.
 func ValidLane(s string) bool { return s == Interactive || s == Batch }
 

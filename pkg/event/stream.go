@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"assay.dev/pkg/lifecycle"
 )
@@ -116,8 +119,14 @@ type Keeper struct {
 	// Every is how often the streams are looked at. Default 5s.
 	Every time.Duration
 	Log   *slog.Logger
+	// Meter, when set, gets each stream's messages and bytes as gauges,
+	// sampled every Every and labelled with Region and stream.
+	Meter  metric.Meter
+	Region string
 
 	ticker lifecycle.Ticker
+	mu     sync.Mutex
+	state  map[string]jetstream.StreamState
 }
 
 // Start creates the streams, then looks after them until Stop.
@@ -135,6 +144,11 @@ func (k *Keeper) Start(ctx context.Context) error {
 	}
 	if k.Every <= 0 {
 		k.Every = 5 * time.Second
+	}
+	if k.Meter != nil {
+		if err := k.gauges(); err != nil {
+			return err
+		}
 	}
 	t := &k.ticker
 	t.Name, t.Every, t.Log = "stream keeper", k.Every, k.Log
@@ -155,7 +169,15 @@ func (k *Keeper) Ensure(ctx context.Context, kind string) error {
 func (k *Keeper) keep(ctx context.Context) error {
 	var errs []error
 	for _, kind := range k.Kinds {
-		_, err := k.JS.Stream(ctx, k.Names.Stream(kind))
+		st, err := k.JS.Stream(ctx, k.Names.Stream(kind))
+		if err == nil {
+			k.mu.Lock()
+			if k.state == nil {
+				k.state = map[string]jetstream.StreamState{}
+			}
+			k.state[k.Names.Stream(kind)] = st.CachedInfo().State
+			k.mu.Unlock()
+		}
 		if !errors.Is(err, jetstream.ErrStreamNotFound) {
 			if err != nil {
 				errs = append(errs, err)
@@ -169,6 +191,29 @@ func (k *Keeper) keep(ctx context.Context) error {
 		k.Log.Warn("stream keeper: the broker had lost a stream; it is created again", "stream", k.Names.Stream(kind))
 	}
 	return errors.Join(errs...)
+}
+
+// gauges registers the streams' messages and bytes on the keeper's meter.
+func (k *Keeper) gauges() error {
+	msgs, err := k.Meter.Int64ObservableGauge("assay_jetstream_stream_messages", metric.WithDescription("messages the stream holds"))
+	if err != nil {
+		return err
+	}
+	size, err := k.Meter.Int64ObservableGauge("assay_jetstream_stream_bytes", metric.WithUnit("By"), metric.WithDescription("bytes the stream holds"))
+	if err != nil {
+		return err
+	}
+	_, err = k.Meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		for name, st := range k.state {
+			attrs := metric.WithAttributes(attribute.String("region", k.Region), attribute.String("stream", name))
+			o.ObserveInt64(msgs, int64(st.Msgs), attrs)
+			o.ObserveInt64(size, int64(st.Bytes), attrs)
+		}
+		return nil
+	}, msgs, size)
+	return err
 }
 
 // Ready reports whether every stream the keeper keeps exists.

@@ -18,6 +18,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"assay.dev/pkg/telemetry"
 )
 
 // DefaultMaxBodyBytes caps a response body when Client.MaxBodyBytes is 0.
@@ -160,6 +162,8 @@ func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
+	// The provider's side of the call joins the work's trace.
+	telemetry.ToProvider(ctx, req.Header)
 	if c.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+c.APIKey)
 	}

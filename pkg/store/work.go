@@ -32,6 +32,11 @@ type Work struct {
 	Repairs         int
 	RepairNote      string
 	Dispatch        int
+	// RetryAt is when a retry falls due (zero when none was asked).
+	RetryAt time.Time
+	// Traceparent is the W3C traceparent of the request that created the
+	// work, "" when there was none.
+	Traceparent string
 	// OutputCap is the answer cap of the next attempt when it was raised
 	// (an answer was cut at the cap); 0 takes the classifier's.
 	OutputCap  int
@@ -63,7 +68,7 @@ func (w *Work) Terminal() bool { return outcome.IsTerminal(w.State) }
 const workColumns = `id, tenant_id, region, contract, schema_version, taxonomy_version, source_id,
 	revision, lane, input, content_digest, state, coalesce(reason, ''), coalesce(lease_token::text, ''),
 	coalesce(lease_expires_at, 'epoch'), attempts, repairs, coalesce(repair_note, ''), dispatch,
-	deadline_at, created_at, updated_at, coalesce(output_cap, 0)`
+	deadline_at, created_at, updated_at, coalesce(output_cap, 0), coalesce(retry_at, 'epoch'), coalesce(traceparent, '')`
 
 func scanWork(row pgx.Row) (*Work, error) { return scanWorkWith(row) }
 
@@ -73,7 +78,7 @@ func scanWorkWith(row pgx.Row, extra ...any) (*Work, error) {
 	err := row.Scan(append([]any{&w.ID, &w.TenantID, &w.Region, &w.Contract, &w.SchemaVersion, &w.TaxonomyVersion,
 		&w.SourceID, &w.Revision, &w.Lane, &w.Input, &w.Digest, &w.State, &w.Reason, &w.LeaseToken,
 		&w.LeaseExpiresAt, &w.Attempts, &w.Repairs, &w.RepairNote, &w.Dispatch, &w.DeadlineAt,
-		&w.CreatedAt, &w.UpdatedAt, &w.OutputCap}, extra...)...)
+		&w.CreatedAt, &w.UpdatedAt, &w.OutputCap, &w.RetryAt, &w.Traceparent}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -131,12 +136,12 @@ func insertOrFind(ctx context.Context, tx pgx.Tx, w *Work) (*Work, bool, error) 
 	}
 	got, err := scanWork(tx.QueryRow(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version,
 			taxonomy_version, source_id, revision, lane, input, content_digest, deadline_at, source_updated_at,
-			state, reason)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, NULLIF($15, ''))
+			state, reason, traceparent)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, NULLIF($15, ''), NULLIF($16, ''))
 		ON CONFLICT DO NOTHING
 		RETURNING `+workColumns,
 		w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID,
-		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt, sourceTime(w.SourceUpdatedAt), state, w.DropReason))
+		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt, sourceTime(w.SourceUpdatedAt), state, w.DropReason, w.Traceparent))
 	if err == nil || !errors.Is(err, ErrNotFound) {
 		return got, err == nil, err
 	}

@@ -46,6 +46,7 @@ type Provider struct {
 	meter    metric.Meter
 	registry *prometheus.Registry
 	handler  http.Handler
+	tenants  tenantLabels
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -73,6 +74,10 @@ func Setup(ctx context.Context, service, region string, opts ...Option) (*Provid
 	otel.SetTextMapPropagator(propagator)
 
 	p := &Provider{registry: prometheus.NewRegistry()}
+	p.tenants = tenantLabels{max: DefaultTenantLabels, seen: map[string]bool{}}
+	if o.tenants > 0 {
+		p.tenants.max = o.tenants
+	}
 
 	traceOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
 	if named(os.Getenv("OTEL_TRACES_EXPORTER")) {
@@ -129,7 +134,14 @@ func Setup(ctx context.Context, service, region string, opts ...Option) (*Provid
 type Option func(*options)
 
 type options struct {
-	spans []sdktrace.SpanProcessor
+	spans   []sdktrace.SpanProcessor
+	tenants int
+}
+
+// WithTenantLabels gives the first n tenants seen a metric label of their
+// own and counts the rest as "other" (ASSAY_METRICS_TENANTS).
+func WithTenantLabels(n int) Option {
+	return func(o *options) { o.tenants = n }
 }
 
 // WithSpanProcessor hands every span to sp as well, beside any exporter
@@ -204,6 +216,39 @@ func Extract(ctx context.Context, h nats.Header) context.Context {
 		return ctx
 	}
 	return propagator.Extract(ctx, headerCarrier(h))
+}
+
+// traceOnly carries the W3C trace context alone: what crosses a boundary
+// with a party outside the cell (a caller, the model provider), where
+// baggage is not trusted in, nor handed out.
+var traceOnly = propagation.TraceContext{}
+
+// FromCaller continues a caller's W3C traceparent (and tracestate) from
+// HTTP headers h; a malformed one is ignored and a new trace starts.
+func FromCaller(ctx context.Context, h http.Header) context.Context {
+	return traceOnly.Extract(ctx, propagation.HeaderCarrier(h))
+}
+
+// ToProvider sets the traceparent of the span in ctx on an outgoing HTTP
+// request's headers h.
+func ToProvider(ctx context.Context, h http.Header) {
+	traceOnly.Inject(ctx, propagation.HeaderCarrier(h))
+}
+
+// Traceparent is the W3C traceparent of the span in ctx, "" when there is
+// none: what a work row keeps so a later announcement can link to it.
+func Traceparent(ctx context.Context) string {
+	c := propagation.MapCarrier{}
+	traceOnly.Inject(ctx, c)
+	return c["traceparent"]
+}
+
+// Link is a span link to the trace a traceparent names; ok=false when it
+// names none.
+func Link(traceparent string) (trace.Link, bool) {
+	ctx := traceOnly.Extract(context.Background(), propagation.MapCarrier{"traceparent": traceparent})
+	sc := trace.SpanContextFromContext(ctx)
+	return trace.Link{SpanContext: sc}, sc.IsValid()
 }
 
 // NewLogger returns a JSON logger whose every line names service and region

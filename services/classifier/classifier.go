@@ -201,6 +201,7 @@ type Service struct {
 
 	attempts     metric.Int64Counter
 	storeRefused metric.Int64Counter
+	m            *metrics
 
 	mu      sync.Mutex
 	running map[string]context.CancelCauseFunc // work id -> its model call
@@ -217,7 +218,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, d: d, lim: d.Limiter, running: map[string]context.CancelCauseFunc{}}
 	owned := []string{event.KindResult, event.KindAttempt}
-	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log}
+	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log, Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: owned, Ensure: s.streams.Ensure,
 		Meter: d.Tel.Meter(), SetAside: cfg.SetAside}
 	if s.lim == nil {
@@ -232,6 +233,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 		}
 	}
 	var err error
+	if s.m, err = newMetrics(d.Tel, cfg.Region); err != nil {
+		return nil, err
+	}
 	s.attempts, err = d.Tel.Meter().Int64Counter("assay_classifier_attempts",
 		metric.WithDescription("model-call attempts by outcome"))
 	if err != nil {
@@ -267,7 +271,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 			Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names, lane), Filter: cfg.Names.Lane(lane),
 				AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, MaxAckPending: 4 * cfg.Concurrency},
 			Gate: func(ctx context.Context) (func(), error) { return s.lim.Enter(ctx, lane) },
-			Pull: 2, Handle: handle, Log: d.Log})
+			Pull: 2, Handle: handle, Log: d.Log,
+			Meter: d.Tel.Meter(), Labels: []attribute.KeyValue{attribute.String("region", cfg.Region), attribute.String("lane", lane)}})
 		if err != nil {
 			return nil, fmt.Errorf("classifier: %w", err)
 		}
@@ -282,7 +287,7 @@ func Consumer(n event.Names, lane string) string { return n.WorkConsumer(lane) }
 // Lanes are consumed apart, so a batch backlog never stands in front of
 // interactive work; they share the cell's limiter, where interactive goes
 // first.
-var lanes = []string{event.Interactive, event.Batch}
+var lanes = event.Lanes
 
 // Limiter is the instance's concurrency limiter.
 func (s *Service) Limiter() *admission.Limiter { return s.lim }

@@ -55,6 +55,7 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	if !ok {
 		return disp
 	}
+	claimedAt := time.Now()
 	span.SetAttributes(attribute.String("assay.attempt_id", attemptID), attribute.Int("assay.attempt", cw.Attempts))
 
 	// A call cut short by the work's own deadline says nothing of the
@@ -77,7 +78,7 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 		// not, the committer's compare-and-set decides anyway.
 		s.d.Log.Warn("lease check failed", "key", cw.ID, "err", err)
 	}
-	return s.settle(ctx, cw, c, attemptID, token, reply, callErr, stillMine)
+	return s.settle(ctx, cw, c, attemptID, token, reply, callErr, stillMine, claimedAt)
 }
 
 // read reads the work the announcement points to and admits it; ok=false
@@ -111,6 +112,9 @@ func (s *Service) claim(ctx context.Context, w *store.Work, c *contract.Contract
 		return nil, "", "", consumer.Retry(time.Second), false
 	}
 	if st := afford(res, w, est, time.Now(), s.backoff(1)); !st.proceed {
+		if st.finish != "" {
+			s.m.denied(ctx, w)
+		}
 		return nil, "", "", s.carry(ctx, w.ID, w, st), false
 	}
 	cw, ok, err = s.d.Store.Claim(ctx, w.ID, attemptID, token, s.cfg.LeaseTTL, est)
@@ -127,6 +131,7 @@ func (s *Service) claim(ctx context.Context, w *store.Work, c *contract.Contract
 		telemetry.Decision(ctx, s.d.Log, w.ID, "claim_lost", "another worker holds the lease or the work just ended")
 		return nil, "", "", consumer.Done(), false
 	}
+	s.m.claimed(ctx, w, time.Now())
 	telemetry.Decision(ctx, s.d.Log, cw.ID, "claimed", "lease taken", slog.String("attempt", attemptID), slog.Int("number", cw.Attempts))
 	return cw, attemptID, token, consumer.Disposition{}, true
 }
@@ -201,7 +206,7 @@ func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract,
 // attempt's outcome, the work's next state and the RESULT and ATTEMPT
 // events, in one transaction.
 func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token string,
-	reply *model.Reply, callErr error, stillMine bool) consumer.Disposition {
+	reply *model.Reply, callErr error, stillMine bool, claimedAt time.Time) consumer.Disposition {
 	out, hasOutput := output(reply, callErr)
 	a := answer{stillMine: stillMine, err: callErr, output: out, hasOutput: hasOutput,
 		attempts: w.Attempts, repairs: w.Repairs, now: time.Now(), deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts),
@@ -253,7 +258,13 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 		return consumer.Retry(time.Second)
 	}
 	s.relay.Kick()
-	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", v.outcome), attribute.String("region", s.cfg.Region)))
+	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", v.outcome), attribute.String("region", s.cfg.Region),
+		attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
+	failCode := ""
+	if a.fail != nil {
+		failCode = a.fail.Code
+	}
+	s.m.judged(ctx, w, c, claimedAt, reply, callErr, failCode, v)
 	reason := v.reason
 	if reason == "" {
 		reason = "model answered"
@@ -451,6 +462,7 @@ func (s *Service) finishUnleased(ctx context.Context, w *store.Work, state, reas
 		return consumer.Retry(time.Second)
 	}
 	if ok {
+		s.m.ended(ctx, w, state)
 		telemetry.Decision(ctx, s.d.Log, w.ID, state, reason)
 	} else {
 		telemetry.Decision(ctx, s.d.Log, w.ID, "claim_lost", "work is held by a live lease or already ended")

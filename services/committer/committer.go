@@ -78,6 +78,7 @@ type Service struct {
 	d        Deps
 	verdicts metric.Int64Counter
 	refused  metric.Int64Counter
+	endToEnd metric.Float64Histogram
 	results  *consumer.Consumer
 	reaper   lifecycle.Ticker
 }
@@ -111,6 +112,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 		metric.WithDescription("final answers by verdict")); err != nil {
 		return nil, err
 	}
+	if s.endToEnd, err = d.Tel.Seconds("assay_end_to_end", "from work created to its outcome"); err != nil {
+		return nil, err
+	}
 	if s.refused, err = d.Tel.Meter().Int64Counter("assay_store_refused",
 		metric.WithDescription("records the cell's database refused for good (SQLSTATE class 22 or 23), not retried")); err != nil {
 		return nil, err
@@ -119,6 +123,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names), AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver,
 			MaxAckPending: 4 * cfg.Concurrency},
 		Concurrency: cfg.Concurrency, Log: d.Log,
+		Meter: d.Tel.Meter(), Labels: []attribute.KeyValue{attribute.String("region", cfg.Region), attribute.String("lane", "")},
 		Handle: consumer.Typed(d.Log, event.Parse[event.Result], s.handle)})
 	if err != nil {
 		return nil, fmt.Errorf("committer: %w", err)
@@ -223,7 +228,7 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 		if err != nil {
 			return err
 		}
-		return s.decided(ctx, w.ID, ev, marked(ok, w.State), false)
+		return s.decided(ctx, w, ev, marked(ok, w.State), false)
 	case reject:
 		return s.reject(ctx, w, ev, reason)
 	}
@@ -243,7 +248,7 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	if err != nil {
 		return err
 	}
-	return s.decided(ctx, w.ID, ev, committed(v), true, slog.Int("findings", acc.Findings))
+	return s.decided(ctx, w, ev, committed(v), true, slog.Int("findings", acc.Findings))
 }
 
 func (s *Service) reject(ctx context.Context, w *store.Work, ev event.Result, reason string) error {
@@ -251,14 +256,20 @@ func (s *Service) reject(ctx context.Context, w *store.Work, ev event.Result, re
 	if err != nil {
 		return err
 	}
-	return s.decided(ctx, w.ID, ev, rejected(ok, reason), true)
+	return s.decided(ctx, w, ev, rejected(ok, reason), true)
 }
 
-// decided logs a verdict and, when it is one of a final answer's, counts it.
-func (s *Service) decided(ctx context.Context, workID string, ev event.Result, v verdict, count bool, attrs ...slog.Attr) error {
+// decided logs a verdict and, when it is one of a final answer's, counts it;
+// work it ended has its end-to-end time recorded.
+func (s *Service) decided(ctx context.Context, w *store.Work, ev event.Result, v verdict, count bool, attrs ...slog.Attr) error {
 	if count {
 		s.verdicts.Add(ctx, 1, metric.WithAttributes(attribute.String("verdict", v.word), attribute.String("region", s.cfg.Region)))
 	}
-	telemetry.Decision(ctx, s.d.Log, workID, v.word, v.reason, append([]slog.Attr{slog.String("attempt", ev.AttemptID)}, attrs...)...)
+	if v.word == verdictAccepted || v.word == verdictRejected || v.word == verdictLate {
+		s.endToEnd.Record(ctx, time.Since(w.CreatedAt).Seconds(), metric.WithAttributes(attribute.String("region", s.cfg.Region),
+			attribute.String("lane", w.Lane), attribute.String("contract", w.Contract), attribute.String("outcome", v.word),
+			attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
+	}
+	telemetry.Decision(ctx, s.d.Log, w.ID, v.word, v.reason, append([]slog.Attr{slog.String("attempt", ev.AttemptID)}, attrs...)...)
 	return nil
 }

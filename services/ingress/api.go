@@ -113,7 +113,7 @@ func (s *Service) authenticate(w http.ResponseWriter, r *http.Request) (store.Te
 }
 
 func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
-	ctx, span := s.d.Tel.Tracer().Start(r.Context(), "ingress.submit", trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := s.d.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.submit", trace.WithSpanKind(trace.SpanKindServer))
 	defer span.End()
 	r = r.WithContext(ctx)
 	t, ok := s.authenticate(w, r)
@@ -128,7 +128,7 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, _ := s.d.Contracts.Get(req.Contract)
-	work := s.newWork(t, c, req.SourceID, req.Revision, req.Lane, compact(req.Input), s.deadline(req))
+	work := s.newWork(ctx, t, c, req.SourceID, req.Revision, req.Lane, compact(req.Input), s.deadline(req))
 	span.SetAttributes(attribute.String("assay.work_id", work.ID), attribute.String("assay.tenant", t.ID))
 	if wait, ok := s.admit(t, req.Lane); !ok {
 		s.overRate(ctx, w, t, work, wait)

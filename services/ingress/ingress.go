@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"assay.dev/pkg/admission"
 	"assay.dev/pkg/auth"
@@ -62,6 +63,10 @@ type Config struct {
 	// DataRetention is how long work inputs and raw answers are kept after
 	// the work ended. Default 720h (30 days).
 	DataRetention time.Duration
+	// WatchEvery is how often the gauges of the cell's work (oldest
+	// unfinished per lane, the views of the last day) are sampled. Default
+	// 15s.
+	WatchEvery time.Duration
 
 	// GitHubSecret is the cell's webhook secret: its GitHub App's, held by
 	// the operator alone. Empty, only deliveries signed with a tenant's own
@@ -113,6 +118,9 @@ func (c *Config) defaults() error {
 	if c.OutboxRetention == 0 {
 		c.OutboxRetention = 24 * time.Hour
 	}
+	if c.WatchEvery == 0 {
+		c.WatchEvery = 15 * time.Second
+	}
 	if c.DataRetention == 0 {
 		c.DataRetention = 30 * 24 * time.Hour
 	}
@@ -148,6 +156,7 @@ var Vars = []config.Var{
 	{Name: "ASSAY_SWEEP_LEASE_GRACE", Default: "5s", Usage: "a lease expired this long ago is taken back"},
 	{Name: "ASSAY_OUTBOX_RETENTION", Default: "24h", Usage: "published outbox rows are purged after this"},
 	{Name: "ASSAY_DATA_RETENTION", Default: "720h", Usage: "inputs and raw answers of ended work are cleared after this"},
+	{Name: "ASSAY_WATCH_EVERY", Default: "15s", Usage: "how often the gauges of the cell's work are sampled"},
 	{Name: "ASSAY_GITHUB_WEBHOOK_SECRET", Default: "none", Usage: "the cell's (its GitHub App's) webhook secret"},
 	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where pull request diffs are fetched"},
 	{Name: "ASSAY_GITHUB_TOKEN", Default: "none", Usage: "token the diff fetches authenticate with"},
@@ -163,6 +172,7 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		config.Duration{Name: "ASSAY_SWEEP_LEASE_GRACE", To: &c.LeaseGrace, Min: 100 * time.Millisecond, Max: week},
 		config.Duration{Name: "ASSAY_OUTBOX_RETENTION", To: &c.OutboxRetention, Min: 2 * time.Hour, Max: 366 * 24 * time.Hour},
 		config.Duration{Name: "ASSAY_DATA_RETENTION", To: &c.DataRetention, Min: time.Hour, Max: 10 * 366 * 24 * time.Hour},
+		config.Duration{Name: "ASSAY_WATCH_EVERY", To: &c.WatchEvery, Min: time.Second, Max: time.Hour},
 	); err != nil {
 		return err
 	}
@@ -189,9 +199,13 @@ type Service struct {
 	relay   *outbox.Relay
 	sweeper lifecycle.Ticker
 	janitor lifecycle.Ticker
+	watcher lifecycle.Ticker
+	watched watch
 
 	submitted metric.Int64Counter
 	webhooks  metric.Int64Counter
+	dropped   metric.Int64Counter
+	endToEnd  metric.Float64Histogram
 	buckets   *admission.Buckets
 }
 
@@ -201,7 +215,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, d: d, buckets: admission.NewBuckets(time.Now)}
-	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log}
+	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log,
+		Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},
 		Ensure: s.streams.Ensure, Meter: d.Tel.Meter(), SetAside: cfg.SetAside}
 	sw := &s.sweeper
@@ -210,6 +225,12 @@ func New(cfg Config, d Deps) (*Service, error) {
 	jn := &s.janitor
 	jn.Name, jn.Every, jn.Log, jn.PassTimeout = "retention", 10*time.Minute, d.Log, 5*time.Minute
 	jn.Pass = s.purge
+	wt := &s.watcher
+	wt.Name, wt.Every, wt.Log, wt.PassTimeout = "watch", cfg.WatchEvery, d.Log, time.Minute
+	wt.Pass = s.sample
+	if err := s.watchMetrics(); err != nil {
+		return nil, err
+	}
 	var err error
 	s.submitted, err = d.Tel.Meter().Int64Counter("assay_ingress_requests",
 		metric.WithDescription("work submissions by result"))
@@ -225,12 +246,12 @@ func New(cfg Config, d Deps) (*Service, error) {
 // outbox relay and the sweeper.
 func (s *Service) Start(ctx context.Context) error {
 	s.relay.MaxPayload = s.d.JS.Conn().MaxPayload()
-	return lifecycle.StartAll(ctx, s.streams, s.relay, &s.sweeper, &s.janitor)
+	return lifecycle.StartAll(ctx, s.streams, s.relay, &s.sweeper, &s.janitor, &s.watcher)
 }
 
 // Stop ends the sweeper, then the relay after a last drain. Idempotent.
 func (s *Service) Stop(ctx context.Context) {
-	lifecycle.StopAll(ctx, &s.janitor, &s.sweeper, s.relay, s.streams)
+	lifecycle.StopAll(ctx, &s.watcher, &s.janitor, &s.sweeper, s.relay, s.streams)
 }
 
 // purge is one pass of the cell's retention: published outbox rows past
@@ -336,11 +357,21 @@ func (s *Service) SweepOnce(ctx context.Context) error {
 		return err
 	}
 	for _, w := range expired {
+		s.ended(ctx, w)
 		telemetry.Decision(ctx, s.d.Log, w.ID, outcome.Expired, w.Reason, slog.String("tenant", w.TenantID), slog.String("lane", w.Lane))
 	}
 	sw := store.Sweep{QueuedFor: s.cfg.QueuedFor, LeaseGrace: s.cfg.LeaseGrace, Heads: s.backlogHeads(ctx), Limit: 500}
 	stuck, err := s.d.Store.SweepStuck(ctx, sw, func(st store.Stuck) (store.OutboxMsg, error) {
-		return WorkMessage(ctx, s.cfg.Names, st.Work, st.Dispatch)
+		// The new announcement is a trace of its own, linked to the one
+		// the work began in.
+		var opts []trace.SpanStartOption
+		if l, ok := telemetry.Link(st.Work.Traceparent); ok {
+			opts = append(opts, trace.WithLinks(l))
+		}
+		actx, span := s.d.Tel.Tracer().Start(context.WithoutCancel(ctx), "ingress.reannounce", append(opts,
+			trace.WithNewRoot(), trace.WithAttributes(attribute.String("assay.work_id", st.Work.ID), attribute.Int("assay.dispatch", st.Dispatch)))...)
+		defer span.End()
+		return WorkMessage(actx, s.cfg.Names, st.Work, st.Dispatch)
 	})
 	if err != nil {
 		return err
@@ -367,7 +398,7 @@ func (s *Service) SweepOnce(ctx context.Context) error {
 func (s *Service) backlogHeads(ctx context.Context) map[string]time.Time {
 	heads := map[string]time.Time{}
 	stream := s.cfg.Names.Stream(event.KindWork)
-	for _, lane := range []string{event.Interactive, event.Batch} {
+	for _, lane := range event.Lanes {
 		cons, err := s.d.JS.Consumer(ctx, stream, s.cfg.Names.WorkConsumer(lane))
 		if err != nil {
 			continue
@@ -426,8 +457,9 @@ func (s *Service) count(ctx context.Context, result string) {
 // row is made from a request, keyed by the ingress key and bound to the
 // contract's versions. A new revision of the same source supersedes the
 // older one's work.
-func (s *Service) newWork(t store.Tenant, c *contract.Contract, source, revision, lane string, input []byte, deadline time.Time) *store.Work {
+func (s *Service) newWork(ctx context.Context, t store.Tenant, c *contract.Contract, source, revision, lane string, input []byte, deadline time.Time) *store.Work {
 	return &store.Work{
+		Traceparent:     telemetry.Traceparent(ctx),
 		ID:              WorkID(t.ID, c.Name, source, revision),
 		TenantID:        t.ID,
 		Region:          s.cfg.Region,

@@ -25,5 +25,7 @@ type Store interface {
 	ExpireOverdue(ctx context.Context, grace time.Duration, limit int) ([]*store.Work, error)
 	Purge(ctx context.Context, r store.Retention) (store.Purged, error)
 	Usage(ctx context.Context, tenant string, from, to time.Time, by string) ([]store.UsageLine, error)
+	Oldest(ctx context.Context) (map[string]time.Duration, error)
+	Views(ctx context.Context, window time.Duration) (map[string]int64, error)
 	SweepStuck(ctx context.Context, sw store.Sweep, announce func(store.Stuck) (store.OutboxMsg, error)) ([]store.Stuck, error)
 }

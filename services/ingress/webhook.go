@@ -207,7 +207,7 @@ func (d *delivery) key() string { return "delivery:" + d.id }
 // delivery already recorded) and store (the diff, the work, the answer).
 // Each stage that refuses answers with its error and the decision logged.
 func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
-	ctx, span := s.d.Tel.Tracer().Start(r.Context(), "ingress.webhook.github", trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := s.d.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.webhook.github", trace.WithSpanKind(trace.SpanKindServer))
 	defer span.End()
 	d, refused := s.verifyDelivery(ctx, w, r)
 	if refused == nil {
@@ -398,6 +398,8 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 		apierror.JSON(w, http.StatusOK, resp)
 		return
 	case res.Work.State == outcome.Dropped:
+		s.dropped.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.cfg.Region),
+			attribute.String("lane", res.Work.Lane), attribute.String("reason", "over_rate")))
 		s.relay.Kick()
 		s.logSuperseded(ctx, res.Work)
 		resp.Reason = res.Work.Reason
@@ -450,7 +452,7 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", "diff not reviewable", source, slog.String("err", err.Error()))
 		return nil, "", apierror.New(http.StatusUnprocessableEntity, "invalid_diff", "the pull request's diff cannot be reviewed: "+err.Error())
 	}
-	work = s.newWork(d.tenant, c, pr.SourceID(), ref.HeadSHA, event.Interactive, input, time.Now().Add(s.cfg.InteractiveDeadline))
+	work = s.newWork(ctx, d.tenant, c, pr.SourceID(), ref.HeadSHA, event.Interactive, input, time.Now().Add(s.cfg.InteractiveDeadline))
 	work.SourceUpdatedAt = pr.PullRequest.UpdatedAt
 	return work, "", nil
 }

@@ -135,7 +135,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 	s.attempts, err = consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindAttempt),
 		Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names), AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver,
 			MaxAckPending: 256},
-		Concurrency: 4, Log: d.Log, Handle: consumer.Typed(d.Log, event.Parse[event.Attempt], s.handle)})
+		Concurrency: 4, Log: d.Log, Handle: consumer.Typed(d.Log, event.Parse[event.Attempt], s.handle),
+		Meter: d.Tel.Meter(), Labels: []attribute.KeyValue{attribute.String("region", cfg.Region), attribute.String("lane", "")}})
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}

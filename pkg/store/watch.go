@@ -1,0 +1,66 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Oldest is, per lane, the age of the oldest work that has no outcome yet.
+func (s *Store) Oldest(ctx context.Context) (map[string]time.Duration, error) {
+	rows, err := s.pool.Query(ctx, `SELECT lane, extract(epoch FROM now() - min(created_at))::float8
+		FROM work WHERE state IN ('queued', 'running') GROUP BY lane`)
+	if err != nil {
+		return nil, fmt.Errorf("store: oldest: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]time.Duration{}
+	for rows.Next() {
+		var lane string
+		var secs float64
+		if err := rows.Scan(&lane, &secs); err != nil {
+			return nil, fmt.Errorf("store: oldest: %w", err)
+		}
+		out[lane] = time.Duration(secs * float64(time.Second))
+	}
+	return out, rows.Err()
+}
+
+// Views of work a reviewer tells apart.
+const (
+	ViewRunning     = "running"      // queued or running: no outcome yet
+	ViewAccepted    = "accepted"     // accepted, nothing for a person to look at
+	ViewNeedsReview = "needs_review" // accepted, and the answer asks for a person
+	ViewRejected    = "rejected"     // schema_rejected: the model's answers failed the gate
+	ViewTerminal    = "terminal"     // every other outcome: expired, exhausted, dropped, superseded, …
+)
+
+// Views counts the work created in the last window by what a reviewer
+// sees: running, accepted, ready for human review (an accepted answer that
+// asks for one: needsHumanReview, a blocking finding, a high severity),
+// validation-rejected, or otherwise terminal.
+func (s *Store) Views(ctx context.Context, window time.Duration) (map[string]int64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT CASE
+			WHEN w.state IN ('queued', 'running') THEN 'running'
+			WHEN w.state = 'accepted' AND (r.output->>'needsHumanReview' = 'true'
+				OR r.output @> '{"findings": [{"severity": "blocking"}]}' OR r.output->>'severity' = 'high') THEN 'needs_review'
+			WHEN w.state = 'accepted' THEN 'accepted'
+			WHEN w.state = 'schema_rejected' THEN 'rejected'
+			ELSE 'terminal' END AS view, count(*)
+		FROM work w LEFT JOIN results r ON r.work_id = w.id
+		WHERE w.created_at > now() - $1 * interval '1 microsecond' GROUP BY 1`, interval(window))
+	if err != nil {
+		return nil, fmt.Errorf("store: views: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int64{ViewRunning: 0, ViewAccepted: 0, ViewNeedsReview: 0, ViewRejected: 0, ViewTerminal: 0}
+	for rows.Next() {
+		var view string
+		var n int64
+		if err := rows.Scan(&view, &n); err != nil {
+			return nil, fmt.Errorf("store: views: %w", err)
+		}
+		out[view] = n
+	}
+	return out, rows.Err()
+}

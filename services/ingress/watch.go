@@ -1,0 +1,98 @@
+package ingress
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/store"
+)
+
+// ViewWindow is how far back the work views count: work created in the
+// last day, what a dashboard's overview shows.
+const ViewWindow = 24 * time.Hour
+
+// watch is what ingress samples of the cell's work for its gauges, every
+// WatchEvery: the oldest unfinished work per lane and the work of the last
+// day by what a reviewer sees. A scrape reads the last sample; it never
+// queries the database.
+type watch struct {
+	mu     sync.Mutex
+	oldest map[string]time.Duration
+	views  map[string]int64
+}
+
+func (s *Service) sample(ctx context.Context) (bool, error) {
+	oldest, err := s.d.Store.Oldest(ctx)
+	if err != nil {
+		return false, err
+	}
+	views, err := s.d.Store.Views(ctx, ViewWindow)
+	if err != nil {
+		return false, err
+	}
+	s.watched.mu.Lock()
+	s.watched.oldest, s.watched.views = oldest, views
+	s.watched.mu.Unlock()
+	return false, nil
+}
+
+// Views is the last sample of the work views (see store.Views).
+func (s *Service) Views() map[string]int64 {
+	s.watched.mu.Lock()
+	defer s.watched.mu.Unlock()
+	out := make(map[string]int64, len(s.watched.views))
+	for k, v := range s.watched.views {
+		out[k] = v
+	}
+	return out
+}
+
+// watchMetrics registers the gauges of the samples, and the counters and
+// histogram of what ingress itself ends or drops.
+func (s *Service) watchMetrics() error {
+	m := s.d.Tel.Meter()
+	region := attribute.String("region", s.cfg.Region)
+	_, err := m.Float64ObservableGauge("assay_oldest_unfinished", metric.WithUnit("s"),
+		metric.WithDescription("age of the oldest work without an outcome, per lane"),
+		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
+			s.watched.mu.Lock()
+			defer s.watched.mu.Unlock()
+			for _, lane := range event.Lanes {
+				o.Observe(s.watched.oldest[lane].Seconds(), metric.WithAttributes(region, attribute.String("lane", lane)))
+			}
+			return nil
+		}))
+	if err != nil {
+		return err
+	}
+	_, err = m.Int64ObservableGauge("assay_work_views",
+		metric.WithDescription("work created in the last day, by what a reviewer sees: running, accepted, needs_review, rejected, terminal"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			s.watched.mu.Lock()
+			defer s.watched.mu.Unlock()
+			for _, v := range []string{store.ViewRunning, store.ViewAccepted, store.ViewNeedsReview, store.ViewRejected, store.ViewTerminal} {
+				o.Observe(s.watched.views[v], metric.WithAttributes(region, attribute.String("view", v)))
+			}
+			return nil
+		}))
+	if err != nil {
+		return err
+	}
+	if s.dropped, err = m.Int64Counter("assay_dropped", metric.WithDescription("work stored dropped by admission, by lane and why")); err != nil {
+		return err
+	}
+	s.endToEnd, err = s.d.Tel.Seconds("assay_end_to_end", "from work created to its outcome")
+	return err
+}
+
+// ended records work that reached its outcome in ingress (expired).
+func (s *Service) ended(ctx context.Context, w *store.Work) {
+	s.endToEnd.Record(ctx, time.Since(w.CreatedAt).Seconds(), metric.WithAttributes(attribute.String("region", s.cfg.Region),
+		attribute.String("lane", w.Lane), attribute.String("contract", w.Contract), attribute.String("outcome", w.State),
+		attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
+}
