@@ -26,6 +26,8 @@ require (
 	github.com/nats-io/nats.go v1.55.0
 )
 
+require go.yaml.in/yaml/v3 v3.0.6
+
 require (
 	assay.dev/pkg/devkit v0.0.0
 	assay.dev/schemas v0.0.0 // indirect

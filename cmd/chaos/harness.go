@@ -36,7 +36,7 @@ var services = []string{"ingress", "classifier", "committer", "ledger"}
 var fastTimings = []string{
 	"ASSAY_LEASE_TTL=3s", "ASSAY_ACK_WAIT=5s", "ASSAY_HANDOFF_TTL=20s",
 	"ASSAY_SWEEP_EVERY=500ms", "ASSAY_SWEEP_QUEUED_FOR=10s", "ASSAY_SWEEP_LEASE_GRACE=1s",
-	"ASSAY_LEDGER_REAP_EVERY=1s", "ASSAY_LEDGER_REAP_GRACE=5s",
+	"ASSAY_LEDGER_REAP_EVERY=1s", "ASSAY_LEDGER_REAP_GRACE=5s", "ASSAY_WATCH_EVERY=1s",
 }
 
 // ackWait is the classifier's consumer AckWait in this run.
@@ -385,6 +385,19 @@ func (h *Harness) startServices(ctx context.Context) error {
 	h.logf("up: nats %s, sim %s, %d services, tenants %d over %s", h.natsURL, h.simURL, len(h.procs),
 		len(h.tenants), strings.Join(config.DefaultRegions, "+"))
 	return nil
+}
+
+// running says where the services are.
+func (h *Harness) running() Running {
+	r := Running{Databases: map[string]string{}}
+	for _, region := range config.DefaultRegions {
+		r.Databases[region] = h.dbURL[region]
+		for _, svc := range services {
+			r.Targets = append(r.Targets, Target{Service: svc, Region: region,
+				URL: strings.TrimSuffix(h.procs[svc+"-"+region].ready, "/readyz")})
+		}
+	}
+	return r
 }
 
 // ingressURL is a region's ingress base URL.

@@ -72,7 +72,23 @@ type Options struct {
 	// PGAsyncCommit leaves the throwaway cluster's synchronous_commit off,
 	// to show what a Postgres crash then loses.
 	PGAsyncCommit bool
+	// Watch, when set, is called once every service is up, with where
+	// they are; the check it returns runs after the report, while they
+	// are still up. An error from either fails the run.
+	Watch func(ctx context.Context, r Running) (check func(ctx context.Context) error, err error)
 }
+
+// Running is where a run's services are.
+type Running struct {
+	// Targets are the services, each with its region and HTTP base URL
+	// (/metrics, /healthz, /readyz).
+	Targets []Target
+	// Databases are the cells' Postgres URLs by region.
+	Databases map[string]string
+}
+
+// Target is one running service.
+type Target struct{ Service, Region, URL string }
 
 func (o *Options) defaults() error {
 	if o.Items == 0 {
@@ -200,6 +216,12 @@ func Run(ctx context.Context, o Options, out io.Writer) (ok bool, err error) {
 	if err := h.setUp(ctx); err != nil {
 		return false, err
 	}
+	var check func(context.Context) error
+	if o.Watch != nil {
+		if check, err = o.Watch(ctx, h.running()); err != nil {
+			return false, fmt.Errorf("watch: %w", err)
+		}
+	}
 	subs := h.plan()
 	sched := h.schedule()
 	st := &loadStats{}
@@ -230,5 +252,10 @@ func Run(ctx context.Context, o Options, out io.Writer) (ok bool, err error) {
 		return false, err
 	}
 	ok = h.report(out, checks, recs, subs, st, quiet)
+	if check != nil {
+		if err := check(ctx); err != nil {
+			return false, fmt.Errorf("watch: %w", err)
+		}
+	}
 	return ok, nil
 }

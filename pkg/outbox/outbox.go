@@ -105,6 +105,13 @@ func (r *Relay) init() (err error) {
 		if r.Meter != nil {
 			r.setAside, err = r.Meter.Int64Counter("assay_outbox_set_aside",
 				metric.WithDescription("outbox rows set aside after they could not be published"))
+			// Each stream's series exists from the start, at zero, so a
+			// rate over it is 0 and not absent until the first row.
+			for _, st := range r.Streams {
+				if err == nil {
+					r.setAside.Add(context.Background(), 0, metric.WithAttributes(attribute.String("stream", st)))
+				}
+			}
 		}
 	})
 	return err

@@ -64,3 +64,36 @@ func (s *Store) Views(ctx context.Context, window time.Duration) (map[string]int
 	}
 	return out, rows.Err()
 }
+
+// OutboxBacklog is one stream's unpublished outbox rows.
+type OutboxBacklog struct {
+	Pending  int64         // waiting for their relay
+	Oldest   time.Duration // age of the oldest of them, 0 when none
+	SetAside int64         // set aside, waiting for an operator
+}
+
+// Outbox is the unpublished outbox rows per stream kind (WORK, RESULT,
+// ATTEMPT). Every kind is in the map, at zero when it has none.
+func (s *Store) Outbox(ctx context.Context) (map[string]OutboxBacklog, error) {
+	rows, err := s.pool.Query(ctx, `SELECT stream,
+			count(*) FILTER (WHERE set_aside_at IS NULL),
+			coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE set_aside_at IS NULL)), 0)::float8,
+			count(*) FILTER (WHERE set_aside_at IS NOT NULL)
+		FROM outbox WHERE published_at IS NULL GROUP BY stream`)
+	if err != nil {
+		return nil, fmt.Errorf("store: outbox backlog: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]OutboxBacklog{"WORK": {}, "RESULT": {}, "ATTEMPT": {}}
+	for rows.Next() {
+		var stream string
+		var b OutboxBacklog
+		var secs float64
+		if err := rows.Scan(&stream, &b.Pending, &secs, &b.SetAside); err != nil {
+			return nil, fmt.Errorf("store: outbox backlog: %w", err)
+		}
+		b.Oldest = time.Duration(secs * float64(time.Second))
+		out[stream] = b
+	}
+	return out, rows.Err()
+}

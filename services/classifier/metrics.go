@@ -46,7 +46,15 @@ func newMetrics(tel *telemetry.Provider, region string) (*metrics, error) {
 	m.rateLimited = count("assay_provider_rate_limited", "429 answers from the provider")
 	m.retries = count("assay_retries", "attempts followed by another, by why")
 	m.budgetDenied = count("assay_budget_denials", "attempts the tenant's budget could not cover")
-	return m, errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	// The counters of rare events exist from the start, at zero, so that a
+	// rate or an alert over them reads 0 rather than nothing.
+	for _, c := range []metric.Int64Counter{m.gateRejected, m.rateLimited, m.retries, m.budgetDenied} {
+		c.Add(context.Background(), 0, metric.WithAttributes(m.region))
+	}
+	return m, nil
 }
 
 func (m *metrics) work(w *store.Work, extra ...attribute.KeyValue) metric.MeasurementOption {

@@ -27,5 +27,6 @@ type Store interface {
 	Usage(ctx context.Context, tenant string, from, to time.Time, by string) ([]store.UsageLine, error)
 	Oldest(ctx context.Context) (map[string]time.Duration, error)
 	Views(ctx context.Context, window time.Duration) (map[string]int64, error)
+	Outbox(ctx context.Context) (map[string]store.OutboxBacklog, error)
 	SweepStuck(ctx context.Context, sw store.Sweep, announce func(store.Stuck) (store.OutboxMsg, error)) ([]store.Stuck, error)
 }

@@ -16,14 +16,16 @@ import (
 // last day, what a dashboard's overview shows.
 const ViewWindow = 24 * time.Hour
 
-// watch is what ingress samples of the cell's work for its gauges, every
-// WatchEvery: the oldest unfinished work per lane and the work of the last
-// day by what a reviewer sees. A scrape reads the last sample; it never
-// queries the database.
+// watch is what ingress samples of the cell's database for its gauges,
+// every WatchEvery: the oldest unfinished work per lane, the work of the
+// last day by what a reviewer sees, and the outbox rows not yet published
+// per stream. A scrape reads the last sample; it never queries the
+// database.
 type watch struct {
 	mu     sync.Mutex
 	oldest map[string]time.Duration
 	views  map[string]int64
+	outbox map[string]store.OutboxBacklog
 }
 
 func (s *Service) sample(ctx context.Context) (bool, error) {
@@ -35,8 +37,12 @@ func (s *Service) sample(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	outbox, err := s.d.Store.Outbox(ctx)
+	if err != nil {
+		return false, err
+	}
 	s.watched.mu.Lock()
-	s.watched.oldest, s.watched.views = oldest, views
+	s.watched.oldest, s.watched.views, s.watched.outbox = oldest, views, outbox
 	s.watched.mu.Unlock()
 	return false, nil
 }
@@ -83,8 +89,50 @@ func (s *Service) watchMetrics() error {
 	if err != nil {
 		return err
 	}
+	_, err = m.Int64ObservableGauge("assay_outbox_pending",
+		metric.WithDescription("outbox rows of the cell waiting for their relay, per stream"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			s.watched.mu.Lock()
+			defer s.watched.mu.Unlock()
+			for _, k := range event.Kinds {
+				o.Observe(s.watched.outbox[k].Pending, metric.WithAttributes(region, attribute.String("stream", k)))
+			}
+			return nil
+		}))
+	if err != nil {
+		return err
+	}
+	_, err = m.Float64ObservableGauge("assay_outbox_oldest_pending", metric.WithUnit("s"),
+		metric.WithDescription("age of the cell's oldest outbox row waiting for its relay, per stream"),
+		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
+			s.watched.mu.Lock()
+			defer s.watched.mu.Unlock()
+			for _, k := range event.Kinds {
+				o.Observe(s.watched.outbox[k].Oldest.Seconds(), metric.WithAttributes(region, attribute.String("stream", k)))
+			}
+			return nil
+		}))
+	if err != nil {
+		return err
+	}
+	_, err = m.Int64ObservableGauge("assay_outbox_set_aside_rows",
+		metric.WithDescription("outbox rows of the cell set aside and not yet retried, per stream"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			s.watched.mu.Lock()
+			defer s.watched.mu.Unlock()
+			for _, k := range event.Kinds {
+				o.Observe(s.watched.outbox[k].SetAside, metric.WithAttributes(region, attribute.String("stream", k)))
+			}
+			return nil
+		}))
+	if err != nil {
+		return err
+	}
 	if s.dropped, err = m.Int64Counter("assay_dropped", metric.WithDescription("work stored dropped by admission, by lane and why")); err != nil {
 		return err
+	}
+	for _, lane := range event.Lanes { // at zero from the start: a rate over it reads 0, not nothing
+		s.dropped.Add(context.Background(), 0, metric.WithAttributes(region, attribute.String("lane", lane), attribute.String("reason", "over_rate")))
 	}
 	s.endToEnd, err = s.d.Tel.Seconds("assay_end_to_end", "from work created to its outcome")
 	return err
