@@ -58,76 +58,52 @@ func (s *Service) Views() map[string]int64 {
 	return out
 }
 
-// watchMetrics registers the gauges of the samples, and the counters and
-// histogram of what ingress itself ends or drops.
+// sampled is one gauge over the last sample: for each key of its label,
+// the value read under the sample's lock.
+type sampled struct {
+	name, unit, desc, label string
+	keys                    []string
+	value                   func(w *watch, key string) float64
+}
+
+var reviewViews = []string{store.ViewRunning, store.ViewAccepted, store.ViewNeedsReview, store.ViewRejected, store.ViewTerminal}
+
+var sampledGauges = []sampled{
+	{"assay_oldest_unfinished", "s", "age of the oldest work without an outcome, per lane", "lane", event.Lanes,
+		func(w *watch, k string) float64 { return w.oldest[k].Seconds() }},
+	{"assay_work_views", "", "work created in the last day, by what a reviewer sees: running, accepted, needs_review, rejected, terminal", "view", reviewViews,
+		func(w *watch, k string) float64 { return float64(w.views[k]) }},
+	{"assay_outbox_pending", "", "outbox rows of the cell waiting for their relay, per stream", "stream", event.Kinds,
+		func(w *watch, k string) float64 { return float64(w.outbox[k].Pending) }},
+	{"assay_outbox_oldest_pending", "s", "age of the cell's oldest outbox row waiting for its relay, per stream", "stream", event.Kinds,
+		func(w *watch, k string) float64 { return w.outbox[k].Oldest.Seconds() }},
+	{"assay_outbox_set_aside_rows", "", "outbox rows of the cell set aside and not yet retried, per stream", "stream", event.Kinds,
+		func(w *watch, k string) float64 { return float64(w.outbox[k].SetAside) }},
+}
+
+// watchMetrics registers the gauges of the samples, and the counter and
+// histogram of what ingress itself drops or ends.
 func (s *Service) watchMetrics() error {
 	m := s.d.Tel.Meter()
 	region := attribute.String("region", s.cfg.Region)
-	_, err := m.Float64ObservableGauge("assay_oldest_unfinished", metric.WithUnit("s"),
-		metric.WithDescription("age of the oldest work without an outcome, per lane"),
-		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
-			s.watched.mu.Lock()
-			defer s.watched.mu.Unlock()
-			for _, lane := range event.Lanes {
-				o.Observe(s.watched.oldest[lane].Seconds(), metric.WithAttributes(region, attribute.String("lane", lane)))
-			}
-			return nil
-		}))
-	if err != nil {
-		return err
+	for _, g := range sampledGauges {
+		opts := []metric.Float64ObservableGaugeOption{metric.WithDescription(g.desc),
+			metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
+				s.watched.mu.Lock()
+				defer s.watched.mu.Unlock()
+				for _, k := range g.keys {
+					o.Observe(g.value(&s.watched, k), metric.WithAttributes(region, attribute.String(g.label, k)))
+				}
+				return nil
+			})}
+		if g.unit != "" {
+			opts = append(opts, metric.WithUnit(g.unit))
+		}
+		if _, err := m.Float64ObservableGauge(g.name, opts...); err != nil {
+			return err
+		}
 	}
-	_, err = m.Int64ObservableGauge("assay_work_views",
-		metric.WithDescription("work created in the last day, by what a reviewer sees: running, accepted, needs_review, rejected, terminal"),
-		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
-			s.watched.mu.Lock()
-			defer s.watched.mu.Unlock()
-			for _, v := range []string{store.ViewRunning, store.ViewAccepted, store.ViewNeedsReview, store.ViewRejected, store.ViewTerminal} {
-				o.Observe(s.watched.views[v], metric.WithAttributes(region, attribute.String("view", v)))
-			}
-			return nil
-		}))
-	if err != nil {
-		return err
-	}
-	_, err = m.Int64ObservableGauge("assay_outbox_pending",
-		metric.WithDescription("outbox rows of the cell waiting for their relay, per stream"),
-		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
-			s.watched.mu.Lock()
-			defer s.watched.mu.Unlock()
-			for _, k := range event.Kinds {
-				o.Observe(s.watched.outbox[k].Pending, metric.WithAttributes(region, attribute.String("stream", k)))
-			}
-			return nil
-		}))
-	if err != nil {
-		return err
-	}
-	_, err = m.Float64ObservableGauge("assay_outbox_oldest_pending", metric.WithUnit("s"),
-		metric.WithDescription("age of the cell's oldest outbox row waiting for its relay, per stream"),
-		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
-			s.watched.mu.Lock()
-			defer s.watched.mu.Unlock()
-			for _, k := range event.Kinds {
-				o.Observe(s.watched.outbox[k].Oldest.Seconds(), metric.WithAttributes(region, attribute.String("stream", k)))
-			}
-			return nil
-		}))
-	if err != nil {
-		return err
-	}
-	_, err = m.Int64ObservableGauge("assay_outbox_set_aside_rows",
-		metric.WithDescription("outbox rows of the cell set aside and not yet retried, per stream"),
-		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
-			s.watched.mu.Lock()
-			defer s.watched.mu.Unlock()
-			for _, k := range event.Kinds {
-				o.Observe(s.watched.outbox[k].SetAside, metric.WithAttributes(region, attribute.String("stream", k)))
-			}
-			return nil
-		}))
-	if err != nil {
-		return err
-	}
+	var err error
 	if s.dropped, err = m.Int64Counter("assay_dropped", metric.WithDescription("work stored dropped by admission, by lane and why")); err != nil {
 		return err
 	}
