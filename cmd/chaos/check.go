@@ -220,7 +220,7 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 	}
 	sort.Strings(bad3)
 	add(check{N: "3", What: "ledger attempt rows per tenant == provider calls per tenant (exact)",
-		Figure: fmt.Sprintf("ledger %d, provider %d (%d rows estimated for workers that died); %s; %d work items differ",
+		Figure: fmt.Sprintf("ledger %d, provider %d (%d rows estimated: no usage came back, a worker died or the body was cut); %s; %d work items differ",
 			totalLedger, totalCalls, estimated, strings.Join(per, ", "), len(bad3)),
 		OK: ok3, Offenders: bad3})
 
