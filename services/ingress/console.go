@@ -141,24 +141,35 @@ func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error)
 	return c, nil
 }
 
-// consumerLag reads each durable's progress from the server. A durable
-// that cannot be read (not created yet, or this credential may not ask)
-// says why instead.
+// consumerLag reads each durable's progress from the server, all at once
+// and within consumerInfoWait: a request the server refuses is dropped,
+// not answered. A durable that cannot be read (not created yet, or this
+// credential may not ask) says why instead.
 func (s *Service) consumerLag(ctx context.Context) []ConsoleConsumer {
-	var out []ConsoleConsumer
-	for _, d := range s.cfg.Names.Durables() {
-		c := ConsoleConsumer{Stream: d.Stream, Durable: d.Durable}
-		cons, err := s.d.JS.Consumer(ctx, d.Stream, d.Durable)
-		if err != nil {
-			c.Error = err.Error()
-		} else {
-			info := cons.CachedInfo()
-			c.Pending, c.AckPending, c.Redelivered, c.Waiting = info.NumPending, info.NumAckPending, info.NumRedelivered, info.NumWaiting
-		}
-		out = append(out, c)
+	ctx, cancel := context.WithTimeout(ctx, consumerInfoWait)
+	defer cancel()
+	durables := s.cfg.Names.Durables()
+	out := make([]ConsoleConsumer, len(durables))
+	var wg sync.WaitGroup
+	for i, d := range durables {
+		wg.Go(func() {
+			c := ConsoleConsumer{Stream: d.Stream, Durable: d.Durable}
+			cons, err := s.d.JS.Consumer(ctx, d.Stream, d.Durable)
+			if err != nil {
+				c.Error = err.Error()
+			} else {
+				info := cons.CachedInfo()
+				c.Pending, c.AckPending, c.Redelivered, c.Waiting = info.NumPending, info.NumAckPending, info.NumRedelivered, info.NumWaiting
+			}
+			out[i] = c
+		})
 	}
+	wg.Wait()
 	return out
 }
+
+// consumerInfoWait bounds the console's wait for the consumers' info.
+const consumerInfoWait = 2 * time.Second
 
 // viewer authenticates a reader of the console, or writes the refusal.
 func (s *Service) viewer(w http.ResponseWriter, r *http.Request) (auth.Viewer, bool) {
