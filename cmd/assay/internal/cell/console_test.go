@@ -443,3 +443,44 @@ func TestConsolePage(t *testing.T) {
 		t.Errorf("the page uses EventSource (no headers), innerHTML or localStorage")
 	}
 }
+
+// An open console stream does not hold up the drain: it is told goodbye
+// and ends as the cell stops.
+func TestConsoleStreamEndsOnDrain(t *testing.T) {
+	t.Parallel()
+	c := setupConsole(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, status, raw := c.stream(t, ctx, c.Operator)
+	if s == nil {
+		t.Fatalf("events: HTTP %d %s", status, raw)
+	}
+	if ev, _ := s.next(t); ev != "snapshot" {
+		t.Fatalf("first event %q", ev)
+	}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		c.Cell.Stop(ctx)
+	}()
+	for {
+		ev, data := s.next(t)
+		if ev == "" {
+			t.Fatal("the stream ended without saying goodbye")
+		}
+		if ev == "bye" {
+			break
+		}
+		if ev != "snapshot" {
+			t.Fatalf("event %q %s while the cell drains", ev, data)
+		}
+	}
+	if ev, _ := s.next(t); ev != "" {
+		t.Errorf("the stream went on after goodbye: %q", ev)
+	}
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		t.Fatal("the cell did not stop within 30s with a console stream open")
+	}
+}
