@@ -204,10 +204,11 @@ func (s *Service) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
 const consoleHeartbeat = 15 * time.Second
 
 // consoleEvents streams snapshots as server-sent events: one at once, then
-// one whenever the figures changed, looked for every ConsoleEvery, with a
-// heartbeat comment when nothing changed for a while. The credential is
-// checked again each time, so a revoked token's stream ends with an error
-// event. The stream ends when the client goes, or the server drains.
+// one whenever the figures changed (ages included), looked for every
+// ConsoleEvery, with a heartbeat comment when nothing changed for a while.
+// The credential is checked again each time, so a revoked token's stream
+// ends with an error event. The stream ends when the client goes, or the
+// server drains.
 func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
 	v, ok := s.viewer(w, r)
 	if !ok {
@@ -299,15 +300,11 @@ func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
 }
 
 // figures is what decides whether a snapshot changed: everything but the
-// time it was read and the ages, which grow by themselves.
+// time it was read. While work is unfinished its age grows, so a stream
+// then carries a snapshot every ConsoleEvery.
 func figures(c *Console) []byte {
 	cp := *c
 	cp.At = time.Time{}
-	cp.Lanes = make([]ConsoleLane, len(c.Lanes))
-	for i, l := range c.Lanes {
-		l.OldestSeconds = 0
-		cp.Lanes[i] = l
-	}
 	b, _ := json.Marshal(cp)
 	return b
 }
