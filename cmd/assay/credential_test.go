@@ -141,7 +141,7 @@ func TestBinariesHelpVersionAndBadSettings(t *testing.T) {
 			t.Errorf("%s with %s: exit %d %q, want 2 naming it", c.name, c.bad, code, errOut)
 		}
 	}
-	for _, args := range [][]string{{"--help"}, {"tenant", "-h"}, {"tenants", "seed", "-h"}, {"migrate", "--help"}, {"version"}, {"nats-config", "-h"}} {
+	for _, args := range [][]string{{"--help"}, {"tenant", "-h"}, {"tenants", "seed", "-h"}, {"migrate", "--help"}, {"version"}, {"nats-config", "-h"}, {"operator", "--help"}, {"operator", "token", "-h"}} {
 		if code, out, errOut := runBin("assay", nil, args...); code != 0 || out == "" {
 			t.Errorf("assay %v: exit %d, stdout %q, stderr %q", args, code, out, errOut)
 		}

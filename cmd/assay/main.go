@@ -5,6 +5,7 @@
 //	assay sim                 run the simulated provider
 //	assay tenants seed FILE   create tenants and tokens from a JSON file
 //	assay tenant …            add, list, rotate-token, suspend, resume, set-budget, link
+//	assay operator token …    create, list, revoke the console's operator tokens
 //	assay work rerun ID       queue dropped work again
 //	assay bench goodput       the admission benchmark
 //	assay usage reconcile     check attempts against results, the ledger and the provider
@@ -47,6 +48,7 @@ commands:
   sim                    run the simulated OpenAI-compatible provider (ASSAY_HTTP_ADDR)
   tenants seed FILE      create tenants and tokens from FILE: [{"id","homeRegion","token"}]
   tenant COMMAND         add, list, rotate-token, suspend, resume, set-budget, set-rate, link (assay tenant for help)
+  operator token COMMAND create, list, revoke the operator tokens that read the console (assay operator for help)
   work rerun ID          queue work that admission dropped again
   bench goodput          admission benchmark against the simulated provider (make bench-goodput)
   usage reconcile        check attempts against results, the ledger and the provider's counts
@@ -88,7 +90,8 @@ Create the tenants in FILE, a JSON array of {"id","homeRegion","token"},
 with their tokens (24 to 256 letters, digits and _.~-); tenants that exist
 are left as they are.
 `,
-	"tenant": tenantUsage,
+	"tenant":   tenantUsage,
+	"operator": operatorUsage,
 	"work": `usage: assay work rerun ID [--deadline 10m] [--region R --database-url URL]
 
 Queue work that admission dropped again, with a new deadline.
@@ -140,6 +143,8 @@ func run(args []string, stderr io.Writer) int {
 		err = tenants(ctx, args[1:])
 	case "tenant":
 		err = tenantCmd(ctx, args[1:], os.Stdout)
+	case "operator":
+		err = operatorCmd(ctx, args[1:], os.Stdout)
 	case "bench":
 		err = benchCmd(ctx, args[1:], os.Stdout)
 	case "work":

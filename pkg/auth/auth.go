@@ -40,18 +40,32 @@ func (c Cell) id() string {
 // after it.
 func HomeCell(t store.Tenant) string { return t.HomeRegion }
 
+// Operators resolves operator tokens: the cell-wide credentials of the
+// console, which are no tenant's.
+type Operators interface {
+	OperatorByToken(ctx context.Context, token string) (store.Operator, error)
+}
+
 // Bearer authenticates a request by its "Authorization: Bearer <token>"
 // header and admits its tenant to cell: 401 for a missing, unknown or
-// revoked token, then Admit's refusals, 503 when the database does not
+// revoked token, 403 operator_token for an operator's (when tenants also
+// resolves those), then Admit's refusals, 503 when the database does not
 // answer (the only refusal worth retrying).
 func Bearer(ctx context.Context, tenants Tenants, header string, cell Cell) (store.Tenant, *apierror.Error) {
-	tok, ok := strings.CutPrefix(header, "Bearer ")
-	if tok = strings.TrimSpace(tok); !ok || tok == "" {
-		return store.Tenant{}, apierror.New(http.StatusUnauthorized, "unauthenticated", "send an API token as 'Authorization: Bearer <token>'")
+	tok, refused := bearerToken(header)
+	if refused != nil {
+		return store.Tenant{}, refused
 	}
 	t, err := tenants.TenantByToken(ctx, tok)
 	if errors.Is(err, store.ErrNotFound) {
-		return store.Tenant{}, apierror.New(http.StatusUnauthorized, "unauthenticated", "unknown or revoked API token")
+		if ops, ok := tenants.(Operators); ok {
+			if _, err := ops.OperatorByToken(ctx, tok); err == nil {
+				return store.Tenant{}, operatorRefused()
+			} else if !errors.Is(err, store.ErrNotFound) {
+				return store.Tenant{}, Unavailable()
+			}
+		}
+		return store.Tenant{}, unknownToken()
 	}
 	if err != nil {
 		return store.Tenant{}, Unavailable()
@@ -60,6 +74,72 @@ func Bearer(ctx context.Context, tenants Tenants, header string, cell Cell) (sto
 		return store.Tenant{}, r
 	}
 	return t, nil
+}
+
+func bearerToken(header string) (string, *apierror.Error) {
+	tok, ok := strings.CutPrefix(header, "Bearer ")
+	if tok = strings.TrimSpace(tok); !ok || tok == "" {
+		return "", apierror.New(http.StatusUnauthorized, "unauthenticated", "send an API token as 'Authorization: Bearer <token>'")
+	}
+	return tok, nil
+}
+
+func unknownToken() *apierror.Error {
+	return apierror.New(http.StatusUnauthorized, "unauthenticated", "unknown or revoked API token")
+}
+
+func operatorRefused() *apierror.Error {
+	return apierror.New(http.StatusForbidden, "operator_token",
+		"this is an operator token: it reads the console; tenant APIs take a tenant's token")
+}
+
+// Viewer is who reads the console: a tenant, which sees its own figures
+// alone, or an operator, who sees the whole cell's. Exactly one is set.
+type Viewer struct {
+	Tenant   *store.Tenant
+	Operator *store.Operator
+}
+
+// Key names the credential's holder, to count what it holds open.
+func (v Viewer) Key() string {
+	if v.Operator != nil {
+		return "operator:" + v.Operator.Name
+	}
+	return "tenant:" + v.Tenant.ID
+}
+
+// Credentials resolve both kinds of token.
+type Credentials interface {
+	Tenants
+	Operators
+}
+
+// Console authenticates a reader of the console: a tenant's token, admitted
+// to cell as Bearer admits it (403 suspended, 421 another cell's), or an
+// operator's; 401 for a missing, unknown or revoked token.
+func Console(ctx context.Context, creds Credentials, header string, cell Cell) (Viewer, *apierror.Error) {
+	tok, refused := bearerToken(header)
+	if refused != nil {
+		return Viewer{}, refused
+	}
+	t, err := creds.TenantByToken(ctx, tok)
+	switch {
+	case err == nil:
+		if r := Admit(t, cell); r != nil {
+			return Viewer{}, r
+		}
+		return Viewer{Tenant: &t}, nil
+	case !errors.Is(err, store.ErrNotFound):
+		return Viewer{}, Unavailable()
+	}
+	o, err := creds.OperatorByToken(ctx, tok)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return Viewer{}, unknownToken()
+	case err != nil:
+		return Viewer{}, Unavailable()
+	}
+	return Viewer{Operator: &o}, nil
 }
 
 // Admit checks a tenant found by its credential or by a webhook's link:

@@ -122,6 +122,31 @@ func (n Names) Durable(name string) string { return n.inst() + "-" + name }
 // announcements from a backlog.
 func (n Names) WorkConsumer(lane string) string { return n.Durable("classifier-" + lane) }
 
+// ResultConsumer is the durable that consumes the cell's RESULT stream
+// (the committer's).
+func (n Names) ResultConsumer() string { return n.Durable("committer") }
+
+// AttemptConsumer is the durable that consumes the cell's ATTEMPT stream
+// (the ledger's).
+func (n Names) AttemptConsumer() string { return n.Durable("ledger") }
+
+// StreamDurable is a durable consumer and the stream it reads.
+type StreamDurable struct {
+	Stream, Durable string
+}
+
+// Durables are every durable consumer of the cell, in the order work flows
+// through them: the classifier's per lane on WORK, the committer's on
+// RESULT, the ledger's on ATTEMPT.
+func (n Names) Durables() []StreamDurable {
+	var out []StreamDurable
+	for _, lane := range Lanes {
+		out = append(out, StreamDurable{n.Stream(KindWork), n.WorkConsumer(lane)})
+	}
+	return append(out, StreamDurable{n.Stream(KindResult), n.ResultConsumer()},
+		StreamDurable{n.Stream(KindAttempt), n.AttemptConsumer()})
+}
+
 // streamToken is a subject token as stream names spell it.
 func streamToken(s string) string { return strings.ToUpper(strings.ReplaceAll(s, "-", "_")) }
 

@@ -229,6 +229,9 @@ func Mux(api http.Handler, env *Env, parts ...Part) http.Handler {
 	mux := http.NewServeMux()
 	if api != nil {
 		mux.Handle("/v1/", api)
+		// The console page ingress serves; another service's API answers
+		// it not_found.
+		mux.Handle("GET /console", api)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		apierror.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -295,6 +298,16 @@ func (l Limits) orDefault() Limits {
 		Idle: cmp.Or(l.Idle, d.Idle), MaxRequestBytes: cmp.Or(l.MaxRequestBytes, d.MaxRequestBytes)}
 }
 
+type drainingKey struct{}
+
+// Draining is closed when the server that serves ctx's request shuts
+// down: a long-lived answer (a server-sent event stream) ends then, so the
+// drain does not wait for it. Outside Serve it is never closed.
+func Draining(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(drainingKey{}).(<-chan struct{})
+	return ch
+}
+
 // Serve listens on addr and serves h within lim until ctx ends, then shuts
 // down. It returns the bound address through bound once listening.
 func Serve(ctx context.Context, addr string, h http.Handler, lim Limits, bound func(string)) error {
@@ -306,8 +319,15 @@ func Serve(ctx context.Context, addr string, h http.Handler, lim Limits, bound f
 		bound(ln.Addr().String())
 	}
 	lim = lim.orDefault()
+	draining := make(chan struct{})
 	srv := &http.Server{Handler: http.MaxBytesHandler(h, lim.MaxRequestBytes), ReadHeaderTimeout: lim.ReadHeader,
-		ReadTimeout: lim.Read, WriteTimeout: lim.Write, IdleTimeout: lim.Idle}
+		ReadTimeout: lim.Read, WriteTimeout: lim.Write, IdleTimeout: lim.Idle,
+		BaseContext: func(net.Listener) context.Context {
+			return context.WithValue(context.Background(), drainingKey{}, (<-chan struct{})(draining))
+		}}
+	// Shutdown waits for the requests in hand; a stream that would never
+	// end on its own is told to end instead.
+	srv.RegisterOnShutdown(func() { close(draining) })
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

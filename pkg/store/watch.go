@@ -40,6 +40,11 @@ const (
 // asks for one: needsHumanReview, a blocking finding, a high severity),
 // validation-rejected, or otherwise terminal.
 func (s *Store) Views(ctx context.Context, window time.Duration) (map[string]int64, error) {
+	return s.ViewsOf(ctx, window, "")
+}
+
+// ViewsOf is Views of one tenant's work; tenant "" counts the whole cell's.
+func (s *Store) ViewsOf(ctx context.Context, window time.Duration, tenant string) (map[string]int64, error) {
 	rows, err := s.pool.Query(ctx, `SELECT CASE
 			WHEN w.state IN ('queued', 'running') THEN 'running'
 			WHEN w.state = 'accepted' AND (r.output->>'needsHumanReview' = 'true'
@@ -48,7 +53,8 @@ func (s *Store) Views(ctx context.Context, window time.Duration) (map[string]int
 			WHEN w.state = 'schema_rejected' THEN 'rejected'
 			ELSE 'terminal' END AS view, count(*)
 		FROM work w LEFT JOIN results r ON r.work_id = w.id
-		WHERE w.created_at > now() - $1 * interval '1 microsecond' GROUP BY 1`, interval(window))
+		WHERE w.created_at > now() - $1 * interval '1 microsecond' AND ($2 = '' OR w.tenant_id = $2)
+		GROUP BY 1`, interval(window), tenant)
 	if err != nil {
 		return nil, fmt.Errorf("store: views: %w", err)
 	}

@@ -84,7 +84,7 @@ type Service struct {
 }
 
 // Consumer is the durable name of the committer's RESULT consumer.
-func Consumer(n event.Names) string { return n.Durable("committer") }
+func Consumer(n event.Names) string { return n.ResultConsumer() }
 
 // New checks the config and builds the service.
 func New(cfg Config, d Deps) (*Service, error) {

@@ -67,6 +67,12 @@ type Config struct {
 	// unfinished per lane, the views of the last day) are sampled. Default
 	// 15s.
 	WatchEvery time.Duration
+	// ConsoleEvery is how often a console stream looks for new figures.
+	// Default 2s.
+	ConsoleEvery time.Duration
+	// ConsoleStreams bounds the console streams one credential holds open
+	// at once. Default 4.
+	ConsoleStreams int
 
 	// GitHubSecret is the cell's webhook secret: its GitHub App's, held by
 	// the operator alone. Empty, only deliveries signed with a tenant's own
@@ -121,6 +127,12 @@ func (c *Config) defaults() error {
 	if c.WatchEvery == 0 {
 		c.WatchEvery = 15 * time.Second
 	}
+	if c.ConsoleEvery == 0 {
+		c.ConsoleEvery = 2 * time.Second
+	}
+	if c.ConsoleStreams == 0 {
+		c.ConsoleStreams = 4
+	}
 	if c.DataRetention == 0 {
 		c.DataRetention = 30 * 24 * time.Hour
 	}
@@ -157,6 +169,7 @@ var Vars = []config.Var{
 	{Name: "ASSAY_OUTBOX_RETENTION", Default: "24h", Usage: "published outbox rows are purged after this"},
 	{Name: "ASSAY_DATA_RETENTION", Default: "720h", Usage: "inputs and raw answers of ended work are cleared after this"},
 	{Name: "ASSAY_WATCH_EVERY", Default: "15s", Usage: "how often the gauges of the cell's work are sampled"},
+	{Name: "ASSAY_CONSOLE_EVERY", Default: "2s", Usage: "how often a console stream looks for new figures"},
 	{Name: "ASSAY_GITHUB_WEBHOOK_SECRET", Default: "none", Usage: "the cell's (its GitHub App's) webhook secret"},
 	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where pull request diffs are fetched"},
 	{Name: "ASSAY_GITHUB_TOKEN", Default: "none", Usage: "token the diff fetches authenticate with"},
@@ -173,6 +186,7 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		config.Duration{Name: "ASSAY_OUTBOX_RETENTION", To: &c.OutboxRetention, Min: 2 * time.Hour, Max: 366 * 24 * time.Hour},
 		config.Duration{Name: "ASSAY_DATA_RETENTION", To: &c.DataRetention, Min: time.Hour, Max: 10 * 366 * 24 * time.Hour},
 		config.Duration{Name: "ASSAY_WATCH_EVERY", To: &c.WatchEvery, Min: time.Second, Max: time.Hour},
+		config.Duration{Name: "ASSAY_CONSOLE_EVERY", To: &c.ConsoleEvery, Min: 100 * time.Millisecond, Max: time.Minute},
 	); err != nil {
 		return err
 	}
@@ -201,6 +215,7 @@ type Service struct {
 	janitor lifecycle.Ticker
 	watcher lifecycle.Ticker
 	watched watch
+	open    openStreams
 
 	submitted metric.Int64Counter
 	webhooks  metric.Int64Counter
@@ -446,6 +461,9 @@ func (s *Service) Handler() http.Handler {
 	// The ledger's rows are in the cell's database: the usage report is
 	// read here too, so a cell has one base URL.
 	mux.Handle("GET /v1/usage", usage.Handler(s.d.Store, s.cell(), s.d.Log))
+	mux.HandleFunc("GET /console", s.consolePage)
+	mux.HandleFunc("GET /v1/console", s.consoleSnapshot)
+	mux.HandleFunc("GET /v1/console/events", s.consoleEvents)
 	return mux
 }
 

@@ -12,6 +12,7 @@ import (
 // Store is what ingress asks of the cell's database; *store.Store is one.
 type Store interface {
 	auth.Tenants
+	auth.Operators
 	outbox.Source
 	Ping(ctx context.Context) error
 	GetWork(ctx context.Context, id string) (*store.Work, error)
@@ -28,5 +29,9 @@ type Store interface {
 	Oldest(ctx context.Context) (map[string]time.Duration, error)
 	Views(ctx context.Context, window time.Duration) (map[string]int64, error)
 	Outbox(ctx context.Context) (map[string]store.OutboxBacklog, error)
+	ViewsOf(ctx context.Context, window time.Duration, tenant string) (map[string]int64, error)
+	Lanes(ctx context.Context, tenant string) ([]store.LaneFigures, error)
+	RecentDecisions(ctx context.Context, tenant string, limit int) ([]store.Decision, error)
+	SpendSince(ctx context.Context, since time.Time, tenant string) ([]store.Spend, error)
 	SweepStuck(ctx context.Context, sw store.Sweep, announce func(store.Stuck) (store.OutboxMsg, error)) ([]store.Stuck, error)
 }

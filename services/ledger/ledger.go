@@ -94,7 +94,7 @@ type Service struct {
 }
 
 // Consumer is the durable name of the ledger's ATTEMPT consumer.
-func Consumer(n event.Names) string { return n.Durable("ledger") }
+func Consumer(n event.Names) string { return n.AttemptConsumer() }
 
 // New checks the config and builds the service.
 func New(cfg Config, d Deps) (*Service, error) {

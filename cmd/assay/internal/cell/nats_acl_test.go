@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,6 +30,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress"
 )
 
 func cellNames(cell string) event.Names { return event.Names{Installation: "assay", Cell: cell} }
@@ -193,6 +195,28 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("%s cell /readyz: HTTP %d", tc.b.Cell.Region, resp.StatusCode)
+		}
+		// Ingress's credential reads every durable's lag for the console.
+		op := store.NewToken()
+		if err := tc.b.Cell.Env.Store.AddOperatorToken(context.Background(), "ops", op); err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest(http.MethodGet, tc.b.Cell.URL+"/v1/console", nil)
+		req.Header.Set("Authorization", "Bearer "+op)
+		resp, err = tc.b.HTTP.Do(req)
+		if err != nil {
+			t.Fatalf("console: %v", err)
+		}
+		var console ingress.Console
+		err = json.NewDecoder(resp.Body).Decode(&console)
+		resp.Body.Close()
+		if err != nil || len(console.Consumers) != 4 {
+			t.Fatalf("%s console: HTTP %d, %v, consumers %+v", tc.b.Cell.Region, resp.StatusCode, err, console.Consumers)
+		}
+		for _, k := range console.Consumers {
+			if k.Error != "" {
+				t.Errorf("%s console: ingress cannot read %s: %s", tc.b.Cell.Region, k.Durable, k.Error)
+			}
 		}
 	}
 	// A refused ack or publish need not fail the work (redelivery and the

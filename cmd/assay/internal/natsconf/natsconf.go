@@ -110,7 +110,10 @@ func grants(n event.Names, service string) grant {
 			with([]string{"$JS.API.CONSUMER.INFO." + work + "." + n.WorkConsumer(event.Interactive),
 				"$JS.API.CONSUMER.INFO." + work + "." + n.WorkConsumer(event.Batch),
 				"$JS.API.STREAM.MSG.GET." + work},
-				"The sweeper reads how far each lane's consumer got, to tell a lost announcement from a backlog.")
+				"The sweeper reads how far each lane's consumer got, to tell a lost announcement from a backlog.").
+			with([]string{"$JS.API.CONSUMER.INFO." + n.Stream(event.KindResult) + "." + n.ResultConsumer(),
+				"$JS.API.CONSUMER.INFO." + n.Stream(event.KindAttempt) + "." + n.AttemptConsumer()},
+				"The console shows every durable's lag; reading a consumer's info changes nothing.")
 	case "classifier":
 		g := grant{publish: []line{
 			{"Attempt outcomes through its outbox; never work.", n.Subjects(event.KindResult)},

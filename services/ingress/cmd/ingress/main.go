@@ -12,7 +12,7 @@ import (
 func main() {
 	var cfg ingress.Config
 	host.Run(host.Spec{
-		Name: "ingress", Doc: "ingress serves one cell's API: work, GitHub webhooks and usage; it owns the WORK stream.",
+		Name: "ingress", Doc: "ingress serves one cell's API: work, GitHub webhooks, usage and the console; it owns the WORK stream.",
 		Need: config.Need{HTTPAddr: "127.0.0.1:8080"}, Vars: ingress.Vars, Configure: cfg.FromEnv,
 		Build: func(e *host.Env) (host.Part, http.Handler, error) {
 			cfg.Region, cfg.Names, cfg.Streams = e.Config.Region, e.Config.Names(), e.Config.Streams

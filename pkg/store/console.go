@@ -1,0 +1,91 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// LaneFigures are one lane's unfinished work: how much waits, how much
+// runs, and how long the oldest of it has been in the cell.
+type LaneFigures struct {
+	Lane    string
+	Queued  int64
+	Running int64
+	Oldest  time.Duration
+}
+
+// Lanes are the figures of every lane that has unfinished work, of one
+// tenant or ("") of the whole cell, in lane order.
+func (s *Store) Lanes(ctx context.Context, tenant string) ([]LaneFigures, error) {
+	rows, err := s.pool.Query(ctx, `SELECT lane, count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'running'),
+			extract(epoch FROM now() - min(created_at))::float8
+		FROM work WHERE state IN ('queued', 'running') AND ($1 = '' OR tenant_id = $1)
+		GROUP BY lane ORDER BY lane`, tenant)
+	if err != nil {
+		return nil, fmt.Errorf("store: lanes: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (LaneFigures, error) {
+		var l LaneFigures
+		var secs float64
+		err := r.Scan(&l.Lane, &l.Queued, &l.Running, &secs)
+		l.Oldest = time.Duration(secs * float64(time.Second))
+		return l, err
+	})
+}
+
+// Decision is one work item that reached its outcome.
+type Decision struct {
+	WorkID   string
+	TenantID string
+	Contract string
+	Lane     string
+	Outcome  string
+	Reason   string
+	Finished time.Time
+}
+
+// RecentDecisions are the last limit work items that reached an outcome,
+// newest first, of one tenant or ("") of the whole cell.
+func (s *Store) RecentDecisions(ctx context.Context, tenant string, limit int) ([]Decision, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, tenant_id, contract, lane, state, coalesce(reason, ''), updated_at
+		FROM work WHERE state NOT IN ('queued', 'running') AND ($1 = '' OR tenant_id = $1)
+		ORDER BY updated_at DESC, id LIMIT $2`, tenant, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: recent decisions: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Decision, error) {
+		var d Decision
+		err := r.Scan(&d.WorkID, &d.TenantID, &d.Contract, &d.Lane, &d.Outcome, &d.Reason, &d.Finished)
+		return d, err
+	})
+}
+
+// Spend is one tenant's ledger since a time: its calls and what they cost,
+// and the part of that cost that is estimated.
+type Spend struct {
+	TenantID            string
+	Calls               int64
+	CostMicros          int64
+	EstimatedCostMicros int64
+}
+
+// SpendSince totals the ledger per tenant over the attempts that occurred
+// at or after since, of one tenant or ("") of every tenant, in tenant
+// order.
+func (s *Store) SpendSince(ctx context.Context, since time.Time, tenant string) ([]Spend, error) {
+	rows, err := s.pool.Query(ctx, `SELECT tenant_id, count(*), coalesce(sum(cost_micros), 0),
+			coalesce(sum(cost_micros) FILTER (WHERE estimated), 0)
+		FROM ledger WHERE occurred_at >= $1 AND ($2 = '' OR tenant_id = $2)
+		GROUP BY tenant_id ORDER BY tenant_id`, since, tenant)
+	if err != nil {
+		return nil, fmt.Errorf("store: spend: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Spend, error) {
+		var sp Spend
+		err := r.Scan(&sp.TenantID, &sp.Calls, &sp.CostMicros, &sp.EstimatedCostMicros)
+		return sp, err
+	})
+}

@@ -1,0 +1,374 @@
+package ingress
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/auth"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/host"
+	"assay.dev/pkg/store"
+)
+
+// Console is what GET /v1/console answers and every snapshot event of
+// /v1/console/events carries: the cell's work as one tenant sees it
+// (scope "tenant": its own work and spend) or as an operator does (scope
+// "cell": everyone's, and the consumers' lag).
+type Console struct {
+	Scope    string `json:"scope"`
+	Tenant   string `json:"tenant,omitempty"`
+	Operator string `json:"operator,omitempty"`
+	Region   string `json:"region"`
+	Cell     string `json:"cell"`
+	// WindowSeconds is how far back States and Spend count: the last day.
+	WindowSeconds int64            `json:"windowSeconds"`
+	States        map[string]int64 `json:"states"`
+	Lanes         []ConsoleLane    `json:"lanes"`
+	Recent        []ConsoleOutcome `json:"recent"`
+	// Consumers are the cell's durables; only an operator sees them.
+	Consumers []ConsoleConsumer `json:"consumers,omitempty"`
+	Spend     []ConsoleSpend    `json:"spend"`
+	At        time.Time         `json:"at"`
+}
+
+// ConsoleLane is one lane's unfinished work.
+type ConsoleLane struct {
+	Lane          string  `json:"lane"`
+	Queued        int64   `json:"queued"`
+	Running       int64   `json:"running"`
+	Depth         int64   `json:"depth"`
+	OldestSeconds float64 `json:"oldestSeconds"`
+}
+
+// ConsoleOutcome is one work item that reached its outcome.
+type ConsoleOutcome struct {
+	WorkID     string    `json:"workId"`
+	TenantID   string    `json:"tenantId"`
+	Contract   string    `json:"contract"`
+	Lane       string    `json:"lane"`
+	Outcome    string    `json:"outcome"`
+	FinishedAt time.Time `json:"finishedAt"`
+}
+
+// ConsoleConsumer is how far one durable consumer of the cell is behind:
+// messages not yet delivered (pending) and delivered but not yet
+// acknowledged (ack pending). Error says why it could not be read.
+type ConsoleConsumer struct {
+	Stream      string `json:"stream"`
+	Durable     string `json:"durable"`
+	Pending     uint64 `json:"pending"`
+	AckPending  int    `json:"ackPending"`
+	Redelivered int    `json:"redelivered"`
+	Waiting     int    `json:"waiting"`
+	Error       string `json:"error,omitempty"`
+}
+
+// ConsoleSpend is one tenant's ledger over the window.
+type ConsoleSpend struct {
+	TenantID            string `json:"tenantId"`
+	Calls               int64  `json:"calls"`
+	CostMicros          int64  `json:"costMicros"`
+	EstimatedCostMicros int64  `json:"estimatedCostMicros"`
+}
+
+// ConsoleRecent is how many ended work items the console lists.
+const ConsoleRecent = 20
+
+// ConsoleStates are the five states, in the order the console shows them.
+var ConsoleStates = []string{store.ViewRunning, store.ViewAccepted, store.ViewNeedsReview, store.ViewRejected, store.ViewTerminal}
+
+// Snapshot reads the console's figures as v may see them.
+func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
+	c := &Console{Scope: "cell", Region: s.cfg.Region, Cell: s.cfg.Names.Cell, WindowSeconds: int64(ViewWindow / time.Second),
+		Lanes: []ConsoleLane{}, Recent: []ConsoleOutcome{}, Spend: []ConsoleSpend{}, At: time.Now().UTC()}
+	tenant := ""
+	if v.Tenant != nil {
+		tenant, c.Scope, c.Tenant = v.Tenant.ID, "tenant", v.Tenant.ID
+	} else {
+		c.Operator = v.Operator.Name
+	}
+	var err error
+	if c.States, err = s.d.Store.ViewsOf(ctx, ViewWindow, tenant); err != nil {
+		return nil, err
+	}
+	lanes, err := s.d.Store.Lanes(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	byLane := map[string]store.LaneFigures{}
+	for _, l := range lanes {
+		byLane[l.Lane] = l
+	}
+	for _, lane := range event.Lanes {
+		l := byLane[lane]
+		c.Lanes = append(c.Lanes, ConsoleLane{Lane: lane, Queued: l.Queued, Running: l.Running, Depth: l.Queued + l.Running,
+			OldestSeconds: l.Oldest.Seconds()})
+	}
+	recent, err := s.d.Store.RecentDecisions(ctx, tenant, ConsoleRecent)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range recent {
+		c.Recent = append(c.Recent, ConsoleOutcome{WorkID: d.WorkID, TenantID: d.TenantID, Contract: d.Contract,
+			Lane: d.Lane, Outcome: d.Outcome, FinishedAt: d.Finished.UTC()})
+	}
+	spend, err := s.d.Store.SpendSince(ctx, c.At.Add(-ViewWindow), tenant)
+	if err != nil {
+		return nil, err
+	}
+	for _, sp := range spend {
+		c.Spend = append(c.Spend, ConsoleSpend{TenantID: sp.TenantID, Calls: sp.Calls, CostMicros: sp.CostMicros,
+			EstimatedCostMicros: sp.EstimatedCostMicros})
+	}
+	if tenant != "" && len(c.Spend) == 0 {
+		c.Spend = append(c.Spend, ConsoleSpend{TenantID: tenant})
+	}
+	if tenant == "" {
+		c.Consumers = s.consumerLag(ctx)
+	}
+	return c, nil
+}
+
+// consumerLag reads each durable's progress from the server, all at once
+// and within consumerInfoWait: a request the server refuses is dropped,
+// not answered. A durable that cannot be read (not created yet, or this
+// credential may not ask) says why instead.
+func (s *Service) consumerLag(ctx context.Context) []ConsoleConsumer {
+	ctx, cancel := context.WithTimeout(ctx, consumerInfoWait)
+	defer cancel()
+	durables := s.cfg.Names.Durables()
+	out := make([]ConsoleConsumer, len(durables))
+	var wg sync.WaitGroup
+	for i, d := range durables {
+		wg.Go(func() {
+			c := ConsoleConsumer{Stream: d.Stream, Durable: d.Durable}
+			cons, err := s.d.JS.Consumer(ctx, d.Stream, d.Durable)
+			if err != nil {
+				c.Error = err.Error()
+			} else {
+				info := cons.CachedInfo()
+				c.Pending, c.AckPending, c.Redelivered, c.Waiting = info.NumPending, info.NumAckPending, info.NumRedelivered, info.NumWaiting
+			}
+			out[i] = c
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// consumerInfoWait bounds the console's wait for the consumers' info.
+const consumerInfoWait = 2 * time.Second
+
+// viewer authenticates a reader of the console, or writes the refusal.
+func (s *Service) viewer(w http.ResponseWriter, r *http.Request) (auth.Viewer, bool) {
+	v, refused := auth.Console(r.Context(), s.d.Store, r.Header.Get("Authorization"), s.cell())
+	if refused != nil {
+		if refused.Status == http.StatusServiceUnavailable {
+			s.d.Log.Error("console: token lookup failed: the database did not answer")
+		}
+		refused.Write(w)
+		return auth.Viewer{}, false
+	}
+	return v, true
+}
+
+func (s *Service) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
+	v, ok := s.viewer(w, r)
+	if !ok {
+		return
+	}
+	c, err := s.Snapshot(r.Context(), v)
+	if err != nil {
+		s.d.Log.Error("console: snapshot failed", "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	apierror.JSON(w, http.StatusOK, c)
+}
+
+// consoleHeartbeat is how often an idle stream says it is alive, well
+// inside the idle timeouts of proxies on the way.
+const consoleHeartbeat = 15 * time.Second
+
+// consoleEvents streams snapshots as server-sent events: one at once, then
+// one whenever the figures changed (ages included), looked for every
+// ConsoleEvery, with a heartbeat comment when nothing changed for a while.
+// The credential is checked again each time, so a revoked token's stream
+// ends with an error event. The stream ends when the client goes, or the
+// server drains.
+func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
+	v, ok := s.viewer(w, r)
+	if !ok {
+		return
+	}
+	release, ok := s.open.take(v.Key(), s.cfg.ConsoleStreams)
+	if !ok {
+		w.Header().Set("Retry-After", "5")
+		apierror.Write(w, http.StatusTooManyRequests, "too_many_streams",
+			fmt.Sprintf("this credential holds %d console streams open already; close one first", s.cfg.ConsoleStreams))
+		return
+	}
+	defer release()
+	ctx := r.Context()
+	first, err := s.Snapshot(ctx, v)
+	if err != nil {
+		s.d.Log.Error("console: snapshot failed", "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	// The server's write timeout bounds an answer; a stream is bounded per
+	// write instead, so a client that stops reading is let go.
+	send := func(frame []byte) bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(consoleHeartbeat))
+		if _, err := w.Write(frame); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	seq := 0
+	var last []byte
+	snapshot := func(c *Console) bool {
+		body, _ := json.Marshal(c)
+		same := figures(c)
+		if last != nil && bytes.Equal(same, last) {
+			return true
+		}
+		last, seq = same, seq+1
+		return send([]byte("id: " + strconv.Itoa(seq) + "\nevent: snapshot\ndata: " + string(body) + "\n\n"))
+	}
+	if !snapshot(first) {
+		return
+	}
+	tick := time.NewTicker(s.cfg.ConsoleEvery)
+	defer tick.Stop()
+	quiet := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-host.Draining(ctx):
+			send([]byte("event: bye\ndata: {\"reason\":\"the server is shutting down\"}\n\n"))
+			return
+		case <-tick.C:
+		}
+		again, refused := auth.Console(ctx, s.d.Store, r.Header.Get("Authorization"), s.cell())
+		if refused != nil {
+			body, _ := json.Marshal(apierror.Body{Error: apierror.Detail{Code: refused.Code, Message: refused.Message}})
+			send([]byte("event: error\ndata: " + string(body) + "\n\n"))
+			return
+		}
+		c, err := s.Snapshot(ctx, again)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.d.Log.Warn("console: snapshot failed; the stream goes on", "err", err)
+			continue
+		}
+		before := seq
+		if !snapshot(c) {
+			return
+		}
+		if seq != before {
+			quiet = time.Now()
+		} else if time.Since(quiet) >= consoleHeartbeat {
+			if !send([]byte(": heartbeat\n\n")) {
+				return
+			}
+			quiet = time.Now()
+		}
+	}
+}
+
+// figures is what decides whether a snapshot changed: everything but the
+// time it was read. While work is unfinished its age grows, so a stream
+// then carries a snapshot every ConsoleEvery.
+func figures(c *Console) []byte {
+	cp := *c
+	cp.At = time.Time{}
+	b, _ := json.Marshal(cp)
+	return b
+}
+
+// openStreams counts the console streams each credential holds open.
+type openStreams struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// take admits one more stream for key, up to max; release gives it back.
+func (o *openStreams) take(key string, max int) (release func(), ok bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[string]int{}
+	}
+	if o.n[key] >= max {
+		return nil, false
+	}
+	o.n[key]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			if o.n[key]--; o.n[key] == 0 {
+				delete(o.n, key)
+			}
+		})
+	}, true
+}
+
+//go:embed console.html
+var consoleHTML []byte
+
+// consoleCSP allows the page nothing but itself: its one inline script and
+// one inline style, by hash, and requests to its own origin.
+var consoleCSP = func() string {
+	csp := "default-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+	for _, k := range []struct{ directive, tag string }{{"script-src", "script"}, {"style-src", "style"}} {
+		m := regexp.MustCompile(`(?s)<` + k.tag + `>(.*?)</` + k.tag + `>`).FindSubmatch(consoleHTML)
+		if m == nil {
+			panic("ingress: console.html has no inline " + k.tag)
+		}
+		sum := sha256.Sum256(m[1])
+		csp += "; " + k.directive + " 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
+	}
+	return csp
+}()
+
+// consolePage serves the console: one page, no resources from anywhere.
+// It holds no figures itself and needs no credential; its script asks for
+// a token and reads /v1/console/events with it.
+func (s *Service) consolePage(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Content-Security-Policy", consoleCSP)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(consoleHTML)))
+	w.WriteHeader(http.StatusOK)
+	if !strings.EqualFold(r.Method, http.MethodHead) {
+		_, _ = w.Write(consoleHTML)
+	}
+}
