@@ -226,6 +226,15 @@ source gives the same digests.
 	if o.Out == "" {
 		o.Out = filepath.Join(o.Root, "bin", "images")
 	}
+	for _, p := range []*string{&o.Out, &o.Tar} {
+		if *p != "" {
+			abs, err := filepath.Abs(*p)
+			if err != nil {
+				return o, err
+			}
+			*p = abs
+		}
+	}
 	if o.Version == "" {
 		o.Version = git(o.Root, "describe", "--tags", "--always", "--dirty")
 		if o.Version == "" {
