@@ -134,13 +134,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := checkOut(o.Out); err != nil {
 		return err
 	}
-	binDir, err := os.MkdirTemp("", "assay-images-bin-")
+	tmp, err := os.MkdirTemp("", "assay-images-bin-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(binDir)
+	defer os.RemoveAll(tmp)
 	start := time.Now()
-	bins, err := buildBinaries(ctx, o, binDir, stderr)
+	bins, err := buildBinaries(ctx, o, tmp, stderr)
 	if err != nil {
 		return err
 	}
@@ -328,7 +328,8 @@ func checkOut(out string) error {
 }
 
 // buildBinaries builds every target statically for linux/o.Arch into dir, at
-// most o.Jobs at once, and returns each binary's path by name.
+// most o.Jobs at once, reporting each on stderr, and returns each binary's
+// path by name.
 func buildBinaries(ctx context.Context, o options, dir string, stderr io.Writer) (map[string]string, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -353,6 +354,7 @@ func buildBinaries(ctx context.Context, o options, dir string, stderr io.Writer)
 				"-ldflags", "-X "+versionVar+"="+o.Version, "-o", out, t.Pkg)
 			cmd.Dir = filepath.Join(o.Root, t.Module)
 			cmd.Env = append(os.Environ(), "GOWORK=off", "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+o.Arch)
+			start := time.Now()
 			msg, err := cmd.CombinedOutput()
 			mu.Lock()
 			defer mu.Unlock()
@@ -364,6 +366,7 @@ func buildBinaries(ctx context.Context, o options, dir string, stderr io.Writer)
 				return
 			}
 			bins[t.Name] = out
+			fmt.Fprintf(stderr, "  %s: %s\n", t.Name, time.Since(start).Round(100*time.Millisecond))
 		}()
 	}
 	wg.Wait()
