@@ -1,7 +1,7 @@
 # assay — make help lists the targets.
 
 GO      ?= go
-MODULES := pkg pkg/devkit schemas services/ingress services/classifier services/committer services/ledger cmd/assay cmd/chaos
+MODULES := pkg pkg/devkit schemas services/ingress services/classifier services/committer services/ledger cmd/assay cmd/chaos cmd/images
 # -race needs cgo; the race detector roughly doubles test time on 2 cores.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 FUZZTIME  ?= 30s
@@ -10,11 +10,13 @@ UGLYCOUNT ?= 3
 UGLYRUN   ?= TestUgly|TestLateAnswerFromLostLease|TestConcurrentIdenticalSubmissions|TestWebhookReplayedConcurrently
 # make chaos CHAOSFLAGS='-seed 7 -n 1000'; see cd cmd/chaos && go run . -h
 CHAOSFLAGS ?=
+# make images IMAGEFLAGS='-arch arm64 -tar ../../bin/images.tar'; see cd cmd/images && go run . -h
+IMAGEFLAGS ?=
 # make build stamps the binaries with this; --version and assay_build_info show it.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X assay.dev/pkg/buildinfo.version=$(VERSION)
 
-.PHONY: help demo serve test chaos build vet fmt fuzz tidy bench-goodput
+.PHONY: help demo serve test chaos build images vet fmt fuzz tidy bench-goodput
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -44,6 +46,9 @@ build: ## the binaries, each module on its own (GOWORK=off), into bin/
 	cd cmd/assay && GOWORK=off $(GO) build -ldflags "$(LDFLAGS)" -o ../../bin/assay .
 	@for s in ingress classifier committer ledger; do \
 		(cd services/$$s && GOWORK=off $(GO) build -ldflags "$(LDFLAGS)" -o ../../bin/$$s ./cmd/$$s) || exit 1; done
+
+images: ## container images of the five binaries, static on an empty base, as an OCI layout in bin/images (IMAGEFLAGS)
+	cd cmd/images && $(GO) run . -go $(GO) -out ../../bin/images -version $(VERSION) $(IMAGEFLAGS)
 
 vet: ## go vet and gofmt every module, and build each on its own (GOWORK=off)
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./... && GOWORK=off $(GO) build ./...); done
