@@ -4,6 +4,10 @@ GO      ?= go
 MODULES := pkg pkg/devkit schemas services/ingress services/classifier services/committer services/ledger cmd/assay cmd/chaos cmd/images
 # -race needs cgo; the race detector roughly doubles test time on 2 cores.
 TESTFLAGS ?= -race -count=1 -timeout 15m
+# Modules whose tests build and unpack images or render manifests run
+# without -race: they have no concurrency of their own to check, and the
+# race detector triples the time spent compressing layers.
+NORACE  := cmd/images deploy/k8s
 FUZZTIME  ?= 30s
 # The ugly-path and concurrency tests run again, repeated, under -race.
 UGLYCOUNT ?= 3
@@ -29,7 +33,8 @@ serve: ## run both cells with the HTTP API up until Ctrl-C
 
 test: ## run every module's tests against real Postgres and real JetStream
 	@set -e; for m in $(MODULES); do \
-		echo "== $$m"; (cd $$m && $(GO) test $(TESTFLAGS) ./...); \
+		f="$(TESTFLAGS)"; case " $(NORACE) " in *" $$m "*) f=$$(echo "$$f" | sed 's/-race//');; esac; \
+		echo "== $$m"; (cd $$m && $(GO) test $$f ./...); \
 	done
 	@set -e; for m in $(MODULES); do \
 		if grep -rqsE --include='*_test.go' 'func ($(UGLYRUN))[A-Za-z0-9_]*\(' $$m; then \
