@@ -1,7 +1,7 @@
 # assay — make help lists the targets.
 
 GO      ?= go
-MODULES := pkg pkg/devkit schemas services/ingress services/classifier services/committer services/ledger cmd/assay cmd/chaos
+MODULES := pkg pkg/devkit schemas services/ingress services/classifier services/committer services/ledger cmd/assay cmd/chaos deploy/k8s
 # -race needs cgo; the race detector roughly doubles test time on 2 cores.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 FUZZTIME  ?= 30s
