@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -80,6 +81,25 @@ type natsHelmValues struct {
 	NatsBox struct {
 		Enabled bool `json:"enabled"`
 	} `json:"natsBox"`
+}
+
+// accountsVolume is the volume the values add to the pod and mount in the
+// nats container.
+func (v *natsHelmValues) accountsVolume() (mount struct{ Name, MountPath string }, vol struct {
+	Name      string
+	ConfigMap struct{ Name string }
+}) {
+	for _, p := range v.Container.Patch {
+		if p.Op == "add" && p.Path == "/volumeMounts/-" {
+			json.Unmarshal(p.Value, &mount)
+		}
+	}
+	for _, p := range v.PodTemplate.Patch {
+		if p.Op == "add" && p.Path == "/spec/volumes/-" {
+			json.Unmarshal(p.Value, &vol)
+		}
+	}
+	return mount, vol
 }
 
 type natsHelmTLS struct {
@@ -172,23 +192,8 @@ func TestNATSValues(t *testing.T) {
 		}
 		// The include is relative to /etc/nats-config/nats.conf; the volume
 		// mounted there holds the ConfigMap nats/<cell> renders.
-		var mount struct{ Name, MountPath string }
-		var vol struct {
-			Name      string
-			ConfigMap struct{ Name string }
-		}
-		for _, p := range v.Container.Patch {
-			if p.Op == "add" && p.Path == "/volumeMounts/-" {
-				json.Unmarshal(p.Value, &mount)
-			}
-		}
-		for _, p := range v.PodTemplate.Patch {
-			if p.Op == "add" && p.Path == "/spec/volumes/-" {
-				json.Unmarshal(p.Value, &vol)
-			}
-		}
-		inc := strings.TrimPrefix(c.Merge.Include, "./")
-		if mount.Name == "" || mount.Name != vol.Name || "/etc/nats-config/"+inc != mount.MountPath+"/assay.conf" {
+		mount, vol := v.accountsVolume()
+		if mount.Name == "" || mount.Name != vol.Name || filepath.Join("/etc/nats-config", c.Merge.Include) != filepath.Join(mount.MountPath, "assay.conf") {
 			t.Errorf("%s: include %q is not the mounted accounts file (%+v, %+v)", cell, c.Merge.Include, mount, vol)
 		}
 		if cm := load(t, "nats/"+cell).configMaps[vol.ConfigMap.Name]; cm == nil || cm.Data["assay.conf"] == "" {

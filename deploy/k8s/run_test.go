@@ -448,8 +448,8 @@ type natsCluster struct {
 
 // startNATSCluster starts three nats-servers in this process, each from a
 // configuration file laid out as the Helm chart lays it out for the cell's
-// values: the accounts file included first (mounted at assay/assay.conf),
-// then the server's name, JetStream on file storage, the server tags, the
+// values: /etc/nats-config/nats.conf under a directory of its own, the
+// accounts file where the values mount it, included first, then the server's name, JetStream on file storage, the server tags, the
 // cluster and TLS on the client port.
 func startNATSCluster(t *testing.T, cell string, v *natsHelmValues, ca *testCA) *natsCluster {
 	t.Helper()
@@ -477,10 +477,15 @@ func startNATSCluster(t *testing.T, cell string, v *natsHelmValues, ca *testCA) 
 	var servers []*server.Server
 	for i := range n {
 		dir := t.TempDir()
-		if err := os.MkdirAll(filepath.Join(dir, "assay"), 0o700); err != nil {
-			t.Fatal(err)
+		confDir := filepath.Join(dir, "etc", "nats-config")
+		mount, _ := v.accountsVolume()
+		accountsDir := filepath.Join(dir, mount.MountPath)
+		for _, d := range []string{confDir, accountsDir} {
+			if err := os.MkdirAll(d, 0o700); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if err := os.WriteFile(filepath.Join(dir, "assay", "assay.conf"), accounts, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(accountsDir, "assay.conf"), accounts, 0o600); err != nil {
 			t.Fatal(err)
 		}
 		for name, b := range map[string][]byte{"tls.crt": cert, "tls.key": key, "ca.crt": ca.certPEM} {
@@ -490,7 +495,7 @@ func startNATSCluster(t *testing.T, cell string, v *natsHelmValues, ca *testCA) 
 		}
 		tags, _ := json.Marshal(v.Config.Merge.ServerTags)
 		rs, _ := json.Marshal(routes)
-		conf := fmt.Sprintf(`include ./%s;
+		conf := fmt.Sprintf(`include %q;
 server_name: %s-%d
 listen: 127.0.0.1:%d
 jetstream {
@@ -510,10 +515,10 @@ tls {
   key_file: %q
   ca_file: %q
 }
-`, strings.TrimPrefix(v.Config.Merge.Include, "./"), v.Config.Cluster.Merge.Name, i, nc.clientPorts[i], filepath.Join(dir, v.Config.JetStream.FileStore.Dir),
+`, v.Config.Merge.Include, v.Config.Cluster.Merge.Name, i, nc.clientPorts[i], filepath.Join(dir, v.Config.JetStream.FileStore.Dir),
 			tags, v.Config.Cluster.Merge.Name, ports[n+i], rs,
 			filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt"))
-		path := filepath.Join(dir, "nats.conf")
+		path := filepath.Join(confDir, "nats.conf")
 		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 			t.Fatal(err)
 		}
