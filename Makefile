@@ -1,7 +1,7 @@
 # assay — make help lists the targets.
 
 GO      ?= go
-MODULES := pkg pkg/devkit schemas services/ingress services/classifier services/committer services/ledger cmd/assay cmd/chaos cmd/images
+MODULES := pkg pkg/devkit schemas services/ingress services/classifier services/committer services/ledger cmd/assay cmd/chaos cmd/images deploy/k8s
 # -race needs cgo; the race detector roughly doubles test time on 2 cores.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 # Modules whose tests build and unpack images or render manifests run

@@ -1,0 +1,728 @@
+package k8s
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"assay.dev/pkg/event"
+	"assay.dev/services/classifier"
+	"assay.dev/services/committer"
+	"assay.dev/services/ledger"
+)
+
+// services are assay's four service binaries, each a Deployment of the
+// same name.
+var services = []string{"ingress", "classifier", "committer", "ledger"}
+
+// secrets are the Secrets the manifests and the NATS values name, with the
+// keys they read. None is in the repository; deploy/README.md says how each
+// is made.
+var secrets = map[string][]string{
+	"assay-pg-app":         {"uri"},
+	"assay-pg-backup":      {"ACCESS_KEY_ID", "ACCESS_SECRET_KEY"},
+	"assay-nats-urls":      {"ingress", "classifier", "committer", "ledger"},
+	"assay-nats-passwords": nil, // every line of assay nats-config --passwords
+	"assay-model":          {"api-key"},
+	"assay-github":         {"webhook-secret", "token"},
+	"nats-ca":              {"ca.crt"},
+	"nats-tls":             {"tls.crt", "tls.key"},
+	"nats-cluster-tls":     {"tls.crt", "tls.key"},
+}
+
+// set is one rendered kustomization, decoded into its types.
+type set struct {
+	dir          string
+	deployments  map[string]*appsv1.Deployment
+	services     map[string]*corev1.Service
+	pdbs         map[string]*policyv1.PodDisruptionBudget
+	accounts     map[string]*corev1.ServiceAccount
+	policies     map[string]*networkingv1.NetworkPolicy
+	configMaps   map[string]*corev1.ConfigMap
+	jobs         map[string]*batchv1.Job
+	namespaces   map[string]*corev1.Namespace
+	clusters     map[string]*cnpgCluster
+	backups      map[string]*cnpgScheduledBackup
+	scaledObject map[string]*kedaScaledObject
+}
+
+// load renders dir and decodes every object strictly into its published
+// Kubernetes type (or the hand-written custom resource types); an object of
+// any other kind fails the test.
+func load(t *testing.T, dir string) *set {
+	t.Helper()
+	s := &set{dir: dir,
+		deployments: map[string]*appsv1.Deployment{}, services: map[string]*corev1.Service{},
+		pdbs: map[string]*policyv1.PodDisruptionBudget{}, accounts: map[string]*corev1.ServiceAccount{},
+		policies: map[string]*networkingv1.NetworkPolicy{}, configMaps: map[string]*corev1.ConfigMap{},
+		jobs: map[string]*batchv1.Job{}, namespaces: map[string]*corev1.Namespace{},
+		clusters: map[string]*cnpgCluster{}, backups: map[string]*cnpgScheduledBackup{},
+		scaledObject: map[string]*kedaScaledObject{},
+	}
+	for _, o := range render(t, dir) {
+		var err error
+		switch o.APIVersion + " " + o.Kind {
+		case "apps/v1 Deployment":
+			err = into(o, s.deployments)
+		case "v1 Service":
+			err = into(o, s.services)
+		case "policy/v1 PodDisruptionBudget":
+			err = into(o, s.pdbs)
+		case "v1 ServiceAccount":
+			err = into(o, s.accounts)
+		case "networking.k8s.io/v1 NetworkPolicy":
+			err = into(o, s.policies)
+		case "v1 ConfigMap":
+			err = into(o, s.configMaps)
+		case "batch/v1 Job":
+			err = into(o, s.jobs)
+		case "v1 Namespace":
+			err = into(o, s.namespaces)
+		case "postgresql.cnpg.io/v1 Cluster":
+			err = into(o, s.clusters)
+		case "postgresql.cnpg.io/v1 ScheduledBackup":
+			err = into(o, s.backups)
+		case "keda.sh/v1alpha1 ScaledObject":
+			err = into(o, s.scaledObject)
+		default:
+			err = fmt.Errorf("a kind this test does not know (a Secret is never committed)")
+		}
+		if err != nil {
+			t.Errorf("%s: %s %s/%s: %v", dir, o.APIVersion, o.Kind, o.Name, err)
+		}
+	}
+	return s
+}
+
+func into[T any](o object, m map[string]*T) error {
+	if _, dup := m[o.Name]; dup {
+		return fmt.Errorf("rendered twice")
+	}
+	v := new(T)
+	if err := strict(o.JSON, v); err != nil {
+		return err
+	}
+	m[o.Name] = v
+	return nil
+}
+
+func cellDir(cell string) string    { return "overlays/" + cell }
+func migrateDir(cell string) string { return "overlays/" + cell + "/migrate" }
+
+// TestOverlaysRenderAndDecode renders every kustomization a cell is
+// installed from and checks what each object says against the others.
+func TestOverlaysRenderAndDecode(t *testing.T) {
+	for _, cell := range cells {
+		t.Run(cell, func(t *testing.T) {
+			s := load(t, cellDir(cell))
+			m := load(t, migrateDir(cell))
+			n := load(t, "nats/"+cell)
+			ns := "assay-" + cell
+			for _, x := range []*set{s, m, n} {
+				checkNamespace(t, x, ns)
+			}
+			if len(n.namespaces) != 1 || n.namespaces[ns] == nil {
+				t.Errorf("nats/%s: want the one Namespace %s, have %v", cell, ns, keys(n.namespaces))
+			}
+			if cm := n.configMaps["nats-assay-accounts"]; cm == nil || cm.Data["assay.conf"] == "" {
+				t.Errorf("nats/%s: no ConfigMap nats-assay-accounts with assay.conf", cell)
+			}
+			checkCellConfig(t, s, cell)
+			checkCellConfig(t, m, cell)
+			if a, b := cellConfig(t, s), cellConfig(t, m); !mapsEqual(a.Data, b.Data) {
+				t.Errorf("%s: the migration Job's assay-cell %v differs from the services' %v", cell, b.Data, a.Data)
+			}
+			checkDeployments(t, s)
+			checkJob(t, m)
+			checkSelectors(t, s)
+			checkPolicies(t, s, true)
+			// The Job shares the cell's policies; the services' select none of its pods.
+			checkPolicies(t, m, false)
+			checkEnvRefs(t, s, podSpecs(s))
+			checkEnvRefs(t, m, podSpecs(m))
+			checkImages(t, s, m)
+			checkPostgres(t, s)
+			checkScaling(t, s, cell)
+		})
+	}
+}
+
+func checkNamespace(t *testing.T, s *set, ns string) {
+	t.Helper()
+	for _, o := range render(t, s.dir) {
+		var meta struct {
+			Metadata metav1.ObjectMeta `json:"metadata"`
+		}
+		if err := jsonLoose(o.JSON, &meta); err != nil {
+			t.Fatal(err)
+		}
+		if o.Kind == "Namespace" {
+			continue
+		}
+		if meta.Metadata.Namespace != ns {
+			t.Errorf("%s: %s/%s is in namespace %q, want %q", s.dir, o.Kind, o.Name, meta.Metadata.Namespace, ns)
+		}
+	}
+}
+
+func cellConfig(t *testing.T, s *set) *corev1.ConfigMap {
+	t.Helper()
+	var found []*corev1.ConfigMap
+	for name, cm := range s.configMaps {
+		if strings.HasPrefix(name, "assay-cell-") {
+			found = append(found, cm)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%s: want one ConfigMap assay-cell-<hash>, have %d", s.dir, len(found))
+	}
+	return found[0]
+}
+
+func checkCellConfig(t *testing.T, s *set, cell string) {
+	t.Helper()
+	d := cellConfig(t, s).Data
+	if d["region"] != cell {
+		t.Errorf("%s: assay-cell region %q, want %q", s.dir, d["region"], cell)
+	}
+	if !slices.Contains(strings.Split(d["regions"], ","), cell) {
+		t.Errorf("%s: assay-cell regions %q lacks %q", s.dir, d["regions"], cell)
+	}
+}
+
+// podSpecs are the pod templates of a set, by workload name.
+func podSpecs(s *set) map[string]*corev1.PodTemplateSpec {
+	out := map[string]*corev1.PodTemplateSpec{}
+	for n, d := range s.deployments {
+		out["Deployment/"+n] = &d.Spec.Template
+	}
+	for n, j := range s.jobs {
+		out["Job/"+n] = &j.Spec.Template
+	}
+	return out
+}
+
+func checkDeployments(t *testing.T, s *set) {
+	t.Helper()
+	if got := keys(s.deployments); !slices.Equal(got, sorted(services)) {
+		t.Fatalf("%s: Deployments %v, want %v", s.dir, got, sorted(services))
+	}
+	for _, name := range services {
+		d := s.deployments[name]
+		p := d.Spec.Template.Spec
+		if len(p.Containers) != 1 || p.Containers[0].Name != name {
+			t.Errorf("%s: %s: want one container named %s", s.dir, name, name)
+			continue
+		}
+		c := p.Containers[0]
+		if got := c.Command; !slices.Equal(got, []string{"/usr/local/bin/" + name}) {
+			t.Errorf("%s: %s: command %v", s.dir, name, got)
+		}
+		// The drain (25 s) and the HTTP shutdown (10 s) must fit.
+		if g := p.TerminationGracePeriodSeconds; g == nil || *g <= 35 {
+			t.Errorf("%s: %s: terminationGracePeriodSeconds %s, want > 35", s.dir, name, fmtInt64(g))
+		}
+		if p.ServiceAccountName != name || s.accounts[name] == nil {
+			t.Errorf("%s: %s: service account %q not rendered", s.dir, name, p.ServiceAccountName)
+		}
+		if a := p.AutomountServiceAccountToken; a == nil || *a {
+			t.Errorf("%s: %s: the API token is mounted; the services never call the Kubernetes API", s.dir, name)
+		}
+		checkSecurity(t, s.dir+": "+name, p, c)
+		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+			t.Errorf("%s: %s: resources %v: want cpu and memory requests and a memory limit", s.dir, name, c.Resources)
+		}
+		keysSpread := map[string]bool{}
+		for _, tsc := range p.TopologySpreadConstraints {
+			keysSpread[tsc.TopologyKey] = true
+			sel, err := metav1.LabelSelectorAsSelector(tsc.LabelSelector)
+			if err != nil || !sel.Matches(labels.Set(d.Spec.Template.Labels)) || sel.Empty() {
+				t.Errorf("%s: %s: topology spread on %s does not select its own pods", s.dir, name, tsc.TopologyKey)
+			}
+		}
+		if !keysSpread["topology.kubernetes.io/zone"] || !keysSpread["kubernetes.io/hostname"] {
+			t.Errorf("%s: %s: spread over zones and nodes, have %v", s.dir, name, keysSpread)
+		}
+		ports := map[string]int32{}
+		for _, cp := range c.Ports {
+			ports[cp.Name] = cp.ContainerPort
+		}
+		for what, pr := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+			want := map[string]string{"startup": "/healthz", "liveness": "/healthz", "readiness": "/readyz"}[what]
+			if pr == nil || pr.HTTPGet == nil {
+				t.Errorf("%s: %s: no %s probe", s.dir, name, what)
+				continue
+			}
+			if pr.HTTPGet.Path != want {
+				t.Errorf("%s: %s: %s probe on %s, want %s", s.dir, name, what, pr.HTTPGet.Path, want)
+			}
+			if _, ok := ports[pr.HTTPGet.Port.String()]; !ok {
+				t.Errorf("%s: %s: %s probe port %s is not a container port %v", s.dir, name, what, pr.HTTPGet.Port.String(), ports)
+			}
+		}
+		// The startup probe covers ASSAY_STARTUP_WAIT (60 s by default).
+		if sp := c.StartupProbe; sp != nil && sp.PeriodSeconds*sp.FailureThreshold <= 60 {
+			t.Errorf("%s: %s: the startup probe gives up after %d s, before the 60 s start-up wait", s.dir, name, sp.PeriodSeconds*sp.FailureThreshold)
+		}
+		if addr := envValue(c, "ASSAY_HTTP_ADDR"); addr != ":"+strconv.Itoa(int(ports["http"])) {
+			t.Errorf("%s: %s: ASSAY_HTTP_ADDR %q does not listen on the http container port %d", s.dir, name, addr, ports["http"])
+		}
+		if p := s.pdbs[name]; p == nil {
+			t.Errorf("%s: %s: no PodDisruptionBudget", s.dir, name)
+		}
+		if s.services[name] == nil {
+			t.Errorf("%s: %s: no Service for its metrics", s.dir, name)
+		}
+	}
+	// The two stream owners create them replicated and placed.
+	for _, name := range []string{"ingress", "classifier"} {
+		c := s.deployments[name].Spec.Template.Spec.Containers[0]
+		if envValue(c, "ASSAY_STREAM_REPLICAS") != "3" || !hasEnv(c, "ASSAY_STREAM_PLACEMENT") {
+			t.Errorf("%s: %s creates streams: want ASSAY_STREAM_REPLICAS=3 and ASSAY_STREAM_PLACEMENT", s.dir, name)
+		}
+	}
+}
+
+func checkSecurity(t *testing.T, where string, p corev1.PodSpec, c corev1.Container) {
+	t.Helper()
+	ps, cs := p.SecurityContext, c.SecurityContext
+	switch {
+	case ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.RunAsUser == nil || *ps.RunAsUser != 65532:
+		t.Errorf("%s: the pod must run as non-root user 65532", where)
+	case ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
+		t.Errorf("%s: no RuntimeDefault seccomp profile", where)
+	case cs == nil || cs.ReadOnlyRootFilesystem == nil || !*cs.ReadOnlyRootFilesystem:
+		t.Errorf("%s: the root filesystem is writable", where)
+	case cs.AllowPrivilegeEscalation == nil || *cs.AllowPrivilegeEscalation:
+		t.Errorf("%s: privilege escalation is allowed", where)
+	case cs.Privileged != nil && *cs.Privileged:
+		t.Errorf("%s: privileged", where)
+	case cs.Capabilities == nil || !slices.Equal(cs.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(cs.Capabilities.Add) > 0:
+		t.Errorf("%s: capabilities %v: drop ALL, add none", where, cs.Capabilities)
+	}
+}
+
+func checkJob(t *testing.T, s *set) {
+	t.Helper()
+	j := s.jobs["assay-migrate"]
+	if j == nil || len(s.jobs) != 1 || len(s.deployments) != 0 {
+		t.Fatalf("%s: want the one Job assay-migrate and no Deployment", s.dir)
+	}
+	p := j.Spec.Template.Spec
+	c := p.Containers[0]
+	if !slices.Equal(c.Command, []string{"/usr/local/bin/assay", "migrate", "--create-database"}) {
+		t.Errorf("%s: migration command %v", s.dir, c.Command)
+	}
+	if p.RestartPolicy != corev1.RestartPolicyNever && p.RestartPolicy != corev1.RestartPolicyOnFailure {
+		t.Errorf("%s: restartPolicy %q", s.dir, p.RestartPolicy)
+	}
+	if s.accounts[p.ServiceAccountName] == nil {
+		t.Errorf("%s: service account %q not rendered", s.dir, p.ServiceAccountName)
+	}
+	checkSecurity(t, s.dir+": assay-migrate", p, c)
+}
+
+// checkSelectors: every selector selects what it is for.
+func checkSelectors(t *testing.T, s *set) {
+	t.Helper()
+	for name, d := range s.deployments {
+		sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+		if err != nil || sel.Empty() || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+			t.Errorf("%s: Deployment %s: selector %v does not match its template's labels %v", s.dir, name, d.Spec.Selector, d.Spec.Template.Labels)
+		}
+		for other, o := range s.deployments {
+			if other != name && sel.Matches(labels.Set(o.Spec.Template.Labels)) {
+				t.Errorf("%s: Deployment %s's selector also selects %s's pods", s.dir, name, other)
+			}
+		}
+	}
+	for name, p := range s.pdbs {
+		sel, err := metav1.LabelSelectorAsSelector(p.Spec.Selector)
+		if err != nil || sel.Empty() {
+			t.Errorf("%s: PDB %s: bad selector", s.dir, name)
+			continue
+		}
+		if got := selected(sel, s); !slices.Equal(got, []string{name}) {
+			t.Errorf("%s: PDB %s selects the pods of %v, want [%s]", s.dir, name, got, name)
+		}
+		if p.Spec.MaxUnavailable == nil && p.Spec.MinAvailable == nil {
+			t.Errorf("%s: PDB %s bounds nothing", s.dir, name)
+		}
+	}
+	for name, svc := range s.services {
+		sel := labels.SelectorFromSet(svc.Spec.Selector)
+		got := selected(sel, s)
+		if len(svc.Spec.Selector) == 0 || len(got) != 1 {
+			t.Errorf("%s: Service %s selects %v, want one Deployment", s.dir, name, got)
+			continue
+		}
+		c := s.deployments[got[0]].Spec.Template.Spec.Containers[0]
+		for _, sp := range svc.Spec.Ports {
+			ok := false
+			for _, cp := range c.Ports {
+				if sp.TargetPort.String() == cp.Name || sp.TargetPort.IntValue() == int(cp.ContainerPort) {
+					ok = ok || cp.Protocol == sp.Protocol || (cp.Protocol == "" && sp.Protocol == "TCP")
+				}
+			}
+			if !ok {
+				t.Errorf("%s: Service %s port %s: targetPort %s is not a container port of %s", s.dir, name, sp.Name, sp.TargetPort.String(), got[0])
+			}
+		}
+	}
+}
+
+func selected(sel labels.Selector, s *set) []string {
+	var out []string
+	for _, n := range keys(s.deployments) {
+		if sel.Matches(labels.Set(s.deployments[n].Spec.Template.Labels)) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// checkPolicies: every policy selects some pod; every service and the
+// migration Job can reach its cell's Postgres and resolve names; the four
+// services reach NATS; only the classifier and ingress reach out on 443.
+func checkPolicies(t *testing.T, s *set, everyOneSelects bool) {
+	t.Helper()
+	pods := podSpecs(s)
+	reach := func(pod map[string]string, peer map[string]string, port int32) bool {
+		for _, np := range s.policies {
+			sel, _ := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+			if !sel.Matches(labels.Set(pod)) {
+				continue
+			}
+			for _, e := range np.Spec.Egress {
+				portOK := len(e.Ports) == 0
+				for _, p := range e.Ports {
+					portOK = portOK || (p.Port != nil && p.Port.IntValue() == int(port))
+				}
+				if !portOK {
+					continue
+				}
+				for _, to := range e.To {
+					if peer == nil && to.IPBlock != nil && to.IPBlock.CIDR == "0.0.0.0/0" {
+						return true
+					}
+					if peer != nil && to.PodSelector != nil && to.NamespaceSelector == nil {
+						ps, _ := metav1.LabelSelectorAsSelector(to.PodSelector)
+						if ps.Matches(labels.Set(peer)) {
+							return true
+						}
+					}
+				}
+			}
+		}
+		return false
+	}
+	if _, ok := s.policies["assay-default-deny"]; !ok {
+		t.Errorf("%s: no default-deny policy", s.dir)
+	}
+	for name, np := range s.policies {
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		any := false
+		for _, p := range pods {
+			any = any || (err == nil && sel.Matches(labels.Set(p.Labels)))
+		}
+		if !any && everyOneSelects {
+			t.Errorf("%s: NetworkPolicy %s selects no pod", s.dir, name)
+		}
+	}
+	pg := map[string]string{"cnpg.io/cluster": "assay-pg", "cnpg.io/instanceRole": "primary"}
+	nats := map[string]string{"app.kubernetes.io/name": "nats", "app.kubernetes.io/instance": "nats", "app.kubernetes.io/component": "nats"}
+	for name, p := range pods {
+		if !reach(p.Labels, pg, 5432) {
+			t.Errorf("%s: %s cannot reach its cell's Postgres", s.dir, name)
+		}
+		svc := p.Labels["app.kubernetes.io/name"]
+		if slices.Contains(services, svc) && !reach(p.Labels, nats, 4222) {
+			t.Errorf("%s: %s cannot reach NATS", s.dir, name)
+		}
+		wantOut := svc == "classifier" || svc == "ingress"
+		if got := reach(p.Labels, nil, 443); got != wantOut {
+			t.Errorf("%s: %s reaches HTTPS outside the cluster: %v, want %v", s.dir, name, got, wantOut)
+		}
+	}
+}
+
+// checkEnvRefs: every ConfigMap a pod reads is rendered with the key; every
+// Secret is one deploy/README.md documents, with the key.
+func checkEnvRefs(t *testing.T, s *set, pods map[string]*corev1.PodTemplateSpec) {
+	t.Helper()
+	for name, p := range pods {
+		for _, c := range p.Spec.Containers {
+			for _, e := range c.Env {
+				if e.ValueFrom == nil {
+					continue
+				}
+				if r := e.ValueFrom.ConfigMapKeyRef; r != nil {
+					cm := s.configMaps[r.Name]
+					if cm == nil {
+						t.Errorf("%s: %s: %s reads ConfigMap %s, not rendered", s.dir, name, e.Name, r.Name)
+					} else if _, ok := cm.Data[r.Key]; !ok {
+						t.Errorf("%s: %s: %s reads key %s of ConfigMap %s, which has %v", s.dir, name, e.Name, r.Key, r.Name, keys(cm.Data))
+					}
+				}
+				if r := e.ValueFrom.SecretKeyRef; r != nil {
+					if !slices.Contains(secrets[r.Name], r.Key) {
+						t.Errorf("%s: %s: %s reads Secret %s key %s, which is not in the list of Secrets", s.dir, name, e.Name, r.Name, r.Key)
+					}
+				}
+			}
+		}
+		for _, v := range p.Spec.Volumes {
+			if v.Secret != nil {
+				for _, it := range v.Secret.Items {
+					if !slices.Contains(secrets[v.Secret.SecretName], it.Key) {
+						t.Errorf("%s: %s: volume %s reads Secret %s key %s, not in the list", s.dir, name, v.Name, v.Secret.SecretName, it.Key)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestSecretsDocumented: deploy/README.md says how to make every Secret the
+// manifests name, with its keys.
+func TestSecretsDocumented(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, ks := range secrets {
+		if !strings.Contains(string(readme), "`"+name+"`") {
+			t.Errorf("deploy/README.md does not say how to make the Secret %s", name)
+		}
+		for _, k := range ks {
+			if !strings.Contains(string(readme), "`"+k+"`") {
+				t.Errorf("deploy/README.md does not name the key %s of the Secret %s", k, name)
+			}
+		}
+	}
+}
+
+// TestStrictDecoding: the decoder the tests rely on refuses a misspelt
+// field, in a published type and in a hand-written one.
+func TestStrictDecoding(t *testing.T) {
+	var d appsv1.Deployment
+	if err := strict([]byte(`{"spec":{"template":{"spec":{"terminationGracePeriod":45}}}}`), &d); err == nil {
+		t.Error("a misspelt Deployment field decoded")
+	}
+	var c cnpgCluster
+	if err := strict([]byte(`{"spec":{"instances":3,"postgresql":{"synchronous":{"method":"any","number":1,"durability":"required"}}}}`), &c); err == nil {
+		t.Error("a misspelt Cluster field decoded")
+	}
+	var so kedaScaledObject
+	if err := strict([]byte(`{"spec":{"scaleTargetRef":{"name":"x"},"maxReplicas":3,"triggers":[]}}`), &so); err == nil {
+		t.Error("a misspelt ScaledObject field decoded")
+	}
+}
+
+// checkImages: each container runs assay/<binary>, at the one tag.
+func checkImages(t *testing.T, sets ...*set) {
+	t.Helper()
+	tags := map[string]bool{}
+	for _, s := range sets {
+		for name, p := range podSpecs(s) {
+			for _, c := range p.Spec.Containers {
+				bin := strings.TrimPrefix(c.Command[0], "/usr/local/bin/")
+				repo, tag, ok := strings.Cut(c.Image, ":")
+				if !ok || repo != "assay/"+bin || tag == "" {
+					t.Errorf("%s: %s: image %q, want assay/%s:<tag>", s.dir, name, c.Image, bin)
+				}
+				tags[tag] = true
+			}
+		}
+	}
+	if len(tags) != 1 {
+		t.Errorf("images carry tags %v, want one", keys(tags))
+	}
+}
+
+func checkPostgres(t *testing.T, s *set) {
+	t.Helper()
+	c := s.clusters["assay-pg"]
+	if c == nil || len(s.clusters) != 1 {
+		t.Fatalf("%s: want the one CloudNativePG Cluster assay-pg, have %v", s.dir, keys(s.clusters))
+	}
+	sp := c.Spec
+	if sp.Instances != 3 {
+		t.Errorf("%s: %d instances, want 3", s.dir, sp.Instances)
+	}
+	// deploy/DURABILITY.md: Postgres keeps what it acknowledged, on a
+	// standby too.
+	for k, v := range map[string]string{"synchronous_commit": "on", "fsync": "on", "full_page_writes": "on"} {
+		if got, ok := sp.PostgreSQL.Parameters[k]; ok && got != v || !ok && k == "synchronous_commit" {
+			t.Errorf("%s: %s = %q, want %q", s.dir, k, got, v)
+		}
+	}
+	if y := sp.PostgreSQL.Synchronous; y == nil || y.Number < 1 || (y.Method != "any" && y.Method != "first") || (y.DataDurability != "" && y.DataDurability != "required") {
+		t.Errorf("%s: synchronous replication %+v: want method any or first, one standby or more, durability required", s.dir, y)
+	}
+	b := sp.Backup
+	if b == nil || b.BarmanObjectStore == nil || !strings.HasSuffix(b.BarmanObjectStore.DestinationPath, "/"+s.namespaceCell()) {
+		t.Errorf("%s: backup %+v: want an object store at the cell's own path", s.dir, b)
+	} else if cr := b.BarmanObjectStore.S3Credentials; cr == nil || cr.AccessKeyID == nil || !slices.Contains(secrets[cr.AccessKeyID.Name], cr.AccessKeyID.Key) ||
+		cr.SecretAccessKey == nil || !slices.Contains(secrets[cr.SecretAccessKey.Name], cr.SecretAccessKey.Key) {
+		t.Errorf("%s: backup credentials %+v are not the listed Secret's keys", s.dir, cr)
+	}
+	if b != nil && b.Target != "" && b.Target != "primary" && b.Target != "prefer-standby" {
+		t.Errorf("%s: backup target %q", s.dir, b.Target)
+	}
+	if init := sp.Bootstrap; init == nil || init.InitDB == nil || init.InitDB.Owner == "" {
+		t.Errorf("%s: no initdb owner: the app Secret assay-pg-app is the owner's", s.dir)
+	}
+	if len(s.backups) != 1 {
+		t.Errorf("%s: want one ScheduledBackup", s.dir)
+	}
+	for n, sb := range s.backups {
+		if sb.Spec.Cluster.Name != "assay-pg" || len(strings.Fields(sb.Spec.Schedule)) != 6 {
+			t.Errorf("%s: ScheduledBackup %s: cluster %q schedule %q (six fields, seconds first)", s.dir, n, sb.Spec.Cluster.Name, sb.Spec.Schedule)
+		}
+	}
+}
+
+func (s *set) namespaceCell() string {
+	return strings.TrimPrefix(strings.TrimPrefix(s.dir, "overlays/"), "/")
+}
+
+// checkScaling: the ScaledObjects scale the Deployments that exist, on the
+// durables the code names for the cell, and the classifier's ceiling stays
+// within the provider's allowance.
+func checkScaling(t *testing.T, s *set, cell string) {
+	t.Helper()
+	names := event.Names{Installation: cellConfig(t, s).Data["installation"], Cell: cell}
+	want := map[string][][2]string{
+		"classifier": {{names.Stream(event.KindWork), classifier.Consumer(names, event.Interactive)}, {names.Stream(event.KindWork), classifier.Consumer(names, event.Batch)}},
+		"committer":  {{names.Stream(event.KindResult), committer.Consumer(names)}},
+		"ledger":     {{names.Stream(event.KindAttempt), ledger.Consumer(names)}},
+	}
+	// The account is the cell's in the NATS accounts file its servers load.
+	account := strings.ToUpper(strings.ReplaceAll(names.Installation+"_"+cell, "-", "_"))
+	conf, err := os.ReadFile("nats/" + cell + "/assay.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(conf), "\n  "+account+" {\n") {
+		t.Errorf("nats/%s/assay.conf has no account %s", cell, account)
+	}
+	if got := keys(s.scaledObject); !slices.Equal(got, keys(want)) {
+		t.Fatalf("%s: ScaledObjects %v, want %v", s.dir, got, keys(want))
+	}
+	for name, so := range s.scaledObject {
+		ref := so.Spec.ScaleTargetRef
+		if ref == nil || s.deployments[ref.Name] == nil || (ref.Kind != "" && ref.Kind != "Deployment") {
+			t.Errorf("%s: ScaledObject %s scales %+v, not a Deployment here", s.dir, name, ref)
+			continue
+		}
+		if s.deployments[ref.Name].Spec.Replicas != nil {
+			t.Errorf("%s: Deployment %s sets replicas, which every apply would reset under KEDA", s.dir, ref.Name)
+		}
+		lo, hi := so.Spec.MinReplicaCount, so.Spec.MaxReplicaCount
+		if lo == nil || hi == nil || *lo < 2 || *hi < *lo {
+			t.Errorf("%s: ScaledObject %s: replicas %v..%v, want at least 2", s.dir, name, lo, hi)
+		}
+		var got [][2]string
+		for _, tr := range so.Spec.Triggers {
+			if tr.Type != "nats-jetstream" {
+				t.Errorf("%s: %s: trigger %q", s.dir, name, tr.Type)
+			}
+			for k := range tr.Metadata {
+				if !natsJetStreamMetadata[k] {
+					t.Errorf("%s: %s: trigger metadata %q is not the nats-jetstream scaler's", s.dir, name, k)
+				}
+			}
+			if tr.Metadata["account"] != account {
+				t.Errorf("%s: %s: account %q, want %q", s.dir, name, tr.Metadata["account"], account)
+			}
+			if ep := tr.Metadata["natsServerMonitoringEndpoint"]; ep != "nats-headless.assay-"+cell+".svc.cluster.local:8222" {
+				t.Errorf("%s: %s: monitoring endpoint %q is not the cell's NATS", s.dir, name, ep)
+			}
+			if _, err := strconv.Atoi(tr.Metadata["lagThreshold"]); err != nil {
+				t.Errorf("%s: %s: lagThreshold %q", s.dir, name, tr.Metadata["lagThreshold"])
+			}
+			got = append(got, [2]string{tr.Metadata["stream"], tr.Metadata["consumer"]})
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want[name]) {
+			t.Errorf("%s: %s scales on %v, want %v", s.dir, name, got, want[name])
+		}
+	}
+	// One Deployment serves both lanes, so it scales on their sum.
+	so := s.scaledObject["classifier"]
+	if a := so.Spec.Advanced; a == nil || a.ScalingModifiers.Formula != "interactive + batch" || a.ScalingModifiers.Target == "" {
+		t.Errorf("%s: the classifier does not scale on the sum of its lanes", s.dir)
+	}
+	for _, tr := range so.Spec.Triggers {
+		if !strings.Contains(so.Spec.Advanced.ScalingModifiers.Formula, tr.Name) || tr.Name == "" {
+			t.Errorf("%s: classifier trigger %q is not in the formula", s.dir, tr.Name)
+		}
+	}
+	ceiling, err := strconv.Atoi(so.Annotations["assay.dev/provider-max-concurrency"])
+	per, err2 := strconv.Atoi(envValue(s.deployments["classifier"].Spec.Template.Spec.Containers[0], "ASSAY_MODEL_MAX_CONCURRENCY"))
+	if err != nil || err2 != nil {
+		t.Fatalf("%s: the provider's allowance and the per-pod ceiling must both be set: %v, %v", s.dir, err, err2)
+	}
+	if int(*so.Spec.MaxReplicaCount)*per > ceiling {
+		t.Errorf("%s: %d classifiers × %d calls exceed the provider's %d", s.dir, *so.Spec.MaxReplicaCount, per, ceiling)
+	}
+}
+
+func envValue(c corev1.Container, name string) string {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
+}
+
+func hasEnv(c corev1.Container, name string) bool {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func keys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func sorted(s []string) []string { return slices.Sorted(slices.Values(s)) }
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func fmtInt64(p *int64) string {
+	if p == nil {
+		return "unset"
+	}
+	return strconv.FormatInt(*p, 10)
+}
