@@ -382,3 +382,42 @@ func (c *Cluster) NodeStreamState(name, stream string) (server.StreamState, erro
 	}
 	return server.StreamState{}, fmt.Errorf("node %s holds no stream %s", name, stream)
 }
+
+// ConsumerLeader is the name of the running node that leads the durable
+// consumer of stream (in the global account), "" while it has none.
+func (c *Cluster) ConsumerLeader(stream, consumer string) string {
+	for _, s := range c.Servers() {
+		if s.JetStreamIsConsumerLeader(clusterAccount, stream, consumer) {
+			return s.Name()
+		}
+	}
+	return ""
+}
+
+// MoveConsumerLeader makes node to the leader of the durable consumer of
+// stream, by asking its leader to step down until the election picks to.
+func (c *Cluster) MoveConsumerLeader(stream, consumer, to string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		l := c.ConsumerLeader(stream, consumer)
+		if l == to {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("consumer %s on %s: leader %q, not %s, after %s", consumer, stream, l, to, within)
+		}
+		if s := c.Server(l); s != nil {
+			if err := s.JetStreamStepdownConsumer(clusterAccount, stream, consumer); err != nil {
+				return fmt.Errorf("consumer %s on %s: step down on %s: %w", consumer, stream, l, err)
+			}
+			// Wait for the election before asking again.
+			for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+				if n := c.ConsumerLeader(stream, consumer); n != "" && n != l {
+					break
+				}
+			}
+			continue
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
