@@ -19,6 +19,7 @@ import (
 	"assay.dev/pkg/outcome"
 	"assay.dev/services/classifier"
 	"assay.dev/services/committer"
+	"assay.dev/services/ledger"
 )
 
 // A cell on a three-node JetStream cluster with R3 streams loses the
@@ -31,8 +32,15 @@ func TestR3StreamLeaderLoss(t *testing.T) {
 	const tag = "region:us"
 	begun := time.Now()
 	c := testenv.NewCluster(t, 3, tag)
-	b := celltest.SetupOn(t, cell.Options{Config: config.Config{
-		Streams: event.StreamSettings{Replicas: 3, Placement: []string{tag}}}}, nil, c.URL())
+	// A message the server delivered as its node went down, or an ack
+	// sent to it, is lost on the way and delivered again after the ack
+	// wait; a short one keeps that path within the test's patience.
+	const ackWait = 5 * time.Second
+	b := celltest.SetupOn(t, cell.Options{
+		Config:     config.Config{Streams: event.StreamSettings{Replicas: 3, Placement: []string{tag}}},
+		Classifier: classifier.Config{AckWait: ackWait}, Committer: committer.Config{AckWait: ackWait},
+		Ledger: ledger.Config{AckWait: ackWait},
+	}, nil, c.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	names, js := b.Names(), b.Cell.Env.JS
@@ -173,7 +181,37 @@ func TestR3StreamLeaderLoss(t *testing.T) {
 	if attempts < len(ids) {
 		t.Errorf("attempts %d, fewer than the %d works", attempts, len(ids))
 	}
-	b.WaitLedger(t, "acme", attempts)
+	// The ledger records attempts as their events arrive; one it waits
+	// for is named with where its event is.
+	waitFor(t, 20*time.Second, func() (bool, string) {
+		rows := b.Count(t, `SELECT count(*) FROM ledger WHERE tenant_id = 'acme'`)
+		if rows == attempts {
+			return true, ""
+		}
+		var missing []string
+		rs, err := b.DB.Query(ctx, `SELECT a.id::text FROM attempts a LEFT JOIN ledger l ON l.attempt_id = a.id WHERE l.attempt_id IS NULL`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rs.Next() {
+			var id string
+			if err := rs.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			published := b.Count(t, `SELECT count(*) FROM outbox WHERE stream = $1 AND msg_id LIKE '%' || $2 || '%' AND published_at IS NOT NULL`, event.KindAttempt, id)
+			missing = append(missing, fmt.Sprintf("%s (outbox rows published %d)", id, published))
+		}
+		rs.Close()
+		durable := "unknown"
+		if cons, err := js.Consumer(ctx, names.Stream(event.KindAttempt), ledger.Consumer(names)); err == nil {
+			ci := cons.CachedInfo()
+			durable = fmt.Sprintf("delivered %d, ack floor %d, pending %d, ack pending %d, redelivered %d, waiting %d, leader %q",
+				ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting, c.ConsumerLeader(names.Stream(event.KindAttempt), ledger.Consumer(names)))
+		} else {
+			durable = err.Error()
+		}
+		return false, fmt.Sprintf("ledger rows %d, attempts %d; attempts without a row: %v; the ledger's durable: %s", rows, attempts, missing, durable)
+	})
 	if n := b.Count(t, `SELECT count(*) FROM ledger l JOIN attempts a ON a.id = l.attempt_id`); n != attempts {
 		t.Errorf("ledger rows matching an attempt %d, attempts %d", n, attempts)
 	}
