@@ -110,7 +110,8 @@ type Config struct {
 	// consumer's waiting pull request; after two heartbeats missed the
 	// consumer pulls again. A pull request lives on the node that leads the
 	// durable, and when that node dies the request goes with it, often
-	// without a word; only the missed heartbeats tell. Default 2s.
+	// without a word; only the missed heartbeats tell. Default 2s; it must
+	// stay below half the pull's 30s expiry.
 	Heartbeat time.Duration
 	// ReadyGrace is how long a durable the server lost may stay missing
 	// while the consumer creates it again before Ready says so. Default
