@@ -48,7 +48,8 @@ type Config struct {
 	Streams event.StreamSettings
 	// DatabaseURL is the cell's Postgres (ASSAY_DATABASE_URL). Required.
 	DatabaseURL string
-	// NATSURL is the cell's NATS (ASSAY_NATS_URL). Default nats://127.0.0.1:4222.
+	// NATSURL is the cell's NATS (ASSAY_NATS_URL): a URL, or the URLs of a
+	// cluster's nodes separated by commas. Default nats://127.0.0.1:4222.
 	NATSURL string
 	// ModelBaseURL is the OpenAI-compatible endpoint (ASSAY_MODEL_BASE_URL),
 	// without the /v1 suffix. Required by the classifier only.
@@ -88,7 +89,7 @@ var settings = []setting{
 	{"ASSAY_CELL", "cell", "the region", "cell served by this instance", func(c *Config) *string { return &c.Cell }, false},
 	{"ASSAY_INSTALLATION", "installation", event.DefaultInstallation, "prefix of every stream, subject and durable", func(c *Config) *string { return &c.Installation }, false},
 	{"ASSAY_DATABASE_URL", "database-url", "", "the cell's Postgres URL; required", func(c *Config) *string { return &c.DatabaseURL }, false},
-	{"ASSAY_NATS_URL", "nats-url", defaultNATSURL, "NATS URL, with this service's user and password", func(c *Config) *string { return &c.NATSURL }, false},
+	{"ASSAY_NATS_URL", "nats-url", defaultNATSURL, "NATS URL, or a cluster's node URLs comma separated, with this service's user and password", func(c *Config) *string { return &c.NATSURL }, false},
 	{"ASSAY_MODEL_BASE_URL", "model-base-url", "", "OpenAI-compatible endpoint, with or without /v1; required", func(c *Config) *string { return &c.ModelBaseURL }, true},
 	{"ASSAY_MODEL_API_KEY", "model-api-key", "", "bearer token for the model endpoint", func(c *Config) *string { return &c.ModelAPIKey }, true},
 	{"ASSAY_MODEL", "model", "", "model name the endpoint serves (e.g. gpt-4o-mini); required", func(c *Config) *string { return &c.Model }, true},
@@ -322,8 +323,13 @@ func (c Config) validate(need Need, errs []error) error {
 	} else if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
 		errs = append(errs, fmt.Errorf("ASSAY_DATABASE_URL: cannot parse: %s", redact(err.Error(), c.DatabaseURL)))
 	}
-	if u, err := url.Parse(c.NATSURL); err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls") {
-		errs = append(errs, fmt.Errorf("ASSAY_NATS_URL: %q is not a nats:// or tls:// URL", Redacted(c.NATSURL)))
+	// A cluster's nodes come as a comma-separated list, as nats.Connect
+	// takes it; each must be a URL.
+	for _, p := range strings.Split(c.NATSURL, ",") {
+		if u, err := url.Parse(strings.TrimSpace(p)); err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls") {
+			errs = append(errs, fmt.Errorf("ASSAY_NATS_URL: %q is not a nats:// or tls:// URL, or a comma-separated list of them", Redacted(c.NATSURL)))
+			break
+		}
 	}
 	if need.Model {
 		if c.ModelBaseURL == "" {

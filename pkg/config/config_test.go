@@ -112,6 +112,27 @@ func TestLoadFlagsOverrideEnv(t *testing.T) {
 	}
 }
 
+// A cluster's nodes are given as a comma-separated list, as nats.Connect
+// takes them, so a service starts while any one of them answers; every
+// element must be a nats:// or tls:// URL.
+func TestLoadNATSURLList(t *testing.T) {
+	t.Parallel()
+	list := "nats://a:pw@n1:4222, nats://a:pw@n2:4222,tls://a:pw@n3:4222"
+	c, err := config.Load("svc", nil, env(with("ASSAY_NATS_URL", list)), config.Need{})
+	if err != nil {
+		t.Fatalf("load %q: %v", list, err)
+	}
+	if c.NATSURL != list {
+		t.Fatalf("NATSURL %q, want %q", c.NATSURL, list)
+	}
+	for _, bad := range []string{"nats://n1:4222,http://n2:4222", "nats://n1:4222,", "nats://n1:4222,,nats://n2:4222", "nats://n1:4222,nats://"} {
+		_, err := config.Load("svc", nil, env(with("ASSAY_NATS_URL", bad)), config.Need{})
+		if err == nil || !strings.Contains(err.Error(), "ASSAY_NATS_URL") {
+			t.Errorf("ASSAY_NATS_URL=%q: %v, want a refusal naming ASSAY_NATS_URL", bad, err)
+		}
+	}
+}
+
 func TestLoadRefuses(t *testing.T) {
 	t.Parallel()
 	cases := []struct {

@@ -106,6 +106,13 @@ type Config struct {
 	// durable, while the stream is missing or the server does not answer.
 	// Default 1s.
 	RetryEvery time.Duration
+	// Heartbeat is how often the server says it still holds the
+	// consumer's waiting pull request; after two heartbeats missed the
+	// consumer pulls again. A pull request lives on the node that leads the
+	// durable, and when that node dies the request goes with it, often
+	// without a word; only the missed heartbeats tell. Default 2s; it must
+	// stay below half the pull's 30s expiry.
+	Heartbeat time.Duration
 	// ReadyGrace is how long a durable the server lost may stay missing
 	// while the consumer creates it again before Ready says so. Default
 	// 10s.
@@ -149,6 +156,9 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	if cfg.ReadyGrace <= 0 {
 		cfg.ReadyGrace = 10 * time.Second
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 2 * time.Second
 	}
 	c := &Consumer{cfg: cfg, gate: cfg.Gate}
 	if c.gate == nil {
@@ -288,7 +298,7 @@ func (c *Consumer) subscribe(ctx context.Context) (<-chan struct{}, error) {
 	}
 	lost := make(chan struct{})
 	var lostOnce sync.Once
-	cc, err := cons.Consume(c.receive, jetstream.PullMaxMessages(c.cfg.Pull),
+	cc, err := cons.Consume(c.receive, jetstream.PullMaxMessages(c.cfg.Pull), jetstream.PullHeartbeat(c.cfg.Heartbeat),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
 				lostOnce.Do(func() { close(lost) })

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -103,5 +104,90 @@ func TestWithDatabase(t *testing.T) {
 		if err != nil || got != want {
 			t.Errorf("withDatabase(%q) = %q, %v; want %q", in, got, err, want)
 		}
+	}
+}
+
+// A three-node cluster forms, holds an R3 stream placed by tag on all
+// three, keeps every acknowledged message when the stream's leader is shut
+// down, takes new ones under the next leader, and the node, started again,
+// catches up.
+func TestClusterKeepsR3StreamAcrossLeaderLoss(t *testing.T) {
+	t.Parallel()
+	c := NewCluster(t, 3, "region:us")
+	if got := len(strings.Split(c.URL(), ",")); got != 3 {
+		t.Fatalf("URL %q names %d servers, want 3", c.URL(), got)
+	}
+	nc, err := nats.Connect(c.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R3", Subjects: []string{"r3.>"}, Replicas: 3,
+		Storage: jetstream.FileStorage, Placement: &jetstream.Placement{Tags: []string{"region:us"}}})
+	if err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.Replicas != 3 || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
+		t.Fatalf("stream is not R3 with a leader and two replicas: replicas %d, cluster %+v", info.Config.Replicas, info.Cluster)
+	}
+	if l := c.StreamLeader("R3"); l != info.Cluster.Leader {
+		t.Fatalf("StreamLeader %q, stream info says %q", l, info.Cluster.Leader)
+	}
+	publish := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			// Retried while the stream elects a leader; the message id
+			// keeps a retry of a publish that did land from storing twice.
+			for try := 0; ; try++ {
+				_, err := js.Publish(ctx, "r3.x", []byte(strconv.Itoa(i)), jetstream.WithMsgID("m"+strconv.Itoa(i)))
+				if err == nil {
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("publish %d: %v (last error)", i, err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+	publish(0, 50)
+	old := c.StopStreamLeader(t, "R3")
+	if c.Server(old) != nil {
+		t.Fatalf("node %s still running", old)
+	}
+	next, err := c.WaitStreamLeader("R3", old, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(50, 100)
+	info, err = st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 100 || info.Cluster.Leader != next {
+		t.Fatalf("after losing leader %s: %d messages (want 100), leader %q (want %s)", old, info.State.Msgs, info.Cluster.Leader, next)
+	}
+	c.Start(t, old)
+	if err := c.WaitStreamCurrent("R3", 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// The node started again holds every message in its own store.
+	own, err := c.NodeStreamState(old, "R3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := own.Msgs
+	if msgs != 100 {
+		t.Fatalf("node %s holds %d messages after catching up, want 100", old, msgs)
 	}
 }

@@ -55,8 +55,10 @@ func SetupFront(t *testing.T, o cell.Options, front func(http.Handler) http.Hand
 	return SetupOn(t, o, front, testenv.NATS(t))
 }
 
-// SetupOn is SetupFront on the NATS server at natsURL, which several cells
-// (of one installation or several) may share.
+// SetupOn is SetupFront on the NATS server at natsURL (a comma-separated
+// list names the nodes of a cluster), which several cells (of one
+// installation or several) may share. The cell's streams take
+// Options.Config.Streams (replicas, placement).
 func SetupOn(t *testing.T, o cell.Options, front func(http.Handler) http.Handler, natsURL string) *Bundle {
 	t.Helper()
 	ctx := context.Background()
@@ -83,7 +85,8 @@ func SetupOn(t *testing.T, o cell.Options, front func(http.Handler) http.Handler
 		regions = config.DefaultRegions
 	}
 	o.Config = config.Config{Regions: regions, Region: region, Cell: region, Installation: installation,
-		DatabaseURL: dbURL, NATSURL: natsURL, ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
+		DatabaseURL: dbURL, NATSURL: natsURL, ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0",
+		Streams: o.Config.Streams}
 	if o.Log == nil {
 		o.Log = telemetry.NewLogger(io.Discard, "test", region, slog.LevelInfo)
 	}
@@ -208,7 +211,7 @@ func (b *Bundle) HandClassifiers(t *testing.T) func(classifier.Config) *classifi
 	t.Helper()
 	env := b.Cell.Env
 	for _, k := range []string{event.KindResult, event.KindAttempt} {
-		if _, err := event.EnsureStream(context.Background(), env.JS, b.Names(), k, event.StreamSettings{}); err != nil {
+		if _, err := event.EnsureStream(context.Background(), env.JS, b.Names(), k, env.Config.Streams); err != nil {
 			t.Fatal(err)
 		}
 	}
