@@ -6,6 +6,9 @@
 //	assay tenants seed FILE   create tenants and tokens from a JSON file
 //	assay tenant …            add, list, rotate-token, suspend, resume, set-budget, link
 //	assay work rerun ID       queue dropped work again
+//	assay work show|list      one work item's whole story; work by filter
+//	assay replay …            dump, revalidate or redrive the retained streams
+//	assay streams             the cell's streams and consumers
 //	assay bench goodput       the admission benchmark
 //	assay usage reconcile     check attempts against results, the ledger and the provider
 //	assay version             the build's version
@@ -48,6 +51,11 @@ commands:
   tenants seed FILE      create tenants and tokens from FILE: [{"id","homeRegion","token"}]
   tenant COMMAND         add, list, rotate-token, suspend, resume, set-budget, set-rate, link (assay tenant for help)
   work rerun ID          queue work that admission dropped again
+  work show ID           the whole story of one work item: row, attempts, ledger, decisions, messages
+  work list              work by state, tenant, lane and time
+  replay MODE            the retained streams: dump (JSON lines), revalidate (today's gate on
+                         the answers, writes nothing), redrive (failed work again, dry run first)
+  streams                the cell's streams and consumers: pending, ack pending, redelivered
   bench goodput          admission benchmark against the simulated provider (make bench-goodput)
   usage reconcile        check attempts against results, the ledger and the provider's counts
   outbox list|retry      outbox rows set aside because they could not be published; put them back
@@ -88,11 +96,10 @@ Create the tenants in FILE, a JSON array of {"id","homeRegion","token"},
 with their tokens (24 to 256 letters, digits and _.~-); tenants that exist
 are left as they are.
 `,
-	"tenant": tenantUsage,
-	"work": `usage: assay work rerun ID [--deadline 10m] [--region R --database-url URL]
-
-Queue work that admission dropped again, with a new deadline.
-`,
+	"tenant":  tenantUsage,
+	"work":    workUsage,
+	"replay":  replayUsage,
+	"streams": streamsUsage,
 	"bench": `usage: assay bench goodput [--scenarios 1,2,3,4,5] [--quick] [--log FILE]
 
 The admission benchmark against the simulated provider (make bench-goodput).
@@ -144,6 +151,10 @@ func run(args []string, stderr io.Writer) int {
 		err = benchCmd(ctx, args[1:], os.Stdout)
 	case "work":
 		err = workCmd(ctx, args[1:], os.Stdout)
+	case "replay":
+		err = replayCmd(ctx, args[1:], os.Stdout)
+	case "streams":
+		err = streamsCmd(ctx, args[1:], os.Stdout)
 	case "outbox":
 		err = outboxCmd(ctx, args[1:], os.Stdout)
 	case "nats-config":
