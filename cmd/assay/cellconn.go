@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/config"
+	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 )
 
@@ -27,12 +29,28 @@ func operatorEnv(k string) string {
 // loadCell checks the cell settings of an operator command: --region and
 // --database-url (the latter may be "" for commands that only read NATS).
 func loadCell(name, region, dbURL string) (config.Config, error) {
-	args := []string{"--region", region}
-	if dbURL != "" {
-		args = append(args, "--database-url", dbURL)
+	if dbURL == "" {
+		return natsOnlyCell(region)
 	}
-	cfg, err := config.Load(name, args, operatorEnv, config.Need{})
+	cfg, err := config.Load(name, []string{"--region", region, "--database-url", dbURL}, operatorEnv, config.Need{})
 	if err != nil {
+		return cfg, configError{err}
+	}
+	return cfg, nil
+}
+
+// natsOnlyCell is the cell of a command that reads only NATS.
+func natsOnlyCell(region string) (config.Config, error) {
+	regions, err := config.ParseRegions(envOr("ASSAY_REGIONS", strings.Join(config.DefaultRegions, ",")))
+	if err != nil {
+		return config.Config{}, configError{fmt.Errorf("ASSAY_REGIONS: %w", err)}
+	}
+	if err := config.ValidateRegion(regions, region); err != nil {
+		return config.Config{}, configError{fmt.Errorf("--region (ASSAY_REGION): %w", err)}
+	}
+	cfg := config.Config{Regions: regions, Region: region, Cell: envOr("ASSAY_CELL", region),
+		Installation: envOr("ASSAY_INSTALLATION", event.DefaultInstallation), NATSURL: envOr("ASSAY_NATS_URL", "nats://127.0.0.1:4222")}
+	if err := cfg.Names().Check(); err != nil {
 		return cfg, configError{err}
 	}
 	return cfg, nil
