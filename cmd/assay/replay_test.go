@@ -144,9 +144,15 @@ func assay(t *testing.T, cmd func(context.Context, []string, *bytes.Buffer) erro
 	return out.Bytes()
 }
 
-func replay(ctx context.Context, args []string, out *bytes.Buffer) error  { return replayCmd(ctx, args, out) }
-func streams(ctx context.Context, args []string, out *bytes.Buffer) error { return streamsCmd(ctx, args, out) }
-func work(ctx context.Context, args []string, out *bytes.Buffer) error    { return workCmd(ctx, args, out) }
+func replay(ctx context.Context, args []string, out *bytes.Buffer) error {
+	return replayCmd(ctx, args, out)
+}
+func streams(ctx context.Context, args []string, out *bytes.Buffer) error {
+	return streamsCmd(ctx, args, out)
+}
+func work(ctx context.Context, args []string, out *bytes.Buffer) error {
+	return workCmd(ctx, args, out)
+}
 
 func TestReplayIncident(t *testing.T) {
 	in := recordIncident(t)
