@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"io/fs"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,6 +24,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/schemas"
 	"assay.dev/services/classifier"
+	"assay.dev/services/ingress"
 )
 
 // incident is a cell that went through a recorded incident: before the
@@ -246,6 +249,65 @@ func TestReplayIncident(t *testing.T) {
 			if !strings.Contains(text, want) {
 				t.Errorf("work show %s does not show %q:\n%s", in.burst[0], want, text)
 			}
+		}
+	})
+
+	t.Run("work list", func(t *testing.T) {
+		var page struct {
+			Items []WorkRow `json:"items"`
+			Next  string    `json:"next"`
+		}
+		if err := json.Unmarshal(assay(t, work, "list", "--state", "schema_rejected", "--json"), &page); err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, w := range page.Items {
+			ids = append(ids, w.ID)
+		}
+		if want := sorted(append(slices.Clone(in.burst), in.beforeBad)); !slices.Equal(sorted(ids), want) || page.Next != "" {
+			t.Errorf("work list --state schema_rejected: %v (next %q), want %v", ids, page.Next, want)
+		}
+		// GET /v1/work, two at a time: every one of acme's items once, in
+		// the order they were created.
+		var all []string
+		cursor := ""
+		for range 10 {
+			u := b.Cell.URL + "/v1/work?limit=2&since=" + url.QueryEscape(in.since.UTC().Format(time.RFC3339Nano))
+			if cursor != "" {
+				u += "&cursor=" + cursor
+			}
+			req, _ := http.NewRequest(http.MethodGet, u, nil)
+			req.Header.Set("Authorization", "Bearer "+b.Token)
+			resp, err := b.HTTP.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var l ingress.WorkList
+			err = json.NewDecoder(resp.Body).Decode(&l)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("GET /v1/work: HTTP %d: %v", resp.StatusCode, err)
+			}
+			for _, w := range l.Items {
+				all = append(all, w.WorkID)
+			}
+			if cursor = l.Next; cursor == "" {
+				break
+			}
+		}
+		want := append(slices.Clone(in.burst), in.stall, in.storm, in.clean)
+		if !slices.Equal(all, want) {
+			t.Errorf("GET /v1/work pages: %v, want %v", all, want)
+		}
+		req, _ := http.NewRequest(http.MethodGet, b.Cell.URL+"/v1/work?state=finished", nil)
+		req.Header.Set("Authorization", "Bearer "+b.Token)
+		resp, err := b.HTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("GET /v1/work?state=finished: HTTP %d, want 400", resp.StatusCode)
 		}
 	})
 
