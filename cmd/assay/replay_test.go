@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -22,6 +23,7 @@ import (
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/telemetry"
 	"assay.dev/schemas"
 	"assay.dev/services/classifier"
 	"assay.dev/services/ingress"
@@ -44,7 +46,9 @@ type incident struct {
 }
 
 func recordIncident(t *testing.T) *incident {
-	b := celltest.Setup(t, cell.Options{Classifier: classifier.Config{AckWait: time.Second}})
+	log := &lockedBuffer{}
+	b := celltest.Setup(t, cell.Options{Classifier: classifier.Config{AckWait: time.Second},
+		Log: telemetry.NewLogger(log, "test", "us", slog.LevelInfo)})
 	t.Setenv("ASSAY_NATS_URL", b.Cell.Env.Config.NATSURL)
 	t.Setenv("ASSAY_DATABASE_URL", b.Cell.Env.Config.DatabaseURL)
 	t.Setenv("ASSAY_REGION", "us")
@@ -78,7 +82,7 @@ func recordIncident(t *testing.T) *incident {
 	if err := b.Sim.AddFault(sim.Fault{Kind: sim.FaultHang, Tenant: "acme", Match: "stalled call", Times: 1}); err != nil {
 		t.Fatal(err)
 	}
-	in.stall = submit(items[5], "stalled call", "shop/stall#1", 2, "")
+	in.stall = submit(items[5], "stalled call", "shop/stall#1", 4, "")
 	storm := celltest.CodeReview(items[4], "duplicate storm")
 	storm.SourceID = "shop/storm#1"
 	var wg sync.WaitGroup
@@ -99,6 +103,12 @@ func recordIncident(t *testing.T) *incident {
 	}
 	waitOutbox(t, b)
 	in.until = time.Now()
+	// The stall outlasted the ack wait: the announcement came again while
+	// the call hung, and the claim fence turned it away (or, near the
+	// deadline, the classifier passed it over).
+	if !log.has(`"key":"`+in.stall+`","outcome":"claim_lost"`) && !log.has(`"key":"`+in.stall+`","outcome":"passed_over"`) {
+		t.Fatalf("the stalled item's announcement was not delivered again during the stall")
+	}
 	for _, c := range []struct {
 		ids   []string
 		state string
@@ -111,6 +121,24 @@ func recordIncident(t *testing.T) *incident {
 		}
 	}
 	return in
+}
+
+// lockedBuffer is the cell's log, written by many goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) has(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Contains(l.b.String(), s)
 }
 
 // waitOutbox waits until the cell has published everything it wrote.
