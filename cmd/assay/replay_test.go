@@ -441,8 +441,9 @@ func TestReplayIncident(t *testing.T) {
 		if err := json.Unmarshal(assay(t, work, "show", in.stall, "--json", "--no-messages"), &s); err != nil {
 			t.Fatal(err)
 		}
-		if len(s.Redrives) != 1 || s.Redrives[0].EndedState != "retry_exhausted" {
-			t.Errorf("work show after the redrive: %+v", s.Redrives)
+		if len(s.Redrives) != 1 || s.Redrives[0].EndedState != "retry_exhausted" || s.Work.State != "accepted" ||
+			!slices.ContainsFunc(s.Decisions, func(d Decision) bool { return d.What == "ended retry_exhausted" && d.Reason != "" }) {
+			t.Errorf("work show after the redrive: %+v, decisions %+v", s.Redrives, s.Decisions)
 		}
 	})
 }

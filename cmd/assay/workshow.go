@@ -207,6 +207,7 @@ func decisions(w *store.Work, s *WorkStory) []Decision {
 			number[s.Result.AttemptID], s.Result.Findings), From: "results"})
 	}
 	for _, r := range s.Redrives {
+		ds = append(ds, Decision{At: r.EndedAt, What: "ended " + r.EndedState, Reason: r.EndedReason, From: "redrives.ended_state"})
 		ds = append(ds, Decision{At: r.RedrivenAt, What: "redriven", Reason: fmt.Sprintf("its %s ending of %s queued again as dispatch %d",
 			r.EndedState, r.EndedAt.UTC().Format(time.RFC3339), r.Dispatch), From: "redrives"})
 	}

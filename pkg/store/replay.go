@@ -138,21 +138,23 @@ func (s *Store) OutboxOf(ctx context.Context, workID string) ([]OutboxRow, error
 // Redrive is one redrive the cell recorded.
 type Redrive struct {
 	EndedState string
-	EndedAt    time.Time
-	Dispatch   int
-	RedrivenAt time.Time
+	// EndedReason is the work's reason for that ending.
+	EndedReason string
+	EndedAt     time.Time
+	Dispatch    int
+	RedrivenAt  time.Time
 }
 
 // RedrivesOf lists the redrives of a work item, oldest first.
 func (s *Store) RedrivesOf(ctx context.Context, workID string) ([]Redrive, error) {
-	rows, err := s.pool.Query(ctx, `SELECT ended_state, ended_at, dispatch, redriven_at FROM redrives
+	rows, err := s.pool.Query(ctx, `SELECT ended_state, ended_reason, ended_at, dispatch, redriven_at FROM redrives
 		WHERE work_id = $1 ORDER BY redriven_at`, workID)
 	if err != nil {
 		return nil, fmt.Errorf("store: redrives of %s: %w", workID, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Redrive, error) {
 		var d Redrive
-		err := r.Scan(&d.EndedState, &d.EndedAt, &d.Dispatch, &d.RedrivenAt)
+		err := r.Scan(&d.EndedState, &d.EndedReason, &d.EndedAt, &d.Dispatch, &d.RedrivenAt)
 		return d, err
 	})
 	if err != nil {
@@ -232,8 +234,8 @@ func (s *Store) RedriveWork(ctx context.Context, id string, o RedriveOptions, an
 		if before > 0 && !o.Again {
 			return fmt.Errorf("work %s: redriven %d time(s) before: %w", id, before, ErrRedriven)
 		}
-		tag, err := tx.Exec(ctx, `INSERT INTO redrives (work_id, ended_state, ended_at, dispatch)
-			VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, id, w.State, w.UpdatedAt, w.Dispatch+1)
+		tag, err := tx.Exec(ctx, `INSERT INTO redrives (work_id, ended_state, ended_reason, ended_at, dispatch)
+			VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`, id, w.State, w.Reason, w.UpdatedAt, w.Dispatch+1)
 		if err != nil {
 			return err
 		}

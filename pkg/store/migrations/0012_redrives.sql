@@ -5,6 +5,7 @@
 CREATE TABLE redrives (
     work_id     text NOT NULL REFERENCES work (id),
     ended_state text NOT NULL,
+    ended_reason text NOT NULL DEFAULT '', -- the work's reason, which the redrive clears
     ended_at    timestamptz NOT NULL,
     dispatch    int NOT NULL,
     redriven_at timestamptz NOT NULL DEFAULT now(),
