@@ -277,12 +277,28 @@ func storyMessages(ctx context.Context, cfg config.Config, s *WorkStory) error {
 	}
 	defer nc.Close()
 	sel := selection{kinds: event.Kinds, tenant: s.Work.TenantID, since: s.Work.CreatedAt.Add(-5 * time.Second),
-		works: map[string]bool{s.Work.ID: true}}
+		until: storyEnd(s), works: map[string]bool{s.Work.ID: true}}
 	_, err = readSelection(ctx, js, cfg.Names(), sel, nil, func(m ReplayMsg) error {
 		s.Messages = append(s.Messages, m)
 		return nil
 	})
 	return err
+}
+
+// storyEnd is when the work's last message can have been stored: a little
+// after its last outbox row was published and its row last changed; zero
+// (the stream's end) while a row waits to be published.
+func storyEnd(s *WorkStory) time.Time {
+	end := s.Work.UpdatedAt
+	for _, o := range s.Outbox {
+		if o.PublishedAt == nil {
+			return time.Time{}
+		}
+		if o.PublishedAt.After(end) {
+			end = *o.PublishedAt
+		}
+	}
+	return end.Add(time.Minute)
 }
 
 func printStory(w io.Writer, s *WorkStory) error {
