@@ -7,6 +7,9 @@
 //	assay tenant …            add, list, rotate-token, suspend, resume, set-budget, link
 //	assay operator token …    create, list, revoke the console's operator tokens
 //	assay work rerun ID       queue dropped work again
+//	assay work show|list      one work item's whole story; work by filter
+//	assay replay …            dump, revalidate or redrive the retained streams
+//	assay streams             the cell's streams and consumers
 //	assay bench goodput       the admission benchmark
 //	assay usage reconcile     check attempts against results, the ledger and the provider
 //	assay version             the build's version
@@ -50,6 +53,11 @@ commands:
   tenant COMMAND         add, list, rotate-token, suspend, resume, set-budget, set-rate, link (assay tenant for help)
   operator token COMMAND create, list, revoke the operator tokens that read the console (assay operator for help)
   work rerun ID          queue work that admission dropped again
+  work show ID           the whole story of one work item: row, attempts, ledger, decisions, messages
+  work list              work by state, tenant, lane and time
+  replay MODE            the retained streams: dump (JSON lines), revalidate (today's gate on
+                         the answers, writes nothing), redrive (failed work again, dry run first)
+  streams                the cell's streams and consumers: pending, ack pending, redelivered
   bench goodput          admission benchmark against the simulated provider (make bench-goodput)
   usage reconcile        check attempts against results, the ledger and the provider's counts
   outbox list|retry      outbox rows set aside because they could not be published; put them back
@@ -92,10 +100,9 @@ are left as they are.
 `,
 	"tenant":   tenantUsage,
 	"operator": operatorUsage,
-	"work": `usage: assay work rerun ID [--deadline 10m] [--region R --database-url URL]
-
-Queue work that admission dropped again, with a new deadline.
-`,
+	"work":     workUsage,
+	"replay":   replayUsage,
+	"streams":  streamsUsage,
 	"bench": `usage: assay bench goodput [--scenarios 1,2,3,4,5] [--quick] [--log FILE]
 
 The admission benchmark against the simulated provider (make bench-goodput).
@@ -149,6 +156,10 @@ func run(args []string, stderr io.Writer) int {
 		err = benchCmd(ctx, args[1:], os.Stdout)
 	case "work":
 		err = workCmd(ctx, args[1:], os.Stdout)
+	case "replay":
+		err = replayCmd(ctx, args[1:], os.Stdout)
+	case "streams":
+		err = streamsCmd(ctx, args[1:], os.Stdout)
 	case "outbox":
 		err = outboxCmd(ctx, args[1:], os.Stdout)
 	case "nats-config":

@@ -15,13 +15,27 @@ import (
 )
 
 const workUsage = `usage: assay work rerun ID [--deadline D] [--region R --database-url URL]
+       assay work show ID [--json] [--no-messages] [--region R --database-url URL]
+       assay work list [--state S] [--tenant T] [--lane L] [--since T] [--limit N] [--after CURSOR] [--json]
 
   rerun ID      queue work that admission dropped again, with a new deadline
                 (default 10m); the cell's ingress announces it
+  show ID       the whole story of one work item: its row, trace, every attempt
+                with an excerpt of its answer, its ledger rows, result, outbox
+                rows, redrives, the decisions they record, and its messages in
+                WORK, RESULT and ATTEMPT with sequences (NATS: $ASSAY_NATS_URL)
+  list          work in the order it was created, filtered; --since is a time
+                or a duration back from now; --after continues a listing
 `
 
 // workCmd runs `assay work …` against the cell in ASSAY_DATABASE_URL.
 func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) > 0 && args[0] == "show" {
+		return workShow(ctx, args[1:], stdout)
+	}
+	if len(args) > 0 && args[0] == "list" {
+		return workList(ctx, args[1:], stdout)
+	}
 	if len(args) == 0 || args[0] != "rerun" {
 		return configError{errors.New(workUsage)}
 	}

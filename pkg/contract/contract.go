@@ -401,3 +401,10 @@ func jsonKind(v any) string {
 	}
 	return fmt.Sprintf("%T", v)
 }
+
+// LoadFS reads and compiles the contracts of the manifest in fsys, another
+// version of assay.dev/schemas (a directory holding a contracts.json and
+// the files it names): what an operator checks historical answers against.
+func LoadFS(fsys fs.FS) (*Registry, error) {
+	return load(fsys)
+}

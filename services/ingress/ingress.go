@@ -457,6 +457,7 @@ func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/work", s.submit)
 	mux.HandleFunc("GET /v1/work/{id}", s.get)
+	mux.HandleFunc("GET /v1/work", s.list)
 	mux.HandleFunc("POST /v1/webhooks/github", s.githubWebhook)
 	// The ledger's rows are in the cell's database: the usage report is
 	// read here too, so a cell has one base URL.

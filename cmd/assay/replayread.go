@@ -1,0 +1,317 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"assay.dev/pkg/event"
+)
+
+// selection is which retained messages a replay reads.
+type selection struct {
+	kinds          []string // stream kinds, in event.Kinds order
+	tenant, lane   string
+	since, until   time.Time
+	fromSeq, toSeq uint64
+	works          map[string]bool // payload work ids; empty selects all
+}
+
+// ReplayMsg is one retained message as assay replay dump prints it.
+type ReplayMsg struct {
+	Stream   string              `json:"stream"`
+	Subject  string              `json:"subject"`
+	Sequence uint64              `json:"sequence"`
+	Time     time.Time           `json:"time"`
+	Headers  map[string][]string `json:"headers,omitempty"`
+	// Payload is the message's JSON; Raw its bytes when they are not JSON.
+	Payload json.RawMessage `json:"payload,omitempty"`
+	Raw     []byte          `json:"raw,omitempty"`
+	// DecodeError says why the payload is not a valid event of its
+	// stream, as the cell's consumers would refuse it.
+	DecodeError string `json:"decodeError,omitempty"`
+	WorkID      string `json:"workId,omitempty"`
+	AttemptID   string `json:"attemptId,omitempty"`
+	Outcome     string `json:"outcome,omitempty"`
+}
+
+// parseWhen reads a time (RFC 3339, or a date) or a duration back from now.
+func parseWhen(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("%q is neither a time (2006-01-02T15:04:05Z, 2006-01-02) nor a duration back from now (90m, 24h)", s)
+}
+
+// selectFlags are the flags every replay mode shares.
+type selectFlags struct {
+	streams, tenant, lane, since, until, seq, works string
+}
+
+// selection checks the flags. defKinds are the streams read when --stream
+// names none.
+func (f selectFlags) selection(now time.Time, defKinds []string) (selection, error) {
+	sel := selection{tenant: f.tenant, lane: f.lane, works: map[string]bool{}}
+	if f.streams == "" {
+		sel.kinds = defKinds
+		if f.lane != "" {
+			sel.kinds = []string{event.KindWork}
+		}
+	} else {
+		for _, s := range strings.Split(f.streams, ",") {
+			k := strings.ToUpper(strings.TrimSpace(s))
+			if !slices.Contains(event.Kinds, k) {
+				return sel, fmt.Errorf("--stream: %q is not one of %s", s, strings.Join(event.Kinds, ", "))
+			}
+			if !slices.Contains(sel.kinds, k) {
+				sel.kinds = append(sel.kinds, k)
+			}
+		}
+	}
+	if f.tenant != "" && !event.ValidToken(f.tenant) {
+		return sel, fmt.Errorf("--tenant: %q is not a tenant id", f.tenant)
+	}
+	if f.lane != "" {
+		if !event.ValidLane(f.lane) {
+			return sel, fmt.Errorf("--lane: %q is not a lane (%s)", f.lane, strings.Join(event.Lanes, ", "))
+		}
+		if len(sel.kinds) != 1 || sel.kinds[0] != event.KindWork {
+			return sel, fmt.Errorf("--lane selects WORK messages only: RESULT and ATTEMPT subjects carry no lane")
+		}
+	}
+	var err error
+	if sel.since, err = parseWhen(f.since, now); err != nil {
+		return sel, fmt.Errorf("--since: %w", err)
+	}
+	if sel.until, err = parseWhen(f.until, now); err != nil {
+		return sel, fmt.Errorf("--until: %w", err)
+	}
+	if !sel.since.IsZero() && !sel.until.IsZero() && !sel.since.Before(sel.until) {
+		return sel, fmt.Errorf("--since %s is not before --until %s", sel.since.Format(time.RFC3339), sel.until.Format(time.RFC3339))
+	}
+	if f.seq != "" {
+		lo, hi, ok := strings.Cut(f.seq, "-")
+		from, err1 := strconv.ParseUint(lo, 10, 64)
+		to, err2 := uint64(0), error(nil)
+		if ok && hi != "" {
+			to, err2 = strconv.ParseUint(hi, 10, 64)
+		}
+		if err1 != nil || err2 != nil || from == 0 || (to != 0 && to < from) {
+			return sel, fmt.Errorf("--seq: %q is not a sequence range FROM-TO, FROM- or FROM (from 1)", f.seq)
+		}
+		if !ok {
+			to = from
+		}
+		if !sel.since.IsZero() {
+			return sel, fmt.Errorf("--seq and --since both say where to start; give one")
+		}
+		if len(sel.kinds) != 1 {
+			return sel, fmt.Errorf("--seq needs one --stream: sequences are per stream")
+		}
+		sel.fromSeq, sel.toSeq = from, to
+	}
+	for _, w := range strings.Split(f.works, ",") {
+		if w = strings.TrimSpace(w); w != "" {
+			sel.works[w] = true
+		}
+	}
+	return sel, nil
+}
+
+// filters are the subject filters of one stream kind for the selection.
+func (sel selection) filters(n event.Names, kind string) []string {
+	if kind != event.KindWork {
+		if sel.tenant != "" {
+			return []string{n.Prefix(kind) + sel.tenant}
+		}
+		return []string{n.Subjects(kind)}
+	}
+	switch {
+	case sel.lane != "" && sel.tenant != "":
+		return []string{n.Work(sel.lane, sel.tenant)}
+	case sel.lane != "":
+		return []string{n.Lane(sel.lane)}
+	case sel.tenant != "":
+		// Every lane's announcements and the tenant's cancels.
+		return []string{n.Prefix(kind) + "*." + sel.tenant}
+	}
+	return []string{n.Subjects(kind)}
+}
+
+// decodeMsg reads a retained message as its stream's event.
+func decodeMsg(n event.Names, kind string, m jetstream.Msg, meta *jetstream.MsgMetadata) ReplayMsg {
+	r := ReplayMsg{Stream: meta.Stream, Subject: m.Subject(), Sequence: meta.Sequence.Stream, Time: meta.Timestamp.UTC()}
+	if h := m.Headers(); len(h) > 0 {
+		r.Headers = map[string][]string(h)
+	}
+	data := m.Data()
+	if json.Valid(data) {
+		r.Payload = json.RawMessage(data)
+	} else {
+		r.Raw = data
+	}
+	var err error
+	switch {
+	case kind == event.KindWork && strings.HasPrefix(m.Subject(), n.Prefix(kind)+"cancel."):
+		var c event.Cancel
+		c, err = event.Parse[event.Cancel](data)
+		r.WorkID = c.WorkID
+	case kind == event.KindWork:
+		var w event.Work
+		w, err = event.Parse[event.Work](data)
+		r.WorkID = w.WorkID
+	case kind == event.KindResult:
+		var res event.Result
+		res, err = event.Parse[event.Result](data)
+		r.WorkID, r.AttemptID, r.Outcome = res.WorkID, res.AttemptID, res.Outcome
+	case kind == event.KindAttempt:
+		var a event.Attempt
+		a, err = event.Parse[event.Attempt](data)
+		r.WorkID, r.AttemptID, r.Outcome = a.WorkID, a.AttemptID, a.Outcome
+	}
+	if err != nil {
+		r.DecodeError = err.Error()
+	}
+	return r
+}
+
+// streamRead is what reading one stream found.
+type streamRead struct {
+	Stream string `json:"stream"`
+	// Held is how many messages the stream held when the read began;
+	// Read how many the ordered consumer delivered, Selected how many of
+	// them the selection kept.
+	Held     uint64 `json:"held"`
+	Read     int    `json:"read"`
+	Selected int    `json:"selected"`
+}
+
+// readSelection reads the selected messages of every selected stream, in
+// stream order, through an ordered consumer per stream that is deleted
+// when the read ends, and hands each to each.
+func readSelection(ctx context.Context, js jetstream.JetStream, n event.Names, sel selection, bar *progress,
+	each func(ReplayMsg) error) ([]streamRead, error) {
+	var out []streamRead
+	for _, kind := range sel.kinds {
+		r, err := readStream(ctx, js, n, kind, sel, bar, each)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// errDone ends a read early.
+var errDone = errors.New("done")
+
+func readStream(ctx context.Context, js jetstream.JetStream, n event.Names, kind string, sel selection, bar *progress,
+	each func(ReplayMsg) error) (streamRead, error) {
+	name := n.Stream(kind)
+	res := streamRead{Stream: name}
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return res, fmt.Errorf("stream %s: %w", name, err)
+	}
+	info := st.CachedInfo()
+	res.Held = info.State.Msgs
+	// The read ends at the stream's last message when it began: a replay
+	// is of history, not of what arrives while it runs.
+	last := info.State.LastSeq
+	if sel.toSeq != 0 {
+		last = min(last, sel.toSeq)
+	}
+	if info.State.Msgs == 0 || (sel.fromSeq != 0 && sel.fromSeq > last) {
+		return res, nil
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: sel.filters(n, kind), InactiveThreshold: 30 * time.Second}
+	switch {
+	case sel.fromSeq != 0:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, sel.fromSeq
+	case !sel.since.IsZero():
+		since := sel.since
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	}
+	cons, err := st.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return res, fmt.Errorf("stream %s: ordered consumer: %w", name, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return res, fmt.Errorf("stream %s: ordered consumer: %w", name, err)
+	}
+	consName := ""
+	if ci := cons.CachedInfo(); ci != nil {
+		consName = ci.Name
+	}
+	defer func() {
+		it.Stop()
+		// Leave nothing behind: the ordered consumer is the read's own.
+		if consName != "" {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = js.DeleteConsumer(dctx, name, consName)
+			cancel()
+		}
+	}()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	pending := uint64(0)
+	if ci := cons.CachedInfo(); ci != nil {
+		pending = ci.NumPending
+	}
+	if pending == 0 {
+		return res, nil
+	}
+	bar.start(name, pending)
+	defer bar.finish()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return res, ctx.Err()
+			}
+			return res, fmt.Errorf("stream %s: reading: %w", name, err)
+		}
+		if ci := cons.CachedInfo(); ci != nil {
+			consName = ci.Name // a reset makes a new consumer
+		}
+		meta, err := m.Metadata()
+		if err != nil {
+			return res, fmt.Errorf("stream %s: %w", name, err)
+		}
+		seq := meta.Sequence.Stream
+		if seq > last || (!sel.until.IsZero() && !meta.Timestamp.Before(sel.until)) {
+			return res, nil
+		}
+		res.Read++
+		bar.step()
+		r := decodeMsg(n, kind, m, meta)
+		if len(sel.works) == 0 || sel.works[r.WorkID] {
+			res.Selected++
+			if err := each(r); errors.Is(err, errDone) {
+				return res, nil
+			} else if err != nil {
+				return res, err
+			}
+		}
+		if meta.NumPending == 0 || seq == last {
+			return res, nil
+		}
+	}
+}

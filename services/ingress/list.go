@@ -1,0 +1,114 @@
+package ingress
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/auth"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+)
+
+// workLister is what GET /v1/work asks of the cell's database, beside
+// Store; *store.Store is one.
+type workLister interface {
+	ListWork(ctx context.Context, f store.WorkFilter) ([]*store.Work, error)
+}
+
+// WorkSummary is one work item in GET /v1/work.
+type WorkSummary struct {
+	WorkID     string    `json:"workId"`
+	Contract   string    `json:"contract"`
+	SourceID   string    `json:"sourceId"`
+	Revision   string    `json:"revision"`
+	Lane       string    `json:"lane"`
+	State      string    `json:"state"`
+	Outcome    *string   `json:"outcome"`
+	Reason     string    `json:"reason,omitempty"`
+	Attempts   int       `json:"attempts"`
+	DeadlineAt time.Time `json:"deadlineAt"`
+	CreatedAt  time.Time `json:"createdAt"`
+	UpdatedAt  time.Time `json:"updatedAt"`
+	Links      Links     `json:"links"`
+}
+
+// WorkList answers GET /v1/work: a page of the token's tenant's work,
+// oldest first; Next, when set, is the cursor of the next page.
+type WorkList struct {
+	Items []WorkSummary `json:"items"`
+	Next  string        `json:"next,omitempty"`
+}
+
+// list serves GET /v1/work?state=&lane=&since=&limit=&cursor=: the
+// token's tenant's work, filtered, in pages.
+func (s *Service) list(w http.ResponseWriter, r *http.Request) {
+	t, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	f := store.WorkFilter{Tenant: t.ID, State: q.Get("state"), Lane: q.Get("lane"), Limit: 100}
+	if f.State != "" && !slices.Contains(outcome.WorkStates, f.State) {
+		apierror.Write(w, http.StatusBadRequest, "invalid_query", "state: not a work state")
+		return
+	}
+	if f.Lane != "" && !event.ValidLane(f.Lane) {
+		apierror.Write(w, http.StatusBadRequest, "invalid_query", "lane: not interactive or batch")
+		return
+	}
+	if v := q.Get("since"); v != "" {
+		at, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			apierror.Write(w, http.StatusBadRequest, "invalid_query", "since: not an RFC 3339 time")
+			return
+		}
+		f.Since = at
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			apierror.Write(w, http.StatusBadRequest, "invalid_query", "limit: not a whole number from 1 to 1000")
+			return
+		}
+		f.Limit = n
+	}
+	if v := q.Get("cursor"); v != "" {
+		at, id, err := store.ParseWorkCursor(v)
+		if err != nil {
+			apierror.Write(w, http.StatusBadRequest, "invalid_query", "cursor: not a cursor this listing gave")
+			return
+		}
+		f.AfterCreated, f.AfterID = at, id
+	}
+	lister, ok := s.d.Store.(workLister)
+	if !ok {
+		apierror.Write(w, http.StatusNotImplemented, "not_implemented", "this cell's store cannot list work")
+		return
+	}
+	ws, err := lister.ListWork(r.Context(), f)
+	if err != nil {
+		s.d.Log.Error("list work failed", "tenant", t.ID, "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	out := WorkList{Items: make([]WorkSummary, 0, len(ws))}
+	for _, wk := range ws {
+		v := WorkSummary{WorkID: wk.ID, Contract: wk.Contract, SourceID: wk.SourceID, Revision: wk.Revision, Lane: wk.Lane,
+			State: wk.State, Reason: wk.Reason, Attempts: wk.Attempts, DeadlineAt: wk.DeadlineAt, CreatedAt: wk.CreatedAt,
+			UpdatedAt: wk.UpdatedAt, Links: Links{Self: "/v1/work/" + wk.ID}}
+		if wk.Terminal() {
+			o := wk.State
+			v.Outcome = &o
+		}
+		out.Items = append(out.Items, v)
+	}
+	if len(ws) == f.Limit {
+		out.Next = store.WorkCursor(ws[len(ws)-1])
+	}
+	apierror.JSON(w, http.StatusOK, out)
+}
