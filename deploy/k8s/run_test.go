@@ -462,6 +462,9 @@ func startNATSCluster(t *testing.T, cell string, v *natsHelmValues, ca *testCA) 
 		nc.passwords[svc] = "p" + hex.EncodeToString(b[:])
 		t.Setenv(strings.ToUpper("assay_"+cell+"_"+svc)+"_NATS_PASSWORD", nc.passwords[svc])
 	}
+	// The operator's user (assay streams, assay replay) runs in no pod, but
+	// the accounts file names its password too.
+	t.Setenv(strings.ToUpper("assay_"+cell)+"_OPS_NATS_PASSWORD", "p"+strings.Repeat("0", 32))
 	accounts, err := os.ReadFile("nats/" + cell + "/assay.conf")
 	if err != nil {
 		t.Fatal(err)

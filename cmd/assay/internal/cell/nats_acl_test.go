@@ -41,7 +41,7 @@ func aclServer(t *testing.T) func(user string) string {
 	t.Helper()
 	passwords := map[string]string{}
 	for _, r := range config.DefaultRegions {
-		for _, svc := range natsconf.Services {
+		for _, svc := range natsconf.Users {
 			b := make([]byte, 16)
 			_, _ = rand.Read(b)
 			// A leading letter: the config parser would read an all-digit
@@ -364,6 +364,123 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 	for subj := range info.State.Subjects {
 		if !strings.HasSuffix(subj, ".globex") {
 			t.Errorf("WORK_EU holds a message on %s", subj)
+		}
+	}
+}
+
+// The operator's user reads a cell's streams as assay streams and assay
+// replay do: stream and consumer info, and an ordered consumer of its own,
+// created, read to the end and deleted. It can neither read from, change
+// nor delete a service's durable, publish to a stream, nor see another
+// cell.
+func TestNATSOpsUserReadsButCannotTouchDurables(t *testing.T) {
+	natsURL := aclServer(t)
+	s := sim.New(sim.Options{})
+	simURL, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("sim: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	tenants := []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: store.NewToken()}}
+	us, _ := aclCell(t, "us", natsURL, simURL, s, tenants, tenants[0].Token)
+	for i := range 3 {
+		_, r := us.Submit(t, celltest.CodeReview(evalset.Items()[i], fmt.Sprintf("ops %d", i)))
+		us.Wait(t, r.WorkID)
+	}
+	us.WaitLedger(t, "acme", 3)
+
+	errs := make(permissionErrors, 64)
+	nc, err := nats.Connect(natsURL(natsconf.User(cellNames("us"), natsconf.Ops)),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case errs <- err:
+			default:
+			}
+		}))
+	if err != nil {
+		t.Fatalf("connect as us-ops: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	n := cellNames("us")
+	for _, kind := range event.Kinds {
+		st, err := js.Stream(ctx, n.Stream(kind))
+		if err != nil {
+			t.Fatalf("ops: stream %s info: %v", kind, err)
+		}
+		want := st.CachedInfo().State.Msgs
+		var durables int
+		for range st.ListConsumers(ctx).Info() {
+			durables++
+		}
+		if durables == 0 {
+			t.Errorf("ops: no consumers listed on %s", kind)
+		}
+		oc, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			t.Fatalf("ops: ordered consumer on %s: %v", kind, err)
+		}
+		var got uint64
+		for got < want {
+			batch, err := oc.Fetch(int(want-got), jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				t.Fatalf("ops: fetch from %s: %v", kind, err)
+			}
+			k := 0
+			for range batch.Messages() {
+				k++
+			}
+			if k == 0 {
+				t.Fatalf("ops: read %d of %d messages of %s, then nothing (%v)", got, want, kind, batch.Error())
+			}
+			got += uint64(k)
+		}
+		name := oc.CachedInfo().Name
+		if err := js.DeleteConsumer(ctx, n.Stream(kind), name); err != nil {
+			t.Errorf("ops: delete its own consumer %s on %s: %v", name, kind, err)
+		}
+	}
+
+	call := func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), time.Second) }
+	work, result := n.Stream(event.KindWork), n.Stream(event.KindResult)
+	c1, cl1 := call()
+	if err := js.DeleteConsumer(c1, result, n.ResultConsumer()); err == nil {
+		t.Error("ops deleted the committer's durable")
+	}
+	cl1()
+	c2, cl2 := call()
+	if _, err := js.CreateOrUpdateConsumer(c2, work, jetstream.ConsumerConfig{Durable: n.WorkConsumer(event.Batch),
+		FilterSubject: n.Lane(event.Batch), AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 1}); err == nil {
+		t.Error("ops changed the classifier's batch durable")
+	}
+	cl2()
+	if err := nc.Publish(n.Work(event.Interactive, "acme"), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	errs.expect(t, "Publish", n.Work(event.Interactive, "acme"))
+	next := "$JS.API.CONSUMER.MSG.NEXT." + result + "." + n.ResultConsumer()
+	if err := nc.Publish(next, []byte(`{"batch":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	errs.expect(t, "Publish", next)
+	c3, cl3 := call()
+	if _, err := js.Stream(c3, cellNames("eu").Stream(event.KindWork)); err == nil {
+		t.Error("the us ops user read the eu cell's WORK stream")
+	}
+	cl3()
+	// The durables are as the services made them.
+	for _, d := range []struct{ stream, name string }{{result, n.ResultConsumer()}, {work, n.WorkConsumer(event.Batch)}} {
+		info, err := us.Cell.Env.JS.Consumer(ctx, d.stream, d.name)
+		if err != nil {
+			t.Fatalf("%s: %v", d.name, err)
+		}
+		if info.CachedInfo().Config.MaxDeliver == 1 {
+			t.Errorf("%s was changed", d.name)
 		}
 	}
 }

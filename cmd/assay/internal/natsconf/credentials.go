@@ -23,13 +23,13 @@ type Credential struct {
 // User is the credential's NATS user.
 func (c Credential) User() string { return User(c.Names, c.Service) }
 
-// NewCredentials draws a fresh password for every service user of the
-// cells, in the order Render lists them.
+// NewCredentials draws a fresh password for every user of the cells (the
+// services' and the operator's), in the order Render lists them.
 func NewCredentials(installation string, cells []string) ([]Credential, error) {
 	var out []Credential
 	for _, cell := range cells {
 		n := event.Names{Installation: installation, Cell: cell}
-		for _, svc := range Services {
+		for _, svc := range Users {
 			pw, err := NewPassword()
 			if err != nil {
 				return nil, err

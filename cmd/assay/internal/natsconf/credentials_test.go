@@ -74,12 +74,12 @@ func TestPasswordFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	vars := envLines(t, string(text))
-	if len(vars) != len(cells)*len(Services) {
-		t.Fatalf("%d variables, want %d", len(vars), len(cells)*len(Services))
+	if len(vars) != len(cells)*len(Users) {
+		t.Fatalf("%d variables, want %d", len(vars), len(cells)*len(Users))
 	}
 	seen := map[string]bool{}
 	for _, cell := range cells {
-		for _, svc := range Services {
+		for _, svc := range Users {
 			name := PasswordVar(namesOf("staging-2", cell), svc)
 			v, ok := vars[name]
 			if !ok {

@@ -21,6 +21,13 @@ import (
 // listed.
 var Services = []string{"ingress", "classifier", "committer", "ledger"}
 
+// Ops is the operator's user of a cell: what assay streams, assay replay
+// and assay work show read the streams with.
+const Ops = "ops"
+
+// Users are every user of a cell: the services, then the operator's.
+var Users = append(append([]string(nil), Services...), Ops)
+
 // Account is the NATS account of a cell: the hard wall between cells.
 func Account(n event.Names) string {
 	return strings.ToUpper(strings.ReplaceAll(n.Installation+"_"+n.Cell, "-", "_"))
@@ -43,8 +50,8 @@ func Render(installation string, cells []string) string {
 	for _, cell := range cells {
 		n := event.Names{Installation: installation, Cell: cell}
 		fmt.Fprintf(&b, "  %s {\n    jetstream: enabled\n    users [\n", Account(n))
-		for _, svc := range Services {
-			writeUser(&b, n, svc)
+		for _, u := range Users {
+			writeUser(&b, n, u)
 		}
 		b.WriteString("    ]\n  }\n")
 	}
@@ -61,7 +68,9 @@ const header = `# assay NATS server: one account per cell, one user per service.
 # own subjects and to the exact JetStream API calls its service makes;
 # everything else is denied. Services subscribe only to inboxes (JetStream
 # API answers, publish acks and pulled messages all arrive there), and the
-# classifier to its cell's cancels.
+# classifier to its cell's cancels. The ops user reads the streams for
+# incident review (assay streams, assay replay) through ephemeral consumers
+# of its own, and may not touch a service's durable.
 #
 # Passwords are read from the environment when the server starts (it refuses
 # to start if one is unset); "assay nats-config --passwords FILE" writes a
@@ -75,6 +84,7 @@ jetstream: enabled
 // grant is one user's permissions.
 type grant struct {
 	publish   []line
+	deny      []string // publish subjects refused even where an allow covers them
 	subscribe []string
 }
 
@@ -91,7 +101,15 @@ func writeUser(b *strings.Builder, n event.Names, service string) {
 		}
 		fmt.Fprintf(b, "              %q\n", l.subject)
 	}
-	b.WriteString("            ]\n          }\n")
+	b.WriteString("            ]\n")
+	if len(g.deny) > 0 {
+		b.WriteString("            deny [\n")
+		for _, d := range g.deny {
+			fmt.Fprintf(b, "              %q\n", d)
+		}
+		b.WriteString("            ]\n")
+	}
+	b.WriteString("          }\n")
 	quoted := make([]string, len(g.subscribe))
 	for i, s := range g.subscribe {
 		quoted[i] = fmt.Sprintf("%q", s)
@@ -135,8 +153,39 @@ func grants(n event.Names, service string) grant {
 	case "ledger":
 		return grant{subscribe: inbox}.with(consumes(n.Stream(event.KindAttempt), ledger.Consumer(n), ""),
 			"Its durable pull consumer on ATTEMPT.")
+	case Ops:
+		return opsGrant(n)
 	}
 	panic("natsconf: unknown service " + service)
+}
+
+// opsGrant reads every stream of the cell: its info, its consumers' info,
+// and ephemeral ordered consumers of its own (created, pulled without
+// acks, deleted). It publishes to no stream, and every API call on a
+// service's durable is denied, so a review cannot take, move or delete a
+// service's messages.
+func opsGrant(n event.Names) grant {
+	g := grant{subscribe: []string{"_INBOX.>"}}
+	durables := map[string][]string{
+		n.Stream(event.KindWork):    {classifier.Consumer(n, event.Interactive), classifier.Consumer(n, event.Batch)},
+		n.Stream(event.KindResult):  {committer.Consumer(n)},
+		n.Stream(event.KindAttempt): {ledger.Consumer(n)},
+	}
+	for i, kind := range event.Kinds {
+		stream := n.Stream(kind)
+		comment := ""
+		if i == 0 {
+			comment = "Each stream's info and consumers, and ordered consumers of its own on it."
+		}
+		g = g.with([]string{"$JS.API.STREAM.INFO." + stream, "$JS.API.CONSUMER.LIST." + stream,
+			"$JS.API.CONSUMER.INFO." + stream + ".*", "$JS.API.CONSUMER.CREATE." + stream + ".>",
+			"$JS.API.CONSUMER.MSG.NEXT." + stream + ".*", "$JS.API.CONSUMER.DELETE." + stream + ".*"}, comment)
+		for _, d := range durables[stream] {
+			g.deny = append(g.deny, "$JS.API.CONSUMER.CREATE."+stream+"."+d, "$JS.API.CONSUMER.CREATE."+stream+"."+d+".>",
+				"$JS.API.CONSUMER.MSG.NEXT."+stream+"."+d, "$JS.API.CONSUMER.DELETE."+stream+"."+d)
+		}
+	}
+	return g
 }
 
 // with adds subjects under one comment.
