@@ -446,7 +446,9 @@ func TestNATSOpsUserReadsButCannotTouchDurables(t *testing.T) {
 		}
 	}
 
-	call := func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), time.Second) }
+	call := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), time.Second)
+	}
 	work, result := n.Stream(event.KindWork), n.Stream(event.KindResult)
 	c1, cl1 := call()
 	if err := js.DeleteConsumer(c1, result, n.ResultConsumer()); err == nil {
