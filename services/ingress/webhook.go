@@ -376,8 +376,12 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 		// dropped, and its reason says how to ask again.
 		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", overRate(d.tenant, work.Lane), RerunCommand(work))
 	}
-	res, err := s.d.Store.InsertWebhookWork(ctx, store.Delivery{ID: d.id, TenantID: d.tenant.ID, Event: d.event, Action: d.pr.Action},
-		work, s.announce(ctx))
+	rec := store.Delivery{ID: d.id, TenantID: d.tenant.ID, Event: d.event, Action: d.pr.Action, BaseSHA: d.pr.PullRequest.Base.SHA}
+	if d.pr.Installation != nil && d.by.app {
+		// Only the App's own deliveries name an installation to publish as.
+		rec.Installation = d.pr.Installation.ID
+	}
+	res, err := s.d.Store.InsertWebhookWork(ctx, rec, work, s.announce(ctx))
 	if err != nil {
 		s.d.Log.ErrorContext(ctx, "insert webhook work failed", "key", work.ID, "delivery", d.id, "err", err)
 		s.countWebhook(ctx, "unavailable")

@@ -1,0 +1,266 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Announce builds the outbox rows that tell the cell a work item reached
+// state (its outcome). It runs inside the transaction that ended the work.
+type Announce func(w *Work, state string) ([]OutboxMsg, error)
+
+// announceOutcome writes the outcome's rows and marks the work announced,
+// so the sweep does not announce it again.
+func announceOutcome(ctx context.Context, tx pgx.Tx, w *Work, state string, announce Announce) error {
+	if announce == nil {
+		return nil
+	}
+	msgs, err := announce(w, state)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE work SET outcome_announced_at = now() WHERE id = $1`, w.ID); err != nil {
+		return fmt.Errorf("store: announce %s: %w", w.ID, err)
+	}
+	return insertOutbox(ctx, tx, msgs)
+}
+
+// AnnounceOutcomes announces up to limit work items that reached their
+// outcome outside the commit transaction (superseded, expired, dropped,
+// retry_exhausted, …) and were not announced yet, in one transaction. Work
+// that is re-admitted after a drop is announced again at its next outcome.
+func (s *Store) AnnounceOutcomes(ctx context.Context, limit int, announce Announce) (int, error) {
+	n := 0
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		n = 0
+		rows, err := tx.Query(ctx, `SELECT `+workColumns+` FROM work
+			WHERE outcome_announced_at IS NULL AND state NOT IN ('queued', 'running')
+			ORDER BY updated_at LIMIT $1 FOR UPDATE SKIP LOCKED`, limit)
+		if err != nil {
+			return err
+		}
+		ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Work, error) { return scanWork(r) })
+		if err != nil {
+			return err
+		}
+		for _, w := range ws {
+			if err := announceOutcome(ctx, tx, w, w.State, announce); err != nil {
+				return err
+			}
+		}
+		n = len(ws)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: announce outcomes: %w", err)
+	}
+	return n, nil
+}
+
+// PullSource is where webhook work is published back to: a pull request
+// revision and the GitHub App installation that delivered it.
+type PullSource struct {
+	Owner, Repo  string
+	Number       int64
+	HeadSHA      string
+	BaseSHA      string
+	Installation int64
+}
+
+// ErrNoPullSource is returned for work that did not come from a pull
+// request webhook.
+var ErrNoPullSource = errors.New("work did not come from a pull request webhook")
+
+// WorkPullSource reads the pull request a work item reviews, from its
+// source id (owner/repo#number), its revision (the head SHA) and the first
+// delivery that asked for it.
+func (s *Store) WorkPullSource(ctx context.Context, w *Work) (PullSource, error) {
+	var p PullSource
+	repo, num, ok := strings.Cut(w.SourceID, "#")
+	owner, name, ok2 := strings.Cut(repo, "/")
+	n, err := strconv.ParseInt(num, 10, 64)
+	if !ok || !ok2 || err != nil || n <= 0 {
+		return p, fmt.Errorf("store: work %s source %q: %w", w.ID, w.SourceID, ErrNoPullSource)
+	}
+	p = PullSource{Owner: owner, Repo: name, Number: n, HeadSHA: w.Revision}
+	err = s.pool.QueryRow(ctx, `SELECT coalesce(installation_id, 0), coalesce(base_sha, '') FROM webhook_deliveries
+		WHERE work_id = $1 ORDER BY installation_id IS NULL, received_at LIMIT 1`, w.ID).Scan(&p.Installation, &p.BaseSHA)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, fmt.Errorf("store: work %s: no delivery: %w", w.ID, ErrNoPullSource)
+	}
+	if err != nil {
+		return p, fmt.Errorf("store: work %s delivery: %w", w.ID, err)
+	}
+	return p, nil
+}
+
+// Check policies of a tenant's check runs.
+const (
+	CheckAdvisory = "advisory" // a check never fails
+	CheckBlocking = "blocking" // a blocking finding fails the check
+)
+
+// CheckPolicy reads a tenant's check-run policy.
+func (s *Store) CheckPolicy(ctx context.Context, tenant string) (string, error) {
+	var p string
+	err := s.pool.QueryRow(ctx, `SELECT check_policy FROM tenants WHERE id = $1`, tenant).Scan(&p)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("store: check policy of %s: %w", tenant, err)
+	}
+	return p, nil
+}
+
+// SetCheckPolicy sets a tenant's check-run policy.
+func (s *Store) SetCheckPolicy(ctx context.Context, tenant, policy string) error {
+	if policy != CheckAdvisory && policy != CheckBlocking {
+		return fmt.Errorf("store: check policy %q: want %s or %s", policy, CheckAdvisory, CheckBlocking)
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET check_policy = $2 WHERE id = $1`, tenant, policy)
+	if err != nil {
+		return fmt.Errorf("store: set check policy of %s: %w", tenant, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// Publication is the fence row of one work item's publication to one
+// target, with the remote ids made so far.
+type Publication struct {
+	WorkID, Target, TenantID, Outcome string
+	// CheckRunID is 0 until a check run is known.
+	CheckRunID int64
+	// CommentIDs maps a comment's key (a finding's index) to its id.
+	CommentIDs     map[string]int64
+	RerunCommentID int64
+	Plan           json.RawMessage
+	Tries          int
+	LastError      string
+	PublishedAt    time.Time
+}
+
+const publicationColumns = `work_id, target, tenant_id, outcome, coalesce(check_run_id, 0), comment_ids,
+	coalesce(rerun_comment_id, 0), plan, tries, coalesce(last_error, ''), coalesce(published_at, 'epoch')`
+
+func scanPublication(row pgx.Row) (*Publication, error) {
+	var p Publication
+	err := row.Scan(&p.WorkID, &p.Target, &p.TenantID, &p.Outcome, &p.CheckRunID, &p.CommentIDs,
+		&p.RerunCommentID, &p.Plan, &p.Tries, &p.LastError, &p.PublishedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	return &p, err
+}
+
+// ErrPublicationBusy is returned by LockPublication while another
+// publisher holds the same work and target.
+var ErrPublicationBusy = errors.New("publication is held by another publisher")
+
+// LockPublication is the publication fence. It makes the row of (work,
+// target) if there is none, takes a lock on it that lasts until release is
+// called (or the connection dies with its process), and returns the row as
+// it is: the ids already made. A second publisher gets ErrPublicationBusy.
+func (s *Store) LockPublication(ctx context.Context, workID, target, tenant, outcome string) (*Publication, func(), error) {
+	if _, err := s.pool.Exec(ctx, `INSERT INTO publications (work_id, target, tenant_id, outcome)
+		VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, workID, target, tenant, outcome); err != nil {
+		return nil, nil, fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
+	}
+	release := func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
+	// The lock is an advisory one held by its own transaction, so ids
+	// recorded while it is held are committed one by one (and survive a
+	// publisher that dies), and the lock goes with the connection.
+	var locked bool
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended('publication:' || $1 || '/' || $2, 0))`,
+		workID, target).Scan(&locked); err != nil {
+		release()
+		return nil, nil, fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
+	}
+	if !locked {
+		release()
+		return nil, nil, ErrPublicationBusy
+	}
+	p, err := s.GetPublication(ctx, workID, target)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return p, release, nil
+}
+
+// GetPublication reads the publication of a work item to a target.
+func (s *Store) GetPublication(ctx context.Context, workID, target string) (*Publication, error) {
+	p, err := scanPublication(s.pool.QueryRow(ctx, `SELECT `+publicationColumns+` FROM publications
+		WHERE work_id = $1 AND target = $2`, workID, target))
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
+	}
+	return p, err
+}
+
+// Publications lists a tenant's publications (every tenant's for ""),
+// oldest first, up to limit.
+func (s *Store) Publications(ctx context.Context, tenant string, limit int) ([]*Publication, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+publicationColumns+` FROM publications
+		WHERE $1 = '' OR tenant_id = $1 ORDER BY created_at, work_id, target LIMIT $2`, tenant, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: publications: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Publication, error) { return scanPublication(r) })
+}
+
+// RecordCheckRun records the check run of a publication; the holder of
+// the publication's lock calls it as soon as the remote id is known.
+func (s *Store) RecordCheckRun(ctx context.Context, workID, target string, id int64) error {
+	return s.recordPublication(ctx, `UPDATE publications SET check_run_id = $3, updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, id)
+}
+
+// RecordComment records one review comment of a publication under key.
+func (s *Store) RecordComment(ctx context.Context, workID, target, key string, id int64) error {
+	return s.recordPublication(ctx, `UPDATE publications SET comment_ids = comment_ids || jsonb_build_object($3::text, $4::bigint),
+			updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, key, id)
+}
+
+// RecordRerunComment records the comment that tells how to run dropped
+// work again.
+func (s *Store) RecordRerunComment(ctx context.Context, workID, target string, id int64) error {
+	return s.recordPublication(ctx, `UPDATE publications SET rerun_comment_id = $3, updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, id)
+}
+
+// FinishPublication records that the publication of outcome is complete,
+// with what was published.
+func (s *Store) FinishPublication(ctx context.Context, workID, target, outcome string, plan json.RawMessage) error {
+	return s.recordPublication(ctx, `UPDATE publications SET outcome = $3, plan = $4, published_at = now(),
+			last_error = NULL, updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, outcome, plan)
+}
+
+// FailPublication counts a failed try with its error.
+func (s *Store) FailPublication(ctx context.Context, workID, target, msg string) error {
+	return s.recordPublication(ctx, `UPDATE publications SET tries = tries + 1, last_error = $3, updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, Text(msg))
+}
+
+func (s *Store) recordPublication(ctx context.Context, sql string, workID, target string, args ...any) error {
+	if _, err := s.pool.Exec(ctx, sql, append([]any{workID, target}, args...)...); err != nil {
+		return fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
+	}
+	return nil
+}
