@@ -160,6 +160,9 @@ func scanPublication(row pgx.Row) (*Publication, error) {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
+	if p.PublishedAt.Unix() == 0 {
+		p.PublishedAt = time.Time{}
+	}
 	return &p, err
 }
 

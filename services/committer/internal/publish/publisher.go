@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -126,8 +127,11 @@ func (p *Publisher) handle(ctx context.Context, ev event.Outcome, d consumer.Del
 	case errors.As(err, &re):
 		p.log.Warn("publication will be tried again", "key", ev.WorkID, "outcome", ev.Outcome, "wait", re.Wait.String(), "err", err)
 		// Never earlier than GitHub said; a failure that named no time
-		// backs off, capped.
-		return consumer.Retry(max(re.Wait, backoff(d)))
+		// backs off.
+		if re.Wait > 0 {
+			return consumer.Retry(re.Wait)
+		}
+		return consumer.Retry(backoff(d))
 	case errors.Is(err, errFinal):
 		return consumer.Done()
 	}
@@ -182,7 +186,8 @@ func (p *Publisher) Publish(ctx context.Context, ev event.Outcome) error {
 	if target == TargetGitHub {
 		if err := p.toGitHub(ctx, pub, plan, src.Installation); err != nil {
 			var se *StatusError
-			if errors.As(err, &se) && se.Status != 401 {
+			var re *RetryError
+			if !errors.As(err, &re) && errors.As(err, &se) && se.Status != http.StatusUnauthorized {
 				_ = p.st.FailPublication(context.WithoutCancel(ctx), w.ID, target, err.Error())
 				p.count(ctx, target, "failed")
 				telemetry.Decision(ctx, p.log, w.ID, "publication_failed", se.Error())
