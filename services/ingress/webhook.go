@@ -136,6 +136,8 @@ func DecodePullRequestEvent(body []byte) (*PullRequestEvent, error) {
 		return nil, errors.New("payload: repository.full_name must be owner/repo")
 	case !shaRE.MatchString(e.PullRequest.Head.SHA):
 		return nil, errors.New("payload: pull_request.head.sha must be a full lower-case hex commit id")
+	case e.PullRequest.Base.SHA != "" && !shaRE.MatchString(e.PullRequest.Base.SHA):
+		return nil, errors.New("payload: pull_request.base.sha must be a full lower-case hex commit id")
 	case e.Installation != nil && e.Installation.ID <= 0:
 		return nil, errors.New("payload: installation.id must be a positive integer")
 	}
@@ -423,7 +425,8 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 // ignored, when set, says why the delivery asks for no work after all.
 func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work, ignored string, refused *apierror.Error) {
 	pr, source := d.pr, slog.String("source", d.pr.SourceID())
-	ref := PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA}
+	ref := PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA,
+		BaseSHA: pr.PullRequest.Base.SHA}
 	diffText, err := s.cfg.Diffs.Diff(ctx, ref)
 	if errors.Is(err, ErrDiffTooLarge) {
 		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", "diff too large", source)
