@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -266,4 +268,51 @@ func (s *Store) recordPublication(ctx context.Context, sql string, workID, targe
 		return fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
 	}
 	return nil
+}
+
+// Callback is a tenant's signed-callback endpoint.
+type Callback struct {
+	URL string
+	// Secret is the Standard Webhooks signing secret, "whsec_" and the
+	// base64 of its bytes.
+	Secret string
+}
+
+// NewCallbackSecret is a new signing secret: 32 random bytes.
+func NewCallbackSecret() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return "whsec_" + base64.StdEncoding.EncodeToString(b)
+}
+
+// SetCallback sets (or, with an empty URL, removes) a tenant's callback.
+func (s *Store) SetCallback(ctx context.Context, tenant string, c Callback) error {
+	var err error
+	if c.URL == "" {
+		_, err = s.pool.Exec(ctx, `DELETE FROM tenant_callbacks WHERE tenant_id = $1`, tenant)
+	} else {
+		_, err = s.pool.Exec(ctx, `INSERT INTO tenant_callbacks (tenant_id, url, secret) VALUES ($1, $2, $3)
+			ON CONFLICT (tenant_id) DO UPDATE SET url = excluded.url, secret = excluded.secret, created_at = now()`,
+			tenant, c.URL, c.Secret)
+	}
+	if SQLState(err) == "23503" { // foreign_key_violation: no such tenant
+		return ErrNotFound
+	}
+	if err != nil {
+		return fmt.Errorf("store: callback of %s: %w", tenant, err)
+	}
+	return nil
+}
+
+// TenantCallback reads a tenant's callback; ErrNotFound when it has none.
+func (s *Store) TenantCallback(ctx context.Context, tenant string) (Callback, error) {
+	var c Callback
+	err := s.pool.QueryRow(ctx, `SELECT url, secret FROM tenant_callbacks WHERE tenant_id = $1`, tenant).Scan(&c.URL, &c.Secret)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, ErrNotFound
+	}
+	if err != nil {
+		return c, fmt.Errorf("store: callback of %s: %w", tenant, err)
+	}
+	return c, nil
 }

@@ -41,3 +41,12 @@ CREATE TABLE publications (
 -- check; 'blocking' fails it when an accepted result has a blocking finding.
 ALTER TABLE tenants
     ADD COLUMN check_policy text NOT NULL DEFAULT 'advisory' CHECK (check_policy IN ('advisory', 'blocking'));
+
+-- A tenant that is not on GitHub gets its outcomes as signed callbacks
+-- (Standard Webhooks) at its endpoint, signed with its own secret.
+CREATE TABLE tenant_callbacks (
+    tenant_id  text PRIMARY KEY REFERENCES tenants (id),
+    url        text NOT NULL CHECK (url ~ '^https?://'),
+    secret     text NOT NULL CHECK (secret LIKE 'whsec_%'),
+    created_at timestamptz NOT NULL DEFAULT now()
+);

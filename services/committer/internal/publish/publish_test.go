@@ -42,7 +42,7 @@ type bundle struct {
 
 // setup starts a publisher on real Postgres and JetStream, publishing to a
 // fake GitHub API as app 1.
-func setup(t *testing.T) *bundle {
+func setup(t *testing.T, edit ...func(*Config)) *bundle {
 	t.Helper()
 	ctx := t.Context()
 	names := event.Names{Installation: fmt.Sprintf("pub%d", installations.Add(1)), Cell: "us"}
@@ -76,9 +76,12 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := New(Config{Region: "us", Names: names, GitHub: &GitHub{API: gh.URL, AppID: 1, Key: key},
-		Rerun: func(id string) string { return "assay work rerun " + id + " --region us" }},
-		st, js, slog.New(slog.NewTextHandler(io.Discard, nil)), noop.NewMeterProvider().Meter("test"))
+	cfg := Config{Region: "us", Names: names, GitHub: &GitHub{API: gh.URL, AppID: 1, Key: key},
+		Rerun: func(id string) string { return "assay work rerun " + id + " --region us" }}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	p, err := New(cfg, st, js, slog.New(slog.NewTextHandler(io.Discard, nil)), noop.NewMeterProvider().Meter("test"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,7 @@ type Store interface {
 	RecordRerunComment(ctx context.Context, workID, target string, id int64) error
 	FinishPublication(ctx context.Context, workID, target, outcome string, plan json.RawMessage) error
 	FailPublication(ctx context.Context, workID, target, msg string) error
+	TenantCallback(ctx context.Context, tenant string) (store.Callback, error)
 }
 
 // Config of a publisher.
@@ -58,6 +59,11 @@ type Config struct {
 	MaxDeliver int
 	// Concurrency is how many outcomes are published at once. Default 2.
 	Concurrency int
+	// CallbackBackoff is the wait after a callback's first failure; it
+	// doubles with each, up to CallbackMaxBackoff. Defaults 1s and 5m.
+	CallbackBackoff, CallbackMaxBackoff time.Duration
+	// CallbackTimeout bounds one callback. Default 10s.
+	CallbackTimeout time.Duration
 }
 
 // Publisher consumes the cell's OUTCOME stream and publishes each outcome.
@@ -67,6 +73,7 @@ type Publisher struct {
 	log       *slog.Logger
 	consumer  *consumer.Consumer
 	published metric.Int64Counter
+	callbacks *http.Client
 }
 
 // New builds a publisher on its own OUTCOME durable.
@@ -83,7 +90,16 @@ func New(cfg Config, st Store, js jetstream.StreamConsumerManager, log *slog.Log
 	if cfg.MaxDeliver == 0 {
 		cfg.MaxDeliver = 50
 	}
-	p := &Publisher{cfg: cfg, st: st, log: log}
+	if cfg.CallbackBackoff <= 0 {
+		cfg.CallbackBackoff = time.Second
+	}
+	if cfg.CallbackMaxBackoff <= 0 {
+		cfg.CallbackMaxBackoff = 5 * time.Minute
+	}
+	if cfg.CallbackTimeout <= 0 {
+		cfg.CallbackTimeout = 10 * time.Second
+	}
+	p := &Publisher{cfg: cfg, st: st, log: log, callbacks: &http.Client{Timeout: cfg.CallbackTimeout}}
 	var err error
 	if p.published, err = meter.Int64Counter("assay_publications",
 		metric.WithDescription("outcomes published, by target and result")); err != nil {
@@ -161,6 +177,15 @@ func (p *Publisher) Publish(ctx context.Context, ev event.Outcome) error {
 		// Dropped work run again has a newer outcome to come.
 		telemetry.Decision(ctx, p.log, ev.WorkID, "unpublished", "the work is now "+w.State+"; the outcome "+ev.Outcome+" is not published")
 		return nil
+	}
+	cb, err := p.st.TenantCallback(ctx, w.TenantID)
+	switch {
+	case err == nil:
+		if err := p.toCallback(ctx, w, ev, cb); err != nil {
+			return err
+		}
+	case !errors.Is(err, store.ErrNotFound):
+		return err
 	}
 	src, err := p.st.WorkPullSource(ctx, w)
 	if errors.Is(err, store.ErrNoPullSource) {
