@@ -66,40 +66,44 @@ func (s *Store) AnnounceOutcomes(ctx context.Context, limit int, announce Announ
 	return n, nil
 }
 
-// PullSource is where webhook work is published back to: a pull request
-// revision and the GitHub App installation that delivered it.
+// PullSource is where code-review work is published back to: a pull
+// request revision and, for webhook work, the GitHub App installation that
+// delivered it.
 type PullSource struct {
-	Owner, Repo  string
-	Number       int64
-	HeadSHA      string
-	BaseSHA      string
+	Owner, Repo string
+	Number      int64
+	HeadSHA     string
+	BaseSHA     string
+	// Webhook says a webhook delivery asked for the work; Installation is
+	// its GitHub App installation (0 for a repository hook).
+	Webhook      bool
 	Installation int64
 }
 
-// ErrNoPullSource is returned for work that did not come from a pull
-// request webhook.
-var ErrNoPullSource = errors.New("work did not come from a pull request webhook")
+// ErrNoPullSource is returned for work whose source is not a pull request.
+var ErrNoPullSource = errors.New("work's source is not a pull request")
 
 // WorkPullSource reads the pull request a work item reviews, from its
 // source id (owner/repo#number), its revision (the head SHA) and the first
-// delivery that asked for it.
+// delivery that asked for it, if one did.
 func (s *Store) WorkPullSource(ctx context.Context, w *Work) (PullSource, error) {
 	var p PullSource
 	repo, num, ok := strings.Cut(w.SourceID, "#")
 	owner, name, ok2 := strings.Cut(repo, "/")
 	n, err := strconv.ParseInt(num, 10, 64)
-	if !ok || !ok2 || err != nil || n <= 0 {
+	if !ok || !ok2 || err != nil || n <= 0 || owner == "" || name == "" {
 		return p, fmt.Errorf("store: work %s source %q: %w", w.ID, w.SourceID, ErrNoPullSource)
 	}
 	p = PullSource{Owner: owner, Repo: name, Number: n, HeadSHA: w.Revision}
 	err = s.pool.QueryRow(ctx, `SELECT coalesce(installation_id, 0), coalesce(base_sha, '') FROM webhook_deliveries
 		WHERE work_id = $1 ORDER BY installation_id IS NULL, received_at LIMIT 1`, w.ID).Scan(&p.Installation, &p.BaseSHA)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return p, fmt.Errorf("store: work %s: no delivery: %w", w.ID, ErrNoPullSource)
+		return p, nil
 	}
 	if err != nil {
 		return p, fmt.Errorf("store: work %s delivery: %w", w.ID, err)
 	}
+	p.Webhook = true
 	return p, nil
 }
 

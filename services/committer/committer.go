@@ -28,7 +28,7 @@ import (
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
-	"assay.dev/services/committer/internal/publish"
+	"assay.dev/services/committer/publish"
 )
 
 // Config of one committer instance.

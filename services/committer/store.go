@@ -7,7 +7,7 @@ import (
 
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
-	"assay.dev/services/committer/internal/publish"
+	"assay.dev/services/committer/publish"
 )
 
 // Store is what the committer asks of the cell's database; *store.Store is

@@ -20,6 +20,10 @@ import (
 	"assay.dev/pkg/telemetry"
 )
 
+// ReviewContract is the contract whose work is published to pull
+// requests: the one GitHub webhooks ask for.
+const ReviewContract = "code-review"
+
 // Targets of a publication, as the fence names them.
 const (
 	TargetGitHub = "github"
@@ -187,19 +191,29 @@ func (p *Publisher) Publish(ctx context.Context, ev event.Outcome) error {
 	case !errors.Is(err, store.ErrNotFound):
 		return err
 	}
+	if w.Contract != ReviewContract {
+		return nil
+	}
 	src, err := p.st.WorkPullSource(ctx, w)
 	if errors.Is(err, store.ErrNoPullSource) {
-		// Not from a pull request: nothing to publish to on GitHub.
+		// Not about a pull request: nothing to publish to on GitHub.
 		return nil
 	}
 	if err != nil {
 		return err
 	}
+	target := p.Target()
+	if target == TargetGitHub && (!src.Webhook || src.Installation == 0) {
+		// Only the App's own deliveries name an installation to publish
+		// as; work submitted through the API names a repository it has no
+		// right to write to.
+		telemetry.Decision(ctx, p.log, w.ID, "unpublished", "not delivered by the GitHub App; no installation to publish as")
+		return nil
+	}
 	plan, err := p.plan(ctx, w, src)
 	if err != nil {
 		return err
 	}
-	target := p.Target()
 	pub, release, err := p.st.LockPublication(ctx, w.ID, target, w.TenantID, ev.Outcome)
 	if errors.Is(err, store.ErrPublicationBusy) {
 		return &RetryError{Wait: time.Second, Err: err}

@@ -114,16 +114,16 @@ func Decide(in Input) Plan {
 		switch {
 		case blocking > 0 && in.Policy == store.CheckBlocking:
 			c.Conclusion = "failure"
-			c.Title = fmt.Sprintf("%d blocking of %d findings", blocking, len(in.Findings))
+			c.Title = fmt.Sprintf("%d blocking of %s", blocking, findings(len(in.Findings)))
 		case len(in.Findings) > 0:
 			c.Conclusion = "neutral"
-			c.Title = fmt.Sprintf("%d findings (%d blocking; advisory)", len(in.Findings), blocking)
+			c.Title = fmt.Sprintf("%s (%d blocking; advisory)", findings(len(in.Findings)), blocking)
 			if in.Policy == store.CheckBlocking {
-				c.Title = fmt.Sprintf("%d findings, none blocking", len(in.Findings))
+				c.Title = findings(len(in.Findings)) + ", none blocking"
 			}
 		}
 		if len(in.Findings) > 0 {
-			c.Summary = fmt.Sprintf("assay reviewed this revision: %d findings, posted as review comments.", len(in.Findings))
+			c.Summary = fmt.Sprintf("assay reviewed this revision: %s, posted as review comments.", findings(len(in.Findings)))
 		}
 		p.CheckRun = c
 	case outcome.Superseded:
@@ -165,3 +165,11 @@ func withMarker(body, workID, key string) string { return body + "\n\n" + marker
 
 // rerunKey is the marker key of the rerun comment.
 const rerunKey = "rerun"
+
+// findings is "1 finding", "2 findings".
+func findings(n int) string {
+	if n == 1 {
+		return "1 finding"
+	}
+	return fmt.Sprintf("%d findings", n)
+}
