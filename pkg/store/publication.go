@@ -74,8 +74,9 @@ type PullSource struct {
 	Number      int64
 	HeadSHA     string
 	BaseSHA     string
-	// Webhook says a webhook delivery asked for the work; Installation is
-	// its GitHub App installation (0 for a repository hook).
+	// Webhook says a webhook delivery asked for the work. Installation is
+	// its GitHub App installation, or for work submitted through the API
+	// the installation the tenant linked for the repository; 0 for none.
 	Webhook      bool
 	Installation int64
 }
@@ -97,13 +98,39 @@ func (s *Store) WorkPullSource(ctx context.Context, w *Work) (PullSource, error)
 	p = PullSource{Owner: owner, Repo: name, Number: n, HeadSHA: w.Revision}
 	err = s.pool.QueryRow(ctx, `SELECT coalesce(installation_id, 0), coalesce(base_sha, '') FROM webhook_deliveries
 		WHERE work_id = $1 ORDER BY installation_id IS NULL, received_at LIMIT 1`, w.ID).Scan(&p.Installation, &p.BaseSHA)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if err == nil {
+		p.Webhook = true
 		return p, nil
 	}
-	if err != nil {
+	if !errors.Is(err, pgx.ErrNoRows) {
 		return p, fmt.Errorf("store: work %s delivery: %w", w.ID, err)
 	}
-	p.Webhook = true
+	// Work submitted through the API is published as the installation the
+	// tenant linked for the repository, if it linked one: never as an
+	// installation of another tenant.
+	rows, err := s.pool.Query(ctx, `SELECT key, repositories FROM tenant_sources
+		WHERE kind = 'github_installation' AND tenant_id = $1 ORDER BY key`, w.TenantID)
+	if err != nil {
+		return p, fmt.Errorf("store: work %s installation: %w", w.ID, err)
+	}
+	links, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Link, error) {
+		var l Link
+		err := r.Scan(&l.Key, &l.Repositories)
+		return l, err
+	})
+	if err != nil {
+		return p, fmt.Errorf("store: work %s installation: %w", w.ID, err)
+	}
+	for _, l := range links {
+		for _, pat := range l.Repositories {
+			if pat == repo || pat == owner+"/*" {
+				if id, err := strconv.ParseInt(l.Key, 10, 64); err == nil {
+					p.Installation = id
+					return p, nil
+				}
+			}
+		}
+	}
 	return p, nil
 }
 

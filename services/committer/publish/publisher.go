@@ -203,11 +203,10 @@ func (p *Publisher) Publish(ctx context.Context, ev event.Outcome) error {
 		return err
 	}
 	target := p.Target()
-	if target == TargetGitHub && (!src.Webhook || src.Installation == 0) {
-		// Only the App's own deliveries name an installation to publish
-		// as; work submitted through the API names a repository it has no
-		// right to write to.
-		telemetry.Decision(ctx, p.log, w.ID, "unpublished", "not delivered by the GitHub App; no installation to publish as")
+	if target == TargetGitHub && src.Installation == 0 {
+		// Neither an App delivery nor a link of the tenant's names an
+		// installation that may write to the repository.
+		telemetry.Decision(ctx, p.log, w.ID, "unpublished", "no GitHub App installation of the tenant covers "+src.Owner+"/"+src.Repo)
 		return nil
 	}
 	plan, err := p.plan(ctx, w, src)
