@@ -347,3 +347,29 @@ func (s *Store) TenantCallback(ctx context.Context, tenant string) (Callback, er
 	}
 	return c, nil
 }
+
+// UnpublishedOutcomes reads back from the outbox up to limit OUTCOME events
+// published between grace and horizon ago whose work is still in that
+// outcome and which no publication has recorded: events the broker lost.
+// Only work something is published for is read: code reviews, and the
+// work of tenants with a callback; a publication that failed ten times is
+// left to its consumer's redeliveries.
+func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Duration, limit int) ([][]byte, error) {
+	rows, err := s.pool.Query(ctx, `SELECT o.payload FROM outbox o
+		JOIN work w ON w.id = split_part(o.msg_id, '.', 1) AND w.state = split_part(o.msg_id, '.', 2)
+		WHERE o.stream = 'OUTCOME'
+			AND o.published_at < now() - $1 * interval '1 microsecond'
+			AND o.published_at > now() - $2 * interval '1 microsecond'
+			AND (w.contract = 'code-review' OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))
+			AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id
+				AND ((p.outcome = w.state AND p.published_at IS NOT NULL) OR p.tries >= 10))
+		ORDER BY o.published_at LIMIT $3`, interval(grace), interval(horizon), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: unpublished outcomes: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		return nil, fmt.Errorf("store: unpublished outcomes: %w", err)
+	}
+	return out, nil
+}

@@ -290,7 +290,9 @@ const reapBatch = 200
 
 // Reap reads back from the outbox the RESULT events the broker lost whose
 // work still waits for a verdict, and commits them as if delivered: the
-// commit is idempotent, so one that was only late changes nothing.
+// commit is idempotent, so one that was only late changes nothing. It
+// does the same for OUTCOME events nothing was published for: the
+// publication fence makes a late one an edit.
 func (s *Service) Reap(ctx context.Context) (int, error) {
 	payloads, err := s.d.Store.UncommittedResults(ctx, event.KindResult, s.cfg.ReapGrace, time.Hour, reapBatch)
 	if err != nil {
@@ -308,7 +310,23 @@ func (s *Service) Reap(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
-	return len(payloads), nil
+	outcomes, err := s.d.Store.UnpublishedOutcomes(ctx, s.cfg.ReapGrace, time.Hour, reapBatch)
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range outcomes {
+		ev, err := event.Parse[event.Outcome](p)
+		if err != nil {
+			s.d.Log.Warn("undecodable OUTCOME event in the outbox", "err", err)
+			continue
+		}
+		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "reaped", "OUTCOME event published but nothing published for it; read back from the outbox",
+			slog.String("outcome", ev.Outcome))
+		if err := s.publisher.Publish(ctx, ev); err != nil {
+			s.d.Log.Warn("reaped outcome not published; the next pass tries again", "key", ev.WorkID, "err", err)
+		}
+	}
+	return max(len(payloads), len(outcomes)), nil
 }
 
 // Ready reports whether the service can take results.

@@ -87,3 +87,48 @@ func waitRow(t *testing.T, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// An OUTCOME event the broker acknowledged and lost is read back from the
+// outbox by the reaper and published.
+func TestReaperPublishesLostOutcomes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	w := &store.Work{ID: "w_lost51", TenantID: "acme", Region: "us", Contract: "code-review", SchemaVersion: "1",
+		TaxonomyVersion: "2026-11", SourceID: "shop/app#51", Revision: strings.Repeat("c", 40), Lane: event.Interactive,
+		Input: `{}`, Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Minute)}
+	if _, _, err := b.st.InsertWork(ctx, w, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.st.FinishUnleased(ctx, w.ID, outcome.Expired, "deadline passed"); err != nil || !ok {
+		t.Fatalf("expire: %v %v", ok, err)
+	}
+	id := event.OutcomeMsgID(w.ID, outcome.Expired)
+	payload, _ := json.Marshal(event.Outcome{OutcomeID: id, WorkID: w.ID, TenantID: "acme", Region: "us", Outcome: outcome.Expired})
+	// Announced and published two minutes ago; the broker lost it.
+	if _, err := b.db.Exec(ctx, `UPDATE work SET outcome_announced_at = now() WHERE id = $1`, w.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec(ctx, `INSERT INTO outbox (stream, subject, msg_id, payload, headers, published_at)
+		VALUES ('OUTCOME', 'nowhere.outcome.acme', $1, $2, '{}', now() - interval '2 minutes')`, id, payload); err != nil {
+		t.Fatal(err)
+	}
+	reg, _ := contract.Load()
+	tel, _ := telemetry.Setup(ctx, "committer", "us")
+	svc, err := committer.New(committer.Config{Region: "us", Names: event.Names{Installation: "reaped", Cell: "us"},
+		ReapEvery: -1, AnnounceEvery: -1, ReapGrace: time.Second},
+		committer.Deps{Store: b.st, JS: b.js, Contracts: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := b.st.GetPublication(ctx, w.ID, "dry")
+	if err != nil || pub.PublishedAt.IsZero() || !strings.Contains(string(pub.Plan), `"timed_out"`) {
+		t.Fatalf("after the reap: %+v, %v; want the expired check run recorded", pub, err)
+	}
+	if n, err := svc.Reap(ctx); err != nil || n != 0 {
+		t.Fatalf("second reap: %d, %v; want nothing left", n, err)
+	}
+}

@@ -21,6 +21,7 @@ type Store interface {
 	Commit(ctx context.Context, w *store.Work, attemptID, token string, output json.RawMessage, findings int,
 		announce store.Announce) (store.Verdict, error)
 	AnnounceOutcomes(ctx context.Context, limit int, announce store.Announce) (int, error)
+	UnpublishedOutcomes(ctx context.Context, grace, horizon time.Duration, limit int) ([][]byte, error)
 	outbox.Source
 	publish.Store
 }
