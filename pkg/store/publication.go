@@ -351,7 +351,8 @@ func (s *Store) TenantCallback(ctx context.Context, tenant string) (Callback, er
 // UnpublishedOutcomes reads back from the outbox up to limit OUTCOME events
 // published between grace and horizon ago whose work is still in that
 // outcome and which no publication has recorded: events the broker lost.
-// Only work something is published for is read: code reviews, and the
+// Only work something is published for is read: code reviews of a pull
+// request (owner/repo#number), and the
 // work of tenants with a callback; a publication that failed ten times is
 // left to its consumer's redeliveries.
 func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Duration, limit int) ([][]byte, error) {
@@ -360,7 +361,8 @@ func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Dur
 		WHERE o.stream = 'OUTCOME'
 			AND o.published_at < now() - $1 * interval '1 microsecond'
 			AND o.published_at > now() - $2 * interval '1 microsecond'
-			AND (w.contract = 'code-review' OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))
+			AND ((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/#]+#[1-9][0-9]*$')
+				OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))
 			AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id
 				AND ((p.outcome = w.state AND p.published_at IS NOT NULL) OR p.tries >= 10))
 		ORDER BY o.published_at LIMIT $3`, interval(grace), interval(horizon), limit)

@@ -321,7 +321,7 @@ func (s *Service) Reap(ctx context.Context) (int, error) {
 			continue
 		}
 		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "reaped", "OUTCOME event published but nothing published for it; read back from the outbox",
-			slog.String("outcome", ev.Outcome))
+			slog.String("work_outcome", ev.Outcome))
 		if err := s.publisher.Publish(ctx, ev); err != nil {
 			s.d.Log.Warn("reaped outcome not published; the next pass tries again", "key", ev.WorkID, "err", err)
 		}

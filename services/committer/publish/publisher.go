@@ -145,7 +145,7 @@ func (p *Publisher) handle(ctx context.Context, ev event.Outcome, d consumer.Del
 	case err == nil:
 		return consumer.Done()
 	case errors.As(err, &re):
-		p.log.Warn("publication will be tried again", "key", ev.WorkID, "outcome", ev.Outcome, "wait", re.Wait.String(), "err", err)
+		p.log.Warn("publication will be tried again", "key", ev.WorkID, "work_outcome", ev.Outcome, "wait", re.Wait.String(), "err", err)
 		// Never earlier than GitHub said; a failure that named no time
 		// backs off.
 		if re.Wait > 0 {
@@ -155,7 +155,7 @@ func (p *Publisher) handle(ctx context.Context, ev event.Outcome, d consumer.Del
 	case errors.Is(err, errFinal):
 		return consumer.Done()
 	}
-	p.log.Warn("publication failed; will retry", "key", ev.WorkID, "outcome", ev.Outcome, "err", err)
+	p.log.Warn("publication failed; will retry", "key", ev.WorkID, "work_outcome", ev.Outcome, "err", err)
 	return consumer.Retry(backoff(d))
 }
 
