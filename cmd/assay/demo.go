@@ -17,7 +17,9 @@ import (
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
 	"assay.dev/pkg/usage"
+	"assay.dev/services/committer/publish"
 	"assay.dev/services/ingress"
 )
 
@@ -128,6 +130,10 @@ func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
 			s.Body.SourceID, *v.Outcome, findings, attempts, dollars(cost), short(v.Reason, 60))
 	}
 	tw.Flush()
+
+	if err := e.publications(ctx, w, subs, views, 30*time.Second); err != nil {
+		return err
+	}
 
 	fmt.Fprintln(w, "\nusage (GET /v1/usage, from the ledger)")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -325,4 +331,70 @@ func short(s string, n int) string {
 		return s
 	}
 	return s[:n-1] + "…"
+}
+
+// publications shows, per code-review work, what the committer's publisher
+// published (to GitHub, with an app configured) or would publish (dry),
+// waiting for each to be recorded.
+func (e demo) publications(ctx context.Context, w io.Writer, subs []submitted, views []ingress.WorkView, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	type row struct {
+		s   submitted
+		pub *store.Publication
+	}
+	var rows []row
+	for i, s := range subs {
+		if s.Body.Contract != publish.ReviewContract || views[i].Outcome == nil {
+			continue
+		}
+		st := e.Cells[s.Region].Env.Store
+		for {
+			var pub *store.Publication
+			var err error
+			for _, target := range []string{publish.TargetGitHub, publish.TargetDry} {
+				if pub, err = st.GetPublication(ctx, s.WorkID, target); err == nil && !pub.PublishedAt.IsZero() {
+					break
+				}
+			}
+			if err == nil && !pub.PublishedAt.IsZero() {
+				rows = append(rows, row{s, pub})
+				break
+			}
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("no publication recorded for %s (%s) within %s", s.WorkID, *views[i].Outcome, limit)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	fmt.Fprintln(w, "\npublication (dry: no GitHub App configured, so what would be published; github: what was)")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORK ID\tTARGET\tPULL REQUEST\tOUTCOME\tCHECK RUN\tREVIEW COMMENTS\tRERUN COMMENT")
+	for _, r := range rows {
+		var p publish.Plan
+		if err := json.Unmarshal(r.pub.Plan, &p); err != nil {
+			return fmt.Errorf("publication of %s: %w", r.s.WorkID, err)
+		}
+		check := "-"
+		if p.CheckRun != nil {
+			check = p.CheckRun.Conclusion + ": " + p.CheckRun.Title
+		}
+		var at []string
+		for _, c := range p.Comments {
+			at = append(at, fmt.Sprintf("%s:%d", c.Path, c.Line))
+		}
+		comments := fmt.Sprintf("%d", len(p.Comments))
+		if len(at) > 0 {
+			comments += " (" + short(strings.Join(at, " "), 50) + ")"
+		}
+		rerun := "-"
+		if p.Rerun != "" {
+			rerun = "1"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s#%d@%s\t%s\t%s\t%s\t%s\n", r.s.WorkID, r.pub.Target, p.Repository, p.Number,
+			p.HeadSHA[:min(7, len(p.HeadSHA))], p.Outcome, check, comments, rerun)
+	}
+	return tw.Flush()
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -43,6 +44,13 @@ const tenantUsage = `usage: assay tenant <command> [args] [--region R --database
                               map a repository's webhook to ID
   webhook-secret ID           give ID a new secret for its repository hooks
                               (replacing the old one); printed once
+  callback ID --url URL | --off
+                              send ID's outcomes to URL as signed callbacks
+                              (Standard Webhooks) with a new whsec_ secret,
+                              printed once; --off stops them
+  check-policy ID advisory|blocking
+                              advisory (the default): a check run never fails;
+                              blocking: a blocking finding fails it
 
 Tenants are per cell: run each command against every cell, so that a cell
 can name the right region for a tenant homed elsewhere. A token file holds
@@ -74,6 +82,8 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	tokenFrom := fs.String("token-from", "", "install the token in FILE (- for standard input) instead of minting one")
 	tokenOut := fs.String("token-out", "", "write the new token to FILE (mode 0600) instead of printing it")
 	asJSON := fs.Bool("json", false, "list as JSON")
+	callbackURL := fs.String("url", "", "the endpoint signed callbacks are sent to")
+	callbackOff := fs.Bool("off", false, "stop the tenant's callbacks")
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
 	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
 	var pos []string
@@ -93,7 +103,8 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if *period != "month" && *period != "day" {
 		return configError{fmt.Errorf("--period: %q is not month or day", *period)}
 	}
-	want := map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1, "set-rate": 1, "link": 3, "webhook-secret": 1}
+	want := map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1, "set-rate": 1, "link": 3, "webhook-secret": 1,
+		"callback": 1, "check-policy": 2}
 	n, known := want[verb]
 	if !known {
 		return configError{fmt.Errorf("unknown tenant command %q\n%s", verb, tenantUsage)}
@@ -196,6 +207,32 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 			return notFound(err)
 		}
 		fmt.Fprintf(stdout, "tenant %s webhook secret (shown once; set it on each repository hook linked to %s): %s\n", pos[0], pos[0], secret)
+	case "callback":
+		if (*callbackURL == "") == !*callbackOff {
+			return configError{errors.New("callback takes exactly one of --url URL or --off")}
+		}
+		if *callbackOff {
+			if err := st.SetCallback(ctx, pos[0], store.Callback{}); err != nil {
+				return notFound(err)
+			}
+			fmt.Fprintf(stdout, "tenant %s gets no callbacks\n", pos[0])
+			return nil
+		}
+		if u, err := url.Parse(*callbackURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return configError{fmt.Errorf("--url: %q is not an http(s) URL", *callbackURL)}
+		}
+		secret := store.NewCallbackSecret()
+		if err := st.SetCallback(ctx, pos[0], store.Callback{URL: *callbackURL, Secret: secret}); err != nil {
+			return notFound(err)
+		}
+		fmt.Fprintf(stdout, "tenant %s outcomes go to %s, signed (webhook-signature) with (shown once): %s\n", pos[0], *callbackURL, secret)
+	case "check-policy":
+		if err := st.SetCheckPolicy(ctx, pos[0], pos[1]); errors.Is(err, store.ErrNotFound) {
+			return notFound(err)
+		} else if err != nil {
+			return configError{fmt.Errorf("check-policy: %q is not advisory or blocking", pos[1])}
+		}
+		fmt.Fprintf(stdout, "tenant %s check runs are %s\n", pos[0], pos[1])
 	}
 	return nil
 }

@@ -76,6 +76,20 @@ func TestTenantCommands(t *testing.T) {
 		t.Errorf("a suspended tenant's request was stored")
 	}
 	tenant("resume", "initech")
+
+	cbRE := regexp.MustCompile(`signed \(webhook-signature\) with \(shown once\): (whsec_\S+)`)
+	if m := cbRE.FindStringSubmatch(tenant("callback", "initech", "--url", "https://hooks.initech.example/assay")); m == nil {
+		t.Errorf("callback printed no secret")
+	} else if n := b.Count(t, `SELECT count(*) FROM tenant_callbacks WHERE tenant_id = 'initech' AND secret = $1
+		AND url = 'https://hooks.initech.example/assay'`, m[1]); n != 1 {
+		t.Errorf("callback not stored")
+	}
+	tenant("callback", "initech", "--off")
+	tenant("check-policy", "initech", "blocking")
+	if n := b.Count(t, `SELECT count(*) FROM tenants WHERE id = 'initech' AND check_policy = 'blocking'`) +
+		b.Count(t, `SELECT count(*) FROM tenant_callbacks WHERE tenant_id = 'initech'`); n != 1 {
+		t.Errorf("check policy not blocking, or the callback still set")
+	}
 	if status, raw := b.Post(t, second[1], other); status != http.StatusAccepted {
 		t.Errorf("resumed tenant: HTTP %d %s", status, raw)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -73,6 +74,7 @@ type check struct {
 // workRow is what the checks read of one work item.
 type workRow struct {
 	ID, Tenant, Region, State string
+	Contract, SourceID        string
 	Results                   int
 	Attempts                  int
 	Ledger                    int
@@ -85,7 +87,7 @@ type workRow struct {
 func (h *Harness) readWork(ctx context.Context) (map[string]*workRow, error) {
 	out := map[string]*workRow{}
 	for _, region := range config.DefaultRegions {
-		rows, err := h.pool[region].Query(ctx, `SELECT w.id, w.tenant_id, w.region, w.state, w.created_at, w.updated_at,
+		rows, err := h.pool[region].Query(ctx, `SELECT w.id, w.tenant_id, w.region, w.state, w.contract, w.source_id, w.created_at, w.updated_at,
 				(SELECT count(*) FROM results r WHERE r.work_id = w.id),
 				(SELECT count(*) FROM attempts a WHERE a.work_id = w.id),
 				(SELECT count(*) FROM ledger l WHERE l.work_id = w.id),
@@ -101,7 +103,7 @@ func (h *Harness) readWork(ctx context.Context) (map[string]*workRow, error) {
 		}
 		for rows.Next() {
 			var w workRow
-			if err := rows.Scan(&w.ID, &w.Tenant, &w.Region, &w.State, &w.CreatedAt, &w.UpdatedAt, &w.Results, &w.Attempts,
+			if err := rows.Scan(&w.ID, &w.Tenant, &w.Region, &w.State, &w.Contract, &w.SourceID, &w.CreatedAt, &w.UpdatedAt, &w.Results, &w.Attempts,
 				&w.Ledger, &w.Estimated, &w.BadTenant, &w.RetryAttempts); err != nil {
 				rows.Close()
 				return nil, err
@@ -361,7 +363,92 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 	add(check{N: "b", What: "budgets: no reservation left held once everything settled",
 		Figure: fmt.Sprintf("%d reservations unsettled, %d micro-dollars still reserved", open7, heldMicros),
 		OK:     open7 == 0 && heldMicros == 0})
+	add(h.publications(ctx, works))
 	return checks, recs, nil
+}
+
+// markerRE finds the marker the publisher hides in every comment.
+var markerRE = regexp.MustCompile(`<!-- assay:work=(\S+) key=(\S+) -->`)
+
+// publications checks what the fake GitHub holds: at most one check run
+// and one set of comments per work, however often its outcome was
+// delivered and whatever was killed mid-publication. It first waits (a
+// bounded time) for the publisher to catch up with the work that ended,
+// and reports how much of it was published.
+func (h *Harness) publications(ctx context.Context, works map[string]*workRow) check {
+	// A check run is due for every code review of a pull request that
+	// ended other than dropped (chaos/code-review#0 names no pull request).
+	due := func(w *workRow) bool {
+		return w.Contract == "code-review" && !strings.HasSuffix(w.SourceID, "#0") &&
+			w.State != "dropped" && w.State != "queued" && w.State != "running"
+	}
+	want := 0
+	for _, w := range works {
+		if due(w) {
+			want++
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	runs := map[string]int{}
+	for {
+		clear(runs)
+		for _, r := range h.gh.CheckRuns() {
+			runs[r.ExternalID]++
+		}
+		if len(runs) >= want || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	var offenders []string
+	for id, n := range runs {
+		if n > 1 {
+			offenders = append(offenders, fmt.Sprintf("%s: %d check runs", id, n))
+		}
+	}
+	comments := map[string]int{} // work id + key
+	perWork := map[string]int{}
+	total := 0
+	for _, c := range h.gh.Comments() {
+		m := markerRE.FindStringSubmatch(c.Body)
+		if m == nil {
+			offenders = append(offenders, fmt.Sprintf("comment %d carries no marker", c.ID))
+			continue
+		}
+		total++
+		perWork[m[1]]++
+		if comments[m[1]+" "+m[2]]++; comments[m[1]+" "+m[2]] == 2 {
+			offenders = append(offenders, fmt.Sprintf("%s: comment %s posted twice", m[1], m[2]))
+		}
+	}
+	sort.Strings(offenders)
+	// Work that ended and has no check run yet: what its publication says.
+	var missing []string
+	for _, w := range works {
+		if !due(w) || runs[w.ID] > 0 {
+			continue
+		}
+		var tries int
+		var last string
+		err := h.pool[w.Region].QueryRow(ctx, `SELECT tries, coalesce(last_error, '') FROM publications
+			WHERE work_id = $1 AND target = 'github'`, w.ID).Scan(&tries, &last)
+		if err != nil {
+			var ob string
+			_ = h.pool[w.Region].QueryRow(ctx, `SELECT coalesce(string_agg(format('outbox %s published %s set aside %s tries %s err %s',
+					msg_id, published_at, set_aside_at, tries, last_error), '; '), 'no OUTCOME outbox row')
+				FROM outbox WHERE stream = 'OUTCOME' AND msg_id LIKE $1 || '.%'`, w.ID).Scan(&ob)
+			last = "no publication row; " + ob
+		}
+		missing = append(missing, fmt.Sprintf("%s (%s, %s): %d tries, %s", w.ID, w.State, w.Region, tries, last))
+	}
+	sort.Strings(missing)
+	for _, m := range missing[:min(len(missing), 3)] {
+		h.note("not published yet: %s", m)
+	}
+	return check{N: "p", What: "publication: at most one check run and one set of comments per work",
+		Figure: fmt.Sprintf("%d of %d ended code-review works have their check run; %d comments on %d works",
+			len(runs), want, total, len(perWork)),
+		OK: len(offenders) == 0, Offenders: offenders}
 }
 
 // recovery is how throughput came back after one fault.

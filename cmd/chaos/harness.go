@@ -2,6 +2,10 @@ package main
 
 import (
 	"context"
+	crand "crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +27,7 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/devpg"
+	"assay.dev/pkg/devkit/fakegithub"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/store"
 )
@@ -37,6 +42,7 @@ var fastTimings = []string{
 	"ASSAY_LEASE_TTL=3s", "ASSAY_ACK_WAIT=5s", "ASSAY_HANDOFF_TTL=20s",
 	"ASSAY_SWEEP_EVERY=500ms", "ASSAY_SWEEP_QUEUED_FOR=10s", "ASSAY_SWEEP_LEASE_GRACE=1s",
 	"ASSAY_LEDGER_REAP_EVERY=1s", "ASSAY_LEDGER_REAP_GRACE=5s", "ASSAY_WATCH_EVERY=1s",
+	"ASSAY_COMMITTER_REAP_EVERY=1s", "ASSAY_COMMITTER_REAP_GRACE=5s",
 }
 
 // ackWait is the classifier's consumer AckWait in this run.
@@ -71,8 +77,12 @@ type Harness struct {
 	dbURL   map[string]string
 	pool    map[string]*pgxpool.Pool
 
-	sim    *sim.Server
-	front  *simFront
+	sim   *sim.Server
+	front *simFront
+	// gh is the GitHub API the committers publish to, as app 1 with the
+	// key in ghKey; every tenant's installation covers chaos/*.
+	gh     *fakegithub.Server
+	ghKey  string
 	simURL string
 	simSrv *http.Server
 
@@ -122,6 +132,9 @@ func (h *Harness) setUp(ctx context.Context) (err error) {
 		return err
 	}
 	if err := h.startSim(); err != nil {
+		return err
+	}
+	if err := h.startGitHub(); err != nil {
 		return err
 	}
 	if err := h.seed(ctx); err != nil {
@@ -301,6 +314,20 @@ func (h *Harness) startSim() error {
 	return nil
 }
 
+// startGitHub starts the fake GitHub API and writes the app's key.
+func (h *Harness) startGitHub() error {
+	key, err := rsa.GenerateKey(crand.Reader, 2048)
+	if err != nil {
+		return err
+	}
+	h.ghKey = filepath.Join(h.dir, "github-app.pem")
+	if err := os.WriteFile(h.ghKey, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
+		return err
+	}
+	h.gh = fakegithub.New()
+	return nil
+}
+
 // tenantList makes the tenants once: Options.Tenants of them, homed in
 // turn in each region.
 func (h *Harness) tenantList() []tenant {
@@ -333,6 +360,14 @@ func (h *Harness) seed(ctx context.Context) error {
 			budget := int64(1_000_000_000) // $1000 a month: reserved and settled, never exhausted
 			err = st.SetBudget(ctx, h.tenants[0].ID, &budget, "month")
 		}
+		// Each tenant's GitHub App installation covers the repositories
+		// its code reviews name, so their outcomes are published.
+		for i, t := range h.tenantList() {
+			if err == nil {
+				err = st.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: strconv.Itoa(1000 + i),
+					Tenant: t.ID, Repositories: []string{"chaos/*"}})
+			}
+		}
 		st.Close()
 		if err != nil {
 			return fmt.Errorf("seed %s: %w", region, err)
@@ -362,6 +397,9 @@ func (h *Harness) startServices(ctx context.Context) error {
 				"ASSAY_HTTP_ADDR="+addr(port))
 			if svc == "classifier" {
 				e = append(e, "ASSAY_MODEL_BASE_URL="+h.simURL, "ASSAY_MODEL="+chaosModel)
+			}
+			if svc == "committer" {
+				e = append(e, "ASSAY_GITHUB_API_URL="+h.gh.URL, "ASSAY_GITHUB_APP_ID=1", "ASSAY_GITHUB_APP_KEY_FILE="+h.ghKey)
 			}
 			if h.o.FastTimings {
 				e = append(e, fastTimings...)
@@ -422,6 +460,9 @@ func (h *Harness) tearDown(keep bool) {
 	}
 	if h.sim != nil {
 		_ = h.sim.Close()
+	}
+	if h.gh != nil {
+		h.gh.Close()
 	}
 	for _, p := range h.pool {
 		p.Close()

@@ -39,6 +39,10 @@ const (
 	KindWork    = "WORK"
 	KindResult  = "RESULT"
 	KindAttempt = "ATTEMPT"
+	// KindOutcome carries each work item's outcome, from the committer to
+	// its publisher. It is not in Kinds: the committer owns it, and the
+	// other services never touch it.
+	KindOutcome = "OUTCOME"
 )
 
 // Kinds lists the stream kinds of a cell.
@@ -98,6 +102,13 @@ func (n Names) Result(tenant string) string { return n.Prefix(KindResult) + tena
 
 // Attempt carries every attempt's usage.
 func (n Names) Attempt(tenant string) string { return n.Prefix(KindAttempt) + tenant }
+
+// Outcome carries work outcomes for a tenant.
+func (n Names) Outcome(tenant string) string { return n.Prefix(KindOutcome) + tenant }
+
+// OutcomeConsumer is the durable that consumes the cell's OUTCOME stream
+// (the publisher's, inside the committer service).
+func (n Names) OutcomeConsumer() string { return n.Durable("publisher") }
 
 // Stream is the name of the cell's stream of one kind, e.g. ASSAY_WORK_US.
 func (n Names) Stream(kind string) string {
@@ -231,6 +242,35 @@ type Attempt struct {
 	// cancel, a 5xx), so InputUnits is the request's estimate and the
 	// ledger marks the row estimated.
 	Estimated bool `json:"estimated,omitempty"`
+}
+
+// OutcomeMsgID is the Nats-Msg-Id of an outcome event, and the outcome's
+// id: the work id and its outcome. A work dropped and then re-admitted has
+// two outcomes, and two ids.
+func OutcomeMsgID(workID, outcome string) string { return workID + "." + outcome }
+
+// Outcome says a work item reached its outcome. The publisher reads the
+// result and the source from the cell's database.
+type Outcome struct {
+	OutcomeID string `json:"outcomeId"`
+	WorkID    string `json:"workId"`
+	TenantID  string `json:"tenantId"`
+	Region    string `json:"region"`
+	// Outcome is the work's terminal state: accepted, schema_rejected, …
+	Outcome string    `json:"outcome"`
+	At      time.Time `json:"at"`
+}
+
+func (o *Outcome) check() error {
+	switch {
+	case o.WorkID == "" || o.Outcome == "":
+		return errors.New("event: outcome: workId and outcome are required")
+	case o.OutcomeID != OutcomeMsgID(o.WorkID, o.Outcome):
+		return errors.New("event: outcome: outcomeId is not workId.outcome")
+	case !ValidToken(o.TenantID):
+		return fmt.Errorf("event: outcome: bad tenantId %q", o.TenantID)
+	}
+	return nil
 }
 
 // MaxEventBytes caps any event a consumer will decode.

@@ -42,7 +42,7 @@ func TestDeadlineExpiry(t *testing.T) {
 		t.Fatalf("within the grace: %v %v", got, err)
 	}
 	// Its answer arrives after the deadline: the commit fence refuses it.
-	if v, err := s.Commit(ctx, running, attempt, token, json.RawMessage(`{"findings":[]}`), 0); err != nil || v != store.Late {
+	if v, err := s.Commit(ctx, running, attempt, token, json.RawMessage(`{"findings":[]}`), 0, nil); err != nil || v != store.Late {
 		t.Fatalf("late commit: verdict %v err %v, want not committed", v, err)
 	}
 	w, err := s.GetWork(ctx, running.ID)

@@ -26,8 +26,11 @@ type Result struct {
 // lease it marks the work accepted and inserts the one result row; the result
 // key (work, schema version) refuses a second. Otherwise the attempt is
 // recorded stale_lease and the verdict says why: the lease was lost, or the
-// deadline passed and the work is now expired.
-func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, output json.RawMessage, findings int) (v Verdict, err error) {
+// deadline passed and the work is now expired. announce, when set, writes
+// the outcome the work reached (accepted or expired) to the outbox in the
+// same transaction.
+func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, output json.RawMessage, findings int,
+	announce Announce) (v Verdict, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// Past its deadline the work ends expired, whatever the answer.
 		late, err := tx.Exec(ctx, `UPDATE work SET state = 'expired',
@@ -39,10 +42,12 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 		}
 		if late.RowsAffected() == 1 {
 			v = Late
-			_, err := tx.Exec(ctx, `UPDATE attempts SET outcome = 'stale_lease',
+			if _, err := tx.Exec(ctx, `UPDATE attempts SET outcome = 'stale_lease',
 					reason = 'deadline passed before the verdict', finished_at = coalesce(finished_at, now())
-				WHERE id = $1`, attemptID)
-			return err
+				WHERE id = $1`, attemptID); err != nil {
+				return err
+			}
+			return announceOutcome(ctx, tx, w, outcome.Expired, announce)
 		}
 		ok, err := finishLeased(ctx, tx, w.ID, token, outcome.Accepted, "")
 		if err != nil {
@@ -65,7 +70,10 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 			return fmt.Errorf("result for %s already exists", w.ID)
 		}
 		v = Committed
-		return finishAttempt(ctx, tx, attemptID, outcome.AttemptOK, "", nil)
+		if err := finishAttempt(ctx, tx, attemptID, outcome.AttemptOK, "", nil); err != nil {
+			return err
+		}
+		return announceOutcome(ctx, tx, w, outcome.Accepted, announce)
 	})
 	if err != nil {
 		return Lost, fmt.Errorf("store: commit %s: %w", w.ID, err)
@@ -88,7 +96,10 @@ const (
 
 // Reject ends leased work schema_rejected with the gate's reason. false
 // means the lease was lost; the attempt is then recorded stale_lease.
-func (s *Store) Reject(ctx context.Context, workID, attemptID, token, reason string) (rejected bool, err error) {
+// announce, when set, writes the outcome to the outbox in the same
+// transaction.
+func (s *Store) Reject(ctx context.Context, w *Work, attemptID, token, reason string, announce Announce) (rejected bool, err error) {
+	workID := w.ID
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		ok, err := finishLeased(ctx, tx, workID, token, outcome.SchemaRejected, Text(reason))
 		if err != nil {
@@ -99,7 +110,10 @@ func (s *Store) Reject(ctx context.Context, workID, attemptID, token, reason str
 			return err
 		}
 		rejected = true
-		return finishAttempt(ctx, tx, attemptID, outcome.AttemptInvalidOutput, reason, nil)
+		if err := finishAttempt(ctx, tx, attemptID, outcome.AttemptInvalidOutput, reason, nil); err != nil {
+			return err
+		}
+		return announceOutcome(ctx, tx, w, outcome.SchemaRejected, announce)
 	})
 	if err != nil {
 		return false, fmt.Errorf("store: reject %s: %w", workID, err)

@@ -371,14 +371,14 @@ func TestCommitFence(t *testing.T) {
 	w = claim(t, ctx, s, w.ID, liveAttempt, liveToken, time.Minute)
 	output := json.RawMessage(`{"findings":[]}`)
 
-	if v, err := s.Commit(ctx, w, oldAttempt, oldToken, output, 0); err != nil || v != store.Lost {
+	if v, err := s.Commit(ctx, w, oldAttempt, oldToken, output, 0, nil); err != nil || v != store.Lost {
 		t.Fatalf("commit with the expired lease: verdict %v err %v, want lost", v, err)
 	}
 	if got := attemptOutcome(t, ctx, s, oldAttempt); got != "stale_lease" {
 		t.Fatalf("old attempt outcome = %q, want stale_lease", got)
 	}
 
-	if v, err := s.Commit(ctx, w, liveAttempt, liveToken, output, 0); err != nil || v != store.Committed {
+	if v, err := s.Commit(ctx, w, liveAttempt, liveToken, output, 0, nil); err != nil || v != store.Committed {
 		t.Fatalf("commit with the live lease: verdict %v err %v, want committed", v, err)
 	}
 	if got := attemptOutcome(t, ctx, s, liveAttempt); got != "ok" {
@@ -386,10 +386,10 @@ func TestCommitFence(t *testing.T) {
 	}
 
 	// A redelivered commit of the same attempt, then the old one again.
-	if v, err := s.Commit(ctx, w, liveAttempt, liveToken, output, 0); err != nil || v != store.Lost {
+	if v, err := s.Commit(ctx, w, liveAttempt, liveToken, output, 0, nil); err != nil || v != store.Lost {
 		t.Fatalf("second commit with the same token: verdict %v err %v, want lost", v, err)
 	}
-	if v, err := s.Commit(ctx, w, oldAttempt, oldToken, output, 0); err != nil || v != store.Lost {
+	if v, err := s.Commit(ctx, w, oldAttempt, oldToken, output, 0, nil); err != nil || v != store.Lost {
 		t.Fatalf("second commit with the old token: verdict %v err %v, want lost", v, err)
 	}
 	if got := attemptOutcome(t, ctx, s, oldAttempt); got != "stale_lease" {
@@ -431,22 +431,22 @@ func TestRejectFence(t *testing.T) {
 	liveAttempt, liveToken := newUUID(), newUUID()
 	w = claim(t, ctx, s, w.ID, liveAttempt, liveToken, time.Minute)
 
-	if ok, err := s.Reject(ctx, w.ID, oldAttempt, oldToken, "late"); err != nil || ok {
+	if ok, err := s.Reject(ctx, w, oldAttempt, oldToken, "late", nil); err != nil || ok {
 		t.Fatalf("reject with the expired lease: rejected=%v err=%v, want false", ok, err)
 	}
 	if got := attemptOutcome(t, ctx, s, oldAttempt); got != "stale_lease" {
 		t.Fatalf("old attempt outcome = %q, want stale_lease", got)
 	}
-	if ok, err := s.Reject(ctx, w.ID, liveAttempt, liveToken, "schema: missing findings"); err != nil || !ok {
+	if ok, err := s.Reject(ctx, w, liveAttempt, liveToken, "schema: missing findings", nil); err != nil || !ok {
 		t.Fatalf("reject with the live lease: rejected=%v err=%v, want true", ok, err)
 	}
-	if ok, err := s.Reject(ctx, w.ID, liveAttempt, liveToken, "schema: missing findings"); err != nil || ok {
+	if ok, err := s.Reject(ctx, w, liveAttempt, liveToken, "schema: missing findings", nil); err != nil || ok {
 		t.Fatalf("second reject with the same token: rejected=%v err=%v, want false", ok, err)
 	}
-	if ok, err := s.Reject(ctx, w.ID, oldAttempt, oldToken, "late"); err != nil || ok {
+	if ok, err := s.Reject(ctx, w, oldAttempt, oldToken, "late", nil); err != nil || ok {
 		t.Fatalf("second reject with the old token: rejected=%v err=%v, want false", ok, err)
 	}
-	if v, err := s.Commit(ctx, w, liveAttempt, liveToken, json.RawMessage(`{}`), 0); err != nil || v != store.Lost {
+	if v, err := s.Commit(ctx, w, liveAttempt, liveToken, json.RawMessage(`{}`), 0, nil); err != nil || v != store.Lost {
 		t.Fatalf("commit after reject: verdict %v err %v, want lost", v, err)
 	}
 	if got := attemptOutcome(t, ctx, s, liveAttempt); got != "invalid_output" {

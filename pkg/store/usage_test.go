@@ -56,7 +56,7 @@ func TestReconcile(t *testing.T) {
 	w := insert(t, ctx, s, newWork("acme", "octo/repo#10", "abc"))
 	attempt, token := newUUID(), newUUID()
 	cw := claim(t, ctx, s, w.ID, attempt, token, time.Minute)
-	if v, err := s.Commit(ctx, cw, attempt, token, json.RawMessage(`{"findings":[]}`), 0); err != nil || v != store.Committed {
+	if v, err := s.Commit(ctx, cw, attempt, token, json.RawMessage(`{"findings":[]}`), 0, nil); err != nil || v != store.Committed {
 		t.Fatalf("commit: verdict %v err %v", v, err)
 	}
 	if _, err := s.AppendLedger(ctx, store.LedgerRow{AttemptID: attempt, TenantID: "acme", WorkID: w.ID,

@@ -31,6 +31,11 @@ type Delivery struct {
 	Decision   string
 	WorkID     string
 	ReceivedAt time.Time
+	// Installation is the GitHub App installation that sent it (0: none),
+	// BaseSHA the pull request's base when it was sent: where the work's
+	// outcome is published and what its diff was taken against.
+	Installation int64
+	BaseSHA      string
 }
 
 // Link maps a webhook source to a tenant. An installation link names the
@@ -201,10 +206,10 @@ func (s *Store) InsertWebhookWork(ctx context.Context, d Delivery, w *Work, anno
 		// A concurrent copy of the same delivery waits here on the primary
 		// key until the first commits, then sees its row.
 		rec, err := scanDelivery(tx.QueryRow(ctx, `INSERT INTO webhook_deliveries
-				(delivery_id, tenant_id, event, action, decision, work_id)
-			VALUES ($1, $2, $3, $4, $5, $6)
+				(delivery_id, tenant_id, event, action, decision, work_id, installation_id, base_sha)
+			VALUES ($1, $2, $3, $4, $5, $6, nullif($7, 0), nullif($8, ''))
 			ON CONFLICT (delivery_id) DO NOTHING
-			RETURNING `+deliveryColumns, d.ID, d.TenantID, d.Event, d.Action, DeliveryQueued, w.ID))
+			RETURNING `+deliveryColumns, d.ID, d.TenantID, d.Event, d.Action, DeliveryQueued, w.ID, d.Installation, d.BaseSHA))
 		if errors.Is(err, ErrNotFound) {
 			if r.Delivery, err = scanDelivery(tx.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries
 				WHERE delivery_id = $1`, d.ID)); err != nil {

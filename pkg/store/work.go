@@ -222,7 +222,7 @@ func supersede(ctx context.Context, tx pgx.Tx, got *Work, sourceUpdatedAt time.T
 // number.
 func readmit(ctx context.Context, tx pgx.Tx, id string, deadline time.Time) (*Work, error) {
 	return scanWork(tx.QueryRow(ctx, `UPDATE work SET state = 'queued', reason = NULL, deadline_at = $2,
-			dispatch = dispatch + 1, updated_at = now()
+			dispatch = dispatch + 1, updated_at = now(), outcome_announced_at = NULL
 		WHERE id = $1 AND state = 'dropped' RETURNING `+workColumns, id, deadline))
 }
 

@@ -5,9 +5,13 @@ package committer
 
 import (
 	"context"
+	"crypto/rsa"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"os"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,8 +25,10 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/gate"
 	"assay.dev/pkg/lifecycle"
+	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/committer/publish"
 )
 
 // Config of one committer instance.
@@ -44,6 +50,25 @@ type Config struct {
 	// ReapGrace is how old such an event must be before it is read back,
 	// so the reaper does not race the broker's delivery. Default 60s.
 	ReapGrace time.Duration
+	// Streams configure the OUTCOME stream the committer creates.
+	Streams event.StreamSettings
+	// AnnounceEvery is how often outcomes reached outside the commit
+	// transaction (superseded, expired, dropped, …) are written to the
+	// OUTCOME outbox. Default 1s; negative turns it off.
+	AnnounceEvery time.Duration
+	// GitHubAPI, GitHubAppID and GitHubKey configure publication to
+	// GitHub as a GitHub App. With no app id the publisher records what
+	// it would publish (the dry target). GitHubAPI defaults to
+	// https://api.github.com.
+	GitHubAPI   string
+	GitHubAppID int64
+	GitHubKey   *rsa.PrivateKey
+	// Rerun is the command that runs dropped work again. Default
+	// "assay work rerun <id> --region <region>".
+	Rerun func(workID string) string
+	// SetAside bounds how long an OUTCOME row that fails to publish is
+	// tried.
+	SetAside store.SetAsidePolicy
 }
 
 // FromEnv fills ASSAY_ACK_WAIT (the RESULT consumer's ack wait),
@@ -54,19 +79,56 @@ var Vars = []config.Var{
 	{Name: "ASSAY_ACK_WAIT", Default: "30s", Usage: "the RESULT consumer's ack wait"},
 	{Name: "ASSAY_COMMITTER_REAP_EVERY", Default: "5s", Usage: "how often the reaper reads back RESULT events the broker lost"},
 	{Name: "ASSAY_COMMITTER_REAP_GRACE", Default: "60s", Usage: "a RESULT event published this long ago and not committed is read back"},
+	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where check runs and review comments are published"},
+	{Name: "ASSAY_GITHUB_APP_ID", Default: "none (record what would be published)", Usage: "the GitHub App's id, to publish as the app"},
+	{Name: "ASSAY_GITHUB_APP_KEY_FILE", Default: "none", Usage: "the GitHub App's private key (PEM); required with ASSAY_GITHUB_APP_ID"},
 }
 
+// FromEnv also reads the GitHub App settings: ASSAY_GITHUB_APP_ID (a
+// positive integer), ASSAY_GITHUB_APP_KEY_FILE (a PEM RSA key, required
+// with the id) and ASSAY_GITHUB_API_URL.
 func (c *Config) FromEnv(getenv func(string) string) error {
-	return config.Durations(getenv,
+	if err := config.Durations(getenv,
 		config.Duration{Name: "ASSAY_ACK_WAIT", To: &c.AckWait, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
 		config.Duration{Name: "ASSAY_COMMITTER_REAP_EVERY", To: &c.ReapEvery, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
-		config.Duration{Name: "ASSAY_COMMITTER_REAP_GRACE", To: &c.ReapGrace, Min: 100 * time.Millisecond, Max: 24 * time.Hour})
+		config.Duration{Name: "ASSAY_COMMITTER_REAP_GRACE", To: &c.ReapGrace, Min: 100 * time.Millisecond, Max: 24 * time.Hour}); err != nil {
+		return err
+	}
+	if v := getenv("ASSAY_GITHUB_API_URL"); v != "" {
+		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("ASSAY_GITHUB_API_URL: %q is not an http(s) URL", v)
+		}
+		c.GitHubAPI = v
+	}
+	id, keyFile := getenv("ASSAY_GITHUB_APP_ID"), getenv("ASSAY_GITHUB_APP_KEY_FILE")
+	switch {
+	case id == "" && keyFile == "":
+		return nil
+	case id == "":
+		return errors.New("ASSAY_GITHUB_APP_ID: required with ASSAY_GITHUB_APP_KEY_FILE")
+	case keyFile == "":
+		return errors.New("ASSAY_GITHUB_APP_KEY_FILE: required with ASSAY_GITHUB_APP_ID")
+	}
+	n, err := strconv.ParseInt(id, 10, 64)
+	if err != nil || n <= 0 {
+		return fmt.Errorf("ASSAY_GITHUB_APP_ID: %q is not a positive integer", id)
+	}
+	pemBytes, err := os.ReadFile(keyFile)
+	if err != nil {
+		return fmt.Errorf("ASSAY_GITHUB_APP_KEY_FILE: %w", err)
+	}
+	key, err := publish.ParseKey(pemBytes)
+	if err != nil {
+		return fmt.Errorf("ASSAY_GITHUB_APP_KEY_FILE: %s: %w", keyFile, err)
+	}
+	c.GitHubAppID, c.GitHubKey = n, key
+	return nil
 }
 
 // Deps are what the committer talks to.
 type Deps struct {
 	Store     Store
-	JS        jetstream.StreamConsumerManager
+	JS        jetstream.JetStream
 	Contracts *contract.Registry
 	Log       *slog.Logger
 	Tel       *telemetry.Provider
@@ -74,13 +136,17 @@ type Deps struct {
 
 // Service is one committer instance.
 type Service struct {
-	cfg      Config
-	d        Deps
-	verdicts metric.Int64Counter
-	refused  metric.Int64Counter
-	endToEnd metric.Float64Histogram
-	results  *consumer.Consumer
-	reaper   lifecycle.Ticker
+	cfg       Config
+	d         Deps
+	verdicts  metric.Int64Counter
+	refused   metric.Int64Counter
+	endToEnd  metric.Float64Histogram
+	results   *consumer.Consumer
+	reaper    lifecycle.Ticker
+	streams   *event.Keeper
+	relay     *outbox.Relay
+	announcer lifecycle.Ticker
+	publisher *publish.Publisher
 }
 
 // Consumer is the durable name of the committer's RESULT consumer.
@@ -134,29 +200,99 @@ func New(cfg Config, d Deps) (*Service, error) {
 		n, err := s.Reap(ctx)
 		return n == reapBatch, err
 	}
+	owned := []string{event.KindOutcome}
+	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log, Meter: d.Tel.Meter(), Region: cfg.Region}
+	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: owned, Ensure: s.streams.Ensure,
+		Meter: d.Tel.Meter(), SetAside: cfg.SetAside}
+	if cfg.AnnounceEvery == 0 {
+		cfg.AnnounceEvery = time.Second
+	}
+	a := &s.announcer
+	a.Name, a.Every, a.Log, a.PassTimeout = "committer outcome announcer", cfg.AnnounceEvery, d.Log, time.Minute
+	a.Pass = func(ctx context.Context) (bool, error) {
+		n, err := s.d.Store.AnnounceOutcomes(ctx, announceBatch, s.announce(ctx))
+		if n > 0 {
+			s.relay.Kick()
+		}
+		return n == announceBatch, err
+	}
+	pc := publish.Config{Region: cfg.Region, Names: cfg.Names, Rerun: cfg.Rerun}
+	if pc.Rerun == nil {
+		pc.Rerun = func(id string) string { return fmt.Sprintf("assay work rerun %s --region %s", id, cfg.Region) }
+	}
+	if cfg.GitHubAppID != 0 {
+		if cfg.GitHubKey == nil {
+			return nil, errors.New("committer: GitHubKey is required with GitHubAppID")
+		}
+		api := cfg.GitHubAPI
+		if api == "" {
+			api = "https://api.github.com"
+		}
+		pc.GitHub = &publish.GitHub{API: api, AppID: cfg.GitHubAppID, Key: cfg.GitHubKey}
+	}
+	if s.publisher, err = publish.New(pc, d.Store, d.JS, d.Log, d.Tel.Meter()); err != nil {
+		return nil, fmt.Errorf("committer: %w", err)
+	}
+	s.cfg = cfg
 	return s, nil
 }
 
-// Start consumes the RESULT stream (the classifier's; the consumer waits
-// for it) and runs the reaper.
+// announceBatch bounds the outcomes one announcer pass writes.
+const announceBatch = 200
+
+// announce builds the OUTCOME event of a work item's outcome.
+func (s *Service) announce(ctx context.Context) store.Announce {
+	return func(w *store.Work, state string) ([]store.OutboxMsg, error) {
+		id := event.OutcomeMsgID(w.ID, state)
+		m, err := outbox.Msg(ctx, event.KindOutcome, s.cfg.Names.Outcome(w.TenantID), id,
+			event.Outcome{OutcomeID: id, WorkID: w.ID, TenantID: w.TenantID, Region: s.cfg.Region, Outcome: state, At: time.Now().UTC()})
+		if err != nil {
+			return nil, err
+		}
+		return []store.OutboxMsg{m}, nil
+	}
+}
+
+// Publisher is the service's publisher.
+func (s *Service) Publisher() *publish.Publisher { return s.publisher }
+
+// Start creates the OUTCOME stream it publishes to, starts its outbox
+// relay and the publisher, consumes the RESULT stream (the classifier's;
+// the consumer waits for it) and runs the reaper and the announcer.
 func (s *Service) Start(ctx context.Context) error {
-	parts := []lifecycle.Service{s.results}
+	if err := s.streams.Start(ctx); err != nil {
+		return err
+	}
+	s.relay.MaxPayload = s.d.JS.Conn().MaxPayload()
+	parts := []lifecycle.Service{s.relay, s.publisher, s.results}
 	if s.cfg.ReapEvery > 0 {
 		parts = append(parts, &s.reaper)
 	}
-	return lifecycle.StartAll(ctx, parts...)
+	if s.cfg.AnnounceEvery > 0 {
+		parts = append(parts, &s.announcer)
+	}
+	if err := lifecycle.StartAll(ctx, parts...); err != nil {
+		s.streams.Stop(ctx)
+		return err
+	}
+	return nil
 }
 
-// Stop stops the reaper, then stops taking results and waits for the ones
-// in hand. Idempotent.
-func (s *Service) Stop(ctx context.Context) { lifecycle.StopAll(ctx, &s.reaper, s.results) }
+// Stop stops the reaper and the announcer, then stops taking results and
+// waits for the ones in hand, flushes the outbox and stops publishing.
+// Idempotent.
+func (s *Service) Stop(ctx context.Context) {
+	lifecycle.StopAll(ctx, &s.reaper, &s.announcer, s.results, s.relay, s.publisher, s.streams)
+}
 
 // reapBatch bounds the events one reaper pass reads back.
 const reapBatch = 200
 
 // Reap reads back from the outbox the RESULT events the broker lost whose
 // work still waits for a verdict, and commits them as if delivered: the
-// commit is idempotent, so one that was only late changes nothing.
+// commit is idempotent, so one that was only late changes nothing. It
+// does the same for OUTCOME events nothing was published for: the
+// publication fence makes a late one an edit.
 func (s *Service) Reap(ctx context.Context) (int, error) {
 	payloads, err := s.d.Store.UncommittedResults(ctx, event.KindResult, s.cfg.ReapGrace, time.Hour, reapBatch)
 	if err != nil {
@@ -174,12 +310,34 @@ func (s *Service) Reap(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
-	return len(payloads), nil
+	outcomes, err := s.d.Store.UnpublishedOutcomes(ctx, s.cfg.ReapGrace, time.Hour, reapBatch)
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range outcomes {
+		ev, err := event.Parse[event.Outcome](p)
+		if err != nil {
+			s.d.Log.Warn("undecodable OUTCOME event in the outbox", "err", err)
+			continue
+		}
+		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "reaped", "OUTCOME event published but nothing published for it; read back from the outbox",
+			slog.String("work_outcome", ev.Outcome))
+		if err := s.publisher.Publish(ctx, ev); err != nil {
+			s.d.Log.Warn("reaped outcome not published; the next pass tries again", "key", ev.WorkID, "err", err)
+		}
+	}
+	return max(len(payloads), len(outcomes)), nil
 }
 
 // Ready reports whether the service can take results.
 func (s *Service) Ready(ctx context.Context) error {
 	if err := s.d.Store.Ping(ctx); err != nil {
+		return err
+	}
+	if err := s.streams.Ready(ctx); err != nil {
+		return err
+	}
+	if err := s.publisher.Ready(ctx); err != nil {
 		return err
 	}
 	return s.results.Ready(ctx)
@@ -237,7 +395,7 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	if fail != nil {
 		return s.reject(ctx, w, ev, fail.Error())
 	}
-	v, err := s.d.Store.Commit(ctx, w, ev.AttemptID, ev.LeaseToken, acc.Output, acc.Findings)
+	v, err := s.d.Store.Commit(ctx, w, ev.AttemptID, ev.LeaseToken, acc.Output, acc.Findings, s.announce(ctx))
 	if store.Permanent(err) {
 		// Refused for good: a retry would only loop. The answer cannot
 		// become a result; the work ends with the reason.
@@ -248,13 +406,19 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	if err != nil {
 		return err
 	}
+	if v != store.Lost {
+		s.relay.Kick()
+	}
 	return s.decided(ctx, w, ev, committed(v), true, slog.Int("findings", acc.Findings))
 }
 
 func (s *Service) reject(ctx context.Context, w *store.Work, ev event.Result, reason string) error {
-	ok, err := s.d.Store.Reject(ctx, w.ID, ev.AttemptID, ev.LeaseToken, reason)
+	ok, err := s.d.Store.Reject(ctx, w, ev.AttemptID, ev.LeaseToken, reason, s.announce(ctx))
 	if err != nil {
 		return err
+	}
+	if ok {
+		s.relay.Kick()
 	}
 	return s.decided(ctx, w, ev, rejected(ok, reason), true)
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"time"
 
+	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
+	"assay.dev/services/committer/publish"
 )
 
 // Store is what the committer asks of the cell's database; *store.Store is
@@ -14,7 +16,12 @@ type Store interface {
 	Ping(ctx context.Context) error
 	WorkAnswer(ctx context.Context, workID, attemptID string) (*store.Work, []byte, error)
 	MarkStale(ctx context.Context, attemptID string) (bool, error)
-	Reject(ctx context.Context, workID, attemptID, token, reason string) (bool, error)
+	Reject(ctx context.Context, w *store.Work, attemptID, token, reason string, announce store.Announce) (bool, error)
 	UncommittedResults(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error)
-	Commit(ctx context.Context, w *store.Work, attemptID, token string, output json.RawMessage, findings int) (store.Verdict, error)
+	Commit(ctx context.Context, w *store.Work, attemptID, token string, output json.RawMessage, findings int,
+		announce store.Announce) (store.Verdict, error)
+	AnnounceOutcomes(ctx context.Context, limit int, announce store.Announce) (int, error)
+	UnpublishedOutcomes(ctx context.Context, grace, horizon time.Duration, limit int) ([][]byte, error)
+	outbox.Source
+	publish.Store
 }

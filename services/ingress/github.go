@@ -12,11 +12,13 @@ import (
 	"time"
 )
 
-// PullRef names one revision of a pull request.
+// PullRef names one revision of a pull request: its head, and the base
+// it was delivered against.
 type PullRef struct {
 	Owner, Repo string
 	Number      int64
 	HeadSHA     string
+	BaseSHA     string
 }
 
 func (p PullRef) String() string {
@@ -47,18 +49,22 @@ type GitHubDiffs struct {
 	Client *http.Client
 }
 
-// Diff asks for the pull request with the diff media type. The answer is
-// the pull request's diff as it is now, which is the head the webhook named
-// unless a newer push has since arrived (its own webhook supersedes this
-// work).
+// Diff asks for the diff between the delivered base and head SHAs
+// (compare/{base}...{head}), so the work reviews the revision the webhook
+// named even when a newer push has since arrived. Without a base it falls
+// back to the pull request's diff as it is now (pulls/{n}).
 func (g *GitHubDiffs) Diff(ctx context.Context, pr PullRef) (string, error) {
 	if g.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, g.Timeout)
 		defer cancel()
 	}
-	u := strings.TrimRight(g.API, "/") + "/repos/" + url.PathEscape(pr.Owner) + "/" + url.PathEscape(pr.Repo) +
-		"/pulls/" + strconv.FormatInt(pr.Number, 10)
+	u := strings.TrimRight(g.API, "/") + "/repos/" + url.PathEscape(pr.Owner) + "/" + url.PathEscape(pr.Repo)
+	if pr.BaseSHA != "" && pr.HeadSHA != "" {
+		u += "/compare/" + url.PathEscape(pr.BaseSHA) + "..." + url.PathEscape(pr.HeadSHA)
+	} else {
+		u += "/pulls/" + strconv.FormatInt(pr.Number, 10)
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return "", fmt.Errorf("github: %w", err)

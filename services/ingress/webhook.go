@@ -136,6 +136,8 @@ func DecodePullRequestEvent(body []byte) (*PullRequestEvent, error) {
 		return nil, errors.New("payload: repository.full_name must be owner/repo")
 	case !shaRE.MatchString(e.PullRequest.Head.SHA):
 		return nil, errors.New("payload: pull_request.head.sha must be a full lower-case hex commit id")
+	case e.PullRequest.Base.SHA != "" && !shaRE.MatchString(e.PullRequest.Base.SHA):
+		return nil, errors.New("payload: pull_request.base.sha must be a full lower-case hex commit id")
 	case e.Installation != nil && e.Installation.ID <= 0:
 		return nil, errors.New("payload: installation.id must be a positive integer")
 	}
@@ -376,8 +378,12 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 		// dropped, and its reason says how to ask again.
 		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", overRate(d.tenant, work.Lane), RerunCommand(work))
 	}
-	res, err := s.d.Store.InsertWebhookWork(ctx, store.Delivery{ID: d.id, TenantID: d.tenant.ID, Event: d.event, Action: d.pr.Action},
-		work, s.announce(ctx))
+	rec := store.Delivery{ID: d.id, TenantID: d.tenant.ID, Event: d.event, Action: d.pr.Action, BaseSHA: d.pr.PullRequest.Base.SHA}
+	if d.pr.Installation != nil && d.by.app {
+		// Only the App's own deliveries name an installation to publish as.
+		rec.Installation = d.pr.Installation.ID
+	}
+	res, err := s.d.Store.InsertWebhookWork(ctx, rec, work, s.announce(ctx))
 	if err != nil {
 		s.d.Log.ErrorContext(ctx, "insert webhook work failed", "key", work.ID, "delivery", d.id, "err", err)
 		s.countWebhook(ctx, "unavailable")
@@ -419,7 +425,8 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 // ignored, when set, says why the delivery asks for no work after all.
 func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work, ignored string, refused *apierror.Error) {
 	pr, source := d.pr, slog.String("source", d.pr.SourceID())
-	ref := PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA}
+	ref := PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA,
+		BaseSHA: pr.PullRequest.Base.SHA}
 	diffText, err := s.cfg.Diffs.Diff(ctx, ref)
 	if errors.Is(err, ErrDiffTooLarge) {
 		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", "diff too large", source)

@@ -249,23 +249,37 @@ func TestReviewInputTitle(t *testing.T) {
 
 // fakeGitHub serves pull-request diffs as the REST API does.
 type fakeGitHub struct {
-	srv   *httptest.Server
-	mu    sync.Mutex
-	diffs map[string]string // "owner/repo#number"
-	auth  []string
-	fail  atomic.Int32 // answer this many requests with 502
-	delay atomic.Int64 // nanoseconds before answering
-	calls atomic.Int32
+	srv     *httptest.Server
+	mu      sync.Mutex
+	diffs   map[string]string // "owner/repo#number"
+	byRepo  map[string]string // "owner/repo": the diff set last
+	unknown map[string]bool   // head SHAs GitHub does not have
+	auth    []string
+	paths   []string
+	fail    atomic.Int32 // answer this many requests with 502
+	delay   atomic.Int64 // nanoseconds before answering
+	calls   atomic.Int32
 }
 
 func newFakeGitHub(t *testing.T) *fakeGitHub {
-	g := &fakeGitHub{diffs: map[string]string{}}
+	g := &fakeGitHub{diffs: map[string]string{}, byRepo: map[string]string{}, unknown: map[string]bool{}}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}", func(w http.ResponseWriter, r *http.Request) {
+	serve := func(w http.ResponseWriter, r *http.Request) {
 		g.calls.Add(1)
 		g.mu.Lock()
 		g.auth = append(g.auth, r.Header.Get("Authorization"))
-		d, ok := g.diffs[r.PathValue("owner")+"/"+r.PathValue("repo")+"#"+r.PathValue("number")]
+		g.paths = append(g.paths, r.URL.Path)
+		var d string
+		var ok bool
+		if r.PathValue("basehead") != "" {
+			// compare/{base}...{head}: the diff last set for the repository,
+			// unless GitHub does not have the head.
+			_, head, _ := strings.Cut(r.PathValue("basehead"), "...")
+			d, ok = g.byRepo[r.PathValue("owner")+"/"+r.PathValue("repo")]
+			ok = ok && !g.unknown[head]
+		} else {
+			d, ok = g.diffs[r.PathValue("owner")+"/"+r.PathValue("repo")+"#"+r.PathValue("number")]
+		}
 		g.mu.Unlock()
 		if d := time.Duration(g.delay.Load()); d > 0 {
 			select {
@@ -289,7 +303,9 @@ func newFakeGitHub(t *testing.T) *fakeGitHub {
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, d)
-	})
+	}
+	mux.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}", serve)
+	mux.HandleFunc("GET /repos/{owner}/{repo}/compare/{basehead}", serve)
 	g.srv = httptest.NewServer(mux)
 	t.Cleanup(g.srv.Close)
 	return g
@@ -299,6 +315,8 @@ func (g *fakeGitHub) setDiff(source, d string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.diffs[source] = d
+	repo, _, _ := strings.Cut(source, "#")
+	g.byRepo[repo] = d
 }
 
 func evalDiff(t testing.TB, name string) string {
@@ -606,6 +624,18 @@ func TestWebhookOpened(t *testing.T) {
 	if len(auth) != 1 || auth[0] != "Bearer ghs_testtoken" {
 		t.Fatalf("GitHub saw Authorization %q, want one fetch with the token", auth)
 	}
+	// The diff is the delivered revision's, base...head, and the delivery
+	// keeps what publishing back needs.
+	e.gh.mu.Lock()
+	paths := e.gh.paths
+	e.gh.mu.Unlock()
+	if want := "/repos/shop/checkout/compare/c0ffee1234567890abcdef1234567890abcdef12..." + headOpened; len(paths) != 1 || paths[0] != want {
+		t.Fatalf("GitHub saw %q, want %s", paths, want)
+	}
+	if n := e.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND installation_id::text = $2
+		AND base_sha = 'c0ffee1234567890abcdef1234567890abcdef12'`, r.Delivery, installation); n != 1 {
+		t.Fatalf("delivery row does not keep installation %s and the base SHA", installation)
+	}
 	if got := e.decision(wantID, "queued"); got["source"] != prSource || got["revision"] != headOpened || got["via"] != "installation "+installation {
 		t.Fatalf("decision %v", got)
 	}
@@ -880,8 +910,16 @@ func TestWebhookDiffFetchFailure(t *testing.T) {
 		t.Fatalf("delivery after redelivery %+v, %v", d, err)
 	}
 
-	// A pull request GitHub does not know is no work either.
-	other := mutate(t, "pull_request_opened.json", func(m map[string]any) { m["number"] = 404; pull(m)["number"] = 404 })
+	// A revision GitHub does not know is no work either.
+	const gone = "0000000000000000000000000000000000000404"
+	e.gh.mu.Lock()
+	e.gh.unknown[gone] = true
+	e.gh.mu.Unlock()
+	other := mutate(t, "pull_request_opened.json", func(m map[string]any) {
+		m["number"] = 404
+		pull(m)["number"] = 404
+		pull(m)["head"].(map[string]any)["sha"] = gone
+	})
 	if a := e.deliver("pull_request", "d-404", other); a.status != http.StatusBadGateway || a.code() != "upstream_unavailable" {
 		t.Fatalf("GitHub 404: %d %s", a.status, a.body)
 	}
@@ -1001,7 +1039,14 @@ func TestGitHubDiffs(t *testing.T) {
 	if err != nil || len(d) != 100 {
 		t.Fatalf("Diff = %d bytes, %v", len(d), err)
 	}
-	if got.URL.Path != "/repos/shop/checkout.js/pulls/7" || got.Header.Get("Accept") != "application/vnd.github.diff" ||
+	if got.URL.Path != "/repos/shop/checkout.js/pulls/7" {
+		t.Fatalf("without a base: GET %s, want the pull request's diff", got.URL.Path)
+	}
+	if _, err := g.Diff(t.Context(), PullRef{Owner: "shop", Repo: "checkout.js", Number: 7, HeadSHA: "bbb", BaseSHA: "aaa"}); err != nil ||
+		got.URL.Path != "/repos/shop/checkout.js/compare/aaa...bbb" {
+		t.Fatalf("with a base: GET %s (%v), want compare/aaa...bbb: the delivered revision", got.URL.Path, err)
+	}
+	if got.Header.Get("Accept") != "application/vnd.github.diff" ||
 		got.Header.Get("Authorization") != "" || got.Header.Get("X-GitHub-Api-Version") == "" {
 		t.Fatalf("request %s %v", got.URL, got.Header)
 	}

@@ -33,7 +33,7 @@ type Options struct {
 	Log        *slog.Logger
 	Classifier classifier.Config // Region, Names, Streams and Model are filled in
 	Ingress    ingress.Config    // Region, Names and Streams are filled in
-	Committer  committer.Config  // Region and Names are filled in
+	Committer  committer.Config  // Region, Names and Streams are filled in
 	Ledger     ledger.Config     // Region, Names and Prices are filled in
 	Prices     price.Prices
 	// NoClassifier leaves the classifier out, for tests that drive
@@ -109,7 +109,7 @@ func Start(ctx context.Context, o Options) (c *Cell, err error) {
 		Contracts: env.Contracts, Log: log("classifier"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
-	o.Committer.Region, o.Committer.Names = cfg.Region, names
+	o.Committer.Region, o.Committer.Names, o.Committer.Streams = cfg.Region, names, cfg.Streams
 	if c.Committer, err = committer.New(o.Committer, committer.Deps{Store: env.Store,
 		JS: js["committer"], Contracts: env.Contracts, Log: log("committer"), Tel: env.Tel}); err != nil {
 		return c, err

@@ -20,6 +20,7 @@ import (
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/classifier"
+	"assay.dev/services/committer"
 	"assay.dev/services/ingress"
 )
 
@@ -64,6 +65,12 @@ func StartDev(ctx context.Context, o DevOptions) (e *Dev, err error) {
 	}
 	var icfg ingress.Config
 	if err := icfg.FromEnv(os.Getenv); err != nil {
+		return e, config.Invalid(err)
+	}
+	// The committer's publisher records what it would publish unless a
+	// GitHub App is configured.
+	var mcfg committer.Config
+	if err := mcfg.FromEnv(os.Getenv); err != nil {
 		return e, config.Invalid(err)
 	}
 	model := "assay-sim-1"
@@ -132,7 +139,7 @@ func StartDev(ctx context.Context, o DevOptions) (e *Dev, err error) {
 			ModelBaseURL: e.ModelURL, ModelAPIKey: os.Getenv("ASSAY_MODEL_API_KEY"),
 			Model: model, HTTPAddr: "127.0.0.1:0"}
 		c, err := Start(ctx, Options{Config: cfg, Log: e.Log.With("region", region), Prices: ccfg.Prices, Classifier: ccfg,
-			Ingress: icfg})
+			Ingress: icfg, Committer: mcfg})
 		if err != nil {
 			return e, fmt.Errorf("cell %s: %w", region, err)
 		}

@@ -148,8 +148,10 @@ func grants(n event.Names, service string) grant {
 		}
 		return g
 	case "committer":
-		return grant{subscribe: inbox}.with(consumes(n.Stream(event.KindResult), committer.Consumer(n), ""),
-			"Its durable pull consumer on RESULT.")
+		return grant{publish: []line{{"Outcomes through its outbox, for its publisher.", n.Subjects(event.KindOutcome)}},
+			subscribe: inbox}.with(owns(n.Stream(event.KindOutcome)), "It owns the OUTCOME stream.").
+			with(consumes(n.Stream(event.KindResult), committer.Consumer(n), ""), "Its durable pull consumer on RESULT.").
+			with(consumes(n.Stream(event.KindOutcome), n.OutcomeConsumer(), ""), "Its publisher's durable pull consumer on OUTCOME.")
 	case "ledger":
 		return grant{subscribe: inbox}.with(consumes(n.Stream(event.KindAttempt), ledger.Consumer(n), ""),
 			"Its durable pull consumer on ATTEMPT.")

@@ -15,7 +15,7 @@ func main() {
 		Name: "committer", Doc: "committer checks each answer again and commits one result per work item.",
 		Need: config.Need{HTTPAddr: "127.0.0.1:8082"}, Vars: committer.Vars, Configure: cfg.FromEnv,
 		Build: func(e *host.Env) (host.Part, http.Handler, error) {
-			cfg.Region, cfg.Names = e.Config.Region, e.Config.Names()
+			cfg.Region, cfg.Names, cfg.Streams = e.Config.Region, e.Config.Names(), e.Config.Streams
 			s, err := committer.New(cfg,
 				committer.Deps{Store: e.Store, JS: e.JS, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
 			return s, nil, err

@@ -1,0 +1,377 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Announce builds the outbox rows that tell the cell a work item reached
+// state (its outcome). It runs inside the transaction that ended the work.
+type Announce func(w *Work, state string) ([]OutboxMsg, error)
+
+// announceOutcome writes the outcome's rows and marks the work announced,
+// so the sweep does not announce it again.
+func announceOutcome(ctx context.Context, tx pgx.Tx, w *Work, state string, announce Announce) error {
+	if announce == nil {
+		return nil
+	}
+	msgs, err := announce(w, state)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE work SET outcome_announced_at = now() WHERE id = $1`, w.ID); err != nil {
+		return fmt.Errorf("store: announce %s: %w", w.ID, err)
+	}
+	return insertOutbox(ctx, tx, msgs)
+}
+
+// AnnounceOutcomes announces up to limit work items that reached their
+// outcome outside the commit transaction (superseded, expired, dropped,
+// retry_exhausted, …) and were not announced yet, in one transaction. Work
+// that is re-admitted after a drop is announced again at its next outcome.
+func (s *Store) AnnounceOutcomes(ctx context.Context, limit int, announce Announce) (int, error) {
+	n := 0
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		n = 0
+		rows, err := tx.Query(ctx, `SELECT `+workColumns+` FROM work
+			WHERE outcome_announced_at IS NULL AND state NOT IN ('queued', 'running')
+			ORDER BY updated_at LIMIT $1 FOR UPDATE SKIP LOCKED`, limit)
+		if err != nil {
+			return err
+		}
+		ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Work, error) { return scanWork(r) })
+		if err != nil {
+			return err
+		}
+		for _, w := range ws {
+			if err := announceOutcome(ctx, tx, w, w.State, announce); err != nil {
+				return err
+			}
+		}
+		n = len(ws)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: announce outcomes: %w", err)
+	}
+	return n, nil
+}
+
+// PullSource is where code-review work is published back to: a pull
+// request revision and, for webhook work, the GitHub App installation that
+// delivered it.
+type PullSource struct {
+	Owner, Repo string
+	Number      int64
+	HeadSHA     string
+	BaseSHA     string
+	// Webhook says a webhook delivery asked for the work. Installation is
+	// its GitHub App installation, or for work submitted through the API
+	// the installation the tenant linked for the repository; 0 for none.
+	Webhook      bool
+	Installation int64
+}
+
+// ErrNoPullSource is returned for work whose source is not a pull request.
+var ErrNoPullSource = errors.New("work's source is not a pull request")
+
+// WorkPullSource reads the pull request a work item reviews, from its
+// source id (owner/repo#number), its revision (the head SHA) and the first
+// delivery that asked for it, if one did.
+func (s *Store) WorkPullSource(ctx context.Context, w *Work) (PullSource, error) {
+	var p PullSource
+	repo, num, ok := strings.Cut(w.SourceID, "#")
+	owner, name, ok2 := strings.Cut(repo, "/")
+	n, err := strconv.ParseInt(num, 10, 64)
+	if !ok || !ok2 || err != nil || n <= 0 || owner == "" || name == "" {
+		return p, fmt.Errorf("store: work %s source %q: %w", w.ID, w.SourceID, ErrNoPullSource)
+	}
+	p = PullSource{Owner: owner, Repo: name, Number: n, HeadSHA: w.Revision}
+	err = s.pool.QueryRow(ctx, `SELECT coalesce(installation_id, 0), coalesce(base_sha, '') FROM webhook_deliveries
+		WHERE work_id = $1 ORDER BY installation_id IS NULL, received_at LIMIT 1`, w.ID).Scan(&p.Installation, &p.BaseSHA)
+	if err == nil {
+		p.Webhook = true
+		return p, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return p, fmt.Errorf("store: work %s delivery: %w", w.ID, err)
+	}
+	// Work submitted through the API is published as the installation the
+	// tenant linked for the repository, if it linked one: never as an
+	// installation of another tenant.
+	rows, err := s.pool.Query(ctx, `SELECT key, repositories FROM tenant_sources
+		WHERE kind = 'github_installation' AND tenant_id = $1 ORDER BY key`, w.TenantID)
+	if err != nil {
+		return p, fmt.Errorf("store: work %s installation: %w", w.ID, err)
+	}
+	links, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Link, error) {
+		var l Link
+		err := r.Scan(&l.Key, &l.Repositories)
+		return l, err
+	})
+	if err != nil {
+		return p, fmt.Errorf("store: work %s installation: %w", w.ID, err)
+	}
+	for _, l := range links {
+		for _, pat := range l.Repositories {
+			if pat == repo || pat == owner+"/*" {
+				if id, err := strconv.ParseInt(l.Key, 10, 64); err == nil {
+					p.Installation = id
+					return p, nil
+				}
+			}
+		}
+	}
+	return p, nil
+}
+
+// Check policies of a tenant's check runs.
+const (
+	CheckAdvisory = "advisory" // a check never fails
+	CheckBlocking = "blocking" // a blocking finding fails the check
+)
+
+// CheckPolicy reads a tenant's check-run policy.
+func (s *Store) CheckPolicy(ctx context.Context, tenant string) (string, error) {
+	var p string
+	err := s.pool.QueryRow(ctx, `SELECT check_policy FROM tenants WHERE id = $1`, tenant).Scan(&p)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("store: check policy of %s: %w", tenant, err)
+	}
+	return p, nil
+}
+
+// SetCheckPolicy sets a tenant's check-run policy.
+func (s *Store) SetCheckPolicy(ctx context.Context, tenant, policy string) error {
+	if policy != CheckAdvisory && policy != CheckBlocking {
+		return fmt.Errorf("store: check policy %q: want %s or %s", policy, CheckAdvisory, CheckBlocking)
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET check_policy = $2 WHERE id = $1`, tenant, policy)
+	if err != nil {
+		return fmt.Errorf("store: set check policy of %s: %w", tenant, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// Publication is the fence row of one work item's publication to one
+// target, with the remote ids made so far.
+type Publication struct {
+	WorkID, Target, TenantID, Outcome string
+	// CheckRunID is 0 until a check run is known.
+	CheckRunID int64
+	// CommentIDs maps a comment's key (a finding's index) to its id.
+	CommentIDs     map[string]int64
+	RerunCommentID int64
+	Plan           json.RawMessage
+	Tries          int
+	LastError      string
+	PublishedAt    time.Time
+}
+
+const publicationColumns = `work_id, target, tenant_id, outcome, coalesce(check_run_id, 0), comment_ids,
+	coalesce(rerun_comment_id, 0), plan, tries, coalesce(last_error, ''), coalesce(published_at, 'epoch')`
+
+func scanPublication(row pgx.Row) (*Publication, error) {
+	var p Publication
+	err := row.Scan(&p.WorkID, &p.Target, &p.TenantID, &p.Outcome, &p.CheckRunID, &p.CommentIDs,
+		&p.RerunCommentID, &p.Plan, &p.Tries, &p.LastError, &p.PublishedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if p.PublishedAt.Unix() == 0 {
+		p.PublishedAt = time.Time{}
+	}
+	return &p, err
+}
+
+// ErrPublicationBusy is returned by LockPublication while another
+// publisher holds the same work and target.
+var ErrPublicationBusy = errors.New("publication is held by another publisher")
+
+// LockPublication is the publication fence. It makes the row of (work,
+// target) if there is none, takes a lock on it that lasts until release is
+// called (or the connection dies with its process), and returns the row as
+// it is: the ids already made. A second publisher gets ErrPublicationBusy.
+func (s *Store) LockPublication(ctx context.Context, workID, target, tenant, outcome string) (*Publication, func(), error) {
+	if _, err := s.pool.Exec(ctx, `INSERT INTO publications (work_id, target, tenant_id, outcome)
+		VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, workID, target, tenant, outcome); err != nil {
+		return nil, nil, fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
+	}
+	release := func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
+	// The lock is an advisory one held by its own transaction, so ids
+	// recorded while it is held are committed one by one (and survive a
+	// publisher that dies), and the lock goes with the connection.
+	var locked bool
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended('publication:' || $1 || '/' || $2, 0))`,
+		workID, target).Scan(&locked); err != nil {
+		release()
+		return nil, nil, fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
+	}
+	if !locked {
+		release()
+		return nil, nil, ErrPublicationBusy
+	}
+	p, err := s.GetPublication(ctx, workID, target)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return p, release, nil
+}
+
+// GetPublication reads the publication of a work item to a target.
+func (s *Store) GetPublication(ctx context.Context, workID, target string) (*Publication, error) {
+	p, err := scanPublication(s.pool.QueryRow(ctx, `SELECT `+publicationColumns+` FROM publications
+		WHERE work_id = $1 AND target = $2`, workID, target))
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
+	}
+	return p, err
+}
+
+// Publications lists a tenant's publications (every tenant's for ""),
+// oldest first, up to limit.
+func (s *Store) Publications(ctx context.Context, tenant string, limit int) ([]*Publication, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+publicationColumns+` FROM publications
+		WHERE $1 = '' OR tenant_id = $1 ORDER BY created_at, work_id, target LIMIT $2`, tenant, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: publications: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Publication, error) { return scanPublication(r) })
+}
+
+// RecordCheckRun records the check run of a publication; the holder of
+// the publication's lock calls it as soon as the remote id is known.
+func (s *Store) RecordCheckRun(ctx context.Context, workID, target string, id int64) error {
+	return s.recordPublication(ctx, `UPDATE publications SET check_run_id = $3, updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, id)
+}
+
+// RecordComment records one review comment of a publication under key.
+func (s *Store) RecordComment(ctx context.Context, workID, target, key string, id int64) error {
+	return s.recordPublication(ctx, `UPDATE publications SET comment_ids = comment_ids || jsonb_build_object($3::text, $4::bigint),
+			updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, key, id)
+}
+
+// RecordRerunComment records the comment that tells how to run dropped
+// work again.
+func (s *Store) RecordRerunComment(ctx context.Context, workID, target string, id int64) error {
+	return s.recordPublication(ctx, `UPDATE publications SET rerun_comment_id = $3, updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, id)
+}
+
+// FinishPublication records that the publication of outcome is complete,
+// with what was published.
+func (s *Store) FinishPublication(ctx context.Context, workID, target, outcome string, plan json.RawMessage) error {
+	return s.recordPublication(ctx, `UPDATE publications SET outcome = $3, plan = $4, published_at = now(),
+			last_error = NULL, updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, outcome, plan)
+}
+
+// FailPublication counts a failed try with its error.
+func (s *Store) FailPublication(ctx context.Context, workID, target, msg string) error {
+	return s.recordPublication(ctx, `UPDATE publications SET tries = tries + 1, last_error = $3, updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, Text(msg))
+}
+
+func (s *Store) recordPublication(ctx context.Context, sql string, workID, target string, args ...any) error {
+	if _, err := s.pool.Exec(ctx, sql, append([]any{workID, target}, args...)...); err != nil {
+		return fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
+	}
+	return nil
+}
+
+// Callback is a tenant's signed-callback endpoint.
+type Callback struct {
+	URL string
+	// Secret is the Standard Webhooks signing secret, "whsec_" and the
+	// base64 of its bytes.
+	Secret string
+}
+
+// NewCallbackSecret is a new signing secret: 32 random bytes.
+func NewCallbackSecret() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return "whsec_" + base64.StdEncoding.EncodeToString(b)
+}
+
+// SetCallback sets (or, with an empty URL, removes) a tenant's callback.
+func (s *Store) SetCallback(ctx context.Context, tenant string, c Callback) error {
+	var err error
+	if c.URL == "" {
+		_, err = s.pool.Exec(ctx, `DELETE FROM tenant_callbacks WHERE tenant_id = $1`, tenant)
+	} else {
+		_, err = s.pool.Exec(ctx, `INSERT INTO tenant_callbacks (tenant_id, url, secret) VALUES ($1, $2, $3)
+			ON CONFLICT (tenant_id) DO UPDATE SET url = excluded.url, secret = excluded.secret, created_at = now()`,
+			tenant, c.URL, c.Secret)
+	}
+	if SQLState(err) == "23503" { // foreign_key_violation: no such tenant
+		return ErrNotFound
+	}
+	if err != nil {
+		return fmt.Errorf("store: callback of %s: %w", tenant, err)
+	}
+	return nil
+}
+
+// TenantCallback reads a tenant's callback; ErrNotFound when it has none.
+func (s *Store) TenantCallback(ctx context.Context, tenant string) (Callback, error) {
+	var c Callback
+	err := s.pool.QueryRow(ctx, `SELECT url, secret FROM tenant_callbacks WHERE tenant_id = $1`, tenant).Scan(&c.URL, &c.Secret)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, ErrNotFound
+	}
+	if err != nil {
+		return c, fmt.Errorf("store: callback of %s: %w", tenant, err)
+	}
+	return c, nil
+}
+
+// UnpublishedOutcomes reads back from the outbox up to limit OUTCOME events
+// published between grace and horizon ago whose work is still in that
+// outcome and which no publication has recorded: events the broker lost.
+// Only work something is published for is read: code reviews of a pull
+// request (owner/repo#number), and the
+// work of tenants with a callback; a publication that failed ten times is
+// left to its consumer's redeliveries.
+func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Duration, limit int) ([][]byte, error) {
+	rows, err := s.pool.Query(ctx, `SELECT o.payload FROM outbox o
+		JOIN work w ON w.id = split_part(o.msg_id, '.', 1) AND w.state = split_part(o.msg_id, '.', 2)
+		WHERE o.stream = 'OUTCOME'
+			AND o.published_at < now() - $1 * interval '1 microsecond'
+			AND o.published_at > now() - $2 * interval '1 microsecond'
+			AND ((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/#]+#[1-9][0-9]*$')
+				OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))
+			AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id
+				AND ((p.outcome = w.state AND p.published_at IS NOT NULL) OR p.tries >= 10))
+		ORDER BY o.published_at LIMIT $3`, interval(grace), interval(horizon), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: unpublished outcomes: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		return nil, fmt.Errorf("store: unpublished outcomes: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,78 @@
+package publish
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+)
+
+func TestDecide(t *testing.T) {
+	t.Parallel()
+	src := store.PullSource{Owner: "shop", Repo: "app", Number: 7, HeadSHA: head}
+	blocking := []Finding{{File: "a.go", Line: 3, Severity: "blocking", Summary: "x"}, {File: "a.go", Line: 9, Severity: "info", Summary: "y"}}
+	for _, c := range []struct {
+		name, outcome, policy string
+		findings              []Finding
+		conclusion            string // "" for no check run
+		comments              int
+		rerun                 bool
+	}{
+		{"accepted, nothing found", outcome.Accepted, store.CheckAdvisory, nil, "success", 0, false},
+		{"accepted, advisory", outcome.Accepted, store.CheckAdvisory, blocking, "neutral", 2, false},
+		{"accepted, blocking policy", outcome.Accepted, store.CheckBlocking, blocking, "failure", 2, false},
+		{"accepted, blocking policy, none blocking", outcome.Accepted, store.CheckBlocking, blocking[1:], "neutral", 1, false},
+		{"superseded", outcome.Superseded, store.CheckBlocking, blocking, "skipped", 0, false},
+		{"expired", outcome.Expired, "", nil, "timed_out", 0, false},
+		{"canceled", outcome.Canceled, "", nil, "cancelled", 0, false},
+		{"schema_rejected", outcome.SchemaRejected, "", nil, "neutral", 0, false},
+		{"dropped", outcome.Dropped, "", nil, "", 0, true},
+	} {
+		p := Decide(Input{WorkID: "w1", Outcome: c.outcome, Policy: c.policy, Findings: c.findings, Source: src,
+			Rerun: "assay work rerun w1 --region us", Reason: "over the rate; ask again with: x"})
+		got := ""
+		if p.CheckRun != nil {
+			got = p.CheckRun.Conclusion
+		}
+		if got != c.conclusion || len(p.Comments) != c.comments || (p.Rerun != "") != c.rerun || p.Repository != "shop/app" {
+			t.Errorf("%s: check %q, %d comments, rerun %q; want %q, %d, %v", c.name, got, len(p.Comments), p.Rerun, c.conclusion, c.comments, c.rerun)
+		}
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_800_000_000, 0)
+	h := func(kv ...string) http.Header {
+		out := http.Header{}
+		for i := 0; i < len(kv); i += 2 {
+			out.Set(kv[i], kv[i+1])
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name           string
+		status         int
+		h              http.Header
+		body           string
+		wait           time.Duration
+		retry, limited bool
+	}{
+		{"503 with Retry-After", 503, h("Retry-After", "7"), "", 7 * time.Second, true, true},
+		{"502 bare", 502, h(), "", 0, true, false},
+		{"secondary with Retry-After", 403, h("Retry-After", "30"), "secondary rate limit", 30 * time.Second, true, true},
+		{"secondary bare", 403, h(), "You have exceeded a secondary rate limit", time.Minute, true, true},
+		{"primary exhausted", 403, h("X-Ratelimit-Remaining", "0", "X-Ratelimit-Reset", "1800000090"), "", 90 * time.Second, true, true},
+		{"429 bare", 429, h(), "", time.Minute, true, true},
+		{"403 forbidden", 403, h(), "Resource not accessible by integration", 0, false, false},
+		{"422", 422, h("Retry-After", "5"), "", 0, false, false},
+		{"Retry-After as a date", 503, h("Retry-After", now.Add(3*time.Second).UTC().Format(http.TimeFormat)), "", 3 * time.Second, true, true},
+	} {
+		wait, retry, limited := RetryAfter(c.status, c.h, []byte(c.body), now)
+		if wait != c.wait || retry != c.retry || limited != c.limited {
+			t.Errorf("%s: %s %v %v, want %s %v %v", c.name, wait, retry, limited, c.wait, c.retry, c.limited)
+		}
+	}
+}

@@ -1,0 +1,389 @@
+package publish
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// RetryError says the call may be made again, no earlier than Wait from
+// now: GitHub said so (Retry-After, a rate limit's reset) or it failed in a
+// way a later try can mend (a 5xx).
+type RetryError struct {
+	Wait time.Duration
+	Err  error
+}
+
+func (e *RetryError) Error() string { return fmt.Sprintf("%v (retry in %s)", e.Err, e.Wait) }
+func (e *RetryError) Unwrap() error { return e.Err }
+
+// StatusError is an answer GitHub gave that no retry mends.
+type StatusError struct {
+	Method, Path string
+	Status       int
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("github: %s %s: HTTP %d", e.Method, e.Path, e.Status)
+}
+
+// GitHub speaks the REST API as a GitHub App: a JWT signed with the app's
+// key buys an installation token, and the token makes the calls.
+type GitHub struct {
+	// API is the REST API's base URL, e.g. https://api.github.com.
+	API string
+	// AppID is the GitHub App's id, the JWT's issuer.
+	AppID int64
+	// Key is the app's private key.
+	Key *rsa.PrivateKey
+	// Client defaults to one with a 30s timeout.
+	Client *http.Client
+	// Now defaults to time.Now.
+	Now func() time.Time
+
+	mu        sync.Mutex
+	tokens    map[int64]installationToken
+	notBefore time.Time // no call before this: a rate limit said so
+}
+
+type installationToken struct {
+	token   string
+	expires time.Time
+}
+
+// ParseKey reads a GitHub App's private key (PEM, PKCS#1 as GitHub hands
+// it out, or PKCS#8).
+func ParseKey(pemBytes []byte) (*rsa.PrivateKey, error) {
+	b, _ := pem.Decode(pemBytes)
+	if b == nil {
+		return nil, errors.New("no PEM block")
+	}
+	if k, err := x509.ParsePKCS1PrivateKey(b.Bytes); err == nil {
+		return k, nil
+	}
+	k, err := x509.ParsePKCS8PrivateKey(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("not an RSA private key: %w", err)
+	}
+	rk, ok := k.(*rsa.PrivateKey)
+	if !ok {
+		return nil, errors.New("not an RSA private key")
+	}
+	return rk, nil
+}
+
+func (g *GitHub) now() time.Time {
+	if g.Now != nil {
+		return g.Now()
+	}
+	return time.Now()
+}
+
+// appJWT is the app's JSON Web Token (RS256), valid for nine minutes and
+// issued a minute in the past against clock drift, as GitHub advises.
+func (g *GitHub) appJWT() (string, error) {
+	now := g.now()
+	enc := base64.RawURLEncoding
+	header := enc.EncodeToString([]byte(`{"alg":"RS256","typ":"JWT"}`))
+	claims, err := json.Marshal(map[string]any{"iat": now.Add(-time.Minute).Unix(), "exp": now.Add(9 * time.Minute).Unix(),
+		"iss": strconv.FormatInt(g.AppID, 10)})
+	if err != nil {
+		return "", err
+	}
+	signing := header + "." + enc.EncodeToString(claims)
+	sum := sha256.Sum256([]byte(signing))
+	sig, err := rsa.SignPKCS1v15(rand.Reader, g.Key, crypto.SHA256, sum[:])
+	if err != nil {
+		return "", fmt.Errorf("github: sign app JWT: %w", err)
+	}
+	return signing + "." + enc.EncodeToString(sig), nil
+}
+
+// token is an installation token, made again a minute before it expires.
+func (g *GitHub) token(ctx context.Context, installation int64) (string, error) {
+	if installation <= 0 {
+		return "", errors.New("github: the work names no GitHub App installation to publish as")
+	}
+	g.mu.Lock()
+	t, ok := g.tokens[installation]
+	g.mu.Unlock()
+	if ok && g.now().Before(t.expires.Add(-time.Minute)) {
+		return t.token, nil
+	}
+	jwt, err := g.appJWT()
+	if err != nil {
+		return "", err
+	}
+	var out struct {
+		Token     string    `json:"token"`
+		ExpiresAt time.Time `json:"expires_at"`
+	}
+	if err := g.call(ctx, "Bearer "+jwt, http.MethodPost, fmt.Sprintf("/app/installations/%d/access_tokens", installation), nil, &out); err != nil {
+		return "", err
+	}
+	g.mu.Lock()
+	if g.tokens == nil {
+		g.tokens = map[int64]installationToken{}
+	}
+	g.tokens[installation] = installationToken{out.Token, out.ExpiresAt}
+	g.mu.Unlock()
+	return out.Token, nil
+}
+
+// do makes one call as the installation.
+func (g *GitHub) do(ctx context.Context, installation int64, method, path string, in, out any) error {
+	tok, err := g.token(ctx, installation)
+	if err != nil {
+		return err
+	}
+	return g.call(ctx, "token "+tok, method, path, in, out)
+}
+
+func (g *GitHub) call(ctx context.Context, auth, method, path string, in, out any) error {
+	g.mu.Lock()
+	wait := g.notBefore.Sub(g.now())
+	g.mu.Unlock()
+	if wait > 0 {
+		// Honoured here too, so no other publication calls before GitHub
+		// said it may.
+		return &RetryError{Wait: wait, Err: fmt.Errorf("github: %s %s: rate limited", method, path)}
+	}
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(g.API, "/")+path, body)
+	if err != nil {
+		return fmt.Errorf("github: %w", err)
+	}
+	req.Header.Set("Accept", "application/vnd.github+json")
+	req.Header.Set("X-GitHub-Api-Version", "2022-11-28")
+	req.Header.Set("User-Agent", "assay-publisher")
+	req.Header.Set("Authorization", auth)
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	c := g.Client
+	if c == nil {
+		c = &http.Client{Timeout: 30 * time.Second}
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return &RetryError{Wait: 0, Err: fmt.Errorf("github: %s %s: %w", method, path, err)}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return &RetryError{Err: fmt.Errorf("github: %s %s: read: %w", method, path, err)}
+	}
+	if resp.StatusCode/100 == 2 {
+		if out == nil || len(b) == 0 {
+			return nil
+		}
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("github: %s %s: decode: %w", method, path, err)
+		}
+		return nil
+	}
+	failed := &StatusError{Method: method, Path: path, Status: resp.StatusCode}
+	wait, retry, limited := RetryAfter(resp.StatusCode, resp.Header, b, g.now())
+	if !retry {
+		return failed
+	}
+	if limited {
+		g.mu.Lock()
+		if t := g.now().Add(wait); t.After(g.notBefore) {
+			g.notBefore = t
+		}
+		g.mu.Unlock()
+	}
+	return &RetryError{Wait: wait, Err: failed}
+}
+
+// RetryAfter says whether an answer may be tried again and how long to
+// wait first. A 429, or a 403 for a primary or secondary rate limit, waits
+// what Retry-After says, else until x-ratelimit-reset when none remain,
+// else (a secondary limit that says nothing) a minute; limited says the
+// wait holds for every call, not only this one. A 5xx waits its
+// Retry-After, if any. Any other status is final.
+func RetryAfter(status int, h http.Header, body []byte, now time.Time) (wait time.Duration, retry, limited bool) {
+	ra, hasRA := retryAfterHeader(h.Get("Retry-After"), now)
+	switch {
+	case status >= 500:
+		return ra, true, hasRA
+	case status != http.StatusTooManyRequests && status != http.StatusForbidden:
+		return 0, false, false
+	case hasRA:
+		return ra, true, true
+	case h.Get("X-Ratelimit-Remaining") == "0":
+		reset, err := strconv.ParseInt(h.Get("X-Ratelimit-Reset"), 10, 64)
+		if err == nil {
+			return max(time.Unix(reset, 0).Sub(now), time.Second), true, true
+		}
+		return time.Minute, true, true
+	case status == http.StatusTooManyRequests || strings.Contains(strings.ToLower(string(body)), "secondary rate limit"):
+		return time.Minute, true, true
+	}
+	return 0, false, false
+}
+
+// retryAfterHeader reads Retry-After as seconds or an HTTP date.
+func retryAfterHeader(v string, now time.Time) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0), true
+	}
+	return 0, false
+}
+
+// The REST shapes the publisher uses.
+
+type checkRunOutput struct {
+	Title   string `json:"title"`
+	Summary string `json:"summary"`
+}
+
+type checkRunRequest struct {
+	Name        string         `json:"name,omitempty"`
+	HeadSHA     string         `json:"head_sha,omitempty"`
+	ExternalID  string         `json:"external_id,omitempty"`
+	Status      string         `json:"status"`
+	Conclusion  string         `json:"conclusion"`
+	CompletedAt time.Time      `json:"completed_at"`
+	Output      checkRunOutput `json:"output"`
+}
+
+type checkRun struct {
+	ID         int64  `json:"id"`
+	ExternalID string `json:"external_id"`
+	Name       string `json:"name"`
+}
+
+type comment struct {
+	ID   int64  `json:"id"`
+	Body string `json:"body"`
+}
+
+type reviewCommentRequest struct {
+	Body     string `json:"body"`
+	CommitID string `json:"commit_id,omitempty"`
+	Path     string `json:"path,omitempty"`
+	Line     int    `json:"line,omitempty"`
+	Side     string `json:"side,omitempty"`
+}
+
+func repoPath(p Plan) string {
+	owner, repo, _ := strings.Cut(p.Repository, "/")
+	return "/repos/" + url.PathEscape(owner) + "/" + url.PathEscape(repo)
+}
+
+// findCheckRun looks for the work's check run on its head: a publisher
+// that died before recording the id finds it by its external id.
+func (g *GitHub) findCheckRun(ctx context.Context, inst int64, p Plan) (int64, error) {
+	var out struct {
+		CheckRuns []checkRun `json:"check_runs"`
+	}
+	path := repoPath(p) + "/commits/" + url.PathEscape(p.HeadSHA) + "/check-runs?check_name=" + url.QueryEscape(CheckName) + "&per_page=100"
+	if err := g.do(ctx, inst, http.MethodGet, path, nil, &out); err != nil {
+		return 0, err
+	}
+	for _, c := range out.CheckRuns {
+		if c.ExternalID == p.WorkID {
+			return c.ID, nil
+		}
+	}
+	return 0, nil
+}
+
+// putCheckRun creates the check run (id 0) or edits it.
+func (g *GitHub) putCheckRun(ctx context.Context, inst int64, p Plan, id int64) (int64, error) {
+	req := checkRunRequest{Status: "completed", Conclusion: p.CheckRun.Conclusion, CompletedAt: g.now().UTC().Truncate(time.Second),
+		Output: checkRunOutput{Title: p.CheckRun.Title, Summary: p.CheckRun.Summary}}
+	var out checkRun
+	if id != 0 {
+		return id, g.do(ctx, inst, http.MethodPatch, fmt.Sprintf("%s/check-runs/%d", repoPath(p), id), req, &out)
+	}
+	req.Name, req.HeadSHA, req.ExternalID = CheckName, p.HeadSHA, p.WorkID
+	if err := g.do(ctx, inst, http.MethodPost, repoPath(p)+"/check-runs", req, &out); err != nil {
+		return 0, err
+	}
+	return out.ID, nil
+}
+
+// markedComments lists the comments of a pull request (review comments,
+// or with issue the conversation's) that carry the work's marker, by key.
+func (g *GitHub) markedComments(ctx context.Context, inst int64, p Plan, issue bool) (map[string]int64, error) {
+	base := fmt.Sprintf("%s/pulls/%d/comments", repoPath(p), p.Number)
+	if issue {
+		base = fmt.Sprintf("%s/issues/%d/comments", repoPath(p), p.Number)
+	}
+	prefix := "<!-- assay:work=" + p.WorkID + " key="
+	found := map[string]int64{}
+	for page := 1; page <= 50; page++ {
+		var cs []comment
+		if err := g.do(ctx, inst, http.MethodGet, fmt.Sprintf("%s?per_page=100&page=%d", base, page), nil, &cs); err != nil {
+			return nil, err
+		}
+		for _, c := range cs {
+			if i := strings.Index(c.Body, prefix); i >= 0 {
+				key, _, ok := strings.Cut(c.Body[i+len(prefix):], " -->")
+				if _, dup := found[key]; ok && !dup {
+					found[key] = c.ID
+				}
+			}
+		}
+		if len(cs) < 100 {
+			break
+		}
+	}
+	return found, nil
+}
+
+// putReviewComment creates a review comment at file and line (id 0) or
+// edits its body.
+func (g *GitHub) putReviewComment(ctx context.Context, inst int64, p Plan, c Comment, id int64) (int64, error) {
+	body := withMarker(c.Body, p.WorkID, c.Key)
+	var out comment
+	if id != 0 {
+		return id, g.do(ctx, inst, http.MethodPatch, fmt.Sprintf("%s/pulls/comments/%d", repoPath(p), id), reviewCommentRequest{Body: body}, &out)
+	}
+	err := g.do(ctx, inst, http.MethodPost, fmt.Sprintf("%s/pulls/%d/comments", repoPath(p), p.Number),
+		reviewCommentRequest{Body: body, CommitID: p.HeadSHA, Path: c.Path, Line: c.Line, Side: "RIGHT"}, &out)
+	return out.ID, err
+}
+
+// putIssueComment creates a conversation comment (id 0) or edits it.
+func (g *GitHub) putIssueComment(ctx context.Context, inst int64, p Plan, key, text string, id int64) (int64, error) {
+	body := reviewCommentRequest{Body: withMarker(text, p.WorkID, key)}
+	var out comment
+	if id != 0 {
+		return id, g.do(ctx, inst, http.MethodPatch, fmt.Sprintf("%s/issues/comments/%d", repoPath(p), id), body, &out)
+	}
+	err := g.do(ctx, inst, http.MethodPost, fmt.Sprintf("%s/issues/%d/comments", repoPath(p), p.Number), body, &out)
+	return out.ID, err
+}

@@ -1,0 +1,175 @@
+// Package publish turns a work item's outcome into what its source sees:
+// a GitHub check run and review comments, the rerun comment of dropped
+// work, or (with no GitHub App configured) a record of what would be
+// published. The decision is Decide, a pure function; Publisher carries it
+// out behind the publication fence.
+package publish
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+)
+
+// CheckName is the name of every check run assay makes.
+const CheckName = "assay"
+
+// Plan is what one outcome publishes. It is recorded with the
+// publication, so a dry run shows exactly what GitHub would have got.
+type Plan struct {
+	WorkID     string `json:"workId"`
+	Outcome    string `json:"outcome"`
+	Repository string `json:"repository,omitempty"`
+	Number     int64  `json:"number,omitempty"`
+	HeadSHA    string `json:"headSha,omitempty"`
+	// CheckRun is nil when the outcome gets none (dropped work).
+	CheckRun *CheckRun `json:"checkRun,omitempty"`
+	// Comments are review comments at file and line, one per accepted
+	// finding.
+	Comments []Comment `json:"comments,omitempty"`
+	// Rerun is the body of the one pull request comment of dropped work.
+	Rerun string `json:"rerun,omitempty"`
+}
+
+// CheckRun is a completed check run.
+type CheckRun struct {
+	Conclusion string `json:"conclusion"`
+	Title      string `json:"title"`
+	Summary    string `json:"summary"`
+}
+
+// Comment is one review comment. Key identifies it within the work (the
+// finding's index), so a second publication finds and edits it.
+type Comment struct {
+	Key  string `json:"key"`
+	Path string `json:"path"`
+	Line int    `json:"line"`
+	Body string `json:"body"`
+}
+
+// Finding is one code-review finding of an accepted result.
+type Finding struct {
+	File     string `json:"file"`
+	Line     int    `json:"line"`
+	Severity string `json:"severity"`
+	Summary  string `json:"summary"`
+	Evidence string `json:"evidence"`
+}
+
+// Findings reads the findings of an accepted output; outputs of contracts
+// without findings have none.
+func Findings(output []byte) []Finding {
+	var o struct {
+		Findings []Finding `json:"findings"`
+	}
+	if json.Unmarshal(output, &o) != nil {
+		return nil
+	}
+	var out []Finding
+	for _, f := range o.Findings {
+		if f.File != "" && f.Line > 0 {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// Input is what Decide looks at.
+type Input struct {
+	WorkID  string
+	Outcome string
+	// Reason is the work's reason (a dropped work's says how to rerun).
+	Reason   string
+	Findings []Finding
+	// Policy is the tenant's check policy: store.CheckAdvisory or
+	// store.CheckBlocking.
+	Policy string
+	// Rerun is the command that runs dropped work again.
+	Rerun  string
+	Source store.PullSource
+}
+
+// Decide says what an outcome publishes. Only accepted work gets review
+// comments; superseded and expired work gets a check run that says so;
+// dropped work gets one comment with its rerun command and no check run.
+func Decide(in Input) Plan {
+	p := Plan{WorkID: in.WorkID, Outcome: in.Outcome, HeadSHA: in.Source.HeadSHA, Number: in.Source.Number}
+	if in.Source.Owner != "" {
+		p.Repository = in.Source.Owner + "/" + in.Source.Repo
+	}
+	switch in.Outcome {
+	case outcome.Accepted:
+		blocking := 0
+		for i, f := range in.Findings {
+			if f.Severity == "blocking" {
+				blocking++
+			}
+			p.Comments = append(p.Comments, Comment{Key: fmt.Sprint(i), Path: f.File, Line: f.Line,
+				Body: fmt.Sprintf("**%s**: %s", f.Severity, f.Summary)})
+		}
+		c := &CheckRun{Conclusion: "success", Title: "No findings", Summary: "assay reviewed this revision and found nothing to report."}
+		switch {
+		case blocking > 0 && in.Policy == store.CheckBlocking:
+			c.Conclusion = "failure"
+			c.Title = fmt.Sprintf("%d blocking of %s", blocking, findings(len(in.Findings)))
+		case len(in.Findings) > 0:
+			c.Conclusion = "neutral"
+			c.Title = fmt.Sprintf("%s (%d blocking; advisory)", findings(len(in.Findings)), blocking)
+			if in.Policy == store.CheckBlocking {
+				c.Title = findings(len(in.Findings)) + ", none blocking"
+			}
+		}
+		if len(in.Findings) > 0 {
+			c.Summary = fmt.Sprintf("assay reviewed this revision: %s, posted as review comments.", findings(len(in.Findings)))
+		}
+		p.CheckRun = c
+	case outcome.Superseded:
+		p.CheckRun = &CheckRun{Conclusion: "skipped", Title: "Superseded by a newer revision",
+			Summary: "A newer push arrived before this revision was reviewed; the newer revision gets the review."}
+	case outcome.Expired:
+		p.CheckRun = &CheckRun{Conclusion: "timed_out", Title: "Review expired",
+			Summary: "The review's deadline passed before a result was accepted; nothing was published."}
+	case outcome.Canceled:
+		p.CheckRun = &CheckRun{Conclusion: "cancelled", Title: "Review canceled", Summary: "The review was canceled."}
+	case outcome.Dropped:
+		p.Rerun = fmt.Sprintf("assay could not take this review when it arrived (%s). To run it, ask an operator to run:\n\n    %s",
+			strings.TrimSpace(dropCause(in.Reason)), in.Rerun)
+	default:
+		p.CheckRun = &CheckRun{Conclusion: "neutral", Title: "No review (" + in.Outcome + ")",
+			Summary: "assay did not produce a review of this revision: " + in.Outcome + "."}
+	}
+	return p
+}
+
+// dropCause is the part of a dropped work's reason before its rerun hint.
+func dropCause(reason string) string {
+	cause, _, _ := strings.Cut(reason, "; ask again with:")
+	if cause == "" {
+		return "over its admission rate"
+	}
+	return cause
+}
+
+// marker is hidden in every comment body: it carries the work id and the
+// comment's key, so a publisher that died before recording a comment's id
+// finds the comment instead of posting another.
+func marker(workID, key string) string {
+	return fmt.Sprintf("<!-- assay:work=%s key=%s -->", workID, key)
+}
+
+// withMarker is a comment body as posted.
+func withMarker(body, workID, key string) string { return body + "\n\n" + marker(workID, key) }
+
+// rerunKey is the marker key of the rerun comment.
+const rerunKey = "rerun"
+
+// findings is "1 finding", "2 findings".
+func findings(n int) string {
+	if n == 1 {
+		return "1 finding"
+	}
+	return fmt.Sprintf("%d findings", n)
+}

@@ -1,0 +1,318 @@
+package publish
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"assay.dev/pkg/devkit/fakegithub"
+	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// installations keeps each test's streams and durable apart on the shared
+// server.
+var installations atomic.Int32
+
+const head = "0123456789abcdef0123456789abcdef01234567"
+
+type bundle struct {
+	names event.Names
+	st    *store.Store
+	js    jetstream.JetStream
+	gh    *fakegithub.Server
+	pub   *Publisher
+}
+
+// setup starts a publisher on real Postgres and JetStream, publishing to a
+// fake GitHub API as app 1.
+func setup(t *testing.T, edit ...func(*Config)) *bundle {
+	t.Helper()
+	ctx := t.Context()
+	names := event.Names{Installation: fmt.Sprintf("pub%d", installations.Add(1)), Cell: "us"}
+	url := testenv.Database(t)
+	st, err := store.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: "tok-acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(testenv.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := event.EnsureStream(ctx, js, names, event.KindOutcome, event.StreamSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	gh := fakegithub.New()
+	t.Cleanup(gh.Close)
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Region: "us", Names: names, GitHub: &GitHub{API: gh.URL, AppID: 1, Key: key},
+		Rerun: func(id string) string { return "assay work rerun " + id + " --region us" }}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	p, err := New(cfg, st, js, slog.New(slog.NewTextHandler(io.Discard, nil)), noop.NewMeterProvider().Meter("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &bundle{names: names, st: st, js: js, gh: gh, pub: p}
+}
+
+func (b *bundle) start(t *testing.T) {
+	t.Helper()
+	if err := b.pub.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.pub.Stop(context.Background()) })
+}
+
+// webhookWork stores code-review work for shop/app#7 as a webhook delivery
+// from installation 42 would; drop, when set, stores it dropped.
+func (b *bundle) webhookWork(t *testing.T, n int, drop string) *store.Work {
+	t.Helper()
+	w := &store.Work{ID: fmt.Sprintf("w_pub%d", n), TenantID: "acme", Region: "us", Contract: "code-review",
+		SchemaVersion: "1", TaxonomyVersion: "2026-11", SourceID: fmt.Sprintf("shop/app#%d", n), Revision: head,
+		Lane: event.Interactive, Input: `{}`, Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Minute), DropReason: drop}
+	r, err := b.st.InsertWebhookWork(t.Context(), store.Delivery{ID: fmt.Sprintf("d-%d", n), TenantID: "acme", Event: "pull_request",
+		Action: "opened", Installation: 42, BaseSHA: strings.Repeat("b", 40)}, w, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Work
+}
+
+// accepted commits an answer with two findings for the work.
+func (b *bundle) accepted(t *testing.T, n int) *store.Work {
+	t.Helper()
+	w := b.webhookWork(t, n, "")
+	attempt := fmt.Sprintf("00000000-0000-4000-8000-%012d", n)
+	token := fmt.Sprintf("00000000-0000-4000-9000-%012d", n)
+	if _, ok, err := b.st.Claim(t.Context(), w.ID, attempt, token, time.Minute, 0); err != nil || !ok {
+		t.Fatalf("claim: %v %v", ok, err)
+	}
+	out := json.RawMessage(`{"schemaVersion":1,"changeId":"c","findings":[
+		{"file":"cart.js","line":12,"severity":"blocking","summary":"total can go negative","evidence":"total -= d"},
+		{"file":"cart.js","line":20,"severity":"info","summary":"unused variable","evidence":"let x"}]}`)
+	if v, err := b.st.Commit(t.Context(), w, attempt, token, out, 2, nil); err != nil || v != store.Committed {
+		t.Fatalf("commit: %v %v", v, err)
+	}
+	w.State = outcome.Accepted
+	return w
+}
+
+func outcomeOf(w *store.Work) event.Outcome {
+	return event.Outcome{OutcomeID: event.OutcomeMsgID(w.ID, w.State), WorkID: w.ID, TenantID: w.TenantID, Region: "us",
+		Outcome: w.State, At: time.Now()}
+}
+
+// deliver publishes the outcome event without a message id, so the
+// stream keeps every copy: each is a delivery of its own.
+func (b *bundle) deliver(t *testing.T, ev event.Outcome, times int) {
+	t.Helper()
+	raw, _ := json.Marshal(ev)
+	for range times {
+		if _, err := b.js.Publish(t.Context(), b.names.Outcome(ev.TenantID), raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitFor polls cond until it holds, or fails saying what is missing.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ackedAll is whether the publisher's durable has acknowledged every
+// message of the stream.
+func (b *bundle) ackedAll(t *testing.T) bool {
+	c, err := b.js.Consumer(t.Context(), b.names.Stream(event.KindOutcome), b.names.OutcomeConsumer())
+	if err != nil {
+		return false
+	}
+	info, err := c.Info(t.Context())
+	if err != nil {
+		return false
+	}
+	s, err := b.js.Stream(t.Context(), b.names.Stream(event.KindOutcome))
+	if err != nil {
+		return false
+	}
+	si, err := s.Info(t.Context())
+	return err == nil && info.AckFloor.Stream == si.State.LastSeq && info.NumAckPending == 0 && info.NumPending == 0
+}
+
+// An outcome delivered ten times gives one check run and one set of
+// comments; the nine redeliveries edit them.
+func TestTenDeliveriesOnePublication(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t)
+	w := b.accepted(t, 1)
+	b.deliver(t, outcomeOf(w), 10)
+	waitFor(t, "ten deliveries acknowledged", func() bool { return b.ackedAll(t) })
+	runs := b.gh.CheckRuns()
+	if len(runs) != 1 || runs[0].ExternalID != w.ID || runs[0].Conclusion != "neutral" || runs[0].HeadSHA != head {
+		t.Fatalf("check runs = %+v, want one neutral (advisory) run for %s", runs, w.ID)
+	}
+	if runs[0].Edits != 9 {
+		t.Errorf("check run edited %d times, want 9 (one per redelivery)", runs[0].Edits)
+	}
+	cs := b.gh.Comments()
+	if len(cs) != 2 || b.gh.CommentsOf(w.ID) != 2 {
+		t.Fatalf("comments = %+v, want one set of 2", cs)
+	}
+	for _, c := range cs {
+		if !c.Review || c.Path != "cart.js" || c.CommitID != head || c.Side != "RIGHT" || c.Edits != 9 {
+			t.Errorf("comment %+v: want a review comment on cart.js at the head, edited 9 times", c)
+		}
+	}
+	pub, err := b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
+	if err != nil || pub.CheckRunID != runs[0].ID || len(pub.CommentIDs) != 2 || pub.PublishedAt.IsZero() {
+		t.Fatalf("fence row = %+v, %v", pub, err)
+	}
+	t.Logf("10 deliveries: %d check run, %d review comments, each edited %d times", len(runs), len(cs), runs[0].Edits)
+}
+
+// A publisher killed after GitHub made a comment, before it learned the
+// comment's id, resumes without a second: the marker finds it.
+func TestKilledMidPublicationResumes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w := b.accepted(t, 2)
+	hung := b.gh.HangAfter(2) // the check run, then the first comment
+	ctx, kill := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- b.pub.Publish(ctx, outcomeOf(w)) }()
+	select {
+	case <-hung:
+	case err := <-done:
+		t.Fatalf("publication ended before GitHub hung: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("GitHub never got the first comment")
+	}
+	kill()
+	if err := <-done; err == nil {
+		t.Fatal("killed publication reported success")
+	}
+	if pub, err := b.st.GetPublication(t.Context(), w.ID, TargetGitHub); err != nil || pub.CheckRunID == 0 || len(pub.CommentIDs) != 0 {
+		t.Fatalf("after the kill the fence holds %+v, %v; want the check run and no comment id", pub, err)
+	}
+	if err := b.pub.Publish(t.Context(), outcomeOf(w)); err != nil {
+		t.Fatalf("resumed publication: %v", err)
+	}
+	if runs, n := b.gh.CheckRuns(), b.gh.CommentsOf(w.ID); len(runs) != 1 || n != 2 {
+		t.Fatalf("after resuming: %d check runs, %d comments; want 1 and 2", len(runs), n)
+	}
+	pub, _ := b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
+	if len(pub.CommentIDs) != 2 || pub.PublishedAt.IsZero() {
+		t.Fatalf("fence row after resuming = %+v", pub)
+	}
+	t.Logf("killed after GitHub made the check run and comment 0; resumed: %d check run, %d comments", len(b.gh.CheckRuns()), b.gh.CommentsOf(w.ID))
+}
+
+// A 5xx with Retry-After and a secondary rate limit are tried again, each
+// no earlier than GitHub said.
+func TestRetriedNoEarlierThanTold(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t)
+	w := b.accepted(t, 3)
+	b.gh.FailNext(fakegithub.Fault{Status: 503, RetryAfter: "1", Body: `{"message":"Service Unavailable"}`},
+		fakegithub.Fault{Status: 403, RetryAfter: "2",
+			Body: `{"message":"You have exceeded a secondary rate limit. Please wait a few minutes before you try again."}`})
+	b.deliver(t, outcomeOf(w), 1)
+	waitFor(t, "the publication after two faults", func() bool {
+		p, err := b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
+		return err == nil && !p.PublishedAt.IsZero()
+	})
+	var gaps []time.Duration
+	reqs := b.gh.Requests()
+	want := []time.Duration{time.Second, 2 * time.Second}
+	for i, r := range reqs {
+		if r.Status != 503 && r.Status != 403 {
+			continue
+		}
+		if i+1 >= len(reqs) {
+			t.Fatalf("no request after the %d", r.Status)
+		}
+		gaps = append(gaps, reqs[i+1].At.Sub(r.At))
+	}
+	if len(gaps) != 2 {
+		t.Fatalf("faults answered: %d, want 2 (requests %+v)", len(gaps), reqs)
+	}
+	for i, g := range gaps {
+		if g < want[i] {
+			t.Errorf("fault %d was tried again after %s, before the %s GitHub asked for", i, g, want[i])
+		}
+	}
+	if runs := b.gh.CheckRuns(); len(runs) != 1 || b.gh.CommentsOf(w.ID) != 2 {
+		t.Fatalf("after retries: %d check runs, %d comments", len(runs), b.gh.CommentsOf(w.ID))
+	}
+	t.Logf("503 Retry-After 1 retried after %s; secondary rate limit Retry-After 2 retried after %s", gaps[0], gaps[1])
+}
+
+// Dropped webhook work gets exactly one comment, with its rerun command,
+// and no check run; superseded work gets a check run that says so and no
+// comments.
+func TestDroppedAndSuperseded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t)
+	d := b.webhookWork(t, 4, "over acme's interactive rate; ask again with: assay work rerun w_pub4 --region us")
+	if d.State != outcome.Dropped {
+		t.Fatalf("work is %s, want dropped", d.State)
+	}
+	s := b.webhookWork(t, 5, "")
+	if _, err := b.st.FinishUnleased(t.Context(), s.ID, outcome.Superseded, "a newer revision arrived"); err != nil {
+		t.Fatal(err)
+	}
+	s.State = outcome.Superseded
+	b.deliver(t, outcomeOf(d), 3)
+	b.deliver(t, outcomeOf(s), 3)
+	waitFor(t, "six deliveries acknowledged", func() bool { return b.ackedAll(t) })
+	cs := b.gh.Comments()
+	if len(cs) != 1 || cs[0].Review || !strings.Contains(cs[0].Body, "assay work rerun w_pub4 --region us") || cs[0].Number != 4 {
+		t.Fatalf("comments = %+v, want one conversation comment on #4 with the rerun command", cs)
+	}
+	runs := b.gh.CheckRuns()
+	if len(runs) != 1 || runs[0].ExternalID != s.ID || runs[0].Conclusion != "skipped" || !strings.Contains(runs[0].Output.Title, "Superseded") {
+		t.Fatalf("check runs = %+v, want one skipped run saying superseded", runs)
+	}
+}

@@ -1,0 +1,134 @@
+package committer_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+	"assay.dev/services/committer"
+)
+
+// The commit transaction writes the accepted outcome to the outbox and the
+// relay publishes it; an outcome reached elsewhere (a dropped webhook) is
+// announced by the sweep; with no GitHub App the publisher records what it
+// would publish.
+func TestOutcomesReachThePublisher(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	// A service of its own installation, so no other test's publisher
+	// takes its outcomes.
+	own := event.Names{Installation: "pubsvc", Cell: "us"}
+	reg, _ := contract.Load()
+	tel, _ := telemetry.Setup(ctx, "committer", "us")
+	svc, err := committer.New(committer.Config{Region: "us", Names: own, AnnounceEvery: 50 * time.Millisecond},
+		committer.Deps{Store: b.st, JS: b.js, Contracts: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := event.EnsureStream(ctx, b.js, own, event.KindResult, event.StreamSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()) })
+
+	good := b.claimed(t, "post-000000000041")
+	b.answered(t, good, `{"category":"spam","confidence":0.9,"needsHumanReview":false}`)
+	if err := svc.Commit(ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	waitRow(t, "the accepted outcome published from the outbox", func() bool {
+		var n int
+		err := b.db.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE stream = 'OUTCOME' AND msg_id = $1
+			AND subject = $2 AND published_at IS NOT NULL`, event.OutcomeMsgID(good.WorkID, outcome.Accepted), own.Outcome("acme")).Scan(&n)
+		return err == nil && n == 1
+	})
+
+	dropped := &store.Work{ID: "w_dropped41", TenantID: "acme", Region: "us", Contract: "code-review", SchemaVersion: "1",
+		TaxonomyVersion: "2026-11", SourceID: "shop/app#41", Revision: strings.Repeat("a", 40), Lane: event.Interactive,
+		Input: `{}`, Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Minute),
+		DropReason: "over acme's interactive rate when this arrived; ask again with: assay work rerun w_dropped41 --region us"}
+	if _, err := b.st.InsertWebhookWork(ctx, store.Delivery{ID: "d41", TenantID: "acme", Event: "pull_request", Action: "opened",
+		Installation: 7}, dropped, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	var pub *store.Publication
+	waitRow(t, "the dropped work's dry publication", func() bool {
+		pub, err = b.st.GetPublication(ctx, dropped.ID, "dry")
+		return err == nil && !pub.PublishedAt.IsZero()
+	})
+	var plan struct {
+		Rerun    string          `json:"rerun"`
+		CheckRun json.RawMessage `json:"checkRun"`
+	}
+	if err := json.Unmarshal(pub.Plan, &plan); err != nil || !strings.Contains(plan.Rerun, "assay work rerun w_dropped41 --region us") || plan.CheckRun != nil {
+		t.Fatalf("dry plan %s: want the rerun comment and no check run", pub.Plan)
+	}
+}
+
+func waitRow(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// An OUTCOME event the broker acknowledged and lost is read back from the
+// outbox by the reaper and published.
+func TestReaperPublishesLostOutcomes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	w := &store.Work{ID: "w_lost51", TenantID: "acme", Region: "us", Contract: "code-review", SchemaVersion: "1",
+		TaxonomyVersion: "2026-11", SourceID: "shop/app#51", Revision: strings.Repeat("c", 40), Lane: event.Interactive,
+		Input: `{}`, Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Minute)}
+	if _, _, err := b.st.InsertWork(ctx, w, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.st.FinishUnleased(ctx, w.ID, outcome.Expired, "deadline passed"); err != nil || !ok {
+		t.Fatalf("expire: %v %v", ok, err)
+	}
+	id := event.OutcomeMsgID(w.ID, outcome.Expired)
+	payload, _ := json.Marshal(event.Outcome{OutcomeID: id, WorkID: w.ID, TenantID: "acme", Region: "us", Outcome: outcome.Expired})
+	// Announced and published two minutes ago; the broker lost it.
+	if _, err := b.db.Exec(ctx, `UPDATE work SET outcome_announced_at = now() WHERE id = $1`, w.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec(ctx, `INSERT INTO outbox (stream, subject, msg_id, payload, headers, published_at)
+		VALUES ('OUTCOME', 'nowhere.outcome.acme', $1, $2, '{}', now() - interval '2 minutes')`, id, payload); err != nil {
+		t.Fatal(err)
+	}
+	reg, _ := contract.Load()
+	tel, _ := telemetry.Setup(ctx, "committer", "us")
+	svc, err := committer.New(committer.Config{Region: "us", Names: event.Names{Installation: "reaped", Cell: "us"},
+		ReapEvery: -1, AnnounceEvery: -1, ReapGrace: time.Second},
+		committer.Deps{Store: b.st, JS: b.js, Contracts: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := b.st.GetPublication(ctx, w.ID, "dry")
+	if err != nil || pub.PublishedAt.IsZero() || !strings.Contains(string(pub.Plan), `"timed_out"`) {
+		t.Fatalf("after the reap: %+v, %v; want the expired check run recorded", pub, err)
+	}
+	if n, err := svc.Reap(ctx); err != nil || n != 0 {
+		t.Fatalf("second reap: %d, %v; want nothing left", n, err)
+	}
+}
