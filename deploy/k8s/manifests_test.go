@@ -394,7 +394,8 @@ func selected(sel labels.Selector, s *set) []string {
 
 // checkPolicies: every policy selects some pod; every service and the
 // migration Job can reach its cell's Postgres and resolve names; the four
-// services reach NATS; only the classifier and ingress reach out on 443.
+// services reach NATS; only the classifier (the provider), ingress (diffs)
+// and the committer (publication) reach out on 443.
 func checkPolicies(t *testing.T, s *set, everyOneSelects bool) {
 	t.Helper()
 	pods := podSpecs(s)
@@ -450,7 +451,7 @@ func checkPolicies(t *testing.T, s *set, everyOneSelects bool) {
 		if slices.Contains(services, svc) && !reach(p.Labels, nats, 4222) {
 			t.Errorf("%s: %s cannot reach NATS", s.dir, name)
 		}
-		wantOut := svc == "classifier" || svc == "ingress"
+		wantOut := svc == "classifier" || svc == "ingress" || svc == "committer"
 		if got := reach(p.Labels, nil, 443); got != wantOut {
 			t.Errorf("%s: %s reaches HTTPS outside the cluster: %v, want %v", s.dir, name, got, wantOut)
 		}
