@@ -53,10 +53,13 @@ func Open(ctx context.Context, url string) (*Store, error) {
 // database (postgres). created says whether it made it. A role that may not
 // create databases gets an error that says so.
 func EnsureDatabase(ctx context.Context, url string) (created bool, err error) {
-	cfg, err := pgx.ParseConfig(url)
+	// Parsed as the pool parses it, so the pool's own settings in the URL
+	// (pool_max_conns, …) are not sent to the server as parameters.
+	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return false, fmt.Errorf("store: parse url: %w", err)
 	}
+	cfg := pcfg.ConnConfig
 	name := cfg.Database
 	if name == "" || name == "postgres" {
 		return false, nil

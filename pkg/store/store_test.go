@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -889,5 +890,38 @@ func TestPurge(t *testing.T) {
 	}
 	if n := count(t, ctx, s, `SELECT count(*) FROM attempts WHERE work_id = $1`, done.ID); n != 1 {
 		t.Fatal("the attempt row itself went")
+	}
+}
+
+// A URL that carries the pool's own settings (pool_max_conns) creates its
+// missing database as any other: those settings are the pool's, never sent
+// to the server as parameters.
+func TestEnsureDatabaseWithPoolSettings(t *testing.T) {
+	base, err := url.Parse(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("assay_ensure_%d", time.Now().UnixNano())
+	u := *base
+	u.Path = "/" + name
+	q := u.Query()
+	q.Set("pool_max_conns", "8")
+	u.RawQuery = q.Encode()
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), base.String())
+		if err == nil {
+			_, _ = conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name)
+			conn.Close(context.Background())
+		}
+	})
+	for i, want := range []bool{true, false} {
+		created, err := store.EnsureDatabase(t.Context(), u.String())
+		if err != nil || created != want {
+			t.Fatalf("call %d: created %v, err %v; want created %v", i+1, created, err, want)
+		}
+	}
+	s := open(t, u.String())
+	if err := s.Ping(t.Context()); err != nil {
+		t.Fatal(err)
 	}
 }
