@@ -16,11 +16,13 @@ UGLYRUN   ?= TestUgly|TestLateAnswerFromLostLease|TestConcurrentIdenticalSubmiss
 CHAOSFLAGS ?=
 # make images IMAGEFLAGS='-arch arm64 -tar ../../bin/images.tar'; see cd cmd/images && go run . -h
 IMAGEFLAGS ?=
+# make bench BENCHFLAGS='-n 20000 -c 8,32 --runs 3 --peer ../../../shared/peers/riverpipe'
+BENCHFLAGS ?= -n 20000 -c 8,32
 # make build stamps the binaries with this; --version and assay_build_info show it.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X assay.dev/pkg/buildinfo.version=$(VERSION)
 
-.PHONY: help demo serve test chaos build images vet fmt fuzz tidy bench-goodput
+.PHONY: help demo serve test chaos build images vet fmt fuzz tidy bench bench-goodput
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -58,6 +60,9 @@ images: ## container images of the five binaries, static on an empty base, as an
 vet: ## go vet and gofmt every module, and build each on its own (GOWORK=off)
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./... && GOWORK=off $(GO) build ./...); done
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; exit 1; }
+
+bench: ## pipeline benchmark: N items through ingress to accepted and ledgered, beside the River build (BENCHFLAGS)
+	cd cmd/assay && $(GO) run . bench pipeline $(BENCHFLAGS)
 
 bench-goodput: ## admission benchmark: 5 scenarios, adaptive vs baseline, over real JetStream and Postgres
 	cd cmd/assay && $(GO) run . bench goodput

@@ -89,8 +89,11 @@ type benchResult struct {
 }
 
 func benchCmd(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) > 0 && args[0] == "pipeline" {
+		return benchPipeline(ctx, args[1:], stdout)
+	}
 	if len(args) == 0 || args[0] != "goodput" {
-		return configError{errors.New(benchUsage)}
+		return configError{errors.New(benchUsage + "\n" + benchPipeUsage)}
 	}
 	fs := flag.NewFlagSet("assay bench goodput", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)

@@ -1,0 +1,388 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/pkg/config"
+	"assay.dev/pkg/devkit/devpg"
+	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/store"
+	"assay.dev/services/classifier"
+)
+
+const benchPipeUsage = `usage: assay bench pipeline [-n 20000] [-c 8,32] [--runs 1] [--peer DIR]
+
+N distinct code reviews posted through HTTP ingress by C keep-alive clients,
+the simulated reviewer answering at once, until every item is accepted and
+ledgered; one cell on an embedded nats-server and ASSAY_DATABASE_URL's server
+(else a throwaway cluster). Per run: items/s, created -> accepted p50/p99,
+Postgres commits and WAL bytes per item, JetStream messages per item, and the
+cores this process and Postgres used. --peer DIR runs the River build in DIR
+(go run . -n N -c C) after each assay run, on the same Postgres, and prints
+the ratio.
+`
+
+// pipeResult is one run of one system.
+type pipeResult struct {
+	System          string
+	C, N            int
+	Wall            time.Duration
+	ItemsPerSec     float64
+	P50, P99        time.Duration
+	CommitsPerItem  float64
+	WALKBPerItem    float64
+	MessagesPerItem float64
+	ProcCores       float64
+	PGCores         float64
+}
+
+func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("assay bench pipeline", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	n := fs.Int("n", 20000, "distinct work items to post")
+	cs := fs.String("c", "8,32", "concurrent clients, comma separated: one series each")
+	runs := fs.Int("runs", 1, "runs per client count")
+	peer := fs.String("peer", "", "directory of the River build to run beside it")
+	if err := fs.Parse(args); err != nil {
+		return configError{fmt.Errorf("%v\n%s", err, benchPipeUsage)}
+	}
+	var clients []int
+	for _, f := range strings.Split(*cs, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || c < 1 || c > 1024 {
+			return configError{fmt.Errorf("-c: %q is not a list of client counts from 1 to 1024", *cs)}
+		}
+		clients = append(clients, c)
+	}
+	if *n < 1 || *runs < 1 {
+		return configError{errors.New("-n and --runs must be positive")}
+	}
+	if *peer != "" {
+		if st, err := os.Stat(filepath.Join(*peer, "go.mod")); err != nil || st.IsDir() {
+			return configError{fmt.Errorf("--peer: %s holds no go.mod", *peer)}
+		}
+	}
+	base, stop, err := benchPostgres(ctx)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	var all []pipeResult
+	for _, c := range clients {
+		for run := range *runs {
+			fmt.Fprintf(os.Stderr, "bench pipeline: assay, n=%d c=%d, run %d…\n", *n, c, run+1)
+			r, err := runPipeline(ctx, base, *n, c)
+			if err != nil {
+				return fmt.Errorf("assay c=%d: %w", c, err)
+			}
+			all = append(all, r)
+			if *peer != "" {
+				fmt.Fprintf(os.Stderr, "bench pipeline: river, n=%d c=%d, run %d…\n", *n, c, run+1)
+				p, err := runPeer(ctx, *peer, *n, c)
+				if err != nil {
+					return fmt.Errorf("peer c=%d: %w", c, err)
+				}
+				all = append(all, p)
+			}
+		}
+	}
+	printPipe(stdout, all)
+	return nil
+}
+
+// benchPostgres is ASSAY_DATABASE_URL's server, or a throwaway cluster.
+func benchPostgres(ctx context.Context) (string, func(), error) {
+	if base := os.Getenv("ASSAY_DATABASE_URL"); base != "" {
+		return base, func() {}, nil
+	}
+	pg, err := devpg.Start(ctx, "")
+	if err != nil {
+		return "", nil, fmt.Errorf("throwaway postgres (set ASSAY_DATABASE_URL to use a running server): %w", err)
+	}
+	return pg.URL("postgres"), func() { _ = pg.Stop() }, nil
+}
+
+func runPipeline(ctx context.Context, base string, n, c int) (pipeResult, error) {
+	res := pipeResult{System: "assay", C: c, N: n}
+	dir, err := os.MkdirTemp("", "assay-pipe-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(dir)
+	ns, err := cell.StartNATS(dir)
+	if err != nil {
+		return res, err
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	dbName := fmt.Sprintf("assay_pipe_%d", time.Now().UnixNano())
+	dbURL, drop, err := benchDB(ctx, base, dbName)
+	if err != nil {
+		return res, err
+	}
+	defer drop()
+	s := sim.New(sim.Options{})
+	defer s.Close()
+	simURL, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		return res, err
+	}
+	cl, err := cell.Start(ctx, cell.Options{
+		Config: config.Config{Regions: config.DefaultRegions, Region: "us", Cell: "us", Installation: event.DefaultInstallation,
+			DatabaseURL: dbURL, NATSURL: ns.ClientURL(), ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"},
+		Log:        benchLogger(io.Discard, 0, ""),
+		Classifier: classifier.Config{Concurrency: 32, CallTimeout: 10 * time.Second},
+	})
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		cl.Stop(sctx)
+	}()
+	db, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return res, err
+	}
+	defer db.Close()
+	tenants := []string{"t1", "t2", "t3", "t4"}
+	tokens := map[string]string{}
+	var seeds []store.TenantSeed
+	for _, t := range tenants {
+		tokens[t] = store.NewToken()
+		seeds = append(seeds, store.TenantSeed{ID: t, HomeRegion: "us", Token: tokens[t]})
+	}
+	if err := cl.Env.Store.SeedTenants(ctx, seeds); err != nil {
+		return res, err
+	}
+	for _, t := range tenants {
+		if err := cl.Env.Store.SetRate(ctx, t, 10_000_000, 100_000); err != nil {
+			return res, err
+		}
+	}
+	items := evalset.Items()
+	before, err := pgFigures(ctx, db, dbName)
+	if err != nil {
+		return res, err
+	}
+	cpu0 := cpuNow()
+	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}}
+	var next, failed atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range c {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				t := tenants[i%len(tenants)]
+				req := celltest.CodeReview(items[i%len(items)], "pipeline")
+				req.SourceID = fmt.Sprintf("shop/bench#%d", i)
+				body, _ := json.Marshal(req)
+				hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, cl.URL+"/v1/work", bytes.NewReader(body))
+				hr.Header.Set("Authorization", "Bearer "+tokens[t])
+				resp, err := client.Do(hr)
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusAccepted {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		return res, fmt.Errorf("%d of %d posts were not accepted with 202", f, n)
+	}
+	// Done when every item has its outcome and every attempt its ledger row.
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		var open, unledgered int
+		if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM work WHERE state IN ('queued', 'running')),
+			(SELECT count(*) FROM attempts a WHERE NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = a.id))`).Scan(&open, &unledgered); err != nil {
+			return res, err
+		}
+		if open == 0 && unledgered == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return res, fmt.Errorf("after 10 minutes %d items have no outcome and %d attempts no ledger row", open, unledgered)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	res.Wall = time.Since(start)
+	cpu := cpuNow().since(cpu0)
+	after, err := pgFigures(ctx, db, dbName)
+	if err != nil {
+		return res, err
+	}
+	var p50, p99 float64
+	var accepted int
+	if err := db.QueryRow(ctx, `SELECT count(*),
+			coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)), 0),
+			coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)), 0)
+		FROM work WHERE state = 'accepted'`).Scan(&accepted, &p50, &p99); err != nil {
+		return res, err
+	}
+	if accepted != n {
+		return res, fmt.Errorf("%d of %d items accepted", accepted, n)
+	}
+	var msgs uint64
+	names := event.Names{Installation: event.DefaultInstallation, Cell: "us"}
+	for _, k := range event.Kinds {
+		st, err := cl.Env.JS.Stream(ctx, names.Stream(k))
+		if err != nil {
+			return res, err
+		}
+		msgs += st.CachedInfo().State.Msgs
+	}
+	wall := res.Wall.Seconds()
+	res.ItemsPerSec = float64(n) / wall
+	res.P50, res.P99 = time.Duration(p50*float64(time.Second)), time.Duration(p99*float64(time.Second))
+	res.CommitsPerItem = float64(after.commits-before.commits) / float64(n)
+	res.WALKBPerItem = float64(after.wal-before.wal) / 1024 / float64(n)
+	res.MessagesPerItem = float64(msgs) / float64(n)
+	res.ProcCores, res.PGCores = cpu.proc.Seconds()/wall, cpu.pg.Seconds()/wall
+	return res, nil
+}
+
+// pgCounters are the database's commit count and the server's WAL position.
+type pgCounters struct{ commits, wal int64 }
+
+func pgFigures(ctx context.Context, db *pgxpool.Pool, name string) (pgCounters, error) {
+	var f pgCounters
+	_, _ = db.Exec(ctx, `SELECT pg_stat_clear_snapshot()`)
+	err := db.QueryRow(ctx, `SELECT xact_commit, pg_current_wal_lsn() - '0/0'::pg_lsn FROM pg_stat_database WHERE datname = $1`,
+		name).Scan(&f.commits, &f.wal)
+	return f, err
+}
+
+// cpuSample is the CPU time used so far by this process and by every
+// postgres process on the machine.
+type cpuSample struct{ proc, pg time.Duration }
+
+func cpuNow() cpuSample {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	s := cpuSample{proc: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
+	tick := 100.0 // USER_HZ on Linux
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil || !bytes.Contains(b, []byte("(postgres)")) {
+			continue
+		}
+		rest := b[bytes.LastIndexByte(b, ')')+2:]
+		f := strings.Fields(string(rest))
+		if len(f) > 12 {
+			u, _ := strconv.ParseFloat(f[11], 64)
+			sy, _ := strconv.ParseFloat(f[12], 64)
+			s.pg += time.Duration((u + sy) / tick * float64(time.Second))
+		}
+	}
+	return s
+}
+
+func (s cpuSample) since(o cpuSample) cpuSample {
+	return cpuSample{proc: s.proc - o.proc, pg: s.pg - o.pg}
+}
+
+// runPeer runs the River build once and reads its RESULT line.
+func runPeer(ctx context.Context, dir string, n, c int) (pipeResult, error) {
+	res := pipeResult{System: "river", C: c, N: n}
+	cmd := exec.CommandContext(ctx, "go", "run", ".", "-n", strconv.Itoa(n), "-c", strconv.Itoa(c))
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOTOOLCHAIN=local", "GOWORK=off")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return res, fmt.Errorf("%v\n%s", err, out.String())
+	}
+	var line string
+	for sc := bufio.NewScanner(&out); sc.Scan(); {
+		if strings.HasPrefix(sc.Text(), "RESULT ") {
+			line = sc.Text()
+		} else if strings.HasPrefix(sc.Text(), "per item: ") && strings.Contains(sc.Text(), "commits") {
+			fmt.Sscanf(strings.TrimPrefix(sc.Text(), "per item: "), "%f", &res.CommitsPerItem)
+		}
+	}
+	if line == "" {
+		return res, fmt.Errorf("no RESULT line in its output:\n%s", out.String())
+	}
+	kv := map[string]float64{}
+	for _, f := range strings.Fields(line)[1:] {
+		k, v, _ := strings.Cut(f, "=")
+		kv[k], _ = strconv.ParseFloat(v, 64)
+	}
+	res.Wall = time.Duration(kv["wall_s"] * float64(time.Second))
+	res.ItemsPerSec = kv["items_per_s"]
+	res.P50, res.P99 = time.Duration(kv["p50_ms"]*float64(time.Millisecond)), time.Duration(kv["p99_ms"]*float64(time.Millisecond))
+	res.WALKBPerItem = kv["wal_kb_per_item"]
+	res.ProcCores, res.PGCores = kv["proc_cores"], kv["pg_cores"]
+	return res, nil
+}
+
+func printPipe(w io.Writer, rs []pipeResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SYSTEM\tC\tN\tWALL\tITEMS/S\tP50\tP99\tCOMMITS/ITEM\tWAL KB/ITEM\tJS MSGS/ITEM\tPROC CORES\tPG CORES")
+	for _, r := range rs {
+		msgs := "-"
+		if r.System == "assay" {
+			msgs = fmt.Sprintf("%.2f", r.MessagesPerItem)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1fs\t%.0f\t%s\t%s\t%.2f\t%.2f\t%s\t%.2f\t%.2f\n", r.System, r.C, r.N, r.Wall.Seconds(),
+			r.ItemsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond), r.CommitsPerItem, r.WALKBPerItem, msgs,
+			r.ProcCores, r.PGCores)
+	}
+	_ = tw.Flush()
+	// The ratio per client count, over the runs of each.
+	sum := map[string]map[int][2]float64{}
+	for _, r := range rs {
+		if sum[r.System] == nil {
+			sum[r.System] = map[int][2]float64{}
+		}
+		v := sum[r.System][r.C]
+		sum[r.System][r.C] = [2]float64{v[0] + r.ItemsPerSec, v[1] + 1}
+	}
+	if sum["river"] == nil {
+		return
+	}
+	for c, a := range sum["assay"] {
+		if p, ok := sum["river"][c]; ok && p[0] > 0 {
+			fmt.Fprintf(w, "c=%d: assay %.0f items/s, river %.0f items/s: %.2fx\n", c, a[0]/a[1], p[0]/p[1], (a[0]/a[1])/(p[0]/p[1]))
+		}
+	}
+}
