@@ -454,6 +454,34 @@ func Asked(fromEnv func(getenv func(string) string) error) []string {
 	return names
 }
 
+// CheckVars says where a service's Vars, which --help prints, differ from
+// what its fromEnv reads: a variable read and not listed, one listed and
+// not read, or one listed without a default or a usage. Empty when they
+// agree.
+func CheckVars(vars []Var, fromEnv func(getenv func(string) string) error) []string {
+	var problems []string
+	listed := map[string]bool{}
+	for _, v := range vars {
+		listed[v.Name] = true
+		if v.Default == "" || v.Usage == "" {
+			problems = append(problems, v.Name+" has no default or no usage")
+		}
+	}
+	asked := map[string]bool{}
+	for _, name := range Asked(fromEnv) {
+		asked[name] = true
+		if !listed[name] {
+			problems = append(problems, name+" is read but not listed")
+		}
+	}
+	for _, v := range vars {
+		if !asked[v.Name] {
+			problems = append(problems, v.Name+" is listed but not read")
+		}
+	}
+	return problems
+}
+
 // Duration is one duration setting a service reads from the environment.
 type Duration struct {
 	Name     string         // the variable, e.g. ASSAY_LEASE_TTL

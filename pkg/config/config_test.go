@@ -336,3 +336,20 @@ func TestAsked(t *testing.T) {
 		t.Fatalf("Asked = %v", got)
 	}
 }
+
+func TestCheckVars(t *testing.T) {
+	t.Parallel()
+	fromEnv := func(getenv func(string) string) error {
+		getenv("A")
+		getenv("B")
+		return nil
+	}
+	if p := config.CheckVars([]config.Var{{Name: "A", Default: "1", Usage: "a"}, {Name: "B", Default: "2", Usage: "b"}}, fromEnv); len(p) != 0 {
+		t.Fatalf("agreeing lists: %v", p)
+	}
+	got := config.CheckVars([]config.Var{{Name: "A", Default: "1"}, {Name: "C", Default: "3", Usage: "c"}}, fromEnv)
+	want := "A has no default or no usage,B is read but not listed,C is listed but not read"
+	if strings.Join(got, ",") != want {
+		t.Fatalf("CheckVars = %v, want %s", got, want)
+	}
+}

@@ -1,7 +1,6 @@
 package committer
 
 import (
-	"slices"
 	"testing"
 
 	"assay.dev/pkg/config"
@@ -11,17 +10,7 @@ import (
 func TestVarsAreWhatFromEnvReads(t *testing.T) {
 	t.Parallel()
 	var c Config
-	asked := config.Asked(c.FromEnv)
-	var listed []string
-	for _, v := range Vars {
-		listed = append(listed, v.Name)
-		if v.Default == "" || v.Usage == "" {
-			t.Errorf("%s has no default or no usage", v.Name)
-		}
-	}
-	slices.Sort(asked)
-	slices.Sort(listed)
-	if !slices.Equal(asked, listed) {
-		t.Errorf("FromEnv reads %v, Vars list %v", asked, listed)
+	for _, p := range config.CheckVars(Vars, c.FromEnv) {
+		t.Error(p)
 	}
 }
