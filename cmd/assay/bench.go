@@ -27,6 +27,7 @@ import (
 	"assay.dev/pkg/devkit/devpg"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/event"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
@@ -201,62 +202,22 @@ func benchScenarios(scale float64) []*benchScenario {
 
 func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string, logw io.Writer) (benchResult, error) {
 	res := benchResult{Scenario: fmt.Sprintf("%d", sc.n), Mode: mode}
-	dir, err := os.MkdirTemp("", "assay-bench-")
-	if err != nil {
-		return res, err
-	}
-	defer os.RemoveAll(dir)
-	ns, err := cell.StartNATS(dir)
-	if err != nil {
-		return res, err
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	dbName := fmt.Sprintf("assay_bench_%d", time.Now().UnixNano())
-	dbURL, drop, err := benchDB(ctx, baseDB, dbName)
-	if err != nil {
-		return res, err
-	}
-	defer drop()
-
-	s := sim.New(sim.Options{})
-	defer s.Close()
-	simURL, err := s.Start("127.0.0.1:0")
-	if err != nil {
-		return res, err
-	}
 	ccfg := classifier.Config{Concurrency: 32, CallTimeout: 10 * time.Second}
 	var wrap func(classifier.Completer) classifier.Completer
 	if mode == "baseline" {
 		ccfg = classifier.Config{Concurrency: 16, FixedConcurrency: true, CallTimeout: 10 * time.Second}
 		wrap = func(c classifier.Completer) classifier.Completer { return naiveRetry{next: c} }
 	}
-	c, err := cell.Start(ctx, cell.Options{
-		Config: config.Config{Region: "us", DatabaseURL: dbURL, NATSURL: ns.ClientURL(), ModelBaseURL: simURL,
-			Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"},
+	bed, err := startBenchBed(ctx, baseDB, cell.Options{
 		Log:        benchLogger(logw, sc.n, mode),
 		Classifier: ccfg, WrapModel: wrap,
 		Ingress: ingress.Config{InteractiveDeadline: 8 * time.Second, SweepEvery: time.Second, LeaseGrace: 2 * time.Second},
-	})
+	}, []string{"acme"})
 	if err != nil {
 		return res, err
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		c.Stop(sctx)
-	}()
-	db, err := pgxpool.New(ctx, dbURL) // the benchmark's own reads of the record
-	if err != nil {
-		return res, err
-	}
-	defer db.Close()
-	tok := store.NewToken()
-	if err := c.Env.Store.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: tok}}); err != nil {
-		return res, err
-	}
-	if err := c.Env.Store.SetRate(ctx, "acme", 10_000_000, 100_000); err != nil {
-		return res, err
-	}
+	defer bed.close()
+	c, s, db, tok := bed.cell, bed.sim, bed.db, bed.tokens["acme"]
 	r := &benchRun{sc: sc, mode: mode, cell: c, sim: s, token: tok, batch: mode != "reference",
 		client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512, MaxConnsPerHost: 512}}}
 	if err := s.SetCapacity(sc.cap); err != nil {
@@ -334,6 +295,87 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 		res.Throttled += ts.RateLimited
 	}
 	return res, nil
+}
+
+// benchBed is one cell for a benchmark run: an embedded nats-server, a
+// fresh database on the server of base, the simulated provider, the
+// benchmark's own pool on the database, and tenants homed in the cell whose
+// rate no bucket refuses.
+type benchBed struct {
+	cell   *cell.Cell
+	sim    *sim.Server
+	db     *pgxpool.Pool
+	dbName string
+	tokens map[string]string // by tenant
+	undo   []func()
+}
+
+// close stops what startBenchBed started, last first.
+func (b *benchBed) close() {
+	for i := len(b.undo) - 1; i >= 0; i-- {
+		b.undo[i]()
+	}
+}
+
+// startBenchBed starts the cell of region us with o (its Config filled in
+// here) and seeds tenants.
+func startBenchBed(ctx context.Context, base string, o cell.Options, tenants []string) (bed *benchBed, err error) {
+	b := &benchBed{tokens: map[string]string{}}
+	defer func() {
+		if err != nil {
+			b.close()
+		}
+	}()
+	dir, err := os.MkdirTemp("", "assay-bench-")
+	if err != nil {
+		return nil, err
+	}
+	b.undo = append(b.undo, func() { os.RemoveAll(dir) })
+	ns, err := cell.StartNATS(dir)
+	if err != nil {
+		return nil, err
+	}
+	b.undo = append(b.undo, func() { ns.Shutdown(); ns.WaitForShutdown() })
+	b.dbName = fmt.Sprintf("assay_bench_%d", time.Now().UnixNano())
+	dbURL, drop, err := benchDB(ctx, base, b.dbName)
+	if err != nil {
+		return nil, err
+	}
+	b.undo = append(b.undo, drop)
+	b.sim = sim.New(sim.Options{})
+	b.undo = append(b.undo, func() { _ = b.sim.Close() })
+	simURL, err := b.sim.Start("127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	o.Config = config.Config{Regions: config.DefaultRegions, Region: "us", Cell: "us", Installation: event.DefaultInstallation,
+		DatabaseURL: dbURL, NATSURL: ns.ClientURL(), ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
+	if b.cell, err = cell.Start(ctx, o); err != nil {
+		return nil, err
+	}
+	b.undo = append(b.undo, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		b.cell.Stop(sctx)
+	})
+	if b.db, err = pgxpool.New(ctx, dbURL); err != nil { // the benchmark's own reads of the record
+		return nil, err
+	}
+	b.undo = append(b.undo, b.db.Close)
+	var seeds []store.TenantSeed
+	for _, t := range tenants {
+		b.tokens[t] = store.NewToken()
+		seeds = append(seeds, store.TenantSeed{ID: t, HomeRegion: "us", Token: b.tokens[t]})
+	}
+	if err := b.cell.Env.Store.SeedTenants(ctx, seeds); err != nil {
+		return nil, err
+	}
+	for _, t := range tenants {
+		if err := b.cell.Env.Store.SetRate(ctx, t, 10_000_000, 100_000); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
 }
 
 // benchLogger logs the cell's decisions to w, or nothing (not even

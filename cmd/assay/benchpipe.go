@@ -25,12 +25,9 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
-	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/devpg"
 	"assay.dev/pkg/devkit/evalset"
-	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/event"
-	"assay.dev/pkg/store"
 	"assay.dev/services/classifier"
 )
 
@@ -128,117 +125,27 @@ func benchPostgres(ctx context.Context) (string, func(), error) {
 
 func runPipeline(ctx context.Context, base string, n, c int) (pipeResult, error) {
 	res := pipeResult{System: "assay", C: c, N: n}
-	dir, err := os.MkdirTemp("", "assay-pipe-")
-	if err != nil {
-		return res, err
-	}
-	defer os.RemoveAll(dir)
-	ns, err := cell.StartNATS(dir)
-	if err != nil {
-		return res, err
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	dbName := fmt.Sprintf("assay_pipe_%d", time.Now().UnixNano())
-	dbURL, drop, err := benchDB(ctx, base, dbName)
-	if err != nil {
-		return res, err
-	}
-	defer drop()
-	s := sim.New(sim.Options{})
-	defer s.Close()
-	simURL, err := s.Start("127.0.0.1:0")
-	if err != nil {
-		return res, err
-	}
-	cl, err := cell.Start(ctx, cell.Options{
-		Config: config.Config{Regions: config.DefaultRegions, Region: "us", Cell: "us", Installation: event.DefaultInstallation,
-			DatabaseURL: dbURL, NATSURL: ns.ClientURL(), ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"},
+	tenants := []string{"t1", "t2", "t3", "t4"}
+	bed, err := startBenchBed(ctx, base, cell.Options{
 		Log:        benchLogger(io.Discard, 0, ""),
 		Classifier: classifier.Config{Concurrency: 32, CallTimeout: 10 * time.Second},
-	})
+	}, tenants)
 	if err != nil {
 		return res, err
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		cl.Stop(sctx)
-	}()
-	db, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		return res, err
-	}
-	defer db.Close()
-	tenants := []string{"t1", "t2", "t3", "t4"}
-	tokens := map[string]string{}
-	var seeds []store.TenantSeed
-	for _, t := range tenants {
-		tokens[t] = store.NewToken()
-		seeds = append(seeds, store.TenantSeed{ID: t, HomeRegion: "us", Token: tokens[t]})
-	}
-	if err := cl.Env.Store.SeedTenants(ctx, seeds); err != nil {
-		return res, err
-	}
-	for _, t := range tenants {
-		if err := cl.Env.Store.SetRate(ctx, t, 10_000_000, 100_000); err != nil {
-			return res, err
-		}
-	}
-	items := evalset.Items()
+	defer bed.close()
+	cl, db, dbName, tokens := bed.cell, bed.db, bed.dbName, bed.tokens
 	before, err := pgFigures(ctx, db, dbName)
 	if err != nil {
 		return res, err
 	}
 	cpu0 := cpuNow()
-	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}}
-	var next, failed atomic.Int64
 	start := time.Now()
-	var wg sync.WaitGroup
-	for range c {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n {
-					return
-				}
-				t := tenants[i%len(tenants)]
-				req := celltest.CodeReview(items[i%len(items)], "pipeline")
-				req.SourceID = fmt.Sprintf("shop/bench#%d", i)
-				body, _ := json.Marshal(req)
-				hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, cl.URL+"/v1/work", bytes.NewReader(body))
-				hr.Header.Set("Authorization", "Bearer "+tokens[t])
-				resp, err := client.Do(hr)
-				if err != nil {
-					failed.Add(1)
-					continue
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusAccepted {
-					failed.Add(1)
-				}
-			}
-		})
+	if err := postAll(ctx, cl.URL, n, c, tenants, tokens); err != nil {
+		return res, err
 	}
-	wg.Wait()
-	if f := failed.Load(); f > 0 {
-		return res, fmt.Errorf("%d of %d posts were not accepted with 202", f, n)
-	}
-	// Done when every item has its outcome and every attempt its ledger row.
-	deadline := time.Now().Add(10 * time.Minute)
-	for {
-		var open, unledgered int
-		if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM work WHERE state IN ('queued', 'running')),
-			(SELECT count(*) FROM attempts a WHERE NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = a.id))`).Scan(&open, &unledgered); err != nil {
-			return res, err
-		}
-		if open == 0 && unledgered == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return res, fmt.Errorf("after 10 minutes %d items have no outcome and %d attempts no ledger row", open, unledgered)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := waitSettled(ctx, db); err != nil {
+		return res, err
 	}
 	res.Wall = time.Since(start)
 	cpu := cpuNow().since(cpu0)
@@ -274,6 +181,71 @@ func runPipeline(ctx context.Context, base string, n, c int) (pipeResult, error)
 	res.MessagesPerItem = float64(msgs) / float64(n)
 	res.ProcCores, res.PGCores = cpu.proc.Seconds()/wall, cpu.pg.Seconds()/wall
 	return res, nil
+}
+
+// postAll posts n distinct code reviews of the evaluation set's diffs from c
+// keep-alive clients, the tenants in turn; every post must be answered 202.
+func postAll(ctx context.Context, base string, n, c int, tenants []string, tokens map[string]string) error {
+	items := evalset.Items()
+	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}}
+	var next, failed atomic.Int64
+	var wg sync.WaitGroup
+	for range c {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				req := celltest.CodeReview(items[i%len(items)], "pipeline")
+				req.SourceID = fmt.Sprintf("shop/bench#%d", i)
+				body, _ := json.Marshal(req)
+				hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/work", bytes.NewReader(body))
+				hr.Header.Set("Authorization", "Bearer "+tokens[tenants[i%len(tenants)]])
+				resp, err := client.Do(hr)
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusAccepted {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		return fmt.Errorf("%d of %d posts were not accepted with 202", f, n)
+	}
+	return nil
+}
+
+// waitSettled waits until every item has its outcome and every attempt its
+// ledger row. It asks about the work alone until none is open, and about
+// the ledger only then, so the wait adds little to the Postgres it
+// measures.
+func waitSettled(ctx context.Context, db *pgxpool.Pool) error {
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		var open, unledgered int
+		err := db.QueryRow(ctx, `SELECT count(*) FROM work WHERE state IN ('queued', 'running')`).Scan(&open)
+		if err == nil && open == 0 {
+			err = db.QueryRow(ctx, `SELECT count(*) FROM attempts a
+				WHERE NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = a.id)`).Scan(&unledgered)
+			if err == nil && unledgered == 0 {
+				return nil
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after 10 minutes %d items have no outcome and %d attempts no ledger row", open, unledgered)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // pgCounters are the database's commit count and the server's WAL position.
