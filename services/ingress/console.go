@@ -199,6 +199,46 @@ func (s *Service) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
 	apierror.JSON(w, http.StatusOK, c)
 }
 
+// consoleShared is the last snapshot read per scope (the cell, or one
+// tenant), so that streams of one scope share its queries: a stream reads
+// the database and the consumers again only when the scope's last snapshot
+// is older than half of ConsoleEvery. GET /v1/console always reads afresh.
+type consoleShared struct {
+	mu   sync.Mutex
+	last map[string]*Console
+}
+
+// sharedSnapshot is Snapshot for a stream of v, from the scope's last
+// snapshot while it is fresh enough.
+func (s *Service) sharedSnapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
+	scope := ""
+	if v.Tenant != nil {
+		scope = v.Tenant.ID
+	}
+	s.shared.mu.Lock()
+	c := s.shared.last[scope]
+	s.shared.mu.Unlock()
+	if c == nil || time.Since(c.At) >= s.cfg.ConsoleEvery/2 {
+		fresh, err := s.Snapshot(ctx, v)
+		if err != nil {
+			return nil, err
+		}
+		s.shared.mu.Lock()
+		if s.shared.last == nil {
+			s.shared.last = map[string]*Console{}
+		}
+		s.shared.last[scope] = fresh
+		s.shared.mu.Unlock()
+		c = fresh
+	}
+	out := *c // its slices are never written after the read
+	out.Operator = ""
+	if v.Operator != nil {
+		out.Operator = v.Operator.Name
+	}
+	return &out, nil
+}
+
 // consoleHeartbeat is how often an idle stream says it is alive, well
 // inside the idle timeouts of proxies on the way.
 const consoleHeartbeat = 15 * time.Second
@@ -223,7 +263,7 @@ func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	ctx := r.Context()
-	first, err := s.Snapshot(ctx, v)
+	first, err := s.sharedSnapshot(ctx, v)
 	if err != nil {
 		s.d.Log.Error("console: snapshot failed", "err", err)
 		auth.Unavailable().Write(w)
@@ -276,7 +316,7 @@ func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
 			send([]byte("event: error\ndata: " + string(body) + "\n\n"))
 			return
 		}
-		c, err := s.Snapshot(ctx, again)
+		c, err := s.sharedSnapshot(ctx, again)
 		if err != nil {
 			if ctx.Err() != nil {
 				return

@@ -216,6 +216,7 @@ type Service struct {
 	watcher lifecycle.Ticker
 	watched watch
 	open    openStreams
+	shared  consoleShared
 
 	submitted metric.Int64Counter
 	webhooks  metric.Int64Counter
