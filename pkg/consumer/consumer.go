@@ -135,6 +135,7 @@ type Consumer struct {
 	lost     chan struct{}           // closed when the server lost the consumer
 	consumed bool                    // the durable existed and was consumed once
 	missing  time.Time               // since when the durable is known missing
+	stopping bool                    // Stop waits for the messages in hand: no more are taken
 	info     *jetstream.ConsumerInfo // the last sample of the durable, nil before one
 	inflight sync.WaitGroup
 	// halt ends waits at the gate when Stop begins; work ends handlers
@@ -339,7 +340,17 @@ func (c *Consumer) receive(msg jetstream.Msg) {
 		_ = msg.Nak()
 		return
 	}
+	// The subscription may deliver one more message while Stop waits; it
+	// goes back rather than joining what Stop waits for.
+	c.mu.Lock()
+	if c.stopping {
+		c.mu.Unlock()
+		leave()
+		_ = msg.Nak()
+		return
+	}
 	c.inflight.Add(1)
+	c.mu.Unlock()
 	go func() {
 		defer func() { leave(); c.inflight.Done() }()
 		d := c.cfg.Handle(c.work, msg)
@@ -368,6 +379,9 @@ func (c *Consumer) Stop(ctx context.Context) {
 	}
 	c.haltCancel()
 	c.run.Stop(ctx)
+	c.mu.Lock()
+	c.stopping = true
+	c.mu.Unlock()
 	done := make(chan struct{})
 	go func() { c.inflight.Wait(); close(done) }()
 	select {
