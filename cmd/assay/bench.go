@@ -349,7 +349,8 @@ func startBenchBed(ctx context.Context, base string, o cell.Options, tenants []s
 		return nil, err
 	}
 	o.Config = config.Config{Regions: config.DefaultRegions, Region: "us", Cell: "us", Installation: event.DefaultInstallation,
-		DatabaseURL: dbURL, NATSURL: ns.ClientURL(), ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
+		DatabaseURL: dbURL, NATSURL: ns.ClientURL(), ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0",
+		DatabasePool: o.Config.DatabasePool}
 	if b.cell, err = cell.Start(ctx, o); err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,17 +22,19 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/devpg"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/services/classifier"
 )
 
-const benchPipeUsage = `usage: assay bench pipeline [-n 20000] [-c 8,32] [--runs 1] [--peer DIR]
+const benchPipeUsage = `usage: assay bench pipeline [-n 20000] [-c 8,32] [--runs 1] [--peer DIR] [--pool N] [--statements]
 
 N distinct code reviews posted through HTTP ingress by C keep-alive clients,
 the simulated reviewer answering at once, until every item is accepted and
@@ -53,6 +56,8 @@ type pipeResult struct {
 	CommitsPerItem  float64
 	WALKBPerItem    float64
 	MessagesPerItem float64
+	StmtsPerItem    float64
+	StmtsBy         map[string]float64 // per service
 	ProcCores       float64
 	PGCores         float64
 }
@@ -64,6 +69,8 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 	cs := fs.String("c", "8,32", "concurrent clients, comma separated: one series each")
 	runs := fs.Int("runs", 1, "runs per client count")
 	peer := fs.String("peer", "", "directory of the River build to run beside it")
+	statements := fs.Bool("statements", false, "print each service's statements per item to stderr after each run")
+	pool := fs.Int("pool", 0, "connections in each service's pool (0: ASSAY_DATABASE_POOL's default)")
 	if err := fs.Parse(args); err != nil {
 		return configError{fmt.Errorf("%v\n%s", err, benchPipeUsage)}
 	}
@@ -92,7 +99,7 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 	for _, c := range clients {
 		for run := range *runs {
 			fmt.Fprintf(os.Stderr, "bench pipeline: assay, n=%d c=%d, run %d…\n", *n, c, run+1)
-			r, err := runPipeline(ctx, base, *n, c)
+			r, err := runPipeline(ctx, base, *n, c, *pool, *statements)
 			if err != nil {
 				return fmt.Errorf("assay c=%d: %w", c, err)
 			}
@@ -123,12 +130,15 @@ func benchPostgres(ctx context.Context) (string, func(), error) {
 	return pg.URL("postgres"), func() { _ = pg.Stop() }, nil
 }
 
-func runPipeline(ctx context.Context, base string, n, c int) (pipeResult, error) {
+func runPipeline(ctx context.Context, base string, n, c, pool int, statements bool) (pipeResult, error) {
 	res := pipeResult{System: "assay", C: c, N: n}
 	tenants := []string{"t1", "t2", "t3", "t4"}
+	stmts := newStmtCounter()
 	bed, err := startBenchBed(ctx, base, cell.Options{
-		Log:        benchLogger(io.Discard, 0, ""),
-		Classifier: classifier.Config{Concurrency: 32, CallTimeout: 10 * time.Second},
+		Log:         benchLogger(io.Discard, 0, ""),
+		Classifier:  classifier.Config{Concurrency: 32, CallTimeout: 10 * time.Second},
+		StoreTracer: stmts.tracer,
+		Config:      config.Config{DatabasePool: pool},
 	}, tenants)
 	if err != nil {
 		return res, err
@@ -139,6 +149,7 @@ func runPipeline(ctx context.Context, base string, n, c int) (pipeResult, error)
 	if err != nil {
 		return res, err
 	}
+	stmts.reset()
 	cpu0 := cpuNow()
 	start := time.Now()
 	if err := postAll(ctx, cl.URL, n, c, tenants, tokens); err != nil {
@@ -149,6 +160,10 @@ func runPipeline(ctx context.Context, base string, n, c int) (pipeResult, error)
 	}
 	res.Wall = time.Since(start)
 	cpu := cpuNow().since(cpu0)
+	by := stmts.snapshot()
+	if statements {
+		stmts.print(os.Stderr, n)
+	}
 	after, err := pgFigures(ctx, db, dbName)
 	if err != nil {
 		return res, err
@@ -179,6 +194,11 @@ func runPipeline(ctx context.Context, base string, n, c int) (pipeResult, error)
 	res.CommitsPerItem = float64(after.commits-before.commits) / float64(n)
 	res.WALKBPerItem = float64(after.wal-before.wal) / 1024 / float64(n)
 	res.MessagesPerItem = float64(msgs) / float64(n)
+	res.StmtsBy = map[string]float64{}
+	for svc, k := range by {
+		res.StmtsBy[svc] = float64(k) / float64(n)
+		res.StmtsPerItem += float64(k) / float64(n)
+	}
 	res.ProcCores, res.PGCores = cpu.proc.Seconds()/wall, cpu.pg.Seconds()/wall
 	return res, nil
 }
@@ -329,17 +349,27 @@ func runPeer(ctx context.Context, dir string, n, c int) (pipeResult, error) {
 
 func printPipe(w io.Writer, rs []pipeResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SYSTEM\tC\tN\tWALL\tITEMS/S\tP50\tP99\tCOMMITS/ITEM\tWAL KB/ITEM\tJS MSGS/ITEM\tPROC CORES\tPG CORES")
+	fmt.Fprintln(tw, "SYSTEM\tC\tN\tWALL\tITEMS/S\tP50\tP99\tCOMMITS/ITEM\tSTMTS/ITEM\tWAL KB/ITEM\tJS MSGS/ITEM\tPROC CORES\tPG CORES")
 	for _, r := range rs {
-		msgs := "-"
+		msgs, stmts := "-", "-"
 		if r.System == "assay" {
-			msgs = fmt.Sprintf("%.2f", r.MessagesPerItem)
+			msgs, stmts = fmt.Sprintf("%.2f", r.MessagesPerItem), fmt.Sprintf("%.2f", r.StmtsPerItem)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1fs\t%.0f\t%s\t%s\t%.2f\t%.2f\t%s\t%.2f\t%.2f\n", r.System, r.C, r.N, r.Wall.Seconds(),
-			r.ItemsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond), r.CommitsPerItem, r.WALKBPerItem, msgs,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1fs\t%.0f\t%s\t%s\t%.2f\t%s\t%.2f\t%s\t%.2f\t%.2f\n", r.System, r.C, r.N, r.Wall.Seconds(),
+			r.ItemsPerSec, r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond), r.CommitsPerItem, stmts, r.WALKBPerItem, msgs,
 			r.ProcCores, r.PGCores)
 	}
 	_ = tw.Flush()
+	for _, r := range rs {
+		if r.System != "assay" {
+			continue
+		}
+		var parts []string
+		for _, svc := range []string{"ingress", "classifier", "committer", "ledger"} {
+			parts = append(parts, fmt.Sprintf("%s %.2f", svc, r.StmtsBy[svc]))
+		}
+		fmt.Fprintf(w, "statements per item, c=%d: %s\n", r.C, strings.Join(parts, ", "))
+	}
 	// The ratio per client count, over the runs of each.
 	sum := map[string]map[int][2]float64{}
 	for _, r := range rs {
@@ -358,3 +388,93 @@ func printPipe(w io.Writer, rs []pipeResult) {
 		}
 	}
 }
+
+// stmtCounter counts the statements each service's pool sends, BEGIN and
+// COMMIT included, each query of a batch on its own.
+type stmtCounter struct {
+	mu  sync.Mutex
+	n   map[string]int64            // per service
+	sql map[string]map[string]int64 // per service, per statement's first words
+}
+
+func newStmtCounter() *stmtCounter {
+	return &stmtCounter{n: map[string]int64{}, sql: map[string]map[string]int64{}}
+}
+
+func (s *stmtCounter) tracer(service string) pgx.QueryTracer { return stmtTracer{s, service} }
+
+func (s *stmtCounter) count(service, sql string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.n[service]++
+	if s.sql[service] == nil {
+		s.sql[service] = map[string]int64{}
+	}
+	s.sql[service][stmtLabel(sql)]++
+}
+
+func (s *stmtCounter) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.n)
+	clear(s.sql)
+}
+
+// snapshot is the counts so far, per service.
+func (s *stmtCounter) snapshot() map[string]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int64{}
+	for k, v := range s.n {
+		out[k] = v
+	}
+	return out
+}
+
+// print writes each service's statements per item, most frequent first.
+func (s *stmtCounter) print(w io.Writer, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, svc := range []string{"ingress", "classifier", "committer", "ledger"} {
+		fmt.Fprintf(w, "%s: %.2f statements per item\n", svc, float64(s.n[svc])/float64(n))
+		labels := make([]string, 0, len(s.sql[svc]))
+		for l := range s.sql[svc] {
+			labels = append(labels, l)
+		}
+		sort.Slice(labels, func(i, j int) bool { return s.sql[svc][labels[i]] > s.sql[svc][labels[j]] })
+		for _, l := range labels {
+			fmt.Fprintf(w, "  %6.3f  %s\n", float64(s.sql[svc][l])/float64(n), l)
+		}
+	}
+}
+
+// stmtLabel is a statement's first words, enough to tell it from the rest.
+func stmtLabel(sql string) string {
+	f := strings.Fields(sql)
+	if len(f) > 6 {
+		f = f[:6]
+	}
+	return strings.Join(f, " ")
+}
+
+type stmtTracer struct {
+	c       *stmtCounter
+	service string
+}
+
+func (t stmtTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	t.c.count(t.service, d.SQL)
+	return ctx
+}
+
+func (stmtTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (t stmtTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (t stmtTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	t.c.count(t.service, d.SQL)
+}
+
+func (stmtTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

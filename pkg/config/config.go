@@ -66,6 +66,10 @@ type Config struct {
 	// answer, trying again with capped backoff (ASSAY_STARTUP_WAIT, a Go
 	// duration). Default 60s; 0 tries once.
 	StartupWait time.Duration
+	// DatabasePool is how many connections this service's Postgres pool
+	// holds (ASSAY_DATABASE_POOL, 1 to 1000). 0, the default, takes the
+	// URL's pool_max_conns, else store.DefaultMaxConns (10).
+	DatabasePool int
 	// MetricsTenants is how many tenants get a metric label of their own;
 	// the rest are "other" (ASSAY_METRICS_TENANTS, 1 to 1000). Default 20.
 	MetricsTenants int
@@ -81,7 +85,7 @@ type setting struct {
 
 // raw holds the settings that are parsed after they are read.
 type raw struct {
-	regions, replicas, maxAge, placement, startupWait, metricsTenants string
+	regions, replicas, maxAge, placement, startupWait, metricsTenants, databasePool string
 }
 
 var settings = []setting{
@@ -113,6 +117,7 @@ var rawSettings = []struct {
 	{"ASSAY_STREAM_MAX_AGE", "stream-max-age", "168h", "history the streams keep for replay, a Go duration", func(r *raw) *string { return &r.maxAge }},
 	{"ASSAY_STREAM_PLACEMENT", "stream-placement", "none", "server tags the streams are placed by, comma separated", func(r *raw) *string { return &r.placement }},
 	{"ASSAY_STARTUP_WAIT", "startup-wait", "60s", "how long start-up waits for Postgres and NATS, a Go duration (0: try once)", func(r *raw) *string { return &r.startupWait }},
+	{"ASSAY_DATABASE_POOL", "database-pool", "", "connections in this service's Postgres pool, 1 to 1000 (unset: the URL's pool_max_conns, else 10)", func(r *raw) *string { return &r.databasePool }},
 	{"ASSAY_METRICS_TENANTS", "metrics-tenants", "20", "tenants with a metric label of their own; the rest are \"other\"", func(r *raw) *string { return &r.metricsTenants }},
 }
 
@@ -239,6 +244,13 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 			errs = append(errs, fmt.Errorf("ASSAY_METRICS_TENANTS: %q is not a whole number from 1 to 1000", r.metricsTenants))
 		}
 		c.MetricsTenants = n
+	}
+	if r.databasePool != "" {
+		n, err := strconv.Atoi(r.databasePool)
+		if err != nil || n < 1 || n > 1000 {
+			errs = append(errs, fmt.Errorf("ASSAY_DATABASE_POOL: %q is not a whole number from 1 to 1000", r.databasePool))
+		}
+		c.DatabasePool = n
 	}
 	if c.Cell == "" {
 		c.Cell = c.Region
@@ -394,7 +406,7 @@ func (c Config) Redacted() map[string]any {
 		"region": c.Region, "cell": c.Cell, "installation": c.Installation, "regions": strings.Join(c.Regions, ","),
 		"database_url": Redacted(c.DatabaseURL), "nats_url": Redacted(c.NATSURL),
 		"model_base_url": Redacted(c.ModelBaseURL), "model": c.Model, "model_api_key": key,
-		"http_addr": c.HTTPAddr, "startup_wait": c.StartupWait.String(),
+		"http_addr": c.HTTPAddr, "startup_wait": c.StartupWait.String(), "database_pool": c.DatabasePool,
 		"stream_replicas": c.Streams.Replicas, "stream_max_age": c.Streams.MaxAge.String(),
 	}
 }

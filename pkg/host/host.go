@@ -128,7 +128,7 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 		} else if created {
 			log.Info("database created", "database", databaseName(cfg.DatabaseURL))
 		}
-		e.Store, err = store.Open(ctx, cfg.DatabaseURL)
+		e.Store, err = store.Open(ctx, cfg.DatabaseURL, store.Options{MaxConns: cfg.DatabasePool})
 		return err
 	})
 	if err != nil {

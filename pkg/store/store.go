@@ -31,11 +31,38 @@ type Store struct {
 	pool *pgxpool.Pool
 }
 
+// Options adjust the pool Open makes.
+type Options struct {
+	// MaxConns bounds the pool's connections; 0 keeps the URL's
+	// pool_max_conns, else DefaultMaxConns.
+	MaxConns int
+	// Tracer, when set, sees every statement the pool sends (the pipeline
+	// benchmark counts them).
+	Tracer pgx.QueryTracer
+}
+
+// DefaultMaxConns is a service's pool when neither ASSAY_DATABASE_POOL nor
+// the URL's pool_max_conns says otherwise.
+const DefaultMaxConns = 10
+
 // Open connects to the cell's database and checks that it answers.
-func Open(ctx context.Context, url string) (*Store, error) {
+func Open(ctx context.Context, url string, opts ...Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("store: parse url: %w", err)
+	}
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	switch {
+	case o.MaxConns > 0:
+		cfg.MaxConns = int32(o.MaxConns)
+	case !strings.Contains(url, "pool_max_conns"):
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if o.Tracer != nil {
+		cfg.ConnConfig.Tracer = o.Tracer
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

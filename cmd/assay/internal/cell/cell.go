@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -20,6 +21,7 @@ import (
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/price"
+	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/classifier"
 	"assay.dev/services/committer"
@@ -51,6 +53,9 @@ type Options struct {
 	// HTTP bounds what a client can hold of the cell's listener; zero
 	// fields take host.DefaultLimits.
 	HTTP host.Limits
+	// StoreTracer, when set, gives the named service's pool a tracer that
+	// sees every statement it sends (the pipeline benchmark counts them).
+	StoreTracer func(service string) pgx.QueryTracer
 }
 
 // Cell is one region's four services in one process, behind one HTTP
@@ -66,6 +71,7 @@ type Cell struct {
 
 	parts    []host.Part  // started, in start order
 	conns    []*nats.Conn // per-service connections, from NATSURLs
+	stores   []*store.Store
 	stopHTTP context.CancelFunc
 	httpDone chan error
 	stopOnce sync.Once
@@ -85,15 +91,19 @@ func Start(ctx context.Context, o Options) (c *Cell, err error) {
 		}
 	}()
 	js := map[string]jetstream.JetStream{}
+	db := map[string]*store.Store{}
 	for _, name := range []string{"ingress", "classifier", "committer", "ledger"} {
 		if js[name], err = c.serviceJS(o, name); err != nil {
+			return c, err
+		}
+		if db[name], err = c.serviceStore(ctx, o, name); err != nil {
 			return c, err
 		}
 	}
 	cfg, names := o.Config, o.Config.Names()
 	log := func(service string) *slog.Logger { return env.Log.With("service", service) }
 	o.Ingress.Region, o.Ingress.Names, o.Ingress.Streams = cfg.Region, names, cfg.Streams
-	if c.Ingress, err = ingress.New(o.Ingress, ingress.Deps{Store: env.Store, JS: js["ingress"], Contracts: env.Contracts,
+	if c.Ingress, err = ingress.New(o.Ingress, ingress.Deps{Store: db["ingress"], JS: js["ingress"], Contracts: env.Contracts,
 		Log: log("ingress"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
@@ -105,17 +115,17 @@ func Start(ctx context.Context, o Options) (c *Cell, err error) {
 	if o.WrapModel != nil {
 		mc = o.WrapModel(mc)
 	}
-	if c.Classifier, err = classifier.New(o.Classifier, classifier.Deps{Store: env.Store, JS: js["classifier"], Model: mc,
+	if c.Classifier, err = classifier.New(o.Classifier, classifier.Deps{Store: db["classifier"], JS: js["classifier"], Model: mc,
 		Contracts: env.Contracts, Log: log("classifier"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
 	o.Committer.Region, o.Committer.Names, o.Committer.Streams = cfg.Region, names, cfg.Streams
-	if c.Committer, err = committer.New(o.Committer, committer.Deps{Store: env.Store,
+	if c.Committer, err = committer.New(o.Committer, committer.Deps{Store: db["committer"],
 		JS: js["committer"], Contracts: env.Contracts, Log: log("committer"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
 	o.Ledger.Region, o.Ledger.Names, o.Ledger.Prices = cfg.Region, names, o.Prices
-	if c.Ledger, err = ledger.New(o.Ledger, ledger.Deps{Store: env.Store,
+	if c.Ledger, err = ledger.New(o.Ledger, ledger.Deps{Store: db["ledger"],
 		JS: js["ledger"], Log: log("ledger"), Tel: env.Tel}); err != nil {
 		return c, err
 	}
@@ -182,6 +192,9 @@ func (c *Cell) Stop(ctx context.Context) {
 		for _, nc := range c.conns {
 			_ = nc.Drain()
 		}
+		for _, st := range c.stores {
+			st.Close()
+		}
 		c.Env.Close(ctx)
 	})
 }
@@ -208,6 +221,22 @@ func (c *Cell) serviceJS(o Options, name string) (jetstream.JetStream, error) {
 	}
 	c.conns = append(c.conns, nc)
 	return jetstream.New(nc)
+}
+
+// serviceStore is a pool of the service's own, as each service has when it
+// runs as its own process: ASSAY_DATABASE_POOL sizes each, not the four
+// together.
+func (c *Cell) serviceStore(ctx context.Context, o Options, name string) (*store.Store, error) {
+	so := store.Options{MaxConns: o.Config.DatabasePool}
+	if o.StoreTracer != nil {
+		so.Tracer = o.StoreTracer(name)
+	}
+	st, err := store.Open(ctx, o.Config.DatabaseURL, so)
+	if err != nil {
+		return nil, fmt.Errorf("cell %s: database for %s: %w", c.Region, name, err)
+	}
+	c.stores = append(c.stores, st)
+	return st, nil
 }
 
 // ModelClient is the model adapter a cell's classifier calls.
