@@ -109,27 +109,12 @@ func (s *Store) Release(ctx context.Context, attemptID string) error {
 	return nil
 }
 
-// settle replaces an attempt's reservation with its real cost and returns
-// what the cost went beyond the reservation (0 within it). The whole cost is
-// spent: an excess can only leave less room, and once spent passes the
-// limit the tenant's next reservation is refused. An attempt without a
-// reservation (its tenant had no budget when it started) is still charged
-// to the tenant's current period, when that period exists.
-func settle(ctx context.Context, tx pgx.Tx, tenantID, attemptID string, cost int64) (excess int64, err error) {
-	var start time.Time
-	var amount int64
-	err = tx.QueryRow(ctx, `UPDATE budget_reservations SET settled_at = now()
-		WHERE attempt_id = $1 AND settled_at IS NULL RETURNING period_start, amount_micros`, attemptID).Scan(&start, &amount)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, spendNow(ctx, tx, tenantID, cost)
-	}
-	if err != nil {
-		return 0, err
-	}
-	_, err = tx.Exec(ctx, `UPDATE budget_periods SET reserved_micros = reserved_micros - $3, spent_micros = spent_micros + $4
-		WHERE tenant_id = $1 AND period_start = $2`, tenantID, start, amount, cost)
-	return max(cost-amount, 0), err
-}
+// An attempt's reservation is settled by RecordLedger, in the statement
+// that records its row: the reservation is replaced by the real cost, all
+// of which is spent (an excess can only leave less room, and once spent
+// passes the limit the tenant's next reservation is refused). An attempt
+// without a reservation (its tenant had no budget when it started) is still
+// charged to the tenant's current period, when that period exists.
 
 // respend corrects what an attempt spent by delta, in the period its
 // reservation was taken from, else the tenant's current period.

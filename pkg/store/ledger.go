@@ -59,30 +59,45 @@ func (s *Store) AppendLedger(ctx context.Context, r LedgerRow) (inserted bool, e
 // budget reservation, recorded on the row.
 func (s *Store) RecordLedger(ctx context.Context, r LedgerRow) (rec Recorded, excess int64, err error) {
 	// The row and the settlement of the attempt's budget reservation are
-	// one transaction, so a redelivery neither records nor settles twice.
+	// one statement, so a redelivery neither records nor settles twice.
+	var inserted bool
+	err = s.pool.QueryRow(ctx, `WITH ins AS (
+			INSERT INTO ledger (attempt_id, tenant_id, work_id, model, served_model, outcome,
+				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated)
+			VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, $9, $10, $11, $12, $13)
+			ON CONFLICT (attempt_id) DO NOTHING RETURNING attempt_id),
+		res AS (UPDATE budget_reservations SET settled_at = now()
+			WHERE attempt_id = $1 AND settled_at IS NULL AND EXISTS (SELECT 1 FROM ins)
+			RETURNING period_start, amount_micros),
+		reserved AS (UPDATE budget_periods p SET reserved_micros = p.reserved_micros - res.amount_micros,
+				spent_micros = p.spent_micros + $10
+			FROM res WHERE p.tenant_id = $2 AND p.period_start = res.period_start RETURNING 1),
+		unreserved AS (UPDATE budget_periods p SET spent_micros = greatest(p.spent_micros + $10, 0)
+			FROM tenants t WHERE EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM res)
+				AND t.id = $2 AND t.budget_micros IS NOT NULL AND p.tenant_id = t.id
+				AND p.period_start = budget_period_start(t.budget_period, now()) RETURNING 1)
+		SELECT EXISTS (SELECT 1 FROM ins), coalesce((SELECT greatest($10 - amount_micros, 0) FROM res), 0)`,
+		r.AttemptID, r.TenantID, r.WorkID, Text(r.Model), Text(r.ServedModel), r.Outcome, r.UpstreamAttempts, r.InputUnits,
+		r.OutputUnits, r.CostMicros, r.LatencyMS, r.OccurredAt, r.Estimated).Scan(&inserted, &excess)
+	if err != nil {
+		return Duplicate, 0, fmt.Errorf("store: ledger %s: %w", r.AttemptID, err)
+	}
+	if inserted {
+		if excess > 0 {
+			if _, err := s.pool.Exec(ctx, `UPDATE ledger SET excess_micros = $2 WHERE attempt_id = $1`, r.AttemptID, excess); err != nil {
+				return Inserted, excess, fmt.Errorf("store: ledger %s excess: %w", r.AttemptID, err)
+			}
+		}
+		return Inserted, excess, nil
+	}
+	if r.Estimated {
+		return Duplicate, 0, nil
+	}
+	// Already there: the attempt's real report replaces an estimate.
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		rec = Duplicate
-		tag, err := tx.Exec(ctx, `INSERT INTO ledger (attempt_id, tenant_id, work_id, model, served_model, outcome,
-				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated)
-			VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (attempt_id) DO NOTHING`,
-			r.AttemptID, r.TenantID, r.WorkID, Text(r.Model), Text(r.ServedModel), r.Outcome, r.UpstreamAttempts, r.InputUnits,
-			r.OutputUnits, r.CostMicros, r.LatencyMS, r.OccurredAt, r.Estimated)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 1 {
-			rec = Inserted
-			if excess, err = settle(ctx, tx, r.TenantID, r.AttemptID, r.CostMicros); err != nil || excess == 0 {
-				return err
-			}
-			_, err = tx.Exec(ctx, `UPDATE ledger SET excess_micros = $2 WHERE attempt_id = $1`, r.AttemptID, excess)
-			return err
-		}
-		if r.Estimated {
-			return nil
-		}
 		var was int64
-		err = tx.QueryRow(ctx, `UPDATE ledger l SET model = $2, served_model = nullif($10, ''), outcome = $3,
+		err := tx.QueryRow(ctx, `UPDATE ledger l SET model = $2, served_model = nullif($10, ''), outcome = $3,
 				upstream_attempts = $4, input_units = $5, output_units = $6, cost_micros = $7, latency_ms = $8,
 				occurred_at = $9, estimated = false, recorded_at = now()
 			FROM (SELECT attempt_id, cost_micros FROM ledger WHERE attempt_id = $1 AND estimated FOR UPDATE) old
@@ -101,7 +116,7 @@ func (s *Store) RecordLedger(ctx context.Context, r LedgerRow) (rec Recorded, ex
 	if err != nil {
 		return Duplicate, 0, fmt.Errorf("store: ledger %s: %w", r.AttemptID, err)
 	}
-	return rec, excess, nil
+	return rec, 0, nil
 }
 
 // WorkCost sums the ledger for one work item: attempts and cost.

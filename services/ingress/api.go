@@ -101,7 +101,7 @@ var (
 // authenticate resolves the bearer token to a tenant this cell serves, or
 // writes the refusal and returns false.
 func (s *Service) authenticate(w http.ResponseWriter, r *http.Request) (store.Tenant, bool) {
-	t, refused := auth.Bearer(r.Context(), s.d.Store, r.Header.Get("Authorization"), s.cell())
+	t, refused := auth.Bearer(r.Context(), s.tokens, r.Header.Get("Authorization"), s.cell())
 	if refused != nil {
 		if refused.Status == http.StatusServiceUnavailable {
 			s.d.Log.Error("token lookup failed: the database did not answer")

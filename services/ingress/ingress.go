@@ -73,6 +73,10 @@ type Config struct {
 	// ConsoleStreams bounds the console streams one credential holds open
 	// at once. Default 4.
 	ConsoleStreams int
+	// TokenCache is how long a token's tenant is remembered: a revoked
+	// token, a suspension or a move takes effect within it. Default 2s;
+	// negative looks every token up on every request.
+	TokenCache time.Duration
 
 	// GitHubSecret is the cell's webhook secret: its GitHub App's, held by
 	// the operator alone. Empty, only deliveries signed with a tenant's own
@@ -133,6 +137,9 @@ func (c *Config) defaults() error {
 	if c.ConsoleStreams == 0 {
 		c.ConsoleStreams = 4
 	}
+	if c.TokenCache == 0 {
+		c.TokenCache = 2 * time.Second
+	}
 	if c.DataRetention == 0 {
 		c.DataRetention = 30 * 24 * time.Hour
 	}
@@ -170,6 +177,7 @@ var Vars = []config.Var{
 	{Name: "ASSAY_DATA_RETENTION", Default: "720h", Usage: "inputs and raw answers of ended work are cleared after this"},
 	{Name: "ASSAY_WATCH_EVERY", Default: "15s", Usage: "how often the gauges of the cell's work are sampled"},
 	{Name: "ASSAY_CONSOLE_EVERY", Default: "2s", Usage: "how often a console stream looks for new figures"},
+	{Name: "ASSAY_TOKEN_CACHE", Default: "2s", Usage: "how long a token's tenant is remembered; a revocation or suspension takes effect within it (0s: never)"},
 	{Name: "ASSAY_GITHUB_WEBHOOK_SECRET", Default: "none", Usage: "the cell's (its GitHub App's) webhook secret"},
 	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where pull request diffs are fetched"},
 	{Name: "ASSAY_GITHUB_TOKEN", Default: "none", Usage: "token the diff fetches authenticate with"},
@@ -187,8 +195,12 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		config.Duration{Name: "ASSAY_DATA_RETENTION", To: &c.DataRetention, Min: time.Hour, Max: 10 * 366 * 24 * time.Hour},
 		config.Duration{Name: "ASSAY_WATCH_EVERY", To: &c.WatchEvery, Min: time.Second, Max: time.Hour},
 		config.Duration{Name: "ASSAY_CONSOLE_EVERY", To: &c.ConsoleEvery, Min: 100 * time.Millisecond, Max: time.Minute},
+		config.Duration{Name: "ASSAY_TOKEN_CACHE", To: &c.TokenCache, Min: 0, Max: time.Minute},
 	); err != nil {
 		return err
+	}
+	if getenv("ASSAY_TOKEN_CACHE") != "" && c.TokenCache == 0 {
+		c.TokenCache = -1
 	}
 	c.GitHubSecret = getenv("ASSAY_GITHUB_WEBHOOK_SECRET")
 	c.GitHubAPI = getenv("ASSAY_GITHUB_API_URL")
@@ -223,6 +235,7 @@ type Service struct {
 	dropped   metric.Int64Counter
 	endToEnd  metric.Float64Histogram
 	buckets   *admission.Buckets
+	tokens    *auth.Cache
 }
 
 // New checks the config and builds the service.
@@ -230,7 +243,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, d: d, buckets: admission.NewBuckets(time.Now)}
+	s := &Service{cfg: cfg, d: d, buckets: admission.NewBuckets(time.Now), tokens: auth.NewCache(d.Store, cfg.TokenCache)}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log,
 		Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},
