@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/json"
 	"context"
 	"fmt"
 	"time"
@@ -235,4 +236,47 @@ func (s *Store) Purge(ctx context.Context, r Retention) (Purged, error) {
 		*st.n = tag.RowsAffected()
 	}
 	return p, nil
+}
+
+// outboxRows are messages as the arrays one INSERT … SELECT FROM unnest
+// takes, each message with a tag the statement can choose rows by.
+type outboxRows struct {
+	streams, subjects, ids, headers, tags []string
+	payloads                              [][]byte
+}
+
+// add appends msgs under tag.
+func (o *outboxRows) add(tag string, msgs []OutboxMsg) error {
+	for _, m := range msgs {
+		if m.Stream == "" {
+			return fmt.Errorf("store: outbox row for %s names no stream", m.Subject)
+		}
+		h := m.Headers
+		if h == nil {
+			h = map[string]string{}
+		}
+		b, err := json.Marshal(h)
+		if err != nil {
+			return fmt.Errorf("store: outbox headers: %w", err)
+		}
+		o.streams, o.subjects, o.ids = append(o.streams, m.Stream), append(o.subjects, m.Subject), append(o.ids, m.MsgID)
+		o.payloads, o.headers, o.tags = append(o.payloads, m.Payload), append(o.headers, string(b)), append(o.tags, tag)
+	}
+	return nil
+}
+
+// args are the six arrays, in the order outboxInsert's placeholders take.
+func (o *outboxRows) args() []any {
+	return []any{o.streams, o.subjects, o.ids, o.payloads, o.headers, o.tags}
+}
+
+// outboxInsert is an INSERT of the rows passed as the six arrays from
+// placeholder $first on, keeping those whose tag cond admits (cond names
+// the tag m.tag).
+func outboxInsert(first int, cond string) string {
+	return fmt.Sprintf(`INSERT INTO outbox (stream, subject, msg_id, payload, headers)
+		SELECT m.stream, m.subject, m.msg_id, m.payload, m.headers::jsonb
+		FROM unnest($%d::text[], $%d::text[], $%d::text[], $%d::bytea[], $%d::text[], $%d::text[])
+			AS m(stream, subject, msg_id, payload, headers, tag)
+		WHERE %s`, first, first+1, first+2, first+3, first+4, first+5, cond)
 }

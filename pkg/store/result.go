@@ -31,54 +31,63 @@ type Result struct {
 // same transaction.
 func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, output json.RawMessage, findings int,
 	announce Announce) (v Verdict, err error) {
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		// Past its deadline the work ends expired, whatever the answer.
-		late, err := tx.Exec(ctx, `UPDATE work SET state = 'expired',
-				reason = 'deadline passed before a result was accepted', lease_token = NULL,
-				lease_expires_at = NULL, updated_at = now()
-			WHERE id = $1 AND state = 'running' AND lease_token = $2 AND deadline_at <= now()`, w.ID, token)
-		if err != nil {
-			return err
-		}
-		if late.RowsAffected() == 1 {
-			v = Late
-			if _, err := tx.Exec(ctx, `UPDATE attempts SET outcome = 'stale_lease',
-					reason = 'deadline passed before the verdict', finished_at = coalesce(finished_at, now())
-				WHERE id = $1`, attemptID); err != nil {
-				return err
+	var ob outboxRows
+	if announce != nil {
+		for _, state := range []string{outcome.Accepted, outcome.Expired} {
+			msgs, err := announce(w, state)
+			if err != nil {
+				return Lost, err
 			}
-			return announceOutcome(ctx, tx, w, outcome.Expired, announce)
+			if err := ob.add(state, msgs); err != nil {
+				return Lost, err
+			}
 		}
-		ok, err := finishLeased(ctx, tx, w.ID, token, outcome.Accepted, "")
-		if err != nil {
-			return err
-		}
-		if !ok {
-			v = Lost
-			_, err := markLost(ctx, tx, attemptID)
-			return err
-		}
-		tag, err := tx.Exec(ctx, `INSERT INTO results (work_id, schema_version, tenant_id, attempt_id, output, findings)
-			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
-			w.ID, w.SchemaVersion, w.TenantID, attemptID, output, findings)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			// The lease CAS passed, so this cannot be a second commit of the
-			// same work; refuse loudly rather than accept without a row.
-			return fmt.Errorf("result for %s already exists", w.ID)
-		}
-		v = Committed
-		if err := finishAttempt(ctx, tx, attemptID, outcome.AttemptOK, "", nil); err != nil {
-			return err
-		}
-		return announceOutcome(ctx, tx, w, outcome.Accepted, announce)
-	})
+	}
+	// One statement: the late and the accepted branch exclude each other
+	// by the deadline, and with neither the attempt is marked stale. The
+	// result's key refuses a second result, which aborts the statement
+	// whole.
+	var accepted, late bool
+	err = s.pool.QueryRow(ctx, `WITH
+		late AS (UPDATE work SET state = 'expired', reason = 'deadline passed before a result was accepted',
+				lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
+				outcome_announced_at = CASE WHEN $8 THEN now() ELSE outcome_announced_at END
+			WHERE id = $1 AND state = 'running' AND lease_token = $2 AND deadline_at <= now() RETURNING id),
+		acc AS (UPDATE work SET state = 'accepted', reason = '', lease_token = NULL, lease_expires_at = NULL,
+				updated_at = now(), outcome_announced_at = CASE WHEN $8 THEN now() ELSE outcome_announced_at END
+			WHERE id = $1 AND state = 'running' AND lease_token = $2 AND deadline_at > now() RETURNING id),
+		res AS (INSERT INTO results (work_id, schema_version, tenant_id, attempt_id, output, findings)
+			SELECT $1, $3, $4, $5::uuid, $6::jsonb, $7::int FROM acc RETURNING work_id),
+		att_ok AS (UPDATE attempts SET outcome = 'ok', reason = NULL, finished_at = coalesce(finished_at, now())
+			WHERE id = $5 AND EXISTS (SELECT 1 FROM acc) RETURNING 1),
+		att_late AS (UPDATE attempts SET outcome = 'stale_lease', reason = 'deadline passed before the verdict',
+				finished_at = coalesce(finished_at, now())
+			WHERE id = $5 AND EXISTS (SELECT 1 FROM late) RETURNING 1),
+		att_lost AS (UPDATE attempts SET outcome = 'stale_lease', reason = coalesce(reason, 'lease lost before the verdict'),
+				finished_at = coalesce(finished_at, now())
+			WHERE id = $5 AND NOT EXISTS (SELECT 1 FROM acc) AND NOT EXISTS (SELECT 1 FROM late)
+				AND coalesce(outcome, '') IN ('', 'ok', 'lease_expired')
+				AND NOT EXISTS (SELECT 1 FROM results WHERE attempt_id = $5) RETURNING 1),
+		ob AS (`+outboxInsert(9, `(m.tag = 'accepted' AND EXISTS (SELECT 1 FROM acc)) OR (m.tag = 'expired' AND EXISTS (SELECT 1 FROM late))`)+`)
+		SELECT EXISTS (SELECT 1 FROM acc), EXISTS (SELECT 1 FROM late)`,
+		append([]any{w.ID, token, w.SchemaVersion, w.TenantID, attemptID, output, findings, announce != nil}, ob.args()...)...).
+		Scan(&accepted, &late)
+	if SQLState(err) == "23505" {
+		// The lease CAS passed, so this cannot be a second commit of the
+		// same work; refuse loudly rather than accept without a row, and
+		// not as a refusal for good: the record is what is wrong.
+		return Lost, fmt.Errorf("store: commit %s: a result for it already exists", w.ID)
+	}
 	if err != nil {
 		return Lost, fmt.Errorf("store: commit %s: %w", w.ID, err)
 	}
-	return v, nil
+	switch {
+	case accepted:
+		return Committed, nil
+	case late:
+		return Late, nil
+	}
+	return Lost, nil
 }
 
 // Verdict is what Commit did with an answer.

@@ -862,7 +862,7 @@ func TestPurge(t *testing.T) {
 	for _, w := range []*store.Work{done, live} {
 		attempt, token := newUUID(), newUUID()
 		claim(t, ctx, s, w.ID, attempt, token, time.Minute)
-		if err := s.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attempt, WorkID: w.ID, LeaseToken: token,
+		if _, err := s.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attempt, WorkID: w.ID, LeaseToken: token,
 			Outcome: "ok", Raw: []byte(`{"answer":1}`), Change: store.Handoff, HandoffTTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}

@@ -305,6 +305,15 @@ func (s *Store) WorkAnswer(ctx context.Context, workID, attemptID string) (*Work
 	return w, answer, err
 }
 
+// WorkToRun reads one work row for a worker about to run it, and whether
+// its tenant has a budget: one that has none needs no reservation.
+func (s *Store) WorkToRun(ctx context.Context, id string) (w *Work, budgeted bool, err error) {
+	w, err = scanWorkWith(s.pool.QueryRow(ctx, `SELECT `+workColumns+`,
+			coalesce((SELECT budget_micros IS NOT NULL FROM tenants t WHERE t.id = work.tenant_id), false)
+		FROM work WHERE id = $1`, id), &budgeted)
+	return w, budgeted, err
+}
+
 // GetWork reads one work row.
 func (s *Store) GetWork(ctx context.Context, id string) (*Work, error) {
 	return scanWork(s.pool.QueryRow(ctx, `SELECT `+workColumns+` FROM work WHERE id = $1`, id))

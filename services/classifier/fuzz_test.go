@@ -84,7 +84,7 @@ func FuzzAnswerBytes(f *testing.F) {
 			VALUES ($1, 'w_fuzz', 'acme', $2, gen_random_uuid())`, id, num); err != nil {
 			t.Fatal(err)
 		}
-		if err := st.RecordAttempt(ctx, store.AttemptRecord{AttemptID: id, WorkID: "w_fuzz",
+		if _, err := st.RecordAttempt(ctx, store.AttemptRecord{AttemptID: id, WorkID: "w_fuzz",
 			Outcome: outcome.AttemptInvalidOutput, Reason: reason, Raw: []byte(out)}); err != nil {
 			t.Fatalf("the attempt with answer %q was not recorded: %v", out, err)
 		}

@@ -40,7 +40,7 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	if st := screen(ev, s.cfg.Region, time.Now(), need); !st.proceed {
 		return s.carry(ctx, ev.WorkID, nil, st)
 	}
-	w, c, disp, ok := s.read(ctx, ev, need)
+	w, budgeted, c, disp, ok := s.read(ctx, ev, need)
 	if !ok {
 		return disp
 	}
@@ -51,7 +51,7 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 		return consumer.Retry(0)
 	}
 	defer permit.Release(admission.Signal{Kind: admission.Ignore})
-	cw, attemptID, token, disp, ok := s.claim(ctx, w, c)
+	cw, attemptID, token, disp, ok := s.claim(ctx, w, budgeted, c)
 	if !ok {
 		return disp
 	}
@@ -69,47 +69,46 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	permit.Release(sig)
 	// What the call cost must be recorded even when the worker is stopping.
 	ctx = context.WithoutCancel(ctx)
-	// The ordinary lease until the answer is recorded: the handoff lease is
-	// taken in the transaction that hands it to the committer, so a worker
-	// that dies before that strands the work for LeaseTTL, not HandoffTTL.
-	stillMine, err := s.d.Store.ExtendLease(ctx, cw.ID, token, s.cfg.LeaseTTL)
-	if err != nil {
-		// Unknown whether the lease holds; record the attempt as if it did
-		// not, the committer's compare-and-set decides anyway.
-		s.d.Log.Warn("lease check failed", "key", cw.ID, "err", err)
-	}
-	return s.settle(ctx, cw, c, attemptID, token, reply, callErr, stillMine, claimedAt)
+	// Whether the lease is still the attempt's is asked by the statement
+	// that records the answer: the handoff lease is taken there, and when
+	// the lease has gone the attempt is recorded stale instead.
+	return s.settle(ctx, cw, c, attemptID, token, reply, callErr, claimedAt)
 }
 
 // read reads the work the announcement points to and admits it; ok=false
 // ends the delivery with disp.
-func (s *Service) read(ctx context.Context, ev event.Work, need time.Duration) (w *store.Work, c *contract.Contract, disp consumer.Disposition, ok bool) {
-	w, err := s.d.Store.GetWork(ctx, ev.WorkID)
+func (s *Service) read(ctx context.Context, ev event.Work, need time.Duration) (w *store.Work, budgeted bool, c *contract.Contract,
+	disp consumer.Disposition, ok bool) {
+	w, budgeted, err := s.d.Store.WorkToRun(ctx, ev.WorkID)
 	if errors.Is(err, store.ErrNotFound) {
 		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "refused", "no such work in this cell")
-		return nil, nil, consumer.Refuse(), false
+		return nil, false, nil, consumer.Refuse(), false
 	}
 	if err != nil {
 		s.d.Log.Warn("read work failed", "key", ev.WorkID, "err", err)
-		return nil, nil, consumer.Retry(time.Second), false
+		return nil, false, nil, consumer.Retry(time.Second), false
 	}
 	c, known := s.d.Contracts.Get(w.Contract)
 	if st := admit(ev, w, time.Now(), need, s.cfg.MaxAttempts, known); !st.proceed {
-		return nil, nil, s.carry(ctx, w.ID, w, st), false
+		return nil, false, nil, s.carry(ctx, w.ID, w, st), false
 	}
-	return w, c, consumer.Disposition{}, true
+	return w, budgeted, c, consumer.Disposition{}, true
 }
 
-// claim reserves the attempt's budget, then takes the lease: work whose
-// tenant cannot pay ends without a claim, an attempt or a call. ok=false
-// ends the delivery with disp.
-func (s *Service) claim(ctx context.Context, w *store.Work, c *contract.Contract) (cw *store.Work, attemptID, token string, disp consumer.Disposition, ok bool) {
+// claim reserves the attempt's budget, when its tenant has one, then takes
+// the lease: work whose tenant cannot pay ends without a claim, an attempt
+// or a call. ok=false ends the delivery with disp.
+func (s *Service) claim(ctx context.Context, w *store.Work, budgeted bool, c *contract.Contract) (cw *store.Work, attemptID, token string,
+	disp consumer.Disposition, ok bool) {
 	attemptID, token = newUUID(), newUUID()
 	est := s.Estimate(c, w)
-	res, err := s.d.Store.Reserve(ctx, w.TenantID, attemptID, est)
-	if err != nil {
-		s.d.Log.Warn("budget reservation failed", "key", w.ID, "err", err)
-		return nil, "", "", consumer.Retry(time.Second), false
+	res := store.Reserved
+	if budgeted {
+		var err error
+		if res, err = s.d.Store.Reserve(ctx, w.TenantID, attemptID, est); err != nil {
+			s.d.Log.Warn("budget reservation failed", "key", w.ID, "err", err)
+			return nil, "", "", consumer.Retry(time.Second), false
+		}
 	}
 	if st := afford(res, w, est, time.Now(), s.backoff(1)); !st.proceed {
 		if st.finish != "" {
@@ -117,8 +116,8 @@ func (s *Service) claim(ctx context.Context, w *store.Work, c *contract.Contract
 		}
 		return nil, "", "", s.carry(ctx, w.ID, w, st), false
 	}
-	cw, ok, err = s.d.Store.Claim(ctx, w.ID, attemptID, token, s.cfg.LeaseTTL, est)
-	if err != nil || !ok {
+	cw, ok, err := s.d.Store.Claim(ctx, w.ID, attemptID, token, s.cfg.LeaseTTL, est)
+	if (err != nil || !ok) && budgeted {
 		if rerr := s.d.Store.Release(context.WithoutCancel(ctx), attemptID); rerr != nil {
 			s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", attemptID, "err", rerr)
 		}
@@ -204,11 +203,11 @@ func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract,
 
 // settle decides what the call's result means and records it: the
 // attempt's outcome, the work's next state and the RESULT and ATTEMPT
-// events, in one transaction.
+// events, in one statement.
 func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token string,
-	reply *model.Reply, callErr error, stillMine bool, claimedAt time.Time) consumer.Disposition {
+	reply *model.Reply, callErr error, claimedAt time.Time) consumer.Disposition {
 	out, hasOutput := output(reply, callErr)
-	a := answer{stillMine: stillMine, err: callErr, output: out, hasOutput: hasOutput,
+	a := answer{stillMine: true, err: callErr, output: out, hasOutput: hasOutput,
 		attempts: w.Attempts, repairs: w.Repairs, now: time.Now(), deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts),
 		retryRefusals: c.OnRefusal == contract.RefusalRetry, outputCap: s.outputCap(w)}
 	if w.OutputCap == 0 {
@@ -216,23 +215,12 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	}
 	var mErr *model.Error
 	switch {
-	case !stillMine || !hasOutput:
+	case !hasOutput:
 	case errors.As(callErr, &mErr) && mErr.BodyBytes != 0:
 		// Too large to be read whole: the gate's reason gives its real size.
 		a.fail = gate.TooLarge(mErr.BodyBytes)
 	default:
 		_, a.fail = gate.Check(c, []byte(out), gate.ExpectFor(c, seen(w), w.Digest, []byte(w.Input)))
-	}
-	v := judge(a, s.limits())
-
-	res := event.Result{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
-		Number: w.Attempts, LeaseToken: token, Contract: c.Name, SchemaVersion: w.SchemaVersion,
-		TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason,
-		Final: v.final}
-	att := s.attemptEvent(c, w, attemptID, v.outcome, reply, callErr)
-	msgs, err := s.events(ctx, w, res, att)
-	if err != nil {
-		return consumer.Retry(time.Second)
 	}
 	// Keep the raw answer in the cell, byte for byte, whatever happens to
 	// it next.
@@ -242,20 +230,40 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 		// object): the provider's body is kept all the same.
 		raw = reply.Raw
 	}
-	err = s.d.Store.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
-		Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
-		RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
-		WorkReason: v.workReason, Outbox: msgs})
-	if store.Permanent(err) {
-		// The database refused the record for good (a data exception, an
-		// integrity violation): retrying would claim and pay again for
-		// nothing. The attempt is recorded without what was refused and
-		// the work ends with the reason.
-		v, err = s.refused(ctx, w, res, att, token, hasOutput, err)
-	}
-	if err != nil {
-		s.d.Log.Error("recording attempt failed", "key", w.ID, "attempt", attemptID, "err", err)
-		return consumer.Retry(time.Second)
+	var v verdict
+	for {
+		v = judge(a, s.limits())
+		res := event.Result{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
+			Number: w.Attempts, LeaseToken: token, Contract: c.Name, SchemaVersion: w.SchemaVersion,
+			TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason,
+			Final: v.final}
+		att := s.attemptEvent(c, w, attemptID, v.outcome, reply, callErr)
+		msgs, err := s.events(ctx, w, res, att)
+		if err != nil {
+			return consumer.Retry(time.Second)
+		}
+		applied, err := s.d.Store.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
+			Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
+			RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
+			WorkReason: v.workReason, Outbox: msgs})
+		if store.Permanent(err) {
+			// The database refused the record for good (a data exception, an
+			// integrity violation): retrying would claim and pay again for
+			// nothing. The attempt is recorded without what was refused and
+			// the work ends with the reason.
+			v, err = s.refused(ctx, w, res, att, token, hasOutput, err)
+			applied = err == nil
+		}
+		if err != nil {
+			s.d.Log.Error("recording attempt failed", "key", w.ID, "attempt", attemptID, "err", err)
+			return consumer.Retry(time.Second)
+		}
+		if applied || !a.stillMine {
+			break
+		}
+		// The lease went while the call ran (taken back, superseded):
+		// nothing was written; the attempt is recorded as what it now is.
+		a.stillMine = false
 	}
 	s.relay.Kick()
 	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", v.outcome), attribute.String("region", s.cfg.Region),
@@ -295,8 +303,16 @@ func (s *Service) refused(ctx context.Context, w *store.Work, res event.Result, 
 	if err != nil {
 		return v, err
 	}
-	return v, s.d.Store.RecordAttempt(ctx, store.AttemptRecord{AttemptID: res.AttemptID, WorkID: w.ID, LeaseToken: token,
-		Outcome: v.outcome, Reason: reason, Change: store.Finish, WorkOutcome: v.workOutcome, WorkReason: reason, Outbox: msgs})
+	rec := store.AttemptRecord{AttemptID: res.AttemptID, WorkID: w.ID, LeaseToken: token,
+		Outcome: v.outcome, Reason: reason, Change: store.Finish, WorkOutcome: v.workOutcome, WorkReason: reason, Outbox: msgs}
+	applied, err := s.d.Store.RecordAttempt(ctx, rec)
+	if err == nil && !applied {
+		// The lease went meanwhile: the attempt is recorded, the work is
+		// another's to end.
+		rec.Change = store.NoChange
+		_, err = s.d.Store.RecordAttempt(ctx, rec)
+	}
+	return v, err
 }
 
 // seen is what entered this worker with the work.

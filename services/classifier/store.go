@@ -13,11 +13,11 @@ import (
 type Store interface {
 	outbox.Source
 	Ping(ctx context.Context) error
-	GetWork(ctx context.Context, id string) (*store.Work, error)
+	WorkToRun(ctx context.Context, id string) (w *store.Work, budgeted bool, err error)
 	Reserve(ctx context.Context, tenantID, attemptID string, amount int64) (store.Reservation, error)
 	Release(ctx context.Context, attemptID string) error
 	Claim(ctx context.Context, workID, attemptID, token string, ttl time.Duration, estimate int64) (*store.Work, bool, error)
 	ExtendLease(ctx context.Context, workID, token string, ttl time.Duration) (bool, error)
 	FinishUnleased(ctx context.Context, workID, state, reason string) (bool, error)
-	RecordAttempt(ctx context.Context, r store.AttemptRecord) error
+	RecordAttempt(ctx context.Context, r store.AttemptRecord) (applied bool, err error)
 }

@@ -107,7 +107,7 @@ func (b *bundle) claimed(t *testing.T, source string) event.Result {
 // does in the transaction that hands it over.
 func (b *bundle) answered(t *testing.T, ev event.Result, answer string) {
 	t.Helper()
-	if err := b.st.RecordAttempt(t.Context(), store.AttemptRecord{AttemptID: ev.AttemptID, WorkID: ev.WorkID,
+	if _, err := b.st.RecordAttempt(t.Context(), store.AttemptRecord{AttemptID: ev.AttemptID, WorkID: ev.WorkID,
 		LeaseToken: ev.LeaseToken, Outcome: ev.Outcome, Raw: []byte(answer), Change: store.Handoff, HandoffTTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +194,7 @@ func TestReaperCommitsLostResults(t *testing.T) {
 	b := setup(t)
 	ev := b.claimed(t, "post-000000000003")
 	payload, _ := json.Marshal(ev)
-	if err := b.st.RecordAttempt(t.Context(), store.AttemptRecord{AttemptID: ev.AttemptID, WorkID: ev.WorkID,
+	if _, err := b.st.RecordAttempt(t.Context(), store.AttemptRecord{AttemptID: ev.AttemptID, WorkID: ev.WorkID,
 		LeaseToken: ev.LeaseToken, Outcome: ev.Outcome, Raw: []byte(`{"category":"other","confidence":0.5,"needsHumanReview":false}`),
 		Change: store.Handoff, HandoffTTL: 5 * time.Minute,
 		Outbox: []store.OutboxMsg{{Stream: event.KindResult, Subject: names.Result("acme"), MsgID: ev.AttemptID, Payload: payload}}}); err != nil {

@@ -71,7 +71,7 @@ func TestReaperMakesTheLedgerWhole(t *testing.T) {
 	ev := event.Attempt{AttemptID: lost, WorkID: "w_lost", TenantID: "acme", Region: "us", Number: 1,
 		Model: "assay-sim-1", Outcome: "ok", UpstreamAttempts: 1, InputUnits: 1000, OutputUnits: 100, At: time.Now().UTC()}
 	payload, _ := json.Marshal(ev)
-	if err := st.RecordAttempt(ctx, store.AttemptRecord{AttemptID: lost, WorkID: "w_lost", Outcome: "ok", Raw: []byte("{}"),
+	if _, err := st.RecordAttempt(ctx, store.AttemptRecord{AttemptID: lost, WorkID: "w_lost", Outcome: "ok", Raw: []byte("{}"),
 		Outbox: []store.OutboxMsg{{Stream: event.KindAttempt, Subject: (event.Names{Cell: "us"}).Attempt("acme"),
 			MsgID: lost, Payload: payload}}}); err != nil {
 		t.Fatal(err)

@@ -166,7 +166,7 @@ func TestDeadlineExpiresAndLateResultIsNotRevived(t *testing.T) {
 		return err == nil && cur.State == "expired"
 	})
 	out := `{"changeId":"` + w.ID + `","schemaVersion":"` + w.SchemaVersion + `","findings":[]}`
-	if err := st.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attempt, WorkID: w.ID, LeaseToken: token,
+	if _, err := st.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attempt, WorkID: w.ID, LeaseToken: token,
 		Outcome: "ok", Raw: []byte(out)}); err != nil {
 		t.Fatal(err)
 	}
