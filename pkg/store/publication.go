@@ -88,6 +88,38 @@ var ErrNoPullSource = errors.New("work's source is not a pull request")
 // source id (owner/repo#number), its revision (the head SHA) and the first
 // delivery that asked for it, if one did.
 func (s *Store) WorkPullSource(ctx context.Context, w *Work) (PullSource, error) {
+	var d *PublishDelivery
+	var del PublishDelivery
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(installation_id, 0), coalesce(base_sha, '') FROM webhook_deliveries
+		WHERE work_id = $1 ORDER BY installation_id IS NULL, received_at LIMIT 1`, w.ID).Scan(&del.Installation, &del.BaseSHA)
+	switch {
+	case err == nil:
+		d = &del
+	case !errors.Is(err, pgx.ErrNoRows):
+		return PullSource{}, fmt.Errorf("store: work %s delivery: %w", w.ID, err)
+	}
+	var links []Link
+	if d == nil {
+		if links, err = s.installationLinks(ctx, w.TenantID); err != nil {
+			return PullSource{}, fmt.Errorf("store: work %s installation: %w", w.ID, err)
+		}
+	}
+	return PullSourceOf(w, d, links)
+}
+
+// PublishDelivery is what the first webhook delivery that asked for a work
+// item says about where it is published.
+type PublishDelivery struct {
+	Installation int64
+	BaseSHA      string
+}
+
+// PullSourceOf is the pull request w reviews: from its source id
+// (owner/repo#number) and revision (the head SHA), with the delivery that
+// asked for it, or else the tenant's installation links (work submitted
+// through the API is published as the installation the tenant linked for
+// the repository, if it linked one: never as another tenant's).
+func PullSourceOf(w *Work, d *PublishDelivery, links []Link) (PullSource, error) {
 	var p PullSource
 	repo, num, ok := strings.Cut(w.SourceID, "#")
 	owner, name, ok2 := strings.Cut(repo, "/")
@@ -96,30 +128,9 @@ func (s *Store) WorkPullSource(ctx context.Context, w *Work) (PullSource, error)
 		return p, fmt.Errorf("store: work %s source %q: %w", w.ID, w.SourceID, ErrNoPullSource)
 	}
 	p = PullSource{Owner: owner, Repo: name, Number: n, HeadSHA: w.Revision}
-	err = s.pool.QueryRow(ctx, `SELECT coalesce(installation_id, 0), coalesce(base_sha, '') FROM webhook_deliveries
-		WHERE work_id = $1 ORDER BY installation_id IS NULL, received_at LIMIT 1`, w.ID).Scan(&p.Installation, &p.BaseSHA)
-	if err == nil {
-		p.Webhook = true
+	if d != nil {
+		p.Webhook, p.Installation, p.BaseSHA = true, d.Installation, d.BaseSHA
 		return p, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return p, fmt.Errorf("store: work %s delivery: %w", w.ID, err)
-	}
-	// Work submitted through the API is published as the installation the
-	// tenant linked for the repository, if it linked one: never as an
-	// installation of another tenant.
-	rows, err := s.pool.Query(ctx, `SELECT key, repositories FROM tenant_sources
-		WHERE kind = 'github_installation' AND tenant_id = $1 ORDER BY key`, w.TenantID)
-	if err != nil {
-		return p, fmt.Errorf("store: work %s installation: %w", w.ID, err)
-	}
-	links, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Link, error) {
-		var l Link
-		err := r.Scan(&l.Key, &l.Repositories)
-		return l, err
-	})
-	if err != nil {
-		return p, fmt.Errorf("store: work %s installation: %w", w.ID, err)
 	}
 	for _, l := range links {
 		for _, pat := range l.Repositories {
@@ -132,6 +143,94 @@ func (s *Store) WorkPullSource(ctx context.Context, w *Work) (PullSource, error)
 		}
 	}
 	return p, nil
+}
+
+func (s *Store) installationLinks(ctx context.Context, tenant string) ([]Link, error) {
+	rows, err := s.pool.Query(ctx, `SELECT key, repositories FROM tenant_sources
+		WHERE kind = 'github_installation' AND tenant_id = $1 ORDER BY key`, tenant)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Link, error) {
+		var l Link
+		err := r.Scan(&l.Key, &l.Repositories)
+		return l, err
+	})
+}
+
+// PublishFacts are what publishing one outcome reads, read at once.
+type PublishFacts struct {
+	Work *Work
+	// Output is the accepted result's output; nil when there is none.
+	Output json.RawMessage
+	// CheckPolicy is the tenant's check-run policy.
+	CheckPolicy string
+	// Callback is the tenant's callback endpoint; nil when it has none.
+	Callback *Callback
+	// Delivery is the first webhook delivery that asked for the work; nil
+	// for work submitted through the API, which has Links instead.
+	Delivery *PublishDelivery
+	Links    []Link
+}
+
+// PublishFacts reads, in one statement, the work, its result, its
+// tenant's check policy and callback, and where it is published.
+func (s *Store) PublishFacts(ctx context.Context, workID string) (PublishFacts, error) {
+	var f PublishFacts
+	var cbURL, cbSecret, base *string
+	var inst *int64
+	var links []byte
+	w, err := scanWorkWith(s.pool.QueryRow(ctx, `SELECT `+workColumns+`,
+			(SELECT output FROM results r WHERE r.work_id = work.id AND r.schema_version = work.schema_version),
+			coalesce((SELECT check_policy FROM tenants t WHERE t.id = work.tenant_id), 'advisory'),
+			(SELECT url FROM tenant_callbacks c WHERE c.tenant_id = work.tenant_id),
+			(SELECT secret FROM tenant_callbacks c WHERE c.tenant_id = work.tenant_id),
+			(SELECT coalesce(installation_id, 0) FROM webhook_deliveries d WHERE d.work_id = work.id
+				ORDER BY installation_id IS NULL, received_at LIMIT 1),
+			(SELECT coalesce(base_sha, '') FROM webhook_deliveries d WHERE d.work_id = work.id
+				ORDER BY installation_id IS NULL, received_at LIMIT 1),
+			CASE WHEN NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.work_id = work.id) THEN
+				(SELECT coalesce(json_agg(json_build_object('key', key, 'repositories', repositories) ORDER BY key), '[]')
+				FROM tenant_sources WHERE kind = 'github_installation' AND tenant_id = work.tenant_id) END
+		FROM work
+		WHERE work.id = $1`, workID), &f.Output, &f.CheckPolicy, &cbURL, &cbSecret, &inst, &base, &links)
+	if err != nil {
+		return f, err
+	}
+	f.Work = w
+	if cbURL != nil && cbSecret != nil {
+		f.Callback = &Callback{URL: *cbURL, Secret: *cbSecret}
+	}
+	if inst != nil && base != nil {
+		f.Delivery = &PublishDelivery{Installation: *inst, BaseSHA: *base}
+	}
+	if len(links) > 0 {
+		var ls []struct {
+			Key          string   `json:"key"`
+			Repositories []string `json:"repositories"`
+		}
+		if err := json.Unmarshal(links, &ls); err != nil {
+			return f, fmt.Errorf("store: links of %s: %w", w.TenantID, err)
+		}
+		for _, l := range ls {
+			f.Links = append(f.Links, Link{Key: l.Key, Repositories: l.Repositories})
+		}
+	}
+	return f, nil
+}
+
+// RecordDryPublication records what would be published for work under the
+// dry target, in one statement: nothing leaves the cell, so no lock is
+// held, and the row's key keeps it one per work.
+func (s *Store) RecordDryPublication(ctx context.Context, workID, tenant, outcome string, plan json.RawMessage) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO publications (work_id, target, tenant_id, outcome, plan, published_at)
+		VALUES ($1, 'dry', $2, $3, $4, now())
+		ON CONFLICT (work_id, target) DO UPDATE SET outcome = $3, plan = $4, published_at = now(), last_error = NULL,
+			updated_at = now()`, workID, tenant, outcome, plan)
+	if err != nil {
+		return fmt.Errorf("store: publication %s/dry: %w", workID, err)
+	}
+	return nil
 }
 
 // Check policies of a tenant's check runs.

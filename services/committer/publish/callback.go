@@ -141,7 +141,7 @@ func (p *Publisher) callback(ctx context.Context, url, secret, id string, body [
 // toCallback sends the outcome to the tenant's endpoint behind the
 // publication fence: once it has been delivered, a redelivered outcome
 // sends nothing more.
-func (p *Publisher) toCallback(ctx context.Context, w *store.Work, ev event.Outcome, cb store.Callback) error {
+func (p *Publisher) toCallback(ctx context.Context, w *store.Work, ev event.Outcome, cb store.Callback, output json.RawMessage) error {
 	pub, release, err := p.st.LockPublication(ctx, w.ID, TargetCallback, w.TenantID, ev.Outcome)
 	if errors.Is(err, store.ErrPublicationBusy) {
 		return &RetryError{Wait: time.Second, Err: err}
@@ -157,11 +157,7 @@ func (p *Publisher) toCallback(ctx context.Context, w *store.Work, ev event.Outc
 		Reason: w.Reason, SourceID: w.SourceID, Revision: w.Revision}
 	switch w.State {
 	case outcome.Accepted:
-		r, err := p.st.GetResult(ctx, w.ID)
-		if err != nil {
-			return fmt.Errorf("publish: result of %s: %w", w.ID, err)
-		}
-		data.Output = r.Output
+		data.Output = output
 	case outcome.Dropped:
 		data.Rerun = p.cfg.Rerun(w.ID)
 	}

@@ -35,17 +35,14 @@ const (
 // Store is what the publisher asks of the cell's database; *store.Store
 // is one.
 type Store interface {
-	GetWork(ctx context.Context, id string) (*store.Work, error)
-	GetResult(ctx context.Context, workID string) (*store.Result, error)
-	WorkPullSource(ctx context.Context, w *store.Work) (store.PullSource, error)
-	CheckPolicy(ctx context.Context, tenant string) (string, error)
+	PublishFacts(ctx context.Context, workID string) (store.PublishFacts, error)
+	RecordDryPublication(ctx context.Context, workID, tenant, outcome string, plan json.RawMessage) error
 	LockPublication(ctx context.Context, workID, target, tenant, outcome string) (*store.Publication, func(), error)
 	RecordCheckRun(ctx context.Context, workID, target string, id int64) error
 	RecordComment(ctx context.Context, workID, target, key string, id int64) error
 	RecordRerunComment(ctx context.Context, workID, target string, id int64) error
 	FinishPublication(ctx context.Context, workID, target, outcome string, plan json.RawMessage) error
 	FailPublication(ctx context.Context, workID, target, msg string) error
-	TenantCallback(ctx context.Context, tenant string) (store.Callback, error)
 }
 
 // Config of a publisher.
@@ -169,7 +166,8 @@ var errFinal = errors.New("publication failed for good")
 // idempotent: a redelivered outcome edits the check run and comments the
 // fence recorded (or the markers found) and never makes a second.
 func (p *Publisher) Publish(ctx context.Context, ev event.Outcome) error {
-	w, err := p.st.GetWork(ctx, ev.WorkID)
+	f, err := p.st.PublishFacts(ctx, ev.WorkID)
+	w := f.Work
 	if errors.Is(err, store.ErrNotFound) || (err == nil && w.TenantID != ev.TenantID) {
 		telemetry.Decision(ctx, p.log, ev.WorkID, "refused", "outcome names work this cell does not have for that tenant")
 		return nil
@@ -182,19 +180,18 @@ func (p *Publisher) Publish(ctx context.Context, ev event.Outcome) error {
 		telemetry.Decision(ctx, p.log, ev.WorkID, "unpublished", "the work is now "+w.State+"; the outcome "+ev.Outcome+" is not published")
 		return nil
 	}
-	cb, err := p.st.TenantCallback(ctx, w.TenantID)
-	switch {
-	case err == nil:
-		if err := p.toCallback(ctx, w, ev, cb); err != nil {
+	if w.State == outcome.Accepted && f.Output == nil {
+		return fmt.Errorf("publish: accepted work %s has no result", w.ID)
+	}
+	if f.Callback != nil {
+		if err := p.toCallback(ctx, w, ev, *f.Callback, f.Output); err != nil {
 			return err
 		}
-	case !errors.Is(err, store.ErrNotFound):
-		return err
 	}
 	if w.Contract != ReviewContract {
 		return nil
 	}
-	src, err := p.st.WorkPullSource(ctx, w)
+	src, err := store.PullSourceOf(w, f.Delivery, f.Links)
 	if errors.Is(err, store.ErrNoPullSource) {
 		// Not about a pull request: nothing to publish to on GitHub.
 		return nil
@@ -209,9 +206,20 @@ func (p *Publisher) Publish(ctx context.Context, ev event.Outcome) error {
 		telemetry.Decision(ctx, p.log, w.ID, "unpublished", "no GitHub App installation of the tenant covers "+src.Owner+"/"+src.Repo)
 		return nil
 	}
-	plan, err := p.plan(ctx, w, src)
-	if err != nil {
-		return err
+	plan := p.plan(w, src, f)
+	if target == TargetDry {
+		// Nothing leaves the cell: the plan is recorded in one statement.
+		b, err := json.Marshal(plan)
+		if err != nil {
+			return err
+		}
+		if err := p.st.RecordDryPublication(ctx, w.ID, w.TenantID, ev.Outcome, b); err != nil {
+			return err
+		}
+		p.count(ctx, target, "published")
+		telemetry.Decision(ctx, p.log, w.ID, "published", fmt.Sprintf("%s to %s: check run %v, %d comments, rerun comment %v",
+			ev.Outcome, target, plan.CheckRun != nil, len(plan.Comments), plan.Rerun != ""))
+		return nil
 	}
 	pub, release, err := p.st.LockPublication(ctx, w.ID, target, w.TenantID, ev.Outcome)
 	if errors.Is(err, store.ErrPublicationBusy) {
@@ -254,19 +262,13 @@ func (p *Publisher) count(ctx context.Context, target, result string) {
 }
 
 // plan gathers what Decide needs.
-func (p *Publisher) plan(ctx context.Context, w *store.Work, src store.PullSource) (Plan, error) {
+func (p *Publisher) plan(w *store.Work, src store.PullSource, f store.PublishFacts) Plan {
 	in := Input{WorkID: w.ID, Outcome: w.State, Reason: w.Reason, Source: src, Rerun: p.cfg.Rerun(w.ID)}
 	if w.State == outcome.Accepted {
-		r, err := p.st.GetResult(ctx, w.ID)
-		if err != nil {
-			return Plan{}, fmt.Errorf("publish: result of %s: %w", w.ID, err)
-		}
-		in.Findings = Findings(r.Output)
-		if in.Policy, err = p.st.CheckPolicy(ctx, w.TenantID); err != nil {
-			return Plan{}, err
-		}
+		in.Findings = Findings(f.Output)
+		in.Policy = f.CheckPolicy
 	}
-	return Decide(in), nil
+	return Decide(in)
 }
 
 // toGitHub carries the plan out, recording each remote id as soon as it
