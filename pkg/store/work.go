@@ -89,6 +89,16 @@ func scanWorkWith(row pgx.Row, extra ...any) (*Work, error) {
 // work row and, only when the row is new, the outbox rows that announce it.
 // A duplicate returns the existing work and created=false.
 func (s *Store) InsertWork(ctx context.Context, w *Work, announce func(*Work) ([]OutboxMsg, error)) (got *Work, created bool, err error) {
+	if w.DropReason == "" && w.SourceUpdatedAt.IsZero() {
+		// The common case, new work with no push order to keep, is one
+		// statement; a copy falls through to the transaction below.
+		if got, err = s.insertNew(ctx, w, announce); err != nil || got != nil {
+			if err != nil {
+				return nil, false, fmt.Errorf("store: insert work: %w", err)
+			}
+			return got, true, nil
+		}
+	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		got, created, err = insertWork(ctx, tx, w, announce)
 		return err
@@ -97,6 +107,72 @@ func (s *Store) InsertWork(ctx context.Context, w *Work, announce func(*Work) ([
 		return nil, false, fmt.Errorf("store: insert work: %w", err)
 	}
 	return got, created, nil
+}
+
+// insertNew inserts new work, supersedes the same source's other
+// unfinished revisions (when asked) and writes its announcement, in one
+// statement. nil, nil means the ingress key was taken: nothing was written.
+// A running revision it superseded is sent a cancel in a statement of its
+// own after it; should that be lost, the worker still learns of it at its
+// next lease heartbeat, and its answer is recorded stale either way.
+func (s *Store) insertNew(ctx context.Context, w *Work, announce func(*Work) ([]OutboxMsg, error)) (*Work, error) {
+	first := *w
+	first.Dispatch, first.Superseded, first.SupersededRunning = 0, nil, nil
+	msgs, err := announce(&first)
+	if err != nil {
+		return nil, err
+	}
+	var ob outboxRows
+	if err := ob.add("", msgs); err != nil {
+		return nil, err
+	}
+	var superseded, running []string
+	got, err := scanWorkWith(s.pool.QueryRow(ctx, `WITH ins AS (
+			INSERT INTO work (id, tenant_id, region, contract, schema_version, taxonomy_version, source_id,
+				revision, lane, input, content_digest, deadline_at, state, traceparent)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'queued', NULLIF($13, ''))
+			ON CONFLICT DO NOTHING
+			RETURNING `+workColumns+`),
+		old AS (SELECT id, state FROM work
+			WHERE $14 AND EXISTS (SELECT 1 FROM ins) AND tenant_id = $2 AND contract = $4 AND source_id = $7
+				AND id <> $1 AND state IN ('queued', 'running')
+			FOR UPDATE),
+		sup AS (UPDATE work w SET state = 'superseded', lease_token = NULL, lease_expires_at = NULL,
+				reason = 'superseded by revision ' || $8, updated_at = now()
+			FROM old WHERE w.id = old.id
+			RETURNING w.id, old.state),
+		ob AS (`+outboxInsert(15, `EXISTS (SELECT 1 FROM ins)`)+`)
+		SELECT ins.*, coalesce((SELECT array_agg(id ORDER BY id) FROM sup), '{}'),
+			coalesce((SELECT array_agg(id ORDER BY id) FROM sup WHERE state = 'running'), '{}')
+		FROM ins`,
+		append([]any{w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID, w.Revision,
+			w.Lane, w.Input, w.Digest, w.DeadlineAt, w.Traceparent, w.SupersedeOlder}, ob.args()...)...), &superseded, &running)
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	got.Superseded, got.SupersededRunning = superseded, running
+	if len(running) == 0 {
+		return got, nil
+	}
+	all, err := announce(got)
+	if err != nil {
+		return got, err
+	}
+	var cancels outboxRows
+	for _, m := range all {
+		if m.MsgID != msgs[0].MsgID {
+			if err := cancels.add("", []OutboxMsg{m}); err != nil {
+				return got, err
+			}
+		}
+	}
+	if _, err := s.pool.Exec(ctx, outboxInsert(1, "true"), cancels.args()...); err != nil {
+		return got, fmt.Errorf("store: cancels of %s: %w", got.ID, err)
+	}
+	return got, nil
 }
 
 // insertWork is InsertWork inside the caller's transaction: insert the row
@@ -172,11 +248,13 @@ func sourceTime(t time.Time) *time.Time {
 func supersede(ctx context.Context, tx pgx.Tx, got *Work, sourceUpdatedAt time.Time) (late bool, err error) {
 	sourceAt := sourceTime(sourceUpdatedAt)
 	var newer string
-	err = tx.QueryRow(ctx, `SELECT revision FROM work
-		WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
-			AND $5::timestamptz IS NOT NULL AND source_updated_at > $5
-		ORDER BY source_updated_at DESC LIMIT 1`,
-		got.TenantID, got.Contract, got.SourceID, got.ID, sourceAt).Scan(&newer)
+	err = pgx.ErrNoRows
+	if sourceAt != nil {
+		err = tx.QueryRow(ctx, `SELECT revision FROM work
+			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4 AND source_updated_at > $5
+			ORDER BY source_updated_at DESC LIMIT 1`,
+			got.TenantID, got.Contract, got.SourceID, got.ID, sourceAt).Scan(&newer)
+	}
 	if err == nil {
 		row, err := scanWork(tx.QueryRow(ctx, `UPDATE work SET state = $3,
 				reason = 'revision ' || $2 || ' was pushed later', updated_at = now()
