@@ -142,23 +142,8 @@ func (r *Relay) Drain(ctx context.Context) (int, error) {
 	}
 	var stopped error
 	d, err := r.Store.DrainOutbox(ctx, r.batch(), r.Streams, r.SetAside, func(msgs []store.OutboxMsg) []store.Sent {
-		sent := make([]store.Sent, 0, len(msgs))
-		ensured := map[string]bool{}
-		for _, m := range msgs {
-			s := r.publish(ctx, m, ensured)
-			if s.Err != nil && (ctx.Err() != nil || unreachable(s.Err)) {
-				stopped = s.Err
-				break
-			}
-			sent = append(sent, s)
-			if errors.Is(s.Err, context.DeadlineExceeded) {
-				// No ack in time, from a broker that is connected: a
-				// publish it refuses without a word (a permission) looks
-				// so. The row counts a try; the rest wait for the next
-				// pass rather than each waiting out its own timeout.
-				break
-			}
-		}
+		sent, why := r.publishAll(ctx, msgs)
+		stopped = why
 		return sent
 	})
 	if err != nil {
@@ -182,15 +167,92 @@ func (r *Relay) Drain(ctx context.Context) (int, error) {
 	return d.Published + len(d.Failed) + len(d.SetAside), nil
 }
 
-// publish sends one row, creating its stream again once when the broker
-// says none takes its subject.
-func (r *Relay) publish(ctx context.Context, m store.OutboxMsg, ensured map[string]bool) store.Sent {
+// publishAll publishes a drained batch with every message in flight at
+// once, then reads the acks in order. It answers for a prefix of msgs: it
+// stops at a broker that is unreachable (stopped says why; that row counts
+// no try) and after the first row that had no ack in time (a broker that
+// refuses without a word looks so; the rest wait for the next pass). A row
+// the broker did take but whose ack was not read is published again then,
+// and the stream's Nats-Msg-Id window drops the copy.
+func (r *Relay) publishAll(ctx context.Context, msgs []store.OutboxMsg) (sent []store.Sent, stopped error) {
+	timeout := r.PublishTimeout
+	if timeout <= 0 {
+		timeout = 3 * time.Second
+	}
+	type flight struct {
+		f    jetstream.PubAckFuture
+		done *store.Sent // answered without a publish
+	}
+	flights := make([]flight, 0, len(msgs))
+	for _, m := range msgs {
+		nm, tooLarge := r.message(m)
+		if tooLarge != nil {
+			flights = append(flights, flight{done: tooLarge})
+			continue
+		}
+		f, err := r.JS.PublishMsgAsync(nm, jetstream.WithMsgID(m.MsgID))
+		if err != nil {
+			flights = append(flights, flight{done: &store.Sent{Err: err}})
+			break
+		}
+		flights = append(flights, flight{f: f})
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	ensured := map[string]bool{}
+	for i, fl := range flights {
+		s := store.Sent{}
+		switch {
+		case fl.done != nil:
+			s = *fl.done
+		default:
+			select {
+			case <-fl.f.Ok():
+			case err := <-fl.f.Err():
+				s.Err = err
+			case <-timer.C:
+				s.Err = context.DeadlineExceeded
+			case <-ctx.Done():
+				s.Err = ctx.Err()
+			}
+		}
+		if errors.Is(s.Err, jetstream.ErrNoStreamResponse) || errors.Is(s.Err, nats.ErrNoResponders) {
+			// No stream takes the subject: this row, and the rest one at
+			// a time, after the stream is made again.
+			s = r.publish(ctx, msgs[i], ensured)
+		} else if errors.Is(s.Err, nats.ErrMaxPayload) {
+			s.Permanent = true
+		}
+		if s.Err != nil && (ctx.Err() != nil || unreachable(s.Err)) {
+			return sent, s.Err
+		}
+		sent = append(sent, s)
+		if errors.Is(s.Err, context.DeadlineExceeded) {
+			return sent, nil
+		}
+	}
+	return sent, nil
+}
+
+// message is the NATS message of a row, or the refusal of a row larger
+// than the broker takes.
+func (r *Relay) message(m store.OutboxMsg) (*nats.Msg, *store.Sent) {
 	nm := &nats.Msg{Subject: m.Subject, Data: m.Payload, Header: nats.Header{}}
 	for k, v := range m.Headers {
 		nm.Header.Set(k, v)
 	}
 	if r.MaxPayload > 0 && int64(len(m.Payload)+headerBytes(nm.Header)+len(m.Subject)) > r.MaxPayload {
-		return store.Sent{Err: fmt.Errorf("%d bytes: %w of %d", len(m.Payload), errTooLarge, r.MaxPayload), Permanent: true}
+		return nil, &store.Sent{Err: fmt.Errorf("%d bytes: %w of %d", len(m.Payload), errTooLarge, r.MaxPayload), Permanent: true}
+	}
+	return nm, nil
+}
+
+// publish sends one row, creating its stream again once when the broker
+// says none takes its subject.
+func (r *Relay) publish(ctx context.Context, m store.OutboxMsg, ensured map[string]bool) store.Sent {
+	nm, tooLarge := r.message(m)
+	if tooLarge != nil {
+		return *tooLarge
 	}
 	err := r.send(ctx, nm, m.MsgID)
 	if errors.Is(err, jetstream.ErrNoStreamResponse) && r.Ensure != nil && !ensured[m.Stream] {
