@@ -319,7 +319,7 @@ func (b *benchBed) close() {
 
 // startBenchBed starts the cell of region us with o (its Config filled in
 // here) and seeds tenants.
-func startBenchBed(ctx context.Context, base string, o cell.Options, tenants []string) (bed *benchBed, err error) {
+func startBenchBed(ctx context.Context, base string, o cell.Options, tenants []string, simOpts ...sim.Options) (bed *benchBed, err error) {
 	b := &benchBed{tokens: map[string]string{}}
 	defer func() {
 		if err != nil {
@@ -342,7 +342,11 @@ func startBenchBed(ctx context.Context, base string, o cell.Options, tenants []s
 		return nil, err
 	}
 	b.undo = append(b.undo, drop)
-	b.sim = sim.New(sim.Options{})
+	var so sim.Options
+	if len(simOpts) > 0 {
+		so = simOpts[0]
+	}
+	b.sim = sim.New(so)
 	b.undo = append(b.undo, func() { _ = b.sim.Close() })
 	simURL, err := b.sim.Start("127.0.0.1:0")
 	if err != nil {

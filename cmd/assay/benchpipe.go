@@ -30,18 +30,23 @@ import (
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/devpg"
 	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/event"
 	"assay.dev/services/classifier"
 )
 
-const benchPipeUsage = `usage: assay bench pipeline [-n 20000] [-c 8,32] [--runs 1] [--peer DIR] [--pool N] [--statements]
+const benchPipeUsage = `usage: assay bench pipeline [-n 20000] [-c 8,32] [--runs 1] [--peer DIR] [--answer constant|reviewer]
+       [--tenants 4] [--pool N] [--statements]
 
-N distinct code reviews posted through HTTP ingress by C keep-alive clients,
-the simulated reviewer answering at once, until every item is accepted and
-ledgered; one cell on an embedded nats-server and ASSAY_DATABASE_URL's server
-(else a throwaway cluster). Per run: items/s, created -> accepted p50/p99,
-Postgres commits and WAL bytes per item, JetStream messages per item, and the
-cores this process and Postgres used. --peer DIR runs the River build in DIR
+N distinct code reviews posted through HTTP ingress by C keep-alive clients
+for the tenants in turn, the simulated model answering at once (constant:
+each distinct diff reviewed once and answered from that review; reviewer:
+every call reviewed), until every item is accepted and ledgered; one cell on
+an embedded nats-server and ASSAY_DATABASE_URL's server (else a throwaway
+cluster). Per run: items/s, created -> accepted p50/p99, Postgres commits,
+statements (each service's pool counts what it sends, BEGIN and COMMIT
+included) and WAL bytes per item, JetStream messages per item, and the cores
+this process and Postgres used. --peer DIR runs the River build in DIR
 (go run . -n N -c C) after each assay run, on the same Postgres, and prints
 the ratio.
 `
@@ -71,6 +76,8 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 	peer := fs.String("peer", "", "directory of the River build to run beside it")
 	statements := fs.Bool("statements", false, "print each service's statements per item to stderr after each run")
 	pool := fs.Int("pool", 0, "connections in each service's pool (0: ASSAY_DATABASE_POOL's default)")
+	answer := fs.String("answer", "constant", "the simulated model: constant (each diff reviewed once, then answered from that) or reviewer (every call reviewed)")
+	ntenants := fs.Int("tenants", 4, "tenants the items are posted for, in turn")
 	if err := fs.Parse(args); err != nil {
 		return configError{fmt.Errorf("%v\n%s", err, benchPipeUsage)}
 	}
@@ -81,6 +88,12 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 			return configError{fmt.Errorf("-c: %q is not a list of client counts from 1 to 1024", *cs)}
 		}
 		clients = append(clients, c)
+	}
+	if *answer != "constant" && *answer != "reviewer" {
+		return configError{fmt.Errorf("--answer: %q is neither constant nor reviewer", *answer)}
+	}
+	if *ntenants < 1 || *ntenants > 100_000 {
+		return configError{fmt.Errorf("--tenants: %d is not from 1 to 100000", *ntenants)}
 	}
 	if *n < 1 || *runs < 1 {
 		return configError{errors.New("-n and --runs must be positive")}
@@ -99,7 +112,8 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 	for _, c := range clients {
 		for run := range *runs {
 			fmt.Fprintf(os.Stderr, "bench pipeline: assay, n=%d c=%d, run %d…\n", *n, c, run+1)
-			r, err := runPipeline(ctx, base, *n, c, *pool, *statements)
+			r, err := runPipeline(ctx, base, pipeRun{n: *n, c: c, pool: *pool, statements: *statements,
+				constant: *answer == "constant", tenants: *ntenants})
 			if err != nil {
 				return fmt.Errorf("assay c=%d: %w", c, err)
 			}
@@ -130,16 +144,26 @@ func benchPostgres(ctx context.Context) (string, func(), error) {
 	return pg.URL("postgres"), func() { _ = pg.Stop() }, nil
 }
 
-func runPipeline(ctx context.Context, base string, n, c, pool int, statements bool) (pipeResult, error) {
+// pipeRun is one run's settings.
+type pipeRun struct {
+	n, c, pool, tenants  int
+	statements, constant bool
+}
+
+func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error) {
+	n, c := p.n, p.c
 	res := pipeResult{System: "assay", C: c, N: n}
-	tenants := []string{"t1", "t2", "t3", "t4"}
+	var tenants []string
+	for i := range p.tenants {
+		tenants = append(tenants, fmt.Sprintf("t%d", i+1))
+	}
 	stmts := newStmtCounter()
 	bed, err := startBenchBed(ctx, base, cell.Options{
 		Log:         benchLogger(io.Discard, 0, ""),
 		Classifier:  classifier.Config{Concurrency: 32, CallTimeout: 10 * time.Second},
 		StoreTracer: stmts.tracer,
-		Config:      config.Config{DatabasePool: pool},
-	}, tenants)
+		Config:      config.Config{DatabasePool: p.pool},
+	}, tenants, sim.Options{Constant: p.constant})
 	if err != nil {
 		return res, err
 	}
@@ -161,7 +185,7 @@ func runPipeline(ctx context.Context, base string, n, c, pool int, statements bo
 	res.Wall = time.Since(start)
 	cpu := cpuNow().since(cpu0)
 	by := stmts.snapshot()
-	if statements {
+	if p.statements {
 		stmts.print(os.Stderr, n)
 	}
 	after, err := pgFigures(ctx, db, dbName)

@@ -44,7 +44,9 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 		}
 	}
 	// One statement: the late and the accepted branch exclude each other
-	// by the deadline, and with neither the attempt is marked stale. The
+	// by the deadline, and with neither the attempt is marked stale. An
+	// attempt the classifier already recorded ok is not written again (its
+	// raw answer would go to the WAL a second time). The
 	// result's key refuses a second result, which aborts the statement
 	// whole.
 	var accepted, late bool
@@ -59,7 +61,8 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 		res AS (INSERT INTO results (work_id, schema_version, tenant_id, attempt_id, output, findings)
 			SELECT $1, $3, $4, $5::uuid, $6::jsonb, $7::int FROM acc RETURNING work_id),
 		att_ok AS (UPDATE attempts SET outcome = 'ok', reason = NULL, finished_at = coalesce(finished_at, now())
-			WHERE id = $5 AND EXISTS (SELECT 1 FROM acc) RETURNING 1),
+			WHERE id = $5 AND EXISTS (SELECT 1 FROM acc)
+				AND (outcome IS DISTINCT FROM 'ok' OR reason IS NOT NULL OR finished_at IS NULL) RETURNING 1),
 		att_late AS (UPDATE attempts SET outcome = 'stale_lease', reason = 'deadline passed before the verdict',
 				finished_at = coalesce(finished_at, now())
 			WHERE id = $5 AND EXISTS (SELECT 1 FROM late) RETURNING 1),

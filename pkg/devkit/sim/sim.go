@@ -51,6 +51,11 @@ type Options struct {
 	Model   string        // reported model when the request names none; default "assay-sim-1"
 	Latency time.Duration // added to every answered call unless a Capacity sets its own; 0 by default
 	Logger  *slog.Logger  // nil discards
+	// Constant, for benchmarks, reviews each distinct diff once and
+	// answers every later call for it from that review (with the call's
+	// own change id): a fault-free call then costs the provider next to
+	// nothing, so what is measured is the pipeline around it.
+	Constant bool
 }
 
 // Stats are the calls counted since start or the last ResetStats. Total,
@@ -90,6 +95,8 @@ type Server struct {
 	log  *slog.Logger
 	mux  *http.ServeMux
 	seq  atomic.Int64
+
+	reviews sync.Map // diff text -> CodeReview, with Constant
 
 	mu     sync.Mutex
 	faults []*Fault // Times counts down; a Times>0 fault is dropped at 0
@@ -439,7 +446,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	content := c.answer(kind)
+	var content string
+	if s.opts.Constant && kind == "" && c.contract == ContractCodeReview {
+		content = s.constantReview(c)
+	} else {
+		content = c.answer(kind)
+	}
 	finish := "stop"
 	switch mt := c.req.MaxTokens; {
 	case kind == FaultHuge:
@@ -760,6 +772,19 @@ func (c *call) answer(kind string) string {
 	case FaultInvalidJSON:
 		return "Sure! Here is what I found in the change:\n" + string(b[:len(b)/2])
 	}
+	return string(b)
+}
+
+// constantReview is the code review of c's diff as first found, with c's
+// change id.
+func (s *Server) constantReview(c *call) string {
+	v, ok := s.reviews.Load(c.diffText)
+	if !ok {
+		v, _ = s.reviews.LoadOrStore(c.diffText, ReviewCode(c.diffText, c.corr.SchemaVersion, ""))
+	}
+	cr := v.(CodeReview)
+	cr.SchemaVersion, cr.ChangeID = c.corr.SchemaVersion, c.corr.WorkID
+	b, _ := json.Marshal(cr)
 	return string(b)
 }
 

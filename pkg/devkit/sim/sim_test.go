@@ -1013,3 +1013,31 @@ func TestBilledUnits(t *testing.T) {
 		t.Fatalf("prompt units %d: two answered calls of the same size, the refusal none", st.PromptUnits)
 	}
 }
+
+// Constant answers each diff with its first review, under each call's own
+// change id: the same findings as the reviewer's, whatever the call.
+func TestConstantAnswersTheFirstReview(t *testing.T) {
+	s := New(Options{Constant: true})
+	base, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	url := base + "/v1/chat/completions"
+	want := ReviewCode(testDiff, json.RawMessage(`"1.0"`), "01J9ZK3Q7W5Y8R2T4V6X8Z0B1C")
+	for i, id := range []string{"01J9ZK3Q7W5Y8R2T4V6X8Z0B1C", "w_second", "w_third"} {
+		req := chatReq(ContractCodeReview, "acme", diffInput(testDiff))
+		req.Messages = model.Messages("Review the change.", model.Correlation{WorkID: id, SchemaVersion: json.RawMessage(`"1.0"`)}, "",
+			json.RawMessage(diffInput(testDiff)))
+		var out CodeReview
+		decodeStrict(t, content(t, mustDo(t, "POST", url, req)), &out)
+		if out.ChangeID != id || len(out.Findings) != len(want.Findings) || out.Findings[0] != want.Findings[0] {
+			t.Fatalf("call %d: %+v, want the review of the diff under change id %s", i, out, id)
+		}
+	}
+	n := 0
+	s.reviews.Range(func(any, any) bool { n++; return true })
+	if n != 1 {
+		t.Fatalf("%d reviews kept for one diff", n)
+	}
+}
