@@ -99,3 +99,79 @@ func TestPeriodStart(t *testing.T) {
 		}
 	}
 }
+
+// A batch of ledger rows settles each reservation as one row at a time
+// would, in one transaction; a row the database refuses for good fails
+// alone, and a row already there is a duplicate.
+func TestRecordLedgerBatchSettlesEachRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := open(t, testenv.Database(t))
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: "t1"}, {ID: "globex", HomeRegion: "us", Token: "t2"}}); err != nil {
+		t.Fatal(err)
+	}
+	limit := int64(10_000)
+	for _, tenant := range []string{"acme", "globex"} {
+		if err := s.SetBudget(ctx, tenant, &limit, "month"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := func(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", i) }
+	works := map[string]string{}
+	for _, tenant := range []string{"acme", "globex"} {
+		works[tenant] = insert(t, ctx, s, newWork(tenant, "octo/batch#1", "b1")).ID
+	}
+	row := func(i int, tenant string, cost int64) store.LedgerRow {
+		return store.LedgerRow{AttemptID: id(i), TenantID: tenant, WorkID: works[tenant], Model: "assay-sim-1",
+			Outcome: "ok", UpstreamAttempts: 1, CostMicros: cost, OccurredAt: time.Now()}
+	}
+	for i, tenant := range []string{"acme", "globex", "acme", "globex"} {
+		if r, err := s.Reserve(ctx, tenant, id(i), 100); err != nil || r != store.Reserved {
+			t.Fatalf("reserve %d: %v %v", i, r, err)
+		}
+	}
+	if _, err := s.AppendLedger(ctx, row(9, "acme", 1)); err != nil {
+		t.Fatal(err)
+	}
+	rows := []store.LedgerRow{row(0, "acme", 60), row(1, "globex", 150), row(2, "acme", 100), row(3, "globex", 40), row(9, "acme", 1)}
+	got := s.RecordLedgerBatch(ctx, rows)
+	want := []store.LedgerResult{{Recorded: store.Inserted}, {Recorded: store.Inserted, Excess: 50}, {Recorded: store.Inserted},
+		{Recorded: store.Inserted}, {Recorded: store.Duplicate}}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("row %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	for tenant, spent := range map[string]int64{"acme": 160 + 1, "globex": 190} {
+		b, err := s.CurrentBudget(ctx, tenant)
+		if err != nil || b.ReservedMicros != 0 || b.SpentMicros != spent {
+			t.Errorf("%s: %+v (%v), want nothing reserved and %d spent", tenant, b, err, spent)
+		}
+	}
+	if n := countRows(t, s, `SELECT count(*) FROM ledger WHERE excess_micros = 50 AND attempt_id = $1`, id(1)); n != 1 {
+		t.Errorf("the excess of row 1 is not recorded")
+	}
+	// A row with a NUL in its work id is refused for good; its batch
+	// neighbours are recorded all the same.
+	bad := row(20, "acme", 5)
+	bad.WorkID = "w_\x00"
+	got = s.RecordLedgerBatch(ctx, []store.LedgerRow{row(21, "acme", 5), bad, row(22, "acme", 5)})
+	if got[0].Recorded != store.Inserted || got[2].Recorded != store.Inserted || !store.Permanent(got[1].Err) {
+		t.Fatalf("a batch with a refused row: %+v", got)
+	}
+	if n := countRows(t, s, `SELECT count(*) FROM ledger WHERE attempt_id = ANY($1::uuid[])`, []string{id(20), id(21), id(22)}); n != 2 {
+		t.Fatalf("%d of the batch's rows recorded, want 2", n)
+	}
+}
+
+func countRows(t *testing.T, s *store.Store, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := store.Pool(s).QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

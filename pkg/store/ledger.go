@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,24 +62,7 @@ func (s *Store) RecordLedger(ctx context.Context, r LedgerRow) (rec Recorded, ex
 	// The row and the settlement of the attempt's budget reservation are
 	// one statement, so a redelivery neither records nor settles twice.
 	var inserted bool
-	err = s.pool.QueryRow(ctx, `WITH ins AS (
-			INSERT INTO ledger (attempt_id, tenant_id, work_id, model, served_model, outcome,
-				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated)
-			VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, $9, $10, $11, $12, $13)
-			ON CONFLICT (attempt_id) DO NOTHING RETURNING attempt_id),
-		res AS (UPDATE budget_reservations SET settled_at = now()
-			WHERE attempt_id = $1 AND settled_at IS NULL AND EXISTS (SELECT 1 FROM ins)
-			RETURNING period_start, amount_micros),
-		reserved AS (UPDATE budget_periods p SET reserved_micros = p.reserved_micros - res.amount_micros,
-				spent_micros = p.spent_micros + $10
-			FROM res WHERE p.tenant_id = $2 AND p.period_start = res.period_start RETURNING 1),
-		unreserved AS (UPDATE budget_periods p SET spent_micros = greatest(p.spent_micros + $10, 0)
-			FROM tenants t WHERE EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM res)
-				AND t.id = $2 AND t.budget_micros IS NOT NULL AND p.tenant_id = t.id
-				AND p.period_start = budget_period_start(t.budget_period, now()) RETURNING 1)
-		SELECT EXISTS (SELECT 1 FROM ins), coalesce((SELECT greatest($10 - amount_micros, 0) FROM res), 0)`,
-		r.AttemptID, r.TenantID, r.WorkID, Text(r.Model), Text(r.ServedModel), r.Outcome, r.UpstreamAttempts, r.InputUnits,
-		r.OutputUnits, r.CostMicros, r.LatencyMS, r.OccurredAt, r.Estimated).Scan(&inserted, &excess)
+	err = s.pool.QueryRow(ctx, recordLedgerSQL, ledgerArgs(r)...).Scan(&inserted, &excess)
 	if err != nil {
 		return Duplicate, 0, fmt.Errorf("store: ledger %s: %w", r.AttemptID, err)
 	}
@@ -117,6 +101,101 @@ func (s *Store) RecordLedger(ctx context.Context, r LedgerRow) (rec Recorded, ex
 		return Duplicate, 0, fmt.Errorf("store: ledger %s: %w", r.AttemptID, err)
 	}
 	return rec, 0, nil
+}
+
+// recordLedgerSQL inserts a ledger row and settles its attempt's budget
+// reservation, in one statement; it answers whether the row is new and
+// what it cost beyond its reservation.
+const recordLedgerSQL = `WITH ins AS (
+			INSERT INTO ledger (attempt_id, tenant_id, work_id, model, served_model, outcome,
+				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated)
+			VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, $9, $10, $11, $12, $13)
+			ON CONFLICT (attempt_id) DO NOTHING RETURNING attempt_id),
+		res AS (UPDATE budget_reservations SET settled_at = now()
+			WHERE attempt_id = $1 AND settled_at IS NULL AND EXISTS (SELECT 1 FROM ins)
+			RETURNING period_start, amount_micros),
+		reserved AS (UPDATE budget_periods p SET reserved_micros = p.reserved_micros - res.amount_micros,
+				spent_micros = p.spent_micros + $10
+			FROM res WHERE p.tenant_id = $2 AND p.period_start = res.period_start RETURNING 1),
+		unreserved AS (UPDATE budget_periods p SET spent_micros = greatest(p.spent_micros + $10, 0)
+			FROM tenants t WHERE EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM res)
+				AND t.id = $2 AND t.budget_micros IS NOT NULL AND p.tenant_id = t.id
+				AND p.period_start = budget_period_start(t.budget_period, now()) RETURNING 1)
+		SELECT EXISTS (SELECT 1 FROM ins), coalesce((SELECT greatest($10 - amount_micros, 0) FROM res), 0)`
+
+func ledgerArgs(r LedgerRow) []any {
+	return []any{r.AttemptID, r.TenantID, r.WorkID, Text(r.Model), Text(r.ServedModel), r.Outcome, r.UpstreamAttempts,
+		r.InputUnits, r.OutputUnits, r.CostMicros, r.LatencyMS, r.OccurredAt, r.Estimated}
+}
+
+// LedgerResult is what recording one row of a batch did.
+type LedgerResult struct {
+	Recorded Recorded
+	Excess   int64
+	Err      error
+}
+
+// RecordLedgerBatch records rows as RecordLedger records each, new rows in
+// one transaction sent in one round trip, so a batch of attempts costs one
+// commit. When the transaction fails, each row is recorded on its own, so
+// a row the database refuses for good fails alone.
+func (s *Store) RecordLedgerBatch(ctx context.Context, rows []LedgerRow) []LedgerResult {
+	out := make([]LedgerResult, len(rows))
+	if len(rows) == 1 {
+		out[0].Recorded, out[0].Excess, out[0].Err = s.RecordLedger(ctx, rows[0])
+		return out
+	}
+	// Tenants in one order, so two batches settling the same budget
+	// periods take their locks alike and never wait on each other in turn.
+	order := make([]int, len(rows))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return rows[order[a]].TenantID < rows[order[b]].TenantID })
+	inserted := make([]bool, len(rows))
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		for _, i := range order {
+			b.Queue(recordLedgerSQL, ledgerArgs(rows[i])...)
+		}
+		br := tx.SendBatch(ctx, b)
+		for _, i := range order {
+			if err := br.QueryRow().Scan(&inserted[i], &out[i].Excess); err != nil {
+				br.Close()
+				return err
+			}
+		}
+		if err := br.Close(); err != nil {
+			return err
+		}
+		for i, r := range rows {
+			if inserted[i] && out[i].Excess > 0 {
+				if _, err := tx.Exec(ctx, `UPDATE ledger SET excess_micros = $2 WHERE attempt_id = $1`, r.AttemptID, out[i].Excess); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		for i, r := range rows {
+			out[i] = LedgerResult{}
+			out[i].Recorded, out[i].Excess, out[i].Err = s.RecordLedger(ctx, r)
+		}
+		return out
+	}
+	for i, r := range rows {
+		switch {
+		case inserted[i]:
+			out[i].Recorded = Inserted
+		case r.Estimated:
+			out[i].Recorded = Duplicate
+		default:
+			// Already there: the real report may replace an estimate.
+			out[i].Recorded, out[i].Excess, out[i].Err = s.RecordLedger(ctx, r)
+		}
+	}
+	return out
 }
 
 // WorkCost sums the ledger for one work item: attempts and cost.

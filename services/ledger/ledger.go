@@ -91,12 +91,17 @@ type Service struct {
 	refused  metric.Int64Counter
 	attempts *consumer.Consumer
 	reaper   lifecycle.Ticker
+	batch    *batcher
 }
 
 // Consumer is the durable name of the ledger's ATTEMPT consumer.
 func Consumer(n event.Names) string { return n.AttemptConsumer() }
 
 // New checks the config and builds the service.
+// ledgerBatch is how many deliveries are handled at once, and so how many
+// rows one transaction records at most.
+const ledgerBatch = 64
+
 func New(cfg Config, d Deps) (*Service, error) {
 	if cfg.Region == "" {
 		return nil, errors.New("ledger: Region is required")
@@ -122,7 +127,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.Names.Check(); err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	s := &Service{cfg: cfg, d: d}
+	s := &Service{cfg: cfg, d: d, batch: &batcher{st: d.Store, max: ledgerBatch}}
 	var err error
 	if s.recorded, err = d.Tel.Meter().Int64Counter("assay_ledger_attempts",
 		metric.WithDescription("attempts appended to the ledger by outcome")); err != nil {
@@ -135,7 +140,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	s.attempts, err = consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindAttempt),
 		Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names), AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver,
 			MaxAckPending: 256},
-		Concurrency: 4, Log: d.Log, Handle: consumer.Typed(d.Log, event.Parse[event.Attempt], s.handle),
+		Concurrency: ledgerBatch, Log: d.Log, Handle: consumer.Typed(d.Log, event.Parse[event.Attempt], s.handle),
 		Meter: d.Tel.Meter(), Labels: []attribute.KeyValue{attribute.String("region", cfg.Region), attribute.String("lane", "")}})
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
@@ -216,7 +221,8 @@ func (s *Service) Append(ctx context.Context, ev event.Attempt) error {
 
 // append writes one ledger row and logs the decision.
 func (s *Service) append(ctx context.Context, row store.LedgerRow) error {
-	rec, excess, err := s.d.Store.RecordLedger(ctx, row)
+	r := s.batch.record(ctx, row)
+	rec, excess, err := r.Recorded, r.Excess, r.Err
 	switch {
 	case err != nil:
 		return err

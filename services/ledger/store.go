@@ -13,7 +13,7 @@ import (
 type Store interface {
 	auth.Tenants
 	Ping(ctx context.Context) error
-	RecordLedger(ctx context.Context, r store.LedgerRow) (store.Recorded, int64, error)
+	RecordLedgerBatch(ctx context.Context, rows []store.LedgerRow) []store.LedgerResult
 	UnrecordedEvents(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error)
 	DeadAttempts(ctx context.Context, grace time.Duration, limit int) ([]store.DeadAttempt, error)
 	ReleaseOrphanReservations(ctx context.Context, grace time.Duration) (int64, error)
