@@ -267,16 +267,16 @@ func workShow(ctx context.Context, args []string, stdout io.Writer) error {
 	return nil
 }
 
-// storyMessages finds the work's messages in WORK, RESULT and ATTEMPT:
-// those on the tenant's subjects, from just before the work was created,
-// whose payload names the work.
+// storyMessages finds the work's messages in WORK, RESULT, ATTEMPT and
+// OUTCOME: those on the tenant's subjects, from just before the work was
+// created, whose payload names the work.
 func storyMessages(ctx context.Context, cfg config.Config, s *WorkStory) error {
 	nc, js, err := connectNATS(cfg)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	sel := selection{kinds: event.Kinds, tenant: s.Work.TenantID, since: s.Work.CreatedAt.Add(-5 * time.Second),
+	sel := selection{kinds: append(slices.Clone(event.Kinds), event.KindOutcome), tenant: s.Work.TenantID, since: s.Work.CreatedAt.Add(-5 * time.Second),
 		until: storyEnd(s), works: map[string]bool{s.Work.ID: true}}
 	_, err = readSelection(ctx, js, cfg.Names(), sel, nil, func(m ReplayMsg) error {
 		s.Messages = append(s.Messages, m)
