@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -36,7 +37,7 @@ import (
 )
 
 const benchPipeUsage = `usage: assay bench pipeline [-n 20000] [-c 8,32] [--runs 1] [--peer DIR] [--answer constant|reviewer]
-       [--tenants 4] [--pool N] [--statements]
+       [--tenants 4] [--pool N] [--statements] [--cpuprofile FILE]
 
 N distinct code reviews posted through HTTP ingress by C keep-alive clients
 for the tenants in turn, the simulated model answering at once (constant:
@@ -78,6 +79,7 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 	pool := fs.Int("pool", 0, "connections in each service's pool (0: ASSAY_DATABASE_POOL's default)")
 	answer := fs.String("answer", "constant", "the simulated model: constant (each diff reviewed once, then answered from that) or reviewer (every call reviewed)")
 	ntenants := fs.Int("tenants", 4, "tenants the items are posted for, in turn")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process over the assay runs to this file")
 	if err := fs.Parse(args); err != nil {
 		return configError{fmt.Errorf("%v\n%s", err, benchPipeUsage)}
 	}
@@ -108,6 +110,17 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer stop()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return configError{fmt.Errorf("--cpuprofile: %w", err)}
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	var all []pipeResult
 	for _, c := range clients {
 		for run := range *runs {

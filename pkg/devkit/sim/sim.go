@@ -53,8 +53,10 @@ type Options struct {
 	Logger  *slog.Logger  // nil discards
 	// Constant, for benchmarks, reviews each distinct diff once and
 	// answers every later call for it from that review (with the call's
-	// own change id): a fault-free call then costs the provider next to
-	// nothing, so what is measured is the pipeline around it.
+	// own change id), and looks for no injected instructions (an
+	// obey_injection fault never applies): a fault-free call then costs
+	// the provider next to nothing, so what is measured is the pipeline
+	// around it.
 	Constant bool
 }
 
@@ -340,6 +342,7 @@ type call struct {
 	// injections are the instructions found in the untrusted input, found
 	// here so that admit does not scan a large diff under its lock.
 	injections []injection
+	constant   bool   // Options.Constant: no injections looked for
 	diffText   string // code-review and change-review
 	diff       *diff.Diff
 	text       string // moderation
@@ -352,7 +355,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_body", "could not decode the request body: "+err.Error())
 		return
 	}
-	c := &call{req: req, tenant: req.User}
+	c := &call{req: req, tenant: req.User, constant: s.opts.Constant}
 	if c.tenant == "" {
 		c.tenant = AnonymousTenant
 	}
@@ -588,7 +591,9 @@ func (c *call) prepare() string {
 	}
 	c.corr = corr
 	c.input = model.Input(c.req.Messages)
-	c.injections = findInjections(untrustedText(c.input))
+	if !c.constant {
+		c.injections = findInjections(untrustedText(c.input))
+	}
 	// The input is a JSON document; anything else is read as the raw diff or
 	// text, the way a model would still try to answer.
 	var doc struct {
