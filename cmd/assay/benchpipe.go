@@ -431,7 +431,7 @@ func printPipe(w io.Writer, rs []pipeResult) {
 type stmtCounter struct {
 	mu  sync.Mutex
 	n   map[string]int64            // per service
-	sql map[string]map[string]int64 // per service, per statement's first words
+	sql map[string]map[string]int64 // per service, per statement
 }
 
 func newStmtCounter() *stmtCounter {
@@ -447,7 +447,7 @@ func (s *stmtCounter) count(service, sql string) {
 	if s.sql[service] == nil {
 		s.sql[service] = map[string]int64{}
 	}
-	s.sql[service][stmtLabel(sql)]++
+	s.sql[service][sql]++
 }
 
 func (s *stmtCounter) reset() {
@@ -474,13 +474,17 @@ func (s *stmtCounter) print(w io.Writer, n int) {
 	defer s.mu.Unlock()
 	for _, svc := range []string{"ingress", "classifier", "committer", "ledger"} {
 		fmt.Fprintf(w, "%s: %.2f statements per item\n", svc, float64(s.n[svc])/float64(n))
-		labels := make([]string, 0, len(s.sql[svc]))
-		for l := range s.sql[svc] {
+		by := map[string]int64{}
+		for sql, k := range s.sql[svc] {
+			by[stmtLabel(sql)] += k
+		}
+		labels := make([]string, 0, len(by))
+		for l := range by {
 			labels = append(labels, l)
 		}
-		sort.Slice(labels, func(i, j int) bool { return s.sql[svc][labels[i]] > s.sql[svc][labels[j]] })
+		sort.Slice(labels, func(i, j int) bool { return by[labels[i]] > by[labels[j]] })
 		for _, l := range labels {
-			fmt.Fprintf(w, "  %6.3f  %s\n", float64(s.sql[svc][l])/float64(n), l)
+			fmt.Fprintf(w, "  %6.3f  %s\n", float64(by[l])/float64(n), l)
 		}
 	}
 }
