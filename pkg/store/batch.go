@@ -1,0 +1,263 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"assay.dev/pkg/outcome"
+)
+
+// Batch is a manifest of work items, each named by an item id that is
+// stable and unique in the batch.
+type Batch struct {
+	ID          string
+	TenantID    string
+	Contract    string
+	ItemCount   int
+	ItemsDigest string
+	DeadlineAt  time.Time
+	CreatedAt   time.Time
+	// CanceledAt is when the batch was canceled, zero while it is not.
+	CanceledAt time.Time
+}
+
+// BatchEntry is one item of a batch being inserted: its id and its work.
+type BatchEntry struct {
+	ItemID string
+	Work   *Work
+	// After InsertBatch: the work the ingress fence gave the item (a key
+	// already accepted gives the existing work) and whether it is new.
+	Got     *Work
+	Created bool
+}
+
+// ErrBatchConflict is returned when a batch id is taken by a batch with
+// other items.
+var ErrBatchConflict = errors.New("store: batch id taken by a batch with other items")
+
+const batchColumns = `id, tenant_id, contract, item_count, items_digest, deadline_at, created_at, coalesce(canceled_at, 'epoch')`
+
+func scanBatch(row pgx.Row) (*Batch, error) {
+	var b Batch
+	err := row.Scan(&b.ID, &b.TenantID, &b.Contract, &b.ItemCount, &b.ItemsDigest, &b.DeadlineAt, &b.CreatedAt, &b.CanceledAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if b.CanceledAt.Equal(time.Unix(0, 0)) {
+		b.CanceledAt = time.Time{}
+	}
+	return &b, err
+}
+
+// InsertBatch stores a batch and its items in one transaction: each item's
+// work goes through the ingress fence (insertWork, announced as new work
+// is) and is named in the manifest. A batch whose id exists already is
+// returned with created=false when its items digest matches, and refused
+// with ErrBatchConflict when it does not; its entries' Got are then unset.
+func (s *Store) InsertBatch(ctx context.Context, b *Batch, entries []*BatchEntry, announce func(*Work) ([]OutboxMsg, error)) (got *Batch, created bool, err error) {
+	// Work rows are locked in one order, so two batches naming the same
+	// work cannot deadlock each other.
+	order := make([]*BatchEntry, len(entries))
+	copy(order, entries)
+	sort.Slice(order, func(i, j int) bool { return order[i].Work.ID < order[j].Work.ID })
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		got, err = scanBatch(tx.QueryRow(ctx, `INSERT INTO batches (id, tenant_id, contract, item_count, items_digest, deadline_at)
+			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING RETURNING `+batchColumns,
+			b.ID, b.TenantID, b.Contract, len(entries), b.ItemsDigest, b.DeadlineAt))
+		if errors.Is(err, ErrNotFound) {
+			got, err = scanBatch(tx.QueryRow(ctx, `SELECT `+batchColumns+` FROM batches WHERE id = $1`, b.ID))
+			if err != nil {
+				return err
+			}
+			if got.TenantID != b.TenantID || got.ItemsDigest != b.ItemsDigest {
+				return ErrBatchConflict
+			}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		created = true
+		for _, e := range order {
+			w, isNew, err := insertWork(ctx, tx, e.Work, announce)
+			if err != nil {
+				return err
+			}
+			e.Got, e.Created = w, isNew
+			if _, err := tx.Exec(ctx, `INSERT INTO batch_items (batch_id, item_id, tenant_id, work_id) VALUES ($1, $2, $3, $4)`,
+				got.ID, e.ItemID, got.TenantID, w.ID); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, ErrBatchConflict) {
+		return nil, false, err
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("store: insert batch: %w", err)
+	}
+	return got, created, nil
+}
+
+// GetBatch reads a tenant's batch; another tenant's is ErrNotFound.
+func (s *Store) GetBatch(ctx context.Context, tenant, id string) (*Batch, error) {
+	return scanBatch(s.pool.QueryRow(ctx, `SELECT `+batchColumns+` FROM batches WHERE id = $1 AND tenant_id = $2`, id, tenant))
+}
+
+// BatchItem is one item of a batch as it stands.
+type BatchItem struct {
+	ItemID    string
+	WorkID    string
+	State     string
+	Reason    string
+	UpdatedAt time.Time
+	// Output is the accepted output, nil unless the item was accepted and
+	// it was asked for.
+	Output json.RawMessage
+}
+
+// BatchItemFilter selects items of one batch, in item id order (bytewise).
+type BatchItemFilter struct {
+	BatchID string
+	// After is the last item id of the previous page, "" for the first.
+	After string
+	// NotAccepted keeps only the items that have not been accepted.
+	NotAccepted bool
+	// WithOutput reads accepted items' output.
+	WithOutput bool
+	Limit      int
+}
+
+// BatchItems reads items of a batch with their work's state.
+func (s *Store) BatchItems(ctx context.Context, f BatchItemFilter) ([]BatchItem, error) {
+	rows, err := s.pool.Query(ctx, `SELECT i.item_id, i.work_id, w.state, coalesce(w.reason, ''), w.updated_at,
+			CASE WHEN $4 THEN (SELECT r.output FROM results r WHERE r.work_id = w.id AND w.state = 'accepted') END
+		FROM batch_items i JOIN work w ON w.id = i.work_id
+		WHERE i.batch_id = $1 AND i.item_id COLLATE "C" > $2 AND (NOT $3 OR w.state <> 'accepted')
+		ORDER BY i.item_id COLLATE "C" LIMIT $5`, f.BatchID, f.After, f.NotAccepted, f.WithOutput, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: batch items %s: %w", f.BatchID, err)
+	}
+	items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (BatchItem, error) {
+		var it BatchItem
+		var out []byte
+		err := r.Scan(&it.ItemID, &it.WorkID, &it.State, &it.Reason, &it.UpdatedAt, &out)
+		if out != nil {
+			it.Output = out
+		}
+		return it, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: batch items %s: %w", f.BatchID, err)
+	}
+	return items, nil
+}
+
+// BatchCounts counts a batch's items per work state. Items the manifest
+// names whose work row cannot be found are counted under "missing".
+func (s *Store) BatchCounts(ctx context.Context, batchID string) (map[string]int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT coalesce(w.state, 'missing'), count(*)
+		FROM batch_items i LEFT JOIN work w ON w.id = i.work_id
+		WHERE i.batch_id = $1 GROUP BY 1`, batchID)
+	if err != nil {
+		return nil, fmt.Errorf("store: batch counts %s: %w", batchID, err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var state string
+		var n int
+		if err := rows.Scan(&state, &n); err != nil {
+			return nil, fmt.Errorf("store: batch counts %s: %w", batchID, err)
+		}
+		out[state] = n
+	}
+	return out, rows.Err()
+}
+
+// BatchSignal is a cheap summary of a batch's progress: it changes
+// whenever one of its items changes state.
+type BatchSignal struct {
+	Ended      int
+	LastChange time.Time
+	CanceledAt time.Time
+}
+
+// BatchSignal reads the batch's progress summary in one statement.
+func (s *Store) BatchSignal(ctx context.Context, batchID string) (BatchSignal, error) {
+	var sig BatchSignal
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE w.state NOT IN ('queued', 'running')),
+			coalesce(max(w.updated_at), 'epoch'), coalesce((SELECT canceled_at FROM batches WHERE id = $1), 'epoch')
+		FROM batch_items i JOIN work w ON w.id = i.work_id WHERE i.batch_id = $1`, batchID).
+		Scan(&sig.Ended, &sig.LastChange, &sig.CanceledAt)
+	if err != nil {
+		return sig, fmt.Errorf("store: batch signal %s: %w", batchID, err)
+	}
+	return sig, nil
+}
+
+// CanceledItem is work a batch cancel ended; Running says a worker held
+// it, whose model call is to be stopped.
+type CanceledItem struct {
+	WorkID  string
+	Running bool
+}
+
+// CancelBatch marks a tenant's batch canceled and ends its items that have
+// no outcome yet as canceled, in one transaction. Work another live batch
+// of the tenant also names is left to that batch. Running work loses its
+// lease: its answer, should it come, is recorded stale and never
+// published. cancel makes the outbox rows that stop the running calls. A
+// second cancel finds nothing left to end and returns the batch as it is.
+func (s *Store) CancelBatch(ctx context.Context, tenant, id string, cancel func([]CanceledItem) ([]OutboxMsg, error)) (*Batch, []CanceledItem, error) {
+	var b *Batch
+	var ended []CanceledItem
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		b, err = scanBatch(tx.QueryRow(ctx, `UPDATE batches SET canceled_at = coalesce(canceled_at, now())
+			WHERE id = $1 AND tenant_id = $2 RETURNING `+batchColumns, id, tenant))
+		if err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `WITH old AS (SELECT w.id, w.state FROM work w
+				WHERE w.id IN (SELECT work_id FROM batch_items WHERE batch_id = $1)
+					AND w.state IN ('queued', 'running')
+					AND NOT EXISTS (SELECT 1 FROM batch_items o JOIN batches ob ON ob.id = o.batch_id
+						WHERE o.work_id = w.id AND o.batch_id <> $1 AND ob.canceled_at IS NULL)
+				ORDER BY w.id FOR UPDATE OF w)
+			UPDATE work w SET state = $2, reason = 'batch ' || $1 || ' was canceled', lease_token = NULL,
+				lease_expires_at = NULL, updated_at = now()
+			FROM old WHERE w.id = old.id
+			RETURNING w.id, old.state = 'running'`, id, outcome.Canceled)
+		if err != nil {
+			return err
+		}
+		ended, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (CanceledItem, error) {
+			var c CanceledItem
+			err := r.Scan(&c.WorkID, &c.Running)
+			return c, err
+		})
+		if err != nil || cancel == nil {
+			return err
+		}
+		msgs, err := cancel(ended)
+		if err != nil {
+			return err
+		}
+		return insertOutbox(ctx, tx, msgs)
+	})
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil, err
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("store: cancel batch %s: %w", id, err)
+	}
+	return b, ended, nil
+}
