@@ -185,3 +185,12 @@ func (s *Store) ResolveReview(ctx context.Context, tenant string, id int64, res 
 	}
 	return v, ErrResolved
 }
+
+// OpenReviews counts a tenant's open review items.
+func (s *Store) OpenReviews(ctx context.Context, tenant string) (int, error) {
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM reviews WHERE tenant_id = $1 AND state = 'open'`, tenant).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: open reviews: %w", err)
+	}
+	return n, nil
+}
