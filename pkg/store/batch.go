@@ -211,7 +211,8 @@ type CanceledItem struct {
 }
 
 // CancelBatch marks a tenant's batch canceled and ends its items that have
-// no outcome yet as canceled, in one transaction. Work another live batch
+// no outcome yet as canceled, in one transaction; a batch that has ended
+// already is left as it is. Work another live batch
 // of the tenant also names is left to that batch. Running work loses its
 // lease: its answer, should it come, is recorded stale and never
 // published. cancel makes the outbox rows that stop the running calls. A
@@ -221,7 +222,11 @@ func (s *Store) CancelBatch(ctx context.Context, tenant, id string, cancel func(
 	var ended []CanceledItem
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
-		b, err = scanBatch(tx.QueryRow(ctx, `UPDATE batches SET canceled_at = coalesce(canceled_at, now())
+		// A batch whose every item has its outcome has nothing to cancel
+		// and stays as it ended.
+		b, err = scanBatch(tx.QueryRow(ctx, `UPDATE batches SET canceled_at = coalesce(canceled_at,
+				CASE WHEN EXISTS (SELECT 1 FROM batch_items i JOIN work w ON w.id = i.work_id
+					WHERE i.batch_id = batches.id AND w.state IN ('queued', 'running')) THEN now() END)
 			WHERE id = $1 AND tenant_id = $2 RETURNING `+batchColumns, id, tenant))
 		if err != nil {
 			return err

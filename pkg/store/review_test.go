@@ -290,4 +290,13 @@ func TestBatchInsertAndCancel(t *testing.T) {
 	if err != nil || len(all) != 2 || all[1].ItemID != "item-z" || string(all[1].Output) != `{}` || all[0].Output != nil {
 		t.Fatalf("items after item-x: %+v, %v", all, err)
 	}
+
+	// A batch whose items all ended has nothing to cancel.
+	done := &store.Batch{ID: "b_done", TenantID: "acme", Contract: "pr-review", ItemsDigest: "d3", DeadlineAt: time.Now().Add(time.Hour)}
+	if _, _, err := s.InsertBatch(ctx, done, entries("z"), announce); err != nil {
+		t.Fatal(err)
+	}
+	if db, ended, err := s.CancelBatch(ctx, "acme", done.ID, nil); err != nil || len(ended) != 0 || !db.CanceledAt.IsZero() {
+		t.Fatalf("cancel of an ended batch: %+v %v %v", db, ended, err)
+	}
 }
