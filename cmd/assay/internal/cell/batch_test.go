@@ -416,7 +416,9 @@ func TestBatches(t *testing.T) {
 
 func TestBatchCancel(t *testing.T) {
 	t.Parallel()
-	b := eventsCell(t, cell.Options{})
+	// A call is never cut off by its own timeout here: only the cancel
+	// stops it.
+	b := eventsCell(t, cell.Options{Classifier: classifier.Config{CallTimeout: time.Hour}})
 	if err := b.Sim.AddFault(sim.Fault{Kind: sim.FaultHang, Tenant: "acme", Match: "hangs until canceled"}); err != nil {
 		t.Fatal(err)
 	}
@@ -453,6 +455,22 @@ func TestBatchCancel(t *testing.T) {
 		if it.Outcome == nil || *it.Outcome != "canceled" || !strings.Contains(it.Reason, "canceled") || it.ItemID == "c-2" {
 			t.Errorf("failed item %+v", it)
 		}
+	}
+	// The running calls are stopped: their attempts end, recorded as what
+	// they are, and nothing of theirs is published.
+	deadline := time.Now().Add(60 * time.Second)
+	for b.Count(t, `SELECT count(*) FROM attempts WHERE outcome IS NULL`) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a canceled item's model call still runs after 60s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM attempts a JOIN work w ON w.id = a.work_id
+		WHERE w.state = 'canceled' AND a.outcome NOT IN ('canceled', 'stale_lease')`); n != 0 {
+		t.Fatalf("%d attempts of canceled items ended otherwise", n)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM results r JOIN work w ON w.id = r.work_id WHERE w.state = 'canceled'`); n != 0 {
+		t.Fatalf("%d results of canceled items", n)
 	}
 	// Canceling again ends nothing more; DELETE is the same.
 	status, raw = call(t, b, http.MethodDelete, "/v1/batches/"+sub.BatchID, b.Token, nil)
