@@ -160,26 +160,67 @@ func (s *Store) BatchItems(ctx context.Context, f BatchItemFilter) ([]BatchItem,
 	return items, nil
 }
 
-// BatchCounts counts a batch's items per work state. Items the manifest
-// names whose work row cannot be found are counted under "missing".
-func (s *Store) BatchCounts(ctx context.Context, batchID string) (map[string]int, error) {
-	rows, err := s.pool.Query(ctx, `SELECT coalesce(w.state, 'missing'), count(*)
-		FROM batch_items i LEFT JOIN work w ON w.id = i.work_id
-		WHERE i.batch_id = $1 GROUP BY 1`, batchID)
-	if err != nil {
-		return nil, fmt.Errorf("store: batch counts %s: %w", batchID, err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var state string
-		var n int
-		if err := rows.Scan(&state, &n); err != nil {
-			return nil, fmt.Errorf("store: batch counts %s: %w", batchID, err)
+// BatchOverview is a batch's items counted per work state, and the items
+// without a result, all read from one snapshot so that the counts and the
+// names agree.
+type BatchOverview struct {
+	Counts map[string]int
+	// Failed are items that ended without being accepted, Pending those
+	// with no outcome yet, in item order, each at most named+1 long (one
+	// more than asked tells the list was cut).
+	Failed, Pending []BatchItem
+}
+
+// BatchOverview reads the overview of a batch, naming up to named items
+// per list.
+func (s *Store) BatchOverview(ctx context.Context, batchID string, named int) (BatchOverview, error) {
+	var o BatchOverview
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT coalesce(w.state, 'missing'), count(*)
+			FROM batch_items i LEFT JOIN work w ON w.id = i.work_id
+			WHERE i.batch_id = $1 GROUP BY 1`, batchID)
+		if err != nil {
+			return err
 		}
-		out[state] = n
+		o.Counts = map[string]int{}
+		for rows.Next() {
+			var state string
+			var n int
+			if err := rows.Scan(&state, &n); err != nil {
+				rows.Close()
+				return err
+			}
+			o.Counts[state] = n
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, l := range []struct {
+			to      *[]BatchItem
+			pending bool
+		}{{&o.Failed, false}, {&o.Pending, true}} {
+			rows, err := tx.Query(ctx, `SELECT i.item_id, i.work_id, w.state, coalesce(w.reason, ''), w.updated_at
+				FROM batch_items i JOIN work w ON w.id = i.work_id
+				WHERE i.batch_id = $1 AND w.state <> 'accepted' AND (w.state IN ('queued', 'running')) = $2
+				ORDER BY i.item_id COLLATE "C" LIMIT $3`, batchID, l.pending, named+1)
+			if err != nil {
+				return err
+			}
+			*l.to, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (BatchItem, error) {
+				var it BatchItem
+				err := r.Scan(&it.ItemID, &it.WorkID, &it.State, &it.Reason, &it.UpdatedAt)
+				return it, err
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return o, fmt.Errorf("store: batch overview %s: %w", batchID, err)
 	}
-	return out, rows.Err()
+	return o, nil
 }
 
 // BatchSignal is a cheap summary of a batch's progress: it changes

@@ -268,9 +268,10 @@ func TestBatchInsertAndCancel(t *testing.T) {
 	if running != 1 {
 		t.Errorf("%d running items stopped, want 1", running)
 	}
-	counts, err := s.BatchCounts(ctx, b.ID)
-	if err != nil || counts[outcome.Canceled] != 2 || counts[outcome.Accepted] != 1 {
-		t.Fatalf("counts %v, %v", counts, err)
+	o, err := s.BatchOverview(ctx, b.ID, 1)
+	if err != nil || o.Counts[outcome.Canceled] != 2 || o.Counts[outcome.Accepted] != 1 || len(o.Pending) != 0 ||
+		len(o.Failed) != 2 || o.Failed[0].ItemID != "item-x" {
+		t.Fatalf("overview %+v, %v", o, err)
 	}
 	// y's late answer finds its lease gone.
 	if ok, err := store.FinishLeased(ctx, s, es[1].Got.ID, tokenY, outcome.Accepted, ""); err != nil || ok {

@@ -34,7 +34,7 @@ type batchStore interface {
 	InsertBatch(ctx context.Context, b *store.Batch, entries []*store.BatchEntry, announce func(*store.Work) ([]store.OutboxMsg, error)) (*store.Batch, bool, error)
 	GetBatch(ctx context.Context, tenant, id string) (*store.Batch, error)
 	BatchItems(ctx context.Context, f store.BatchItemFilter) ([]store.BatchItem, error)
-	BatchCounts(ctx context.Context, batchID string) (map[string]int, error)
+	BatchOverview(ctx context.Context, batchID string, named int) (store.BatchOverview, error)
 	BatchSignal(ctx context.Context, batchID string) (store.BatchSignal, error)
 	CancelBatch(ctx context.Context, tenant, id string, cancel func([]store.CanceledItem) ([]store.OutboxMsg, error)) (*store.Batch, []store.CanceledItem, error)
 }
@@ -406,9 +406,9 @@ func (s *Service) getBatch(w http.ResponseWriter, r *http.Request) {
 }
 
 // batchView counts a batch's items per state and names those without a
-// result.
+// result, from one snapshot.
 func batchView(ctx context.Context, bs batchStore, b *store.Batch) (*BatchView, error) {
-	counts, err := bs.BatchCounts(ctx, b.ID)
+	o, err := bs.BatchOverview(ctx, b.ID, batchNamed)
 	if err != nil {
 		return nil, err
 	}
@@ -416,10 +416,10 @@ func batchView(ctx context.Context, bs batchStore, b *store.Batch) (*BatchView, 
 		DeadlineAt: b.DeadlineAt, CreatedAt: b.CreatedAt, FailedItems: []BatchItemView{}, PendingItems: []BatchItemView{},
 		Links: batchLinks(b.ID)}
 	for _, st := range outcome.WorkStates {
-		v.Counts[st] = counts[st]
+		v.Counts[st] = o.Counts[st]
 	}
 	named := 0
-	for st, n := range counts {
+	for st, n := range o.Counts {
 		named += n
 		switch {
 		case st == outcome.Accepted:
@@ -439,34 +439,18 @@ func batchView(ctx context.Context, bs batchStore, b *store.Batch) (*BatchView, 
 		at := b.CanceledAt.UTC()
 		v.Canceled, v.CanceledAt = true, &at
 	}
-	if v.Failed+v.Pending == 0 {
-		return v, nil
+	for _, l := range []struct {
+		from []store.BatchItem
+		to   *[]BatchItemView
+	}{{o.Failed, &v.FailedItems}, {o.Pending, &v.PendingItems}} {
+		if len(l.from) > batchNamed {
+			l.from, v.Truncated = l.from[:batchNamed], true
+		}
+		for _, it := range l.from {
+			*l.to = append(*l.to, itemView(it))
+		}
 	}
-	after := ""
-	for {
-		page, err := bs.BatchItems(ctx, store.BatchItemFilter{BatchID: b.ID, After: after, NotAccepted: true, Limit: 1000})
-		if err != nil {
-			return nil, err
-		}
-		for _, it := range page {
-			iv := itemView(it)
-			switch {
-			case !outcome.IsTerminal(it.State) && len(v.PendingItems) < batchNamed:
-				v.PendingItems = append(v.PendingItems, iv)
-			case outcome.IsTerminal(it.State) && len(v.FailedItems) < batchNamed:
-				v.FailedItems = append(v.FailedItems, iv)
-			default:
-				v.Truncated = true
-			}
-		}
-		if len(page) < 1000 || (len(v.PendingItems) >= batchNamed && len(v.FailedItems) >= batchNamed) {
-			if len(page) == 1000 {
-				v.Truncated = true
-			}
-			return v, nil
-		}
-		after = page[len(page)-1].ItemID
-	}
+	return v, nil
 }
 
 // batchResults serves GET /v1/batches/{id}/results: one JSON line per

@@ -704,3 +704,37 @@ func TestReviewQueue(t *testing.T) {
 		t.Fatalf("%d review rows, want 3", n)
 	}
 }
+
+// A thousand-item sweep with one item that cannot succeed reads as 999
+// accepted and one failed, named, never as a thousand done.
+func TestBatchOfAThousandNamesTheOneThatFailed(t *testing.T) {
+	t.Parallel()
+	b := celltest.Setup(t, cell.Options{})
+	if err := b.Sim.AddFault(sim.Fault{Kind: sim.FaultBadEnum, Tenant: "acme", Match: "message 0500 "}); err != nil {
+		t.Fatal(err)
+	}
+	texts := map[string]string{}
+	for i := range 1000 {
+		texts[fmt.Sprintf("msg-%04d", i)] = fmt.Sprintf("message %04d of the sweep", i)
+	}
+	status, raw := call(t, b, http.MethodPost, "/v1/batches", b.Token, ingress.BatchRequest{Contract: "moderation", Items: moderationItems(texts)})
+	if status != http.StatusAccepted {
+		t.Fatalf("POST: %d %s", status, raw)
+	}
+	sub := decode[ingress.BatchResponse](t, raw)
+	mid := waitBatch(t, b, sub.BatchID, func(v ingress.BatchView) bool { return v.Accepted > 0 && !v.Complete })
+	if mid.Accepted+mid.Failed+mid.Pending+mid.Missing != 1000 || len(mid.PendingItems) != mid.Pending || len(mid.FailedItems) != mid.Failed {
+		t.Fatalf("while running: accepted %d failed %d pending %d missing %d; %d failed and %d pending named",
+			mid.Accepted, mid.Failed, mid.Pending, mid.Missing, len(mid.FailedItems), len(mid.PendingItems))
+	}
+	v := waitBatch(t, b, sub.BatchID, func(v ingress.BatchView) bool { return v.Complete })
+	if v.Total != 1000 || v.Accepted != 999 || v.Failed != 1 || len(v.FailedItems) != 1 || v.FailedItems[0].ItemID != "msg-0500" ||
+		*v.FailedItems[0].Outcome != "schema_rejected" || v.FailedItems[0].Reason == "" {
+		t.Fatalf("complete: total %d accepted %d failed %d: %+v", v.Total, v.Accepted, v.Failed, v.FailedItems)
+	}
+	_, raw = call(t, b, http.MethodGet, "/v1/batches/"+sub.BatchID+"/results", b.Token, nil)
+	lines := bytes.Split(bytes.TrimSpace(raw), []byte("\n"))
+	if len(lines) != 1000 || !bytes.Contains(lines[500], []byte(`"itemId":"msg-0500","workId"`)) || !bytes.Contains(lines[500], []byte(`"outcome":"schema_rejected"`)) {
+		t.Fatalf("%d result lines; line 500: %s", len(lines), lines[500])
+	}
+}
