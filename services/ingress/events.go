@@ -237,29 +237,27 @@ func workEvents(mark *workMark, h workHistory) ([]sseEvent, *workMark) {
 	return out, m
 }
 
-// reviewReader is what a work stream reads of the review queue.
-type reviewReader interface {
-	ReviewOfWork(ctx context.Context, workID string) (*store.Review, error)
+// historyReader is what a work stream reads; *store.Store is one.
+type historyReader interface {
+	WorkHistory(ctx context.Context, id string) (*store.History, error)
 }
 
-// readHistory reads what the rows tell of one work item now.
-func (s *Service) readHistory(ctx context.Context, w *store.Work) (workHistory, error) {
-	h := workHistory{Work: w}
-	var err error
-	if h.Attempts, err = s.d.Store.Attempts(ctx, w.ID); err != nil {
-		return h, err
+// readHistory reads what the rows tell of one work item now, from one
+// snapshot.
+func (s *Service) readHistory(ctx context.Context, id string) (workHistory, error) {
+	hr, ok := s.d.Store.(historyReader)
+	if !ok {
+		return workHistory{}, errors.New("this cell's store cannot read a work item's history")
 	}
-	if w.State == outcome.Accepted {
-		if h.Result, err = s.d.Store.GetResult(ctx, w.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return h, err
-		}
+	h, err := hr.WorkHistory(ctx, id)
+	if err != nil {
+		return workHistory{}, err
 	}
-	if rr, ok := s.d.Store.(reviewReader); ok {
-		if h.Review, err = rr.ReviewOfWork(ctx, w.ID); errors.Is(err, store.ErrNotFound) {
-			err = nil
-		}
+	out := workHistory{Work: h.Work, Attempts: h.Attempts, Review: h.Review}
+	if h.Work.State == outcome.Accepted {
+		out.Result = h.Result
 	}
-	return h, err
+	return out, nil
 }
 
 // stream is one open event stream.
@@ -341,25 +339,19 @@ func (s *Service) workEventStream(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	id := r.PathValue("id")
-	wk, err := s.d.Store.GetWork(ctx, id)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && wk.TenantID != t.ID) {
+	h, err := s.readHistory(ctx, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && h.Work.TenantID != t.ID) {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no work with that id for this tenant")
 		return
 	}
 	if err != nil {
-		s.d.Log.Error("read work failed", "key", id, "err", err)
+		s.d.Log.Error("read work history failed", "key", id, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
 	mark, err := parseWorkMark(r.Header.Get("Last-Event-ID"))
 	if err != nil {
 		apierror.Write(w, http.StatusBadRequest, "invalid_last_event_id", "Last-Event-ID: "+err.Error())
-		return
-	}
-	h, err := s.readHistory(ctx, wk)
-	if err != nil {
-		s.d.Log.Error("read work history failed", "key", id, "err", err)
-		auth.Unavailable().Write(w)
 		return
 	}
 	st, release, ok := s.openStream(w, t)
@@ -378,14 +370,10 @@ func (s *Service) workEventStream(w http.ResponseWriter, r *http.Request) {
 		if !s.wait(ctx, r, st) {
 			return
 		}
-		next, err := s.d.Store.GetWork(ctx, id)
+		fresh, err := s.readHistory(ctx, id)
 		if err == nil {
-			var fresh workHistory
-			if fresh, err = s.readHistory(ctx, next); err == nil {
-				h = fresh
-			}
-		}
-		if err != nil {
+			h = fresh
+		} else {
 			if ctx.Err() != nil {
 				return
 			}
