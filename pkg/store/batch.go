@@ -56,12 +56,17 @@ func scanBatch(row pgx.Row) (*Batch, error) {
 }
 
 // InsertBatch stores a batch and its items in one transaction: each item's
-// work goes through the ingress fence (insertWork, announced as new work
-// is) and is named in the manifest. A batch whose id exists already is
-// returned with created=false when its items digest matches, and refused
-// with ErrBatchConflict when it does not; its entries' Got are then unset.
+// work goes through the ingress fence (a key accepted already gives the
+// existing work; dropped work is queued again), a new revision supersedes
+// the same source's unfinished ones, new work is announced as submitted
+// work is, and the manifest names each item. The statements are set-based:
+// a batch costs a handful of them, whatever its size. A batch whose id
+// exists already is returned with created=false when its items digest
+// matches, and refused with ErrBatchConflict when it does not; its
+// entries' Got are then unset. Every entry's work is of the batch's tenant
+// and contract.
 func (s *Store) InsertBatch(ctx context.Context, b *Batch, entries []*BatchEntry, announce func(*Work) ([]OutboxMsg, error)) (got *Batch, created bool, err error) {
-	// Work rows are locked in one order, so two batches naming the same
+	// Rows are written in work id order, so two batches naming the same
 	// work cannot deadlock each other.
 	order := make([]*BatchEntry, len(entries))
 	copy(order, entries)
@@ -84,18 +89,7 @@ func (s *Store) InsertBatch(ctx context.Context, b *Batch, entries []*BatchEntry
 			return err
 		}
 		created = true
-		for _, e := range order {
-			w, isNew, err := insertWork(ctx, tx, e.Work, announce)
-			if err != nil {
-				return err
-			}
-			e.Got, e.Created = w, isNew
-			if _, err := tx.Exec(ctx, `INSERT INTO batch_items (batch_id, item_id, tenant_id, work_id) VALUES ($1, $2, $3, $4)`,
-				got.ID, e.ItemID, got.TenantID, w.ID); err != nil {
-				return err
-			}
-		}
-		return nil
+		return insertBatchWork(ctx, tx, got, order, announce)
 	})
 	if errors.Is(err, ErrBatchConflict) {
 		return nil, false, err
@@ -104,6 +98,167 @@ func (s *Store) InsertBatch(ctx context.Context, b *Batch, entries []*BatchEntry
 		return nil, false, fmt.Errorf("store: insert batch: %w", err)
 	}
 	return got, created, nil
+}
+
+// insertBatchWork is the ingress fence for a batch's items, in id order.
+func insertBatchWork(ctx context.Context, tx pgx.Tx, b *Batch, order []*BatchEntry, announce func(*Work) ([]OutboxMsg, error)) error {
+	n := len(order)
+	var (
+		ids, tenants, regions, contracts, schemas, taxonomies = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		sources, revisions, lanes, inputs, digests, traces    = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		deadlines                                             = make([]time.Time, n)
+		items                                                 = make([]string, n)
+	)
+	byID := make(map[string]*BatchEntry, n)
+	for i, e := range order {
+		w := e.Work
+		if w.TenantID != b.TenantID || w.Contract != b.Contract {
+			return fmt.Errorf("item %s: work of tenant %s and contract %s in a batch of %s and %s", e.ItemID, w.TenantID, w.Contract, b.TenantID, b.Contract)
+		}
+		ids[i], tenants[i], regions[i], contracts[i], schemas[i], taxonomies[i] = w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion
+		sources[i], revisions[i], lanes[i], inputs[i], digests[i], traces[i] = w.SourceID, w.Revision, w.Lane, w.Input, w.Digest, w.Traceparent
+		deadlines[i], items[i] = w.DeadlineAt, e.ItemID
+		byID[w.ID] = e
+	}
+	rows, err := tx.Query(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version, taxonomy_version,
+			source_id, revision, lane, input, content_digest, deadline_at, traceparent)
+		SELECT id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane, input,
+			content_digest, deadline_at, NULLIF(traceparent, '')
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+			$9::text[], $10::text[], $11::text[], $12::timestamptz[], $13::text[])
+			AS x(id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane, input,
+				content_digest, deadline_at, traceparent)
+		ORDER BY id
+		ON CONFLICT DO NOTHING
+		RETURNING `+workColumns,
+		ids, tenants, regions, contracts, schemas, taxonomies, sources, revisions, lanes, inputs, digests, deadlines, traces)
+	if err != nil {
+		return err
+	}
+	fresh, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Work, error) { return scanWork(r) })
+	if err != nil {
+		return err
+	}
+	var newIDs, newSources, newRevisions []string
+	for _, w := range fresh {
+		e := byID[w.ID]
+		e.Got, e.Created = w, true
+		newIDs, newSources, newRevisions = append(newIDs, w.ID), append(newSources, w.SourceID), append(newRevisions, w.Revision)
+	}
+	// Keys accepted already: the existing work; dropped work is queued
+	// again, as asking again after a drop does.
+	if len(fresh) < n {
+		rows, err := tx.Query(ctx, `SELECT `+workColumns+` FROM work WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids)
+		if err != nil {
+			return err
+		}
+		all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Work, error) { return scanWork(r) })
+		if err != nil {
+			return err
+		}
+		for _, w := range all {
+			e := byID[w.ID]
+			if e.Got != nil {
+				continue
+			}
+			e.Got = w
+			if w.State == outcome.Dropped {
+				if e.Got, err = readmit(ctx, tx, w.ID, e.Work.DeadlineAt); err != nil {
+					return err
+				}
+				e.Created = true
+			}
+		}
+		for _, e := range order {
+			if e.Got == nil {
+				return fmt.Errorf("item %s: work %s neither inserted nor found", e.ItemID, e.Work.ID)
+			}
+		}
+	}
+	// New revisions supersede the same sources' unfinished older ones; a
+	// running attempt loses its lease, and its model call is canceled.
+	if len(newIDs) > 0 {
+		rows, err := tx.Query(ctx, `WITH new AS (SELECT * FROM unnest($3::text[], $4::text[], $5::text[]) AS n(id, source_id, revision)),
+			old AS (SELECT w.id, w.state, n.id AS by, n.revision FROM work w JOIN new n
+					ON w.tenant_id = $1 AND w.contract = $2 AND w.source_id = n.source_id AND w.id <> n.id
+				WHERE w.state IN ('queued', 'running') ORDER BY w.id FOR UPDATE OF w)
+			UPDATE work w SET state = $6, lease_token = NULL, lease_expires_at = NULL,
+				reason = 'superseded by revision ' || old.revision, updated_at = now()
+			FROM old WHERE w.id = old.id
+			RETURNING w.id, old.state, old.by`, b.TenantID, b.Contract, newIDs, newSources, newRevisions, outcome.Superseded)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var id, was, by string
+			if err := rows.Scan(&id, &was, &by); err != nil {
+				rows.Close()
+				return err
+			}
+			w := byID[by].Got
+			w.Superseded = append(w.Superseded, id)
+			if was == outcome.Running {
+				w.SupersededRunning = append(w.SupersededRunning, id)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+	}
+	var msgs []OutboxMsg
+	for _, e := range order {
+		if !e.Created || e.Got.State != outcome.Queued {
+			continue
+		}
+		m, err := announce(e.Got)
+		if err != nil {
+			return err
+		}
+		msgs = append(msgs, m...)
+	}
+	if err := insertOutboxRows(ctx, tx, msgs); err != nil {
+		return err
+	}
+	workIDs := make([]string, n)
+	for i, e := range order {
+		workIDs[i] = e.Got.ID
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO batch_items (batch_id, item_id, tenant_id, work_id)
+		SELECT $1, item_id, $2, work_id FROM unnest($3::text[], $4::text[]) AS x(item_id, work_id)`,
+		b.ID, b.TenantID, items, workIDs)
+	return err
+}
+
+// insertOutboxRows writes outbox rows in one statement, in order.
+func insertOutboxRows(ctx context.Context, tx pgx.Tx, msgs []OutboxMsg) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	streams, subjects, msgIDs := make([]string, len(msgs)), make([]string, len(msgs)), make([]string, len(msgs))
+	payloads, headers := make([][]byte, len(msgs)), make([]string, len(msgs))
+	for i, m := range msgs {
+		if m.Stream == "" {
+			return fmt.Errorf("store: outbox row for %s names no stream", m.Subject)
+		}
+		h := m.Headers
+		if h == nil {
+			h = map[string]string{}
+		}
+		raw, err := json.Marshal(h)
+		if err != nil {
+			return err
+		}
+		streams[i], subjects[i], msgIDs[i], payloads[i], headers[i] = m.Stream, m.Subject, m.MsgID, m.Payload, string(raw)
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO outbox (stream, subject, msg_id, payload, headers)
+		SELECT stream, subject, msg_id, payload, headers::jsonb
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]) WITH ORDINALITY
+			AS x(stream, subject, msg_id, payload, headers, n)
+		ORDER BY n`, streams, subjects, msgIDs, payloads, headers)
+	if err != nil {
+		return fmt.Errorf("store: outbox: %w", err)
+	}
+	return nil
 }
 
 // GetBatch reads a tenant's batch; another tenant's is ErrNotFound.

@@ -217,6 +217,9 @@ func TestBatchInsertAndCancel(t *testing.T) {
 	b := &store.Batch{ID: "b_test", TenantID: "acme", Contract: "pr-review", ItemsDigest: "d1", DeadlineAt: time.Now().Add(time.Hour)}
 	// One item's work exists already: the ingress fence gives it back.
 	existing := insert(t, ctx, s, newWork("acme", "x", "r1"))
+	// An older revision of y, still queued, is superseded by the batch's.
+	older := insert(t, ctx, s, newWork("acme", "y", "r0"))
+	outboxBefore := count(t, ctx, s, `SELECT count(*) FROM outbox`)
 	es := entries("x", "y", "z")
 	got, created, err := s.InsertBatch(ctx, b, es, announce)
 	if err != nil || !created || got.ItemCount != 3 {
@@ -224,6 +227,27 @@ func TestBatchInsertAndCancel(t *testing.T) {
 	}
 	if es[0].Got.ID != existing.ID || es[0].Created || !es[1].Created || !es[2].Created {
 		t.Fatalf("entries: %+v %+v %+v", es[0], es[1], es[2])
+	}
+	if w, err := s.GetWork(ctx, older.ID); err != nil || w.State != outcome.Superseded || w.Reason != "superseded by revision r1" {
+		t.Fatalf("older revision: %+v, %v", w, err)
+	}
+	if !slices.Equal(es[1].Got.Superseded, []string{older.ID}) {
+		t.Fatalf("y superseded %v", es[1].Got.Superseded)
+	}
+	// The two new items are announced, the existing one is not again.
+	if n := count(t, ctx, s, `SELECT count(*) FROM outbox`) - outboxBefore; n != 2 {
+		t.Fatalf("%d outbox rows for two new items", n)
+	}
+	// Dropped work named by a batch is queued again.
+	dropped := newWork("acme", "d", "r1")
+	dropped.DropReason = "over the rate"
+	if _, _, err := s.InsertWork(ctx, dropped, announce); err != nil {
+		t.Fatal(err)
+	}
+	de := entries("d")
+	if _, _, err := s.InsertBatch(ctx, &store.Batch{ID: "b_drop", TenantID: "acme", Contract: "pr-review", ItemsDigest: "dd",
+		DeadlineAt: time.Now().Add(time.Hour)}, de, announce); err != nil || !de[0].Created || de[0].Got.State != outcome.Queued {
+		t.Fatalf("dropped item: %+v, %v", de[0], err)
 	}
 	if _, created, err := s.InsertBatch(ctx, b, entries("x", "y", "z"), announce); err != nil || created {
 		t.Fatalf("same batch again: created=%v %v", created, err)
