@@ -77,6 +77,15 @@ type Config struct {
 	// token, a suspension or a move takes effect within it. Default 2s;
 	// negative looks every token up on every request.
 	TokenCache time.Duration
+	// EventsEvery is how often a work or batch event stream reads its
+	// rows again. Default 1s.
+	EventsEvery time.Duration
+	// EventsHeartbeat is how long an event stream stays quiet before it
+	// sends a heartbeat comment. Default 15s.
+	EventsHeartbeat time.Duration
+	// EventStreams bounds the work and batch event streams one tenant
+	// holds open at once on one instance. Default 16.
+	EventStreams int
 
 	// GitHubSecret is the cell's webhook secret: its GitHub App's, held by
 	// the operator alone. Empty, only deliveries signed with a tenant's own
@@ -139,6 +148,15 @@ func (c *Config) defaults() error {
 	}
 	if c.TokenCache == 0 {
 		c.TokenCache = 2 * time.Second
+	}
+	if c.EventsEvery == 0 {
+		c.EventsEvery = time.Second
+	}
+	if c.EventsHeartbeat == 0 {
+		c.EventsHeartbeat = 15 * time.Second
+	}
+	if c.EventStreams == 0 {
+		c.EventStreams = 16
 	}
 	if c.DataRetention == 0 {
 		c.DataRetention = 30 * 24 * time.Hour
@@ -236,6 +254,9 @@ type Service struct {
 	endToEnd  metric.Float64Histogram
 	buckets   *admission.Buckets
 	tokens    *auth.Cache
+
+	// eventStreams counts the work and batch event streams per tenant.
+	eventStreams openStreams
 }
 
 // New checks the config and builds the service.
@@ -472,6 +493,16 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/work", s.submit)
 	mux.HandleFunc("GET /v1/work/{id}", s.get)
 	mux.HandleFunc("GET /v1/work", s.list)
+	mux.HandleFunc("GET /v1/work/{id}/events", s.workEventStream)
+	mux.HandleFunc("POST /v1/batches", s.submitBatch)
+	mux.HandleFunc("GET /v1/batches/{id}", s.getBatch)
+	mux.HandleFunc("GET /v1/batches/{id}/results", s.batchResults)
+	mux.HandleFunc("GET /v1/batches/{id}/events", s.batchEventStream)
+	mux.HandleFunc("POST /v1/batches/{id}/cancel", s.cancelBatch)
+	mux.HandleFunc("DELETE /v1/batches/{id}", s.cancelBatch)
+	mux.HandleFunc("GET /v1/reviews", s.listReviews)
+	mux.HandleFunc("POST /v1/reviews/{id}/resolve", s.resolveReview)
+	mux.HandleFunc("GET /v1/views", s.views)
 	mux.HandleFunc("POST /v1/webhooks/github", s.githubWebhook)
 	// The ledger's rows are in the cell's database: the usage report is
 	// read here too, so a cell has one base URL.

@@ -1,0 +1,327 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"slices"
+	"testing"
+	"time"
+
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+)
+
+// checkWords lists the words a table's CHECK constraint allows.
+func checkWords(t *testing.T, ctx context.Context, s *store.Store, table, constraint string) []string {
+	t.Helper()
+	var def string
+	if err := store.Pool(s).QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint
+		WHERE conrelid = $1::regclass AND conname = $2`, table, constraint).Scan(&def); err != nil {
+		t.Fatalf("%s.%s: %v", table, constraint, err)
+	}
+	var words []string
+	for _, m := range regexp.MustCompile(`'([a-z_]+)'::text`).FindAllStringSubmatch(def, -1) {
+		words = append(words, m[1])
+	}
+	return slices.Sorted(slices.Values(words))
+}
+
+// The review queue's words are the database's, and the outcome a canceled
+// batch item ends with is a work state the database allows.
+func TestReviewVocabularyMatchesTheDatabase(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	for _, c := range []struct {
+		constraint string
+		want       []string
+	}{
+		{"reviews_reason_check", store.ReviewReasons},
+		{"reviews_state_check", store.ReviewStates},
+		{"reviews_verdict_check", store.Verdicts},
+	} {
+		if got := checkWords(t, ctx, s, "reviews", c.constraint); !slices.Equal(got, slices.Sorted(slices.Values(c.want))) {
+			t.Errorf("%s allows %v; package store names %v", c.constraint, got, c.want)
+		}
+	}
+	// A review reason that names a work outcome is that outcome's word.
+	for _, r := range []string{store.ReviewSchemaRejected, store.ReviewRetryExhausted} {
+		if !outcome.IsTerminal(r) {
+			t.Errorf("review reason %s is not a work outcome", r)
+		}
+	}
+	if !slices.Contains(checkWords(t, ctx, s, "work", "work_state_check"), outcome.Canceled) {
+		t.Errorf("work_state_check does not allow %s", outcome.Canceled)
+	}
+}
+
+func reviews(t *testing.T, ctx context.Context, s *store.Store, workID string) int {
+	t.Helper()
+	return count(t, ctx, s, `SELECT count(*) FROM reviews WHERE work_id = $1`, workID)
+}
+
+// Work that ends needing a person gets one review item, whatever ends it
+// and however often; other work gets none.
+func TestReviewQueueEntries(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	end := func(w *store.Work, state string) {
+		t.Helper()
+		token := newUUID()
+		claim(t, ctx, s, w.ID, newUUID(), token, time.Minute)
+		if ok, err := store.FinishLeased(ctx, s, w.ID, token, state, "the test ends it"); err != nil || !ok {
+			t.Fatalf("finish %s %s: %v %v", w.ID, state, ok, err)
+		}
+	}
+	interactive := func(source string) *store.Work {
+		w := newWork("acme", source, "r1")
+		w.Lane = "interactive"
+		return insert(t, ctx, s, w)
+	}
+
+	rejected := insert(t, ctx, s, newWork("acme", "rejected", "r1"))
+	end(rejected, outcome.SchemaRejected)
+	exhausted := interactive("exhausted")
+	end(exhausted, outcome.RetryExhausted)
+	batchExhausted := insert(t, ctx, s, newWork("acme", "batch-exhausted", "r1"))
+	end(batchExhausted, outcome.RetryExhausted)
+	unleased := interactive("unleased")
+	if ok, err := s.FinishUnleased(ctx, unleased.ID, outcome.RetryExhausted, "deadline"); err != nil || !ok {
+		t.Fatalf("finish unleased: %v %v", ok, err)
+	}
+	expired := interactive("expired")
+	end(expired, outcome.Expired)
+
+	for _, c := range []struct {
+		w      *store.Work
+		want   int
+		reason string
+	}{
+		{rejected, 1, store.ReviewSchemaRejected},
+		{exhausted, 1, store.ReviewRetryExhausted},
+		{unleased, 1, store.ReviewRetryExhausted},
+		{batchExhausted, 0, ""},
+		{expired, 0, ""},
+	} {
+		if n := reviews(t, ctx, s, c.w.ID); n != c.want {
+			t.Errorf("%s: %d review items, want %d", c.w.SourceID, n, c.want)
+			continue
+		}
+		if c.want == 1 {
+			v, err := s.ReviewOfWork(ctx, c.w.ID)
+			if err != nil || v.Reason != c.reason || v.State != store.ReviewOpen || v.TenantID != "acme" || v.Lane != c.w.Lane {
+				t.Errorf("%s: review %+v, %v; want an open %s item", c.w.SourceID, v, err, c.reason)
+			}
+		}
+	}
+
+	// A re-run (an operator's redrive puts the work back in the queue) that
+	// ends the same way again adds no second item.
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE work SET state = 'queued', reason = NULL, dispatch = dispatch + 1
+		WHERE id = $1`, rejected.ID); err != nil {
+		t.Fatal(err)
+	}
+	end(rejected, outcome.SchemaRejected)
+	if n := reviews(t, ctx, s, rejected.ID); n != 1 {
+		t.Fatalf("after a re-run: %d review items, want 1", n)
+	}
+
+	// An accepted moderation answer that asks for a person, committed
+	// twice (a redelivered verdict): one item. One that does not ask: none.
+	commit := func(w *store.Work, output string) {
+		t.Helper()
+		token, attempt := newUUID(), newUUID()
+		claim(t, ctx, s, w.ID, attempt, token, time.Minute)
+		if v, err := s.Commit(ctx, w, attempt, token, []byte(output), 0, nil); err != nil || v != store.Committed {
+			t.Fatalf("commit: %v %v", v, err)
+		}
+		if v, err := s.Commit(ctx, w, attempt, token, []byte(output), 0, nil); err != nil || v != store.Lost {
+			t.Fatalf("second commit: %v %v", v, err)
+		}
+	}
+	human := insert(t, ctx, s, newWork("acme", "human", "r1"))
+	commit(human, `{"category":"self_harm","confidence":0.9,"needsHumanReview":true}`)
+	fine := insert(t, ctx, s, newWork("acme", "fine", "r1"))
+	commit(fine, `{"category":"other","confidence":0.9,"needsHumanReview":false}`)
+	if n := reviews(t, ctx, s, human.ID); n != 1 {
+		t.Errorf("needsHumanReview: %d review items, want 1", n)
+	}
+	if v, err := s.ReviewOfWork(ctx, human.ID); err != nil || v.Reason != store.ReviewNeedsHuman || v.WorkState != outcome.Accepted {
+		t.Errorf("needsHumanReview: %+v, %v", v, err)
+	}
+	if n := reviews(t, ctx, s, fine.ID); n != 0 {
+		t.Errorf("no review asked: %d review items, want 0", n)
+	}
+	// The unique key itself refuses a second item, however it is written.
+	_, err := store.Pool(s).Exec(ctx, `INSERT INTO reviews (work_id, tenant_id, contract, lane, reason)
+		VALUES ($1, 'acme', 'pr-review', 'batch', 'schema_rejected')`, human.ID)
+	if sqlState(err) != "23505" {
+		t.Fatalf("a second item for one work: %v, want a unique violation", err)
+	}
+}
+
+func TestResolveReview(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	for _, src := range []string{"a", "b", "c"} {
+		w := insert(t, ctx, s, newWork("acme", src, "r1"))
+		token := newUUID()
+		claim(t, ctx, s, w.ID, newUUID(), token, time.Minute)
+		if _, err := store.FinishLeased(ctx, s, w.ID, token, outcome.SchemaRejected, "schema"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page, err := s.ListReviews(ctx, store.ReviewFilter{Tenant: "acme", Limit: 2})
+	if err != nil || len(page) != 2 {
+		t.Fatalf("first page: %d items, %v", len(page), err)
+	}
+	at, id, err := store.ParseReviewCursor(store.ReviewCursor(page[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, err := s.ListReviews(ctx, store.ReviewFilter{Tenant: "acme", Limit: 2, AfterCreated: at, AfterID: id})
+	if err != nil || len(rest) != 1 || rest[0].ID == page[0].ID || rest[0].ID == page[1].ID {
+		t.Fatalf("second page: %+v, %v", rest, err)
+	}
+	if other, err := s.ListReviews(ctx, store.ReviewFilter{Tenant: "other", Limit: 10}); err != nil || len(other) != 0 {
+		t.Fatalf("another tenant lists %d items, %v", len(other), err)
+	}
+	target := page[0].ID
+	if _, err := s.ResolveReview(ctx, "other", target, store.Resolution{By: "mallory", Verdict: store.VerdictApproved}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("another tenant resolves: %v, want ErrNotFound", err)
+	}
+	v, err := s.ResolveReview(ctx, "acme", target, store.Resolution{By: "ana", Verdict: store.VerdictRejected, Note: "wrong file"})
+	if err != nil || v.State != store.ReviewResolved || v.ResolvedBy != "ana" || v.Verdict != store.VerdictRejected || v.Note != "wrong file" || v.ResolvedAt.IsZero() {
+		t.Fatalf("resolve: %+v, %v", v, err)
+	}
+	again, err := s.ResolveReview(ctx, "acme", target, store.Resolution{By: "bo", Verdict: store.VerdictApproved})
+	if !errors.Is(err, store.ErrResolved) || again.ResolvedBy != "ana" || again.Verdict != store.VerdictRejected {
+		t.Fatalf("resolve twice: %+v, %v; want ErrResolved with the first resolution", again, err)
+	}
+	open, err := s.ListReviews(ctx, store.ReviewFilter{Tenant: "acme", State: store.ReviewOpen, Limit: 10})
+	if err != nil || len(open) != 2 {
+		t.Fatalf("open items: %d, %v", len(open), err)
+	}
+}
+
+func TestBatchInsertAndCancel(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	entries := func(sources ...string) []*store.BatchEntry {
+		var out []*store.BatchEntry
+		for _, src := range sources {
+			out = append(out, &store.BatchEntry{ItemID: "item-" + src, Work: newWork("acme", src, "r1")})
+		}
+		return out
+	}
+	b := &store.Batch{ID: "b_test", TenantID: "acme", Contract: "pr-review", ItemsDigest: "d1", DeadlineAt: time.Now().Add(time.Hour)}
+	// One item's work exists already: the ingress fence gives it back.
+	existing := insert(t, ctx, s, newWork("acme", "x", "r1"))
+	// An older revision of y, still queued, is superseded by the batch's.
+	older := insert(t, ctx, s, newWork("acme", "y", "r0"))
+	outboxBefore := count(t, ctx, s, `SELECT count(*) FROM outbox`)
+	es := entries("x", "y", "z")
+	got, created, err := s.InsertBatch(ctx, b, es, announce)
+	if err != nil || !created || got.ItemCount != 3 {
+		t.Fatalf("insert batch: %+v %v %v", got, created, err)
+	}
+	if es[0].Got.ID != existing.ID || es[0].Created || !es[1].Created || !es[2].Created {
+		t.Fatalf("entries: %+v %+v %+v", es[0], es[1], es[2])
+	}
+	if w, err := s.GetWork(ctx, older.ID); err != nil || w.State != outcome.Superseded || w.Reason != "superseded by revision r1" {
+		t.Fatalf("older revision: %+v, %v", w, err)
+	}
+	if !slices.Equal(es[1].Got.Superseded, []string{older.ID}) {
+		t.Fatalf("y superseded %v", es[1].Got.Superseded)
+	}
+	// The two new items are announced, the existing one is not again.
+	if n := count(t, ctx, s, `SELECT count(*) FROM outbox`) - outboxBefore; n != 2 {
+		t.Fatalf("%d outbox rows for two new items", n)
+	}
+	// Dropped work named by a batch is queued again.
+	dropped := newWork("acme", "d", "r1")
+	dropped.DropReason = "over the rate"
+	if _, _, err := s.InsertWork(ctx, dropped, announce); err != nil {
+		t.Fatal(err)
+	}
+	de := entries("d")
+	if _, _, err := s.InsertBatch(ctx, &store.Batch{ID: "b_drop", TenantID: "acme", Contract: "pr-review", ItemsDigest: "dd",
+		DeadlineAt: time.Now().Add(time.Hour)}, de, announce); err != nil || !de[0].Created || de[0].Got.State != outcome.Queued {
+		t.Fatalf("dropped item: %+v, %v", de[0], err)
+	}
+	if _, created, err := s.InsertBatch(ctx, b, entries("x", "y", "z"), announce); err != nil || created {
+		t.Fatalf("same batch again: created=%v %v", created, err)
+	}
+	other := *b
+	other.ItemsDigest = "d2"
+	if _, _, err := s.InsertBatch(ctx, &other, entries("x", "q"), announce); !errors.Is(err, store.ErrBatchConflict) {
+		t.Fatalf("batch id with other items: %v, want ErrBatchConflict", err)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM work WHERE source_id = 'q'`); n != 0 {
+		t.Fatalf("a refused batch stored %d work rows", n)
+	}
+	if _, err := s.GetBatch(ctx, "other", b.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("another tenant reads the batch: %v", err)
+	}
+
+	// y runs, z ends accepted; the cancel ends x and y, and stops y's call.
+	tokenY := newUUID()
+	claim(t, ctx, s, es[1].Got.ID, newUUID(), tokenY, time.Minute)
+	tokenZ, attemptZ := newUUID(), newUUID()
+	claim(t, ctx, s, es[2].Got.ID, attemptZ, tokenZ, time.Minute)
+	if v, err := s.Commit(ctx, es[2].Got, attemptZ, tokenZ, []byte(`{}`), 0, nil); err != nil || v != store.Committed {
+		t.Fatalf("commit z: %v %v", v, err)
+	}
+	var stopped []store.CanceledItem
+	cb, ended, err := s.CancelBatch(ctx, "acme", b.ID, func(items []store.CanceledItem) ([]store.OutboxMsg, error) {
+		stopped = items
+		return nil, nil
+	})
+	if err != nil || cb.CanceledAt.IsZero() || len(ended) != 2 {
+		t.Fatalf("cancel: %+v %v %v", cb, ended, err)
+	}
+	running := 0
+	for _, c := range stopped {
+		if c.Running {
+			running++
+			if c.WorkID != es[1].Got.ID {
+				t.Errorf("running item %s, want %s", c.WorkID, es[1].Got.ID)
+			}
+		}
+	}
+	if running != 1 {
+		t.Errorf("%d running items stopped, want 1", running)
+	}
+	o, err := s.BatchOverview(ctx, b.ID, 1)
+	if err != nil || o.Counts[outcome.Canceled] != 2 || o.Counts[outcome.Accepted] != 1 || len(o.Pending) != 0 ||
+		len(o.Failed) != 2 || o.Failed[0].ItemID != "item-x" {
+		t.Fatalf("overview %+v, %v", o, err)
+	}
+	// y's late answer finds its lease gone.
+	if ok, err := store.FinishLeased(ctx, s, es[1].Got.ID, tokenY, outcome.Accepted, ""); err != nil || ok {
+		t.Fatalf("a canceled item's worker finished it: %v %v", ok, err)
+	}
+	if _, ended, err := s.CancelBatch(ctx, "acme", b.ID, nil); err != nil || len(ended) != 0 {
+		t.Fatalf("second cancel: %v %v", ended, err)
+	}
+	if _, _, err := s.CancelBatch(ctx, "other", b.ID, nil); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("another tenant cancels: %v", err)
+	}
+	items, err := s.BatchItems(ctx, store.BatchItemFilter{BatchID: b.ID, NotAccepted: true, Limit: 10})
+	if err != nil || len(items) != 2 || items[0].ItemID != "item-x" || items[1].ItemID != "item-y" || items[0].Reason != "batch b_test was canceled" {
+		t.Fatalf("not accepted items: %+v, %v", items, err)
+	}
+	all, err := s.BatchItems(ctx, store.BatchItemFilter{BatchID: b.ID, WithOutput: true, After: "item-x", Limit: 10})
+	if err != nil || len(all) != 2 || all[1].ItemID != "item-z" || string(all[1].Output) != `{}` || all[0].Output != nil {
+		t.Fatalf("items after item-x: %+v, %v", all, err)
+	}
+
+	// A batch whose items all ended has nothing to cancel.
+	done := &store.Batch{ID: "b_done", TenantID: "acme", Contract: "pr-review", ItemsDigest: "d3", DeadlineAt: time.Now().Add(time.Hour)}
+	if _, _, err := s.InsertBatch(ctx, done, entries("z"), announce); err != nil {
+		t.Fatal(err)
+	}
+	if db, ended, err := s.CancelBatch(ctx, "acme", done.ID, nil); err != nil || len(ended) != 0 || !db.CanceledAt.IsZero() {
+		t.Fatalf("cancel of an ended batch: %+v %v %v", db, ended, err)
+	}
+}

@@ -1,0 +1,549 @@
+package ingress
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/auth"
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/outbox"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+)
+
+// batchStore is what the batch API asks of the cell's database, beside
+// Store; *store.Store is one.
+type batchStore interface {
+	InsertBatch(ctx context.Context, b *store.Batch, entries []*store.BatchEntry, announce func(*store.Work) ([]store.OutboxMsg, error)) (*store.Batch, bool, error)
+	GetBatch(ctx context.Context, tenant, id string) (*store.Batch, error)
+	BatchItems(ctx context.Context, f store.BatchItemFilter) ([]store.BatchItem, error)
+	BatchOverview(ctx context.Context, batchID string, named int) (store.BatchOverview, error)
+	BatchSignal(ctx context.Context, batchID string) (store.BatchSignal, error)
+	CancelBatch(ctx context.Context, tenant, id string, cancel func([]store.CanceledItem) ([]store.OutboxMsg, error)) (*store.Batch, []store.CanceledItem, error)
+}
+
+// Batch limits.
+const (
+	// MaxBatchItems is the most items one batch holds.
+	MaxBatchItems = 5000
+	// maxBatchBody caps a batch request's body: the HTTP host's own cap.
+	maxBatchBody = 4 << 20
+	// batchNamed is the most items GET /v1/batches/{id} names per list;
+	// the results stream names every one.
+	batchNamed = 1000
+)
+
+// BatchRequest is the body of POST /v1/batches.
+type BatchRequest struct {
+	Contract string `json:"contract"`
+	// BatchKey, when set, makes the request idempotent: the same key (for
+	// the same tenant) names the same batch, and asking again with the
+	// same items returns it; with other items it is refused.
+	BatchKey string `json:"batchKey,omitempty"`
+	// DeadlineSeconds is every item's deadline; default the batch lane's.
+	DeadlineSeconds int                `json:"deadlineSeconds,omitempty"`
+	Items           []BatchItemRequest `json:"items"`
+}
+
+// BatchItemRequest is one item of a batch. SourceID defaults to ItemID and
+// Revision to a digest of the input, so the ingress fence makes the same
+// item with the same input the same work, and a changed input a new
+// revision that supersedes the older one.
+type BatchItemRequest struct {
+	ItemID   string          `json:"itemId"`
+	SourceID string          `json:"sourceId,omitempty"`
+	Revision string          `json:"revision,omitempty"`
+	Input    json.RawMessage `json:"input"`
+}
+
+// BatchResponse answers POST /v1/batches.
+type BatchResponse struct {
+	BatchID   string          `json:"batchId"`
+	Contract  string          `json:"contract"`
+	Total     int             `json:"total"`
+	Duplicate bool            `json:"duplicate"`
+	Region    string          `json:"region"`
+	Items     []BatchItemWork `json:"items,omitempty"`
+	Links     BatchLinks      `json:"links"`
+}
+
+// BatchItemWork is the work an item became.
+type BatchItemWork struct {
+	ItemID string `json:"itemId"`
+	WorkID string `json:"workId"`
+	State  string `json:"state"`
+	// Existing says the ingress fence found the item's work accepted
+	// already (by an earlier batch or a submission).
+	Existing bool `json:"existing"`
+}
+
+// BatchLinks point at a batch's resources.
+type BatchLinks struct {
+	Self    string `json:"self"`
+	Results string `json:"results"`
+	Events  string `json:"events"`
+	Cancel  string `json:"cancel"`
+}
+
+func batchLinks(id string) BatchLinks {
+	p := "/v1/batches/" + id
+	return BatchLinks{Self: p, Results: p + "/results", Events: p + "/events", Cancel: p + "/cancel"}
+}
+
+// BatchView answers GET /v1/batches/{id}. Total is the manifest's item
+// count, and Accepted + Failed + Pending + Missing always add up to it: an
+// item that has no result is named in FailedItems or PendingItems, never
+// left out.
+type BatchView struct {
+	BatchID    string         `json:"batchId"`
+	Contract   string         `json:"contract"`
+	Total      int            `json:"total"`
+	Counts     map[string]int `json:"counts"`
+	Accepted   int            `json:"accepted"`
+	Failed     int            `json:"failed"`
+	Pending    int            `json:"pending"`
+	Missing    int            `json:"missing"`
+	Complete   bool           `json:"complete"`
+	Canceled   bool           `json:"canceled"`
+	CanceledAt *time.Time     `json:"canceledAt,omitempty"`
+	DeadlineAt time.Time      `json:"deadlineAt"`
+	CreatedAt  time.Time      `json:"createdAt"`
+	// FailedItems are items that ended without being accepted, with their
+	// outcome and reason; PendingItems those with no outcome yet. Each
+	// lists at most 1000; Truncated says a list was cut (the results
+	// stream has them all).
+	FailedItems  []BatchItemView `json:"failedItems"`
+	PendingItems []BatchItemView `json:"pendingItems"`
+	Truncated    bool            `json:"truncated,omitempty"`
+	// CanceledItems, in the answer to a cancel, is how many items the
+	// cancel ended.
+	CanceledItems *int       `json:"canceledItems,omitempty"`
+	Links         BatchLinks `json:"links"`
+}
+
+// BatchItemView is one item as it stands; in the results stream one line.
+type BatchItemView struct {
+	ItemID  string          `json:"itemId"`
+	WorkID  string          `json:"workId"`
+	State   string          `json:"state"`
+	Outcome *string         `json:"outcome"`
+	Reason  string          `json:"reason,omitempty"`
+	Output  json.RawMessage `json:"output,omitempty"`
+}
+
+func itemView(it store.BatchItem) BatchItemView {
+	v := BatchItemView{ItemID: it.ItemID, WorkID: it.WorkID, State: it.State, Reason: it.Reason, Output: it.Output}
+	if outcome.IsTerminal(it.State) {
+		o := it.State
+		v.Outcome = &o
+	}
+	return v
+}
+
+var (
+	batchKeyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$`)
+	batchIDRE  = regexp.MustCompile(`^b_[0-9a-f]{24}$`)
+)
+
+func (s *Service) batches(w http.ResponseWriter) (batchStore, bool) {
+	bs, ok := s.d.Store.(batchStore)
+	if !ok {
+		apierror.Write(w, http.StatusNotImplemented, "not_implemented", "this cell's store keeps no batches")
+	}
+	return bs, ok
+}
+
+// submitBatch serves POST /v1/batches: every item becomes batch-lane work
+// through the ingress fence, and the manifest names each by its item id,
+// all in one transaction. The batch takes one token of the tenant's batch
+// lane bucket.
+func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
+	ctx, span := s.d.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.batch")
+	defer span.End()
+	t, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	bs, ok := s.batches(w)
+	if !ok {
+		return
+	}
+	req, c, refused := s.decodeBatch(w, r)
+	if refused != nil {
+		refused.Write(w)
+		return
+	}
+	deadline := time.Now().Add(s.cfg.BatchDeadline)
+	if req.DeadlineSeconds > 0 {
+		deadline = time.Now().Add(time.Duration(req.DeadlineSeconds) * time.Second)
+	}
+	b := &store.Batch{ID: batchID(t.ID, req.BatchKey), TenantID: t.ID, Contract: c.Name, ItemsDigest: itemsDigest(req),
+		DeadlineAt: deadline}
+	known := false
+	if req.BatchKey != "" {
+		_, err := bs.GetBatch(ctx, t.ID, b.ID)
+		known = err == nil
+	}
+	if !known {
+		if wait, ok := s.admit(t, event.Batch); !ok {
+			secs := int(math.Ceil(wait.Seconds()))
+			w.Header().Set("Retry-After", strconv.Itoa(secs))
+			apierror.Write(w, http.StatusTooManyRequests, "rate_limited",
+				fmt.Sprintf("%s; retry after %d s (nothing was stored)", overRate(t, event.Batch), secs))
+			return
+		}
+	}
+	entries := make([]*store.BatchEntry, len(req.Items))
+	for i, it := range req.Items {
+		entries[i] = &store.BatchEntry{ItemID: it.ItemID,
+			Work: s.newWork(ctx, t, c, it.SourceID, it.Revision, event.Batch, compact(it.Input), deadline)}
+	}
+	got, created, err := bs.InsertBatch(ctx, b, entries, s.announce(ctx))
+	switch {
+	case errors.Is(err, store.ErrBatchConflict):
+		apierror.Write(w, http.StatusConflict, "batch_key_reused",
+			fmt.Sprintf("batchKey %q names a batch with other items; use a new key for new items", req.BatchKey))
+		return
+	case store.Permanent(err):
+		apierror.Write(w, http.StatusBadRequest, "invalid_input",
+			fmt.Sprintf("the cell cannot store this batch (SQLSTATE %s); nothing was stored", store.SQLState(err)))
+		return
+	case err != nil:
+		s.d.Log.Error("insert batch failed", "key", b.ID, "err", err)
+		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the batch was not stored; try again")
+		return
+	}
+	resp := BatchResponse{BatchID: got.ID, Contract: got.Contract, Total: got.ItemCount, Duplicate: !created,
+		Region: s.cfg.Region, Links: batchLinks(got.ID)}
+	if !created {
+		telemetry.Decision(ctx, s.d.Log, got.ID, "duplicate", "batch key already accepted", slog.String("tenant", t.ID))
+		apierror.JSON(w, http.StatusOK, resp)
+		return
+	}
+	s.relay.Kick()
+	for _, e := range entries {
+		resp.Items = append(resp.Items, BatchItemWork{ItemID: e.ItemID, WorkID: e.Got.ID, State: e.Got.State, Existing: !e.Created})
+		if e.Created {
+			s.logSuperseded(ctx, e.Got)
+			telemetry.Decision(ctx, s.d.Log, e.Got.ID, outcome.Queued, "new ingress key in batch "+got.ID,
+				slog.String("tenant", t.ID), slog.String("item", e.ItemID))
+		}
+	}
+	telemetry.Decision(ctx, s.d.Log, got.ID, "batch_accepted", fmt.Sprintf("%d items", got.ItemCount), slog.String("tenant", t.ID))
+	apierror.JSON(w, http.StatusAccepted, resp)
+}
+
+// batchID is the batch's id: from the tenant and its batch key when there
+// is one, so a retried request names the same batch; otherwise random.
+func batchID(tenant, key string) string {
+	if key == "" {
+		var b [12]byte
+		_, _ = rand.Read(b[:])
+		return "b_" + hex.EncodeToString(b[:])
+	}
+	h := sha256.New()
+	h.Write([]byte(tenant))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	return "b_" + hex.EncodeToString(h.Sum(nil))[:24]
+}
+
+// itemsDigest tells a retry of a request from other items under one key.
+func itemsDigest(req BatchRequest) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%d\x00", req.Contract, req.DeadlineSeconds)
+	for _, it := range req.Items {
+		fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00", it.ItemID, it.SourceID, it.Revision, compact(it.Input))
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// decodeBatch reads a batch strictly and validates every item; the first
+// refusal says which item and why. Nothing of a refused batch is stored.
+func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequest, *contract.Contract, *apierror.Error) {
+	var req BatchRequest
+	bad := func(code, msg string) (BatchRequest, *contract.Contract, *apierror.Error) {
+		return req, nil, apierror.New(http.StatusBadRequest, code, msg)
+	}
+	body, refused := readBody(w, r, maxBatchBody)
+	if refused != nil {
+		return req, nil, refused
+	}
+	if err := contract.CheckText(body); err != nil {
+		return bad("invalid_input", "request body has "+err.Error()+"; send UTF-8 text without NUL")
+	}
+	if err := decodeStrict(body, &req); err != nil {
+		return bad("invalid_json", err.Error())
+	}
+	c, ok := s.d.Contracts.Get(req.Contract)
+	switch {
+	case !ok:
+		return bad("unknown_contract", fmt.Sprintf("contract %q is not known (known: %s)", req.Contract, strings.Join(s.d.Contracts.Names(), ", ")))
+	case req.BatchKey != "" && !batchKeyRE.MatchString(req.BatchKey):
+		return bad("invalid_batch_key", "batchKey must be 1-100 characters of letters, digits and ._:-")
+	case req.DeadlineSeconds < 0 || req.DeadlineSeconds > 7*24*3600:
+		return bad("invalid_deadline", "deadlineSeconds must be between 1 and 604800")
+	case len(req.Items) == 0:
+		return bad("no_items", "items is required: at least one item")
+	case len(req.Items) > MaxBatchItems:
+		return bad("too_many_items", fmt.Sprintf("a batch holds at most %d items; this one has %d", MaxBatchItems, len(req.Items)))
+	}
+	items := map[string]int{}
+	sources := map[string]int{}
+	for i := range req.Items {
+		it := &req.Items[i]
+		at := fmt.Sprintf("items[%d]", i)
+		if !sourceRE.MatchString(it.ItemID) {
+			return bad("invalid_item_id", at+": itemId must be 1-200 characters of letters, digits and ._/#:@+-")
+		}
+		at += fmt.Sprintf(" (itemId %s)", it.ItemID)
+		if j, dup := items[it.ItemID]; dup {
+			return bad("duplicate_item_id", fmt.Sprintf("%s: itemId is items[%d]'s too; every itemId is unique in its batch", at, j))
+		}
+		items[it.ItemID] = i
+		if len(it.Input) == 0 {
+			return bad("invalid_input", at+": input is required")
+		}
+		if err := c.ValidateInput(it.Input); err != nil {
+			return bad("invalid_input", at+": "+err.Error())
+		}
+		if it.SourceID == "" {
+			it.SourceID = it.ItemID
+		}
+		if it.Revision == "" {
+			it.Revision = "in-" + strings.TrimPrefix(Digest(compact(it.Input)), "sha256:")[:16]
+		}
+		switch {
+		case !sourceRE.MatchString(it.SourceID):
+			return bad("invalid_source_id", at+": sourceId must be 1-200 characters of letters, digits and ._/#:@+-")
+		case !revisionRE.MatchString(it.Revision):
+			return bad("invalid_revision", at+": revision must be 1-100 characters of letters, digits and ._-")
+		}
+		// Two items of one source would be one work item, or one would
+		// supersede the other: neither is what a manifest means.
+		if j, dup := sources[it.SourceID]; dup {
+			return bad("duplicate_source", fmt.Sprintf("%s: sourceId %s is items[%d]'s too", at, it.SourceID, j))
+		}
+		sources[it.SourceID] = i
+	}
+	return req, c, nil
+}
+
+// decodeStrict decodes one JSON object, known fields only, nothing after.
+func decodeStrict(body []byte, v any) error {
+	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) == 0 || b[0] != '{' {
+		return errors.New("request body: must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("request body: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("request body: unexpected data after the JSON object")
+	}
+	return nil
+}
+
+// tenantBatch authenticates the caller and reads its batch named in the
+// path, or writes the refusal. Another tenant's batch is no batch.
+func (s *Service) tenantBatch(w http.ResponseWriter, r *http.Request) (store.Tenant, batchStore, *store.Batch, bool) {
+	t, ok := s.authenticate(w, r)
+	if !ok {
+		return t, nil, nil, false
+	}
+	bs, ok := s.batches(w)
+	if !ok {
+		return t, nil, nil, false
+	}
+	id := r.PathValue("id")
+	if !batchIDRE.MatchString(id) {
+		apierror.Write(w, http.StatusNotFound, "not_found", "no batch with that id for this tenant")
+		return t, nil, nil, false
+	}
+	b, err := bs.GetBatch(r.Context(), t.ID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		apierror.Write(w, http.StatusNotFound, "not_found", "no batch with that id for this tenant")
+		return t, nil, nil, false
+	}
+	if err != nil {
+		s.d.Log.Error("read batch failed", "key", id, "err", err)
+		auth.Unavailable().Write(w)
+		return t, nil, nil, false
+	}
+	return t, bs, b, true
+}
+
+func (s *Service) getBatch(w http.ResponseWriter, r *http.Request) {
+	_, bs, b, ok := s.tenantBatch(w, r)
+	if !ok {
+		return
+	}
+	v, err := batchView(r.Context(), bs, b)
+	if err != nil {
+		s.d.Log.Error("read batch failed", "key", b.ID, "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	apierror.JSON(w, http.StatusOK, v)
+}
+
+// batchView counts a batch's items per state and names those without a
+// result, from one snapshot.
+func batchView(ctx context.Context, bs batchStore, b *store.Batch) (*BatchView, error) {
+	o, err := bs.BatchOverview(ctx, b.ID, batchNamed)
+	if err != nil {
+		return nil, err
+	}
+	v := &BatchView{BatchID: b.ID, Contract: b.Contract, Total: b.ItemCount, Counts: map[string]int{},
+		DeadlineAt: b.DeadlineAt, CreatedAt: b.CreatedAt, FailedItems: []BatchItemView{}, PendingItems: []BatchItemView{},
+		Links: batchLinks(b.ID)}
+	for _, st := range outcome.WorkStates {
+		v.Counts[st] = o.Counts[st]
+	}
+	named := 0
+	for st, n := range o.Counts {
+		named += n
+		switch {
+		case st == outcome.Accepted:
+			v.Accepted += n
+		case outcome.IsTerminal(st):
+			v.Failed += n
+		case st == outcome.Queued || st == outcome.Running:
+			v.Pending += n
+		default:
+			v.Missing += n
+		}
+	}
+	// Items the manifest counts but whose rows are not there.
+	v.Missing += max(0, b.ItemCount-named)
+	v.Complete = v.Pending == 0 && v.Missing == 0
+	if !b.CanceledAt.IsZero() {
+		at := b.CanceledAt.UTC()
+		v.Canceled, v.CanceledAt = true, &at
+	}
+	for _, l := range []struct {
+		from []store.BatchItem
+		to   *[]BatchItemView
+	}{{o.Failed, &v.FailedItems}, {o.Pending, &v.PendingItems}} {
+		if len(l.from) > batchNamed {
+			l.from, v.Truncated = l.from[:batchNamed], true
+		}
+		for _, it := range l.from {
+			*l.to = append(*l.to, itemView(it))
+		}
+	}
+	return v, nil
+}
+
+// batchResults serves GET /v1/batches/{id}/results: one JSON line per
+// item, in item id order (bytewise), with the accepted output or the
+// outcome and reason; items with no outcome yet say their state. It is
+// read and written a page at a time.
+func (s *Service) batchResults(w http.ResponseWriter, r *http.Request) {
+	_, bs, b, ok := s.tenantBatch(w, r)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	rc := http.NewResponseController(w)
+	const page = 500
+	after := ""
+	wrote := false
+	for {
+		items, err := bs.BatchItems(ctx, store.BatchItemFilter{BatchID: b.ID, After: after, WithOutput: true, Limit: page})
+		if err != nil {
+			if !wrote {
+				s.d.Log.Error("read batch results failed", "key", b.ID, "err", err)
+				auth.Unavailable().Write(w)
+			}
+			// Once lines were written the status is sent: the cut-off
+			// stream is the error (its line count is short of total).
+			return
+		}
+		if !wrote {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.Header().Set("Cache-Control", "no-store")
+			w.Header().Set("X-Batch-Total", strconv.Itoa(b.ItemCount))
+			w.WriteHeader(http.StatusOK)
+			wrote = true
+		}
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		for _, it := range items {
+			_ = enc.Encode(itemView(it))
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		if _, err := w.Write(buf.Bytes()); err != nil {
+			return
+		}
+		_ = rc.Flush()
+		if len(items) < page {
+			return
+		}
+		after = items[len(items)-1].ItemID
+	}
+}
+
+// cancelBatch serves POST /v1/batches/{id}/cancel (and DELETE
+// /v1/batches/{id}): the batch's items that have no outcome yet end
+// canceled, and running model calls are told to stop. Canceling again is
+// harmless and answers the batch as it stands.
+func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) {
+	t, bs, b, ok := s.tenantBatch(w, r)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	reason := "batch " + b.ID + " was canceled"
+	got, ended, err := bs.CancelBatch(ctx, t.ID, b.ID, func(items []store.CanceledItem) ([]store.OutboxMsg, error) {
+		var msgs []store.OutboxMsg
+		for _, it := range items {
+			if !it.Running {
+				continue
+			}
+			m, err := outbox.Msg(ctx, event.KindWork, s.cfg.Names.Cancel(t.ID), "cancel."+it.WorkID+"."+b.ID,
+				event.Cancel{WorkID: it.WorkID, TenantID: t.ID, Region: s.cfg.Region, Reason: reason})
+			if err != nil {
+				return nil, err
+			}
+			msgs = append(msgs, m)
+		}
+		return msgs, nil
+	})
+	if err != nil {
+		s.d.Log.Error("cancel batch failed", "key", b.ID, "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	s.relay.Kick()
+	for _, it := range ended {
+		telemetry.Decision(ctx, s.d.Log, it.WorkID, outcome.Canceled, reason, slog.String("tenant", t.ID))
+	}
+	v, err := batchView(ctx, bs, got)
+	if err != nil {
+		s.d.Log.Error("read batch failed", "key", b.ID, "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	n := len(ended)
+	v.CanceledItems = &n
+	apierror.JSON(w, http.StatusOK, v)
+}

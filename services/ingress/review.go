@@ -1,0 +1,247 @@
+package ingress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/auth"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+)
+
+// reviewStore is what the review API asks of the cell's database, beside
+// Store; *store.Store is one.
+type reviewStore interface {
+	ListReviews(ctx context.Context, f store.ReviewFilter) ([]*store.Review, error)
+	ResolveReview(ctx context.Context, tenant string, id int64, res store.Resolution) (*store.Review, error)
+}
+
+// ReviewView is one item of the human review queue.
+type ReviewView struct {
+	ReviewID   string     `json:"reviewId"`
+	WorkID     string     `json:"workId"`
+	Contract   string     `json:"contract"`
+	Lane       string     `json:"lane"`
+	Reason     string     `json:"reason"`
+	State      string     `json:"state"`
+	WorkState  string     `json:"workState"`
+	WorkReason string     `json:"workReason,omitempty"`
+	Verdict    string     `json:"verdict,omitempty"`
+	ResolvedBy string     `json:"resolvedBy,omitempty"`
+	Note       string     `json:"note,omitempty"`
+	ResolvedAt *time.Time `json:"resolvedAt,omitempty"`
+	CreatedAt  time.Time  `json:"createdAt"`
+	Links      Links      `json:"links"`
+}
+
+// ReviewList answers GET /v1/reviews; Next, when set, is the cursor of the
+// next page.
+type ReviewList struct {
+	Items []ReviewView `json:"items"`
+	Next  string       `json:"next,omitempty"`
+}
+
+// ResolveRequest is the body of POST /v1/reviews/{id}/resolve.
+type ResolveRequest struct {
+	By      string `json:"by"`
+	Verdict string `json:"verdict"`
+	Note    string `json:"note,omitempty"`
+}
+
+func reviewID(n int64) string { return "rv_" + strconv.FormatInt(n, 10) }
+
+func parseReviewID(s string) (int64, bool) {
+	n, err := strconv.ParseInt(strings.TrimPrefix(s, "rv_"), 10, 64)
+	return n, err == nil && n > 0 && strings.HasPrefix(s, "rv_")
+}
+
+func reviewView(v *store.Review) ReviewView {
+	rv := ReviewView{ReviewID: reviewID(v.ID), WorkID: v.WorkID, Contract: v.Contract, Lane: v.Lane, Reason: v.Reason,
+		State: v.State, WorkState: v.WorkState, WorkReason: v.WorkReason, Verdict: v.Verdict, ResolvedBy: v.ResolvedBy,
+		Note: v.Note, CreatedAt: v.CreatedAt, Links: Links{Self: "/v1/work/" + v.WorkID}}
+	if !v.ResolvedAt.IsZero() {
+		at := v.ResolvedAt
+		rv.ResolvedAt = &at
+	}
+	return rv
+}
+
+func (s *Service) reviews(w http.ResponseWriter) (reviewStore, bool) {
+	rs, ok := s.d.Store.(reviewStore)
+	if !ok {
+		apierror.Write(w, http.StatusNotImplemented, "not_implemented", "this cell's store keeps no review queue")
+	}
+	return rs, ok
+}
+
+// listReviews serves GET /v1/reviews?state=&reason=&contract=&limit=&cursor=:
+// the tenant's review queue, oldest first, in pages.
+func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
+	t, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	rs, ok := s.reviews(w)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	f := store.ReviewFilter{Tenant: t.ID, State: q.Get("state"), Reason: q.Get("reason"), Contract: q.Get("contract"), Limit: 100}
+	switch {
+	case f.State != "" && !slices.Contains(store.ReviewStates, f.State):
+		apierror.Write(w, http.StatusBadRequest, "invalid_query", "state: not one of "+strings.Join(store.ReviewStates, ", "))
+		return
+	case f.Reason != "" && !slices.Contains(store.ReviewReasons, f.Reason):
+		apierror.Write(w, http.StatusBadRequest, "invalid_query", "reason: not one of "+strings.Join(store.ReviewReasons, ", "))
+		return
+	case f.Contract != "":
+		if _, known := s.d.Contracts.Get(f.Contract); !known {
+			apierror.Write(w, http.StatusBadRequest, "invalid_query", "contract: not a known contract")
+			return
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			apierror.Write(w, http.StatusBadRequest, "invalid_query", "limit: not a whole number from 1 to 1000")
+			return
+		}
+		f.Limit = n
+	}
+	if v := q.Get("cursor"); v != "" {
+		at, id, err := store.ParseReviewCursor(v)
+		if err != nil {
+			apierror.Write(w, http.StatusBadRequest, "invalid_query", "cursor: not a cursor this listing gave")
+			return
+		}
+		f.AfterCreated, f.AfterID = at, id
+	}
+	vs, err := rs.ListReviews(r.Context(), f)
+	if err != nil {
+		s.d.Log.Error("list reviews failed", "tenant", t.ID, "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	out := ReviewList{Items: make([]ReviewView, 0, len(vs))}
+	for _, v := range vs {
+		out.Items = append(out.Items, reviewView(v))
+	}
+	if len(vs) == f.Limit {
+		out.Next = store.ReviewCursor(vs[len(vs)-1])
+	}
+	apierror.JSON(w, http.StatusOK, out)
+}
+
+var resolverRE = regexp.MustCompile(`^[^\x00-\x1f\x7f]{1,200}$`)
+
+// resolveReview serves POST /v1/reviews/{id}/resolve. Resolving an item
+// resolved already is 409 and names who resolved it.
+func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
+	t, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	rs, ok := s.reviews(w)
+	if !ok {
+		return
+	}
+	id, ok := parseReviewID(r.PathValue("id"))
+	if !ok {
+		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this tenant")
+		return
+	}
+	body, refused := readBody(w, r, 64<<10)
+	if refused != nil {
+		refused.Write(w)
+		return
+	}
+	var req ResolveRequest
+	if err := decodeStrict(body, &req); err != nil {
+		apierror.Write(w, http.StatusBadRequest, "invalid_json", err.Error())
+		return
+	}
+	switch {
+	case !resolverRE.MatchString(req.By):
+		apierror.Write(w, http.StatusBadRequest, "invalid_resolver", "by must name who resolves: 1-200 characters, no control characters")
+		return
+	case !slices.Contains(store.Verdicts, req.Verdict):
+		apierror.Write(w, http.StatusBadRequest, "invalid_verdict", "verdict must be one of "+strings.Join(store.Verdicts, ", "))
+		return
+	case len(req.Note) > 4000:
+		apierror.Write(w, http.StatusBadRequest, "invalid_note", "note is at most 4000 bytes")
+		return
+	}
+	v, err := rs.ResolveReview(r.Context(), t.ID, id, store.Resolution{By: req.By, Verdict: req.Verdict, Note: req.Note})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this tenant")
+		return
+	case errors.Is(err, store.ErrResolved):
+		apierror.Write(w, http.StatusConflict, "already_resolved",
+			fmt.Sprintf("review %s was resolved already (%s by %s at %s); it is not resolved again", reviewID(v.ID),
+				v.Verdict, v.ResolvedBy, v.ResolvedAt.UTC().Format(time.RFC3339)))
+		return
+	case err != nil:
+		s.d.Log.Error("resolve review failed", "key", reviewID(id), "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	telemetry.Decision(r.Context(), s.d.Log, v.WorkID, "review_resolved", "verdict "+v.Verdict,
+		slog.String("tenant", t.ID), slog.String("review", reviewID(v.ID)))
+	apierror.JSON(w, http.StatusOK, reviewView(v))
+}
+
+// ViewCounts answers GET /v1/views: the tenant's work created in the last
+// WindowSeconds, counted by the five states a reviewer tells apart
+// (running, accepted, needs_review, rejected, terminal), and its open
+// review items.
+type ViewCounts struct {
+	WindowSeconds int64            `json:"windowSeconds"`
+	States        map[string]int64 `json:"states"`
+	OpenReviews   *int             `json:"openReviews,omitempty"`
+}
+
+// views serves GET /v1/views?window=24h.
+func (s *Service) views(w http.ResponseWriter, r *http.Request) {
+	t, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	window := ViewWindow
+	if v := r.URL.Query().Get("window"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Minute || d > 31*24*time.Hour {
+			apierror.Write(w, http.StatusBadRequest, "invalid_query", "window: a duration from 1m to 744h, e.g. 24h")
+			return
+		}
+		window = d
+	}
+	states, err := s.d.Store.ViewsOf(r.Context(), window, t.ID)
+	if err != nil {
+		s.d.Log.Error("views failed", "tenant", t.ID, "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	out := ViewCounts{WindowSeconds: int64(window / time.Second), States: states}
+	if rc, ok := s.d.Store.(interface {
+		OpenReviews(ctx context.Context, tenant string) (int, error)
+	}); ok {
+		n, err := rc.OpenReviews(r.Context(), t.ID)
+		if err != nil {
+			s.d.Log.Error("views failed", "tenant", t.ID, "err", err)
+			auth.Unavailable().Write(w)
+			return
+		}
+		out.OpenReviews = &n
+	}
+	apierror.JSON(w, http.StatusOK, out)
+}
