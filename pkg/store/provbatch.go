@@ -87,15 +87,17 @@ func (s *Store) EnqueueBatchLine(ctx context.Context, l BatchLine, hold time.Dur
 	return ok, nil
 }
 
-// PendingLines says how many lines wait for a batch and since when the
-// oldest waits.
-func (s *Store) PendingLines(ctx context.Context) (n int, oldest time.Time, err error) {
-	err = s.pool.QueryRow(ctx, `SELECT count(*), coalesce(min(created_at), 'epoch') FROM provider_batch_lines
-		WHERE state = 'pending'`).Scan(&n, &oldest)
+// PendingLines says how many lines wait for a batch and how long the
+// oldest has waited.
+func (s *Store) PendingLines(ctx context.Context) (n int, age time.Duration, err error) {
+	var us int64
+	err = s.pool.QueryRow(ctx, `SELECT count(*),
+			coalesce((extract(epoch FROM now() - min(created_at)) * 1000000)::bigint, 0)
+		FROM provider_batch_lines WHERE state = 'pending'`).Scan(&n, &us)
 	if err != nil {
-		return 0, time.Time{}, fmt.Errorf("store: pending lines: %w", err)
+		return 0, 0, fmt.Errorf("store: pending lines: %w", err)
 	}
-	return n, oldest, nil
+	return n, time.Duration(us) * time.Microsecond, nil
 }
 
 // FormProviderBatch takes up to max waiting lines, oldest first, and puts
@@ -206,6 +208,9 @@ type ProviderBatchUpdate struct {
 	SubmitFailed string
 	// NextPoll is when the batch is due again; the hold is released.
 	NextPoll time.Duration
+	// KeepHold keeps the caller's hold and the batch's due time, for a
+	// step recorded in the middle of a pass.
+	KeepHold bool
 	Polled   bool
 }
 
@@ -232,10 +237,12 @@ func (s *Store) UpdateProviderBatch(ctx context.Context, id string, u ProviderBa
 			submit_tries = submit_tries + CASE WHEN $11 = '' THEN 0 ELSE 1 END,
 			last_error = coalesce(nullif($11, ''), last_error),
 			polls = polls + CASE WHEN $13 THEN 1 ELSE 0 END,
-			next_poll_at = now() + $12 * interval '1 microsecond',
-			held_until = 'epoch'
+			next_poll_at = CASE WHEN $14 THEN next_poll_at ELSE now() + $12 * interval '1 microsecond' END,
+			held_until = CASE WHEN $14 THEN held_until ELSE 'epoch' END,
+			ended_at = CASE WHEN ended_at IS NULL AND $4 IN ('completed', 'expired', 'failed', 'cancelled')
+				THEN now() ELSE ended_at END
 		WHERE id = $1`, id, Text(u.InputFileID), Text(u.ProviderID), Text(u.Status), Text(u.Errors), Text(u.OutputFileID),
-		Text(u.ErrorFileID), total, completed, failed, Text(u.SubmitFailed), interval(u.NextPoll), u.Polled)
+		Text(u.ErrorFileID), total, completed, failed, Text(u.SubmitFailed), interval(u.NextPoll), u.Polled, u.KeepHold)
 	if err != nil {
 		return fmt.Errorf("store: update provider batch %s: %w", id, err)
 	}
