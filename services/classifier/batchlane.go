@@ -649,6 +649,11 @@ func (l *batchLane) reconcile(ctx context.Context, line store.BatchLine, w *stor
 		TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason, Final: v.final}
 	att := s.attemptEvent(c, w, line.AttemptID, v.outcome, r.reply, r.err)
 	att.Batch = true
+	if r.line == store.LineFailed {
+		// The provider's own account: the line failed, and a failed line
+		// of a batch is billed nothing.
+		att.InputUnits, att.OutputUnits, att.Estimated = 0, 0, false
+	}
 	if r.line == store.LineMissing {
 		// It may have run and been billed with nothing to say so: charged
 		// what was reserved for it, marked estimated.
