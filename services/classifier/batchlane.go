@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
@@ -260,7 +261,7 @@ func (l *batchLane) enqueue(ctx context.Context, w *store.Work, c *contract.Cont
 	line := store.BatchLine{AttemptID: attemptID, WorkID: cw.ID, TenantID: cw.TenantID, LeaseToken: token}
 	line.Request, err = l.api.RequestBody(s.modelCall(c, cw))
 	if err != nil {
-		l.reconcile(ctx, line, cw, c, lineResult{line: store.LineUnsent, stillMine: true,
+		l.reconcile(ctx, line, cw, c, lineResult{line: store.LineUnsent, stillMine: true, unwritten: true,
 			err: &model.Error{Kind: model.KindRejected, Msg: "encoding the batch line", Err: err}})
 		return consumer.Done()
 	}
@@ -270,11 +271,11 @@ func (l *batchLane) enqueue(ctx context.Context, w *store.Work, c *contract.Cont
 		// Nothing was written and nothing sent: the attempt is recorded as
 		// given back, and the work goes back at once.
 		s.d.Log.Warn("writing a batch line failed", "key", cw.ID, "attempt", attemptID, "err", err)
-		l.reconcile(ctx, line, cw, c, lineResult{line: store.LineUnsent, stillMine: true,
+		l.reconcile(ctx, line, cw, c, lineResult{line: store.LineUnsent, stillMine: true, unwritten: true,
 			err: fmt.Errorf("the batch line could not be written, nothing was sent: %w", context.Canceled)})
 		return consumer.Done()
 	case !ok:
-		l.reconcile(ctx, line, cw, c, lineResult{line: store.LineUnsent})
+		l.reconcile(ctx, line, cw, c, lineResult{line: store.LineUnsent, unwritten: true})
 		return consumer.Done()
 	}
 	telemetry.Decision(ctx, s.d.Log, cw.ID, "batched", "waiting for a provider batch",
@@ -452,6 +453,20 @@ func (l *batchLane) giveUp(ctx context.Context, b *store.ProviderBatch, cause *m
 // has ended.
 func (l *batchLane) poll(ctx context.Context, b *store.ProviderBatch) {
 	obj, err := l.api.GetBatch(ctx, b.ProviderID)
+	var mErr *model.Error
+	if errors.As(err, &mErr) && mErr.Status == http.StatusNotFound {
+		// The provider no longer knows the batch: whether its lines ran
+		// is unknown, so each is missing, charged its reservation.
+		telemetry.Decision(ctx, l.s.d.Log, "provider_batch:"+b.ID, "lost", "the provider answers 404 for the batch",
+			slog.String("provider_batch", b.ProviderID))
+		obj = model.BatchObject{ID: b.ProviderID, Status: statusLost}
+		if uerr := l.st.UpdateProviderBatch(ctx, b.ID, store.ProviderBatchUpdate{Status: statusLost, KeepHold: true}); uerr != nil {
+			l.s.d.Log.Warn("recording a provider batch failed", "key", b.ID, "err", uerr)
+			return
+		}
+		l.reconcileBatch(ctx, b, obj)
+		return
+	}
 	if err != nil {
 		l.s.d.Log.Warn("polling a provider batch failed; polled again", "key", b.ID, "provider_batch", b.ProviderID, "err", err)
 		l.update(ctx, b, store.ProviderBatchUpdate{NextPoll: l.cfg.PollEvery, Polled: true})
@@ -471,6 +486,10 @@ func (l *batchLane) poll(ctx context.Context, b *store.ProviderBatch) {
 	}
 	l.reconcileBatch(ctx, b, obj)
 }
+
+// statusLost is the status recorded for a batch the provider no longer
+// knows.
+const statusLost = "lost"
 
 // batchErrors names what the provider said of a batch that failed: its
 // error codes, never their messages, which may quote the input.
@@ -544,6 +563,9 @@ type lineResult struct {
 	// stillMine is the lease's state when it is known already;
 	// checkLease asks the database instead.
 	stillMine, checkLease bool
+	// unwritten: the line was never written (its attempt is recorded
+	// without one).
+	unwritten bool
 }
 
 // lineOf decides what the provider did with one line, found or not among
@@ -570,6 +592,9 @@ func lineOf(obj model.BatchObject, ol model.BatchOutputLine, found bool, line st
 	case obj.Status == model.BatchCompleted:
 		r.line, r.err = store.LineMissing, &model.Error{Kind: model.KindTransient,
 			Msg: fmt.Sprintf("the provider batch %s completed without a line for this attempt", obj.ID)}
+	case obj.Status == statusLost:
+		r.line, r.err = store.LineMissing, &model.Error{Kind: model.KindTransient,
+			Msg: fmt.Sprintf("the provider no longer knows the batch %s", obj.ID)}
 	default:
 		// Expired, failed or canceled with no word of this line: it did
 		// not run.
@@ -672,7 +697,13 @@ func (l *batchLane) reconcile(ctx context.Context, line store.BatchLine, w *stor
 		Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
 		RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
 		WorkReason: v.workReason, Outbox: msgs}
-	err = l.st.RecordBatchLine(ctx, r.line, rec)
+	record := func(rec store.AttemptRecord) error {
+		if r.unwritten {
+			return s.d.Store.RecordAttempt(ctx, rec)
+		}
+		return l.st.RecordBatchLine(ctx, r.line, rec)
+	}
+	err = record(rec)
 	if store.Permanent(err) {
 		// The answer cannot be kept: recorded without it, as settle does.
 		rec.Raw, rec.Change = nil, store.Finish
@@ -681,7 +712,7 @@ func (l *batchLane) reconcile(ctx context.Context, line store.BatchLine, w *stor
 			rec.Outcome, rec.WorkOutcome = outcome.AttemptInvalidOutput, outcome.SchemaRejected
 		}
 		rec.Reason = rec.WorkReason
-		err = l.st.RecordBatchLine(ctx, r.line, rec)
+		err = record(rec)
 	}
 	switch {
 	case errors.Is(err, store.ErrLineReconciled):

@@ -71,6 +71,7 @@ func TestLineOf(t *testing.T) {
 		{"missing", completed, model.BatchOutputLine{}, false, store.LineMissing, model.KindTransient},
 		{"not run, expired", expired, model.BatchOutputLine{}, false, store.LineExpired, model.KindTransient},
 		{"not run, failed", failed, model.BatchOutputLine{}, false, store.LineExpired, model.KindTransient},
+		{"batch lost", model.BatchObject{ID: "b", Status: statusLost}, model.BatchOutputLine{}, false, store.LineMissing, model.KindTransient},
 	} {
 		r := lineOf(tc.obj, tc.ol, tc.found, line)
 		if r.line != tc.line || !r.checkLease {

@@ -36,12 +36,18 @@ func providerBatch(lines int) classifier.ProviderBatch {
 	return classifier.ProviderBatch{On: true, MaxLines: lines, Flush: time.Second, PollEvery: 20 * time.Millisecond}
 }
 
+// batchCell is a cell whose batch lane goes through the provider's Batch
+// API; acme has a budget, so every line is reserved and settled.
 func batchCell(t *testing.T, pb classifier.ProviderBatch, maxAttempts int) *celltest.Bundle {
 	t.Helper()
-	return celltest.Setup(t, cell.Options{Prices: batchPrices,
+	b := celltest.Setup(t, cell.Options{Prices: batchPrices,
 		Classifier: classifier.Config{ProviderBatch: pb, MaxAttempts: maxAttempts,
 			BackoffBase: 10 * time.Millisecond, BackoffCap: 20 * time.Millisecond},
 		Ingress: ingress.Config{SweepEvery: 50 * time.Millisecond, QueuedFor: 100 * time.Millisecond}})
+	if _, err := b.DB.Exec(context.Background(), `UPDATE tenants SET budget_micros = 1000000000000 WHERE id = 'acme'`); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // submitBatchLane posts one batch-lane code review per title.
@@ -116,6 +122,22 @@ func checkLedger(t *testing.T, b *celltest.Bundle, lines int) {
 	if n := b.Count(t, `SELECT count(*) FROM ledger l JOIN provider_batch_lines p ON p.attempt_id = l.attempt_id
 		WHERE l.estimated <> (p.outcome = 'missing')`); n != 0 {
 		t.Errorf("%d ledger rows estimated unless missing, or missing and not estimated", n)
+	}
+	// Reserved at the batch price and settled from the same price: no
+	// line cost more than its reservation, none is left held, and what
+	// the budget spent is what the ledger charged.
+	if n := b.Count(t, `SELECT count(*) FROM ledger WHERE excess_micros > 0`); n != 0 {
+		t.Errorf("%d lines cost more than their reservation", n)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM budget_reservations WHERE settled_at IS NULL`); n != 0 {
+		t.Errorf("%d reservations left unsettled", n)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM budget_reservations`); n != lines {
+		t.Errorf("%d reservations, want one per line (%d)", n, lines)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM budget_periods p WHERE p.tenant_id = 'acme' AND (p.reserved_micros <> 0
+		OR p.spent_micros <> (SELECT sum(cost_micros) FROM ledger WHERE tenant_id = 'acme'))`); n != 0 {
+		t.Errorf("the budget's spend is not the ledger's")
 	}
 	st := b.Sim.Stats().Tenants["acme"]
 	var in, out int64
@@ -428,4 +450,66 @@ func TestProviderBatchResumesAfterRestart(t *testing.T) {
 		t.Errorf("provider saw %+v, want the %d batches submitted before the restart, three lines", st, batches)
 	}
 	checkLedger(t, b, 3)
+}
+
+// The provider fails a batch's validation: none of its lines ran, each is
+// recorded batch_expired and charged nothing, and the work is sent again
+// in a later batch and accepted.
+func TestProviderBatchFailedValidation(t *testing.T) {
+	t.Parallel()
+	b := batchCell(t, providerBatch(2), 0)
+	if err := b.Sim.AddBatchFault(sim.BatchFault{Kind: sim.BatchFail, Times: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ids := submitBatchLane(t, b, "refused batch one", "refused batch two")
+	for _, id := range ids {
+		if v := b.Wait(t, id); *v.Outcome != outcome.Accepted {
+			t.Fatalf("%s: %s (%s), want accepted", id, *v.Outcome, v.Reason)
+		}
+	}
+	rows := waitBatches(t, b, -1)
+	if rows[0].Status != "failed" || rows[0].Errors != "invalid_request" || rows[0].Reconciled.Expired != rows[0].Lines {
+		t.Errorf("first batch %+v, want failed naming invalid_request with every line not run", rows[0])
+	}
+	c, lines := reconciled(rows)
+	if c != (store.LineCounts{Answered: 2, Expired: rows[0].Lines}) {
+		t.Errorf("lines reconciled %+v of %d", c, lines)
+	}
+	// The lines of the failed batch were tried twice, any other once.
+	retried := 0
+	for _, id := range ids {
+		switch got := attemptsOf(t, b, id); {
+		case slices.Equal(got, []string{outcome.AttemptBatchExpired, outcome.AttemptOK}):
+			retried++
+		case !slices.Equal(got, []string{outcome.AttemptOK}):
+			t.Errorf("%s: attempts %v", id, got)
+		}
+	}
+	if retried != rows[0].Lines {
+		t.Errorf("%d works tried again, want the failed batch's %d", retried, rows[0].Lines)
+	}
+	checkLedger(t, b, lines)
+	if n := b.Calls("acme"); n != 2 {
+		t.Errorf("%d calls, want 2: the failed batch ran nothing", n)
+	}
+}
+
+// Off, the default: batch-lane work is called one attempt at a time, and
+// nothing reaches the Batch API.
+func TestProviderBatchOffCallsDirectly(t *testing.T) {
+	t.Parallel()
+	b := celltest.Setup(t, cell.Options{})
+	ids := submitBatchLane(t, b, "direct")
+	if v := b.Wait(t, ids[0]); *v.Outcome != outcome.Accepted {
+		t.Fatalf("%s (%s), want accepted", *v.Outcome, v.Reason)
+	}
+	if st := b.Sim.BatchStats(); st != (sim.BatchStats{}) {
+		t.Errorf("the Batch API was used: %+v", st)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM provider_batch_lines`); n != 0 {
+		t.Errorf("%d batch lines written", n)
+	}
+	if n := b.Calls("acme"); n != 1 {
+		t.Errorf("%d calls, want 1", n)
+	}
 }
