@@ -57,7 +57,10 @@ type ProviderBatch struct {
 	OutputFileID string
 	ErrorFileID  string
 	SubmitTries  int
-	CreatedAt    time.Time
+	// Errors is what the provider said of a batch that failed, or why
+	// one was never submitted.
+	Errors    string
+	CreatedAt time.Time
 	// Open are its lines not yet reconciled.
 	Open []BatchLine
 }
@@ -164,7 +167,8 @@ func (s *Store) TakeProviderBatches(ctx context.Context, limit int, hold time.Du
 		WHERE id IN (SELECT id FROM provider_batches WHERE state <> 'reconciled' AND next_poll_at <= now()
 				AND held_until < now() ORDER BY next_poll_at LIMIT $1 FOR UPDATE SKIP LOCKED)
 		RETURNING id::text, state, lines, coalesce(input_file_id, ''), coalesce(provider_batch_id, ''),
-			coalesce(status, ''), coalesce(output_file_id, ''), coalesce(error_file_id, ''), submit_tries, created_at`,
+			coalesce(status, ''), coalesce(output_file_id, ''), coalesce(error_file_id, ''), submit_tries,
+			coalesce(errors, ''), created_at`,
 		limit, interval(hold))
 	if err != nil {
 		return nil, fmt.Errorf("store: take provider batches: %w", err)
@@ -172,7 +176,7 @@ func (s *Store) TakeProviderBatches(ctx context.Context, limit int, hold time.Du
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*ProviderBatch, error) {
 		var b ProviderBatch
 		err := r.Scan(&b.ID, &b.State, &b.Lines, &b.InputFileID, &b.ProviderID, &b.Status, &b.OutputFileID,
-			&b.ErrorFileID, &b.SubmitTries, &b.CreatedAt)
+			&b.ErrorFileID, &b.SubmitTries, &b.Errors, &b.CreatedAt)
 		return &b, err
 	})
 	if err != nil {

@@ -334,6 +334,10 @@ func (l *batchLane) work(ctx context.Context, b *store.ProviderBatch) {
 	switch {
 	case len(b.Open) == 0:
 		l.finish(ctx, b, b.Status)
+	case b.ProviderID == "" && b.Errors != "":
+		// Given up on before all its lines were recorded: the rest end
+		// the same way, and its file is never sent.
+		l.giveUp(ctx, b, &model.Error{Kind: model.KindTransient, Msg: b.Errors})
 	case b.ProviderID == "":
 		l.submit(ctx, b)
 	default:

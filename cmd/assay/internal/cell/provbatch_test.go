@@ -3,6 +3,8 @@ package cell_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -511,5 +513,43 @@ func TestProviderBatchOffCallsDirectly(t *testing.T) {
 	}
 	if n := b.Calls("acme"); n != 1 {
 		t.Errorf("%d calls, want 1", n)
+	}
+}
+
+// A Batch API that refuses the upload for good: nothing was sent, so each
+// line's work ends transport_rejected with its attempt charged nothing,
+// and the batch says why it was never submitted.
+func TestProviderBatchRefusedUpload(t *testing.T) {
+	t.Parallel()
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"error":{"message":"Unknown request URL","type":"invalid_request_error"}}`))
+	}))
+	t.Cleanup(refuse.Close)
+	pb := providerBatch(2)
+	pb.URL = refuse.URL
+	b := batchCell(t, pb, 0)
+	ids := submitBatchLane(t, b, "refused upload one", "refused upload two")
+	for _, id := range ids {
+		if v := b.Wait(t, id); *v.Outcome != outcome.TransportRejected || !strings.Contains(v.Reason, "HTTP 404") {
+			t.Fatalf("%s: %s (%s), want transport_rejected naming the 404", id, *v.Outcome, v.Reason)
+		}
+	}
+	rows := waitBatches(t, b, -1)
+	for _, r := range rows {
+		if r.ProviderID != "" || !strings.Contains(r.Errors, "HTTP 404") {
+			t.Errorf("batch %+v, want never submitted, naming the 404", r)
+		}
+	}
+	b.WaitLedger(t, "acme", 2)
+	if n := b.Count(t, `SELECT count(*) FROM ledger WHERE cost_micros = 0 AND NOT estimated`); n != 2 {
+		t.Errorf("%d of 2 unsent lines charged nothing", n)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM provider_batch_lines WHERE outcome = 'unsent'`); n != 2 {
+		t.Errorf("%d of 2 lines recorded unsent", n)
+	}
+	if n := b.Calls("acme"); n != 0 {
+		t.Errorf("%d calls, want none", n)
 	}
 }
