@@ -263,6 +263,20 @@ func (c *Client) FileContent(ctx context.Context, id string) ([]byte, error) {
 	return raw, nil
 }
 
+// DeleteFile deletes an uploaded or produced file at the provider.
+func (c *Client) DeleteFile(ctx context.Context, id string) error {
+	var out struct {
+		Deleted bool `json:"deleted"`
+	}
+	if err := c.batchDo(ctx, http.MethodDelete, "/v1/files/"+url.PathEscape(id), "", nil, &out); err != nil {
+		return err
+	}
+	if !out.Deleted {
+		return &Error{Kind: KindMalformed, Msg: "the provider did not say the file was deleted"}
+	}
+	return nil
+}
+
 // batchDo makes one Batch API request and decodes its JSON answer into out.
 func (c *Client) batchDo(ctx context.Context, method, path, contentType string, body io.Reader, out any) error {
 	resp, err := c.batchRequest(ctx, method, path, contentType, body)

@@ -21,6 +21,7 @@ package classifier
 // records its attempt.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -150,6 +151,7 @@ type BatchAPI interface {
 	GetBatch(ctx context.Context, id string) (model.BatchObject, error)
 	ListBatches(ctx context.Context, after string, limit int) (model.BatchList, error)
 	FileContent(ctx context.Context, id string) ([]byte, error)
+	DeleteFile(ctx context.Context, id string) error
 }
 
 // BatchStore is what the batch lane asks of the cell's database;
@@ -511,6 +513,7 @@ func batchErrors(obj model.BatchObject) string {
 // reconcileBatch reads an ended batch's output and error files and
 // reconciles each open line by its custom_id.
 func (l *batchLane) reconcileBatch(ctx context.Context, b *store.ProviderBatch, obj model.BatchObject) {
+	b.OutputFileID, b.ErrorFileID = cmp.Or(obj.OutputFileID, b.OutputFileID), cmp.Or(obj.ErrorFileID, b.ErrorFileID)
 	answers := map[string]model.BatchOutputLine{}
 	unreadable, repeated := 0, 0
 	for _, id := range []string{obj.OutputFileID, obj.ErrorFileID} {
@@ -755,6 +758,16 @@ func (l *batchLane) finish(ctx context.Context, b *store.ProviderBatch, status s
 	telemetry.Decision(ctx, l.s.d.Log, "provider_batch:"+b.ID, "reconciled",
 		fmt.Sprintf("batch %s: %d answered, %d failed, %d not run, %d missing", status, c.Answered, c.Failed, c.Expired, c.Missing),
 		slog.String("provider_batch", b.ProviderID))
+	// The inputs and answers are the cell's: once reconciled, the
+	// provider's copies go.
+	for _, id := range []string{b.InputFileID, b.OutputFileID, b.ErrorFileID} {
+		if id == "" {
+			continue
+		}
+		if err := l.api.DeleteFile(ctx, id); err != nil {
+			l.s.d.Log.Warn("deleting a provider batch's file failed; it stays at the provider", "key", b.ID, "file", id, "err", err)
+		}
+	}
 }
 
 // update records what a pass learned and releases the batch.

@@ -59,6 +59,8 @@ type BatchStats struct {
 	// Lines counts the lines run, each also counted as a call in Stats.
 	Lines int `json:"lines"`
 	Polls int `json:"polls"`
+	// Held counts the files the provider holds now, uploaded or produced.
+	Held int `json:"held"`
 }
 
 type simFile struct {
@@ -92,6 +94,7 @@ func newBatches() *batches {
 func (s *Server) routeBatches() {
 	s.mux.HandleFunc("POST /v1/files", s.handleUpload)
 	s.mux.HandleFunc("GET /v1/files/{id}/content", s.handleFileContent)
+	s.mux.HandleFunc("DELETE /v1/files/{id}", s.handleDeleteFile)
 	s.mux.HandleFunc("POST /v1/batches", s.handleCreateBatch)
 	s.mux.HandleFunc("GET /v1/batches", s.handleListBatches)
 	s.mux.HandleFunc("GET /v1/batches/{id}", s.handleGetBatch)
@@ -135,7 +138,9 @@ func (s *Server) AddBatchFault(f BatchFault) error {
 func (s *Server) BatchStats() BatchStats {
 	s.bat.mu.Lock()
 	defer s.bat.mu.Unlock()
-	return s.bat.stats
+	st := s.bat.stats
+	st.Held = len(s.bat.files)
+	return st
 }
 
 // Batch returns a batch as the provider describes it.
@@ -193,6 +198,19 @@ func (s *Server) handleFileContent(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/jsonl")
 	_, _ = w.Write(f.content)
+}
+
+func (s *Server) handleDeleteFile(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s.bat.mu.Lock()
+	_, ok := s.bat.files[id]
+	delete(s.bat.files, id)
+	s.bat.mu.Unlock()
+	if !ok {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "no such file")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "file", "deleted": true})
 }
 
 func (s *Server) handleCreateBatch(w http.ResponseWriter, r *http.Request) {

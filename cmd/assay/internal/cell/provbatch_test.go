@@ -218,6 +218,12 @@ func TestProviderBatchAcceptsEveryLine(t *testing.T) {
 	if st := b.Sim.BatchStats(); st.Batches != len(rows) || st.Lines != 3 || st.Files != len(rows) {
 		t.Errorf("provider saw %+v, want the %d batches (one input file each) of three lines", st, len(rows))
 	}
+	// Once reconciled, the provider keeps no copy of inputs or answers.
+	for deadline := time.Now().Add(10 * time.Second); b.Sim.BatchStats().Held != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the provider still holds %d files", b.Sim.BatchStats().Held)
+		}
+	}
 	// Every call was a line: nothing went the interactive way.
 	if n := b.Calls("acme"); n != 3 {
 		t.Errorf("%d calls, want 3", n)
