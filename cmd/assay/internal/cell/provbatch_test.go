@@ -559,3 +559,41 @@ func TestProviderBatchRefusedUpload(t *testing.T) {
 		t.Errorf("%d calls, want none", n)
 	}
 }
+
+// Two classifiers of the cell poll and reconcile the same batches at once:
+// every line is sent once and recorded once.
+func TestProviderBatchTwoClassifiersReconcileOnce(t *testing.T) {
+	t.Parallel()
+	b := batchCell(t, providerBatch(4), 0)
+	if err := b.Sim.AddBatchFault(sim.BatchFault{Kind: sim.BatchOutOfOrder}); err != nil {
+		t.Fatal(err)
+	}
+	env, ctx := b.Cell.Env, context.Background()
+	second, err := classifier.New(classifier.Config{Region: "us", Names: b.Names(), Streams: env.Config.Streams, Model: env.Config.Model,
+		Prices: batchPrices, ProviderBatch: providerBatch(4)},
+		classifier.Deps{Store: env.Store, JS: env.JS, Model: cell.ModelClient(env.Config), Contracts: env.Contracts, Log: env.Log, Tel: env.Tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { second.Stop(context.Background()) })
+	ids := submitBatchLane(t, b, "pair one", "pair two", "pair three", "pair four", "pair five", "pair six", "pair seven", "pair eight")
+	for _, id := range ids {
+		if v := b.Wait(t, id); *v.Outcome != outcome.Accepted {
+			t.Fatalf("%s: %s (%s), want accepted", id, *v.Outcome, v.Reason)
+		}
+		if got := attemptsOf(t, b, id); !slices.Equal(got, []string{outcome.AttemptOK}) {
+			t.Errorf("%s: attempts %v", id, got)
+		}
+	}
+	rows := waitBatches(t, b, -1)
+	if c, lines := reconciled(rows); c != (store.LineCounts{Answered: 8}) || lines != 8 {
+		t.Errorf("lines reconciled %+v of %d", c, lines)
+	}
+	if st := b.Sim.BatchStats(); st.Batches != len(rows) || st.Lines != 8 {
+		t.Errorf("provider saw %+v, want %d batches of 8 lines in all", st, len(rows))
+	}
+	checkLedger(t, b, 8)
+}
