@@ -61,8 +61,10 @@ type ProviderBatch struct {
 	// one was never submitted.
 	Errors    string
 	CreatedAt time.Time
-	// Open are its lines not yet reconciled.
-	Open []BatchLine
+	// OpenCount counts its lines not yet reconciled; Open are they, read
+	// by OpenLines when a pass needs them.
+	OpenCount int
+	Open      []BatchLine
 }
 
 // BatchCounts are the provider's counts of a batch's requests.
@@ -134,7 +136,7 @@ func (s *Store) FormProviderBatch(ctx context.Context, id string, max int, hold 
 		if len(live) == 0 {
 			return nil
 		}
-		nb.Lines = len(live)
+		nb.Lines, nb.OpenCount = len(live), len(live)
 		if err := tx.QueryRow(ctx, `INSERT INTO provider_batches (id, lines, held_until)
 				VALUES ($1, $2, now() + $3 * interval '1 microsecond') RETURNING created_at`,
 			id, nb.Lines, interval(hold)).Scan(&nb.CreatedAt); err != nil {
@@ -160,15 +162,16 @@ func scanLine(r pgx.CollectableRow) (BatchLine, error) {
 }
 
 // TakeProviderBatches holds for hold up to limit batches that are not
-// reconciled, are due and that no one holds, and returns them with their
-// open lines.
+// reconciled, are due and that no one holds, and returns them with the
+// count of their open lines.
 func (s *Store) TakeProviderBatches(ctx context.Context, limit int, hold time.Duration) ([]*ProviderBatch, error) {
-	rows, err := s.pool.Query(ctx, `UPDATE provider_batches SET held_until = now() + $2 * interval '1 microsecond'
+	rows, err := s.pool.Query(ctx, `UPDATE provider_batches b SET held_until = now() + $2 * interval '1 microsecond'
 		WHERE id IN (SELECT id FROM provider_batches WHERE state <> 'reconciled' AND next_poll_at <= now()
 				AND held_until < now() ORDER BY next_poll_at LIMIT $1 FOR UPDATE SKIP LOCKED)
 		RETURNING id::text, state, lines, coalesce(input_file_id, ''), coalesce(provider_batch_id, ''),
 			coalesce(status, ''), coalesce(output_file_id, ''), coalesce(error_file_id, ''), submit_tries,
-			coalesce(errors, ''), created_at`,
+			coalesce(errors, ''), created_at,
+			(SELECT count(*) FROM provider_batch_lines l WHERE l.batch_id = b.id AND l.state = 'batched')`,
 		limit, interval(hold))
 	if err != nil {
 		return nil, fmt.Errorf("store: take provider batches: %w", err)
@@ -176,26 +179,31 @@ func (s *Store) TakeProviderBatches(ctx context.Context, limit int, hold time.Du
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*ProviderBatch, error) {
 		var b ProviderBatch
 		err := r.Scan(&b.ID, &b.State, &b.Lines, &b.InputFileID, &b.ProviderID, &b.Status, &b.OutputFileID,
-			&b.ErrorFileID, &b.SubmitTries, &b.Errors, &b.CreatedAt)
+			&b.ErrorFileID, &b.SubmitTries, &b.Errors, &b.CreatedAt, &b.OpenCount)
 		return &b, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: take provider batches: %w", err)
 	}
-	for _, b := range out {
-		rows, err := s.pool.Query(ctx, `SELECT l.attempt_id::text, l.work_id, l.tenant_id, l.lease_token::text,
-				coalesce(l.request, ''::bytea),
-				coalesce(w.state = 'running' AND w.lease_token = l.lease_token, false)
-			FROM provider_batch_lines l LEFT JOIN work w ON w.id = l.work_id
-			WHERE l.batch_id = $1 AND l.state = 'batched' ORDER BY l.created_at`, b.ID)
-		if err != nil {
-			return nil, fmt.Errorf("store: lines of provider batch %s: %w", b.ID, err)
-		}
-		if b.Open, err = pgx.CollectRows(rows, scanLine); err != nil {
-			return nil, fmt.Errorf("store: lines of provider batch %s: %w", b.ID, err)
-		}
-	}
 	return out, nil
+}
+
+// OpenLines reads a batch's lines not yet reconciled, with their
+// requests, into b.Open.
+func (s *Store) OpenLines(ctx context.Context, b *ProviderBatch) error {
+	rows, err := s.pool.Query(ctx, `SELECT l.attempt_id::text, l.work_id, l.tenant_id, l.lease_token::text,
+			coalesce(l.request, ''::bytea),
+			coalesce(w.state = 'running' AND w.lease_token = l.lease_token, false)
+		FROM provider_batch_lines l LEFT JOIN work w ON w.id = l.work_id
+		WHERE l.batch_id = $1 AND l.state = 'batched' ORDER BY l.created_at`, b.ID)
+	if err != nil {
+		return fmt.Errorf("store: lines of provider batch %s: %w", b.ID, err)
+	}
+	if b.Open, err = pgx.CollectRows(rows, scanLine); err != nil {
+		return fmt.Errorf("store: lines of provider batch %s: %w", b.ID, err)
+	}
+	b.OpenCount = len(b.Open)
+	return nil
 }
 
 // ProviderBatchUpdate is what a pass learned of a batch. Empty fields keep

@@ -60,8 +60,11 @@ func TestProviderBatchLines(t *testing.T) {
 		t.Fatal(err)
 	}
 	taken, err := s.TakeProviderBatches(ctx, 10, time.Minute)
-	if err != nil || len(taken) != 1 || taken[0].State != store.BatchSubmitted || taken[0].ProviderID != "batch-1" || len(taken[0].Open) != 2 {
+	if err != nil || len(taken) != 1 || taken[0].State != store.BatchSubmitted || taken[0].ProviderID != "batch-1" || taken[0].OpenCount != 2 {
 		t.Fatalf("taken %+v, %v", taken, err)
+	}
+	if err := s.OpenLines(ctx, taken[0]); err != nil || len(taken[0].Open) != 2 || string(taken[0].Open[0].Request) != `{"n":1}` {
+		t.Fatalf("open lines %+v, %v", taken[0].Open, err)
 	}
 
 	// Four workers reconcile the same line at once: one records it.

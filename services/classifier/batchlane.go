@@ -161,6 +161,7 @@ type BatchStore interface {
 	PendingLines(ctx context.Context) (int, time.Duration, error)
 	FormProviderBatch(ctx context.Context, id string, max int, hold time.Duration) (*store.ProviderBatch, []store.BatchLine, error)
 	TakeProviderBatches(ctx context.Context, limit int, hold time.Duration) ([]*store.ProviderBatch, error)
+	OpenLines(ctx context.Context, b *store.ProviderBatch) error
 	UpdateProviderBatch(ctx context.Context, id string, u store.ProviderBatchUpdate) error
 	RecordBatchLine(ctx context.Context, lineOutcome string, r store.AttemptRecord) error
 	FinishProviderBatch(ctx context.Context, id string) (store.LineCounts, bool, error)
@@ -334,17 +335,35 @@ func (l *batchLane) form(ctx context.Context) (full bool, err error) {
 // work moves one batch on: submit it, poll it, or reconcile it.
 func (l *batchLane) work(ctx context.Context, b *store.ProviderBatch) {
 	switch {
-	case len(b.Open) == 0:
+	case b.OpenCount == 0:
 		l.finish(ctx, b, b.Status)
 	case b.ProviderID == "" && b.Errors != "":
 		// Given up on before all its lines were recorded: the rest end
 		// the same way, and its file is never sent.
-		l.giveUp(ctx, b, &model.Error{Kind: model.KindTransient, Msg: b.Errors})
+		if l.load(ctx, b) {
+			l.giveUp(ctx, b, &model.Error{Kind: model.KindTransient, Msg: b.Errors})
+		}
 	case b.ProviderID == "":
-		l.submit(ctx, b)
+		if l.load(ctx, b) {
+			l.submit(ctx, b)
+		}
 	default:
 		l.poll(ctx, b)
 	}
+}
+
+// load reads a batch's open lines; false hands the batch back for the
+// next poll.
+func (l *batchLane) load(ctx context.Context, b *store.ProviderBatch) bool {
+	if b.Open != nil {
+		return true
+	}
+	if err := l.st.OpenLines(ctx, b); err != nil {
+		l.s.d.Log.Warn("reading a provider batch's lines failed; read again next poll", "key", b.ID, "err", err)
+		l.update(ctx, b, store.ProviderBatchUpdate{NextPoll: l.cfg.PollEvery})
+		return false
+	}
+	return true
 }
 
 // submit sends a batch: upload its lines, create the provider's batch,
@@ -470,7 +489,9 @@ func (l *batchLane) poll(ctx context.Context, b *store.ProviderBatch) {
 			l.s.d.Log.Warn("recording a provider batch failed", "key", b.ID, "err", uerr)
 			return
 		}
-		l.reconcileBatch(ctx, b, obj)
+		if l.load(ctx, b) {
+			l.reconcileBatch(ctx, b, obj)
+		}
 		return
 	}
 	if err != nil {
@@ -490,7 +511,9 @@ func (l *batchLane) poll(ctx context.Context, b *store.ProviderBatch) {
 		l.s.d.Log.Warn("recording a provider batch failed", "key", b.ID, "err", err)
 		return
 	}
-	l.reconcileBatch(ctx, b, obj)
+	if l.load(ctx, b) {
+		l.reconcileBatch(ctx, b, obj)
+	}
 }
 
 // statusLost is the status recorded for a batch the provider no longer
