@@ -337,6 +337,12 @@ func (l *batchLane) work(ctx context.Context, b *store.ProviderBatch) {
 	switch {
 	case b.OpenCount == 0:
 		l.finish(ctx, b, b.Status)
+	case b.ProviderID == "" && strings.HasPrefix(b.Errors, abandoned):
+		// Abandoned before all its lines were recorded: the rest end the
+		// same way.
+		if l.load(ctx, b) {
+			l.abandon(ctx, b, b.Errors)
+		}
 	case b.ProviderID == "" && b.Errors != "":
 		// Given up on before all its lines were recorded: the rest end
 		// the same way, and its file is never sent.
@@ -372,8 +378,15 @@ func (l *batchLane) load(ctx context.Context, b *store.ProviderBatch) bool {
 func (l *batchLane) submit(ctx context.Context, b *store.ProviderBatch) {
 	if b.InputFileID != "" || b.SubmitTries > 0 {
 		found, err := l.find(ctx, b)
-		if err != nil {
-			l.submitFailed(ctx, b, err)
+		switch {
+		case err != nil && b.SubmitTries+1 >= l.cfg.SubmitTries:
+			// It may exist and run, and cannot be found: its lines are
+			// charged as if it did.
+			l.abandon(ctx, b, fmt.Sprintf("%s%s", abandoned, errText(err)))
+			return
+		case err != nil:
+			l.s.d.Log.Warn("looking for a provider batch failed; looked for again", "key", b.ID, "try", b.SubmitTries+1, "err", err)
+			l.update(ctx, b, store.ProviderBatchUpdate{SubmitFailed: "looking for the batch: " + errText(err), NextPoll: l.cfg.PollEvery})
 			return
 		}
 		if found != nil {
@@ -458,6 +471,25 @@ func (l *batchLane) submitFailed(ctx context.Context, b *store.ProviderBatch, er
 	}
 	l.s.d.Log.Warn("submitting a provider batch failed; tried again", "key", b.ID, "try", b.SubmitTries+1, "err", err)
 	l.update(ctx, b, store.ProviderBatchUpdate{SubmitFailed: errText(err), NextPoll: l.cfg.PollEvery})
+}
+
+// abandoned starts the recorded errors of a batch that was tried and could
+// not be looked for: the provider may hold it.
+const abandoned = "it may have been created and could not be looked for: "
+
+// abandon ends a batch that may exist at the provider and cannot be found:
+// each open line is missing, charged its reservation, and its work
+// retries or ends.
+func (l *batchLane) abandon(ctx context.Context, b *store.ProviderBatch, why string) {
+	telemetry.Decision(ctx, l.s.d.Log, "provider_batch:"+b.ID, "abandoned", why, slog.Int("lines", len(b.Open)))
+	if err := l.st.UpdateProviderBatch(ctx, b.ID, store.ProviderBatchUpdate{Errors: why, KeepHold: true}); err != nil {
+		l.s.d.Log.Warn("recording a provider batch failed", "key", b.ID, "err", err)
+	}
+	for _, line := range b.Open {
+		l.reconcileLine(ctx, b, line, lineResult{line: store.LineMissing, checkLease: true,
+			err: &model.Error{Kind: model.KindTransient, Msg: "the provider batch " + why}})
+	}
+	l.finish(ctx, b, "abandoned")
 }
 
 // giveUp ends a batch the provider never took: its lines were not sent,

@@ -42,10 +42,16 @@ func providerBatch(lines int) classifier.ProviderBatch {
 // API; acme has a budget, so every line is reserved and settled.
 func batchCell(t *testing.T, pb classifier.ProviderBatch, maxAttempts int) *celltest.Bundle {
 	t.Helper()
-	b := celltest.Setup(t, cell.Options{Prices: batchPrices,
+	return batchCellFront(t, pb, maxAttempts, nil)
+}
+
+// batchCellFront is batchCell with front wrapped around the provider.
+func batchCellFront(t *testing.T, pb classifier.ProviderBatch, maxAttempts int, front func(http.Handler) http.Handler) *celltest.Bundle {
+	t.Helper()
+	b := celltest.SetupFront(t, cell.Options{Prices: batchPrices,
 		Classifier: classifier.Config{ProviderBatch: pb, MaxAttempts: maxAttempts,
 			BackoffBase: 10 * time.Millisecond, BackoffCap: 20 * time.Millisecond},
-		Ingress: ingress.Config{SweepEvery: 50 * time.Millisecond, QueuedFor: 100 * time.Millisecond}})
+		Ingress: ingress.Config{SweepEvery: 50 * time.Millisecond, QueuedFor: 100 * time.Millisecond}}, front)
 	if _, err := b.DB.Exec(context.Background(), `UPDATE tenants SET budget_micros = 1000000000000 WHERE id = 'acme'`); err != nil {
 		t.Fatal(err)
 	}
@@ -596,4 +602,52 @@ func TestProviderBatchTwoClassifiersReconcileOnce(t *testing.T) {
 		t.Errorf("provider saw %+v, want %d batches of 8 lines in all", st, len(rows))
 	}
 	checkLedger(t, b, 8)
+}
+
+// The provider's answer to a creation is lost and its list of batches
+// cannot be read: the batch may exist and run, and cannot be found. Its
+// lines are charged their reservations as missing, never as unsent, and
+// their work goes in a new batch.
+func TestProviderBatchUnfoundCreationIsChargedAsMissing(t *testing.T) {
+	t.Parallel()
+	noList := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet && r.URL.Path == "/v1/batches" {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusBadGateway)
+				_, _ = w.Write([]byte(`{"error":{"message":"upstream unavailable","type":"server_error"}}`))
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+	pb := providerBatch(2)
+	pb.SubmitTries = 2
+	b := batchCellFront(t, pb, 0, noList)
+	if err := b.Sim.AddBatchFault(sim.BatchFault{Kind: sim.BatchLostCreate, Times: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ids := submitBatchLane(t, b, "unfound one", "unfound two")
+	for _, id := range ids {
+		if v := b.Wait(t, id); *v.Outcome != outcome.Accepted {
+			t.Fatalf("%s: %s (%s), want accepted", id, *v.Outcome, v.Reason)
+		}
+	}
+	rows := waitBatches(t, b, -1)
+	if !strings.HasPrefix(rows[0].Errors, "it may have been created") || rows[0].ProviderID != "" || rows[0].Reconciled.Missing != rows[0].Lines {
+		t.Errorf("first batch %+v, want abandoned with every line missing", rows[0])
+	}
+	c, lines := reconciled(rows)
+	if c != (store.LineCounts{Answered: 2, Missing: rows[0].Lines}) {
+		t.Errorf("lines reconciled %+v of %d", c, lines)
+	}
+	checkLedger(t, b, lines)
+	if n := b.Count(t, `SELECT count(*) FROM ledger l JOIN attempts a ON a.id = l.attempt_id
+		WHERE a.outcome = 'batch_missing' AND l.estimated AND l.cost_micros = a.estimate_micros AND l.cost_micros > 0`); n != rows[0].Lines {
+		t.Errorf("%d abandoned lines charged their reservation, want %d", n, rows[0].Lines)
+	}
+	// The lost batch was created once and never again.
+	if st := b.Sim.BatchStats(); st.Batches != len(rows) {
+		t.Errorf("provider saw %+v, want %d batches", st, len(rows))
+	}
 }
