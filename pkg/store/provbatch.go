@@ -265,12 +265,18 @@ func (s *Store) UpdateProviderBatch(ctx context.Context, id string, u ProviderBa
 // reconciled: its attempt was recorded once, and is not again.
 var ErrLineReconciled = errors.New("store: batch line already reconciled")
 
-// RecordBatchLine reconciles one line and records its attempt, exactly as
-// RecordAttempt does, in one transaction: a line is reconciled once, so
-// its attempt is recorded, and its events written, once
-// (ErrLineReconciled).
-func (s *Store) RecordBatchLine(ctx context.Context, lineOutcome string, r AttemptRecord) error {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+// errLeaseGone rolls back a line's record whose work change no longer
+// applies.
+var errLeaseGone = errors.New("store: the lease is no longer the attempt's")
+
+// RecordBatchLine reconciles one line and records its attempt as
+// RecordAttempt does, in one transaction: the work change applies only
+// while the attempt's lease is the work's, and when it does not nothing is
+// written and applied is false, so the caller records the attempt as what
+// it then is (stale, NoChange). A line is reconciled once, so its attempt
+// is recorded and its events written once (ErrLineReconciled).
+func (s *Store) RecordBatchLine(ctx context.Context, lineOutcome string, r AttemptRecord) (applied bool, err error) {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE provider_batch_lines SET state = 'reconciled', outcome = $2, request = NULL,
 				reconciled_at = now()
 			WHERE attempt_id = $1 AND state <> 'reconciled'`, r.AttemptID, lineOutcome)
@@ -280,29 +286,35 @@ func (s *Store) RecordBatchLine(ctx context.Context, lineOutcome string, r Attem
 		if tag.RowsAffected() == 0 {
 			return ErrLineReconciled
 		}
-		if err := finishAttempt(ctx, tx, r.AttemptID, r.Outcome, r.Reason, r.Raw); err != nil {
-			return err
-		}
+		ok := true
 		switch r.Change {
 		case Handoff:
-			_, err = extendLease(ctx, tx, r.WorkID, r.LeaseToken, r.HandoffTTL)
+			ok, err = extendLease(ctx, tx, r.WorkID, r.LeaseToken, r.HandoffTTL)
 		case Requeue:
-			_, err = requeue(ctx, tx, r.WorkID, r.LeaseToken, Text(r.RepairNote), r.RetryAfter, r.OutputCap)
+			ok, err = requeue(ctx, tx, r.WorkID, r.LeaseToken, Text(r.RepairNote), r.RetryAfter, r.OutputCap)
 		case Finish:
-			_, err = finishLeased(ctx, tx, r.WorkID, r.LeaseToken, r.WorkOutcome, Text(r.WorkReason))
+			ok, err = finishLeased(ctx, tx, r.WorkID, r.LeaseToken, r.WorkOutcome, Text(r.WorkReason))
 		}
 		if err != nil {
 			return err
 		}
+		if !ok {
+			return errLeaseGone
+		}
+		if err := finishAttempt(ctx, tx, r.AttemptID, r.Outcome, r.Reason, r.Raw); err != nil {
+			return err
+		}
 		return insertOutbox(ctx, tx, r.Outbox)
 	})
-	if errors.Is(err, ErrLineReconciled) {
-		return err
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, errLeaseGone):
+		return false, nil
+	case errors.Is(err, ErrLineReconciled):
+		return false, err
 	}
-	if err != nil {
-		return fmt.Errorf("store: record batch line %s: %w", r.AttemptID, err)
-	}
-	return nil
+	return false, fmt.Errorf("store: record batch line %s: %w", r.AttemptID, err)
 }
 
 // FinishProviderBatch marks a batch reconciled once no line of it is

@@ -76,7 +76,7 @@ func TestProviderBatchLines(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	for i := range errs {
-		wg.Go(func() { errs[i] = s.RecordBatchLine(ctx, store.LineAnswered, rec(lines[0])) })
+		wg.Go(func() { _, errs[i] = s.RecordBatchLine(ctx, store.LineAnswered, rec(lines[0])) })
 	}
 	wg.Wait()
 	recorded := 0
@@ -100,8 +100,18 @@ func TestProviderBatchLines(t *testing.T) {
 	if _, done, err := s.FinishProviderBatch(ctx, b.ID); err != nil || done {
 		t.Fatalf("finished with a line open: %v %v", done, err)
 	}
-	if err := s.RecordBatchLine(ctx, store.LineMissing, rec(lines[1])); err != nil {
-		t.Fatal(err)
+	// A change whose lease is gone writes nothing: recorded stale
+	// instead, with no change.
+	gone := rec(lines[1])
+	gone.LeaseToken = newUUID()
+	if applied, err := s.RecordBatchLine(ctx, store.LineMissing, gone); err != nil || applied {
+		t.Fatalf("recorded under a lease that is gone: %v %v", applied, err)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM outbox WHERE msg_id = $1`, lines[1].AttemptID); n != 0 {
+		t.Fatalf("%d events written for a change that did not apply", n)
+	}
+	if applied, err := s.RecordBatchLine(ctx, store.LineMissing, rec(lines[1])); err != nil || !applied {
+		t.Fatalf("record: %v %v", applied, err)
 	}
 	c, done, err := s.FinishProviderBatch(ctx, b.ID)
 	if err != nil || !done || c != (store.LineCounts{Answered: 1, Missing: 1}) {

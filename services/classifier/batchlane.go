@@ -162,8 +162,9 @@ type BatchStore interface {
 	FormProviderBatch(ctx context.Context, id string, max int, hold time.Duration) (*store.ProviderBatch, []store.BatchLine, error)
 	TakeProviderBatches(ctx context.Context, limit int, hold time.Duration) ([]*store.ProviderBatch, error)
 	OpenLines(ctx context.Context, b *store.ProviderBatch) error
+	GetWork(ctx context.Context, id string) (*store.Work, error)
 	UpdateProviderBatch(ctx context.Context, id string, u store.ProviderBatchUpdate) error
-	RecordBatchLine(ctx context.Context, lineOutcome string, r store.AttemptRecord) error
+	RecordBatchLine(ctx context.Context, lineOutcome string, r store.AttemptRecord) (applied bool, err error)
 	FinishProviderBatch(ctx context.Context, id string) (store.LineCounts, bool, error)
 }
 
@@ -230,14 +231,17 @@ func (l *batchLane) hold() time.Duration {
 // enqueue claims batch-lane work and makes its attempt a line waiting for
 // a provider batch. The reservation is priced at the batch price, which
 // the ledger charges.
-func (l *batchLane) enqueue(ctx context.Context, w *store.Work, c *contract.Contract) consumer.Disposition {
+func (l *batchLane) enqueue(ctx context.Context, w *store.Work, budgeted bool, c *contract.Contract) consumer.Disposition {
 	s := l.s
 	attemptID, token := newUUID(), newUUID()
 	est := l.estimate(c, w)
-	res, err := s.d.Store.Reserve(ctx, w.TenantID, attemptID, est)
-	if err != nil {
-		s.d.Log.Warn("budget reservation failed", "key", w.ID, "err", err)
-		return consumer.Retry(time.Second)
+	res := store.Reserved
+	if budgeted {
+		var err error
+		if res, err = s.d.Store.Reserve(ctx, w.TenantID, attemptID, est); err != nil {
+			s.d.Log.Warn("budget reservation failed", "key", w.ID, "err", err)
+			return consumer.Retry(time.Second)
+		}
 	}
 	if st := afford(res, w, est, time.Now(), s.backoff(1)); !st.proceed {
 		if st.finish != "" {
@@ -246,7 +250,7 @@ func (l *batchLane) enqueue(ctx context.Context, w *store.Work, c *contract.Cont
 		return s.carry(ctx, w.ID, w, st)
 	}
 	cw, ok, err := s.d.Store.Claim(ctx, w.ID, attemptID, token, s.cfg.LeaseTTL, est)
-	if err != nil || !ok {
+	if (err != nil || !ok) && budgeted {
 		if rerr := s.d.Store.Release(context.WithoutCancel(ctx), attemptID); rerr != nil {
 			s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", attemptID, "err", rerr)
 		}
@@ -686,7 +690,7 @@ func lineError(code string) *model.Error {
 
 // reconcileLine reads the line's work and records its attempt.
 func (l *batchLane) reconcileLine(ctx context.Context, b *store.ProviderBatch, line store.BatchLine, r lineResult) {
-	w, err := l.s.d.Store.GetWork(ctx, line.WorkID)
+	w, err := l.st.GetWork(ctx, line.WorkID)
 	if err != nil {
 		l.s.d.Log.Warn("reading a batch line's work failed; reconciled next poll", "key", line.WorkID, "attempt", line.AttemptID, "err", err)
 		return
@@ -726,63 +730,73 @@ func (l *batchLane) reconcile(ctx context.Context, line store.BatchLine, w *stor
 	default:
 		_, a.fail = gate.Check(c, []byte(out), gate.ExpectFor(c, seen(w), w.Digest, []byte(w.Input)))
 	}
-	v := judge(a, s.limits())
-	if r.stillMine && (r.line == store.LineExpired || r.line == store.LineMissing) {
-		v.outcome = map[string]string{store.LineExpired: outcome.AttemptBatchExpired, store.LineMissing: outcome.AttemptBatchMissing}[r.line]
-		v.workReason = strings.Replace(v.workReason, outcome.AttemptTransportError, v.outcome, 1)
-	}
-	res := event.Result{AttemptID: line.AttemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
-		Number: w.Attempts, LeaseToken: line.LeaseToken, Contract: c.Name, SchemaVersion: w.SchemaVersion,
-		TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason, Final: v.final}
-	att := s.attemptEvent(c, w, line.AttemptID, v.outcome, r.reply, r.err)
-	att.Batch = true
-	if r.line == store.LineFailed {
-		// The provider's own account: the line failed, and a failed line
-		// of a batch is billed nothing.
-		att.InputUnits, att.OutputUnits, att.Estimated = 0, 0, false
-	}
-	if r.line == store.LineMissing {
-		// It may have run and been billed with nothing to say so: charged
-		// what was reserved for it, marked estimated.
-		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w), int64(s.outputCap(w)), true
-	}
-	msgs, err := s.events(ctx, w, res, att)
-	if err != nil {
-		s.d.Log.Error("building a batch line's events failed", "key", w.ID, "attempt", line.AttemptID, "err", err)
-		return
-	}
 	raw := []byte(out)
 	if !hasOutput && r.reply != nil {
 		raw = r.reply.Raw
 	}
-	rec := store.AttemptRecord{AttemptID: line.AttemptID, WorkID: w.ID, LeaseToken: line.LeaseToken,
-		Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
-		RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
-		WorkReason: v.workReason, Outbox: msgs}
-	record := func(rec store.AttemptRecord) error {
+	record := func(rec store.AttemptRecord) (bool, error) {
 		if r.unwritten {
 			return s.d.Store.RecordAttempt(ctx, rec)
 		}
 		return l.st.RecordBatchLine(ctx, r.line, rec)
 	}
-	err = record(rec)
-	if store.Permanent(err) {
-		// The answer cannot be kept: recorded without it, as settle does.
-		rec.Raw, rec.Change = nil, store.Finish
-		rec.WorkOutcome, rec.WorkReason = outcome.RetryExhausted, fmt.Sprintf("the cell's database refused the attempt's record for good (SQLSTATE %s); not retried", store.SQLState(err))
-		if hasOutput {
-			rec.Outcome, rec.WorkOutcome = outcome.AttemptInvalidOutput, outcome.SchemaRejected
+	var v verdict
+	for {
+		v = judge(a, s.limits())
+		if a.stillMine && (r.line == store.LineExpired || r.line == store.LineMissing) {
+			v.outcome = map[string]string{store.LineExpired: outcome.AttemptBatchExpired, store.LineMissing: outcome.AttemptBatchMissing}[r.line]
+			v.workReason = strings.Replace(v.workReason, outcome.AttemptTransportError, v.outcome, 1)
 		}
-		rec.Reason = rec.WorkReason
-		err = record(rec)
-	}
-	switch {
-	case errors.Is(err, store.ErrLineReconciled):
-		telemetry.Decision(ctx, s.d.Log, line.AttemptID, "duplicate", "batch line already reconciled")
-		return
-	case err != nil:
-		s.d.Log.Error("recording a batch line failed; reconciled next poll", "key", w.ID, "attempt", line.AttemptID, "err", err)
-		return
+		res := event.Result{AttemptID: line.AttemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
+			Number: w.Attempts, LeaseToken: line.LeaseToken, Contract: c.Name, SchemaVersion: w.SchemaVersion,
+			TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason, Final: v.final}
+		att := s.attemptEvent(c, w, line.AttemptID, v.outcome, r.reply, r.err)
+		att.Batch = true
+		if r.line == store.LineFailed {
+			// The provider's own account: the line failed, and a failed
+			// line of a batch is billed nothing.
+			att.InputUnits, att.OutputUnits, att.Estimated = 0, 0, false
+		}
+		if r.line == store.LineMissing {
+			// It may have run and been billed with nothing to say so:
+			// charged what was reserved for it, marked estimated.
+			att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w), int64(s.outputCap(w)), true
+		}
+		msgs, err := s.events(ctx, w, res, att)
+		if err != nil {
+			s.d.Log.Error("building a batch line's events failed", "key", w.ID, "attempt", line.AttemptID, "err", err)
+			return
+		}
+		rec := store.AttemptRecord{AttemptID: line.AttemptID, WorkID: w.ID, LeaseToken: line.LeaseToken,
+			Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
+			RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
+			WorkReason: v.workReason, Outbox: msgs}
+		applied, err := record(rec)
+		if store.Permanent(err) {
+			// The answer cannot be kept: recorded without it, as settle
+			// does.
+			rec.Raw, rec.Change = nil, store.Finish
+			rec.WorkOutcome, rec.WorkReason = outcome.RetryExhausted, fmt.Sprintf("the cell's database refused the attempt's record for good (SQLSTATE %s); not retried", store.SQLState(err))
+			if hasOutput {
+				rec.Outcome, rec.WorkOutcome = outcome.AttemptInvalidOutput, outcome.SchemaRejected
+			}
+			rec.Reason = rec.WorkReason
+			applied, err = record(rec)
+		}
+		switch {
+		case errors.Is(err, store.ErrLineReconciled):
+			telemetry.Decision(ctx, s.d.Log, line.AttemptID, "duplicate", "batch line already reconciled")
+			return
+		case err != nil:
+			s.d.Log.Error("recording a batch line failed; reconciled next poll", "key", w.ID, "attempt", line.AttemptID, "err", err)
+			return
+		}
+		if applied || !a.stillMine {
+			break
+		}
+		// The lease went meanwhile (taken back, superseded): nothing was
+		// written; the attempt is recorded as what it now is.
+		a.stillMine = false
 	}
 	s.relay.Kick()
 	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", v.outcome), attribute.String("region", s.cfg.Region),

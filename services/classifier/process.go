@@ -46,7 +46,7 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	}
 	if s.batches != nil && w.Lane == event.Batch {
 		// Sent as a line of a provider batch: no permit, no call here.
-		return s.batches.enqueue(ctx, w, c)
+		return s.batches.enqueue(ctx, w, budgeted, c)
 	}
 	// A permit from the cell's limiter before anything is held: waiting here
 	// costs a goroutine and a message in hand, both bounded by the limiter.
