@@ -242,6 +242,9 @@ type Attempt struct {
 	// cancel, a 5xx), so InputUnits is the request's estimate and the
 	// ledger marks the row estimated.
 	Estimated bool `json:"estimated,omitempty"`
+	// Batch: the attempt was one line of a provider batch (the Batch API),
+	// priced at the table's batch price.
+	Batch bool `json:"batch,omitempty"`
 }
 
 // OutcomeMsgID is the Nats-Msg-Id of an outcome event, and the outcome's

@@ -89,6 +89,12 @@ type Client struct {
 	HTTP *http.Client
 	// MaxBodyBytes caps the response body read; 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// BatchURL is where the Batch API (files and batches) is asked, when
+	// it is not at BaseURL.
+	BatchURL string
+	// MaxFileBytes caps a batch output or error file read; 0 means
+	// DefaultMaxFileBytes.
+	MaxFileBytes int64
 }
 
 // Endpoint is the chat-completions URL of a base URL given with or without
@@ -141,18 +147,7 @@ var defaultHTTP = &http.Client{
 // Complete makes exactly one HTTP request. The error, if any, is *Error; the
 // Reply may then still carry Status, Latency and Raw for the ledger.
 func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
-	temp := 0.0
-	body, err := json.Marshal(ChatRequest{
-		Model:    c.Model,
-		Messages: call.Messages,
-		ResponseFormat: &ResponseFormat{
-			Type:       "json_schema",
-			JSONSchema: &JSONSchema{Name: call.Contract, Strict: true, Schema: call.Schema},
-		},
-		User:        call.Tenant,
-		Temperature: &temp,
-		MaxTokens:   call.MaxTokens,
-	})
+	body, err := c.RequestBody(call)
 	if err != nil {
 		return nil, &Error{Kind: KindRejected, Msg: "encoding request", Err: err}
 	}
@@ -216,9 +211,35 @@ func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
 		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, BodyBytes: size,
 			Msg: fmt.Sprintf("response body is %s, over the %d-byte cap", what, limit)}
 	}
+	if e := decodeAnswer(rep, raw, call.MaxTokens); e != nil {
+		return rep, e
+	}
+	return rep, nil
+}
+
+// RequestBody is the chat-completions request body of one call, as
+// Complete sends it and as a Batch API line carries it.
+func (c *Client) RequestBody(call Call) ([]byte, error) {
+	temp := 0.0
+	return json.Marshal(ChatRequest{
+		Model:    c.Model,
+		Messages: call.Messages,
+		ResponseFormat: &ResponseFormat{
+			Type:       "json_schema",
+			JSONSchema: &JSONSchema{Name: call.Contract, Strict: true, Schema: call.Schema},
+		},
+		User:        call.Tenant,
+		Temperature: &temp,
+		MaxTokens:   call.MaxTokens,
+	})
+}
+
+// decodeAnswer reads a 2xx body into rep: its usage, model and content,
+// and what it is when it is not the model's answer.
+func decodeAnswer(rep *Reply, raw []byte, maxTokens int) *Error {
 	var cr ChatResponse
 	if err := json.Unmarshal(raw, &cr); err != nil {
-		return rep, &Error{Kind: KindMalformed, Status: resp.StatusCode, Msg: "response is not JSON", Err: err}
+		return &Error{Kind: KindMalformed, Status: rep.Status, Msg: "response is not JSON", Err: err}
 	}
 	rep.Usage = cr.Usage
 	if cr.Model != "" {
@@ -227,11 +248,11 @@ func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
 	if len(cr.Choices) > 0 {
 		rep.Content = cr.Choices[0].Message.Content
 	}
-	if e := classify(&cr, call.MaxTokens); e != nil {
-		e.Status = resp.StatusCode
-		return rep, e
+	if e := classify(&cr, maxTokens); e != nil {
+		e.Status = rep.Status
+		return e
 	}
-	return rep, nil
+	return nil
 }
 
 // classify tells a 2xx chat completion that carries no model output for

@@ -76,9 +76,15 @@ const (
 	AttemptTruncated = "truncated"
 	// AttemptToolCall: the model called a tool instead of answering.
 	AttemptToolCall = "tool_call"
+	// AttemptBatchExpired: the provider's batch ended (expired, failed or
+	// canceled) before this line ran; the provider bills it nothing.
+	AttemptBatchExpired = "batch_expired"
+	// AttemptBatchMissing: the provider's batch finished without a line
+	// for this attempt in its output or error file.
+	AttemptBatchMissing = "batch_missing"
 )
 
 // Attempts lists every attempt outcome.
 var Attempts = []string{AttemptOK, AttemptInvalidOutput, AttemptRateLimited, AttemptTimeout,
 	AttemptTransportError, AttemptTransportRejected, AttemptStaleLease, AttemptCanceled, AttemptLeaseExpired,
-	AttemptRefused, AttemptContentFiltered, AttemptTruncated, AttemptToolCall}
+	AttemptRefused, AttemptContentFiltered, AttemptTruncated, AttemptToolCall, AttemptBatchExpired, AttemptBatchMissing}

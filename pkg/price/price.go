@@ -15,6 +15,11 @@ import (
 type Price struct {
 	Input  float64 `json:"input"`
 	Output float64 `json:"output"`
+	// BatchInput and BatchOutput price a line answered through the
+	// provider's Batch API. Absent, a line costs what a call costs: a
+	// table that does not know the discount never under-counts.
+	BatchInput  *float64 `json:"batchInput,omitempty"`
+	BatchOutput *float64 `json:"batchOutput,omitempty"`
 }
 
 // Prices maps a model name to its price. A key that ends in "*" prices a
@@ -26,15 +31,18 @@ type Prices map[string]Price
 var Default = Prices{"*": {Input: 0.15, Output: 0.60}}
 
 // Parse reads a price table from JSON, e.g.
-// {"gpt-4o-mini": {"input": 0.15, "output": 0.6}, "*": {...}}.
+// {"gpt-4o-mini": {"input": 0.15, "output": 0.6, "batchInput": 0.075,
+// "batchOutput": 0.3}, "*": {...}}.
 func Parse(raw []byte) (Prices, error) {
 	var p Prices
 	if err := json.Unmarshal(raw, &p); err != nil {
 		return nil, fmt.Errorf("price table: %w", err)
 	}
 	for m, pr := range p {
-		if pr.Input < 0 || pr.Output < 0 || math.IsNaN(pr.Input) || math.IsNaN(pr.Output) {
-			return nil, fmt.Errorf("price table: model %q: prices must be non-negative", m)
+		for _, v := range []*float64{&pr.Input, &pr.Output, pr.BatchInput, pr.BatchOutput} {
+			if v != nil && (*v < 0 || math.IsNaN(*v)) {
+				return nil, fmt.Errorf("price table: model %q: prices must be non-negative", m)
+			}
 		}
 	}
 	if _, ok := p["*"]; !ok {
@@ -78,5 +86,24 @@ func (p Prices) Lookup(model string) Price {
 func (p Prices) CostMicros(model string, in, out int64) int64 {
 	pr := p.Lookup(model)
 	// dollars/1M units × units = micro-dollars.
+	return int64(math.Round(pr.Input*float64(in) + pr.Output*float64(out)))
+}
+
+// Batch is the price of a line answered through the provider's Batch API:
+// the batch prices where the table gives them, else the call's.
+func (pr Price) Batch() Price {
+	b := Price{Input: pr.Input, Output: pr.Output}
+	if pr.BatchInput != nil {
+		b.Input = *pr.BatchInput
+	}
+	if pr.BatchOutput != nil {
+		b.Output = *pr.BatchOutput
+	}
+	return b
+}
+
+// BatchCostMicros prices a Batch API line in millionths of a dollar.
+func (p Prices) BatchCostMicros(model string, in, out int64) int64 {
+	pr := p.Lookup(model).Batch()
 	return int64(math.Round(pr.Input*float64(in) + pr.Output*float64(out)))
 }

@@ -117,3 +117,31 @@ func TestLookupFamilies(t *testing.T) {
 		}
 	}
 }
+
+func TestBatchPrices(t *testing.T) {
+	t.Parallel()
+	p, err := Parse([]byte(`{"m": {"input": 1, "output": 2, "batchInput": 0.5, "batchOutput": 1},
+		"free-batch": {"input": 1, "output": 2, "batchInput": 0, "batchOutput": 0}, "*": {"input": 3, "output": 4}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		model       string
+		call, batch int64
+	}{
+		{"m", 1*1000 + 2*100, 500 + 100},
+		{"free-batch", 1000 + 200, 0},
+		// No batch price: a line costs what a call costs.
+		{"other", 3000 + 400, 3000 + 400},
+	} {
+		if got := p.CostMicros(c.model, 1000, 100); got != c.call {
+			t.Errorf("%s: call cost %d, want %d", c.model, got, c.call)
+		}
+		if got := p.BatchCostMicros(c.model, 1000, 100); got != c.batch {
+			t.Errorf("%s: batch cost %d, want %d", c.model, got, c.batch)
+		}
+	}
+	if _, err := Parse([]byte(`{"*": {"input": 1, "output": 1, "batchOutput": -1}}`)); err == nil {
+		t.Error("a negative batch price was taken")
+	}
+}

@@ -97,6 +97,9 @@ type Config struct {
 	// unit. Default 1, which no tokenizer undercuts; a larger value admits
 	// more attempts but lets a misestimate spend past the budget.
 	BytesPerUnit float64
+	// ProviderBatch sends batch-lane work through the provider's Batch
+	// API. Default off.
+	ProviderBatch ProviderBatch
 }
 
 func (c *Config) defaults() error {
@@ -188,6 +191,10 @@ type Deps struct {
 	// new one from the config; instances in one process that call the same
 	// provider for the same cell may share one.
 	Limiter *admission.Limiter
+	// Batches is the provider's Batch API, used when
+	// Config.ProviderBatch is on. Default: Model, when it is a
+	// *model.Client.
+	Batches BatchAPI
 }
 
 // Service is one classifier instance.
@@ -198,6 +205,9 @@ type Service struct {
 	relay   *outbox.Relay
 	lim     *admission.Limiter
 	lanes   []*consumer.Consumer
+	// batches sends batch-lane work through the provider's Batch API;
+	// nil when the cell does not.
+	batches *batchLane
 
 	attempts     metric.Int64Counter
 	storeRefused metric.Int64Counter
@@ -265,6 +275,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.batches, err = newBatchLane(s, cfg.ProviderBatch, d); err != nil {
+		return nil, err
+	}
 	handle := consumer.Typed(d.Log, event.Parse[event.Work], s.Process)
 	for _, lane := range lanes {
 		c, err := consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindWork),
@@ -316,6 +329,9 @@ func (s *Service) Start(ctx context.Context) error {
 		return fmt.Errorf("classifier: subscribe to cancels: %w", err)
 	}
 	parts := []lifecycle.Service{s.relay}
+	if s.batches != nil {
+		parts = append(parts, &s.batches.ticker)
+	}
 	for _, l := range s.lanes {
 		parts = append(parts, l)
 	}
@@ -336,6 +352,9 @@ func (s *Service) Stop(ctx context.Context) {
 		lanes[i] = l
 	}
 	lifecycle.StopAllParallel(ctx, lanes...)
+	if s.batches != nil {
+		s.batches.ticker.Stop(ctx)
+	}
 	s.mu.Lock()
 	cancels := s.cancels
 	s.cancels = nil
@@ -400,9 +419,10 @@ func (s *Service) backoff(attempt int) time.Duration {
 // ASSAY_MODEL_CONCURRENCY (adaptive or fixed), the retry bounds
 // ASSAY_MAX_ATTEMPTS and ASSAY_MAX_REPAIRS, and the timings
 // ASSAY_CALL_TIMEOUT, ASSAY_LEASE_TTL, ASSAY_ACK_WAIT and
-// ASSAY_HANDOFF_TTL. Errors name the variable.
+// ASSAY_HANDOFF_TTL, and the provider batch settings
+// (ASSAY_PROVIDER_BATCH…). Errors name the variable.
 // Vars are the settings FromEnv reads, for the classifier's help.
-var Vars = []config.Var{
+var Vars = append([]config.Var{
 	{Name: "ASSAY_MODEL_CONCURRENCY", Default: "adaptive", Usage: "adaptive, or fixed at ASSAY_MODEL_MAX_CONCURRENCY"},
 	{Name: "ASSAY_MODEL_MAX_CONCURRENCY", Default: "32", Usage: "model calls in flight at most, per cell"},
 	{Name: "ASSAY_MAX_ATTEMPTS", Default: "5", Usage: "model calls per work item at most"},
@@ -414,7 +434,7 @@ var Vars = []config.Var{
 	{Name: "ASSAY_PRICE_TABLE", Default: "every model at 0.15/0.60 $/M units", Usage: "JSON price table file, for budget reservations"},
 	{Name: "ASSAY_MAX_OUTPUT_UNITS", Default: "4096", Usage: "the answer's cap (max_tokens); doubled once for an answer cut at it"},
 	{Name: "ASSAY_BUDGET_BYTES_PER_UNIT", Default: "1", Usage: "bytes per unit a reservation counts the request at, 1 to 16"},
-}
+}, batchVars...)
 
 func (c *Config) FromEnv(getenv func(string) string) error {
 	for _, n := range []struct {
@@ -467,5 +487,5 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		}
 		c.BytesPerUnit = f
 	}
-	return nil
+	return c.ProviderBatch.fromEnv(getenv)
 }

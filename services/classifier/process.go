@@ -44,6 +44,10 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	if !ok {
 		return disp
 	}
+	if s.batches != nil && w.Lane == event.Batch {
+		// Sent as a line of a provider batch: no permit, no call here.
+		return s.batches.enqueue(ctx, w, budgeted, c)
+	}
 	// A permit from the cell's limiter before anything is held: waiting here
 	// costs a goroutine and a message in hand, both bounded by the limiter.
 	permit, err := s.lim.Acquire(ctx, w.Lane)

@@ -214,6 +214,9 @@ func (s *Service) Append(ctx context.Context, ev event.Attempt) error {
 		up = 1
 	}
 	cost := s.cfg.Prices.CostMicros(ev.Model, ev.InputUnits, ev.OutputUnits)
+	if ev.Batch {
+		cost = s.cfg.Prices.BatchCostMicros(ev.Model, ev.InputUnits, ev.OutputUnits)
+	}
 	return s.append(ctx, store.LedgerRow{AttemptID: ev.AttemptID, TenantID: ev.TenantID,
 		WorkID: ev.WorkID, Model: ev.Model, ServedModel: ev.ServedModel, Outcome: ev.Outcome, UpstreamAttempts: up, InputUnits: ev.InputUnits,
 		OutputUnits: ev.OutputUnits, CostMicros: cost, LatencyMS: ev.LatencyMS, OccurredAt: ev.At, Estimated: ev.Estimated})

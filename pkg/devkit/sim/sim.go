@@ -113,6 +113,9 @@ type Server struct {
 	notBefore map[string]time.Time
 	sweepAt   int
 
+	// bat is the Batch API's state (batch.go).
+	bat *batches
+
 	srvMu     sync.Mutex
 	srv       *http.Server
 	done      chan struct{}
@@ -131,9 +134,10 @@ func New(opts Options) *Server {
 	s := &Server{
 		opts: opts, log: log, mux: http.NewServeMux(), stats: map[string]*TenantStats{},
 		inFlight: map[int64]time.Time{}, notBefore: map[string]time.Time{}, sweepAt: minSweep,
-		done: make(chan struct{}),
+		done: make(chan struct{}), bat: newBatches(),
 	}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	s.routeBatches()
 	s.mux.HandleFunc("GET /sim/stats", s.handleStats)
 	s.mux.HandleFunc("DELETE /sim/stats", func(w http.ResponseWriter, r *http.Request) {
 		s.ResetStats()
