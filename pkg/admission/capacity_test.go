@@ -38,7 +38,11 @@ func TestPredict(t *testing.T) {
 		{"the noisy one waits for the lane", []CapacityReport{report(100, 0, map[string]TenantLoad{"noisy": {Held: 199, Weight: 1}})},
 			"noisy", 0, 0, true, 2 * time.Second},
 		{"two instances add their rates", []CapacityReport{report(50, 0, map[string]TenantLoad{"acme": {Held: 49, Weight: 1}}),
-			func() CapacityReport { r := report(50, 0, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}}); r.Instance = "b"; return r }()},
+			func() CapacityReport {
+				r := report(50, 0, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}})
+				r.Instance = "b"
+				return r
+			}()},
 			"acme", 0, 0, true, time.Second},
 	}
 	for _, c := range cases {
