@@ -46,7 +46,7 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	}
 	// A permit from the cell's limiter before anything is held: waiting here
 	// costs a goroutine and a message in hand, both bounded by the limiter.
-	permit, err := s.lim.Acquire(ctx, w.Lane)
+	permit, err := s.acquire(ctx, w, d)
 	if err != nil {
 		return consumer.Retry(0)
 	}
