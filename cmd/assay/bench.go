@@ -383,6 +383,13 @@ func startBenchBed(ctx context.Context, base string, o cell.Options, tenants []s
 	if err := b.cell.Env.Store.SeedTenants(ctx, seeds); err != nil {
 		return nil, err
 	}
+	// Load starts once ingress knows the cell's capacity.
+	for end := time.Now().Add(20 * time.Second); !b.cell.Ingress.CapacityKnown(); {
+		if time.Now().After(end) {
+			return nil, errors.New("ingress read no capacity report within 20 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	for _, t := range tenants {
 		if err := b.cell.Env.Store.SetRate(ctx, t, 10_000_000, 100_000); err != nil {
 			return nil, err

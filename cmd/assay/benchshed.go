@@ -278,7 +278,7 @@ type rateResult struct {
 func runRateBench(ctx context.Context, base, mode string, load time.Duration, logw io.Writer) (rateResult, error) {
 	res := rateResult{Mode: mode, Configured: 50}
 	icfg := ingress.Config{InteractiveDeadline: 8 * time.Second, SweepEvery: time.Second, LeaseGrace: 2 * time.Second,
-		Shed: ingress.ShedConfig{LocalRate: mode == "local"}}
+		Shed: ingress.ShedConfig{LocalRate: mode == "local", Off: true}}
 	bed, err := startBenchBed(ctx, base, cell.Options{
 		Log:        benchLogger(logw, 8, mode),
 		Classifier: classifier.Config{Concurrency: 32, CallTimeout: 10 * time.Second},

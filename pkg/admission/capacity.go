@@ -33,9 +33,13 @@ type CapacityReport struct {
 
 // LaneLoad is what waits in one lane.
 type LaneLoad struct {
-	// Pending are the lane's announcements not yet delivered to any
-	// instance (the durable is shared: every instance reports the same).
+	// Pending are the lane's announcements not yet done with: not yet
+	// delivered, or delivered and not yet acknowledged (the durable is
+	// shared: every instance reports the same).
 	Pending int `json:"pending"`
+	// Running are the calls this instance runs for the lane; what is
+	// pending and not running anywhere waits.
+	Running int `json:"running"`
 	// Held are the announcements this instance holds that wait for their
 	// turn and a permit.
 	Held int `json:"held"`
@@ -65,7 +69,7 @@ type CellLoad struct {
 	Saturated bool
 	// Latency is the slowest instance's.
 	Latency time.Duration
-	// Waiting by lane: pending plus held over every instance.
+	// Waiting by lane: pending less what runs, over every instance.
 	Waiting map[string]float64
 	// Tenants by lane: waiting by tenant, with weight.
 	Tenants map[string]map[string]TenantLoad
@@ -76,7 +80,7 @@ type CellLoad struct {
 // Combine folds the fresh reports at now into one CellLoad.
 func Combine(reports []CapacityReport, now time.Time) CellLoad {
 	c := CellLoad{Waiting: map[string]float64{}, Tenants: map[string]map[string]TenantLoad{}}
-	pending := map[string]int{}
+	pending, running := map[string]int{}, map[string]int{}
 	for _, r := range reports {
 		if !r.Fresh(now) {
 			continue
@@ -90,10 +94,7 @@ func Combine(reports []CapacityReport, now time.Time) CellLoad {
 		}
 		for lane, l := range r.Lanes {
 			pending[lane] = max(pending[lane], l.Pending)
-			c.Waiting[lane] += float64(l.Held)
-			if l.Held > 0 {
-				c.Saturated = true
-			}
+			running[lane] += l.Running
 			ts := c.Tenants[lane]
 			if ts == nil {
 				ts = map[string]TenantLoad{}
@@ -108,8 +109,9 @@ func Combine(reports []CapacityReport, now time.Time) CellLoad {
 		}
 	}
 	for lane, p := range pending {
-		c.Waiting[lane] += float64(p)
-		if p > 0 {
+		w := max(p-running[lane], 0)
+		c.Waiting[lane] = float64(w)
+		if w > 0 {
 			c.Saturated = true
 		}
 	}

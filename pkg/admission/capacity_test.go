@@ -13,7 +13,7 @@ func TestPredict(t *testing.T) {
 			n += tl.Held
 		}
 		return CapacityReport{Instance: "a", At: now, Every: time.Second, Rate: rate, Potential: 200, Limit: 10, InFlight: 10,
-			Lanes: map[string]LaneLoad{Interactive: {Pending: pending, Held: n, Tenants: held}}}
+			Lanes: map[string]LaneLoad{Interactive: {Pending: pending + n, Held: n, Tenants: held}}}
 	}
 	cases := []struct {
 		name    string
@@ -37,9 +37,9 @@ func TestPredict(t *testing.T) {
 			"quiet", 0, 0, true, 20 * time.Millisecond},
 		{"the noisy one waits for the lane", []CapacityReport{report(100, 0, map[string]TenantLoad{"noisy": {Held: 199, Weight: 1}})},
 			"noisy", 0, 0, true, 2 * time.Second},
-		{"two instances add their rates", []CapacityReport{report(50, 0, map[string]TenantLoad{"acme": {Held: 49, Weight: 1}}),
+		{"two instances add their rates", []CapacityReport{report(50, 50, map[string]TenantLoad{"acme": {Held: 49, Weight: 1}}),
 			func() CapacityReport {
-				r := report(50, 0, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}})
+				r := report(50, 49, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}})
 				r.Instance = "b"
 				return r
 			}()},
@@ -69,5 +69,18 @@ func TestServiceRateIdle(t *testing.T) {
 	c = Combine([]CapacityReport{{At: now, Every: time.Second, Rate: 60, Potential: 80, Limit: 8, InFlight: 8}}, now)
 	if r := c.ServiceRate(); r != 60 {
 		t.Fatalf("saturated service rate %v, want the measured 60", r)
+	}
+}
+
+// What runs is not waiting: the durable's pending count includes the
+// calls in flight, which every instance subtracts.
+func TestCombineSubtractsRunning(t *testing.T) {
+	now := time.Unix(1000, 0)
+	rs := []CapacityReport{
+		{Instance: "a", At: now, Every: time.Second, Lanes: map[string]LaneLoad{Interactive: {Pending: 30, Running: 8}}},
+		{Instance: "b", At: now, Every: time.Second, Lanes: map[string]LaneLoad{Interactive: {Pending: 30, Running: 2}}},
+	}
+	if w := Combine(rs, now).Waiting[Interactive]; w != 20 {
+		t.Fatalf("waiting %v, want 30 pending less 10 running", w)
 	}
 }

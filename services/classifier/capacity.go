@@ -71,19 +71,23 @@ func (r *capacityReporter) pass(ctx context.Context) (bool, error) {
 	st := s.lim.Stats()
 	rep := admission.CapacityReport{Instance: r.instance, At: now, Every: s.cfg.ReportEvery, Rate: r.rate,
 		Limit: st.Limit, InFlight: st.InFlight, Latency: st.Short, Lanes: map[string]admission.LaneLoad{}}
+	// Before the first answer the latency is unknown: a second is
+	// assumed, so a fresh cell admits a little, learns, and admits more.
+	lat := time.Second
 	if st.Short > 0 {
-		rep.Potential = float64(st.Limit) / st.Short.Seconds()
+		lat = st.Short
 	}
+	rep.Potential = float64(st.Limit) / lat.Seconds()
 	stream := s.cfg.Names.Stream(event.KindWork)
 	for _, lane := range lanes {
 		var l admission.LaneLoad
 		if c, err := s.d.JS.Consumer(ctx, stream, Consumer(s.cfg.Names, lane)); err == nil {
 			if info, err := c.Info(ctx); err == nil {
-				l.Pending = int(info.NumPending)
+				l.Pending = int(info.NumPending) + info.NumAckPending
 			}
 		}
 		held, by := s.fair.lane(lane).snapshot()
-		l.Held = held
+		l.Held, l.Running = held, int(s.fair.running(lane).Load())
 		if len(by) > 0 {
 			l.Tenants = make(map[string]admission.TenantLoad, len(by))
 			for t, n := range by {

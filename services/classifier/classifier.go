@@ -98,10 +98,10 @@ type Config struct {
 	// more attempts but lets a misestimate spend past the budget.
 	BytesPerUnit float64
 	// FairWindow is how many messages per lane are held beyond the limit,
-	// among which the tenants are served in turn by weight. Default 64.
+	// among which the tenants are served in turn by weight. Default 128.
 	FairWindow int
 	// ReportEvery is how often the instance reports the cell's capacity
-	// to ingress. Default 500ms; negative reports nothing.
+	// to ingress. Default 250ms; negative reports nothing.
 	ReportEvery time.Duration
 	// WeightsEvery is how often the tenants' weights are read again.
 	// Default 10s.
@@ -178,10 +178,10 @@ func (c *Config) defaults() error {
 		c.BytesPerUnit = 1
 	}
 	if c.FairWindow <= 0 {
-		c.FairWindow = 64
+		c.FairWindow = 128
 	}
 	if c.ReportEvery == 0 {
-		c.ReportEvery = 500 * time.Millisecond
+		c.ReportEvery = 250 * time.Millisecond
 	}
 	if c.WeightsEvery <= 0 {
 		c.WeightsEvery = 10 * time.Second

@@ -175,6 +175,14 @@ type fairLanes struct {
 	lanes   map[string]*fairShare
 	weights atomic.Pointer[map[string]int] // tenants whose weight is not 1
 	served  atomic.Int64                   // permits released with an answer
+	inLane  [2]atomic.Int64                // permits held, interactive and batch
+}
+
+func (f *fairLanes) running(lane string) *atomic.Int64 {
+	if lane == event.Interactive {
+		return &f.inLane[0]
+	}
+	return &f.inLane[1]
 }
 
 func newFairLanes() *fairLanes {
@@ -213,7 +221,9 @@ func (s *Service) acquire(ctx context.Context, w *store.Work, d consumer.Deliver
 	if err != nil {
 		return nil, err
 	}
-	return &servedPermit{p: p, served: &s.fair.served}, nil
+	run := s.fair.running(w.Lane)
+	run.Add(1)
+	return &servedPermit{p: p, served: &s.fair.served, running: run}, nil
 }
 
 // servedPermit is a limiter permit that counts the answers it was
@@ -221,6 +231,7 @@ func (s *Service) acquire(ctx context.Context, w *store.Work, d consumer.Deliver
 type servedPermit struct {
 	p        *admission.Permit
 	served   *atomic.Int64
+	running  *atomic.Int64
 	released atomic.Bool
 }
 
@@ -229,6 +240,7 @@ func (p *servedPermit) Release(s admission.Signal) {
 	if p.released.Swap(true) {
 		return
 	}
+	p.running.Add(-1)
 	if s.Kind == admission.Success {
 		p.served.Add(1)
 	}

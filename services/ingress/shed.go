@@ -138,6 +138,17 @@ func (s *Service) setUpShed() error {
 	return nil
 }
 
+// CapacityKnown reports whether a fresh capacity report of the cell's
+// classifiers has been read.
+func (s *Service) CapacityKnown() bool {
+	if s.shed == nil {
+		return false
+	}
+	s.shed.view.mu.Lock()
+	defer s.shed.view.mu.Unlock()
+	return s.shed.view.load(time.Now()).Reports > 0
+}
+
 // take takes a token from the tenant's bucket for the lane: the cell's
 // shared one, or this instance's.
 func (s *Service) take(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {

@@ -81,7 +81,7 @@ func TestSubmitOverCapacity(t *testing.T) {
 	}
 	e.report(admission.CapacityReport{Instance: "test", At: time.Now().Add(time.Hour), Every: time.Hour, Rate: 10,
 		Limit: 4, InFlight: 4, Latency: 100 * time.Millisecond,
-		Lanes: map[string]admission.LaneLoad{event.Interactive: {Pending: 0, Held: 50, Tenants: map[string]admission.TenantLoad{"acme": {Held: 50, Weight: 1}}}}})
+		Lanes: map[string]admission.LaneLoad{event.Interactive: {Pending: 50, Held: 50, Tenants: map[string]admission.TenantLoad{"acme": {Held: 50, Weight: 1}}}}})
 	a, h := e.submitAPI("ticket-2", "interactive")
 	if a.status != http.StatusTooManyRequests || a.code() != "over_capacity" {
 		t.Fatalf("over capacity: %d %s, want 429 over_capacity", a.status, a.body)
