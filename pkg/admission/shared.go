@@ -40,8 +40,9 @@ type SharedBuckets struct {
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 
-	mu   sync.Mutex
-	seen map[string]seenBucket
+	mu    sync.Mutex
+	seen  map[string]seenBucket
+	locks map[string]*sync.Mutex // one take per key at a time in this instance
 }
 
 type seenBucket struct {
@@ -78,8 +79,19 @@ func (b *SharedBuckets) Take(ctx context.Context, key string, perMinute float64,
 
 	b.mu.Lock()
 	if b.seen == nil {
-		b.seen = map[string]seenBucket{}
+		b.seen, b.locks = map[string]seenBucket{}, map[string]*sync.Mutex{}
 	}
+	kl := b.locks[key]
+	if kl == nil {
+		kl = &sync.Mutex{}
+		b.locks[key] = kl
+	}
+	b.mu.Unlock()
+	// The instance's own takes of a key go one at a time, so they never
+	// conflict with each other: only another instance's take can.
+	kl.Lock()
+	defer kl.Unlock()
+	b.mu.Lock()
 	cur, known := b.seen[key]
 	b.mu.Unlock()
 

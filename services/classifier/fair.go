@@ -246,3 +246,13 @@ func (p *servedPermit) Release(s admission.Signal) {
 	}
 	p.p.Release(s)
 }
+
+// stillInTime checks the work's deadline again once it has its turn and
+// its permit: the wait for them may have spent what the call needed, and a
+// call that cannot answer in time is not made.
+func (s *Service) stillInTime(ctx context.Context, ev event.Work, w *store.Work, need time.Duration) (consumer.Disposition, bool) {
+	if st := admit(ev, w, time.Now(), need, s.cfg.MaxAttempts, true); !st.proceed {
+		return s.carry(ctx, w.ID, w, st), false
+	}
+	return consumer.Disposition{}, true
+}

@@ -51,6 +51,9 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 		return consumer.Retry(0)
 	}
 	defer permit.Release(admission.Signal{Kind: admission.Ignore})
+	if disp, ok := s.stillInTime(ctx, ev, w, need); !ok {
+		return disp
+	}
 	cw, attemptID, token, disp, ok := s.claim(ctx, w, c)
 	if !ok {
 		return disp
