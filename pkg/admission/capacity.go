@@ -43,14 +43,22 @@ type LaneLoad struct {
 	// Held are the announcements this instance holds that wait for their
 	// turn and a permit.
 	Held int `json:"held"`
-	// Tenants are, of Held, the tenants waiting, with their weight.
+	// Tenants are, of Held, the tenants waiting, with their weight, and
+	// the tenants whose work got a permit in the last period.
 	Tenants map[string]TenantLoad `json:"tenants,omitempty"`
+	// MinWait is the shortest queue wait (from the work's creation to its
+	// permit) of the work that got a permit in the last period; zero when
+	// none did. It sees every queue on the way (the outbox, the stream,
+	// the hand), so a standing queue the counts miss still shows.
+	MinWait time.Duration `json:"minWait,omitempty"`
 }
 
 // TenantLoad is one tenant's waiting work in a lane.
 type TenantLoad struct {
 	Held   int `json:"held"`
 	Weight int `json:"weight"`
+	// MinWait is as LaneLoad's, for the tenant's work alone.
+	MinWait time.Duration `json:"minWait,omitempty"`
 }
 
 // Fresh reports whether the report still describes the cell at now: it
@@ -73,13 +81,15 @@ type CellLoad struct {
 	Waiting map[string]float64
 	// Tenants by lane: waiting by tenant, with weight.
 	Tenants map[string]map[string]TenantLoad
+	// MinWait by lane: the shortest observed queue wait, zero if none.
+	MinWait map[string]time.Duration
 	// Reports counts the fresh reports; zero means nothing is known.
 	Reports int
 }
 
 // Combine folds the fresh reports at now into one CellLoad.
 func Combine(reports []CapacityReport, now time.Time) CellLoad {
-	c := CellLoad{Waiting: map[string]float64{}, Tenants: map[string]map[string]TenantLoad{}}
+	c := CellLoad{Waiting: map[string]float64{}, Tenants: map[string]map[string]TenantLoad{}, MinWait: map[string]time.Duration{}}
 	pending, running := map[string]int{}, map[string]int{}
 	for _, r := range reports {
 		if !r.Fresh(now) {
@@ -95,6 +105,7 @@ func Combine(reports []CapacityReport, now time.Time) CellLoad {
 		for lane, l := range r.Lanes {
 			pending[lane] = max(pending[lane], l.Pending)
 			running[lane] += l.Running
+			c.MinWait[lane] = minPositive(c.MinWait[lane], l.MinWait)
 			ts := c.Tenants[lane]
 			if ts == nil {
 				ts = map[string]TenantLoad{}
@@ -104,6 +115,7 @@ func Combine(reports []CapacityReport, now time.Time) CellLoad {
 				cur := ts[t]
 				cur.Held += tl.Held
 				cur.Weight = max(cur.Weight, tl.Weight)
+				cur.MinWait = minPositive(cur.MinWait, tl.MinWait)
 				ts[t] = cur
 			}
 		}
@@ -116,6 +128,16 @@ func Combine(reports []CapacityReport, now time.Time) CellLoad {
 		}
 	}
 	return c
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	switch {
+	case a <= 0:
+		return b
+	case b <= 0:
+		return a
+	}
+	return min(a, b)
 }
 
 // ServiceRate is the rate the cell can be counted on to serve: what it
@@ -185,6 +207,15 @@ func (c CellLoad) Predict(lane, tenant string, weight int, age time.Duration, ex
 	byShare := (ahead + 1) / (rate * share)
 	byLane := (waiting + 1) / rate
 	secs := math.Min(byShare, byLane)
+	// The counts see the queues the classifiers hold; the waits work
+	// really had see all of them. A tenant whose work waited longer than
+	// the counts say waits at least that long; one with no recent work
+	// at least as long as the luckiest in the lane.
+	obs := c.Tenants[lane][tenant].MinWait
+	if obs <= 0 {
+		obs = c.MinWait[lane]
+	}
+	secs = math.Max(secs, obs.Seconds())
 	return Prediction{Known: true, Wait: time.Duration(secs * float64(time.Second)), Rate: rate, Share: share,
 		Waiting: waiting, Ahead: ahead}
 }

@@ -84,3 +84,18 @@ func TestCombineSubtractsRunning(t *testing.T) {
 		t.Fatalf("waiting %v, want 30 pending less 10 running", w)
 	}
 }
+
+// A standing queue the counts do not see (an outbox that lags) shows in
+// the waits work really had: the tenant's own, else the lane's shortest.
+func TestPredictObservedWait(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := CapacityReport{At: now, Every: time.Second, Rate: 100, Limit: 10, InFlight: 10,
+		Lanes: map[string]LaneLoad{Interactive: {Pending: 10, Running: 10, MinWait: 3 * time.Second,
+			Tenants: map[string]TenantLoad{"slow": {MinWait: 5 * time.Second}, "quick": {MinWait: 3 * time.Second}}}}}
+	c := Combine([]CapacityReport{r}, now)
+	for tenant, want := range map[string]time.Duration{"slow": 5 * time.Second, "quick": 3 * time.Second, "new": 3 * time.Second} {
+		if p := c.Predict(Interactive, tenant, 1, 0, 0, 0); p.Wait != want {
+			t.Errorf("%s: predicted %v, want %v", tenant, p.Wait, want)
+		}
+	}
+}

@@ -88,10 +88,17 @@ func (r *capacityReporter) pass(ctx context.Context) (bool, error) {
 		}
 		held, by := s.fair.lane(lane).snapshot()
 		l.Held, l.Running = held, int(s.fair.running(lane).Load())
-		if len(by) > 0 {
-			l.Tenants = make(map[string]admission.TenantLoad, len(by))
+		minWait, waits := s.fair.takeWaits(lane)
+		l.MinWait = minWait
+		if len(by)+len(waits) > 0 {
+			l.Tenants = make(map[string]admission.TenantLoad, len(by)+len(waits))
 			for t, n := range by {
-				l.Tenants[t] = admission.TenantLoad{Held: n, Weight: s.fair.weight(t)}
+				l.Tenants[t] = admission.TenantLoad{Held: n, Weight: s.fair.weight(t), MinWait: waits[t]}
+			}
+			for t, d := range waits {
+				if _, ok := l.Tenants[t]; !ok {
+					l.Tenants[t] = admission.TenantLoad{Weight: s.fair.weight(t), MinWait: d}
+				}
 			}
 		}
 		rep.Lanes[lane] = l

@@ -176,14 +176,48 @@ type fairLanes struct {
 	weights atomic.Pointer[map[string]int] // tenants whose weight is not 1
 	served  atomic.Int64                   // permits released with an answer
 	inLane  [2]atomic.Int64                // permits held, interactive and batch
+
+	mu       sync.Mutex
+	minWait  [2]time.Duration            // by lane, since the last report
+	minWaitT [2]map[string]time.Duration // by lane and tenant, the same
 }
 
-func (f *fairLanes) running(lane string) *atomic.Int64 {
+func laneIdx(lane string) int {
 	if lane == event.Interactive {
-		return &f.inLane[0]
+		return 0
 	}
-	return &f.inLane[1]
+	return 1
 }
+
+// waited records the queue wait of work that got its permit.
+func (f *fairLanes) waited(lane, tenant string, d time.Duration) {
+	d = max(d, time.Microsecond)
+	i := laneIdx(lane)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.minWait[i] == 0 || d < f.minWait[i] {
+		f.minWait[i] = d
+	}
+	if f.minWaitT[i] == nil {
+		f.minWaitT[i] = map[string]time.Duration{}
+	}
+	if cur, ok := f.minWaitT[i][tenant]; !ok || d < cur {
+		f.minWaitT[i][tenant] = d
+	}
+}
+
+// takeWaits returns the lane's shortest waits since the last call and
+// starts over.
+func (f *fairLanes) takeWaits(lane string) (time.Duration, map[string]time.Duration) {
+	i := laneIdx(lane)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m, t := f.minWait[i], f.minWaitT[i]
+	f.minWait[i], f.minWaitT[i] = 0, nil
+	return m, t
+}
+
+func (f *fairLanes) running(lane string) *atomic.Int64 { return &f.inLane[laneIdx(lane)] }
 
 func newFairLanes() *fairLanes {
 	f := &fairLanes{lanes: map[string]*fairShare{}}
@@ -220,6 +254,9 @@ func (s *Service) acquire(ctx context.Context, w *store.Work, d consumer.Deliver
 	done()
 	if err != nil {
 		return nil, err
+	}
+	if !w.CreatedAt.IsZero() {
+		s.fair.waited(w.Lane, w.TenantID, time.Since(w.CreatedAt))
 	}
 	run := s.fair.running(w.Lane)
 	run.Add(1)
