@@ -29,6 +29,10 @@ type CapacityReport struct {
 	Latency time.Duration `json:"latency"`
 	// Lanes are what waits in each lane.
 	Lanes map[string]LaneLoad `json:"lanes"`
+	// Downstream are the answers handed on and not yet committed (the
+	// committer's durable, pending and unacknowledged): work every tenant
+	// waits behind, in order, before its result counts.
+	Downstream int `json:"downstream"`
 }
 
 // LaneLoad is what waits in one lane.
@@ -83,6 +87,8 @@ type CellLoad struct {
 	Tenants map[string]map[string]TenantLoad
 	// MinWait by lane: the shortest observed queue wait, zero if none.
 	MinWait map[string]time.Duration
+	// Downstream are the answers waiting to be committed.
+	Downstream float64
 	// Reports counts the fresh reports; zero means nothing is known.
 	Reports int
 }
@@ -99,6 +105,7 @@ func Combine(reports []CapacityReport, now time.Time) CellLoad {
 		c.Rate += r.Rate
 		c.Potential += r.Potential
 		c.Latency = max(c.Latency, r.Latency)
+		c.Downstream = max(c.Downstream, float64(r.Downstream))
 		if r.Limit > 0 && r.InFlight >= r.Limit {
 			c.Saturated = true
 		}
@@ -206,7 +213,8 @@ func (c CellLoad) Predict(lane, tenant string, weight int, age time.Duration, ex
 	ahead := math.Max(0, own-served*share) + extraTenant
 	byShare := (ahead + 1) / (rate * share)
 	byLane := (waiting + 1) / rate
-	secs := math.Min(byShare, byLane)
+	// Answers waiting for the committer delay every tenant alike.
+	secs := math.Min(byShare, byLane) + math.Max(0, c.Downstream-served)/rate
 	// The counts see the queues the classifiers hold; the waits work
 	// really had see all of them. A tenant whose work waited longer than
 	// the counts say waits at least that long; one with no recent work

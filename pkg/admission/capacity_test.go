@@ -99,3 +99,13 @@ func TestPredictObservedWait(t *testing.T) {
 		}
 	}
 }
+
+// Answers waiting for the committer delay every tenant.
+func TestPredictDownstream(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := CapacityReport{At: now, Every: time.Second, Rate: 100, Limit: 10, InFlight: 10, Downstream: 200,
+		Lanes: map[string]LaneLoad{Interactive: {Pending: 10, Running: 10}}}
+	if p := Combine([]CapacityReport{r}, now).Predict(Interactive, "acme", 1, 0, 0, 0); (p.Wait - 2010*time.Millisecond).Abs() > time.Millisecond {
+		t.Fatalf("predicted %v, want 2s behind the committer and 10ms in the lane", p.Wait)
+	}
+}

@@ -103,6 +103,11 @@ func (r *capacityReporter) pass(ctx context.Context) (bool, error) {
 		}
 		rep.Lanes[lane] = l
 	}
+	if c, err := s.d.JS.Consumer(ctx, s.cfg.Names.Stream(event.KindResult), s.cfg.Names.ResultConsumer()); err == nil {
+		if info, err := c.Info(ctx); err == nil {
+			rep.Downstream = int(info.NumPending) + info.NumAckPending
+		}
+	}
 	if r.kv == nil {
 		kv, err := s.d.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: s.cfg.Names.CapacityBucket(),
 			Description: "the cell's capacity, reported by its classifier instances for ingress admission",

@@ -143,8 +143,9 @@ func grants(n event.Names, service string) grant {
 		}, subscribe: append(inbox, n.Cancels())}
 		g = g.with(append(owns(n.Stream(event.KindResult)), owns(n.Stream(event.KindAttempt))...),
 			"It owns the RESULT and ATTEMPT streams.")
-		g = g.with(append(owns("KV_"+n.CapacityBucket()), "$JS.API.INFO", "$KV."+n.CapacityBucket()+".>"),
-			"It owns the capacity bucket and reports its service rate and backlog there (making a bucket reads the account's info).")
+		g = g.with(append(owns("KV_"+n.CapacityBucket()), "$JS.API.INFO", "$KV."+n.CapacityBucket()+".>",
+			"$JS.API.CONSUMER.INFO."+n.Stream(event.KindResult)+"."+n.ResultConsumer()),
+			"It owns the capacity bucket and reports its service rate and backlog there, the committer's too (making a bucket reads the account's info).")
 		for i, lane := range []string{event.Interactive, event.Batch} {
 			comment := ""
 			if i == 0 {
