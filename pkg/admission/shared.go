@@ -1,9 +1,11 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -24,30 +26,41 @@ type KV interface {
 // time it is full again (the generic cell rate algorithm), written with a
 // compare-and-set on the key's revision.
 //
-// The cost of one Take is bounded: the instance remembers the last value
-// and revision it saw, so an uncontended take is one write; a conflict costs
-// a read and a write more, at most Tries times. When the key-value bucket
-// does not answer, or Tries conflicts in a row, the take falls back to the
-// instance's own Local buckets (the rate then holds per instance, not per
-// cell) and says so in its error.
+// The cost of one Take is bounded: an instance takes tokens from the shared
+// bucket a few at a time (a tenth of a second of the rate, at most the
+// burst) and hands them out itself for up to Lease, so most takes cost no
+// round trip; a take from the shared bucket is one write when the instance
+// saw the last value, and a conflict costs a read and a write more, at most
+// Tries times. Tokens taken and not handed out within Lease are lost, never
+// given twice: the instances together never admit more than the bucket.
+// When the key-value bucket does not answer, or Tries conflicts in a row,
+// the take falls back to the instance's own Local buckets (the rate then
+// holds per instance, not per cell) and says so in its error.
 type SharedBuckets struct {
 	KV    KV
 	Local *Buckets
 	// Tries bounds the compare-and-set attempts of one take. Default 4.
 	Tries int
-	// Timeout bounds one take's round trips. Default 250ms.
+	// Timeout bounds one take's round trips. Default 1s.
 	Timeout time.Duration
+	// Lease is how long tokens taken ahead may be handed out. Default
+	// 250ms.
+	Lease time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 
-	mu    sync.Mutex
-	seen  map[string]seenBucket
-	locks map[string]*sync.Mutex // one take per key at a time in this instance
+	mu   sync.Mutex
+	keys map[string]*sharedKey
 }
 
-type seenBucket struct {
-	full     int64 // unix nanoseconds
+// sharedKey is what one instance knows of one key.
+type sharedKey struct {
+	mu       sync.Mutex // one take from the shared bucket at a time
+	seen     bool
+	full     int64 // unix nanoseconds, as last read or written
 	revision uint64
+	tokens   int       // taken ahead, not yet handed out
+	until    time.Time // when those lapse
 }
 
 // ErrShared wraps why a take fell back to the instance's own buckets.
@@ -62,46 +75,45 @@ func (b *SharedBuckets) Take(ctx context.Context, key string, perMinute float64,
 	}
 	burst = min(max(burst, 1), maxBurst)
 	interval := tokenInterval(perMinute, burst)
-	tries := b.Tries
-	if tries <= 0 {
-		tries = 4
-	}
-	timeout := b.Timeout
-	if timeout <= 0 {
-		timeout = 250 * time.Millisecond
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	tries := cmp.Or(b.Tries, 4)
+	timeout := cmp.Or(b.Timeout, time.Second)
+	lease := cmp.Or(b.Lease, 250*time.Millisecond)
 	now := time.Now
 	if b.Now != nil {
 		now = b.Now
 	}
+	// A tenth of a second of the rate at a time, at most the burst.
+	chunk := int(min(float64(burst), max(1, math.Floor(perMinute/600))))
 
 	b.mu.Lock()
-	if b.seen == nil {
-		b.seen, b.locks = map[string]seenBucket{}, map[string]*sync.Mutex{}
+	if b.keys == nil {
+		b.keys = map[string]*sharedKey{}
 	}
-	kl := b.locks[key]
-	if kl == nil {
-		kl = &sync.Mutex{}
-		b.locks[key] = kl
+	k := b.keys[key]
+	if k == nil {
+		k = &sharedKey{}
+		b.keys[key] = k
 	}
 	b.mu.Unlock()
 	// The instance's own takes of a key go one at a time, so they never
 	// conflict with each other: only another instance's take can.
-	kl.Lock()
-	defer kl.Unlock()
-	b.mu.Lock()
-	cur, known := b.seen[key]
-	b.mu.Unlock()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.tokens > 0 && now().Before(k.until) {
+		k.tokens--
+		return true, 0, nil
+	}
+	k.tokens = 0
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 
 	var lastErr error
 	for range tries {
-		if !known {
+		if !k.seen {
 			e, err := b.KV.Get(ctx, key)
 			switch {
 			case errors.Is(err, jetstream.ErrKeyNotFound):
-				cur = seenBucket{}
+				k.full, k.revision = 0, 0
 			case err != nil:
 				return b.fallback(key, perMinute, burst, err)
 			default:
@@ -109,50 +121,53 @@ func (b *SharedBuckets) Take(ctx context.Context, key string, perMinute float64,
 				if perr != nil {
 					full = 0 // an unreadable value is a full bucket; the write below replaces it
 				}
-				cur = seenBucket{full: full, revision: e.Revision()}
+				k.full, k.revision = full, e.Revision()
 			}
-			known = true
+			k.seen = true
 		}
-		t := now().UnixNano()
-		full := max(cur.full, t)
-		if wait := time.Duration(full-t) - time.Duration(burst-1)*interval; wait > 0 {
-			// Refused: nothing to write. What was seen may be stale, so
-			// the next take reads again.
-			b.forget(key)
-			return false, (wait + time.Millisecond - 1).Truncate(time.Millisecond), nil
+		t := now()
+		tn := t.UnixNano()
+		full := max(k.full, tn)
+		// Tokens left: the burst less what refills between now and full.
+		left := burst - int((full-tn+int64(interval)-1)/int64(interval))
+		if left <= 0 {
+			wait := time.Duration(full-tn) - time.Duration(burst-1)*interval
+			// What was seen may be stale, so the next take reads again.
+			k.seen = false
+			return false, (max(wait, time.Millisecond) + time.Millisecond - 1).Truncate(time.Millisecond), nil
 		}
-		next := full + int64(interval)
+		n := min(chunk, left)
+		next := full + int64(n)*int64(interval)
 		val := []byte(strconv.FormatInt(next, 10))
 		var rev uint64
 		var err error
-		if cur.revision == 0 {
+		if k.revision == 0 {
 			rev, err = b.KV.Create(ctx, key, val)
 		} else {
-			rev, err = b.KV.Update(ctx, key, val, cur.revision)
+			rev, err = b.KV.Update(ctx, key, val, k.revision)
 		}
 		if err == nil {
-			b.mu.Lock()
-			b.seen[key] = seenBucket{full: next, revision: rev}
-			b.mu.Unlock()
+			k.full, k.revision = next, rev
+			k.tokens, k.until = n-1, t.Add(lease)
 			return true, 0, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return b.fallback(key, perMinute, burst, err)
 		}
 		// Another instance took first: read what it wrote and try again.
-		known, lastErr = false, err
+		k.seen, lastErr = false, err
 	}
 	return b.fallback(key, perMinute, burst, fmt.Errorf("%d conflicting takes in a row: %w", tries, lastErr))
 }
 
-func (b *SharedBuckets) forget(key string) {
-	b.mu.Lock()
-	delete(b.seen, key)
-	b.mu.Unlock()
-}
-
+// fallback answers from the instance's own bucket; it runs with the key's
+// lock held, so what the instance knows of the key is forgotten.
 func (b *SharedBuckets) fallback(key string, perMinute float64, burst int, cause error) (bool, time.Duration, error) {
-	b.forget(key)
+	b.mu.Lock()
+	if k := b.keys[key]; k != nil {
+		k.seen = false
+	}
+	b.mu.Unlock()
 	ok, wait := b.Local.Take(key, perMinute, burst)
 	return ok, wait, fmt.Errorf("%w: %w", ErrShared, cause)
 }

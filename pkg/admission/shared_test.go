@@ -144,3 +144,49 @@ func TestSharedBucketsFallBack(t *testing.T) {
 		t.Fatalf("second take: ok %v err %v, want refused locally with ErrShared", ok, err)
 	}
 }
+
+// Tokens are taken ahead a few at a time, and the instances together
+// still admit no more than the bucket holds; tokens not handed out within
+// the lease lapse.
+func TestSharedBucketsLease(t *testing.T) {
+	t.Parallel()
+	kv := sharedKV(t)
+	var clock atomic.Int64
+	clock.Store(time.Unix(3_000_000, 0).UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	a := &SharedBuckets{KV: kv, Local: NewBuckets(now), Now: now}
+	b := &SharedBuckets{KV: kv, Local: NewBuckets(now), Now: now}
+	ctx := t.Context()
+	take := func(s *SharedBuckets) bool {
+		ok, _, err := s.Take(ctx, "rate.lease.interactive", 6000, 10) // 100/s, burst 10: ten at a time
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !take(a) {
+		t.Fatal("first take refused")
+	}
+	if take(b) {
+		t.Fatal("b admitted while a holds the whole burst")
+	}
+	for i := range 9 {
+		if !take(a) {
+			t.Fatalf("a's %d-th token taken ahead was refused", i+2)
+		}
+	}
+	if take(a) {
+		t.Fatal("a admitted an eleventh within the burst of 10")
+	}
+	rev, err := kv.Get(ctx, "rate.lease.interactive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rev.Revision() != 1 {
+		t.Fatalf("ten admissions wrote the shared bucket %d times, want once", rev.Revision())
+	}
+	clock.Add(int64(time.Second)) // the bucket is full again; a's lease lapsed
+	if !take(b) {
+		t.Fatal("b refused once the bucket refilled")
+	}
+}
