@@ -62,7 +62,8 @@ func TestBurstProbe(t *testing.T) {
 	const secret = "burst-probe-secret"
 	b := celltest.Setup(t, cell.Options{
 		Classifier: classifier.Config{Concurrency: 2, FixedConcurrency: true, ReportEvery: 100 * time.Millisecond},
-		Ingress:    ingress.Config{GitHubSecret: secret, Diffs: burstDiffs{}, InteractiveDeadline: 2 * time.Minute, SweepEvery: time.Second},
+		Ingress: ingress.Config{GitHubSecret: secret, Diffs: burstDiffs{}, InteractiveDeadline: 2 * time.Minute, SweepEvery: time.Second,
+			Shed: ingress.ShedConfig{QueueWait: time.Second}},
 	})
 	ctx := t.Context()
 	if err := b.Sim.SetCapacity(sim.Capacity{Concurrency: 2, Latency: sim.Latency{Kind: sim.LatencyFixed, Base: 500 * time.Millisecond}}); err != nil {

@@ -147,13 +147,12 @@ func minPositive(a, b time.Duration) time.Duration {
 	return min(a, b)
 }
 
-// ServiceRate is the rate the cell can be counted on to serve: what it
-// served while saturated, else the more of that and what its limit could
-// serve. Zero means unknown.
+// ServiceRate is the rate the cell can be counted on to serve: the more
+// of what it served and what its limit could serve at the present latency
+// (a busy limit serves exactly that; an idle one could). The answers
+// waiting for the committer and the waits work really had cover what
+// this overstates. Zero means unknown.
 func (c CellLoad) ServiceRate() float64 {
-	if c.Saturated && c.Rate > 0 {
-		return c.Rate
-	}
 	return max(c.Rate, c.Potential)
 }
 
@@ -211,8 +210,9 @@ func (c CellLoad) Predict(lane, tenant string, weight int, age time.Duration, ex
 	served := rate * max(age, 0).Seconds()
 	waiting := math.Max(0, c.Waiting[lane]-served) + extra
 	ahead := math.Max(0, own-served*share) + extraTenant
-	byShare := (ahead + 1) / (rate * share)
-	byLane := (waiting + 1) / rate
+	// New work starts once what is ahead of it has started.
+	byShare := ahead / (rate * share)
+	byLane := waiting / rate
 	// Answers waiting for the committer delay every tenant alike.
 	secs := math.Min(byShare, byLane) + math.Max(0, c.Downstream-served)/rate
 	// The counts see the queues the classifiers hold; the waits work

@@ -32,8 +32,10 @@ type ShedConfig struct {
 	// whatever the wait (the tenant's rate still applies).
 	Off bool
 	// QueueWait is the longest predicted queue wait interactive work is
-	// admitted into; its deadline, less the time a call needs, bounds it
-	// further. Default 1s.
+	// admitted into. Default: an eighth of the time its deadline leaves
+	// (1s of an 8s deadline, 75s of the default 10m), so most of the
+	// deadline stays for the call, its retries and the gate; the deadline
+	// less the time a call needs bounds it in any case.
 	QueueWait time.Duration
 	// BatchBacklog bounds each tenant's batch work queued or running;
 	// beyond it batch submissions get 429. Default 10000.
@@ -44,9 +46,6 @@ type ShedConfig struct {
 }
 
 func (c *ShedConfig) defaults() error {
-	if c.QueueWait == 0 {
-		c.QueueWait = time.Second
-	}
 	if c.QueueWait < 0 {
 		return fmt.Errorf("ingress: Shed.QueueWait %v is negative", c.QueueWait)
 	}
@@ -62,7 +61,7 @@ func (c *ShedConfig) defaults() error {
 // shedVars are the settings fromEnv reads.
 var shedVars = []config.Var{
 	{Name: "ASSAY_SHED", Default: "on", Usage: "on: refuse interactive work the cell could not start within ASSAY_SHED_QUEUE_WAIT; off: queue it"},
-	{Name: "ASSAY_SHED_QUEUE_WAIT", Default: "1s", Usage: "the longest predicted queue wait interactive work is admitted into"},
+	{Name: "ASSAY_SHED_QUEUE_WAIT", Default: "an eighth of the deadline", Usage: "the longest predicted queue wait interactive work is admitted into"},
 	{Name: "ASSAY_BATCH_BACKLOG", Default: "10000", Usage: "batch work a tenant may have queued or running"},
 	{Name: "ASSAY_INGRESS_RATE", Default: "shared", Usage: "shared: a tenant's rate holds across the cell's ingress instances (NATS KV); local: per instance"},
 }
@@ -166,12 +165,19 @@ type refusal struct {
 	retry  time.Duration
 }
 
+// deadlineShare: without a QueueWait, work may wait an eighth of its
+// deadline.
+const deadlineShare = 8
+
 // shedDecision decides whether interactive work predicted to wait p may
 // be queued: the wait must fit within maxWait and within what the deadline
 // leaves after the call needs its time. Unknown capacity admits.
 func shedDecision(p admission.Prediction, maxWait, remaining, need time.Duration) *refusal {
 	if !p.Known {
 		return nil
+	}
+	if maxWait <= 0 {
+		maxWait = remaining / deadlineShare
 	}
 	bound := min(maxWait, remaining-need)
 	if p.Wait <= bound {

@@ -75,7 +75,7 @@ func (e *webhookEnv) report(r admission.CapacityReport) {
 // command; batch work still queues; a duplicate still answers as one.
 func TestSubmitOverCapacity(t *testing.T) {
 	t.Parallel()
-	e := newWebhookEnv(t, nil)
+	e := newWebhookEnv(t, func(c *Config) { c.Shed.QueueWait = time.Second })
 	if a, _ := e.submitAPI("ticket-1", "interactive"); a.status != http.StatusAccepted {
 		t.Fatalf("before any report: %d %s, want admitted", a.status, a.body)
 	}
