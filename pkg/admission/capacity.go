@@ -147,12 +147,14 @@ func minPositive(a, b time.Duration) time.Duration {
 	return min(a, b)
 }
 
-// ServiceRate is the rate the cell can be counted on to serve: the more
-// of what it served and what its limit could serve at the present latency
-// (a busy limit serves exactly that; an idle one could). The answers
-// waiting for the committer and the waits work really had cover what
-// this overstates. Zero means unknown.
+// ServiceRate is the rate the cell can be counted on to serve: what it
+// served while saturated (the limit over latency overstates it when the
+// time goes elsewhere, the database say), else the more of that and what
+// its limit could serve. Zero means unknown.
 func (c CellLoad) ServiceRate() float64 {
+	if c.Saturated && c.Rate > 0 {
+		return c.Rate
+	}
 	return max(c.Rate, c.Potential)
 }
 
