@@ -35,12 +35,14 @@ import (
 	"assay.dev/services/ingress"
 )
 
-const benchUsage = `usage: assay bench goodput [--scenarios 1,2,3,4,5] [--quick]
+const benchUsage = `usage: assay bench goodput [--scenarios 1,2,3,4,5,6,7,8] [--quick]
 
 Runs each scenario against the simulated provider over real JetStream
 (embedded) and Postgres (ASSAY_DATABASE_URL, else a throwaway cluster),
 once with the adaptive classifier and once with a baseline of fixed
-concurrency and naive retry, and prints a table. --quick shortens every
+concurrency and naive retry, and prints a table. Scenarios 6-8 measure
+overload shedding, fair share and the shared ingress rate (each against
+its own contrast) and print a table of their own. --quick shortens every
 load phase tenfold, to check that the command works.
 `
 
@@ -55,6 +57,8 @@ type benchScenario struct {
 	drive func(ctx context.Context, r *benchRun) error
 	// reference also runs the adaptive classifier without the batch sweep.
 	reference bool
+	// modes, when set, are the runs instead of adaptive and baseline.
+	modes []string
 }
 
 // benchRun is one scenario against one classifier.
@@ -98,7 +102,7 @@ func benchCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	fs := flag.NewFlagSet("assay bench goodput", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	which := fs.String("scenarios", "1,2,3,4,5", "comma-separated scenario numbers")
+	which := fs.String("scenarios", "1,2,3,4,5,6,7,8", "comma-separated scenario numbers")
 	quick := fs.Bool("quick", false, "shorten every load phase tenfold")
 	logTo := fs.String("log", "", "write the cells' JSON logs (decisions included) to this file")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -107,8 +111,8 @@ func benchCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	want := map[int]bool{}
 	for _, f := range strings.Split(*which, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 || n > 5 {
-			return configError{fmt.Errorf("--scenarios: %q is not a list of 1-5", *which)}
+		if err != nil || n < 1 || n > 8 {
+			return configError{fmt.Errorf("--scenarios: %q is not a list of 1-8", *which)}
 		}
 		want[n] = true
 	}
@@ -141,6 +145,9 @@ func benchCmd(ctx context.Context, args []string, stdout io.Writer) error {
 			continue
 		}
 		modes := []string{"adaptive", "baseline"}
+		if sc.modes != nil {
+			modes = sc.modes
+		}
 		if sc.reference {
 			modes = append(modes, "reference")
 		}
@@ -155,7 +162,7 @@ func benchCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 	}
 	printBenchTable(stdout, results)
-	return nil
+	return benchShed(ctx, base, want, scale, logw, results, stdout)
 }
 
 func benchScenarios(scale float64) []*benchScenario {
@@ -197,6 +204,11 @@ func benchScenarios(scale float64) []*benchScenario {
 				wg.Wait()
 				return errors.Join(err, batchErr)
 			}},
+		{n: 6, name: "100 req/s bucket, 100 ms, offered 3x: shed at ingress, or queued", load: d(60),
+			cap: sim.Capacity{Rate: 100, Burst: 10, Latency: fixed100}, avgOf: flat(100), modes: []string{"adaptive", "unshed"},
+			drive: func(ctx context.Context, r *benchRun) error {
+				return r.offer(ctx, 300, r.sc.load, "interactive", r.moderation("s6"))
+			}},
 	}
 }
 
@@ -211,7 +223,8 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 	bed, err := startBenchBed(ctx, baseDB, cell.Options{
 		Log:        benchLogger(logw, sc.n, mode),
 		Classifier: ccfg, WrapModel: wrap,
-		Ingress: ingress.Config{InteractiveDeadline: 8 * time.Second, SweepEvery: time.Second, LeaseGrace: 2 * time.Second},
+		Ingress: ingress.Config{InteractiveDeadline: 8 * time.Second, SweepEvery: time.Second, LeaseGrace: 2 * time.Second,
+			Shed: ingress.ShedConfig{Off: mode == "unshed"}},
 	}, []string{"acme"})
 	if err != nil {
 		return res, err
@@ -374,6 +387,13 @@ func startBenchBed(ctx context.Context, base string, o cell.Options, tenants []s
 	}
 	if err := b.cell.Env.Store.SeedTenants(ctx, seeds); err != nil {
 		return nil, err
+	}
+	// Load starts once ingress knows the cell's capacity.
+	for end := time.Now().Add(20 * time.Second); !b.cell.Ingress.CapacityKnown(); {
+		if time.Now().After(end) {
+			return nil, errors.New("ingress read no capacity report within 20 s")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	for _, t := range tenants {
 		if err := b.cell.Env.Store.SetRate(ctx, t, 10_000_000, 100_000); err != nil {

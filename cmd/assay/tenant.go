@@ -36,6 +36,9 @@ const tenantUsage = `usage: assay tenant <command> [args] [--region R --database
   set-rate ID --per-minute N --burst N
                               admission rate per lane: over it API calls get 429,
                               webhook work is dropped with a re-run command
+  set-weight ID --weight N    ID's weight (1-1000, default 1) in its lanes' fair
+                              share: waiting beside other tenants, it is served
+                              N turns for each one of a weight-1 tenant
   link ID github_installation INSTALLATION_ID --repositories owner/*,owner/repo
                               map a GitHub App installation to ID, for the
                               repositories it covers (deliveries naming any
@@ -78,6 +81,7 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	period := fs.String("period", "month", "budget period: month or day")
 	perMinute := fs.Int("per-minute", 0, "admitted requests per minute, per lane")
 	burst := fs.Int("burst", 0, "requests admitted at once above the rate")
+	weight := fs.Int("weight", 0, "fair-share weight, 1 to 1000")
 	repos := fs.String("repositories", "", "the repositories an installation covers: owner/* or owner/repo, comma-separated")
 	tokenFrom := fs.String("token-from", "", "install the token in FILE (- for standard input) instead of minting one")
 	tokenOut := fs.String("token-out", "", "write the new token to FILE (mode 0600) instead of printing it")
@@ -103,7 +107,7 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if *period != "month" && *period != "day" {
 		return configError{fmt.Errorf("--period: %q is not month or day", *period)}
 	}
-	want := map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1, "set-rate": 1, "link": 3, "webhook-secret": 1,
+	want := map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1, "set-rate": 1, "set-weight": 1, "link": 3, "webhook-secret": 1,
 		"callback": 1, "check-policy": 2}
 	n, known := want[verb]
 	if !known {
@@ -189,6 +193,14 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 			return notFound(err)
 		}
 		fmt.Fprintf(stdout, "tenant %s admits %d per minute per lane, burst %d\n", pos[0], *perMinute, *burst)
+	case "set-weight":
+		if *weight < 1 || *weight > store.MaxWeight {
+			return configError{fmt.Errorf("set-weight needs --weight N, 1 to %d", store.MaxWeight)}
+		}
+		if err := st.SetWeight(ctx, pos[0], *weight); err != nil {
+			return notFound(err)
+		}
+		fmt.Fprintf(stdout, "tenant %s has weight %d in its lanes' fair share (classifiers read it within %s)\n", pos[0], *weight, "10s")
 	case "link":
 		l, err := linkOf(pos, *repos)
 		if err != nil {

@@ -114,6 +114,10 @@ func TestTenantCommands(t *testing.T) {
 	if !regexp.MustCompile(`initech\s+us\s+active\s+120\s+10\s+unlimited`).MatchString(tenant("list")) {
 		t.Errorf("set-rate did not take")
 	}
+	tenant("set-weight", "initech", "--weight", "3")
+	if n := b.Count(t, `SELECT count(*) FROM tenants WHERE id = 'initech' AND weight = 3`); n != 1 {
+		t.Errorf("set-weight did not take")
+	}
 
 	tenant("link", "initech", "github_installation", "4242", "--repositories", "initech/*, tools/ci")
 	if n := b.Count(t, `SELECT count(*) FROM tenant_sources WHERE key = '4242' AND tenant_id = 'initech'
@@ -156,6 +160,8 @@ func TestTenantCommands(t *testing.T) {
 		{"suspend"},
 		{"set-budget", "initech"},
 		{"set-rate", "initech", "--per-minute", "0", "--burst", "5"},
+		{"set-weight", "initech", "--weight", "0"},
+		{"set-weight", "initech", "--weight", "1001"},
 		{"frobnicate", "x"},
 	} {
 		var out bytes.Buffer

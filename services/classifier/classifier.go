@@ -100,6 +100,15 @@ type Config struct {
 	// ProviderBatch sends batch-lane work through the provider's Batch
 	// API. Default off.
 	ProviderBatch ProviderBatch
+	// FairWindow is how many messages per lane are held beyond the limit,
+	// among which the tenants are served in turn by weight. Default 128.
+	FairWindow int
+	// ReportEvery is how often the instance reports the cell's capacity
+	// to ingress. Default 250ms; negative reports nothing.
+	ReportEvery time.Duration
+	// WeightsEvery is how often the tenants' weights are read again.
+	// Default 10s.
+	WeightsEvery time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -171,6 +180,15 @@ func (c *Config) defaults() error {
 	if c.BytesPerUnit <= 0 {
 		c.BytesPerUnit = 1
 	}
+	if c.FairWindow <= 0 {
+		c.FairWindow = 128
+	}
+	if c.ReportEvery == 0 {
+		c.ReportEvery = 250 * time.Millisecond
+	}
+	if c.WeightsEvery <= 0 {
+		c.WeightsEvery = 10 * time.Second
+	}
 	return nil
 }
 
@@ -208,6 +226,8 @@ type Service struct {
 	// batches sends batch-lane work through the provider's Batch API;
 	// nil when the cell does not.
 	batches *batchLane
+	fair    *fairLanes
+	report  lifecycle.Ticker
 
 	attempts     metric.Int64Counter
 	storeRefused metric.Int64Counter
@@ -226,14 +246,15 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, d: d, lim: d.Limiter, running: map[string]context.CancelCauseFunc{}}
+	s := &Service{cfg: cfg, d: d, lim: d.Limiter, running: map[string]context.CancelCauseFunc{}, fair: newFairLanes()}
+	s.startReporter()
 	owned := []string{event.KindResult, event.KindAttempt}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log, Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: owned, Ensure: s.streams.Ensure,
 		Meter: d.Tel.Meter(), SetAside: cfg.SetAside}
 	if s.lim == nil {
 		lc := admission.LimiterConfig{Initial: cfg.InitialConcurrency, Max: cfg.Concurrency, SlowStart: true,
-			OnChange: s.limitChanged}
+			OnChange: s.limitChanged, Headroom: cfg.FairWindow}
 		if cfg.FixedConcurrency {
 			lc.Initial, lc.Min = cfg.Concurrency, cfg.Concurrency
 		}
@@ -282,7 +303,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	for _, lane := range lanes {
 		c, err := consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindWork),
 			Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names, lane), Filter: cfg.Names.Lane(lane),
-				AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, MaxAckPending: 4 * cfg.Concurrency},
+				AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, MaxAckPending: 4*cfg.Concurrency + cfg.FairWindow},
 			Gate: func(ctx context.Context) (func(), error) { return s.lim.Enter(ctx, lane) },
 			Pull: 2, Handle: handle, Log: d.Log,
 			Meter: d.Tel.Meter(), Labels: []attribute.KeyValue{attribute.String("region", cfg.Region), attribute.String("lane", lane)}})
@@ -328,7 +349,7 @@ func (s *Service) Start(ctx context.Context) error {
 		s.streams.Stop(ctx)
 		return fmt.Errorf("classifier: subscribe to cancels: %w", err)
 	}
-	parts := []lifecycle.Service{s.relay}
+	parts := []lifecycle.Service{s.relay, &s.report}
 	if s.batches != nil {
 		parts = append(parts, &s.batches.ticker)
 	}
@@ -362,6 +383,7 @@ func (s *Service) Stop(ctx context.Context) {
 	if cancels != nil {
 		_ = cancels.Unsubscribe()
 	}
+	s.report.Stop(ctx)
 	s.relay.Stop(ctx)
 	s.streams.Stop(ctx)
 }

@@ -50,11 +50,14 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	}
 	// A permit from the cell's limiter before anything is held: waiting here
 	// costs a goroutine and a message in hand, both bounded by the limiter.
-	permit, err := s.lim.Acquire(ctx, w.Lane)
+	permit, err := s.acquire(ctx, w, d)
 	if err != nil {
 		return consumer.Retry(0)
 	}
 	defer permit.Release(admission.Signal{Kind: admission.Ignore})
+	if disp, ok := s.stillInTime(ctx, ev, w, need); !ok {
+		return disp
+	}
 	cw, attemptID, token, disp, ok := s.claim(ctx, w, budgeted, c)
 	if !ok {
 		return disp

@@ -130,8 +130,12 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 	c, _ := s.d.Contracts.Get(req.Contract)
 	work := s.newWork(ctx, t, c, req.SourceID, req.Revision, req.Lane, compact(req.Input), s.deadline(req))
 	span.SetAttributes(attribute.String("assay.work_id", work.ID), attribute.String("assay.tenant", t.ID))
-	if wait, ok := s.admit(t, req.Lane); !ok {
+	if wait, ok := s.admit(ctx, t, req.Lane); !ok {
 		s.overRate(ctx, w, t, work, wait)
+		return
+	}
+	if r := s.admitCapacity(ctx, t, work); r != nil {
+		s.overCapacity(ctx, w, t, work, r)
 		return
 	}
 	got, created, err := s.d.Store.InsertWork(ctx, work, s.announce(ctx))

@@ -202,7 +202,7 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 		known = err == nil
 	}
 	if !known {
-		if wait, ok := s.admit(t, event.Batch); !ok {
+		if wait, ok := s.admit(ctx, t, event.Batch); !ok {
 			secs := int(math.Ceil(wait.Seconds()))
 			w.Header().Set("Retry-After", strconv.Itoa(secs))
 			apierror.Write(w, http.StatusTooManyRequests, "rate_limited",

@@ -104,6 +104,8 @@ type Config struct {
 	// Diffs fetches pull-request diffs. Default: GitHubDiffs built from the
 	// settings above.
 	Diffs DiffSource
+	// Shed is capacity admission and the shared rate.
+	Shed ShedConfig
 }
 
 func (c *Config) defaults() error {
@@ -176,7 +178,7 @@ func (c *Config) defaults() error {
 	if c.Diffs == nil {
 		c.Diffs = &GitHubDiffs{API: c.GitHubAPI, Token: c.GitHubToken, MaxBytes: c.MaxDiffBytes, Timeout: c.GitHubTimeout}
 	}
-	return nil
+	return c.Shed.defaults()
 }
 
 // FromEnv fills the settings an operator sets from the environment:
@@ -199,6 +201,7 @@ var Vars = []config.Var{
 	{Name: "ASSAY_GITHUB_WEBHOOK_SECRET", Default: "none", Usage: "the cell's (its GitHub App's) webhook secret"},
 	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where pull request diffs are fetched"},
 	{Name: "ASSAY_GITHUB_TOKEN", Default: "none", Usage: "token the diff fetches authenticate with"},
+	shedVars[0], shedVars[1], shedVars[2], shedVars[3],
 }
 
 func (c *Config) FromEnv(getenv func(string) string) error {
@@ -223,7 +226,7 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 	c.GitHubSecret = getenv("ASSAY_GITHUB_WEBHOOK_SECRET")
 	c.GitHubAPI = getenv("ASSAY_GITHUB_API_URL")
 	c.GitHubToken = getenv("ASSAY_GITHUB_TOKEN")
-	return nil
+	return c.Shed.fromEnv(getenv)
 }
 
 // Deps are what ingress talks to.
@@ -254,6 +257,7 @@ type Service struct {
 	endToEnd  metric.Float64Histogram
 	buckets   *admission.Buckets
 	tokens    *auth.Cache
+	shed      *shedder
 
 	// eventStreams counts the work and batch event streams per tenant.
 	eventStreams openStreams
@@ -281,6 +285,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := s.watchMetrics(); err != nil {
 		return nil, err
 	}
+	if err := s.setUpShed(); err != nil {
+		return nil, err
+	}
 	var err error
 	s.submitted, err = d.Tel.Meter().Int64Counter("assay_ingress_requests",
 		metric.WithDescription("work submissions by result"))
@@ -296,12 +303,12 @@ func New(cfg Config, d Deps) (*Service, error) {
 // outbox relay and the sweeper.
 func (s *Service) Start(ctx context.Context) error {
 	s.relay.MaxPayload = s.d.JS.Conn().MaxPayload()
-	return lifecycle.StartAll(ctx, s.streams, s.relay, &s.sweeper, &s.janitor, &s.watcher)
+	return lifecycle.StartAll(ctx, s.streams, s.relay, &s.sweeper, &s.janitor, &s.watcher, s.shed.view)
 }
 
 // Stop ends the sweeper, then the relay after a last drain. Idempotent.
 func (s *Service) Stop(ctx context.Context) {
-	lifecycle.StopAll(ctx, &s.watcher, &s.janitor, &s.sweeper, s.relay, s.streams)
+	lifecycle.StopAll(ctx, s.shed.view, &s.watcher, &s.janitor, &s.sweeper, s.relay, s.streams)
 }
 
 // purge is one pass of the cell's retention: published outbox rows past
@@ -472,9 +479,8 @@ func (s *Service) backlogHeads(ctx context.Context) map[string]time.Time {
 
 // admit takes a token from the tenant's bucket for the lane. When there is
 // none it returns how long until there is one.
-func (s *Service) admit(t store.Tenant, lane string) (time.Duration, bool) {
-	ok, wait := s.buckets.Take(t.ID+"/"+lane, float64(t.RatePerMinute), t.Burst)
-	return wait, ok
+func (s *Service) admit(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {
+	return s.take(ctx, t, lane)
 }
 
 // overRate says why admission refused work.

@@ -373,10 +373,14 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 		return
 	}
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("assay.work_id", work.ID))
-	if _, ok := s.admit(d.tenant, work.Lane); !ok {
+	dropped := "over_rate"
+	if _, ok := s.admit(ctx, d.tenant, work.Lane); !ok {
 		// GitHub does not retry a refused delivery: the work is stored
 		// dropped, and its reason says how to ask again.
 		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", overRate(d.tenant, work.Lane), RerunCommand(work))
+	} else if r := s.admitCapacity(ctx, d.tenant, work); r != nil {
+		dropped = r.code
+		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", r.reason, RerunCommand(work))
 	}
 	rec := store.Delivery{ID: d.id, TenantID: d.tenant.ID, Event: d.event, Action: d.pr.Action, BaseSHA: d.pr.PullRequest.Base.SHA}
 	if d.pr.Installation != nil && d.by.app {
@@ -405,7 +409,10 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 		return
 	case res.Work.State == outcome.Dropped:
 		s.dropped.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.cfg.Region),
-			attribute.String("lane", res.Work.Lane), attribute.String("reason", "over_rate")))
+			attribute.String("lane", res.Work.Lane), attribute.String("reason", dropped)))
+		if dropped != "over_rate" {
+			s.countShed(ctx, res.Work.Lane, dropped, "webhook")
+		}
 		s.relay.Kick()
 		s.logSuperseded(ctx, res.Work)
 		resp.Reason = res.Work.Reason

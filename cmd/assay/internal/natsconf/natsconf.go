@@ -131,7 +131,11 @@ func grants(n event.Names, service string) grant {
 				"The sweeper reads how far each lane's consumer got, to tell a lost announcement from a backlog.").
 			with([]string{"$JS.API.CONSUMER.INFO." + n.Stream(event.KindResult) + "." + n.ResultConsumer(),
 				"$JS.API.CONSUMER.INFO." + n.Stream(event.KindAttempt) + "." + n.AttemptConsumer()},
-				"The console shows every durable's lag; reading a consumer's info changes nothing.")
+				"The console shows every durable's lag; reading a consumer's info changes nothing.").
+			with(watchesKV(n.CapacityBucket()), "It watches the capacity its classifiers report, to refuse what the cell could not serve in time.").
+			with(append(owns("KV_"+n.AdmitBucket()), "$JS.API.INFO", "$KV."+n.AdmitBucket()+".>",
+				"$JS.API.DIRECT.GET.KV_"+n.AdmitBucket()+".>", "$JS.API.STREAM.MSG.GET.KV_"+n.AdmitBucket()),
+				"It owns the admission bucket: the tenants' rates, shared by the cell's ingress instances (making a bucket reads the account's info).")
 	case "classifier":
 		g := grant{publish: []line{
 			{"Attempt outcomes through its outbox; never work.", n.Subjects(event.KindResult)},
@@ -139,6 +143,9 @@ func grants(n event.Names, service string) grant {
 		}, subscribe: append(inbox, n.Cancels())}
 		g = g.with(append(owns(n.Stream(event.KindResult)), owns(n.Stream(event.KindAttempt))...),
 			"It owns the RESULT and ATTEMPT streams.")
+		g = g.with(append(owns("KV_"+n.CapacityBucket()), "$JS.API.INFO", "$KV."+n.CapacityBucket()+".>",
+			"$JS.API.CONSUMER.INFO."+n.Stream(event.KindResult)+"."+n.ResultConsumer()),
+			"It owns the capacity bucket and reports its service rate and backlog there, the committer's too (making a bucket reads the account's info).")
 		for i, lane := range []string{event.Interactive, event.Batch} {
 			comment := ""
 			if i == 0 {
@@ -206,6 +213,16 @@ func (g grant) with(subjects []string, comment string) grant {
 // the update, then creates on "not found"; the info call serves readiness.
 func owns(stream string) []string {
 	return []string{"$JS.API.STREAM.INFO." + stream, "$JS.API.STREAM.CREATE." + stream, "$JS.API.STREAM.UPDATE." + stream}
+}
+
+// watchesKV are the API calls of a watch on a key-value bucket: its
+// stream's info, an ordered consumer of the watcher's own (created with a
+// name and filter of its choosing, deleted at the end) and its flow-control
+// replies.
+func watchesKV(bucket string) []string {
+	stream := "KV_" + bucket
+	return []string{"$JS.API.STREAM.INFO." + stream, "$JS.API.CONSUMER.CREATE." + stream, "$JS.API.CONSUMER.CREATE." + stream + ".>",
+		"$JS.API.CONSUMER.DELETE." + stream + ".*", "$JS.FC." + stream + ".>"}
 }
 
 // consumes are the API calls and acks of one durable pull consumer:

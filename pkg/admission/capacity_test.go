@@ -1,0 +1,111 @@
+package admission
+
+import (
+	"testing"
+	"time"
+)
+
+func TestPredict(t *testing.T) {
+	now := time.Unix(1000, 0)
+	report := func(rate float64, pending int, held map[string]TenantLoad) CapacityReport {
+		n := 0
+		for _, tl := range held {
+			n += tl.Held
+		}
+		return CapacityReport{Instance: "a", At: now, Every: time.Second, Rate: rate, Potential: rate, Limit: 10, InFlight: 10,
+			Lanes: map[string]LaneLoad{Interactive: {Pending: pending + n, Held: n, Tenants: held}}}
+	}
+	cases := []struct {
+		name    string
+		reports []CapacityReport
+		tenant  string
+		age     time.Duration
+		extra   float64
+		known   bool
+		wait    time.Duration
+	}{
+		{"nothing reported: unknown", nil, "acme", 0, 0, false, 0},
+		{"stale report: unknown", []CapacityReport{func() CapacityReport { r := report(100, 0, nil); r.At = now.Add(-time.Minute); return r }()},
+			"acme", 0, 0, false, 0},
+		{"one tenant, 100 waiting at 100/s: one second", []CapacityReport{report(100, 50, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}})},
+			"acme", 0, 0, true, time.Second},
+		{"half a second later, half is served", []CapacityReport{report(100, 50, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}})},
+			"acme", 500 * time.Millisecond, 0, true, 500 * time.Millisecond},
+		{"what this ingress admitted since counts", []CapacityReport{report(100, 0, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}})},
+			"acme", 0, 50, true, time.Second},
+		{"a quiet tenant beside a noisy one waits for its own share", []CapacityReport{report(100, 0, map[string]TenantLoad{"noisy": {Held: 199, Weight: 1}})},
+			"quiet", 0, 0, true, 0},
+		{"the noisy one waits for the lane", []CapacityReport{report(100, 0, map[string]TenantLoad{"noisy": {Held: 200, Weight: 1}})},
+			"noisy", 0, 0, true, 2 * time.Second},
+		{"two instances add their rates", []CapacityReport{report(50, 50, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}}),
+			func() CapacityReport {
+				r := report(50, 50, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}})
+				r.Instance = "b"
+				return r
+			}()},
+			"acme", 0, 0, true, time.Second},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := Combine(c.reports, now).Predict(Interactive, c.tenant, 1, c.age, c.extra, c.extra)
+			if p.Known != c.known {
+				t.Fatalf("known %v, want %v (%+v)", p.Known, c.known, p)
+			}
+			if d := p.Wait - c.wait; d > time.Millisecond || d < -time.Millisecond {
+				t.Fatalf("wait %v, want %v (%+v)", p.Wait, c.wait, p)
+			}
+		})
+	}
+}
+
+// Unsaturated, the cell is counted on for what its limit could serve, so an
+// idle cell whose measured rate is low still admits.
+func TestServiceRateIdle(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := Combine([]CapacityReport{{At: now, Every: time.Second, Rate: 0.5, Potential: 80, Limit: 8, InFlight: 1}}, now)
+	if r := c.ServiceRate(); r != 80 {
+		t.Fatalf("idle service rate %v, want the potential 80", r)
+	}
+	c = Combine([]CapacityReport{{At: now, Every: time.Second, Rate: 60, Potential: 80, Limit: 8, InFlight: 8}}, now)
+	if r := c.ServiceRate(); r != 60 {
+		t.Fatalf("saturated service rate %v, want the measured 60", r)
+	}
+}
+
+// What runs is not waiting: the durable's pending count includes the
+// calls in flight, which every instance subtracts.
+func TestCombineSubtractsRunning(t *testing.T) {
+	now := time.Unix(1000, 0)
+	rs := []CapacityReport{
+		{Instance: "a", At: now, Every: time.Second, Lanes: map[string]LaneLoad{Interactive: {Pending: 30, Running: 8}}},
+		{Instance: "b", At: now, Every: time.Second, Lanes: map[string]LaneLoad{Interactive: {Pending: 30, Running: 2}}},
+	}
+	if w := Combine(rs, now).Waiting[Interactive]; w != 20 {
+		t.Fatalf("waiting %v, want 30 pending less 10 running", w)
+	}
+}
+
+// A standing queue the counts do not see (an outbox that lags) shows in
+// the waits work really had: the tenant's own, else the lane's shortest.
+func TestPredictObservedWait(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := CapacityReport{At: now, Every: time.Second, Rate: 100, Limit: 10, InFlight: 10,
+		Lanes: map[string]LaneLoad{Interactive: {Pending: 10, Running: 10, MinWait: 3 * time.Second,
+			Tenants: map[string]TenantLoad{"slow": {MinWait: 5 * time.Second}, "quick": {MinWait: 3 * time.Second}}}}}
+	c := Combine([]CapacityReport{r}, now)
+	for tenant, want := range map[string]time.Duration{"slow": 5 * time.Second, "quick": 3 * time.Second, "new": 3 * time.Second} {
+		if p := c.Predict(Interactive, tenant, 1, 0, 0, 0); p.Wait != want {
+			t.Errorf("%s: predicted %v, want %v", tenant, p.Wait, want)
+		}
+	}
+}
+
+// Answers waiting for the committer delay every tenant.
+func TestPredictDownstream(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := CapacityReport{At: now, Every: time.Second, Rate: 100, Limit: 10, InFlight: 10, Downstream: 200,
+		Lanes: map[string]LaneLoad{Interactive: {Pending: 10, Running: 10}}}
+	if p := Combine([]CapacityReport{r}, now).Predict(Interactive, "acme", 1, 0, 0, 0); (p.Wait - 2*time.Second).Abs() > time.Millisecond {
+		t.Fatalf("predicted %v, want 2s behind the committer", p.Wait)
+	}
+}

@@ -1,0 +1,13 @@
+package event
+
+// CapacityBucket is the key-value bucket where the cell's classifier
+// instances report its capacity (one key per instance) and ingress reads
+// it, e.g. assay_capacity_us.
+func (n Names) CapacityBucket() string { return n.inst() + "_capacity_" + n.Cell }
+
+// AdmitBucket is the key-value bucket holding the cell's shared ingress
+// token buckets (one key per tenant and lane), e.g. assay_admit_us.
+func (n Names) AdmitBucket() string { return n.inst() + "_admit_" + n.Cell }
+
+// AdmitKey is the key of a tenant's ingress bucket for a lane.
+func AdmitKey(tenant, lane string) string { return "rate." + tenant + "." + lane }

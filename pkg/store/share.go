@@ -1,0 +1,58 @@
+package store
+
+import (
+	"context"
+	"fmt"
+)
+
+// MaxWeight is the largest fair-share weight a tenant may have.
+const MaxWeight = 1000
+
+// SetWeight sets the tenant's weight in its lanes' fair share, 1 to
+// MaxWeight.
+func (s *Store) SetWeight(ctx context.Context, tenantID string, weight int) error {
+	if weight < 1 || weight > MaxWeight {
+		return fmt.Errorf("store: set weight: weight must be 1 to %d", MaxWeight)
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET weight = $2 WHERE id = $1`, tenantID, weight)
+	if err != nil {
+		return fmt.Errorf("store: set weight: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// Weights are the fair-share weights of the tenants whose weight is not
+// the default 1.
+func (s *Store) Weights(ctx context.Context) (map[string]int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, weight FROM tenants WHERE weight <> 1`)
+	if err != nil {
+		return nil, fmt.Errorf("store: weights: %w", err)
+	}
+	defer rows.Close()
+	m := map[string]int{}
+	for rows.Next() {
+		var id string
+		var w int
+		if err := rows.Scan(&id, &w); err != nil {
+			return nil, fmt.Errorf("store: weights: %w", err)
+		}
+		m[id] = w
+	}
+	return m, rows.Err()
+}
+
+// OpenBatch counts the tenant's batch work still queued or running, up to
+// limit: the cost of the count is bounded by the limit, not the backlog.
+func (s *Store) OpenBatch(ctx context.Context, tenantID string, limit int) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM work
+		WHERE tenant_id = $1 AND lane = 'batch' AND state IN ('queued', 'running') LIMIT $2) o`,
+		tenantID, limit).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("store: open batch: %w", err)
+	}
+	return n, nil
+}

@@ -1,0 +1,147 @@
+package classifier
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"assay.dev/pkg/admission"
+	"assay.dev/pkg/event"
+)
+
+// weightSource is the store's view of the tenants' fair-share weights.
+type weightSource interface {
+	Weights(ctx context.Context) (map[string]int, error)
+}
+
+// capacityReporter tells ingress, through the cell's capacity bucket, how
+// fast this instance serves and what waits in each lane, every
+// ReportEvery. It also reloads the tenants' weights now and then.
+type capacityReporter struct {
+	s        *Service
+	instance string
+	kv       jetstream.KeyValue
+
+	lastServed  int64
+	lastAt      time.Time
+	rate        float64 // answers per second, smoothed
+	weightsAt   time.Time
+	weightsFrom weightSource
+}
+
+// rateTau is the time constant of the smoothed service rate: long enough
+// to ride over a second without answers, short enough to follow a
+// provider that halves.
+const rateTau = 2 * time.Second
+
+func newInstanceID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (r *capacityReporter) pass(ctx context.Context) (bool, error) {
+	s := r.s
+	now := time.Now()
+	if r.weightsFrom != nil && now.Sub(r.weightsAt) >= s.cfg.WeightsEvery {
+		r.weightsAt = now
+		if w, err := r.weightsFrom.Weights(ctx); err != nil {
+			s.d.Log.Warn("tenant weights not reloaded", "err", err)
+		} else {
+			s.fair.weights.Store(&w)
+		}
+	}
+	served := s.fair.served.Load()
+	if !r.lastAt.IsZero() {
+		dt := now.Sub(r.lastAt)
+		if dt > 0 {
+			inst := float64(served-r.lastServed) / dt.Seconds()
+			a := 1 - math.Exp(-float64(dt)/float64(rateTau))
+			r.rate += a * (inst - r.rate)
+		}
+	}
+	r.lastServed, r.lastAt = served, now
+	st := s.lim.Stats()
+	rep := admission.CapacityReport{Instance: r.instance, At: now, Every: s.cfg.ReportEvery, Rate: r.rate,
+		Limit: st.Limit, InFlight: st.InFlight, Latency: st.Short, Lanes: map[string]admission.LaneLoad{}}
+	// Before the first answer the latency is unknown: a second is
+	// assumed, so a fresh cell admits a little, learns, and admits more.
+	lat := time.Second
+	if st.Short > 0 {
+		lat = st.Short
+	}
+	rep.Potential = float64(st.Limit) / lat.Seconds()
+	stream := s.cfg.Names.Stream(event.KindWork)
+	for _, lane := range lanes {
+		var l admission.LaneLoad
+		if c, err := s.d.JS.Consumer(ctx, stream, Consumer(s.cfg.Names, lane)); err == nil {
+			if info, err := c.Info(ctx); err == nil {
+				l.Pending = int(info.NumPending) + info.NumAckPending
+			}
+		}
+		held, by := s.fair.lane(lane).snapshot()
+		l.Held, l.Running = held, int(s.fair.running(lane).Load())
+		minWait, waits := s.fair.takeWaits(lane)
+		l.MinWait = minWait
+		if len(by)+len(waits) > 0 {
+			l.Tenants = make(map[string]admission.TenantLoad, len(by)+len(waits))
+			for t, n := range by {
+				l.Tenants[t] = admission.TenantLoad{Held: n, Weight: s.fair.weight(t), MinWait: waits[t]}
+			}
+			for t, d := range waits {
+				if _, ok := l.Tenants[t]; !ok {
+					l.Tenants[t] = admission.TenantLoad{Weight: s.fair.weight(t), MinWait: d}
+				}
+			}
+		}
+		rep.Lanes[lane] = l
+	}
+	if c, err := s.d.JS.Consumer(ctx, s.cfg.Names.Stream(event.KindResult), s.cfg.Names.ResultConsumer()); err == nil {
+		if info, err := c.Info(ctx); err == nil {
+			rep.Downstream = int(info.NumPending) + info.NumAckPending
+		}
+	}
+	if r.kv == nil {
+		kv, err := s.d.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: s.cfg.Names.CapacityBucket(),
+			Description: "the cell's capacity, reported by its classifier instances for ingress admission",
+			History:     1, TTL: time.Minute, Storage: jetstream.MemoryStorage})
+		if err != nil {
+			return false, fmt.Errorf("capacity bucket: %w", err)
+		}
+		r.kv = kv
+	}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		return false, err
+	}
+	if _, err := r.kv.Put(ctx, "classifier."+r.instance, b); err != nil {
+		if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+			r.kv = nil // created again on the next pass
+		}
+		return false, fmt.Errorf("capacity report: %w", err)
+	}
+	return false, nil
+}
+
+// startReporter sets up the capacity reporter, a lifecycle part started
+// with the lanes' consumers.
+func (s *Service) startReporter() {
+	r := &capacityReporter{s: s, instance: newInstanceID()}
+	r.weightsFrom, _ = s.d.Store.(weightSource)
+	t := &s.report
+	t.Name, t.Log, t.PassTimeout = "capacity", s.d.Log, 5*time.Second
+	t.Every = s.cfg.ReportEvery
+	if t.Every < 0 {
+		t.Every = time.Hour
+		t.Pass = func(context.Context) (bool, error) { return false, nil }
+		return
+	}
+	t.Pass = r.pass
+}

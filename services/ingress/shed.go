@@ -1,0 +1,441 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"assay.dev/pkg/admission"
+	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/config"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/lifecycle"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+)
+
+// ShedConfig is how ingress refuses work the cell could not serve in time.
+type ShedConfig struct {
+	// Off turns capacity admission off: interactive work is queued
+	// whatever the wait (the tenant's rate still applies).
+	Off bool
+	// QueueWait is the longest predicted queue wait interactive work is
+	// admitted into. Default: an eighth of the time its deadline leaves
+	// (1s of an 8s deadline, 75s of the default 10m), so most of the
+	// deadline stays for the call, its retries and the gate; the deadline
+	// less the time a call needs bounds it in any case.
+	QueueWait time.Duration
+	// BatchBacklog bounds each tenant's batch work queued or running;
+	// beyond it batch submissions get 429. Default 10000.
+	BatchBacklog int
+	// LocalRate keeps each tenant's rate per ingress instance instead of
+	// shared by every instance of the cell through NATS.
+	LocalRate bool
+}
+
+func (c *ShedConfig) defaults() error {
+	if c.QueueWait < 0 {
+		return fmt.Errorf("ingress: Shed.QueueWait %v is negative", c.QueueWait)
+	}
+	if c.BatchBacklog == 0 {
+		c.BatchBacklog = 10000
+	}
+	if c.BatchBacklog < 0 {
+		return fmt.Errorf("ingress: Shed.BatchBacklog %d is negative", c.BatchBacklog)
+	}
+	return nil
+}
+
+// shedVars are the settings fromEnv reads.
+var shedVars = []config.Var{
+	{Name: "ASSAY_SHED", Default: "on", Usage: "on: refuse interactive work the cell could not start within ASSAY_SHED_QUEUE_WAIT; off: queue it"},
+	{Name: "ASSAY_SHED_QUEUE_WAIT", Default: "an eighth of the deadline", Usage: "the longest predicted queue wait interactive work is admitted into"},
+	{Name: "ASSAY_BATCH_BACKLOG", Default: "10000", Usage: "batch work a tenant may have queued or running"},
+	{Name: "ASSAY_INGRESS_RATE", Default: "shared", Usage: "shared: a tenant's rate holds across the cell's ingress instances (NATS KV); local: per instance"},
+}
+
+func (c *ShedConfig) fromEnv(getenv func(string) string) error {
+	switch v := getenv("ASSAY_SHED"); v {
+	case "", "on":
+	case "off":
+		c.Off = true
+	default:
+		return fmt.Errorf("ASSAY_SHED: %q is not on or off", v)
+	}
+	if err := config.Durations(getenv,
+		config.Duration{Name: "ASSAY_SHED_QUEUE_WAIT", To: &c.QueueWait, Min: 10 * time.Millisecond, Max: time.Hour},
+	); err != nil {
+		return err
+	}
+	if err := config.Int(getenv, "ASSAY_BATCH_BACKLOG", &c.BatchBacklog, 1, 10_000_000); err != nil {
+		return err
+	}
+	switch v := getenv("ASSAY_INGRESS_RATE"); v {
+	case "", "shared":
+	case "local":
+		c.LocalRate = true
+	default:
+		return fmt.Errorf("ASSAY_INGRESS_RATE: %q is not shared or local", v)
+	}
+	return nil
+}
+
+// batchCounter is the store's bounded count of a tenant's open batch work.
+type batchCounter interface {
+	OpenBatch(ctx context.Context, tenantID string, limit int) (int, error)
+}
+
+// shedder is ingress's capacity admission: the cell's capacity as its
+// classifiers report it, what this instance admitted since, and the shared
+// rate buckets.
+type shedder struct {
+	cfg     ShedConfig
+	view    *capacityView
+	batch   batchCounter
+	shared  *sharedRate
+	counted metric.Int64Counter // assay_shed
+}
+
+func (s *Service) setUpShed() error {
+	sh := &shedder{cfg: s.cfg.Shed}
+	sh.view = &capacityView{js: s.d.JS, bucket: s.cfg.Names.CapacityBucket(), log: s.d.Log}
+	sh.batch, _ = s.d.Store.(batchCounter)
+	if !sh.cfg.LocalRate {
+		sh.shared = &sharedRate{js: s.d.JS, bucket: s.cfg.Names.AdmitBucket(), log: s.d.Log,
+			b: &admission.SharedBuckets{Local: s.buckets}}
+	}
+	var err error
+	sh.counted, err = s.d.Tel.Meter().Int64Counter("assay_shed",
+		metric.WithDescription("submissions ingress refused for the cell's capacity or the tenant's batch backlog, by lane, why and how they came"))
+	if err != nil {
+		return err
+	}
+	region := attribute.String("region", s.cfg.Region)
+	for _, lane := range event.Lanes { // at zero from the start, like assay_dropped
+		for _, via := range []string{"api", "webhook"} {
+			for _, why := range []string{"over_capacity", "backlog_full"} {
+				sh.counted.Add(context.Background(), 0, metric.WithAttributes(region, attribute.String("lane", lane),
+					attribute.String("reason", why), attribute.String("via", via)))
+			}
+		}
+		s.dropped.Add(context.Background(), 0, metric.WithAttributes(region, attribute.String("lane", lane),
+			attribute.String("reason", "over_capacity")))
+	}
+	s.shed = sh
+	return nil
+}
+
+// CapacityKnown reports whether a fresh capacity report of the cell's
+// classifiers has been read.
+func (s *Service) CapacityKnown() bool {
+	if s.shed == nil {
+		return false
+	}
+	s.shed.view.mu.Lock()
+	defer s.shed.view.mu.Unlock()
+	return s.shed.view.load(time.Now()).Reports > 0
+}
+
+// take takes a token from the tenant's bucket for the lane: the cell's
+// shared one, or this instance's.
+func (s *Service) take(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {
+	if s.shed != nil && s.shed.shared != nil {
+		return s.shed.shared.take(ctx, t, lane)
+	}
+	ok, wait := s.buckets.Take(t.ID+"/"+lane, float64(t.RatePerMinute), t.Burst)
+	return wait, ok
+}
+
+// refusal is why capacity admission refused work, and when to ask again.
+type refusal struct {
+	code   string // over_capacity or backlog_full
+	reason string
+	retry  time.Duration
+}
+
+// deadlineShare: without a QueueWait, work may wait an eighth of its
+// deadline.
+const deadlineShare = 8
+
+// shedDecision decides whether interactive work predicted to wait p may
+// be queued: the wait must fit within maxWait and within what the deadline
+// leaves after the call needs its time. Unknown capacity admits.
+func shedDecision(p admission.Prediction, maxWait, remaining, need time.Duration) *refusal {
+	if !p.Known {
+		return nil
+	}
+	if maxWait <= 0 {
+		maxWait = remaining / deadlineShare
+	}
+	bound := min(maxWait, remaining-need)
+	if p.Wait <= bound {
+		return nil
+	}
+	retry := max(p.Wait-max(bound, 0), time.Second)
+	return &refusal{code: "over_capacity", retry: retry, reason: fmt.Sprintf(
+		"the cell is at capacity: %.0f waiting in the lane (%.0f of them this tenant's) at %.1f/s served, a predicted queue wait of %s, over the %s this work can wait",
+		p.Waiting, p.Ahead, p.Rate, p.Wait.Round(time.Millisecond), max(bound, 0).Round(time.Millisecond))}
+}
+
+// admitCapacity decides whether the cell can take w now. Interactive work
+// is refused when its predicted queue wait does not fit; batch work when
+// the tenant's batch backlog is full.
+func (s *Service) admitCapacity(ctx context.Context, t store.Tenant, w *store.Work) *refusal {
+	sh := s.shed
+	if sh == nil || sh.cfg.Off {
+		return nil
+	}
+	now := time.Now()
+	if w.Lane == event.Batch {
+		if sh.batch == nil {
+			return nil
+		}
+		n, err := sh.batch.OpenBatch(ctx, t.ID, sh.cfg.BatchBacklog)
+		if err != nil {
+			// The insert that follows meets the same database; let it
+			// answer.
+			s.d.Log.WarnContext(ctx, "batch backlog count failed", "key", w.ID, "err", err)
+			return nil
+		}
+		if n < sh.cfg.BatchBacklog {
+			sh.view.admitted(w.Lane, t.ID)
+			return nil
+		}
+		retry := time.Minute
+		if rate := sh.view.rate(now); rate > 0 {
+			retry = max(time.Second, time.Duration(float64(time.Second)*float64(n-sh.cfg.BatchBacklog+1)/rate))
+		}
+		return &refusal{code: "backlog_full", retry: retry,
+			reason: fmt.Sprintf("tenant %s has %d batch items queued or running, its limit", t.ID, sh.cfg.BatchBacklog)}
+	}
+	p, latency := sh.view.predict(w.Lane, t.ID, now)
+	need := 2*latency + 500*time.Millisecond
+	if r := shedDecision(p, sh.cfg.QueueWait, w.DeadlineAt.Sub(now), need); r != nil {
+		return r
+	}
+	sh.view.admitted(w.Lane, t.ID)
+	return nil
+}
+
+// overCapacity answers a submission capacity admission refused: 429 with
+// Retry-After, nothing stored; a key already accepted answers as the
+// duplicate it is.
+func (s *Service) overCapacity(ctx context.Context, w http.ResponseWriter, t store.Tenant, work *store.Work, r *refusal) {
+	if got, err := s.d.Store.GetWork(ctx, work.ID); err == nil && got.State != outcome.Dropped {
+		s.duplicate(ctx, w, t, got)
+		return
+	}
+	secs := int(math.Ceil(r.retry.Seconds()))
+	s.count(ctx, r.code)
+	s.countShed(ctx, work.Lane, r.code, "api")
+	telemetry.Decision(ctx, s.d.Log, work.ID, "refused", r.reason,
+		slog.String("tenant", t.ID), slog.String("lane", work.Lane), slog.Duration("retry_after", r.retry))
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	apierror.Write(w, http.StatusTooManyRequests, r.code,
+		fmt.Sprintf("%s; retry after %d s (nothing was stored)", r.reason, secs))
+}
+
+func (s *Service) countShed(ctx context.Context, lane, code, via string) {
+	if s.shed == nil {
+		return
+	}
+	s.shed.counted.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.cfg.Region),
+		attribute.String("lane", lane), attribute.String("reason", code), attribute.String("via", via)))
+}
+
+// capacityView is the cell's capacity as its classifier instances report
+// it in the capacity bucket, watched, with what this instance admitted
+// since the last report. A lifecycle part.
+type capacityView struct {
+	js     jetstream.KeyValueManager
+	bucket string
+	log    *slog.Logger
+	run    lifecycle.Runner
+
+	mu      sync.Mutex
+	reports map[string]admission.CapacityReport
+	newest  time.Time
+	extra   map[string]float64    // lane -> admitted since the newest report
+	extraT  map[[2]string]float64 // lane, tenant -> the same
+}
+
+func (v *capacityView) Start(ctx context.Context) error { return v.run.Go(ctx, v.loop) }
+
+func (v *capacityView) Stop(ctx context.Context) { v.run.Stop(ctx) }
+
+// loop watches the bucket; it waits for the bucket to exist (the
+// classifier makes it) and watches again when a watch ends.
+func (v *capacityView) loop(ctx context.Context) {
+	warned := false
+	for ctx.Err() == nil {
+		if err := v.watch(ctx); err != nil && ctx.Err() == nil && !warned && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			v.log.Warn("capacity bucket not watched; interactive work is admitted without a capacity check until it is", "bucket", v.bucket, "err", err)
+			warned = true
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (v *capacityView) watch(ctx context.Context) error {
+	kv, err := v.js.KeyValue(ctx, v.bucket)
+	if err != nil {
+		return err
+	}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("capacity watch ended")
+			}
+			if e == nil {
+				continue // the values present at the start are all in
+			}
+			v.apply(e)
+		}
+	}
+}
+
+func (v *capacityView) apply(e jetstream.KeyValueEntry) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.reports == nil {
+		v.reports = map[string]admission.CapacityReport{}
+	}
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(v.reports, e.Key())
+		return
+	}
+	var r admission.CapacityReport
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		v.log.Warn("undecodable capacity report", "key", e.Key(), "err", err)
+		return
+	}
+	v.reports[e.Key()] = r
+	if r.At.After(v.newest) {
+		v.newest = r.At
+	}
+	// What this instance admitted before the report is in it now.
+	v.extra, v.extraT = nil, nil
+}
+
+func (v *capacityView) load(now time.Time) admission.CellLoad {
+	rs := make([]admission.CapacityReport, 0, len(v.reports))
+	for k, r := range v.reports {
+		if !r.Fresh(now) {
+			delete(v.reports, k)
+			continue
+		}
+		rs = append(rs, r)
+	}
+	return admission.Combine(rs, now)
+}
+
+// predict predicts the queue wait of one more item of tenant in lane, and
+// returns the cell's call latency.
+func (v *capacityView) predict(lane, tenant string, now time.Time) (admission.Prediction, time.Duration) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	l := v.load(now)
+	return l.Predict(lane, tenant, 1, now.Sub(v.newest), v.extra[lane], v.extraT[[2]string{lane, tenant}]), l.Latency
+}
+
+func (v *capacityView) rate(now time.Time) float64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.load(now).ServiceRate()
+}
+
+func (v *capacityView) admitted(lane, tenant string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.extra == nil {
+		v.extra, v.extraT = map[string]float64{}, map[[2]string]float64{}
+	}
+	v.extra[lane]++
+	v.extraT[[2]string{lane, tenant}]++
+}
+
+// sharedRate is the cell's tenant buckets in its admission bucket, opened
+// (made when missing) on first use; while it cannot be, takes fall back
+// to this instance's buckets, and that is logged at most once a minute.
+type sharedRate struct {
+	js     jetstream.KeyValueManager
+	bucket string
+	log    *slog.Logger
+	b      *admission.SharedBuckets
+
+	mu       sync.Mutex
+	tried    time.Time
+	warnedAt time.Time
+}
+
+func (r *sharedRate) take(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {
+	if !r.open(ctx) {
+		ok, wait := r.b.Local.Take(t.ID+"/"+lane, float64(t.RatePerMinute), t.Burst)
+		return wait, ok
+	}
+	ok, wait, err := r.b.Take(ctx, event.AdmitKey(t.ID, lane), float64(t.RatePerMinute), t.Burst)
+	if err != nil {
+		r.warn("shared rate bucket failed; the tenant's rate holds per instance until it answers", err)
+	}
+	return wait, ok
+}
+
+func (r *sharedRate) open(ctx context.Context) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.b.KV != nil {
+		return true
+	}
+	if time.Since(r.tried) < 5*time.Second {
+		return false
+	}
+	r.tried = time.Now()
+	octx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	kv, err := r.js.CreateOrUpdateKeyValue(octx, jetstream.KeyValueConfig{Bucket: r.bucket,
+		Description: "the cell's ingress token buckets, one per tenant and lane, shared by its ingress instances",
+		History:     1, Storage: jetstream.MemoryStorage})
+	if err != nil {
+		r.warnLocked("shared rate bucket not opened; the tenant's rate holds per instance until it is", err)
+		return false
+	}
+	r.b.KV = kv
+	return true
+}
+
+func (r *sharedRate) warn(msg string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.warnLocked(msg, err)
+}
+
+func (r *sharedRate) warnLocked(msg string, err error) {
+	if time.Since(r.warnedAt) < time.Minute {
+		return
+	}
+	r.warnedAt = time.Now()
+	r.log.Warn(msg, "bucket", r.bucket, "err", err)
+}
