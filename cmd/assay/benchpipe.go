@@ -34,6 +34,7 @@ import (
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/event"
 	"assay.dev/services/classifier"
+	"assay.dev/services/ingress"
 )
 
 const benchPipeUsage = `usage: assay bench pipeline [-n 20000] [-c 8,32] [--runs 1] [--peer DIR] [--answer constant|reviewer]
@@ -172,8 +173,11 @@ func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error
 	}
 	stmts := newStmtCounter()
 	bed, err := startBenchBed(ctx, base, cell.Options{
-		Log:         benchLogger(io.Discard, 0, ""),
-		Classifier:  classifier.Config{Concurrency: 32, CallTimeout: 10 * time.Second},
+		Log:        benchLogger(io.Discard, 0, ""),
+		Classifier: classifier.Config{Concurrency: 32, CallTimeout: 10 * time.Second},
+		// Every post is to be served, as the River build serves it:
+		// capacity admission would refuse what waits behind the backlog.
+		Ingress:     ingress.Config{Shed: ingress.ShedConfig{Off: true}},
 		StoreTracer: stmts.tracer,
 		Config:      config.Config{DatabasePool: p.pool},
 	}, tenants, sim.Options{Constant: p.constant})
