@@ -249,7 +249,14 @@ func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error
 func postAll(ctx context.Context, base string, n, c int, tenants []string, tokens map[string]string) error {
 	items := evalset.Items()
 	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}}
-	var next, failed atomic.Int64
+	var next atomic.Int64
+	var mu sync.Mutex
+	failed := map[string]int{} // what the posts that were not 202 got
+	fail := func(why string) {
+		mu.Lock()
+		failed[why]++
+		mu.Unlock()
+	}
 	var wg sync.WaitGroup
 	for range c {
 		wg.Go(func() {
@@ -265,20 +272,30 @@ func postAll(ctx context.Context, base string, n, c int, tenants []string, token
 				hr.Header.Set("Authorization", "Bearer "+tokens[tenants[i%len(tenants)]])
 				resp, err := client.Do(hr)
 				if err != nil {
-					failed.Add(1)
+					fail(err.Error())
 					continue
 				}
-				_, _ = io.Copy(io.Discard, resp.Body)
+				raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 				resp.Body.Close()
 				if resp.StatusCode != http.StatusAccepted {
-					failed.Add(1)
+					var e struct {
+						Error struct{ Code, Message string }
+					}
+					_ = json.Unmarshal(raw, &e)
+					fail(fmt.Sprintf("HTTP %d %s: %s", resp.StatusCode, e.Error.Code, e.Error.Message))
 				}
 			}
 		})
 	}
 	wg.Wait()
-	if f := failed.Load(); f > 0 {
-		return fmt.Errorf("%d of %d posts were not accepted with 202", f, n)
+	if len(failed) > 0 {
+		var b strings.Builder
+		total := 0
+		for why, k := range failed {
+			total += k
+			fmt.Fprintf(&b, "\n  %d× %s", k, why)
+		}
+		return fmt.Errorf("%d of %d posts were not accepted with 202:%s", total, n, b.String())
 	}
 	return nil
 }
