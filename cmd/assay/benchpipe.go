@@ -249,7 +249,7 @@ func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error
 func postAll(ctx context.Context, base string, n, c int, tenants []string, tokens map[string]string) error {
 	items := evalset.Items()
 	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}}
-	var next atomic.Int64
+	var next, retried atomic.Int64
 	var mu sync.Mutex
 	failed := map[string]int{} // what the posts that were not 202 got
 	fail := func(why string) {
@@ -268,15 +268,31 @@ func postAll(ctx context.Context, base string, n, c int, tenants []string, token
 				req := celltest.CodeReview(items[i%len(items)], "pipeline")
 				req.SourceID = fmt.Sprintf("shop/bench#%d", i)
 				body, _ := json.Marshal(req)
-				hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/work", bytes.NewReader(body))
-				hr.Header.Set("Authorization", "Bearer "+tokens[tenants[i%len(tenants)]])
-				resp, err := client.Do(hr)
+				var resp *http.Response
+				var raw []byte
+				var err error
+				// A 503 says the work was not stored and to try again: a
+				// client does, up to three times, and the retries are told.
+				for try := 0; try < 4; try++ {
+					if try > 0 {
+						retried.Add(1)
+						time.Sleep(100 * time.Millisecond)
+					}
+					hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/work", bytes.NewReader(body))
+					hr.Header.Set("Authorization", "Bearer "+tokens[tenants[i%len(tenants)]])
+					if resp, err = client.Do(hr); err != nil {
+						break
+					}
+					raw, _ = io.ReadAll(io.LimitReader(resp.Body, 4096))
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusServiceUnavailable {
+						break
+					}
+				}
 				if err != nil {
 					fail(err.Error())
 					continue
 				}
-				raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-				resp.Body.Close()
 				if resp.StatusCode != http.StatusAccepted {
 					var e struct {
 						Error struct{ Code, Message string }
@@ -288,6 +304,9 @@ func postAll(ctx context.Context, base string, n, c int, tenants []string, token
 		})
 	}
 	wg.Wait()
+	if r := retried.Load(); r > 0 {
+		fmt.Fprintf(os.Stderr, "bench pipeline: %d posts answered 503 unavailable and were sent again\n", r)
+	}
 	if len(failed) > 0 {
 		var b strings.Builder
 		total := 0
