@@ -141,13 +141,16 @@ func (l *lockedBuffer) has(s string) bool {
 	return strings.Contains(l.b.String(), s)
 }
 
-// waitOutbox waits until the cell has published everything it wrote.
+// waitOutbox waits until the cell has announced every outcome its work
+// reached (the committer's sweep writes those it did not commit itself) and
+// published everything it wrote.
 func waitOutbox(t *testing.T, b *celltest.Bundle) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
-	for b.Count(t, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) > 0 {
+	for b.Count(t, `SELECT count(*) FROM work WHERE state NOT IN ('queued', 'running') AND outcome_announced_at IS NULL`)+
+		b.Count(t, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) > 0 {
 		if time.Now().After(deadline) {
-			t.Fatal("outbox rows still unpublished after 20s")
+			t.Fatal("outcomes still unannounced or outbox rows unpublished after 20s")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

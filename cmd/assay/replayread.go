@@ -184,6 +184,10 @@ func decodeMsg(n event.Names, kind string, m jetstream.Msg, meta *jetstream.MsgM
 		var a event.Attempt
 		a, err = event.Parse[event.Attempt](data)
 		r.WorkID, r.AttemptID, r.Outcome = a.WorkID, a.AttemptID, a.Outcome
+	case kind == event.KindOutcome:
+		var o event.Outcome
+		o, err = event.Parse[event.Outcome](data)
+		r.WorkID, r.Outcome = o.WorkID, o.Outcome
 	}
 	if err != nil {
 		r.DecodeError = err.Error()

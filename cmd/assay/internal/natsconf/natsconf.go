@@ -9,6 +9,7 @@ package natsconf
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"assay.dev/pkg/event"
@@ -179,8 +180,9 @@ func opsGrant(n event.Names) grant {
 		n.Stream(event.KindWork):    {classifier.Consumer(n, event.Interactive), classifier.Consumer(n, event.Batch)},
 		n.Stream(event.KindResult):  {committer.Consumer(n)},
 		n.Stream(event.KindAttempt): {ledger.Consumer(n)},
+		n.Stream(event.KindOutcome): {n.OutcomeConsumer()},
 	}
-	for i, kind := range event.Kinds {
+	for i, kind := range append(slices.Clone(event.Kinds), event.KindOutcome) {
 		stream := n.Stream(kind)
 		comment := ""
 		if i == 0 {
