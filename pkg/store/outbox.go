@@ -23,17 +23,15 @@ type OutboxMsg struct {
 }
 
 func insertOutbox(ctx context.Context, tx pgx.Tx, msgs []OutboxMsg) error {
-	for _, m := range msgs {
-		if m.Headers == nil {
-			m.Headers = map[string]string{}
-		}
-		if m.Stream == "" {
-			return fmt.Errorf("store: outbox row for %s names no stream", m.Subject)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO outbox (stream, subject, msg_id, payload, headers) VALUES ($1, $2, $3, $4, $5)`,
-			m.Stream, m.Subject, m.MsgID, m.Payload, m.Headers); err != nil {
-			return fmt.Errorf("store: outbox: %w", err)
-		}
+	if len(msgs) == 0 {
+		return nil
+	}
+	var ob outboxRows
+	if err := ob.add("", msgs); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, outboxInsert(1, "true"), ob.args()...); err != nil {
+		return fmt.Errorf("store: outbox: %w", err)
 	}
 	return nil
 }

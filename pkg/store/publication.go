@@ -84,29 +84,6 @@ type PullSource struct {
 // ErrNoPullSource is returned for work whose source is not a pull request.
 var ErrNoPullSource = errors.New("work's source is not a pull request")
 
-// WorkPullSource reads the pull request a work item reviews, from its
-// source id (owner/repo#number), its revision (the head SHA) and the first
-// delivery that asked for it, if one did.
-func (s *Store) WorkPullSource(ctx context.Context, w *Work) (PullSource, error) {
-	var d *PublishDelivery
-	var del PublishDelivery
-	err := s.pool.QueryRow(ctx, `SELECT coalesce(installation_id, 0), coalesce(base_sha, '') FROM webhook_deliveries
-		WHERE work_id = $1 ORDER BY installation_id IS NULL, received_at LIMIT 1`, w.ID).Scan(&del.Installation, &del.BaseSHA)
-	switch {
-	case err == nil:
-		d = &del
-	case !errors.Is(err, pgx.ErrNoRows):
-		return PullSource{}, fmt.Errorf("store: work %s delivery: %w", w.ID, err)
-	}
-	var links []Link
-	if d == nil {
-		if links, err = s.installationLinks(ctx, w.TenantID); err != nil {
-			return PullSource{}, fmt.Errorf("store: work %s installation: %w", w.ID, err)
-		}
-	}
-	return PullSourceOf(w, d, links)
-}
-
 // PublishDelivery is what the first webhook delivery that asked for a work
 // item says about where it is published.
 type PublishDelivery struct {
@@ -143,19 +120,6 @@ func PullSourceOf(w *Work, d *PublishDelivery, links []Link) (PullSource, error)
 		}
 	}
 	return p, nil
-}
-
-func (s *Store) installationLinks(ctx context.Context, tenant string) ([]Link, error) {
-	rows, err := s.pool.Query(ctx, `SELECT key, repositories FROM tenant_sources
-		WHERE kind = 'github_installation' AND tenant_id = $1 ORDER BY key`, tenant)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Link, error) {
-		var l Link
-		err := r.Scan(&l.Key, &l.Repositories)
-		return l, err
-	})
 }
 
 // PublishFacts are what publishing one outcome reads, read at once.
@@ -238,19 +202,6 @@ const (
 	CheckAdvisory = "advisory" // a check never fails
 	CheckBlocking = "blocking" // a blocking finding fails the check
 )
-
-// CheckPolicy reads a tenant's check-run policy.
-func (s *Store) CheckPolicy(ctx context.Context, tenant string) (string, error) {
-	var p string
-	err := s.pool.QueryRow(ctx, `SELECT check_policy FROM tenants WHERE id = $1`, tenant).Scan(&p)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", ErrNotFound
-	}
-	if err != nil {
-		return "", fmt.Errorf("store: check policy of %s: %w", tenant, err)
-	}
-	return p, nil
-}
 
 // SetCheckPolicy sets a tenant's check-run policy.
 func (s *Store) SetCheckPolicy(ctx context.Context, tenant, policy string) error {
@@ -432,19 +383,6 @@ func (s *Store) SetCallback(ctx context.Context, tenant string, c Callback) erro
 		return fmt.Errorf("store: callback of %s: %w", tenant, err)
 	}
 	return nil
-}
-
-// TenantCallback reads a tenant's callback; ErrNotFound when it has none.
-func (s *Store) TenantCallback(ctx context.Context, tenant string) (Callback, error) {
-	var c Callback
-	err := s.pool.QueryRow(ctx, `SELECT url, secret FROM tenant_callbacks WHERE tenant_id = $1`, tenant).Scan(&c.URL, &c.Secret)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return c, ErrNotFound
-	}
-	if err != nil {
-		return c, fmt.Errorf("store: callback of %s: %w", tenant, err)
-	}
-	return c, nil
 }
 
 // UnpublishedOutcomes reads back from the outbox up to limit OUTCOME events

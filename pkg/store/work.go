@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -162,12 +163,8 @@ func (s *Store) insertNew(ctx context.Context, w *Work, announce func(*Work) ([]
 		return got, err
 	}
 	var cancels outboxRows
-	for _, m := range all {
-		if m.MsgID != msgs[0].MsgID {
-			if err := cancels.add("", []OutboxMsg{m}); err != nil {
-				return got, err
-			}
-		}
+	if err := cancels.add("", slices.DeleteFunc(all, func(m OutboxMsg) bool { return m.MsgID == msgs[0].MsgID })); err != nil {
+		return got, err
 	}
 	if _, err := s.pool.Exec(ctx, outboxInsert(1, "true"), cancels.args()...); err != nil {
 		return got, fmt.Errorf("store: cancels of %s: %w", got.ID, err)
