@@ -17,10 +17,10 @@ type LaneFigures struct {
 	Oldest  time.Duration
 }
 
-// Lanes are the figures of every lane that has unfinished work, of one
+// lanes are the figures of every lane that has unfinished work, of one
 // tenant or ("") of the whole cell, in lane order.
-func (s *Store) Lanes(ctx context.Context, tenant string) ([]LaneFigures, error) {
-	rows, err := s.pool.Query(ctx, `SELECT lane, count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'running'),
+func lanes(ctx context.Context, q querier, tenant string) ([]LaneFigures, error) {
+	rows, err := q.Query(ctx, `SELECT lane, count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'running'),
 			extract(epoch FROM now() - min(created_at))::float8
 		FROM work WHERE state IN ('queued', 'running') AND ($1 = '' OR tenant_id = $1)
 		GROUP BY lane ORDER BY lane`, tenant)
@@ -47,10 +47,10 @@ type Decision struct {
 	Finished time.Time
 }
 
-// RecentDecisions are the last limit work items that reached an outcome,
+// recentDecisions are the last limit work items that reached an outcome,
 // newest first, of one tenant or ("") of the whole cell.
-func (s *Store) RecentDecisions(ctx context.Context, tenant string, limit int) ([]Decision, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, tenant_id, contract, lane, state, coalesce(reason, ''), updated_at
+func recentDecisions(ctx context.Context, q querier, tenant string, limit int) ([]Decision, error) {
+	rows, err := q.Query(ctx, `SELECT id, tenant_id, contract, lane, state, coalesce(reason, ''), updated_at
 		FROM work WHERE state NOT IN ('queued', 'running') AND ($1 = '' OR tenant_id = $1)
 		ORDER BY updated_at DESC, id LIMIT $2`, tenant, limit)
 	if err != nil {
@@ -72,11 +72,11 @@ type Spend struct {
 	EstimatedCostMicros int64
 }
 
-// SpendSince totals the ledger per tenant over the attempts that occurred
+// spendSince totals the ledger per tenant over the attempts that occurred
 // at or after since, of one tenant or ("") of every tenant, in tenant
 // order.
-func (s *Store) SpendSince(ctx context.Context, since time.Time, tenant string) ([]Spend, error) {
-	rows, err := s.pool.Query(ctx, `SELECT tenant_id, count(*), coalesce(sum(cost_micros), 0),
+func spendSince(ctx context.Context, q querier, since time.Time, tenant string) ([]Spend, error) {
+	rows, err := q.Query(ctx, `SELECT tenant_id, count(*), coalesce(sum(cost_micros), 0),
 			coalesce(sum(cost_micros) FILTER (WHERE estimated), 0)
 		FROM ledger WHERE occurred_at >= $1 AND ($2 = '' OR tenant_id = $2)
 		GROUP BY tenant_id ORDER BY tenant_id`, since, tenant)
@@ -88,4 +88,36 @@ func (s *Store) SpendSince(ctx context.Context, since time.Time, tenant string) 
 		err := r.Scan(&sp.TenantID, &sp.Calls, &sp.CostMicros, &sp.EstimatedCostMicros)
 		return sp, err
 	})
+}
+
+// ConsoleFigures are the console's reads, all of one moment.
+type ConsoleFigures struct {
+	Views  map[string]int64
+	Lanes  []LaneFigures
+	Recent []Decision
+	Spend  []Spend
+}
+
+// Console reads the views of the work created in the last window, the
+// lanes, the last recent decisions and the spend since the window began,
+// of one tenant or ("") of the whole cell, in one read-only snapshot: work
+// that ends between two of the reads is counted running in none and
+// finished in all, or the other way round, never both.
+func (s *Store) Console(ctx context.Context, window time.Duration, tenant string, recent int, since time.Time) (ConsoleFigures, error) {
+	var f ConsoleFigures
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var err error
+		if f.Views, err = viewsOf(ctx, tx, window, tenant); err != nil {
+			return err
+		}
+		if f.Lanes, err = lanes(ctx, tx, tenant); err != nil {
+			return err
+		}
+		if f.Recent, err = recentDecisions(ctx, tx, tenant, recent); err != nil {
+			return err
+		}
+		f.Spend, err = spendSince(ctx, tx, since, tenant)
+		return err
+	})
+	return f, err
 }

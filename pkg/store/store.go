@@ -182,6 +182,11 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
+// querier is what a pool and a transaction share for reading.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
 // interval passes a duration to Postgres exactly, whatever its unit.
 func interval(d time.Duration) int64 { return d.Microseconds() }
 

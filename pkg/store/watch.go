@@ -45,7 +45,11 @@ func (s *Store) Views(ctx context.Context, window time.Duration) (map[string]int
 
 // ViewsOf is Views of one tenant's work; tenant "" counts the whole cell's.
 func (s *Store) ViewsOf(ctx context.Context, window time.Duration, tenant string) (map[string]int64, error) {
-	rows, err := s.pool.Query(ctx, `SELECT CASE
+	return viewsOf(ctx, s.pool, window, tenant)
+}
+
+func viewsOf(ctx context.Context, q querier, window time.Duration, tenant string) (map[string]int64, error) {
+	rows, err := q.Query(ctx, `SELECT CASE
 			WHEN w.state IN ('queued', 'running') THEN 'running'
 			WHEN w.state = 'accepted' AND (r.output->>'needsHumanReview' = 'true'
 				OR r.output @> '{"findings": [{"severity": "blocking"}]}' OR r.output->>'severity' = 'high') THEN 'needs_review'

@@ -99,16 +99,13 @@ func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error)
 	} else {
 		c.Operator = v.Operator.Name
 	}
-	var err error
-	if c.States, err = s.d.Store.ViewsOf(ctx, ViewWindow, tenant); err != nil {
-		return nil, err
-	}
-	lanes, err := s.d.Store.Lanes(ctx, tenant)
+	f, err := s.d.Store.Console(ctx, ViewWindow, tenant, ConsoleRecent, c.At.Add(-ViewWindow))
 	if err != nil {
 		return nil, err
 	}
+	c.States = f.Views
 	byLane := map[string]store.LaneFigures{}
-	for _, l := range lanes {
+	for _, l := range f.Lanes {
 		byLane[l.Lane] = l
 	}
 	for _, lane := range event.Lanes {
@@ -116,19 +113,11 @@ func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error)
 		c.Lanes = append(c.Lanes, ConsoleLane{Lane: lane, Queued: l.Queued, Running: l.Running, Depth: l.Queued + l.Running,
 			OldestSeconds: l.Oldest.Seconds()})
 	}
-	recent, err := s.d.Store.RecentDecisions(ctx, tenant, ConsoleRecent)
-	if err != nil {
-		return nil, err
-	}
-	for _, d := range recent {
+	for _, d := range f.Recent {
 		c.Recent = append(c.Recent, ConsoleOutcome{WorkID: d.WorkID, TenantID: d.TenantID, Contract: d.Contract,
 			Lane: d.Lane, Outcome: d.Outcome, FinishedAt: d.Finished.UTC()})
 	}
-	spend, err := s.d.Store.SpendSince(ctx, c.At.Add(-ViewWindow), tenant)
-	if err != nil {
-		return nil, err
-	}
-	for _, sp := range spend {
+	for _, sp := range f.Spend {
 		c.Spend = append(c.Spend, ConsoleSpend{TenantID: sp.TenantID, Calls: sp.Calls, CostMicros: sp.CostMicros,
 			EstimatedCostMicros: sp.EstimatedCostMicros})
 	}

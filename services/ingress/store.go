@@ -30,8 +30,6 @@ type Store interface {
 	Views(ctx context.Context, window time.Duration) (map[string]int64, error)
 	Outbox(ctx context.Context) (map[string]store.OutboxBacklog, error)
 	ViewsOf(ctx context.Context, window time.Duration, tenant string) (map[string]int64, error)
-	Lanes(ctx context.Context, tenant string) ([]store.LaneFigures, error)
-	RecentDecisions(ctx context.Context, tenant string, limit int) ([]store.Decision, error)
-	SpendSince(ctx context.Context, since time.Time, tenant string) ([]store.Spend, error)
+	Console(ctx context.Context, window time.Duration, tenant string, recent int, since time.Time) (store.ConsoleFigures, error)
 	SweepStuck(ctx context.Context, sw store.Sweep, announce func(store.Stuck) (store.OutboxMsg, error)) ([]store.Stuck, error)
 }
