@@ -501,9 +501,10 @@ type Sweep struct {
 	// LeaseGrace is how long after its lease expired running work is taken
 	// back.
 	LeaseGrace time.Duration
-	// Heads, per lane, is since when announcements wait undelivered in the
-	// lane's consumer: queued work announced before then was delivered (or
-	// lost) and has no message waiting, work announced after waits its
+	// Heads, per lane, is since when the lane's consumer holds the
+	// announcements it has not finished with (undelivered, or delivered
+	// and not yet acknowledged): queued work announced before then has no
+	// message left (acknowledged, or lost), work announced after waits its
 	// turn behind a healthy backlog and is left alone. A lane not named
 	// counts as caught up.
 	Heads map[string]time.Time

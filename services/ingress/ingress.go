@@ -446,12 +446,19 @@ func (s *Service) SweepOnce(ctx context.Context) error {
 	return nil
 }
 
-// backlogHeads reads, for each lane, since when announcements wait
-// undelivered in its consumer: the time of the next message the consumer
-// has not delivered yet. Queued work announced before then has no message
-// waiting (it was delivered, or the broker lost it) and is announced
-// again; work announced after waits its turn. A lane whose consumer cannot
-// be read, or that has delivered everything, counts as caught up.
+// backlogHeads reads, for each lane, since when its consumer holds
+// announcements it has not finished with: the time of the first message
+// after its ack floor. Every message from there on is either waiting to be
+// delivered or in a worker's hands unacknowledged (held for its tenant's
+// turn, delayed for a retry, or with a worker that died, and then
+// redelivered after the ack wait), so the work it announces is not lost,
+// however long the backlog. Queued work announced before then has no
+// message left (it was acknowledged, or the broker lost it) and is
+// announced again. A message reaches the stream a little after its work
+// row was written (the relay's lag), so the head is moved back by
+// QueuedFor: the head message's own work is never taken for lost, and
+// work lost just before it is found once the head moves on. A lane whose
+// consumer cannot be read, or that holds nothing, counts as caught up.
 func (s *Service) backlogHeads(ctx context.Context) map[string]time.Time {
 	heads := map[string]time.Time{}
 	stream := s.cfg.Names.Stream(event.KindWork)
@@ -461,18 +468,18 @@ func (s *Service) backlogHeads(ctx context.Context) map[string]time.Time {
 			continue
 		}
 		info := cons.CachedInfo()
-		if info.NumPending == 0 {
+		if info.NumPending == 0 && info.NumAckPending == 0 {
 			continue
 		}
 		st, err := s.d.JS.Stream(ctx, stream)
 		if err != nil {
 			continue
 		}
-		next, err := st.GetMsg(ctx, info.Delivered.Stream+1, jetstream.WithGetMsgSubject(s.cfg.Names.Lane(lane)))
+		next, err := st.GetMsg(ctx, info.AckFloor.Stream+1, jetstream.WithGetMsgSubject(s.cfg.Names.Lane(lane)))
 		if err != nil {
 			continue
 		}
-		heads[lane] = next.Time
+		heads[lane] = next.Time.Add(-s.cfg.QueuedFor)
 	}
 	return heads
 }

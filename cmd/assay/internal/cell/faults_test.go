@@ -2,14 +2,19 @@ package cell_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/event"
 	"assay.dev/services/ingress"
 )
 
@@ -110,5 +115,84 @@ func TestSweeperRecoversAbandonedClaim(t *testing.T) {
 	}
 	if len(v.Attempts) != 2 || v.Attempts[0].Outcome != "lease_expired" || v.Attempts[1].Outcome != "ok" {
 		t.Errorf("attempts %+v, want the abandoned one lease_expired, then ok", v.Attempts)
+	}
+}
+
+// Queued work whose announcement a worker holds unacknowledged (waiting
+// for its tenant's turn, say) is not lost, however long it has waited:
+// the sweeper leaves it alone. Once the announcement is acknowledged and
+// the work is still queued, nothing will deliver it again, and the sweeper
+// announces it anew.
+func TestSweeperLeavesHeldAnnouncementsAlone(t *testing.T) {
+	t.Parallel()
+	b := celltest.Setup(t, cell.Options{NoClassifier: true, Ingress: ingress.Config{
+		SweepEvery: time.Hour, QueuedFor: time.Second}})
+	ctx := context.Background()
+	n, js := b.Names(), b.Cell.Env.JS
+	cons, err := js.CreateOrUpdateConsumer(ctx, n.Stream(event.KindWork), jetstream.ConsumerConfig{
+		Durable: n.WorkConsumer(event.Interactive), FilterSubject: n.Lane(event.Interactive),
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first is announced well before the others (more than QueuedFor,
+	// the head's allowance for the relay's lag).
+	var ids []string
+	for i := range 3 {
+		if i == 1 {
+			time.Sleep(1500 * time.Millisecond)
+		}
+		_, r := b.Submit(t, celltest.CodeReview(evalset.Items()[i], fmt.Sprintf("held %d", i)))
+		ids = append(ids, r.WorkID)
+	}
+	var held []jetstream.Msg
+	deadline := time.Now().Add(20 * time.Second)
+	for len(held) < len(ids) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d announcements delivered after 20s", len(held), len(ids))
+		}
+		batch, err := cons.Fetch(len(ids)-len(held), jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			held = append(held, m)
+		}
+	}
+	dispatches := func() []int {
+		var out []int
+		for _, id := range ids {
+			out = append(out, b.Count(t, `SELECT dispatch FROM work WHERE id = $1 AND state = 'queued'`, id))
+		}
+		return out
+	}
+	time.Sleep(2500 * time.Millisecond) // longer than QueuedFor, and the head's allowance
+	if err := b.Cell.Ingress.SweepOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := dispatches(); !slices.Equal(got, []int{1, 1, 1}) {
+		t.Fatalf("dispatch numbers %v while a worker holds every announcement; want each left at 1", got)
+	}
+	// The first is acknowledged with its work still queued: it alone is
+	// lost (the others' announcements are still held).
+	if err := held[0].Ack(); err != nil {
+		t.Fatal(err)
+	}
+	var first int
+	for i, id := range ids {
+		if strings.Contains(string(held[0].Data()), id) {
+			first = i
+		}
+	}
+	want := []int{1, 1, 1}
+	want[first] = 2
+	poll(t, "the acknowledged work announced again", 10*time.Second, func() bool {
+		if err := b.Cell.Ingress.SweepOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return slices.Equal(dispatches(), want)
+	})
+	if got := dispatches(); !slices.Equal(got, want) {
+		t.Fatalf("dispatch numbers %v, want %v", got, want)
 	}
 }
