@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -413,21 +412,15 @@ func benchLogger(w io.Writer, scenario int, mode string) *slog.Logger {
 }
 
 // benchDB creates a fresh database on the server of base and returns its
-// URL, with a pool large enough for four services in one process, and a
-// function that drops it.
+// URL and a function that drops it. Each service opens its own pool on it
+// (ASSAY_DATABASE_POOL's default, or --pool), as in assay dev; the URL
+// names no pool size of its own, which every pool would take.
 func benchDB(ctx context.Context, base, name string) (string, func(), error) {
 	dbURL, err := cell.CreateDatabase(ctx, base, name)
 	if err != nil {
 		return "", nil, err
 	}
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		return "", nil, err
-	}
-	q := u.Query()
-	q.Set("pool_max_conns", "64")
-	u.RawQuery = q.Encode()
-	return u.String(), func() { cell.DropDatabases(context.Background(), base, name) }, nil
+	return dbURL, func() { cell.DropDatabases(context.Background(), base, name) }, nil
 }
 
 func countQ(ctx context.Context, db *pgxpool.Pool, q string, args ...any) (int, error) {

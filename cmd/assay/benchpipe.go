@@ -38,7 +38,7 @@ import (
 )
 
 const benchPipeUsage = `usage: assay bench pipeline [-n 20000] [-c 8,32] [--runs 1] [--peer DIR] [--answer constant|reviewer]
-       [--tenants 4] [--pool N] [--statements] [--cpuprofile FILE]
+       [--tenants 4] [--pool N] [--statements] [--cpuprofile FILE] [--log FILE]
 
 N distinct code reviews posted through HTTP ingress by C keep-alive clients
 for the tenants in turn, the simulated model answering at once (constant:
@@ -50,7 +50,9 @@ statements (each service's pool counts what it sends, BEGIN and COMMIT
 included) and WAL bytes per item, JetStream messages per item, and the cores
 this process and Postgres used. --peer DIR runs the River build in DIR
 (go run . -n N -c C) after each assay run, on the same Postgres, and prints
-the ratio.
+the ratio. After each run it prints to stderr when the last item was accepted
+and ledgered, and the three slowest items: how long each waited for its
+claim, its answer and its acceptance. --log FILE keeps the cell's JSON logs.
 `
 
 // pipeResult is one run of one system.
@@ -81,6 +83,7 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 	answer := fs.String("answer", "constant", "the simulated model: constant (each diff reviewed once, then answered from that) or reviewer (every call reviewed)")
 	ntenants := fs.Int("tenants", 4, "tenants the items are posted for, in turn")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process over the assay runs to this file")
+	logTo := fs.String("log", "", "write the cell's JSON logs (decisions included) to this file")
 	if err := fs.Parse(args); err != nil {
 		return configError{fmt.Errorf("%v\n%s", err, benchPipeUsage)}
 	}
@@ -122,12 +125,21 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	logw := io.Discard
+	if *logTo != "" {
+		f, err := os.Create(*logTo)
+		if err != nil {
+			return configError{fmt.Errorf("--log: %w", err)}
+		}
+		defer f.Close()
+		logw = f
+	}
 	var all []pipeResult
 	for _, c := range clients {
 		for run := range *runs {
 			fmt.Fprintf(os.Stderr, "bench pipeline: assay, n=%d c=%d, run %d…\n", *n, c, run+1)
 			r, err := runPipeline(ctx, base, pipeRun{n: *n, c: c, pool: *pool, statements: *statements,
-				constant: *answer == "constant", tenants: *ntenants})
+				constant: *answer == "constant", tenants: *ntenants, log: logw})
 			if err != nil {
 				return fmt.Errorf("assay c=%d: %w", c, err)
 			}
@@ -162,6 +174,7 @@ func benchPostgres(ctx context.Context) (string, func(), error) {
 type pipeRun struct {
 	n, c, pool, tenants  int
 	statements, constant bool
+	log                  io.Writer
 }
 
 func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error) {
@@ -173,7 +186,7 @@ func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error
 	}
 	stmts := newStmtCounter()
 	bed, err := startBenchBed(ctx, base, cell.Options{
-		Log:        benchLogger(io.Discard, 0, ""),
+		Log:        benchLogger(p.log, 0, fmt.Sprintf("pipeline c=%d", c)),
 		Classifier: classifier.Config{Concurrency: 32, CallTimeout: 10 * time.Second},
 		// Every post is to be served, as the River build serves it:
 		// capacity admission would refuse what waits behind the backlog.
@@ -219,6 +232,36 @@ func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error
 	}
 	if accepted != n {
 		return res, fmt.Errorf("%d of %d items accepted", accepted, n)
+	}
+	// Where the wall went at the end: a run whose last acceptance or last
+	// ledger row comes long after the rest waited for something (a
+	// redelivery, a reaper) rather than for the pipeline.
+	var lastAccepted, lastLedgered, slowest float64
+	var over10 int
+	if err := db.QueryRow(ctx, `SELECT extract(epoch FROM max(updated_at) - $1::timestamptz),
+			extract(epoch FROM max(updated_at - created_at)),
+			count(*) FILTER (WHERE updated_at - created_at > interval '10 seconds' + (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY updated_at - created_at) FROM work WHERE state = 'accepted')),
+			(SELECT extract(epoch FROM max(recorded_at) - $1::timestamptz) FROM ledger)
+		FROM work WHERE state = 'accepted'`, start).Scan(&lastAccepted, &slowest, &over10, &lastLedgered); err != nil {
+		return res, err
+	}
+	fmt.Fprintf(os.Stderr, "run c=%d: last item accepted at %.1fs, last ledger row at %.1fs, settled at %.1fs; slowest item %.1fs, %d items over p99 + 10s\n",
+		c, lastAccepted, lastLedgered, res.Wall.Seconds(), slowest, over10)
+	if rows, err := db.Query(ctx, `SELECT w.id, w.dispatch, w.attempts,
+			extract(epoch FROM min(a.started_at) - w.created_at), extract(epoch FROM max(a.finished_at) - min(a.started_at)),
+			extract(epoch FROM w.updated_at - max(a.finished_at)), string_agg(a.outcome, ',' ORDER BY a.number)
+		FROM work w JOIN attempts a ON a.work_id = w.id
+		WHERE w.state = 'accepted' GROUP BY w.id ORDER BY w.updated_at - w.created_at DESC LIMIT 3`); err == nil {
+		for rows.Next() {
+			var id, outcomes string
+			var dispatch, attempts int
+			var toClaim, call, toCommit float64
+			if rows.Scan(&id, &dispatch, &attempts, &toClaim, &call, &toCommit, &outcomes) == nil {
+				fmt.Fprintf(os.Stderr, "  %s: dispatch %d, attempts %d (%s); created -> first claim %.1fs, claim -> last answer %.1fs, answer -> accepted %.1fs\n",
+					id, dispatch, attempts, outcomes, toClaim, call, toCommit)
+			}
+		}
+		rows.Close()
 	}
 	var msgs uint64
 	names := event.Names{Installation: event.DefaultInstallation, Cell: "us"}

@@ -193,6 +193,14 @@ func interval(d time.Duration) int64 { return d.Microseconds() }
 // ErrNotFound is returned when a row asked for by key does not exist.
 var ErrNotFound = errors.New("store: not found")
 
+// Unsent reports whether err came before the statement reached the server
+// (no connection could be had: the server full, down or unreachable), so
+// nothing of it was done and sending it again cannot do it twice.
+func Unsent(err error) bool {
+	var ce *pgconn.ConnectError
+	return pgconn.SafeToRetry(err) || errors.As(err, &ce)
+}
+
 // Permanent reports whether err is the database refusing data for good: a
 // data exception (SQLSTATE class 22: bytes that are not text, a value out
 // of range) or an integrity violation (class 23). Retrying such a write can

@@ -925,3 +925,27 @@ func TestEnsureDatabaseWithPoolSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Unsent tells an error that came before the statement reached the server
+// (nothing done, safe to send again) from one the server answered.
+func TestUnsent(t *testing.T) {
+	s, ctx := setup(t)
+	base, err := url.Parse(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base.Path = "/assay_no_such_database"
+	gone, err := store.Open(ctx, base.String())
+	if err == nil {
+		gone.Close()
+		t.Fatal("opened a database that does not exist")
+	}
+	if !store.Unsent(err) {
+		t.Fatalf("a connection refused by the server: Unsent(%v) = false, want true", err)
+	}
+	_, err = s.RecordAttempt(ctx, store.AttemptRecord{AttemptID: "not-a-uuid", WorkID: "w_none", LeaseToken: newUUID(),
+		Outcome: outcome.AttemptOK, Change: store.Finish, WorkOutcome: outcome.Accepted})
+	if err == nil || store.Unsent(err) {
+		t.Fatalf("a statement the server refused: Unsent(%v) = true, want false", err)
+	}
+}

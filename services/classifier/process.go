@@ -249,7 +249,7 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 		if err != nil {
 			return consumer.Retry(time.Second)
 		}
-		applied, err := s.d.Store.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
+		applied, err := s.recordAttempt(ctx, store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
 			Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
 			RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
 			WorkReason: v.workReason, Outbox: msgs})
@@ -287,6 +287,31 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	telemetry.Decision(ctx, s.d.Log, w.ID, v.outcome, reason,
 		slog.String("attempt", attemptID), slog.String("next", v.next), slog.Duration("delay", v.disp.Delay))
 	return v.disp
+}
+
+// recordBackoff are the waits between tries of an attempt's record that
+// never reached the database: the call is paid for and its answer is held
+// only here, and given up, the work waits for its lease to lapse and is
+// called again.
+var recordBackoff = []time.Duration{100 * time.Millisecond, 300 * time.Millisecond, time.Second, 2 * time.Second}
+
+// recordAttempt is RecordAttempt, sent again while it failed before
+// reaching the server (no connection to be had). An error after that may
+// have committed, and is left to the caller.
+func (s *Service) recordAttempt(ctx context.Context, r store.AttemptRecord) (bool, error) {
+	for i := 0; ; i++ {
+		applied, err := s.d.Store.RecordAttempt(ctx, r)
+		if err == nil || !store.Unsent(err) || i == len(recordBackoff) {
+			return applied, err
+		}
+		s.d.Log.Warn("recording attempt failed before it reached the database; trying again", "key", r.WorkID,
+			"attempt", r.AttemptID, "err", err)
+		select {
+		case <-ctx.Done():
+			return applied, err
+		case <-time.After(recordBackoff[i]):
+		}
+	}
 }
 
 // refused records an attempt whose record the database refused for good:
