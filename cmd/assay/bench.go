@@ -129,15 +129,11 @@ func benchCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		defer func() { _ = pg.Stop() }()
 		base = pg.URL("postgres")
 	}
-	logw := io.Discard
-	if *logTo != "" {
-		f, err := os.Create(*logTo)
-		if err != nil {
-			return configError{fmt.Errorf("--log: %w", err)}
-		}
-		defer f.Close()
-		logw = f
+	logw, closeLog, err := benchLogFile(*logTo)
+	if err != nil {
+		return err
 	}
+	defer closeLog()
 	var results []benchResult
 	for _, sc := range benchScenarios(scale) {
 		if !want[sc.n] {
@@ -409,6 +405,19 @@ func benchLogger(w io.Writer, scenario int, mode string) *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return telemetry.NewLogger(w, "bench", "us", slog.LevelInfo).With("scenario", scenario, "mode", mode)
+}
+
+// benchLogFile is where --log sends the cells' JSON logs: the file named,
+// or nowhere.
+func benchLogFile(path string) (io.Writer, func(), error) {
+	if path == "" {
+		return io.Discard, func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, nil, configError{fmt.Errorf("--log: %w", err)}
+	}
+	return f, func() { f.Close() }, nil
 }
 
 // benchDB creates a fresh database on the server of base and returns its

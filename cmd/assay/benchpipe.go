@@ -125,15 +125,11 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	logw := io.Discard
-	if *logTo != "" {
-		f, err := os.Create(*logTo)
-		if err != nil {
-			return configError{fmt.Errorf("--log: %w", err)}
-		}
-		defer f.Close()
-		logw = f
+	logw, closeLog, err := benchLogFile(*logTo)
+	if err != nil {
+		return err
 	}
+	defer closeLog()
 	var all []pipeResult
 	for _, c := range clients {
 		for run := range *runs {
