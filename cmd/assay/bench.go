@@ -518,9 +518,21 @@ func (r *benchRun) moderation(prefix string) func(i int) ingress.SubmitRequest {
 // offer submits at rate per second for d, open loop: a slow answer does
 // not slow the offered load.
 func (r *benchRun) offer(ctx context.Context, rate float64, d time.Duration, lane string, mk func(int) ingress.SubmitRequest) error {
+	return openLoop(ctx, rate, d, func(i int) {
+		req := mk(i)
+		req.Lane = lane
+		r.submit(ctx, req)
+	})
+}
+
+// openLoop runs send(i) for i in [0, rate·d) at rate per second from now,
+// each on its own goroutine (at most 256 at once), and waits for them: the
+// load is offered on its schedule whatever the answers take.
+func openLoop(ctx context.Context, rate float64, d time.Duration, send func(i int)) error {
 	n := int(rate * d.Seconds())
 	start := time.Now()
 	var wg sync.WaitGroup
+	defer wg.Wait()
 	sem := make(chan struct{}, 256)
 	for i := range n {
 		at := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
@@ -531,15 +543,12 @@ func (r *benchRun) offer(ctx context.Context, rate float64, d time.Duration, lan
 				return ctx.Err()
 			}
 		}
-		req := mk(i)
-		req.Lane = lane
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			r.submit(ctx, req)
+			send(i)
 		})
 	}
-	wg.Wait()
 	return nil
 }
 

@@ -80,55 +80,38 @@ func printShedTable(w io.Writer, rs []benchResult) {
 	}
 }
 
-// offerTo submits at rate per second for d to url as the token's tenant,
-// open loop, and counts the answers.
+// offerCounts are the answers an offered load got.
 type offerCounts struct {
 	offered, admitted, refused, failed atomic.Int64
 }
 
+// offerTo submits at rate per second for d to url as the token's tenant,
+// open loop, and counts the answers.
 func offerTo(ctx context.Context, client *http.Client, url, token string, rate float64, d time.Duration, lane string,
 	mk func(int) ingress.SubmitRequest, c *offerCounts) error {
-	n := int(rate * d.Seconds())
-	start := time.Now()
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 256)
-	for i := range n {
-		at := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
-		if wait := time.Until(at); wait > 0 {
-			select {
-			case <-time.After(wait):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
+	return openLoop(ctx, rate, d, func(i int) {
 		req := mk(i)
 		req.Lane = lane
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			c.offered.Add(1)
-			body, _ := json.Marshal(req)
-			hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/work", bytes.NewReader(body))
-			hr.Header.Set("Authorization", "Bearer "+token)
-			resp, err := client.Do(hr)
-			if err != nil {
-				c.failed.Add(1)
-				return
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			switch resp.StatusCode {
-			case http.StatusAccepted, http.StatusOK:
-				c.admitted.Add(1)
-			case http.StatusTooManyRequests:
-				c.refused.Add(1)
-			default:
-				c.failed.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	return nil
+		c.offered.Add(1)
+		body, _ := json.Marshal(req)
+		hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/work", bytes.NewReader(body))
+		hr.Header.Set("Authorization", "Bearer "+token)
+		resp, err := client.Do(hr)
+		if err != nil {
+			c.failed.Add(1)
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusAccepted, http.StatusOK:
+			c.admitted.Add(1)
+		case http.StatusTooManyRequests:
+			c.refused.Add(1)
+		default:
+			c.failed.Add(1)
+		}
+	})
 }
 
 func moderationOf(prefix string) func(int) ingress.SubmitRequest {

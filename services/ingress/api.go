@@ -275,13 +275,19 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRe
 // DecodeSubmit decodes a submission strictly: one JSON object, known fields
 // only, nothing after it.
 func DecodeSubmit(body []byte, req *SubmitRequest) error {
-	// A JSON null decodes into a struct without error and leaves it zero.
-	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) > 0 && b[0] != '{' {
+	return decodeStrict(body, req)
+}
+
+// decodeStrict decodes one JSON object, known fields only, nothing after.
+// (A JSON null would decode into a struct without error and leave it
+// zero.)
+func decodeStrict(body []byte, v any) error {
+	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) == 0 || b[0] != '{' {
 		return errors.New("request body: must be a JSON object")
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(req); err != nil {
+	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("request body: %v", err)
 	}
 	if _, err := dec.Token(); err != io.EOF {

@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"net/http"
@@ -344,22 +343,6 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 		sources[it.SourceID] = i
 	}
 	return req, c, nil
-}
-
-// decodeStrict decodes one JSON object, known fields only, nothing after.
-func decodeStrict(body []byte, v any) error {
-	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) == 0 || b[0] != '{' {
-		return errors.New("request body: must be a JSON object")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("request body: %v", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("request body: unexpected data after the JSON object")
-	}
-	return nil
 }
 
 // tenantBatch authenticates the caller and reads its batch named in the

@@ -3,6 +3,7 @@ package ingress
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"time"
@@ -69,22 +70,15 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Since = at
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000 {
-			apierror.Write(w, http.StatusBadRequest, "invalid_query", "limit: not a whole number from 1 to 1000")
-			return
-		}
-		f.Limit = n
+	limit, at, id, bad := page(q, store.ParseWorkCursor)
+	if bad != "" {
+		apierror.Write(w, http.StatusBadRequest, "invalid_query", bad)
+		return
 	}
-	if v := q.Get("cursor"); v != "" {
-		at, id, err := store.ParseWorkCursor(v)
-		if err != nil {
-			apierror.Write(w, http.StatusBadRequest, "invalid_query", "cursor: not a cursor this listing gave")
-			return
-		}
-		f.AfterCreated, f.AfterID = at, id
+	if limit > 0 {
+		f.Limit = limit
 	}
+	f.AfterCreated, f.AfterID = at, id
 	lister, ok := s.d.Store.(workLister)
 	if !ok {
 		apierror.Write(w, http.StatusNotImplemented, "not_implemented", "this cell's store cannot list work")
@@ -111,4 +105,24 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request) {
 		out.Next = store.WorkCursor(ws[len(ws)-1])
 	}
 	apierror.JSON(w, http.StatusOK, out)
+}
+
+// page reads a listing's limit (1 to 1000; 0 when not given) and the
+// cursor it gave for the next page (zero when not given); bad says what
+// is wrong with either.
+func page[ID any](q url.Values, parse func(string) (time.Time, ID, error)) (limit int, at time.Time, id ID, bad string) {
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return 0, at, id, "limit: not a whole number from 1 to 1000"
+		}
+		limit = n
+	}
+	if v := q.Get("cursor"); v != "" {
+		var err error
+		if at, id, err = parse(v); err != nil {
+			return 0, time.Time{}, id, "cursor: not a cursor this listing gave"
+		}
+	}
+	return limit, at, id, ""
 }

@@ -109,22 +109,15 @@ func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000 {
-			apierror.Write(w, http.StatusBadRequest, "invalid_query", "limit: not a whole number from 1 to 1000")
-			return
-		}
-		f.Limit = n
+	limit, at, id, bad := page(q, store.ParseReviewCursor)
+	if bad != "" {
+		apierror.Write(w, http.StatusBadRequest, "invalid_query", bad)
+		return
 	}
-	if v := q.Get("cursor"); v != "" {
-		at, id, err := store.ParseReviewCursor(v)
-		if err != nil {
-			apierror.Write(w, http.StatusBadRequest, "invalid_query", "cursor: not a cursor this listing gave")
-			return
-		}
-		f.AfterCreated, f.AfterID = at, id
+	if limit > 0 {
+		f.Limit = limit
 	}
+	f.AfterCreated, f.AfterID = at, id
 	vs, err := rs.ListReviews(r.Context(), f)
 	if err != nil {
 		s.d.Log.Error("list reviews failed", "tenant", t.ID, "err", err)
