@@ -229,35 +229,8 @@ func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error
 	if accepted != n {
 		return res, fmt.Errorf("%d of %d items accepted", accepted, n)
 	}
-	// Where the wall went at the end: a run whose last acceptance or last
-	// ledger row comes long after the rest waited for something (a
-	// redelivery, a reaper) rather than for the pipeline.
-	var lastAccepted, lastLedgered, slowest float64
-	var over10 int
-	if err := db.QueryRow(ctx, `SELECT extract(epoch FROM max(updated_at) - $1::timestamptz),
-			extract(epoch FROM max(updated_at - created_at)),
-			count(*) FILTER (WHERE updated_at - created_at > interval '10 seconds' + (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY updated_at - created_at) FROM work WHERE state = 'accepted')),
-			(SELECT extract(epoch FROM max(recorded_at) - $1::timestamptz) FROM ledger)
-		FROM work WHERE state = 'accepted'`, start).Scan(&lastAccepted, &slowest, &over10, &lastLedgered); err != nil {
+	if err := describeEnd(ctx, db, c, start, res.Wall); err != nil {
 		return res, err
-	}
-	fmt.Fprintf(os.Stderr, "run c=%d: last item accepted at %.1fs, last ledger row at %.1fs, settled at %.1fs; slowest item %.1fs, %d items over p99 + 10s\n",
-		c, lastAccepted, lastLedgered, res.Wall.Seconds(), slowest, over10)
-	if rows, err := db.Query(ctx, `SELECT w.id, w.dispatch, w.attempts,
-			extract(epoch FROM min(a.started_at) - w.created_at), extract(epoch FROM max(a.finished_at) - min(a.started_at)),
-			extract(epoch FROM w.updated_at - max(a.finished_at)), string_agg(a.outcome, ',' ORDER BY a.number)
-		FROM work w JOIN attempts a ON a.work_id = w.id
-		WHERE w.state = 'accepted' GROUP BY w.id ORDER BY w.updated_at - w.created_at DESC LIMIT 3`); err == nil {
-		for rows.Next() {
-			var id, outcomes string
-			var dispatch, attempts int
-			var toClaim, call, toCommit float64
-			if rows.Scan(&id, &dispatch, &attempts, &toClaim, &call, &toCommit, &outcomes) == nil {
-				fmt.Fprintf(os.Stderr, "  %s: dispatch %d, attempts %d (%s); created -> first claim %.1fs, claim -> last answer %.1fs, answer -> accepted %.1fs\n",
-					id, dispatch, attempts, outcomes, toClaim, call, toCommit)
-			}
-		}
-		rows.Close()
 	}
 	var msgs uint64
 	names := event.Names{Installation: event.DefaultInstallation, Cell: "us"}
@@ -281,6 +254,44 @@ func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error
 	}
 	res.ProcCores, res.PGCores = cpu.proc.Seconds()/wall, cpu.pg.Seconds()/wall
 	return res, nil
+}
+
+// describeEnd prints where the wall went at the end of a run: one whose
+// last acceptance or last ledger row comes long after the rest waited for
+// something (a redelivery, a reaper) rather than for the pipeline; and the
+// three slowest items, by stage.
+func describeEnd(ctx context.Context, db *pgxpool.Pool, c int, start time.Time, wall time.Duration) error {
+	var lastAccepted, lastLedgered, slowest float64
+	var over10 int
+	if err := db.QueryRow(ctx, `SELECT extract(epoch FROM max(updated_at) - $1::timestamptz),
+			extract(epoch FROM max(updated_at - created_at)),
+			count(*) FILTER (WHERE updated_at - created_at > interval '10 seconds' + (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY updated_at - created_at) FROM work WHERE state = 'accepted')),
+			(SELECT extract(epoch FROM max(recorded_at) - $1::timestamptz) FROM ledger)
+		FROM work WHERE state = 'accepted'`, start).Scan(&lastAccepted, &slowest, &over10, &lastLedgered); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "run c=%d: last item accepted at %.1fs, last ledger row at %.1fs, settled at %.1fs; slowest item %.1fs, %d items over p99 + 10s\n",
+		c, lastAccepted, lastLedgered, wall.Seconds(), slowest, over10)
+	rows, err := db.Query(ctx, `SELECT w.id, w.dispatch, w.attempts,
+			extract(epoch FROM min(a.started_at) - w.created_at), extract(epoch FROM max(a.finished_at) - min(a.started_at)),
+			extract(epoch FROM w.updated_at - max(a.finished_at)), string_agg(a.outcome, ',' ORDER BY a.number)
+		FROM work w JOIN attempts a ON a.work_id = w.id
+		WHERE w.state = 'accepted' GROUP BY w.id ORDER BY w.updated_at - w.created_at DESC LIMIT 3`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, outcomes string
+		var dispatch, attempts int
+		var toClaim, call, toCommit float64
+		if err := rows.Scan(&id, &dispatch, &attempts, &toClaim, &call, &toCommit, &outcomes); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "  %s: dispatch %d, attempts %d (%s); created -> first claim %.1fs, claim -> last answer %.1fs, answer -> accepted %.1fs\n",
+			id, dispatch, attempts, outcomes, toClaim, call, toCommit)
+	}
+	return rows.Err()
 }
 
 // postAll posts n distinct code reviews of the evaluation set's diffs from c

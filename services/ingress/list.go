@@ -70,15 +70,9 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Since = at
 	}
-	limit, at, id, bad := page(q, store.ParseWorkCursor)
-	if bad != "" {
-		apierror.Write(w, http.StatusBadRequest, "invalid_query", bad)
+	if !page(w, q, store.ParseWorkCursor, &f.Limit, &f.AfterCreated, &f.AfterID) {
 		return
 	}
-	if limit > 0 {
-		f.Limit = limit
-	}
-	f.AfterCreated, f.AfterID = at, id
 	lister, ok := s.d.Store.(workLister)
 	if !ok {
 		apierror.Write(w, http.StatusNotImplemented, "not_implemented", "this cell's store cannot list work")
@@ -107,22 +101,25 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request) {
 	apierror.JSON(w, http.StatusOK, out)
 }
 
-// page reads a listing's limit (1 to 1000; 0 when not given) and the
-// cursor it gave for the next page (zero when not given); bad says what
-// is wrong with either.
-func page[ID any](q url.Values, parse func(string) (time.Time, ID, error)) (limit int, at time.Time, id ID, bad string) {
+// page reads a listing's limit (1 to 1000) into limit and the cursor it
+// gave for the next page into at and id, each only when the query names
+// it; false means it wrote the refusal.
+func page[ID any](w http.ResponseWriter, q url.Values, parse func(string) (time.Time, ID, error), limit *int, at *time.Time, id *ID) bool {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
-			return 0, at, id, "limit: not a whole number from 1 to 1000"
+			apierror.Write(w, http.StatusBadRequest, "invalid_query", "limit: not a whole number from 1 to 1000")
+			return false
 		}
-		limit = n
+		*limit = n
 	}
 	if v := q.Get("cursor"); v != "" {
-		var err error
-		if at, id, err = parse(v); err != nil {
-			return 0, time.Time{}, id, "cursor: not a cursor this listing gave"
+		t, i, err := parse(v)
+		if err != nil {
+			apierror.Write(w, http.StatusBadRequest, "invalid_query", "cursor: not a cursor this listing gave")
+			return false
 		}
+		*at, *id = t, i
 	}
-	return limit, at, id, ""
+	return true
 }

@@ -109,15 +109,9 @@ func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	limit, at, id, bad := page(q, store.ParseReviewCursor)
-	if bad != "" {
-		apierror.Write(w, http.StatusBadRequest, "invalid_query", bad)
+	if !page(w, q, store.ParseReviewCursor, &f.Limit, &f.AfterCreated, &f.AfterID) {
 		return
 	}
-	if limit > 0 {
-		f.Limit = limit
-	}
-	f.AfterCreated, f.AfterID = at, id
 	vs, err := rs.ListReviews(r.Context(), f)
 	if err != nil {
 		s.d.Log.Error("list reviews failed", "tenant", t.ID, "err", err)
