@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"assay.dev/pkg/config"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/price"
 )
@@ -123,6 +124,62 @@ func (h *Harness) readWork(ctx context.Context) (map[string]*workRow, error) {
 	return out, nil
 }
 
+// ledgerRows is check 3: ledger rows per tenant (and per work item) equal
+// the provider's calls, but for attempts whose worker died between its
+// claim and its call: those are charged an estimate though no call left,
+// so rows may exceed calls by the dead attempts' rows, never more, and
+// never fall short.
+func (h *Harness) ledgerRows(works map[string]*workRow, stats sim.Stats, calls map[string]int) check {
+	ledgerByTenant, deadByTenant := map[string]int{}, map[string]int{}
+	estimated, dead := 0, 0
+	for _, w := range works {
+		ledgerByTenant[w.Tenant] += w.Ledger
+		deadByTenant[w.Tenant] += w.Dead
+		estimated += w.Estimated
+		dead += w.Dead
+	}
+	var per []string
+	ok3 := true
+	var totalCalls, totalLedger int64
+	for _, t := range h.tenants {
+		calls := stats.Tenants[t.ID].Calls
+		l := int64(ledgerByTenant[t.ID])
+		totalCalls, totalLedger = totalCalls+calls, totalLedger+l
+		switch {
+		case l == calls:
+			per = append(per, fmt.Sprintf("%s %d=%d", t.ID, l, calls))
+		case l > calls && l-calls <= int64(deadByTenant[t.ID]):
+			per = append(per, fmt.Sprintf("%s %d=%d+%d dead", t.ID, l, calls, l-calls))
+		default:
+			ok3 = false
+			per = append(per, fmt.Sprintf("%s %d≠%d", t.ID, l, calls))
+		}
+	}
+	for k, v := range stats.Tenants {
+		if !slices.ContainsFunc(h.tenants, func(t tenant) bool { return t.ID == k }) {
+			ok3 = false
+			per = append(per, fmt.Sprintf("%s (unknown tenant) 0≠%d", k, v.Calls))
+		}
+	}
+	var bad3 []string
+	unused := 0
+	for id, w := range works {
+		switch over := w.Ledger - calls[id]; {
+		case over == 0:
+		case over > 0 && over <= w.Dead:
+			unused += over
+		default:
+			bad3 = append(bad3, fmt.Sprintf("%s: provider %d calls, ledger %d rows (%d estimated, %d of dead workers), attempts %d",
+				id, calls[id], w.Ledger, w.Estimated, w.Dead, w.Attempts))
+		}
+	}
+	sort.Strings(bad3)
+	return check{N: "3", What: "ledger attempt rows per tenant == provider calls per tenant (exact, but for workers killed between claim and call)",
+		Figure: fmt.Sprintf("ledger %d, provider %d (%d rows estimated: no usage came back, a worker died or the body was cut; %d of workers that died after their claim, %d of which made no call); %s; %d work items differ",
+			totalLedger, totalCalls, estimated, dead, unused, strings.Join(per, ", "), len(bad3)),
+		OK: ok3 && len(bad3) == 0, Offenders: bad3}
+}
+
 // evaluate checks invariants 1 to 6 (and the budget's reservations).
 func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*faultRecord) ([]check, []recovery, error) {
 	works, err := h.readWork(ctx)
@@ -190,61 +247,8 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 		Figure: fmt.Sprintf("%d accepted, %d without exactly one result, %d results on work not accepted", accepted, noResult, extra),
 		OK:     noResult == 0 && extra == 0, Offenders: bad2})
 
-	// 3. Ledger rows per tenant == the provider's calls per tenant, but for
-	// attempts whose worker died between its claim and its call: those are
-	// charged an estimate though no call left, so a tenant's rows may
-	// exceed its calls by its dead attempts' rows, never more, and never
-	// fall short.
-	stats := h.sim.Stats()
-	ledgerByTenant, deadByTenant := map[string]int{}, map[string]int{}
-	estimated, dead := 0, 0
-	for _, w := range works {
-		ledgerByTenant[w.Tenant] += w.Ledger
-		deadByTenant[w.Tenant] += w.Dead
-		estimated += w.Estimated
-		dead += w.Dead
-	}
-	var per []string
-	ok3 := true
-	var totalCalls, totalLedger int64
-	for _, t := range h.tenants {
-		calls := stats.Tenants[t.ID].Calls
-		l := int64(ledgerByTenant[t.ID])
-		totalCalls, totalLedger = totalCalls+calls, totalLedger+l
-		switch {
-		case l == calls:
-			per = append(per, fmt.Sprintf("%s %d=%d", t.ID, l, calls))
-		case l > calls && l-calls <= int64(deadByTenant[t.ID]):
-			per = append(per, fmt.Sprintf("%s %d=%d+%d dead", t.ID, l, calls, l-calls))
-		default:
-			ok3 = false
-			per = append(per, fmt.Sprintf("%s %d≠%d", t.ID, l, calls))
-		}
-	}
-	for k, v := range stats.Tenants {
-		if !slices.ContainsFunc(h.tenants, func(t tenant) bool { return t.ID == k }) {
-			ok3 = false
-			per = append(per, fmt.Sprintf("%s (unknown tenant) 0≠%d", k, v.Calls))
-		}
-	}
-	calls := h.front.calls()
-	var bad3 []string
-	unused := 0
-	for id, w := range works {
-		switch over := w.Ledger - calls[id]; {
-		case over == 0:
-		case over > 0 && over <= w.Dead:
-			unused += over
-		default:
-			bad3 = append(bad3, fmt.Sprintf("%s: provider %d calls, ledger %d rows (%d estimated, %d of dead workers), attempts %d",
-				id, calls[id], w.Ledger, w.Estimated, w.Dead, w.Attempts))
-		}
-	}
-	sort.Strings(bad3)
-	add(check{N: "3", What: "ledger attempt rows per tenant == provider calls per tenant (exact, but for workers killed between claim and call)",
-		Figure: fmt.Sprintf("ledger %d, provider %d (%d rows estimated: no usage came back, a worker died or the body was cut; %d of workers that died after their claim, %d of which made no call); %s; %d work items differ",
-			totalLedger, totalCalls, estimated, dead, unused, strings.Join(per, ", "), len(bad3)),
-		OK: ok3 && len(bad3) == 0, Offenders: bad3})
+	stats, calls := h.sim.Stats(), h.front.calls()
+	add(h.ledgerRows(works, stats, calls))
 
 	// 3b. The ledger never under-counts cost: per tenant, what it charged is
 	// at least the price of the units the provider billed (answers whose
