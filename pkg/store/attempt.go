@@ -68,6 +68,20 @@ type AttemptRecord struct {
 // caller can record the attempt as what it then is (stale, NoChange).
 // NoChange always applies.
 func (s *Store) RecordAttempt(ctx context.Context, r AttemptRecord) (applied bool, err error) {
+	if applied, err = recordAttempt(ctx, s.pool, r); err != nil {
+		return false, fmt.Errorf("store: record attempt %s: %w", r.AttemptID, err)
+	}
+	return applied, nil
+}
+
+// rowQuerier is what a pool and a transaction share for one-row reads.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// recordAttempt is RecordAttempt's one statement, on the pool or inside
+// the caller's transaction.
+func recordAttempt(ctx context.Context, db rowQuerier, r AttemptRecord) (applied bool, err error) {
 	var ob outboxRows
 	if err := ob.add("", r.Outbox); err != nil {
 		return false, err
@@ -100,16 +114,13 @@ func (s *Store) RecordAttempt(ctx context.Context, r AttemptRecord) (applied boo
 	default:
 		change = `SELECT 1 WHERE $1::text IS NOT NULL OR $2::text IS NOT NULL`
 	}
-	err = s.pool.QueryRow(ctx, `WITH wk AS (`+change+`),
+	err = db.QueryRow(ctx, `WITH wk AS (`+change+`),
 		att AS (UPDATE attempts SET outcome = $4, reason = nullif($5, ''),
 				raw_response = coalesce($6, raw_response), finished_at = coalesce(finished_at, now())
 			WHERE id = $3 AND EXISTS (SELECT 1 FROM wk) RETURNING 1),
 		ob AS (`+outboxInsert(len(args)+1, `EXISTS (SELECT 1 FROM wk)`)+`)
 		SELECT EXISTS (SELECT 1 FROM wk)`, append(args, ob.args()...)...).Scan(&applied)
-	if err != nil {
-		return false, fmt.Errorf("store: record attempt %s: %w", r.AttemptID, err)
-	}
-	return applied, nil
+	return applied, err
 }
 
 // finishAttempt records how an attempt ended. The raw response stays in the

@@ -286,25 +286,14 @@ func (s *Store) RecordBatchLine(ctx context.Context, lineOutcome string, r Attem
 		if tag.RowsAffected() == 0 {
 			return ErrLineReconciled
 		}
-		ok := true
-		switch r.Change {
-		case Handoff:
-			ok, err = extendLease(ctx, tx, r.WorkID, r.LeaseToken, r.HandoffTTL)
-		case Requeue:
-			ok, err = requeue(ctx, tx, r.WorkID, r.LeaseToken, Text(r.RepairNote), r.RetryAfter, r.OutputCap)
-		case Finish:
-			ok, err = finishLeased(ctx, tx, r.WorkID, r.LeaseToken, r.WorkOutcome, Text(r.WorkReason))
-		}
+		applied, err := recordAttempt(ctx, tx, r)
 		if err != nil {
 			return err
 		}
-		if !ok {
+		if !applied {
 			return errLeaseGone
 		}
-		if err := finishAttempt(ctx, tx, r.AttemptID, r.Outcome, r.Reason, r.Raw); err != nil {
-			return err
-		}
-		return insertOutbox(ctx, tx, r.Outbox)
+		return nil
 	})
 	switch {
 	case err == nil:

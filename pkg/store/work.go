@@ -444,21 +444,6 @@ func extendLease(ctx context.Context, db execer, workID, token string, ttl time.
 	return tag.RowsAffected() == 1, nil
 }
 
-// requeue gives up the lease so the work can be claimed again after
-// retryAfter, optionally noting what a repair attempt must tell the model.
-func requeue(ctx context.Context, db execer, workID, token string, repairNote string, retryAfter time.Duration, outputCap int) (bool, error) {
-	tag, err := db.Exec(ctx, `UPDATE work SET state = 'queued', lease_token = NULL, lease_expires_at = NULL,
-			repairs = repairs + CASE WHEN $3 = '' THEN 0 ELSE 1 END,
-			repair_note = CASE WHEN $3 = '' THEN repair_note ELSE $3 END, updated_at = now(),
-			retry_at = now() + $4 * interval '1 microsecond',
-			output_cap = coalesce(nullif($5, 0), output_cap)
-		WHERE id = $1 AND state = 'running' AND lease_token = $2`, workID, token, repairNote, interval(retryAfter), outputCap)
-	if err != nil {
-		return false, fmt.Errorf("store: requeue %s: %w", workID, err)
-	}
-	return tag.RowsAffected() == 1, nil
-}
-
 // finishLeased ends leased work with a terminal outcome, only while the
 // caller still holds the lease.
 func finishLeased(ctx context.Context, db execer, workID, token, state, reason string) (bool, error) {
