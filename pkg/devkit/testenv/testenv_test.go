@@ -149,7 +149,11 @@ func TestClusterKeepsR3StreamAcrossLeaderLoss(t *testing.T) {
 			// Retried while the stream elects a leader; the message id
 			// keeps a retry of a publish that did land from storing twice.
 			for try := 0; ; try++ {
-				_, err := js.Publish(ctx, "r3.x", []byte(strconv.Itoa(i)), jetstream.WithMsgID("m"+strconv.Itoa(i)))
+				// Each try waits for its ack a little while: a publish sent
+				// to a node as it stops is never answered.
+				tctx, tcancel := context.WithTimeout(ctx, 2*time.Second)
+				_, err := js.Publish(tctx, "r3.x", []byte(strconv.Itoa(i)), jetstream.WithMsgID("m"+strconv.Itoa(i)))
+				tcancel()
 				if err == nil {
 					break
 				}
