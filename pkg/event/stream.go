@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -66,13 +67,45 @@ func StreamConfig(n Names, kind string, s StreamSettings) jetstream.StreamConfig
 
 // EnsureStream creates or updates the cell's stream of one kind. Only the
 // service that publishes to a stream creates it.
+//
+// A stream that already has the configuration is left alone, and one
+// that does not exist is created, not updated: on a cluster, an update
+// of a replicated stream that meets another instance's create of it
+// still in flight goes unanswered, and so does that create (nats-server
+// 2.15), so the instances of a service starting together would each wait
+// out the request and fail. Concurrent creates with one configuration
+// are answered alike.
 func EnsureStream(ctx context.Context, js jetstream.StreamManager, n Names, kind string, s StreamSettings) (jetstream.Stream, error) {
 	cfg := StreamConfig(n, kind, s)
-	st, err := js.CreateOrUpdateStream(ctx, cfg)
+	st, err := js.Stream(ctx, cfg.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		st, err = js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			// Created meanwhile, otherwise.
+			st, err = js.UpdateStream(ctx, cfg)
+		}
+	case err == nil && !sameStream(st.CachedInfo().Config, cfg):
+		st, err = js.UpdateStream(ctx, cfg)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("event: stream %s: %w", cfg.Name, err)
 	}
 	return st, nil
+}
+
+// sameStream reports whether a stream's configuration has every setting
+// StreamConfig makes.
+func sameStream(have, want jetstream.StreamConfig) bool {
+	tags := func(p *jetstream.Placement) []string {
+		if p == nil {
+			return nil
+		}
+		return p.Tags
+	}
+	return slices.Equal(have.Subjects, want.Subjects) && have.Retention == want.Retention &&
+		have.Storage == want.Storage && have.MaxAge == want.MaxAge && have.Duplicates == want.Duplicates &&
+		have.Replicas == want.Replicas && have.Discard == want.Discard && slices.Equal(tags(have.Placement), tags(want.Placement))
 }
 
 // ConsumerSettings configure a durable pull consumer.
