@@ -631,7 +631,7 @@ func (h *Harness) report(w io.Writer, checks []check, recs []recovery, subs []*s
 	for _, p := range h.procs {
 		kills += p.kills
 	}
-	fmt.Fprintf(w, "\n   SIGKILLs of services %d, of nats-server %d; provider calls %d\n", kills, h.nats.kills, h.sim.Stats().Total)
+	fmt.Fprintf(w, "\n   SIGKILLs of services %d, of nats-server %d; provider calls %d\n", kills, h.natsKills(), h.sim.Stats().Total)
 	for _, n := range h.notes {
 		fmt.Fprintf(w, "   note: %s\n", n)
 	}
@@ -641,6 +641,21 @@ func (h *Harness) report(w io.Writer, checks []check, recs []recovery, subs []*s
 	}
 	fmt.Fprintf(w, "\n== %s (seed %d; repeat with -seed %d)\n", verdict, h.o.Seed, h.o.Seed)
 	return ok
+}
+
+// natsKills counts the SIGKILLs of nats-server, of every node in the
+// cluster mode.
+func (h *Harness) natsKills() int {
+	if h.cl == nil {
+		return h.nats.kills
+	}
+	n := 0
+	for _, c := range h.cl.cells {
+		for _, node := range c.nats {
+			n += node.proc.kills
+		}
+	}
+	return n
 }
 
 func countDup(subs []*submission) int {

@@ -150,6 +150,11 @@ func (h *Harness) inject(ctx context.Context, t0 time.Time, sched []*faultRecord
 }
 
 func (h *Harness) fire(ctx context.Context, f *faultRecord) error {
+	if h.cl != nil {
+		if ok, err := h.fireCluster(ctx, f); ok {
+			return err
+		}
+	}
 	switch f.Kind {
 	case FaultClassifierAfterAnswer:
 		return h.killAfterAnswer(ctx, f)
@@ -158,7 +163,8 @@ func (h *Harness) fire(ctx context.Context, f *faultRecord) error {
 	case FaultCommitterBeforeCommit:
 		return h.killOnLock(ctx, f, "committer", "results")
 	case FaultKillIngress, FaultKillClassifier, FaultKillCommitter, FaultKillLedger:
-		return h.killRestart(ctx, f, strings.TrimPrefix(f.Kind, "kill-")+"-"+f.Region)
+		names := h.instanceNames(strings.TrimPrefix(f.Kind, "kill-"), f.Region)
+		return h.killRestart(ctx, f, names[h.rng.IntN(len(names))])
 	case FaultNATSCrash:
 		return h.restartNATS(ctx, f, true, false)
 	case FaultNATSRestart:
@@ -372,7 +378,7 @@ func (h *Harness) restartNATS(ctx context.Context, f *faultRecord, crash, lose b
 // natsMissing names the cells' streams and durables the broker does not
 // have, "" when it has them all.
 func (h *Harness) natsMissing(ctx context.Context) (string, error) {
-	js, closeJS, err := h.jetStream()
+	js, closeJS, err := h.jetStream(config.DefaultRegions[0])
 	if err != nil {
 		return "", err
 	}
@@ -400,10 +406,15 @@ func (h *Harness) natsMissing(ctx context.Context) (string, error) {
 	return strings.Join(missing, ", "), nil
 }
 
-// jetStream connects to the harness's nats-server for one fault; the
-// function closes the connection.
-func (h *Harness) jetStream() (jetstream.JetStream, func(), error) {
-	nc, err := nats.Connect(h.natsURL)
+// jetStream connects to the harness's nats-server (in the cluster mode,
+// to the region's cluster) for one fault; the function closes the
+// connection.
+func (h *Harness) jetStream(region string) (jetstream.JetStream, func(), error) {
+	u := h.natsURL
+	if h.cl != nil {
+		u = h.cl.cells[region].natsClusterURL()
+	}
+	nc, err := nats.Connect(u)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -422,7 +433,7 @@ func (h *Harness) purgeWork(ctx context.Context, f *faultRecord) error {
 	}
 	// Let announcements pile up unconsumed.
 	time.Sleep(10 * time.Second)
-	js, closeJS, err := h.jetStream()
+	js, closeJS, err := h.jetStream(f.Region)
 	if err != nil {
 		return err
 	}
@@ -574,7 +585,7 @@ func (h *Harness) modelStall(ctx context.Context, f *faultRecord) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	js, closeJS, err := h.jetStream()
+	js, closeJS, err := h.jetStream(f.Region)
 	if err != nil {
 		return err
 	}
