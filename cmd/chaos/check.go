@@ -392,6 +392,17 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 		Figure: fmt.Sprintf("%d reservations unsettled, %d micro-dollars still reserved", open7, heldMicros),
 		OK:     open7 == 0 && heldMicros == 0})
 	add(h.publications(ctx, works))
+	if h.cl != nil {
+		c, fig := h.strandCheck(sched)
+		add(c)
+		for i := range recs {
+			for _, d := range fig.perFault[recs[i].Fault] {
+				recs[i].Stranded++
+				recs[i].SlowestStrand = max(recs[i].SlowestStrand, d)
+			}
+		}
+		add(h.failoverCheck(works, subs, sched))
+	}
 	return checks, recs, nil
 }
 
@@ -492,6 +503,10 @@ type recovery struct {
 	// last did, after the fault.
 	Held, Finished int
 	Last           time.Duration
+	// Stranded is how many items this fault stranded (cluster mode), and
+	// SlowestStrand how long after its end the last was back in flight.
+	Stranded      int
+	SlowestStrand time.Duration
 }
 
 const (
@@ -554,14 +569,14 @@ func (h *Harness) recoveries(works map[string]*workRow, sched []*faultRecord) []
 			out = append(out, r)
 			continue
 		}
-		if f.Fired.Add(30 * time.Second).After(h.loadEnd) {
+		if f.end().Add(30 * time.Second).After(h.loadEnd) {
 			r.NA = "load ended within 30s of it"
 			out = append(out, r)
 			continue
 		}
 		target := 0.95 * r.Before
 		for k := time.Duration(0); k <= 60*time.Second; k += 250 * time.Millisecond {
-			from := f.Fired.Add(k)
+			from := f.end().Add(k)
 			if from.Add(rateWindow).After(h.loadEnd) {
 				break
 			}
@@ -602,7 +617,7 @@ func (h *Harness) report(w io.Writer, checks []check, recs []recovery, subs []*s
 	}
 	fmt.Fprintf(w, "\n   faults (seed %d):\n", h.o.Seed)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "   at\tfault\tscope\trate before\trecovered after\tstranded work done\twhat happened")
+	fmt.Fprintln(tw, "   at\tfault\tscope\tlasted\trate before\trecovered after\tstranded work done\tstranded, back in flight after its end\twhat happened")
 	for _, r := range recs {
 		f := r.Fault
 		rec := "n/a: " + r.NA
@@ -610,6 +625,9 @@ func (h *Harness) report(w io.Writer, checks []check, recs []recovery, subs []*s
 		case r.NA != "":
 		case r.Recovered:
 			rec = r.After.Round(100 * time.Millisecond).String()
+			if f.Lasting {
+				rec += " from its end"
+			}
 		default:
 			rec = "NOT within 60s"
 		}
@@ -624,7 +642,15 @@ func (h *Harness) report(w io.Writer, checks []check, recs []recovery, subs []*s
 		if r.Held > 0 {
 			held = fmt.Sprintf("%d/%d after %s", r.Finished, r.Held, r.Last.Round(time.Second))
 		}
-		fmt.Fprintf(tw, "   %s\t%s\t%s\t%.1f/s\t%s\t%s\t%s\n", f.At.Round(time.Second), f.Kind, r.Scope, r.Before, rec, held, what)
+		strand := "-"
+		if r.Stranded > 0 {
+			strand = fmt.Sprintf("%d, slowest %s", r.Stranded, r.SlowestStrand.Round(100*time.Millisecond))
+		}
+		lasted := "-"
+		if !f.Fired.IsZero() && !f.Done.IsZero() {
+			lasted = f.Done.Sub(f.Fired).Round(100 * time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "   %s\t%s\t%s\t%s\t%.1f/s\t%s\t%s\t%s\t%s\n", f.At.Round(time.Second), f.Kind, r.Scope, lasted, r.Before, rec, held, strand, what)
 	}
 	tw.Flush()
 	kills := 0

@@ -95,6 +95,7 @@ func (h *Harness) setUpCluster(ctx context.Context) error {
 		if err := h.startNATSCluster(ctx, c); err != nil {
 			return fmt.Errorf("nats of cell %s: %w", region, err)
 		}
+		h.logf("cell %s: %s primary, %s its synchronous standby; %s", region, c.pg[0].name, c.pg[1].name, strings.Join(c.natsNames(), ", "))
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/outcome"
 )
 
 // Faults only a cluster has (-cluster).
@@ -51,6 +52,10 @@ var ClusterFaults = []string{
 	FaultNATSPartition, FaultServiceNATSPartition, FaultServicePGPartition, FaultKillStreamLeader,
 	FaultKillConsumerLeader, FaultPGFailover, FaultLinkLatency, FaultLinkLoss,
 }
+
+// lastingFaults hold for a while; recovery is measured from their end.
+var lastingFaults = []string{FaultNATSPartition, FaultServiceNATSPartition, FaultServicePGPartition,
+	FaultPGFailover, FaultLinkLatency, FaultLinkLoss}
 
 // clusterAlso are the single-server faults that also run in the cluster
 // mode (on one process of the service, drawn from the seed).
@@ -355,18 +360,31 @@ func (h *Harness) pgFailover(ctx context.Context, f *faultRecord) error {
 	}
 	promoted := time.Now()
 	c.primary = 1 - c.primary
-	how, err := h.rejoin(ctx, c, old, nw)
-	if err != nil {
+	// The promoted server writes its new timeline to its control file at
+	// its next checkpoint; pg_rewind reads it there, and before it would
+	// find nothing to rewind.
+	if err := h.pgExec(ctx, nw, "CHECKPOINT"); err != nil {
 		return err
 	}
-	if err := h.waitStandby(ctx, c, old, 2*time.Minute); err != nil {
+	how, err := h.rejoin(ctx, c, old, nw, false)
+	if err != nil {
 		return err
 	}
 	var w time.Time
 	select {
 	case w = <-wrote:
 	case <-time.After(30 * time.Second):
-		return errors.New("no write committed 30s after the old primary rejoined")
+		// The rejoined standby does not confirm commits: build it afresh.
+		_ = old.proc.kill()
+		how += "; it never confirmed a commit, so a fresh base backup"
+		if _, err := h.rejoin(ctx, c, old, nw, true); err != nil {
+			return err
+		}
+		select {
+		case w = <-wrote:
+		case <-time.After(60 * time.Second):
+			return errors.New("no write committed 60s after the old primary rejoined from a fresh base backup")
+		}
 	}
 	f.Note = fmt.Sprintf("SIGKILL primary %s; %s promoted %s later; %s rejoined as its standby (%s) %s after the kill; writes committed again %s after the kill",
 		old.name, nw.name, promoted.Sub(killed).Round(100*time.Millisecond), old.name, how,
@@ -374,14 +392,22 @@ func (h *Harness) pgFailover(ctx context.Context, f *faultRecord) error {
 	return nil
 }
 
-// rejoin makes the old primary a standby of the new one: pg_rewind (which
-// runs the crash recovery a killed server needs first), else a fresh base
-// backup; then it starts it.
-func (h *Harness) rejoin(ctx context.Context, c *cellCluster, old, nw *pgNode) (string, error) {
+// rejoin makes the old primary a standby of the new one — with pg_rewind
+// (which first runs the crash recovery a killed server needs), or when
+// that fails or fresh is set, a new base backup — starts it, and waits
+// until it streams.
+func (h *Harness) rejoin(ctx context.Context, c *cellCluster, old, nw *pgNode, fresh bool) (string, error) {
 	how := "pg_rewind"
 	src := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres", nw.port)
-	if out, err := h.pgRun(ctx, old.dir, "pg_rewind", "-D", old.data(), "--source-server", src, "--no-sync"); err != nil {
-		how = "pg_rewind failed, a fresh base backup: " + lastLine(out)
+	out, err := []byte(nil), error(nil)
+	if !fresh {
+		out, err = h.pgRun(ctx, old.dir, "pg_rewind", "-D", old.data(), "--source-server", src, "--no-sync")
+	}
+	if fresh || err != nil {
+		how = "a fresh base backup"
+		if err != nil {
+			how = "pg_rewind failed (" + lastLine(out) + "), a fresh base backup"
+		}
 		if err := h.buildStandby(ctx, c, old, nw); err != nil {
 			return "", err
 		}
@@ -395,7 +421,23 @@ func (h *Harness) rejoin(ctx context.Context, c *cellCluster, old, nw *pgNode) (
 			return "", err
 		}
 	}
-	return how, h.startPG(ctx, old)
+	if err := h.startPG(ctx, old); err != nil {
+		return "", err
+	}
+	return how, h.waitStandby(ctx, c, old, 2*time.Minute)
+}
+
+// pgExec runs one statement on a server, direct.
+func (h *Harness) pgExec(ctx context.Context, n *pgNode, sql string) error {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, pgURL("postgres", n.port))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(cctx, sql)
+	return err
 }
 
 func lastLine(b []byte) string {
@@ -425,4 +467,38 @@ func (h *Harness) probeWrite(ctx context.Context, region string) time.Time {
 func createProbe(ctx context.Context, conn *pgx.Conn) error {
 	_, err := conn.Exec(ctx, `CREATE TABLE chaos_probe (id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())`)
 	return err
+}
+
+// failoverCheck is invariant f: work ingress acknowledged before a
+// primary was killed is all there after the standby took over, each with
+// its outcome (the standby had every commit the primary acknowledged).
+func (h *Harness) failoverCheck(works map[string]*workRow, subs []*submission, sched []*faultRecord) check {
+	var parts, bad []string
+	ok := true
+	for _, f := range sched {
+		if f.Kind != FaultPGFailover || f.Fired.IsZero() || f.Err != nil {
+			continue
+		}
+		before, kept := 0, 0
+		for _, s := range subs {
+			if !s.Acked || !s.AckedAt.Before(f.Fired) || s.Tenant.Region != f.Region {
+				continue
+			}
+			for id := range s.WorkIDs {
+				before++
+				if w := works[id]; w != nil && outcome.IsTerminal(w.State) {
+					kept++
+				} else {
+					bad = append(bad, f.label()+": "+id+" acknowledged before the kill, missing or unfinished after")
+				}
+			}
+		}
+		ok = ok && kept == before
+		parts = append(parts, fmt.Sprintf("%s: %d of %d", f.label(), kept, before))
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "no failover ran")
+	}
+	return check{N: "f", What: "work acknowledged before a Postgres primary was killed is there, with its outcome, after the standby took over",
+		Figure: strings.Join(parts, "; "), OK: ok, Offenders: bad}
 }

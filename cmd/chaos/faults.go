@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -80,6 +81,18 @@ type faultRecord struct {
 	// Lost are work items the fault left for the sweeper or the lease to
 	// recover; the report says when the last of them finished.
 	Lost []string
+	// Lasting faults hold for a while (a partition, a degraded link, a
+	// failover until the old primary is back): recovery is measured from
+	// their end, Done, not from when they fired.
+	Lasting bool
+}
+
+// end is when recovery from the fault is measured from.
+func (f *faultRecord) end() time.Time {
+	if f.Lasting {
+		return f.Done
+	}
+	return f.Fired
 }
 
 func (f *faultRecord) label() string {
@@ -105,7 +118,7 @@ func (h *Harness) schedule() []*faultRecord {
 		if step > 0 {
 			at += time.Duration(h.rng.Int64N(int64(step/5)+1)) - step/10
 		}
-		f := &faultRecord{Kind: k, At: at}
+		f := &faultRecord{Kind: k, At: at, Lasting: slices.Contains(lastingFaults, k)}
 		switch k {
 		case FaultNATSCrash, FaultNATSRestart, FaultNATSStoreLost, FaultPGRestart, FaultPGTerminate, FaultModelInvalid:
 		default:

@@ -88,6 +88,7 @@ type Harness struct {
 
 	procs   map[string]*proc // "classifier-us", or "classifier-us-1" in the cluster mode
 	cl      *clusterRun      // the cluster mode's cells and links; nil otherwise
+	strands *strandWatch
 	loadEnd time.Time
 	tenants []tenant
 	started time.Time
@@ -100,7 +101,7 @@ type Harness struct {
 func newHarness(o Options, out io.Writer) *Harness {
 	return &Harness{o: o, out: out, started: time.Now(), rng: rand.New(rand.NewPCG(uint64(o.Seed), 0x61737361)),
 		bins: map[string]string{}, dbName: map[string]string{}, dbURL: map[string]string{},
-		pool: map[string]*pgxpool.Pool{}, procs: map[string]*proc{}}
+		pool: map[string]*pgxpool.Pool{}, procs: map[string]*proc{}, strands: newStrandWatch()}
 }
 
 func (h *Harness) logf(format string, args ...any) {

@@ -58,8 +58,13 @@ type linkState struct {
 
 const segment = 1448 // payload bytes of one TCP segment on a 1500-byte path
 
+// linkHost is the loopback address the links listen on: apart from
+// 127.0.0.1, where the processes take the ports they were given, so a
+// link never takes one of theirs.
+const linkHost = "127.0.0.2"
+
 func newLink(name, from, to, target string, seed uint64) (*link, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", linkHost+":0")
 	if err != nil {
 		return nil, err
 	}
@@ -198,15 +203,17 @@ func (l *link) pipe(src, dst net.Conn) {
 			}
 		}
 	}()
-	var rto time.Duration
 	for c := range ch {
 		l.waitOpen()
 		st, _ := l.state()
 		due := c.at.Add(st.Delay)
 		if st.Loss > 0 {
-			rto = max(rto/2, 200*time.Millisecond+2*st.Delay)
-			p := 1 - math.Pow(1-st.Loss, math.Ceil(float64(len(c.b))/segment))
-			for l.chance(p) {
+			// Every segment of the chunk is sent until it arrives; the
+			// chunk waits for the unluckiest, one retransmission timeout
+			// (doubling) per round it needed beyond the first.
+			segs := math.Ceil(float64(len(c.b)) / segment)
+			rto := 200*time.Millisecond + 2*st.Delay
+			for r := 1.0; !l.chance(math.Pow(1-math.Pow(st.Loss, r), segs)); r++ {
 				if now := time.Now(); due.Before(now) {
 					due = now
 				}
@@ -222,8 +229,10 @@ func (l *link) pipe(src, dst net.Conn) {
 			break
 		}
 	}
-	// Drain what the reader still sends, then close both ends: the
-	// other pipe's reader stops too.
+	// The end's close crosses the link like its bytes: not while it is
+	// cut. Then what the reader still sends is drained and both ends
+	// close, which stops the other pipe's reader too.
+	l.waitOpen()
 	go func() {
 		for range ch {
 		}

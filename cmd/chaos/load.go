@@ -31,6 +31,7 @@ type submission struct {
 	WorkIDs map[string]int // work id -> answers naming it
 	Created int            // 202 answers
 	Acked   bool
+	AckedAt time.Time // the first answer naming a work id
 	Errors  []string
 }
 
@@ -146,6 +147,9 @@ func (h *Harness) submit(ctx context.Context, client *http.Client, s *submission
 		case err == nil && (status == http.StatusAccepted || status == http.StatusOK):
 			s.mu.Lock()
 			s.WorkIDs[workID]++
+			if !s.Acked {
+				s.AckedAt = time.Now()
+			}
 			s.Acked = true
 			if status == http.StatusAccepted {
 				s.Created++
