@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -68,15 +69,36 @@ func StreamConfig(n Names, kind string, s StreamSettings) jetstream.StreamConfig
 // EnsureStream creates or updates the cell's stream of one kind. Only the
 // service that publishes to a stream creates it.
 //
-// A stream that already has the configuration is left alone, and one
-// that does not exist is created, not updated: on a cluster, an update
-// of a replicated stream that meets another instance's create of it
-// still in flight goes unanswered, and so does that create (nats-server
-// 2.15), so the instances of a service starting together would each wait
-// out the request and fail. Concurrent creates with one configuration
-// are answered alike.
+// On a cluster, the instances of a service starting together ensure the
+// same replicated stream at once, and nats-server (2.15) leaves some of
+// those requests unanswered: an update that meets another instance's
+// create still in flight (and then that create too), and a second create
+// with the same configuration proposed while the first is. So a stream
+// that already has the configuration is left alone, a missing one is
+// created rather than updated, and a request that goes unanswered is
+// followed by another look: the stream the other instance made counts.
+// It gives up when ctx ends, or after 30s when ctx has no deadline.
 func EnsureStream(ctx context.Context, js jetstream.StreamManager, n Names, kind string, s StreamSettings) (jetstream.Stream, error) {
 	cfg := StreamConfig(n, kind, s)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+	}
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := ensureStream(tctx, js, cfg)
+		cancel()
+		switch {
+		case err == nil:
+			return st, nil
+		case ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout):
+			return nil, fmt.Errorf("event: stream %s: %w", cfg.Name, err)
+		}
+	}
+}
+
+func ensureStream(ctx context.Context, js jetstream.StreamManager, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
 	st, err := js.Stream(ctx, cfg.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -88,10 +110,7 @@ func EnsureStream(ctx context.Context, js jetstream.StreamManager, n Names, kind
 	case err == nil && !sameStream(st.CachedInfo().Config, cfg):
 		st, err = js.UpdateStream(ctx, cfg)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("event: stream %s: %w", cfg.Name, err)
-	}
-	return st, nil
+	return st, err
 }
 
 // sameStream reports whether a stream's configuration has every setting

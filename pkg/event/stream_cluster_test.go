@@ -18,7 +18,9 @@ import (
 // same moment, and both must be answered. Creating or updating them with
 // CreateOrUpdateStream, the update of one instance met the other's create
 // in flight and neither was ever answered, so both instances failed to
-// start. A stream found with another configuration is still updated.
+// start; and a create made while an equal one is in flight goes
+// unanswered too. A stream found with another configuration is still
+// updated.
 func TestEnsureStreamConcurrentlyOnCluster(t *testing.T) {
 	t.Parallel()
 	c := testenv.NewCluster(t, 3, "region:us")
@@ -42,7 +44,7 @@ func TestEnsureStreamConcurrentlyOnCluster(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for _, kind := range event.Kinds {
-					ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 					_, err := event.EnsureStream(ctx, js[i], n, kind, settings)
 					cancel()
 					if err != nil {
@@ -52,6 +54,18 @@ func TestEnsureStreamConcurrentlyOnCluster(t *testing.T) {
 			}()
 		}
 		wg.Wait()
+	}
+	// Another instance's create is in flight as this one ensures.
+	for round, cell := range []string{"rd", "re", "rf"} {
+		n := event.Names{Cell: cell}
+		go func() { _, _ = js[1].CreateStream(context.Background(), event.StreamConfig(n, event.KindResult, settings)) }()
+		time.Sleep(time.Duration(round) * time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := event.EnsureStream(ctx, js[0], n, event.KindResult, settings)
+		cancel()
+		if err != nil {
+			t.Errorf("beside another instance's create: %v", err)
+		}
 	}
 	n := event.Names{Cell: "ra"}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
