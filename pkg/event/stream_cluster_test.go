@@ -58,7 +58,9 @@ func TestEnsureStreamConcurrentlyOnCluster(t *testing.T) {
 	// Another instance's create is in flight as this one ensures.
 	for round, cell := range []string{"rd", "re", "rf"} {
 		n := event.Names{Cell: cell}
-		go func() { _, _ = js[1].CreateStream(context.Background(), event.StreamConfig(n, event.KindResult, settings)) }()
+		go func() {
+			_, _ = js[1].CreateStream(context.Background(), event.StreamConfig(n, event.KindResult, settings))
+		}()
 		time.Sleep(time.Duration(round) * time.Millisecond)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_, err := event.EnsureStream(ctx, js[0], n, event.KindResult, settings)
