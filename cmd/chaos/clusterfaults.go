@@ -325,8 +325,11 @@ func (h *Harness) killLeader(ctx context.Context, f *faultRecord, consumer bool)
 	if err := n.proc.waitReady(ctx, 90*time.Second); err != nil {
 		return err
 	}
-	now, _ := h.leaderOf(ctx, f.Region, stream, durable)
-	f.Note = fmt.Sprintf("SIGKILL %s, leader of %s, right after %s landed; restarted on its store %s later, leader now %s",
+	now, err := h.leaderOf(ctx, f.Region, stream, durable)
+	if err != nil {
+		now = "not known (" + err.Error() + ")"
+	}
+	f.Note = fmt.Sprintf("SIGKILL %s, leader of %s, right after %s landed; restarted on its store %s later; leader now %s",
 		leader, orDurable(stream, durable), what, pause.Round(100*time.Millisecond), now)
 	return nil
 }
