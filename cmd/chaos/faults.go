@@ -102,10 +102,14 @@ func (f *faultRecord) label() string {
 	return f.Kind + "/" + f.Region
 }
 
-// schedule spreads the faults over the load, in an order and at moments
-// drawn from the seed, with regions drawn too.
+// schedule spreads the faults (each kind Options.Rounds times) over the
+// load, in an order and at moments drawn from the seed, with regions
+// drawn too.
 func (h *Harness) schedule() []*faultRecord {
-	kinds := append([]string(nil), h.o.Faults...)
+	var kinds []string
+	for range max(1, h.o.Rounds) {
+		kinds = append(kinds, h.o.Faults...)
+	}
 	h.rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 	out := make([]*faultRecord, 0, len(kinds))
 	if len(kinds) == 0 {

@@ -45,6 +45,8 @@ type Options struct {
 	// every connection through a link the faults can cut, slow or make
 	// lossy (cluster.go, link.go). It starts its own Postgres servers.
 	Cluster bool
+	// Rounds is how many times each fault kind is scheduled. Default 1.
+	Rounds int
 	// FaultFor is how long a partition or a degraded link lasts, give or
 	// take a quarter. Default 20s.
 	FaultFor time.Duration
@@ -126,6 +128,9 @@ func (o *Options) defaults() error {
 			o.Faults = ClusterFaults
 		}
 	}
+	if o.Rounds == 0 {
+		o.Rounds = 1
+	}
 	if o.FaultFor == 0 {
 		o.FaultFor = 20 * time.Second
 	}
@@ -161,6 +166,9 @@ func (o *Options) defaults() error {
 	}
 	if o.Cluster && o.DatabaseURL != "" {
 		errs = append(errs, errors.New("-database-url: the cluster mode starts its own Postgres primary and standby per cell"))
+	}
+	if o.Rounds < 1 {
+		errs = append(errs, errors.New("-rounds: at least 1"))
 	}
 	if o.FaultFor < time.Second {
 		errs = append(errs, errors.New("-fault-for: at least 1s"))
@@ -198,6 +206,7 @@ func run(ctx context.Context, args []string, out io.Writer) int {
 	fs.BoolVar(&o.Keep, "keep", false, "keep the run's directory (service logs, NATS store)")
 	fs.BoolVar(&o.FastTimings, "fast-timings", false, "run the services with short leases, ack waits and sweeper and reaper periods")
 	fs.BoolVar(&o.Cluster, "cluster", false, "run each cell as a 3-node JetStream cluster (R3), a Postgres primary with a synchronous standby and two processes of every service, with the cluster's faults (make chaos-cluster)")
+	fs.IntVar(&o.Rounds, "rounds", 1, "schedule each fault this many times")
 	fs.DurationVar(&o.FaultFor, "fault-for", 20*time.Second, "how long a partition or a degraded link lasts (give or take a quarter)")
 	fs.BoolVar(&o.PGAsyncCommit, "pg-async-commit", false, "leave the throwaway cluster's synchronous_commit off (a Postgres crash then loses acknowledged commits)")
 	if err := fs.Parse(args); err != nil {
