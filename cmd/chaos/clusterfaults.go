@@ -259,13 +259,57 @@ func (h *Harness) killLeader(ctx context.Context, f *faultRecord, consumer bool)
 	if consumer {
 		durable = pick[1]
 	}
-	js, closeJS, err := h.jetStream(f.Region)
+	leader, err := h.leaderOf(ctx, f.Region, stream, durable)
 	if err != nil {
 		return err
 	}
+	n := c.node(leader)
+	if n == nil {
+		return fmt.Errorf("leader %q is no node of cell %s", leader, f.Region)
+	}
+	what := "a publish to " + stream
+	if consumer {
+		what = "an ack to " + stream + "/" + durable
+	}
+	moved, err := h.waitProgress(ctx, f.Region, stream, durable, 20*time.Second)
+	if err != nil {
+		return err
+	}
+	if !moved {
+		f.Skip = "no " + what + " within 20s"
+		return nil
+	}
+	if err := n.proc.kill(); err != nil {
+		return err
+	}
+	pause := 2*time.Second + time.Duration(h.rng.IntN(3000))*time.Millisecond
+	hold(ctx, pause)
+	if err := n.proc.start(); err != nil {
+		return err
+	}
+	if err := n.proc.waitReady(ctx, 90*time.Second); err != nil {
+		return err
+	}
+	now, err := h.leaderOf(ctx, f.Region, stream, durable)
+	if err != nil {
+		now = "not known (" + err.Error() + ")"
+	}
+	f.Note = fmt.Sprintf("SIGKILL %s, leader of %s, right after %s landed; restarted on its store %s later; leader now %s",
+		leader, orDurable(stream, durable), what, pause.Round(100*time.Millisecond), now)
+	return nil
+}
+
+// waitProgress waits until a stream takes a publish (its last sequence
+// moves) or, with a durable, until an ack moves the consumer's floor, and
+// says whether one came within d.
+func (h *Harness) waitProgress(ctx context.Context, region, stream, durable string, d time.Duration) (bool, error) {
+	js, closeJS, err := h.jetStream(region)
+	if err != nil {
+		return false, err
+	}
 	defer closeJS()
 	mark := func() (uint64, error) {
-		if consumer {
+		if durable != "" {
 			cons, err := js.Consumer(ctx, stream, durable)
 			if err != nil {
 				return 0, err
@@ -286,52 +330,16 @@ func (h *Harness) killLeader(ctx context.Context, f *faultRecord, consumer bool)
 		}
 		return info.State.LastSeq, nil
 	}
-	leader, err := h.leaderOf(ctx, f.Region, stream, durable)
-	if err != nil {
-		return err
-	}
-	n := c.node(leader)
-	if n == nil {
-		return fmt.Errorf("leader %q is no node of cell %s", leader, f.Region)
-	}
 	before, err := mark()
 	if err != nil {
-		return err
+		return false, err
 	}
-	what := "a publish to " + stream
-	if consumer {
-		what = "an ack to " + stream + "/" + durable
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		now, err := mark()
-		if err == nil && now > before {
-			break
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if now, err := mark(); err == nil && now > before {
+			return true, nil
 		}
-		if time.Now().After(deadline) {
-			f.Skip = "no " + what + " within 20s"
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	if err := n.proc.kill(); err != nil {
-		return err
-	}
-	pause := 2*time.Second + time.Duration(h.rng.IntN(3000))*time.Millisecond
-	hold(ctx, pause)
-	if err := n.proc.start(); err != nil {
-		return err
-	}
-	if err := n.proc.waitReady(ctx, 90*time.Second); err != nil {
-		return err
-	}
-	now, err := h.leaderOf(ctx, f.Region, stream, durable)
-	if err != nil {
-		now = "not known (" + err.Error() + ")"
-	}
-	f.Note = fmt.Sprintf("SIGKILL %s, leader of %s, right after %s landed; restarted on its store %s later; leader now %s",
-		leader, orDurable(stream, durable), what, pause.Round(100*time.Millisecond), now)
-	return nil
+	return false, nil
 }
 
 func orDurable(stream, durable string) string {

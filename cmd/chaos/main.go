@@ -279,15 +279,8 @@ func Run(ctx context.Context, o Options, out io.Writer) (ok bool, err error) {
 	fctx, cancelFaults := context.WithCancel(ctx)
 	defer cancelFaults()
 	go func() { defer close(faultsDone); h.inject(fctx, t0, sched) }()
-	watchDone := make(chan struct{})
-	wctx, stopWatch := context.WithCancel(ctx)
+	stopWatch := h.startStrandWatch(ctx)
 	defer stopWatch()
-	go func() {
-		defer close(watchDone)
-		if h.cl != nil {
-			h.watchStranded(wctx)
-		}
-	}()
 	h.drive(ctx, subs, st)
 	h.loadEnd = time.Now()
 	h.logf("load done: %d keys in %s", len(subs), h.loadEnd.Sub(t0).Round(time.Second))
@@ -306,7 +299,6 @@ func Run(ctx context.Context, o Options, out io.Writer) (ok bool, err error) {
 		h.note("%v", qerr)
 	}
 	stopWatch()
-	<-watchDone
 	checks, recs, err := h.evaluate(ctx, subs, sched)
 	if err != nil {
 		return false, err

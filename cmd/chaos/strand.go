@@ -43,6 +43,19 @@ func newStrandWatch() *strandWatch {
 // stranded.
 const strandLimit = 60 * time.Second
 
+// startStrandWatch watches for stranded work in the cluster mode until
+// the function it returns is called (which waits for the watch to end;
+// calling it again does nothing).
+func (h *Harness) startStrandWatch(ctx context.Context) func() {
+	if h.cl == nil {
+		return func() {}
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); h.watchStranded(wctx) }()
+	return func() { cancel(); <-done }
+}
+
 // watchStranded samples every second until ctx ends.
 func (h *Harness) watchStranded(ctx context.Context) {
 	w := h.strands
