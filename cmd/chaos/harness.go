@@ -121,7 +121,11 @@ func (h *Harness) note(format string, args ...any) {
 // provider and every service of both cells.
 func (h *Harness) setUp(ctx context.Context) (err error) {
 	h.started = time.Now()
+	reapRunDirs()
 	if h.dir, err = os.MkdirTemp("", "assay-chaos-"); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(h.dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		return err
 	}
 	if err := h.build(ctx); err != nil {
@@ -539,6 +543,25 @@ func (h *Harness) tearDown(keep bool) {
 	}
 	if h.dir != "" && !keep {
 		_ = os.RemoveAll(h.dir)
+	} else if h.dir != "" {
+		_ = os.Remove(filepath.Join(h.dir, "owner.pid")) // kept on purpose: not for the reaper
+	}
+}
+
+// reapRunDirs removes what runs killed before their tear-down left in the
+// temporary directory: a run's directory whose owner is gone. Its
+// processes died with it (they all have a parent-death signal); its data
+// directories, stores and logs did not.
+func reapRunDirs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "assay-chaos-*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "owner.pid"))
+		if err != nil {
+			continue // kept on purpose (-keep), or from before owners were written
+		}
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 && syscall.Kill(pid, 0) == syscall.ESRCH {
+			_ = os.RemoveAll(d)
+		}
 	}
 }
 
