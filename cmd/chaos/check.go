@@ -180,6 +180,27 @@ func (h *Harness) ledgerRows(works map[string]*workRow, stats sim.Stats, calls m
 		OK: ok3 && len(bad3) == 0, Offenders: bad3}
 }
 
+// retryAfterCheck is invariant r: no Retry-After ingress answered is
+// longer than the work could wait (its lane's default deadline; the
+// harness sets none of its own).
+func retryAfterCheck(st *loadStats) check {
+	deadline := map[string]time.Duration{"interactive": 10 * time.Minute, "batch": 24 * time.Hour}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ok := true
+	var parts, bad []string
+	for _, lane := range []string{"interactive", "batch"} {
+		d := st.longestRetry[lane]
+		parts = append(parts, fmt.Sprintf("%s %s (deadline %s)", lane, d.Round(time.Second), deadline[lane]))
+		if d > deadline[lane] {
+			ok = false
+			bad = append(bad, fmt.Sprintf("%s: Retry-After %s, longer than the %s its work could wait", lane, d.Round(time.Second), deadline[lane]))
+		}
+	}
+	return check{N: "r", What: "no Retry-After longer than the work could wait (its lane's deadline)",
+		Figure: "longest: " + strings.Join(parts, ", "), OK: ok, Offenders: bad}
+}
+
 // evaluate checks invariants 1 to 6 (and the budget's reservations).
 func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*faultRecord) ([]check, []recovery, error) {
 	works, err := h.readWork(ctx)

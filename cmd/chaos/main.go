@@ -303,6 +303,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (ok bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	checks = append(checks, retryAfterCheck(st))
 	ok = h.report(out, checks, recs, subs, st, quiet)
 	if check != nil {
 		if err := check(ctx); err != nil {
