@@ -14,9 +14,10 @@ import (
 )
 
 // Stranded work is work no one is moving: running past its lease with no
-// worker holding it, or queued with its announcement gone — announced
+// worker holding it, or queued with its announcement gone — published
 // before the first announcement its lane's consumer still holds (or with
-// the lane caught up), not waiting for a retry. The harness looks every
+// the lane caught up), or set aside; not waiting for the relay nor for a
+// retry. The harness looks every
 // second, from outside the services, and keeps each item's episodes:
 // when it was first seen stranded and when it was back in flight (claimed
 // again, or ended). Invariant s holds each episode to the fault it began
@@ -142,11 +143,16 @@ func (h *Harness) strandedNow(ctx context.Context, region string, js jetstream.J
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	rows, err := h.pool[region].Query(cctx, `SELECT id, state FROM work
-		WHERE (state = 'running' AND lease_expires_at < now() - interval '1 second')
-			OR (state = 'queued' AND updated_at < now() - interval '5 seconds'
-				AND greatest(updated_at, coalesce(retry_at, updated_at)) < coalesce((SELECT x.h FROM unnest($1::text[], $2::timestamptz[]) AS x(l, h)
-					WHERE x.l = work.lane), '-infinity') - interval '1 second')`, lanes, heads)
+	// Queued work is stranded when its latest announcement is neither
+	// waiting for the relay nor held by its lane's consumer: published
+	// before the head (acknowledged, or lost), or set aside.
+	rows, err := h.pool[region].Query(cctx, `SELECT w.id, w.state FROM work w
+		LEFT JOIN unnest($1::text[], $2::timestamptz[]) AS x(lane, head) ON x.lane = w.lane
+		WHERE (w.state = 'running' AND w.lease_expires_at < now() - interval '1 second')
+			OR (w.state = 'queued' AND x.head IS NOT NULL
+				AND greatest(w.updated_at, coalesce(w.retry_at, w.updated_at)) < now() - interval '5 seconds'
+				AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = w.id || '.' || w.dispatch AND o.set_aside_at IS NULL
+					AND (o.published_at IS NULL OR o.published_at >= x.head - interval '1 second')))`, lanes, heads)
 	if err != nil {
 		return nil, err
 	}
