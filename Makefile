@@ -14,6 +14,8 @@ UGLYCOUNT ?= 3
 UGLYRUN   ?= TestUgly|TestLateAnswerFromLostLease|TestConcurrentIdenticalSubmissions|TestWebhookReplayedConcurrently
 # make chaos CHAOSFLAGS='-seed 7 -n 1000'; see cd cmd/chaos && go run . -h
 CHAOSFLAGS ?=
+# make chaos-cluster CLUSTERFLAGS='-seed 7 -n 100000 -load 40m'; the same harness with -cluster
+CLUSTERFLAGS ?=
 # make images IMAGEFLAGS='-arch arm64 -tar ../../bin/images.tar'; see cd cmd/images && go run . -h
 IMAGEFLAGS ?=
 # make bench BENCHFLAGS='-n 20000 -c 8,32 --runs 3 --peer ../../../shared/peers/riverpipe'
@@ -22,7 +24,7 @@ BENCHFLAGS ?= -n 20000 -c 8,32
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X assay.dev/pkg/buildinfo.version=$(VERSION)
 
-.PHONY: help demo serve test chaos build images vet fmt fuzz tidy bench bench-goodput
+.PHONY: help demo serve test chaos chaos-cluster build images vet fmt fuzz tidy bench bench-goodput
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -47,6 +49,9 @@ test: ## run every module's tests against real Postgres and real JetStream
 
 chaos: ## kill, restart and starve the services under load; check the exactly-once invariants (CHAOSFLAGS)
 	cd cmd/chaos && $(GO) run . $(CHAOSFLAGS)
+
+chaos-cluster: ## the same on 3-node JetStream clusters, Postgres primary + synchronous standby, 2 of every service; partitions, leader kills, failover (CLUSTERFLAGS)
+	cd cmd/chaos && $(GO) run . -cluster $(CLUSTERFLAGS)
 
 build: ## the binaries, each module on its own (GOWORK=off), into bin/
 	@mkdir -p bin

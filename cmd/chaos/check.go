@@ -180,6 +180,27 @@ func (h *Harness) ledgerRows(works map[string]*workRow, stats sim.Stats, calls m
 		OK: ok3 && len(bad3) == 0, Offenders: bad3}
 }
 
+// retryAfterCheck is invariant r: no Retry-After ingress answered is
+// longer than the work could wait (its lane's default deadline; the
+// harness sets none of its own).
+func retryAfterCheck(st *loadStats) check {
+	deadline := map[string]time.Duration{"interactive": 10 * time.Minute, "batch": 24 * time.Hour}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ok := true
+	var parts, bad []string
+	for _, lane := range []string{"interactive", "batch"} {
+		d := st.longestRetry[lane]
+		parts = append(parts, fmt.Sprintf("%s %s (deadline %s)", lane, d.Round(time.Second), deadline[lane]))
+		if d > deadline[lane] {
+			ok = false
+			bad = append(bad, fmt.Sprintf("%s: Retry-After %s, longer than the %s its work could wait", lane, d.Round(time.Second), deadline[lane]))
+		}
+	}
+	return check{N: "r", What: "no Retry-After longer than the work could wait (its lane's deadline)",
+		Figure: "longest: " + strings.Join(parts, ", "), OK: ok, Offenders: bad}
+}
+
 // evaluate checks invariants 1 to 6 (and the budget's reservations).
 func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*faultRecord) ([]check, []recovery, error) {
 	works, err := h.readWork(ctx)
@@ -392,6 +413,17 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 		Figure: fmt.Sprintf("%d reservations unsettled, %d micro-dollars still reserved", open7, heldMicros),
 		OK:     open7 == 0 && heldMicros == 0})
 	add(h.publications(ctx, works))
+	if h.cl != nil {
+		c, fig := h.strandCheck(sched)
+		add(c)
+		for i := range recs {
+			for _, d := range fig.perFault[recs[i].Fault] {
+				recs[i].Stranded++
+				recs[i].SlowestStrand = max(recs[i].SlowestStrand, d)
+			}
+		}
+		add(h.failoverCheck(works, subs, sched))
+	}
 	return checks, recs, nil
 }
 
@@ -492,6 +524,10 @@ type recovery struct {
 	// last did, after the fault.
 	Held, Finished int
 	Last           time.Duration
+	// Stranded is how many items this fault stranded (cluster mode), and
+	// SlowestStrand how long after its end the last was back in flight.
+	Stranded      int
+	SlowestStrand time.Duration
 }
 
 const (
@@ -554,15 +590,25 @@ func (h *Harness) recoveries(works map[string]*workRow, sched []*faultRecord) []
 			out = append(out, r)
 			continue
 		}
-		if f.Fired.Add(30 * time.Second).After(h.loadEnd) {
+		if f.end().Add(30 * time.Second).After(h.loadEnd) {
 			r.NA = "load ended within 30s of it"
 			out = append(out, r)
 			continue
 		}
 		target := 0.95 * r.Before
+		var next time.Time
+		if h.cl != nil {
+			// The cluster mode's faults last, and a run may hold many:
+			// a window the next one reaches measures that one too.
+			next = nextInScope(sched, f)
+		}
 		for k := time.Duration(0); k <= 60*time.Second; k += 250 * time.Millisecond {
-			from := f.Fired.Add(k)
+			from := f.end().Add(k)
 			if from.Add(rateWindow).After(h.loadEnd) {
+				break
+			}
+			if !next.IsZero() && from.Add(rateWindow).After(next) {
+				r.NA = "the next fault in its scope came before it recovered"
 				break
 			}
 			if float64(count(ts, from, from.Add(rateWindow)))/rateWindow.Seconds() >= target {
@@ -573,6 +619,24 @@ func (h *Harness) recoveries(works map[string]*workRow, sched []*faultRecord) []
 		out = append(out, r)
 	}
 	return out
+}
+
+// nextInScope is when the next fault after f that touches f's cells
+// fired, zero when none did.
+func nextInScope(sched []*faultRecord, f *faultRecord) time.Time {
+	var next time.Time
+	for _, g := range sched {
+		if g == f || g.Fired.IsZero() || !g.Fired.After(f.Fired) {
+			continue
+		}
+		if f.Region != "" && g.Region != "" && g.Region != f.Region {
+			continue
+		}
+		if next.IsZero() || g.Fired.Before(next) {
+			next = g.Fired
+		}
+	}
+	return next
 }
 
 // report prints the invariant table, the faults and the recoveries.
@@ -602,7 +666,7 @@ func (h *Harness) report(w io.Writer, checks []check, recs []recovery, subs []*s
 	}
 	fmt.Fprintf(w, "\n   faults (seed %d):\n", h.o.Seed)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "   at\tfault\tscope\trate before\trecovered after\tstranded work done\twhat happened")
+	fmt.Fprintln(tw, "   at\tfault\tscope\tlasted\trate before\trecovered after\tstranded work done\tstranded, back in flight after its end\twhat happened")
 	for _, r := range recs {
 		f := r.Fault
 		rec := "n/a: " + r.NA
@@ -610,6 +674,9 @@ func (h *Harness) report(w io.Writer, checks []check, recs []recovery, subs []*s
 		case r.NA != "":
 		case r.Recovered:
 			rec = r.After.Round(100 * time.Millisecond).String()
+			if f.Lasting {
+				rec += " from its end"
+			}
 		default:
 			rec = "NOT within 60s"
 		}
@@ -624,14 +691,22 @@ func (h *Harness) report(w io.Writer, checks []check, recs []recovery, subs []*s
 		if r.Held > 0 {
 			held = fmt.Sprintf("%d/%d after %s", r.Finished, r.Held, r.Last.Round(time.Second))
 		}
-		fmt.Fprintf(tw, "   %s\t%s\t%s\t%.1f/s\t%s\t%s\t%s\n", f.At.Round(time.Second), f.Kind, r.Scope, r.Before, rec, held, what)
+		strand := "-"
+		if r.Stranded > 0 {
+			strand = fmt.Sprintf("%d, slowest %s", r.Stranded, r.SlowestStrand.Round(100*time.Millisecond))
+		}
+		lasted := "-"
+		if !f.Fired.IsZero() && !f.Done.IsZero() {
+			lasted = f.Done.Sub(f.Fired).Round(100 * time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "   %s\t%s\t%s\t%s\t%.1f/s\t%s\t%s\t%s\t%s\n", f.At.Round(time.Second), f.Kind, r.Scope, lasted, r.Before, rec, held, strand, what)
 	}
 	tw.Flush()
 	kills := 0
 	for _, p := range h.procs {
 		kills += p.kills
 	}
-	fmt.Fprintf(w, "\n   SIGKILLs of services %d, of nats-server %d; provider calls %d\n", kills, h.nats.kills, h.sim.Stats().Total)
+	fmt.Fprintf(w, "\n   SIGKILLs of services %d, of nats-server %d; provider calls %d\n", kills, h.natsKills(), h.sim.Stats().Total)
 	for _, n := range h.notes {
 		fmt.Fprintf(w, "   note: %s\n", n)
 	}
@@ -641,6 +716,21 @@ func (h *Harness) report(w io.Writer, checks []check, recs []recovery, subs []*s
 	}
 	fmt.Fprintf(w, "\n== %s (seed %d; repeat with -seed %d)\n", verdict, h.o.Seed, h.o.Seed)
 	return ok
+}
+
+// natsKills counts the SIGKILLs of nats-server, of every node in the
+// cluster mode.
+func (h *Harness) natsKills() int {
+	if h.cl == nil {
+		return h.nats.kills
+	}
+	n := 0
+	for _, c := range h.cl.cells {
+		for _, node := range c.nats {
+			n += node.proc.kills
+		}
+	}
+	return n
 }
 
 func countDup(subs []*submission) int {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -80,6 +81,18 @@ type faultRecord struct {
 	// Lost are work items the fault left for the sweeper or the lease to
 	// recover; the report says when the last of them finished.
 	Lost []string
+	// Lasting faults hold for a while (a partition, a degraded link, a
+	// failover until the old primary is back): recovery is measured from
+	// their end, Done, not from when they fired.
+	Lasting bool
+}
+
+// end is when recovery from the fault is measured from.
+func (f *faultRecord) end() time.Time {
+	if f.Lasting {
+		return f.Done
+	}
+	return f.Fired
 }
 
 func (f *faultRecord) label() string {
@@ -89,10 +102,14 @@ func (f *faultRecord) label() string {
 	return f.Kind + "/" + f.Region
 }
 
-// schedule spreads the faults over the load, in an order and at moments
-// drawn from the seed, with regions drawn too.
+// schedule spreads the faults (each kind Options.Rounds times) over the
+// load, in an order and at moments drawn from the seed, with regions
+// drawn too.
 func (h *Harness) schedule() []*faultRecord {
-	kinds := append([]string(nil), h.o.Faults...)
+	var kinds []string
+	for range max(1, h.o.Rounds) {
+		kinds = append(kinds, h.o.Faults...)
+	}
 	h.rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 	out := make([]*faultRecord, 0, len(kinds))
 	if len(kinds) == 0 {
@@ -105,7 +122,7 @@ func (h *Harness) schedule() []*faultRecord {
 		if step > 0 {
 			at += time.Duration(h.rng.Int64N(int64(step/5)+1)) - step/10
 		}
-		f := &faultRecord{Kind: k, At: at}
+		f := &faultRecord{Kind: k, At: at, Lasting: slices.Contains(lastingFaults, k)}
 		switch k {
 		case FaultNATSCrash, FaultNATSRestart, FaultNATSStoreLost, FaultPGRestart, FaultPGTerminate, FaultModelInvalid:
 		default:
@@ -150,6 +167,11 @@ func (h *Harness) inject(ctx context.Context, t0 time.Time, sched []*faultRecord
 }
 
 func (h *Harness) fire(ctx context.Context, f *faultRecord) error {
+	if h.cl != nil {
+		if ok, err := h.fireCluster(ctx, f); ok {
+			return err
+		}
+	}
 	switch f.Kind {
 	case FaultClassifierAfterAnswer:
 		return h.killAfterAnswer(ctx, f)
@@ -158,7 +180,8 @@ func (h *Harness) fire(ctx context.Context, f *faultRecord) error {
 	case FaultCommitterBeforeCommit:
 		return h.killOnLock(ctx, f, "committer", "results")
 	case FaultKillIngress, FaultKillClassifier, FaultKillCommitter, FaultKillLedger:
-		return h.killRestart(ctx, f, strings.TrimPrefix(f.Kind, "kill-")+"-"+f.Region)
+		names := h.instanceNames(strings.TrimPrefix(f.Kind, "kill-"), f.Region)
+		return h.killRestart(ctx, f, names[h.rng.IntN(len(names))])
 	case FaultNATSCrash:
 		return h.restartNATS(ctx, f, true, false)
 	case FaultNATSRestart:
@@ -372,7 +395,7 @@ func (h *Harness) restartNATS(ctx context.Context, f *faultRecord, crash, lose b
 // natsMissing names the cells' streams and durables the broker does not
 // have, "" when it has them all.
 func (h *Harness) natsMissing(ctx context.Context) (string, error) {
-	js, closeJS, err := h.jetStream()
+	js, closeJS, err := h.jetStream(config.DefaultRegions[0])
 	if err != nil {
 		return "", err
 	}
@@ -400,10 +423,15 @@ func (h *Harness) natsMissing(ctx context.Context) (string, error) {
 	return strings.Join(missing, ", "), nil
 }
 
-// jetStream connects to the harness's nats-server for one fault; the
-// function closes the connection.
-func (h *Harness) jetStream() (jetstream.JetStream, func(), error) {
-	nc, err := nats.Connect(h.natsURL)
+// jetStream connects to the harness's nats-server (in the cluster mode,
+// to the region's cluster) for one fault; the function closes the
+// connection.
+func (h *Harness) jetStream(region string) (jetstream.JetStream, func(), error) {
+	u := h.natsURL
+	if h.cl != nil {
+		u = h.cl.cells[region].natsClusterURL()
+	}
+	nc, err := nats.Connect(u)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -422,7 +450,7 @@ func (h *Harness) purgeWork(ctx context.Context, f *faultRecord) error {
 	}
 	// Let announcements pile up unconsumed.
 	time.Sleep(10 * time.Second)
-	js, closeJS, err := h.jetStream()
+	js, closeJS, err := h.jetStream(f.Region)
 	if err != nil {
 		return err
 	}
@@ -574,7 +602,7 @@ func (h *Harness) modelStall(ctx context.Context, f *faultRecord) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	js, closeJS, err := h.jetStream()
+	js, closeJS, err := h.jetStream(f.Region)
 	if err != nil {
 		return err
 	}

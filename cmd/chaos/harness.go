@@ -86,7 +86,9 @@ type Harness struct {
 	simURL string
 	simSrv *http.Server
 
-	procs   map[string]*proc // "classifier-us"
+	procs   map[string]*proc // "classifier-us", or "classifier-us-1" in the cluster mode
+	cl      *clusterRun      // the cluster mode's cells and links; nil otherwise
+	strands *strandWatch
 	loadEnd time.Time
 	tenants []tenant
 	started time.Time
@@ -99,7 +101,7 @@ type Harness struct {
 func newHarness(o Options, out io.Writer) *Harness {
 	return &Harness{o: o, out: out, started: time.Now(), rng: rand.New(rand.NewPCG(uint64(o.Seed), 0x61737361)),
 		bins: map[string]string{}, dbName: map[string]string{}, dbURL: map[string]string{},
-		pool: map[string]*pgxpool.Pool{}, procs: map[string]*proc{}}
+		pool: map[string]*pgxpool.Pool{}, procs: map[string]*proc{}, strands: newStrandWatch()}
 }
 
 func (h *Harness) logf(format string, args ...any) {
@@ -119,17 +121,30 @@ func (h *Harness) note(format string, args ...any) {
 // provider and every service of both cells.
 func (h *Harness) setUp(ctx context.Context) (err error) {
 	h.started = time.Now()
+	reapRunDirs()
 	if h.dir, err = os.MkdirTemp("", "assay-chaos-"); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(h.dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		return err
 	}
 	if err := h.build(ctx); err != nil {
 		return err
 	}
-	if err := h.startPostgres(ctx); err != nil {
-		return err
-	}
-	if err := h.startNATS(ctx); err != nil {
-		return err
+	if h.o.Cluster {
+		if err := h.setUpCluster(ctx); err != nil {
+			return err
+		}
+		if err := h.clusterPools(ctx); err != nil {
+			return err
+		}
+	} else {
+		if err := h.startPostgres(ctx); err != nil {
+			return err
+		}
+		if err := h.startNATS(ctx); err != nil {
+			return err
+		}
 	}
 	if err := h.startSim(); err != nil {
 		return err
@@ -383,36 +398,22 @@ func (h *Harness) startServices(ctx context.Context) error {
 			env = append(env, kv)
 		}
 	}
+	var order []string
 	for _, region := range config.DefaultRegions {
 		for _, svc := range services {
-			port, err := freePort()
-			if err != nil {
-				return err
+			for _, name := range h.instanceNames(svc, region) {
+				p, err := h.serviceProc(env, svc, region, name)
+				if err != nil {
+					return err
+				}
+				h.procs[name] = p
+				order = append(order, name)
 			}
-			name := svc + "-" + region
-			e := append(append([]string(nil), env...),
-				"ASSAY_REGION="+region,
-				"ASSAY_DATABASE_URL="+withParam(h.dbURL[region], "application_name", "chaos-"+name),
-				"ASSAY_NATS_URL="+h.natsURL,
-				"ASSAY_HTTP_ADDR="+addr(port))
-			if svc == "classifier" {
-				e = append(e, "ASSAY_MODEL_BASE_URL="+h.simURL, "ASSAY_MODEL="+chaosModel)
-			}
-			if svc == "committer" {
-				e = append(e, "ASSAY_GITHUB_API_URL="+h.gh.URL, "ASSAY_GITHUB_APP_ID=1", "ASSAY_GITHUB_APP_KEY_FILE="+h.ghKey)
-			}
-			if h.o.FastTimings {
-				e = append(e, fastTimings...)
-			}
-			h.procs[name] = &proc{name: name, bin: h.bins[svc], env: e,
-				logPath: filepath.Join(h.dir, name+".log"), ready: "http://" + addr(port) + "/readyz"}
 		}
 	}
-	for _, region := range config.DefaultRegions {
-		for _, svc := range services {
-			if err := h.procs[svc+"-"+region].start(); err != nil {
-				return err
-			}
+	for _, name := range order {
+		if err := h.procs[name].start(); err != nil {
+			return err
 		}
 	}
 	for _, p := range h.procs {
@@ -420,9 +421,64 @@ func (h *Harness) startServices(ctx context.Context) error {
 			return err
 		}
 	}
-	h.logf("up: nats %s, sim %s, %d services, tenants %d over %s", h.natsURL, h.simURL, len(h.procs),
+	nats := h.natsURL
+	if h.cl != nil {
+		nats = fmt.Sprintf("%d nodes in each cell", len(h.cl.cells[config.DefaultRegions[0]].nats))
+	}
+	h.logf("up: nats %s, sim %s, %d services, tenants %d over %s", nats, h.simURL, len(h.procs),
 		len(h.tenants), strings.Join(config.DefaultRegions, "+"))
 	return nil
+}
+
+// instanceNames are the processes of one service in a cell: one named
+// for the service and region, or in the cluster mode several, numbered.
+func (h *Harness) instanceNames(svc, region string) []string {
+	if h.cl == nil {
+		return []string{svc + "-" + region}
+	}
+	var out []string
+	for i := range instances {
+		out = append(out, fmt.Sprintf("%s-%s-%d", svc, region, i+1))
+	}
+	return out
+}
+
+// serviceProc is one service process, not yet started: its settings, and
+// in the cluster mode its own links to every NATS node and both Postgres
+// hosts, R3 streams placed by the cell's tag.
+func (h *Harness) serviceProc(env []string, svc, region, name string) (*proc, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dbURL, natsURL := withParam(h.dbURL[region], "application_name", "chaos-"+name), h.natsURL
+	e := append([]string(nil), env...)
+	if h.cl != nil {
+		c := h.cl.cells[region]
+		if dbURL, err = h.serviceDBURL(c, name); err != nil {
+			return nil, err
+		}
+		if natsURL, err = h.serviceNATSURL(c, name); err != nil {
+			return nil, err
+		}
+		e = append(e, "ASSAY_STREAM_REPLICAS=3", "ASSAY_STREAM_PLACEMENT=region:"+region)
+	}
+	e = append(e,
+		"ASSAY_REGION="+region,
+		"ASSAY_DATABASE_URL="+dbURL,
+		"ASSAY_NATS_URL="+natsURL,
+		"ASSAY_HTTP_ADDR="+addr(port))
+	if svc == "classifier" {
+		e = append(e, "ASSAY_MODEL_BASE_URL="+h.simURL, "ASSAY_MODEL="+chaosModel)
+	}
+	if svc == "committer" {
+		e = append(e, "ASSAY_GITHUB_API_URL="+h.gh.URL, "ASSAY_GITHUB_APP_ID=1", "ASSAY_GITHUB_APP_KEY_FILE="+h.ghKey)
+	}
+	if h.o.FastTimings {
+		e = append(e, fastTimings...)
+	}
+	return &proc{name: name, bin: h.bins[svc], env: e,
+		logPath: filepath.Join(h.dir, name+".log"), ready: "http://" + addr(port) + "/readyz"}, nil
 }
 
 // running says where the services are.
@@ -431,16 +487,21 @@ func (h *Harness) running() Running {
 	for _, region := range config.DefaultRegions {
 		r.Databases[region] = h.dbURL[region]
 		for _, svc := range services {
-			r.Targets = append(r.Targets, Target{Service: svc, Region: region,
-				URL: strings.TrimSuffix(h.procs[svc+"-"+region].ready, "/readyz")})
+			for _, name := range h.instanceNames(svc, region) {
+				r.Targets = append(r.Targets, Target{Service: svc, Region: region,
+					URL: strings.TrimSuffix(h.procs[name].ready, "/readyz")})
+			}
 		}
 	}
 	return r
 }
 
-// ingressURL is a region's ingress base URL.
-func (h *Harness) ingressURL(region string) string {
-	r := h.procs["ingress-"+region].ready
+// ingressURL is a region's ingress base URL; in the cluster mode try
+// picks one of its instances in turn, as a load balancer would after a
+// failed request.
+func (h *Harness) ingressURL(region string, try int) string {
+	names := h.instanceNames("ingress", region)
+	r := h.procs[names[try%len(names)]].ready
 	return strings.TrimSuffix(r, "/readyz")
 }
 
@@ -455,6 +516,7 @@ func (h *Harness) tearDown(keep bool) {
 	if h.nats != nil {
 		_ = h.nats.stop()
 	}
+	h.tearDownCluster()
 	if h.simSrv != nil {
 		_ = h.simSrv.Close()
 	}
@@ -469,7 +531,7 @@ func (h *Harness) tearDown(keep bool) {
 	}
 	if h.pg != nil {
 		_ = h.pg.cluster.Stop()
-	} else if len(h.dbName) > 0 {
+	} else if len(h.dbName) > 0 && h.cl == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if conn, err := pgx.Connect(ctx, h.baseURL); err == nil {
 			for _, db := range h.dbName {
@@ -481,6 +543,25 @@ func (h *Harness) tearDown(keep bool) {
 	}
 	if h.dir != "" && !keep {
 		_ = os.RemoveAll(h.dir)
+	} else if h.dir != "" {
+		_ = os.Remove(filepath.Join(h.dir, "owner.pid")) // kept on purpose: not for the reaper
+	}
+}
+
+// reapRunDirs removes what runs killed before their tear-down left in the
+// temporary directory: a run's directory whose owner is gone. Its
+// processes died with it (they all have a parent-death signal); its data
+// directories, stores and logs did not.
+func reapRunDirs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "assay-chaos-*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "owner.pid"))
+		if err != nil {
+			continue // kept on purpose (-keep), or from before owners were written
+		}
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 && syscall.Kill(pid, 0) == syscall.ESRCH {
+			_ = os.RemoveAll(d)
+		}
 	}
 }
 

@@ -21,6 +21,7 @@ type submission struct {
 	Index    int
 	Tenant   tenant
 	Contract string
+	Lane     string
 	SourceID string
 	Body     []byte
 	// Times is how many identical requests are sent at once (1, or
@@ -31,12 +32,26 @@ type submission struct {
 	WorkIDs map[string]int // work id -> answers naming it
 	Created int            // 202 answers
 	Acked   bool
+	AckedAt time.Time // the first answer naming a work id
 	Errors  []string
 }
 
 // loadStats count what the load generator saw.
 type loadStats struct {
 	requests, retries, unavailable, throttled, netErrors atomic.Int64
+
+	mu sync.Mutex
+	// longestRetry is the longest Retry-After ingress answered, per lane.
+	longestRetry map[string]time.Duration
+}
+
+func (st *loadStats) sawRetry(lane string, d time.Duration) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.longestRetry == nil {
+		st.longestRetry = map[string]time.Duration{}
+	}
+	st.longestRetry[lane] = max(st.longestRetry[lane], d)
 }
 
 var moderationTexts = []string{
@@ -76,7 +91,7 @@ func (h *Harness) plan() []*submission {
 		src := fmt.Sprintf("chaos/%s#%d", contract, i)
 		body, _ := json.Marshal(map[string]any{"contract": contract, "sourceId": src, "revision": "r1",
 			"lane": lane, "input": input})
-		s := &submission{Index: i, Tenant: t, Contract: contract, SourceID: src, Body: body, Times: 1,
+		s := &submission{Index: i, Tenant: t, Contract: contract, Lane: lane, SourceID: src, Body: body, Times: 1,
 			WorkIDs: map[string]int{}}
 		if dupEvery > 0 && i%dupEvery == dupEvery/2 && len(out) < h.o.Items {
 			s.Times = h.o.DupTimes
@@ -141,11 +156,14 @@ func (h *Harness) submit(ctx context.Context, client *http.Client, s *submission
 			st.retries.Add(1)
 		}
 		st.requests.Add(1)
-		status, workID, retryAfter, err := h.post(ctx, client, s)
+		status, workID, retryAfter, err := h.post(ctx, client, s, try+s.Index)
 		switch {
 		case err == nil && (status == http.StatusAccepted || status == http.StatusOK):
 			s.mu.Lock()
 			s.WorkIDs[workID]++
+			if !s.Acked {
+				s.AckedAt = time.Now()
+			}
 			s.Acked = true
 			if status == http.StatusAccepted {
 				s.Created++
@@ -172,7 +190,9 @@ func (h *Harness) submit(ctx context.Context, client *http.Client, s *submission
 		}
 		wait := backoff/2 + rand.N(backoff/2+1)
 		if retryAfter > 0 {
-			wait = retryAfter
+			st.sawRetry(s.Lane, retryAfter)
+			// Honoured, but not past the client's own patience.
+			wait = max(time.Second, min(retryAfter, time.Until(giveUp)))
 		}
 		backoff = min(2*backoff, 2*time.Second)
 		select {
@@ -182,8 +202,8 @@ func (h *Harness) submit(ctx context.Context, client *http.Client, s *submission
 	}
 }
 
-func (h *Harness) post(ctx context.Context, client *http.Client, s *submission) (status int, workID string, retryAfter time.Duration, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.ingressURL(s.Tenant.Region)+"/v1/work", bytes.NewReader(s.Body))
+func (h *Harness) post(ctx context.Context, client *http.Client, s *submission, try int) (status int, workID string, retryAfter time.Duration, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.ingressURL(s.Tenant.Region, try)+"/v1/work", bytes.NewReader(s.Body))
 	if err != nil {
 		return 0, "", 0, err
 	}

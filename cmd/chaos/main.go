@@ -36,8 +36,20 @@ type Options struct {
 	// Load is how long the submissions are spread over; the faults fall
 	// within it. Default 7m.
 	Load time.Duration
-	// Faults are the kinds scheduled, each once. Default DefaultFaults.
+	// Faults are the kinds scheduled, each once. Default DefaultFaults, or
+	// ClusterFaults in the cluster mode.
 	Faults []string
+	// Cluster runs each cell as production does: a three-node JetStream
+	// cluster with R3 streams placed by the cell's tag, Postgres as a
+	// primary and a synchronous standby, two processes of every service,
+	// every connection through a link the faults can cut, slow or make
+	// lossy (cluster.go, link.go). It starts its own Postgres servers.
+	Cluster bool
+	// Rounds is how many times each fault kind is scheduled. Default 1.
+	Rounds int
+	// FaultFor is how long a partition or a degraded link lasts, give or
+	// take a quarter. Default 20s.
+	FaultFor time.Duration
 	// Seed orders and places the faults and shapes the load. Default: the
 	// clock.
 	Seed int64
@@ -106,8 +118,21 @@ func (o *Options) defaults() error {
 	if o.Load == 0 {
 		o.Load = 7 * time.Minute
 	}
+	known := DefaultFaults
+	if o.Cluster {
+		known = append(append([]string(nil), ClusterFaults...), clusterAlso...)
+	}
 	if o.Faults == nil {
 		o.Faults = DefaultFaults
+		if o.Cluster {
+			o.Faults = ClusterFaults
+		}
+	}
+	if o.Rounds == 0 {
+		o.Rounds = 1
+	}
+	if o.FaultFor == 0 {
+		o.FaultFor = 20 * time.Second
 	}
 	if o.Seed == 0 {
 		o.Seed = time.Now().UnixNano() % 1_000_000
@@ -135,9 +160,18 @@ func (o *Options) defaults() error {
 		errs = append(errs, errors.New("-n, -tenants, -dup-keys and -dup-times must be positive, -dup-keys at most -n"))
 	}
 	for _, f := range o.Faults {
-		if !slices.Contains(DefaultFaults, f) {
-			errs = append(errs, fmt.Errorf("-faults: unknown fault %q (known: %s)", f, strings.Join(DefaultFaults, ", ")))
+		if !slices.Contains(known, f) {
+			errs = append(errs, fmt.Errorf("-faults: unknown fault %q (known: %s)", f, strings.Join(known, ", ")))
 		}
+	}
+	if o.Cluster && o.DatabaseURL != "" {
+		errs = append(errs, errors.New("-database-url: the cluster mode starts its own Postgres primary and standby per cell"))
+	}
+	if o.Rounds < 1 {
+		errs = append(errs, errors.New("-rounds: at least 1"))
+	}
+	if o.FaultFor < time.Second {
+		errs = append(errs, errors.New("-fault-for: at least 1s"))
 	}
 	return errors.Join(errs...)
 }
@@ -159,9 +193,11 @@ func run(ctx context.Context, args []string, out io.Writer) int {
 	fs.IntVar(&o.DupKeys, "dup-keys", 50, "keys delivered -dup-times at once")
 	fs.IntVar(&o.DupTimes, "dup-times", 10, "concurrent identical deliveries of a duplicated key")
 	fs.DurationVar(&o.Load, "load", 7*time.Minute, "spread the submissions over this long; faults fall within it")
-	faults := fs.String("faults", "all", "comma-separated faults to schedule, each once; \"all\" or \"none\"; known: "+strings.Join(DefaultFaults, ", "))
+	faults := fs.String("faults", "all", "comma-separated faults to schedule, each once; \"all\" or \"none\"; known: "+strings.Join(DefaultFaults, ", ")+
+		"; with -cluster: "+strings.Join(append(append([]string(nil), ClusterFaults...), clusterAlso...), ", "))
 	fs.Int64Var(&o.Seed, "seed", 0, "seed for the schedule and the load (default: from the clock; printed)")
 	fs.DurationVar(&o.Quiesce, "quiesce", 8*time.Minute, "longest wait for the cells to settle after the load")
+	fs.DurationVar(&o.Settle, "settle", 12*time.Second, "how long everything must stay still to count as settled")
 	fs.DurationVar(&o.SimLatency, "sim-latency", 25*time.Millisecond, "latency of every simulated answer")
 	fs.IntVar(&o.Concurrency, "concurrency", 16, "keys submitted at once")
 	fs.StringVar(&o.DatabaseURL, "database-url", os.Getenv("ASSAY_DATABASE_URL"), "Postgres to create the cells' databases on ($ASSAY_DATABASE_URL; empty: a throwaway cluster, needed for pg-restart)")
@@ -169,12 +205,25 @@ func run(ctx context.Context, args []string, out io.Writer) int {
 	fs.StringVar(&o.BinDir, "bin-dir", "", "use prebuilt ingress, classifier, committer, ledger and nats-server from this directory")
 	fs.BoolVar(&o.Keep, "keep", false, "keep the run's directory (service logs, NATS store)")
 	fs.BoolVar(&o.FastTimings, "fast-timings", false, "run the services with short leases, ack waits and sweeper and reaper periods")
+	fs.BoolVar(&o.Cluster, "cluster", false, "run each cell as a 3-node JetStream cluster (R3), a Postgres primary with a synchronous standby and two processes of every service, with the cluster's faults (make chaos-cluster)")
+	fs.IntVar(&o.Rounds, "rounds", 1, "schedule each fault this many times")
+	fs.DurationVar(&o.FaultFor, "fault-for", 20*time.Second, "how long a partition or a degraded link lasts (give or take a quarter)")
 	fs.BoolVar(&o.PGAsyncCommit, "pg-async-commit", false, "leave the throwaway cluster's synchronous_commit off (a Postgres crash then loses acknowledged commits)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
+	}
+	if o.Cluster {
+		// The cluster mode starts its own servers; only an explicit
+		// -database-url is a mistake.
+		o.DatabaseURL = ""
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "database-url" {
+				o.DatabaseURL = f.Value.String()
+			}
+		})
 	}
 	switch *faults {
 	case "all":
@@ -230,6 +279,8 @@ func Run(ctx context.Context, o Options, out io.Writer) (ok bool, err error) {
 	fctx, cancelFaults := context.WithCancel(ctx)
 	defer cancelFaults()
 	go func() { defer close(faultsDone); h.inject(fctx, t0, sched) }()
+	stopWatch := h.startStrandWatch(ctx)
+	defer stopWatch()
 	h.drive(ctx, subs, st)
 	h.loadEnd = time.Now()
 	h.logf("load done: %d keys in %s", len(subs), h.loadEnd.Sub(t0).Round(time.Second))
@@ -247,10 +298,12 @@ func Run(ctx context.Context, o Options, out io.Writer) (ok bool, err error) {
 	if qerr != nil {
 		h.note("%v", qerr)
 	}
+	stopWatch()
 	checks, recs, err := h.evaluate(ctx, subs, sched)
 	if err != nil {
 		return false, err
 	}
+	checks = append(checks, retryAfterCheck(st))
 	ok = h.report(out, checks, recs, subs, st, quiet)
 	if check != nil {
 		if err := check(ctx); err != nil {

@@ -24,6 +24,9 @@ type proc struct {
 	logPath string
 	// ready, when set, is polled after start until it answers 200.
 	ready string
+	// cred, when set, is the user it runs as; dir its working directory.
+	cred *syscall.Credential
+	dir  string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -48,7 +51,8 @@ func (p *proc) start() error {
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Env = p.env
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	cmd.Dir = p.dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true, Credential: p.cred}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return fmt.Errorf("%s: start: %w", p.name, err)
@@ -149,6 +153,17 @@ func (p *proc) kill() error { return p.signal(syscall.SIGKILL, 10*time.Second) }
 
 // stop is SIGTERM with time to drain, then SIGKILL.
 func (p *proc) stop() error { return p.signal(syscall.SIGTERM, 30*time.Second) }
+
+// execAs is a command run as cred (nil: the harness's own user) in dir,
+// with the servers' environment, that dies with the harness.
+func execAs(ctx context.Context, bin string, args []string, cred *syscall.Credential, dir string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = dir
+	cmd.Env = pgEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: cred}
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
 
 // freePort asks the kernel for a free TCP port on loopback. The port is
 // reused across restarts of the process it is given to.

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -66,13 +68,63 @@ func StreamConfig(n Names, kind string, s StreamSettings) jetstream.StreamConfig
 
 // EnsureStream creates or updates the cell's stream of one kind. Only the
 // service that publishes to a stream creates it.
+//
+// On a cluster, the instances of a service starting together ensure the
+// same replicated stream at once, and nats-server (2.15) leaves some of
+// those requests unanswered: an update that meets another instance's
+// create still in flight (and then that create too), and a second create
+// with the same configuration proposed while the first is. So a stream
+// that already has the configuration is left alone, a missing one is
+// created rather than updated, and a request that goes unanswered is
+// followed by another look: the stream the other instance made counts.
+// It gives up when ctx ends, or after 30s when ctx has no deadline.
 func EnsureStream(ctx context.Context, js jetstream.StreamManager, n Names, kind string, s StreamSettings) (jetstream.Stream, error) {
 	cfg := StreamConfig(n, kind, s)
-	st, err := js.CreateOrUpdateStream(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("event: stream %s: %w", cfg.Name, err)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
 	}
-	return st, nil
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := ensureStream(tctx, js, cfg)
+		cancel()
+		switch {
+		case err == nil:
+			return st, nil
+		case ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout):
+			return nil, fmt.Errorf("event: stream %s: %w", cfg.Name, err)
+		}
+	}
+}
+
+func ensureStream(ctx context.Context, js jetstream.StreamManager, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	st, err := js.Stream(ctx, cfg.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		st, err = js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			// Created meanwhile, otherwise.
+			st, err = js.UpdateStream(ctx, cfg)
+		}
+	case err == nil && !sameStream(st.CachedInfo().Config, cfg):
+		st, err = js.UpdateStream(ctx, cfg)
+	}
+	return st, err
+}
+
+// sameStream reports whether a stream's configuration has every setting
+// StreamConfig makes.
+func sameStream(have, want jetstream.StreamConfig) bool {
+	tags := func(p *jetstream.Placement) []string {
+		if p == nil {
+			return nil
+		}
+		return p.Tags
+	}
+	return slices.Equal(have.Subjects, want.Subjects) && have.Retention == want.Retention &&
+		have.Storage == want.Storage && have.MaxAge == want.MaxAge && have.Duplicates == want.Duplicates &&
+		have.Replicas == want.Replicas && have.Discard == want.Discard && slices.Equal(tags(have.Placement), tags(want.Placement))
 }
 
 // ConsumerSettings configure a durable pull consumer.

@@ -185,7 +185,10 @@ func shedDecision(p admission.Prediction, maxWait, remaining, need time.Duration
 	if p.Wait <= bound {
 		return nil
 	}
-	retry := max(p.Wait-max(bound, 0), time.Second)
+	// When the wait will have drained; never later than the work could
+	// wait at all (a cell whose served rate fell near zero for a moment,
+	// a database failover, predicts waits of days).
+	retry := min(max(p.Wait-max(bound, 0), time.Second), max(remaining, time.Second))
 	return &refusal{code: "over_capacity", retry: retry, reason: fmt.Sprintf(
 		"the cell is at capacity: %.0f waiting in the lane (%.0f of them this tenant's) at %.1f/s served, a predicted queue wait of %s, over the %s this work can wait",
 		p.Waiting, p.Ahead, p.Rate, p.Wait.Round(time.Millisecond), max(bound, 0).Round(time.Millisecond))}

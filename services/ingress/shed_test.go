@@ -32,6 +32,7 @@ func TestShedDecision(t *testing.T) {
 		{"just over: retry after at least a second", known(1100 * time.Millisecond), time.Minute, true, time.Second},
 		{"a short deadline bounds it further", known(500 * time.Millisecond), 900 * time.Millisecond, true, time.Second},
 		{"deadline already too short for a call", known(10 * time.Millisecond), 100 * time.Millisecond, true, time.Second},
+		{"a stalled cell's wait: retry no later than the deadline", known(74 * time.Hour), 10 * time.Minute, true, 10 * time.Minute},
 	}
 	for _, c := range cases {
 		r := shedDecision(c.p, time.Second, c.remaining, 500*time.Millisecond)
