@@ -55,7 +55,7 @@ build: ## the binaries, each module on its own (GOWORK=off), into bin/
 		(cd services/$$s && GOWORK=off $(GO) build -ldflags "$(LDFLAGS)" -o ../../bin/$$s ./cmd/$$s) || exit 1; done
 
 images: ## container images of the five binaries, static on an empty base, as an OCI layout in bin/images (IMAGEFLAGS)
-	cd cmd/images && $(GO) run . -go $(GO) -out ../../bin/images -version $(VERSION) $(IMAGEFLAGS)
+	cd cmd/images && $(GO) run . -go $(GO) -out ../../bin/images $(IMAGEFLAGS)
 
 vet: ## go vet and gofmt every module, and build each on its own (GOWORK=off)
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./... && GOWORK=off $(GO) build ./...); done

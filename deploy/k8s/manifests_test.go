@@ -3,6 +3,7 @@ package k8s
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -531,7 +532,8 @@ func TestStrictDecoding(t *testing.T) {
 	}
 }
 
-// checkImages: each container runs assay/<binary>, at the one tag.
+// checkImages: each container runs <registry>/assay/<binary>, at the one
+// tag, the name fully qualified (a bare assay/<binary> is Docker Hub's).
 func checkImages(t *testing.T, sets ...*set) {
 	t.Helper()
 	tags := map[string]bool{}
@@ -540,8 +542,11 @@ func checkImages(t *testing.T, sets ...*set) {
 			for _, c := range p.Spec.Containers {
 				bin := strings.TrimPrefix(c.Command[0], "/usr/local/bin/")
 				repo, tag, ok := strings.Cut(c.Image, ":")
-				if !ok || repo != "assay/"+bin || tag == "" {
-					t.Errorf("%s: %s: image %q, want assay/%s:<tag>", s.dir, name, c.Image, bin)
+				if !ok || !strings.HasSuffix(repo, "/assay/"+bin) || tag == "" {
+					t.Errorf("%s: %s: image %q, want <registry>/assay/%s:<tag>", s.dir, name, c.Image, bin)
+				}
+				if host, _, _ := strings.Cut(c.Image, "/"); !strings.ContainsAny(host, ".:") && host != "localhost" {
+					t.Errorf("%s: %s: image %q names no registry: it would be pulled from docker.io", s.dir, name, c.Image)
 				}
 				tags[tag] = true
 			}
@@ -549,6 +554,32 @@ func checkImages(t *testing.T, sets ...*set) {
 	}
 	if len(tags) != 1 {
 		t.Errorf("images carry tags %v, want one", keys(tags))
+	}
+}
+
+// TestImagesAreWhatMakeImagesBuilds: the images every cell's pods pull are
+// exactly the ones `make images` builds with its defaults (IMAGEFLAGS=-list
+// prints their names and builds nothing), so a fresh clone's images are
+// the ones its manifests name.
+func TestImagesAreWhatMakeImagesBuilds(t *testing.T) {
+	cmd := exec.Command("make", "-s", "--no-print-directory", "-C", "../..", "images", "IMAGEFLAGS=-list")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("make images IMAGEFLAGS=-list: %v\n%s", err, out)
+	}
+	built := strings.Fields(string(out))
+	for _, cell := range cells {
+		pulled := map[string]bool{}
+		for _, s := range []*set{load(t, cellDir(cell)), load(t, migrateDir(cell))} {
+			for _, p := range podSpecs(s) {
+				for _, c := range p.Spec.Containers {
+					pulled[c.Image] = true
+				}
+			}
+		}
+		if got, want := keys(pulled), sorted(built); !slices.Equal(got, want) {
+			t.Errorf("%s: the pods pull %v; make images builds %v", cell, got, want)
+		}
 	}
 }
 
