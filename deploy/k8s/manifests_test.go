@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -286,13 +287,42 @@ func checkDeployments(t *testing.T, s *set) {
 			t.Errorf("%s: %s: no Service for its metrics", s.dir, name)
 		}
 	}
-	// The two stream owners create them replicated and placed.
-	for _, name := range []string{"ingress", "classifier"} {
+	// Every service that creates a stream creates it replicated and placed.
+	owners := streamOwners(t, s.namespaceCell())
+	if len(owners) < 3 {
+		t.Fatalf("%s: stream owners %v: the accounts file is not the one this test reads", s.dir, owners)
+	}
+	for name, streams := range owners {
 		c := s.deployments[name].Spec.Template.Spec.Containers[0]
 		if envValue(c, "ASSAY_STREAM_REPLICAS") != "3" || !hasEnv(c, "ASSAY_STREAM_PLACEMENT") {
-			t.Errorf("%s: %s creates streams: want ASSAY_STREAM_REPLICAS=3 and ASSAY_STREAM_PLACEMENT", s.dir, name)
+			t.Errorf("%s: %s creates %v: want ASSAY_STREAM_REPLICAS=3 and ASSAY_STREAM_PLACEMENT", s.dir, name, streams)
 		}
 	}
+}
+
+// streamOwners are the services of a cell that may create a stream, with
+// the streams, as the cell's NATS accounts file (assay nats-config, the
+// services' own naming code) grants them: the owners of the cell's
+// streams, however many there are. Key-value buckets are left out.
+func streamOwners(t *testing.T, cell string) map[string][]string {
+	t.Helper()
+	conf, err := os.ReadFile("nats/" + cell + "/assay.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := regexp.MustCompile(`user: "[a-z0-9-]+-` + cell + `-([a-z]+)"`)
+	create := regexp.MustCompile(`"\$JS\.API\.STREAM\.CREATE\.([A-Za-z0-9_-]+)"`)
+	out := map[string][]string{}
+	who := ""
+	for _, line := range strings.Split(string(conf), "\n") {
+		if m := user.FindStringSubmatch(line); m != nil {
+			who = m[1]
+		}
+		if m := create.FindStringSubmatch(line); m != nil && !strings.HasPrefix(m[1], "KV_") {
+			out[who] = append(out[who], m[1])
+		}
+	}
+	return out
 }
 
 func checkSecurity(t *testing.T, where string, p corev1.PodSpec, c corev1.Container) {

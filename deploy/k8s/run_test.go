@@ -343,20 +343,25 @@ func runCell(t *testing.T, cell string) {
 		}
 	}
 
-	// The streams the owners created are R3, placed by the cell's tag.
-	names := event.Names{Installation: cellConfig(t, s).Data["installation"], Cell: cell}
+	// Every stream in the cell's account, whoever created it, is R3 and
+	// placed by the cell's tag, and so is every kind the code names.
 	placement := strings.Split(cellConfig(t, s).Data["stream-placement"], ",")
-	for _, kind := range event.Kinds {
-		owner := "ingress"
-		if kind != event.KindWork {
-			owner = "classifier"
+	names := event.Names{Installation: cellConfig(t, s).Data["installation"], Cell: cell}
+	streams := nc.streams(t, strings.ToUpper(strings.ReplaceAll(names.Installation+"_"+cell, "-", "_")))
+	for _, kind := range append(slices.Clone(event.Kinds), event.KindOutcome) {
+		if streams[names.Stream(kind)] == nil {
+			t.Errorf("%s: not created (streams: %v)", names.Stream(kind), keys(streams))
 		}
-		info := streamInfo(t, secretValues["assay-nats-urls"][owner], ca, names.Stream(kind))
-		if info.Config.Replicas != 3 || info.Config.Placement == nil || !slices.Equal(info.Config.Placement.Tags, placement) {
-			t.Errorf("%s: %d replicas, placement %+v; want 3 on %v", names.Stream(kind), info.Config.Replicas, info.Config.Placement, placement)
+	}
+	for name, sd := range streams {
+		if strings.HasPrefix(name, "KV_") && slices.Contains(softBuckets(names), strings.TrimPrefix(name, "KV_")) {
+			continue
 		}
-		if info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
-			t.Errorf("%s: cluster %+v, want a leader and two replicas", names.Stream(kind), info.Cluster)
+		if sd.Config.Replicas != 3 || sd.Config.Placement == nil || !slices.Equal(sd.Config.Placement.Tags, placement) {
+			t.Errorf("%s: %d replicas, placement %+v; want 3 on %v", name, sd.Config.Replicas, sd.Config.Placement, placement)
+		}
+		if sd.Cluster == nil || sd.Cluster.Leader == "" || len(sd.Cluster.Replicas) != 2 {
+			t.Errorf("%s: cluster %+v, want a leader and two replicas", name, sd.Cluster)
 		}
 	}
 
@@ -444,7 +449,35 @@ type natsCluster struct {
 	clientPorts []int
 	users       map[string]string
 	passwords   map[string]string
+	servers     []*server.Server
 }
+
+// streams are the streams of account, as the servers that hold them report
+// them (a stream of one replica is on one server only).
+func (nc *natsCluster) streams(t *testing.T, account string) map[string]*server.StreamDetail {
+	t.Helper()
+	out := map[string]*server.StreamDetail{}
+	for _, s := range nc.servers {
+		jsz, err := s.Jsz(&server.JSzOptions{Account: account, Streams: true, Config: true})
+		if err != nil {
+			t.Fatalf("%s: jsz: %v", s.Name(), err)
+		}
+		for _, a := range jsz.AccountDetails {
+			for i := range a.Streams {
+				sd := a.Streams[i]
+				if prev := out[sd.Name]; prev == nil || prev.Cluster == nil || prev.Cluster.Leader == "" {
+					out[sd.Name] = &sd
+				}
+			}
+		}
+	}
+	return out
+}
+
+// softBuckets are the key-value buckets that hold only what their writers
+// report again within seconds (the capacity reports, the ingress token
+// buckets): kept in memory on one server and made again when lost.
+func softBuckets(n event.Names) []string { return []string{n.CapacityBucket(), n.AdmitBucket()} }
 
 // startNATSCluster starts three nats-servers in this process, each from a
 // configuration file laid out as the Helm chart lays it out for the cell's
@@ -541,6 +574,7 @@ tls {
 		}
 		s.Start()
 		servers = append(servers, s)
+		nc.servers = append(nc.servers, s)
 		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
 	}
 	for _, s := range servers {
