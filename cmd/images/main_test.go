@@ -710,9 +710,9 @@ func TestComponentImages(t *testing.T) {
 		t.Errorf("%v %v", got, err)
 	}
 	for text, want := range map[string]string{
-		"images:\n  - name: a\n    newTage: 1\n":                            `"newTage" is not newName or newTag`,
-		"images:\n  - name: a\n    newName: r/a\n":                           "want both newName and newTag",
-		"images:\n  - newName: r/a\n":                                        "starts with its name",
+		"images:\n  - name: a\n    newTage: 1\n":                               `"newTage" is not newName or newTag`,
+		"images:\n  - name: a\n    newName: r/a\n":                             "want both newName and newTag",
+		"images:\n  - newName: r/a\n":                                          "starts with its name",
 		"images:\n  - name: a\n    newName: r/a\n    newTag: 1\n  - name: a\n": "listed twice",
 	} {
 		if _, err := componentImages(text); err == nil || !strings.Contains(err.Error(), want) {
