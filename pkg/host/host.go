@@ -271,9 +271,17 @@ func Mux(api http.Handler, env *Env, parts ...Part) http.Handler {
 		note("")
 		apierror.JSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	if env.Tel != nil {
+	if env.Tel != nil && env.Config.MetricsAddr == "" {
 		mux.Handle("GET /metrics", env.Tel.MetricsHandler())
 	}
+	return apierror.JSONErrors(mux)
+}
+
+// MetricsMux serves /metrics alone, for ASSAY_METRICS_ADDR; anything else
+// is a JSON 404 or 405.
+func MetricsMux(env *Env) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", env.Tel.MetricsHandler())
 	return apierror.JSONErrors(mux)
 }
 
@@ -403,12 +411,21 @@ func Run(spec Spec) {
 	}
 	// The listener outlives the drain, so probes keep their answers.
 	hctx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
-	served := make(chan error, 1)
+	served := make(chan error, 2)
+	listeners := 1
 	go func() {
 		served <- Serve(hctx, cfg.HTTPAddr, Mux(api, env, part), DefaultLimits, func(a string) {
 			log.Info("serving", "addr", a)
 		})
 	}()
+	if cfg.MetricsAddr != "" {
+		listeners++
+		go func() {
+			served <- Serve(hctx, cfg.MetricsAddr, MetricsMux(env), DefaultLimits, func(a string) {
+				log.Info("serving metrics", "addr", a)
+			})
+		}()
+	}
 	select {
 	case <-ctx.Done():
 	case err = <-served:
@@ -422,8 +439,10 @@ func Run(spec Spec) {
 	defer cancel()
 	part.Stop(dctx)
 	stopHTTP()
-	if serr := <-served; err == nil {
-		err = serr
+	for range listeners {
+		if serr := <-served; err == nil {
+			err = serr
+		}
 	}
 	env.Close(dctx)
 	log.Info("stopped", "took", time.Since(start).Round(time.Millisecond).String(), "clean", dctx.Err() == nil)

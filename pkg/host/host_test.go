@@ -15,6 +15,7 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/telemetry"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -95,5 +96,40 @@ func TestConnectErrorRedactsTheNATSPassword(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), password) || !strings.Contains(err.Error(), "assay:xxxxx@127.0.0.1:1") {
 		t.Fatalf("error %q: want the URL with its password redacted", err)
+	}
+}
+
+// With ASSAY_METRICS_ADDR set, /metrics is served on that listener alone:
+// the API's handler answers it 404, so tenant ids and volumes never show on
+// the API port. Without it, /metrics stays beside the API.
+func TestMetricsOnTheirOwnPort(t *testing.T) {
+	t.Parallel()
+	tel, err := telemetry.Setup(context.Background(), "metricsport", "us")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	get := func(h http.Handler) (int, string) {
+		srv := httptest.NewServer(h)
+		defer srv.Close()
+		resp, err := http.Get(srv.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	apart := &Env{Log: log, Tel: tel, Config: config.Config{HTTPAddr: "127.0.0.1:8080", MetricsAddr: "127.0.0.1:9090"}}
+	if code, body := get(Mux(http.NotFoundHandler(), apart)); code != http.StatusNotFound || strings.Contains(body, "assay_build_info") {
+		t.Errorf("the API's port answered /metrics with %d", code)
+	}
+	if code, body := get(MetricsMux(apart)); code != http.StatusOK || !strings.Contains(body, "assay_build_info") {
+		t.Errorf("the metrics port answered /metrics with %d:\n%.300s", code, body)
+	}
+	together := &Env{Log: log, Tel: tel, Config: config.Config{HTTPAddr: "127.0.0.1:8080"}}
+	if code, body := get(Mux(nil, together)); code != http.StatusOK || !strings.Contains(body, "assay_build_info") {
+		t.Errorf("without ASSAY_METRICS_ADDR /metrics answered %d", code)
 	}
 }
