@@ -15,6 +15,7 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 )
 
@@ -131,5 +132,42 @@ func TestMetricsOnTheirOwnPort(t *testing.T) {
 	together := &Env{Log: log, Tel: tel, Config: config.Config{HTTPAddr: "127.0.0.1:8080"}}
 	if code, body := get(Mux(nil, together)); code != http.StatusOK || !strings.Contains(body, "assay_build_info") {
 		t.Errorf("without ASSAY_METRICS_ADDR /metrics answered %d", code)
+	}
+}
+
+// Two instances of a cell label the same tenants, the cell's first
+// ASSAY_METRICS_TENANTS in the order its database added them, whatever
+// order each meets them in: a label cap by first sight would give each
+// replica its own set.
+func TestTenantLabelsAgreeAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	db, nc := testenv.Database(t), testenv.NATS(t)
+	cfg := config.Config{Region: "us", Regions: []string{"us"}, DatabaseURL: db, NATSURL: nc, MetricsTenants: 2}
+	first, err := Connect(t.Context(), "ingress", cfg, slog.New(slog.DiscardHandler), telemetry.WithTenantLabels(cfg.MetricsTenants))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close(context.Background())
+	for _, id := range []string{"tenant-c", "tenant-a", "tenant-d", "tenant-b"} {
+		if err := first.Store.SeedTenants(t.Context(), []store.TenantSeed{{ID: id, HomeRegion: "us", Token: store.NewToken()}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first instance read its labels before the tenants existed; the
+	// second reads them now. Each meets the tenants in another order.
+	first.labelTenants(t.Context())
+	second, err := Connect(t.Context(), "ingress", cfg, slog.New(slog.DiscardHandler), telemetry.WithTenantLabels(cfg.MetricsTenants))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close(context.Background())
+	want := map[string]string{"tenant-c": "tenant-c", "tenant-a": "tenant-a", "tenant-d": telemetry.OtherTenants, "tenant-b": telemetry.OtherTenants}
+	for i, order := range [][]string{{"tenant-b", "tenant-d", "tenant-a", "tenant-c"}, {"tenant-c", "tenant-a", "tenant-d", "tenant-b"}} {
+		env := []*Env{first, second}[i]
+		for _, id := range order {
+			if got := env.Tel.Tenant(id); got != want[id] {
+				t.Errorf("instance %d: %s labelled %q, want %q", i+1, id, got, want[id])
+			}
+		}
 	}
 }

@@ -74,7 +74,7 @@ func Setup(ctx context.Context, service, region string, opts ...Option) (*Provid
 	otel.SetTextMapPropagator(propagator)
 
 	p := &Provider{registry: prometheus.NewRegistry()}
-	p.tenants = tenantLabels{max: DefaultTenantLabels, seen: map[string]bool{}}
+	p.tenants = tenantLabels{max: DefaultTenantLabels}
 	if o.tenants > 0 {
 		p.tenants.max = o.tenants
 	}
@@ -138,8 +138,8 @@ type options struct {
 	tenants int
 }
 
-// WithTenantLabels gives the first n tenants seen a metric label of their
-// own and counts the rest as "other" (ASSAY_METRICS_TENANTS).
+// WithTenantLabels lets n tenants have a metric label of their own (see
+// LabelTenants) and counts the rest as "other" (ASSAY_METRICS_TENANTS).
 func WithTenantLabels(n int) Option {
 	return func(o *options) { o.tenants = n }
 }
