@@ -254,7 +254,6 @@ type Service struct {
 	submitted metric.Int64Counter
 	webhooks  metric.Int64Counter
 	dropped   metric.Int64Counter
-	endToEnd  metric.Float64Histogram
 	buckets   *admission.Buckets
 	tokens    *auth.Cache
 	shed      *shedder
@@ -414,7 +413,6 @@ func (s *Service) SweepOnce(ctx context.Context) error {
 		return err
 	}
 	for _, w := range expired {
-		s.ended(ctx, w)
 		telemetry.Decision(ctx, s.d.Log, w.ID, outcome.Expired, w.Reason, slog.String("tenant", w.TenantID), slog.String("lane", w.Lane))
 	}
 	sw := store.Sweep{QueuedFor: s.cfg.QueuedFor, LeaseGrace: s.cfg.LeaseGrace, Heads: s.backlogHeads(ctx), Limit: 500}
