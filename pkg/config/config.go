@@ -367,7 +367,7 @@ func (c Config) validate(need Need, errs []error) error {
 	if c.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
 			errs = append(errs, fmt.Errorf("ASSAY_METRICS_ADDR: %q: %v", c.MetricsAddr, err))
-		} else if c.MetricsAddr == c.HTTPAddr {
+		} else if _, port, _ := net.SplitHostPort(c.MetricsAddr); c.MetricsAddr == c.HTTPAddr && port != "0" {
 			errs = append(errs, fmt.Errorf("ASSAY_METRICS_ADDR: %q is ASSAY_HTTP_ADDR; give /metrics a port of its own or leave it unset", c.MetricsAddr))
 		}
 	}
