@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -86,7 +87,10 @@ type Harness struct {
 	simURL string
 	simSrv *http.Server
 
-	procs   map[string]*proc // "classifier-us"
+	procs   map[string]*proc // "classifier-us", "ingress-us-2"
+	// metricsURL is each process's metrics listener (ASSAY_METRICS_ADDR).
+	metricsURL  map[string]string
+	ingressTurn atomic.Uint64
 	loadEnd time.Time
 	tenants []tenant
 	started time.Time
@@ -99,7 +103,7 @@ type Harness struct {
 func newHarness(o Options, out io.Writer) *Harness {
 	return &Harness{o: o, out: out, started: time.Now(), rng: rand.New(rand.NewPCG(uint64(o.Seed), 0x61737361)),
 		bins: map[string]string{}, dbName: map[string]string{}, dbURL: map[string]string{},
-		pool: map[string]*pgxpool.Pool{}, procs: map[string]*proc{}}
+		pool: map[string]*pgxpool.Pool{}, procs: map[string]*proc{}, metricsURL: map[string]string{}}
 }
 
 func (h *Harness) logf(format string, args ...any) {
@@ -383,36 +387,21 @@ func (h *Harness) startServices(ctx context.Context) error {
 			env = append(env, kv)
 		}
 	}
+	var order []string
 	for _, region := range config.DefaultRegions {
 		for _, svc := range services {
-			port, err := freePort()
-			if err != nil {
-				return err
+			for i := range h.replicas(svc) {
+				name := replicaName(svc, region, i)
+				if err := h.addService(name, svc, region, env); err != nil {
+					return err
+				}
+				order = append(order, name)
 			}
-			name := svc + "-" + region
-			e := append(append([]string(nil), env...),
-				"ASSAY_REGION="+region,
-				"ASSAY_DATABASE_URL="+withParam(h.dbURL[region], "application_name", "chaos-"+name),
-				"ASSAY_NATS_URL="+h.natsURL,
-				"ASSAY_HTTP_ADDR="+addr(port))
-			if svc == "classifier" {
-				e = append(e, "ASSAY_MODEL_BASE_URL="+h.simURL, "ASSAY_MODEL="+chaosModel)
-			}
-			if svc == "committer" {
-				e = append(e, "ASSAY_GITHUB_API_URL="+h.gh.URL, "ASSAY_GITHUB_APP_ID=1", "ASSAY_GITHUB_APP_KEY_FILE="+h.ghKey)
-			}
-			if h.o.FastTimings {
-				e = append(e, fastTimings...)
-			}
-			h.procs[name] = &proc{name: name, bin: h.bins[svc], env: e,
-				logPath: filepath.Join(h.dir, name+".log"), ready: "http://" + addr(port) + "/readyz"}
 		}
 	}
-	for _, region := range config.DefaultRegions {
-		for _, svc := range services {
-			if err := h.procs[svc+"-"+region].start(); err != nil {
-				return err
-			}
+	for _, name := range order {
+		if err := h.procs[name].start(); err != nil {
+			return err
 		}
 	}
 	for _, p := range h.procs {
@@ -425,23 +414,84 @@ func (h *Harness) startServices(ctx context.Context) error {
 	return nil
 }
 
+// replicas is how many processes of svc each cell runs.
+func (h *Harness) replicas(svc string) int {
+	if svc == "ingress" {
+		return max(h.o.IngressReplicas, 1)
+	}
+	return 1
+}
+
+// replicaName names a service's process: ingress-us, and ingress-us-2 for
+// a second replica.
+func replicaName(svc, region string, i int) string {
+	if i == 0 {
+		return svc + "-" + region
+	}
+	return fmt.Sprintf("%s-%s-%d", svc, region, i+1)
+}
+
+// addService sets up one service process: its own HTTP and metrics ports,
+// the cell's database and NATS, the run's timings.
+func (h *Harness) addService(name, svc, region string, env []string) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	mport, err := freePort()
+	if err != nil {
+		return err
+	}
+	e := append(append([]string(nil), env...),
+		"ASSAY_REGION="+region,
+		"ASSAY_DATABASE_URL="+withParam(h.dbURL[region], "application_name", "chaos-"+name),
+		"ASSAY_NATS_URL="+h.natsURL,
+		"ASSAY_HTTP_ADDR="+addr(port),
+		"ASSAY_METRICS_ADDR="+addr(mport))
+	if svc == "classifier" {
+		e = append(e, "ASSAY_MODEL_BASE_URL="+h.simURL, "ASSAY_MODEL="+chaosModel)
+	}
+	if svc == "committer" {
+		e = append(e, "ASSAY_GITHUB_API_URL="+h.gh.URL, "ASSAY_GITHUB_APP_ID=1", "ASSAY_GITHUB_APP_KEY_FILE="+h.ghKey)
+	}
+	if h.o.FastTimings {
+		e = append(e, fastTimings...)
+	}
+	h.procs[name] = &proc{name: name, bin: h.bins[svc], env: e,
+		logPath: filepath.Join(h.dir, name+".log"), ready: "http://" + addr(port) + "/readyz"}
+	h.metricsURL[name] = "http://" + addr(mport)
+	return nil
+}
+
 // running says where the services are.
 func (h *Harness) running() Running {
-	r := Running{Databases: map[string]string{}}
+	r := Running{Databases: map[string]string{}, Ingress: map[string][]string{}, Tokens: map[string]string{},
+		NATSURL: h.natsURL, Sim: h.sim}
 	for _, region := range config.DefaultRegions {
 		r.Databases[region] = h.dbURL[region]
 		for _, svc := range services {
-			r.Targets = append(r.Targets, Target{Service: svc, Region: region,
-				URL: strings.TrimSuffix(h.procs[svc+"-"+region].ready, "/readyz")})
+			for i := range h.replicas(svc) {
+				name := replicaName(svc, region, i)
+				r.Targets = append(r.Targets, Target{Service: svc, Region: region, URL: h.metricsURL[name]})
+				if svc == "ingress" {
+					r.Ingress[region] = append(r.Ingress[region], strings.TrimSuffix(h.procs[name].ready, "/readyz"))
+				}
+			}
+		}
+	}
+	for _, t := range h.tenantList() {
+		if _, ok := r.Tokens[t.Region]; !ok {
+			r.Tokens[t.Region] = t.Token
 		}
 	}
 	return r
 }
 
-// ingressURL is a region's ingress base URL.
+// ingressURL is a region's ingress base URL, each of its replicas in turn.
 func (h *Harness) ingressURL(region string) string {
-	r := h.procs["ingress-"+region].ready
-	return strings.TrimSuffix(r, "/readyz")
+	n := h.ingressTurn.Add(1)
+	name := replicaName("ingress", region, int(n%uint64(h.replicas("ingress"))))
+	return strings.TrimSuffix(h.procs[name].ready, "/readyz")
 }
 
 // tearDown stops everything setUp started. Logs are kept when keep is set.

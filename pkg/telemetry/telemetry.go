@@ -123,7 +123,7 @@ func Setup(ctx context.Context, service, region string, opts ...Option) (*Provid
 	bi := buildinfo.Read()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "assay_build_info",
 		Help:        "The running build: version, VCS revision and Go version; always 1.",
-		ConstLabels: prometheus.Labels{"service": service, "version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion}})
+		ConstLabels: prometheus.Labels{"service": service, "region": region, "version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion}})
 	build.Set(1)
 	p.registry.MustRegister(build)
 	p.handler = promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{Registry: p.registry})

@@ -259,7 +259,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	owned := []string{event.KindResult, event.KindAttempt}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log, Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: owned, Ensure: s.streams.Ensure,
-		Meter: d.Tel.Meter(), SetAside: cfg.SetAside}
+		Meter: d.Tel.Meter(), Region: cfg.Region, SetAside: cfg.SetAside}
 	if s.lim == nil {
 		lc := admission.LimiterConfig{Initial: cfg.InitialConcurrency, Max: cfg.Concurrency, SlowStart: true,
 			OnChange: s.limitChanged, Headroom: cfg.FairWindow}

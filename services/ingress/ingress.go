@@ -271,7 +271,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log,
 		Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},
-		Ensure: s.streams.Ensure, Meter: d.Tel.Meter(), SetAside: cfg.SetAside}
+		Ensure: s.streams.Ensure, Meter: d.Tel.Meter(), Region: cfg.Region, SetAside: cfg.SetAside}
 	sw := &s.sweeper
 	sw.Name, sw.Every, sw.Log, sw.PassTimeout = "sweeper", cfg.SweepEvery, d.Log, time.Minute
 	sw.Pass = func(ctx context.Context) (bool, error) { return false, s.SweepOnce(ctx) }
