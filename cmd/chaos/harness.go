@@ -87,13 +87,13 @@ type Harness struct {
 	simURL string
 	simSrv *http.Server
 
-	procs   map[string]*proc // "classifier-us", "ingress-us-2"
+	procs map[string]*proc // "classifier-us", "ingress-us-2"
 	// metricsURL is each process's metrics listener (ASSAY_METRICS_ADDR).
 	metricsURL  map[string]string
 	ingressTurn atomic.Uint64
-	loadEnd time.Time
-	tenants []tenant
-	started time.Time
+	loadEnd     time.Time
+	tenants     []tenant
+	started     time.Time
 
 	outMu sync.Mutex // out may be a bytes.Buffer, written from the load, the faults and the checks
 	mu    sync.Mutex

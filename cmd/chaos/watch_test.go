@@ -101,7 +101,7 @@ func TestDashboardsAndAlertsOnRealPrometheus(t *testing.T) {
 		Faults:          []string{FaultModelInvalid},
 		FastTimings:     true,
 		IngressReplicas: 2,
-		DatabaseURL: testenv.PostgresURL(t),
+		DatabaseURL:     testenv.PostgresURL(t),
 		Watch: func(ctx context.Context, r Running) (func(context.Context) error, error) {
 			api, err := startPrometheus(t, prom, r.Targets)
 			if err != nil {
