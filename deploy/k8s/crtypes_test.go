@@ -222,11 +222,10 @@ func TestOperatorVersionsNamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"CloudNativePG " + cnpgMinVersion + " or later", cnpgVersion + "'s types",
+	for _, want := range []string{"CloudNativePG " + cnpgMinVersion + " or later", cnpgVersion + "'s types", "the plugin's\n  " + barmanPluginVersion,
 		"Barman Cloud\n  Plugin " + barmanPluginMinMinor + " or later", "KEDA " + kedaMinVersion + " or later"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("deploy/README.md does not say %q", want)
 		}
 	}
-	_ = barmanPluginVersion
 }
