@@ -236,10 +236,18 @@ func startAPIServer(t *testing.T) *rest.Config {
 	return cfg
 }
 
-// buildAPIServer builds kube-apiserver once per checkout, into the user's
-// cache.
+// buildAPIServer builds kube-apiserver from this module into the user's
+// cache (go's build cache makes a second build quick), or takes the binary
+// KUBE_APISERVER names, built from the same source elsewhere.
 func buildAPIServer(t *testing.T) string {
 	t.Helper()
+	if p := os.Getenv("KUBE_APISERVER"); p != "" {
+		out, err := exec.Command(p, "--version").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "v1.37.2") {
+			t.Fatalf("KUBE_APISERVER=%s: %v %s: want kube-apiserver v1.37.2", p, err, out)
+		}
+		return p
+	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		cache = os.TempDir()
