@@ -106,6 +106,10 @@ func (c *CellSlots) Take(ctx context.Context) (release func(), err error) {
 			return nil, ctx.Err()
 		}
 		c.note(err)
+		// The bucket may be gone (a broker that lost its store, or a
+		// memory bucket on a server that restarted): open it again, as a
+		// stream's owner makes its stream again.
+		c.reopen(kv)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -197,10 +201,41 @@ func (c *CellSlots) ready(ctx context.Context) (SlotKV, <-chan struct{}, error) 
 	return c.kv, c.changed, nil
 }
 
-// run follows the watch and refreshes this instance's slots until Stop.
+// reopen forgets the bucket kv and its watch, so the next take opens it
+// again; the slots held in it are refreshed there, or counted lost.
+func (c *CellSlots) reopen(kv SlotKV) {
+	c.mu.Lock()
+	if kv == nil || c.kv != kv {
+		c.mu.Unlock()
+		return
+	}
+	stop, done := c.stop, c.done
+	c.kv, c.watcher, c.stop = nil, nil, nil
+	c.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
+}
+
+// run follows the watch and refreshes this instance's slots until Stop,
+// or until the watch ends (the bucket went away), when the next take opens
+// the bucket again.
 func (c *CellSlots) run(ctx context.Context, kv SlotKV, w jetstream.KeyWatcher) {
 	defer close(c.done)
 	defer func() { _ = w.Stop() }()
+	defer func() {
+		c.mu.Lock()
+		var stop context.CancelFunc
+		if c.kv == kv && ctx.Err() == nil {
+			stop = c.stop
+			c.kv, c.watcher, c.stop = nil, nil, nil
+		}
+		c.mu.Unlock()
+		if stop != nil {
+			stop()
+		}
+	}()
 	refresh := time.NewTicker(c.ttl() / 3)
 	defer refresh.Stop()
 	for {

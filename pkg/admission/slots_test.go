@@ -141,3 +141,36 @@ func TestCellSlotsOfADeadInstanceComeFree(t *testing.T) {
 		p.Release(Signal{Kind: Ignore})
 	}
 }
+
+// A bucket that goes away (a broker that lost its store, a memory bucket
+// on a restarted server) is made again by the next take: calls wait
+// through the loss, they do not stop for good.
+func TestCellSlotsOutliveTheirBucket(t *testing.T) {
+	t.Parallel()
+	url := testenv.NATS(t)
+	in := newInstance(t, url, "calls_test_lost", 2, 2, 5*time.Second, "survivor")
+	p, err := in.lim.Acquire(t.Context(), Interactive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := js.DeleteKeyValue(t.Context(), "calls_test_lost"); err != nil {
+		t.Fatal(err)
+	}
+	p.Release(Signal{Kind: Ignore})
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	for i := range 2 {
+		if _, err := in.lim.Acquire(ctx, Interactive); err != nil {
+			t.Fatalf("take %d after the bucket was deleted: %v", i+1, err)
+		}
+	}
+	if _, err := js.KeyValue(t.Context(), "calls_test_lost"); err != nil {
+		t.Errorf("the bucket was not made again: %v", err)
+	}
+}
