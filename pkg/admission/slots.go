@@ -57,6 +57,7 @@ type CellSlots struct {
 	kv      SlotKV
 	watcher jetstream.KeyWatcher
 	taken   map[string]bool   // slots the watch says someone holds
+	freed   map[string]uint64 // slots the watch saw given back, at the revision of the deletion
 	held    map[string]uint64 // this instance's slots, by key, at their revision
 	changed chan struct{}     // closed and replaced when a slot may have come free
 	stop    context.CancelFunc
@@ -132,16 +133,30 @@ func (c *CellSlots) tryTake(ctx context.Context, kv SlotKV) (key string, err err
 		if busy {
 			continue
 		}
-		rev, err := kv.Create(ctx, k, []byte(c.Holder))
+		// A slot given back is taken with one write on the deletion's
+		// revision (only one writer can follow it); one never written, or
+		// whose deletion the watch did not see, with a create.
+		c.mu.Lock()
+		after, seen := c.freed[k]
+		c.mu.Unlock()
+		var rev uint64
+		var err error
+		if seen {
+			rev, err = kv.Update(ctx, k, []byte(c.Holder), after)
+		} else {
+			rev, err = kv.Create(ctx, k, []byte(c.Holder))
+		}
 		switch {
 		case err == nil:
 			c.mu.Lock()
 			c.held[k], c.taken[k] = rev, true
+			delete(c.freed, k)
 			c.mu.Unlock()
 			return k, nil
-		case errors.Is(err, jetstream.ErrKeyExists):
+		case errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch):
 			c.mu.Lock()
 			c.taken[k] = true
+			delete(c.freed, k)
 			c.mu.Unlock()
 		default:
 			return "", err
@@ -193,7 +208,7 @@ func (c *CellSlots) ready(ctx context.Context) (SlotKV, <-chan struct{}, error) 
 		return nil, nil, fmt.Errorf("watch the cell's slots: %w", err)
 	}
 	c.kv, c.watcher, c.stop, c.done = kv, w, cancel, make(chan struct{})
-	c.taken, c.changed = map[string]bool{}, make(chan struct{})
+	c.taken, c.freed, c.changed = map[string]bool{}, map[string]uint64{}, make(chan struct{})
 	if c.held == nil {
 		c.held = map[string]uint64{}
 	}
@@ -252,10 +267,12 @@ func (c *CellSlots) run(ctx context.Context, kv SlotKV, w jetstream.KeyWatcher) 
 			c.mu.Lock()
 			if op := e.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
 				delete(c.taken, e.Key())
+				c.freed[e.Key()] = e.Revision()
 				close(c.changed)
 				c.changed = make(chan struct{})
 			} else {
 				c.taken[e.Key()] = true
+				delete(c.freed, e.Key())
 			}
 			c.mu.Unlock()
 		case <-refresh.C:
