@@ -24,7 +24,7 @@ BENCHFLAGS ?= -n 20000 -c 8,32
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X assay.dev/pkg/buildinfo.version=$(VERSION)
 
-.PHONY: help demo serve test chaos chaos-cluster build images vet fmt fuzz tidy bench bench-goodput
+.PHONY: help demo serve test chaos chaos-cluster build images vet fmt fuzz tidy bench bench-goodput k8s-apiserver-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -60,7 +60,10 @@ build: ## the binaries, each module on its own (GOWORK=off), into bin/
 		(cd services/$$s && GOWORK=off $(GO) build -ldflags "$(LDFLAGS)" -o ../../bin/$$s ./cmd/$$s) || exit 1; done
 
 images: ## container images of the five binaries, static on an empty base, as an OCI layout in bin/images (IMAGEFLAGS)
-	cd cmd/images && $(GO) run . -go $(GO) -out ../../bin/images -version $(VERSION) $(IMAGEFLAGS)
+	cd cmd/images && $(GO) run . -go $(GO) -out ../../bin/images $(IMAGEFLAGS)
+
+k8s-apiserver-check: ## every cell's manifests on a real kube-apiserver (built from k8s.io/kubernetes) and Debian's etcd, server-side dry runs (not part of make test: the build takes long)
+	cd deploy/k8s/apiserver && GOWORK=off $(GO) test -count=1 -timeout 90m -v ./...
 
 vet: ## go vet and gofmt every module, and build each on its own (GOWORK=off)
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./... && GOWORK=off $(GO) build ./...); done

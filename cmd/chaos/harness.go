@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -86,12 +87,15 @@ type Harness struct {
 	simURL string
 	simSrv *http.Server
 
-	procs   map[string]*proc // "classifier-us", or "classifier-us-1" in the cluster mode
+	procs   map[string]*proc // "classifier-us", "ingress-us-2", or "classifier-us-1" in the cluster mode
 	cl      *clusterRun      // the cluster mode's cells and links; nil otherwise
 	strands *strandWatch
-	loadEnd time.Time
-	tenants []tenant
-	started time.Time
+	// metricsURL is each process's metrics listener (ASSAY_METRICS_ADDR).
+	metricsURL  map[string]string
+	ingressTurn atomic.Uint64
+	loadEnd     time.Time
+	tenants     []tenant
+	started     time.Time
 
 	outMu sync.Mutex // out may be a bytes.Buffer, written from the load, the faults and the checks
 	mu    sync.Mutex
@@ -101,7 +105,8 @@ type Harness struct {
 func newHarness(o Options, out io.Writer) *Harness {
 	return &Harness{o: o, out: out, started: time.Now(), rng: rand.New(rand.NewPCG(uint64(o.Seed), 0x61737361)),
 		bins: map[string]string{}, dbName: map[string]string{}, dbURL: map[string]string{},
-		pool: map[string]*pgxpool.Pool{}, procs: map[string]*proc{}, strands: newStrandWatch()}
+		pool: map[string]*pgxpool.Pool{}, procs: map[string]*proc{}, metricsURL: map[string]string{},
+		strands: newStrandWatch()}
 }
 
 func (h *Harness) logf(format string, args ...any) {
@@ -402,11 +407,9 @@ func (h *Harness) startServices(ctx context.Context) error {
 	for _, region := range config.DefaultRegions {
 		for _, svc := range services {
 			for _, name := range h.instanceNames(svc, region) {
-				p, err := h.serviceProc(env, svc, region, name)
-				if err != nil {
+				if err := h.addService(name, svc, region, env); err != nil {
 					return err
 				}
-				h.procs[name] = p
 				order = append(order, name)
 			}
 		}
@@ -430,36 +433,48 @@ func (h *Harness) startServices(ctx context.Context) error {
 	return nil
 }
 
-// instanceNames are the processes of one service in a cell: one named
-// for the service and region, or in the cluster mode several, numbered.
+// instanceNames are the processes of one service in a cell: one named for
+// the service and region (ingress-us), a second ingress replica numbered
+// from 2 (ingress-us-2), or in the cluster mode every one numbered from 1.
 func (h *Harness) instanceNames(svc, region string) []string {
-	if h.cl == nil {
-		return []string{svc + "-" + region}
+	if h.cl != nil {
+		var out []string
+		for i := range instances {
+			out = append(out, fmt.Sprintf("%s-%s-%d", svc, region, i+1))
+		}
+		return out
 	}
-	var out []string
-	for i := range instances {
-		out = append(out, fmt.Sprintf("%s-%s-%d", svc, region, i+1))
+	out := []string{svc + "-" + region}
+	if svc == "ingress" {
+		for i := 2; i <= h.o.IngressReplicas; i++ {
+			out = append(out, fmt.Sprintf("%s-%s-%d", svc, region, i))
+		}
 	}
 	return out
 }
 
-// serviceProc is one service process, not yet started: its settings, and
+// addService sets up one service process, not yet started: its own HTTP
+// and metrics ports, the cell's database and NATS, the run's timings, and
 // in the cluster mode its own links to every NATS node and both Postgres
 // hosts, R3 streams placed by the cell's tag.
-func (h *Harness) serviceProc(env []string, svc, region, name string) (*proc, error) {
+func (h *Harness) addService(name, svc, region string, env []string) error {
 	port, err := freePort()
 	if err != nil {
-		return nil, err
+		return err
+	}
+	mport, err := freePort()
+	if err != nil {
+		return err
 	}
 	dbURL, natsURL := withParam(h.dbURL[region], "application_name", "chaos-"+name), h.natsURL
 	e := append([]string(nil), env...)
 	if h.cl != nil {
 		c := h.cl.cells[region]
 		if dbURL, err = h.serviceDBURL(c, name); err != nil {
-			return nil, err
+			return err
 		}
 		if natsURL, err = h.serviceNATSURL(c, name); err != nil {
-			return nil, err
+			return err
 		}
 		e = append(e, "ASSAY_STREAM_REPLICAS=3", "ASSAY_STREAM_PLACEMENT=region:"+region)
 	}
@@ -467,7 +482,8 @@ func (h *Harness) serviceProc(env []string, svc, region, name string) (*proc, er
 		"ASSAY_REGION="+region,
 		"ASSAY_DATABASE_URL="+dbURL,
 		"ASSAY_NATS_URL="+natsURL,
-		"ASSAY_HTTP_ADDR="+addr(port))
+		"ASSAY_HTTP_ADDR="+addr(port),
+		"ASSAY_METRICS_ADDR="+addr(mport))
 	if svc == "classifier" {
 		e = append(e, "ASSAY_MODEL_BASE_URL="+h.simURL, "ASSAY_MODEL="+chaosModel)
 	}
@@ -477,32 +493,42 @@ func (h *Harness) serviceProc(env []string, svc, region, name string) (*proc, er
 	if h.o.FastTimings {
 		e = append(e, fastTimings...)
 	}
-	return &proc{name: name, bin: h.bins[svc], env: e,
-		logPath: filepath.Join(h.dir, name+".log"), ready: "http://" + addr(port) + "/readyz"}, nil
+	h.procs[name] = &proc{name: name, bin: h.bins[svc], env: e,
+		logPath: filepath.Join(h.dir, name+".log"), ready: "http://" + addr(port) + "/readyz"}
+	h.metricsURL[name] = "http://" + addr(mport)
+	return nil
 }
 
 // running says where the services are.
 func (h *Harness) running() Running {
-	r := Running{Databases: map[string]string{}}
+	r := Running{Databases: map[string]string{}, Ingress: map[string][]string{}, Tokens: map[string]string{},
+		NATSURL: h.natsURL, Sim: h.sim}
 	for _, region := range config.DefaultRegions {
 		r.Databases[region] = h.dbURL[region]
 		for _, svc := range services {
 			for _, name := range h.instanceNames(svc, region) {
-				r.Targets = append(r.Targets, Target{Service: svc, Region: region,
-					URL: strings.TrimSuffix(h.procs[name].ready, "/readyz")})
+				r.Targets = append(r.Targets, Target{Service: svc, Region: region, URL: h.metricsURL[name]})
+				if svc == "ingress" {
+					r.Ingress[region] = append(r.Ingress[region], strings.TrimSuffix(h.procs[name].ready, "/readyz"))
+				}
 			}
+		}
+	}
+	for _, t := range h.tenantList() {
+		if _, ok := r.Tokens[t.Region]; !ok {
+			r.Tokens[t.Region] = t.Token
 		}
 	}
 	return r
 }
 
-// ingressURL is a region's ingress base URL; in the cluster mode try
-// picks one of its instances in turn, as a load balancer would after a
-// failed request.
-func (h *Harness) ingressURL(region string, try int) string {
+// ingressURL is a region's ingress base URL, each of its instances in
+// turn, as a load balancer spreads requests (and a retry after a failed
+// one goes to the next).
+func (h *Harness) ingressURL(region string) string {
 	names := h.instanceNames("ingress", region)
-	r := h.procs[names[try%len(names)]].ready
-	return strings.TrimSuffix(r, "/readyz")
+	n := h.ingressTurn.Add(1)
+	return strings.TrimSuffix(h.procs[names[n%uint64(len(names))]].ready, "/readyz")
 }
 
 // tearDown stops everything setUp started. Logs are kept when keep is set.

@@ -156,7 +156,7 @@ func (h *Harness) submit(ctx context.Context, client *http.Client, s *submission
 			st.retries.Add(1)
 		}
 		st.requests.Add(1)
-		status, workID, retryAfter, err := h.post(ctx, client, s, try+s.Index)
+		status, workID, retryAfter, err := h.post(ctx, client, s)
 		switch {
 		case err == nil && (status == http.StatusAccepted || status == http.StatusOK):
 			s.mu.Lock()
@@ -202,8 +202,8 @@ func (h *Harness) submit(ctx context.Context, client *http.Client, s *submission
 	}
 }
 
-func (h *Harness) post(ctx context.Context, client *http.Client, s *submission, try int) (status int, workID string, retryAfter time.Duration, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.ingressURL(s.Tenant.Region, try)+"/v1/work", bytes.NewReader(s.Body))
+func (h *Harness) post(ctx context.Context, client *http.Client, s *submission) (status int, workID string, retryAfter time.Duration, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.ingressURL(s.Tenant.Region)+"/v1/work", bytes.NewReader(s.Body))
 	if err != nil {
 		return 0, "", 0, err
 	}

@@ -21,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"assay.dev/pkg/devkit/sim"
 )
 
 // Options size and shape one run. Zero values take the defaults given.
@@ -84,6 +86,9 @@ type Options struct {
 	// PGAsyncCommit leaves the throwaway cluster's synchronous_commit off,
 	// to show what a Postgres crash then loses.
 	PGAsyncCommit bool
+	// IngressReplicas is how many ingress processes each cell runs, the
+	// load sent to each in turn. Default 1.
+	IngressReplicas int
 	// Watch, when set, is called once every service is up, with where
 	// they are; the check it returns runs after the report, while they
 	// are still up. An error from either fails the run.
@@ -92,11 +97,20 @@ type Options struct {
 
 // Running is where a run's services are.
 type Running struct {
-	// Targets are the services, each with its region and HTTP base URL
-	// (/metrics, /healthz, /readyz).
+	// Targets are the service processes, each with its region and the base
+	// URL of its metrics listener (/metrics).
 	Targets []Target
 	// Databases are the cells' Postgres URLs by region.
 	Databases map[string]string
+	// Ingress are each cell's ingress base URLs (the API), one per replica.
+	Ingress map[string][]string
+	// Tokens are an API token of a tenant homed in each region.
+	Tokens map[string]string
+	// NATSURL is the run's NATS server.
+	NATSURL string
+	// Sim is the simulated provider, for a check that needs a fault of its
+	// own.
+	Sim interface{ AddFault(sim.Fault) error }
 }
 
 // Target is one running service.

@@ -83,20 +83,25 @@ func runbookHas(t *testing.T, alert string) bool {
 }
 
 // TestDashboardsAndAlertsOnRealPrometheus runs both cells' services as
-// processes under a small load with broken answers, has a real Prometheus
-// scrape every one of them and evaluate the rules, then asks it every
-// dashboard panel's query and every alert expression: each must parse and
-// every panel and every alert's signal must return at least one series.
-// The spend dashboard's SQL runs on the cells' ledgers.
+// processes, two ingress replicas per cell, under a small load with broken
+// answers, has a real Prometheus scrape every one of them on its metrics
+// port — region coming from the services' own labels, none from the
+// scrape — and evaluate the rules, then asks it every dashboard panel's
+// query and every alert expression: each must parse and every panel and
+// every alert's signal must return at least one series. With one item
+// waiting out a long Retry-After, the lag panel must read 0; then every
+// overview panel must equal the cells' databases. The spend dashboard's
+// SQL runs on the cells' ledgers.
 func TestDashboardsAndAlertsOnRealPrometheus(t *testing.T) {
 	prom := tool(t, "prometheus")
 	boards := loadDashboards(t)
 	rules := loadRules(t)
 	o := Options{
 		Items: 120, DupKeys: 4, Load: 12 * time.Second, Seed: 7, Quiesce: 2 * time.Minute, Settle: 3 * time.Second,
-		Faults:      []string{FaultModelInvalid},
-		FastTimings: true,
-		DatabaseURL: testenv.PostgresURL(t),
+		Faults:          []string{FaultModelInvalid},
+		FastTimings:     true,
+		IngressReplicas: 2,
+		DatabaseURL:     testenv.PostgresURL(t),
 		Watch: func(ctx context.Context, r Running) (func(context.Context) error, error) {
 			api, err := startPrometheus(t, prom, r.Targets)
 			if err != nil {
@@ -130,17 +135,20 @@ func startPrometheus(t *testing.T, bin string, targets []Target) (string, error)
 	}
 	var cfg strings.Builder
 	fmt.Fprintf(&cfg, "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - %s\nscrape_configs:\n", rules)
+	// As in a cluster: one job per service, its pods as targets, and the
+	// region each series carries from the service itself (honor_labels).
 	for _, svc := range services {
-		fmt.Fprintf(&cfg, "  - job_name: assay-%s\n    honor_labels: true\n    static_configs:\n", svc)
+		var hosts []string
 		for _, tg := range targets {
 			if tg.Service == svc {
 				u, err := url.Parse(tg.URL)
 				if err != nil {
 					return "", err
 				}
-				fmt.Fprintf(&cfg, "      - targets: [%q]\n        labels: {region: %q}\n", u.Host, tg.Region)
+				hosts = append(hosts, fmt.Sprintf("%q", u.Host))
 			}
 		}
+		fmt.Fprintf(&cfg, "  - job_name: assay-%s\n    honor_labels: true\n    static_configs:\n      - targets: [%s]\n", svc, strings.Join(hosts, ", "))
 	}
 	path := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(path, []byte(cfg.String()), 0o600); err != nil {
@@ -250,6 +258,14 @@ func checkPrometheus(t *testing.T, ctx context.Context, api string, r Running, b
 		}
 	}
 	checkSpendSQL(t, ctx, r, boards)
+	// Every series has the region of the service that exported it.
+	if missing, err := vector(ctx, api, `count by (__name__) ({job=~"assay-.*", __name__=~"assay_.+", region=""})`); err != nil || len(missing) != 0 {
+		t.Errorf("assay series without a region of their own: %v %v", missing, err)
+	}
+	db := openCells(t, ctx, r)
+	holdOneItemBehindRetryAfter(t, ctx, r, db)
+	checkLagWhileRetryAfter(t, ctx, api, r, boards)
+	checkOverviewEqualsDatabase(t, ctx, api, r, boards, rules, db)
 }
 
 // checkSpendSQL runs every SQL panel on each cell's database, with
@@ -457,7 +473,18 @@ func TestDashboardsAreWellFormed(t *testing.T) {
 // alerts.
 type ruleSet struct {
 	records []string
+	exprs   map[string]string // by record
 	alerts  []alertRule
+}
+
+// expr is a recorded series' expression.
+func (r ruleSet) expr(t *testing.T, record string) string {
+	t.Helper()
+	e, ok := r.exprs[record]
+	if !ok {
+		t.Fatalf("no recording rule %s", record)
+	}
+	return e
 }
 
 type alertRule struct{ name, expr, forDur, severity, runbook string }
@@ -500,11 +527,12 @@ func loadRules(t *testing.T) ruleSet {
 	if err := dec.Decode(&file); err != nil {
 		t.Fatalf("%s: %v", rulesFile, err)
 	}
-	var rs ruleSet
+	rs := ruleSet{exprs: map[string]string{}}
 	for _, g := range file.Groups {
 		for _, r := range g.Rules {
 			if r.Record != "" {
 				rs.records = append(rs.records, r.Record)
+				rs.exprs[r.Record] = strings.TrimSpace(r.Expr)
 				continue
 			}
 			rs.alerts = append(rs.alerts, alertRule{name: r.Alert, expr: strings.TrimSpace(r.Expr), forDur: r.For,

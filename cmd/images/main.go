@@ -16,12 +16,19 @@
 // the Unix epoch), as does the image config, so building the same source
 // twice gives the same digests.
 //
+// The images are named and tagged as the Kubernetes manifests pull them:
+// deploy/k8s/components/images/kustomization.yaml gives each binary's
+// newName (<repo>/<binary>) and the one newTag, and those are the defaults
+// of -repo and -version, so the images a fresh clone builds are the ones its
+// manifests name. Change the registry or the tag there, once, for both.
+//
 // The output is an OCI image layout (default bin/images under the repository
 // root) holding the five images, each named by its
 // org.opencontainers.image.ref.name annotation, for example
-// assay/ingress:v0.3.0; -tar also writes one tarball that docker load reads.
+// registry.invalid/assay/ingress:0.1.0; -tar also writes one tarball that
+// docker load reads; -list prints the names and builds nothing.
 //
-//	cd cmd/images && go run . -version v0.3.0 -tar ../../bin/images.tar
+//	cd cmd/images && go run . -tar ../../bin/images.tar
 //
 // go run . -h lists the flags.
 package main
@@ -29,6 +36,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"errors"
@@ -107,6 +115,7 @@ type options struct {
 	Jobs     int       // binaries built at once
 	CABundle string    // CA bundle copied into the images
 	Epoch    time.Time // every file's mtime and the image's created time
+	List     bool      // print the image names and build nothing
 }
 
 func main() {
@@ -125,6 +134,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.List {
+		for _, t := range targets {
+			fmt.Fprintln(stdout, imageRef(o, t))
+		}
+		return nil
 	}
 	// Everything that can be wrong without building is checked first.
 	base, err := baseLayer(o)
@@ -180,11 +195,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.Root, "root", "", "repository root, the directory holding go.work (default: found above the working directory)")
 	fs.StringVar(&o.Out, "out", "", "OCI image layout directory to write; replaced if it holds one already (default <root>/bin/images)")
 	fs.StringVar(&o.Tar, "tar", "", "also write this docker-loadable tarball of all five images (docker load -i FILE)")
-	fs.StringVar(&o.Version, "version", "", "version stamped into the binaries (--version), used as the image tag and label (default: git describe --tags --always --dirty, else devel)")
+	fs.StringVar(&o.Version, "version", "", "version stamped into the binaries (--version), used as the image tag and label (default: the newTag of "+componentFile+")")
 	fs.StringVar(&o.Revision, "revision", "", "org.opencontainers.image.revision label (default: git rev-parse HEAD, none outside git)")
 	fs.StringVar(&o.Source, "source", "", "org.opencontainers.image.source label (default: the git remote origin's URL, none without one)")
 	fs.StringVar(&o.Arch, "arch", runtime.GOARCH, "GOARCH of the binaries and images, one of "+strings.Join(arches, ", "))
-	fs.StringVar(&o.Repo, "repo", "assay", "repository prefix of the image names: <repo>/<binary>:<version>")
+	fs.StringVar(&o.Repo, "repo", "", "repository prefix of the image names: <repo>/<binary>:<version> (default: the newName prefix of "+componentFile+")")
+	fs.BoolVar(&o.List, "list", false, "print the names of the images it would build, one a line, and build nothing")
 	fs.StringVar(&o.Go, "go", "go", "go command that builds the binaries")
 	fs.IntVar(&o.Jobs, "j", 2, "binaries built at once")
 	fs.StringVar(&o.CABundle, "ca", caPath, "CA bundle of the build machine, copied to "+caPath+" in the images")
@@ -235,11 +251,12 @@ source gives the same digests.
 			*p = abs
 		}
 	}
-	if o.Version == "" {
-		o.Version = git(o.Root, "describe", "--tags", "--always", "--dirty")
-		if o.Version == "" {
-			o.Version = "devel"
+	if o.Version == "" || o.Repo == "" {
+		repo, tag, err := manifestImages(o.Root)
+		if err != nil {
+			return o, err
 		}
+		o.Version, o.Repo = cmp.Or(o.Version, tag), cmp.Or(o.Repo, repo)
 	}
 	if !tagRE.MatchString(o.Version) {
 		return o, fmt.Errorf("-version %q cannot be an image tag: use at most 128 letters, digits, '_', '.' and '-', not starting with '.' or '-'", o.Version)
@@ -305,6 +322,101 @@ func sourceURL(remote string) string {
 		return "https://" + rest
 	}
 	return ""
+}
+
+// componentFile is where the manifests name the images: the kustomize
+// component that every cell's services and migration Job take their images
+// from, relative to the repository root.
+const componentFile = "deploy/k8s/components/images/kustomization.yaml"
+
+// manifestImages reads the repository prefix and the tag the manifests pull
+// the images at: componentFile's images list, one entry per target, each
+// renaming assay/<binary> to <repo>/<binary> at the one tag. Anything else
+// there is an error, so the defaults never silently part from the
+// manifests.
+func manifestImages(root string) (repo, tag string, err error) {
+	path := filepath.Join(root, componentFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", "", fmt.Errorf("the images' names and tag: %w", err)
+	}
+	entries, err := componentImages(string(b))
+	if err != nil {
+		return "", "", fmt.Errorf("%s: %w", path, err)
+	}
+	for _, t := range targets {
+		e, ok := entries["assay/"+t.Name]
+		switch {
+		case !ok:
+			return "", "", fmt.Errorf("%s: no entry for the image assay/%s", path, t.Name)
+		case !strings.HasSuffix(e.newName, "/"+t.Name):
+			return "", "", fmt.Errorf("%s: assay/%s is renamed %q, not <repo>/%s", path, t.Name, e.newName, t.Name)
+		}
+		r := strings.TrimSuffix(e.newName, "/"+t.Name)
+		if (repo != "" && r != repo) || (tag != "" && e.newTag != tag) {
+			return "", "", fmt.Errorf("%s: the images differ in repository or tag (%s/%s:%s beside %s:%s); give them one", path, r, t.Name, e.newTag, repo, tag)
+		}
+		repo, tag = r, e.newTag
+	}
+	if len(entries) != len(targets) {
+		return "", "", fmt.Errorf("%s: %d image entries, want one per binary (%d)", path, len(entries), len(targets))
+	}
+	return repo, tag, nil
+}
+
+type componentImage struct{ newName, newTag string }
+
+// componentImages reads the images list of a kustomization: entries of
+// name, newName and newTag, each on its own line. A key it does not know
+// is an error.
+func componentImages(text string) (map[string]componentImage, error) {
+	out := map[string]componentImage{}
+	var cur string
+	in := false
+	for n, line := range strings.Split(text, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "" || strings.HasPrefix(trimmed, "#") {
+			continue
+		}
+		if !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "-") {
+			in = trimmed == "images:"
+			continue
+		}
+		if !in {
+			continue
+		}
+		item := strings.HasPrefix(trimmed, "- ")
+		k, v, ok := strings.Cut(strings.TrimPrefix(trimmed, "- "), ":")
+		k, v = strings.TrimSpace(k), strings.Trim(strings.TrimSpace(v), `"'`)
+		switch {
+		case !ok || v == "":
+			return nil, fmt.Errorf("line %d: %q is not a key and a value", n+1, trimmed)
+		case item && k == "name":
+			if _, dup := out[v]; dup {
+				return nil, fmt.Errorf("line %d: %s is listed twice", n+1, v)
+			}
+			cur = v
+			out[cur] = componentImage{}
+		case item || cur == "":
+			return nil, fmt.Errorf("line %d: an images entry starts with its name", n+1)
+		case k == "newName":
+			e := out[cur]
+			e.newName = v
+			out[cur] = e
+		case k == "newTag":
+			e := out[cur]
+			e.newTag = v
+			out[cur] = e
+		default:
+			return nil, fmt.Errorf("line %d: %q is not newName or newTag", n+1, k)
+		}
+	}
+	for name, e := range out {
+		if e.newName == "" || e.newTag == "" {
+			return nil, fmt.Errorf("%s: want both newName and newTag", name)
+		}
+	}
+	return out, nil
 }
 
 func imageRef(o options, t target) string {

@@ -75,7 +75,7 @@ func build(t *testing.T, dir string) (out, tarPath string) {
 	}
 	out, tarPath = filepath.Join(dir, "images"), filepath.Join(dir, "images.tar")
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(command.path, "-out", out, "-tar", tarPath, "-version", testVersion,
+	cmd := exec.Command(command.path, "-out", out, "-tar", tarPath, "-version", testVersion, "-repo", "assay",
 		"-revision", testRevision, "-source", testSource)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
@@ -662,6 +662,61 @@ func TestSourceURL(t *testing.T) {
 	} {
 		if got := sourceURL(in); got != want {
 			t.Errorf("sourceURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestDefaultsAreTheManifests: with no -version and no -repo the images are
+// named and tagged as deploy/k8s/components/images says, whatever git
+// describe would answer, so a fresh clone builds what its manifests pull.
+func TestDefaultsAreTheManifests(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(o.Root, componentFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tg := range targets {
+		for _, line := range []string{"newName: " + o.Repo + "/" + tg.Name + "\n", "newTag: " + o.Version + "\n"} {
+			if !strings.Contains(string(b), line) {
+				t.Errorf("%s: the default %s is not what %s says (no %q)", tg.Name, imageRef(o, tg), componentFile, line)
+			}
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-list"}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, tg := range targets {
+		want = append(want, imageRef(o, tg))
+	}
+	if got := strings.Fields(out.String()); !slices.Equal(got, want) {
+		t.Errorf("-list printed %q, want %q", got, want)
+	}
+	o, err = parseFlags([]string{"-version", "9.9.9", "-repo", "registry.example.org/team"}, io.Discard)
+	if err != nil || imageRef(o, targets[1]) != "registry.example.org/team/ingress:9.9.9" {
+		t.Errorf("flags do not win over the manifests: %v %v", imageRef(o, targets[1]), err)
+	}
+}
+
+// TestComponentImages: the images list is read strictly; what it cannot
+// read is an error naming the line, never a silent default.
+func TestComponentImages(t *testing.T) {
+	got, err := componentImages("# c\nkind: Component\nimages:\n  - name: assay/x\n    newName: r.example/assay/x\n    newTag: \"1.2\"\nother: 1\n")
+	if err != nil || got["assay/x"] != (componentImage{"r.example/assay/x", "1.2"}) || len(got) != 1 {
+		t.Errorf("%v %v", got, err)
+	}
+	for text, want := range map[string]string{
+		"images:\n  - name: a\n    newTage: 1\n":                               `"newTage" is not newName or newTag`,
+		"images:\n  - name: a\n    newName: r/a\n":                             "want both newName and newTag",
+		"images:\n  - newName: r/a\n":                                          "starts with its name",
+		"images:\n  - name: a\n    newName: r/a\n    newTag: 1\n  - name: a\n": "listed twice",
+	} {
+		if _, err := componentImages(text); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", text, err, want)
 		}
 	}
 }

@@ -1,21 +1,40 @@
 package k8s
 
 // The custom resources' fields this repository sets, written out by hand:
-// the published Go types did not build here (CloudNativePG's module is not
-// served by the module proxy; KEDA v2.21.0's apis need client-go v0.36,
-// which does not build against k8s.io/api v0.37.2). Each field's JSON name
-// and type is the one of the published types, read from their sources:
-// github.com/cloudnative-pg/cloudnative-pg api/v1 (cluster_types.go,
-// scheduledbackup_types.go), github.com/cloudnative-pg/barman-cloud pkg/api
+// the published Go types did not build here (CloudNativePG's and
+// barman-cloud's modules are not served by the module proxy, and the Barman
+// Cloud Plugin's ObjectStore type needs barman-cloud; KEDA v2.21.0's apis
+// need client-go v0.36, which does not build against k8s.io/api v0.37.2).
+// Each field's JSON name and type is the one of the published types, read
+// from their sources at the versions below: github.com/cloudnative-pg/
+// cloudnative-pg api/v1 (cluster_types.go, scheduledbackup_types.go,
+// backup_types.go), github.com/cloudnative-pg/plugin-barman-cloud api/v1
+// (objectstore_types.go), github.com/cloudnative-pg/barman-cloud pkg/api
 // (config.go) and github.com/kedacore/keda apis/keda/v1alpha1
 // (scaledobject_types.go, scaletriggers_types.go). Decoding strictly into
 // them fails on a misspelt or misplaced field; a field this repository does
 // not set yet must be added here, from those sources, before it is used.
+// The Cluster's deprecated in-tree backup (spec.backup.barmanObjectStore,
+// removed in CloudNativePG 1.31) is left out on purpose: it does not decode.
 
 import (
+	"os"
+	"strings"
+	"testing"
+
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The versions the types were read from, which deploy/README.md names as
+// what an install needs at least.
+const (
+	cnpgVersion          = "1.30.0"
+	cnpgMinVersion       = "1.26"
+	barmanPluginVersion  = "0.14.0"
+	barmanPluginMinMinor = "0.14"
+	kedaMinVersion       = "2.12"
 )
 
 type cnpgCluster struct {
@@ -35,7 +54,15 @@ type cnpgClusterSpec struct {
 	Resources                 corev1.ResourceRequirements       `json:"resources,omitempty"`
 	TopologySpreadConstraints []corev1.TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
 	Affinity                  cnpgAffinity                      `json:"affinity,omitempty"`
-	Backup                    *cnpgBackup                       `json:"backup,omitempty"`
+	Plugins                   []cnpgPlugin                      `json:"plugins,omitempty"`
+}
+
+// cnpgPlugin is CloudNativePG's PluginConfiguration.
+type cnpgPlugin struct {
+	Name          string            `json:"name"`
+	Enabled       *bool             `json:"enabled,omitempty"`
+	IsWALArchiver *bool             `json:"isWALArchiver,omitempty"`
+	Parameters    map[string]string `json:"parameters,omitempty"`
 }
 
 type cnpgPostgres struct {
@@ -70,14 +97,8 @@ type cnpgAffinity struct {
 	PodAntiAffinityType   string `json:"podAntiAffinityType,omitempty"`
 }
 
-type cnpgBackup struct {
-	BarmanObjectStore *barmanObjectStore `json:"barmanObjectStore,omitempty"`
-	RetentionPolicy   string             `json:"retentionPolicy,omitempty"`
-	Target            string             `json:"target,omitempty"`
-}
-
 // barmanObjectStore is barman-cloud's BarmanObjectStoreConfiguration, its
-// credentials inlined.
+// credentials inlined: an ObjectStore's spec.configuration.
 type barmanObjectStore struct {
 	S3Credentials   *barmanS3Credentials `json:"s3Credentials,omitempty"`
 	EndpointURL     string               `json:"endpointURL,omitempty"`
@@ -112,9 +133,28 @@ type cnpgScheduledBackup struct {
 
 type cnpgScheduledBackupSpec struct {
 	Schedule             string                      `json:"schedule"`
+	Immediate            *bool                       `json:"immediate,omitempty"`
 	Cluster              corev1.LocalObjectReference `json:"cluster"`
 	BackupOwnerReference string                      `json:"backupOwnerReference,omitempty"`
+	Target               string                      `json:"target,omitempty"`
 	Method               string                      `json:"method,omitempty"`
+	PluginConfiguration  *cnpgBackupPlugin           `json:"pluginConfiguration,omitempty"`
+}
+
+// cnpgBackupPlugin is CloudNativePG's BackupPluginConfiguration.
+type cnpgBackupPlugin struct {
+	Name       string            `json:"name"`
+	Parameters map[string]string `json:"parameters,omitempty"`
+}
+
+// barmanObjectStoreCR is the Barman Cloud Plugin's ObjectStore.
+type barmanObjectStoreCR struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Configuration   barmanObjectStore `json:"configuration"`
+		RetentionPolicy string            `json:"retentionPolicy,omitempty"`
+	} `json:"spec"`
 }
 
 type kedaScaledObject struct {
@@ -131,6 +171,13 @@ type kedaScaledObjectSpec struct {
 	MaxReplicaCount *int32           `json:"maxReplicaCount,omitempty"`
 	Advanced        *kedaAdvanced    `json:"advanced,omitempty"`
 	Triggers        []kedaTrigger    `json:"triggers"`
+	Fallback        *kedaFallback    `json:"fallback,omitempty"`
+}
+
+type kedaFallback struct {
+	FailureThreshold int32  `json:"failureThreshold"`
+	Replicas         int32  `json:"replicas"`
+	Behavior         string `json:"behavior,omitempty"`
 }
 
 type kedaScaleTarget struct {
@@ -140,6 +187,10 @@ type kedaScaleTarget struct {
 }
 
 type kedaAdvanced struct {
+	HorizontalPodAutoscalerConfig *struct {
+		Behavior *autoscalingv2.HorizontalPodAutoscalerBehavior `json:"behavior,omitempty"`
+		Name     string                                         `json:"name,omitempty"`
+	} `json:"horizontalPodAutoscalerConfig,omitempty"`
 	ScalingModifiers kedaScalingModifiers `json:"scalingModifiers,omitempty"`
 }
 
@@ -162,4 +213,19 @@ var natsJetStreamMetadata = map[string]bool{
 	"natsServerMonitoringEndpoint": true, "account": true, "accountID": true,
 	"stream": true, "consumer": true, "lagThreshold": true,
 	"activationLagThreshold": true, "useHttps": true,
+}
+
+// TestOperatorVersionsNamed: deploy/README.md names the operators' versions
+// an install needs at least, and the ones these types were read from.
+func TestOperatorVersionsNamed(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"CloudNativePG " + cnpgMinVersion + " or later", cnpgVersion + "'s types", "the plugin's\n  " + barmanPluginVersion,
+		"Barman Cloud\n  Plugin " + barmanPluginMinMinor + " or later", "KEDA " + kedaMinVersion + " or later"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("deploy/README.md does not say %q", want)
+		}
+	}
 }

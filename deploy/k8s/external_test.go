@@ -1,14 +1,10 @@
 package k8s
 
 import (
-	"io/fs"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
 )
 
 // TestExternalPostgres follows deploy/README.md's "An external managed
@@ -17,20 +13,7 @@ import (
 // CloudNativePG object, and its services still read the Secret
 // assay-pg-app, which is then yours to make.
 func TestExternalPostgres(t *testing.T) {
-	mem := filesys.MakeFsInMemory()
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !(strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".conf")) {
-			return err
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		return mem.WriteFile(filepath.Join("/k8s", path), b)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem := memTree(t)
 	k, err := mem.ReadFile("/k8s/overlays/us/kustomization.yaml")
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,9 @@ package k8s
 import (
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +18,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"assay.dev/pkg/event"
 	"assay.dev/services/classifier"
@@ -31,6 +35,7 @@ var services = []string{"ingress", "classifier", "committer", "ledger"}
 // is made.
 var secrets = map[string][]string{
 	"assay-pg-app":         {"uri"},
+	"assay-pg-ca":          {"ca.crt"},
 	"assay-pg-backup":      {"ACCESS_KEY_ID", "ACCESS_SECRET_KEY"},
 	"assay-nats-urls":      {"ingress", "classifier", "committer", "ledger"},
 	"assay-nats-passwords": nil, // every line of assay nats-config --passwords
@@ -54,6 +59,7 @@ type set struct {
 	namespaces   map[string]*corev1.Namespace
 	clusters     map[string]*cnpgCluster
 	backups      map[string]*cnpgScheduledBackup
+	objectStores map[string]*barmanObjectStoreCR
 	scaledObject map[string]*kedaScaledObject
 }
 
@@ -68,7 +74,7 @@ func load(t *testing.T, dir string) *set {
 		policies: map[string]*networkingv1.NetworkPolicy{}, configMaps: map[string]*corev1.ConfigMap{},
 		jobs: map[string]*batchv1.Job{}, namespaces: map[string]*corev1.Namespace{},
 		clusters: map[string]*cnpgCluster{}, backups: map[string]*cnpgScheduledBackup{},
-		scaledObject: map[string]*kedaScaledObject{},
+		scaledObject: map[string]*kedaScaledObject{}, objectStores: map[string]*barmanObjectStoreCR{},
 	}
 	for _, o := range render(t, dir) {
 		var err error
@@ -93,6 +99,8 @@ func load(t *testing.T, dir string) *set {
 			err = into(o, s.clusters)
 		case "postgresql.cnpg.io/v1 ScheduledBackup":
 			err = into(o, s.backups)
+		case "barmancloud.cnpg.io/v1 ObjectStore":
+			err = into(o, s.objectStores)
 		case "keda.sh/v1alpha1 ScaledObject":
 			err = into(o, s.scaledObject)
 		default:
@@ -146,9 +154,9 @@ func TestOverlaysRenderAndDecode(t *testing.T) {
 			checkDeployments(t, s)
 			checkJob(t, m)
 			checkSelectors(t, s)
-			checkPolicies(t, s, true)
+			checkPolicies(t, s, n, cell, true)
 			// The Job shares the cell's policies; the services' select none of its pods.
-			checkPolicies(t, m, false)
+			checkPolicies(t, m, n, cell, false)
 			checkEnvRefs(t, s, podSpecs(s))
 			checkEnvRefs(t, m, podSpecs(m))
 			checkImages(t, s, m)
@@ -161,6 +169,24 @@ func TestOverlaysRenderAndDecode(t *testing.T) {
 func checkNamespace(t *testing.T, s *set, ns string) {
 	t.Helper()
 	for _, o := range render(t, s.dir) {
+		var lm struct {
+			Metadata metav1.ObjectMeta `json:"metadata"`
+		}
+		if err := jsonLoose(o.JSON, &lm); err != nil {
+			t.Fatal(err)
+		}
+		// A label-selected apply or prune (-l app.kubernetes.io/part-of=assay)
+		// of a cell must take every object of it, or pods lose what they
+		// read, and nothing of another kustomization: nats/<cell> is
+		// assay-nats, and its Namespace carries no part-of at all (a prune
+		// would take the namespace with it).
+		want := "assay"
+		if strings.HasPrefix(s.dir, "nats/") {
+			want = "assay-nats"
+		}
+		if got := lm.Metadata.Labels["app.kubernetes.io/part-of"]; o.Kind == "Namespace" && got != "" || o.Kind != "Namespace" && got != want {
+			t.Errorf("%s: %s/%s: app.kubernetes.io/part-of %q, want %q", s.dir, o.Kind, o.Name, got, map[bool]string{true: "", false: want}[o.Kind == "Namespace"])
+		}
 		var meta struct {
 			Metadata metav1.ObjectMeta `json:"metadata"`
 		}
@@ -240,6 +266,7 @@ func checkDeployments(t *testing.T, s *set) {
 			t.Errorf("%s: %s: the API token is mounted; the services never call the Kubernetes API", s.dir, name)
 		}
 		checkSecurity(t, s.dir+": "+name, p, c)
+		checkRuntime(t, s.dir+": "+name, p, c)
 		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 			t.Errorf("%s: %s: resources %v: want cpu and memory requests and a memory limit", s.dir, name, c.Resources)
 		}
@@ -280,18 +307,57 @@ func checkDeployments(t *testing.T, s *set) {
 		}
 		if p := s.pdbs[name]; p == nil {
 			t.Errorf("%s: %s: no PodDisruptionBudget", s.dir, name)
+		} else if pol := p.Spec.UnhealthyPodEvictionPolicy; pol == nil || *pol != policyv1.AlwaysAllow {
+			// Readiness follows NATS and Postgres: in their outage every pod
+			// is unready, and IfHealthyBudget would block every drain.
+			t.Errorf("%s: %s: the PodDisruptionBudget keeps unready pods (unhealthyPodEvictionPolicy %v, want AlwaysAllow)", s.dir, name, pol)
+		}
+		if addr := envValue(c, "ASSAY_METRICS_ADDR"); ports["metrics"] == 0 || addr != ":"+strconv.Itoa(int(ports["metrics"])) || ports["metrics"] == ports["http"] {
+			t.Errorf("%s: %s: ASSAY_METRICS_ADDR %q is not a metrics container port of its own %v", s.dir, name, addr, ports)
+		}
+		if sv := s.services[name]; sv != nil && !slices.ContainsFunc(sv.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == "metrics" }) {
+			t.Errorf("%s: %s: its Service has no metrics port for a ServiceMonitor", s.dir, name)
 		}
 		if s.services[name] == nil {
 			t.Errorf("%s: %s: no Service for its metrics", s.dir, name)
 		}
 	}
-	// The two stream owners create them replicated and placed.
-	for _, name := range []string{"ingress", "classifier"} {
+	// Every service that creates a stream creates it replicated and placed.
+	owners := streamOwners(t, s.namespaceCell())
+	if len(owners) < 3 {
+		t.Fatalf("%s: stream owners %v: the accounts file is not the one this test reads", s.dir, owners)
+	}
+	for name, streams := range owners {
 		c := s.deployments[name].Spec.Template.Spec.Containers[0]
 		if envValue(c, "ASSAY_STREAM_REPLICAS") != "3" || !hasEnv(c, "ASSAY_STREAM_PLACEMENT") {
-			t.Errorf("%s: %s creates streams: want ASSAY_STREAM_REPLICAS=3 and ASSAY_STREAM_PLACEMENT", s.dir, name)
+			t.Errorf("%s: %s creates %v: want ASSAY_STREAM_REPLICAS=3 and ASSAY_STREAM_PLACEMENT", s.dir, name, streams)
 		}
 	}
+}
+
+// streamOwners are the services of a cell that may create a stream, with
+// the streams, as the cell's NATS accounts file (assay nats-config, the
+// services' own naming code) grants them: the owners of the cell's
+// streams, however many there are. Key-value buckets are left out.
+func streamOwners(t *testing.T, cell string) map[string][]string {
+	t.Helper()
+	conf, err := os.ReadFile("nats/" + cell + "/assay.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := regexp.MustCompile(`user: "[a-z0-9-]+-` + cell + `-([a-z]+)"`)
+	create := regexp.MustCompile(`"\$JS\.API\.STREAM\.CREATE\.([A-Za-z0-9_-]+)"`)
+	out := map[string][]string{}
+	who := ""
+	for _, line := range strings.Split(string(conf), "\n") {
+		if m := user.FindStringSubmatch(line); m != nil {
+			who = m[1]
+		}
+		if m := create.FindStringSubmatch(line); m != nil && !strings.HasPrefix(m[1], "KV_") {
+			out[who] = append(out[who], m[1])
+		}
+	}
+	return out
 }
 
 func checkSecurity(t *testing.T, where string, p corev1.PodSpec, c corev1.Container) {
@@ -331,6 +397,61 @@ func checkJob(t *testing.T, s *set) {
 		t.Errorf("%s: service account %q not rendered", s.dir, p.ServiceAccountName)
 	}
 	checkSecurity(t, s.dir+": assay-migrate", p, c)
+	checkRuntime(t, s.dir+": assay-migrate", p, c)
+	// A Job that deletes itself is made again by every GitOps sync; one that
+	// stays must be replaced, not patched, by a new release.
+	if j.Spec.TTLSecondsAfterFinished != nil {
+		t.Errorf("%s: assay-migrate: ttlSecondsAfterFinished %d: Argo CD and Flux would make it again after it", s.dir, *j.Spec.TTLSecondsAfterFinished)
+	}
+	for k, v := range map[string]string{"argocd.argoproj.io/hook": "Sync", "argocd.argoproj.io/hook-delete-policy": "BeforeHookCreation",
+		"kustomize.toolkit.fluxcd.io/force": "Enabled"} {
+		if j.Annotations[k] != v {
+			t.Errorf("%s: assay-migrate: annotation %s %q, want %q", s.dir, k, j.Annotations[k], v)
+		}
+	}
+}
+
+// checkRuntime: the Go runtime collects before the container's memory
+// limit (GOMEMLIMIT between 80 and 95 % of it), and Postgres's certificate
+// is verified (PGSSLMODE verify-full against the CloudNativePG CA, mounted
+// from assay-pg-ca).
+func checkRuntime(t *testing.T, where string, p corev1.PodSpec, c corev1.Container) {
+	t.Helper()
+	limit := c.Resources.Limits.Memory().Value()
+	gml, err := goMemLimit(envValue(c, "GOMEMLIMIT"))
+	if err != nil || limit == 0 || float64(gml) < 0.8*float64(limit) || float64(gml) > 0.95*float64(limit) {
+		t.Errorf("%s: GOMEMLIMIT %q (%v) is not 80–95 %% of the memory limit %d", where, envValue(c, "GOMEMLIMIT"), err, limit)
+	}
+	if envValue(c, "PGSSLMODE") != "verify-full" {
+		t.Errorf("%s: PGSSLMODE %q, want verify-full", where, envValue(c, "PGSSLMODE"))
+	}
+	root := envValue(c, "PGSSLROOTCERT")
+	v := mountOf(c, p, filepath.Dir(root))
+	if v == nil || v.Secret == nil || v.Secret.SecretName != "assay-pg-ca" ||
+		!slices.ContainsFunc(v.Secret.Items, func(k corev1.KeyToPath) bool { return k.Key == "ca.crt" && k.Path == filepath.Base(root) }) {
+		t.Errorf("%s: PGSSLROOTCERT %q is not ca.crt of the mounted Secret assay-pg-ca", where, root)
+	}
+}
+
+// goMemLimit reads GOMEMLIMIT as the Go runtime does: a byte count with an
+// optional B, KiB, MiB, GiB or TiB.
+func goMemLimit(v string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			v, mult = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("not a byte count")
+	}
+	return n * mult, nil
 }
 
 // checkSelectors: every selector selects what it is for.
@@ -390,72 +511,6 @@ func selected(sel labels.Selector, s *set) []string {
 		}
 	}
 	return out
-}
-
-// checkPolicies: every policy selects some pod; every service and the
-// migration Job can reach its cell's Postgres and resolve names; the four
-// services reach NATS; only the classifier (the provider), ingress (diffs)
-// and the committer (publication) reach out on 443.
-func checkPolicies(t *testing.T, s *set, everyOneSelects bool) {
-	t.Helper()
-	pods := podSpecs(s)
-	reach := func(pod map[string]string, peer map[string]string, port int32) bool {
-		for _, np := range s.policies {
-			sel, _ := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
-			if !sel.Matches(labels.Set(pod)) {
-				continue
-			}
-			for _, e := range np.Spec.Egress {
-				portOK := len(e.Ports) == 0
-				for _, p := range e.Ports {
-					portOK = portOK || (p.Port != nil && p.Port.IntValue() == int(port))
-				}
-				if !portOK {
-					continue
-				}
-				for _, to := range e.To {
-					if peer == nil && to.IPBlock != nil && to.IPBlock.CIDR == "0.0.0.0/0" {
-						return true
-					}
-					if peer != nil && to.PodSelector != nil && to.NamespaceSelector == nil {
-						ps, _ := metav1.LabelSelectorAsSelector(to.PodSelector)
-						if ps.Matches(labels.Set(peer)) {
-							return true
-						}
-					}
-				}
-			}
-		}
-		return false
-	}
-	if _, ok := s.policies["assay-default-deny"]; !ok {
-		t.Errorf("%s: no default-deny policy", s.dir)
-	}
-	for name, np := range s.policies {
-		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
-		any := false
-		for _, p := range pods {
-			any = any || (err == nil && sel.Matches(labels.Set(p.Labels)))
-		}
-		if !any && everyOneSelects {
-			t.Errorf("%s: NetworkPolicy %s selects no pod", s.dir, name)
-		}
-	}
-	pg := map[string]string{"cnpg.io/cluster": "assay-pg", "cnpg.io/instanceRole": "primary"}
-	nats := map[string]string{"app.kubernetes.io/name": "nats", "app.kubernetes.io/instance": "nats", "app.kubernetes.io/component": "nats"}
-	for name, p := range pods {
-		if !reach(p.Labels, pg, 5432) {
-			t.Errorf("%s: %s cannot reach its cell's Postgres", s.dir, name)
-		}
-		svc := p.Labels["app.kubernetes.io/name"]
-		if slices.Contains(services, svc) && !reach(p.Labels, nats, 4222) {
-			t.Errorf("%s: %s cannot reach NATS", s.dir, name)
-		}
-		wantOut := svc == "classifier" || svc == "ingress" || svc == "committer"
-		if got := reach(p.Labels, nil, 443); got != wantOut {
-			t.Errorf("%s: %s reaches HTTPS outside the cluster: %v, want %v", s.dir, name, got, wantOut)
-		}
-	}
 }
 
 // checkEnvRefs: every ConfigMap a pod reads is rendered with the key; every
@@ -525,13 +580,17 @@ func TestStrictDecoding(t *testing.T) {
 	if err := strict([]byte(`{"spec":{"instances":3,"postgresql":{"synchronous":{"method":"any","number":1,"durability":"required"}}}}`), &c); err == nil {
 		t.Error("a misspelt Cluster field decoded")
 	}
+	if err := strict([]byte(`{"spec":{"instances":3,"backup":{"barmanObjectStore":{"destinationPath":"s3://x"}}}}`), &c); err == nil {
+		t.Error("the deprecated in-tree barmanObjectStore decoded")
+	}
 	var so kedaScaledObject
 	if err := strict([]byte(`{"spec":{"scaleTargetRef":{"name":"x"},"maxReplicas":3,"triggers":[]}}`), &so); err == nil {
 		t.Error("a misspelt ScaledObject field decoded")
 	}
 }
 
-// checkImages: each container runs assay/<binary>, at the one tag.
+// checkImages: each container runs <registry>/assay/<binary>, at the one
+// tag, the name fully qualified (a bare assay/<binary> is Docker Hub's).
 func checkImages(t *testing.T, sets ...*set) {
 	t.Helper()
 	tags := map[string]bool{}
@@ -540,8 +599,11 @@ func checkImages(t *testing.T, sets ...*set) {
 			for _, c := range p.Spec.Containers {
 				bin := strings.TrimPrefix(c.Command[0], "/usr/local/bin/")
 				repo, tag, ok := strings.Cut(c.Image, ":")
-				if !ok || repo != "assay/"+bin || tag == "" {
-					t.Errorf("%s: %s: image %q, want assay/%s:<tag>", s.dir, name, c.Image, bin)
+				if !ok || !strings.HasSuffix(repo, "/assay/"+bin) || tag == "" {
+					t.Errorf("%s: %s: image %q, want <registry>/assay/%s:<tag>", s.dir, name, c.Image, bin)
+				}
+				if host, _, _ := strings.Cut(c.Image, "/"); !strings.ContainsAny(host, ".:") && host != "localhost" {
+					t.Errorf("%s: %s: image %q names no registry: it would be pulled from docker.io", s.dir, name, c.Image)
 				}
 				tags[tag] = true
 			}
@@ -549,6 +611,32 @@ func checkImages(t *testing.T, sets ...*set) {
 	}
 	if len(tags) != 1 {
 		t.Errorf("images carry tags %v, want one", keys(tags))
+	}
+}
+
+// TestImagesAreWhatMakeImagesBuilds: the images every cell's pods pull are
+// exactly the ones `make images` builds with its defaults (IMAGEFLAGS=-list
+// prints their names and builds nothing), so a fresh clone's images are
+// the ones its manifests name.
+func TestImagesAreWhatMakeImagesBuilds(t *testing.T) {
+	cmd := exec.Command("make", "-s", "--no-print-directory", "-C", "../..", "images", "IMAGEFLAGS=-list")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("make images IMAGEFLAGS=-list: %v\n%s", err, out)
+	}
+	built := strings.Fields(string(out))
+	for _, cell := range cells {
+		pulled := map[string]bool{}
+		for _, s := range []*set{load(t, cellDir(cell)), load(t, migrateDir(cell))} {
+			for _, p := range podSpecs(s) {
+				for _, c := range p.Spec.Containers {
+					pulled[c.Image] = true
+				}
+			}
+		}
+		if got, want := keys(pulled), sorted(built); !slices.Equal(got, want) {
+			t.Errorf("%s: the pods pull %v; make images builds %v", cell, got, want)
+		}
 	}
 }
 
@@ -572,15 +660,30 @@ func checkPostgres(t *testing.T, s *set) {
 	if y := sp.PostgreSQL.Synchronous; y == nil || y.Number < 1 || (y.Method != "any" && y.Method != "first") || (y.DataDurability != "" && y.DataDurability != "required") {
 		t.Errorf("%s: synchronous replication %+v: want method any or first, one standby or more, durability required", s.dir, y)
 	}
-	b := sp.Backup
-	if b == nil || b.BarmanObjectStore == nil || !strings.HasSuffix(b.BarmanObjectStore.DestinationPath, "/"+s.namespaceCell()) {
-		t.Errorf("%s: backup %+v: want an object store at the cell's own path", s.dir, b)
-	} else if cr := b.BarmanObjectStore.S3Credentials; cr == nil || cr.AccessKeyID == nil || !slices.Contains(secrets[cr.AccessKeyID.Name], cr.AccessKeyID.Key) ||
+	// WAL archiving and base backups go through the Barman Cloud Plugin to
+	// the cell's ObjectStore, at the cell's own path.
+	var archiver *cnpgPlugin
+	for i, p := range sp.Plugins {
+		if p.IsWALArchiver != nil && *p.IsWALArchiver {
+			archiver = &sp.Plugins[i]
+		}
+	}
+	if archiver == nil || archiver.Name != barmanPlugin {
+		t.Fatalf("%s: plugins %+v: want %s as the WAL archiver", s.dir, sp.Plugins, barmanPlugin)
+	}
+	store := s.objectStores[archiver.Parameters["barmanObjectName"]]
+	if store == nil || len(s.objectStores) != 1 {
+		t.Fatalf("%s: the archiver's ObjectStore %q is not rendered (have %v)", s.dir, archiver.Parameters["barmanObjectName"], keys(s.objectStores))
+	}
+	b := store.Spec.Configuration
+	if !strings.HasSuffix(b.DestinationPath, "/"+s.namespaceCell()) || b.ServerName != "" {
+		t.Errorf("%s: object store %+v: want the cell's own path and no serverName (the plugin's parameter names it)", s.dir, b)
+	} else if cr := b.S3Credentials; cr == nil || cr.AccessKeyID == nil || !slices.Contains(secrets[cr.AccessKeyID.Name], cr.AccessKeyID.Key) ||
 		cr.SecretAccessKey == nil || !slices.Contains(secrets[cr.SecretAccessKey.Name], cr.SecretAccessKey.Key) {
 		t.Errorf("%s: backup credentials %+v are not the listed Secret's keys", s.dir, cr)
 	}
-	if b != nil && b.Target != "" && b.Target != "primary" && b.Target != "prefer-standby" {
-		t.Errorf("%s: backup target %q", s.dir, b.Target)
+	if store.Spec.RetentionPolicy == "" {
+		t.Errorf("%s: ObjectStore %s keeps backups for ever: no retentionPolicy", s.dir, store.Name)
 	}
 	if init := sp.Bootstrap; init == nil || init.InitDB == nil || init.InitDB.Owner == "" {
 		t.Errorf("%s: no initdb owner: the app Secret assay-pg-app is the owner's", s.dir)
@@ -592,8 +695,22 @@ func checkPostgres(t *testing.T, s *set) {
 		if sb.Spec.Cluster.Name != "assay-pg" || len(strings.Fields(sb.Spec.Schedule)) != 6 {
 			t.Errorf("%s: ScheduledBackup %s: cluster %q schedule %q (six fields, seconds first)", s.dir, n, sb.Spec.Cluster.Name, sb.Spec.Schedule)
 		}
+		// Without immediate there is no base backup to recover from until
+		// the schedule first comes round.
+		if sb.Spec.Immediate == nil || !*sb.Spec.Immediate {
+			t.Errorf("%s: ScheduledBackup %s does not take a backup when it is made (immediate)", s.dir, n)
+		}
+		if sb.Spec.Method != "plugin" || sb.Spec.PluginConfiguration == nil || sb.Spec.PluginConfiguration.Name != barmanPlugin {
+			t.Errorf("%s: ScheduledBackup %s: method %q %+v, want the plugin %s", s.dir, n, sb.Spec.Method, sb.Spec.PluginConfiguration, barmanPlugin)
+		}
+		if sb.Spec.Target != "" && sb.Spec.Target != "primary" && sb.Spec.Target != "prefer-standby" {
+			t.Errorf("%s: ScheduledBackup %s: target %q", s.dir, n, sb.Spec.Target)
+		}
 	}
 }
+
+// barmanPlugin is the Barman Cloud Plugin's name in a Cluster's plugins.
+const barmanPlugin = "barman-cloud.cloudnative-pg.io"
 
 func (s *set) namespaceCell() string {
 	return strings.TrimPrefix(strings.TrimPrefix(s.dir, "overlays/"), "/")
@@ -635,6 +752,20 @@ func checkScaling(t *testing.T, s *set, cell string) {
 		if lo == nil || hi == nil || *lo < 2 || *hi < *lo {
 			t.Errorf("%s: ScaledObject %s: replicas %v..%v, want at least 2", s.dir, name, lo, hi)
 		}
+		// Without a fallback the HPA freezes where it was while NATS's
+		// monitoring port cannot be read.
+		if f := so.Spec.Fallback; f == nil || f.FailureThreshold < 1 || f.Replicas < *lo || f.Replicas > *hi {
+			t.Errorf("%s: ScaledObject %s: fallback %+v, want one within its replicas", s.dir, name, f)
+		}
+		// cooldownPeriod applies to scaling to zero only; above it the HPA's
+		// scale-down window is what waits.
+		if so.Spec.CooldownPeriod != nil && *lo > 0 {
+			t.Errorf("%s: ScaledObject %s: cooldownPeriod does nothing at minReplicaCount %d", s.dir, name, *lo)
+		}
+		if a := so.Spec.Advanced; a == nil || a.HorizontalPodAutoscalerConfig == nil || a.HorizontalPodAutoscalerConfig.Behavior == nil ||
+			a.HorizontalPodAutoscalerConfig.Behavior.ScaleDown == nil || a.HorizontalPodAutoscalerConfig.Behavior.ScaleDown.StabilizationWindowSeconds == nil {
+			t.Errorf("%s: ScaledObject %s: no scale-down stabilization window", s.dir, name)
+		}
 		var got [][2]string
 		for _, tr := range so.Spec.Triggers {
 			if tr.Type != "nats-jetstream" {
@@ -670,13 +801,78 @@ func checkScaling(t *testing.T, s *set, cell string) {
 			t.Errorf("%s: classifier trigger %q is not in the formula", s.dir, tr.Name)
 		}
 	}
-	ceiling, err := strconv.Atoi(so.Annotations["assay.dev/provider-max-concurrency"])
-	per, err2 := strconv.Atoi(envValue(s.deployments["classifier"].Spec.Template.Spec.Containers[0], "ASSAY_MODEL_MAX_CONCURRENCY"))
+	checkProviderBudget(t, s, so)
+	checkSurge(t, s)
+}
+
+// checkProviderBudget: the classifier's ASSAY_MODEL_MAX_CONCURRENCY is the
+// cell's ceiling, shared by every classifier pod through NATS, so it alone
+// must stay within the provider's allowance; were it per pod
+// (ASSAY_MODEL_CONCURRENCY_SCOPE=instance), every pod a rollout can run —
+// maxReplicaCount plus the surge — would count.
+func checkProviderBudget(t *testing.T, s *set, so *kedaScaledObject) {
+	t.Helper()
+	d := s.deployments["classifier"]
+	c := d.Spec.Template.Spec.Containers[0]
+	allowance, err := strconv.Atoi(so.Annotations["assay.dev/provider-max-concurrency"])
+	ceiling, err2 := strconv.Atoi(envValue(c, "ASSAY_MODEL_MAX_CONCURRENCY"))
 	if err != nil || err2 != nil {
-		t.Fatalf("%s: the provider's allowance and the per-pod ceiling must both be set: %v, %v", s.dir, err, err2)
+		t.Fatalf("%s: the provider's allowance and the cell's ceiling must both be set: %v, %v", s.dir, err, err2)
 	}
-	if int(*so.Spec.MaxReplicaCount)*per > ceiling {
-		t.Errorf("%s: %d classifiers × %d calls exceed the provider's %d", s.dir, *so.Spec.MaxReplicaCount, per, ceiling)
+	calls := ceiling
+	if scope := envValue(c, "ASSAY_MODEL_CONCURRENCY_SCOPE"); scope != "" && scope != "cell" {
+		calls = ceiling * podsAtMost(t, s, "classifier")
+	}
+	if calls > allowance {
+		t.Errorf("%s: the classifiers may make %d calls at once, above the provider's %d", s.dir, calls, allowance)
+	}
+}
+
+// podsAtMost is how many pods of a Deployment can run at once: its
+// replicas (or its ScaledObject's maximum) plus the rolling update's surge.
+func podsAtMost(t *testing.T, s *set, name string) int {
+	t.Helper()
+	d := s.deployments[name]
+	n := 1
+	if d.Spec.Replicas != nil {
+		n = int(*d.Spec.Replicas)
+	}
+	if so := s.scaledObject[name]; so != nil && so.Spec.MaxReplicaCount != nil {
+		n = int(*so.Spec.MaxReplicaCount)
+	}
+	surge := 1 // the API's default is 25 %, rounded up
+	if ru := d.Spec.Strategy.RollingUpdate; ru != nil && ru.MaxSurge != nil {
+		v, err := intstr.GetScaledValueFromIntOrPercent(ru.MaxSurge, n, true)
+		if err != nil {
+			t.Fatalf("%s: %s: maxSurge %v: %v", s.dir, name, ru.MaxSurge, err)
+		}
+		surge = v
+	}
+	return n + surge
+}
+
+// checkSurge: every pod a rollout can run at once, with its whole database
+// pool (ASSAY_DATABASE_POOL, else the store's 10), and the migration Job's,
+// fits the cell's Postgres max_connections beside the superuser's reserve.
+func checkSurge(t *testing.T, s *set) {
+	t.Helper()
+	limit, err := strconv.Atoi(s.clusters["assay-pg"].Spec.PostgreSQL.Parameters["max_connections"])
+	if err != nil {
+		t.Fatalf("%s: max_connections: %v", s.dir, err)
+	}
+	const reserved, defaultPool = 3, 10
+	total := reserved + defaultPool // the migration Job
+	for _, name := range services {
+		pool := defaultPool
+		if v := envValue(s.deployments[name].Spec.Template.Spec.Containers[0], "ASSAY_DATABASE_POOL"); v != "" {
+			if pool, err = strconv.Atoi(v); err != nil {
+				t.Fatalf("%s: %s: ASSAY_DATABASE_POOL %q", s.dir, name, v)
+			}
+		}
+		total += podsAtMost(t, s, name) * pool
+	}
+	if total > limit {
+		t.Errorf("%s: a rollout at the autoscalers' maximum may open %d Postgres connections, above max_connections %d", s.dir, total, limit)
 	}
 }
 

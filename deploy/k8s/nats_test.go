@@ -9,12 +9,17 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
 
+// natsChartVersion is the NATS Helm chart these values were read from and
+// that deploy/README.md installs (--version).
+const natsChartVersion = "2.14.2"
+
 // natsHelmValues are the fields of the NATS Helm chart's values
-// (github.com/nats-io/k8s, helm/charts/nats/values.yaml) that
-// deploy/k8s/nats sets. Decoding strictly into them fails on a key the
+// (github.com/nats-io/k8s, helm/charts/nats/values.yaml at nats-2.14.2)
+// that deploy/k8s/nats sets. Decoding strictly into them fails on a key the
 // chart does not have at that place, or one added here without its check.
 type natsHelmValues struct {
 	TLSCA struct {
@@ -58,17 +63,36 @@ type natsHelmValues struct {
 		} `json:"merge"`
 	} `json:"config"`
 	Container struct {
+		Env   map[string]string `json:"env"`
 		Merge struct {
 			EnvFrom []struct {
 				SecretRef struct {
 					Name string `json:"name"`
 				} `json:"secretRef"`
 			} `json:"envFrom"`
+			SecurityContext *corev1.SecurityContext `json:"securityContext"`
 		} `json:"merge"`
-		Patch     []jsonPatchOp  `json:"patch"`
-		Resources map[string]any `json:"resources"`
+		Patch     []jsonPatchOp               `json:"patch"`
+		Resources corev1.ResourceRequirements `json:"resources"`
 	} `json:"container"`
+	Reloader struct {
+		Merge struct {
+			SecurityContext *corev1.SecurityContext `json:"securityContext"`
+		} `json:"merge"`
+	} `json:"reloader"`
+	PromExporter struct {
+		Enabled bool `json:"enabled"`
+		Port    int  `json:"port"`
+		Merge   struct {
+			SecurityContext *corev1.SecurityContext `json:"securityContext"`
+		} `json:"merge"`
+	} `json:"promExporter"`
 	PodTemplate struct {
+		Merge struct {
+			Spec struct {
+				SecurityContext *corev1.PodSecurityContext `json:"securityContext"`
+			} `json:"spec"`
+		} `json:"merge"`
 		TopologySpreadConstraints map[string]struct {
 			MaxSkew           int    `json:"maxSkew"`
 			WhenUnsatisfiable string `json:"whenUnsatisfiable"`
@@ -202,6 +226,7 @@ func TestNATSValues(t *testing.T) {
 		if len(v.PodTemplate.TopologySpreadConstraints["kubernetes.io/hostname"].WhenUnsatisfiable) == 0 {
 			t.Errorf("%s: the servers are not spread over nodes", cell)
 		}
+		checkNATSRuntime(t, cell, v)
 	}
 }
 
@@ -220,6 +245,56 @@ func TestNATSAccountsAreGenerated(t *testing.T) {
 		}
 		if string(got) != string(want) {
 			t.Errorf("nats/%s/assay.conf differs from assay nats-config --cells %s; run it again:\n  (cd cmd/assay && go run . nats-config --cells %s) > deploy/k8s/nats/%s/assay.conf", cell, cell, cell, cell)
+		}
+	}
+}
+
+// checkNATSRuntime: the server, its config reloader and its exporter run
+// non-root with nothing to escalate to and a read-only root; the server's
+// Go runtime collects before its memory limit; the exporter is on.
+func checkNATSRuntime(t *testing.T, cell string, v *natsHelmValues) {
+	t.Helper()
+	ps := v.PodTemplate.Merge.Spec.SecurityContext
+	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.RunAsUser == nil || *ps.RunAsUser == 0 || ps.FSGroup == nil ||
+		ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("%s: the NATS pod's securityContext %+v: want non-root, an fsGroup for the volume, RuntimeDefault seccomp", cell, ps)
+	}
+	for what, cs := range map[string]*corev1.SecurityContext{"nats": v.Container.Merge.SecurityContext,
+		"reloader": v.Reloader.Merge.SecurityContext, "exporter": v.PromExporter.Merge.SecurityContext} {
+		if cs == nil || cs.AllowPrivilegeEscalation == nil || *cs.AllowPrivilegeEscalation || cs.ReadOnlyRootFilesystem == nil ||
+			!*cs.ReadOnlyRootFilesystem || cs.Capabilities == nil || !slices.Equal(cs.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+			t.Errorf("%s: the %s container's securityContext %+v", cell, what, cs)
+		}
+	}
+	limit := v.Container.Resources.Limits.Memory().Value()
+	gml, err := goMemLimit(v.Container.Env["GOMEMLIMIT"])
+	if err != nil || limit == 0 || float64(gml) < 0.8*float64(limit) || float64(gml) > 0.95*float64(limit) {
+		t.Errorf("%s: NATS GOMEMLIMIT %q is not 80–95 %% of its memory limit %d", cell, v.Container.Env["GOMEMLIMIT"], limit)
+	}
+	if !v.PromExporter.Enabled || v.PromExporter.Port != 7777 {
+		t.Errorf("%s: the NATS exporter %+v: want it on 7777, where its policy and PodMonitor look", cell, v.PromExporter)
+	}
+}
+
+// TestNATSChartVersionPinned: every helm command deploy/README.md gives
+// installs or upgrades the chart at the version the values were read from.
+func TestNATSChartVersionPinned(t *testing.T) {
+	for _, f := range []string{"../README.md", "nats/values.yaml"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "helm install") || strings.Contains(line, "helm upgrade") {
+				n++
+				if !strings.Contains(line, "nats/nats --version "+natsChartVersion+" ") {
+					t.Errorf("%s: %q does not pin the chart at --version %s", f, strings.TrimSpace(line), natsChartVersion)
+				}
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s: no helm command", f)
 		}
 	}
 }

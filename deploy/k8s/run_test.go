@@ -137,7 +137,7 @@ func TestEnvIsWhatTheBinariesRead(t *testing.T) {
 					}
 					for _, e := range c.Env {
 						switch {
-						case known[e.Name], strings.HasPrefix(e.Name, "OTEL_"):
+						case known[e.Name], strings.HasPrefix(e.Name, "OTEL_"), runtimeVars[e.Name]:
 						case e.Name == "SSL_CERT_DIR":
 							if mountOf(c, p.Spec, e.Value) == nil {
 								t.Errorf("%s: %s: SSL_CERT_DIR=%s is not a mounted volume", s.dir, name, e.Value)
@@ -154,6 +154,11 @@ func TestEnvIsWhatTheBinariesRead(t *testing.T) {
 		}
 	}
 }
+
+// runtimeVars are variables every binary reads through what it is built
+// with rather than its --help: the Go runtime's memory limit, and pgx's
+// libpq settings (TestOverlaysRenderAndDecode checks their values).
+var runtimeVars = map[string]bool{"GOMEMLIMIT": true, "PGSSLMODE": true, "PGSSLROOTCERT": true}
 
 // mountOf is the volume mounted at path in c, if any.
 func mountOf(c corev1.Container, p corev1.PodSpec, path string) *corev1.Volume {
@@ -231,8 +236,14 @@ func runCell(t *testing.T, cell string) {
 					t.Fatalf("%s: SSL_CERT_DIR is not the nats-ca Secret's mount", where)
 				}
 				v = caDir
-			case e.Name == "ASSAY_HTTP_ADDR":
+			case e.Name == "ASSAY_HTTP_ADDR" || e.Name == "ASSAY_METRICS_ADDR":
 				v = "127.0.0.1:0"
+			case e.Name == "PGSSLMODE":
+				// The test database has no TLS; the manifest's verify-full and
+				// its CA are checked by TestOverlaysRenderAndDecode.
+				v = "disable"
+			case e.Name == "PGSSLROOTCERT":
+				continue
 			case e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef != nil:
 				r := e.ValueFrom.ConfigMapKeyRef
 				v = cms[r.Name].Data[r.Key]
@@ -267,18 +278,20 @@ func runCell(t *testing.T, cell string) {
 	}
 
 	type proc struct {
-		name string
-		cmd  *exec.Cmd
-		addr chan string
-		log  *syncBuffer
-		done chan error
+		name    string
+		cmd     *exec.Cmd
+		addr    chan string
+		metrics chan string
+		log     *syncBuffer
+		done    chan error
 	}
 	var procs []*proc
 	for _, name := range services {
 		p := s.deployments[name].Spec.Template.Spec
 		c := p.Containers[0]
 		bin, args := command(c)
-		pr := &proc{name: name, cmd: exec.Command(bin, args...), addr: make(chan string, 1), log: &syncBuffer{}, done: make(chan error, 1)}
+		pr := &proc{name: name, cmd: exec.Command(bin, args...), addr: make(chan string, 1), metrics: make(chan string, 1),
+			log: &syncBuffer{}, done: make(chan error, 1)}
 		pr.cmd.Env = env("Deployment/"+name, c, p, s.configMaps)
 		stderr, err := pr.cmd.StderrPipe()
 		if err != nil {
@@ -288,7 +301,7 @@ func runCell(t *testing.T, cell string) {
 		if err := pr.cmd.Start(); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		go watchLog(stderr, pr.log, pr.addr)
+		go watchLog(stderr, pr.log, pr.addr, pr.metrics)
 		go func() { pr.done <- pr.cmd.Wait() }()
 		procs = append(procs, pr)
 		t.Cleanup(func() {
@@ -338,25 +351,41 @@ func runCell(t *testing.T, cell string) {
 		if code != http.StatusOK {
 			t.Errorf("%s: readiness %s never 200 (last %d %q)\n%s", pr.name, c.ReadinessProbe.HTTPGet.Path, code, body, pr.log.String())
 		}
-		if code, body := get(base + "/metrics"); code != http.StatusOK || !strings.Contains(body, "assay_build_info") {
-			t.Errorf("%s: /metrics: %d, assay_build_info missing", pr.name, code)
+		// /metrics is on the metrics port alone: the http port (the API's,
+		// on ingress) answers it 404.
+		var maddr string
+		select {
+		case maddr = <-pr.metrics:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s did not serve its metrics port\n%s", pr.name, pr.log.String())
+		}
+		if code, body := get("http://" + maddr + "/metrics"); code != http.StatusOK || !strings.Contains(body, "assay_build_info") {
+			t.Errorf("%s: /metrics on the metrics port: %d, assay_build_info missing", pr.name, code)
+		}
+		if code, _ := get(base + "/metrics"); code != http.StatusNotFound {
+			t.Errorf("%s: /metrics on the http port: %d, want 404", pr.name, code)
 		}
 	}
 
-	// The streams the owners created are R3, placed by the cell's tag.
-	names := event.Names{Installation: cellConfig(t, s).Data["installation"], Cell: cell}
+	// Every stream in the cell's account, whoever created it, is R3 and
+	// placed by the cell's tag, and so is every kind the code names.
 	placement := strings.Split(cellConfig(t, s).Data["stream-placement"], ",")
-	for _, kind := range event.Kinds {
-		owner := "ingress"
-		if kind != event.KindWork {
-			owner = "classifier"
+	names := event.Names{Installation: cellConfig(t, s).Data["installation"], Cell: cell}
+	streams := nc.streams(t, strings.ToUpper(strings.ReplaceAll(names.Installation+"_"+cell, "-", "_")))
+	for _, kind := range append(slices.Clone(event.Kinds), event.KindOutcome) {
+		if streams[names.Stream(kind)] == nil {
+			t.Errorf("%s: not created (streams: %v)", names.Stream(kind), keys(streams))
 		}
-		info := streamInfo(t, secretValues["assay-nats-urls"][owner], ca, names.Stream(kind))
-		if info.Config.Replicas != 3 || info.Config.Placement == nil || !slices.Equal(info.Config.Placement.Tags, placement) {
-			t.Errorf("%s: %d replicas, placement %+v; want 3 on %v", names.Stream(kind), info.Config.Replicas, info.Config.Placement, placement)
+	}
+	for name, sd := range streams {
+		if strings.HasPrefix(name, "KV_") && slices.Contains(softBuckets(names), strings.TrimPrefix(name, "KV_")) {
+			continue
 		}
-		if info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
-			t.Errorf("%s: cluster %+v, want a leader and two replicas", names.Stream(kind), info.Cluster)
+		if sd.Config.Replicas != 3 || sd.Config.Placement == nil || !slices.Equal(sd.Config.Placement.Tags, placement) {
+			t.Errorf("%s: %d replicas, placement %+v; want 3 on %v", name, sd.Config.Replicas, sd.Config.Placement, placement)
+		}
+		if sd.Cluster == nil || sd.Cluster.Leader == "" || len(sd.Cluster.Replicas) != 2 {
+			t.Errorf("%s: cluster %+v, want a leader and two replicas", name, sd.Cluster)
 		}
 	}
 
@@ -381,20 +410,26 @@ func runCell(t *testing.T, cell string) {
 	}
 }
 
-// watchLog copies a service's log into buf and sends the address it logs
-// "serving" with.
-func watchLog(r io.Reader, buf *syncBuffer, addr chan<- string) {
+// watchLog copies a service's log into buf and sends the addresses it logs
+// "serving" and "serving metrics" with.
+func watchLog(r io.Reader, buf *syncBuffer, addr, metrics chan<- string) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
-	sent := false
+	sent := map[string]bool{}
 	for sc.Scan() {
 		line := sc.Bytes()
 		buf.Write(append(slices.Clone(line), '\n'))
 		var rec struct{ Msg, Addr string }
-		if !sent && json.Unmarshal(line, &rec) == nil && rec.Msg == "serving" && rec.Addr != "" {
-			addr <- rec.Addr
-			sent = true
+		if json.Unmarshal(line, &rec) != nil || rec.Addr == "" || sent[rec.Msg] {
+			continue
 		}
+		switch rec.Msg {
+		case "serving":
+			addr <- rec.Addr
+		case "serving metrics":
+			metrics <- rec.Addr
+		}
+		sent[rec.Msg] = true
 	}
 }
 
@@ -444,7 +479,35 @@ type natsCluster struct {
 	clientPorts []int
 	users       map[string]string
 	passwords   map[string]string
+	servers     []*server.Server
 }
+
+// streams are the streams of account, as the servers that hold them report
+// them (a stream of one replica is on one server only).
+func (nc *natsCluster) streams(t *testing.T, account string) map[string]*server.StreamDetail {
+	t.Helper()
+	out := map[string]*server.StreamDetail{}
+	for _, s := range nc.servers {
+		jsz, err := s.Jsz(&server.JSzOptions{Account: account, Streams: true, Config: true})
+		if err != nil {
+			t.Fatalf("%s: jsz: %v", s.Name(), err)
+		}
+		for _, a := range jsz.AccountDetails {
+			for i := range a.Streams {
+				sd := a.Streams[i]
+				if prev := out[sd.Name]; prev == nil || prev.Cluster == nil || prev.Cluster.Leader == "" {
+					out[sd.Name] = &sd
+				}
+			}
+		}
+	}
+	return out
+}
+
+// softBuckets are the key-value buckets that hold only what their writers
+// report again within seconds (the capacity reports, the ingress token
+// buckets): kept in memory on one server and made again when lost.
+func softBuckets(n event.Names) []string { return []string{n.CapacityBucket(), n.AdmitBucket()} }
 
 // startNATSCluster starts three nats-servers in this process, each from a
 // configuration file laid out as the Helm chart lays it out for the cell's
@@ -541,6 +604,7 @@ tls {
 		}
 		s.Start()
 		servers = append(servers, s)
+		nc.servers = append(nc.servers, s)
 		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
 	}
 	for _, s := range servers {

@@ -109,6 +109,16 @@ type LimiterConfig struct {
 	// Reason constants. Calls come in order, one at a time, without the
 	// limiter's lock held.
 	OnChange func(old, new int, reason string)
+	// Cell, if set, is a ceiling beyond this limiter's own that every
+	// permit also takes a place under: the cell's, shared with its other
+	// instances (CellSlots), so the provider's allowance holds however many
+	// instances run. Acquire waits for it after the limiter's own permit.
+	Cell Ceiling
+}
+
+// Ceiling is a limit on calls beyond a Limiter's own.
+type Ceiling interface {
+	Take(ctx context.Context) (release func(), err error)
 }
 
 func (c *LimiterConfig) validate() error {
@@ -182,6 +192,7 @@ type Limiter struct {
 	hand      [2]pool // by lane: a batch backlog never takes interactive's slots
 	decreases uint64
 	increases uint64
+	cellHeld  int // permits holding a place under cfg.Cell
 
 	changes    []change // waiting for OnChange
 	delivering bool     // a caller is running OnChange
@@ -206,16 +217,28 @@ type Permit struct {
 	epoch    uint64 // the limiter's epoch when granted
 	busy     bool   // the limit was in use when granted: its success may grow it
 	released bool   // guarded by l.mu
+	cell     func() // gives back its place under LimiterConfig.Cell
 }
 
-// Acquire waits for a call permit: at most Limit() are in flight. It returns
-// an error wrapping ctx.Err() if ctx ends first.
+// Acquire waits for a call permit: at most Limit() are in flight here, and
+// with LimiterConfig.Cell at most the cell's ceiling in the whole cell. It
+// returns an error wrapping ctx.Err() if ctx ends first.
 func (l *Limiter) Acquire(ctx context.Context, lane string) (*Permit, error) {
 	epoch, busy, err := l.wait(ctx, &l.permits, lane)
 	if err != nil {
 		return nil, fmt.Errorf("admission: wait for permit: %w", err)
 	}
-	return &Permit{l: l, epoch: epoch, busy: busy}, nil
+	p := &Permit{l: l, epoch: epoch, busy: busy}
+	if l.cfg.Cell != nil {
+		if p.cell, err = l.cfg.Cell.Take(ctx); err != nil {
+			p.Release(Signal{Kind: Ignore})
+			return nil, fmt.Errorf("admission: wait for the cell's ceiling: %w", err)
+		}
+		l.mu.Lock()
+		l.cellHeld++
+		l.mu.Unlock()
+	}
+	return p, nil
 }
 
 // Release gives the permit back and tells the limiter what the call saw.
@@ -228,6 +251,10 @@ func (p *Permit) Release(s Signal) {
 		return
 	}
 	p.released = true
+	if p.cell != nil {
+		l.cellHeld--
+		defer p.cell()
+	}
 	l.permits.used--
 	old := l.limitLocked()
 	if reason := l.observeLocked(p.epoch, p.busy, s); reason != "" {
@@ -275,6 +302,7 @@ type LimiterStats struct {
 	Limit     int        // permits
 	Target    float64    // the limit before rounding down
 	InFlight  int        // permits held
+	CellHeld  int        // permits holding a place under LimiterConfig.Cell
 	InHand    int        // hand slots held
 	Waiting   LaneCounts // callers waiting in Acquire
 	Entering  LaneCounts // callers waiting in Enter
@@ -306,6 +334,7 @@ func (l *Limiter) Stats() LimiterStats {
 		Limit:       l.limitLocked(),
 		Target:      l.limit,
 		InFlight:    l.permits.used,
+		CellHeld:    l.cellHeld,
 		InHand:      l.hand[laneInteractive].used + l.hand[laneBatch].used,
 		PermitWaits: LaneCounts{Interactive: l.permits.waits[laneInteractive], Batch: l.permits.waits[laneBatch]},
 		PermitWaited: LaneDurations{Interactive: l.permits.waited[laneInteractive],

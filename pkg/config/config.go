@@ -62,6 +62,11 @@ type Config struct {
 	// HTTPAddr is where the service serves its API, /healthz, /readyz and
 	// /metrics (ASSAY_HTTP_ADDR). Default given by the service.
 	HTTPAddr string
+	// MetricsAddr, when set, is where /metrics is served instead, on a
+	// listener of its own (ASSAY_METRICS_ADDR), so a scraper can be let in
+	// there and nowhere else and the API's port never shows tenant ids.
+	// Default none: /metrics is on HTTPAddr.
+	MetricsAddr string
 	// StartupWait is how long start-up waits for Postgres and NATS to
 	// answer, trying again with capped backoff (ASSAY_STARTUP_WAIT, a Go
 	// duration). Default 60s; 0 tries once.
@@ -98,6 +103,7 @@ var settings = []setting{
 	{"ASSAY_MODEL_API_KEY", "model-api-key", "", "bearer token for the model endpoint", func(c *Config) *string { return &c.ModelAPIKey }, true},
 	{"ASSAY_MODEL", "model", "", "model name the endpoint serves (e.g. gpt-4o-mini); required", func(c *Config) *string { return &c.Model }, true},
 	{"ASSAY_HTTP_ADDR", "http-addr", "", "listen address for the API, /healthz, /readyz and /metrics", func(c *Config) *string { return &c.HTTPAddr }, false},
+	{"ASSAY_METRICS_ADDR", "metrics-addr", "", "listen address for /metrics alone, which ASSAY_HTTP_ADDR then does not serve (unset: /metrics is on ASSAY_HTTP_ADDR)", func(c *Config) *string { return &c.MetricsAddr }, false},
 }
 
 const defaultNATSURL = "nats://127.0.0.1:4222"
@@ -358,6 +364,13 @@ func (c Config) validate(need Need, errs []error) error {
 			errs = append(errs, fmt.Errorf("ASSAY_HTTP_ADDR: %q: %v", c.HTTPAddr, err))
 		}
 	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			errs = append(errs, fmt.Errorf("ASSAY_METRICS_ADDR: %q: %v", c.MetricsAddr, err))
+		} else if _, port, _ := net.SplitHostPort(c.MetricsAddr); c.MetricsAddr == c.HTTPAddr && port != "0" {
+			errs = append(errs, fmt.Errorf("ASSAY_METRICS_ADDR: %q is ASSAY_HTTP_ADDR; give /metrics a port of its own or leave it unset", c.MetricsAddr))
+		}
+	}
 	if len(errs) > 0 {
 		return Invalid(fmt.Errorf("config: %w", errors.Join(errs...)))
 	}
@@ -406,7 +419,7 @@ func (c Config) Redacted() map[string]any {
 		"region": c.Region, "cell": c.Cell, "installation": c.Installation, "regions": strings.Join(c.Regions, ","),
 		"database_url": Redacted(c.DatabaseURL), "nats_url": Redacted(c.NATSURL),
 		"model_base_url": Redacted(c.ModelBaseURL), "model": c.Model, "model_api_key": key,
-		"http_addr": c.HTTPAddr, "startup_wait": c.StartupWait.String(), "database_pool": c.DatabasePool,
+		"http_addr": c.HTTPAddr, "metrics_addr": c.MetricsAddr, "startup_wait": c.StartupWait.String(), "database_pool": c.DatabasePool,
 		"stream_replicas": c.Streams.Replicas, "stream_max_age": c.Streams.MaxAge.String(),
 	}
 }

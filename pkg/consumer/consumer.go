@@ -268,7 +268,6 @@ func (c *Consumer) gauges(meter metric.Meter) error {
 	ackPending := gauge("assay_jetstream_consumer_ack_pending", "messages delivered and not yet acknowledged")
 	redelivered := gauge("assay_jetstream_consumer_redelivered", "messages delivered more than once and not yet acknowledged")
 	waiting := gauge("assay_jetstream_consumer_waiting", "pull requests waiting at the server")
-	lag := gauge("assay_jetstream_consumer_ack_floor_lag", "messages past the ack floor: not delivered, or delivered and not acknowledged")
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -283,9 +282,8 @@ func (c *Consumer) gauges(meter metric.Meter) error {
 		o.ObserveInt64(ackPending, int64(info.NumAckPending), attrs)
 		o.ObserveInt64(redelivered, int64(info.NumRedelivered), attrs)
 		o.ObserveInt64(waiting, int64(info.NumWaiting), attrs)
-		o.ObserveInt64(lag, int64(info.NumPending)+int64(info.Delivered.Stream-info.AckFloor.Stream), attrs)
 		return nil
-	}, pending, ackPending, redelivered, waiting, lag)
+	}, pending, ackPending, redelivered, waiting)
 	return err
 }
 

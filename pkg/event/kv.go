@@ -11,3 +11,8 @@ func (n Names) AdmitBucket() string { return n.inst() + "_admit_" + n.Cell }
 
 // AdmitKey is the key of a tenant's ingress bucket for a lane.
 func AdmitKey(tenant, lane string) string { return "rate." + tenant + "." + lane }
+
+// CallsBucket is the key-value bucket holding the cell's model-call slots,
+// which every classifier instance of the cell takes one of per call, e.g.
+// assay_calls_us.
+func (n Names) CallsBucket() string { return n.inst() + "_calls_" + n.Cell }

@@ -45,6 +45,10 @@ type Env struct {
 
 	nats     natsHealth
 	draining atomic.Bool
+
+	refreshLabels func(context.Context)
+	stopLabels    context.CancelFunc // ends the tenant labels' refresh
+	labelsEnded   chan struct{}
 }
 
 // natsHealth remembers the last permissions violation the server told this
@@ -141,6 +145,7 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 	}
 	versions := store.Versions()
 	log.Info("migrations", "applied", len(applied), "names", strings.Join(applied, ","), "schema", versions[len(versions)-1])
+	e.labelTenants(ctx)
 	err = retry(ctx, log, "nats", cfg.StartupWait, func(context.Context) error {
 		e.NC, err = nats.Connect(cfg.NATSURL, nats.Name("assay-"+name+"-"+cfg.Region),
 			nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
@@ -171,7 +176,51 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 		e.Store.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
+	e.startLabelRefresh(ctx)
 	return e, nil
+}
+
+// TenantLabelsEvery is how often the tenants with a metric label of their
+// own are read again: a tenant added within the cap gets its label on
+// every instance within it.
+const TenantLabelsEvery = 30 * time.Second
+
+// labelTenants gives the cell's first ASSAY_METRICS_TENANTS tenants, as
+// its database orders them, a metric label of their own, now and every
+// TenantLabelsEvery until Close: the same tenants on every instance, where
+// an order of first sight would differ from replica to replica.
+func (e *Env) labelTenants(ctx context.Context) {
+	load := func(ctx context.Context) {
+		ids, err := e.Store.FirstTenants(ctx, e.Tel.TenantLabels())
+		if err != nil {
+			e.Log.Warn("tenant labels not read; the last list stays", "err", err)
+			return
+		}
+		e.Tel.LabelTenants(ids)
+	}
+	load(ctx)
+	e.refreshLabels = load
+}
+
+// startLabelRefresh reads the tenant labels again every TenantLabelsEvery
+// until Close.
+func (e *Env) startLabelRefresh(ctx context.Context) {
+	load := e.refreshLabels
+	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	e.stopLabels, e.labelsEnded = cancel, make(chan struct{})
+	go func() {
+		defer close(e.labelsEnded)
+		t := time.NewTicker(TenantLabelsEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-lctx.Done():
+				return
+			case <-t.C:
+				load(lctx)
+			}
+		}
+	}()
 }
 
 // retry runs try until it succeeds or wait has passed, backing off from
@@ -208,6 +257,10 @@ func databaseName(u string) string {
 
 // Close releases connections, last to first.
 func (e *Env) Close(ctx context.Context) {
+	if e.stopLabels != nil {
+		e.stopLabels()
+		<-e.labelsEnded
+	}
 	if e.NC != nil {
 		_ = e.NC.Drain()
 	}
@@ -271,9 +324,17 @@ func Mux(api http.Handler, env *Env, parts ...Part) http.Handler {
 		note("")
 		apierror.JSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	if env.Tel != nil {
+	if env.Tel != nil && env.Config.MetricsAddr == "" {
 		mux.Handle("GET /metrics", env.Tel.MetricsHandler())
 	}
+	return apierror.JSONErrors(mux)
+}
+
+// MetricsMux serves /metrics alone, for ASSAY_METRICS_ADDR; anything else
+// is a JSON 404 or 405.
+func MetricsMux(env *Env) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", env.Tel.MetricsHandler())
 	return apierror.JSONErrors(mux)
 }
 
@@ -403,12 +464,21 @@ func Run(spec Spec) {
 	}
 	// The listener outlives the drain, so probes keep their answers.
 	hctx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
-	served := make(chan error, 1)
+	served := make(chan error, 2)
+	listeners := 1
 	go func() {
 		served <- Serve(hctx, cfg.HTTPAddr, Mux(api, env, part), DefaultLimits, func(a string) {
 			log.Info("serving", "addr", a)
 		})
 	}()
+	if cfg.MetricsAddr != "" {
+		listeners++
+		go func() {
+			served <- Serve(hctx, cfg.MetricsAddr, MetricsMux(env), DefaultLimits, func(a string) {
+				log.Info("serving metrics", "addr", a)
+			})
+		}()
+	}
 	select {
 	case <-ctx.Done():
 	case err = <-served:
@@ -422,8 +492,10 @@ func Run(spec Spec) {
 	defer cancel()
 	part.Stop(dctx)
 	stopHTTP()
-	if serr := <-served; err == nil {
-		err = serr
+	for range listeners {
+		if serr := <-served; err == nil {
+			err = serr
+		}
 	}
 	env.Close(dctx)
 	log.Info("stopped", "took", time.Since(start).Round(time.Millisecond).String(), "clean", dctx.Err() == nil)

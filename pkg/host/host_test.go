@@ -15,6 +15,8 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -95,5 +97,77 @@ func TestConnectErrorRedactsTheNATSPassword(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), password) || !strings.Contains(err.Error(), "assay:xxxxx@127.0.0.1:1") {
 		t.Fatalf("error %q: want the URL with its password redacted", err)
+	}
+}
+
+// With ASSAY_METRICS_ADDR set, /metrics is served on that listener alone:
+// the API's handler answers it 404, so tenant ids and volumes never show on
+// the API port. Without it, /metrics stays beside the API.
+func TestMetricsOnTheirOwnPort(t *testing.T) {
+	t.Parallel()
+	tel, err := telemetry.Setup(context.Background(), "metricsport", "us")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	get := func(h http.Handler) (int, string) {
+		srv := httptest.NewServer(h)
+		defer srv.Close()
+		resp, err := http.Get(srv.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	apart := &Env{Log: log, Tel: tel, Config: config.Config{HTTPAddr: "127.0.0.1:8080", MetricsAddr: "127.0.0.1:9090"}}
+	if code, body := get(Mux(http.NotFoundHandler(), apart)); code != http.StatusNotFound || strings.Contains(body, "assay_build_info") {
+		t.Errorf("the API's port answered /metrics with %d", code)
+	}
+	if code, body := get(MetricsMux(apart)); code != http.StatusOK || !strings.Contains(body, "assay_build_info") {
+		t.Errorf("the metrics port answered /metrics with %d:\n%.300s", code, body)
+	}
+	together := &Env{Log: log, Tel: tel, Config: config.Config{HTTPAddr: "127.0.0.1:8080"}}
+	if code, body := get(Mux(nil, together)); code != http.StatusOK || !strings.Contains(body, "assay_build_info") {
+		t.Errorf("without ASSAY_METRICS_ADDR /metrics answered %d", code)
+	}
+}
+
+// Two instances of a cell label the same tenants, the cell's first
+// ASSAY_METRICS_TENANTS in the order its database added them, whatever
+// order each meets them in: a label cap by first sight would give each
+// replica its own set.
+func TestTenantLabelsAgreeAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	db, nc := testenv.Database(t), testenv.NATS(t)
+	cfg := config.Config{Region: "us", Regions: []string{"us"}, DatabaseURL: db, NATSURL: nc, MetricsTenants: 2}
+	first, err := Connect(t.Context(), "ingress", cfg, slog.New(slog.DiscardHandler), telemetry.WithTenantLabels(cfg.MetricsTenants))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close(context.Background())
+	for _, id := range []string{"tenant-c", "tenant-a", "tenant-d", "tenant-b"} {
+		if err := first.Store.SeedTenants(t.Context(), []store.TenantSeed{{ID: id, HomeRegion: "us", Token: store.NewToken()}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first instance read its labels before the tenants existed; the
+	// second reads them now. Each meets the tenants in another order.
+	first.labelTenants(t.Context())
+	second, err := Connect(t.Context(), "ingress", cfg, slog.New(slog.DiscardHandler), telemetry.WithTenantLabels(cfg.MetricsTenants))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close(context.Background())
+	want := map[string]string{"tenant-c": "tenant-c", "tenant-a": "tenant-a", "tenant-d": telemetry.OtherTenants, "tenant-b": telemetry.OtherTenants}
+	for i, order := range [][]string{{"tenant-b", "tenant-d", "tenant-a", "tenant-c"}, {"tenant-c", "tenant-a", "tenant-d", "tenant-b"}} {
+		env := []*Env{first, second}[i]
+		for _, id := range order {
+			if got := env.Tel.Tenant(id); got != want[id] {
+				t.Errorf("instance %d: %s labelled %q, want %q", i+1, id, got, want[id])
+			}
+		}
 	}
 }

@@ -74,6 +74,8 @@ type Relay struct {
 	PublishTimeout time.Duration
 	// Meter counts set-aside rows (assay_outbox_set_aside). Optional.
 	Meter metric.Meter
+	// Region labels the count, as every series of a service is.
+	Region string
 
 	ticker   lifecycle.Ticker
 	setAside metric.Int64Counter
@@ -109,12 +111,19 @@ func (r *Relay) init() (err error) {
 			// rate over it is 0 and not absent until the first row.
 			for _, st := range r.Streams {
 				if err == nil {
-					r.setAside.Add(context.Background(), 0, metric.WithAttributes(attribute.String("stream", st)))
+					r.setAside.Add(context.Background(), 0, r.labels(st))
 				}
 			}
 		}
 	})
 	return err
+}
+
+func (r *Relay) labels(stream string) metric.MeasurementOption {
+	if r.Region == "" {
+		return metric.WithAttributes(attribute.String("stream", stream))
+	}
+	return metric.WithAttributes(attribute.String("stream", stream), attribute.String("region", r.Region))
 }
 
 // Kick asks for a drain now, e.g. right after a commit that wrote rows.
@@ -151,7 +160,7 @@ func (r *Relay) Drain(ctx context.Context) (int, error) {
 	}
 	for _, f := range d.SetAside {
 		if r.setAside != nil {
-			r.setAside.Add(ctx, 1, metric.WithAttributes(attribute.String("stream", f.Stream)))
+			r.setAside.Add(ctx, 1, r.labels(f.Stream))
 		}
 		telemetry.Decision(ctx, r.Log, f.MsgID, "set_aside",
 			fmt.Sprintf("outbox row %d could not be published after %d tries: %s; list with assay outbox list, retry with assay outbox retry %d",

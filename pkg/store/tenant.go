@@ -163,6 +163,22 @@ func (s *Store) ListTenants(ctx context.Context) ([]TenantInfo, error) {
 	})
 }
 
+// FirstTenants are the ids of the first n tenants this cell was given, in
+// the order they were added (ties, such as tenants seeded together, by
+// id): the same list for every service instance of the cell, and one that
+// a new tenant never reorders.
+func (s *Store) FirstTenants(ctx context.Context, n int) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id FROM tenants ORDER BY created_at, id LIMIT $1`, n)
+	if err != nil {
+		return nil, fmt.Errorf("store: first tenants: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("store: first tenants: %w", err)
+	}
+	return ids, nil
+}
+
 // RotateToken revokes every active token of the tenant and adds token, in
 // one transaction.
 func (s *Store) RotateToken(ctx context.Context, tenantID, token string) error {

@@ -23,28 +23,47 @@ const OtherTenants = "other"
 // ASSAY_METRICS_TENANTS is unset.
 const DefaultTenantLabels = 20
 
-// tenantLabels hands out tenant labels, the first max tenants seen by
-// their id and the rest as OtherTenants, so a series count stays bounded
-// however many tenants a cell serves. Exact per-tenant figures are the
-// ledger's.
+// tenantLabels hands out tenant labels: the tenants it was given (the
+// cell's first max tenants, in the order the cell's database added them)
+// by their id, every other as OtherTenants, so a series count stays
+// bounded however many tenants a cell serves. The rule is the database's,
+// not this process's: every replica of a service, and every service of
+// the cell, labels a tenant alike, whatever order they meet tenants in.
+// Before a list is given every tenant is OtherTenants. Exact per-tenant
+// figures are the ledger's.
 type tenantLabels struct {
-	mu   sync.Mutex
-	max  int
-	seen map[string]bool
+	mu  sync.RWMutex
+	max int
+	own map[string]bool
 }
 
 func (t *tenantLabels) label(id string) string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.seen[id] {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if t.own[id] {
 		return id
 	}
-	if len(t.seen) >= t.max {
-		return OtherTenants
+	return OtherTenants
+}
+
+func (t *tenantLabels) set(ids []string) {
+	own := make(map[string]bool, min(len(ids), t.max))
+	for _, id := range ids[:min(len(ids), t.max)] {
+		own[id] = true
 	}
-	t.seen[id] = true
-	return id
+	t.mu.Lock()
+	t.own = own
+	t.mu.Unlock()
 }
 
 // Tenant is the label tenant id gets in this process's metrics.
 func (p *Provider) Tenant(id string) string { return p.tenants.label(id) }
+
+// TenantLabels is how many tenants may have a label of their own.
+func (p *Provider) TenantLabels() int { return p.tenants.max }
+
+// LabelTenants gives the first TenantLabels() of ids a label of their own
+// and every other tenant OtherTenants. ids are the cell's tenants in the
+// order its database added them (store.FirstTenants), so every process of
+// the cell labels alike.
+func (p *Provider) LabelTenants(ids []string) { p.tenants.set(ids) }

@@ -74,7 +74,7 @@ func Setup(ctx context.Context, service, region string, opts ...Option) (*Provid
 	otel.SetTextMapPropagator(propagator)
 
 	p := &Provider{registry: prometheus.NewRegistry()}
-	p.tenants = tenantLabels{max: DefaultTenantLabels, seen: map[string]bool{}}
+	p.tenants = tenantLabels{max: DefaultTenantLabels}
 	if o.tenants > 0 {
 		p.tenants.max = o.tenants
 	}
@@ -123,7 +123,7 @@ func Setup(ctx context.Context, service, region string, opts ...Option) (*Provid
 	bi := buildinfo.Read()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "assay_build_info",
 		Help:        "The running build: version, VCS revision and Go version; always 1.",
-		ConstLabels: prometheus.Labels{"service": service, "version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion}})
+		ConstLabels: prometheus.Labels{"service": service, "region": region, "version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion}})
 	build.Set(1)
 	p.registry.MustRegister(build)
 	p.handler = promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{Registry: p.registry})
@@ -138,8 +138,8 @@ type options struct {
 	tenants int
 }
 
-// WithTenantLabels gives the first n tenants seen a metric label of their
-// own and counts the rest as "other" (ASSAY_METRICS_TENANTS).
+// WithTenantLabels lets n tenants have a metric label of their own (see
+// LabelTenants) and counts the rest as "other" (ASSAY_METRICS_TENANTS).
 func WithTenantLabels(n int) Option {
 	return func(o *options) { o.tenants = n }
 }

@@ -802,9 +802,6 @@ func (l *batchLane) reconcile(ctx context.Context, line store.BatchLine, w *stor
 	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", v.outcome), attribute.String("region", s.cfg.Region),
 		attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
 	l.lines.Add(ctx, 1, metric.WithAttributes(attribute.String("line", r.line), attribute.String("region", s.cfg.Region)))
-	if v.workOutcome != "" {
-		s.m.ended(ctx, w, v.workOutcome)
-	}
 	reason := v.reason
 	if reason == "" {
 		reason = "model answered"

@@ -49,9 +49,15 @@ type Config struct {
 	SetAside store.SetAsidePolicy
 	// Model is the model name recorded on every attempt.
 	Model string
-	// Concurrency is the hard ceiling on model calls at once in this cell;
-	// the adaptive limit moves below it. Default 32.
+	// Concurrency is the hard ceiling on model calls at once in this cell,
+	// held across every instance of the cell through its slots bucket
+	// (admission.CellSlots); each instance's adaptive limit moves below it.
+	// Default 32.
 	Concurrency int
+	// InstanceScope makes Concurrency this instance's ceiling alone, with
+	// no slots shared through NATS (ASSAY_MODEL_CONCURRENCY_SCOPE=instance):
+	// then N instances may make N × Concurrency calls at once.
+	InstanceScope bool
 	// InitialConcurrency is where the adaptive limit starts. Default 4.
 	InitialConcurrency int
 	// FixedConcurrency keeps the limit at Concurrency, with no adaptation,
@@ -206,7 +212,8 @@ type Deps struct {
 	Log       *slog.Logger
 	Tel       *telemetry.Provider
 	// Limiter is the cell's concurrency limit for its provider. Default: a
-	// new one from the config; instances in one process that call the same
+	// new one from the config, taking the cell's slots unless
+	// Config.InstanceScope; instances in one process that call the same
 	// provider for the same cell may share one.
 	Limiter *admission.Limiter
 	// Batches is the provider's Batch API, used when
@@ -222,6 +229,7 @@ type Service struct {
 	streams *event.Keeper
 	relay   *outbox.Relay
 	lim     *admission.Limiter
+	slots   *admission.CellSlots // the cell's model-call slots; nil in instance scope
 	lanes   []*consumer.Consumer
 	// batches sends batch-lane work through the provider's Batch API;
 	// nil when the cell does not.
@@ -251,12 +259,17 @@ func New(cfg Config, d Deps) (*Service, error) {
 	owned := []string{event.KindResult, event.KindAttempt}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log, Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: owned, Ensure: s.streams.Ensure,
-		Meter: d.Tel.Meter(), SetAside: cfg.SetAside}
+		Meter: d.Tel.Meter(), Region: cfg.Region, SetAside: cfg.SetAside}
 	if s.lim == nil {
 		lc := admission.LimiterConfig{Initial: cfg.InitialConcurrency, Max: cfg.Concurrency, SlowStart: true,
 			OnChange: s.limitChanged, Headroom: cfg.FairWindow}
 		if cfg.FixedConcurrency {
 			lc.Initial, lc.Min = cfg.Concurrency, cfg.Concurrency
+		}
+		if !cfg.InstanceScope {
+			s.slots = &admission.CellSlots{Size: cfg.Concurrency, Holder: newInstanceID(), Log: d.Log,
+				Open: admission.OpenSlots(d.JS, cfg.Names.CallsBucket(), admission.SlotTTL, cfg.Streams.Replicas, cfg.Streams.Placement)}
+			lc.Cell = s.slots
 		}
 		var err error
 		if s.lim, err = admission.NewLimiter(lc); err != nil {
@@ -296,6 +309,28 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	_, err = d.Tel.Meter().Int64ObservableGauge("assay_classifier_cell_slots",
+		metric.WithDescription("the cell's model-call slots this instance holds (all its instances together hold at most ASSAY_MODEL_MAX_CONCURRENCY)"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			if s.slots != nil {
+				o.Observe(int64(s.slots.Held()), region)
+			}
+			return nil
+		}))
+	if err != nil {
+		return nil, err
+	}
+	_, err = d.Tel.Meter().Int64ObservableCounter("assay_classifier_cell_slots_lost",
+		metric.WithDescription("model-call slots that lapsed while this instance held them (cut from NATS past their TTL): calls above the cell's ceiling"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			if s.slots != nil {
+				o.Observe(s.slots.Lost(), region)
+			}
+			return nil
+		}))
+	if err != nil {
+		return nil, err
+	}
 	if s.batches, err = newBatchLane(s, cfg.ProviderBatch, d); err != nil {
 		return nil, err
 	}
@@ -325,6 +360,30 @@ var lanes = event.Lanes
 
 // Limiter is the instance's concurrency limiter.
 func (s *Service) Limiter() *admission.Limiter { return s.lim }
+
+// keepAlive calls alive every every until stop is called.
+func keepAlive(alive func(), every time.Duration) (stop func()) {
+	if every <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				alive()
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done); <-ended }) }
+}
 
 func (s *Service) limitChanged(old, new int, reason string) {
 	outcome := "limit_raised"
@@ -386,6 +445,9 @@ func (s *Service) Stop(ctx context.Context) {
 	s.report.Stop(ctx)
 	s.relay.Stop(ctx)
 	s.streams.Stop(ctx)
+	if s.slots != nil {
+		s.slots.Stop()
+	}
 }
 
 // Ready reports whether the service can take work: its database answers,
@@ -446,7 +508,8 @@ func (s *Service) backoff(attempt int) time.Duration {
 // Vars are the settings FromEnv reads, for the classifier's help.
 var Vars = append([]config.Var{
 	{Name: "ASSAY_MODEL_CONCURRENCY", Default: "adaptive", Usage: "adaptive, or fixed at ASSAY_MODEL_MAX_CONCURRENCY"},
-	{Name: "ASSAY_MODEL_MAX_CONCURRENCY", Default: "32", Usage: "model calls in flight at most, per cell"},
+	{Name: "ASSAY_MODEL_MAX_CONCURRENCY", Default: "32", Usage: "model calls in flight at most, per cell: every instance of the cell takes one of its slots per call"},
+	{Name: "ASSAY_MODEL_CONCURRENCY_SCOPE", Default: "cell", Usage: "cell (the ceiling is the cell's, shared through NATS), or instance (each instance's own)"},
 	{Name: "ASSAY_MAX_ATTEMPTS", Default: "5", Usage: "model calls per work item at most"},
 	{Name: "ASSAY_MAX_REPAIRS", Default: "1", Usage: "repair re-asks per work item at most (0: none)"},
 	{Name: "ASSAY_CALL_TIMEOUT", Default: "60s", Usage: "one model call at most"},
@@ -482,6 +545,13 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		config.Duration{Name: "ASSAY_HANDOFF_TTL", To: &c.HandoffTTL, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
 	); err != nil {
 		return err
+	}
+	switch v := getenv("ASSAY_MODEL_CONCURRENCY_SCOPE"); v {
+	case "", "cell":
+	case "instance":
+		c.InstanceScope = true
+	default:
+		return fmt.Errorf("ASSAY_MODEL_CONCURRENCY_SCOPE: %q is not cell or instance", v)
 	}
 	switch v := getenv("ASSAY_MODEL_CONCURRENCY"); v {
 	case "", "adaptive":

@@ -250,7 +250,11 @@ func (s *Service) acquire(ctx context.Context, w *store.Work, d consumer.Deliver
 	if err != nil {
 		return nil, err
 	}
+	// The cell's slots may all be held by other instances: the message is
+	// kept alive while it waits for one, as in the turn's queue.
+	stop := keepAlive(func() { _ = d.InProgress() }, s.cfg.AckWait/3)
 	p, err := s.lim.Acquire(ctx, w.Lane)
+	stop()
 	done()
 	if err != nil {
 		return nil, err

@@ -20,7 +20,6 @@ type metrics struct {
 	tel                       *telemetry.Provider
 	region                    attribute.KeyValue
 	queueWait, active, call   metric.Float64Histogram
-	endToEnd                  metric.Float64Histogram
 	gateRejected, rateLimited metric.Int64Counter
 	retries, budgetDenied     metric.Int64Counter
 }
@@ -41,7 +40,6 @@ func newMetrics(tel *telemetry.Provider, region string) (*metrics, error) {
 	m.queueWait = hist("assay_queue_wait", "from work being queued (or its retry falling due) to its claim")
 	m.active = hist("assay_active", "from a claim to the attempt's verdict: the model call and the gate")
 	m.call = hist("assay_model_call", "one model call, by the attempt's outcome")
-	m.endToEnd = hist("assay_end_to_end", "from work created to its outcome")
 	m.gateRejected = count("assay_gate_rejections", "answers the gate refused, by check")
 	m.rateLimited = count("assay_provider_rate_limited", "429 answers from the provider")
 	m.retries = count("assay_retries", "attempts followed by another, by why")
@@ -93,15 +91,8 @@ func (m *metrics) judged(ctx context.Context, w *store.Work, c *contract.Contrac
 	case "repair":
 		m.retries.Add(ctx, 1, m.work(w, attribute.String("reason", "repair")))
 	}
-	if v.workOutcome != "" {
-		m.ended(ctx, w, v.workOutcome)
-	}
-}
-
-// ended records work that reached outcome here.
-func (m *metrics) ended(ctx context.Context, w *store.Work, outcome string) {
-	m.endToEnd.Record(ctx, time.Since(w.CreatedAt).Seconds(),
-		m.work(w, attribute.String("outcome", outcome), attribute.String("tenant", m.tel.Tenant(w.TenantID))))
+	// The work's end to end time, when this ended it, is the committer's
+	// to record, as it announces the outcome: once for every ending.
 }
 
 // denied records an attempt the budget refused.

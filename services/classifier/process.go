@@ -510,7 +510,6 @@ func (s *Service) finishUnleased(ctx context.Context, w *store.Work, state, reas
 		return consumer.Retry(time.Second)
 	}
 	if ok {
-		s.m.ended(ctx, w, state)
 		telemetry.Decision(ctx, s.d.Log, w.ID, state, reason)
 	} else {
 		telemetry.Decision(ctx, s.d.Log, w.ID, "claim_lost", "work is held by a live lease or already ended")

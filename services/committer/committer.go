@@ -203,16 +203,27 @@ func New(cfg Config, d Deps) (*Service, error) {
 	owned := []string{event.KindOutcome}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log, Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: owned, Ensure: s.streams.Ensure,
-		Meter: d.Tel.Meter(), SetAside: cfg.SetAside}
+		Meter: d.Tel.Meter(), Region: cfg.Region, SetAside: cfg.SetAside}
 	if cfg.AnnounceEvery == 0 {
 		cfg.AnnounceEvery = time.Second
 	}
 	a := &s.announcer
 	a.Name, a.Every, a.Log, a.PassTimeout = "committer outcome announcer", cfg.AnnounceEvery, d.Log, time.Minute
 	a.Pass = func(ctx context.Context) (bool, error) {
-		n, err := s.d.Store.AnnounceOutcomes(ctx, announceBatch, s.announce(ctx))
+		var ended []*store.Work
+		announce := s.announce(ctx)
+		n, err := s.d.Store.AnnounceOutcomes(ctx, announceBatch, func(w *store.Work, state string) ([]store.OutboxMsg, error) {
+			ended = append(ended, w)
+			return announce(w, state)
+		})
 		if n > 0 {
 			s.relay.Kick()
+		}
+		if err == nil {
+			// Once announced, never again: each ending counts once.
+			for _, w := range ended {
+				s.recordEnd(ctx, w, w.State, w.UpdatedAt.Sub(w.CreatedAt))
+			}
 		}
 		return n == announceBatch, err
 	}
@@ -235,6 +246,18 @@ func New(cfg Config, d Deps) (*Service, error) {
 	}
 	s.cfg = cfg
 	return s, nil
+}
+
+// recordEnd records one work item's end to end time, from its creation to
+// its outcome. The cell records every ending here, once: the verdicts the
+// committer reaches in the statement that announces them, and every other
+// outcome (superseded, canceled, dropped, expired, out of attempts or
+// budget, refused by the provider) when the announcer announces it, so
+// the histogram's count by outcome is the cell's endings by outcome.
+func (s *Service) recordEnd(ctx context.Context, w *store.Work, outcome string, took time.Duration) {
+	s.endToEnd.Record(ctx, max(took, 0).Seconds(), metric.WithAttributes(attribute.String("region", s.cfg.Region),
+		attribute.String("lane", w.Lane), attribute.String("contract", w.Contract), attribute.String("outcome", outcome),
+		attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
 }
 
 // announceBatch bounds the outcomes one announcer pass writes.
@@ -430,9 +453,7 @@ func (s *Service) decided(ctx context.Context, w *store.Work, ev event.Result, v
 		s.verdicts.Add(ctx, 1, metric.WithAttributes(attribute.String("verdict", v.word), attribute.String("region", s.cfg.Region)))
 	}
 	if v.word == verdictAccepted || v.word == verdictRejected || v.word == verdictLate {
-		s.endToEnd.Record(ctx, time.Since(w.CreatedAt).Seconds(), metric.WithAttributes(attribute.String("region", s.cfg.Region),
-			attribute.String("lane", w.Lane), attribute.String("contract", w.Contract), attribute.String("outcome", v.word),
-			attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
+		s.recordEnd(ctx, w, v.word, time.Since(w.CreatedAt))
 	}
 	telemetry.Decision(ctx, s.d.Log, w.ID, v.word, v.reason, append([]slog.Attr{slog.String("attempt", ev.AttemptID)}, attrs...)...)
 	return nil

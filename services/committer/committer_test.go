@@ -26,9 +26,10 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 var names = event.Names{Cell: "us"}
 
 type bundle struct {
-	st *store.Store
-	db *pgxpool.Pool
-	js jetstream.JetStream
+	st  *store.Store
+	db  *pgxpool.Pool
+	js  jetstream.JetStream
+	tel *telemetry.Provider
 }
 
 // setup starts the committer alone on real Postgres and JetStream; what the
@@ -78,7 +79,7 @@ func setup(t *testing.T) *bundle {
 	if _, err := event.EnsureStream(ctx, js, names, event.KindResult, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
-	return &bundle{st: st, db: testenv.Pool(t, url), js: js}
+	return &bundle{st: st, db: testenv.Pool(t, url), js: js, tel: tel}
 }
 
 // claimed stores moderation work and claims it, as a classifier would

@@ -254,7 +254,6 @@ type Service struct {
 	submitted metric.Int64Counter
 	webhooks  metric.Int64Counter
 	dropped   metric.Int64Counter
-	endToEnd  metric.Float64Histogram
 	buckets   *admission.Buckets
 	tokens    *auth.Cache
 	shed      *shedder
@@ -272,7 +271,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log,
 		Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},
-		Ensure: s.streams.Ensure, Meter: d.Tel.Meter(), SetAside: cfg.SetAside}
+		Ensure: s.streams.Ensure, Meter: d.Tel.Meter(), Region: cfg.Region, SetAside: cfg.SetAside}
 	sw := &s.sweeper
 	sw.Name, sw.Every, sw.Log, sw.PassTimeout = "sweeper", cfg.SweepEvery, d.Log, time.Minute
 	sw.Pass = func(ctx context.Context) (bool, error) { return false, s.SweepOnce(ctx) }
@@ -414,7 +413,6 @@ func (s *Service) SweepOnce(ctx context.Context) error {
 		return err
 	}
 	for _, w := range expired {
-		s.ended(ctx, w)
 		telemetry.Decision(ctx, s.d.Log, w.ID, outcome.Expired, w.Reason, slog.String("tenant", w.TenantID), slog.String("lane", w.Lane))
 	}
 	sw := store.Sweep{QueuedFor: s.cfg.QueuedFor, LeaseGrace: s.cfg.LeaseGrace, Heads: s.backlogHeads(ctx), Limit: 500}

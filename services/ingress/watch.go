@@ -81,8 +81,9 @@ var sampledGauges = []sampled{
 		func(w *watch, k string) float64 { return float64(w.outbox[k].SetAside) }},
 }
 
-// watchMetrics registers the gauges of the samples, and the counter and
-// histogram of what ingress itself drops or ends.
+// watchMetrics registers the gauges of the samples, and the counter of
+// what ingress itself drops (the end to end time of what it ends is the
+// committer's to record, when it announces the outcome).
 func (s *Service) watchMetrics() error {
 	m := s.d.Tel.Meter()
 	region := attribute.String("region", s.cfg.Region)
@@ -110,13 +111,5 @@ func (s *Service) watchMetrics() error {
 	for _, lane := range event.Lanes { // at zero from the start: a rate over it reads 0, not nothing
 		s.dropped.Add(context.Background(), 0, metric.WithAttributes(region, attribute.String("lane", lane), attribute.String("reason", "over_rate")))
 	}
-	s.endToEnd, err = s.d.Tel.Seconds("assay_end_to_end", "from work created to its outcome")
-	return err
-}
-
-// ended records work that reached its outcome in ingress (expired).
-func (s *Service) ended(ctx context.Context, w *store.Work) {
-	s.endToEnd.Record(ctx, time.Since(w.CreatedAt).Seconds(), metric.WithAttributes(attribute.String("region", s.cfg.Region),
-		attribute.String("lane", w.Lane), attribute.String("contract", w.Contract), attribute.String("outcome", w.State),
-		attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
+	return nil
 }

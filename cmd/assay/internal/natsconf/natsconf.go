@@ -147,6 +147,10 @@ func grants(n event.Names, service string) grant {
 		g = g.with(append(owns("KV_"+n.CapacityBucket()), "$JS.API.INFO", "$KV."+n.CapacityBucket()+".>",
 			"$JS.API.CONSUMER.INFO."+n.Stream(event.KindResult)+"."+n.ResultConsumer()),
 			"It owns the capacity bucket and reports its service rate and backlog there, the committer's too (making a bucket reads the account's info).")
+		calls := n.CallsBucket()
+		g = g.with(append(append(owns("KV_"+calls), "$KV."+calls+".>", "$JS.API.DIRECT.GET.KV_"+calls+".>",
+			"$JS.API.STREAM.MSG.GET.KV_"+calls), watchesKV(calls)[1:]...),
+			"It owns the cell's model-call slots: takes one per call, gives it back, refreshes what it holds and watches what the others hold.")
 		for i, lane := range []string{event.Interactive, event.Batch} {
 			comment := ""
 			if i == 0 {

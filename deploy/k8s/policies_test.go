@@ -1,0 +1,255 @@
+package k8s
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// peer is one end of a connection as a NetworkPolicy sees it: a pod (its
+// namespace's labels and its own, and its named ports) or an address
+// outside the cluster.
+type peer struct {
+	ns, pod map[string]string
+	ports   map[string]int32
+	ip      netip.Addr
+}
+
+func nsLabels(name string) map[string]string {
+	return map[string]string{"kubernetes.io/metadata.name": name}
+}
+
+// allowed says whether the policies of namespace ns (where to or from
+// lives) let from connect to to on TCP port, the way the API defines it: a
+// pod that no policy of its direction selects is not isolated; an isolated
+// one takes only what some selecting policy's rule allows.
+func allowed(pols map[string]*networkingv1.NetworkPolicy, nsName string, from, to peer, port int32) bool {
+	return direction(pols, nsName, from, to, port, networkingv1.PolicyTypeEgress) &&
+		direction(pols, nsName, to, from, port, networkingv1.PolicyTypeIngress)
+}
+
+// direction checks one side: self is the pod the policies select (the
+// source for egress, the destination for ingress), other the far end.
+func direction(pols map[string]*networkingv1.NetworkPolicy, nsName string, self, other peer, port int32, kind networkingv1.PolicyType) bool {
+	if self.pod == nil || self.ns["kubernetes.io/metadata.name"] != nsName {
+		return true // not a pod of this namespace: its own policies are not these
+	}
+	isolated := false
+	for _, np := range pols {
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		if err != nil || !sel.Matches(labels.Set(self.pod)) || !slices.Contains(policyTypes(np), kind) {
+			continue
+		}
+		isolated = true
+		if kind == networkingv1.PolicyTypeEgress {
+			for _, r := range np.Spec.Egress {
+				if portsMatch(r.Ports, other.ports, port) && peersMatch(r.To, other, nsName) {
+					return true
+				}
+			}
+		} else {
+			for _, r := range np.Spec.Ingress {
+				if portsMatch(r.Ports, self.ports, port) && peersMatch(r.From, other, nsName) {
+					return true
+				}
+			}
+		}
+	}
+	return !isolated
+}
+
+func policyTypes(np *networkingv1.NetworkPolicy) []networkingv1.PolicyType {
+	if len(np.Spec.PolicyTypes) > 0 {
+		return np.Spec.PolicyTypes
+	}
+	out := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+	if len(np.Spec.Egress) > 0 {
+		out = append(out, networkingv1.PolicyTypeEgress)
+	}
+	return out
+}
+
+// portsMatch: no ports is every port; a named port is resolved on the
+// destination pod.
+func portsMatch(ps []networkingv1.NetworkPolicyPort, named map[string]int32, port int32) bool {
+	if len(ps) == 0 {
+		return true
+	}
+	for _, p := range ps {
+		if p.Protocol != nil && *p.Protocol != corev1.ProtocolTCP {
+			continue
+		}
+		switch {
+		case p.Port == nil:
+			return true
+		case p.Port.IntValue() == int(port) && p.Port.IntValue() != 0:
+			return true
+		case p.Port.IntValue() == 0 && named[p.Port.String()] == port:
+			return true
+		case p.EndPort != nil && int32(p.Port.IntValue()) <= port && port <= *p.EndPort:
+			return true
+		}
+	}
+	return false
+}
+
+func peersMatch(ps []networkingv1.NetworkPolicyPeer, other peer, nsName string) bool {
+	if len(ps) == 0 {
+		return true
+	}
+	for _, p := range ps {
+		if p.IPBlock != nil {
+			if other.pod == nil && inBlock(p.IPBlock, other.ip) {
+				return true
+			}
+			continue
+		}
+		if other.pod == nil {
+			continue
+		}
+		nsOK := other.ns["kubernetes.io/metadata.name"] == nsName
+		if p.NamespaceSelector != nil {
+			sel, err := metav1.LabelSelectorAsSelector(p.NamespaceSelector)
+			nsOK = err == nil && sel.Matches(labels.Set(other.ns))
+		}
+		podOK := true
+		if p.PodSelector != nil {
+			sel, err := metav1.LabelSelectorAsSelector(p.PodSelector)
+			podOK = err == nil && sel.Matches(labels.Set(other.pod))
+		}
+		if nsOK && podOK {
+			return true
+		}
+	}
+	return false
+}
+
+func inBlock(b *networkingv1.IPBlock, ip netip.Addr) bool {
+	cidr, err := netip.ParsePrefix(b.CIDR)
+	if err != nil || !cidr.Contains(ip) {
+		return false
+	}
+	for _, e := range b.Except {
+		if ex, err := netip.ParsePrefix(e); err == nil && ex.Contains(ip) {
+			return false
+		}
+	}
+	return true
+}
+
+// checkPolicies: every policy selects some pod it is for; every service and
+// the migration Job resolve names and reach the cell's Postgres, the four
+// services reach NATS's client port; only the classifier (the provider),
+// ingress (diffs) and the committer (publication, and callbacks on any
+// port) reach out, over IPv4 and IPv6 alike; the metrics ports take only
+// Prometheus, the NATS servers and the Postgres instances only who needs
+// them (nats holds the NATS policies, rendered by nats/<cell>).
+func checkPolicies(t *testing.T, s, nats *set, cell string, everyOneSelects bool) {
+	t.Helper()
+	ns := "assay-" + cell
+	here := nsLabels(ns)
+	pg := peer{ns: here, pod: map[string]string{"cnpg.io/cluster": "assay-pg", "cnpg.io/instanceRole": "primary", "cnpg.io/podRole": "instance"}}
+	natsPod := peer{ns: here, pod: map[string]string{"app.kubernetes.io/name": "nats", "app.kubernetes.io/instance": "nats", "app.kubernetes.io/component": "nats"}}
+	dns := peer{ns: nsLabels("kube-system"), pod: map[string]string{"k8s-app": "kube-dns"}}
+	stranger := peer{ns: nsLabels("elsewhere"), pod: map[string]string{"app": "anything"}}
+	prometheus := peer{ns: nsLabels("monitoring"), pod: map[string]string{"app.kubernetes.io/name": "prometheus"}}
+	keda := peer{ns: nsLabels("keda"), pod: map[string]string{"app": "keda-operator"}}
+	cnpgOperator := peer{ns: nsLabels("cnpg-system"), pod: map[string]string{"app.kubernetes.io/name": "cloudnative-pg"}}
+	outside := []peer{{ip: netip.MustParseAddr("203.0.113.7")}, {ip: netip.MustParseAddr("2001:db8::7")}}
+	private := []peer{{ip: netip.MustParseAddr("10.1.2.3")}, {ip: netip.MustParseAddr("fd00::3")}, {ip: netip.MustParseAddr("169.254.169.254")}}
+
+	if _, ok := s.policies["assay-default-deny"]; !ok {
+		t.Errorf("%s: no default-deny policy", s.dir)
+	}
+	pods := podSpecs(s)
+	var assayPods []peer
+	for _, p := range pods {
+		ports := map[string]int32{}
+		for _, c := range p.Spec.Containers {
+			for _, cp := range c.Ports {
+				ports[cp.Name] = cp.ContainerPort
+			}
+		}
+		assayPods = append(assayPods, peer{ns: here, pod: p.Labels, ports: ports})
+	}
+	for name, np := range s.policies {
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		any := false
+		for _, p := range append(slices.Clone(assayPods), pg) {
+			any = any || (err == nil && sel.Matches(labels.Set(p.pod)))
+		}
+		if !any && everyOneSelects {
+			t.Errorf("%s: NetworkPolicy %s selects no pod", s.dir, name)
+		}
+	}
+	for _, p := range assayPods {
+		name := p.pod["app.kubernetes.io/name"]
+		if !allowed(s.policies, ns, p, dns, 53) {
+			t.Errorf("%s: %s cannot resolve names", s.dir, name)
+		}
+		if !allowed(s.policies, ns, p, pg, 5432) {
+			t.Errorf("%s: %s cannot reach its cell's Postgres", s.dir, name)
+		}
+		isService := slices.Contains(services, name)
+		if got := allowed(s.policies, ns, p, natsPod, 4222) && allowed(nats.policies, ns, p, natsPod, 4222); got != isService {
+			t.Errorf("%s: %s reaches NATS: %v, want %v", s.dir, name, got, isService)
+		}
+		wantOut := name == "classifier" || name == "ingress" || name == "committer"
+		for _, o := range outside {
+			if got := allowed(s.policies, ns, p, o, 443); got != wantOut {
+				t.Errorf("%s: %s reaches HTTPS at %s: %v, want %v", s.dir, name, o.ip, got, wantOut)
+			}
+			if got := allowed(s.policies, ns, p, o, 8443); got != (name == "committer") {
+				t.Errorf("%s: %s reaches %s:8443: %v, want it for the committer's callbacks only", s.dir, name, o.ip, got)
+			}
+		}
+		for _, o := range private {
+			if allowed(s.policies, ns, p, o, 443) {
+				t.Errorf("%s: %s reaches the private address %s", s.dir, name, o.ip)
+			}
+		}
+		if met, ok := p.ports["metrics"]; isService && (!ok || !allowed(s.policies, ns, prometheus, p, met) || allowed(s.policies, ns, stranger, p, met)) {
+			t.Errorf("%s: %s: its metrics port %d must take Prometheus and no one else", s.dir, name, met)
+		}
+		if h, ok := p.ports["http"]; isService && ok && allowed(s.policies, ns, stranger, p, h) != (name == "ingress") {
+			t.Errorf("%s: %s: its http port takes other namespaces: %v, want it for the ingress API only", s.dir, name, !(name == "ingress"))
+		}
+	}
+	if !everyOneSelects {
+		return
+	}
+	// The cell's Postgres, with this overlay's policies.
+	svc := assayPods[0]
+	for _, c := range []struct {
+		what     string
+		from     peer
+		port     int32
+		allowed  bool
+		policies map[string]*networkingv1.NetworkPolicy
+		to       peer
+	}{
+		{"Postgres from an assay pod", svc, 5432, true, s.policies, pg},
+		{"Postgres from another instance", pg, 5432, true, s.policies, pg},
+		{"Postgres from another namespace", stranger, 5432, false, s.policies, pg},
+		{"the instance manager from the operator", cnpgOperator, 8000, true, s.policies, pg},
+		{"the instance manager from another namespace", stranger, 8000, false, s.policies, pg},
+		{"Postgres metrics from Prometheus", prometheus, 9187, true, s.policies, pg},
+		{"NATS clients from another namespace", stranger, 4222, false, nats.policies, natsPod},
+		{"NATS monitoring from KEDA", keda, 8222, true, nats.policies, natsPod},
+		{"NATS monitoring from another namespace", stranger, 8222, false, nats.policies, natsPod},
+		{"NATS monitoring from an assay pod", svc, 8222, false, nats.policies, natsPod},
+		{"NATS routes from another server", natsPod, 6222, true, nats.policies, natsPod},
+		{"NATS routes from another namespace", stranger, 6222, false, nats.policies, natsPod},
+		{"the NATS exporter from Prometheus", prometheus, 7777, true, nats.policies, natsPod},
+		{"the NATS exporter from another namespace", stranger, 7777, false, nats.policies, natsPod},
+	} {
+		if got := allowed(c.policies, ns, c.from, c.to, c.port); got != c.allowed {
+			t.Errorf("%s: %s (port %d): allowed %v, want %v", s.dir, c.what, c.port, got, c.allowed)
+		}
+	}
+}
