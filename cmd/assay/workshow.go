@@ -276,7 +276,7 @@ func storyMessages(ctx context.Context, cfg config.Config, s *WorkStory) error {
 		return err
 	}
 	defer nc.Close()
-	sel := selection{kinds: append(slices.Clone(event.Kinds), event.KindOutcome), tenant: s.Work.TenantID, since: s.Work.CreatedAt.Add(-5 * time.Second),
+	sel := selection{kinds: event.Kinds, tenant: s.Work.TenantID, since: s.Work.CreatedAt.Add(-5 * time.Second),
 		until: storyEnd(s), works: map[string]bool{s.Work.ID: true}}
 	_, err = readSelection(ctx, js, cfg.Names(), sel, nil, func(m ReplayMsg) error {
 		s.Messages = append(s.Messages, m)

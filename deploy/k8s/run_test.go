@@ -347,8 +347,8 @@ func runCell(t *testing.T, cell string) {
 	names := event.Names{Installation: cellConfig(t, s).Data["installation"], Cell: cell}
 	placement := strings.Split(cellConfig(t, s).Data["stream-placement"], ",")
 	for _, kind := range event.Kinds {
-		owner := "ingress"
-		if kind != event.KindWork {
+		owner := map[string]string{event.KindWork: "ingress", event.KindOutcome: "committer"}[kind]
+		if owner == "" {
 			owner = "classifier"
 		}
 		info := streamInfo(t, secretValues["assay-nats-urls"][owner], ca, names.Stream(kind))
