@@ -544,6 +544,20 @@ func (s *Store) SetCallback(ctx context.Context, tenant string, c Callback) erro
 	return nil
 }
 
+// AbandonPublications gives up a work item's failed publications for good,
+// as skipped with the operator's reason: their target is gone (a deleted
+// repository) and no retry can make them.
+func (s *Store) AbandonPublications(ctx context.Context, workID, reason string) ([]*Publication, error) {
+	ps, err := collectPublications(s.pool.Query(ctx, `UPDATE publications SET state = 'skipped', reason = $2, next_try_at = NULL,
+			updated_at = now()
+		WHERE work_id = $1 AND state = 'failed'
+		RETURNING `+publicationColumns, workID, Text(reason)))
+	if err != nil {
+		return nil, fmt.Errorf("store: abandon publications of %s: %w", workID, err)
+	}
+	return ps, nil
+}
+
 // UnpublishedOutcomes reads back from the outbox up to limit OUTCOME events
 // published between grace and horizon ago whose work is still in that
 // outcome and for which the publisher recorded nothing: events the broker

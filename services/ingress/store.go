@@ -19,6 +19,7 @@ type Store interface {
 	InsertWork(ctx context.Context, w *store.Work, announce func(*store.Work) ([]store.OutboxMsg, error)) (*store.Work, bool, error)
 	Attempts(ctx context.Context, workID string) ([]store.Attempt, error)
 	GetResult(ctx context.Context, workID string) (*store.Result, error)
+	PublicationsOf(ctx context.Context, workID string) ([]*store.Publication, error)
 	WebhookLinks(ctx context.Context, installation, repository string) (store.WebhookLinks, error)
 	RepositorySecret(ctx context.Context, repository string) (tenant, secret string, err error)
 	GetDelivery(ctx context.Context, id string) (*store.Delivery, error)

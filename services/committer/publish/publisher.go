@@ -413,8 +413,7 @@ func (p *Publisher) settle(ctx context.Context, w *store.Work, ev event.Outcome,
 	case final:
 		reason = "refused for good: " + sent.Error()
 	case !now.Before(pub.DeadlineAt) || next.After(pub.DeadlineAt):
-		reason = fmt.Sprintf("not made by its deadline %s, after %d tries; last: %v",
-			pub.DeadlineAt.UTC().Format(time.RFC3339), pub.Tries+1, sent)
+		reason = fmt.Sprintf("not made by its deadline %s, after %d tries", pub.DeadlineAt.UTC().Format(time.RFC3339), pub.Tries+1)
 	default:
 		if err := p.st.DeferPublication(ctx, w.ID, t.name, sent.Error(), now, next); err != nil {
 			return err
@@ -428,7 +427,8 @@ func (p *Publisher) settle(ctx context.Context, w *store.Work, ev event.Outcome,
 		return err
 	}
 	p.count(ctx, t.name, "failed")
-	telemetry.Decision(ctx, p.log, w.ID, "publication_failed", t.name+": "+reason+"; send it again with: assay publish retry --work "+w.ID)
+	telemetry.Decision(ctx, p.log, w.ID, "publication_failed", fmt.Sprintf("%s: %s; last error: %v; send it again with: assay publish retry --work %s",
+		t.name, reason, sent, w.ID))
 	return nil
 }
 
