@@ -23,7 +23,9 @@ import (
 	"assay.dev/services/ingress"
 )
 
-func publishRun(ctx context.Context, args []string, out *bytes.Buffer) error { return publishCmd(ctx, args, out) }
+func publishRun(ctx context.Context, args []string, out *bytes.Buffer) error {
+	return publishCmd(ctx, args, out)
+}
 
 // GitHub down past an accepted work's publication deadline: the
 // publication is failed, and says so in GET /v1/work/{id}, assay work show,
@@ -204,4 +206,3 @@ func waitMetric(t *testing.T, b *celltest.Bundle, prefix string, rest ...string)
 	}
 	t.Fatalf("%s%v is not %s on /metrics (last: %q)", prefix, labels, want, last)
 }
-
