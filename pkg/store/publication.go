@@ -109,17 +109,53 @@ func PullSourceOf(w *Work, d *PublishDelivery, links []Link) (PullSource, error)
 		p.Webhook, p.Installation, p.BaseSHA = true, d.Installation, d.BaseSHA
 		return p, nil
 	}
+	p.Installation = installationOf(links, repo)
+	return p, nil
+}
+
+// Covers reports whether one of an installation's repository patterns
+// ("owner/*" or "owner/repo", as GitHub spells them) names repo.
+func Covers(patterns []string, repo string) bool {
+	owner, _, _ := strings.Cut(repo, "/")
+	for _, p := range patterns {
+		if p == repo || p == owner+"/*" {
+			return true
+		}
+	}
+	return false
+}
+
+// installationOf is the first of a tenant's installation links that covers
+// repo, 0 when none does.
+func installationOf(links []Link, repo string) int64 {
 	for _, l := range links {
-		for _, pat := range l.Repositories {
-			if pat == repo || pat == owner+"/*" {
-				if id, err := strconv.ParseInt(l.Key, 10, 64); err == nil {
-					p.Installation = id
-					return p, nil
-				}
+		if Covers(l.Repositories, repo) {
+			if id, err := strconv.ParseInt(l.Key, 10, 64); err == nil {
+				return id
 			}
 		}
 	}
-	return p, nil
+	return 0
+}
+
+// InstallationFor is the GitHub App installation a tenant linked for a
+// repository ("owner/repo"), 0 when it linked none that covers it: what
+// reads and writes the tenant's pull requests there.
+func (s *Store) InstallationFor(ctx context.Context, tenant, repository string) (int64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT kind, key, tenant_id, repositories FROM tenant_sources
+		WHERE kind = $1 AND tenant_id = $2 ORDER BY key`, SourceGitHubInstallation, tenant)
+	if err != nil {
+		return 0, fmt.Errorf("store: installations of %s: %w", tenant, err)
+	}
+	links, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Link, error) {
+		var l Link
+		err := r.Scan(&l.Kind, &l.Key, &l.Tenant, &l.Repositories)
+		return l, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: installations of %s: %w", tenant, err)
+	}
+	return installationOf(links, repository), nil
 }
 
 // PublishFacts are what publishing one outcome reads, read at once.

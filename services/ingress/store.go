@@ -21,6 +21,7 @@ type Store interface {
 	GetResult(ctx context.Context, workID string) (*store.Result, error)
 	PublicationsOf(ctx context.Context, workID string) ([]*store.Publication, error)
 	WebhookLinks(ctx context.Context, installation, repository string) (store.WebhookLinks, error)
+	InstallationFor(ctx context.Context, tenant, repository string) (int64, error)
 	RepositorySecret(ctx context.Context, repository string) (tenant, secret string, err error)
 	GetDelivery(ctx context.Context, id string) (*store.Delivery, error)
 	InsertWebhookWork(ctx context.Context, d store.Delivery, w *store.Work, announce func(*store.Work) ([]store.OutboxMsg, error)) (store.WebhookInsert, error)
