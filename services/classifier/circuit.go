@@ -286,6 +286,10 @@ func reach(reply *model.Reply, err error, deadlineBound bool) int {
 // deadline cannot wait that long ends now, saying the provider was
 // unavailable. held is false when the work goes on.
 func (s *Service) waitForProvider(ctx context.Context, ev event.Work, need time.Duration) (consumer.Disposition, bool) {
+	if s.batches != nil && ev.Lane == event.Batch {
+		// A line of a provider batch: no call of this circuit's.
+		return consumer.Disposition{}, false
+	}
 	now := s.circ.cfg.Now()
 	wait, held := s.circ.hold(now)
 	if !held {
