@@ -233,15 +233,18 @@ func (s *Store) RecordDryPublication(ctx context.Context, workID, tenant, outcom
 	return nil
 }
 
-// SkipPublication records that an outcome has nowhere to be published and
-// why, as the row of target 'none', so it is read once.
-func (s *Store) SkipPublication(ctx context.Context, workID, tenant, outcome, reason string) error {
+// SkipPublication records that an outcome is not published to target, and
+// why: target 'none' for an outcome with nowhere to go (so it is read
+// once), or a target the outcome no longer goes to (the work moved on, the
+// tenant removed its callback), so it is not tried again.
+func (s *Store) SkipPublication(ctx context.Context, workID, target, tenant, outcome, reason string) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO publications (work_id, target, tenant_id, outcome, state, reason)
-		VALUES ($1, 'none', $2, $3, 'skipped', $4)
-		ON CONFLICT (work_id, target) DO UPDATE SET outcome = $3, state = 'skipped', reason = $4, updated_at = now()`,
-		workID, tenant, outcome, Text(reason))
+		VALUES ($1, $2, $3, $4, 'skipped', $5)
+		ON CONFLICT (work_id, target) DO UPDATE SET outcome = $4, state = 'skipped', reason = $5, next_try_at = NULL,
+			updated_at = now()`,
+		workID, target, tenant, outcome, Text(reason))
 	if err != nil {
-		return fmt.Errorf("store: publication %s/none: %w", workID, err)
+		return fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
 	}
 	return nil
 }

@@ -123,7 +123,7 @@ func TestPublicationRows(t *testing.T) {
 	if back, err := s.RetryPublications(ctx, w.ID, time.Time{}, time.Hour); err != nil || len(back) != 0 {
 		t.Fatalf("retried twice: %d rows, %v; want none", len(back), err)
 	}
-	if err := s.SkipPublication(ctx, w.ID, "acme", "accepted", "no installation covers shop/app"); err != nil {
+	if err := s.SkipPublication(ctx, w.ID, "none", "acme", "accepted", "no installation covers shop/app"); err != nil {
 		t.Fatal(err)
 	}
 	all, err := s.PublicationsOf(ctx, w.ID)

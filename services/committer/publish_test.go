@@ -97,7 +97,7 @@ func waitRow(t *testing.T, what string, cond func() bool) {
 // outbox by the reaper and published.
 func TestReaperPublishesLostOutcomes(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupCell(t)
 	ctx := t.Context()
 	w := &store.Work{ID: "w_lost51", TenantID: "acme", Region: "us", Contract: "code-review", SchemaVersion: "1",
 		TaxonomyVersion: "2026-11", SourceID: "shop/app#51", Revision: strings.Repeat("c", 40), Lane: event.Interactive,
@@ -175,7 +175,7 @@ func (l *logLines) decisions(t *testing.T, outcome string) map[string]int {
 // next pass reads nothing.
 func TestReaperReadsNothingToPublishOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupCell(t)
 	ctx := t.Context()
 	const quiet = 300
 	// Expired code reviews of shop/other#1…#300, announced and published

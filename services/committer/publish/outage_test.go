@@ -257,3 +257,40 @@ func TestCallbackDownAnHourDoesNotDelayGitHub(t *testing.T) {
 	t.Logf("callback down %s: %d tries, GitHub published at the first try (%s after the outcome), callback delivered once after",
 		clk.Now().Sub(start).Round(time.Minute), tries, gh.LastTriedAt.Sub(start))
 }
+
+// A pending publication whose target went away (the tenant removed its
+// callback) is recorded skipped, with why, and not tried again.
+func TestPendingTargetGoneIsSkipped(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	b := setup(t, func(c *Config) { c.Now = clk.Now })
+	cb := newEndpoint(t, true)
+	if err := b.st.SetCallback(t.Context(), "acme", store.Callback{URL: cb.URL, Secret: store.NewCallbackSecret()}); err != nil {
+		t.Fatal(err)
+	}
+	w := b.accepted(t, 14)
+	if err := b.pub.Publish(t.Context(), outcomeOf(w)); err != nil {
+		t.Fatal(err)
+	}
+	c, err := b.st.GetPublication(t.Context(), w.ID, TargetCallback)
+	if err != nil || c.State != store.PublicationPending || c.Tries != 1 {
+		t.Fatalf("callback after its first try: %+v, %v", c, err)
+	}
+	if err := b.st.SetCallback(t.Context(), "acme", store.Callback{}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(c.NextTryAt)
+	if _, err := b.pub.RetryDue(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	c, _ = b.st.GetPublication(t.Context(), w.ID, TargetCallback)
+	if c.State != store.PublicationSkipped || !strings.Contains(c.Reason, "no longer goes to callback") {
+		t.Fatalf("callback removed: %+v; want skipped, saying why", c)
+	}
+	if due, err := b.st.DuePublications(t.Context(), clk.Now().Add(24*time.Hour), 10); err != nil || len(due) != 0 {
+		t.Fatalf("due after: %d, %v; want none", len(due), err)
+	}
+	if reqs, _ := cb.counts(); reqs != 1 {
+		t.Fatalf("the endpoint got %d requests, want the first try's alone", reqs)
+	}
+}

@@ -42,7 +42,7 @@ const (
 type Store interface {
 	PublishFacts(ctx context.Context, workID string) (store.PublishFacts, error)
 	RecordDryPublication(ctx context.Context, workID, tenant, outcome string, plan json.RawMessage) error
-	SkipPublication(ctx context.Context, workID, tenant, outcome, reason string) error
+	SkipPublication(ctx context.Context, workID, target, tenant, outcome, reason string) error
 	OpenPublications(ctx context.Context, workID, tenant, outcome string, targets []string, now, deadline time.Time) (map[string]*store.Publication, error)
 	LockPublication(ctx context.Context, workID, target string) (*store.Publication, func(), error)
 	RecordCheckRun(ctx context.Context, workID, target string, id int64) error
@@ -232,7 +232,7 @@ func (p *Publisher) publish(ctx context.Context, ev event.Outcome, only string) 
 	}
 	if moot != "" {
 		if only != "" {
-			return p.st.SkipPublication(ctx, ev.WorkID, ev.TenantID, ev.Outcome, moot)
+			return p.st.SkipPublication(ctx, ev.WorkID, only, ev.TenantID, ev.Outcome, moot)
 		}
 		return nil
 	}
@@ -243,7 +243,7 @@ func (p *Publisher) publish(ctx context.Context, ev event.Outcome, only string) 
 	}
 	if skip != "" && only == "" {
 		telemetry.Decision(ctx, p.log, w.ID, "unpublished", skip)
-		if err := p.st.SkipPublication(ctx, w.ID, w.TenantID, ev.Outcome, skip); err != nil {
+		if err := p.st.SkipPublication(ctx, w.ID, TargetNone, w.TenantID, ev.Outcome, skip); err != nil {
 			return err
 		}
 	}
@@ -260,7 +260,7 @@ func (p *Publisher) publish(ctx context.Context, ev event.Outcome, only string) 
 	}
 	if len(names) == 0 {
 		if only != "" {
-			return p.st.SkipPublication(ctx, ev.WorkID, ev.TenantID, ev.Outcome, "the outcome no longer goes to "+only)
+			return p.st.SkipPublication(ctx, ev.WorkID, only, ev.TenantID, ev.Outcome, "the outcome no longer goes to "+only)
 		}
 		return nil
 	}
