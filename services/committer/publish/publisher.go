@@ -84,6 +84,10 @@ type Config struct {
 	Concurrency int
 	// CallbackTimeout bounds one callback. Default 10s.
 	CallbackTimeout time.Duration
+	// TryTimeout bounds one try of a publication, all its calls together,
+	// so a target that hangs holds an outcome no longer than this, within
+	// the durable's ack wait. Default 45s.
+	TryTimeout time.Duration
 	// Now is the publisher's clock, for its tries, backoff and deadlines.
 	// Default time.Now.
 	Now func() time.Time
@@ -116,6 +120,9 @@ func (c *Config) defaults() error {
 	}
 	if c.CallbackTimeout <= 0 {
 		c.CallbackTimeout = 10 * time.Second
+	}
+	if c.TryTimeout <= 0 {
+		c.TryTimeout = 45 * time.Second
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -371,16 +378,18 @@ func (p *Publisher) try(ctx context.Context, w *store.Work, ev event.Outcome, t 
 	if !due(pub, ev.Outcome, p.now()) {
 		return nil
 	}
+	tctx, cancel := context.WithTimeout(ctx, p.cfg.TryTimeout)
+	defer cancel()
 	var sent error
 	record := t.body
 	switch t.name {
 	case TargetGitHub:
-		sent = p.toGitHub(ctx, pub, t.plan, t.inst)
+		sent = p.toGitHub(tctx, pub, t.plan, t.inst)
 		if record, err = json.Marshal(t.plan); err != nil {
 			return err
 		}
 	case TargetCallback:
-		sent = p.callback(ctx, t.cb.URL, t.cb.Secret, ev.OutcomeID, t.body)
+		sent = p.callback(tctx, t.cb.URL, t.cb.Secret, ev.OutcomeID, t.body)
 	}
 	return p.settle(context.WithoutCancel(ctx), w, ev, t, pub, sent, record)
 }
