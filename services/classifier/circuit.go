@@ -95,6 +95,9 @@ type circuit struct {
 	lastErr  string
 	next     time.Time     // open: not before this does this instance ask for a probe
 	every    time.Duration // open: the probe interval, which spreads the waiting work
+	// recorded: the cell's database holds this opening; until it does,
+	// this instance holds work and probes by itself.
+	recorded bool
 }
 
 func newCircuit(cfg CircuitConfig, names event.Names, region, mdl string, st circuitStore, log *slog.Logger, meter metric.Meter) (*circuit, error) {
@@ -156,10 +159,22 @@ func (c *circuit) turn(ctx context.Context, now time.Time) (probe bool, wait tim
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cc.State != store.CircuitOpen {
-		if c.open {
-			c.closed("another classifier's probe was answered")
+	switch {
+	case !c.open:
+		return false, 0, nil
+	case cc.State != store.CircuitOpen && cc.Since.After(c.since):
+		c.closed("another classifier's probe was answered")
+		return false, 0, nil
+	case cc.State != store.CircuitOpen && !c.recorded:
+		// The cell has no record of this opening yet (or could not take
+		// it): this instance probes on its own schedule.
+		if now.Before(c.next) {
+			return false, c.next.Sub(now) + rand.N(c.every/4+1), nil
 		}
+		c.next, c.every = now.Add(c.every), min(2*c.every, c.cfg.ProbeMax)
+		return true, 0, nil
+	case cc.State != store.CircuitOpen:
+		c.closed("the cell's circuit is closed")
 		return false, 0, nil
 	}
 	c.next, c.every = cc.NextProbeAt, max(cc.ProbeEvery/2, time.Millisecond)
@@ -224,7 +239,7 @@ func (c *circuit) observe(ctx context.Context, reply *model.Reply, err error, de
 	c.mu.Lock()
 	if err == nil && cc.State == store.CircuitOpen && c.open {
 		// Another classifier may have opened it first: its probe times hold.
-		c.since, c.next, c.every = cc.Since, cc.NextProbeAt, cc.ProbeEvery
+		c.since, c.next, c.every, c.recorded = cc.Since, cc.NextProbeAt, cc.ProbeEvery, true
 	}
 	next := c.next
 	c.mu.Unlock()
@@ -238,7 +253,7 @@ func (c *circuit) observe(ctx context.Context, reply *model.Reply, err error, de
 // closed closes the circuit here; called with mu held.
 func (c *circuit) closed(why string) {
 	down := c.cfg.Now().Sub(c.since).Round(time.Millisecond)
-	c.open, c.failures = false, 0
+	c.open, c.failures, c.recorded = false, 0, false
 	c.log.Warn("model answers again: the cell's circuit is closed", "key", c.key(), "model", c.model, "down_for", down.String(), "why", why)
 	telemetry.Decision(context.Background(), c.log, c.key(), "circuit_closed", fmt.Sprintf("%s after %s", why, down))
 }

@@ -181,3 +181,58 @@ func TestReach(t *testing.T) {
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// unrecorded is the cell's database when it cannot take an opening.
+type unrecorded struct{ circuitStore }
+
+func (unrecorded) OpenCircuit(context.Context, string, int, string, time.Duration, time.Time) (store.Circuit, bool, error) {
+	return store.Circuit{}, false, errors.New("the database did not answer")
+}
+
+// A circuit this classifier opened that the cell has no record of (its
+// database did not take it, or not yet) stays open here: work is held, and
+// this classifier probes on its own schedule, until an answer closes it.
+func TestCircuitOpenedHereBeforeTheCellKnows(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	st, err := store.Open(ctx, testenv.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clk := &manual{t: t0}
+	cfg := CircuitConfig{Failures: 2, ProbeEvery: time.Second, ProbeMax: 4 * time.Second, Now: clk.Now}
+	c, err := newCircuit(cfg, event.Names{Cell: "us"}, "us", "m", unrecorded{st}, slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		noop.NewMeterProvider().Meter("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.observe(ctx, nil, refused, false, false)
+	if !c.observe(ctx, nil, refused, false, false) {
+		t.Fatal("two failures in a row did not open the circuit")
+	}
+	if probe, wait, err := c.turn(ctx, clk.Now()); probe || wait <= 0 || err != nil {
+		t.Fatalf("before its probe: probe %v, wait %s, %v; want the work held, the circuit open", probe, wait, err)
+	}
+	clk.Set(t0.Add(time.Second))
+	if probe, _, _ := c.turn(ctx, clk.Now()); !probe {
+		t.Fatal("no probe of its own when it was due")
+	}
+	if !c.observe(ctx, nil, refused, false, true) {
+		t.Fatal("a failed probe not counted as an outage")
+	}
+	if probe, wait, _ := c.turn(ctx, clk.Now()); probe || wait < time.Second {
+		t.Fatalf("right after a probe: probe %v, wait %s; want the next one an interval off", probe, wait)
+	}
+	clk.Set(t0.Add(2 * time.Second))
+	if probe, _, _ := c.turn(ctx, clk.Now()); !probe {
+		t.Fatal("no second probe when it was due")
+	}
+	c.observe(ctx, &model.Reply{Content: "{}"}, nil, false, true)
+	if _, held := c.hold(clk.Now()); held {
+		t.Fatal("still held after the probe was answered")
+	}
+}

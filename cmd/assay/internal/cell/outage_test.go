@@ -82,6 +82,9 @@ func TestModelOutageIsACellCondition(t *testing.T) {
 	if err := b.Cell.Env.Store.AddOperatorToken(t.Context(), "ops", opToken); err != nil {
 		t.Fatal(err)
 	}
+	// The outage begins before the first item: the circuit can open while
+	// the others are still being submitted.
+	start := time.Now()
 	ids := make([]string, items)
 	for i := range items {
 		req := celltest.CodeReview(evalset.Items()[i%len(evalset.Items())], fmt.Sprintf("during the outage %d", i))
@@ -89,7 +92,6 @@ func TestModelOutageIsACellCondition(t *testing.T) {
 		_, r := b.Submit(t, req)
 		ids[i] = r.WorkID
 	}
-	start := time.Now()
 	waitUntil(t, "the circuit to open", func() bool { return strings.Contains(logs.String(), `"outcome":"circuit_open"`) })
 	opened := time.Since(start)
 	// While open: the signal of the alert, the console's line, the WARN,
@@ -108,9 +110,12 @@ func TestModelOutageIsACellCondition(t *testing.T) {
 		t.Errorf("/readyz = %d during the outage; the cell itself is fine", code)
 	}
 	time.Sleep(max(outage-time.Since(start), 0)) // the outage's length: nothing to wait for but time
-	lost := u.lost.Load()
 	probes := int64(metricValue(t, b, "assay_provider_probes_total", `result="failed"`))
+	lost := u.lost.Load()
 	u.down.Store(false)
+	// The window the probes fell in: from the start (the circuit opened
+	// after it) to now.
+	window := time.Since(start)
 	recovered := time.Now()
 	for _, id := range ids {
 		if v := b.Wait(t, id); *v.Outcome != "accepted" {
@@ -118,7 +123,7 @@ func TestModelOutageIsACellCondition(t *testing.T) {
 		}
 	}
 	allIn := time.Since(recovered)
-	slots := probeSlots(cc.ProbeEvery, cc.ProbeMax, outage)
+	slots := probeSlots(cc.ProbeEvery, cc.ProbeMax, window)
 	// The calls that opened the circuit — its run of failures, and calls in
 	// flight beside them (the adaptive limit starts at 4) — and then the
 	// probes alone, one per slot at most.
@@ -137,7 +142,7 @@ func TestModelOutageIsACellCondition(t *testing.T) {
 	if n := metricValue(t, b, "assay_provider_circuit_open", `model="assay-sim-1"`, `region="us"`); n != 0 {
 		t.Errorf("assay_provider_circuit_open = %v after recovery, want 0", n)
 	}
-	t.Logf("%d items; circuit open after %s; %d calls in the %s outage: %d opening it, %d probes (%d probe slots); all accepted %s after recovery; %d model calls = %d ledger rows; 0 review items",
+	t.Logf("%d items; circuit open within %s; %d calls in the %s outage: %d opening it, %d probes (%d probe slots); all accepted %s after recovery; %d model calls = %d ledger rows; 0 review items",
 		items, opened.Round(time.Millisecond), lost, outage, lost-probes, probes, slots, allIn.Round(time.Millisecond), calls, calls)
 }
 
