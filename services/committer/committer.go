@@ -311,43 +311,46 @@ func (s *Service) Reap(ctx context.Context) (int, error) {
 		}
 	}
 	outcomes := 0
+	seen := map[string]bool{}
 	for ctx.Err() == nil {
-		n, recorded, err := s.reapOutcomes(ctx)
-		outcomes += n
+		n, fresh, err := s.reapOutcomes(ctx, seen)
+		outcomes += fresh
 		if err != nil {
 			return 0, err
 		}
-		if n < reapBatch || recorded < n {
-			// The rest, and any whose publication could not be recorded
-			// now, are the next pass's.
+		if n < reapBatch || fresh < n {
+			// The rest, and any read again because nothing could be
+			// recorded for it now, are the next pass's.
 			break
 		}
 	}
 	return max(len(payloads), outcomes), nil
 }
 
-// reapOutcomes reads back one batch of OUTCOME events and publishes each;
-// recorded counts those whose publication is now on record.
-func (s *Service) reapOutcomes(ctx context.Context) (n, recorded int, err error) {
+// reapOutcomes reads back one batch of OUTCOME events and publishes those
+// not seen yet in this pass; fresh counts them.
+func (s *Service) reapOutcomes(ctx context.Context, seen map[string]bool) (n, fresh int, err error) {
 	outcomes, err := s.d.Store.UnpublishedOutcomes(ctx, s.cfg.ReapGrace, time.Hour, reapBatch)
 	if err != nil {
 		return 0, 0, err
 	}
 	for _, p := range outcomes {
 		ev, err := event.Parse[event.Outcome](p)
-		if err != nil {
-			s.d.Log.Warn("undecodable OUTCOME event in the outbox", "err", err)
+		if err != nil || seen[ev.OutcomeID] {
+			if err != nil {
+				s.d.Log.Warn("undecodable OUTCOME event in the outbox", "err", err)
+			}
 			continue
 		}
+		seen[ev.OutcomeID] = true
+		fresh++
 		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "reaped", "OUTCOME event published but nothing recorded for it; read back from the outbox",
 			slog.String("work_outcome", ev.Outcome))
 		if err := s.publisher.Publish(ctx, ev); err != nil {
 			s.d.Log.Warn("reaped outcome not recorded; the next pass tries again", "key", ev.WorkID, "err", err)
-			continue
 		}
-		recorded++
 	}
-	return len(outcomes), recorded, nil
+	return len(outcomes), fresh, nil
 }
 
 // Ready reports whether the service can take results.
