@@ -268,6 +268,9 @@ func (e demo) waitTerminal(ctx context.Context, client *http.Client, subs []subm
 		if pending == 0 {
 			return views, nil
 		}
+		if err := e.modelDown(ctx, views); err != nil {
+			return nil, err
+		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("%d work items did not reach an outcome within %s", pending, limit)
 		}
@@ -277,6 +280,25 @@ func (e demo) waitTerminal(ctx context.Context, client *http.Client, subs []subm
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// modelDown fails the wait when a cell's circuit for its model is open and
+// no work item has reached the model yet: the work would wait out its
+// deadline for a model that does not answer, so the demo says why now.
+func (e demo) modelDown(ctx context.Context, views []ingress.WorkView) error {
+	for _, c := range e.Cells {
+		circ, err := c.Env.Store.GetCircuit(ctx, c.Env.Config.Model)
+		if err != nil {
+			return err
+		}
+		if circ.State != store.CircuitOpen {
+			continue
+		}
+		if err := reachedModel(views); err != nil {
+			return fmt.Errorf("the model %s does not answer (cell %s's circuit is open); %w", c.Env.Config.Model, c.Region, err)
+		}
+	}
+	return nil
 }
 
 // waitLedger waits until the ledger has caught up with the provider's count

@@ -10,6 +10,7 @@
 //	assay work show|list      one work item's whole story; work by filter
 //	assay replay …            dump, revalidate or redrive the retained streams
 //	assay streams             the cell's streams and consumers
+//	assay publish …           failed publications: list, retry, abandon
 //	assay bench goodput       the admission benchmark
 //	assay usage reconcile     check attempts against results, the ledger and the provider
 //	assay version             the build's version
@@ -61,6 +62,7 @@ commands:
   bench goodput          admission benchmark against the simulated provider (make bench-goodput)
   usage reconcile        check attempts against results, the ledger and the provider's counts
   outbox list|retry      outbox rows set aside because they could not be published; put them back
+  publish COMMAND        list, retry (send again, once) or abandon publications that failed past their deadline
   nats-config            print the least-privilege NATS server configuration (deploy/nats/assay.conf);
                          --passwords FILE [--service-urls FILE] also draw a password per user
   version                print the build's version
@@ -124,6 +126,7 @@ Print the least-privilege NATS server configuration (deploy/nats/assay.conf).
 that exists) for the server's environment; --service-urls each service's
 ASSAY_NATS_URL with its password, at --server-url (nats://127.0.0.1:4222).
 `,
+	"publish": publishUsage,
 	"version": "usage: assay version\n\nPrint the build's version.\n",
 }
 
@@ -162,6 +165,8 @@ func run(args []string, stderr io.Writer) int {
 		err = streamsCmd(ctx, args[1:], os.Stdout)
 	case "outbox":
 		err = outboxCmd(ctx, args[1:], os.Stdout)
+	case "publish":
+		err = publishCmd(ctx, args[1:], os.Stdout)
 	case "nats-config":
 		err = natsConfig(args[1:], os.Stdout)
 	case "usage":

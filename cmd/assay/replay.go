@@ -38,7 +38,8 @@ also read the cell's Postgres.
               the count the dry run gave; each ending is redriven once
 
 selection (all optional, combined):
-  --stream WORK,RESULT,ATTEMPT  streams to read (default: dump all; revalidate
+  --stream WORK,RESULT,ATTEMPT,OUTCOME
+                                streams to read (default: dump all; revalidate
                                 RESULT; redrive WORK)
   --tenant T                    one tenant's subjects
   --lane interactive|batch      one lane's announcements (WORK only)

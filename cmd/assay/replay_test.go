@@ -239,19 +239,27 @@ func TestReplayIncident(t *testing.T) {
 		if len(views) != len(event.Kinds) {
 			t.Fatalf("%d streams, want %d", len(views), len(event.Kinds))
 		}
-		found := false
+		found := map[string]bool{}
 		for _, v := range views {
 			for _, c := range v.Consumers {
-				if c.Name == b.Names().WorkConsumer(event.Interactive) {
-					found = true
+				if c.Name == b.Names().WorkConsumer(event.Interactive) || c.Name == b.Names().OutcomeConsumer() {
+					found[v.Stream+"/"+c.Name] = true
 					if c.Pending != 0 || c.AckPending != 0 {
 						t.Errorf("%s: pending %d, ack pending %d after the incident settled", c.Name, c.Pending, c.AckPending)
 					}
 				}
 			}
 		}
-		if !found {
-			t.Errorf("the interactive lane's consumer is not listed: %+v", views)
+		for _, want := range []string{b.Names().Stream(event.KindWork) + "/" + b.Names().WorkConsumer(event.Interactive),
+			b.Names().Stream(event.KindOutcome) + "/" + b.Names().OutcomeConsumer()} {
+			if !found[want] {
+				t.Errorf("%s is not listed: %+v", want, views)
+			}
+		}
+		// OUTCOME is dumped as any stream is.
+		out := assay(t, replay, "dump", "--stream", "outcome", "--work", in.clean)
+		if !bytes.Contains(out, []byte(`"outcome":"accepted"`)) || !bytes.Contains(out, []byte(b.Names().Stream(event.KindOutcome))) {
+			t.Errorf("dump --stream outcome --work %s:\n%s", in.clean, out)
 		}
 	})
 

@@ -22,8 +22,10 @@ const workUsage = `usage: assay work rerun ID [--deadline D] [--region R --datab
                 (default 10m); the cell's ingress announces it
   show ID       the whole story of one work item: its row, trace, every attempt
                 with an excerpt of its answer, its ledger rows, result, outbox
-                rows, redrives, the decisions they record, and its messages in
-                WORK, RESULT and ATTEMPT with sequences (NATS: $ASSAY_NATS_URL)
+                rows, redrives, publications (target, check run and comment ids,
+                tries, last error, next try), the decisions they record, and its
+                messages in WORK, RESULT, ATTEMPT and OUTCOME with sequences
+                (NATS: $ASSAY_NATS_URL)
   list          work in the order it was created, filtered; --since is a time
                 or a duration back from now; --after continues a listing
 `

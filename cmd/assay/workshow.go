@@ -21,6 +21,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/services/ingress"
 )
 
 // WorkRow is a work row as the operator sees it; the input itself stays
@@ -91,6 +92,9 @@ type WorkStory struct {
 	Messages  []ReplayMsg       `json:"messages"`
 	// MessagesError says why the streams could not be read.
 	MessagesError string `json:"messagesError,omitempty"`
+
+	// Publications are where its outcome went, one per target.
+	Publications []ingress.PublicationView `json:"publications"`
 }
 
 // excerptBytes is how much of an answer work show prints.
@@ -162,6 +166,11 @@ func readStory(ctx context.Context, st *store.Store, id string) (*WorkStory, err
 	if s.Redrives, err = st.RedrivesOf(ctx, id); err != nil {
 		return nil, err
 	}
+	pubs, err := st.PublicationsOf(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	s.Publications = ingress.PublicationViews(pubs)
 	s.Decisions = decisions(w, s)
 	return s, nil
 }
@@ -276,7 +285,7 @@ func storyMessages(ctx context.Context, cfg config.Config, s *WorkStory) error {
 		return err
 	}
 	defer nc.Close()
-	sel := selection{kinds: append(slices.Clone(event.Kinds), event.KindOutcome), tenant: s.Work.TenantID, since: s.Work.CreatedAt.Add(-5 * time.Second),
+	sel := selection{kinds: event.Kinds, tenant: s.Work.TenantID, since: s.Work.CreatedAt.Add(-5 * time.Second),
 		until: storyEnd(s), works: map[string]bool{s.Work.ID: true}}
 	_, err = readSelection(ctx, js, cfg.Names(), sel, nil, func(m ReplayMsg) error {
 		s.Messages = append(s.Messages, m)
@@ -340,6 +349,13 @@ func printStory(w io.Writer, s *WorkStory) error {
 	}
 	if s.Result != nil {
 		fmt.Fprintf(tw, "\nresult\n  %s\tattempt %s\t%d finding(s)\t%s\n", s.Result.SchemaVersion, s.Result.AttemptID, s.Result.Findings, rfc(s.Result.CreatedAt))
+	}
+	fmt.Fprintln(tw, "\npublications")
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := printPublications(w, s.Publications); err != nil {
+		return err
 	}
 	fmt.Fprintln(tw, "\ndecisions")
 	for _, d := range s.Decisions {

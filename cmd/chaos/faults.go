@@ -403,17 +403,16 @@ func (h *Harness) natsMissing(ctx context.Context) (string, error) {
 	var missing []string
 	for _, region := range config.DefaultRegions {
 		n := event.Names{Cell: region}
-		durables := map[string][]string{
-			event.KindWork:    {n.WorkConsumer(event.Interactive), n.WorkConsumer(event.Batch)},
-			event.KindResult:  {n.Durable("committer")},
-			event.KindAttempt: {n.Durable("ledger")},
+		durables := map[string][]string{}
+		for _, d := range n.Durables() {
+			durables[d.Stream] = append(durables[d.Stream], d.Durable)
 		}
 		for _, k := range event.Kinds {
 			if _, err := js.Stream(ctx, n.Stream(k)); err != nil {
 				missing = append(missing, n.Stream(k))
 				continue
 			}
-			for _, d := range durables[k] {
+			for _, d := range durables[n.Stream(k)] {
 				if _, err := js.Consumer(ctx, n.Stream(k), d); err != nil {
 					missing = append(missing, n.Stream(k)+"/"+d)
 				}

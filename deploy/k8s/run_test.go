@@ -372,7 +372,7 @@ func runCell(t *testing.T, cell string) {
 	placement := strings.Split(cellConfig(t, s).Data["stream-placement"], ",")
 	names := event.Names{Installation: cellConfig(t, s).Data["installation"], Cell: cell}
 	streams := nc.streams(t, strings.ToUpper(strings.ReplaceAll(names.Installation+"_"+cell, "-", "_")))
-	for _, kind := range append(slices.Clone(event.Kinds), event.KindOutcome) {
+	for _, kind := range event.Kinds {
 		if streams[names.Stream(kind)] == nil {
 			t.Errorf("%s: not created (streams: %v)", names.Stream(kind), keys(streams))
 		}

@@ -39,14 +39,14 @@ const (
 	KindWork    = "WORK"
 	KindResult  = "RESULT"
 	KindAttempt = "ATTEMPT"
-	// KindOutcome carries each work item's outcome, from the committer to
-	// its publisher. It is not in Kinds: the committer owns it, and the
-	// other services never touch it.
+	// KindOutcome carries each work item's outcome, from the committer's
+	// commit transaction to its publisher.
 	KindOutcome = "OUTCOME"
 )
 
-// Kinds lists the stream kinds of a cell.
-var Kinds = []string{KindWork, KindResult, KindAttempt}
+// Kinds lists the stream kinds of a cell, in the order work flows through
+// them.
+var Kinds = []string{KindWork, KindResult, KindAttempt, KindOutcome}
 
 // DefaultInstallation names an installation that sets none.
 const DefaultInstallation = "assay"
@@ -148,14 +148,15 @@ type StreamDurable struct {
 
 // Durables are every durable consumer of the cell, in the order work flows
 // through them: the classifier's per lane on WORK, the committer's on
-// RESULT, the ledger's on ATTEMPT.
+// RESULT, the ledger's on ATTEMPT, the publisher's on OUTCOME.
 func (n Names) Durables() []StreamDurable {
 	var out []StreamDurable
 	for _, lane := range Lanes {
 		out = append(out, StreamDurable{n.Stream(KindWork), n.WorkConsumer(lane)})
 	}
 	return append(out, StreamDurable{n.Stream(KindResult), n.ResultConsumer()},
-		StreamDurable{n.Stream(KindAttempt), n.AttemptConsumer()})
+		StreamDurable{n.Stream(KindAttempt), n.AttemptConsumer()},
+		StreamDurable{n.Stream(KindOutcome), n.OutcomeConsumer()})
 }
 
 // streamToken is a subject token as stream names spell it.

@@ -35,6 +35,12 @@ const (
 	BudgetExhausted = "budget_exhausted"
 )
 
+// ReasonProviderUnavailable starts the reason of work that ended without
+// an answer because the provider was unreachable (the cell's circuit for
+// the model was open): a condition of the cell, not an answer a person must
+// judge, so it opens no review item.
+const ReasonProviderUnavailable = "provider_unavailable"
+
 // Terminal lists the work outcomes.
 var Terminal = []string{Accepted, SchemaRejected, RetryExhausted, TransportRejected, Dropped, Expired,
 	Superseded, Canceled, BudgetExhausted}

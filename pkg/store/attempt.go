@@ -56,6 +56,9 @@ type AttemptRecord struct {
 	RetryAfter              time.Duration // Requeue: when it may be tried again
 	OutputCap               int           // Requeue: the next attempt's raised answer cap; 0 keeps it
 	WorkOutcome, WorkReason string        // Finish
+	// Outage, with Requeue or Finish, counts the attempt as lost to a
+	// provider outage: the attempt budget does not count it.
+	Outage bool
 
 	// Outbox are the events the attempt implies (its RESULT and ATTEMPT).
 	Outbox []OutboxMsg
@@ -104,13 +107,15 @@ func recordAttempt(ctx context.Context, db rowQuerier, r AttemptRecord) (applied
 				repairs = repairs + CASE WHEN $7 = '' THEN 0 ELSE 1 END,
 				repair_note = CASE WHEN $7 = '' THEN repair_note ELSE $7 END, updated_at = now(),
 				retry_at = now() + $8 * interval '1 microsecond',
-				output_cap = coalesce(nullif($9, 0), output_cap)
+				output_cap = coalesce(nullif($9, 0), output_cap),
+				outage_attempts = outage_attempts + CASE WHEN $10 THEN 1 ELSE 0 END
 			WHERE id = $1 AND state = 'running' AND lease_token = $2 RETURNING 1`
-		args = append(args, Text(r.RepairNote), interval(r.RetryAfter), r.OutputCap)
+		args = append(args, Text(r.RepairNote), interval(r.RetryAfter), r.OutputCap, r.Outage)
 	case Finish:
-		change = `UPDATE work SET state = $7, reason = $8, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+		change = `UPDATE work SET state = $7, reason = $8, lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
+				outage_attempts = outage_attempts + CASE WHEN $9 THEN 1 ELSE 0 END
 			WHERE id = $1 AND state = 'running' AND lease_token = $2 RETURNING 1`
-		args = append(args, r.WorkOutcome, Text(r.WorkReason))
+		args = append(args, r.WorkOutcome, Text(r.WorkReason), r.Outage)
 	default:
 		change = `SELECT 1 WHERE $1::text IS NOT NULL OR $2::text IS NOT NULL`
 	}

@@ -96,6 +96,32 @@ type ConsoleFigures struct {
 	Lanes  []LaneFigures
 	Recent []Decision
 	Spend  []Spend
+	// Publications count the publications not made, by target and state;
+	// Failed are the latest failed ones.
+	Publications []PublicationCount
+	Failed       []*Publication
+	// Circuits are the cell's circuit per model (the provider's condition,
+	// the same for every tenant).
+	Circuits []Circuit
+}
+
+// consoleFailed is how many failed publications the console lists.
+const consoleFailed = 10
+
+// publicationFigures are the console's publication reads: the counts of
+// those not made, and the latest failed ones.
+func publicationFigures(ctx context.Context, q querier, tenant string, f *ConsoleFigures) error {
+	var err error
+	if f.Publications, err = unfinishedPublications(ctx, q, tenant); err != nil {
+		return err
+	}
+	f.Failed, err = collectPublications(q.Query(ctx, `SELECT `+publicationColumns+` FROM publications
+		WHERE state = 'failed' AND ($1 = '' OR tenant_id = $1) ORDER BY updated_at DESC, work_id, target LIMIT $2`, tenant, consoleFailed))
+	if err != nil {
+		return fmt.Errorf("store: failed publications: %w", err)
+	}
+	f.Circuits, err = circuits(ctx, q)
+	return err
 }
 
 // Console reads the views of the work created in the last window, the
@@ -116,8 +142,10 @@ func (s *Store) Console(ctx context.Context, window time.Duration, tenant string
 		if f.Recent, err = recentDecisions(ctx, tx, tenant, recent); err != nil {
 			return err
 		}
-		f.Spend, err = spendSince(ctx, tx, since, tenant)
-		return err
+		if f.Spend, err = spendSince(ctx, tx, since, tenant); err != nil {
+			return err
+		}
+		return publicationFigures(ctx, tx, tenant, &f)
 	})
 	return f, err
 }

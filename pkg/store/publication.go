@@ -109,17 +109,53 @@ func PullSourceOf(w *Work, d *PublishDelivery, links []Link) (PullSource, error)
 		p.Webhook, p.Installation, p.BaseSHA = true, d.Installation, d.BaseSHA
 		return p, nil
 	}
+	p.Installation = installationOf(links, repo)
+	return p, nil
+}
+
+// Covers reports whether one of an installation's repository patterns
+// ("owner/*" or "owner/repo", as GitHub spells them) names repo.
+func Covers(patterns []string, repo string) bool {
+	owner, _, _ := strings.Cut(repo, "/")
+	for _, p := range patterns {
+		if p == repo || p == owner+"/*" {
+			return true
+		}
+	}
+	return false
+}
+
+// installationOf is the first of a tenant's installation links that covers
+// repo, 0 when none does.
+func installationOf(links []Link, repo string) int64 {
 	for _, l := range links {
-		for _, pat := range l.Repositories {
-			if pat == repo || pat == owner+"/*" {
-				if id, err := strconv.ParseInt(l.Key, 10, 64); err == nil {
-					p.Installation = id
-					return p, nil
-				}
+		if Covers(l.Repositories, repo) {
+			if id, err := strconv.ParseInt(l.Key, 10, 64); err == nil {
+				return id
 			}
 		}
 	}
-	return p, nil
+	return 0
+}
+
+// InstallationFor is the GitHub App installation a tenant linked for a
+// repository ("owner/repo"), 0 when it linked none that covers it: what
+// reads and writes the tenant's pull requests there.
+func (s *Store) InstallationFor(ctx context.Context, tenant, repository string) (int64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT kind, key, tenant_id, repositories FROM tenant_sources
+		WHERE kind = $1 AND tenant_id = $2 ORDER BY key`, SourceGitHubInstallation, tenant)
+	if err != nil {
+		return 0, fmt.Errorf("store: installations of %s: %w", tenant, err)
+	}
+	links, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Link, error) {
+		var l Link
+		err := r.Scan(&l.Kind, &l.Key, &l.Tenant, &l.Repositories)
+		return l, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: installations of %s: %w", tenant, err)
+	}
+	return installationOf(links, repository), nil
 }
 
 // PublishFacts are what publishing one outcome reads, read at once.
@@ -187,12 +223,28 @@ func (s *Store) PublishFacts(ctx context.Context, workID string) (PublishFacts, 
 // dry target, in one statement: nothing leaves the cell, so no lock is
 // held, and the row's key keeps it one per work.
 func (s *Store) RecordDryPublication(ctx context.Context, workID, tenant, outcome string, plan json.RawMessage) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO publications (work_id, target, tenant_id, outcome, plan, published_at)
-		VALUES ($1, 'dry', $2, $3, $4, now())
+	_, err := s.pool.Exec(ctx, `INSERT INTO publications (work_id, target, tenant_id, outcome, plan, published_at, state)
+		VALUES ($1, 'dry', $2, $3, $4, now(), 'published')
 		ON CONFLICT (work_id, target) DO UPDATE SET outcome = $3, plan = $4, published_at = now(), last_error = NULL,
-			updated_at = now()`, workID, tenant, outcome, plan)
+			state = 'published', updated_at = now()`, workID, tenant, outcome, plan)
 	if err != nil {
 		return fmt.Errorf("store: publication %s/dry: %w", workID, err)
+	}
+	return nil
+}
+
+// SkipPublication records that an outcome is not published to target, and
+// why: target 'none' for an outcome with nowhere to go (so it is read
+// once), or a target the outcome no longer goes to (the work moved on, the
+// tenant removed its callback), so it is not tried again.
+func (s *Store) SkipPublication(ctx context.Context, workID, target, tenant, outcome, reason string) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO publications (work_id, target, tenant_id, outcome, state, reason)
+		VALUES ($1, $2, $3, $4, 'skipped', $5)
+		ON CONFLICT (work_id, target) DO UPDATE SET outcome = $4, state = 'skipped', reason = $5, next_try_at = NULL,
+			updated_at = now()`,
+		workID, target, tenant, outcome, Text(reason))
+	if err != nil {
+		return fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
 	}
 	return nil
 }
@@ -218,10 +270,19 @@ func (s *Store) SetCheckPolicy(ctx context.Context, tenant, policy string) error
 	return nil
 }
 
+// Publication states.
+const (
+	PublicationPending   = "pending"   // tried again at NextTryAt, until DeadlineAt
+	PublicationPublished = "published" // made; a redelivered outcome changes nothing
+	PublicationFailed    = "failed"    // its deadline passed or the target refused it for good
+	PublicationSkipped   = "skipped"   // target "none": nothing to publish, Reason says why
+)
+
 // Publication is the fence row of one work item's publication to one
-// target, with the remote ids made so far.
+// target, with the remote ids made so far and its state.
 type Publication struct {
 	WorkID, Target, TenantID, Outcome string
+	State                             string
 	// CheckRunID is 0 until a check run is known.
 	CheckRunID int64
 	// CommentIDs maps a comment's key (a finding's index) to its id.
@@ -230,38 +291,84 @@ type Publication struct {
 	Plan           json.RawMessage
 	Tries          int
 	LastError      string
-	PublishedAt    time.Time
+	// Reason says why a publication failed or was skipped.
+	Reason string
+	// NextTryAt is when a pending publication is tried again; DeadlineAt
+	// when it is given up as failed; zero when unset.
+	NextTryAt, DeadlineAt, LastTriedAt time.Time
+	PublishedAt                        time.Time
+	CreatedAt, UpdatedAt               time.Time
 }
 
-const publicationColumns = `work_id, target, tenant_id, outcome, coalesce(check_run_id, 0), comment_ids,
-	coalesce(rerun_comment_id, 0), plan, tries, coalesce(last_error, ''), coalesce(published_at, 'epoch')`
+const publicationColumns = `work_id, target, tenant_id, outcome, state, coalesce(check_run_id, 0), comment_ids,
+	coalesce(rerun_comment_id, 0), plan, tries, coalesce(last_error, ''), coalesce(reason, ''),
+	coalesce(next_try_at, 'epoch'), coalesce(deadline_at, 'epoch'), coalesce(last_tried_at, 'epoch'),
+	coalesce(published_at, 'epoch'), created_at, updated_at`
 
 func scanPublication(row pgx.Row) (*Publication, error) {
 	var p Publication
-	err := row.Scan(&p.WorkID, &p.Target, &p.TenantID, &p.Outcome, &p.CheckRunID, &p.CommentIDs,
-		&p.RerunCommentID, &p.Plan, &p.Tries, &p.LastError, &p.PublishedAt)
+	err := row.Scan(&p.WorkID, &p.Target, &p.TenantID, &p.Outcome, &p.State, &p.CheckRunID, &p.CommentIDs,
+		&p.RerunCommentID, &p.Plan, &p.Tries, &p.LastError, &p.Reason, &p.NextTryAt, &p.DeadlineAt, &p.LastTriedAt,
+		&p.PublishedAt, &p.CreatedAt, &p.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
-	if p.PublishedAt.Unix() == 0 {
-		p.PublishedAt = time.Time{}
+	for _, t := range []*time.Time{&p.NextTryAt, &p.DeadlineAt, &p.LastTriedAt, &p.PublishedAt} {
+		if t.Unix() == 0 {
+			*t = time.Time{}
+		}
 	}
 	return &p, err
+}
+
+func collectPublications(rows pgx.Rows, err error) ([]*Publication, error) {
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Publication, error) { return scanPublication(r) })
+}
+
+// OpenPublications makes the rows of an outcome's publication to each
+// target, pending from now until deadline, and returns every row of the
+// work by target. A row that holds another outcome of the work (dropped
+// work run again) starts over for this one, keeping the remote ids; a row
+// of this outcome is left as it is, so a redelivered outcome changes
+// nothing.
+func (s *Store) OpenPublications(ctx context.Context, workID, tenant, outcome string, targets []string,
+	now, deadline time.Time) (map[string]*Publication, error) {
+	rows, err := s.pool.Query(ctx, `WITH up AS (
+			INSERT INTO publications AS p (work_id, target, tenant_id, outcome, state, next_try_at, deadline_at)
+			SELECT $1, t, $2, $3, 'pending', $5, $6 FROM unnest($4::text[]) t
+			ON CONFLICT (work_id, target) DO UPDATE SET outcome = excluded.outcome, state = 'pending', tries = 0,
+				last_error = NULL, reason = NULL, published_at = NULL, next_try_at = excluded.next_try_at,
+				deadline_at = excluded.deadline_at, updated_at = now()
+			WHERE p.outcome <> excluded.outcome
+			RETURNING `+publicationColumns+`)
+		SELECT * FROM up
+		UNION ALL
+		SELECT `+publicationColumns+` FROM publications
+		WHERE work_id = $1 AND target = ANY($4) AND NOT EXISTS (SELECT 1 FROM up WHERE up.target = publications.target)`,
+		workID, tenant, outcome, targets, now, deadline)
+	ps, err := collectPublications(rows, err)
+	if err != nil {
+		return nil, fmt.Errorf("store: open publications of %s: %w", workID, err)
+	}
+	out := map[string]*Publication{}
+	for _, p := range ps {
+		out[p.Target] = p
+	}
+	return out, nil
 }
 
 // ErrPublicationBusy is returned by LockPublication while another
 // publisher holds the same work and target.
 var ErrPublicationBusy = errors.New("publication is held by another publisher")
 
-// LockPublication is the publication fence. It makes the row of (work,
-// target) if there is none, takes a lock on it that lasts until release is
-// called (or the connection dies with its process), and returns the row as
-// it is: the ids already made. A second publisher gets ErrPublicationBusy.
-func (s *Store) LockPublication(ctx context.Context, workID, target, tenant, outcome string) (*Publication, func(), error) {
-	if _, err := s.pool.Exec(ctx, `INSERT INTO publications (work_id, target, tenant_id, outcome)
-		VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, workID, target, tenant, outcome); err != nil {
-		return nil, nil, fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
-	}
+// LockPublication is the publication fence. It takes a lock on the row of
+// (work, target) that lasts until release is called (or the connection
+// dies with its process), and returns the row as it is then: its state and
+// the ids already made. A second publisher gets ErrPublicationBusy.
+func (s *Store) LockPublication(ctx context.Context, workID, target string) (*Publication, func(), error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
@@ -298,15 +405,66 @@ func (s *Store) GetPublication(ctx context.Context, workID, target string) (*Pub
 	return p, err
 }
 
+// PublicationsOf lists a work item's publications by target.
+func (s *Store) PublicationsOf(ctx context.Context, workID string) ([]*Publication, error) {
+	ps, err := collectPublications(s.pool.Query(ctx, `SELECT `+publicationColumns+` FROM publications
+		WHERE work_id = $1 ORDER BY target`, workID))
+	if err != nil {
+		return nil, fmt.Errorf("store: publications of %s: %w", workID, err)
+	}
+	return ps, nil
+}
+
 // Publications lists a tenant's publications (every tenant's for ""),
 // oldest first, up to limit.
 func (s *Store) Publications(ctx context.Context, tenant string, limit int) ([]*Publication, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+publicationColumns+` FROM publications
-		WHERE $1 = '' OR tenant_id = $1 ORDER BY created_at, work_id, target LIMIT $2`, tenant, limit)
+	ps, err := collectPublications(s.pool.Query(ctx, `SELECT `+publicationColumns+` FROM publications
+		WHERE $1 = '' OR tenant_id = $1 ORDER BY created_at, work_id, target LIMIT $2`, tenant, limit))
 	if err != nil {
 		return nil, fmt.Errorf("store: publications: %w", err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Publication, error) { return scanPublication(r) })
+	return ps, nil
+}
+
+// DuePublications are up to limit pending publications whose next try is
+// at or before now, the longest due first.
+func (s *Store) DuePublications(ctx context.Context, now time.Time, limit int) ([]*Publication, error) {
+	ps, err := collectPublications(s.pool.Query(ctx, `SELECT `+publicationColumns+` FROM publications
+		WHERE state = 'pending' AND next_try_at <= $1 ORDER BY next_try_at LIMIT $2`, now, limit))
+	if err != nil {
+		return nil, fmt.Errorf("store: due publications: %w", err)
+	}
+	return ps, nil
+}
+
+// PublicationCount is how many publications to one target are in one
+// state.
+type PublicationCount struct {
+	Target, State string
+	Count         int64
+}
+
+// UnfinishedPublications counts the publications, of one tenant or ("")
+// every tenant's, that are pending or failed, by target and state.
+func (s *Store) UnfinishedPublications(ctx context.Context, tenant string) ([]PublicationCount, error) {
+	return unfinishedPublications(ctx, s.pool, tenant)
+}
+
+func unfinishedPublications(ctx context.Context, q querier, tenant string) ([]PublicationCount, error) {
+	// One count per state, each read from its own partial index.
+	rows, err := q.Query(ctx, `SELECT * FROM (
+			SELECT target, state, count(*) FROM publications WHERE state = 'failed' AND ($1 = '' OR tenant_id = $1) GROUP BY target, state
+			UNION ALL
+			SELECT target, state, count(*) FROM publications WHERE state = 'pending' AND ($1 = '' OR tenant_id = $1) GROUP BY target, state
+		) c ORDER BY 1, 2`, tenant)
+	if err != nil {
+		return nil, fmt.Errorf("store: unfinished publications: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (PublicationCount, error) {
+		var c PublicationCount
+		err := r.Scan(&c.Target, &c.State, &c.Count)
+		return c, err
+	})
 }
 
 // RecordCheckRun records the check run of a publication; the holder of
@@ -332,16 +490,27 @@ func (s *Store) RecordRerunComment(ctx context.Context, workID, target string, i
 
 // FinishPublication records that the publication of outcome is complete,
 // with what was published.
-func (s *Store) FinishPublication(ctx context.Context, workID, target, outcome string, plan json.RawMessage) error {
-	return s.recordPublication(ctx, `UPDATE publications SET outcome = $3, plan = $4, published_at = now(),
-			last_error = NULL, updated_at = now()
-		WHERE work_id = $1 AND target = $2`, workID, target, outcome, plan)
+func (s *Store) FinishPublication(ctx context.Context, workID, target, outcome string, plan json.RawMessage, now time.Time) error {
+	return s.recordPublication(ctx, `UPDATE publications SET outcome = $3, plan = $4, published_at = now(), state = 'published',
+			last_tried_at = $5, next_try_at = NULL, last_error = NULL, reason = NULL, updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, outcome, plan, now)
 }
 
-// FailPublication counts a failed try with its error.
-func (s *Store) FailPublication(ctx context.Context, workID, target, msg string) error {
-	return s.recordPublication(ctx, `UPDATE publications SET tries = tries + 1, last_error = $3, updated_at = now()
-		WHERE work_id = $1 AND target = $2`, workID, target, Text(msg))
+// DeferPublication counts a failed try with its error; the publication is
+// tried again at next.
+func (s *Store) DeferPublication(ctx context.Context, workID, target, msg string, now, next time.Time) error {
+	return s.recordPublication(ctx, `UPDATE publications SET tries = tries + 1, last_error = $3, last_tried_at = $4,
+			next_try_at = $5, updated_at = now()
+		WHERE work_id = $1 AND target = $2 AND state = 'pending'`, workID, target, Text(msg), now, next)
+}
+
+// FailPublication counts a failed try with its error and gives the
+// publication up, failed, for reason: only RetryPublications sends it
+// again.
+func (s *Store) FailPublication(ctx context.Context, workID, target, msg, reason string, now time.Time) error {
+	return s.recordPublication(ctx, `UPDATE publications SET tries = tries + 1, last_error = $3, reason = $4, state = 'failed',
+			last_tried_at = $5, next_try_at = NULL, updated_at = now()
+		WHERE work_id = $1 AND target = $2 AND state = 'pending'`, workID, target, Text(msg), Text(reason), now)
 }
 
 func (s *Store) recordPublication(ctx context.Context, sql string, workID, target string, args ...any) error {
@@ -349,6 +518,35 @@ func (s *Store) recordPublication(ctx context.Context, sql string, workID, targe
 		return fmt.Errorf("store: publication %s/%s: %w", workID, target, err)
 	}
 	return nil
+}
+
+// FailedPublications lists the failed publications of one work item, or
+// (workID "") of every work item that failed at or after since, oldest
+// failure first, up to limit.
+func (s *Store) FailedPublications(ctx context.Context, workID string, since time.Time, limit int) ([]*Publication, error) {
+	ps, err := collectPublications(s.pool.Query(ctx, `SELECT `+publicationColumns+` FROM publications
+		WHERE state = 'failed' AND (($1 <> '' AND work_id = $1) OR ($1 = '' AND updated_at >= $2))
+		ORDER BY updated_at, work_id, target LIMIT $3`, workID, since, limit))
+	if err != nil {
+		return nil, fmt.Errorf("store: failed publications: %w", err)
+	}
+	return ps, nil
+}
+
+// RetryPublications puts failed publications back, pending at once with a
+// fresh deadline and their tries counted anew: those of one work item, or
+// (workID "") of every work item that failed at or after since. It returns
+// the rows it put back; a row is put back once, since it is no longer
+// failed.
+func (s *Store) RetryPublications(ctx context.Context, workID string, since time.Time, deadline time.Duration) ([]*Publication, error) {
+	ps, err := collectPublications(s.pool.Query(ctx, `UPDATE publications SET state = 'pending', tries = 0, reason = NULL,
+			next_try_at = now(), deadline_at = now() + $3 * interval '1 microsecond', updated_at = now()
+		WHERE state = 'failed' AND (($1 <> '' AND work_id = $1) OR ($1 = '' AND updated_at >= $2))
+		RETURNING `+publicationColumns, workID, since, interval(deadline)))
+	if err != nil {
+		return nil, fmt.Errorf("store: retry publications: %w", err)
+	}
+	return ps, nil
 }
 
 // Callback is a tenant's signed-callback endpoint.
@@ -385,13 +583,28 @@ func (s *Store) SetCallback(ctx context.Context, tenant string, c Callback) erro
 	return nil
 }
 
+// AbandonPublications gives up a work item's failed publications for good,
+// as skipped with the operator's reason: their target is gone (a deleted
+// repository) and no retry can make them.
+func (s *Store) AbandonPublications(ctx context.Context, workID, reason string) ([]*Publication, error) {
+	ps, err := collectPublications(s.pool.Query(ctx, `UPDATE publications SET state = 'skipped', reason = $2, next_try_at = NULL,
+			updated_at = now()
+		WHERE work_id = $1 AND state = 'failed'
+		RETURNING `+publicationColumns, workID, Text(reason)))
+	if err != nil {
+		return nil, fmt.Errorf("store: abandon publications of %s: %w", workID, err)
+	}
+	return ps, nil
+}
+
 // UnpublishedOutcomes reads back from the outbox up to limit OUTCOME events
 // published between grace and horizon ago whose work is still in that
-// outcome and which no publication has recorded: events the broker lost.
-// Only work something is published for is read: code reviews of a pull
-// request (owner/repo#number), and the
-// work of tenants with a callback; a publication that failed ten times is
-// left to its consumer's redeliveries.
+// outcome and for which the publisher recorded nothing: events the broker
+// lost. Only work something may be published for is read: code reviews of
+// a pull request (owner/repo#number), and the work of tenants with a
+// callback. Once the publisher has seen an outcome, its rows (pending,
+// published, failed, or skipped when there was nothing to publish) take
+// it from there, so each outcome is read back at most once.
 func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Duration, limit int) ([][]byte, error) {
 	rows, err := s.pool.Query(ctx, `SELECT o.payload FROM outbox o
 		JOIN work w ON w.id = split_part(o.msg_id, '.', 1) AND w.state = split_part(o.msg_id, '.', 2)
@@ -400,8 +613,7 @@ func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Dur
 			AND o.published_at > now() - $2 * interval '1 microsecond'
 			AND ((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/#]+#[1-9][0-9]*$')
 				OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))
-			AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id
-				AND ((p.outcome = w.state AND p.published_at IS NOT NULL) OR p.tries >= 10))
+			AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = w.state)
 		ORDER BY o.published_at LIMIT $3`, interval(grace), interval(horizon), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: unpublished outcomes: %w", err)

@@ -59,3 +59,75 @@ func TestWorkPullSource(t *testing.T) {
 		t.Fatalf("a source that is no pull request: %v", err)
 	}
 }
+
+// A publication's rows: opened pending for each target, a row of the same
+// outcome left as it is (a redelivery changes nothing), a row of another
+// outcome of the work (dropped work run again) started over with the ids
+// it holds; deferred and failed tries are counted, failed ones put back
+// once.
+func TestPublicationRows(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := &store.Work{ID: "w_pubrows", TenantID: "acme", Region: "us", Contract: "code-review", SchemaVersion: "1",
+		TaxonomyVersion: "t", SourceID: "shop/app#9", Revision: strings.Repeat("b", 40), Lane: "interactive", Input: `{}`,
+		Digest: "d", DeadlineAt: time.Now().Add(time.Minute)}
+	if _, _, err := s.InsertWork(ctx, w, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	targets := []string{"github", "callback"}
+	rows, err := s.OpenPublications(ctx, w.ID, "acme", "dropped", targets, t0, t0.Add(time.Hour))
+	if err != nil || len(rows) != 2 || rows["github"].State != store.PublicationPending || !rows["github"].NextTryAt.Equal(t0) ||
+		!rows["callback"].DeadlineAt.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("opened: %+v, %v", rows, err)
+	}
+	if err := s.RecordRerunComment(ctx, w.ID, "github", 77); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FinishPublication(ctx, w.ID, "github", "dropped", []byte(`{}`), t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeferPublication(ctx, w.ID, "callback", "HTTP 503", t0, t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	again, err := s.OpenPublications(ctx, w.ID, "acme", "dropped", targets, t0.Add(time.Hour), t0.Add(2*time.Hour))
+	if err != nil || again["github"].State != store.PublicationPublished || again["callback"].Tries != 1 ||
+		!again["callback"].NextTryAt.Equal(t0.Add(time.Minute)) || !again["callback"].DeadlineAt.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("the same outcome again: %+v, %v; want the rows as they were", again, err)
+	}
+	next, err := s.OpenPublications(ctx, w.ID, "acme", "accepted", targets, t0.Add(time.Hour), t0.Add(2*time.Hour))
+	if err != nil || next["github"].State != store.PublicationPending || next["github"].Outcome != "accepted" ||
+		next["github"].RerunCommentID != 77 || next["callback"].Tries != 0 || !next["callback"].DeadlineAt.Equal(t0.Add(2*time.Hour)) {
+		t.Fatalf("the work's next outcome: %+v, %v; want pending again, keeping the ids", next, err)
+	}
+	due, err := s.DuePublications(ctx, t0.Add(time.Hour), 10)
+	if err != nil || len(due) != 2 {
+		t.Fatalf("due at the next outcome's open: %d, %v", len(due), err)
+	}
+	if err := s.FailPublication(ctx, w.ID, "callback", "HTTP 503", "not made by its deadline", t0.Add(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if failed, err := s.FailedPublications(ctx, w.ID, time.Time{}, 10); err != nil || len(failed) != 1 || failed[0].Tries != 1 ||
+		failed[0].Reason != "not made by its deadline" {
+		t.Fatalf("failed: %+v, %v", failed, err)
+	}
+	counts, err := s.UnfinishedPublications(ctx, "acme")
+	if err != nil || len(counts) != 2 || counts[0] != (store.PublicationCount{Target: "callback", State: "failed", Count: 1}) ||
+		counts[1] != (store.PublicationCount{Target: "github", State: "pending", Count: 1}) {
+		t.Fatalf("unfinished: %+v, %v", counts, err)
+	}
+	if back, err := s.RetryPublications(ctx, w.ID, time.Time{}, time.Hour); err != nil || len(back) != 1 || back[0].State != store.PublicationPending ||
+		back[0].Tries != 0 {
+		t.Fatalf("retried: %+v, %v", back, err)
+	}
+	if back, err := s.RetryPublications(ctx, w.ID, time.Time{}, time.Hour); err != nil || len(back) != 0 {
+		t.Fatalf("retried twice: %d rows, %v; want none", len(back), err)
+	}
+	if err := s.SkipPublication(ctx, w.ID, "none", "acme", "accepted", "no installation covers shop/app"); err != nil {
+		t.Fatal(err)
+	}
+	all, err := s.PublicationsOf(ctx, w.ID)
+	if err != nil || len(all) != 3 || all[2].Target != "none" || all[2].State != store.PublicationSkipped {
+		t.Fatalf("publications of the work: %+v, %v", all, err)
+	}
+}

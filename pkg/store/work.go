@@ -45,6 +45,10 @@ type Work struct {
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
 
+	// OutageAttempts are the attempts lost to a provider outage, which the
+	// attempt budget does not count.
+	OutageAttempts int
+
 	// SupersedeOlder, on insert, ends the same source's other revisions
 	// that have not reached an outcome as superseded (a force-push). With
 	// SourceUpdatedAt set it keeps push order: only revisions whose source
@@ -69,7 +73,7 @@ func (w *Work) Terminal() bool { return outcome.IsTerminal(w.State) }
 const workColumns = `id, tenant_id, region, contract, schema_version, taxonomy_version, source_id,
 	revision, lane, input, content_digest, state, coalesce(reason, ''), coalesce(lease_token::text, ''),
 	coalesce(lease_expires_at, 'epoch'), attempts, repairs, coalesce(repair_note, ''), dispatch,
-	deadline_at, created_at, updated_at, coalesce(output_cap, 0), coalesce(retry_at, 'epoch'), coalesce(traceparent, '')`
+	deadline_at, created_at, updated_at, coalesce(output_cap, 0), coalesce(retry_at, 'epoch'), coalesce(traceparent, ''), outage_attempts`
 
 func scanWork(row pgx.Row) (*Work, error) { return scanWorkWith(row) }
 
@@ -79,7 +83,7 @@ func scanWorkWith(row pgx.Row, extra ...any) (*Work, error) {
 	err := row.Scan(append([]any{&w.ID, &w.TenantID, &w.Region, &w.Contract, &w.SchemaVersion, &w.TaxonomyVersion,
 		&w.SourceID, &w.Revision, &w.Lane, &w.Input, &w.Digest, &w.State, &w.Reason, &w.LeaseToken,
 		&w.LeaseExpiresAt, &w.Attempts, &w.Repairs, &w.RepairNote, &w.Dispatch, &w.DeadlineAt,
-		&w.CreatedAt, &w.UpdatedAt, &w.OutputCap, &w.RetryAt, &w.Traceparent}, extra...)...)
+		&w.CreatedAt, &w.UpdatedAt, &w.OutputCap, &w.RetryAt, &w.Traceparent, &w.OutageAttempts}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}

@@ -115,6 +115,8 @@ type Config struct {
 	// WeightsEvery is how often the tenants' weights are read again.
 	// Default 10s.
 	WeightsEvery time.Duration
+	// Circuit is the cell's circuit breaker for the model.
+	Circuit CircuitConfig
 }
 
 func (c *Config) defaults() error {
@@ -236,6 +238,7 @@ type Service struct {
 	batches *batchLane
 	fair    *fairLanes
 	report  lifecycle.Ticker
+	circ    *circuit
 
 	attempts     metric.Int64Counter
 	storeRefused metric.Int64Counter
@@ -278,6 +281,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 	}
 	var err error
 	if s.m, err = newMetrics(d.Tel, cfg.Region); err != nil {
+		return nil, err
+	}
+	if s.circ, err = newCircuit(cfg.Circuit, cfg.Names, cfg.Region, cfg.Model, d.Store, d.Log, d.Tel.Meter()); err != nil {
 		return nil, err
 	}
 	s.attempts, err = d.Tel.Meter().Int64Counter("assay_classifier_attempts",
@@ -519,7 +525,7 @@ var Vars = append([]config.Var{
 	{Name: "ASSAY_PRICE_TABLE", Default: "every model at 0.15/0.60 $/M units", Usage: "JSON price table file, for budget reservations"},
 	{Name: "ASSAY_MAX_OUTPUT_UNITS", Default: "4096", Usage: "the answer's cap (max_tokens); doubled once for an answer cut at it"},
 	{Name: "ASSAY_BUDGET_BYTES_PER_UNIT", Default: "1", Usage: "bytes per unit a reservation counts the request at, 1 to 16"},
-}, batchVars...)
+}, append(batchVars, circuitVars...)...)
 
 func (c *Config) FromEnv(getenv func(string) string) error {
 	for _, n := range []struct {
@@ -578,6 +584,9 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 			return fmt.Errorf("ASSAY_BUDGET_BYTES_PER_UNIT: %q is not a number from 1 to 16", v)
 		}
 		c.BytesPerUnit = f
+	}
+	if err := c.Circuit.fromEnv(getenv); err != nil {
+		return err
 	}
 	return c.ProviderBatch.fromEnv(getenv)
 }

@@ -64,7 +64,7 @@ func admit(ev event.Work, w *store.Work, now time.Time, need time.Duration, maxA
 		return finishWith(outcome.Expired, "deadline passed before an attempt could start")
 	case w.DeadlineAt.Sub(now) < need:
 		return finishWith(outcome.Expired, shortOfTime(w.DeadlineAt.Sub(now), need))
-	case w.Attempts >= maxAttempts:
+	case counted(w, false) >= maxAttempts:
 		return finishWith(outcome.RetryExhausted, fmt.Sprintf("all %d attempts spent", maxAttempts))
 	case !contractKnown:
 		return finishWith(outcome.TransportRejected, fmt.Sprintf("contract %q is not known to this worker", w.Contract))
@@ -122,6 +122,21 @@ type answer struct {
 	// outputCap is the answer cap this call had; raisedCap the cap a
 	// re-ask after a cut answer gets, 0 when the cap was raised already.
 	outputCap, raisedCap int
+	// outage: the call failed because the provider is unreachable (the
+	// cell's circuit is open, or this call opened it); condition says so,
+	// for the reason of work that ends.
+	outage    bool
+	condition string
+}
+
+// counted are the attempts at w its budget counts: those lost to a
+// provider outage are not, this one included when outage says so.
+func counted(w *store.Work, outage bool) int {
+	n := w.Attempts - w.OutageAttempts
+	if outage {
+		n--
+	}
+	return n
 }
 
 // limits bound retries and repairs.
@@ -230,6 +245,10 @@ func judgeRetry(a answer, mErr *model.Error, l limits) verdict {
 		v.workReason = fmt.Sprintf("%s after %d of %d attempts", v.outcome, a.attempts, l.maxAttempts)
 		if !a.now.Add(delay).Before(a.deadline) {
 			v.workReason = fmt.Sprintf("%s and the next try would pass the deadline", v.outcome)
+		}
+		if a.outage {
+			// The provider's condition, not this work's: no person's to judge.
+			v.workReason = a.condition + "; " + v.workReason
 		}
 	}
 	return v

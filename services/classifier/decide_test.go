@@ -72,6 +72,7 @@ func TestAdmit(t *testing.T) {
 		{"deadline passed", work(func(w *store.Work) { w.DeadlineAt = t0 }), true, false, outcome.Expired, "", consumer.Ack},
 		{"too little time left", work(func(w *store.Work) { w.DeadlineAt = t0.Add(time.Second) }), true, false, outcome.Expired, "", consumer.Ack},
 		{"attempts spent", work(func(w *store.Work) { w.Attempts = 5 }), true, false, outcome.RetryExhausted, "", consumer.Ack},
+		{"attempts lost to an outage are not counted", work(func(w *store.Work) { w.Attempts, w.OutageAttempts = 7, 3 }), true, true, "", "", consumer.Ack},
 		{"contract unknown here", work(nil), false, false, outcome.TransportRejected, "", consumer.Ack},
 	}
 	for _, c := range cases {
@@ -235,6 +236,32 @@ func TestRetryExhaustedSaysWhy(t *testing.T) {
 		now: t0, deadline: t0.Add(time.Second), backoff: 2 * time.Second}, l)
 	if late.workReason != "timeout and the next try would pass the deadline" {
 		t.Errorf("deadline: %q", late.workReason)
+	}
+	// An outage's: the reason says the provider was unavailable, so no
+	// review item opens; while the deadline allows, the work waits instead.
+	down := answer{stillMine: true, err: &model.Error{Kind: model.KindTransient}, attempts: 1, now: t0,
+		deadline: t0.Add(time.Second), backoff: 2 * time.Second, outage: true,
+		condition: "provider_unavailable: the model m has not answered since 2026-12-01T11:59:00Z (connection refused)"}
+	ended := judge(down, l)
+	if ended.workOutcome != outcome.RetryExhausted || !strings.HasPrefix(ended.workReason, outcome.ReasonProviderUnavailable+": ") ||
+		!strings.HasSuffix(ended.workReason, "the next try would pass the deadline") {
+		t.Errorf("outage past the deadline: %s %q", ended.workOutcome, ended.workReason)
+	}
+	down.deadline = t0.Add(time.Hour)
+	if waits := judge(down, l); waits.change != store.Requeue || waits.workOutcome != "" {
+		t.Errorf("outage within the deadline: %+v; want the work requeued", waits)
+	}
+}
+
+// The attempts a budget counts leave out those lost to an outage.
+func TestCountedAttempts(t *testing.T) {
+	t.Parallel()
+	w := &store.Work{Attempts: 6, OutageAttempts: 2}
+	if n := counted(w, false); n != 4 {
+		t.Errorf("counted = %d, want 4", n)
+	}
+	if n := counted(w, true); n != 3 {
+		t.Errorf("counted with this attempt lost to the outage = %d, want 3", n)
 	}
 }
 

@@ -40,6 +40,9 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	if st := screen(ev, s.cfg.Region, time.Now(), need); !st.proceed {
 		return s.carry(ctx, ev.WorkID, nil, st)
 	}
+	if disp, held := s.waitForProvider(ctx, ev, need); held {
+		return disp
+	}
 	w, budgeted, c, disp, ok := s.read(ctx, ev, need)
 	if !ok {
 		return disp
@@ -58,6 +61,10 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	if disp, ok := s.stillInTime(ctx, ev, w, need); !ok {
 		return disp
 	}
+	probe, disp, ok := s.probeTurn(ctx, w)
+	if !ok {
+		return disp
+	}
 	cw, attemptID, token, disp, ok := s.claim(ctx, w, budgeted, c)
 	if !ok {
 		return disp
@@ -74,12 +81,13 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 		sig.Kind = admission.Ignore
 	}
 	permit.Release(sig)
+	outage := s.circ.observe(ctx, reply, callErr, deadlineBound, probe)
 	// What the call cost must be recorded even when the worker is stopping.
 	ctx = context.WithoutCancel(ctx)
 	// Whether the lease is still the attempt's is asked by the statement
 	// that records the answer: the handoff lease is taken there, and when
 	// the lease has gone the attempt is recorded stale instead.
-	return s.settle(ctx, cw, c, attemptID, token, reply, callErr, claimedAt)
+	return s.settle(ctx, cw, c, attemptID, token, reply, callErr, claimedAt, outage)
 }
 
 // read reads the work the announcement points to and admits it; ok=false
@@ -212,11 +220,14 @@ func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract,
 // attempt's outcome, the work's next state and the RESULT and ATTEMPT
 // events, in one statement.
 func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token string,
-	reply *model.Reply, callErr error, claimedAt time.Time) consumer.Disposition {
+	reply *model.Reply, callErr error, claimedAt time.Time, outage bool) consumer.Disposition {
 	out, hasOutput := output(reply, callErr)
 	a := answer{stillMine: true, err: callErr, output: out, hasOutput: hasOutput,
-		attempts: w.Attempts, repairs: w.Repairs, now: time.Now(), deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts),
-		retryRefusals: c.OnRefusal == contract.RefusalRetry, outputCap: s.outputCap(w)}
+		attempts: counted(w, outage), repairs: w.Repairs, now: time.Now(), deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts),
+		retryRefusals: c.OnRefusal == contract.RefusalRetry, outputCap: s.outputCap(w), outage: outage}
+	if outage {
+		a.condition = s.circ.condition()
+	}
 	if w.OutputCap == 0 {
 		a.raisedCap = 2 * s.cfg.MaxOutputUnits
 	}
@@ -252,7 +263,7 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 		applied, err := s.recordAttempt(ctx, store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
 			Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
 			RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
-			WorkReason: v.workReason, Outbox: msgs})
+			WorkReason: v.workReason, Outbox: msgs, Outage: outage})
 		if store.Permanent(err) {
 			// The database refused the record for good (a data exception, an
 			// integrity violation): retrying would claim and pay again for

@@ -20,4 +20,5 @@ type Store interface {
 	ExtendLease(ctx context.Context, workID, token string, ttl time.Duration) (bool, error)
 	FinishUnleased(ctx context.Context, workID, state, reason string) (bool, error)
 	RecordAttempt(ctx context.Context, r store.AttemptRecord) (applied bool, err error)
+	circuitStore
 }

@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -24,6 +22,7 @@ import (
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/gate"
+	"assay.dev/pkg/githubapp"
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
@@ -66,6 +65,16 @@ type Config struct {
 	// Rerun is the command that runs dropped work again. Default
 	// "assay work rerun <id> --region <region>".
 	Rerun func(workID string) string
+	// PublishDeadline is how long an outcome's publication to each target
+	// is tried before it is failed. Default a day.
+	PublishDeadline time.Duration
+	// PublishBackoff, PublishRetryEvery and PublishCountEvery tune the
+	// publisher's retries and the count of its unfinished publications
+	// (defaults: publish.Config's).
+	PublishBackoff                       publish.Backoff
+	PublishRetryEvery, PublishCountEvery time.Duration
+	// Now is the publisher's clock. Default time.Now.
+	Now func() time.Time
 	// SetAside bounds how long an OUTCOME row that fails to publish is
 	// tried.
 	SetAside store.SetAsidePolicy
@@ -79,19 +88,21 @@ var Vars = []config.Var{
 	{Name: "ASSAY_ACK_WAIT", Default: "30s", Usage: "the RESULT consumer's ack wait"},
 	{Name: "ASSAY_COMMITTER_REAP_EVERY", Default: "5s", Usage: "how often the reaper reads back RESULT events the broker lost"},
 	{Name: "ASSAY_COMMITTER_REAP_GRACE", Default: "60s", Usage: "a RESULT event published this long ago and not committed is read back"},
+	{Name: "ASSAY_PUBLISH_DEADLINE", Default: "24h", Usage: "an outcome's publication to each target is tried this long, then failed (assay publish retry sends it again)"},
 	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where check runs and review comments are published"},
 	{Name: "ASSAY_GITHUB_APP_ID", Default: "none (record what would be published)", Usage: "the GitHub App's id, to publish as the app"},
 	{Name: "ASSAY_GITHUB_APP_KEY_FILE", Default: "none", Usage: "the GitHub App's private key (PEM); required with ASSAY_GITHUB_APP_ID"},
 }
 
-// FromEnv also reads the GitHub App settings: ASSAY_GITHUB_APP_ID (a
-// positive integer), ASSAY_GITHUB_APP_KEY_FILE (a PEM RSA key, required
-// with the id) and ASSAY_GITHUB_API_URL.
+// FromEnv also reads ASSAY_PUBLISH_DEADLINE and the GitHub App settings:
+// ASSAY_GITHUB_APP_ID (a positive integer), ASSAY_GITHUB_APP_KEY_FILE (a
+// PEM RSA key, required with the id) and ASSAY_GITHUB_API_URL.
 func (c *Config) FromEnv(getenv func(string) string) error {
 	if err := config.Durations(getenv,
 		config.Duration{Name: "ASSAY_ACK_WAIT", To: &c.AckWait, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
 		config.Duration{Name: "ASSAY_COMMITTER_REAP_EVERY", To: &c.ReapEvery, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
-		config.Duration{Name: "ASSAY_COMMITTER_REAP_GRACE", To: &c.ReapGrace, Min: 100 * time.Millisecond, Max: 24 * time.Hour}); err != nil {
+		config.Duration{Name: "ASSAY_COMMITTER_REAP_GRACE", To: &c.ReapGrace, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
+		config.Duration{Name: "ASSAY_PUBLISH_DEADLINE", To: &c.PublishDeadline, Min: time.Minute, Max: 30 * 24 * time.Hour}); err != nil {
 		return err
 	}
 	if v := getenv("ASSAY_GITHUB_API_URL"); v != "" {
@@ -100,28 +111,11 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		}
 		c.GitHubAPI = v
 	}
-	id, keyFile := getenv("ASSAY_GITHUB_APP_ID"), getenv("ASSAY_GITHUB_APP_KEY_FILE")
-	switch {
-	case id == "" && keyFile == "":
-		return nil
-	case id == "":
-		return errors.New("ASSAY_GITHUB_APP_ID: required with ASSAY_GITHUB_APP_KEY_FILE")
-	case keyFile == "":
-		return errors.New("ASSAY_GITHUB_APP_KEY_FILE: required with ASSAY_GITHUB_APP_ID")
-	}
-	n, err := strconv.ParseInt(id, 10, 64)
-	if err != nil || n <= 0 {
-		return fmt.Errorf("ASSAY_GITHUB_APP_ID: %q is not a positive integer", id)
-	}
-	pemBytes, err := os.ReadFile(keyFile)
+	id, key, err := githubapp.FromEnv(getenv)
 	if err != nil {
-		return fmt.Errorf("ASSAY_GITHUB_APP_KEY_FILE: %w", err)
+		return err
 	}
-	key, err := publish.ParseKey(pemBytes)
-	if err != nil {
-		return fmt.Errorf("ASSAY_GITHUB_APP_KEY_FILE: %s: %w", keyFile, err)
-	}
-	c.GitHubAppID, c.GitHubKey = n, key
+	c.GitHubAppID, c.GitHubKey = id, key
 	return nil
 }
 
@@ -227,7 +221,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 		}
 		return n == announceBatch, err
 	}
-	pc := publish.Config{Region: cfg.Region, Names: cfg.Names, Rerun: cfg.Rerun}
+	pc := publish.Config{Region: cfg.Region, Names: cfg.Names, Rerun: cfg.Rerun, Deadline: cfg.PublishDeadline,
+		Backoff: cfg.PublishBackoff, RetryEvery: cfg.PublishRetryEvery, CountEvery: cfg.PublishCountEvery, Now: cfg.Now}
 	if pc.Rerun == nil {
 		pc.Rerun = func(id string) string { return fmt.Sprintf("assay work rerun %s --region %s", id, cfg.Region) }
 	}
@@ -239,7 +234,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 		if api == "" {
 			api = "https://api.github.com"
 		}
-		pc.GitHub = &publish.GitHub{API: api, AppID: cfg.GitHubAppID, Key: cfg.GitHubKey}
+		pc.GitHub = &publish.GitHub{App: &githubapp.App{API: api, ID: cfg.GitHubAppID, Key: cfg.GitHubKey, Now: cfg.Now,
+			UserAgent: "assay-publisher"}}
 	}
 	if s.publisher, err = publish.New(pc, d.Store, d.JS, d.Log, d.Tel.Meter()); err != nil {
 		return nil, fmt.Errorf("committer: %w", err)
@@ -314,8 +310,12 @@ const reapBatch = 200
 // Reap reads back from the outbox the RESULT events the broker lost whose
 // work still waits for a verdict, and commits them as if delivered: the
 // commit is idempotent, so one that was only late changes nothing. It
-// does the same for OUTCOME events nothing was published for: the
-// publication fence makes a late one an edit.
+// does the same for OUTCOME events the publisher recorded nothing for:
+// the publication fence makes a late one change nothing, and once read
+// each outcome has its rows (made, pending, failed, or skipped when it has
+// nowhere to go), so none is read twice. Outcomes are read in batches
+// until none is left, so many with nothing to publish never keep a lost
+// one waiting for another pass.
 func (s *Service) Reap(ctx context.Context) (int, error) {
 	payloads, err := s.d.Store.UncommittedResults(ctx, event.KindResult, s.cfg.ReapGrace, time.Hour, reapBatch)
 	if err != nil {
@@ -333,23 +333,47 @@ func (s *Service) Reap(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
+	outcomes := 0
+	seen := map[string]bool{}
+	for ctx.Err() == nil {
+		n, fresh, err := s.reapOutcomes(ctx, seen)
+		outcomes += fresh
+		if err != nil {
+			return 0, err
+		}
+		if n < reapBatch || fresh < n {
+			// The rest, and any read again because nothing could be
+			// recorded for it now, are the next pass's.
+			break
+		}
+	}
+	return max(len(payloads), outcomes), nil
+}
+
+// reapOutcomes reads back one batch of OUTCOME events and publishes those
+// not seen yet in this pass; fresh counts them.
+func (s *Service) reapOutcomes(ctx context.Context, seen map[string]bool) (n, fresh int, err error) {
 	outcomes, err := s.d.Store.UnpublishedOutcomes(ctx, s.cfg.ReapGrace, time.Hour, reapBatch)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	for _, p := range outcomes {
 		ev, err := event.Parse[event.Outcome](p)
-		if err != nil {
-			s.d.Log.Warn("undecodable OUTCOME event in the outbox", "err", err)
+		if err != nil || seen[ev.OutcomeID] {
+			if err != nil {
+				s.d.Log.Warn("undecodable OUTCOME event in the outbox", "err", err)
+			}
 			continue
 		}
-		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "reaped", "OUTCOME event published but nothing published for it; read back from the outbox",
+		seen[ev.OutcomeID] = true
+		fresh++
+		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "reaped", "OUTCOME event published but nothing recorded for it; read back from the outbox",
 			slog.String("work_outcome", ev.Outcome))
 		if err := s.publisher.Publish(ctx, ev); err != nil {
-			s.d.Log.Warn("reaped outcome not published; the next pass tries again", "key", ev.WorkID, "err", err)
+			s.d.Log.Warn("reaped outcome not recorded; the next pass tries again", "key", ev.WorkID, "err", err)
 		}
 	}
-	return max(len(payloads), len(outcomes)), nil
+	return len(outcomes), fresh, nil
 }
 
 // Ready reports whether the service can take results.

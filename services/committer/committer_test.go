@@ -37,6 +37,36 @@ type bundle struct {
 // does itself.
 func setup(t *testing.T) *bundle {
 	t.Helper()
+	b := setupCell(t)
+	ctx := t.Context()
+	reg, err := contract.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tel, err := telemetry.Setup(ctx, "committer", "us")
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := committer.New(committer.Config{Region: "us"}, committer.Deps{Store: b.st, JS: b.js, Contracts: reg,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()) })
+	if _, err := event.EnsureStream(ctx, b.js, names, event.KindResult, event.StreamSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	b.tel = tel
+	return b
+}
+
+// setupCell is the cell's database and JetStream with no committer
+// running: a test that runs its own passes needs no other reaper beside.
+func setupCell(t *testing.T) *bundle {
+	t.Helper()
 	ctx := t.Context()
 	url := testenv.Database(t)
 	st, err := store.Open(ctx, url)
@@ -59,27 +89,7 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := contract.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tel, err := telemetry.Setup(ctx, "committer", "us")
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := committer.New(committer.Config{Region: "us"}, committer.Deps{Store: st, JS: js, Contracts: reg,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := svc.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { svc.Stop(context.Background()) })
-	if _, err := event.EnsureStream(ctx, js, names, event.KindResult, event.StreamSettings{}); err != nil {
-		t.Fatal(err)
-	}
-	return &bundle{st: st, db: testenv.Pool(t, url), js: js, tel: tel}
+	return &bundle{st: st, db: testenv.Pool(t, url), js: js}
 }
 
 // claimed stores moderation work and claims it, as a classifier would

@@ -9,10 +9,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
-// Bad GitHub App settings stop start-up naming the variable; good ones
-// load the key.
+// Bad GitHub App and publication settings stop start-up naming the
+// variable; good ones load the key and the deadline.
 func TestGitHubSettings(t *testing.T) {
 	t.Parallel()
 	key, err := rsa.GenerateKey(rand.Reader, 2048)
@@ -40,6 +41,9 @@ func TestGitHubSettings(t *testing.T) {
 		{map[string]string{"ASSAY_GITHUB_APP_ID": "12", "ASSAY_GITHUB_APP_KEY_FILE": junk}, "ASSAY_GITHUB_APP_KEY_FILE"},
 		{map[string]string{"ASSAY_GITHUB_APP_ID": "12", "ASSAY_GITHUB_APP_KEY_FILE": filepath.Join(dir, "none")}, "ASSAY_GITHUB_APP_KEY_FILE"},
 		{map[string]string{"ASSAY_GITHUB_API_URL": "api.github.com"}, "ASSAY_GITHUB_API_URL"},
+		{map[string]string{"ASSAY_PUBLISH_DEADLINE": "6h"}, ""},
+		{map[string]string{"ASSAY_PUBLISH_DEADLINE": "5s"}, "ASSAY_PUBLISH_DEADLINE"},
+		{map[string]string{"ASSAY_PUBLISH_DEADLINE": "a day"}, "ASSAY_PUBLISH_DEADLINE"},
 	} {
 		var cfg Config
 		err := cfg.FromEnv(func(k string) string { return c.env[k] })
@@ -50,6 +54,8 @@ func TestGitHubSettings(t *testing.T) {
 			t.Errorf("%v: error %v, want one naming %s", c.env, err, c.want)
 		case c.want == "" && c.env["ASSAY_GITHUB_APP_ID"] != "" && (cfg.GitHubAppID != 12 || cfg.GitHubKey == nil):
 			t.Errorf("%v: app %d, key %v", c.env, cfg.GitHubAppID, cfg.GitHubKey != nil)
+		case c.want == "" && c.env["ASSAY_PUBLISH_DEADLINE"] != "" && cfg.PublishDeadline != 6*time.Hour:
+			t.Errorf("%v: publication deadline %s", c.env, cfg.PublishDeadline)
 		}
 	}
 }

@@ -1,15 +1,20 @@
 package committer_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"crypto/rsa"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"assay.dev/pkg/contract"
+	"assay.dev/pkg/devkit/fakegithub"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
@@ -92,7 +97,7 @@ func waitRow(t *testing.T, what string, cond func() bool) {
 // outbox by the reaper and published.
 func TestReaperPublishesLostOutcomes(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupCell(t)
 	ctx := t.Context()
 	w := &store.Work{ID: "w_lost51", TenantID: "acme", Region: "us", Contract: "code-review", SchemaVersion: "1",
 		TaxonomyVersion: "2026-11", SourceID: "shop/app#51", Revision: strings.Repeat("c", 40), Lane: event.Interactive,
@@ -131,4 +136,142 @@ func TestReaperPublishesLostOutcomes(t *testing.T) {
 	if n, err := svc.Reap(ctx); err != nil || n != 0 {
 		t.Fatalf("second reap: %d, %v; want nothing left", n, err)
 	}
+}
+
+// logLines is a log sink a test reads back.
+type logLines struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// decisions counts the decisions of each key with the outcome word.
+func (l *logLines) decisions(t *testing.T, outcome string) map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]int{}
+	for line := range strings.Lines(l.b.String()) {
+		var d struct{ Msg, Key, Outcome string }
+		if err := json.Unmarshal([]byte(line), &d); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if d.Msg == "decision" && d.Outcome == outcome {
+			out[d.Key]++
+		}
+	}
+	return out
+}
+
+// 300 outcomes with nothing to publish (code reviews of pull requests no
+// installation of their tenant covers) and one lost outcome among them
+// whose pull request is covered, all published to the broker and never
+// delivered: one pass of the reaper reads each once — the 300 are marked
+// skipped with their reason, the lost one is published to GitHub — and the
+// next pass reads nothing.
+func TestReaperReadsNothingToPublishOnce(t *testing.T) {
+	t.Parallel()
+	b := setupCell(t)
+	ctx := t.Context()
+	const quiet = 300
+	// Expired code reviews of shop/other#1…#300, announced and published
+	// to the broker two minutes ago.
+	if _, err := b.db.Exec(ctx, `WITH w AS (
+			INSERT INTO work (id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane,
+				input, content_digest, state, reason, deadline_at, outcome_announced_at)
+			SELECT 'w_quiet' || n, 'acme', 'us', 'code-review', '1', '2026-11', 'shop/other#' || n, repeat('d', 40), 'interactive',
+				'{}', 'sha256:00', 'expired', 'deadline passed', now() - interval '3 minutes', now() - interval '2 minutes'
+			FROM generate_series(1, $1) n RETURNING id)
+		INSERT INTO outbox (stream, subject, msg_id, payload, headers, published_at)
+		SELECT 'OUTCOME', 'nowhere.outcome.acme', id || '.expired',
+			json_build_object('outcomeId', id || '.expired', 'workId', id, 'tenantId', 'acme', 'region', 'us', 'outcome', 'expired')::text::bytea,
+			'{}', now() - interval '2 minutes'
+		FROM w`, quiet); err != nil {
+		t.Fatal(err)
+	}
+	// The lost one: shop/lost#1, which installation 42 of acme covers.
+	if err := b.st.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: "42", Tenant: "acme",
+		Repositories: []string{"shop/lost"}}); err != nil {
+		t.Fatal(err)
+	}
+	lost := &store.Work{ID: "w_lost61", TenantID: "acme", Region: "us", Contract: "code-review", SchemaVersion: "1",
+		TaxonomyVersion: "2026-11", SourceID: "shop/lost#1", Revision: strings.Repeat("e", 40), Lane: event.Interactive,
+		Input: `{}`, Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Minute)}
+	if _, _, err := b.st.InsertWork(ctx, lost, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.st.FinishUnleased(ctx, lost.ID, outcome.Expired, "deadline passed"); err != nil || !ok {
+		t.Fatalf("expire: %v %v", ok, err)
+	}
+	id := event.OutcomeMsgID(lost.ID, outcome.Expired)
+	payload, _ := json.Marshal(event.Outcome{OutcomeID: id, WorkID: lost.ID, TenantID: "acme", Region: "us", Outcome: outcome.Expired})
+	if _, err := b.db.Exec(ctx, `UPDATE work SET outcome_announced_at = now() WHERE id = $1`, lost.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Published a minute after the first of the quiet ones: the reader's
+	// order puts it past the first batch.
+	if _, err := b.db.Exec(ctx, `INSERT INTO outbox (stream, subject, msg_id, payload, headers, published_at)
+		VALUES ('OUTCOME', 'nowhere.outcome.acme', $1, $2, '{}', now() - interval '90 seconds')`, id, payload); err != nil {
+		t.Fatal(err)
+	}
+
+	gh := fakegithub.New()
+	t.Cleanup(gh.Close)
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gh.App(5, &key.PublicKey)
+	log := &logLines{}
+	reg, _ := contract.Load()
+	tel, _ := telemetry.Setup(ctx, "committer", "us")
+	svc, err := committer.New(committer.Config{Region: "us", Names: event.Names{Installation: "quiet", Cell: "us"},
+		ReapEvery: -1, AnnounceEvery: -1, ReapGrace: time.Second, GitHubAPI: gh.URL, GitHubAppID: 5, GitHubKey: key},
+		committer.Deps{Store: b.st, JS: b.js, Contracts: reg, Log: slog.New(slog.NewJSONHandler(log, nil)), Tel: tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := svc.Reap(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reaped := log.decisions(t, "reaped")
+	if len(reaped) != quiet+1 || n != quiet+1 {
+		t.Fatalf("one pass read %d outcomes (%d distinct), want %d", n, len(reaped), quiet+1)
+	}
+	for k, c := range reaped {
+		if c != 1 {
+			t.Errorf("%s read %d times in the pass, want once", k, c)
+		}
+	}
+	if runs := gh.CheckRuns(); len(runs) != 1 || runs[0].ExternalID != lost.ID || runs[0].Conclusion != "timed_out" {
+		t.Fatalf("check runs after the pass: %+v; want the lost outcome's timed_out run", runs)
+	}
+	if n := count(t, b, `SELECT count(*) FROM publications WHERE target = 'none' AND state = 'skipped'
+		AND reason = 'no GitHub App installation of the tenant covers shop/other'`); n != quiet {
+		t.Fatalf("%d outcomes marked skipped with their reason, want %d", n, quiet)
+	}
+	if n, err := svc.Reap(ctx); err != nil || n != 0 {
+		t.Fatalf("second pass: %d read, %v; want none", n, err)
+	}
+	for k, c := range log.decisions(t, "reaped") {
+		if c != 1 {
+			t.Errorf("%s read %d times over two passes, want once", k, c)
+		}
+	}
+	t.Logf("%d nothing-to-publish outcomes and 1 lost: one pass read each once (%d reads), published the lost one; the second pass read 0",
+		quiet, n)
+}
+
+func count(t *testing.T, b *bundle, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := b.db.QueryRow(t.Context(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
 }

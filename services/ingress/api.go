@@ -71,6 +71,8 @@ type WorkView struct {
 	UpdatedAt  time.Time     `json:"updatedAt"`
 	Attempts   []AttemptView `json:"attempts"`
 	Result     *ResultView   `json:"result,omitempty"`
+	// Publications are where the outcome went, one per target.
+	Publications []PublicationView `json:"publications"`
 }
 
 // AttemptView is one attempt of a work item.
@@ -81,6 +83,52 @@ type AttemptView struct {
 	Reason     string     `json:"reason,omitempty"`
 	StartedAt  time.Time  `json:"startedAt"`
 	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+}
+
+// PublicationView is a work item's publication to one target: GitHub (its
+// check run and comment ids), the tenant's callback, the dry record of a
+// cell without a GitHub App, or "none" with why nothing was published. A
+// pending one is tried again at nextTryAt until deadlineAt; a failed one
+// waits for assay publish retry.
+type PublicationView struct {
+	Target         string           `json:"target"`
+	State          string           `json:"state"`
+	Outcome        string           `json:"outcome"`
+	CheckRunID     int64            `json:"checkRunId,omitempty"`
+	CommentIDs     map[string]int64 `json:"commentIds,omitempty"`
+	RerunCommentID int64            `json:"rerunCommentId,omitempty"`
+	Tries          int              `json:"tries"`
+	LastError      string           `json:"lastError,omitempty"`
+	Reason         string           `json:"reason,omitempty"`
+	LastTriedAt    *time.Time       `json:"lastTriedAt,omitempty"`
+	NextTryAt      *time.Time       `json:"nextTryAt,omitempty"`
+	DeadlineAt     *time.Time       `json:"deadlineAt,omitempty"`
+	PublishedAt    *time.Time       `json:"publishedAt,omitempty"`
+}
+
+// PublicationViews are the views of a work item's publications.
+func PublicationViews(ps []*store.Publication) []PublicationView {
+	at := func(t time.Time) *time.Time {
+		if t.IsZero() {
+			return nil
+		}
+		u := t.UTC()
+		return &u
+	}
+	out := make([]PublicationView, 0, len(ps))
+	for _, p := range ps {
+		v := PublicationView{Target: p.Target, State: p.State, Outcome: p.Outcome, CheckRunID: p.CheckRunID,
+			RerunCommentID: p.RerunCommentID, Tries: p.Tries, LastError: p.LastError, Reason: p.Reason,
+			LastTriedAt: at(p.LastTriedAt), PublishedAt: at(p.PublishedAt)}
+		if len(p.CommentIDs) > 0 {
+			v.CommentIDs = p.CommentIDs
+		}
+		if p.State == store.PublicationPending {
+			v.NextTryAt, v.DeadlineAt = at(p.NextTryAt), at(p.DeadlineAt)
+		}
+		out = append(out, v)
+	}
+	return out
 }
 
 // ResultView is the accepted output of a work item.
@@ -352,5 +400,10 @@ func (s *Service) View(ctx context.Context, id string) (*WorkView, error) {
 		v.Result = &ResultView{SchemaVersion: r.SchemaVersion, AttemptID: r.AttemptID, Output: r.Output,
 			Findings: r.Findings, CreatedAt: r.CreatedAt}
 	}
+	pubs, err := s.d.Store.PublicationsOf(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	v.Publications = PublicationViews(pubs)
 	return v, nil
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,7 +41,45 @@ type Console struct {
 	// Consumers are the cell's durables; only an operator sees them.
 	Consumers []ConsoleConsumer `json:"consumers,omitempty"`
 	Spend     []ConsoleSpend    `json:"spend"`
-	At        time.Time         `json:"at"`
+	// Publications count the publications not made, per target: pending
+	// ones are tried again until their deadline, failed ones wait for
+	// assay publish retry; FailedPublications are the latest failed.
+	Publications       []ConsolePublications `json:"publications"`
+	FailedPublications []ConsoleFailed       `json:"failedPublications"`
+	// Circuits are the cell's circuit per model: whether the provider
+	// answers, the same for everyone.
+	Circuits []ConsoleCircuit `json:"circuits"`
+	At       time.Time        `json:"at"`
+}
+
+// ConsolePublications are one target's publications not made.
+type ConsolePublications struct {
+	Target  string `json:"target"`
+	Pending int64  `json:"pending"`
+	Failed  int64  `json:"failed"`
+}
+
+// ConsoleFailed is one failed publication.
+type ConsoleFailed struct {
+	WorkID   string    `json:"workId"`
+	TenantID string    `json:"tenantId"`
+	Target   string    `json:"target"`
+	Outcome  string    `json:"outcome"`
+	Tries    int       `json:"tries"`
+	Reason   string    `json:"reason"`
+	FailedAt time.Time `json:"failedAt"`
+}
+
+// ConsoleCircuit is the cell's circuit breaker of one model: closed, or
+// open since a time, with the probes made and the next one due.
+type ConsoleCircuit struct {
+	Model       string     `json:"model"`
+	State       string     `json:"state"`
+	Since       time.Time  `json:"since"`
+	Failures    int        `json:"failures,omitempty"`
+	LastError   string     `json:"lastError,omitempty"`
+	Probes      int        `json:"probes"`
+	NextProbeAt *time.Time `json:"nextProbeAt,omitempty"`
 }
 
 // ConsoleLane is one lane's unfinished work.
@@ -124,10 +163,52 @@ func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error)
 	if tenant != "" && len(c.Spend) == 0 {
 		c.Spend = append(c.Spend, ConsoleSpend{TenantID: tenant})
 	}
+	c.publications(f)
 	if tenant == "" {
 		c.Consumers = s.consumerLag(ctx)
 	}
 	return c, nil
+}
+
+// publications fills the console's publication and circuit figures:
+// every target retried is listed, at 0 when nothing waits.
+func (c *Console) publications(f store.ConsoleFigures) {
+	c.Publications, c.FailedPublications, c.Circuits = []ConsolePublications{}, []ConsoleFailed{}, []ConsoleCircuit{}
+	targets := []string{"github", "callback"}
+	by := map[string]ConsolePublications{}
+	for _, n := range f.Publications {
+		if _, ok := by[n.Target]; !ok && !slices.Contains(targets, n.Target) {
+			targets = append(targets, n.Target)
+		}
+		p := by[n.Target]
+		switch n.State {
+		case store.PublicationPending:
+			p.Pending = n.Count
+		case store.PublicationFailed:
+			p.Failed = n.Count
+		}
+		by[n.Target] = p
+	}
+	for _, t := range targets {
+		p := by[t]
+		p.Target = t
+		c.Publications = append(c.Publications, p)
+	}
+	for _, p := range f.Failed {
+		c.FailedPublications = append(c.FailedPublications, ConsoleFailed{WorkID: p.WorkID, TenantID: p.TenantID, Target: p.Target,
+			Outcome: p.Outcome, Tries: p.Tries, Reason: p.Reason, FailedAt: p.UpdatedAt.UTC()})
+	}
+	for _, k := range f.Circuits {
+		cc := ConsoleCircuit{Model: k.Model, State: k.State, Since: k.Since.UTC(), Probes: k.Probes}
+		if k.State == store.CircuitOpen {
+			cc.Failures, cc.LastError = k.Failures, k.LastError
+			if !k.NextProbeAt.IsZero() {
+				at := k.NextProbeAt.UTC()
+				cc.NextProbeAt = &at
+			}
+		}
+		c.Circuits = append(c.Circuits, cc)
+	}
 }
 
 // consumerLag reads each durable's progress from the server, all at once

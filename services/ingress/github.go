@@ -10,15 +10,37 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"assay.dev/pkg/githubapp"
+	"assay.dev/pkg/store"
 )
 
+// diffInstallation is the App installation that reads a delivery's pull
+// request: the one that delivered it, when the App signed the delivery, or
+// else the one its tenant linked for the repository; 0 without an App.
+func (s *Service) diffInstallation(ctx context.Context, d *delivery) (int64, error) {
+	if d.pr.Installation != nil && d.by.app {
+		return d.pr.Installation.ID, nil
+	}
+	if s.cfg.GitHubAppID == 0 {
+		return 0, nil
+	}
+	return s.d.Store.InstallationFor(ctx, d.tenant.ID, d.pr.Repository.FullName)
+}
+
+// covers reports whether one of an installation's repository patterns
+// names repo.
+func covers(patterns []string, repo string) bool { return store.Covers(patterns, repo) }
+
 // PullRef names one revision of a pull request: its head, and the base
-// it was delivered against.
+// it was delivered against; Installation is the GitHub App installation
+// that may read it, 0 for none.
 type PullRef struct {
-	Owner, Repo string
-	Number      int64
-	HeadSHA     string
-	BaseSHA     string
+	Owner, Repo  string
+	Number       int64
+	HeadSHA      string
+	BaseSHA      string
+	Installation int64
 }
 
 func (p PullRef) String() string {
@@ -39,7 +61,14 @@ var ErrDiffTooLarge = errors.New("diff exceeds the size cap")
 type GitHubDiffs struct {
 	// API is the REST API's base URL, e.g. https://api.github.com.
 	API string
-	// Token, when set, is sent as a bearer token.
+	// App, when set, reads each pull request with the token of the GitHub
+	// App installation the pull request names (the one that delivered it,
+	// or that its tenant linked for the repository): one App serves every
+	// tenant, each reading only what it installed the App on. A pull
+	// request no installation covers is read without a token.
+	App *githubapp.App
+	// Token, when set, is sent with every fetch instead: the single-tenant
+	// option, one token that reads the tenant's repositories.
 	Token string
 	// MaxBytes caps a diff.
 	MaxBytes int64
@@ -73,7 +102,14 @@ func (g *GitHubDiffs) Diff(ctx context.Context, pr PullRef) (string, error) {
 	req.Header.Set("X-GitHub-Api-Version", "2022-11-28")
 	// GitHub refuses API requests without a User-Agent.
 	req.Header.Set("User-Agent", "assay-ingress")
-	if g.Token != "" {
+	switch {
+	case g.App != nil && pr.Installation > 0:
+		tok, err := g.App.Token(ctx, pr.Installation)
+		if err != nil {
+			return "", fmt.Errorf("github: %s diff: %w", pr, err)
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+	case g.Token != "":
 		req.Header.Set("Authorization", "Bearer "+g.Token)
 	}
 	c := g.Client

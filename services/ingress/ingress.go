@@ -5,6 +5,7 @@ package ingress
 
 import (
 	"context"
+	"crypto/rsa"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/githubapp"
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/outcome"
@@ -94,7 +96,13 @@ type Config struct {
 	// GitHubAPI is the REST API the diffs are fetched from. Default
 	// https://api.github.com.
 	GitHubAPI string
-	// GitHubToken, when set, authenticates the diff fetches.
+	// GitHubAppID and GitHubKey are the GitHub App's credentials (the ones
+	// the committer publishes with): each diff is read with the token of
+	// the installation its pull request belongs to.
+	GitHubAppID int64
+	GitHubKey   *rsa.PrivateKey
+	// GitHubToken, when set, authenticates every diff fetch instead: the
+	// single-tenant option, refused beside an App.
 	GitHubToken string
 	// GitHubTimeout bounds one diff fetch. Default 5s, well inside the 10s
 	// GitHub waits for a webhook answer.
@@ -175,8 +183,19 @@ func (c *Config) defaults() error {
 	if c.MaxDiffBytes == 0 {
 		c.MaxDiffBytes = 1 << 20
 	}
+	if c.GitHubAppID != 0 && c.GitHubToken != "" {
+		return errors.New("ingress: GitHubToken is the single-tenant option and is not used beside a GitHub App (GitHubAppID)")
+	}
+	if c.GitHubAppID != 0 && c.GitHubKey == nil {
+		return errors.New("ingress: GitHubKey is required with GitHubAppID")
+	}
 	if c.Diffs == nil {
-		c.Diffs = &GitHubDiffs{API: c.GitHubAPI, Token: c.GitHubToken, MaxBytes: c.MaxDiffBytes, Timeout: c.GitHubTimeout}
+		d := &GitHubDiffs{API: c.GitHubAPI, Token: c.GitHubToken, MaxBytes: c.MaxDiffBytes, Timeout: c.GitHubTimeout}
+		if c.GitHubAppID != 0 {
+			d.App = &githubapp.App{API: c.GitHubAPI, ID: c.GitHubAppID, Key: c.GitHubKey, UserAgent: "assay-ingress",
+				Client: &http.Client{Timeout: c.GitHubTimeout}}
+		}
+		c.Diffs = d
 	}
 	return c.Shed.defaults()
 }
@@ -184,8 +203,10 @@ func (c *Config) defaults() error {
 // FromEnv fills the settings an operator sets from the environment:
 // ASSAY_INTERACTIVE_DEADLINE and ASSAY_BATCH_DEADLINE (Go durations, e.g.
 // 10m), the sweeper's ASSAY_SWEEP_EVERY, ASSAY_SWEEP_QUEUED_FOR and
-// ASSAY_SWEEP_LEASE_GRACE, and the GitHub webhook settings ASSAY_GITHUB_WEBHOOK_SECRET,
-// ASSAY_GITHUB_API_URL and ASSAY_GITHUB_TOKEN. Errors name the variable.
+// ASSAY_SWEEP_LEASE_GRACE, and the GitHub settings ASSAY_GITHUB_WEBHOOK_SECRET,
+// ASSAY_GITHUB_API_URL, ASSAY_GITHUB_APP_ID and ASSAY_GITHUB_APP_KEY_FILE
+// (the App that reads diffs) or, for a single tenant, ASSAY_GITHUB_TOKEN.
+// Errors name the variable.
 // Vars are the settings FromEnv reads, for ingress's help.
 var Vars = []config.Var{
 	{Name: "ASSAY_INTERACTIVE_DEADLINE", Default: "10m", Usage: "deadline of interactive work without its own"},
@@ -200,7 +221,9 @@ var Vars = []config.Var{
 	{Name: "ASSAY_TOKEN_CACHE", Default: "2s", Usage: "how long a token's tenant is remembered; a revocation or suspension takes effect within it (0s: never)"},
 	{Name: "ASSAY_GITHUB_WEBHOOK_SECRET", Default: "none", Usage: "the cell's (its GitHub App's) webhook secret"},
 	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where pull request diffs are fetched"},
-	{Name: "ASSAY_GITHUB_TOKEN", Default: "none", Usage: "token the diff fetches authenticate with"},
+	{Name: "ASSAY_GITHUB_APP_ID", Default: "none (diffs read without a token)", Usage: "the GitHub App whose installation tokens read each pull request's diff (the committer publishes as it)"},
+	{Name: "ASSAY_GITHUB_APP_KEY_FILE", Default: "none", Usage: "the GitHub App's private key (PEM); required with ASSAY_GITHUB_APP_ID"},
+	{Name: "ASSAY_GITHUB_TOKEN", Default: "none", Usage: "single tenant, without an App: the one token every diff is read with"},
 	shedVars[0], shedVars[1], shedVars[2], shedVars[3],
 }
 
@@ -226,6 +249,13 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 	c.GitHubSecret = getenv("ASSAY_GITHUB_WEBHOOK_SECRET")
 	c.GitHubAPI = getenv("ASSAY_GITHUB_API_URL")
 	c.GitHubToken = getenv("ASSAY_GITHUB_TOKEN")
+	var err error
+	if c.GitHubAppID, c.GitHubKey, err = githubapp.FromEnv(getenv); err != nil {
+		return err
+	}
+	if c.GitHubAppID != 0 && c.GitHubToken != "" {
+		return errors.New("ASSAY_GITHUB_TOKEN: set beside ASSAY_GITHUB_APP_ID; with the App each diff is read with its installation's token, so the static token (the single-tenant option) must be unset")
+	}
 	return c.Shed.fromEnv(getenv)
 }
 

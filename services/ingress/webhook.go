@@ -434,6 +434,12 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 	pr, source := d.pr, slog.String("source", d.pr.SourceID())
 	ref := PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA,
 		BaseSHA: pr.PullRequest.Base.SHA}
+	inst, err := s.diffInstallation(ctx, d)
+	if err != nil {
+		s.d.Log.ErrorContext(ctx, "webhook installation lookup failed", "key", d.key(), "err", err)
+		return nil, "", apierror.New(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")
+	}
+	ref.Installation = inst
 	diffText, err := s.cfg.Diffs.Diff(ctx, ref)
 	if errors.Is(err, ErrDiffTooLarge) {
 		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", "diff too large", source)
@@ -547,18 +553,6 @@ func bind(pr *PullRequestEvent, by signer, l store.WebhookLinks) (store.Tenant, 
 		return store.Tenant{}, via, apierror.New(http.StatusNotFound, "unknown_installation", via+" is not linked to a tenant")
 	}
 	return l.Repository.Tenant, "repository " + repo, nil
-}
-
-// covers reports whether one of an installation's repository patterns
-// ("owner/*" or "owner/repo", as GitHub spells them) names repo.
-func covers(patterns []string, repo string) bool {
-	owner, _, _ := strings.Cut(repo, "/")
-	for _, p := range patterns {
-		if p == repo || p == owner+"/*" {
-			return true
-		}
-	}
-	return false
 }
 
 // RepositoryPatternOK reports whether p is a pattern an installation link

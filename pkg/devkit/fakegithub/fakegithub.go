@@ -1,11 +1,17 @@
 // Package fakegithub is a GitHub REST API in memory, serving the shapes
-// assay's publisher uses: installation tokens, check runs, pull request
-// review comments and conversation comments. It counts what was made, and
-// can answer with a fault (a 5xx, a secondary rate limit) or stop answering
-// after it has made something, as a dying publisher would see it.
+// assay uses: installation tokens, check runs, pull request review comments
+// and conversation comments (the publisher), and pull request diffs
+// (ingress), each readable only with a token that may read its repository.
+// It counts what was made, and can answer with a fault (a 5xx, a secondary
+// rate limit), be down until told otherwise, or stop answering after it has
+// made something, as a dying publisher would see it.
 package fakegithub
 
 import (
+	"crypto"
+	"crypto/rsa"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -69,9 +75,21 @@ type Server struct {
 	runs     []*CheckRun
 	comments []*Comment
 	faults   []Fault
-	hangs    int // after making this many more things, hang instead of answering (0: never)
+	down     *Fault // answers every request but token ones while set
+	hangs    int    // after making this many more things, hang instead of answering (0: never)
 	hung     chan struct{}
 	log      []Request
+
+	appID    int64
+	appKey   *rsa.PublicKey
+	installs map[int64][]string // installation -> repository patterns
+	static   string             // a token that reads every repository
+	pulls    map[string]pull    // "owner/repo#n" -> the pull request
+}
+
+// pull is a pull request whose diff is served.
+type pull struct {
+	base, head, diff string
 }
 
 // New starts a fake API; Close stops it.
@@ -88,13 +106,19 @@ func New() *Server {
 	mux.HandleFunc("GET /repos/{owner}/{repo}/issues/{n}/comments", s.listComments(false))
 	mux.HandleFunc("POST /repos/{owner}/{repo}/issues/{n}/comments", s.createComment(false))
 	mux.HandleFunc("PATCH /repos/{owner}/{repo}/issues/comments/{id}", s.editComment(false))
+	mux.HandleFunc("GET /repos/{owner}/{repo}/compare/{basehead}", s.diff)
+	mux.HandleFunc("GET /repos/{owner}/{repo}/pulls/{n}", s.diff)
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 		s.mu.Lock()
 		var f *Fault
-		if len(s.faults) > 0 && !strings.HasPrefix(r.URL.Path, "/app/") {
-			f = &s.faults[0]
-			s.faults = s.faults[1:]
+		if !strings.HasPrefix(r.URL.Path, "/app/") {
+			if s.down != nil {
+				f = s.down
+			} else if len(s.faults) > 0 {
+				f = &s.faults[0]
+				s.faults = s.faults[1:]
+			}
 		}
 		s.mu.Unlock()
 		if f != nil {
@@ -103,7 +127,7 @@ func New() *Server {
 			}
 			rec.WriteHeader(f.Status)
 			fmt.Fprint(rec, f.Body)
-		} else if !strings.HasPrefix(r.Header.Get("Authorization"), "token ") && !strings.HasPrefix(r.URL.Path, "/app/") {
+		} else if tokenOf(r) == "" && !strings.HasPrefix(r.URL.Path, "/app/") {
 			rec.WriteHeader(http.StatusUnauthorized)
 			fmt.Fprint(rec, `{"message":"Bad credentials"}`)
 		} else {
@@ -129,6 +153,53 @@ func (s *Server) FailNext(f ...Fault) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.faults = append(s.faults, f...)
+}
+
+// Down answers every request other than token requests with f until
+// Down(nil): GitHub in an incident.
+func (s *Server) Down(f *Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.down = f
+}
+
+// App makes token requests prove they come from app id: a JWT it issued,
+// signed with the private key of pub. Without it any JWT buys a token.
+func (s *Server) App(id int64, pub *rsa.PublicKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.appID, s.appKey = id, pub
+}
+
+// Install records an installation of the App that may read the
+// repositories patterns name ("owner/repo", or "owner/*" for all of an
+// owner's): its token reads their diffs and no others.
+func (s *Server) Install(id int64, patterns ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.installs == nil {
+		s.installs = map[int64][]string{}
+	}
+	s.installs[id] = patterns
+}
+
+// StaticToken is a token that reads every repository's diffs, as one
+// person's token would.
+func (s *Server) StaticToken(token string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.static = token
+}
+
+// AddPull serves the diff of pull request number of repo ("owner/repo")
+// from base to head, as compare/{base}...{head} and as pulls/{number}.
+func (s *Server) AddPull(repo string, number int64, base, head, diff string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pulls == nil {
+		s.pulls = map[string]pull{}
+	}
+	s.pulls[fmt.Sprintf("%s#%d", repo, number)] = pull{base: base, head: head, diff: diff}
 }
 
 // HangAfter makes the server, once it has made n more check runs or
@@ -183,12 +254,99 @@ func (s *Server) CommentsOf(workID string) int {
 }
 
 func (s *Server) token(w http.ResponseWriter, r *http.Request) {
-	if !strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") || strings.Count(r.Header.Get("Authorization"), ".") != 2 {
+	jwt, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || strings.Count(jwt, ".") != 2 {
 		http.Error(w, `{"message":"A JSON web token could not be decoded"}`, http.StatusUnauthorized)
 		return
 	}
+	s.mu.Lock()
+	id, pub := s.appID, s.appKey
+	s.mu.Unlock()
+	if pub != nil && !signedBy(jwt, id, pub) {
+		http.Error(w, `{"message":"'Issuer' claim ('iss') must be an Integer"}`, http.StatusUnauthorized)
+		return
+	}
 	w.WriteHeader(http.StatusCreated)
-	writeJSON(w, map[string]any{"token": "ghs_fake_" + r.PathValue("id"), "expires_at": time.Now().Add(time.Hour).UTC()})
+	writeJSON(w, map[string]any{"token": tokenPrefix + r.PathValue("id"), "expires_at": time.Now().Add(time.Hour).UTC()})
+}
+
+// tokenPrefix starts every installation token the server hands out; the
+// installation's id follows.
+const tokenPrefix = "ghs_fake_"
+
+// signedBy reports whether jwt is an RS256 token issued by app id and
+// signed with the key of pub.
+func signedBy(jwt string, id int64, pub *rsa.PublicKey) bool {
+	parts := strings.Split(jwt, ".")
+	sig, err := base64.RawURLEncoding.DecodeString(parts[2])
+	if err != nil {
+		return false
+	}
+	sum := sha256.Sum256([]byte(parts[0] + "." + parts[1]))
+	if rsa.VerifyPKCS1v15(pub, crypto.SHA256, sum[:], sig) != nil {
+		return false
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
+	var claims struct {
+		Iss string `json:"iss"`
+	}
+	return err == nil && json.Unmarshal(raw, &claims) == nil && claims.Iss == strconv.FormatInt(id, 10)
+}
+
+// tokenOf is the token a request carries ("token X" or "Bearer X"), "" for
+// none.
+func tokenOf(r *http.Request) string {
+	a := r.Header.Get("Authorization")
+	if t, ok := strings.CutPrefix(a, "token "); ok {
+		return t
+	}
+	t, _ := strings.CutPrefix(a, "Bearer ")
+	return t
+}
+
+// reads reports whether token may read repo: the static token reads every
+// one, an installation's token those its patterns cover.
+func (s *Server) reads(token, repo string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.static != "" && token == s.static {
+		return true
+	}
+	id, err := strconv.ParseInt(strings.TrimPrefix(token, tokenPrefix), 10, 64)
+	if !strings.HasPrefix(token, tokenPrefix) || err != nil {
+		return false
+	}
+	owner, _, _ := strings.Cut(repo, "/")
+	for _, p := range s.installs[id] {
+		if p == repo || p == owner+"/*" {
+			return true
+		}
+	}
+	return false
+}
+
+// diff serves a pull request's diff to a token that may read its
+// repository; to any other it is not found, as GitHub hides a private
+// repository.
+func (s *Server) diff(w http.ResponseWriter, r *http.Request) {
+	repo := repoOf(r)
+	if !s.reads(tokenOf(r), repo) || r.Header.Get("Accept") != "application/vnd.github.diff" {
+		http.Error(w, `{"message":"Not Found"}`, http.StatusNotFound)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for key, p := range s.pulls {
+		if !strings.HasPrefix(key, repo+"#") {
+			continue
+		}
+		if r.PathValue("basehead") == p.base+"..."+p.head || key == repo+"#"+r.PathValue("n") {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			fmt.Fprint(w, p.diff)
+			return
+		}
+	}
+	http.Error(w, `{"message":"Not Found"}`, http.StatusNotFound)
 }
 
 func repoOf(r *http.Request) string { return r.PathValue("owner") + "/" + r.PathValue("repo") }

@@ -18,7 +18,6 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/telemetry"
 )
 
 // TargetCallback is a tenant's signed callback.
@@ -104,11 +103,11 @@ type CallbackOutcome struct {
 }
 
 // callback sends one signed callback. The outcome id is the webhook-id,
-// the same on every retry, so the receiver can drop a second copy. A
-// failure is a RetryError that waits a capped exponential backoff on the
-// publication's tries, and no less than the receiver's Retry-After.
-func (p *Publisher) callback(ctx context.Context, url, secret, id string, body []byte, tries int) error {
-	now := time.Now()
+// the same on every try, so the receiver can drop a second copy. A failure
+// is a RetryError that waits no less than the receiver's Retry-After; the
+// publisher's backoff decides the rest.
+func (p *Publisher) callback(ctx context.Context, url, secret, id string, body []byte) error {
+	now := p.now()
 	sig, err := Sign(secret, id, now, body)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errFinal, err)
@@ -122,38 +121,23 @@ func (p *Publisher) callback(ctx context.Context, url, secret, id string, body [
 	req.Header.Set(HeaderID, id)
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
 	req.Header.Set(HeaderSignature, sig)
-	wait := min(p.cfg.CallbackBackoff<<min(tries, 20), p.cfg.CallbackMaxBackoff)
 	resp, err := p.callbacks.Do(req)
 	if err != nil {
-		return &RetryError{Wait: wait, Err: fmt.Errorf("callback: %w", err)}
+		return &RetryError{Err: fmt.Errorf("callback: %w", err)}
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode/100 == 2 {
 		return nil
 	}
-	if ra, ok := retryAfterHeader(resp.Header.Get("Retry-After"), now); ok {
-		wait = max(ra, wait)
-	}
-	return &RetryError{Wait: wait, Err: fmt.Errorf("callback: HTTP %d", resp.StatusCode)}
+	ra, _ := retryAfterHeader(resp.Header.Get("Retry-After"), now)
+	return &RetryError{Wait: ra, Err: fmt.Errorf("callback: HTTP %d", resp.StatusCode)}
 }
 
-// toCallback sends the outcome to the tenant's endpoint behind the
-// publication fence: once it has been delivered, a redelivered outcome
-// sends nothing more.
-func (p *Publisher) toCallback(ctx context.Context, w *store.Work, ev event.Outcome, cb store.Callback, output json.RawMessage) error {
-	pub, release, err := p.st.LockPublication(ctx, w.ID, TargetCallback, w.TenantID, ev.Outcome)
-	if errors.Is(err, store.ErrPublicationBusy) {
-		return &RetryError{Wait: time.Second, Err: err}
-	}
-	if err != nil {
-		return err
-	}
-	defer release()
-	if !pub.PublishedAt.IsZero() && pub.Outcome == ev.Outcome {
-		return nil
-	}
-	data := CallbackOutcome{OutcomeID: ev.OutcomeID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region, Outcome: w.State,
+// callbackBody is what the tenant's endpoint gets for the outcome: the
+// same bytes on every try.
+func (p *Publisher) callbackBody(w *store.Work, output json.RawMessage) ([]byte, error) {
+	data := CallbackOutcome{OutcomeID: event.OutcomeMsgID(w.ID, w.State), WorkID: w.ID, TenantID: w.TenantID, Region: w.Region, Outcome: w.State,
 		Reason: w.Reason, SourceID: w.SourceID, Revision: w.Revision}
 	switch w.State {
 	case outcome.Accepted:
@@ -161,23 +145,7 @@ func (p *Publisher) toCallback(ctx context.Context, w *store.Work, ev event.Outc
 	case outcome.Dropped:
 		data.Rerun = p.cfg.Rerun(w.ID)
 	}
-	at := ev.At
-	if at.IsZero() {
-		at = w.UpdatedAt
-	}
-	body, err := json.Marshal(CallbackBody{Type: "work." + w.State, Timestamp: at.UTC(), Data: data})
-	if err != nil {
-		return err
-	}
-	if err := p.callback(ctx, cb.URL, cb.Secret, ev.OutcomeID, body, pub.Tries); err != nil {
-		_ = p.st.FailPublication(context.WithoutCancel(ctx), w.ID, TargetCallback, err.Error())
-		p.count(ctx, TargetCallback, "failed")
-		return err
-	}
-	if err := p.st.FinishPublication(ctx, w.ID, TargetCallback, ev.Outcome, body); err != nil {
-		return err
-	}
-	p.count(ctx, TargetCallback, "published")
-	telemetry.Decision(ctx, p.log, w.ID, "published", ev.Outcome+" to the tenant's callback")
-	return nil
+	// The time the work reached its outcome, as its row says, so a retry
+	// made from the row sends what the first try sent.
+	return json.Marshal(CallbackBody{Type: "work." + w.State, Timestamp: w.UpdatedAt.UTC(), Data: data})
 }

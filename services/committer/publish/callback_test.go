@@ -49,7 +49,7 @@ func TestSignatureTestVector(t *testing.T) {
 // sent once however often the outcome is delivered.
 func TestCallbackSignedAndRetried(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(c *Config) { c.CallbackBackoff, c.CallbackMaxBackoff = 200*time.Millisecond, 300*time.Millisecond })
+	b := setup(t, func(c *Config) { c.Backoff = Backoff{Base: 200 * time.Millisecond, Cap: 300 * time.Millisecond} })
 	secret := store.NewCallbackSecret()
 	var mu sync.Mutex
 	var got []struct {
@@ -96,10 +96,11 @@ func TestCallbackSignedAndRetried(t *testing.T) {
 			t.Errorf("callback %d: id %q (want %q), signature: %v", i, c.id, ev.OutcomeID, c.err)
 		}
 	}
-	// Backoff after the first failure, then doubled to the cap.
-	for i, want := range []time.Duration{200 * time.Millisecond, 300 * time.Millisecond} {
+	// Backoff after the first failure, then doubled to the cap, each wait
+	// drawn from the upper half of its interval.
+	for i, want := range []time.Duration{100 * time.Millisecond, 150 * time.Millisecond} {
 		if gap := got[i+1].at.Sub(got[i].at); gap < want {
-			t.Errorf("try %d came %s after the failure, before its %s backoff", i+2, gap, want)
+			t.Errorf("try %d came %s after the failure, before its least backoff of %s", i+2, gap, want)
 		}
 	}
 	t.Logf("callback tries %s and %s apart, each signed with webhook-id %s", got[1].at.Sub(got[0].at), got[2].at.Sub(got[1].at), ev.OutcomeID)

@@ -3,14 +3,7 @@ package publish
 import (
 	"bytes"
 	"context"
-	"crypto"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/sha256"
-	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"assay.dev/pkg/githubapp"
 )
 
 // RetryError says the call may be made again, no earlier than Wait from
@@ -30,7 +25,12 @@ type RetryError struct {
 	Err  error
 }
 
-func (e *RetryError) Error() string { return fmt.Sprintf("%v (retry in %s)", e.Err, e.Wait) }
+func (e *RetryError) Error() string {
+	if e.Wait <= 0 {
+		return e.Err.Error()
+	}
+	return fmt.Sprintf("%v (retry in %s)", e.Err, e.Wait)
+}
 func (e *RetryError) Unwrap() error { return e.Err }
 
 // StatusError is an answer GitHub gave that no retry mends.
@@ -43,119 +43,48 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("github: %s %s: HTTP %d", e.Method, e.Path, e.Status)
 }
 
-// GitHub speaks the REST API as a GitHub App: a JWT signed with the app's
-// key buys an installation token, and the token makes the calls.
+// GitHub speaks the REST API as a GitHub App: the App's installation
+// token makes the calls.
 type GitHub struct {
-	// API is the REST API's base URL, e.g. https://api.github.com.
-	API string
-	// AppID is the GitHub App's id, the JWT's issuer.
-	AppID int64
-	// Key is the app's private key.
-	Key *rsa.PrivateKey
+	// App holds the App's credentials and its installations' tokens; its
+	// API and Now are the publisher's too.
+	App *githubapp.App
 	// Client defaults to one with a 30s timeout.
 	Client *http.Client
-	// Now defaults to time.Now.
-	Now func() time.Time
 
 	mu        sync.Mutex
-	tokens    map[int64]installationToken
 	notBefore time.Time // no call before this: a rate limit said so
 }
 
-type installationToken struct {
-	token   string
-	expires time.Time
-}
-
-// ParseKey reads a GitHub App's private key (PEM, PKCS#1 as GitHub hands
-// it out, or PKCS#8).
-func ParseKey(pemBytes []byte) (*rsa.PrivateKey, error) {
-	b, _ := pem.Decode(pemBytes)
-	if b == nil {
-		return nil, errors.New("no PEM block")
-	}
-	if k, err := x509.ParsePKCS1PrivateKey(b.Bytes); err == nil {
-		return k, nil
-	}
-	k, err := x509.ParsePKCS8PrivateKey(b.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("not an RSA private key: %w", err)
-	}
-	rk, ok := k.(*rsa.PrivateKey)
-	if !ok {
-		return nil, errors.New("not an RSA private key")
-	}
-	return rk, nil
-}
-
 func (g *GitHub) now() time.Time {
-	if g.Now != nil {
-		return g.Now()
+	if g.App.Now != nil {
+		return g.App.Now()
 	}
 	return time.Now()
 }
 
-// appJWT is the app's JSON Web Token (RS256), valid for nine minutes and
-// issued a minute in the past against clock drift, as GitHub advises.
-func (g *GitHub) appJWT() (string, error) {
-	now := g.now()
-	enc := base64.RawURLEncoding
-	header := enc.EncodeToString([]byte(`{"alg":"RS256","typ":"JWT"}`))
-	claims, err := json.Marshal(map[string]any{"iat": now.Add(-time.Minute).Unix(), "exp": now.Add(9 * time.Minute).Unix(),
-		"iss": strconv.FormatInt(g.AppID, 10)})
-	if err != nil {
-		return "", err
-	}
-	signing := header + "." + enc.EncodeToString(claims)
-	sum := sha256.Sum256([]byte(signing))
-	sig, err := rsa.SignPKCS1v15(rand.Reader, g.Key, crypto.SHA256, sum[:])
-	if err != nil {
-		return "", fmt.Errorf("github: sign app JWT: %w", err)
-	}
-	return signing + "." + enc.EncodeToString(sig), nil
-}
-
-// token is an installation token, made again a minute before it expires.
-func (g *GitHub) token(ctx context.Context, installation int64) (string, error) {
-	if installation <= 0 {
-		return "", errors.New("github: the work names no GitHub App installation to publish as")
-	}
-	g.mu.Lock()
-	t, ok := g.tokens[installation]
-	g.mu.Unlock()
-	if ok && g.now().Before(t.expires.Add(-time.Minute)) {
-		return t.token, nil
-	}
-	jwt, err := g.appJWT()
-	if err != nil {
-		return "", err
-	}
-	var out struct {
-		Token     string    `json:"token"`
-		ExpiresAt time.Time `json:"expires_at"`
-	}
-	if err := g.call(ctx, "Bearer "+jwt, http.MethodPost, fmt.Sprintf("/app/installations/%d/access_tokens", installation), nil, &out); err != nil {
-		return "", err
-	}
-	g.mu.Lock()
-	if g.tokens == nil {
-		g.tokens = map[int64]installationToken{}
-	}
-	g.tokens[installation] = installationToken{out.Token, out.ExpiresAt}
-	g.mu.Unlock()
-	return out.Token, nil
-}
-
-// do makes one call as the installation.
+// do makes one call as the installation. A refused token is judged as any
+// other answer of GitHub's.
 func (g *GitHub) do(ctx context.Context, installation int64, method, path string, in, out any) error {
-	tok, err := g.token(ctx, installation)
-	if err != nil {
+	if err := g.limited(method, path); err != nil {
 		return err
+	}
+	tok, err := g.App.Token(ctx, installation)
+	var ae *githubapp.Error
+	switch {
+	case errors.As(err, &ae):
+		return g.judge(&StatusError{Method: http.MethodPost, Path: "/app/installations/{id}/access_tokens", Status: ae.Status},
+			ae.Header, ae.Body)
+	case errors.Is(err, githubapp.ErrNoInstallation):
+		return fmt.Errorf("%w: the work names no GitHub App installation to publish as", errFinal)
+	case err != nil:
+		return &RetryError{Err: err}
 	}
 	return g.call(ctx, "token "+tok, method, path, in, out)
 }
 
-func (g *GitHub) call(ctx context.Context, auth, method, path string, in, out any) error {
+// limited is the wait a rate limit imposed on every call, as an error.
+func (g *GitHub) limited(method, path string) error {
 	g.mu.Lock()
 	wait := g.notBefore.Sub(g.now())
 	g.mu.Unlock()
@@ -164,6 +93,27 @@ func (g *GitHub) call(ctx context.Context, auth, method, path string, in, out an
 		// said it may.
 		return &RetryError{Wait: wait, Err: fmt.Errorf("github: %s %s: rate limited", method, path)}
 	}
+	return nil
+}
+
+// judge says what an answer that is not a success means: final, or a
+// RetryError with GitHub's wait; a rate limit holds every call back.
+func (g *GitHub) judge(failed *StatusError, h http.Header, body []byte) error {
+	wait, retry, limited := RetryAfter(failed.Status, h, body, g.now())
+	if !retry {
+		return failed
+	}
+	if limited {
+		g.mu.Lock()
+		if t := g.now().Add(wait); t.After(g.notBefore) {
+			g.notBefore = t
+		}
+		g.mu.Unlock()
+	}
+	return &RetryError{Wait: wait, Err: failed}
+}
+
+func (g *GitHub) call(ctx context.Context, auth, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -172,7 +122,7 @@ func (g *GitHub) call(ctx context.Context, auth, method, path string, in, out an
 		}
 		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(g.API, "/")+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(g.App.API, "/")+path, body)
 	if err != nil {
 		return fmt.Errorf("github: %w", err)
 	}
@@ -205,19 +155,7 @@ func (g *GitHub) call(ctx context.Context, auth, method, path string, in, out an
 		}
 		return nil
 	}
-	failed := &StatusError{Method: method, Path: path, Status: resp.StatusCode}
-	wait, retry, limited := RetryAfter(resp.StatusCode, resp.Header, b, g.now())
-	if !retry {
-		return failed
-	}
-	if limited {
-		g.mu.Lock()
-		if t := g.now().Add(wait); t.After(g.notBefore) {
-			g.notBefore = t
-		}
-		g.mu.Unlock()
-	}
-	return &RetryError{Wait: wait, Err: failed}
+	return g.judge(&StatusError{Method: method, Path: path, Status: resp.StatusCode}, resp.Header, b)
 }
 
 // RetryAfter says whether an answer may be tried again and how long to

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"assay.dev/pkg/devkit/fakegithub"
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/githubapp"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 )
@@ -76,10 +78,14 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Region: "us", Names: names, GitHub: &GitHub{API: gh.URL, AppID: 1, Key: key},
-		Rerun: func(id string) string { return "assay work rerun " + id + " --region us" }}
+	gh.App(1, &key.PublicKey)
+	cfg := Config{Region: "us", Names: names, GitHub: &GitHub{App: &githubapp.App{API: gh.URL, ID: 1, Key: key, UserAgent: "assay-test"}},
+		Rerun: func(id string) string { return "assay work rerun " + id + " --region us" }, RetryEvery: 20 * time.Millisecond}
 	for _, e := range edit {
 		e(&cfg)
+	}
+	if cfg.GitHub != nil {
+		cfg.GitHub.App.Now = cfg.Now
 	}
 	p, err := New(cfg, st, js, slog.New(slog.NewTextHandler(io.Discard, nil)), noop.NewMeterProvider().Meter("test"))
 	if err != nil {
@@ -179,7 +185,8 @@ func (b *bundle) ackedAll(t *testing.T) bool {
 }
 
 // An outcome delivered ten times gives one check run and one set of
-// comments; the nine redeliveries edit them.
+// comments; the nine redeliveries find the publication made and send
+// nothing.
 func TestTenDeliveriesOnePublication(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -191,30 +198,48 @@ func TestTenDeliveriesOnePublication(t *testing.T) {
 	if len(runs) != 1 || runs[0].ExternalID != w.ID || runs[0].Conclusion != "neutral" || runs[0].HeadSHA != head {
 		t.Fatalf("check runs = %+v, want one neutral (advisory) run for %s", runs, w.ID)
 	}
-	if runs[0].Edits != 9 {
-		t.Errorf("check run edited %d times, want 9 (one per redelivery)", runs[0].Edits)
+	if runs[0].Edits != 0 {
+		t.Errorf("check run edited %d times, want 0: a redelivery changes nothing", runs[0].Edits)
 	}
 	cs := b.gh.Comments()
 	if len(cs) != 2 || b.gh.CommentsOf(w.ID) != 2 {
 		t.Fatalf("comments = %+v, want one set of 2", cs)
 	}
 	for _, c := range cs {
-		if !c.Review || c.Path != "cart.js" || c.CommitID != head || c.Side != "RIGHT" || c.Edits != 9 {
-			t.Errorf("comment %+v: want a review comment on cart.js at the head, edited 9 times", c)
+		if !c.Review || c.Path != "cart.js" || c.CommitID != head || c.Side != "RIGHT" || c.Edits != 0 {
+			t.Errorf("comment %+v: want a review comment on cart.js at the head, never edited", c)
 		}
 	}
 	pub, err := b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
-	if err != nil || pub.CheckRunID != runs[0].ID || len(pub.CommentIDs) != 2 || pub.PublishedAt.IsZero() {
+	if err != nil || pub.CheckRunID != runs[0].ID || len(pub.CommentIDs) != 2 || pub.PublishedAt.IsZero() || pub.State != store.PublicationPublished {
 		t.Fatalf("fence row = %+v, %v", pub, err)
 	}
-	t.Logf("10 deliveries: %d check run, %d review comments, each edited %d times", len(runs), len(cs), runs[0].Edits)
+	// The first delivery's calls: the check-run lookup, the check run, the
+	// comment listing and two comments (the token request is not an API call).
+	if reqs := apiCalls(b.gh); reqs != 5 {
+		t.Errorf("GitHub got %d API calls for ten deliveries, want the first delivery's 5", reqs)
+	}
+	t.Logf("10 deliveries: %d check run, %d review comments, %d API calls", len(runs), len(cs), apiCalls(b.gh))
 }
 
-// A publisher killed after GitHub made a comment, before it learned the
-// comment's id, resumes without a second: the marker finds it.
+// apiCalls counts the requests GitHub got other than token requests.
+func apiCalls(gh *fakegithub.Server) int {
+	n := 0
+	for _, r := range gh.Requests() {
+		if !strings.HasPrefix(r.Path, "/app/") {
+			n++
+		}
+	}
+	return n
+}
+
+// A publication cut off after GitHub made a comment, before its id was
+// learned, is recorded as a failed try; the next try makes no second: the
+// marker finds it.
 func TestKilledMidPublicationResumes(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	clk := newClock()
+	b := setup(t, func(c *Config) { c.Now = clk.Now })
 	w := b.accepted(t, 2)
 	hung := b.gh.HangAfter(2) // the check run, then the first comment
 	ctx, kill := context.WithCancel(t.Context())
@@ -228,23 +253,63 @@ func TestKilledMidPublicationResumes(t *testing.T) {
 		t.Fatal("GitHub never got the first comment")
 	}
 	kill()
-	if err := <-done; err == nil {
-		t.Fatal("killed publication reported success")
+	if err := <-done; err != nil {
+		t.Fatalf("killed publication: %v; want its try recorded", err)
 	}
-	if pub, err := b.st.GetPublication(t.Context(), w.ID, TargetGitHub); err != nil || pub.CheckRunID == 0 || len(pub.CommentIDs) != 0 {
-		t.Fatalf("after the kill the fence holds %+v, %v; want the check run and no comment id", pub, err)
+	pub, err := b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
+	if err != nil || pub.CheckRunID == 0 || len(pub.CommentIDs) != 0 || pub.State != store.PublicationPending || pub.Tries != 1 ||
+		!strings.Contains(pub.LastError, "context canceled") || !pub.NextTryAt.After(clk.Now()) {
+		t.Fatalf("after the kill the fence holds %+v, %v; want the check run, no comment id, one failed try and a next one", pub, err)
 	}
-	if err := b.pub.Publish(t.Context(), outcomeOf(w)); err != nil {
+	if err := b.pub.Publish(t.Context(), outcomeOf(w)); err != nil || apiCallsTo(b.gh, "/pulls/") != 2 {
+		t.Fatalf("redelivered before its next try: %v, %d comment calls; want nothing sent", err, apiCallsTo(b.gh, "/pulls/"))
+	}
+	clk.Set(pub.NextTryAt)
+	if _, err := b.pub.RetryDue(t.Context()); err != nil {
 		t.Fatalf("resumed publication: %v", err)
 	}
 	if runs, n := b.gh.CheckRuns(), b.gh.CommentsOf(w.ID); len(runs) != 1 || n != 2 {
 		t.Fatalf("after resuming: %d check runs, %d comments; want 1 and 2", len(runs), n)
 	}
-	pub, _ := b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
-	if len(pub.CommentIDs) != 2 || pub.PublishedAt.IsZero() {
+	pub, _ = b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
+	if len(pub.CommentIDs) != 2 || pub.PublishedAt.IsZero() || pub.State != store.PublicationPublished {
 		t.Fatalf("fence row after resuming = %+v", pub)
 	}
 	t.Logf("killed after GitHub made the check run and comment 0; resumed: %d check run, %d comments", len(b.gh.CheckRuns()), b.gh.CommentsOf(w.ID))
+}
+
+// apiCallsTo counts the API calls whose path contains part.
+func apiCallsTo(gh *fakegithub.Server, part string) int {
+	n := 0
+	for _, r := range gh.Requests() {
+		if strings.Contains(r.Path, part) {
+			n++
+		}
+	}
+	return n
+}
+
+// clock is a publisher's clock that moves only when the test says.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *clock { return &clock{t: time.Now().UTC().Truncate(time.Second)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Set moves the clock to t, never back.
+func (c *clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t.After(c.t) {
+		c.t = t
+	}
 }
 
 // A 5xx with Retry-After and a secondary rate limit are tried again, each

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -15,6 +16,7 @@ import (
 
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
@@ -30,6 +32,9 @@ const (
 	// TargetDry records what would be published, for a cell with no
 	// GitHub App configured.
 	TargetDry = "dry"
+	// TargetNone records that an outcome has nowhere to be published, and
+	// why.
+	TargetNone = "none"
 )
 
 // Store is what the publisher asks of the cell's database; *store.Store
@@ -37,12 +42,17 @@ const (
 type Store interface {
 	PublishFacts(ctx context.Context, workID string) (store.PublishFacts, error)
 	RecordDryPublication(ctx context.Context, workID, tenant, outcome string, plan json.RawMessage) error
-	LockPublication(ctx context.Context, workID, target, tenant, outcome string) (*store.Publication, func(), error)
+	SkipPublication(ctx context.Context, workID, target, tenant, outcome, reason string) error
+	OpenPublications(ctx context.Context, workID, tenant, outcome string, targets []string, now, deadline time.Time) (map[string]*store.Publication, error)
+	LockPublication(ctx context.Context, workID, target string) (*store.Publication, func(), error)
 	RecordCheckRun(ctx context.Context, workID, target string, id int64) error
 	RecordComment(ctx context.Context, workID, target, key string, id int64) error
 	RecordRerunComment(ctx context.Context, workID, target string, id int64) error
-	FinishPublication(ctx context.Context, workID, target, outcome string, plan json.RawMessage) error
-	FailPublication(ctx context.Context, workID, target, msg string) error
+	FinishPublication(ctx context.Context, workID, target, outcome string, plan json.RawMessage, now time.Time) error
+	DeferPublication(ctx context.Context, workID, target, msg string, now, next time.Time) error
+	FailPublication(ctx context.Context, workID, target, msg, reason string, now time.Time) error
+	DuePublications(ctx context.Context, now time.Time, limit int) ([]*store.Publication, error)
+	UnfinishedPublications(ctx context.Context, tenant string) ([]store.PublicationCount, error)
 }
 
 // Config of a publisher.
@@ -54,60 +64,100 @@ type Config struct {
 	GitHub *GitHub
 	// Rerun is the command that runs dropped work again. Required.
 	Rerun func(workID string) string
-	// AckWait and MaxDeliver configure the OUTCOME durable. Defaults 60s
-	// and 50: a publication waits out rate limits.
-	AckWait    time.Duration
-	MaxDeliver int
+	// Deadline is how long an outcome's publication to a target is tried
+	// before it is failed, from its first try. Default a day.
+	Deadline time.Duration
+	// Backoff is the retry policy of every target: the wait after a failed
+	// try that named none, growing with each try. Defaults 2s and 5m.
+	Backoff Backoff
+	// RetryEvery is how often the publications whose next try is due are
+	// tried. Default 1s.
+	RetryEvery time.Duration
+	// CountEvery is how often the pending and failed publications are
+	// counted for their gauge. Default 15s.
+	CountEvery time.Duration
+	// AckWait configures the OUTCOME durable. Default 60s. An outcome is
+	// acknowledged once its publications are recorded (made, or scheduled
+	// to be tried again), so the durable never gives up on one.
+	AckWait time.Duration
 	// Concurrency is how many outcomes are published at once. Default 2.
 	Concurrency int
-	// CallbackBackoff is the wait after a callback's first failure; it
-	// doubles with each, up to CallbackMaxBackoff. Defaults 1s and 5m.
-	CallbackBackoff, CallbackMaxBackoff time.Duration
 	// CallbackTimeout bounds one callback. Default 10s.
 	CallbackTimeout time.Duration
+	// TryTimeout bounds one try of a publication, all its calls together,
+	// so a target that hangs holds an outcome no longer than this, within
+	// the durable's ack wait. Default 45s.
+	TryTimeout time.Duration
+	// Now is the publisher's clock, for its tries, backoff and deadlines.
+	// Default time.Now.
+	Now func() time.Time
 }
 
-// Publisher consumes the cell's OUTCOME stream and publishes each outcome.
+func (c *Config) defaults() error {
+	if c.Rerun == nil {
+		return errors.New("publish: Rerun is required")
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 2
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = time.Minute
+	}
+	if c.Deadline <= 0 {
+		c.Deadline = 24 * time.Hour
+	}
+	if c.Backoff.Base <= 0 {
+		c.Backoff.Base = 2 * time.Second
+	}
+	if c.Backoff.Cap <= 0 {
+		c.Backoff.Cap = 5 * time.Minute
+	}
+	if c.RetryEvery <= 0 {
+		c.RetryEvery = time.Second
+	}
+	if c.CountEvery <= 0 {
+		c.CountEvery = 15 * time.Second
+	}
+	if c.CallbackTimeout <= 0 {
+		c.CallbackTimeout = 10 * time.Second
+	}
+	if c.TryTimeout <= 0 {
+		c.TryTimeout = 45 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// Publisher consumes the cell's OUTCOME stream and publishes each outcome
+// to each of its targets, each retried on its own until its deadline.
 type Publisher struct {
 	cfg       Config
 	st        Store
 	log       *slog.Logger
 	consumer  *consumer.Consumer
+	retrier   lifecycle.Ticker
+	counter   lifecycle.Ticker
 	published metric.Int64Counter
 	callbacks *http.Client
+
+	mu     sync.Mutex
+	counts map[[2]string]int64 // target, state -> publications
 }
 
 // New builds a publisher on its own OUTCOME durable.
 func New(cfg Config, st Store, js jetstream.StreamConsumerManager, log *slog.Logger, meter metric.Meter) (*Publisher, error) {
-	if cfg.Rerun == nil {
-		return nil, errors.New("publish: Rerun is required")
-	}
-	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 2
-	}
-	if cfg.AckWait <= 0 {
-		cfg.AckWait = time.Minute
-	}
-	if cfg.MaxDeliver == 0 {
-		cfg.MaxDeliver = 50
-	}
-	if cfg.CallbackBackoff <= 0 {
-		cfg.CallbackBackoff = time.Second
-	}
-	if cfg.CallbackMaxBackoff <= 0 {
-		cfg.CallbackMaxBackoff = 5 * time.Minute
-	}
-	if cfg.CallbackTimeout <= 0 {
-		cfg.CallbackTimeout = 10 * time.Second
-	}
-	p := &Publisher{cfg: cfg, st: st, log: log, callbacks: &http.Client{Timeout: cfg.CallbackTimeout}}
-	var err error
-	if p.published, err = meter.Int64Counter("assay_publications",
-		metric.WithDescription("outcomes published, by target and result")); err != nil {
+	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
+	p := &Publisher{cfg: cfg, st: st, log: log, callbacks: &http.Client{Timeout: cfg.CallbackTimeout}, counts: map[[2]string]int64{}}
+	if err := p.instruments(meter); err != nil {
+		return nil, err
+	}
+	var err error
 	p.consumer, err = consumer.New(consumer.Config{JS: js, Stream: cfg.Names.Stream(event.KindOutcome),
-		Durable: event.ConsumerSettings{Durable: cfg.Names.OutcomeConsumer(), AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver,
+		Durable: event.ConsumerSettings{Durable: cfg.Names.OutcomeConsumer(), AckWait: cfg.AckWait, MaxDeliver: -1,
 			MaxAckPending: 4 * cfg.Concurrency},
 		Concurrency: cfg.Concurrency, Log: log, Meter: meter,
 		Labels: []attribute.KeyValue{attribute.String("region", cfg.Region), attribute.String("lane", "")},
@@ -115,19 +165,29 @@ func New(cfg Config, st Store, js jetstream.StreamConsumerManager, log *slog.Log
 	if err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
+	r := &p.retrier
+	r.Name, r.Every, r.Log, r.PassTimeout, r.Pass = "publication retrier", cfg.RetryEvery, log, 2*time.Minute, p.RetryDue
+	c := &p.counter
+	c.Name, c.Every, c.Log, c.Pass = "publication counter", cfg.CountEvery, log, p.countUnfinished
 	return p, nil
 }
 
-// Start consumes OUTCOME.
-func (p *Publisher) Start(ctx context.Context) error { return p.consumer.Start(ctx) }
+// Start consumes OUTCOME, tries due publications again and counts those
+// not yet made.
+func (p *Publisher) Start(ctx context.Context) error {
+	return lifecycle.StartAll(ctx, p.consumer, &p.retrier, &p.counter)
+}
 
-// Stop stops taking outcomes and waits for those in hand. Idempotent.
-func (p *Publisher) Stop(ctx context.Context) { p.consumer.Stop(ctx) }
+// Stop stops taking outcomes and waits for those in hand, then stops
+// retrying. Idempotent.
+func (p *Publisher) Stop(ctx context.Context) {
+	lifecycle.StopAll(ctx, p.consumer, &p.retrier, &p.counter)
+}
 
 // Ready reports whether the durable is in place.
 func (p *Publisher) Ready(ctx context.Context) error { return p.consumer.Ready(ctx) }
 
-// Target is where this publisher publishes.
+// Target is where this publisher publishes pull request work.
 func (p *Publisher) Target() string {
 	if p.cfg.GitHub != nil {
 		return TargetGitHub
@@ -135,125 +195,268 @@ func (p *Publisher) Target() string {
 	return TargetDry
 }
 
-func (p *Publisher) handle(ctx context.Context, ev event.Outcome, d consumer.Delivery) consumer.Disposition {
-	err := p.Publish(ctx, ev)
-	var re *RetryError
-	switch {
-	case err == nil:
-		return consumer.Done()
-	case errors.As(err, &re):
-		p.log.Warn("publication will be tried again", "key", ev.WorkID, "work_outcome", ev.Outcome, "wait", re.Wait.String(), "err", err)
-		// Never earlier than GitHub said; a failure that named no time
-		// backs off.
-		if re.Wait > 0 {
-			return consumer.Retry(re.Wait)
-		}
-		return consumer.Retry(backoff(d))
-	case errors.Is(err, errFinal):
-		return consumer.Done()
+func (p *Publisher) now() time.Time { return p.cfg.Now() }
+
+func (p *Publisher) handle(ctx context.Context, ev event.Outcome, _ consumer.Delivery) consumer.Disposition {
+	if err := p.Publish(ctx, ev); err != nil {
+		// Nothing of it is recorded yet (the database did not answer): the
+		// outcome comes again.
+		p.log.Warn("publication not recorded; the outcome is delivered again", "key", ev.WorkID, "work_outcome", ev.Outcome,
+			"err", err)
+		return consumer.Retry(p.cfg.Backoff.Base)
 	}
-	p.log.Warn("publication failed; will retry", "key", ev.WorkID, "work_outcome", ev.Outcome, "err", err)
-	return consumer.Retry(backoff(d))
+	return consumer.Done()
 }
 
-// backoff is the wait after a failure that named no time.
-func backoff(consumer.Delivery) time.Duration { return 2 * time.Second }
-
-// errFinal marks a publication that no retry mends; it is recorded.
+// errFinal marks a publication that no retry mends; it is failed at once.
 var errFinal = errors.New("publication failed for good")
 
-// Publish publishes one outcome behind the publication fence. It is
-// idempotent: a redelivered outcome edits the check run and comments the
-// fence recorded (or the markers found) and never makes a second.
+// target is one place an outcome is published to, and how.
+type target struct {
+	name string
+	// plan is what GitHub gets (or the dry target records); body what a
+	// callback carries.
+	plan Plan
+	inst int64
+	cb   store.Callback
+	body []byte
+}
+
+// Publish publishes one outcome behind the publication fence, to each of
+// its targets whose try is due, each on its own: one that fails is
+// scheduled again and never holds up another. It is idempotent: a
+// redelivered outcome finds its publications made (or scheduled) and
+// changes nothing. An error means nothing was recorded for some target.
 func (p *Publisher) Publish(ctx context.Context, ev event.Outcome) error {
-	f, err := p.st.PublishFacts(ctx, ev.WorkID)
-	w := f.Work
-	if errors.Is(err, store.ErrNotFound) || (err == nil && w.TenantID != ev.TenantID) {
-		telemetry.Decision(ctx, p.log, ev.WorkID, "refused", "outcome names work this cell does not have for that tenant")
-		return nil
-	}
+	return p.publish(ctx, ev, "")
+}
+
+// publish publishes ev to its targets, or to only that one when set.
+func (p *Publisher) publish(ctx context.Context, ev event.Outcome, only string) error {
+	f, moot, err := p.facts(ctx, ev)
 	if err != nil {
 		return err
 	}
-	if w.State != ev.Outcome {
-		// Dropped work run again has a newer outcome to come.
-		telemetry.Decision(ctx, p.log, ev.WorkID, "unpublished", "the work is now "+w.State+"; the outcome "+ev.Outcome+" is not published")
+	if moot != "" {
+		if only != "" {
+			return p.st.SkipPublication(ctx, ev.WorkID, only, ev.TenantID, ev.Outcome, moot)
+		}
 		return nil
 	}
-	if w.State == outcome.Accepted && f.Output == nil {
-		return fmt.Errorf("publish: accepted work %s has no result", w.ID)
+	w := f.Work
+	ts, skip, err := p.targets(f)
+	if err != nil {
+		return err
 	}
-	if f.Callback != nil {
-		if err := p.toCallback(ctx, w, ev, *f.Callback, f.Output); err != nil {
+	if skip != "" && only == "" {
+		telemetry.Decision(ctx, p.log, w.ID, "unpublished", skip)
+		if err := p.st.SkipPublication(ctx, w.ID, TargetNone, w.TenantID, ev.Outcome, skip); err != nil {
 			return err
 		}
 	}
-	if w.Contract != ReviewContract {
+	var names []string
+	for _, t := range ts {
+		switch {
+		case t.name == TargetDry && only == "":
+			if err := p.dry(ctx, w, ev, t.plan); err != nil {
+				return err
+			}
+		case t.name != TargetDry && (only == "" || only == t.name):
+			names = append(names, t.name)
+		}
+	}
+	if len(names) == 0 {
+		if only != "" {
+			return p.st.SkipPublication(ctx, ev.WorkID, only, ev.TenantID, ev.Outcome, "the outcome no longer goes to "+only)
+		}
 		return nil
+	}
+	now := p.now()
+	pubs, err := p.st.OpenPublications(ctx, w.ID, w.TenantID, ev.Outcome, names, now, now.Add(p.cfg.Deadline))
+	if err != nil {
+		return err
+	}
+	errs := make([]error, len(ts))
+	var wg sync.WaitGroup
+	for i, t := range ts {
+		if pub := pubs[t.name]; pub != nil && due(pub, ev.Outcome, now) {
+			wg.Go(func() { errs[i] = p.try(ctx, w, ev, t) })
+		}
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// due is whether a publication of outcome waits for a try at now.
+func due(pub *store.Publication, outcome string, now time.Time) bool {
+	return pub.Outcome == outcome && pub.State == store.PublicationPending && !pub.NextTryAt.After(now)
+}
+
+// facts reads what publishing ev needs. moot, when set, says why ev is not
+// published at all.
+func (p *Publisher) facts(ctx context.Context, ev event.Outcome) (f store.PublishFacts, moot string, err error) {
+	f, err = p.st.PublishFacts(ctx, ev.WorkID)
+	w := f.Work
+	if errors.Is(err, store.ErrNotFound) || (err == nil && w.TenantID != ev.TenantID) {
+		telemetry.Decision(ctx, p.log, ev.WorkID, "refused", "outcome names work this cell does not have for that tenant")
+		return f, "no such work of the tenant", nil
+	}
+	if err != nil {
+		return f, "", err
+	}
+	if w.State != ev.Outcome {
+		// Dropped work run again has a newer outcome to come.
+		moot = "the work is now " + w.State + "; the outcome " + ev.Outcome + " is not published"
+		telemetry.Decision(ctx, p.log, ev.WorkID, "unpublished", moot)
+		return f, moot, nil
+	}
+	if w.State == outcome.Accepted && f.Output == nil {
+		return f, "", fmt.Errorf("publish: accepted work %s has no result", w.ID)
+	}
+	return f, "", nil
+}
+
+// targets are where the work's outcome goes: the tenant's callback, and
+// for a pull request's review GitHub (or the dry record). skip, when set,
+// says why the pull request gets nothing.
+func (p *Publisher) targets(f store.PublishFacts) (ts []target, skip string, err error) {
+	w := f.Work
+	if f.Callback != nil {
+		body, err := p.callbackBody(w, f.Output)
+		if err != nil {
+			return nil, "", err
+		}
+		ts = append(ts, target{name: TargetCallback, cb: *f.Callback, body: body})
+	}
+	if w.Contract != ReviewContract {
+		return ts, "", nil
 	}
 	src, err := store.PullSourceOf(w, f.Delivery, f.Links)
 	if errors.Is(err, store.ErrNoPullSource) {
 		// Not about a pull request: nothing to publish to on GitHub.
-		return nil
+		return ts, "", nil
 	}
+	if err != nil {
+		return nil, "", err
+	}
+	name := p.Target()
+	if name == TargetGitHub && src.Installation == 0 {
+		// Neither an App delivery nor a link of the tenant's names an
+		// installation that may write to the repository.
+		return ts, "no GitHub App installation of the tenant covers " + src.Owner + "/" + src.Repo, nil
+	}
+	return append(ts, target{name: name, plan: p.plan(w, src, f), inst: src.Installation}), "", nil
+}
+
+// dry records the plan under the dry target: nothing leaves the cell.
+func (p *Publisher) dry(ctx context.Context, w *store.Work, ev event.Outcome, plan Plan) error {
+	b, err := json.Marshal(plan)
 	if err != nil {
 		return err
 	}
-	target := p.Target()
-	if target == TargetGitHub && src.Installation == 0 {
-		// Neither an App delivery nor a link of the tenant's names an
-		// installation that may write to the repository.
-		telemetry.Decision(ctx, p.log, w.ID, "unpublished", "no GitHub App installation of the tenant covers "+src.Owner+"/"+src.Repo)
-		return nil
+	if err := p.st.RecordDryPublication(ctx, w.ID, w.TenantID, ev.Outcome, b); err != nil {
+		return err
 	}
-	plan := p.plan(w, src, f)
-	if target == TargetDry {
-		// Nothing leaves the cell: the plan is recorded in one statement.
-		b, err := json.Marshal(plan)
-		if err != nil {
-			return err
-		}
-		if err := p.st.RecordDryPublication(ctx, w.ID, w.TenantID, ev.Outcome, b); err != nil {
-			return err
-		}
-		p.count(ctx, target, "published")
-		telemetry.Decision(ctx, p.log, w.ID, "published", fmt.Sprintf("%s to %s: check run %v, %d comments, rerun comment %v",
-			ev.Outcome, target, plan.CheckRun != nil, len(plan.Comments), plan.Rerun != ""))
-		return nil
-	}
-	pub, release, err := p.st.LockPublication(ctx, w.ID, target, w.TenantID, ev.Outcome)
+	p.count(ctx, TargetDry, "published")
+	telemetry.Decision(ctx, p.log, w.ID, "published", fmt.Sprintf("%s to %s: check run %v, %d comments, rerun comment %v",
+		ev.Outcome, TargetDry, plan.CheckRun != nil, len(plan.Comments), plan.Rerun != ""))
+	return nil
+}
+
+// try makes one try of a publication under its lock, and records how it
+// went: made, tried again later, or failed.
+func (p *Publisher) try(ctx context.Context, w *store.Work, ev event.Outcome, t target) error {
+	pub, release, err := p.st.LockPublication(ctx, w.ID, t.name)
 	if errors.Is(err, store.ErrPublicationBusy) {
-		return &RetryError{Wait: time.Second, Err: err}
+		// Another publisher is at it, and records how its try went.
+		return nil
 	}
 	if err != nil {
 		return err
 	}
 	defer release()
-	if target == TargetGitHub {
-		if err := p.toGitHub(ctx, pub, plan, src.Installation); err != nil {
-			var se *StatusError
-			var re *RetryError
-			if !errors.As(err, &re) && errors.As(err, &se) && se.Status != http.StatusUnauthorized {
-				_ = p.st.FailPublication(context.WithoutCancel(ctx), w.ID, target, err.Error())
-				p.count(ctx, target, "failed")
-				telemetry.Decision(ctx, p.log, w.ID, "publication_failed", se.Error())
-				return fmt.Errorf("%w: %v", errFinal, err)
-			}
-			_ = p.st.FailPublication(context.WithoutCancel(ctx), w.ID, target, err.Error())
+	if !due(pub, ev.Outcome, p.now()) {
+		return nil
+	}
+	tctx, cancel := context.WithTimeout(ctx, p.cfg.TryTimeout)
+	defer cancel()
+	var sent error
+	record := t.body
+	switch t.name {
+	case TargetGitHub:
+		sent = p.toGitHub(tctx, pub, t.plan, t.inst)
+		if record, err = json.Marshal(t.plan); err != nil {
 			return err
 		}
+	case TargetCallback:
+		sent = p.callback(tctx, t.cb.URL, t.cb.Secret, ev.OutcomeID, t.body)
 	}
-	b, err := json.Marshal(plan)
-	if err != nil {
+	return p.settle(context.WithoutCancel(ctx), w, ev, t, pub, sent, record)
+}
+
+// settle records how one try went.
+func (p *Publisher) settle(ctx context.Context, w *store.Work, ev event.Outcome, t target, pub *store.Publication, sent error,
+	record json.RawMessage) error {
+	now := p.now()
+	if sent == nil {
+		if err := p.st.FinishPublication(ctx, w.ID, t.name, ev.Outcome, record, now); err != nil {
+			return err
+		}
+		p.count(ctx, t.name, "published")
+		what := ev.Outcome + " to the tenant's callback"
+		if t.name == TargetGitHub {
+			what = fmt.Sprintf("%s to %s: check run %v, %d comments, rerun comment %v",
+				ev.Outcome, t.name, t.plan.CheckRun != nil, len(t.plan.Comments), t.plan.Rerun != "")
+		}
+		telemetry.Decision(ctx, p.log, w.ID, "published", what, slog.Int("tries", pub.Tries+1))
+		return nil
+	}
+	wait, told, final := p.next(pub.Tries, sent)
+	next := now.Add(wait)
+	if next.After(pub.DeadlineAt) && !now.Add(told).After(pub.DeadlineAt) {
+		// One last try at the deadline itself.
+		next = pub.DeadlineAt
+	}
+	var reason string
+	switch {
+	case final:
+		reason = "refused for good: " + sent.Error()
+	case !now.Before(pub.DeadlineAt) || next.After(pub.DeadlineAt):
+		reason = fmt.Sprintf("not made by its deadline %s, after %d tries", pub.DeadlineAt.UTC().Format(time.RFC3339), pub.Tries+1)
+	default:
+		if err := p.st.DeferPublication(ctx, w.ID, t.name, sent.Error(), now, next); err != nil {
+			return err
+		}
+		p.count(ctx, t.name, "deferred")
+		p.log.Warn("publication will be tried again", "key", w.ID, "target", t.name, "work_outcome", ev.Outcome,
+			"tries", pub.Tries+1, "next_try", next.UTC().Format(time.RFC3339Nano), "err", sent)
+		return nil
+	}
+	if err := p.st.FailPublication(ctx, w.ID, t.name, sent.Error(), reason, now); err != nil {
 		return err
 	}
-	if err := p.st.FinishPublication(ctx, w.ID, target, ev.Outcome, b); err != nil {
-		return err
-	}
-	p.count(ctx, target, "published")
-	telemetry.Decision(ctx, p.log, w.ID, "published", fmt.Sprintf("%s to %s: check run %v, %d comments, rerun comment %v",
-		ev.Outcome, target, plan.CheckRun != nil, len(plan.Comments), plan.Rerun != ""))
+	p.count(ctx, t.name, "failed")
+	telemetry.Decision(ctx, p.log, w.ID, "publication_failed", fmt.Sprintf("%s: %s; last error: %v; send it again with: assay publish retry --work %s",
+		t.name, reason, sent, w.ID))
 	return nil
+}
+
+// next says how long a failed try waits for the next, and the part of
+// that the target asked for, or that no try can mend it.
+func (p *Publisher) next(tries int, err error) (wait, told time.Duration, final bool) {
+	var re *RetryError
+	var se *StatusError
+	switch {
+	case errors.As(err, &re):
+		return p.cfg.Backoff.Wait(tries, re.Wait), re.Wait, false
+	case errors.Is(err, errFinal):
+		return 0, 0, true
+	case errors.As(err, &se) && se.Status != http.StatusUnauthorized:
+		return 0, 0, true
+	}
+	// A failure that says nothing of the target (the cell's database, a
+	// token refused as bad credentials) is tried again.
+	return p.cfg.Backoff.Wait(tries, 0), 0, false
 }
 
 func (p *Publisher) count(ctx context.Context, target, result string) {

@@ -36,6 +36,10 @@ type pageView struct {
 	Consumers       []string         `json:"consumers"`
 	ConsumersHidden bool             `json:"consumersHidden"`
 	Lanes           map[string]int64 `json:"lanes"`
+	// Publications are "pending/failed" per target; Circuits the state per
+	// model.
+	Publications map[string]string `json:"publications"`
+	Circuits     map[string]string `json:"circuits"`
 }
 
 const readPage = `JSON.stringify((() => {
@@ -47,7 +51,12 @@ const readPage = `JSON.stringify((() => {
 	all("#spend tbody tr").forEach((tr) => { spend[tr.dataset.tenant] = Number(tr.dataset.costMicros); });
 	const lanes = {};
 	all("#lanes tbody tr").forEach((tr) => { lanes[tr.dataset.lane] = Number(tr.querySelector('[data-field="depth"]').textContent); });
+	const publications = {};
+	all("#publications tbody tr").forEach((tr) => { publications[tr.dataset.target] = tr.dataset.pending + "/" + tr.dataset.failed; });
+	const circuits = {};
+	all("#circuits tbody tr").forEach((tr) => { circuits[tr.dataset.model] = tr.dataset.state; });
 	return {
+		publications: publications, circuits: circuits,
 		seq: Number($("board").dataset.seq), board: !$("board").hidden,
 		scope: $("scope").dataset.scope || "", tenant: $("scope").dataset.tenant || "",
 		status: $("status").textContent, error: $("error").textContent,
@@ -217,6 +226,19 @@ func samePage(t *testing.T, v pageView, api ingress.Console) {
 			t.Errorf("the page's %s depth %d, the API's %d", l.Lane, v.Lanes[l.Lane], l.Depth)
 		}
 	}
+	pubs, circuits := map[string]string{}, map[string]string{}
+	for _, p := range api.Publications {
+		pubs[p.Target] = fmt.Sprintf("%d/%d", p.Pending, p.Failed)
+	}
+	for _, c := range api.Circuits {
+		circuits[c.Model] = c.State
+	}
+	if !maps.Equal(v.Publications, pubs) || len(pubs) == 0 {
+		t.Errorf("the page's publications %v, the API's %v", v.Publications, pubs)
+	}
+	if !maps.Equal(v.Circuits, circuits) {
+		t.Errorf("the page's circuits %v, the API's %v", v.Circuits, circuits)
+	}
 }
 
 // The console in a real browser on a whole cell: the operator's token
@@ -238,8 +260,8 @@ func TestConsoleInChromium(t *testing.T) {
 	api := c.console(t, c.Operator)
 	c.wantFigures(t, api, "")
 	samePage(t, first, api)
-	if len(first.Spend) != 2 || len(first.Consumers) != 4 || first.ConsumersHidden {
-		t.Errorf("the operator's page: spend %v, consumers %v (hidden %v); want two tenants and four durables",
+	if len(first.Spend) != 2 || len(first.Consumers) != 5 || first.ConsumersHidden {
+		t.Errorf("the operator's page: spend %v, consumers %v (hidden %v); want two tenants and five durables",
 			first.Spend, first.Consumers, first.ConsumersHidden)
 	}
 	where, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`location.href + " " + document.cookie + " " + JSON.stringify(localStorage)`))

@@ -212,7 +212,7 @@ func TestConsoleScopes(t *testing.T) {
 			t.Errorf("consumer %s lags on a quiet cell: %+v", k.Durable, k)
 		}
 	}
-	if want := []string{"assay-classifier-interactive", "assay-classifier-batch", "assay-committer", "assay-ledger"}; !slices.Equal(durables, want) {
+	if want := []string{"assay-classifier-interactive", "assay-classifier-batch", "assay-committer", "assay-ledger", "assay-publisher"}; !slices.Equal(durables, want) {
 		t.Errorf("consumers = %v, want %v", durables, want)
 	}
 

@@ -210,7 +210,7 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 		var console ingress.Console
 		err = json.NewDecoder(resp.Body).Decode(&console)
 		resp.Body.Close()
-		if err != nil || len(console.Consumers) != 4 {
+		if err != nil || len(console.Consumers) != 5 {
 			t.Fatalf("%s console: HTTP %d, %v, consumers %+v", tc.b.Cell.Region, resp.StatusCode, err, console.Consumers)
 		}
 		for _, k := range console.Consumers {

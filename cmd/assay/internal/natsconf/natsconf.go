@@ -9,7 +9,6 @@ package natsconf
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 
 	"assay.dev/pkg/event"
@@ -131,7 +130,8 @@ func grants(n event.Names, service string) grant {
 				"$JS.API.STREAM.MSG.GET." + work},
 				"The sweeper reads how far each lane's consumer got, to tell a lost announcement from a backlog.").
 			with([]string{"$JS.API.CONSUMER.INFO." + n.Stream(event.KindResult) + "." + n.ResultConsumer(),
-				"$JS.API.CONSUMER.INFO." + n.Stream(event.KindAttempt) + "." + n.AttemptConsumer()},
+				"$JS.API.CONSUMER.INFO." + n.Stream(event.KindAttempt) + "." + n.AttemptConsumer(),
+				"$JS.API.CONSUMER.INFO." + n.Stream(event.KindOutcome) + "." + n.OutcomeConsumer()},
 				"The console shows every durable's lag; reading a consumer's info changes nothing.").
 			with(watchesKV(n.CapacityBucket()), "It watches the capacity its classifiers report, to refuse what the cell could not serve in time.").
 			with(append(owns("KV_"+n.AdmitBucket()), "$JS.API.INFO", "$KV."+n.AdmitBucket()+".>",
@@ -180,13 +180,11 @@ func grants(n event.Names, service string) grant {
 // service's messages.
 func opsGrant(n event.Names) grant {
 	g := grant{subscribe: []string{"_INBOX.>"}}
-	durables := map[string][]string{
-		n.Stream(event.KindWork):    {classifier.Consumer(n, event.Interactive), classifier.Consumer(n, event.Batch)},
-		n.Stream(event.KindResult):  {committer.Consumer(n)},
-		n.Stream(event.KindAttempt): {ledger.Consumer(n)},
-		n.Stream(event.KindOutcome): {n.OutcomeConsumer()},
+	durables := map[string][]string{}
+	for _, d := range n.Durables() {
+		durables[d.Stream] = append(durables[d.Stream], d.Durable)
 	}
-	for i, kind := range append(slices.Clone(event.Kinds), event.KindOutcome) {
+	for i, kind := range event.Kinds {
 		stream := n.Stream(kind)
 		comment := ""
 		if i == 0 {
