@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/store"
 )
 
 // DefaultRegions are the regions an installation knows when ASSAY_REGIONS
@@ -51,9 +52,16 @@ type Config struct {
 	// NATSURL is the cell's NATS (ASSAY_NATS_URL): a URL, or the URLs of a
 	// cluster's nodes separated by commas. Default nats://127.0.0.1:4222.
 	NATSURL string
-	// ModelBaseURL is the OpenAI-compatible endpoint (ASSAY_MODEL_BASE_URL),
-	// without the /v1 suffix. Required by the classifier only.
+	// ModelBaseURL is the OpenAI-compatible API's base URL
+	// (ASSAY_MODEL_BASE_URL), taken as OpenAI's SDKs take base_url: as
+	// given, with /chat/completions appended (https://api.openai.com/v1).
+	// The classifier needs it or ModelEndpoint.
 	ModelBaseURL string
+	// ModelEndpoint is the chat-completions URL itself, asked as given
+	// (ASSAY_MODEL_ENDPOINT), for a server whose route does not end in
+	// /chat/completions under a base. Optional; it wins over ModelBaseURL
+	// for chat completions.
+	ModelEndpoint string
 	// ModelAPIKey is sent as a bearer token (ASSAY_MODEL_API_KEY). Optional.
 	ModelAPIKey string
 	// Model is the model name sent on every call (ASSAY_MODEL). Required by
@@ -94,12 +102,13 @@ type raw struct {
 }
 
 var settings = []setting{
-	{"ASSAY_REGION", "region", "", "region served by this instance (one of ASSAY_REGIONS); required", func(c *Config) *string { return &c.Region }, false},
+	{"ASSAY_REGION", "region", "", "the region served by this instance, one of ASSAY_REGIONS; required", func(c *Config) *string { return &c.Region }, false},
 	{"ASSAY_CELL", "cell", "the region", "cell served by this instance", func(c *Config) *string { return &c.Cell }, false},
 	{"ASSAY_INSTALLATION", "installation", event.DefaultInstallation, "prefix of every stream, subject and durable", func(c *Config) *string { return &c.Installation }, false},
 	{"ASSAY_DATABASE_URL", "database-url", "", "the cell's Postgres URL; required", func(c *Config) *string { return &c.DatabaseURL }, false},
 	{"ASSAY_NATS_URL", "nats-url", defaultNATSURL, "NATS URL, or a cluster's node URLs comma separated, with this service's user and password", func(c *Config) *string { return &c.NATSURL }, false},
-	{"ASSAY_MODEL_BASE_URL", "model-base-url", "", "OpenAI-compatible endpoint, with or without /v1; required", func(c *Config) *string { return &c.ModelBaseURL }, true},
+	{"ASSAY_MODEL_BASE_URL", "model-base-url", "", "OpenAI-compatible API's base URL as the SDKs take it (…/v1); /chat/completions is appended; required unless ASSAY_MODEL_ENDPOINT is set", func(c *Config) *string { return &c.ModelBaseURL }, true},
+	{"ASSAY_MODEL_ENDPOINT", "model-endpoint", "", "the chat-completions URL itself, asked as given (instead of ASSAY_MODEL_BASE_URL)", func(c *Config) *string { return &c.ModelEndpoint }, true},
 	{"ASSAY_MODEL_API_KEY", "model-api-key", "", "bearer token for the model endpoint", func(c *Config) *string { return &c.ModelAPIKey }, true},
 	{"ASSAY_MODEL", "model", "", "model name the endpoint serves (e.g. gpt-4o-mini); required", func(c *Config) *string { return &c.Model }, true},
 	{"ASSAY_HTTP_ADDR", "http-addr", "", "listen address for the API, /healthz, /readyz and /metrics", func(c *Config) *string { return &c.HTTPAddr }, false},
@@ -270,7 +279,13 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 	if c.Installation == "" {
 		c.Installation = event.DefaultInstallation
 	}
-	return c, c.validate(need, errs)
+	// What the services will run with, so that the start-up log shows it.
+	c.Streams = c.Streams.WithDefaults()
+	if err := c.validate(need, errs); err != nil {
+		return c, err
+	}
+	c.DatabasePool = store.PoolSize(c.DatabaseURL, c.DatabasePool)
+	return c, nil
 }
 
 // parse reads the list and stream settings; each error names its variable.
@@ -327,7 +342,9 @@ func (c Config) Names() event.Names {
 }
 
 func (c Config) validate(need Need, errs []error) error {
-	if err := ValidateRegion(c.Regions, c.Region); err != nil {
+	if c.Region == "" {
+		errs = append(errs, fmt.Errorf("%w (known: %s)", Missing("ASSAY_REGION"), strings.Join(c.Regions, ", ")))
+	} else if err := ValidateRegion(c.Regions, c.Region); err != nil {
 		errs = append(errs, fmt.Errorf("ASSAY_REGION: %w", err))
 	}
 	if !event.ValidToken(c.Cell) && c.Region != "" {
@@ -337,7 +354,7 @@ func (c Config) validate(need Need, errs []error) error {
 		errs = append(errs, fmt.Errorf("ASSAY_INSTALLATION: %q is not an installation name (lower-case letters, digits, hyphens)", c.Installation))
 	}
 	if c.DatabaseURL == "" {
-		errs = append(errs, errors.New("ASSAY_DATABASE_URL: required"))
+		errs = append(errs, Missing("ASSAY_DATABASE_URL"))
 	} else if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
 		errs = append(errs, fmt.Errorf("ASSAY_DATABASE_URL: cannot parse: %s", redact(err.Error(), c.DatabaseURL)))
 	}
@@ -350,14 +367,7 @@ func (c Config) validate(need Need, errs []error) error {
 		}
 	}
 	if need.Model {
-		if c.ModelBaseURL == "" {
-			errs = append(errs, errors.New("ASSAY_MODEL_BASE_URL: required"))
-		} else if u, err := url.Parse(c.ModelBaseURL); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			errs = append(errs, fmt.Errorf("ASSAY_MODEL_BASE_URL: %q is not an http(s) URL", Redacted(c.ModelBaseURL)))
-		}
-		if c.Model == "" {
-			errs = append(errs, errors.New("ASSAY_MODEL: required: the model name the endpoint serves (e.g. gpt-4o-mini)"))
-		}
+		errs = append(errs, CheckModel(c.ModelBaseURL, c.ModelEndpoint, c.Model)...)
 	}
 	if c.HTTPAddr != "" {
 		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
@@ -377,10 +387,51 @@ func (c Config) validate(need Need, errs []error) error {
 	return nil
 }
 
+// CheckModel checks where the model is asked and its name: a base URL
+// (ASSAY_MODEL_BASE_URL, /chat/completions appended) or an endpoint
+// (ASSAY_MODEL_ENDPOINT, as given), each an http(s) URL, and a model name.
+// A base URL that already ends in /chat/completions is refused: the SDKs'
+// rule would ask …/chat/completions/chat/completions.
+func CheckModel(base, endpoint, model string) []error {
+	var errs []error
+	if base == "" && endpoint == "" {
+		errs = append(errs, fmt.Errorf("%w (or ASSAY_MODEL_ENDPOINT, the chat-completions URL asked as given)", Missing("ASSAY_MODEL_BASE_URL")))
+	}
+	for _, v := range []struct{ name, raw string }{{"ASSAY_MODEL_BASE_URL", base}, {"ASSAY_MODEL_ENDPOINT", endpoint}} {
+		if v.raw == "" {
+			continue
+		}
+		if u, err := url.Parse(v.raw); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			errs = append(errs, fmt.Errorf("%s: %q is not an http(s) URL", v.name, Redacted(v.raw)))
+		}
+	}
+	if u, err := url.Parse(base); err == nil && strings.HasSuffix(strings.TrimRight(u.Path, "/"), "/chat/completions") {
+		errs = append(errs, fmt.Errorf("ASSAY_MODEL_BASE_URL: %q is a chat-completions endpoint, and a base URL gets /chat/completions appended "+
+			"(as OpenAI's SDKs take base_url); give the base (…/v1), or set ASSAY_MODEL_ENDPOINT to ask this URL as given", Redacted(base)))
+	}
+	if model == "" {
+		errs = append(errs, fmt.Errorf("%w: there is no default model of a real endpoint", Missing("ASSAY_MODEL")))
+	}
+	return errs
+}
+
+// Missing is the error of a required setting left unset, the same for
+// every command and service: its variable, the flag that mirrors it, and
+// what it is.
+func Missing(env string) error {
+	for _, s := range settings {
+		if s.env == env {
+			what, _, _ := strings.Cut(s.usage, ";")
+			return fmt.Errorf("%s (--%s): required: %s", env, s.flag, what)
+		}
+	}
+	return fmt.Errorf("%s: required", env)
+}
+
 // ValidateRegion accepts only a region of the installation's.
 func ValidateRegion(regions []string, r string) error {
 	if r == "" {
-		return errors.New("required")
+		return errors.New("required: the region served (one of " + strings.Join(regions, ", ") + ")")
 	}
 	if !slices.Contains(regions, r) {
 		return fmt.Errorf("unknown region %q (known: %s; ASSAY_REGIONS sets them)", r, strings.Join(regions, ", "))
@@ -418,7 +469,7 @@ func (c Config) Redacted() map[string]any {
 	return map[string]any{
 		"region": c.Region, "cell": c.Cell, "installation": c.Installation, "regions": strings.Join(c.Regions, ","),
 		"database_url": Redacted(c.DatabaseURL), "nats_url": Redacted(c.NATSURL),
-		"model_base_url": Redacted(c.ModelBaseURL), "model": c.Model, "model_api_key": key,
+		"model_base_url": Redacted(c.ModelBaseURL), "model_endpoint": Redacted(c.ModelEndpoint), "model": c.Model, "model_api_key": key,
 		"http_addr": c.HTTPAddr, "metrics_addr": c.MetricsAddr, "startup_wait": c.StartupWait.String(), "database_pool": c.DatabasePool,
 		"stream_replicas": c.Streams.Replicas, "stream_max_age": c.Streams.MaxAge.String(),
 	}
@@ -430,14 +481,34 @@ func (c Config) Redacted() map[string]any {
 func Redacted(raw string) string {
 	parts := strings.Split(raw, ",")
 	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil {
-			parts[i] = "(a value that does not parse as a URL)"
-			continue
-		}
-		parts[i] = u.Redacted()
+		parts[i] = redactedPart(strings.TrimSpace(p))
 	}
 	return strings.Join(parts, ",")
+}
+
+// redactedPart is one element of a comma-separated list of URLs, or a
+// later host of a Postgres multi-host URL (host:port[/db][?query]), with
+// any password masked, in its user or in its query.
+func redactedPart(p string) string {
+	u, err := url.Parse(p)
+	if err == nil && u.Scheme != "" {
+		return maskQueryPassword(u).Redacted()
+	}
+	if !strings.Contains(p, "@") {
+		if u, err := url.Parse("//" + p); err == nil && u.Host != "" {
+			return strings.TrimPrefix(maskQueryPassword(u).String(), "//")
+		}
+	}
+	return "(a value that does not parse as a URL)"
+}
+
+func maskQueryPassword(u *url.URL) *url.URL {
+	q := u.Query()
+	if q.Get("password") != "" {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u
 }
 
 func redact(msg, rawURL string) string {

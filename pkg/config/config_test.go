@@ -60,6 +60,8 @@ func TestLoadDefaults(t *testing.T) {
 		HTTPAddr:       ":8080",
 		StartupWait:    time.Minute,
 		MetricsTenants: 20,
+		Streams:        event.StreamSettings{MaxAge: 168 * time.Hour, Duplicates: 2 * time.Minute, Replicas: 1},
+		DatabasePool:   10,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("config = %+v, want %+v", c, want)
@@ -98,6 +100,8 @@ func TestLoadFlagsOverrideEnv(t *testing.T) {
 		HTTPAddr:       ":9090",
 		StartupWait:    time.Minute,
 		MetricsTenants: 20,
+		Streams:        event.StreamSettings{MaxAge: 168 * time.Hour, Duplicates: 2 * time.Minute, Replicas: 1},
+		DatabasePool:   10,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("config = %+v, want %+v", c, want)
@@ -109,6 +113,45 @@ func TestLoadFlagsOverrideEnv(t *testing.T) {
 	}
 	if c.NATSURL != "nats://env:4222" || c.Model != "env-model" || c.HTTPAddr != "127.0.0.1:1" || c.ModelAPIKey != "env-key" {
 		t.Fatalf("env not used: %+v", c)
+	}
+}
+
+// The start-up log's "effective settings" are the ones the service runs
+// with: the streams' age and replicas, the pool's size (the URL's
+// pool_max_conns, else 10), never zeros that stand for a default.
+func TestRedactedShowsWhatRunsNotZeros(t *testing.T) {
+	t.Parallel()
+	c, err := config.Load("svc", nil, env(valid()), config.Need{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := c.Redacted()
+	for k, want := range map[string]any{"stream_max_age": "168h0m0s", "stream_replicas": 1, "database_pool": 10, "startup_wait": "1m0s"} {
+		if r[k] != want {
+			t.Errorf("%s = %v, want %v", k, r[k], want)
+		}
+	}
+	c, err = config.Load("svc", nil, env(with("ASSAY_DATABASE_URL", "postgres://assay@db/assay?pool_max_conns=33")), config.Need{})
+	if err != nil || c.Redacted()["database_pool"] != 33 {
+		t.Errorf("pool_max_conns=33: database_pool %v (%v)", c.Redacted()["database_pool"], err)
+	}
+	vars := with("ASSAY_DATABASE_POOL", "7")
+	vars["ASSAY_DATABASE_URL"] += "&pool_max_conns=33"
+	if c, err = config.Load("svc", nil, env(vars), config.Need{}); err != nil || c.DatabasePool != 7 {
+		t.Errorf("ASSAY_DATABASE_POOL=7 over pool_max_conns=33: %d (%v)", c.DatabasePool, err)
+	}
+}
+
+// A required setting left unset is told the same way everywhere: the
+// variable, its flag and what it is.
+func TestMissingNamesVariableAndFlag(t *testing.T) {
+	t.Parallel()
+	_, err := config.Load("svc", nil, env(map[string]string{}), config.Need{Model: true})
+	for _, want := range []string{"ASSAY_DATABASE_URL (--database-url): required: the cell's Postgres URL",
+		"ASSAY_MODEL_BASE_URL (--model-base-url): required", "ASSAY_MODEL (--model): required", "ASSAY_REGION (--region): required: the region served by this instance, one of ASSAY_REGIONS (known: us, eu)"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not say %q", err, want)
+		}
 	}
 }
 
@@ -151,7 +194,9 @@ func TestLoadRefuses(t *testing.T) {
 		{name: "nats no host", vars: with("ASSAY_NATS_URL", "nats://"), want: "ASSAY_NATS_URL"},
 		{name: "nats garbage", vars: with("ASSAY_NATS_URL", "::not a url"), want: "ASSAY_NATS_URL"},
 		{name: "model base missing", vars: valid(), need: config.Need{Model: true}, want: "ASSAY_MODEL_BASE_URL"},
-		{name: "model name missing", vars: with("ASSAY_MODEL_BASE_URL", "https://gateway.internal/v1"), need: config.Need{Model: true}, want: "ASSAY_MODEL: required"},
+		{name: "model name missing", vars: with("ASSAY_MODEL_BASE_URL", "https://gateway.internal/v1"), need: config.Need{Model: true}, want: "ASSAY_MODEL (--model): required"},
+		{name: "model base is an endpoint", vars: with("ASSAY_MODEL_BASE_URL", "https://gw/v1/chat/completions"), need: config.Need{Model: true}, want: "set ASSAY_MODEL_ENDPOINT to ask this URL as given"},
+		{name: "model endpoint scheme", vars: with("ASSAY_MODEL_ENDPOINT", "gw/v1/chat/completions"), need: config.Need{Model: true}, want: "ASSAY_MODEL_ENDPOINT"},
 		{name: "model base scheme", vars: with("ASSAY_MODEL_BASE_URL", "ftp://x"), need: config.Need{Model: true}, want: "ASSAY_MODEL_BASE_URL"},
 		{name: "model base no host", vars: with("ASSAY_MODEL_BASE_URL", "http://"), need: config.Need{Model: true}, want: "ASSAY_MODEL_BASE_URL"},
 		{name: "http addr no port", vars: with("ASSAY_HTTP_ADDR", "localhost"), want: "ASSAY_HTTP_ADDR"},
@@ -273,7 +318,7 @@ func TestRegionsCellAndStreamsFromConfiguration(t *testing.T) {
 	if !reflect.DeepEqual(c.Regions, []string{"us", "eu", "ap"}) || c.Region != "ap" || c.Cell != "ap-1" {
 		t.Fatalf("regions %v region %s cell %s", c.Regions, c.Region, c.Cell)
 	}
-	want := event.StreamSettings{Replicas: 3, MaxAge: 72 * time.Hour, Placement: []string{"region:ap", "tier:js"}}
+	want := event.StreamSettings{Replicas: 3, MaxAge: 72 * time.Hour, Duplicates: 2 * time.Minute, Placement: []string{"region:ap", "tier:js"}}
 	if !reflect.DeepEqual(c.Streams, want) {
 		t.Fatalf("streams %+v, want %+v", c.Streams, want)
 	}
@@ -351,5 +396,21 @@ func TestCheckVars(t *testing.T) {
 	want := "A has no default or no usage,B is read but not listed,C is listed but not read"
 	if strings.Join(got, ",") != want {
 		t.Fatalf("CheckVars = %v, want %s", got, want)
+	}
+}
+
+// A Postgres multi-host URL is shown with every host and no password: the
+// later hosts are not URLs of their own, and a password may ride in the
+// query.
+func TestRedactedMultiHostURL(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://assay:s3cret@db-a:5432,db-b:5433/assay?target_session_attrs=read-write": "postgres://assay:xxxxx@db-a:5432,db-b:5433/assay?target_session_attrs=read-write",
+		"postgres://assay@db-a:5432,db-b:5433/assay?password=s3cret&sslmode=verify-full":    "postgres://assay@db-a:5432,db-b:5433/assay?password=xxxxx&sslmode=verify-full",
+		"nats://svc:pw@n1:4222,nats://svc:pw@n2:4222":                                       "nats://svc:xxxxx@n1:4222,nats://svc:xxxxx@n2:4222",
+	} {
+		if got := config.Redacted(in); got != want {
+			t.Errorf("Redacted(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

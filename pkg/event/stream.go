@@ -33,7 +33,9 @@ type StreamSettings struct {
 	Placement []string
 }
 
-func (s StreamSettings) withDefaults() StreamSettings {
+// WithDefaults is s with every unset field at its default: what a stream
+// is created with.
+func (s StreamSettings) WithDefaults() StreamSettings {
 	if s.MaxAge == 0 {
 		s.MaxAge = 7 * 24 * time.Hour
 	}
@@ -49,7 +51,7 @@ func (s StreamSettings) withDefaults() StreamSettings {
 // StreamConfig is the configuration of the cell's stream of one kind.
 // Limits retention, not work-queue: history stays for replay until MaxAge.
 func StreamConfig(n Names, kind string, s StreamSettings) jetstream.StreamConfig {
-	s = s.withDefaults()
+	s = s.WithDefaults()
 	cfg := jetstream.StreamConfig{
 		Name:       n.Stream(kind),
 		Subjects:   []string{n.Subjects(kind)},

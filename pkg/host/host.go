@@ -126,7 +126,7 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 		return nil, err
 	}
 	e := &Env{Config: cfg, Contracts: reg, Log: log, Tel: tel}
-	err = retry(ctx, log, "postgres", cfg.StartupWait, func(ctx context.Context) error {
+	err = retry(ctx, log, "postgres", config.Redacted(cfg.DatabaseURL), cfg.StartupWait, func(ctx context.Context) error {
 		if created, err := store.EnsureDatabase(ctx, cfg.DatabaseURL); err != nil {
 			return err
 		} else if created {
@@ -136,7 +136,7 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+		return nil, fmt.Errorf("ASSAY_DATABASE_URL: %w%s", err, waited(cfg.StartupWait))
 	}
 	applied, err := e.Store.Migrate(ctx)
 	if err != nil {
@@ -146,7 +146,7 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 	versions := store.Versions()
 	log.Info("migrations", "applied", len(applied), "names", strings.Join(applied, ","), "schema", versions[len(versions)-1])
 	e.labelTenants(ctx)
-	err = retry(ctx, log, "nats", cfg.StartupWait, func(context.Context) error {
+	err = retry(ctx, log, "nats", config.Redacted(cfg.NATSURL), cfg.StartupWait, func(context.Context) error {
 		e.NC, err = nats.Connect(cfg.NATSURL, nats.Name("assay-"+name+"-"+cfg.Region),
 			nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
 			nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
@@ -160,7 +160,10 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 				log.Error("nats: asynchronous error", "err", err, "subject", subject)
 			}),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				log.Warn("nats: disconnected", "err", err)
+				// A nil error is this process closing its connection.
+				if err != nil {
+					log.Warn("nats: disconnected", "err", err)
+				}
 			}),
 			nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats: reconnected", "server", nc.ConnectedUrlRedacted()) }),
 		)
@@ -168,9 +171,17 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 	})
 	if err != nil {
 		e.Store.Close()
-		return nil, fmt.Errorf("ASSAY_NATS_URL: connect %s: %w", config.Redacted(cfg.NATSURL), err)
+		return nil, fmt.Errorf("ASSAY_NATS_URL: connect %s: %w%s", config.Redacted(cfg.NATSURL), err, waited(cfg.StartupWait))
 	}
 	log.Info("nats: connected", "server", e.NC.ConnectedUrlRedacted(), "max_payload", e.NC.MaxPayload())
+	// Without JetStream every stream call would answer "no responders";
+	// waiting longer cannot change that.
+	if on, _ := e.NC.ConnectedServerJetStream(); !on {
+		url := e.NC.ConnectedUrlRedacted()
+		e.NC.Close()
+		e.Store.Close()
+		return nil, fmt.Errorf("ASSAY_NATS_URL: JetStream is not enabled on %s (start nats-server with -js, or enable it in its configuration)", url)
+	}
 	if e.JS, err = jetstream.New(e.NC); err != nil {
 		e.NC.Close()
 		e.Store.Close()
@@ -224,8 +235,9 @@ func (e *Env) startLabelRefresh(ctx context.Context) {
 }
 
 // retry runs try until it succeeds or wait has passed, backing off from
-// 250ms to 5s and logging each failure. wait 0 tries once.
-func retry(ctx context.Context, log *slog.Logger, what string, wait time.Duration, try func(context.Context) error) error {
+// 250ms to 5s and logging each failure with what it waits for and where
+// (target, a URL fit for a log). wait 0 tries once.
+func retry(ctx context.Context, log *slog.Logger, what, target string, wait time.Duration, try func(context.Context) error) error {
 	deadline := time.Now().Add(wait)
 	delay := 250 * time.Millisecond
 	for n := 1; ; n++ {
@@ -238,7 +250,8 @@ func retry(ctx context.Context, log *slog.Logger, what string, wait time.Duratio
 		if !time.Now().Add(delay).Before(deadline) || ctx.Err() != nil {
 			return err
 		}
-		log.Warn("waiting for "+what, "try", n, "err", err, "retry_in", delay.String())
+		log.Warn("waiting for "+what, "url", target, "try", n, "err", err, "retry_in", delay.String(),
+			"gives_up_in", time.Until(deadline).Round(time.Second).String())
 		select {
 		case <-ctx.Done():
 			return err
@@ -246,6 +259,14 @@ func retry(ctx context.Context, log *slog.Logger, what string, wait time.Duratio
 		}
 		delay = min(2*delay, 5*time.Second)
 	}
+}
+
+// waited says how long start-up tried before it gave up.
+func waited(wait time.Duration) string {
+	if wait <= 0 {
+		return " (tried once: ASSAY_STARTUP_WAIT is 0)"
+	}
+	return fmt.Sprintf(" (tried for %s: ASSAY_STARTUP_WAIT)", wait)
 }
 
 func databaseName(u string) string {
@@ -372,13 +393,28 @@ func Draining(ctx context.Context) <-chan struct{} {
 // Serve listens on addr and serves h within lim until ctx ends, then shuts
 // down. It returns the bound address through bound once listening.
 func Serve(ctx context.Context, addr string, h http.Handler, lim Limits, bound func(string)) error {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := Listen("ASSAY_HTTP_ADDR", addr)
 	if err != nil {
-		return fmt.Errorf("ASSAY_HTTP_ADDR: listen %s: %w", addr, err)
+		return err
 	}
 	if bound != nil {
 		bound(ln.Addr().String())
 	}
+	return ServeOn(ctx, ln, h, lim)
+}
+
+// Listen binds addr, the value of the setting named setting; its error
+// names both.
+func Listen(setting, addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: listen %s: %w", setting, addr, err)
+	}
+	return ln, nil
+}
+
+// ServeOn serves h on ln within lim until ctx ends, then shuts down.
+func ServeOn(ctx context.Context, ln net.Listener, h http.Handler, lim Limits) error {
 	lim = lim.orDefault()
 	draining := make(chan struct{})
 	srv := &http.Server{Handler: http.MaxBytesHandler(h, lim.MaxRequestBytes), ReadHeaderTimeout: lim.ReadHeader,
@@ -443,10 +479,35 @@ func Run(spec Spec) {
 		os.Exit(2)
 	}
 	log := telemetry.NewLogger(os.Stderr, spec.Name, cfg.Region, slog.LevelInfo)
-	log.Info("starting", "version", info.Version, "revision", info.Revision, "go", info.GoVersion,
+	log.Info("starting", "version", info.Version, "revision", info.RevisionOrUnknown(), "go", info.GoVersion,
 		"config", cfg.Redacted(), "settings", ownSettings(spec.Vars, os.Getenv))
 	ctx, stopSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stopSignals()
+	// The ports are bound before anything is connected: a port that is
+	// taken stops start-up at once, and /healthz answers while the
+	// service waits for Postgres and NATS (/readyz does not).
+	front, back := &swapHandler{}, &swapHandler{}
+	front.Store(starting(true))
+	back.Store(starting(false))
+	// The listeners outlive the drain, so probes keep their answers.
+	hctx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
+	served := make(chan error, 2)
+	listeners := 0
+	for _, l := range []struct {
+		setting, addr, msg string
+		h                  http.Handler
+	}{{"ASSAY_HTTP_ADDR", cfg.HTTPAddr, "serving", front}, {"ASSAY_METRICS_ADDR", cfg.MetricsAddr, "serving metrics", back}} {
+		if l.addr == "" {
+			continue
+		}
+		ln, err := Listen(l.setting, l.addr)
+		if err != nil {
+			fail(log, spec.Name, err)
+		}
+		log.Info(l.msg, "addr", ln.Addr().String())
+		listeners++
+		go func() { served <- ServeOn(hctx, ln, l.h, DefaultLimits) }()
+	}
 	env, err := Connect(ctx, spec.Name, cfg, log)
 	if err != nil {
 		fail(log, spec.Name, err)
@@ -462,23 +523,8 @@ func Run(spec Spec) {
 		env.Close(context.Background())
 		fail(log, spec.Name, err)
 	}
-	// The listener outlives the drain, so probes keep their answers.
-	hctx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
-	served := make(chan error, 2)
-	listeners := 1
-	go func() {
-		served <- Serve(hctx, cfg.HTTPAddr, Mux(api, env, part), DefaultLimits, func(a string) {
-			log.Info("serving", "addr", a)
-		})
-	}()
-	if cfg.MetricsAddr != "" {
-		listeners++
-		go func() {
-			served <- Serve(hctx, cfg.MetricsAddr, MetricsMux(env), DefaultLimits, func(a string) {
-				log.Info("serving metrics", "addr", a)
-			})
-		}()
-	}
+	front.Store(Mux(api, env, part))
+	back.Store(MetricsMux(env))
 	select {
 	case <-ctx.Done():
 	case err = <-served:
@@ -506,6 +552,32 @@ func Run(spec Spec) {
 
 // drainGrace bounds the drain; pods need a termination grace above it.
 const drainGrace = 25 * time.Second
+
+// swapHandler serves whichever handler was stored last: the starting
+// answers until the service is built, then its own.
+type swapHandler struct{ h atomic.Pointer[http.Handler] }
+
+func (s *swapHandler) Store(h http.Handler) { s.h.Store(&h) }
+
+func (s *swapHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	(*s.h.Load()).ServeHTTP(w, r)
+}
+
+// starting answers while a service connects: alive (/healthz, on the API
+// port), not ready, nothing else served yet.
+func starting(api bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if api && r.Method == http.MethodGet && r.URL.Path == "/healthz" {
+			apierror.JSON(w, http.StatusOK, map[string]string{"status": "starting"})
+			return
+		}
+		if api && r.URL.Path == "/readyz" {
+			apierror.JSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting"})
+			return
+		}
+		apierror.Write(w, http.StatusServiceUnavailable, "starting", "the service is starting: it waits for Postgres and NATS")
+	})
+}
 
 func fail(log *slog.Logger, name string, err error) {
 	log.Error("failed", "err", err)

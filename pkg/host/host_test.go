@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/testenv"
@@ -169,5 +171,72 @@ func TestTenantLabelsAgreeAcrossReplicas(t *testing.T) {
 				t.Errorf("instance %d: %s labelled %q, want %q", i+1, id, got, want[id])
 			}
 		}
+	}
+}
+
+// A NATS server without JetStream stops start-up at once, saying so and
+// naming the server, rather than failing later with "no responders".
+func TestConnectRefusesNATSWithoutJetStream(t *testing.T) {
+	t.Parallel()
+	url := testenv.NATSWithoutJetStream(t)
+	cfg := config.Config{Region: "us", DatabaseURL: testenv.Database(t), NATSURL: url, StartupWait: time.Minute}
+	env, err := Connect(t.Context(), "test", cfg, slog.New(slog.DiscardHandler))
+	if err == nil {
+		env.Close(context.Background())
+		t.Fatal("connected to a server without JetStream")
+	}
+	if want := "JetStream is not enabled on " + url; !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not say %q", err, want)
+	}
+}
+
+// Each wait for Postgres or NATS names where it waits and how long it
+// goes on; the error it gives up with is the last try's.
+func TestRetryNamesWhereItWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &syncBuffer{}
+		log := slog.New(slog.NewJSONHandler(logs, nil))
+		refused := errors.New("nats: no servers available for connection")
+		tries := 0
+		start := time.Now()
+		err := retry(t.Context(), log, "nats", "nats://assay:xxxxx@10.0.0.9:4222", 3*time.Second, func(context.Context) error {
+			tries++
+			return refused
+		})
+		if !errors.Is(err, refused) {
+			t.Fatalf("retry = %v, want the last try's error", err)
+		}
+		if took := time.Since(start); took > 3*time.Second || tries < 3 {
+			t.Errorf("%d tries over %s, want several within the 3s wait", tries, took)
+		}
+		lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+		if len(lines) != tries-1 {
+			t.Errorf("%d warnings for %d tries:\n%s", len(lines), tries, logs)
+		}
+		for _, l := range lines {
+			if !strings.Contains(l, `"msg":"waiting for nats"`) || !strings.Contains(l, `"url":"nats://assay:xxxxx@10.0.0.9:4222"`) ||
+				!strings.Contains(l, `"gives_up_in":`) {
+				t.Errorf("warning %s does not name the URL and when it gives up", l)
+			}
+		}
+	})
+}
+
+// Closing the connection on the way out is not a disconnection to warn
+// about.
+func TestCloseLogsNoDisconnection(t *testing.T) {
+	t.Parallel()
+	logs := &syncBuffer{}
+	cfg := config.Config{Region: "us", DatabaseURL: testenv.Database(t), NATSURL: testenv.NATS(t)}
+	env, err := Connect(t.Context(), "test", cfg, slog.New(slog.NewJSONHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Close(context.Background())
+	if !strings.Contains(logs.String(), `"msg":"nats: connected"`) {
+		t.Fatalf("the connection was not logged:\n%s", logs)
+	}
+	if strings.Contains(logs.String(), "disconnected") {
+		t.Errorf("closing warned of a disconnection:\n%s", logs)
 	}
 }

@@ -45,6 +45,19 @@ type Options struct {
 // the URL's pool_max_conns says otherwise.
 const DefaultMaxConns = 10
 
+// PoolSize is how many connections a pool Open makes for url holds:
+// asked when above 0, else the URL's pool_max_conns, else
+// DefaultMaxConns.
+func PoolSize(url string, asked int) int {
+	if asked > 0 {
+		return asked
+	}
+	if cfg, err := pgxpool.ParseConfig(url); err == nil && strings.Contains(url, "pool_max_conns") {
+		return int(cfg.MaxConns)
+	}
+	return DefaultMaxConns
+}
+
 // Open connects to the cell's database and checks that it answers.
 func Open(ctx context.Context, url string, opts ...Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(url)
@@ -55,12 +68,7 @@ func Open(ctx context.Context, url string, opts ...Options) (*Store, error) {
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	switch {
-	case o.MaxConns > 0:
-		cfg.MaxConns = int32(o.MaxConns)
-	case !strings.Contains(url, "pool_max_conns"):
-		cfg.MaxConns = DefaultMaxConns
-	}
+	cfg.MaxConns = int32(PoolSize(url, o.MaxConns))
 	if o.Tracer != nil {
 		cfg.ConnConfig.Tracer = o.Tracer
 	}
@@ -212,6 +220,16 @@ func Permanent(err error) bool {
 		return false
 	}
 	return pe.Code[:2] == "22" || pe.Code[:2] == "23"
+}
+
+// Refusal says in words why the database refused a value for good (an
+// error Permanent reports), for a caller who sent it: no SQLSTATE, no
+// Postgres message.
+func Refusal(err error) string {
+	if code := SQLState(err); strings.HasPrefix(code, "23") {
+		return "a value breaks one of the cell's constraints"
+	}
+	return "a value is one the database cannot store (out of range, too long, or not text)"
 }
 
 // SQLState is err's SQLSTATE, "" when the database did not answer one.

@@ -5,6 +5,8 @@ package telemetry
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -123,7 +125,7 @@ func Setup(ctx context.Context, service, region string, opts ...Option) (*Provid
 	bi := buildinfo.Read()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "assay_build_info",
 		Help:        "The running build: version, VCS revision and Go version; always 1.",
-		ConstLabels: prometheus.Labels{"service": service, "region": region, "version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion}})
+		ConstLabels: prometheus.Labels{"service": service, "region": region, "version": bi.Version, "revision": bi.RevisionOrUnknown(), "goversion": bi.GoVersion}})
 	build.Set(1)
 	p.registry.MustRegister(build)
 	p.handler = promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{Registry: p.registry})
@@ -301,6 +303,19 @@ func (n cellHandler) WithGroup(name string) slog.Handler {
 	n.inner = n.inner.WithGroup(name)
 	return n
 }
+
+// Opaque is an identifier the caller chose (a source id, a revision, an
+// item id, a delivery id) as logs and spans carry it: the first bytes of
+// its SHA-256. Such an id can hold anything (a name, an address), and logs
+// leave the cell; an operator who has the id finds its lines by the same
+// digest (sha256 of the id, the first 12 hex digits).
+func Opaque(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return "sha256:" + hex.EncodeToString(sum[:6])
+}
+
+// OpaqueAttr is Opaque as a log attribute.
+func OpaqueAttr(key, id string) slog.Attr { return slog.String(key, Opaque(id)) }
 
 // Decision logs one decision line: what was decided about key and why, tied
 // to the current trace when there is one.

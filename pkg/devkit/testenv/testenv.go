@@ -190,6 +190,25 @@ func NATS(tb testing.TB) string {
 	return s.ClientURL()
 }
 
+// NATSWithoutJetStream returns the client URL of an embedded NATS server
+// that has JetStream off, owned by tb: what a service must refuse.
+func NATSWithoutJetStream(tb testing.TB) string {
+	tb.Helper()
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
+	if err != nil {
+		tb.Fatalf("testenv: embedded nats-server: %v", err)
+	}
+	s.Start()
+	tb.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	if !s.ReadyForConnections(10 * time.Second) {
+		tb.Fatal("testenv: embedded nats-server not ready for connections within 10s")
+	}
+	return s.ClientURL()
+}
+
 // StartNATS starts an embedded NATS server with JetStream storing under dir,
 // listening on a free port on 127.0.0.1.
 func StartNATS(dir string) (*server.Server, error) { return StartNATSOn(dir, -1) }
