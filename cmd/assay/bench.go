@@ -97,7 +97,7 @@ func benchCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return benchPipeline(ctx, args[1:], stdout)
 	}
 	if len(args) == 0 || args[0] != "goodput" {
-		return configError{errors.New(benchUsage + "\n" + benchPipeUsage)}
+		return unknownSub("bench", args)
 	}
 	fs := flag.NewFlagSet("assay bench goodput", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -361,7 +361,7 @@ func startBenchBed(ctx context.Context, base string, o cell.Options, tenants []s
 		return nil, err
 	}
 	o.Config = config.Config{Regions: config.DefaultRegions, Region: "us", Cell: "us", Installation: event.DefaultInstallation,
-		DatabaseURL: dbURL, NATSURL: ns.ClientURL(), ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0",
+		DatabaseURL: dbURL, NATSURL: ns.ClientURL(), ModelBaseURL: sim.APIBase(simURL), Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0",
 		DatabasePool: o.Config.DatabasePool}
 	if b.cell, err = cell.Start(ctx, o); err != nil {
 		return nil, err

@@ -485,7 +485,7 @@ func (h *Harness) addService(name, svc, region string, env []string) error {
 		"ASSAY_HTTP_ADDR="+addr(port),
 		"ASSAY_METRICS_ADDR="+addr(mport))
 	if svc == "classifier" {
-		e = append(e, "ASSAY_MODEL_BASE_URL="+h.simURL, "ASSAY_MODEL="+chaosModel)
+		e = append(e, "ASSAY_MODEL_BASE_URL="+h.simURL+"/v1", "ASSAY_MODEL="+chaosModel)
 	}
 	if svc == "committer" {
 		e = append(e, "ASSAY_GITHUB_API_URL="+h.gh.URL, "ASSAY_GITHUB_APP_ID=1", "ASSAY_GITHUB_APP_KEY_FILE="+h.ghKey)

@@ -1,8 +1,8 @@
 package model
 
 // The OpenAI-compatible Batch API: a JSON-lines file of chat-completions
-// requests is uploaded (/v1/files, purpose "batch"), a batch is created on
-// it (/v1/batches), polled until it ends, and its output and error files
+// requests is uploaded (files under the base URL, purpose "batch"), a batch is created on
+// it (batches), polled until it ends, and its output and error files
 // are read back. Every line carries a custom_id, and answers are matched to
 // requests by it alone: the provider writes them in any order.
 
@@ -16,7 +16,6 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/url"
-	"strings"
 )
 
 // Batch statuses, as the provider names them.
@@ -167,16 +166,8 @@ func LineReply(request []byte, resp BatchResponse) (*Reply, error) {
 	_ = json.Unmarshal(request, &req)
 	rep := &Reply{Status: resp.StatusCode, Model: req.Model, Raw: []byte(resp.Body), Sent: true}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		e := &Error{Status: resp.StatusCode, Msg: providerMessage(resp.Body, Call{Messages: req.Messages})}
-		switch s := resp.StatusCode; {
-		case s == http.StatusTooManyRequests:
-			e.Kind = KindRateLimited
-		case s == http.StatusRequestTimeout || s >= 500:
-			e.Kind = KindTransient
-		default:
-			e.Kind = KindRejected
-		}
-		return rep, e
+		return rep, &Error{Kind: statusKind(resp.StatusCode), Status: resp.StatusCode,
+			Provider: providerMessage(resp.Body, Call{Messages: req.Messages})}
 	}
 	if e := decodeAnswer(rep, resp.Body, req.MaxTokens); e != nil {
 		return rep, e
@@ -202,7 +193,7 @@ func (c *Client) UploadBatchFile(ctx context.Context, name string, content []byt
 		return FileObject{}, &Error{Kind: KindRejected, Msg: "building upload", Err: err}
 	}
 	var f FileObject
-	err = c.batchDo(ctx, http.MethodPost, "/v1/files", mw.FormDataContentType(), &body, &f)
+	err = c.batchDo(ctx, http.MethodPost, "files", mw.FormDataContentType(), &body, &f)
 	return f, err
 }
 
@@ -216,14 +207,14 @@ func (c *Client) CreateBatch(ctx context.Context, inputFileID, window string, me
 		return BatchObject{}, &Error{Kind: KindRejected, Msg: "encoding batch", Err: err}
 	}
 	var b BatchObject
-	err = c.batchDo(ctx, http.MethodPost, "/v1/batches", "application/json", bytes.NewReader(raw), &b)
+	err = c.batchDo(ctx, http.MethodPost, "batches", "application/json", bytes.NewReader(raw), &b)
 	return b, err
 }
 
 // GetBatch reads a batch.
 func (c *Client) GetBatch(ctx context.Context, id string) (BatchObject, error) {
 	var b BatchObject
-	err := c.batchDo(ctx, http.MethodGet, "/v1/batches/"+url.PathEscape(id), "", nil, &b)
+	err := c.batchDo(ctx, http.MethodGet, "batches/"+url.PathEscape(id), "", nil, &b)
 	return b, err
 }
 
@@ -235,13 +226,13 @@ func (c *Client) ListBatches(ctx context.Context, after string, limit int) (Batc
 		q.Set("after", after)
 	}
 	var l BatchList
-	err := c.batchDo(ctx, http.MethodGet, "/v1/batches?"+q.Encode(), "", nil, &l)
+	err := c.batchDo(ctx, http.MethodGet, "batches?"+q.Encode(), "", nil, &l)
 	return l, err
 }
 
 // FileContent reads an uploaded or produced file, up to MaxFileBytes.
 func (c *Client) FileContent(ctx context.Context, id string) ([]byte, error) {
-	resp, err := c.batchRequest(ctx, http.MethodGet, "/v1/files/"+url.PathEscape(id)+"/content", "", nil)
+	resp, err := c.batchRequest(ctx, http.MethodGet, "files/"+url.PathEscape(id)+"/content", "", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -268,7 +259,7 @@ func (c *Client) DeleteFile(ctx context.Context, id string) error {
 	var out struct {
 		Deleted bool `json:"deleted"`
 	}
-	if err := c.batchDo(ctx, http.MethodDelete, "/v1/files/"+url.PathEscape(id), "", nil, &out); err != nil {
+	if err := c.batchDo(ctx, http.MethodDelete, "files/"+url.PathEscape(id), "", nil, &out); err != nil {
 		return err
 	}
 	if !out.Deleted {
@@ -298,10 +289,10 @@ func (c *Client) batchDo(ctx context.Context, method, path, contentType string, 
 }
 
 func (c *Client) batchRequest(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Response, error) {
-	base := strings.TrimSuffix(strings.TrimRight(c.BatchBaseURL(), "/"), "/v1")
-	req, err := http.NewRequestWithContext(ctx, method, base+path, body)
+	target := Join(c.BatchBaseURL(), path)
+	req, err := http.NewRequestWithContext(ctx, method, target, body)
 	if err != nil {
-		return nil, &Error{Kind: KindRejected, Msg: "building request", Err: err}
+		return nil, &Error{Kind: KindRejected, Msg: "building request", Err: err, URL: asked(method, target)}
 	}
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
@@ -316,7 +307,9 @@ func (c *Client) batchRequest(ctx context.Context, method, path, contentType str
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, transportError(ctx, method+" "+strings.SplitN(path, "?", 2)[0], err)
+		e := transportError(ctx, "sending request", err)
+		e.URL = asked(method, target)
+		return nil, e
 	}
 	return resp, nil
 }

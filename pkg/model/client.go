@@ -3,6 +3,8 @@ package model
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,10 +13,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -44,7 +48,10 @@ const (
 	KindToolCall  Kind = "tool_call"        // the model called a tool instead of answering
 )
 
-// Error is the only error type Complete returns.
+// Error is the only error type Complete returns. Msg is always assay's
+// own words; what the provider said is apart, in Provider, and so is the
+// URL asked: Error() tells an operator everything, Public() only what may
+// reach a tenant.
 type Error struct {
 	Kind   Kind
 	Status int // HTTP status, 0 when no response was read
@@ -56,53 +63,111 @@ type Error struct {
 	// MaxDrainBytes; -1 when it is larger still.
 	BodyBytes int64
 	Msg       string
-	Err       error
+	// Provider is the provider's own error message, redacted (see Redact)
+	// and cut to a short excerpt; "" when it sent none.
+	Provider string
+	// URL is what was asked, "POST https://host/v1/chat/completions",
+	// without query or credentials; "" when no request was made.
+	URL string
+	Err error
 }
 
 func (e *Error) Error() string {
 	var b strings.Builder
-	b.WriteString("model: ")
-	b.WriteString(string(e.Kind))
-	if e.Status != 0 {
-		fmt.Fprintf(&b, " (HTTP %d)", e.Status)
-	}
-	if e.Msg != "" {
-		b.WriteString(": ")
-		b.WriteString(e.Msg)
+	e.head(&b)
+	if e.Provider != "" {
+		b.WriteString(": the provider says: ")
+		b.WriteString(e.Provider)
 	}
 	if e.Err != nil {
 		b.WriteString(": ")
 		b.WriteString(e.Err.Error())
 	}
+	if e.URL != "" {
+		b.WriteString(" (")
+		b.WriteString(e.URL)
+		b.WriteString(")")
+	}
 	return b.String()
+}
+
+// Public is the error as a tenant may read it, in an attempt's or a work
+// item's reason: its kind, status and assay's own words, never the
+// provider's text, an address or the underlying error (which name the
+// provider's hosts and may quote what it was sent).
+func (e *Error) Public() string {
+	var b strings.Builder
+	e.head(&b)
+	if e.Provider != "" {
+		b.WriteString(": the provider's message is in the classifier's log")
+	}
+	return b.String()
+}
+
+// head is the kind, the status and assay's own words.
+func (e *Error) head(b *strings.Builder) {
+	b.WriteString("model: ")
+	b.WriteString(string(e.Kind))
+	if e.Status != 0 {
+		fmt.Fprintf(b, " (HTTP %d)", e.Status)
+	}
+	if e.Msg != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Msg)
+	}
 }
 
 func (e *Error) Unwrap() error { return e.Err }
 
 // Client calls one OpenAI-compatible chat-completions endpoint.
 type Client struct {
+	// BaseURL is the API's base URL as OpenAI's SDKs take base_url
+	// (https://api.openai.com/v1, a gateway's …/openai/v1, …/v1beta/openai/):
+	// taken as given, with /chat/completions (and the Batch API's /files
+	// and /batches) appended.
 	BaseURL string
-	APIKey  string
-	Model   string
+	// Endpoint, when set, is the chat-completions URL itself, asked as
+	// given; BaseURL is then needed only for the Batch API.
+	Endpoint string
+	APIKey   string
+	Model    string
 	// HTTP is the client used for requests. nil means a shared client with
 	// a pooled transport and no overall timeout: deadlines come from ctx.
 	HTTP *http.Client
 	// MaxBodyBytes caps the response body read; 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
-	// BatchURL is where the Batch API (files and batches) is asked, when
-	// it is not at BaseURL.
+	// BatchURL is the base URL the Batch API (files and batches) is asked
+	// at, when it is not BaseURL.
 	BatchURL string
 	// MaxFileBytes caps a batch output or error file read; 0 means
 	// DefaultMaxFileBytes.
 	MaxFileBytes int64
 }
 
-// Endpoint is the chat-completions URL of a base URL given with or without
-// its /v1, as OpenAI-compatible clients take it either way: /v1/v1 is never
-// asked for.
-func Endpoint(base string) string {
-	base = strings.TrimSuffix(strings.TrimRight(base, "/"), "/v1")
-	return base + "/v1/chat/completions"
+// Join is path under base, as the OpenAI SDKs join a base URL and a
+// route: the base taken as given, one slash between them.
+func Join(base, path string) string {
+	return strings.TrimRight(base, "/") + "/" + strings.TrimLeft(path, "/")
+}
+
+// ChatURL is where Complete posts: Endpoint when set, else BaseURL joined
+// with chat/completions.
+func (c *Client) ChatURL() string {
+	if c.Endpoint != "" {
+		return c.Endpoint
+	}
+	return Join(c.BaseURL, "chat/completions")
+}
+
+// asked names a request for an error: the method and the URL without its
+// query, fragment or credentials.
+func asked(method, raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return method + " (a URL that does not parse)"
+	}
+	u.User, u.RawQuery, u.Fragment = nil, "", ""
+	return method + " " + u.String()
 }
 
 // Call is one structured-output request.
@@ -144,14 +209,28 @@ var defaultHTTP = &http.Client{
 	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 }
 
-// Complete makes exactly one HTTP request. The error, if any, is *Error; the
-// Reply may then still carry Status, Latency and Raw for the ledger.
+// Complete makes exactly one HTTP request. The error, if any, is *Error,
+// naming the URL asked; the Reply may then still carry Status, Latency and
+// Raw for the ledger.
 func (c *Client) Complete(ctx context.Context, call Call) (*Reply, error) {
+	endpoint := c.ChatURL()
+	rep, e := c.complete(ctx, call, endpoint)
+	if e == nil {
+		return rep, nil
+	}
+	e.URL = asked(http.MethodPost, endpoint)
+	if e.Status == http.StatusNotFound && e.Kind == KindRejected {
+		e.Msg = "nothing answers chat completions at this URL (a base URL is taken as the OpenAI SDKs take it, with /chat/completions appended: most end in /v1)"
+	}
+	return rep, e
+}
+
+func (c *Client) complete(ctx context.Context, call Call, endpoint string) (*Reply, *Error) {
 	body, err := c.RequestBody(call)
 	if err != nil {
 		return nil, &Error{Kind: KindRejected, Msg: "encoding request", Err: err}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, Endpoint(c.BaseURL), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
 		return nil, &Error{Kind: KindRejected, Msg: "building request", Err: err}
 	}
@@ -319,21 +398,48 @@ func transportError(ctx context.Context, what string, err error) *Error {
 	if errors.As(err, &ne) && ne.Timeout() {
 		return &Error{Kind: KindTimeout, Msg: what, Err: err}
 	}
+	if cause := netCause(err); cause != "" {
+		what += ": " + cause
+	}
 	return &Error{Kind: KindTransient, Msg: what, Err: err}
 }
 
-func statusError(resp *http.Response, raw []byte, call Call) *Error {
-	e := &Error{Status: resp.StatusCode, Msg: providerMessage(raw, call)}
-	switch s := resp.StatusCode; {
-	case s == http.StatusTooManyRequests:
-		e.Kind = KindRateLimited
-	case s == http.StatusRequestTimeout || s >= 500:
-		e.Kind = KindTransient
-	default:
-		e.Kind = KindRejected
+// netCause names, in words that carry no address, why bytes could not be
+// exchanged: what Public may say of a transport failure.
+func netCause(err error) string {
+	var dns *net.DNSError
+	var cert *tls.CertificateVerificationError
+	var unknownAuthority x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "the connection was closed"
+	case errors.As(err, &dns):
+		return "the host name does not resolve"
+	case errors.As(err, &cert), errors.As(err, &unknownAuthority), errors.As(err, &hostname):
+		return "the server's certificate is not trusted"
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return "no route to the host"
 	}
-	e.RetryAfter = RetryAfterHeader(resp.Header, time.Now())
-	return e
+	return ""
+}
+
+func statusError(resp *http.Response, raw []byte, call Call) *Error {
+	return &Error{Kind: statusKind(resp.StatusCode), Status: resp.StatusCode, Provider: providerMessage(raw, call),
+		RetryAfter: RetryAfterHeader(resp.Header, time.Now())}
+}
+
+// statusKind is what a non-2xx status means for a retry.
+func statusKind(status int) Kind {
+	switch {
+	case status == http.StatusTooManyRequests:
+		return KindRateLimited
+	case status == http.StatusRequestTimeout || status >= 500:
+		return KindTransient
+	}
+	return KindRejected
 }
 
 // messageExcerpt bounds what a log line carries of a provider's message.
@@ -341,7 +447,8 @@ const messageExcerpt = 160
 
 // providerMessage is what may be logged of an error body: the provider's
 // own message ({"error":{"message":...}}), redacted, then cut to a short
-// excerpt; of a body that is not such an error, only its size. Providers
+// excerpt; of a body that is not such an error, only its size. It is
+// logged, never shown to a tenant (Error.Public leaves it out). Providers
 // quote what they were sent (a content-policy refusal, a schema
 // complaint), and a log pipeline carries it out of the cell.
 func providerMessage(raw []byte, call Call) string {

@@ -48,7 +48,7 @@ func setup(t *testing.T, h http.HandlerFunc) bundle {
 		h(w, r)
 	}))
 	t.Cleanup(b.srv.Close)
-	b.client = &Client{BaseURL: b.srv.URL, APIKey: "sk-test", Model: "m-asked"}
+	b.client = &Client{BaseURL: b.srv.URL + "/v1", APIKey: "sk-test", Model: "m-asked"}
 	return b
 }
 
@@ -231,7 +231,7 @@ func TestCompleteErrorRedactsWhatTheRequestSaid(t *testing.T) {
 		if strings.Contains(msg, secret) || strings.Contains(msg, "hunter2") || strings.Contains(msg, "dbPassword") {
 			t.Errorf("%s: the error repeats the request: %q", name, msg)
 		}
-		if !strings.Contains(msg, c.keep) || len(msg) > 60+messageExcerpt {
+		if !strings.Contains(msg, c.keep) || len(msg) > 60+messageExcerpt+len(" (POST "+b.client.ChatURL()+")") {
 			t.Errorf("%s: Error() = %q, want it to keep %q within an excerpt", name, msg, c.keep)
 		}
 	}
@@ -328,8 +328,8 @@ func TestCompleteRetryAfterMSPreferred(t *testing.T) {
 		"Retry-After", "1", "retry-after-ms", "334"))
 	_, err := b.client.Complete(context.Background(), testCall)
 	e := asError(t, err)
-	if e.Kind != KindRateLimited || e.RetryAfter != 334*time.Millisecond || e.Msg != "slow down" {
-		t.Fatalf("kind %q retryAfter %v msg %q", e.Kind, e.RetryAfter, e.Msg)
+	if e.Kind != KindRateLimited || e.RetryAfter != 334*time.Millisecond || e.Provider != "slow down" {
+		t.Fatalf("kind %q retryAfter %v provider %q", e.Kind, e.RetryAfter, e.Provider)
 	}
 }
 
@@ -553,8 +553,13 @@ func TestCompleteConnectionErrors(t *testing.T) {
 		srv.Close()
 		c := &Client{BaseURL: url}
 		_, err := c.Complete(context.Background(), testCall)
-		if e := asError(t, err); e.Kind != KindTransient {
+		e := asError(t, err)
+		if e.Kind != KindTransient {
 			t.Fatalf("got %v", e)
+		}
+		// A tenant learns why, not where.
+		if pub := e.Public(); !strings.Contains(pub, "connection refused") || strings.Contains(pub, "127.0.0.1") {
+			t.Errorf("Public() = %q, want the cause without the address", pub)
 		}
 	})
 }
@@ -614,18 +619,75 @@ func ExampleParseRetryAfter() {
 	// 0s
 }
 
-func TestEndpointWithOrWithoutV1(t *testing.T) {
+// The base URL is taken as OpenAI's SDKs take base_url: as given, with
+// /chat/completions appended, so the forms their users write reach the
+// provider; a full endpoint goes in Endpoint and is asked as given.
+func TestChatURLTakesTheBaseAsTheSDKsDo(t *testing.T) {
 	t.Parallel()
-	for base, want := range map[string]string{
-		"http://gw:8000":             "http://gw:8000/v1/chat/completions",
-		"http://gw:8000/":            "http://gw:8000/v1/chat/completions",
-		"http://gw:8000/v1":          "http://gw:8000/v1/chat/completions",
-		"http://gw:8000/v1/":         "http://gw:8000/v1/chat/completions",
-		"https://api.example/openai": "https://api.example/openai/v1/chat/completions",
-		"https://api.example/v1x":    "https://api.example/v1x/v1/chat/completions",
+	var mu sync.Mutex
+	var paths []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+		answer(200, okBody)(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	for _, c := range []struct {
+		client Client
+		want   string
+	}{
+		{Client{BaseURL: srv.URL + "/v1"}, "/v1/chat/completions"},
+		{Client{BaseURL: srv.URL + "/v1/"}, "/v1/chat/completions"},
+		{Client{BaseURL: srv.URL + "/openai/v1"}, "/openai/v1/chat/completions"},
+		{Client{BaseURL: srv.URL + "/v1beta/openai/"}, "/v1beta/openai/chat/completions"},
+		{Client{BaseURL: srv.URL}, "/chat/completions"},
+		{Client{Endpoint: srv.URL + "/v1/chat/completions"}, "/v1/chat/completions"},
+		{Client{Endpoint: srv.URL + "/deployments/m/chat/completions", BaseURL: srv.URL + "/elsewhere"}, "/deployments/m/chat/completions"},
 	} {
-		if got := Endpoint(base); got != want {
-			t.Errorf("Endpoint(%q) = %q, want %q", base, got, want)
+		mu.Lock()
+		paths = nil
+		mu.Unlock()
+		c.client.Model = "m"
+		if _, err := c.client.Complete(context.Background(), testCall); err != nil {
+			t.Errorf("base %q endpoint %q: %v", c.client.BaseURL, c.client.Endpoint, err)
 		}
+		mu.Lock()
+		got := strings.Join(paths, ",")
+		mu.Unlock()
+		if got != c.want {
+			t.Errorf("base %q endpoint %q posted to %q, want %q", c.client.BaseURL, c.client.Endpoint, got, c.want)
+		}
+	}
+}
+
+// A URL nothing answers at is named in the error, with the rule that made
+// it; what reaches a tenant (Public) names neither the URL nor anything
+// the provider said.
+func TestCompleteErrorNamesTheURLAskedAndKeepsItFromTenants(t *testing.T) {
+	t.Parallel()
+	b := setup(t, answer(404, `{"error":{"message":"Unknown route for deployment gw-internal-7"}}`))
+	// A full endpoint given as the base URL.
+	b.client.BaseURL = b.srv.URL + "/v1/chat/completions"
+	_, err := b.client.Complete(context.Background(), testCall)
+	e := asError(t, err)
+	want := "POST " + b.srv.URL + "/v1/chat/completions/chat/completions"
+	if !strings.Contains(e.Error(), want+")") || !strings.Contains(e.Error(), "/chat/completions appended") ||
+		!strings.Contains(e.Error(), "Unknown route") {
+		t.Errorf("Error() = %q, want the URL asked (%s), the rule and the provider's message", e.Error(), want)
+	}
+	q := &Client{Endpoint: b.srv.URL + "/openai/deployments/m/chat/completions?api-version=2024-10-21", Model: "m"}
+	_, qerr := q.Complete(context.Background(), testCall)
+	if msg := asError(t, qerr).Error(); strings.Contains(msg, "api-version") || !strings.Contains(msg, "/openai/deployments/m/chat/completions)") {
+		t.Errorf("Error() = %q: want the endpoint asked, without its query", msg)
+	}
+	pub := e.Public()
+	for _, leak := range []string{b.srv.URL, "Unknown route", "gw-internal"} {
+		if strings.Contains(pub, leak) {
+			t.Errorf("Public() = %q carries %q", pub, leak)
+		}
+	}
+	if !strings.Contains(pub, "HTTP 404") || !strings.Contains(pub, "transport_rejected") {
+		t.Errorf("Public() = %q, want the kind and status", pub)
 	}
 }

@@ -97,7 +97,7 @@ func (p *ProviderBatch) defaults() {
 // batchVars are the provider-batch settings FromEnv reads.
 var batchVars = []config.Var{
 	{Name: "ASSAY_PROVIDER_BATCH", Default: "off", Usage: "on: batch-lane work goes through the provider's Batch API"},
-	{Name: "ASSAY_PROVIDER_BATCH_URL", Default: "ASSAY_MODEL_BASE_URL", Usage: "where the Batch API (/v1/files, /v1/batches) is asked"},
+	{Name: "ASSAY_PROVIDER_BATCH_URL", Default: "ASSAY_MODEL_BASE_URL", Usage: "the Batch API's base URL (files and batches are appended, as to ASSAY_MODEL_BASE_URL)"},
 	{Name: "ASSAY_PROVIDER_BATCH_WINDOW", Default: "24h", Usage: "the completion window asked for, in whole hours"},
 	{Name: "ASSAY_PROVIDER_BATCH_MAX_LINES", Default: "1000", Usage: "lines in one provider batch at most"},
 	{Name: "ASSAY_PROVIDER_BATCH_FLUSH", Default: "30s", Usage: "how long the oldest waiting line waits for more before its batch is sent"},
@@ -203,6 +203,9 @@ func newBatchLane(s *Service, cfg ProviderBatch, d Deps) (*batchLane, error) {
 		c := *mc
 		if cfg.URL != "" {
 			c.BatchURL = cfg.URL
+		}
+		if c.BatchBaseURL() == "" {
+			return nil, errors.New("ASSAY_PROVIDER_BATCH_URL: required when the model is given as ASSAY_MODEL_ENDPOINT alone: the Batch API's base URL")
 		}
 		l.api = &c
 	}
@@ -351,7 +354,7 @@ func (l *batchLane) work(ctx context.Context, b *store.ProviderBatch) {
 		// Given up on before all its lines were recorded: the rest end
 		// the same way, and its file is never sent.
 		if l.load(ctx, b) {
-			l.giveUp(ctx, b, &model.Error{Kind: model.KindTransient, Msg: b.Errors})
+			l.giveUp(ctx, b, &model.Error{Kind: model.KindTransient, Msg: "the provider batch was not submitted", Err: errors.New(b.Errors)})
 		}
 	case b.ProviderID == "":
 		if l.load(ctx, b) {
@@ -491,7 +494,7 @@ func (l *batchLane) abandon(ctx context.Context, b *store.ProviderBatch, why str
 	}
 	for _, line := range b.Open {
 		l.reconcileLine(ctx, b, line, lineResult{line: store.LineMissing, checkLease: true,
-			err: &model.Error{Kind: model.KindTransient, Msg: "the provider batch " + why}})
+			err: &model.Error{Kind: model.KindTransient, Msg: "the provider batch " + strings.TrimSuffix(abandoned, ": "), Err: errors.New(why)}})
 	}
 	l.finish(ctx, b, "abandoned")
 }
@@ -664,12 +667,8 @@ func lineOf(obj model.BatchObject, ol model.BatchOutputLine, found bool, line st
 	default:
 		// Expired, failed or canceled with no word of this line: it did
 		// not run.
-		what := obj.Status
-		if e := batchErrors(obj); e != "" {
-			what += " (" + e + ")"
-		}
 		r.line, r.err = store.LineExpired, &model.Error{Kind: model.KindTransient,
-			Msg: fmt.Sprintf("the provider batch %s ended %s before this line ran", obj.ID, what)}
+			Msg: fmt.Sprintf("the provider batch %s ended %s before this line ran", obj.ID, obj.Status), Provider: batchErrors(obj)}
 	}
 	return r
 }
@@ -806,8 +805,8 @@ func (l *batchLane) reconcile(ctx context.Context, line store.BatchLine, w *stor
 	if reason == "" {
 		reason = "model answered"
 	}
-	telemetry.Decision(ctx, s.d.Log, w.ID, v.outcome, reason, slog.String("attempt", line.AttemptID),
-		slog.String("line", r.line), slog.String("next", v.next), slog.Duration("delay", v.disp.Delay))
+	telemetry.Decision(ctx, s.d.Log, w.ID, v.outcome, reason, append([]slog.Attr{slog.String("attempt", line.AttemptID),
+		slog.String("line", r.line), slog.String("next", v.next), slog.Duration("delay", v.disp.Delay)}, callDetail(r.err)...)...)
 }
 
 // finish marks a batch reconciled once every line is, or hands it back

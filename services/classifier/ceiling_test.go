@@ -94,7 +94,7 @@ func TestThreeClassifiersShareTheCellCeiling(t *testing.T) {
 			t.Fatal(err)
 		}
 		svc, err := classifier.New(classifier.Config{Region: "us", Model: "assay-sim-1", Concurrency: ceiling, FixedConcurrency: true},
-			classifier.Deps{Store: st, JS: connect(fmt.Sprintf("classifier-%d", i)), Model: &model.Client{BaseURL: provider.URL, Model: "assay-sim-1"},
+			classifier.Deps{Store: st, JS: connect(fmt.Sprintf("classifier-%d", i)), Model: &model.Client{BaseURL: sim.APIBase(provider.URL), Model: "assay-sim-1"},
 				Contracts: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
 		if err != nil {
 			t.Fatal(err)

@@ -1,10 +1,12 @@
 package classifier_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,6 +38,25 @@ type bundle struct {
 	db  *pgxpool.Pool
 	js  jetstream.JetStream
 	sim *sim.Server
+	log *logBuffer
+}
+
+// logBuffer holds what the classifier logged.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func setup(t *testing.T) *bundle {
@@ -76,9 +97,10 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
+	logs := &logBuffer{}
 	svc, err := classifier.New(classifier.Config{Region: "us", Model: "assay-sim-1", BackoffBase: 10 * time.Millisecond},
-		classifier.Deps{Store: st, JS: js, Model: &model.Client{BaseURL: simURL, Model: "assay-sim-1"}, Contracts: reg,
-			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
+		classifier.Deps{Store: st, JS: js, Model: &model.Client{BaseURL: sim.APIBase(simURL), Model: "assay-sim-1"}, Contracts: reg,
+			Log: slog.New(slog.NewJSONHandler(logs, nil)), Tel: tel})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +108,7 @@ func setup(t *testing.T) *bundle {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { svc.Stop(context.Background()) })
-	return &bundle{svc: svc, st: st, db: testenv.Pool(t, url), js: js, sim: s}
+	return &bundle{svc: svc, st: st, db: testenv.Pool(t, url), js: js, sim: s, log: logs}
 }
 
 // enqueue stores moderation work and announces it, as ingress would.
@@ -213,6 +235,22 @@ func TestClassifierEndsAndRetriesOnItsOwn(t *testing.T) {
 			t.Fatalf("refused work is %s, want transport_rejected", state)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	// What the provider said of the refusal is the operator's: in the
+	// decision log, never in the reasons the tenant's API shows.
+	const said = "rejected as a result of our safety system"
+	var workReason, attemptReason string
+	if err := b.db.QueryRow(t.Context(), `SELECT w.reason, a.reason FROM work w JOIN attempts a ON a.work_id = w.id
+		WHERE w.id = $1`, refused).Scan(&workReason, &attemptReason); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []string{workReason, attemptReason} {
+		if strings.Contains(r, said) || strings.Contains(r, "127.0.0.1") || !strings.Contains(r, "transport_rejected (HTTP 400)") {
+			t.Errorf("reason %q: want the kind and status without the provider's words or address", r)
+		}
+	}
+	if log := b.log.String(); !strings.Contains(log, `"provider_message":"Your request was `+said) || !strings.Contains(log, `"asked":"POST http://`) {
+		t.Errorf("the decision log lacks the provider's message or the URL asked:\n%s", log)
 	}
 	var outcomes []string
 	rows, err := b.db.Query(t.Context(), `SELECT outcome FROM attempts WHERE work_id = $1 ORDER BY number`, limited)

@@ -176,14 +176,14 @@ func judge(a answer, l limits) verdict {
 	case a.hasOutput:
 		return judgeInvalid(a, l)
 	case mErr != nil && mErr.Kind == model.KindRejected:
-		return verdict{outcome: outcome.AttemptTransportRejected, reason: mErr.Error(), change: store.Finish,
-			workOutcome: outcome.TransportRejected, workReason: mErr.Error(), final: true, disp: consumer.Done(), next: "ended"}
+		return verdict{outcome: outcome.AttemptTransportRejected, reason: mErr.Public(), change: store.Finish,
+			workOutcome: outcome.TransportRejected, workReason: mErr.Public(), final: true, disp: consumer.Done(), next: "ended"}
 	case mErr != nil && (mErr.Kind == model.KindRefused || mErr.Kind == model.KindFiltered) && !a.retryRefusals:
 		// The model or the provider declined this input: asking again
 		// gets the same answer, so the work ends, and the refusal is kept
 		// with the attempt.
-		return verdict{outcome: retryOutcome(a.err, mErr), reason: mErr.Error(), change: store.Finish,
-			workOutcome: outcome.TransportRejected, workReason: mErr.Error(), final: true, disp: consumer.Done(), next: "ended"}
+		return verdict{outcome: retryOutcome(a.err, mErr), reason: mErr.Public(), change: store.Finish,
+			workOutcome: outcome.TransportRejected, workReason: mErr.Public(), final: true, disp: consumer.Done(), next: "ended"}
 	case mErr != nil && mErr.Kind == model.KindTruncated:
 		return judgeTruncated(a, mErr, l)
 	}
@@ -195,7 +195,7 @@ func judge(a answer, l limits) verdict {
 // with the cap raised (its reservation is priced at the new cap, so the
 // budget still decides), and a second cut ends it.
 func judgeTruncated(a answer, mErr *model.Error, l limits) verdict {
-	v := verdict{outcome: outcome.AttemptTruncated, reason: mErr.Error(), final: true}
+	v := verdict{outcome: outcome.AttemptTruncated, reason: mErr.Public(), final: true}
 	switch {
 	case a.raisedCap > a.outputCap && a.attempts < l.maxAttempts && a.now.Before(a.deadline):
 		v.change, v.outputCap, v.disp, v.next = store.Requeue, a.raisedCap, consumer.Retry(0), "retry_raised_cap"
@@ -228,7 +228,7 @@ func judgeInvalid(a answer, l limits) verdict {
 // provider's Retry-After, exactly, or the backoff, within the attempt
 // budget and the deadline.
 func judgeRetry(a answer, mErr *model.Error, l limits) verdict {
-	v := verdict{outcome: retryOutcome(a.err, mErr), reason: errText(a.err), final: true}
+	v := verdict{outcome: retryOutcome(a.err, mErr), reason: publicText(a.err), final: true}
 	delay := a.backoff
 	if mErr != nil && mErr.RetryAfter > 0 {
 		delay = mErr.RetryAfter // honoured exactly, never early
@@ -293,9 +293,24 @@ func output(reply *model.Reply, err error) (string, bool) {
 	return "", false
 }
 
+// errText is an error as an operator's record says it, "" for none.
 func errText(err error) string {
 	if err == nil {
 		return ""
+	}
+	return err.Error()
+}
+
+// publicText is a call's error as an attempt's reason says it, which its
+// tenant reads: a model error's public words (never the provider's text or
+// address; the decision log carries those), else the error.
+func publicText(err error) string {
+	var mErr *model.Error
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &mErr):
+		return mErr.Public()
 	}
 	return err.Error()
 }

@@ -63,7 +63,7 @@ func FuzzAnswerBytes(f *testing.F) {
 		_, _ = w.Write(body.Load().([]byte))
 	}))
 	f.Cleanup(srv.Close)
-	client := &model.Client{BaseURL: srv.URL, Model: "m"}
+	client := &model.Client{BaseURL: srv.URL + "/v1", Model: "m"}
 	var n atomic.Int64
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		body.Store(raw)
@@ -76,7 +76,7 @@ func FuzzAnswerBytes(f *testing.F) {
 				reason = fail.Error()
 			}
 		} else {
-			reason = errText(callErr)
+			reason = publicText(callErr)
 		}
 		num := n.Add(1)
 		id := fmt.Sprintf("00000000-0000-4000-8000-%012d", num)

@@ -295,9 +295,30 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	if reason == "" {
 		reason = "model answered"
 	}
-	telemetry.Decision(ctx, s.d.Log, w.ID, v.outcome, reason,
-		slog.String("attempt", attemptID), slog.String("next", v.next), slog.Duration("delay", v.disp.Delay))
+	telemetry.Decision(ctx, s.d.Log, w.ID, v.outcome, reason, append([]slog.Attr{
+		slog.String("attempt", attemptID), slog.String("next", v.next), slog.Duration("delay", v.disp.Delay)}, callDetail(callErr)...)...)
 	return v.disp
+}
+
+// callDetail is what the decision log adds to a failed call's public
+// reason for the operator: the provider's own message (redacted), the URL
+// asked and the underlying error, none of which a tenant reads.
+func callDetail(err error) []slog.Attr {
+	var mErr *model.Error
+	if !errors.As(err, &mErr) {
+		return nil
+	}
+	var out []slog.Attr
+	if mErr.Provider != "" {
+		out = append(out, slog.String("provider_message", mErr.Provider))
+	}
+	if mErr.URL != "" {
+		out = append(out, slog.String("asked", mErr.URL))
+	}
+	if mErr.Err != nil {
+		out = append(out, slog.String("err", mErr.Err.Error()))
+	}
+	return out
 }
 
 // recordBackoff are the waits between tries of an attempt's record that

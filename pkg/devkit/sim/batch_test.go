@@ -121,7 +121,7 @@ func TestBatchAPI(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			c := &model.Client{BaseURL: base + "/v1", Model: "m"}
+			c := &model.Client{BaseURL: APIBase(base), Model: "m"}
 			b := batchOf(t, c, "alpha", "beta", "gamma")
 			statuses, end, out, errs := finish(t, c, b.ID)
 			if !slices.Equal(statuses, tc.want.statuses) {
@@ -157,7 +157,7 @@ func TestBatchLostCreateIsFoundByMetadata(t *testing.T) {
 	if err := s.AddBatchFault(BatchFault{Kind: BatchLostCreate, Times: 1}); err != nil {
 		t.Fatal(err)
 	}
-	c := &model.Client{BaseURL: base, Model: "m"}
+	c := &model.Client{BaseURL: APIBase(base), Model: "m"}
 	ctx := context.Background()
 	f, err := c.UploadBatchFile(ctx, "in.jsonl", []byte(`{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{}}`+"\n"))
 	if err != nil {

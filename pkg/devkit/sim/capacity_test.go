@@ -519,7 +519,7 @@ func TestCapacityHTTP(t *testing.T) {
 	if r := mustDo(t, "POST", url, chatReq(ContractModeration, "acme", `{"text":"x"}`, withWork("h1"))); r.status != http.StatusOK {
 		t.Fatalf("first call %d", r.status)
 	}
-	c := &model.Client{BaseURL: base}
+	c := &model.Client{BaseURL: APIBase(base)}
 	_, err := c.Complete(context.Background(), model.Call{Tenant: "acme", Contract: ContractModeration, Schema: json.RawMessage(`{}`),
 		Messages: model.Messages("Classify.", model.Correlation{WorkID: "h2", SchemaVersion: json.RawMessage(`"1.0"`)}, "", json.RawMessage(`{"text":"y"}`))})
 	var me *model.Error

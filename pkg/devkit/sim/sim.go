@@ -162,8 +162,17 @@ func New(opts Options) *Server {
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
+	// Answering at all is being ready, as the services' /readyz says.
+	s.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
 	return s
 }
+
+// APIBase is the base URL of the simulated provider served at root, as an
+// OpenAI SDK (and the model adapter) takes it: its API is under /v1, its
+// /sim endpoints at root.
+func APIBase(root string) string { return strings.TrimRight(root, "/") + "/v1" }
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }

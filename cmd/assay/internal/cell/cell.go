@@ -246,5 +246,5 @@ func (c *Cell) serviceStore(ctx context.Context, o Options, name string) (*store
 
 // ModelClient is the model adapter a cell's classifier calls.
 func ModelClient(cfg config.Config) *model.Client {
-	return &model.Client{BaseURL: cfg.ModelBaseURL, APIKey: cfg.ModelAPIKey, Model: cfg.Model}
+	return &model.Client{BaseURL: cfg.ModelBaseURL, Endpoint: cfg.ModelEndpoint, APIKey: cfg.ModelAPIKey, Model: cfg.Model}
 }

@@ -115,7 +115,7 @@ func aclCell(t *testing.T, region string, natsURL func(string) string, simURL st
 	// because the server admits no anonymous clients, and no service uses it.
 	dbURL := testenv.Database(t)
 	cfg := config.Config{Regions: config.DefaultRegions, Region: region, Cell: region, Installation: "assay",
-		DatabaseURL: dbURL, NATSURL: urls["ingress"], ModelBaseURL: simURL, Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
+		DatabaseURL: dbURL, NATSURL: urls["ingress"], ModelBaseURL: sim.APIBase(simURL), Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
 	c, err := cell.Start(ctx, cell.Options{Config: cfg, NATSURLs: urls,
 		Log: telemetry.NewLogger(logs, "test", region, slog.LevelInfo)})
 	if err != nil {

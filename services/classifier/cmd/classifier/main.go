@@ -17,7 +17,7 @@ func main() {
 		Need: config.Need{Model: true, HTTPAddr: "127.0.0.1:8081"}, Vars: classifier.Vars, Configure: cfg.FromEnv,
 		Build: func(e *host.Env) (host.Part, http.Handler, error) {
 			cfg.Region, cfg.Names, cfg.Streams, cfg.Model = e.Config.Region, e.Config.Names(), e.Config.Streams, e.Config.Model
-			mc := &model.Client{BaseURL: e.Config.ModelBaseURL, APIKey: e.Config.ModelAPIKey, Model: e.Config.Model}
+			mc := &model.Client{BaseURL: e.Config.ModelBaseURL, Endpoint: e.Config.ModelEndpoint, APIKey: e.Config.ModelAPIKey, Model: e.Config.Model}
 			s, err := classifier.New(cfg,
 				classifier.Deps{Store: e.Store, JS: e.JS, Model: mc, Contracts: e.Contracts, Log: e.Log, Tel: e.Tel})
 			return s, nil, err
