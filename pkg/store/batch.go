@@ -121,9 +121,9 @@ func insertBatchWork(ctx context.Context, tx pgx.Tx, b *Batch, order []*BatchEnt
 		byID[w.ID] = e
 	}
 	rows, err := tx.Query(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version, taxonomy_version,
-			source_id, revision, lane, input, content_digest, deadline_at, traceparent)
+			source_id, revision, lane, input, content_digest, deadline_at, traceparent, direct)
 		SELECT id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane, input,
-			content_digest, deadline_at, NULLIF(traceparent, '')
+			content_digest, deadline_at, NULLIF(traceparent, ''), false
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
 			$9::text[], $10::text[], $11::text[], $12::timestamptz[], $13::text[])
 			AS x(id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane, input,
@@ -408,9 +408,11 @@ type CanceledItem struct {
 
 // CancelBatch marks a tenant's batch canceled and ends its items that have
 // no outcome yet as canceled, in one transaction; a batch that has ended
-// already is left as it is. Work another live batch
-// of the tenant also names is left to that batch. Running work loses its
-// lease: its answer, should it come, is recorded stale and never
+// already is left as it is. The cancel's scope is the batch's own work:
+// work another live batch of the tenant also names is left to that batch,
+// and work the tenant also asked for on its own (POST /v1/work, a
+// webhook: the same key, so the same work) is left to that request.
+// Running work loses its lease: its answer, should it come, is recorded stale and never
 // published. cancel makes the outbox rows that stop the running calls. A
 // second cancel finds nothing left to end and returns the batch as it is.
 func (s *Store) CancelBatch(ctx context.Context, tenant, id string, cancel func([]CanceledItem) ([]OutboxMsg, error)) (*Batch, []CanceledItem, error) {
@@ -429,7 +431,7 @@ func (s *Store) CancelBatch(ctx context.Context, tenant, id string, cancel func(
 		}
 		rows, err := tx.Query(ctx, `WITH old AS (SELECT w.id, w.state FROM work w
 				WHERE w.id IN (SELECT work_id FROM batch_items WHERE batch_id = $1)
-					AND w.state IN ('queued', 'running')
+					AND w.state IN ('queued', 'running') AND NOT w.direct
 					AND NOT EXISTS (SELECT 1 FROM batch_items o JOIN batches ob ON ob.id = o.batch_id
 						WHERE o.work_id = w.id AND o.batch_id <> $1 AND ob.canceled_at IS NULL)
 				ORDER BY w.id FOR UPDATE OF w)

@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -51,7 +50,9 @@ const (
 // Verdicts lists every review verdict.
 var Verdicts = []string{VerdictApproved, VerdictRejected, VerdictDismissed}
 
-// Review is one item of the human review queue.
+// Review is one item of the human review queue. Its public name is its
+// work's id: one review per work at most. ID is the row's own key, for
+// the cell alone.
 type Review struct {
 	ID         int64
 	WorkID     string
@@ -93,10 +94,10 @@ type ReviewFilter struct {
 	State    string // "" any
 	Reason   string // "" any
 	Contract string // "" any
-	// AfterCreated and AfterID are the cursor: the last item of the
+	// AfterCreated and AfterWork are the cursor: the last item of the
 	// previous page.
 	AfterCreated time.Time
-	AfterID      int64
+	AfterWork    string
 	Limit        int
 }
 
@@ -104,9 +105,9 @@ type ReviewFilter struct {
 func (s *Store) ListReviews(ctx context.Context, f ReviewFilter) ([]*Review, error) {
 	rows, err := s.pool.Query(ctx, `SELECT `+reviewColumns+` FROM reviews v JOIN work w ON w.id = v.work_id
 		WHERE v.tenant_id = $1 AND ($2 = '' OR v.state = $2) AND ($3 = '' OR v.reason = $3) AND ($4 = '' OR v.contract = $4)
-			AND (v.created_at, v.id) > ($5, $6)
-		ORDER BY v.created_at, v.id LIMIT $7`,
-		f.Tenant, f.State, f.Reason, f.Contract, f.AfterCreated, f.AfterID, f.Limit)
+			AND (v.created_at, v.work_id) > ($5, $6)
+		ORDER BY v.created_at, v.work_id LIMIT $7`,
+		f.Tenant, f.State, f.Reason, f.Contract, f.AfterCreated, f.AfterWork, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: list reviews: %w", err)
 	}
@@ -117,37 +118,34 @@ func (s *Store) ListReviews(ctx context.Context, f ReviewFilter) ([]*Review, err
 	return out, nil
 }
 
-// ReviewCursor is the cursor after v in ListReviews' order.
+// ReviewCursor is the cursor after v in ListReviews' order: its creation
+// time and work, nothing the cell counts.
 func ReviewCursor(v *Review) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(v.CreatedAt.UTC().Format(time.RFC3339Nano) + "|" + strconv.FormatInt(v.ID, 10)))
+	return base64.RawURLEncoding.EncodeToString([]byte(v.CreatedAt.UTC().Format(time.RFC3339Nano) + "|" + v.WorkID))
 }
 
 // ParseReviewCursor reads a cursor ReviewCursor made.
-func ParseReviewCursor(c string) (time.Time, int64, error) {
+func ParseReviewCursor(c string) (time.Time, string, error) {
 	raw, err := base64.RawURLEncoding.DecodeString(c)
 	if err != nil {
-		return time.Time{}, 0, err
+		return time.Time{}, "", err
 	}
-	at, id, ok := strings.Cut(string(raw), "|")
-	if !ok {
-		return time.Time{}, 0, errors.New("not a review cursor")
+	at, work, ok := strings.Cut(string(raw), "|")
+	if !ok || work == "" {
+		return time.Time{}, "", errors.New("not a review cursor")
 	}
 	t, err := time.Parse(time.RFC3339Nano, at)
 	if err != nil {
-		return time.Time{}, 0, err
+		return time.Time{}, "", err
 	}
-	n, err := strconv.ParseInt(id, 10, 64)
-	if err != nil || n < 0 {
-		return time.Time{}, 0, errors.New("not a review cursor")
-	}
-	return t, n, nil
+	return t, work, nil
 }
 
-// GetReview reads one of a tenant's review items; another tenant's is
-// ErrNotFound.
-func (s *Store) GetReview(ctx context.Context, tenant string, id int64) (*Review, error) {
+// GetReview reads the review item of one of a tenant's work items;
+// another tenant's is ErrNotFound.
+func (s *Store) GetReview(ctx context.Context, tenant, workID string) (*Review, error) {
 	return scanReview(s.pool.QueryRow(ctx, `SELECT `+reviewColumns+` FROM reviews v JOIN work w ON w.id = v.work_id
-		WHERE v.id = $1 AND v.tenant_id = $2`, id, tenant))
+		WHERE v.work_id = $1 AND v.tenant_id = $2`, workID, tenant))
 }
 
 // ReviewOfWork reads the review item of a work item, ErrNotFound when it
@@ -168,18 +166,18 @@ type Resolution struct {
 // ResolveReview resolves an open review item of the tenant. The guarded
 // update is the fence: of two people resolving at once, one wins and the
 // other gets ErrResolved with the item as it was resolved.
-func (s *Store) ResolveReview(ctx context.Context, tenant string, id int64, res Resolution) (*Review, error) {
+func (s *Store) ResolveReview(ctx context.Context, tenant, workID string, res Resolution) (*Review, error) {
 	v, err := scanReview(s.pool.QueryRow(ctx, `WITH v AS (UPDATE reviews SET state = 'resolved', verdict = $3,
 			resolved_by = $4, note = nullif($5, ''), resolved_at = now()
-		WHERE id = $1 AND tenant_id = $2 AND state = 'open' RETURNING *)
-		SELECT `+reviewColumns+` FROM v JOIN work w ON w.id = v.work_id`, id, tenant, res.Verdict, Text(res.By), Text(res.Note)))
+		WHERE work_id = $1 AND tenant_id = $2 AND state = 'open' RETURNING *)
+		SELECT `+reviewColumns+` FROM v JOIN work w ON w.id = v.work_id`, workID, tenant, res.Verdict, Text(res.By), Text(res.Note)))
 	if err == nil {
 		return v, nil
 	}
 	if !errors.Is(err, ErrNotFound) {
-		return nil, fmt.Errorf("store: resolve review %d: %w", id, err)
+		return nil, fmt.Errorf("store: resolve the review of %s: %w", workID, err)
 	}
-	v, err = s.GetReview(ctx, tenant, id)
+	v, err = s.GetReview(ctx, tenant, workID)
 	if err != nil {
 		return nil, err
 	}

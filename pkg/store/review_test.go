@@ -152,6 +152,27 @@ func TestReviewQueueEntries(t *testing.T) {
 	if n := reviews(t, ctx, s, fine.ID); n != 0 {
 		t.Errorf("no review asked: %d review items, want 0", n)
 	}
+	// The views count the answer as needing review until a person
+	// resolves its item; then as the verdict says.
+	views := func() map[string]int64 {
+		t.Helper()
+		v, err := s.ViewsOf(ctx, time.Hour, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := views()
+	if before[store.ViewNeedsReview] != 1 {
+		t.Fatalf("views before the resolution: %v, want needs_review 1", before)
+	}
+	if _, err := s.ResolveReview(ctx, "acme", human.ID, store.Resolution{By: "ana", Verdict: store.VerdictApproved}); err != nil {
+		t.Fatal(err)
+	}
+	after := views()
+	if after[store.ViewNeedsReview] != 0 || after[store.ViewAccepted] != before[store.ViewAccepted]+1 {
+		t.Errorf("views after the only review item was approved: %v (before %v), want it accepted", after, before)
+	}
 	// The unique key itself refuses a second item, however it is written.
 	_, err := store.Pool(s).Exec(ctx, `INSERT INTO reviews (work_id, tenant_id, contract, lane, reason)
 		VALUES ($1, 'acme', 'pr-review', 'batch', 'schema_rejected')`, human.ID)
@@ -179,14 +200,14 @@ func TestResolveReview(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rest, err := s.ListReviews(ctx, store.ReviewFilter{Tenant: "acme", Limit: 2, AfterCreated: at, AfterID: id})
+	rest, err := s.ListReviews(ctx, store.ReviewFilter{Tenant: "acme", Limit: 2, AfterCreated: at, AfterWork: id})
 	if err != nil || len(rest) != 1 || rest[0].ID == page[0].ID || rest[0].ID == page[1].ID {
 		t.Fatalf("second page: %+v, %v", rest, err)
 	}
 	if other, err := s.ListReviews(ctx, store.ReviewFilter{Tenant: "other", Limit: 10}); err != nil || len(other) != 0 {
 		t.Fatalf("another tenant lists %d items, %v", len(other), err)
 	}
-	target := page[0].ID
+	target := page[0].WorkID
 	if _, err := s.ResolveReview(ctx, "other", target, store.Resolution{By: "mallory", Verdict: store.VerdictApproved}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("another tenant resolves: %v, want ErrNotFound", err)
 	}
@@ -215,7 +236,8 @@ func TestBatchInsertAndCancel(t *testing.T) {
 		return out
 	}
 	b := &store.Batch{ID: "b_test", TenantID: "acme", Contract: "pr-review", ItemsDigest: "d1", DeadlineAt: time.Now().Add(time.Hour)}
-	// One item's work exists already: the ingress fence gives it back.
+	// One item's work exists already, asked for on its own: the ingress
+	// fence gives it back, and the batch's cancel leaves it to its request.
 	existing := insert(t, ctx, s, newWork("acme", "x", "r1"))
 	// An older revision of y, still queued, is superseded by the batch's.
 	older := insert(t, ctx, s, newWork("acme", "y", "r0"))
@@ -264,7 +286,8 @@ func TestBatchInsertAndCancel(t *testing.T) {
 		t.Fatalf("another tenant reads the batch: %v", err)
 	}
 
-	// y runs, z ends accepted; the cancel ends x and y, and stops y's call.
+	// y runs, z ends accepted; the cancel ends y, stops its call, and
+	// leaves x, which its own request asked for.
 	tokenY := newUUID()
 	claim(t, ctx, s, es[1].Got.ID, newUUID(), tokenY, time.Minute)
 	tokenZ, attemptZ := newUUID(), newUUID()
@@ -277,8 +300,11 @@ func TestBatchInsertAndCancel(t *testing.T) {
 		stopped = items
 		return nil, nil
 	})
-	if err != nil || cb.CanceledAt.IsZero() || len(ended) != 2 {
+	if err != nil || cb.CanceledAt.IsZero() || len(ended) != 1 || ended[0].WorkID != es[1].Got.ID {
 		t.Fatalf("cancel: %+v %v %v", cb, ended, err)
+	}
+	if w, err := s.GetWork(ctx, existing.ID); err != nil || w.State != outcome.Queued {
+		t.Fatalf("work asked for on its own, canceled with the batch: %+v %v", w, err)
 	}
 	running := 0
 	for _, c := range stopped {
@@ -293,8 +319,8 @@ func TestBatchInsertAndCancel(t *testing.T) {
 		t.Errorf("%d running items stopped, want 1", running)
 	}
 	o, err := s.BatchOverview(ctx, b.ID, 1)
-	if err != nil || o.Counts[outcome.Canceled] != 2 || o.Counts[outcome.Accepted] != 1 || len(o.Pending) != 0 ||
-		len(o.Failed) != 2 || o.Failed[0].ItemID != "item-x" {
+	if err != nil || o.Counts[outcome.Canceled] != 1 || o.Counts[outcome.Accepted] != 1 || len(o.Pending) != 1 ||
+		len(o.Failed) != 1 || o.Failed[0].ItemID != "item-y" || o.Pending[0].ItemID != "item-x" {
 		t.Fatalf("overview %+v, %v", o, err)
 	}
 	// y's late answer finds its lease gone.
@@ -308,7 +334,7 @@ func TestBatchInsertAndCancel(t *testing.T) {
 		t.Fatalf("another tenant cancels: %v", err)
 	}
 	items, err := s.BatchItems(ctx, store.BatchItemFilter{BatchID: b.ID, NotAccepted: true, Limit: 10})
-	if err != nil || len(items) != 2 || items[0].ItemID != "item-x" || items[1].ItemID != "item-y" || items[0].Reason != "batch b_test was canceled" {
+	if err != nil || len(items) != 2 || items[0].ItemID != "item-x" || items[1].ItemID != "item-y" || items[1].Reason != "batch b_test was canceled" {
 		t.Fatalf("not accepted items: %+v, %v", items, err)
 	}
 	all, err := s.BatchItems(ctx, store.BatchItemFilter{BatchID: b.ID, WithOutput: true, After: "item-x", Limit: 10})
@@ -323,5 +349,30 @@ func TestBatchInsertAndCancel(t *testing.T) {
 	}
 	if db, ended, err := s.CancelBatch(ctx, "acme", done.ID, nil); err != nil || len(ended) != 0 || !db.CanceledAt.IsZero() {
 		t.Fatalf("cancel of an ended batch: %+v %v %v", db, ended, err)
+	}
+}
+
+// A batch's cancel reaches only what the batch alone asked for: an item
+// the tenant also posts on its own, before or after the batch (the same
+// key, so the same work), is left to that request.
+func TestBatchCancelLeavesWorkAskedForOnItsOwn(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	es := []*store.BatchEntry{{ItemID: "only", Work: newWork("acme", "only", "r1")}, {ItemID: "later", Work: newWork("acme", "later", "r1")}}
+	b := &store.Batch{ID: "b_scope", TenantID: "acme", Contract: "pr-review", ItemsDigest: "ds", DeadlineAt: time.Now().Add(time.Hour)}
+	if _, _, err := s.InsertBatch(ctx, b, es, announce); err != nil {
+		t.Fatal(err)
+	}
+	// The same key posted on its own after the batch: a duplicate, the
+	// same work.
+	if got, created, err := s.InsertWork(ctx, newWork("acme", "later", "r1"), announce); err != nil || created || got.ID != es[1].Got.ID {
+		t.Fatalf("the later request: %+v created=%v %v", got, created, err)
+	}
+	_, ended, err := s.CancelBatch(ctx, "acme", b.ID, nil)
+	if err != nil || len(ended) != 1 || ended[0].WorkID != es[0].Got.ID {
+		t.Fatalf("cancel ended %+v (%v), want only the batch's own item %s", ended, err, es[0].Got.ID)
+	}
+	if w, err := s.GetWork(ctx, es[1].Got.ID); err != nil || w.State != outcome.Queued {
+		t.Fatalf("work also asked for on its own: %+v %v, want it queued", w, err)
 	}
 }

@@ -49,14 +49,17 @@ func (s *Store) ViewsOf(ctx context.Context, window time.Duration, tenant string
 }
 
 func viewsOf(ctx context.Context, q querier, window time.Duration, tenant string) (map[string]int64, error) {
+	// A person's resolution of the work's review item decides for it:
+	// approved or dismissed is accepted, rejected is rejected.
 	rows, err := q.Query(ctx, `SELECT CASE
 			WHEN w.state IN ('queued', 'running') THEN 'running'
-			WHEN w.state = 'accepted' AND (r.output->>'needsHumanReview' = 'true'
+			WHEN w.state = 'accepted' AND v.verdict = 'rejected' THEN 'rejected'
+			WHEN w.state = 'accepted' AND v.state IS DISTINCT FROM 'resolved' AND (r.output->>'needsHumanReview' = 'true'
 				OR r.output @> '{"findings": [{"severity": "blocking"}]}' OR r.output->>'severity' = 'high') THEN 'needs_review'
 			WHEN w.state = 'accepted' THEN 'accepted'
 			WHEN w.state = 'schema_rejected' THEN 'rejected'
 			ELSE 'terminal' END AS view, count(*)
-		FROM work w LEFT JOIN results r ON r.work_id = w.id
+		FROM work w LEFT JOIN results r ON r.work_id = w.id LEFT JOIN reviews v ON v.work_id = w.id
 		WHERE w.created_at > now() - $1 * interval '1 microsecond' AND ($2 = '' OR w.tenant_id = $2)
 		GROUP BY 1`, interval(window), tenant)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
 )
 
 // submitAPI posts a moderation request for source as tenant acme.
@@ -142,4 +143,31 @@ func TestSuspendedTenantRefusedEverywhere(t *testing.T) {
 		t.Fatalf("webhook: %d %s, want 403 tenant_suspended", a.status, a.body)
 	}
 	e.nothingStored()
+}
+
+// Ids the caller chose reach the log only as digests: a source id (or a
+// delivery id) can hold a name or an address, and logs leave the cell.
+func TestCallerChosenIDsAreLoggedAsDigests(t *testing.T) {
+	t.Parallel()
+	e := newWebhookEnv(t, nil)
+	const source = "ticket-jane.doe-at-example-com"
+	if a, _ := e.submitAPI(source, "interactive"); a.status != http.StatusAccepted {
+		t.Fatalf("submit: %d %s", a.status, a.body)
+	}
+	d := e.decision(WorkID("acme", "moderation", source, "r1"), "queued")
+	if d["source"] != telemetry.Opaque(source) || d["revision"] != telemetry.Opaque("r1") {
+		t.Errorf("decision %v: want the source and revision as digests", d)
+	}
+	if a := e.deliver("pull_request", "jane-doe-ssn-078-05-1120", readPayload(t, "pull_request_opened.json"), "sha256="+strings.Repeat("0", 64)); a.status != http.StatusUnauthorized {
+		t.Fatalf("a delivery with a bad signature: %d %s", a.status, a.body)
+	}
+	e.log.mu.Lock()
+	logged := e.log.b.String()
+	e.log.mu.Unlock()
+	if !strings.Contains(logged, "webhook signature refused") {
+		t.Fatalf("the refused delivery was not logged:\n%s", logged)
+	}
+	if strings.Contains(logged, "jane") {
+		t.Errorf("a caller-chosen id is in the log verbatim:\n%s", logged)
+	}
 }

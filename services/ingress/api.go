@@ -191,8 +191,9 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		// Bad input the checks above let through: a 400, never a
 		// "try again".
 		s.count(ctx, "invalid_input")
+		s.d.Log.Warn("work refused by the database", "key", work.ID, "sqlstate", store.SQLState(err))
 		apierror.Write(w, http.StatusBadRequest, "invalid_input",
-			fmt.Sprintf("the cell cannot store this request (SQLSTATE %s); nothing was stored", store.SQLState(err)))
+			fmt.Sprintf("the cell cannot store this request: %s; nothing was stored", store.Refusal(err)))
 		return
 	}
 	if err != nil {
@@ -209,7 +210,7 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 	s.logSuperseded(ctx, got)
 	s.count(ctx, outcome.Accepted)
 	telemetry.Decision(ctx, s.d.Log, got.ID, outcome.Queued, "new ingress key",
-		slog.String("tenant", t.ID), slog.String("source", req.SourceID), slog.String("revision", req.Revision))
+		slog.String("tenant", t.ID), telemetry.OpaqueAttr("source", req.SourceID), telemetry.OpaqueAttr("revision", req.Revision))
 	apierror.JSON(w, http.StatusAccepted, submitted(got, false))
 }
 
@@ -324,24 +325,6 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRe
 // only, nothing after it.
 func DecodeSubmit(body []byte, req *SubmitRequest) error {
 	return decodeStrict(body, req)
-}
-
-// decodeStrict decodes one JSON object, known fields only, nothing after.
-// (A JSON null would decode into a struct without error and leave it
-// zero.)
-func decodeStrict(body []byte, v any) error {
-	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) == 0 || b[0] != '{' {
-		return errors.New("request body: must be a JSON object")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("request body: %v", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("request body: unexpected data after the JSON object")
-	}
-	return nil
 }
 
 func compact(raw json.RawMessage) []byte {

@@ -221,8 +221,9 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("batchKey %q names a batch with other items; use a new key for new items", req.BatchKey))
 		return
 	case store.Permanent(err):
+		s.d.Log.Warn("batch refused by the database", "key", b.ID, "sqlstate", store.SQLState(err))
 		apierror.Write(w, http.StatusBadRequest, "invalid_input",
-			fmt.Sprintf("the cell cannot store this batch (SQLSTATE %s); nothing was stored", store.SQLState(err)))
+			fmt.Sprintf("the cell cannot store this batch: %s; nothing was stored", store.Refusal(err)))
 		return
 	case err != nil:
 		s.d.Log.Error("insert batch failed", "key", b.ID, "err", err)
@@ -242,7 +243,7 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 		if e.Created {
 			s.logSuperseded(ctx, e.Got)
 			telemetry.Decision(ctx, s.d.Log, e.Got.ID, outcome.Queued, "new ingress key in batch "+got.ID,
-				slog.String("tenant", t.ID), slog.String("item", e.ItemID))
+				slog.String("tenant", t.ID), telemetry.OpaqueAttr("item", e.ItemID))
 		}
 	}
 	telemetry.Decision(ctx, s.d.Log, got.ID, "batch_accepted", fmt.Sprintf("%d items", got.ItemCount), slog.String("tenant", t.ID))

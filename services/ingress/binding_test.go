@@ -42,7 +42,7 @@ func TestWebhookInstallationCoversOnlyItsRepositories(t *testing.T) {
 	if a.status != http.StatusForbidden || a.code() != "repository_not_covered" {
 		t.Fatalf("acme's installation naming %s: %d %s, want 403 repository_not_covered", otherRepo, a.status, a.body)
 	}
-	if d := e.decision("delivery:d-cross", "refused"); !strings.Contains(d["reason"].(string), otherRepo) {
+	if d := e.decision(DeliveryKey("d-cross"), "refused"); !strings.Contains(d["reason"].(string), otherRepo) {
 		t.Fatalf("decision %v", d)
 	}
 	e.nothingStored()

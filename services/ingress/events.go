@@ -226,12 +226,12 @@ func workEvents(mark *workMark, h workHistory) ([]sseEvent, *workMark) {
 		if m.review < 1 {
 			m.review = 1
 			at := v.CreatedAt
-			emit(m, "review", WorkEvent{ReviewID: reviewID(v.ID), Reason: v.Reason, At: &at})
+			emit(m, "review", WorkEvent{ReviewID: reviewID(v), Reason: v.Reason, At: &at})
 		}
 		if v.State == store.ReviewResolved && m.review < 2 {
 			m.review = 2
 			at := v.ResolvedAt
-			emit(m, "resolved", WorkEvent{ReviewID: reviewID(v.ID), Verdict: v.Verdict, By: v.ResolvedBy, At: &at})
+			emit(m, "resolved", WorkEvent{ReviewID: reviewID(v), Verdict: v.Verdict, By: v.ResolvedBy, At: &at})
 		}
 	}
 	return out, m

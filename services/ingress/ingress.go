@@ -379,6 +379,20 @@ func WorkID(tenant, contractName, sourceID, revision string) string {
 	return "w_" + hex.EncodeToString(h.Sum(nil))[:24]
 }
 
+// ValidWorkID reports whether id has the form WorkID gives: w_ and 24
+// lower-case hex digits.
+func ValidWorkID(id string) bool {
+	if len(id) != 26 || id[:2] != "w_" {
+		return false
+	}
+	for _, c := range id[2:] {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // Digest is the content digest of a work's input.
 func Digest(input []byte) string {
 	h := sha256.Sum256(input)

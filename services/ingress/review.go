@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -22,7 +21,7 @@ import (
 // Store; *store.Store is one.
 type reviewStore interface {
 	ListReviews(ctx context.Context, f store.ReviewFilter) ([]*store.Review, error)
-	ResolveReview(ctx context.Context, tenant string, id int64, res store.Resolution) (*store.Review, error)
+	ResolveReview(ctx context.Context, tenant, workID string, res store.Resolution) (*store.Review, error)
 }
 
 // ReviewView is one item of the human review queue.
@@ -57,15 +56,20 @@ type ResolveRequest struct {
 	Note    string `json:"note,omitempty"`
 }
 
-func reviewID(n int64) string { return "rv_" + strconv.FormatInt(n, 10) }
+// reviewID is a review item's public id: rv_ and its work's hex. A work
+// has one review item at most, so it is unique, and it counts nothing (a
+// sequence would tell a tenant how many items the whole cell holds).
+func reviewID(v *store.Review) string { return "rv_" + strings.TrimPrefix(v.WorkID, "w_") }
 
-func parseReviewID(s string) (int64, bool) {
-	n, err := strconv.ParseInt(strings.TrimPrefix(s, "rv_"), 10, 64)
-	return n, err == nil && n > 0 && strings.HasPrefix(s, "rv_")
+// parseReviewID reads a review id into its work's id: exactly rv_ and 24
+// lower-case hex digits, so no other spelling names the same item.
+func parseReviewID(s string) (workID string, ok bool) {
+	hex, found := strings.CutPrefix(s, "rv_")
+	return "w_" + hex, found && ValidWorkID("w_"+hex)
 }
 
 func reviewView(v *store.Review) ReviewView {
-	rv := ReviewView{ReviewID: reviewID(v.ID), WorkID: v.WorkID, Contract: v.Contract, Lane: v.Lane, Reason: v.Reason,
+	rv := ReviewView{ReviewID: reviewID(v), WorkID: v.WorkID, Contract: v.Contract, Lane: v.Lane, Reason: v.Reason,
 		State: v.State, WorkState: v.WorkState, WorkReason: v.WorkReason, Verdict: v.Verdict, ResolvedBy: v.ResolvedBy,
 		Note: v.Note, CreatedAt: v.CreatedAt, Links: Links{Self: "/v1/work/" + v.WorkID}}
 	if !v.ResolvedAt.IsZero() {
@@ -109,7 +113,7 @@ func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if !page(w, q, store.ParseReviewCursor, &f.Limit, &f.AfterCreated, &f.AfterID) {
+	if !page(w, q, store.ParseReviewCursor, &f.Limit, &f.AfterCreated, &f.AfterWork) {
 		return
 	}
 	vs, err := rs.ListReviews(r.Context(), f)
@@ -128,7 +132,10 @@ func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
 	apierror.JSON(w, http.StatusOK, out)
 }
 
-var resolverRE = regexp.MustCompile(`^[^\x00-\x1f\x7f]{1,200}$`)
+// resolverRE is who may be named as resolving: 1-200 characters, none a
+// control character or a bidirectional override or isolate (which make a
+// name display as another).
+var resolverRE = regexp.MustCompile(`^[^\x00-\x1f\x7f\x{80}-\x{9f}\x{200e}\x{200f}\x{061c}\x{202a}-\x{202e}\x{2066}-\x{2069}]{1,200}$`)
 
 // resolveReview serves POST /v1/reviews/{id}/resolve. Resolving an item
 // resolved already is 409 and names who resolved it.
@@ -141,7 +148,7 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	id, ok := parseReviewID(r.PathValue("id"))
+	workID, ok := parseReviewID(r.PathValue("id"))
 	if !ok {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this tenant")
 		return
@@ -158,7 +165,8 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case !resolverRE.MatchString(req.By):
-		apierror.Write(w, http.StatusBadRequest, "invalid_resolver", "by must name who resolves: 1-200 characters, no control characters")
+		apierror.Write(w, http.StatusBadRequest, "invalid_resolver",
+			"by must name who resolves: 1-200 characters, no control characters or bidirectional overrides")
 		return
 	case !slices.Contains(store.Verdicts, req.Verdict):
 		apierror.Write(w, http.StatusBadRequest, "invalid_verdict", "verdict must be one of "+strings.Join(store.Verdicts, ", "))
@@ -167,23 +175,23 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_note", "note is at most 4000 bytes")
 		return
 	}
-	v, err := rs.ResolveReview(r.Context(), t.ID, id, store.Resolution{By: req.By, Verdict: req.Verdict, Note: req.Note})
+	v, err := rs.ResolveReview(r.Context(), t.ID, workID, store.Resolution{By: req.By, Verdict: req.Verdict, Note: req.Note})
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this tenant")
 		return
 	case errors.Is(err, store.ErrResolved):
 		apierror.Write(w, http.StatusConflict, "already_resolved",
-			fmt.Sprintf("review %s was resolved already (%s by %s at %s); it is not resolved again", reviewID(v.ID),
+			fmt.Sprintf("review %s was resolved already (%s by %s at %s); it is not resolved again", reviewID(v),
 				v.Verdict, v.ResolvedBy, v.ResolvedAt.UTC().Format(time.RFC3339)))
 		return
 	case err != nil:
-		s.d.Log.Error("resolve review failed", "key", reviewID(id), "err", err)
+		s.d.Log.Error("resolve review failed", "key", workID, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
 	telemetry.Decision(r.Context(), s.d.Log, v.WorkID, "review_resolved", "verdict "+v.Verdict,
-		slog.String("tenant", t.ID), slog.String("review", reviewID(v.ID)))
+		slog.String("tenant", t.ID), slog.String("review", reviewID(v)))
 	apierror.JSON(w, http.StatusOK, reviewView(v))
 }
 

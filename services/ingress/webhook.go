@@ -201,7 +201,12 @@ type signer struct {
 	tenant string
 }
 
-func (d *delivery) key() string { return "delivery:" + d.id }
+// key names a delivery in the decision log; its id is the sender's, so
+// only its digest is logged.
+func (d *delivery) key() string { return DeliveryKey(d.id) }
+
+// DeliveryKey is how the decision log names the delivery id: by digest.
+func DeliveryKey(id string) string { return "delivery:" + telemetry.Opaque(id) }
 
 // githubWebhook turns a GitHub delivery into code-review work in four
 // stages: verify (secret, size, signature, content type, headers), parse
@@ -264,11 +269,11 @@ func (s *Service) verifyDelivery(ctx context.Context, w http.ResponseWriter, r *
 	}
 	var err error
 	if d.by, err = s.signedBy(ctx, body, sig); err != nil {
-		s.d.Log.ErrorContext(ctx, "webhook secret lookup failed", "delivery", d.id, "err", err)
+		s.d.Log.ErrorContext(ctx, "webhook secret lookup failed", "delivery", telemetry.Opaque(d.id), "err", err)
 		return nil, apierror.New(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")
 	}
 	if !d.by.app && d.by.tenant == "" {
-		s.d.Log.WarnContext(ctx, "webhook signature refused", "delivery", d.id)
+		s.d.Log.WarnContext(ctx, "webhook signature refused", "delivery", telemetry.Opaque(d.id))
 		return nil, apierror.New(http.StatusUnauthorized, "invalid_signature", "X-Hub-Signature-256 does not match the body under any secret that may sign it")
 	}
 	if err := contract.CheckText(body); err != nil {
@@ -327,7 +332,7 @@ func (s *Service) parseDelivery(d *delivery) (ignored string, refused *apierror.
 // neither a diff fetch nor a transaction (the store's transaction is still
 // the fence when copies race).
 func (s *Service) routeDelivery(ctx context.Context, d *delivery) (dup *store.Delivery, refused *apierror.Error) {
-	source := slog.String("source", d.pr.SourceID())
+	source := telemetry.OpaqueAttr("source", d.pr.SourceID())
 	installation := ""
 	if d.pr.Installation != nil && d.by.app {
 		installation = strconv.FormatInt(d.pr.Installation.ID, 10)
@@ -389,7 +394,7 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 	}
 	res, err := s.d.Store.InsertWebhookWork(ctx, rec, work, s.announce(ctx))
 	if err != nil {
-		s.d.Log.ErrorContext(ctx, "insert webhook work failed", "key", work.ID, "delivery", d.id, "err", err)
+		s.d.Log.ErrorContext(ctx, "insert webhook work failed", "key", work.ID, "delivery", telemetry.Opaque(d.id), "err", err)
 		s.countWebhook(ctx, "unavailable")
 		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the work was not stored; redeliver later")
 		return
@@ -399,8 +404,8 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 		return
 	}
 	resp := WebhookResponse{SubmitResponse: submitted(res.Work, !res.Created), Delivery: d.id}
-	attrs := []slog.Attr{slog.String("tenant", d.tenant.ID), slog.String("source", work.SourceID), slog.String("revision", work.Revision),
-		slog.String("delivery", d.id), slog.String("action", d.pr.Action), slog.String("via", d.via)}
+	attrs := []slog.Attr{slog.String("tenant", d.tenant.ID), telemetry.OpaqueAttr("source", work.SourceID), slog.String("revision", work.Revision),
+		slog.String("delivery", telemetry.Opaque(d.id)), slog.String("action", d.pr.Action), slog.String("via", d.via)}
 	switch {
 	case !res.Created:
 		s.countWebhook(ctx, "duplicate")
@@ -431,7 +436,7 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 // reviewWork fetches the delivery's diff and makes its code-review work.
 // ignored, when set, says why the delivery asks for no work after all.
 func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work, ignored string, refused *apierror.Error) {
-	pr, source := d.pr, slog.String("source", d.pr.SourceID())
+	pr, source := d.pr, telemetry.OpaqueAttr("source", d.pr.SourceID())
 	ref := PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA,
 		BaseSHA: pr.PullRequest.Base.SHA}
 	inst, err := s.diffInstallation(ctx, d)
@@ -448,7 +453,7 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 	if err != nil {
 		// Nothing is stored, so GitHub's redelivery of the same id is
 		// processed in full.
-		s.d.Log.WarnContext(ctx, "diff fetch failed", "key", d.key(), "source", pr.SourceID(), "err", err)
+		s.d.Log.WarnContext(ctx, "diff fetch failed", "key", d.key(), "source", telemetry.Opaque(pr.SourceID()), "err", err)
 		return nil, "", apierror.New(http.StatusBadGateway, "upstream_unavailable", "could not fetch the pull request's diff from GitHub; redeliver later")
 	}
 	if strings.TrimSpace(diffText) == "" {
@@ -481,7 +486,7 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 func (s *Service) ignore(ctx context.Context, w http.ResponseWriter, d *delivery, reason string) {
 	attrs := []slog.Attr{slog.String("event", d.event)}
 	if d.pr != nil {
-		attrs = append(attrs, slog.String("source", d.pr.SourceID()))
+		attrs = append(attrs, telemetry.OpaqueAttr("source", d.pr.SourceID()))
 	}
 	s.countWebhook(ctx, "ignored")
 	telemetry.Decision(ctx, s.d.Log, d.key(), "ignored", reason, attrs...)
@@ -498,7 +503,7 @@ func (s *Service) webhookDuplicate(ctx context.Context, w http.ResponseWriter, t
 	if d.TenantID != tenant {
 		// Another tenant's delivery id: nothing of its work is told.
 		s.countWebhook(ctx, "delivery_conflict")
-		telemetry.Decision(ctx, s.d.Log, "delivery:"+d.ID, "refused", "delivery id already recorded for another tenant",
+		telemetry.Decision(ctx, s.d.Log, DeliveryKey(d.ID), "refused", "delivery id already recorded for another tenant",
 			slog.String("tenant", tenant))
 		apierror.Write(w, http.StatusConflict, "delivery_conflict", "X-GitHub-Delivery was already used by another delivery; nothing was recorded")
 		return
@@ -514,7 +519,7 @@ func (s *Service) webhookDuplicate(ctx context.Context, w http.ResponseWriter, t
 	if wk != nil {
 		resp.State, resp.Region = wk.State, wk.Region
 	}
-	telemetry.Decision(ctx, s.d.Log, "delivery:"+d.ID, "duplicate", "delivery already recorded",
+	telemetry.Decision(ctx, s.d.Log, DeliveryKey(d.ID), "duplicate", "delivery already recorded",
 		slog.String("work", d.WorkID), slog.String("tenant", d.TenantID))
 	apierror.JSON(w, http.StatusOK, resp)
 }

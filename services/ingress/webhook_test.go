@@ -636,7 +636,7 @@ func TestWebhookOpened(t *testing.T) {
 		AND base_sha = 'c0ffee1234567890abcdef1234567890abcdef12'`, r.Delivery, installation); n != 1 {
 		t.Fatalf("delivery row does not keep installation %s and the base SHA", installation)
 	}
-	if got := e.decision(wantID, "queued"); got["source"] != prSource || got["revision"] != headOpened || got["via"] != "installation "+installation {
+	if got := e.decision(wantID, "queued"); got["source"] != telemetry.Opaque(prSource) || got["revision"] != headOpened || got["via"] != "installation "+installation {
 		t.Fatalf("decision %v", got)
 	}
 
@@ -726,7 +726,7 @@ func TestWebhookReplayedConcurrently(t *testing.T) {
 	if e.gh.calls.Load() != calls {
 		t.Fatal("a recorded delivery fetched the diff again")
 	}
-	e.decision("delivery:5b4f9a10-0001-11f0-9e7c-0242ac120002", "duplicate")
+	e.decision(DeliveryKey("5b4f9a10-0001-11f0-9e7c-0242ac120002"), "duplicate")
 }
 
 func TestWebhookSynchronizeSupersedes(t *testing.T) {
@@ -809,7 +809,7 @@ func TestWebhookIgnored(t *testing.T) {
 		if a.status != http.StatusOK || a.ignored() != c.reason {
 			t.Errorf("%s: %d %s, want 200 ignored %q", c.delivery, a.status, a.body, c.reason)
 		}
-		if d := e.decision("delivery:"+c.delivery, "ignored"); d["reason"] != c.reason || d["event"] != c.event {
+		if d := e.decision(DeliveryKey(c.delivery), "ignored"); d["reason"] != c.reason || d["event"] != c.event {
 			t.Errorf("%s: decision %v", c.delivery, d)
 		}
 	}
@@ -827,7 +827,7 @@ func TestWebhookTenantMapping(t *testing.T) {
 	if a.status != http.StatusNotFound || a.code() != "unknown_installation" {
 		t.Fatalf("unknown installation: %d %s, want 404 unknown_installation", a.status, a.body)
 	}
-	if d := e.decision("delivery:d-unknown", "refused"); !strings.Contains(d["reason"].(string), "installation 999") {
+	if d := e.decision(DeliveryKey("d-unknown"), "refused"); !strings.Contains(d["reason"].(string), "installation 999") {
 		t.Fatalf("decision %v", d)
 	}
 	noInst := mutate(t, "pull_request_opened.json", func(m map[string]any) { delete(m, "installation") })

@@ -42,6 +42,34 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// A neutral check run's title says why it does not fail.
+func TestDecideTitles(t *testing.T) {
+	t.Parallel()
+	src := store.PullSource{Owner: "shop", Repo: "app", Number: 7, HeadSHA: head}
+	f := func(sev ...string) []Finding {
+		var out []Finding
+		for i, s := range sev {
+			out = append(out, Finding{File: "a.go", Line: i + 1, Severity: s, Summary: "x"})
+		}
+		return out
+	}
+	for _, c := range []struct {
+		policy   string
+		findings []Finding
+		want     string
+	}{
+		{store.CheckAdvisory, f("blocking", "blocking", "blocking", "blocking"), "4 findings, 4 marked blocking (advisory: this check does not fail)"},
+		{store.CheckAdvisory, f("info", "warning"), "2 findings, none blocking"},
+		{store.CheckBlocking, f("info"), "1 finding, none blocking"},
+		{store.CheckBlocking, f("blocking", "info"), "1 blocking of 2 findings"},
+	} {
+		p := Decide(Input{WorkID: "w1", Outcome: outcome.Accepted, Policy: c.policy, Findings: c.findings, Source: src})
+		if p.CheckRun == nil || p.CheckRun.Title != c.want {
+			t.Errorf("%s, %d findings: %+v, want title %q", c.policy, len(c.findings), p.CheckRun, c.want)
+		}
+	}
+}
+
 func TestRetryAfter(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1_800_000_000, 0)

@@ -116,10 +116,12 @@ func Decide(in Input) Plan {
 			c.Conclusion = "failure"
 			c.Title = fmt.Sprintf("%d blocking of %s", blocking, findings(len(in.Findings)))
 		case len(in.Findings) > 0:
+			// Neutral: the check does not fail, and the title says why
+			// rather than reading as "blocking" and "advisory" at once.
 			c.Conclusion = "neutral"
-			c.Title = fmt.Sprintf("%s (%d blocking; advisory)", findings(len(in.Findings)), blocking)
-			if in.Policy == store.CheckBlocking {
-				c.Title = findings(len(in.Findings)) + ", none blocking"
+			c.Title = findings(len(in.Findings)) + ", none blocking"
+			if blocking > 0 {
+				c.Title = fmt.Sprintf("%s, %d marked blocking (advisory: this check does not fail)", findings(len(in.Findings)), blocking)
 			}
 		}
 		if len(in.Findings) > 0 {

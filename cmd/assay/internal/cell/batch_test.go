@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -676,7 +677,21 @@ func TestReviewQueue(t *testing.T) {
 		t.Fatalf("another tenant sees %d review items", n)
 	}
 
+	// A review id is its work's, opaque: no sequence of the cell's shows
+	// through, and no other spelling of it names the item.
+	for w, it := range byWork {
+		if it.ReviewID != "rv_"+strings.TrimPrefix(w, "w_") {
+			t.Errorf("review of %s is %s", w, it.ReviewID)
+		}
+	}
 	item := byWork[human]
+	hex := strings.TrimPrefix(item.ReviewID, "rv_")
+	for _, alias := range []string{"rv_" + strings.ToUpper(hex), "rv_0" + hex, "rv_+" + hex, "rv_" + hex[1:], "rv_ " + hex, "rv_1"} {
+		path := "/v1/reviews/" + url.PathEscape(alias) + "/resolve"
+		if status, raw := call(t, b, http.MethodPost, path, b.Token, ingress.ResolveRequest{By: "ana", Verdict: "approved"}); status != http.StatusNotFound {
+			t.Errorf("resolve %q: %d %s, want 404", alias, status, raw)
+		}
+	}
 	resolve := "/v1/reviews/" + item.ReviewID + "/resolve"
 	for _, c := range []struct {
 		body any
@@ -684,6 +699,9 @@ func TestReviewQueue(t *testing.T) {
 	}{
 		{ingress.ResolveRequest{By: "ana", Verdict: "maybe"}, "invalid_verdict"},
 		{ingress.ResolveRequest{Verdict: "approved"}, "invalid_resolver"},
+		// Overrides and isolates would display the name as another.
+		{ingress.ResolveRequest{By: "ana\u202egro.emca", Verdict: "approved"}, "invalid_resolver"},
+		{ingress.ResolveRequest{By: "\u2067bo\u2069", Verdict: "approved"}, "invalid_resolver"},
 		{[]byte(`{"by":"ana","verdict":"approved","extra":1}`), "invalid_json"},
 	} {
 		if status, raw := call(t, b, http.MethodPost, resolve, b.Token, c.body); status != http.StatusBadRequest || errorCode(t, raw) != c.code {
@@ -707,11 +725,12 @@ func TestReviewQueue(t *testing.T) {
 	}
 	stream.close()
 
-	// The five states, per tenant, and the open queue.
+	// The five states, per tenant, and the open queue: the resolved
+	// answer no longer needs review.
 	status, raw = call(t, b, http.MethodGet, "/v1/views", b.Token, nil)
 	vc := decode[ingress.ViewCounts](t, raw)
-	if status != http.StatusOK || vc.OpenReviews == nil || *vc.OpenReviews != 2 || vc.States["rejected"] != 1 || vc.States["needs_review"] != 1 ||
-		vc.States["accepted"] != 1 || vc.States["terminal"] != 2 || vc.States["running"] != 0 {
+	if status != http.StatusOK || vc.OpenReviews == nil || *vc.OpenReviews != 2 || vc.States["rejected"] != 1 || vc.States["needs_review"] != 0 ||
+		vc.States["accepted"] != 2 || vc.States["terminal"] != 2 || vc.States["running"] != 0 {
 		t.Fatalf("views: %d %s", status, raw)
 	}
 	status, raw = call(t, b, http.MethodGet, "/v1/views", other, nil)
