@@ -45,8 +45,11 @@ func natsOnlyCell(region string) (config.Config, error) {
 	if err != nil {
 		return config.Config{}, configError{fmt.Errorf("ASSAY_REGIONS: %w", err)}
 	}
+	if region == "" {
+		return config.Config{}, configError{config.Missing("ASSAY_REGION")}
+	}
 	if err := config.ValidateRegion(regions, region); err != nil {
-		return config.Config{}, configError{fmt.Errorf("--region (ASSAY_REGION): %w", err)}
+		return config.Config{}, configError{fmt.Errorf("ASSAY_REGION (--region): %w", err)}
 	}
 	cfg := config.Config{Regions: regions, Region: region, Cell: envOr("ASSAY_CELL", region),
 		Installation: envOr("ASSAY_INSTALLATION", event.DefaultInstallation), NATSURL: envOr("ASSAY_NATS_URL", "nats://127.0.0.1:4222")}
@@ -59,9 +62,12 @@ func natsOnlyCell(region string) (config.Config, error) {
 // openStore opens the cell's Postgres.
 func openStore(ctx context.Context, url string) (*store.Store, error) {
 	if url == "" {
-		return nil, configError{fmt.Errorf("--database-url (or ASSAY_DATABASE_URL) is required")}
+		return nil, configError{config.Missing("ASSAY_DATABASE_URL")}
 	}
 	st, err := store.Open(ctx, url)
+	if store.SQLState(err) == "3D000" {
+		return nil, fmt.Errorf("ASSAY_DATABASE_URL: %w (create it and its tables with: assay migrate --create-database)", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
 	}

@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -50,8 +51,10 @@ commands:
                          without --serve, submit the evaluation set, print results, exit
   migrate                apply the cell's migrations (ASSAY_DATABASE_URL)
   sim                    run the simulated OpenAI-compatible provider (ASSAY_HTTP_ADDR)
-  tenants seed FILE      create tenants and tokens from FILE: [{"id","homeRegion","token"}]
-  tenant COMMAND         add, list, rotate-token, suspend, resume, set-budget, set-rate, link (assay tenant for help)
+  tenants seed FILE      create many tenants and tokens from FILE: [{"id","homeRegion","token"}]
+  tenant COMMAND         one tenant in this cell: add, list, rotate-token, suspend, resume,
+                         set-budget, set-rate, set-weight, link, webhook-secret, callback,
+                         check-policy (assay tenant --help)
   operator token COMMAND create, list, revoke the operator tokens that read the console (assay operator for help)
   work rerun ID          queue work that admission dropped again
   work show ID           the whole story of one work item: row, attempts, ledger, decisions, messages
@@ -72,14 +75,21 @@ assay COMMAND --help shows a command's flags. A bad setting exits 2, a failure 1
 
 // helps are each command's own help, printed for -h or --help.
 var helps = map[string]string{
-	"dev": `usage: assay dev [--serve] [-v]
+	"dev": `usage: assay dev [--serve [--port N] [--fresh]] [-v]
 
 Both cells (us, eu) in one process: an embedded nats-server, a throwaway
 Postgres (or ASSAY_DATABASE_URL's server) and the simulated provider (or
-ASSAY_MODEL_BASE_URL with ASSAY_MODEL). Without --serve it submits the
-evaluation set, prints each item's outcome and exits; it exits 1 when no item
-could reach the model, naming why.
-  --serve   keep the cells running with their HTTP API until interrupted
+ASSAY_MODEL_BASE_URL or ASSAY_MODEL_ENDPOINT, with ASSAY_MODEL). Without
+--serve it submits the evaluation set, prints each item's outcome and exits;
+it exits 1 when no item could reach the model, naming why.
+  --serve   keep the cells running with their HTTP API until interrupted,
+            and print each cell's endpoints, the tokens and an export line
+            for CELL and TOKEN; the decision log goes to a file it names
+  --port N  --serve: the us cell listens on 127.0.0.1:N (default 18080), the
+            next cells on the next ports; a port that is taken gets a free one
+  --fresh   --serve: new tokens; otherwise the tenants', the operator's and
+            the webhook secret are kept in the user's cache directory
+            (assay/dev-serve.json) and every run answers the same ones
   -v        print the services' decision log to stderr
 `,
 	"migrate": `usage: assay migrate [--create-database] [--region R --database-url URL]
@@ -98,22 +108,23 @@ GET /sim/stats, POST /sim/faults). --addr defaults to $ASSAY_HTTP_ADDR, else
 
 Create the tenants in FILE, a JSON array of {"id","homeRegion","token"},
 with their tokens (24 to 256 letters, digits and _.~-); tenants that exist
-are left as they are.
+are left as they are. One tenant at a time, and everything else about
+tenants, is assay tenant (assay tenant --help).
 `,
 	"tenant":   tenantUsage,
 	"operator": operatorUsage,
 	"work":     workUsage,
 	"replay":   replayUsage,
 	"streams":  streamsUsage,
-	"bench": `usage: assay bench goodput [--scenarios 1,2,3,4,5] [--quick] [--log FILE]
-
-The admission benchmark against the simulated provider (make bench-goodput).
-`,
-	"usage": `usage: assay usage reconcile [--database-url URL] [--region R] [--provider-stats URL] [--since 24h]
+	"bench":    benchUsage + "\n" + benchPipeUsage,
+	"usage": `usage: assay usage reconcile [--database-url URL] [--region R] [--provider-stats URL] [--since T] [--json]
 
 Check attempts against results and the ledger; with --provider-stats (the
 simulated provider's address, or its /sim/stats URL) also ledger rows
-against provider calls per tenant. Prints each check; exits 1 on a difference.
+against provider calls per tenant. Prints each check (--json: one JSON
+object); exits 1 on a difference.
+  --since T   only work created (ledger rows) at or after T: an RFC 3339
+              time or a duration back from now (24h); default: all time
 `,
 	"outbox": `usage: assay outbox list [--json] | assay outbox retry ID|--all [--region R --database-url URL]
 
@@ -130,9 +141,59 @@ ASSAY_NATS_URL with its password, at --server-url (nats://127.0.0.1:4222).
 	"version": "usage: assay version\n\nPrint the build's version.\n",
 }
 
+// subcommands are the commands each command with commands of its own
+// takes, so a mistyped one is named, --help or not.
+var subcommands = map[string][]string{
+	"tenant":   tenantVerbs,
+	"tenants":  {"seed"},
+	"operator": {"token"},
+	"work":     {"rerun", "show", "list"},
+	"replay":   {"dump", "revalidate", "redrive"},
+	"bench":    {"goodput", "pipeline"},
+	"usage":    {"reconcile"},
+	"outbox":   {"list", "retry"},
+}
+
+// checkSubcommand refuses a subcommand cmd does not have.
+func checkSubcommand(cmd string, args []string) error {
+	subs, ok := subcommands[cmd]
+	if !ok || len(args) == 0 || isHelp(args[:1]) || slices.Contains(subs, args[0]) {
+		return nil
+	}
+	return unknownSub(cmd, args)
+}
+
+// unknownSub is the error of a command given no subcommand, or one it does
+// not have: what it was given, what it takes, and its usage.
+func unknownSub(cmd string, args []string) error {
+	subs := strings.Join(subcommands[cmd], ", ")
+	if len(args) == 0 {
+		return configError{fmt.Errorf("%s needs a command: %s\n%s", cmd, subs, helps[cmd])}
+	}
+	return configError{fmt.Errorf("unknown %s command %q (it takes %s)\n%s", cmd, args[0], subs, helps[cmd])}
+}
+
+// unknownCommand says what was not a command, and which one was likely meant.
+func unknownCommand(name string) string {
+	for _, guess := range []string{name + "s", strings.TrimSuffix(name, "s")} {
+		if _, ok := helps[guess]; ok && guess != name {
+			return fmt.Sprintf("assay: unknown command %q: did you mean assay %s? (assay %s --help)\n", name, guess, guess)
+		}
+	}
+	return fmt.Sprintf("assay: unknown command %q\n%s", name, mainUsage)
+}
+
 func run(args []string, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, mainUsage)
+		return 2
+	}
+	if _, known := helps[args[0]]; !known && !slices.Contains([]string{"help", "-h", "--help", "--version"}, args[0]) {
+		fmt.Fprint(stderr, unknownCommand(args[0]))
+		return 2
+	}
+	if err := checkSubcommand(args[0], args[1:]); err != nil {
+		fmt.Fprintf(stderr, "assay %s: %v\n", args[0], err)
 		return 2
 	}
 	if h, ok := helps[args[0]]; ok && isHelp(args[1:]) {
@@ -170,20 +231,21 @@ func run(args []string, stderr io.Writer) int {
 	case "nats-config":
 		err = natsConfig(args[1:], os.Stdout)
 	case "usage":
-		if len(args) < 2 || args[1] != "reconcile" {
-			err = configError{fmt.Errorf("usage: assay usage reconcile [flags]")}
+		if len(args) < 2 {
+			err = unknownSub("usage", nil)
 			break
 		}
 		err = usageReconcile(ctx, args[2:], os.Stdout)
 	case "version", "--version":
+		if len(args) > 1 {
+			err = configError{fmt.Errorf("takes no arguments, got %q", args[1])}
+			break
+		}
 		fmt.Println("assay", buildinfo.Read())
 		return 0
 	case "help", "-h", "--help":
 		fmt.Print(mainUsage)
 		return 0
-	default:
-		fmt.Fprintf(stderr, "assay: unknown command %q\n%s", args[0], mainUsage)
-		return 2
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Print(helps[args[0]])
@@ -253,14 +315,16 @@ func runSim(ctx context.Context, args []string) error {
 	if err != nil {
 		return configError{fmt.Errorf("ASSAY_HTTP_ADDR: %w", err)}
 	}
-	fmt.Printf("simulated provider at %s (POST %s/v1/chat/completions, GET %s/sim/stats)\n", url, url, url)
+	// Logged as the services log it, so a script finds where it listens.
+	log.Info("serving", "addr", strings.TrimPrefix(url, "http://"))
+	fmt.Printf("simulated provider at %s (base URL %s, GET %s/sim/stats)\n", url, sim.APIBase(url), url)
 	<-ctx.Done()
 	return s.Close()
 }
 
 func tenants(ctx context.Context, args []string) error {
-	if len(args) < 2 || args[0] != "seed" {
-		return configError{fmt.Errorf("usage: assay tenants seed FILE [flags]")}
+	if len(args) < 2 {
+		return configError{fmt.Errorf("usage: assay tenants seed FILE [flags] (one tenant at a time: assay tenant add ID …)")}
 	}
 	raw, err := os.ReadFile(args[1])
 	if err != nil {
@@ -287,9 +351,9 @@ func tenants(ctx context.Context, args []string) error {
 			return configError{fmt.Errorf("%s: tenant %q: homeRegion: %w", args[1], t.ID, err)}
 		}
 	}
-	st, err := store.Open(ctx, cfg.DatabaseURL)
+	st, err := openStore(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+		return err
 	}
 	defer st.Close()
 	if _, err := st.Migrate(ctx); err != nil {

@@ -47,7 +47,8 @@ func TestDemoReconciles(t *testing.T) {
 	if calls["acme"] != int64(items+2) || calls["globex"] != int64(items+3) {
 		t.Errorf("calls %v, want acme %d and globex %d", calls, items+2, items+3)
 	}
-	for _, want := range []string{"schema_rejected", "accepted", "same id: true"} {
+	for _, want := range []string{"schema_rejected (expected*)", "accepted", "same id: true", "* on purpose: the simulated provider was told to break",
+		"schema_rejected 1 (1 on purpose*)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
@@ -61,7 +62,7 @@ func TestBadSettingsStopStartup(t *testing.T) {
 	}{
 		{map[string]string{"ASSAY_REGION": "us", "ASSAY_DATABASE_URL": "postgres://%zz"}, "ASSAY_DATABASE_URL"},
 		{map[string]string{"ASSAY_REGION": "mars", "ASSAY_DATABASE_URL": "postgres://postgres@127.0.0.1/x"}, `ASSAY_REGION: unknown region "mars"`},
-		{map[string]string{"ASSAY_REGION": "", "ASSAY_DATABASE_URL": "postgres://postgres@127.0.0.1/x"}, "ASSAY_REGION: required"},
+		{map[string]string{"ASSAY_REGION": "", "ASSAY_DATABASE_URL": "postgres://postgres@127.0.0.1/x"}, "ASSAY_REGION (--region): required"},
 	}
 	for _, tc := range cases {
 		for k, v := range tc.env {
@@ -93,7 +94,8 @@ func TestDemoNamesAnUnreachableModel(t *testing.T) {
 	}
 	var out bytes.Buffer
 	err = runDemo(ctx, e, &out)
-	if err == nil || !strings.Contains(err.Error(), "no work item reached the model") || !strings.Contains(err.Error(), "connection refused") {
+	if err == nil || !strings.Contains(err.Error(), "no work item reached the model at POST http://127.0.0.1:1/v1/chat/completions") ||
+		!strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("demo against a closed port: %v\n%s", err, out.String())
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -40,8 +41,15 @@ func operatorCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprint(stdout, operatorUsage)
 		return nil
 	}
-	if len(args) < 2 || args[0] != "token" {
-		return configError{errors.New(operatorUsage)}
+	if len(args) == 0 || args[0] != "token" {
+		return unknownSub("operator", args)
+	}
+	if len(args) < 2 || !slices.Contains([]string{"create", "list", "revoke"}, args[1]) {
+		what := "operator token needs a command"
+		if len(args) >= 2 {
+			what = fmt.Sprintf("unknown operator token command %q", args[1])
+		}
+		return configError{fmt.Errorf("%s (it takes create, list, revoke)\n%s", what, operatorUsage)}
 	}
 	verb := args[1]
 	fs := flag.NewFlagSet("assay operator token "+verb, flag.ContinueOnError)

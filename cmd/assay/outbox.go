@@ -26,7 +26,7 @@ const outboxUsage = `usage: assay outbox list [--json] [--region R --database-ur
 // outboxCmd runs `assay outbox …` against the cell in ASSAY_DATABASE_URL.
 func outboxCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 || (args[0] != "list" && args[0] != "retry") {
-		return configError{errors.New(outboxUsage)}
+		return unknownSub("outbox", args)
 	}
 	verb := args[0]
 	fs := flag.NewFlagSet("assay outbox "+verb, flag.ContinueOnError)

@@ -29,7 +29,10 @@ deleted when the read ends. NATS is $ASSAY_NATS_URL; revalidate and redrive
 also read the cell's Postgres.
 
   dump        JSON lines of the selected messages: stream, subject, sequence,
-              time, headers and payload, with the work and attempt they name
+              time, headers (trace context included: traceparent names the
+              work's trace) and payload, with the work and attempt they
+              name; a RESULT's lease token is masked as a digest. Payloads
+              carry ids, outcomes and reasons, never inputs or answers
   revalidate  run today's gate (or --contracts DIR's) on the answers of the
               selected work, kept in the cell's database, and report which
               verdicts would change and why; writes nothing
@@ -46,14 +49,18 @@ selection (all optional, combined):
   --since T --until T           a time window: RFC 3339, a date, or a
                                 duration back from now (90m, 24h)
   --seq FROM-TO                 a sequence range of one --stream
-  --work ID[,ID...]             messages of these work items
+  --work ID[,ID...]             messages of these work items (w_ and 24 hex
+                                digits; one with no message selected is an
+                                error)
 
 flags:
   --json                        print JSON (dump always prints JSON lines)
   --region R --database-url URL the cell ($ASSAY_REGION, $ASSAY_DATABASE_URL)
   revalidate: --contracts DIR   a contracts.json and its schemas to check
                                 against instead of today's
-  redrive:    --confirm N       write: N is the count the dry run printed
+  redrive:    --confirm N       write: N is the count the dry run printed; in one
+                                transaction, and nothing at all if the
+                                selection no longer holds N (exit 1)
               --deadline D      the redriven work's new deadline (default 10m)
               --again           also redrive work redriven before (a new ending)
 
@@ -63,7 +70,7 @@ A progress bar is drawn on stderr when it is a terminal.
 // replayCmd runs `assay replay …`.
 func replayCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 || (args[0] != "dump" && args[0] != "revalidate" && args[0] != "redrive") {
-		return configError{errors.New(replayUsage)}
+		return unknownSub("replay", args)
 	}
 	mode := args[0]
 	fs := flag.NewFlagSet("assay replay "+mode, flag.ContinueOnError)
@@ -91,6 +98,8 @@ func replayCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(pos) > 0 {
 		return configError{fmt.Errorf("unexpected argument %q\n%s", pos[0], replayUsage)}
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	defKinds := map[string][]string{"dump": event.Kinds, "revalidate": {event.KindResult}, "redrive": {event.KindWork}}[mode]
 	sel, err := sf.selection(time.Now(), defKinds)
 	if err != nil {
@@ -99,8 +108,10 @@ func replayCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	switch {
 	case mode != "revalidate" && *contracts != "":
 		return configError{fmt.Errorf("--contracts is for revalidate")}
-	case mode != "redrive" && (*confirm >= 0 || *again):
+	case mode != "redrive" && (set["confirm"] || *again):
 		return configError{fmt.Errorf("--confirm and --again are for redrive")}
+	case set["confirm"] && *confirm < 0:
+		return configError{fmt.Errorf("--confirm: %d is not a count: give the count the dry run printed (0 or more)", *confirm)}
 	case *deadline <= 0:
 		return configError{fmt.Errorf("--deadline: %s is not a positive duration", *deadline)}
 	}
@@ -170,11 +181,18 @@ type replayer struct {
 func (r replayer) dump(ctx context.Context, js jetstream.JetStream, sel selection) error {
 	enc := json.NewEncoder(r.stdout)
 	enc.SetEscapeHTML(false)
-	reads, err := readSelection(ctx, js, r.names, sel, r.bar, func(m ReplayMsg) error { return enc.Encode(m) })
+	seen := map[string]bool{}
+	reads, err := readSelection(ctx, js, r.names, sel, r.bar, func(m ReplayMsg) error {
+		seen[m.WorkID] = true
+		return enc.Encode(m)
+	})
 	for _, s := range reads {
 		fmt.Fprintf(os.Stderr, "%s: %d message(s) dumped of %d read; the stream holds %d\n", s.Stream, s.Selected, s.Read, s.Held)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return sel.unseen(seen)
 }
 
 // workIDs are the work items the selected messages name, in the order
@@ -189,6 +207,9 @@ func (r replayer) workIDs(ctx context.Context, js jetstream.JetStream, sel selec
 		}
 		return nil
 	})
+	if err == nil {
+		err = sel.unseen(seen)
+	}
 	return ids, reads, err
 }
 
@@ -320,44 +341,27 @@ type Redrive struct {
 	Refused map[string][]string `json:"refused"`
 }
 
-// redrive queues the selected work again, or says what it would.
+// redrive queues the selected work again, or says what it would. With
+// confirm (0 or more), the store writes in one transaction only when the
+// selection still holds exactly confirm work items to redrive.
 func (r replayer) redrive(ctx context.Context, st *store.Store, announce func(*store.Work) ([]store.OutboxMsg, error),
 	ids []string, reads []streamRead, o store.RedriveOptions, confirm int) error {
-	run := func(dry bool) (Redrive, error) {
-		rep := Redrive{Streams: reads, DryRun: dry, Selected: len(ids), Redriven: []Redriven{}, Refused: map[string][]string{}}
-		o.DryRun = dry
-		for _, id := range ids {
-			before, err := st.GetWork(ctx, id)
-			if errors.Is(err, store.ErrNotFound) {
-				rep.Refused["not in the cell's database"] = append(rep.Refused["not in the cell's database"], id)
-				continue
-			}
-			if err != nil {
-				return rep, err
-			}
-			w, err := st.RedriveWork(ctx, id, o, announce)
-			if why := refusal(err, before.State); why != "" {
-				rep.Refused[why] = append(rep.Refused[why], id)
-				continue
-			}
-			if err != nil {
-				return rep, err
-			}
-			rep.Redriven = append(rep.Redriven, Redriven{WorkID: id, Was: before.State, Dispatch: w.Dispatch})
-		}
-		return rep, nil
+	o.DryRun = confirm < 0
+	done, err := st.RedriveSet(ctx, ids, o, confirm, announce)
+	if errors.Is(err, store.ErrSelectionChanged) {
+		return fmt.Errorf("--confirm %d: %w; nothing was written: run the dry run again", confirm, err)
 	}
-	rep, err := run(true)
 	if err != nil {
 		return err
 	}
-	if confirm >= 0 {
-		if confirm != len(rep.Redriven) {
-			return fmt.Errorf("--confirm %d: the selection now holds %d work item(s) to redrive; run the dry run again", confirm, len(rep.Redriven))
+	rep := Redrive{Streams: reads, DryRun: o.DryRun, Selected: len(ids), Redriven: []Redriven{}, Refused: map[string][]string{}}
+	for _, d := range done {
+		if d.Err != nil {
+			why := refusal(d.Err, d.Was)
+			rep.Refused[why] = append(rep.Refused[why], d.ID)
+			continue
 		}
-		if rep, err = run(false); err != nil {
-			return err
-		}
+		rep.Redriven = append(rep.Redriven, Redriven{WorkID: d.ID, Was: d.Was, Dispatch: d.Work.Dispatch})
 	}
 	if r.json {
 		return json.NewEncoder(r.stdout).Encode(rep)
@@ -393,6 +397,8 @@ func refusal(err error, state string) string {
 		return "a later revision replaced it"
 	case errors.Is(err, store.ErrNoInput):
 		return "its input was purged"
+	case errors.Is(err, store.ErrNotFound):
+		return "not in the cell's database"
 	}
 	return ""
 }

@@ -207,6 +207,27 @@ func TestReplayIncident(t *testing.T) {
 				t.Fatalf("dump line without what it must carry: %s", sc.Text())
 			}
 			got[m.Stream]++
+			if strings.HasPrefix(m.Stream, b.Names().Stream(event.KindResult)) && !bytes.Contains(m.Payload, []byte(`"leaseToken":"masked:sha256:`)) {
+				t.Errorf("a RESULT message dumped with its lease token: %s", m.Payload)
+			}
+		}
+		var tokens []string
+		rows, err := b.DB.Query(ctx, `SELECT lease_token::text FROM attempts`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var tok string
+			_ = rows.Scan(&tok)
+			tokens = append(tokens, tok)
+		}
+		if len(tokens) == 0 {
+			t.Fatal("no attempt has a lease token: the masking is checked against nothing")
+		}
+		for _, tok := range tokens {
+			if bytes.Contains(out, []byte(tok)) {
+				t.Errorf("the dump carries lease token %s", tok)
+			}
 		}
 		for _, kind := range event.Kinds {
 			name := b.Names().Stream(kind)
@@ -228,6 +249,15 @@ func TestReplayIncident(t *testing.T) {
 		out = assay(t, replay, "dump", "--work", in.stall, "--stream", "work")
 		if n := bytes.Count(out, []byte("\n")); n < 1 || !bytes.Contains(out, []byte(in.stall)) {
 			t.Errorf("dump --work %s: %d line(s)", in.stall, n)
+		}
+		// A work id the streams hold nothing of is an error, not "0
+		// selected", in every mode.
+		for _, mode := range []string{"dump", "revalidate", "redrive"} {
+			var none bytes.Buffer
+			err := replayCmd(ctx, []string{mode, "--work", in.stall + ",w_000000000000000000000000"}, &none)
+			if err == nil || !strings.Contains(err.Error(), "--work w_000000000000000000000000: no message of it") {
+				t.Errorf("%s --work of unknown work: %v", mode, err)
+			}
 		}
 	})
 
@@ -284,9 +314,22 @@ func TestReplayIncident(t *testing.T) {
 			t.Errorf("decisions do not say how it ended: %+v", s.Decisions)
 		}
 		text := string(assay(t, work, "show", in.burst[0]))
-		for _, want := range []string{"schema_rejected", "invalid_output", "answer", "decisions", "ATTEMPT"} {
+		for _, want := range []string{"schema_rejected", "invalid_output", "answer", "decisions", "ATTEMPT", "(its text: --answers)"} {
 			if !strings.Contains(text, want) {
 				t.Errorf("work show %s does not show %q:\n%s", in.burst[0], want, text)
+			}
+		}
+		// The answers' text only when asked for.
+		var plain, withAnswers WorkStory
+		if err := json.Unmarshal(assay(t, work, "show", in.burst[0], "--json", "--no-messages"), &plain); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(assay(t, work, "show", in.burst[0], "--json", "--no-messages", "--answers"), &withAnswers); err != nil {
+			t.Fatal(err)
+		}
+		for i, a := range plain.Attempts {
+			if a.Excerpt != "" || a.AnswerBytes == 0 || withAnswers.Attempts[i].Excerpt == "" {
+				t.Errorf("attempt %d: excerpt %q by default, %q with --answers (%d bytes)", a.Number, a.Excerpt, withAnswers.Attempts[i].Excerpt, a.AnswerBytes)
 			}
 		}
 	})
@@ -305,6 +348,17 @@ func TestReplayIncident(t *testing.T) {
 		}
 		if want := sorted(append(slices.Clone(in.burst), in.beforeBad)); !slices.Equal(sorted(ids), want) || page.Next != "" {
 			t.Errorf("work list --state schema_rejected: %v (next %q), want %v", ids, page.Next, want)
+		}
+		page.Items = nil
+		if err := json.Unmarshal(assay(t, work, append([]string{"list", "--state", "schema_rejected,retry_exhausted", "--json"}, in.window()...)...), &page); err != nil {
+			t.Fatal(err)
+		}
+		ids = nil
+		for _, w := range page.Items {
+			ids = append(ids, w.ID)
+		}
+		if want := sorted(append(slices.Clone(in.burst), in.stall)); !slices.Equal(sorted(ids), want) {
+			t.Errorf("work list --state schema_rejected,retry_exhausted within the window: %v, want %v", ids, want)
 		}
 		// GET /v1/work, two at a time: every one of acme's items once, in
 		// the order they were created.
@@ -410,6 +464,12 @@ func TestReplayIncident(t *testing.T) {
 		if b.Count(t, `SELECT count(*) FROM attempts`) != attempts || b.Count(t, `SELECT count(*) FROM outbox`) != outbox ||
 			b.Count(t, `SELECT count(*) FROM redrives`) != 0 {
 			t.Fatal("the dry run wrote")
+		}
+		// A count the selection does not hold writes nothing.
+		var wrong bytes.Buffer
+		if err := replayCmd(ctx, append([]string{"redrive", "--confirm", "3"}, in.window()...), &wrong); err == nil ||
+			!strings.Contains(err.Error(), "nothing was written") || b.Count(t, `SELECT count(*) FROM redrives`) != 0 {
+			t.Fatalf("redrive --confirm 3 of 4: %v", err)
 		}
 		var done Redrive
 		if err := json.Unmarshal(assay(t, replay, append([]string{"redrive", "--json", "--confirm", "4"}, in.window()...)...), &done); err != nil {

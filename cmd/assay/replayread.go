@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/event"
+	"assay.dev/services/ingress"
 )
 
 // selection is which retained messages a replay reads.
@@ -40,6 +44,17 @@ type ReplayMsg struct {
 	WorkID      string `json:"workId,omitempty"`
 	AttemptID   string `json:"attemptId,omitempty"`
 	Outcome     string `json:"outcome,omitempty"`
+}
+
+// maskLease replaces a RESULT's lease token in its payload by a digest of
+// it: the token fences a commit, and a replay's output travels further
+// than the stream; the digest still matches the attempt's row.
+func maskLease(payload json.RawMessage, token string) json.RawMessage {
+	if token == "" || payload == nil {
+		return payload
+	}
+	sum := sha256.Sum256([]byte(token))
+	return bytes.ReplaceAll(payload, []byte(`"`+token+`"`), []byte(`"masked:sha256:`+hex.EncodeToString(sum[:4])+`"`))
 }
 
 // parseWhen reads a time (RFC 3339, or a date) or a duration back from now.
@@ -127,11 +142,31 @@ func (f selectFlags) selection(now time.Time, defKinds []string) (selection, err
 		sel.fromSeq, sel.toSeq = from, to
 	}
 	for _, w := range strings.Split(f.works, ",") {
-		if w = strings.TrimSpace(w); w != "" {
-			sel.works[w] = true
+		if w = strings.TrimSpace(w); w == "" {
+			continue
 		}
+		if !ingress.ValidWorkID(w) {
+			return sel, fmt.Errorf("--work: %q is not a work id (w_ and 24 hex digits, as the API answers)", w)
+		}
+		sel.works[w] = true
 	}
 	return sel, nil
+}
+
+// unseen is the error of --work ids the read found no message of: a
+// selection that names work must find it, not report 0 selected.
+func (sel selection) unseen(seen map[string]bool) error {
+	var missing []string
+	for w := range sel.works {
+		if !seen[w] {
+			missing = append(missing, w)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	slices.Sort(missing)
+	return fmt.Errorf("--work %s: no message of it in the selection (check the id, the cell and the window)", strings.Join(missing, ","))
 }
 
 // filters are the subject filters of one stream kind for the selection.
@@ -180,6 +215,7 @@ func decodeMsg(n event.Names, kind string, m jetstream.Msg, meta *jetstream.MsgM
 		var res event.Result
 		res, err = event.Parse[event.Result](data)
 		r.WorkID, r.AttemptID, r.Outcome = res.WorkID, res.AttemptID, res.Outcome
+		r.Payload = maskLease(r.Payload, res.LeaseToken)
 	case kind == event.KindAttempt:
 		var a event.Attempt
 		a, err = event.Parse[event.Attempt](data)

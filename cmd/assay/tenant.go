@@ -62,10 +62,19 @@ the token alone; - reads it from standard input.
 Settings: --region (ASSAY_REGION) and --database-url (ASSAY_DATABASE_URL).
 `
 
+// tenantVerbs are assay tenant's commands, in the order its usage lists
+// them, and tenantArgs how many arguments each takes.
+var (
+	tenantVerbs = []string{"add", "list", "rotate-token", "suspend", "resume", "set-budget", "set-rate", "set-weight",
+		"link", "webhook-secret", "callback", "check-policy"}
+	tenantArgs = map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1,
+		"set-rate": 1, "set-weight": 1, "link": 3, "webhook-secret": 1, "callback": 1, "check-policy": 2}
+)
+
 // tenantCmd runs `assay tenant …` against the cell in ASSAY_DATABASE_URL.
 func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return configError{errors.New(tenantUsage)}
+		return unknownSub("tenant", nil)
 	}
 	if isHelp(args) {
 		fmt.Fprint(stdout, tenantUsage)
@@ -104,14 +113,22 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return configError{err}
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for name, v := range map[string]float64{"usd": *setUSD, "budget-usd": *usd} {
+		if set[name] && v < 0 {
+			return configError{fmt.Errorf("--%s: %s is negative: a budget is 0 dollars or more (--unlimited removes it)", name, strconv.FormatFloat(v, 'f', -1, 64))}
+		}
+	}
 	if *period != "month" && *period != "day" {
 		return configError{fmt.Errorf("--period: %q is not month or day", *period)}
 	}
-	want := map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1, "set-rate": 1, "set-weight": 1, "link": 3, "webhook-secret": 1,
-		"callback": 1, "check-policy": 2}
-	n, known := want[verb]
+	if err := tenantFlagError(verb, set, *unlimited, *perMinute, *burst, *weight, *callbackURL, *callbackOff); err != nil {
+		return configError{err}
+	}
+	n, known := tenantArgs[verb]
 	if !known {
-		return configError{fmt.Errorf("unknown tenant command %q\n%s", verb, tenantUsage)}
+		return unknownSub("tenant", args)
 	}
 	if len(pos) != n {
 		return configError{fmt.Errorf("tenant %s takes %d argument(s), got %d\n%s", verb, n, len(pos), tenantUsage)}
@@ -119,9 +136,9 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if n > 0 && !event.ValidToken(pos[0]) {
 		return configError{fmt.Errorf("tenant id %q: use 1-63 lowercase letters, digits and '-', starting with a letter or digit", pos[0])}
 	}
-	st, err := store.Open(ctx, *dbURL)
+	st, err := openStore(ctx, *dbURL)
 	if err != nil {
-		return fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+		return err
 	}
 	defer st.Close()
 	if _, err := st.Migrate(ctx); err != nil {
@@ -148,7 +165,7 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 			}
 			return err
 		}
-		if *usd >= 0 {
+		if set["budget-usd"] {
 			if err := setBudget(ctx, st, pos[0], *usd, false, *period); err != nil {
 				return err
 			}
@@ -178,25 +195,16 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "tenant %s is %s\n", pos[0], status)
 	case "set-budget":
-		if (*setUSD < 0) == !*unlimited {
-			return configError{errors.New("set-budget takes exactly one of --usd N or --unlimited")}
-		}
 		if err := setBudget(ctx, st, pos[0], *setUSD, *unlimited, *period); err != nil {
 			return notFound(err)
 		}
 		fmt.Fprintf(stdout, "tenant %s budget set\n", pos[0])
 	case "set-rate":
-		if *perMinute < 1 || *burst < 1 {
-			return configError{errors.New("set-rate needs --per-minute N and --burst N, both at least 1")}
-		}
 		if err := st.SetRate(ctx, pos[0], *perMinute, *burst); err != nil {
 			return notFound(err)
 		}
 		fmt.Fprintf(stdout, "tenant %s admits %d per minute per lane, burst %d\n", pos[0], *perMinute, *burst)
 	case "set-weight":
-		if *weight < 1 || *weight > store.MaxWeight {
-			return configError{fmt.Errorf("set-weight needs --weight N, 1 to %d", store.MaxWeight)}
-		}
 		if err := st.SetWeight(ctx, pos[0], *weight); err != nil {
 			return notFound(err)
 		}
@@ -220,18 +228,12 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "tenant %s webhook secret (shown once; set it on each repository hook linked to %s): %s\n", pos[0], pos[0], secret)
 	case "callback":
-		if (*callbackURL == "") == !*callbackOff {
-			return configError{errors.New("callback takes exactly one of --url URL or --off")}
-		}
 		if *callbackOff {
 			if err := st.SetCallback(ctx, pos[0], store.Callback{}); err != nil {
 				return notFound(err)
 			}
 			fmt.Fprintf(stdout, "tenant %s gets no callbacks\n", pos[0])
 			return nil
-		}
-		if u, err := url.Parse(*callbackURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			return configError{fmt.Errorf("--url: %q is not an http(s) URL", *callbackURL)}
 		}
 		secret := store.NewCallbackSecret()
 		if err := st.SetCallback(ctx, pos[0], store.Callback{URL: *callbackURL, Secret: secret}); err != nil {
@@ -245,6 +247,33 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 			return configError{fmt.Errorf("check-policy: %q is not advisory or blocking", pos[1])}
 		}
 		fmt.Fprintf(stdout, "tenant %s check runs are %s\n", pos[0], pos[1])
+	}
+	return nil
+}
+
+// tenantFlagError checks a tenant command's flags before the cell's
+// database is opened.
+func tenantFlagError(verb string, set map[string]bool, unlimited bool, perMinute, burst, weight int, callbackURL string, off bool) error {
+	switch verb {
+	case "set-budget":
+		if set["usd"] == unlimited {
+			return errors.New("set-budget takes exactly one of --usd N or --unlimited")
+		}
+	case "set-rate":
+		if perMinute < 1 || burst < 1 {
+			return errors.New("set-rate needs --per-minute N and --burst N, both at least 1")
+		}
+	case "set-weight":
+		if weight < 1 || weight > store.MaxWeight {
+			return fmt.Errorf("set-weight needs --weight N, 1 to %d", store.MaxWeight)
+		}
+	case "callback":
+		if (callbackURL == "") == !off {
+			return errors.New("callback takes exactly one of --url URL or --off")
+		}
+		if u, err := url.Parse(callbackURL); !off && (err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "") {
+			return fmt.Errorf("--url: %q is not an http(s) URL", callbackURL)
+		}
 	}
 	return nil
 }

@@ -259,3 +259,15 @@ func TestOneTokenForEveryCell(t *testing.T) {
 		t.Error("rotate-token took a placeholder as a token")
 	}
 }
+
+// A tenant command against a cell whose database does not exist yet says
+// how to make it.
+func TestTenantCommandNamesTheMissingDatabase(t *testing.T) {
+	t.Parallel()
+	db := freshDatabaseURL(t)
+	var out bytes.Buffer
+	err := tenantCmd(context.Background(), []string{"add", "acme", "--home-region", "us", "--region", "eu", "--database-url", db}, &out)
+	if err == nil || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "assay migrate --create-database") {
+		t.Fatalf("tenant add on a database that does not exist: %v", err)
+	}
+}

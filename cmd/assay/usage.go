@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/store"
 )
@@ -25,7 +25,8 @@ import (
 //	--database-url URL    the cell's Postgres (default $ASSAY_DATABASE_URL)
 //	--region REGION       the cell; when set, work of another region is a difference (default $ASSAY_REGION)
 //	--provider-stats URL  the simulated provider's GET /sim/stats; compares calls per tenant
-//	--since TIME          only work created (ledger rows occurred) at or after TIME, RFC 3339 or a duration ago ("24h")
+//	--since TIME          only work created (ledger rows occurred) at or after TIME, RFC 3339 or a duration ago ("24h"); default all time
+//	--json                one JSON object: the scope and every check
 func usageReconcile(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("assay usage reconcile", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -33,6 +34,7 @@ func usageReconcile(ctx context.Context, args []string, stdout io.Writer) error 
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "the cell's region ($ASSAY_REGION)")
 	statsURL := fs.String("provider-stats", "", "the simulated provider's address, base URL or /sim/stats URL")
 	sinceFlag := fs.String("since", "", "RFC 3339 time or duration ago; default: everything")
+	asJSON := fs.Bool("json", false, "print one JSON object")
 	if err := fs.Parse(args); err != nil {
 		return configError{err}
 	}
@@ -40,19 +42,15 @@ func usageReconcile(ctx context.Context, args []string, stdout io.Writer) error 
 		return configError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	if *dbURL == "" {
-		return configError{errors.New("ASSAY_DATABASE_URL: required (or --database-url)")}
+		return configError{config.Missing("ASSAY_DATABASE_URL")}
 	}
-	var since time.Time
-	if v := *sinceFlag; v != "" {
-		if d, err := time.ParseDuration(v); err == nil && d > 0 {
-			since = time.Now().Add(-d)
-		} else if since, err = time.Parse(time.RFC3339, v); err != nil {
-			return configError{fmt.Errorf("--since: %q is neither an RFC 3339 time nor a duration", v)}
-		}
-	}
-	st, err := store.Open(ctx, *dbURL)
+	since, err := parseWhen(*sinceFlag, time.Now())
 	if err != nil {
-		return configError{fmt.Errorf("ASSAY_DATABASE_URL: %w", err)}
+		return configError{fmt.Errorf("--since: %w", err)}
+	}
+	st, err := openStore(ctx, *dbURL)
+	if err != nil {
+		return err
 	}
 	defer st.Close()
 
@@ -79,27 +77,68 @@ func usageReconcile(ctx context.Context, args []string, stdout io.Writer) error 
 	if !since.IsZero() {
 		scope = "since " + since.UTC().Format(time.RFC3339)
 	}
-	fmt.Fprintf(stdout, "reconcile %s, %s\n", cmpOr(*region, "cell"), scope)
 	var failed []string
 	for _, c := range checks {
-		status := "OK  "
 		if !c.OK() {
-			status = "DIFF"
 			failed = append(failed, c.Name)
 		}
-		fmt.Fprintf(stdout, "%s  %-24s %d %s, %d differ  (%s)\n", status, c.Name, c.Checked, c.Unit, c.Differ, c.What)
-		if len(c.Offenders) > 0 {
-			more := ""
-			if n := c.Differ - int64(len(c.Offenders)); n > 0 {
-				more = fmt.Sprintf(" and %d more", n)
-			}
-			fmt.Fprintf(stdout, "      %s%s\n", strings.Join(c.Offenders, " "), more)
-		}
+	}
+	if *asJSON {
+		err = printChecksJSON(stdout, cmpOr(*region, "cell"), scope, checks)
+	} else {
+		printChecks(stdout, cmpOr(*region, "cell"), scope, checks)
+	}
+	if err != nil {
+		return err
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("%d of %d checks found differences: %s", len(failed), len(checks), strings.Join(failed, ", "))
 	}
 	return nil
+}
+
+// checkLine is one check as --json prints it.
+type checkLine struct {
+	Name      string   `json:"name"`
+	OK        bool     `json:"ok"`
+	Checked   int64    `json:"checked"`
+	Unit      string   `json:"unit"`
+	Differ    int64    `json:"differ"`
+	What      string   `json:"what"`
+	Offenders []string `json:"offenders"`
+}
+
+func printChecksJSON(w io.Writer, cell, scope string, checks []store.Check) error {
+	out := struct {
+		Cell   string      `json:"cell"`
+		Scope  string      `json:"scope"`
+		OK     bool        `json:"ok"`
+		Checks []checkLine `json:"checks"`
+	}{Cell: cell, Scope: scope, OK: true, Checks: []checkLine{}}
+	for _, c := range checks {
+		out.OK = out.OK && c.OK()
+		out.Checks = append(out.Checks, checkLine{Name: c.Name, OK: c.OK(), Checked: c.Checked, Unit: c.Unit, Differ: c.Differ,
+			What: c.What, Offenders: append([]string{}, c.Offenders...)})
+	}
+	return json.NewEncoder(w).Encode(out)
+}
+
+func printChecks(w io.Writer, cell, scope string, checks []store.Check) {
+	fmt.Fprintf(w, "reconcile %s, %s\n", cell, scope)
+	for _, c := range checks {
+		status := "OK  "
+		if !c.OK() {
+			status = "DIFF"
+		}
+		fmt.Fprintf(w, "%s  %-24s %d %s, %d differ  (%s)\n", status, c.Name, c.Checked, c.Unit, c.Differ, c.What)
+		if len(c.Offenders) > 0 {
+			more := ""
+			if n := c.Differ - int64(len(c.Offenders)); n > 0 {
+				more = fmt.Sprintf(" and %d more", n)
+			}
+			fmt.Fprintf(w, "      %s%s\n", strings.Join(c.Offenders, " "), more)
+		}
+	}
 }
 
 func cmpOr(a, b string) string {

@@ -60,7 +60,7 @@ func TestUsageReconcile(t *testing.T) {
 	acc1, acc2, rej := ids[0], ids[1], ids[2]
 
 	dbURL := b.Cell.Env.Config.DatabaseURL
-	args := []string{"--database-url", dbURL, "--region", "us", "--provider-stats", b.Cell.Env.Config.ModelBaseURL + "/sim/stats"}
+	args := []string{"--database-url", dbURL, "--region", "us", "--provider-stats", b.Cell.Env.Config.ModelBaseURL}
 	var out bytes.Buffer
 	if err := usageReconcile(ctx, args, &out); err != nil {
 		t.Fatalf("clean cell: %v\n%s", err, out.String())

@@ -15,19 +15,25 @@ import (
 )
 
 const workUsage = `usage: assay work rerun ID [--deadline D] [--region R --database-url URL]
-       assay work show ID [--json] [--no-messages] [--region R --database-url URL]
-       assay work list [--state S] [--tenant T] [--lane L] [--since T] [--limit N] [--after CURSOR] [--json]
+       assay work show ID [--json] [--no-messages] [--answers] [--region R --database-url URL]
+       assay work list [--state S,S] [--tenant T] [--lane L] [--since T] [--until T] [--limit N] [--after CURSOR] [--json]
 
   rerun ID      queue work that admission dropped again, with a new deadline
                 (default 10m); the cell's ingress announces it
   show ID       the whole story of one work item: its row, trace, every attempt
-                with an excerpt of its answer, its ledger rows, result, outbox
-                rows, redrives, publications (target, check run and comment ids,
-                tries, last error, next try), the decisions they record, and its
-                messages in WORK, RESULT, ATTEMPT and OUTCOME with sequences
-                (NATS: $ASSAY_NATS_URL)
-  list          work in the order it was created, filtered; --since is a time
-                or a duration back from now; --after continues a listing
+                with its answer's size and digest, its ledger rows, result,
+                outbox rows, redrives, publications (target, check run and
+                comment ids, tries, last error, next try), the decisions they
+                record, and its messages in WORK, RESULT, ATTEMPT and OUTCOME
+                with sequences (NATS: $ASSAY_NATS_URL). --answers adds each
+                answer's first 160 bytes: the model's raw text, which may quote
+                the input (a credential in a diff, personal data); keep that
+                output in the cell
+  list          work in the order it was created, filtered: --state one or more
+                states (queued,running or schema_rejected,retry_exhausted);
+                --since and --until a time or a duration back from now
+                (created at or after --since, before --until); --after
+                continues a listing
 `
 
 // workCmd runs `assay work …` against the cell in ASSAY_DATABASE_URL.
@@ -39,7 +45,7 @@ func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return workList(ctx, args[1:], stdout)
 	}
 	if len(args) == 0 || args[0] != "rerun" {
-		return configError{errors.New(workUsage)}
+		return unknownSub("work", args)
 	}
 	fs := flag.NewFlagSet("assay work rerun", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -65,9 +71,9 @@ func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return configError{err}
 	}
-	st, err := store.Open(ctx, *dbURL)
+	st, err := openStore(ctx, *dbURL)
 	if err != nil {
-		return fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+		return err
 	}
 	defer st.Close()
 	w, err := st.Rerun(ctx, pos[0], time.Now().Add(*deadline), ingress.Announce(ctx, cfg.Names()))

@@ -66,7 +66,10 @@ type AttemptStory struct {
 	FinishedAt   *time.Time `json:"finishedAt,omitempty"`
 	AnswerBytes  int        `json:"answerBytes"`
 	AnswerSHA256 string     `json:"answerSha256,omitempty"`
-	Excerpt      string     `json:"excerpt,omitempty"`
+	// Excerpt is the answer's first bytes, only when --answers asks:
+	// a model's answer may quote its input (a credential in a diff,
+	// personal data), and this output leaves the database.
+	Excerpt string `json:"excerpt,omitempty"`
 }
 
 // Decision is one thing the cell decided about the work, as its records
@@ -132,8 +135,9 @@ func traceID(tp string) string {
 	return parts[1]
 }
 
-// readStory reads everything the cell records about one work item.
-func readStory(ctx context.Context, st *store.Store, id string) (*WorkStory, error) {
+// readStory reads everything the cell records about one work item, with
+// an excerpt of each answer when withAnswers is set.
+func readStory(ctx context.Context, st *store.Store, id string, withAnswers bool) (*WorkStory, error) {
 	w, err := st.GetWork(ctx, id)
 	if err != nil {
 		return nil, err
@@ -148,7 +152,10 @@ func readStory(ctx context.Context, st *store.Store, id string) (*WorkStory, err
 			FinishedAt: a.FinishedAt, AnswerBytes: len(a.Raw)}
 		if a.Raw != nil {
 			sum := sha256.Sum256(a.Raw)
-			as.AnswerSHA256, as.Excerpt = hex.EncodeToString(sum[:]), excerpt(a.Raw)
+			as.AnswerSHA256 = hex.EncodeToString(sum[:])
+			if withAnswers {
+				as.Excerpt = excerpt(a.Raw)
+			}
 		}
 		s.Attempts = append(s.Attempts, as)
 	}
@@ -233,6 +240,7 @@ func workShow(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.SetOutput(io.Discard)
 	asJSON := fs.Bool("json", false, "print JSON")
 	noMsgs := fs.Bool("no-messages", false, "do not read the streams")
+	answers := fs.Bool("answers", false, "print the first bytes of each answer (they may quote the input)")
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
 	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
 	pos, err := parseArgs(fs, args, workUsage)
@@ -251,7 +259,7 @@ func workShow(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer st.Close()
-	s, err := readStory(ctx, st, pos[0])
+	s, err := readStory(ctx, st, pos[0], *answers)
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("no work %q in region %s's database", pos[0], cfg.Region)
 	}
@@ -332,7 +340,7 @@ func printStory(w io.Writer, s *WorkStory) error {
 	for _, a := range s.Attempts {
 		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", a.Number, a.ID, a.Outcome, a.Reason)
 		if a.AnswerBytes > 0 {
-			fmt.Fprintf(tw, "  \tanswer\t%d bytes sha256:%s\t%s\n", a.AnswerBytes, a.AnswerSHA256[:16], a.Excerpt)
+			fmt.Fprintf(tw, "  \tanswer\t%d bytes sha256:%s\t%s\n", a.AnswerBytes, a.AnswerSHA256[:16], cmp.Or(a.Excerpt, "(its text: --answers)"))
 		}
 	}
 	fmt.Fprintln(tw, "\nledger")
@@ -385,10 +393,11 @@ func workList(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("assay work list", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	asJSON := fs.Bool("json", false, "print JSON")
-	state := fs.String("state", "", "one state")
+	state := fs.String("state", "", "states, comma separated")
 	tenant := fs.String("tenant", "", "one tenant")
 	lane := fs.String("lane", "", "one lane")
 	since := fs.String("since", "", "created since: a time or a duration back from now")
+	until := fs.String("until", "", "created before: a time or a duration back from now")
 	limit := fs.Int("limit", 100, "rows, at most 1000")
 	after := fs.String("after", "", "continue after this cursor (printed when more rows follow)")
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
@@ -400,10 +409,17 @@ func workList(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(pos) > 0 {
 		return configError{fmt.Errorf("unexpected argument %q\n%s", pos[0], workUsage)}
 	}
-	f := store.WorkFilter{State: *state, Tenant: *tenant, Lane: *lane, Limit: *limit}
+	f := store.WorkFilter{Tenant: *tenant, Lane: *lane, Limit: *limit}
+	for _, s := range strings.Split(*state, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if !slices.Contains(outcome.WorkStates, s) {
+			return configError{fmt.Errorf("--state: %q is not one of %s", s, strings.Join(outcome.WorkStates, ", "))}
+		}
+		f.States = append(f.States, s)
+	}
 	switch {
-	case f.State != "" && !slices.Contains(outcome.WorkStates, f.State):
-		return configError{fmt.Errorf("--state: %q is not one of %s", f.State, strings.Join(outcome.WorkStates, ", "))}
 	case f.Tenant != "" && !event.ValidToken(f.Tenant):
 		return configError{fmt.Errorf("--tenant: %q is not a tenant id", f.Tenant)}
 	case f.Lane != "" && !event.ValidLane(f.Lane):
@@ -411,8 +427,15 @@ func workList(ctx context.Context, args []string, stdout io.Writer) error {
 	case f.Limit < 1 || f.Limit > 1000:
 		return configError{fmt.Errorf("--limit: %d is not from 1 to 1000", f.Limit)}
 	}
-	if f.Since, err = parseWhen(*since, time.Now()); err != nil {
+	now := time.Now()
+	if f.Since, err = parseWhen(*since, now); err != nil {
 		return configError{fmt.Errorf("--since: %w", err)}
+	}
+	if f.Until, err = parseWhen(*until, now); err != nil {
+		return configError{fmt.Errorf("--until: %w", err)}
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Until.After(f.Since) {
+		return configError{fmt.Errorf("--until %s is not after --since %s", *until, *since)}
 	}
 	if *after != "" {
 		if f.AfterCreated, f.AfterID, err = store.ParseWorkCursor(*after); err != nil {

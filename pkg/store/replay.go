@@ -18,6 +18,8 @@ import (
 // WorkFilter selects work rows for a listing. Zero fields select all.
 type WorkFilter struct {
 	State, Tenant, Lane string
+	// States, when not empty, keeps work in any of them (beside State).
+	States []string
 	// Since and Until bound created_at: since inclusive, until exclusive.
 	Since, Until time.Time
 	// After is the listing's cursor: rows created after AfterCreated, or at
@@ -38,8 +40,10 @@ func (s *Store) ListWork(ctx context.Context, f WorkFilter) ([]*Work, error) {
 		WHERE ($1 = '' OR state = $1) AND ($2 = '' OR tenant_id = $2) AND ($3 = '' OR lane = $3)
 			AND ($4::timestamptz IS NULL OR created_at >= $4) AND ($5::timestamptz IS NULL OR created_at < $5)
 			AND ($6::timestamptz IS NULL OR (created_at, id) > ($6, $7))
+			AND (cardinality($9::text[]) = 0 OR state = ANY($9))
 		ORDER BY created_at, id LIMIT $8`,
-		f.State, f.Tenant, f.Lane, sourceTime(f.Since), sourceTime(f.Until), sourceTime(f.AfterCreated), f.AfterID, f.Limit)
+		f.State, f.Tenant, f.Lane, sourceTime(f.Since), sourceTime(f.Until), sourceTime(f.AfterCreated), f.AfterID, f.Limit,
+		append([]string{}, f.States...))
 	if err != nil {
 		return nil, fmt.Errorf("store: list work: %w", err)
 	}
@@ -211,52 +215,7 @@ func (s *Store) RedriveWork(ctx context.Context, id string, o RedriveOptions, an
 		if err != nil {
 			return err
 		}
-		if !slices.Contains(Redrivable, w.State) {
-			return fmt.Errorf("work %s is %s: %w", id, w.State, ErrNotRedrivable)
-		}
-		if w.Input == "" {
-			return fmt.Errorf("work %s: %w", id, ErrNoInput)
-		}
-		var newer string
-		err = tx.QueryRow(ctx, `SELECT revision FROM work
-			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4 AND created_at > $5
-			ORDER BY created_at DESC LIMIT 1`, w.TenantID, w.Contract, w.SourceID, w.ID, w.CreatedAt).Scan(&newer)
-		if err == nil {
-			return fmt.Errorf("work %s: revision %s of %s arrived later: %w", id, newer, w.SourceID, ErrSuperseded)
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-		var before int
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM redrives WHERE work_id = $1`, id).Scan(&before); err != nil {
-			return err
-		}
-		if before > 0 && !o.Again {
-			return fmt.Errorf("work %s: redriven %d time(s) before: %w", id, before, ErrRedriven)
-		}
-		tag, err := tx.Exec(ctx, `INSERT INTO redrives (work_id, ended_state, ended_reason, ended_at, dispatch)
-			VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`, id, w.State, w.Reason, w.UpdatedAt, w.Dispatch+1)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("work %s: its %s ending was redriven before: %w", id, w.State, ErrRedriven)
-		}
-		got, err = scanWork(tx.QueryRow(ctx, `UPDATE work SET state = 'queued', reason = NULL, deadline_at = $4,
-				dispatch = dispatch + 1, repairs = 0, repair_note = NULL, retry_at = NULL, output_cap = NULL,
-				lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-			WHERE id = $1 AND state = $2 AND updated_at = $3 RETURNING `+workColumns, id, w.State, w.UpdatedAt, o.Deadline))
-		if errors.Is(err, ErrNotFound) {
-			return fmt.Errorf("work %s changed while it was read: %w", id, ErrRedriven)
-		}
-		if err != nil {
-			return err
-		}
-		msgs, err := announce(got)
-		if err != nil {
-			return err
-		}
-		if err := insertOutbox(ctx, tx, msgs); err != nil {
+		if got, err = redriveLocked(ctx, tx, w, o, announce); err != nil {
 			return err
 		}
 		if o.DryRun {
@@ -271,6 +230,154 @@ func (s *Store) RedriveWork(ctx context.Context, id string, o RedriveOptions, an
 		return nil, fmt.Errorf("store: redrive: %w", err)
 	}
 	return got, nil
+}
+
+// redriveLocked is RedriveWork of w, read and locked in tx. It refuses
+// before writing anything, or writes the redrive, the queued row and its
+// announcement.
+func redriveLocked(ctx context.Context, tx pgx.Tx, w *Work, o RedriveOptions, announce func(*Work) ([]OutboxMsg, error)) (*Work, error) {
+	id := w.ID
+	if !slices.Contains(Redrivable, w.State) {
+		return nil, fmt.Errorf("work %s is %s: %w", id, w.State, ErrNotRedrivable)
+	}
+	if w.Input == "" {
+		return nil, fmt.Errorf("work %s: %w", id, ErrNoInput)
+	}
+	var newer string
+	err := tx.QueryRow(ctx, `SELECT revision FROM work
+		WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4 AND created_at > $5
+		ORDER BY created_at DESC LIMIT 1`, w.TenantID, w.Contract, w.SourceID, w.ID, w.CreatedAt).Scan(&newer)
+	if err == nil {
+		return nil, fmt.Errorf("work %s: revision %s of %s arrived later: %w", id, newer, w.SourceID, ErrSuperseded)
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, err
+	}
+	var before int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM redrives WHERE work_id = $1`, id).Scan(&before); err != nil {
+		return nil, err
+	}
+	if before > 0 && !o.Again {
+		return nil, fmt.Errorf("work %s: redriven %d time(s) before: %w", id, before, ErrRedriven)
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO redrives (work_id, ended_state, ended_reason, ended_at, dispatch)
+		VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`, id, w.State, w.Reason, w.UpdatedAt, w.Dispatch+1)
+	if err != nil {
+		return nil, err
+	}
+	if tag.RowsAffected() == 0 {
+		return nil, fmt.Errorf("work %s: its %s ending was redriven before: %w", id, w.State, ErrRedriven)
+	}
+	// The row is locked since it was read, so the guard holds.
+	got, err := scanWork(tx.QueryRow(ctx, `UPDATE work SET state = 'queued', reason = NULL, deadline_at = $4,
+			dispatch = dispatch + 1, repairs = 0, repair_note = NULL, retry_at = NULL, output_cap = NULL,
+			lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+		WHERE id = $1 AND state = $2 AND updated_at = $3 RETURNING `+workColumns, id, w.State, w.UpdatedAt, o.Deadline))
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := announce(got)
+	if err != nil {
+		return nil, err
+	}
+	return got, insertOutbox(ctx, tx, msgs)
+}
+
+// ErrSelectionChanged is RedriveSet's refusal when the work it would
+// redrive is not as many as the caller confirmed: nothing was written.
+var ErrSelectionChanged = errors.New("the selection changed")
+
+// Redrove is one work item of a RedriveSet: what it was, and what it
+// became (Work) or why it was left alone (Err: ErrNotFound,
+// ErrNotRedrivable, ErrRedriven, ErrSuperseded, ErrNoInput).
+type Redrove struct {
+	ID   string
+	Was  string
+	Work *Work
+	Err  error
+}
+
+// RedriveSet redrives the work ids name in one transaction: every row is
+// locked (in id order) before any is decided, each is redriven as
+// RedriveWork would, and unless confirm is negative the transaction
+// commits only when exactly confirm of them were redriven; otherwise
+// nothing is written and the error is ErrSelectionChanged. Of two
+// confirmed redrives of the same work at once, the second waits for the
+// first's locks, finds the work queued, and writes nothing. A dry run
+// (o.DryRun) reports and writes nothing.
+func (s *Store) RedriveSet(ctx context.Context, ids []string, o RedriveOptions, confirm int,
+	announce func(*Work) ([]OutboxMsg, error)) ([]Redrove, error) {
+	var out []Redrove
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT `+workColumns+` FROM work WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids)
+		if err != nil {
+			return err
+		}
+		locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Work, error) { return scanWork(r) })
+		if err != nil {
+			return err
+		}
+		byID := make(map[string]*Work, len(locked))
+		for _, w := range locked {
+			byID[w.ID] = w
+		}
+		out, err = redriveEach(ctx, tx, ids, byID, o, announce)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, r := range out {
+			if r.Err == nil {
+				n++
+			}
+		}
+		switch {
+		case confirm >= 0 && n != confirm:
+			return fmt.Errorf("%d work item(s) would be redriven now, not the %d confirmed: %w", n, confirm, ErrSelectionChanged)
+		case o.DryRun:
+			return errDryRun
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errDryRun):
+		return out, nil
+	case errors.Is(err, ErrSelectionChanged):
+		return out, err
+	case err != nil:
+		return nil, fmt.Errorf("store: redrive: %w", err)
+	}
+	return out, nil
+}
+
+// redriveEach redrives each locked work item in ids' order, each in a
+// savepoint of its own, so one left alone leaves nothing behind.
+func redriveEach(ctx context.Context, tx pgx.Tx, ids []string, byID map[string]*Work, o RedriveOptions,
+	announce func(*Work) ([]OutboxMsg, error)) ([]Redrove, error) {
+	out := make([]Redrove, 0, len(ids))
+	for _, id := range ids {
+		w, ok := byID[id]
+		if !ok {
+			out = append(out, Redrove{ID: id, Err: ErrNotFound})
+			continue
+		}
+		r := Redrove{ID: id, Was: w.State}
+		err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+			var err error
+			r.Work, err = redriveLocked(ctx, sp, w, o, announce)
+			return err
+		})
+		for _, why := range []error{ErrNotRedrivable, ErrRedriven, ErrSuperseded, ErrNoInput} {
+			if errors.Is(err, why) {
+				r.Err, err = err, nil
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // WorkCursor is where a listing continues after w: its creation time and

@@ -121,8 +121,9 @@ func (s *Store) InsertWork(ctx context.Context, w *Work, announce func(*Work) ([
 // own after it; should that be lost, the worker still learns of it at its
 // next lease heartbeat, and its answer is recorded stale either way.
 func (s *Store) insertNew(ctx context.Context, w *Work, announce func(*Work) ([]OutboxMsg, error)) (*Work, error) {
+	// Announced as the row will read: the column's default dispatch, 1.
 	first := *w
-	first.Dispatch, first.Superseded, first.SupersededRunning = 0, nil, nil
+	first.Dispatch, first.Superseded, first.SupersededRunning = 1, nil, nil
 	msgs, err := announce(&first)
 	if err != nil {
 		return nil, err
@@ -224,9 +225,15 @@ func insertOrFind(ctx context.Context, tx pgx.Tx, w *Work) (*Work, bool, error) 
 	}
 	// Any unique key refuses a copy: the id is derived from the ingress key,
 	// so a racing copy may meet either index first.
-	got, err = scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work
+	var direct bool
+	got, err = scanWorkWith(tx.QueryRow(ctx, `SELECT `+workColumns+`, direct FROM work
 		WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND revision = $4 FOR UPDATE`,
-		w.TenantID, w.Contract, w.SourceID, w.Revision))
+		w.TenantID, w.Contract, w.SourceID, w.Revision), &direct)
+	if err == nil && !direct {
+		// Asked for on its own now, not only as a batch's item: a batch's
+		// cancel leaves it alone from here on.
+		_, err = tx.Exec(ctx, `UPDATE work SET direct = true WHERE id = $1`, got.ID)
+	}
 	if err != nil || got.State != outcome.Dropped || w.DropReason != "" {
 		return got, false, err
 	}
