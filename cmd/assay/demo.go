@@ -112,31 +112,17 @@ func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
 		return err
 	}
 
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "WORK ID\tTENANT\tREGION\tCONTRACT\tSOURCE\tOUTCOME\tFINDINGS\tATTEMPTS\tCOST (USD)\tREASON")
-	outcomes := map[string]int{}
-	for i, s := range subs {
-		v := views[i]
-		attempts, cost, err := e.Cells[s.Region].Env.Store.WorkCost(ctx, s.WorkID)
-		if err != nil {
-			return err
-		}
-		findings := "-"
-		if v.Result != nil {
-			findings = fmt.Sprint(v.Result.Findings)
-		}
-		outcomes[*v.Outcome]++
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.WorkID, s.Tenant, s.Region, s.Body.Contract,
-			s.Body.SourceID, *v.Outcome, findings, attempts, dollars(cost), short(v.Reason, 60))
+	outcomes, forced, err := e.table(ctx, w, subs, views)
+	if err != nil {
+		return err
 	}
-	tw.Flush()
 
 	if err := e.publications(ctx, w, subs, views, 30*time.Second); err != nil {
 		return err
 	}
 
 	fmt.Fprintln(w, "\nusage (GET /v1/usage, from the ledger)")
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tREGION\tOUTCOME\tCALLS\tINPUT UNITS\tOUTPUT UNITS\tCOST (USD)")
 	for _, t := range e.Tenants {
 		rep, err := e.usage(ctx, client, t.ID)
@@ -157,10 +143,14 @@ func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
 	sort.Strings(keys)
 	var parts []string
 	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
+		part := fmt.Sprintf("%s %d", k, outcomes[k])
+		if k == outcome.SchemaRejected && forced != "" {
+			part += " (1 on purpose*)"
+		}
+		parts = append(parts, part)
 	}
 	fmt.Fprintf(w, "\noutcomes: %s\n", strings.Join(parts, ", "))
-	if err := reachedModel(views); err != nil {
+	if err := reachedModel(views, "POST "+e.ChatURL()); err != nil {
 		return err
 	}
 	if e.Sim != nil {
@@ -178,10 +168,44 @@ func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
 	return nil
 }
 
+// table prints one row per work item and returns the outcomes counted and
+// the item the provider was told to break ("" when none was).
+func (e demo) table(ctx context.Context, w io.Writer, subs []submitted, views []ingress.WorkView) (map[string]int, string, error) {
+	forcedTenant, forcedItem := forcedInvalid()
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORK ID\tTENANT\tREGION\tCONTRACT\tSOURCE\tOUTCOME\tFINDINGS\tATTEMPTS\tCOST (USD)\tREASON")
+	outcomes := map[string]int{}
+	forced := ""
+	for i, s := range subs {
+		v := views[i]
+		attempts, cost, err := e.Cells[s.Region].Env.Store.WorkCost(ctx, s.WorkID)
+		if err != nil {
+			return nil, "", err
+		}
+		findings := "-"
+		if v.Result != nil {
+			findings = fmt.Sprint(v.Result.Findings)
+		}
+		outcomes[*v.Outcome]++
+		shown := *v.Outcome
+		if e.Sim != nil && s.Tenant == forcedTenant && s.Body.SourceID == forcedItem.SourceID && s.Body.Contract == "code-review" {
+			shown, forced = shown+" (expected*)", s.WorkID
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.WorkID, s.Tenant, s.Region, s.Body.Contract,
+			s.Body.SourceID, shown, findings, attempts, dollars(cost), short(v.Reason, 60))
+	}
+	tw.Flush()
+	if forced != "" {
+		fmt.Fprintf(w, "* on purpose: the simulated provider was told to break %s's answer for %q twice, so %s shows a repair re-ask and then schema_rejected\n",
+			forcedTenant, forcedItem.Title, forced)
+	}
+	return outcomes, forced, nil
+}
+
 // reachedModel fails the demo when no item got an answer from the model:
 // every attempt a transport fault means the endpoint, its name or its key
 // is wrong, and the first attempt's reason says which.
-func reachedModel(views []ingress.WorkView) error {
+func reachedModel(views []ingress.WorkView, at string) error {
 	first := ""
 	for _, v := range views {
 		for _, a := range v.Attempts {
@@ -198,7 +222,7 @@ func reachedModel(views []ingress.WorkView) error {
 	if first == "" {
 		return nil
 	}
-	return fmt.Errorf("no work item reached the model; the first attempt says: %s (check ASSAY_MODEL_BASE_URL, ASSAY_MODEL and ASSAY_MODEL_API_KEY)", first)
+	return fmt.Errorf("no work item reached the model at %s; the first attempt says: %s (check ASSAY_MODEL_BASE_URL or ASSAY_MODEL_ENDPOINT, ASSAY_MODEL and ASSAY_MODEL_API_KEY)", at, first)
 }
 
 func (e demo) submit(ctx context.Context, client *http.Client, s submission) (submitted, error) {
@@ -294,7 +318,7 @@ func (e demo) modelDown(ctx context.Context, views []ingress.WorkView) error {
 		if circ.State != store.CircuitOpen {
 			continue
 		}
-		if err := reachedModel(views); err != nil {
+		if err := reachedModel(views, "POST "+e.ChatURL()); err != nil {
 			return fmt.Errorf("the model %s does not answer (cell %s's circuit is open); %w", c.Env.Config.Model, c.Region, err)
 		}
 	}

@@ -2,12 +2,16 @@ package cell
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -17,6 +21,7 @@ import (
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/devpg"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/model"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/classifier"
@@ -35,8 +40,12 @@ type Dev struct {
 	baseDB string
 	dbs    []string
 	// Sim is the simulated provider; nil when a real endpoint is set.
-	Sim      *sim.Server
-	ModelURL string
+	Sim     *sim.Server
+	simRoot string
+	// ModelURL is the model's base URL (ASSAY_MODEL_BASE_URL, or the
+	// simulated provider's), ModelEndpoint the chat-completions URL when
+	// ASSAY_MODEL_ENDPOINT gives it.
+	ModelURL, ModelEndpoint string
 	// Regions are the regions run, in order, and Cells their cells.
 	Regions []string
 	Cells   map[string]*Cell
@@ -45,12 +54,71 @@ type Dev struct {
 	Log     *slog.Logger
 
 	WebhookSecret string
+	// OperatorToken reads the console of every cell.
+	OperatorToken string
+	// Secrets says where the tokens and the webhook secret were kept, ""
+	// when they were made for this run only.
+	Secrets string
 }
 
 // DevOptions configure the dev mode.
 type DevOptions struct {
 	LogTo io.Writer
 	Level slog.Level
+	// Addrs, when set, are the cells' listen addresses in region order;
+	// one that is taken (or missing) falls back to a free port.
+	Addrs []string
+	// Secrets, when set, is a file that keeps the demo tenants' tokens,
+	// the operator token and the webhook secret from one run to the next
+	// (mode 0600, made on the first run).
+	Secrets string
+}
+
+// devSecrets are what a dev mode's callers hold: kept in DevOptions.Secrets
+// so that a second run answers the same tokens.
+type devSecrets struct {
+	Tokens        map[string]string `json:"tokens"`
+	OperatorToken string            `json:"operatorToken"`
+	WebhookSecret string            `json:"webhookSecret"`
+}
+
+// loadSecrets reads file's secrets, making any it lacks (and the file,
+// when it is missing); an empty file name makes them for this run.
+func loadSecrets(file string, tenants ...string) (devSecrets, error) {
+	var s devSecrets
+	if file != "" {
+		if raw, err := os.ReadFile(file); err == nil {
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return s, fmt.Errorf("%s: %w (remove it for new tokens)", file, err)
+			}
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return s, err
+		}
+	}
+	changed := false
+	fill := func(v *string) {
+		if !store.ValidToken(*v) {
+			*v, changed = store.NewToken(), true
+		}
+	}
+	if s.Tokens == nil {
+		s.Tokens = map[string]string{}
+	}
+	for _, t := range tenants {
+		tok := s.Tokens[t]
+		fill(&tok)
+		s.Tokens[t] = tok
+	}
+	fill(&s.OperatorToken)
+	fill(&s.WebhookSecret)
+	if file == "" || !changed {
+		return s, nil
+	}
+	raw, _ := json.MarshalIndent(s, "", "  ")
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+		return s, err
+	}
+	return s, os.WriteFile(file, append(raw, '\n'), 0o600)
 }
 
 // StartDev starts the dev mode. A bad setting stops it before anything
@@ -74,13 +142,13 @@ func StartDev(ctx context.Context, o DevOptions) (e *Dev, err error) {
 		return e, config.Invalid(err)
 	}
 	model := "assay-sim-1"
-	if u := os.Getenv("ASSAY_MODEL_BASE_URL"); u != "" {
-		if p, err := url.Parse(u); err != nil || p.Host == "" || (p.Scheme != "http" && p.Scheme != "https") {
-			return e, config.Invalid(fmt.Errorf("ASSAY_MODEL_BASE_URL: %q is not an http(s) URL", u))
-		}
-		// A real endpoint has no default model.
-		if model = os.Getenv("ASSAY_MODEL"); model == "" {
-			return e, config.Invalid(errors.New("ASSAY_MODEL: required with ASSAY_MODEL_BASE_URL: the model name the endpoint serves (e.g. gpt-4o-mini)"))
+	base, endpoint := os.Getenv("ASSAY_MODEL_BASE_URL"), os.Getenv("ASSAY_MODEL_ENDPOINT")
+	if base != "" || endpoint != "" {
+		// A real endpoint: checked as the classifier checks it, and it
+		// has no default model.
+		model = os.Getenv("ASSAY_MODEL")
+		if errs := config.CheckModel(base, endpoint, model); len(errs) > 0 {
+			return e, config.Invalid(errors.Join(errs...))
 		}
 	} else if m := os.Getenv("ASSAY_MODEL"); m != "" {
 		model = m
@@ -111,33 +179,39 @@ func StartDev(ctx context.Context, o DevOptions) (e *Dev, err error) {
 		e.baseDB = e.pg.URL("postgres")
 	}
 
-	e.ModelURL = os.Getenv("ASSAY_MODEL_BASE_URL")
-	if e.ModelURL == "" {
+	e.ModelURL, e.ModelEndpoint = base, endpoint
+	if base == "" && endpoint == "" {
 		e.Sim = sim.New(sim.Options{Logger: e.Log.With("service", "sim")})
-		if e.ModelURL, err = e.Sim.Start("127.0.0.1:0"); err != nil {
+		if e.simRoot, err = e.Sim.Start("127.0.0.1:0"); err != nil {
 			return e, fmt.Errorf("simulated provider: %w", err)
 		}
+		e.ModelURL = sim.APIBase(e.simRoot)
 	}
 
+	sec, err := loadSecrets(o.Secrets, "acme", "globex")
+	if err != nil {
+		return e, fmt.Errorf("dev tokens: %w", err)
+	}
+	e.Secrets, e.OperatorToken = o.Secrets, sec.OperatorToken
 	e.Tenants = []store.TenantSeed{
-		{ID: "acme", HomeRegion: "us", Token: store.NewToken()},
-		{ID: "globex", HomeRegion: "eu", Token: store.NewToken()},
+		{ID: "acme", HomeRegion: "us", Token: sec.Tokens["acme"]},
+		{ID: "globex", HomeRegion: "eu", Token: sec.Tokens["globex"]},
 	}
 	// Webhooks need a secret; dev makes one up unless one is given.
 	if e.WebhookSecret = icfg.GitHubSecret; e.WebhookSecret == "" {
-		e.WebhookSecret = store.NewToken()
+		e.WebhookSecret = sec.WebhookSecret
 		icfg.GitHubSecret = e.WebhookSecret
 	}
 	stamp := time.Now().UnixNano()
-	for _, region := range e.Regions {
+	for i, region := range e.Regions {
 		dbURL, err := e.createDB(ctx, fmt.Sprintf("assay_dev_%s_%d", strings.ReplaceAll(region, "-", "_"), stamp))
 		if err != nil {
 			return e, err
 		}
 		cfg := config.Config{Regions: e.Regions, Region: region, Cell: region, Installation: "assay",
 			DatabaseURL: dbURL, NATSURL: e.NATS.ClientURL(),
-			ModelBaseURL: e.ModelURL, ModelAPIKey: os.Getenv("ASSAY_MODEL_API_KEY"),
-			Model: model, HTTPAddr: "127.0.0.1:0"}
+			ModelBaseURL: e.ModelURL, ModelEndpoint: e.ModelEndpoint, ModelAPIKey: os.Getenv("ASSAY_MODEL_API_KEY"),
+			Model: model, HTTPAddr: devAddr(o.Addrs, i)}
 		c, err := Start(ctx, Options{Config: cfg, Log: e.Log.With("region", region), Prices: ccfg.Prices, Classifier: ccfg,
 			Ingress: icfg, Committer: mcfg})
 		if err != nil {
@@ -149,6 +223,9 @@ func StartDev(ctx context.Context, o DevOptions) (e *Dev, err error) {
 		if err := c.Env.Store.SeedTenants(ctx, e.Tenants); err != nil {
 			return e, err
 		}
+		if err := c.Env.Store.AddOperatorToken(ctx, "dev", e.OperatorToken); err != nil {
+			return e, err
+		}
 		for _, t := range e.Tenants {
 			if err := c.Env.Store.LinkSource(ctx, store.Link{Kind: store.SourceGitHubRepository, Key: t.ID + "/shop", Tenant: t.ID}); err != nil {
 				return e, err
@@ -156,6 +233,20 @@ func StartDev(ctx context.Context, o DevOptions) (e *Dev, err error) {
 		}
 	}
 	return e, nil
+}
+
+// devAddr is cell i's listen address: the one asked for while it is free,
+// else a free port.
+func devAddr(addrs []string, i int) string {
+	if i >= len(addrs) || addrs[i] == "" {
+		return "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addrs[i])
+	if err != nil {
+		return "127.0.0.1:0"
+	}
+	ln.Close()
+	return addrs[i]
 }
 
 // createDB makes a fresh database on the dev server for one cell.
@@ -238,6 +329,11 @@ func (e *Dev) Stop() {
 	}
 }
 
+// ChatURL is where the cells' classifiers post chat completions.
+func (e *Dev) ChatURL() string {
+	return (&model.Client{BaseURL: e.ModelURL, Endpoint: e.ModelEndpoint}).ChatURL()
+}
+
 // Token is a demo tenant's token.
 func (e *Dev) Token(tenant string) string {
 	for _, t := range e.Tenants {
@@ -248,33 +344,57 @@ func (e *Dev) Token(tenant string) string {
 	return ""
 }
 
-// PrintEndpoints prints each cell's endpoints and the demo tenants' tokens.
+// PrintEndpoints prints what a person needs to use the cells by hand:
+// each cell's endpoints, the tokens, and the line that sets CELL and TOKEN
+// for the README's examples, last, where it stays on screen.
 func (e *Dev) PrintEndpoints(w io.Writer) {
 	fmt.Fprintf(w, "assay dev: cells %s are up (Ctrl-C stops everything)\n", strings.Join(e.Regions, ", "))
 	fmt.Fprintf(w, "  NATS (embedded, JetStream)  %s\n", e.NATS.ClientURL())
 	if e.pg != nil {
 		fmt.Fprintf(w, "  Postgres (throwaway)        %s\n", e.baseDB)
 	}
-	model := e.ModelURL
+	model := "POST " + e.ChatURL()
 	if e.Sim != nil {
-		model += "  (simulated provider; stats at " + e.ModelURL + "/sim/stats)"
+		model += "  (simulated provider; stats at " + e.simRoot + "/sim/stats)"
 	}
 	fmt.Fprintf(w, "  model                       %s\n", model)
 	for _, region := range e.Regions {
 		c := e.Cells[region]
-		fmt.Fprintf(w, "\n  cell %s (database %s)\n", region, config.Redacted(c.Env.Config.DatabaseURL))
-		for _, p := range []string{"POST /v1/work", "GET  /v1/work/{id}", "POST /v1/webhooks/github", "GET  /v1/usage", "GET  /healthz", "GET  /readyz", "GET  /metrics"} {
-			verb, path, _ := strings.Cut(p, " ")
-			fmt.Fprintf(w, "    %-5s %s%s\n", verb, c.URL, strings.TrimSpace(path))
+		fmt.Fprintf(w, "\n  cell %s  %s  (database %s)\n", region, c.URL, config.Redacted(c.Env.Config.DatabaseURL))
+		for _, p := range devEndpoints {
+			fmt.Fprintf(w, "    %-6s %-40s %s\n", p[0], p[1], p[2])
 		}
 	}
 	fmt.Fprintf(w, "\n  GitHub webhooks: secret %s; repositories acme/shop and globex/shop are linked to their tenants\n", e.WebhookSecret)
-	fmt.Fprintln(w, "\n  tenants")
+	fmt.Fprintln(w, "\n  tokens")
 	for _, t := range e.Tenants {
-		fmt.Fprintf(w, "    %-7s home %s  token %s\n", t.ID, t.HomeRegion, t.Token)
+		fmt.Fprintf(w, "    %-9s %s  (tenant, home %s: %s)\n", t.ID, t.Token, t.HomeRegion, e.Cells[t.HomeRegion].URL)
+	}
+	fmt.Fprintf(w, "    %-9s %s  (operator: the console of every cell)\n", "operator", e.OperatorToken)
+	if e.Secrets != "" {
+		fmt.Fprintf(w, "    kept in %s: the next run answers the same ones (remove the file for new ones)\n", e.Secrets)
 	}
 	t := e.Tenants[0]
-	fmt.Fprintf(w, "\n  try:\n    curl -s -X POST %s/v1/work -H 'Authorization: Bearer %s' \\\n"+
-		"      -d '{\"contract\":\"moderation\",\"sourceId\":\"forum/post#1\",\"revision\":\"r1\",\"input\":{\"text\":\"buy now, free money\"}}'\n",
-		e.Cells[t.HomeRegion].URL, t.Token)
+	fmt.Fprintf(w, "\n  console: %s/console (sign in with a token above)\n", e.Cells[t.HomeRegion].URL)
+	fmt.Fprintf(w, "\n  for the README's examples (acme, in cell %s):\n    export CELL=%s TOKEN=%s OPERATOR_TOKEN=%s\n",
+		t.HomeRegion, e.Cells[t.HomeRegion].URL, t.Token, e.OperatorToken)
+	fmt.Fprintf(w, "    curl -s -X POST $CELL/v1/work -H \"Authorization: Bearer $TOKEN\" -d @deploy/examples/code-review.json\n")
+}
+
+// devEndpoints are the paths every cell serves, as PrintEndpoints lists
+// them.
+var devEndpoints = [][3]string{
+	{"POST", "/v1/work", "submit work"},
+	{"GET", "/v1/work[/{id}]", "list work; one item's state, attempts, result"},
+	{"GET", "/v1/work/{id}/events", "one item's progress (server-sent events)"},
+	{"POST", "/v1/batches", "submit a batch"},
+	{"GET", "/v1/batches/{id}[/results|/events]", "a batch's counts, results, progress"},
+	{"POST", "/v1/batches/{id}/cancel", "cancel a batch"},
+	{"GET", "/v1/reviews", "the review queue"},
+	{"POST", "/v1/reviews/{id}/resolve", "resolve a review item"},
+	{"GET", "/v1/views", "work by the five states a reviewer tells apart"},
+	{"GET", "/v1/usage", "calls, units and cost from the ledger"},
+	{"POST", "/v1/webhooks/github", "GitHub deliveries (X-Hub-Signature-256)"},
+	{"GET", "/console", "the live console (a tenant's or the operator token)"},
+	{"GET", "/healthz /readyz /metrics", "health, readiness, Prometheus metrics"},
 }
