@@ -92,39 +92,42 @@ type processGroup struct {
 
 func (g *processGroup) signal(sig syscall.Signal) { _ = syscall.Kill(-g.cmd.Process.Pid, sig) }
 
-// The README's operator section, run as written: make build's binaries,
-// the database created by the migration, a tenant with its token in a
-// file, the four services as four processes, readiness waited for, and a
-// request that is accepted. Then what an operator reads: the usage report
-// on the same base URL, JSON start-up logs with the version, migrations,
-// streams and durables, the build-info metric, and a drain that says how
-// long it took.
-func TestOperatorWalkthrough(t *testing.T) {
-	block := readmeBlock(t, "<!-- operator-walkthrough -->")
-	run := t.TempDir()
-	addrs := map[string]string{}
-	for _, k := range []string{"SIM_ADDR", "INGRESS_ADDR", "CLASSIFIER_ADDR", "COMMITTER_ADDR", "LEDGER_ADDR"} {
-		addrs[k] = freeAddr(t)
+// walkthroughEnv is the environment a README block runs with: the test's
+// own database and NATS (unless extra says otherwise), RUN, and the rest
+// of the test's environment without its ASSAY_ settings.
+func walkthroughEnv(t *testing.T, run string, extra ...string) []string {
+	env := []string{"ASSAY_DATABASE_URL=" + freshDatabaseURL(t), "RUN=" + run}
+	nats := true
+	for _, kv := range extra {
+		nats = nats && !strings.HasPrefix(kv, "ASSAY_NATS_URL=")
 	}
-	env := []string{"ASSAY_DATABASE_URL=" + freshDatabaseURL(t), "ASSAY_NATS_URL=" + testenv.NATS(t), "RUN=" + run}
-	for k, v := range addrs {
-		env = append(env, k+"="+v)
+	if nats {
+		env = append(env, "ASSAY_NATS_URL="+testenv.NATS(t))
 	}
+	env = append(env, extra...)
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ASSAY_") {
+		if !strings.HasPrefix(kv, "ASSAY_") && !strings.HasSuffix(strings.SplitN(kv, "=", 2)[0], "_ADDR") {
 			env = append(env, kv)
 		}
 	}
+	return env
+}
+
+// runBlock runs a README shell block under bash -euo pipefail in the
+// clone, its output in run/block.out and block.err, and returns its error
+// once it ends. Whatever it leaves running is killed when t ends.
+func runBlock(t *testing.T, block, run string, env []string, limit time.Duration) error {
+	t.Helper()
 	g := &processGroup{cmd: exec.Command("bash", "-euo", "pipefail", "-c", block)}
 	g.cmd.Dir, g.cmd.Env = repoRoot, env
 	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// Files, not pipes: the services the block leaves running in the
 	// background hold what they inherited, and Wait would wait for them.
-	outFile, err := os.Create(filepath.Join(run, "block.out"))
+	outFile, err := os.OpenFile(filepath.Join(run, "block.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	errFile, err := os.Create(filepath.Join(run, "block.err"))
+	errFile, err := os.OpenFile(filepath.Join(run, "block.err"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,8 +137,45 @@ func TestOperatorWalkthrough(t *testing.T) {
 	if err := g.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { g.signal(syscall.SIGKILL) })
+	done := make(chan error, 1)
+	go func() { done <- g.cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(limit):
+		t.Fatalf("the README block did not end in %s\n%s", limit, readLog(t, run, "block.err"))
+		return nil
+	}
+}
+
+// servingAddr is the address a process of the walkthrough logged it
+// serves on.
+func servingAddr(t *testing.T, run, name string) string {
+	t.Helper()
+	for _, line := range strings.Split(readLog(t, run, name), "\n") {
+		var l struct{ Msg, Addr string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "serving" && l.Addr != "" {
+			return l.Addr
+		}
+	}
+	t.Fatalf("%s.log names no address it serves on", name)
+	return ""
+}
+
+// The README's operator section, run as written: make build's binaries,
+// the database created by the migration, a tenant with its token in a
+// file, the four services as four processes on free ports, readiness
+// waited for, and a request that is accepted. Then what an operator reads:
+// the usage report on the same base URL, JSON start-up logs with the
+// version, migrations, streams and durables, the build-info metric, and
+// the README's stop step, after which each service has drained and said
+// how long it took.
+func TestOperatorWalkthrough(t *testing.T) {
+	block := readmeBlock(t, "<!-- operator-walkthrough -->")
+	run := t.TempDir()
+	env := walkthroughEnv(t, run)
 	t.Cleanup(func() {
-		g.signal(syscall.SIGKILL)
 		if t.Failed() {
 			for _, f := range []string{"sim", "ingress", "classifier", "committer", "ledger"} {
 				b, _ := os.ReadFile(filepath.Join(run, f+".log"))
@@ -143,15 +183,8 @@ func TestOperatorWalkthrough(t *testing.T) {
 			}
 		}
 	})
-	done := make(chan error, 1)
-	go func() { done <- g.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("the README block failed: %v\n%s\nstdout: %s", err, readLog(t, run, "block.err"), readLog(t, run, "block.out"))
-		}
-	case <-time.After(8 * time.Minute):
-		t.Fatalf("the README block did not finish in 8 minutes\n%s", readLog(t, run, "block.err"))
+	if err := runBlock(t, block, run, env, 8*time.Minute); err != nil {
+		t.Fatalf("the README block failed: %v\n%s\nstdout: %s", err, readLog(t, run, "block.err"), readLog(t, run, "block.out"))
 	}
 	// The block's last line is the answer to the request.
 	lines := strings.Split(strings.TrimSpace(readLog(t, run, "block.out")), "\n")
@@ -167,7 +200,10 @@ func TestOperatorWalkthrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := "http://" + addrs["INGRESS_ADDR"]
+	base := "http://" + servingAddr(t, run, "ingress")
+	if !strings.Contains(readLog(t, run, "block.out"), "ingress: "+base) {
+		t.Errorf("the block did not say where ingress serves:\n%s", readLog(t, run, "block.out"))
+	}
 	get := func(path string, v any) int {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, base+path, nil)
@@ -215,18 +251,21 @@ func TestOperatorWalkthrough(t *testing.T) {
 	}
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !bytes.Contains(metrics, []byte(`assay_build_info{`)) {
-		t.Error("/metrics carries no assay_build_info")
+	if !bytes.Contains(metrics, []byte(`assay_build_info{`)) || bytes.Contains(metrics, []byte(`revision=""`)) {
+		t.Error("/metrics carries no assay_build_info, or one with an empty revision")
 	}
 
-	// SIGTERM: each service drains and says how long it took.
-	g.signal(syscall.SIGTERM)
+	// The README's stop step: each service drains and says how long it
+	// took.
+	if err := runBlock(t, readmeBlock(t, "<!-- operator-walkthrough-stop -->"), run, env, time.Minute); err != nil {
+		t.Fatalf("the stop block failed: %v\n%s", err, readLog(t, run, "block.err"))
+	}
 	services := []string{"ingress", "classifier", "committer", "ledger"}
 	deadline = time.Now().Add(40 * time.Second)
 	for _, svc := range services {
 		for !strings.Contains(readLog(t, run, svc), `"msg":"stopped"`) {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s logged no stop within 40s of SIGTERM", svc)
+				t.Fatalf("%s logged no stop within 40s of the stop block", svc)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
@@ -234,9 +273,14 @@ func TestOperatorWalkthrough(t *testing.T) {
 	for _, svc := range services {
 		log := readLog(t, run, svc)
 		for _, want := range []string{`"msg":"starting"`, `"version":`, `"msg":"migrations"`, `"msg":"nats: connected"`,
-			`"msg":"serving"`, `"msg":"draining`, `"took":`} {
+			`"msg":"serving"`, `"msg":"draining`, `"took":`, `"stream_max_age":"168h0m0s"`, `"database_pool":10`} {
 			if !strings.Contains(log, want) {
 				t.Errorf("%s's log lacks %s", svc, want)
+			}
+		}
+		for _, unwanted := range []string{`"revision":""`, `"msg":"nats: disconnected"`} {
+			if strings.Contains(log, unwanted) {
+				t.Errorf("%s's log has %s", svc, unwanted)
 			}
 		}
 		for i, line := range strings.Split(strings.TrimSpace(log), "\n") {
@@ -253,6 +297,49 @@ func TestOperatorWalkthrough(t *testing.T) {
 	}
 	if strings.Contains(readLog(t, run, "ingress"), "postgres://postgres@") && !strings.Contains(readLog(t, run, "ingress"), "database_url") {
 		t.Error("the database URL is logged outside the redacted configuration")
+	}
+}
+
+// The walkthrough block stops, within seconds and saying why, when a
+// process cannot do its job: its port is taken (it never answers another
+// program's ingress), NATS is not there, or NATS has no JetStream. No
+// request is sent.
+func TestOperatorWalkthroughStopsWithTheReason(t *testing.T) {
+	block := readmeBlock(t, "<!-- operator-walkthrough -->")
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	closed := freeAddr(t)
+	plain := testenv.NATSWithoutJetStream(t)
+	for _, c := range []struct {
+		name  string
+		extra []string
+		want  []string
+	}{
+		{"port taken", []string{"INGRESS_ADDR=" + taken.Addr().String()}, []string{"ingress exited", "address already in use"}},
+		{"no NATS", []string{"ASSAY_NATS_URL=nats://" + closed}, []string{"ingress exited", "ASSAY_NATS_URL", closed}},
+		{"NATS without JetStream", []string{"ASSAY_NATS_URL=" + plain}, []string{"ingress exited", "JetStream is not enabled on " + plain}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			run := t.TempDir()
+			start := time.Now()
+			err := runBlock(t, block, run, walkthroughEnv(t, run, c.extra...), 3*time.Minute)
+			stderr := readLog(t, run, "block.err")
+			if err == nil {
+				t.Fatalf("the block succeeded:\n%s", readLog(t, run, "block.out"))
+			}
+			for _, want := range c.want {
+				if !strings.Contains(stderr, want) {
+					t.Errorf("the block's error output lacks %q:\n%s", want, stderr)
+				}
+			}
+			if strings.Contains(readLog(t, run, "block.out"), "workId") {
+				t.Errorf("a request was sent: %s", readLog(t, run, "block.out"))
+			}
+			t.Logf("stopped after %s", time.Since(start).Round(100*time.Millisecond))
+		})
 	}
 }
 
