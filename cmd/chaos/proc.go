@@ -165,15 +165,34 @@ func execAs(ctx context.Context, bin string, args []string, cred *syscall.Creden
 	return cmd
 }
 
-// freePort asks the kernel for a free TCP port on loopback. The port is
-// reused across restarts of the process it is given to.
+// given are the ports freePort has handed out in this process.
+var given = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// freePort asks the kernel for a free TCP port on loopback that this
+// process has not handed out before. The port is reused across restarts
+// of the process it is given to. The kernel may offer a port again once
+// its probe listener is closed, and two servers told the same port would
+// leave one of them unable to start, so a port offered twice is refused
+// and another asked for.
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	given.Lock()
+	defer given.Unlock()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if !given.ports[port] {
+			given.ports[port] = true
+			return port, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no loopback port that was not handed out before")
 }
 
 func addr(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
