@@ -176,6 +176,13 @@ type workHistory struct {
 	Review   *store.Review // nil when it has none
 }
 
+// over reports whether the work's story is told to its end: it has its
+// outcome, and a person resolved its review item if it has one. A work
+// stream ends there.
+func (h workHistory) over() bool {
+	return h.Work.Terminal() && (h.Review == nil || h.Review.State == store.ReviewResolved)
+}
+
 // workEvents decides which events a subscriber at mark has not had, in
 // the order they are sent: queued; each attempt's start and end, by
 // number; the ending (or a queued event when the work was queued again
@@ -266,6 +273,7 @@ type stream struct {
 	rc        *http.ResponseController
 	heartbeat time.Duration
 	last      time.Time // when something was last written
+	checked   time.Time // when the credential was last checked
 }
 
 // open takes a stream slot for the tenant and starts the answer, or writes
@@ -283,8 +291,18 @@ func (s *Service) openStream(w http.ResponseWriter, t store.Tenant) (*stream, fu
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	st := &stream{w: w, rc: http.NewResponseController(w), heartbeat: s.cfg.EventsHeartbeat}
+	st := &stream{w: w, rc: http.NewResponseController(w), heartbeat: s.cfg.EventsHeartbeat, checked: time.Now()}
 	return st, release, st.write("retry: 2000\n\n")
+}
+
+// over answers a subscriber that resumes a stream it has had all of:
+// 204, which tells an EventSource to stop reconnecting.
+func over(w http.ResponseWriter) { w.WriteHeader(http.StatusNoContent) }
+
+// end sends the stream's final event, named end, and the stream ends.
+func (st *stream) end(why string) {
+	data, _ := json.Marshal(map[string]string{"reason": why})
+	st.write("event: end\ndata: " + string(data) + "\n\n")
 }
 
 // write sends a frame, bounded by a write deadline so a client that stops
@@ -303,10 +321,12 @@ func (st *stream) send(ev sseEvent) bool {
 	return st.write("id: " + ev.ID + "\nevent: " + ev.Name + "\ndata: " + string(data) + "\n\n")
 }
 
-// wait waits for the next look at the rows, sending a heartbeat when the
-// stream was quiet for a while and checking the credential again then. It
-// is false when the stream is over: the client went, the server drains,
-// or the credential was revoked.
+// wait waits for the next look at the rows, checking the credential
+// again every EventsRecheck whatever the stream sends, and sending a
+// heartbeat when it was quiet for a while. It is false when the stream is
+// over: the client went, the server drains, or the credential no longer
+// holds (a suspension, a revocation), which is told in a final event
+// named closed.
 func (s *Service) wait(ctx context.Context, r *http.Request, st *stream) bool {
 	select {
 	case <-ctx.Done():
@@ -314,18 +334,24 @@ func (s *Service) wait(ctx context.Context, r *http.Request, st *stream) bool {
 	case <-host.Draining(ctx):
 		st.write("event: bye\ndata: {\"reason\":\"the server is shutting down; resume with Last-Event-ID\"}\n\n")
 		return false
-	case <-time.After(s.cfg.EventsEvery):
+	case <-time.After(min(s.cfg.EventsEvery, time.Until(st.checked.Add(s.cfg.EventsRecheck)))):
+	}
+	if time.Since(st.checked) >= s.cfg.EventsRecheck {
+		_, refused := auth.Bearer(ctx, s.tokens, r.Header.Get("Authorization"), s.cell())
+		switch {
+		case refused == nil:
+			st.checked = time.Now()
+		case refused.Status == http.StatusServiceUnavailable:
+			// The database did not answer: the stream goes on and asks
+			// again at the next look.
+		default:
+			body, _ := json.Marshal(apierror.Body{Error: apierror.Detail{Code: refused.Code, Message: refused.Message}})
+			st.write("event: closed\ndata: " + string(body) + "\n\n")
+			return false
+		}
 	}
 	if time.Since(st.last) < st.heartbeat {
 		return true
-	}
-	if _, refused := auth.Bearer(ctx, s.tokens, r.Header.Get("Authorization"), s.cell()); refused != nil {
-		if refused.Status == http.StatusServiceUnavailable {
-			return st.write(": heartbeat\n\n")
-		}
-		body, _ := json.Marshal(apierror.Body{Error: apierror.Detail{Code: refused.Code, Message: refused.Message}})
-		st.write("event: error\ndata: " + string(body) + "\n\n")
-		return false
 	}
 	return st.write(": heartbeat\n\n")
 }
@@ -354,6 +380,12 @@ func (s *Service) workEventStream(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_last_event_id", "Last-Event-ID: "+err.Error())
 		return
 	}
+	if mark != nil && h.over() {
+		if evs, _ := workEvents(mark, h); len(evs) == 0 {
+			over(w)
+			return
+		}
+	}
 	st, release, ok := s.openStream(w, t)
 	if !ok {
 		return
@@ -366,6 +398,14 @@ func (s *Service) workEventStream(w http.ResponseWriter, r *http.Request) {
 			if !st.send(ev) {
 				return
 			}
+		}
+		if h.over() {
+			why := "the work has its outcome"
+			if h.Review != nil {
+				why = "the work has its outcome and its review item was resolved"
+			}
+			st.end(why)
+			return
 		}
 		if !s.wait(ctx, r, st) {
 			return
@@ -520,6 +560,10 @@ func (s *Service) batchEventStream(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_last_event_id", "Last-Event-ID: "+err.Error())
 		return
 	}
+	if mark != nil && mark.complete {
+		over(w)
+		return
+	}
 	st, release, ok := s.openStream(w, t)
 	if !ok {
 		return
@@ -549,6 +593,10 @@ func (s *Service) batchEventStream(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			s.d.Log.Warn("batch events: read failed; the stream goes on", "key", b.ID, "err", err)
+		}
+		if mark != nil && mark.complete {
+			st.end("every item of the batch has its outcome")
+			return
 		}
 		if !s.wait(ctx, r, st) {
 			return

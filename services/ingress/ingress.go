@@ -88,6 +88,10 @@ type Config struct {
 	// EventStreams bounds the work and batch event streams one tenant
 	// holds open at once on one instance. Default 16.
 	EventStreams int
+	// EventsRecheck is how often an open event stream checks its
+	// credential again, whatever it is sending: a suspended tenant's or
+	// a revoked token's stream ends within it. Default 5s.
+	EventsRecheck time.Duration
 
 	// GitHubSecret is the cell's webhook secret: its GitHub App's, held by
 	// the operator alone. Empty, only deliveries signed with a tenant's own
@@ -168,6 +172,9 @@ func (c *Config) defaults() error {
 	if c.EventStreams == 0 {
 		c.EventStreams = 16
 	}
+	if c.EventsRecheck == 0 {
+		c.EventsRecheck = 5 * time.Second
+	}
 	if c.DataRetention == 0 {
 		c.DataRetention = 30 * 24 * time.Hour
 	}
@@ -219,6 +226,7 @@ var Vars = []config.Var{
 	{Name: "ASSAY_WATCH_EVERY", Default: "15s", Usage: "how often the gauges of the cell's work are sampled"},
 	{Name: "ASSAY_CONSOLE_EVERY", Default: "2s", Usage: "how often a console stream looks for new figures"},
 	{Name: "ASSAY_TOKEN_CACHE", Default: "2s", Usage: "how long a token's tenant is remembered; a revocation or suspension takes effect within it (0s: never)"},
+	{Name: "ASSAY_EVENTS_RECHECK", Default: "5s", Usage: "how often an open event stream checks its token again; a suspension or revocation ends it within this"},
 	{Name: "ASSAY_GITHUB_WEBHOOK_SECRET", Default: "none", Usage: "the cell's (its GitHub App's) webhook secret"},
 	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where pull request diffs are fetched"},
 	{Name: "ASSAY_GITHUB_APP_ID", Default: "none (diffs read without a token)", Usage: "the GitHub App whose installation tokens read each pull request's diff (the committer publishes as it)"},
@@ -240,6 +248,7 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		config.Duration{Name: "ASSAY_WATCH_EVERY", To: &c.WatchEvery, Min: time.Second, Max: time.Hour},
 		config.Duration{Name: "ASSAY_CONSOLE_EVERY", To: &c.ConsoleEvery, Min: 100 * time.Millisecond, Max: time.Minute},
 		config.Duration{Name: "ASSAY_TOKEN_CACHE", To: &c.TokenCache, Min: 0, Max: time.Minute},
+		config.Duration{Name: "ASSAY_EVENTS_RECHECK", To: &c.EventsRecheck, Min: 100 * time.Millisecond, Max: 5 * time.Minute},
 	); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -193,6 +194,24 @@ func (c *sseClient) event(t *testing.T) sseMsg {
 	}
 }
 
+// ends reads the stream's final event, named end, and then the end of
+// the stream itself.
+func (c *sseClient) ends(t *testing.T) {
+	t.Helper()
+	if m := c.event(t); m.Event != "end" || !strings.Contains(m.Data, `"reason"`) {
+		t.Fatalf("the event after the last fact: %+v, want end", m)
+	}
+	for {
+		m, err := c.next()
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return
+		}
+		if err != nil || !m.Comment {
+			t.Fatalf("after the end event: %+v %v, want the stream to end", m, err)
+		}
+	}
+}
+
 // until reads events up to and including the first named last.
 func (c *sseClient) until(t *testing.T, last string) []sseMsg {
 	t.Helper()
@@ -366,11 +385,13 @@ func TestBatches(t *testing.T) {
 	if got, want := itemFacts(t, rest), itemFacts(t, all[4:]); !slices.Equal(got, want) || rest[len(rest)-1].ID != all[len(all)-1].ID {
 		t.Fatalf("resumed after %s: %v ending at %s, want %v ending at %s", all[3].ID, got, rest[len(rest)-1].ID, want, all[len(all)-1].ID)
 	}
-	// Caught up: the next thing on the stream is a heartbeat, not an event.
-	if m, err := resumed.next(); err != nil || !m.Comment {
-		t.Fatalf("after complete: %+v %v, want a heartbeat", m, err)
+	// Complete, the stream says so in its final event and ends; resumed
+	// from there, it has nothing more and answers 204, which stops an
+	// EventSource from reconnecting.
+	resumed.ends(t)
+	if c, status, raw := openSSE(t, b, "/v1/batches/"+sub.BatchID+"/events", b.Token, rest[len(rest)-1].ID); c != nil || status != http.StatusNoContent {
+		t.Fatalf("resumed after complete: %d %s, want 204", status, raw)
 	}
-	resumed.close()
 
 	v := waitBatch(t, b, sub.BatchID, func(v ingress.BatchView) bool { return v.Complete })
 	if v.Total != len(items) || v.Accepted+v.Failed != len(items) || v.Pending != 0 || v.Missing != 0 || v.Counts["accepted"] != v.Accepted ||
@@ -563,17 +584,18 @@ func TestWorkEventsOverSSE(t *testing.T) {
 	if len(attempts) != 2 || attempts[0].Outcome != "rate_limited" || attempts[1].Outcome != "ok" {
 		t.Fatalf("attempt events %+v", attempts)
 	}
-	// Caught up, the stream carries heartbeats.
-	if m, err := again.next(); err != nil || !m.Comment {
-		t.Fatalf("after the outcome: %+v %v, want a heartbeat", m, err)
-	}
-	again.close()
-	// A new subscriber gets the same history with the same ids.
+	// Its outcome told, the stream ends with a final event.
+	again.ends(t)
+	// A new subscriber gets the same history with the same ids, and the
+	// end; one resuming from the outcome gets 204: nothing more to come.
 	fresh, _, _ := openSSE(t, b, path, b.Token, "")
 	if all := fresh.until(t, "accepted"); !slices.Equal(ids(all), ids(got)) {
 		t.Fatalf("a new subscriber: %v, want %v", ids(all), ids(got))
 	}
-	fresh.close()
+	fresh.ends(t)
+	if c, status, raw := openSSE(t, b, path, b.Token, got[len(got)-1].ID); c != nil || status != http.StatusNoContent {
+		t.Fatalf("resumed after the outcome: %d %s, want 204", status, raw)
+	}
 	if v := b.Wait(t, sub.WorkID); *v.Outcome != "accepted" || len(v.Attempts) != 2 {
 		t.Fatalf("work %s with %d attempts", *v.Outcome, len(v.Attempts))
 	}
@@ -723,7 +745,8 @@ func TestReviewQueue(t *testing.T) {
 	if m := stream.event(t); m.Event != "resolved" || !strings.Contains(m.Data, `"by":"ana@acme"`) {
 		t.Fatalf("after the resolution: %+v", m)
 	}
-	stream.close()
+	// Its outcome told and its review resolved, the work's story is over.
+	stream.ends(t)
 
 	// The five states, per tenant, and the open queue: the resolved
 	// answer no longer needs review.
@@ -774,4 +797,65 @@ func TestBatchOfAThousandNamesTheOneThatFailed(t *testing.T) {
 	if len(lines) != 1000 || !bytes.Contains(lines[500], []byte(`"itemId":"msg-0500","workId"`)) || !bytes.Contains(lines[500], []byte(`"outcome":"schema_rejected"`)) {
 		t.Fatalf("%d result lines; line 500: %s", len(lines), lines[500])
 	}
+}
+
+// A stream keeps to its credential whatever it sends: a suspended
+// tenant's busy batch stream is closed, with a final event saying why,
+// within the re-check interval and the token cache, not after a quiet
+// spell.
+func TestSuspendedTenantsStreamCloses(t *testing.T) {
+	t.Parallel()
+	const recheck, cache = 500 * time.Millisecond, 200 * time.Millisecond
+	b := eventsCell(t, cell.Options{Ingress: ingress.Config{EventsRecheck: recheck, TokenCache: cache,
+		EventsHeartbeat: time.Hour}})
+	texts := map[string]string{}
+	for i := range 400 {
+		texts[fmt.Sprintf("item-%03d", i)] = fmt.Sprintf("message %d of a long sweep", i)
+	}
+	// Slow answers keep the batch going for a while: the stream is busy
+	// the whole time.
+	if err := b.Sim.SetCapacity(sim.Capacity{Latency: sim.Latency{Kind: sim.LatencyFixed, Base: 100 * time.Millisecond}}); err != nil {
+		t.Fatal(err)
+	}
+	status, raw := call(t, b, http.MethodPost, "/v1/batches", b.Token, ingress.BatchRequest{Contract: "moderation", Items: moderationItems(texts)})
+	if status != http.StatusAccepted {
+		t.Fatalf("POST /v1/batches: %d %s", status, raw)
+	}
+	sub := decode[ingress.BatchResponse](t, raw)
+	stream, status, raw := openSSE(t, b, "/v1/batches/"+sub.BatchID+"/events", b.Token, "")
+	if stream == nil {
+		t.Fatalf("batch events: %d %s", status, raw)
+	}
+	// Wait for items to be ending, so the stream is sending.
+	for n := 0; n < 3; {
+		if m := stream.event(t); m.Event == "accepted" {
+			n++
+		}
+	}
+	if err := b.Cell.Env.Store.SetStatus(context.Background(), b.Tenant, store.TenantSuspended); err != nil {
+		t.Fatal(err)
+	}
+	suspended := time.Now()
+	events := 0
+	for {
+		m := stream.event(t)
+		if m.Event == "closed" {
+			if !strings.Contains(m.Data, "tenant_suspended") {
+				t.Fatalf("closed: %s, want the refusal's code", m.Data)
+			}
+			break
+		}
+		if m.Event == "complete" || m.Event == "end" {
+			t.Fatalf("the batch completed (%s) before the suspension closed its stream", m.Event)
+		}
+		events++
+	}
+	took := time.Since(suspended)
+	if limit := recheck + cache + time.Second; took > limit {
+		t.Errorf("the stream closed %s after the suspension (%d events meanwhile), want within %s", took, events, limit)
+	}
+	if _, err := stream.next(); !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("after closed: %v, want the stream to end", err)
+	}
+	t.Logf("closed %s after the suspension, %d events sent meanwhile", took.Round(time.Millisecond), events)
 }
