@@ -45,6 +45,18 @@ func benchShed(ctx context.Context, base string, want map[int]bool, scale float6
 		}
 		printFairTable(stdout, fr)
 	}
+	if want[9] {
+		var ar []attackResult
+		for _, phase := range []string{"alone", "attacked"} {
+			fmt.Fprintf(os.Stderr, "bench: scenario 9 (a steady tenant beside an invalid-batch flood), %s…\n", phase)
+			r, err := runAttackBench(ctx, base, phase, d(20), logw)
+			if err != nil {
+				return fmt.Errorf("scenario 9 %s: %w", phase, err)
+			}
+			ar = append(ar, r)
+		}
+		printAttackTable(stdout, ar)
+	}
 	if want[8] {
 		var rr []rateResult
 		for _, mode := range []string{"shared", "local"} {

@@ -35,14 +35,16 @@ type CapacityReport struct {
 	Downstream int `json:"downstream"`
 }
 
-// LaneLoad is what waits in one lane.
+// LaneLoad is what waits in one lane. Work parked out of the way (waiting
+// out a provider's Retry-After, a backoff or a budget: its announcement
+// released with a delay) is neither undelivered nor held, so it is not a
+// queue in front of new work.
 type LaneLoad struct {
-	// Pending are the lane's announcements not yet done with: not yet
-	// delivered, or delivered and not yet acknowledged (the durable is
-	// shared: every instance reports the same).
-	Pending int `json:"pending"`
-	// Running are the calls this instance runs for the lane; what is
-	// pending and not running anywhere waits.
+	// Undelivered are the lane's announcements its durable has not
+	// delivered yet (the durable is shared: every instance reports the
+	// same).
+	Undelivered int `json:"undelivered"`
+	// Running are the calls this instance runs for the lane.
 	Running int `json:"running"`
 	// Held are the announcements this instance holds that wait for their
 	// turn and a permit.
@@ -81,7 +83,8 @@ type CellLoad struct {
 	Saturated bool
 	// Latency is the slowest instance's.
 	Latency time.Duration
-	// Waiting by lane: pending less what runs, over every instance.
+	// Waiting by lane: not yet delivered, and held for a turn and a
+	// permit by any instance.
 	Waiting map[string]float64
 	// Tenants by lane: waiting by tenant, with weight.
 	Tenants map[string]map[string]TenantLoad
@@ -96,7 +99,7 @@ type CellLoad struct {
 // Combine folds the fresh reports at now into one CellLoad.
 func Combine(reports []CapacityReport, now time.Time) CellLoad {
 	c := CellLoad{Waiting: map[string]float64{}, Tenants: map[string]map[string]TenantLoad{}, MinWait: map[string]time.Duration{}}
-	pending, running := map[string]int{}, map[string]int{}
+	undelivered, held := map[string]int{}, map[string]int{}
 	for _, r := range reports {
 		if !r.Fresh(now) {
 			continue
@@ -110,8 +113,8 @@ func Combine(reports []CapacityReport, now time.Time) CellLoad {
 			c.Saturated = true
 		}
 		for lane, l := range r.Lanes {
-			pending[lane] = max(pending[lane], l.Pending)
-			running[lane] += l.Running
+			undelivered[lane] = max(undelivered[lane], l.Undelivered)
+			held[lane] += l.Held
 			c.MinWait[lane] = minPositive(c.MinWait[lane], l.MinWait)
 			ts := c.Tenants[lane]
 			if ts == nil {
@@ -127,11 +130,16 @@ func Combine(reports []CapacityReport, now time.Time) CellLoad {
 			}
 		}
 	}
-	for lane, p := range pending {
-		w := max(p-running[lane], 0)
+	for lane, u := range undelivered {
+		w := u + held[lane]
 		c.Waiting[lane] = float64(w)
 		if w > 0 {
 			c.Saturated = true
+		}
+	}
+	for lane, h := range held {
+		if _, ok := undelivered[lane]; !ok && h > 0 {
+			c.Waiting[lane], c.Saturated = float64(h), true
 		}
 	}
 	return c
@@ -212,6 +220,11 @@ func (c CellLoad) Predict(lane, tenant string, weight int, age time.Duration, ex
 	served := rate * max(age, 0).Seconds()
 	waiting := math.Max(0, c.Waiting[lane]-served) + extra
 	ahead := math.Max(0, own-served*share) + extraTenant
+	if waiting <= 0 {
+		// Nothing waits in the lane: new work starts at once, whatever
+		// is parked, running or waiting to be committed.
+		return Prediction{Known: true, Rate: rate, Share: share}
+	}
 	// New work starts once what is ahead of it has started.
 	byShare := ahead / (rate * share)
 	byLane := waiting / rate

@@ -13,7 +13,7 @@ func TestPredict(t *testing.T) {
 			n += tl.Held
 		}
 		return CapacityReport{Instance: "a", At: now, Every: time.Second, Rate: rate, Potential: rate, Limit: 10, InFlight: 10,
-			Lanes: map[string]LaneLoad{Interactive: {Pending: pending + n, Held: n, Tenants: held}}}
+			Lanes: map[string]LaneLoad{Interactive: {Undelivered: pending, Held: n, Tenants: held}}}
 	}
 	cases := []struct {
 		name    string
@@ -37,9 +37,9 @@ func TestPredict(t *testing.T) {
 			"quiet", 0, 0, true, 0},
 		{"the noisy one waits for the lane", []CapacityReport{report(100, 0, map[string]TenantLoad{"noisy": {Held: 200, Weight: 1}})},
 			"noisy", 0, 0, true, 2 * time.Second},
-		{"two instances add their rates", []CapacityReport{report(50, 50, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}}),
+		{"two instances add their rates and their holds", []CapacityReport{report(50, 0, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}}),
 			func() CapacityReport {
-				r := report(50, 50, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}})
+				r := report(50, 0, map[string]TenantLoad{"acme": {Held: 50, Weight: 1}})
 				r.Instance = "b"
 				return r
 			}()},
@@ -72,16 +72,30 @@ func TestServiceRateIdle(t *testing.T) {
 	}
 }
 
-// What runs is not waiting: the durable's pending count includes the
-// calls in flight, which every instance subtracts.
-func TestCombineSubtractsRunning(t *testing.T) {
+// What waits is what the durable has not delivered (shared: every
+// instance reports the same) and what each instance holds for a turn and
+// a permit; what runs and what is parked is not waiting.
+func TestCombineCountsUndeliveredAndHeld(t *testing.T) {
 	now := time.Unix(1000, 0)
 	rs := []CapacityReport{
-		{Instance: "a", At: now, Every: time.Second, Lanes: map[string]LaneLoad{Interactive: {Pending: 30, Running: 8}}},
-		{Instance: "b", At: now, Every: time.Second, Lanes: map[string]LaneLoad{Interactive: {Pending: 30, Running: 2}}},
+		{Instance: "a", At: now, Every: time.Second, Lanes: map[string]LaneLoad{Interactive: {Undelivered: 30, Held: 5, Running: 8}}},
+		{Instance: "b", At: now, Every: time.Second, Lanes: map[string]LaneLoad{Interactive: {Undelivered: 30, Held: 3, Running: 2}}},
 	}
-	if w := Combine(rs, now).Waiting[Interactive]; w != 20 {
-		t.Fatalf("waiting %v, want 30 pending less 10 running", w)
+	if w := Combine(rs, now).Waiting[Interactive]; w != 38 {
+		t.Fatalf("waiting %v, want 30 undelivered and 8 held", w)
+	}
+}
+
+// With nothing waiting in the lane new work starts at once: the observed
+// waits of earlier work and the answers waiting for the committer do not
+// make an idle lane's prediction.
+func TestPredictNothingWaiting(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := CapacityReport{At: now, Every: time.Second, Rate: 2000, Limit: 10, InFlight: 10, Downstream: 500,
+		Lanes: map[string]LaneLoad{Interactive: {Running: 10, MinWait: 6 * time.Second,
+			Tenants: map[string]TenantLoad{"acme": {MinWait: 6 * time.Second}}}}}
+	if p := Combine([]CapacityReport{r}, now).Predict(Interactive, "acme", 1, 0, 0, 0); !p.Known || p.Wait != 0 {
+		t.Fatalf("idle lane: %+v, want a known wait of 0", p)
 	}
 }
 
@@ -90,7 +104,7 @@ func TestCombineSubtractsRunning(t *testing.T) {
 func TestPredictObservedWait(t *testing.T) {
 	now := time.Unix(1000, 0)
 	r := CapacityReport{At: now, Every: time.Second, Rate: 100, Limit: 10, InFlight: 10,
-		Lanes: map[string]LaneLoad{Interactive: {Pending: 10, Running: 10, MinWait: 3 * time.Second,
+		Lanes: map[string]LaneLoad{Interactive: {Undelivered: 10, Running: 10, MinWait: 3 * time.Second,
 			Tenants: map[string]TenantLoad{"slow": {MinWait: 5 * time.Second}, "quick": {MinWait: 3 * time.Second}}}}}
 	c := Combine([]CapacityReport{r}, now)
 	for tenant, want := range map[string]time.Duration{"slow": 5 * time.Second, "quick": 3 * time.Second, "new": 3 * time.Second} {
@@ -104,7 +118,7 @@ func TestPredictObservedWait(t *testing.T) {
 func TestPredictDownstream(t *testing.T) {
 	now := time.Unix(1000, 0)
 	r := CapacityReport{At: now, Every: time.Second, Rate: 100, Limit: 10, InFlight: 10, Downstream: 200,
-		Lanes: map[string]LaneLoad{Interactive: {Pending: 10, Running: 10}}}
+		Lanes: map[string]LaneLoad{Interactive: {Undelivered: 10, Running: 10}}}
 	if p := Combine([]CapacityReport{r}, now).Predict(Interactive, "acme", 1, 0, 0, 0); (p.Wait - 2*time.Second).Abs() > time.Millisecond {
 		t.Fatalf("predicted %v, want 2s behind the committer", p.Wait)
 	}

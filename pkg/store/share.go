@@ -44,15 +44,15 @@ func (s *Store) Weights(ctx context.Context) (map[string]int, error) {
 	return m, rows.Err()
 }
 
-// OpenBatch counts the tenant's batch work still queued or running, up to
+// OpenWork counts the tenant's work in lane still queued or running, up to
 // limit: the cost of the count is bounded by the limit, not the backlog.
-func (s *Store) OpenBatch(ctx context.Context, tenantID string, limit int) (int, error) {
+func (s *Store) OpenWork(ctx context.Context, tenantID, lane string, limit int) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM work
-		WHERE tenant_id = $1 AND lane = 'batch' AND state IN ('queued', 'running') LIMIT $2) o`,
-		tenantID, limit).Scan(&n)
+		WHERE tenant_id = $1 AND lane = $2 AND state IN ('queued', 'running') LIMIT $3) o`,
+		tenantID, lane, limit).Scan(&n)
 	if err != nil {
-		return 0, fmt.Errorf("store: open batch: %w", err)
+		return 0, fmt.Errorf("store: open work: %w", err)
 	}
 	return n, nil
 }

@@ -83,7 +83,7 @@ func (r *capacityReporter) pass(ctx context.Context) (bool, error) {
 		var l admission.LaneLoad
 		if c, err := s.d.JS.Consumer(ctx, stream, Consumer(s.cfg.Names, lane)); err == nil {
 			if info, err := c.Info(ctx); err == nil {
-				l.Pending = int(info.NumPending) + info.NumAckPending
+				l.Undelivered = int(info.NumPending)
 			}
 		}
 		held, by := s.fair.lane(lane).snapshot()

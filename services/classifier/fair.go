@@ -259,8 +259,16 @@ func (s *Service) acquire(ctx context.Context, w *store.Work, d consumer.Deliver
 	if err != nil {
 		return nil, err
 	}
-	if !w.CreatedAt.IsZero() {
-		s.fair.waited(w.Lane, w.TenantID, time.Since(w.CreatedAt))
+	// The wait counts from when the work could run: its last change (its
+	// creation, or its requeue after an attempt) or the retry it was
+	// parked for, whichever is later. Time spent parked on purpose is not
+	// a queue.
+	eligible := w.UpdatedAt
+	if w.RetryAt.After(eligible) {
+		eligible = w.RetryAt
+	}
+	if !eligible.IsZero() {
+		s.fair.waited(w.Lane, w.TenantID, max(time.Since(eligible), 0))
 	}
 	run := s.fair.running(w.Lane)
 	run.Add(1)

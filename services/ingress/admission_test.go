@@ -171,3 +171,101 @@ func TestCallerChosenIDsAreLoggedAsDigests(t *testing.T) {
 		t.Errorf("a caller-chosen id is in the log verbatim:\n%s", logged)
 	}
 }
+
+// post sends body to path as acme.
+func (e *webhookEnv) post(path, body string) (answer, http.Header) {
+	e.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer tok-acme")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	_, _ = buf.ReadFrom(resp.Body)
+	return answer{status: resp.StatusCode, body: buf.Bytes()}, resp.Header
+}
+
+func batchBody(key string, ids ...string) string {
+	var items []string
+	for _, id := range ids {
+		items = append(items, `{"itemId":"`+id+`","input":{"text":"hello `+id+`"}}`)
+	}
+	k := ""
+	if key != "" {
+		k = `"batchKey":"` + key + `",`
+	}
+	return `{"contract":"moderation",` + k + `"items":[` + strings.Join(items, ",") + `]}`
+}
+
+// One backlog rule for every way work enters: a batch counts all its
+// items against the tenant's batch backlog as single submissions do, and
+// a webhook meets the interactive backlog as a submission does.
+func TestOneBacklogRule(t *testing.T) {
+	t.Parallel()
+	e := newWebhookEnv(t, func(c *Config) { c.Shed.BatchBacklog, c.Shed.InteractiveBacklog = 3, 1 })
+	for _, src := range []string{"sweep-1", "sweep-2"} {
+		if a, _ := e.submitAPI(src, "batch"); a.status != http.StatusAccepted {
+			t.Fatalf("%s within the backlog: %d %s", src, a.status, a.body)
+		}
+	}
+	a, h := e.post("/v1/batches", batchBody("", "b-1", "b-2"))
+	if a.status != http.StatusTooManyRequests || a.code() != "backlog_full" || h.Get("Retry-After") == "" {
+		t.Fatalf("a batch of two beside two open: %d %s, want 429 backlog_full", a.status, a.body)
+	}
+	if n := e.count(`SELECT count(*) FROM work WHERE source_id LIKE 'b-%'`); n != 0 {
+		t.Fatalf("the refused batch stored %d items", n)
+	}
+	if a, _ := e.post("/v1/batches", batchBody("fits", "b-3")); a.status != http.StatusAccepted {
+		t.Fatalf("a batch of one that fits: %d %s", a.status, a.body)
+	}
+	// Asked for again, the accepted batch is the same batch, full or not.
+	if a, _ := e.post("/v1/batches", batchBody("fits", "b-3")); a.status != http.StatusOK {
+		t.Fatalf("the same batch again at a full backlog: %d %s, want 200", a.status, a.body)
+	}
+	if a, _ := e.submitAPI("ticket-1", "interactive"); a.status != http.StatusAccepted {
+		t.Fatalf("the first interactive item: %d %s", a.status, a.body)
+	}
+	if a, _ := e.submitAPI("ticket-2", "interactive"); a.status != http.StatusTooManyRequests || a.code() != "backlog_full" {
+		t.Fatalf("a second interactive item over a backlog of one: %d %s", a.status, a.body)
+	}
+	d := e.deliver("pull_request", "d-backlog", readPayload(t, "pull_request_opened.json"))
+	if r := d.work(); d.status != http.StatusAccepted || r.State != "dropped" || !strings.Contains(r.Reason, "backlog is full") ||
+		!strings.Contains(r.Reason, "ask again with: assay work rerun") {
+		t.Fatalf("a webhook over the interactive backlog: %d %s, want dropped with its rerun command", d.status, d.body)
+	}
+}
+
+// A request over its rate is refused before its body is read for more than
+// its size: an invalid batch, a repeated batchKey and a submission whose
+// input its schema would refuse all get 429, not the work of decoding.
+func TestRateTokenBeforeTheBody(t *testing.T) {
+	t.Parallel()
+	e := newWebhookEnv(t, nil)
+	if err := e.st.SetRate(t.Context(), "acme", 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := e.post("/v1/batches", batchBody("k-1", "a")); a.status != http.StatusAccepted {
+		t.Fatalf("the first batch: %d %s", a.status, a.body)
+	}
+	for name, body := range map[string]string{
+		"an invalid body":          `{"contract":"moderation","nope":` + strings.Repeat(`{"x":1,`, 1000),
+		"the same batchKey":        batchBody("k-1", "a"),
+		"an input of unknown keys": `{"contract":"moderation","items":[{"itemId":"a","input":{` + strings.Repeat(`"k":1,`, 10) + `}}]}`,
+	} {
+		if a, h := e.post("/v1/batches", body); a.status != http.StatusTooManyRequests || a.code() != "rate_limited" || h.Get("Retry-After") == "" {
+			t.Errorf("%s over the batch lane's rate: %d %s, want 429 rate_limited", name, a.status, a.body)
+		}
+	}
+	if a, _ := e.submitAPI("ticket-1", "interactive"); a.status != http.StatusAccepted {
+		t.Fatalf("the first submission: %d %s", a.status, a.body)
+	}
+	bad := `{"contract":"moderation","sourceId":"t-2","revision":"r1","input":{"text":"hi","extra":"not in the schema"}}`
+	if a, _ := e.post("/v1/work", bad); a.status != http.StatusTooManyRequests || a.code() != "rate_limited" {
+		t.Fatalf("an input its schema refuses, over the rate: %d %s, want 429 rate_limited", a.status, a.body)
+	}
+}

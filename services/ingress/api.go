@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -178,8 +179,15 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 	c, _ := s.d.Contracts.Get(req.Contract)
 	work := s.newWork(ctx, t, c, req.SourceID, req.Revision, req.Lane, compact(req.Input), s.deadline(req))
 	span.SetAttributes(attribute.String("assay.work_id", work.ID), attribute.String("assay.tenant", t.ID))
+	// The rate token is taken before the input is checked against its
+	// schema: a refused request costs its bounded decoding alone.
 	if wait, ok := s.admit(ctx, t, req.Lane); !ok {
 		s.overRate(ctx, w, t, work, wait)
+		return
+	}
+	if refused := s.validateInput(c, req.Input); refused != nil {
+		s.count(ctx, refused.Code)
+		refused.Write(w)
 		return
 	}
 	if r := s.admitCapacity(ctx, t, work); r != nil {
@@ -256,9 +264,58 @@ func submitted(w *store.Work, duplicate bool) SubmitResponse {
 		Links: Links{Self: "/v1/work/" + w.ID}}
 }
 
-// readBody reads a request's body within limit bytes. A body declared
-// larger is refused before a byte of it is read; one that does not arrive
-// within the server's read timeout is 408.
+// decodeBody reads r's body into v as decodeStrictFrom does, within
+// limit: a body refused at its first fault costs what was read up to it.
+// The refusal comes with the fault it is for.
+func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) (*apierror.Error, error) {
+	if r.ContentLength > limit {
+		return apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", limit)), nil
+	}
+	body := http.MaxBytesReader(w, r.Body, limit)
+	err := decodeStrictFrom(body, v)
+	refused := bodyRefusal(err, limit)
+	var re *ReadError
+	if refused != nil && !errors.As(err, &re) {
+		// Refused before its end: the rest is read and dropped (no
+		// decoding, within the limit and the read deadline), so the
+		// client, still sending, gets the answer rather than a reset
+		// connection.
+		buf := drainBuffers.Get().(*[]byte)
+		_, _ = io.CopyBuffer(io.Discard, body, *buf)
+		drainBuffers.Put(buf)
+	}
+	return refused, err
+}
+
+// drainBuffers read what a refused body has left in large pieces: a few
+// reads for megabytes, not hundreds.
+var drainBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+// bodyRefusal is the answer to a body decodeStrictFrom refused.
+func bodyRefusal(err error, limit int64) *apierror.Error {
+	var re *ReadError
+	var te *contract.TextError
+	var mbe *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &te):
+		return apierror.New(http.StatusBadRequest, "invalid_input", "request body has "+te.Error()+"; send UTF-8 text without NUL")
+	case !errors.As(err, &re):
+		return apierror.New(http.StatusBadRequest, "invalid_json", err.Error())
+	case errors.As(err, &mbe):
+		return apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", limit))
+	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+		return apierror.New(http.StatusRequestTimeout, "request_timeout", "the request body did not arrive within the server's read timeout")
+	}
+	return apierror.New(http.StatusBadRequest, "bad_request", "could not read the request body")
+}
+
+// readBody reads a request's body within limit bytes (a webhook's, whose
+// signature is over its bytes). A body declared larger is refused before a
+// byte of it is read; one that does not arrive within the server's read
+// timeout is 408.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *apierror.Error) {
 	tooLarge := apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", limit))
 	if r.ContentLength > limit {
@@ -285,22 +342,15 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRe
 	bad := func(code, msg string) (SubmitRequest, *apierror.Error) {
 		return req, apierror.New(http.StatusBadRequest, code, msg)
 	}
-	body, refused := readBody(w, r, s.cfg.MaxBodyBytes)
-	if refused != nil {
-		return req, refused
-	}
-	// Checked before anything reads it: Postgres stores text, and
+	// Text is checked as it is read: Postgres stores text, and
 	// encoding/json would quietly turn bad bytes into U+FFFD.
-	if err := contract.CheckText(body); err != nil {
-		return bad("invalid_input", "request body has "+err.Error()+"; send UTF-8 text without NUL")
-	}
-	if err := DecodeSubmit(body, &req); err != nil {
-		return bad("invalid_json", err.Error())
+	if refused, _ := decodeBody(w, r, s.cfg.MaxBodyBytes, &req); refused != nil {
+		return req, refused
 	}
 	if req.Lane == "" {
 		req.Lane = event.Interactive
 	}
-	c, ok := s.d.Contracts.Get(req.Contract)
+	_, ok := s.d.Contracts.Get(req.Contract)
 	switch {
 	case !ok:
 		return bad("unknown_contract", fmt.Sprintf("contract %q is not known (known: %s)", req.Contract, strings.Join(s.d.Contracts.Names(), ", ")))
@@ -315,10 +365,16 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRe
 	case len(req.Input) == 0:
 		return bad("invalid_input", "input is required")
 	}
-	if err := c.ValidateInput(req.Input); err != nil {
-		return bad("invalid_input", err.Error())
-	}
 	return req, nil
+}
+
+// validateInput checks the input against its contract's schema: the
+// dearest check, made once the request took its rate token.
+func (s *Service) validateInput(c *contract.Contract, input json.RawMessage) *apierror.Error {
+	if err := c.ValidateInput(input); err != nil {
+		return apierror.New(http.StatusBadRequest, "invalid_input", err.Error())
+	}
+	return nil
 }
 
 // DecodeSubmit decodes a submission strictly: one JSON object, known fields

@@ -184,6 +184,15 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// The rate token first, a repeated batchKey's too: a refused request
+	// costs no reading of its body.
+	if wait, ok := s.admit(ctx, t, event.Batch); !ok {
+		secs := int(math.Ceil(wait.Seconds()))
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		apierror.Write(w, http.StatusTooManyRequests, "rate_limited",
+			fmt.Sprintf("%s; retry after %d s (nothing was stored)", overRate(t, event.Batch), secs))
+		return
+	}
 	req, c, refused := s.decodeBatch(w, r)
 	if refused != nil {
 		refused.Write(w)
@@ -200,14 +209,15 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 		_, err := bs.GetBatch(ctx, t.ID, b.ID)
 		known = err == nil
 	}
-	if !known {
-		if wait, ok := s.admit(ctx, t, event.Batch); !ok {
-			secs := int(math.Ceil(wait.Seconds()))
-			w.Header().Set("Retry-After", strconv.Itoa(secs))
-			apierror.Write(w, http.StatusTooManyRequests, "rate_limited",
-				fmt.Sprintf("%s; retry after %d s (nothing was stored)", overRate(t, event.Batch), secs))
-			return
-		}
+	// A batch asked for again is answered as the one it is; a new one
+	// must fit in the tenant's backlog with all its items.
+	if r := s.newBatchBacklog(ctx, t, known, len(req.Items)); r != nil {
+		secs := int(math.Ceil(r.retry.Seconds()))
+		s.countShed(ctx, event.Batch, r.code, "api")
+		telemetry.Decision(ctx, s.d.Log, b.ID, "refused", r.reason, slog.String("tenant", t.ID), slog.Int("items", len(req.Items)))
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		apierror.Write(w, http.StatusTooManyRequests, r.code, fmt.Sprintf("%s; retry after %d s (nothing was stored)", r.reason, secs))
+		return
 	}
 	entries := make([]*store.BatchEntry, len(req.Items))
 	for i, it := range req.Items {
@@ -250,6 +260,15 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 	apierror.JSON(w, http.StatusAccepted, resp)
 }
 
+// newBatchBacklog is the backlog rule for a batch of n items; a batch
+// asked for again (known) adds nothing.
+func (s *Service) newBatchBacklog(ctx context.Context, t store.Tenant, known bool, n int) *refusal {
+	if known {
+		return nil
+	}
+	return s.admitBacklog(ctx, t, event.Batch, n)
+}
+
 // batchID is the batch's id: from the tenant and its batch key when there
 // is one, so a retried request names the same batch; otherwise random.
 func batchID(tenant, key string) string {
@@ -282,15 +301,12 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 	bad := func(code, msg string) (BatchRequest, *contract.Contract, *apierror.Error) {
 		return req, nil, apierror.New(http.StatusBadRequest, code, msg)
 	}
-	body, refused := readBody(w, r, maxBatchBody)
-	if refused != nil {
+	if refused, err := decodeBody(w, r, maxBatchBody, &req); refused != nil {
+		var many *tooManyError
+		if errors.As(err, &many) && many.path == "items" {
+			return bad("too_many_items", fmt.Sprintf("a batch holds at most %d items; this one has more", MaxBatchItems))
+		}
 		return req, nil, refused
-	}
-	if err := contract.CheckText(body); err != nil {
-		return bad("invalid_input", "request body has "+err.Error()+"; send UTF-8 text without NUL")
-	}
-	if err := decodeStrict(body, &req); err != nil {
-		return bad("invalid_json", err.Error())
 	}
 	c, ok := s.d.Contracts.Get(req.Contract)
 	switch {

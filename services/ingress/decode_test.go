@@ -3,10 +3,15 @@ package ingress
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strings"
 	"testing"
+	"testing/iotest"
+
+	"assay.dev/pkg/contract"
 )
 
 const validSubmit = `{"contract":"pr-review","sourceId":"octo/repo#12","revision":"abc123","lane":"interactive","input":{"diff":"x"},"deadlineSeconds":30}`
@@ -209,5 +214,64 @@ func TestDecodeStrictBounds(t *testing.T) {
 	var ok SubmitRequest
 	if err := DecodeSubmit([]byte(`{"contract":"c","input":{"a":[[[1]]],"b":{"c":{"d":"e"}}}}`), &ok); err != nil {
 		t.Fatalf("a nested input within the bounds: %v", err)
+	}
+}
+
+// countingReader counts what was read of it.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
+// A body is read as it is walked: one refused at its first fault is read
+// no further than a little past it, however large it is.
+func TestDecodeStrictReadsNoFurtherThanTheFault(t *testing.T) {
+	t.Parallel()
+	body := attackBody()
+	c := &countingReader{r: bytes.NewReader(body)}
+	var req BatchRequest
+	if err := decodeStrictFrom(c, &req); err == nil || !strings.Contains(err.Error(), `unknown field "x"`) {
+		t.Fatalf("the attack body: %v", err)
+	}
+	if c.n > 64<<10 {
+		t.Fatalf("read %d of %d bytes to refuse it at its first unknown key", c.n, len(body))
+	}
+}
+
+// Text is checked as it is read, a byte at a time or in one piece: a NUL
+// or bytes that are not UTF-8 anywhere, inside a string or split across
+// two reads, are refused with their offset.
+func TestDecodeStrictChecksTextAsItReads(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		body   string
+		offset int
+		nul    bool
+	}{
+		{`{"contract":"a` + "\x00" + `"}`, 14, true},
+		{`{"contract":"a` + "\xff" + `"}`, 14, false},
+		{`{"contract":"é` + "\xe9" + `"}`, 15, false},
+		{`{"contract":"` + "\xe2\x82" + `"}`, 13, false},
+		{`{"contract":"ok` + "\xc3", 15, false},
+	} {
+		for name, r := range map[string]io.Reader{"whole": strings.NewReader(c.body), "bytewise": iotest.OneByteReader(strings.NewReader(c.body))} {
+			var req SubmitRequest
+			err := decodeStrictFrom(r, &req)
+			var te *contract.TextError
+			if !errors.As(err, &te) || te.Offset != c.offset || te.NUL != c.nul {
+				t.Errorf("%q read %s: %v, want a text error at byte %d (NUL %v)", c.body, name, err, c.offset, c.nul)
+			}
+		}
+	}
+	// Multi-byte characters split across reads are text.
+	var req SubmitRequest
+	if err := decodeStrictFrom(iotest.OneByteReader(strings.NewReader(`{"contract":"héllo wörld ✓ 🙂"}`)), &req); err != nil || req.Contract != "héllo wörld ✓ 🙂" {
+		t.Fatalf("UTF-8 read a byte at a time: %v (%q)", err, req.Contract)
 	}
 }

@@ -232,7 +232,7 @@ var Vars = []config.Var{
 	{Name: "ASSAY_GITHUB_APP_ID", Default: "none (diffs read without a token)", Usage: "the GitHub App whose installation tokens read each pull request's diff (the committer publishes as it)"},
 	{Name: "ASSAY_GITHUB_APP_KEY_FILE", Default: "none", Usage: "the GitHub App's private key (PEM); required with ASSAY_GITHUB_APP_ID"},
 	{Name: "ASSAY_GITHUB_TOKEN", Default: "none", Usage: "single tenant, without an App: the one token every diff is read with"},
-	shedVars[0], shedVars[1], shedVars[2], shedVars[3],
+	shedVars[0], shedVars[1], shedVars[2], shedVars[3], shedVars[4], shedVars[5],
 }
 
 func (c *Config) FromEnv(getenv func(string) string) error {

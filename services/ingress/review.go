@@ -153,14 +153,9 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this tenant")
 		return
 	}
-	body, refused := readBody(w, r, 64<<10)
-	if refused != nil {
-		refused.Write(w)
-		return
-	}
 	var req ResolveRequest
-	if err := decodeStrict(body, &req); err != nil {
-		apierror.Write(w, http.StatusBadRequest, "invalid_json", err.Error())
+	if refused, _ := decodeBody(w, r, 64<<10, &req); refused != nil {
+		refused.Write(w)
 		return
 	}
 	switch {

@@ -37,9 +37,14 @@ type ShedConfig struct {
 	// deadline stays for the call, its retries and the gate; the deadline
 	// less the time a call needs bounds it in any case.
 	QueueWait time.Duration
-	// BatchBacklog bounds each tenant's batch work queued or running;
-	// beyond it batch submissions get 429. Default 10000.
-	BatchBacklog int
+	// BatchBacklog and InteractiveBacklog bound each tenant's work queued
+	// or running in a lane; what would take it past them gets 429
+	// backlog_full (a webhook is dropped). Defaults 10000 and 1000.
+	BatchBacklog, InteractiveBacklog int
+	// RetryAfterMax caps the Retry-After of a capacity or backlog
+	// refusal (a refusal's Retry-After is never past the work's deadline
+	// either). Default 60s.
+	RetryAfterMax time.Duration
 	// LocalRate keeps each tenant's rate per ingress instance instead of
 	// shared by every instance of the cell through NATS.
 	LocalRate bool
@@ -55,6 +60,18 @@ func (c *ShedConfig) defaults() error {
 	if c.BatchBacklog < 0 {
 		return fmt.Errorf("ingress: Shed.BatchBacklog %d is negative", c.BatchBacklog)
 	}
+	if c.InteractiveBacklog == 0 {
+		c.InteractiveBacklog = 1000
+	}
+	if c.InteractiveBacklog < 0 {
+		return fmt.Errorf("ingress: Shed.InteractiveBacklog %d is negative", c.InteractiveBacklog)
+	}
+	if c.RetryAfterMax == 0 {
+		c.RetryAfterMax = time.Minute
+	}
+	if c.RetryAfterMax < time.Second {
+		return fmt.Errorf("ingress: Shed.RetryAfterMax %v is under a second", c.RetryAfterMax)
+	}
 	return nil
 }
 
@@ -62,8 +79,18 @@ func (c *ShedConfig) defaults() error {
 var shedVars = []config.Var{
 	{Name: "ASSAY_SHED", Default: "on", Usage: "on: refuse interactive work the cell could not start within ASSAY_SHED_QUEUE_WAIT; off: queue it"},
 	{Name: "ASSAY_SHED_QUEUE_WAIT", Default: "a tenth of the deadline", Usage: "the longest predicted queue wait interactive work is admitted into"},
-	{Name: "ASSAY_BATCH_BACKLOG", Default: "10000", Usage: "batch work a tenant may have queued or running"},
+	{Name: "ASSAY_BATCH_BACKLOG", Default: "10000", Usage: "batch work a tenant may have queued or running, however it came (work, batches)"},
+	{Name: "ASSAY_INTERACTIVE_BACKLOG", Default: "1000", Usage: "interactive work a tenant may have queued or running, however it came (work, webhooks)"},
 	{Name: "ASSAY_INGRESS_RATE", Default: "shared", Usage: "shared: a tenant's rate holds across the cell's ingress instances (NATS KV); local: per instance"},
+	{Name: "ASSAY_SHED_RETRY_AFTER_MAX", Default: "60s", Usage: "the longest Retry-After a capacity or backlog refusal gives (never past the work's deadline either)"},
+}
+
+// backlog is the lane's backlog limit.
+func (c *ShedConfig) backlog(lane string) int {
+	if lane == event.Batch {
+		return c.BatchBacklog
+	}
+	return c.InteractiveBacklog
 }
 
 func (c *ShedConfig) fromEnv(getenv func(string) string) error {
@@ -76,10 +103,14 @@ func (c *ShedConfig) fromEnv(getenv func(string) string) error {
 	}
 	if err := config.Durations(getenv,
 		config.Duration{Name: "ASSAY_SHED_QUEUE_WAIT", To: &c.QueueWait, Min: 10 * time.Millisecond, Max: time.Hour},
+		config.Duration{Name: "ASSAY_SHED_RETRY_AFTER_MAX", To: &c.RetryAfterMax, Min: time.Second, Max: time.Hour},
 	); err != nil {
 		return err
 	}
 	if err := config.Int(getenv, "ASSAY_BATCH_BACKLOG", &c.BatchBacklog, 1, 10_000_000); err != nil {
+		return err
+	}
+	if err := config.Int(getenv, "ASSAY_INTERACTIVE_BACKLOG", &c.InteractiveBacklog, 1, 10_000_000); err != nil {
 		return err
 	}
 	switch v := getenv("ASSAY_INGRESS_RATE"); v {
@@ -92,9 +123,10 @@ func (c *ShedConfig) fromEnv(getenv func(string) string) error {
 	return nil
 }
 
-// batchCounter is the store's bounded count of a tenant's open batch work.
-type batchCounter interface {
-	OpenBatch(ctx context.Context, tenantID string, limit int) (int, error)
+// openCounter is the store's bounded count of a tenant's open work in a
+// lane.
+type openCounter interface {
+	OpenWork(ctx context.Context, tenantID, lane string, limit int) (int, error)
 }
 
 // shedder is ingress's capacity admission: the cell's capacity as its
@@ -103,7 +135,7 @@ type batchCounter interface {
 type shedder struct {
 	cfg     ShedConfig
 	view    *capacityView
-	batch   batchCounter
+	open    openCounter
 	shared  *sharedRate
 	counted metric.Int64Counter // assay_shed
 }
@@ -111,7 +143,7 @@ type shedder struct {
 func (s *Service) setUpShed() error {
 	sh := &shedder{cfg: s.cfg.Shed}
 	sh.view = &capacityView{js: s.d.JS, bucket: s.cfg.Names.CapacityBucket(), log: s.d.Log}
-	sh.batch, _ = s.d.Store.(batchCounter)
+	sh.open, _ = s.d.Store.(openCounter)
 	if !sh.cfg.LocalRate {
 		sh.shared = &sharedRate{js: s.d.JS, bucket: s.cfg.Names.AdmitBucket(), log: s.d.Log,
 			b: &admission.SharedBuckets{Local: s.buckets}}
@@ -159,9 +191,12 @@ func (s *Service) take(ctx context.Context, t store.Tenant, lane string) (time.D
 }
 
 // refusal is why capacity admission refused work, and when to ask again.
+// reason is what the caller is told: of its own work only. detail is what
+// the decision log adds for the operator: the lane's figures.
 type refusal struct {
 	code   string // over_capacity or backlog_full
 	reason string
+	detail string
 	retry  time.Duration
 }
 
@@ -173,9 +208,11 @@ const deadlineShare = 10
 
 // shedDecision decides whether interactive work predicted to wait p may
 // be queued: the wait must fit within maxWait and within what the deadline
-// leaves after the call needs its time. Unknown capacity admits.
-func shedDecision(p admission.Prediction, maxWait, remaining, need time.Duration) *refusal {
-	if !p.Known {
+// leaves after the call needs its time. Unknown capacity admits, and so
+// does a lane with nothing waiting in it. The Retry-After it gives is at
+// most retryMax and never past the deadline.
+func shedDecision(p admission.Prediction, maxWait, remaining, need, retryMax time.Duration) *refusal {
+	if !p.Known || p.Waiting <= 0 {
 		return nil
 	}
 	if maxWait <= 0 {
@@ -188,50 +225,68 @@ func shedDecision(p admission.Prediction, maxWait, remaining, need time.Duration
 	// When the wait will have drained; never later than the work could
 	// wait at all (a cell whose served rate fell near zero for a moment,
 	// a database failover, predicts waits of days).
-	retry := min(max(p.Wait-max(bound, 0), time.Second), max(remaining, time.Second))
-	return &refusal{code: "over_capacity", retry: retry, reason: fmt.Sprintf(
-		"the cell is at capacity: %.0f waiting in the lane (%.0f of them this tenant's) at %.1f/s served, a predicted queue wait of %s, over the %s this work can wait",
-		p.Waiting, p.Ahead, p.Rate, p.Wait.Round(time.Millisecond), max(bound, 0).Round(time.Millisecond))}
+	retry := min(max(p.Wait-max(bound, 0), time.Second), max(remaining, time.Second), max(retryMax, time.Second))
+	return &refusal{code: "over_capacity", retry: retry,
+		reason: fmt.Sprintf("the cell is at capacity: this work would wait about %s before it starts, over the %s it can wait",
+			p.Wait.Round(time.Millisecond), max(bound, 0).Round(time.Millisecond)),
+		detail: fmt.Sprintf("%.0f waiting in the lane, %.0f of them this tenant's, at %.1f/s served", p.Waiting, p.Ahead, p.Rate)}
 }
 
-// admitCapacity decides whether the cell can take w now. Interactive work
-// is refused when its predicted queue wait does not fit; batch work when
-// the tenant's batch backlog is full.
+// admitCapacity decides whether the cell can take w now: the tenant's
+// backlog in w's lane must have room for it, and interactive work must be
+// predicted to start within what it can wait.
 func (s *Service) admitCapacity(ctx context.Context, t store.Tenant, w *store.Work) *refusal {
 	sh := s.shed
 	if sh == nil || sh.cfg.Off {
 		return nil
 	}
-	now := time.Now()
-	if w.Lane == event.Batch {
-		if sh.batch == nil {
-			return nil
-		}
-		n, err := sh.batch.OpenBatch(ctx, t.ID, sh.cfg.BatchBacklog)
-		if err != nil {
-			// The insert that follows meets the same database; let it
-			// answer.
-			s.d.Log.WarnContext(ctx, "batch backlog count failed", "key", w.ID, "err", err)
-			return nil
-		}
-		if n < sh.cfg.BatchBacklog {
-			sh.view.admitted(w.Lane, t.ID)
-			return nil
-		}
-		retry := time.Minute
-		if rate := sh.view.rate(now); rate > 0 {
-			retry = max(time.Second, time.Duration(float64(time.Second)*float64(n-sh.cfg.BatchBacklog+1)/rate))
-		}
-		return &refusal{code: "backlog_full", retry: retry,
-			reason: fmt.Sprintf("tenant %s has %d batch items queued or running, its limit", t.ID, sh.cfg.BatchBacklog)}
+	if r := s.admitBacklog(ctx, t, w.Lane, 1); r != nil {
+		return r
 	}
+	if w.Lane == event.Batch {
+		sh.view.admitted(w.Lane, t.ID)
+		return nil
+	}
+	now := time.Now()
 	p, latency := sh.view.predict(w.Lane, t.ID, now)
 	need := 2*latency + 500*time.Millisecond
-	if r := shedDecision(p, sh.cfg.QueueWait, w.DeadlineAt.Sub(now), need); r != nil {
+	if r := shedDecision(p, sh.cfg.QueueWait, w.DeadlineAt.Sub(now), need, sh.cfg.RetryAfterMax); r != nil {
 		return r
 	}
 	sh.view.admitted(w.Lane, t.ID)
 	return nil
+}
+
+// admitBacklog is the one backlog rule, for every way work enters (a
+// submission, a batch of n items, a webhook): the tenant's work queued or
+// running in the lane, with the n this would add, stays within the
+// lane's limit.
+func (s *Service) admitBacklog(ctx context.Context, t store.Tenant, lane string, n int) *refusal {
+	sh := s.shed
+	if sh == nil || sh.cfg.Off || sh.open == nil {
+		return nil
+	}
+	limit := sh.cfg.backlog(lane)
+	open, err := sh.open.OpenWork(ctx, t.ID, lane, limit)
+	if err != nil {
+		// The insert that follows meets the same database; let it answer.
+		s.d.Log.WarnContext(ctx, "backlog count failed", "tenant", t.ID, "lane", lane, "err", err)
+		return nil
+	}
+	if open+n <= limit {
+		return nil
+	}
+	retry := sh.cfg.RetryAfterMax
+	if rate := sh.view.rate(time.Now()); rate > 0 {
+		retry = min(max(time.Second, time.Duration(float64(time.Second)*float64(open+n-limit)/rate)), sh.cfg.RetryAfterMax)
+	}
+	what := "this work"
+	if n > 1 {
+		what = fmt.Sprintf("these %d items", n)
+	}
+	return &refusal{code: "backlog_full", retry: retry,
+		reason: fmt.Sprintf("the tenant's %s-lane backlog is full: %d work items queued or running, and %s would take it past its limit of %d",
+			lane, open, what, limit)}
 }
 
 // overCapacity answers a submission capacity admission refused: 429 with
@@ -245,8 +300,8 @@ func (s *Service) overCapacity(ctx context.Context, w http.ResponseWriter, t sto
 	secs := int(math.Ceil(r.retry.Seconds()))
 	s.count(ctx, r.code)
 	s.countShed(ctx, work.Lane, r.code, "api")
-	telemetry.Decision(ctx, s.d.Log, work.ID, "refused", r.reason,
-		slog.String("tenant", t.ID), slog.String("lane", work.Lane), slog.Duration("retry_after", r.retry))
+	telemetry.Decision(ctx, s.d.Log, work.ID, "refused", r.reason, slog.String("tenant", t.ID), slog.String("lane", work.Lane),
+		slog.Duration("retry_after", r.retry), slog.String("detail", r.detail))
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
 	apierror.Write(w, http.StatusTooManyRequests, r.code,
 		fmt.Sprintf("%s; retry after %d s (nothing was stored)", r.reason, secs))

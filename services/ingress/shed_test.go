@@ -2,6 +2,8 @@ package ingress
 
 import (
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -35,7 +37,7 @@ func TestShedDecision(t *testing.T) {
 		{"a stalled cell's wait: retry no later than the deadline", known(74 * time.Hour), 10 * time.Minute, true, 10 * time.Minute},
 	}
 	for _, c := range cases {
-		r := shedDecision(c.p, time.Second, c.remaining, 500*time.Millisecond)
+		r := shedDecision(c.p, time.Second, c.remaining, 500*time.Millisecond, time.Hour)
 		if (r != nil) != c.refused {
 			t.Fatalf("%s: refused %v, want %v", c.name, r != nil, c.refused)
 		}
@@ -82,10 +84,15 @@ func TestSubmitOverCapacity(t *testing.T) {
 	}
 	e.report(admission.CapacityReport{Instance: "test", At: time.Now().Add(time.Hour), Every: time.Hour, Rate: 10,
 		Limit: 4, InFlight: 4, Latency: 100 * time.Millisecond,
-		Lanes: map[string]admission.LaneLoad{event.Interactive: {Pending: 50, Held: 50, Tenants: map[string]admission.TenantLoad{"acme": {Held: 50, Weight: 1}}}}})
+		Lanes: map[string]admission.LaneLoad{event.Interactive: {Held: 50, Tenants: map[string]admission.TenantLoad{"acme": {Held: 50, Weight: 1}}}}})
 	a, h := e.submitAPI("ticket-2", "interactive")
 	if a.status != http.StatusTooManyRequests || a.code() != "over_capacity" {
 		t.Fatalf("over capacity: %d %s, want 429 over_capacity", a.status, a.body)
+	}
+	// The refusal speaks of this work alone: nothing of how much the
+	// lane holds or whose it is.
+	if strings.Contains(string(a.body), "waiting in the lane") || strings.Contains(string(a.body), "tenant") {
+		t.Fatalf("the refusal tells of the lane: %s", a.body)
 	}
 	secs, err := strconv.Atoi(h.Get("Retry-After"))
 	if err != nil || secs < 3 || secs > 5 {
@@ -145,4 +152,70 @@ func TestShedFromEnv(t *testing.T) {
 			t.Fatalf("%s=%s: %v, want an error naming it", name, v, err)
 		}
 	}
+}
+
+// The two rules of capacity admission, over random cells: a lane with
+// nothing waiting in it (its work running, parked out of the way for a
+// Retry-After or a backoff, or waiting for the committer) refuses no one,
+// whatever earlier work waited; and no refusal's Retry-After is longer
+// than the cap or than the work could wait.
+func TestShedRulesHoldOverRandomCells(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(7, 11))
+	now := time.Unix(1_800_000_000, 0)
+	tenants := []string{"acme", "globex", "initech", "umbrella"}
+	refusals, idle := 0, 0
+	for range 20000 {
+		// Each message of the lane is in one state; a classifier reports
+		// what it holds and what its durable has not delivered, and
+		// nothing of what it parked or runs but the count of calls.
+		var reports []admission.CapacityReport
+		undelivered := rng.IntN(3) * rng.IntN(200)
+		waiting := undelivered
+		for i := range 1 + rng.IntN(3) {
+			l := admission.LaneLoad{Undelivered: undelivered, Tenants: map[string]admission.TenantLoad{}}
+			for _, tn := range tenants {
+				// Parked work is released with a delay: neither held nor
+				// undelivered, so it is in no report.
+				held := rng.IntN(2) * rng.IntN(40)
+				l.Running += rng.IntN(8)
+				if held > 0 || rng.IntN(2) == 0 {
+					l.Tenants[tn] = admission.TenantLoad{Held: held, Weight: 1 + rng.IntN(3),
+						MinWait: time.Duration(rng.IntN(20_000)) * time.Millisecond}
+				}
+				l.Held += held
+				waiting += held
+			}
+			l.MinWait = time.Duration(rng.IntN(20_000)) * time.Millisecond
+			rate := float64(rng.IntN(3000)) / 10
+			reports = append(reports, admission.CapacityReport{Instance: fmt.Sprint(i), At: now, Every: time.Second,
+				Rate: rate, Potential: rate * 2, Limit: 8, InFlight: rng.IntN(9), Latency: time.Duration(rng.IntN(2000)) * time.Millisecond,
+				Downstream: rng.IntN(500), Lanes: map[string]admission.LaneLoad{event.Interactive: l}})
+		}
+		tenant := tenants[rng.IntN(len(tenants))]
+		p := admission.Combine(reports, now).Predict(event.Interactive, tenant, 1, 0, 0, 0)
+		remaining := time.Duration(1+rng.IntN(600)) * time.Second
+		retryMax := time.Duration(1+rng.IntN(120)) * time.Second
+		r := shedDecision(p, 0, remaining, time.Duration(rng.IntN(3000))*time.Millisecond, retryMax)
+		if waiting == 0 {
+			idle++
+			if r != nil {
+				t.Fatalf("a lane with nothing waiting refused: %+v (prediction %+v)", r, p)
+			}
+		}
+		if r == nil {
+			continue
+		}
+		refusals++
+		if r.retry > retryMax || r.retry > max(remaining, time.Second) || r.retry < time.Second {
+			t.Fatalf("Retry-After %v with a cap of %v and %v left", r.retry, retryMax, remaining)
+		}
+		if strings.Contains(r.reason, "tenant") || strings.Contains(r.reason, "waiting in the lane") {
+			t.Fatalf("a refusal tells of other work: %q", r.reason)
+		}
+	}
+	if refusals == 0 || idle == 0 {
+		t.Fatalf("the mixes never refused (%d) or never had an idle lane (%d): they test nothing", refusals, idle)
+	}
+	t.Logf("%d refusals, %d idle lanes among 20000 cells", refusals, idle)
 }

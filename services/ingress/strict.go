@@ -9,6 +9,9 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"unicode/utf8"
+
+	"assay.dev/pkg/contract"
 )
 
 // decodeLimits bound what one request body may hold, so a body is refused
@@ -33,24 +36,104 @@ var requestLimits = decodeLimits{Depth: 32, Keys: 256, Items: MaxBatchItems, Str
 // the API's words, never Go's type names. The body is walked once, token
 // by token, and the walk stops at the first fault.
 func decodeStrict(body []byte, v any) error {
-	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) == 0 || b[0] != '{' {
-		return errors.New("request body: must be a JSON object")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
+	return decodeStrictFrom(bytes.NewReader(body), v)
+}
+
+// decodeStrictFrom is decodeStrict reading the body as it walks it: a
+// body refused at its first fault is read no further than that, and a
+// byte that is not storable text (invalid UTF-8, NUL: encoding/json would
+// turn the first into U+FFFD quietly) stops it too, as a
+// *contract.TextError. Errors of r itself (its size cap, its deadline)
+// come back as they are.
+func decodeStrictFrom(r io.Reader, v any) error {
+	var seen bytes.Buffer
+	src := &textReader{r: io.TeeReader(r, &seen)}
+	dec := json.NewDecoder(src)
 	dec.UseNumber()
 	w := walker{dec: dec, lim: requestLimits}
 	if err := w.value(reflect.TypeOf(v).Elem(), "", 0); err != nil {
+		if src.err != nil {
+			return readFault(src.err)
+		}
 		return fmt.Errorf("request body: %w", err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
+		if src.err != nil {
+			return readFault(src.err)
+		}
 		return errors.New("request body: unexpected data after the JSON object")
 	}
 	// The walk checked every name, kind and key; what remains cannot fail
 	// for the request's own fault.
-	if err := json.Unmarshal(body, v); err != nil {
+	if err := json.Unmarshal(seen.Bytes(), v); err != nil {
 		return errors.New("request body: could not be decoded")
 	}
 	return nil
+}
+
+// ReadError is a body that could not be read (its size cap, its
+// deadline, the connection), as opposed to one that was read and refused.
+type ReadError struct{ Err error }
+
+func (e *ReadError) Error() string { return "request body: " + e.Err.Error() }
+func (e *ReadError) Unwrap() error { return e.Err }
+
+// readFault is the reader's error as decodeStrictFrom returns it: text
+// that is not storable as it is, anything else as a *ReadError.
+func readFault(err error) error {
+	var te *contract.TextError
+	if errors.As(err, &te) {
+		return te
+	}
+	return &ReadError{Err: err}
+}
+
+// textReader passes on what r reads while it is storable text: UTF-8
+// without NUL. At the first byte that is not, or at r's own error, it
+// keeps the error and reads no more.
+type textReader struct {
+	r     io.Reader
+	off   int    // bytes passed on so far
+	carry []byte // the start of a character the next read completes
+	err   error  // the reader's own error or a *contract.TextError; not io.EOF
+}
+
+func (t *textReader) Read(p []byte) (int, error) {
+	if t.err != nil {
+		return 0, t.err
+	}
+	n, err := t.r.Read(p)
+	// b is the carried start of a character and what came now; b[i] is
+	// byte base+i of the body.
+	base := t.off - len(t.carry)
+	b := append(t.carry, p[:n]...)
+	t.carry = nil
+	for i := 0; i < len(b); {
+		c := b[i]
+		switch {
+		case c == 0:
+			t.err = &contract.TextError{Offset: base + i, NUL: true}
+		case c < utf8.RuneSelf:
+			i++
+			continue
+		case !utf8.FullRune(b[i:]) && err == nil:
+			t.carry = append([]byte(nil), b[i:]...)
+			i = len(b)
+			continue
+		default:
+			if r, size := utf8.DecodeRune(b[i:]); r != utf8.RuneError || size > 1 {
+				i += size
+				continue
+			}
+			t.err = &contract.TextError{Offset: base + i}
+		}
+		return 0, t.err
+	}
+	t.off += n
+	if err != nil && err != io.EOF {
+		t.err = err
+	}
+	return n, err
 }
 
 // walker checks one JSON value against the Go type it will decode into.
@@ -151,7 +234,7 @@ func (w walker) array(elem reflect.Type, path string, depth int) error {
 	}
 	for i := 0; w.dec.More(); i++ {
 		if i >= w.lim.Items {
-			return fmt.Errorf("%smore than %d elements", at(path), w.lim.Items)
+			return &tooManyError{path: path, limit: w.lim.Items}
 		}
 		if err := w.value(elem, path+"["+strconv.Itoa(i)+"]", depth); err != nil {
 			return err
@@ -197,7 +280,7 @@ func (w walker) any(tok json.Token, path string, depth int) error {
 		}
 		for i := 0; w.dec.More(); i++ {
 			if i >= w.lim.Items {
-				return fmt.Errorf("%smore than %d elements", at(path), w.lim.Items)
+				return &tooManyError{path: path, limit: w.lim.Items}
 			}
 			next, err := w.dec.Token()
 			if err != nil {
@@ -214,6 +297,17 @@ func (w walker) any(tok json.Token, path string, depth int) error {
 		return w.stringSize(s, path)
 	}
 	return nil
+}
+
+// tooManyError is an array with more elements than the limit: where it
+// is, so a caller can name its own limit (a batch's items).
+type tooManyError struct {
+	path  string
+	limit int
+}
+
+func (e *tooManyError) Error() string {
+	return fmt.Sprintf("%smore than %d elements", at(e.path), e.limit)
 }
 
 // key reads an object's next key, the (n+1)th.
