@@ -179,6 +179,10 @@ type Prediction struct {
 	Rate, Share float64
 	// Waiting are the lane's waiting work, and Ahead the tenant's own.
 	Waiting, Ahead float64
+	// Downstream is how long the answers now waiting for the committer
+	// take to be committed: not a wait before the work starts, but one
+	// before its result counts.
+	Downstream time.Duration
 }
 
 // Predict predicts the queue wait of one more item for tenant (of weight,
@@ -228,8 +232,9 @@ func (c CellLoad) Predict(lane, tenant string, weight int, age time.Duration, ex
 	// New work starts once what is ahead of it has started.
 	byShare := ahead / (rate * share)
 	byLane := waiting / rate
-	// Answers waiting for the committer delay every tenant alike.
-	secs := math.Min(byShare, byLane) + math.Max(0, c.Downstream-served)/rate
+	secs := math.Min(byShare, byLane)
+	// Answers waiting for the committer delay every tenant's result alike.
+	down := time.Duration(math.Max(0, c.Downstream-served) / rate * float64(time.Second))
 	// The counts see the queues the classifiers hold; the waits work
 	// really had see all of them. A tenant whose work waited longer than
 	// the counts say waits at least that long; one with no recent work
@@ -240,5 +245,5 @@ func (c CellLoad) Predict(lane, tenant string, weight int, age time.Duration, ex
 	}
 	secs = math.Max(secs, obs.Seconds())
 	return Prediction{Known: true, Wait: time.Duration(secs * float64(time.Second)), Rate: rate, Share: share,
-		Waiting: waiting, Ahead: ahead}
+		Waiting: waiting, Ahead: ahead, Downstream: down}
 }

@@ -31,7 +31,8 @@ type capacityReporter struct {
 
 	lastServed  int64
 	lastAt      time.Time
-	rate        float64 // answers per second, smoothed
+	rate        float64 // answers per second, smoothed from zero
+	settled     float64 // how much of rate is measurement rather than its start at zero (0 to 1)
 	weightsAt   time.Time
 	weightsFrom weightSource
 }
@@ -65,11 +66,20 @@ func (r *capacityReporter) pass(ctx context.Context) (bool, error) {
 			inst := float64(served-r.lastServed) / dt.Seconds()
 			a := 1 - math.Exp(-float64(dt)/float64(rateTau))
 			r.rate += a * (inst - r.rate)
+			r.settled += a * (1 - r.settled)
 		}
 	}
 	r.lastServed, r.lastAt = served, now
 	st := s.lim.Stats()
-	rep := admission.CapacityReport{Instance: r.instance, At: now, Every: s.cfg.ReportEvery, Rate: r.rate,
+	// The smoothed rate starts at zero; divided by how far it has come,
+	// a classifier that just started reports what it served, not a
+	// fraction of it (which a saturated cell would take for its service
+	// rate, and refuse everyone for seconds).
+	rate := r.rate
+	if r.settled > 0 {
+		rate /= r.settled
+	}
+	rep := admission.CapacityReport{Instance: r.instance, At: now, Every: s.cfg.ReportEvery, Rate: rate,
 		Limit: st.Limit, InFlight: st.InFlight, Latency: st.Short, Lanes: map[string]admission.LaneLoad{}}
 	// Before the first answer the latency is unknown: a second is
 	// assumed, so a fresh cell admits a little, learns, and admits more.

@@ -342,11 +342,22 @@ func New(cfg Config, d Deps) (*Service, error) {
 	}
 	handle := consumer.Typed(d.Log, event.Parse[event.Work], s.Process)
 	for _, lane := range lanes {
+		// Interactive announcements are pulled 32 at a time, so the hand
+		// takes them as fast as they come and a steady tenant's waits
+		// there, where tenants take turns, not in the stream behind a
+		// noisy one's (with 2 at a time the stream held up to 34 of them
+		// under a tenfold overload). Batch keeps 2: its hand is full for
+		// long, and what waits pulled but outside the hand ages toward
+		// its ack wait.
+		pull := 2
+		if lane == event.Interactive {
+			pull = 32
+		}
 		c, err := consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindWork),
 			Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names, lane), Filter: cfg.Names.Lane(lane),
 				AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, MaxAckPending: 4*cfg.Concurrency + cfg.FairWindow},
 			Gate: func(ctx context.Context) (func(), error) { return s.lim.Enter(ctx, lane) },
-			Pull: 2, Handle: handle, Log: d.Log,
+			Pull: pull, Handle: handle, Log: d.Log,
 			Meter: d.Tel.Meter(), Labels: []attribute.KeyValue{attribute.String("region", cfg.Region), attribute.String("lane", lane)}})
 		if err != nil {
 			return nil, fmt.Errorf("classifier: %w", err)

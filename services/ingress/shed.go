@@ -218,18 +218,26 @@ func shedDecision(p admission.Prediction, maxWait, remaining, need, retryMax tim
 	if maxWait <= 0 {
 		maxWait = remaining / deadlineShare
 	}
-	bound := min(maxWait, remaining-need)
+	// The start must fit in its share of the deadline; the result, behind
+	// the answers the committer has yet to commit, in the deadline itself.
+	bound := min(maxWait, remaining-need-p.Downstream)
 	if p.Wait <= bound {
 		return nil
 	}
 	// When the wait will have drained; never later than the work could
 	// wait at all (a cell whose served rate fell near zero for a moment,
 	// a database failover, predicts waits of days).
-	retry := min(max(p.Wait-max(bound, 0), time.Second), max(remaining, time.Second), max(retryMax, time.Second))
-	return &refusal{code: "over_capacity", retry: retry,
-		reason: fmt.Sprintf("the cell is at capacity: this work would wait about %s before it starts, over the %s it can wait",
-			p.Wait.Round(time.Millisecond), max(bound, 0).Round(time.Millisecond)),
-		detail: fmt.Sprintf("%.0f waiting in the lane, %.0f of them this tenant's, at %.1f/s served", p.Waiting, p.Ahead, p.Rate)}
+	over := max(p.Wait-maxWait, p.Wait+p.Downstream+need-remaining)
+	retry := min(max(over, time.Second), max(remaining, time.Second), max(retryMax, time.Second))
+	reason := fmt.Sprintf("the cell is at capacity: this work would wait about %s before it starts, over the %s it can wait",
+		p.Wait.Round(time.Millisecond), max(bound, 0).Round(time.Millisecond))
+	if p.Wait <= maxWait {
+		reason = fmt.Sprintf("the cell is at capacity: this work's result would come after its deadline (%s to start, %s behind the results being committed)",
+			p.Wait.Round(time.Millisecond), p.Downstream.Round(time.Millisecond))
+	}
+	return &refusal{code: "over_capacity", retry: retry, reason: reason,
+		detail: fmt.Sprintf("%.0f waiting in the lane, %.0f of them this tenant's, at %.1f/s served, %s to commit what is answered",
+			p.Waiting, p.Ahead, p.Rate, p.Downstream.Round(time.Millisecond))}
 }
 
 // admitCapacity decides whether the cell can take w now: the tenant's
@@ -240,17 +248,17 @@ func (s *Service) admitCapacity(ctx context.Context, t store.Tenant, w *store.Wo
 	if sh == nil || sh.cfg.Off {
 		return nil
 	}
+	// The prediction first: it costs no round trip, and under overload it
+	// refuses most of what comes.
+	if w.Lane != event.Batch {
+		now := time.Now()
+		p, latency := sh.view.predict(w.Lane, t.ID, now)
+		need := 2*latency + 500*time.Millisecond
+		if r := shedDecision(p, sh.cfg.QueueWait, w.DeadlineAt.Sub(now), need, sh.cfg.RetryAfterMax); r != nil {
+			return r
+		}
+	}
 	if r := s.admitBacklog(ctx, t, w.Lane, 1); r != nil {
-		return r
-	}
-	if w.Lane == event.Batch {
-		sh.view.admitted(w.Lane, t.ID)
-		return nil
-	}
-	now := time.Now()
-	p, latency := sh.view.predict(w.Lane, t.ID, now)
-	need := 2*latency + 500*time.Millisecond
-	if r := shedDecision(p, sh.cfg.QueueWait, w.DeadlineAt.Sub(now), need, sh.cfg.RetryAfterMax); r != nil {
 		return r
 	}
 	sh.view.admitted(w.Lane, t.ID)

@@ -16,6 +16,11 @@ import (
 	"assay.dev/pkg/event"
 )
 
+func withDown(p admission.Prediction, d time.Duration) admission.Prediction {
+	p.Downstream = d
+	return p
+}
+
 func TestShedDecision(t *testing.T) {
 	t.Parallel()
 	known := func(wait time.Duration) admission.Prediction {
@@ -35,9 +40,14 @@ func TestShedDecision(t *testing.T) {
 		{"a short deadline bounds it further", known(500 * time.Millisecond), 900 * time.Millisecond, true, time.Second},
 		{"deadline already too short for a call", known(10 * time.Millisecond), 100 * time.Millisecond, true, time.Second},
 		{"a stalled cell's wait: retry no later than the deadline", known(74 * time.Hour), 10 * time.Minute, true, 10 * time.Minute},
+		{"answers waiting for the committer do not delay the start", withDown(known(100*time.Millisecond), 2*time.Second), 8 * time.Second, false, 0},
+		{"but a result they would push past the deadline is refused", withDown(known(100*time.Millisecond), 9*time.Second), 8 * time.Second, true, 1600 * time.Millisecond},
 	}
 	for _, c := range cases {
 		r := shedDecision(c.p, time.Second, c.remaining, 500*time.Millisecond, time.Hour)
+		if r != nil && strings.Contains(c.name, "past the deadline") && !strings.Contains(r.reason, "after its deadline") {
+			t.Fatalf("%s: %q does not say the result would be late", c.name, r.reason)
+		}
 		if (r != nil) != c.refused {
 			t.Fatalf("%s: refused %v, want %v", c.name, r != nil, c.refused)
 		}
