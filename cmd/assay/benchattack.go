@@ -37,9 +37,10 @@ type attackResult struct {
 }
 
 // runAttackBench is scenario 9: tenant acme submits work at 20/s, open
-// loop, and its answer times are measured; in the attacked phase tenant
-// mallory meanwhile sends a 3.5 MB batch of 200,000 keys no request has,
-// sixteen at once (curl processes), every half second. The attacker is a
+// loop, and its answer times are measured; in the attacked and limited
+// phases tenant mallory meanwhile sends a 3.5 MB batch of 200,000 keys no
+// request has, sixteen at once (curl processes), every half second:
+// within its rate (attacked), or over it (limited, one a minute). The attacker is a
 // process of its own, so the cell's CPU time (this process's) counts
 // what refusing its requests cost, not what sending them did.
 func runAttackBench(ctx context.Context, base, phase string, load time.Duration, logw io.Writer) (attackResult, error) {
@@ -60,9 +61,17 @@ func runAttackBench(ctx context.Context, base, phase string, load time.Duration,
 	if err := bed.sim.SetCapacity(sim.Capacity{Rate: 200, Burst: 20, Latency: sim.Latency{Kind: sim.LatencyFixed, Base: 50 * time.Millisecond}}); err != nil {
 		return res, err
 	}
-	// acme may send what it sends; mallory keeps the default rate.
+	// acme may send what it sends. mallory may send everything it sends
+	// in the attacked phase (each body is read to its first fault), one
+	// request a minute in the limited phase (all but the first refused
+	// for its rate, before a byte of the body is read).
 	if err := bed.cell.Env.Store.SetRate(ctx, "acme", 6000, 100); err != nil {
 		return res, err
+	}
+	if phase == "limited" {
+		if err := bed.cell.Env.Store.SetRate(ctx, "mallory", 1, 1); err != nil {
+			return res, err
+		}
 	}
 	dir, err := os.MkdirTemp("", "assay-attack-")
 	if err != nil {
@@ -85,7 +94,7 @@ func runAttackBench(ctx context.Context, base, phase string, load time.Duration,
 	defer stop()
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	if phase == "attacked" {
+	if phase != "alone" {
 		// Sixteen at once, every half second, for the whole phase: one
 		// curl sends a round in parallel, at the lowest priority, so the
 		// attacker's own work (another machine's, in the world) takes as

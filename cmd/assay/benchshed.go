@@ -48,7 +48,7 @@ func benchShed(ctx context.Context, base string, want map[int]bool, scale float6
 	}
 	if want[9] {
 		var ar []attackResult
-		for _, phase := range []string{"alone", "attacked"} {
+		for _, phase := range []string{"alone", "attacked", "limited"} {
 			fmt.Fprintf(os.Stderr, "bench: scenario 9 (a steady tenant beside an invalid-batch flood), %s…\n", phase)
 			r, err := runAttackBench(ctx, base, phase, d(20), logw)
 			if err != nil {
