@@ -32,7 +32,7 @@ type capacityReporter struct {
 	lastServed  int64
 	lastAt      time.Time
 	rate        float64 // answers per second, smoothed from zero
-	settled     float64 // how much of rate is measurement rather than its start at zero (0 to 1)
+	since       time.Time
 	weightsAt   time.Time
 	weightsFrom weightSource
 }
@@ -66,18 +66,22 @@ func (r *capacityReporter) pass(ctx context.Context) (bool, error) {
 			inst := float64(served-r.lastServed) / dt.Seconds()
 			a := 1 - math.Exp(-float64(dt)/float64(rateTau))
 			r.rate += a * (inst - r.rate)
-			r.settled += a * (1 - r.settled)
 		}
 	}
 	r.lastServed, r.lastAt = served, now
 	st := s.lim.Stats()
-	// The smoothed rate starts at zero; divided by how far it has come,
-	// a classifier that just started reports what it served, not a
-	// fraction of it (which a saturated cell would take for its service
-	// rate, and refuse everyone for seconds).
+	// The smoothed rate starts at zero and says little until it has run
+	// for a few of its time constants: until then no rate is reported, and
+	// ingress counts on what the limit could serve. A cell that just
+	// started (its limit growing from 4, its R3 streams electing leaders)
+	// serves little for a while; taken as its service rate, that refused
+	// everyone for seconds.
+	if r.since.IsZero() {
+		r.since = now
+	}
 	rate := r.rate
-	if r.settled > 0 {
-		rate /= r.settled
+	if now.Sub(r.since) < 3*rateTau {
+		rate = 0
 	}
 	rep := admission.CapacityReport{Instance: r.instance, At: now, Every: s.cfg.ReportEvery, Rate: rate,
 		Limit: st.Limit, InFlight: st.InFlight, Latency: st.Short, Lanes: map[string]admission.LaneLoad{}}
