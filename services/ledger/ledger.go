@@ -18,6 +18,7 @@ import (
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/group"
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/price"
 	"assay.dev/pkg/store"
@@ -91,7 +92,9 @@ type Service struct {
 	refused  metric.Int64Counter
 	attempts *consumer.Consumer
 	reaper   lifecycle.Ticker
-	batch    *batcher
+	// rows records the rows of concurrent deliveries together: under load
+	// many attempts share one commit, and alone a row waits for nobody.
+	rows *group.Batch[store.LedgerRow, store.LedgerResult]
 }
 
 // Consumer is the durable name of the ledger's ATTEMPT consumer.
@@ -127,7 +130,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.Names.Check(); err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	s := &Service{cfg: cfg, d: d, batch: &batcher{st: d.Store, max: ledgerBatch}}
+	s := &Service{cfg: cfg, d: d, rows: &group.Batch[store.LedgerRow, store.LedgerResult]{Max: ledgerBatch, Run: d.Store.RecordLedgerBatch}}
 	var err error
 	if s.recorded, err = d.Tel.Meter().Int64Counter("assay_ledger_attempts",
 		metric.WithDescription("attempts appended to the ledger by outcome")); err != nil {
@@ -224,7 +227,7 @@ func (s *Service) Append(ctx context.Context, ev event.Attempt) error {
 
 // append writes one ledger row and logs the decision.
 func (s *Service) append(ctx context.Context, row store.LedgerRow) error {
-	r := s.batch.record(ctx, row)
+	r := s.rows.Do(ctx, row)
 	rec, excess, err := r.Recorded, r.Excess, r.Err
 	switch {
 	case err != nil:
