@@ -25,6 +25,7 @@ import (
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/group"
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/outbox"
@@ -239,6 +240,11 @@ type Service struct {
 	fair    *fairLanes
 	report  lifecycle.Ticker
 	circ    *circuit
+	// The hot path's statements in groups (group commit): reads of the
+	// work to run, claims and attempt records of concurrent calls.
+	toRun   *group.Batch[string, store.ToRun]
+	claims  *group.Batch[store.ClaimReq, store.Claimed]
+	records *group.Batch[store.AttemptRecord, store.AttemptRecorded]
 
 	attempts     metric.Int64Counter
 	storeRefused metric.Int64Counter
@@ -257,7 +263,10 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, d: d, lim: d.Limiter, running: map[string]context.CancelCauseFunc{}, fair: newFairLanes()}
+	s := &Service{cfg: cfg, d: d, lim: d.Limiter, running: map[string]context.CancelCauseFunc{}, fair: newFairLanes(),
+		toRun:   &group.Batch[string, store.ToRun]{Run: d.Store.WorkToRunGroup, Flushers: 2},
+		claims:  &group.Batch[store.ClaimReq, store.Claimed]{Run: d.Store.ClaimGroup, Flushers: 2},
+		records: &group.Batch[store.AttemptRecord, store.AttemptRecorded]{Run: d.Store.RecordAttemptGroup, Flushers: 2}}
 	s.startReporter()
 	owned := []string{event.KindResult, event.KindAttempt}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log, Meter: d.Tel.Meter(), Region: cfg.Region}

@@ -94,7 +94,8 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 // ends the delivery with disp.
 func (s *Service) read(ctx context.Context, ev event.Work, need time.Duration) (w *store.Work, budgeted bool, c *contract.Contract,
 	disp consumer.Disposition, ok bool) {
-	w, budgeted, err := s.d.Store.WorkToRun(ctx, ev.WorkID)
+	got := s.toRun.Do(ctx, ev.WorkID)
+	w, budgeted, err := got.Work, got.Budgeted, got.Err
 	if errors.Is(err, store.ErrNotFound) {
 		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "refused", "no such work in this cell")
 		return nil, false, nil, consumer.Refuse(), false
@@ -131,7 +132,8 @@ func (s *Service) claim(ctx context.Context, w *store.Work, budgeted bool, c *co
 		}
 		return nil, "", "", s.carry(ctx, w.ID, w, st), false
 	}
-	cw, ok, err := s.d.Store.Claim(ctx, w.ID, attemptID, token, s.cfg.LeaseTTL, est)
+	claimed := s.claims.Do(ctx, store.ClaimReq{WorkID: w.ID, AttemptID: attemptID, Token: token, TTL: s.cfg.LeaseTTL, Estimate: est})
+	cw, ok, err := claimed.Work, claimed.OK, claimed.Err
 	if (err != nil || !ok) && budgeted {
 		if rerr := s.d.Store.Release(context.WithoutCancel(ctx), attemptID); rerr != nil {
 			s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", attemptID, "err", rerr)
@@ -327,12 +329,14 @@ func callDetail(err error) []slog.Attr {
 // called again.
 var recordBackoff = []time.Duration{100 * time.Millisecond, 300 * time.Millisecond, time.Second, 2 * time.Second}
 
-// recordAttempt is RecordAttempt, sent again while it failed before
+// recordAttempt is RecordAttempt, in a group with the records of other
+// calls that ended meanwhile, sent again while it failed before
 // reaching the server (no connection to be had). An error after that may
 // have committed, and is left to the caller.
 func (s *Service) recordAttempt(ctx context.Context, r store.AttemptRecord) (bool, error) {
 	for i := 0; ; i++ {
-		applied, err := s.d.Store.RecordAttempt(ctx, r)
+		got := s.records.Do(ctx, r)
+		applied, err := got.Applied, got.Err
 		if err == nil || !store.Unsent(err) || i == len(recordBackoff) {
 			return applied, err
 		}

@@ -20,5 +20,10 @@ type Store interface {
 	ExtendLease(ctx context.Context, workID, token string, ttl time.Duration) (bool, error)
 	FinishUnleased(ctx context.Context, workID, state, reason string) (bool, error)
 	RecordAttempt(ctx context.Context, r store.AttemptRecord) (applied bool, err error)
+	// The same in groups: what concurrent calls ask at once is one
+	// statement, each row decided on its own.
+	WorkToRunGroup(ctx context.Context, ids []string) []store.ToRun
+	ClaimGroup(ctx context.Context, reqs []store.ClaimReq) []store.Claimed
+	RecordAttemptGroup(ctx context.Context, recs []store.AttemptRecord) []store.AttemptRecorded
 	circuitStore
 }

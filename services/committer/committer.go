@@ -6,6 +6,7 @@ package committer
 import (
 	"context"
 	"crypto/rsa"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,8 +24,10 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/gate"
 	"assay.dev/pkg/githubapp"
+	"assay.dev/pkg/group"
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/outbox"
+	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/committer/publish"
@@ -37,7 +40,8 @@ type Config struct {
 	// Names are the cell's NATS names. Default the cell named after Region
 	// in the default installation.
 	Names event.Names
-	// Concurrency is how many results are committed at once. Default 4.
+	// Concurrency is how many results are in hand at once; their reads and
+	// commits go to the database in groups. Default 32.
 	Concurrency int
 	// AckWait and MaxDeliver configure the durable consumer. Defaults 30s, 20.
 	AckWait    time.Duration
@@ -141,6 +145,10 @@ type Service struct {
 	relay     *outbox.Relay
 	announcer lifecycle.Ticker
 	publisher *publish.Publisher
+	// The reads of the answers to gate and the commits of concurrent
+	// results, in groups (group commit).
+	answers *group.Batch[store.AnswerReq, store.Answer]
+	commits *group.Batch[store.CommitReq, store.CommitVerdict]
 }
 
 // Consumer is the durable name of the committer's RESULT consumer.
@@ -158,7 +166,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, fmt.Errorf("committer: %w", err)
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 4
+		cfg.Concurrency = 32
 	}
 	if cfg.ReapEvery == 0 {
 		cfg.ReapEvery = 5 * time.Second
@@ -166,7 +174,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if cfg.ReapGrace <= 0 {
 		cfg.ReapGrace = time.Minute
 	}
-	s := &Service{cfg: cfg, d: d}
+	s := &Service{cfg: cfg, d: d,
+		answers: &group.Batch[store.AnswerReq, store.Answer]{Run: d.Store.WorkAnswerGroup, Flushers: 2},
+		commits: &group.Batch[store.CommitReq, store.CommitVerdict]{Run: d.Store.CommitGroup, Flushers: 2}}
 	var err error
 	if s.verdicts, err = d.Tel.Meter().Int64Counter("assay_committer_verdicts",
 		metric.WithDescription("final answers by verdict")); err != nil {
@@ -410,7 +420,8 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	var answer []byte
 	if act == check {
 		var err error
-		if w, answer, err = s.d.Store.WorkAnswer(ctx, ev.WorkID, ev.AttemptID); errors.Is(err, store.ErrNotFound) {
+		got := s.answers.Do(ctx, store.AnswerReq{WorkID: ev.WorkID, AttemptID: ev.AttemptID})
+		if w, answer, err = got.Work, got.Answer, got.Err; errors.Is(err, store.ErrNotFound) {
 			w = nil
 		} else if err != nil {
 			return err
@@ -442,7 +453,7 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	if fail != nil {
 		return s.reject(ctx, w, ev, fail.Error())
 	}
-	v, err := s.d.Store.Commit(ctx, w, ev.AttemptID, ev.LeaseToken, acc.Output, acc.Findings, s.announce(ctx))
+	v, err := s.commit(ctx, w, ev, acc.Output, acc.Findings)
 	if store.Permanent(err) {
 		// Refused for good: a retry would only loop. The answer cannot
 		// become a result; the work ends with the reason.
@@ -457,6 +468,22 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 		s.relay.Kick()
 	}
 	return s.decided(ctx, w, ev, committed(v), true, slog.Int("findings", acc.Findings))
+}
+
+// commit commits an accepted answer in a group with those of other
+// results in hand, its outcome's events with it.
+func (s *Service) commit(ctx context.Context, w *store.Work, ev event.Result, output json.RawMessage, findings int) (store.Verdict, error) {
+	announce := s.announce(ctx)
+	req := store.CommitReq{Work: w, AttemptID: ev.AttemptID, Token: ev.LeaseToken, Output: output, Findings: findings, Announce: true}
+	var err error
+	if req.Accepted, err = announce(w, outcome.Accepted); err != nil {
+		return store.Lost, err
+	}
+	if req.Expired, err = announce(w, outcome.Expired); err != nil {
+		return store.Lost, err
+	}
+	got := s.commits.Do(ctx, req)
+	return got.Verdict, got.Err
 }
 
 func (s *Service) reject(ctx context.Context, w *store.Work, ev event.Result, reason string) error {

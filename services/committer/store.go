@@ -20,6 +20,10 @@ type Store interface {
 	UncommittedResults(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error)
 	Commit(ctx context.Context, w *store.Work, attemptID, token string, output json.RawMessage, findings int,
 		announce store.Announce) (store.Verdict, error)
+	// The same in groups: what concurrent results ask at once is one
+	// statement, each row decided on its own.
+	WorkAnswerGroup(ctx context.Context, reqs []store.AnswerReq) []store.Answer
+	CommitGroup(ctx context.Context, reqs []store.CommitReq) []store.CommitVerdict
 	AnnounceOutcomes(ctx context.Context, limit int, announce store.Announce) (int, error)
 	UnpublishedOutcomes(ctx context.Context, grace, horizon time.Duration, limit int) ([][]byte, error)
 	outbox.Source

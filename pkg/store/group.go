@@ -1,0 +1,418 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// The classifier's hot path in groups: what many workers ask at once is
+// one statement, and each row's fence is still its own. A group whose
+// statement fails as a whole (a value one row carries that the database
+// refuses) is run again row by row, so that row's fault is its alone.
+
+// ToRun is one work row for a worker about to run it, with whether its
+// tenant has a budget; Err is ErrNotFound when there is no such work.
+type ToRun struct {
+	Work     *Work
+	Budgeted bool
+	Err      error
+}
+
+// WorkToRunGroup is WorkToRun for many ids in one statement, one result
+// per id in their order.
+func (s *Store) WorkToRunGroup(ctx context.Context, ids []string) []ToRun {
+	out := make([]ToRun, len(ids))
+	rows, err := s.pool.Query(ctx, `SELECT `+workColumns+`,
+			coalesce((SELECT budget_micros IS NOT NULL FROM tenants t WHERE t.id = work.tenant_id), false)
+		FROM work WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return fill(out, func(i int) ToRun { return ToRun{Err: fmt.Errorf("store: work to run: %w", err)} })
+	}
+	found := map[string]ToRun{}
+	for rows.Next() {
+		var r ToRun
+		if r.Work, err = scanWorkWith(rows, &r.Budgeted); err != nil {
+			break
+		}
+		found[r.Work.ID] = r
+	}
+	rows.Close()
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil {
+		return fill(out, func(i int) ToRun { return ToRun{Err: fmt.Errorf("store: work to run: %w", err)} })
+	}
+	for i, id := range ids {
+		r, ok := found[id]
+		if !ok {
+			r.Err = ErrNotFound
+		}
+		out[i] = r
+	}
+	return out
+}
+
+// ClaimReq asks for the lease on one work item, as Claim does.
+type ClaimReq struct {
+	WorkID, AttemptID, Token string
+	TTL                      time.Duration
+	Estimate                 int64
+}
+
+// Claimed is one ClaimReq's answer: the work as claimed and OK, or OK
+// false when another worker holds it, it is terminal, or another request
+// of the same group took it first.
+type Claimed struct {
+	Work *Work
+	OK   bool
+	Err  error
+}
+
+// ClaimGroup is Claim for many requests in one statement: each row's
+// compare-and-set decides for that row alone, and of two requests for one
+// work in the group one wins.
+func (s *Store) ClaimGroup(ctx context.Context, reqs []ClaimReq) []Claimed {
+	out := make([]Claimed, len(reqs))
+	works, attempts, tokens := make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs))
+	ttls, estimates := make([]int64, len(reqs)), make([]int64, len(reqs))
+	for i, r := range reqs {
+		works[i], attempts[i], tokens[i], ttls[i], estimates[i] = r.WorkID, r.AttemptID, r.Token, interval(r.TTL), r.Estimate
+	}
+	// The claim, the lapse of an earlier attempt still without an
+	// outcome, and the new attempt: sub-statements share one snapshot, so
+	// a new attempt is never among those marked lapsed.
+	rows, err := s.pool.Query(ctx, `WITH x AS (
+			SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::bigint[], $5::bigint[])
+				AS x(work_id, attempt_id, token, ttl, estimate)
+		), claimed AS (
+			UPDATE work SET state = 'running', lease_token = x.token,
+				lease_expires_at = now() + x.ttl * interval '1 microsecond', attempts = attempts + 1, updated_at = now()
+			FROM x WHERE work.id = x.work_id AND (work.state = 'queued' OR (work.state = 'running' AND work.lease_expires_at < now()))
+			RETURNING work.*, x.attempt_id AS claim_attempt, x.estimate AS claim_estimate
+		), lapsed AS (
+			UPDATE attempts SET outcome = 'lease_expired', reason = 'the lease lapsed before the worker reported back'
+			WHERE work_id IN (SELECT id FROM claimed) AND outcome IS NULL
+		), attempt AS (
+			INSERT INTO attempts (id, work_id, tenant_id, number, lease_token, estimate_micros)
+			SELECT claim_attempt, id, tenant_id, attempts, lease_token, claim_estimate FROM claimed
+		)
+		SELECT `+workColumns+`, claim_attempt::text FROM claimed`, works, attempts, tokens, ttls, estimates)
+	if err == nil {
+		won := map[string]*Work{}
+		for rows.Next() {
+			var attempt string
+			var w *Work
+			if w, err = scanWorkWith(rows, &attempt); err != nil {
+				break
+			}
+			won[attempt] = w
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+		if err == nil {
+			for i, r := range reqs {
+				w := won[r.AttemptID]
+				out[i] = Claimed{Work: w, OK: w != nil}
+			}
+			return out
+		}
+	}
+	if len(reqs) == 1 || Unsent(err) {
+		return fill(out, func(i int) Claimed { return Claimed{Err: fmt.Errorf("store: claim %s: %w", reqs[i].WorkID, err)} })
+	}
+	// One request's value refused the whole statement: each alone.
+	for i, r := range reqs {
+		w, ok, err := s.Claim(ctx, r.WorkID, r.AttemptID, r.Token, r.TTL, r.Estimate)
+		out[i] = Claimed{Work: w, OK: ok, Err: err}
+	}
+	return out
+}
+
+// AttemptRecorded is one AttemptRecord's answer, as RecordAttempt's.
+type AttemptRecorded struct {
+	Applied bool
+	Err     error
+}
+
+// RecordAttemptGroup is RecordAttempt for many records in one statement:
+// each record's change applies only while its lease is still the work's,
+// and a record whose lease is gone writes nothing at all (Applied false),
+// without touching the others.
+func (s *Store) RecordAttemptGroup(ctx context.Context, recs []AttemptRecord) []AttemptRecorded {
+	out := make([]AttemptRecorded, len(recs))
+	if len(recs) == 1 {
+		applied, err := s.RecordAttempt(ctx, recs[0])
+		out[0] = AttemptRecorded{Applied: applied, Err: err}
+		return out
+	}
+	n := len(recs)
+	var (
+		works, tokens, attempts, outcomes, reasons = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		raws                                       = make([][]byte, n)
+		changes, caps                              = make([]int32, n), make([]int32, n)
+		handoffs, retries                          = make([]int64, n), make([]int64, n)
+		notes, workOutcomes, workReasons           = make([]string, n), make([]string, n), make([]string, n)
+		outages                                    = make([]bool, n)
+		ob                                         outboxRows
+	)
+	for i, r := range recs {
+		works[i], tokens[i], attempts[i], outcomes[i], reasons[i] = r.WorkID, r.LeaseToken, r.AttemptID, r.Outcome, Text(r.Reason)
+		if len(r.Raw) > 0 {
+			raws[i] = r.Raw
+		}
+		changes[i], caps[i] = int32(r.Change), int32(r.OutputCap)
+		handoffs[i], retries[i] = interval(r.HandoffTTL), interval(r.RetryAfter)
+		notes[i], workOutcomes[i], workReasons[i], outages[i] = Text(r.RepairNote), r.WorkOutcome, Text(r.WorkReason), r.Outage
+		if err := ob.add(r.AttemptID, r.Outbox); err != nil {
+			return fill(out, func(int) AttemptRecorded { return AttemptRecorded{Err: err} })
+		}
+	}
+	// Each change as RecordAttempt makes it, chosen per row by its kind:
+	// 1 handoff (the lease kept for the committer), 2 requeue, 3 finish.
+	// A NoChange record (0) always applies; the others only where the
+	// work is still running under the record's lease.
+	rows, err := s.pool.Query(ctx, `WITH x AS (
+			SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $7::int[],
+				$8::bigint[], $9::text[], $10::bigint[], $11::int[], $12::text[], $13::text[], $14::bool[])
+				AS x(work_id, token, attempt_id, outcome, reason, raw, change, handoff, note, retry, cap, work_outcome, work_reason, outage)
+		), wk AS (
+			UPDATE work SET
+				state = CASE x.change WHEN 2 THEN 'queued' WHEN 3 THEN x.work_outcome ELSE work.state END,
+				reason = CASE x.change WHEN 3 THEN nullif(x.work_reason, '') ELSE work.reason END,
+				lease_token = CASE WHEN x.change IN (2, 3) THEN NULL ELSE work.lease_token END,
+				lease_expires_at = CASE x.change WHEN 1 THEN now() + x.handoff * interval '1 microsecond' ELSE NULL END,
+				repairs = work.repairs + CASE WHEN x.change = 2 AND x.note <> '' THEN 1 ELSE 0 END,
+				repair_note = CASE WHEN x.change = 2 AND x.note <> '' THEN x.note ELSE work.repair_note END,
+				retry_at = CASE x.change WHEN 2 THEN now() + x.retry * interval '1 microsecond' ELSE work.retry_at END,
+				output_cap = CASE WHEN x.change = 2 THEN coalesce(nullif(x.cap, 0), work.output_cap) ELSE work.output_cap END,
+				outage_attempts = work.outage_attempts + CASE WHEN x.change IN (2, 3) AND x.outage THEN 1 ELSE 0 END,
+				updated_at = CASE WHEN x.change IN (2, 3) THEN now() ELSE work.updated_at END
+			FROM x WHERE x.change IN (1, 2, 3) AND work.id = x.work_id AND work.state = 'running' AND work.lease_token = x.token
+			RETURNING x.attempt_id
+		), ok AS (
+			SELECT attempt_id FROM wk UNION ALL SELECT attempt_id FROM x WHERE x.change = 0
+		), att AS (
+			UPDATE attempts SET outcome = x.outcome, reason = nullif(x.reason, ''),
+				raw_response = coalesce(x.raw, attempts.raw_response), finished_at = coalesce(attempts.finished_at, now())
+			FROM x WHERE attempts.id = x.attempt_id AND x.attempt_id IN (SELECT attempt_id FROM ok)
+		), ob AS (`+outboxInsert(15, `m.tag::uuid IN (SELECT attempt_id FROM ok)`)+`)
+		SELECT attempt_id::text FROM ok`,
+		append([]any{works, tokens, attempts, outcomes, reasons, raws, changes, handoffs, notes, retries, caps, workOutcomes,
+			workReasons, outages}, ob.args()...)...)
+	if err == nil {
+		applied := map[string]bool{}
+		for rows.Next() {
+			var id string
+			if err = rows.Scan(&id); err != nil {
+				break
+			}
+			applied[id] = true
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+		if err == nil {
+			for i, r := range recs {
+				out[i] = AttemptRecorded{Applied: applied[r.AttemptID]}
+			}
+			return out
+		}
+	}
+	if Unsent(err) {
+		return fill(out, func(i int) AttemptRecorded {
+			return AttemptRecorded{Err: fmt.Errorf("store: record attempt %s: %w", recs[i].AttemptID, err)}
+		})
+	}
+	// One record's value refused the whole statement: each alone.
+	for i, r := range recs {
+		applied, err := s.RecordAttempt(ctx, r)
+		out[i] = AttemptRecorded{Applied: applied, Err: err}
+	}
+	return out
+}
+
+// fill sets every element of out to f(i) and returns it.
+func fill[T any](out []T, f func(int) T) []T {
+	for i := range out {
+		out[i] = f(i)
+	}
+	return out
+}
+
+// AnswerReq names one attempt's answer to read with its work.
+type AnswerReq struct{ WorkID, AttemptID string }
+
+// Answer is WorkAnswer's result for one AnswerReq.
+type Answer struct {
+	Work   *Work
+	Answer []byte
+	Err    error
+}
+
+// WorkAnswerGroup is WorkAnswer for many requests in one statement, one
+// result per request in their order.
+func (s *Store) WorkAnswerGroup(ctx context.Context, reqs []AnswerReq) []Answer {
+	out := make([]Answer, len(reqs))
+	works, attempts := make([]string, len(reqs)), make([]string, len(reqs))
+	for i, r := range reqs {
+		works[i], attempts[i] = r.WorkID, r.AttemptID
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+workColumns+`, x.attempt_id::text,
+			(SELECT raw_response FROM attempts a WHERE a.id = x.attempt_id AND a.work_id = work.id)
+		FROM unnest($1::text[], $2::uuid[]) AS x(work_id, attempt_id) JOIN work ON work.id = x.work_id`, works, attempts)
+	found := map[string]Answer{}
+	if err == nil {
+		for rows.Next() {
+			var attempt string
+			var a Answer
+			if a.Work, err = scanWorkWith(rows, &attempt, &a.Answer); err != nil {
+				break
+			}
+			found[attempt] = a
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if err != nil {
+		return fill(out, func(int) Answer { return Answer{Err: fmt.Errorf("store: work answer: %w", err)} })
+	}
+	for i, r := range reqs {
+		a, ok := found[r.AttemptID]
+		if !ok {
+			a.Err = ErrNotFound
+		}
+		out[i] = a
+	}
+	return out
+}
+
+// CommitReq is one answer the gate accepted, to commit as Commit does.
+type CommitReq struct {
+	Work              *Work
+	AttemptID, Token  string
+	Output            json.RawMessage
+	Findings          int
+	Accepted, Expired []OutboxMsg // the outcome's events, for the state it reaches
+	Announce          bool        // the outcome's events are written (outcome_announced_at set)
+}
+
+// CommitVerdict is one CommitReq's verdict.
+type CommitVerdict struct {
+	Verdict Verdict
+	Err     error
+}
+
+// CommitGroup is Commit for many answers in one statement: each row's
+// lease, deadline and result key decide for that row alone — a lost
+// lease is marked stale, a passed deadline expires its work — and the
+// others commit.
+func (s *Store) CommitGroup(ctx context.Context, reqs []CommitReq) []CommitVerdict {
+	out := make([]CommitVerdict, len(reqs))
+	n := len(reqs)
+	works, tokens, versions, tenants, attempts, outputs := make([]string, n), make([]string, n), make([]string, n),
+		make([]string, n), make([]string, n), make([]string, n)
+	findings, announce := make([]int32, n), make([]bool, n)
+	var ob outboxRows
+	for i, r := range reqs {
+		works[i], tokens[i], versions[i], tenants[i], attempts[i] = r.Work.ID, r.Token, r.Work.SchemaVersion, r.Work.TenantID, r.AttemptID
+		outputs[i], findings[i], announce[i] = string(r.Output), int32(r.Findings), r.Announce
+		if err := ob.add(r.AttemptID+" accepted", r.Accepted); err != nil {
+			return fill(out, func(int) CommitVerdict { return CommitVerdict{Verdict: Lost, Err: err} })
+		}
+		if err := ob.add(r.AttemptID+" expired", r.Expired); err != nil {
+			return fill(out, func(int) CommitVerdict { return CommitVerdict{Verdict: Lost, Err: err} })
+		}
+	}
+	// As Commit's statement, row by row: the late and the accepted branch
+	// exclude each other by the deadline; with neither the attempt is
+	// marked stale; an attempt already recorded ok is not written again.
+	rows, err := s.pool.Query(ctx, `WITH x AS (
+			SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::uuid[], $6::text[], $7::int[], $8::bool[])
+				AS x(work_id, token, schema_version, tenant_id, attempt_id, output, findings, announce)
+		), late AS (
+			UPDATE work SET state = 'expired', reason = 'deadline passed before a result was accepted',
+				lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
+				outcome_announced_at = CASE WHEN x.announce THEN now() ELSE work.outcome_announced_at END
+			FROM x WHERE work.id = x.work_id AND work.state = 'running' AND work.lease_token = x.token AND work.deadline_at <= now()
+			RETURNING x.attempt_id
+		), acc AS (
+			UPDATE work SET state = 'accepted', reason = '', lease_token = NULL, lease_expires_at = NULL,
+				updated_at = now(), outcome_announced_at = CASE WHEN x.announce THEN now() ELSE work.outcome_announced_at END
+			FROM x WHERE work.id = x.work_id AND work.state = 'running' AND work.lease_token = x.token AND work.deadline_at > now()
+			RETURNING x.attempt_id
+		), res AS (
+			INSERT INTO results (work_id, schema_version, tenant_id, attempt_id, output, findings)
+			SELECT x.work_id, x.schema_version, x.tenant_id, x.attempt_id, x.output::jsonb, x.findings
+			FROM x WHERE x.attempt_id IN (SELECT attempt_id FROM acc)
+		), att_ok AS (
+			UPDATE attempts SET outcome = 'ok', reason = NULL, finished_at = coalesce(finished_at, now())
+			WHERE id IN (SELECT attempt_id FROM acc)
+				AND (outcome IS DISTINCT FROM 'ok' OR reason IS NOT NULL OR finished_at IS NULL)
+		), att_late AS (
+			UPDATE attempts SET outcome = 'stale_lease', reason = 'deadline passed before the verdict',
+				finished_at = coalesce(finished_at, now())
+			WHERE id IN (SELECT attempt_id FROM late)
+		), att_lost AS (
+			UPDATE attempts SET outcome = 'stale_lease', reason = coalesce(reason, 'lease lost before the verdict'),
+				finished_at = coalesce(finished_at, now())
+			WHERE id IN (SELECT attempt_id FROM x) AND id NOT IN (SELECT attempt_id FROM acc) AND id NOT IN (SELECT attempt_id FROM late)
+				AND coalesce(outcome, '') IN ('', 'ok', 'lease_expired')
+				AND NOT EXISTS (SELECT 1 FROM results r WHERE r.attempt_id = attempts.id)
+		), ob AS (`+outboxInsert(9, `(split_part(m.tag, ' ', 2) = 'accepted' AND split_part(m.tag, ' ', 1)::uuid IN (SELECT attempt_id FROM acc))
+			OR (split_part(m.tag, ' ', 2) = 'expired' AND split_part(m.tag, ' ', 1)::uuid IN (SELECT attempt_id FROM late))`)+`)
+		SELECT attempt_id::text, 'accepted' FROM acc UNION ALL SELECT attempt_id::text, 'expired' FROM late`,
+		append([]any{works, tokens, versions, tenants, attempts, outputs, findings, announce}, ob.args()...)...)
+	if err == nil {
+		got := map[string]Verdict{}
+		for rows.Next() {
+			var id, what string
+			if err = rows.Scan(&id, &what); err != nil {
+				break
+			}
+			got[id] = map[string]Verdict{"accepted": Committed, "expired": Late}[what]
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+		if err == nil {
+			for i, r := range reqs {
+				out[i] = CommitVerdict{Verdict: got[r.AttemptID]} // Lost when neither
+			}
+			return out
+		}
+	}
+	if len(reqs) == 1 || Unsent(err) {
+		return fill(out, func(i int) CommitVerdict {
+			return CommitVerdict{Verdict: Lost, Err: fmt.Errorf("store: commit %s: %w", reqs[i].Work.ID, err)}
+		})
+	}
+	// One answer refused the whole statement (a second result for its
+	// work, a value the database will not store): each alone, so only
+	// that one fails.
+	for i, r := range reqs {
+		out[i].Verdict, out[i].Err = s.Commit(ctx, r.Work, r.AttemptID, r.Token, r.Output, r.Findings, cannedAnnounce(r))
+	}
+	return out
+}
+
+// cannedAnnounce gives Commit the events a CommitReq carries.
+func cannedAnnounce(r CommitReq) Announce {
+	if !r.Announce {
+		return nil
+	}
+	return func(_ *Work, state string) ([]OutboxMsg, error) {
+		if state == "accepted" {
+			return r.Accepted, nil
+		}
+		return r.Expired, nil
+	}
+}

@@ -1,0 +1,239 @@
+package store_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"assay.dev/pkg/store"
+)
+
+// A group of claims decides each row on its own: two requests for one
+// work, one wins; work someone holds and work that does not exist are
+// not claimed; the rest are, each with its attempt.
+func TestClaimGroupDecidesEachRow(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	a := insert(t, ctx, s, newWork("acme", "group/a", "r1"))
+	b := insert(t, ctx, s, newWork("acme", "group/b", "r1"))
+	held := insert(t, ctx, s, newWork("acme", "group/held", "r1"))
+	claim(t, ctx, s, held.ID, newUUID(), newUUID(), time.Minute)
+	reqs := []store.ClaimReq{
+		{WorkID: a.ID, AttemptID: newUUID(), Token: newUUID(), TTL: time.Minute},
+		{WorkID: a.ID, AttemptID: newUUID(), Token: newUUID(), TTL: time.Minute},
+		{WorkID: b.ID, AttemptID: newUUID(), Token: newUUID(), TTL: time.Minute, Estimate: 77},
+		{WorkID: held.ID, AttemptID: newUUID(), Token: newUUID(), TTL: time.Minute},
+		{WorkID: "w_missing", AttemptID: newUUID(), Token: newUUID(), TTL: time.Minute},
+	}
+	got := s.ClaimGroup(ctx, reqs)
+	for i, g := range got {
+		if g.Err != nil {
+			t.Fatalf("request %d: %v", i, g.Err)
+		}
+	}
+	if got[0].OK == got[1].OK {
+		t.Fatalf("two claims of one work in a group: ok %v and %v, want exactly one", got[0].OK, got[1].OK)
+	}
+	win := 0
+	if got[1].OK {
+		win = 1
+	}
+	if w := got[win].Work; w.State != "running" || w.LeaseToken != reqs[win].Token || w.Attempts != 1 {
+		t.Fatalf("the winner's work: %+v", w)
+	}
+	if !got[2].OK || got[2].Work.Input != b.Input || got[3].OK || got[4].OK {
+		t.Fatalf("b ok %v, held ok %v, missing ok %v: want true, false, false", got[2].OK, got[3].OK, got[4].OK)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM attempts WHERE work_id = $1`, a.ID); n != 1 {
+		t.Fatalf("%d attempts of the contested work, want 1", n)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM attempts WHERE id = $1 AND estimate_micros = 77`, reqs[2].AttemptID); n != 1 {
+		t.Fatal("b's attempt is not recorded with its estimate")
+	}
+}
+
+// A group of attempt records with one stale lease, one superseded work
+// and one duplicate among them records the others as RecordAttempt would
+// and writes nothing at all for those three: no attempt outcome, no work
+// change, no event.
+func TestRecordAttemptGroupStaleSupersededDuplicate(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	ids := map[string]*store.Work{}
+	for _, src := range []string{"handoff", "requeue", "finish", "stale", "superseded", "nochange"} {
+		ids[src] = insert(t, ctx, s, newWork("acme", "rec/"+src, "r1"))
+	}
+	tokens, attempts := map[string]string{}, map[string]string{}
+	for src, w := range ids {
+		tokens[src], attempts[src] = newUUID(), newUUID()
+		claim(t, ctx, s, w.ID, attempts[src], tokens[src], time.Minute)
+	}
+	// stale: its lease lapsed and another worker took it.
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE work SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, ids["stale"].ID); err != nil {
+		t.Fatal(err)
+	}
+	claim(t, ctx, s, ids["stale"].ID, newUUID(), newUUID(), time.Minute)
+	// superseded: a newer revision ended it while it ran.
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE work SET state = 'superseded', reason = 'a newer revision', lease_token = NULL,
+		lease_expires_at = NULL WHERE id = $1`, ids["superseded"].ID); err != nil {
+		t.Fatal(err)
+	}
+	ev := func(src string) []store.OutboxMsg {
+		return []store.OutboxMsg{{Stream: "RESULT", Subject: "assay.us.result.acme", MsgID: attempts[src], Payload: []byte(`{}`)}}
+	}
+	rec := func(src string, change store.WorkChange) store.AttemptRecord {
+		return store.AttemptRecord{AttemptID: attempts[src], WorkID: ids[src].ID, LeaseToken: tokens[src], Outcome: "ok",
+			Raw: []byte(`{"answer":"` + src + `"}`), Change: change, HandoffTTL: time.Hour, RetryAfter: time.Minute,
+			RepairNote: "fix it", WorkOutcome: "transport_rejected", WorkReason: "refused for good", Outbox: ev(src)}
+	}
+	recs := []store.AttemptRecord{
+		rec("handoff", store.Handoff), rec("requeue", store.Requeue), rec("finish", store.Finish),
+		rec("stale", store.Finish), rec("superseded", store.Handoff), rec("nochange", store.NoChange),
+		rec("handoff", store.Handoff), // the same record again: a redelivery
+	}
+	got := s.RecordAttemptGroup(ctx, recs)
+	want := []bool{true, true, true, false, false, true, true}
+	for i, g := range got {
+		if g.Err != nil || g.Applied != want[i] {
+			t.Errorf("record %d (%s): applied %v err %v, want %v", i, recs[i].WorkID, g.Applied, g.Err, want[i])
+		}
+	}
+	work := func(src string) *store.Work {
+		w, err := s.GetWork(ctx, ids[src].ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	if w := work("handoff"); w.State != "running" || time.Until(w.LeaseExpiresAt) < 50*time.Minute {
+		t.Errorf("handoff: %s, lease until %v, want running with the lease kept an hour", w.State, w.LeaseExpiresAt)
+	}
+	if w := work("requeue"); w.State != "queued" || w.LeaseToken != "" || w.Repairs != 1 || w.RepairNote != "fix it" ||
+		time.Until(w.RetryAt) < 50*time.Second {
+		t.Errorf("requeue: %+v", w)
+	}
+	if w := work("finish"); w.State != "transport_rejected" || w.Reason != "refused for good" || w.LeaseToken != "" {
+		t.Errorf("finish: %s %q", w.State, w.Reason)
+	}
+	if w := work("stale"); w.State != "running" || w.LeaseToken == tokens["stale"] {
+		t.Errorf("stale: %s under %s: the old lease changed it", w.State, w.LeaseToken)
+	}
+	if w := work("superseded"); w.State != "superseded" {
+		t.Errorf("superseded: %s", w.State)
+	}
+	for src, recorded := range map[string]bool{"handoff": true, "requeue": true, "finish": true, "nochange": true, "stale": false, "superseded": false} {
+		n := count(t, ctx, s, `SELECT count(*) FROM attempts WHERE id = $1 AND outcome = 'ok' AND finished_at IS NOT NULL
+			AND raw_response = $2`, attempts[src], `{"answer":"`+src+`"}`)
+		if (n == 1) != recorded {
+			t.Errorf("%s: attempt recorded %v, want %v", src, n == 1, recorded)
+		}
+		events := count(t, ctx, s, `SELECT count(*) FROM outbox WHERE msg_id = $1`, attempts[src])
+		if (events == 1) != recorded && !(src == "handoff" && events == 2) {
+			t.Errorf("%s: %d events, want them only for what was recorded", src, events)
+		}
+	}
+}
+
+// A group of answers to commit with one stale lease, one duplicate (a
+// redelivered verdict of work already accepted) and one superseded work
+// among them commits the others — one result each, their outcome events —
+// and records each of those three as Commit alone would: stale_lease,
+// nothing new, and stale_lease.
+func TestCommitGroupStaleDuplicateSuperseded(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	works, attempts, tokens := map[string]*store.Work{}, map[string]string{}, map[string]string{}
+	for _, src := range []string{"ok-1", "ok-2", "stale", "dup", "superseded", "late"} {
+		works[src] = insert(t, ctx, s, newWork("acme", "commit/"+src, "r1"))
+		attempts[src], tokens[src] = newUUID(), newUUID()
+		works[src] = claim(t, ctx, s, works[src].ID, attempts[src], tokens[src], time.Minute)
+	}
+	// stale: the lease lapsed and another worker holds it.
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE work SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, works["stale"].ID); err != nil {
+		t.Fatal(err)
+	}
+	claim(t, ctx, s, works["stale"].ID, newUUID(), newUUID(), time.Minute)
+	// dup: accepted already by this very attempt; its verdict comes again.
+	if v, err := s.Commit(ctx, works["dup"], attempts["dup"], tokens["dup"], json.RawMessage(`{"n":0}`), 0, nil); err != nil || v != store.Committed {
+		t.Fatalf("first commit of dup: %v %v", v, err)
+	}
+	// superseded: a newer revision ended it while it ran.
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE work SET state = 'superseded', lease_token = NULL, lease_expires_at = NULL
+		WHERE id = $1`, works["superseded"].ID); err != nil {
+		t.Fatal(err)
+	}
+	// late: its deadline passed before the verdict.
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE work SET deadline_at = now() - interval '1 second' WHERE id = $1`, works["late"].ID); err != nil {
+		t.Fatal(err)
+	}
+	var reqs []store.CommitReq
+	order := []string{"ok-1", "stale", "dup", "superseded", "late", "ok-2"}
+	for i, src := range order {
+		ev := func(state string) []store.OutboxMsg {
+			return []store.OutboxMsg{{Stream: "OUTCOME", Subject: "assay.us.outcome.acme", MsgID: works[src].ID + "." + state, Payload: []byte(`{}`)}}
+		}
+		reqs = append(reqs, store.CommitReq{Work: works[src], AttemptID: attempts[src], Token: tokens[src],
+			Output: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i+1)), Findings: i, Accepted: ev("accepted"), Expired: ev("expired"), Announce: true})
+	}
+	got := s.CommitGroup(ctx, reqs)
+	want := map[string]store.Verdict{"ok-1": store.Committed, "ok-2": store.Committed, "stale": store.Lost, "dup": store.Lost,
+		"superseded": store.Lost, "late": store.Late}
+	for i, g := range got {
+		if g.Err != nil || g.Verdict != want[order[i]] {
+			t.Errorf("%s: verdict %v err %v, want %v", order[i], g.Verdict, g.Err, want[order[i]])
+		}
+	}
+	for src, wantState := range map[string]string{"ok-1": "accepted", "ok-2": "accepted", "stale": "running", "dup": "accepted",
+		"superseded": "superseded", "late": "expired"} {
+		w, err := s.GetWork(ctx, works[src].ID)
+		if err != nil || w.State != wantState {
+			t.Errorf("%s: %v %v, want %s", src, w, err, wantState)
+		}
+	}
+	for src, wantOutcome := range map[string]string{"ok-1": "ok", "ok-2": "ok", "stale": "stale_lease", "dup": "ok",
+		"superseded": "stale_lease", "late": "stale_lease"} {
+		if got := attemptOutcome(t, ctx, s, attempts[src]); got != wantOutcome {
+			t.Errorf("%s: attempt %s, want %s", src, got, wantOutcome)
+		}
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM results WHERE work_id = ANY($1)`, []string{works["ok-1"].ID, works["ok-2"].ID}); n != 2 {
+		t.Errorf("%d results of the two accepted, want 2", n)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM results WHERE work_id = $1`, works["dup"].ID); n != 1 {
+		t.Errorf("dup has %d results, want still 1", n)
+	}
+	for msg, want := range map[string]int{works["ok-1"].ID + ".accepted": 1, works["ok-2"].ID + ".accepted": 1, works["late"].ID + ".expired": 1,
+		works["ok-1"].ID + ".expired": 0, works["dup"].ID + ".accepted": 0, works["stale"].ID + ".accepted": 0, works["superseded"].ID + ".accepted": 0} {
+		if n := count(t, ctx, s, `SELECT count(*) FROM outbox WHERE msg_id = $1`, msg); n != want {
+			t.Errorf("outbox %s: %d rows, want %d", msg, n, want)
+		}
+	}
+}
+
+// A group holding an answer the database refuses (an output it will not
+// store), which fails the group's statement as a whole, is run again
+// answer by answer: that one fails, the others commit.
+func TestCommitGroupIsolatesARefusedRow(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	var reqs []store.CommitReq
+	for i, src := range []string{"a", "bad", "b"} {
+		w := insert(t, ctx, s, newWork("acme", "isolate/"+src, "r1"))
+		attempt, token := newUUID(), newUUID()
+		w = claim(t, ctx, s, w.ID, attempt, token, time.Minute)
+		out := json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))
+		if src == "bad" {
+			// An output the database will not store as JSON.
+			out = json.RawMessage(`{"n":`)
+		}
+		reqs = append(reqs, store.CommitReq{Work: w, AttemptID: attempt, Token: token, Output: out})
+	}
+	got := s.CommitGroup(ctx, reqs)
+	if got[0].Err != nil || got[0].Verdict != store.Committed || got[2].Err != nil || got[2].Verdict != store.Committed {
+		t.Fatalf("the good answers: %+v and %+v, want committed", got[0], got[2])
+	}
+	if got[1].Err == nil {
+		t.Fatalf("the refused answer: %+v, want its error", got[1])
+	}
+}
