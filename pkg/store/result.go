@@ -70,7 +70,7 @@ func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, ou
 				finished_at = coalesce(finished_at, now())
 			WHERE id = $5 AND NOT EXISTS (SELECT 1 FROM acc) AND NOT EXISTS (SELECT 1 FROM late)
 				AND coalesce(outcome, '') IN ('', 'ok', 'lease_expired')
-				AND NOT EXISTS (SELECT 1 FROM results WHERE attempt_id = $5) RETURNING 1),
+				AND NOT EXISTS (SELECT 1 FROM results WHERE work_id = $1 AND attempt_id = $5) RETURNING 1),
 		ob AS (`+outboxInsert(9, `(m.tag = 'accepted' AND EXISTS (SELECT 1 FROM acc)) OR (m.tag = 'expired' AND EXISTS (SELECT 1 FROM late))`)+`)
 		SELECT EXISTS (SELECT 1 FROM acc), EXISTS (SELECT 1 FROM late)`,
 		append([]any{w.ID, token, w.SchemaVersion, w.TenantID, attemptID, output, findings, announce != nil}, ob.args()...)...).
@@ -140,7 +140,7 @@ func markLost(ctx context.Context, db execer, attemptID string) (marked bool, er
 	tag, err := db.Exec(ctx, `UPDATE attempts SET outcome = 'stale_lease', reason = coalesce(reason, 'lease lost before the verdict'),
 			finished_at = coalesce(finished_at, now())
 		WHERE id = $1 AND coalesce(outcome, '') IN ('', 'ok', 'lease_expired')
-			AND NOT EXISTS (SELECT 1 FROM results WHERE attempt_id = $1)`, attemptID)
+			AND NOT EXISTS (SELECT 1 FROM results r WHERE r.work_id = attempts.work_id AND r.attempt_id = $1)`, attemptID)
 	if err != nil {
 		return false, fmt.Errorf("store: mark lost %s: %w", attemptID, err)
 	}
