@@ -226,3 +226,37 @@ func (s *Store) SetStatus(ctx context.Context, tenantID, status string) error {
 	}
 	return nil
 }
+
+// TenantChanges is the channel a change to a tenant or its tokens is told
+// on (migration 0021), with the tenant's id.
+const TenantChanges = "assay_tenant_changed"
+
+// WatchTenants listens for changes to tenants and their tokens on a
+// connection of its own and calls changed with each tenant's id, until ctx
+// ends or the connection fails (the error). listening is called with true
+// once it listens, and with false when it stops: a change made meanwhile
+// was not told.
+func (s *Store) WatchTenants(ctx context.Context, listening func(bool), changed func(tenant string)) error {
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("store: watch tenants: %w", err)
+	}
+	// Taken out of the pool: a listening connection goes back to nobody.
+	conn := pc.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+TenantChanges); err != nil {
+		return fmt.Errorf("store: watch tenants: %w", err)
+	}
+	listening(true)
+	defer listening(false)
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("store: watch tenants: %w", err)
+		}
+		changed(n.Payload)
+	}
+}

@@ -75,10 +75,15 @@ type Config struct {
 	// ConsoleStreams bounds the console streams one credential holds open
 	// at once. Default 4.
 	ConsoleStreams int
-	// TokenCache is how long a token's tenant is remembered: a revoked
-	// token, a suspension or a move takes effect within it. Default 2s;
-	// negative looks every token up on every request.
+	// TokenCache is how long a token's tenant is remembered while
+	// ingress does not hear of changes to tenants: a revoked token, a
+	// suspension or a move takes effect within it. Default 2s; negative
+	// looks every token up on every request.
 	TokenCache time.Duration
+	// TokenCacheListening is how long it is remembered while the cell's
+	// database tells ingress of every change to a tenant or its tokens
+	// (each is forgotten the moment it changes). Default 5m.
+	TokenCacheListening time.Duration
 	// EventsEvery is how often a work or batch event stream reads its
 	// rows again. Default 1s.
 	EventsEvery time.Duration
@@ -163,6 +168,9 @@ func (c *Config) defaults() error {
 	if c.TokenCache == 0 {
 		c.TokenCache = 2 * time.Second
 	}
+	if c.TokenCacheListening == 0 {
+		c.TokenCacheListening = 5 * time.Minute
+	}
 	if c.EventsEvery == 0 {
 		c.EventsEvery = time.Second
 	}
@@ -225,7 +233,8 @@ var Vars = []config.Var{
 	{Name: "ASSAY_DATA_RETENTION", Default: "720h", Usage: "inputs and raw answers of ended work are cleared after this"},
 	{Name: "ASSAY_WATCH_EVERY", Default: "15s", Usage: "how often the gauges of the cell's work are sampled"},
 	{Name: "ASSAY_CONSOLE_EVERY", Default: "2s", Usage: "how often a console stream looks for new figures"},
-	{Name: "ASSAY_TOKEN_CACHE", Default: "2s", Usage: "how long a token's tenant is remembered; a revocation or suspension takes effect within it (0s: never)"},
+	{Name: "ASSAY_TOKEN_CACHE", Default: "2s", Usage: "how long a token's tenant is remembered while changes to tenants are not heard; a revocation or suspension takes effect within it (0s: never remembered)"},
+	{Name: "ASSAY_TOKEN_CACHE_LISTENING", Default: "5m", Usage: "how long it is remembered while the database tells of every change to a tenant or its tokens (each forgotten as it changes)"},
 	{Name: "ASSAY_EVENTS_RECHECK", Default: "5s", Usage: "how often an open event stream checks its token again; a suspension or revocation ends it within this"},
 	{Name: "ASSAY_GITHUB_WEBHOOK_SECRET", Default: "none", Usage: "the cell's (its GitHub App's) webhook secret"},
 	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where pull request diffs are fetched"},
@@ -248,6 +257,7 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		config.Duration{Name: "ASSAY_WATCH_EVERY", To: &c.WatchEvery, Min: time.Second, Max: time.Hour},
 		config.Duration{Name: "ASSAY_CONSOLE_EVERY", To: &c.ConsoleEvery, Min: 100 * time.Millisecond, Max: time.Minute},
 		config.Duration{Name: "ASSAY_TOKEN_CACHE", To: &c.TokenCache, Min: 0, Max: time.Minute},
+		config.Duration{Name: "ASSAY_TOKEN_CACHE_LISTENING", To: &c.TokenCacheListening, Min: time.Second, Max: 24 * time.Hour},
 		config.Duration{Name: "ASSAY_EVENTS_RECHECK", To: &c.EventsRecheck, Min: 100 * time.Millisecond, Max: 5 * time.Minute},
 	); err != nil {
 		return err
@@ -295,6 +305,7 @@ type Service struct {
 	dropped   metric.Int64Counter
 	buckets   *admission.Buckets
 	tokens    *auth.Cache
+	tenants   *tenantWatch // keeps tokens told of changes; nil when the store cannot
 	shed      *shedder
 
 	// eventStreams counts the work and batch event streams per tenant.
@@ -307,6 +318,10 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, d: d, buckets: admission.NewBuckets(time.Now), tokens: auth.NewCache(d.Store, cfg.TokenCache)}
+	s.tokens.LongTTL = cfg.TokenCacheListening
+	if w, ok := d.Store.(tenantWatcher); ok && cfg.TokenCache > 0 {
+		s.tenants = &tenantWatch{w: w, cache: s.tokens, log: d.Log}
+	}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log,
 		Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},
@@ -341,12 +356,20 @@ func New(cfg Config, d Deps) (*Service, error) {
 // outbox relay and the sweeper.
 func (s *Service) Start(ctx context.Context) error {
 	s.relay.MaxPayload = s.d.JS.Conn().MaxPayload()
-	return lifecycle.StartAll(ctx, s.streams, s.relay, &s.sweeper, &s.janitor, &s.watcher, s.shed.view)
+	parts := []lifecycle.Service{s.streams, s.relay, &s.sweeper, &s.janitor, &s.watcher, s.shed.view}
+	if s.tenants != nil {
+		parts = append(parts, s.tenants)
+	}
+	return lifecycle.StartAll(ctx, parts...)
 }
 
 // Stop ends the sweeper, then the relay after a last drain. Idempotent.
 func (s *Service) Stop(ctx context.Context) {
-	lifecycle.StopAll(ctx, s.shed.view, &s.watcher, &s.janitor, &s.sweeper, s.relay, s.streams)
+	parts := []lifecycle.Service{s.shed.view, &s.watcher, &s.janitor, &s.sweeper, s.relay, s.streams}
+	if s.tenants != nil {
+		parts = append([]lifecycle.Service{s.tenants}, parts...)
+	}
+	lifecycle.StopAll(ctx, parts...)
 }
 
 // purge is one pass of the cell's retention: published outbox rows past
