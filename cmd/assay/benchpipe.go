@@ -69,6 +69,9 @@ type pipeResult struct {
 	StmtsBy         map[string]float64 // per service
 	ProcCores       float64
 	PGCores         float64
+	// WorkUpdates and WorkHOT are the work table's row updates in the run
+	// and how many of them were heap-only (no index touched).
+	WorkUpdates, WorkHOT int64
 }
 
 func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
@@ -253,6 +256,12 @@ func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error
 		res.StmtsPerItem += float64(k) / float64(n)
 	}
 	res.ProcCores, res.PGCores = cpu.proc.Seconds()/wall, cpu.pg.Seconds()/wall
+	// The cell's database is the run's own, so its counters are the run's.
+	_, _ = db.Exec(ctx, `SELECT pg_stat_clear_snapshot()`)
+	if err := db.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'work'`).
+		Scan(&res.WorkUpdates, &res.WorkHOT); err != nil {
+		return res, err
+	}
 	return res, nil
 }
 
@@ -495,7 +504,8 @@ func printPipe(w io.Writer, rs []pipeResult) {
 		for _, svc := range []string{"ingress", "classifier", "committer", "ledger"} {
 			parts = append(parts, fmt.Sprintf("%s %.2f", svc, r.StmtsBy[svc]))
 		}
-		fmt.Fprintf(w, "statements per item, c=%d: %s\n", r.C, strings.Join(parts, ", "))
+		fmt.Fprintf(w, "statements per item, c=%d: %s; work-row updates %d, heap-only %d (%.0f %%)\n", r.C, strings.Join(parts, ", "),
+			r.WorkUpdates, r.WorkHOT, 100*float64(r.WorkHOT)/float64(max(r.WorkUpdates, 1)))
 	}
 	// The ratio per client count, over the runs of each.
 	sum := map[string]map[int][2]float64{}

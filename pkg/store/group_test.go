@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -235,5 +236,40 @@ func TestCommitGroupIsolatesARefusedRow(t *testing.T) {
 	}
 	if got[1].Err == nil {
 		t.Fatalf("the refused answer: %+v, want its error", got[1])
+	}
+}
+
+// The publisher's reads and dry records in groups answer each row as the
+// single calls do: a missing work is not found, the same work twice in
+// one group is recorded (the group runs again record by record).
+func TestPublicationGroups(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	a := insert(t, ctx, s, newWork("acme", "pubgroup/a", "r1"))
+	b := insert(t, ctx, s, newWork("other", "pubgroup/b", "r1"))
+	got := s.PublishFactsGroup(ctx, []string{b.ID, "w_missing", a.ID})
+	if got[0].Err != nil || got[0].Work.ID != b.ID || got[0].Work.TenantID != "other" || got[2].Err != nil || got[2].Work.ID != a.ID {
+		t.Fatalf("facts: %+v", got)
+	}
+	if !errors.Is(got[1].Err, store.ErrNotFound) {
+		t.Fatalf("missing work: %v", got[1].Err)
+	}
+	single, err := s.PublishFacts(ctx, a.ID)
+	if err != nil || single.CheckPolicy != got[2].CheckPolicy || single.Work.Input != got[2].Work.Input {
+		t.Fatalf("single %+v %v against the group's %+v", single, err, got[2].PublishFacts)
+	}
+	errs := s.RecordDryPublicationGroup(ctx, []store.DryPublication{
+		{WorkID: a.ID, Tenant: "acme", Outcome: "accepted", Plan: json.RawMessage(`{"n":1}`)},
+		{WorkID: b.ID, Tenant: "other", Outcome: "accepted", Plan: json.RawMessage(`{"n":2}`)},
+		{WorkID: a.ID, Tenant: "acme", Outcome: "accepted", Plan: json.RawMessage(`{"n":3}`)},
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("dry record %d: %v", i, err)
+		}
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM publications WHERE target = 'dry' AND state = 'published' AND work_id = ANY($1)`,
+		[]string{a.ID, b.ID}); n != 2 {
+		t.Fatalf("%d dry publications, want one per work", n)
 	}
 }

@@ -176,11 +176,51 @@ type PublishFacts struct {
 // PublishFacts reads, in one statement, the work, its result, its
 // tenant's check policy and callback, and where it is published.
 func (s *Store) PublishFacts(ctx context.Context, workID string) (PublishFacts, error) {
-	var f PublishFacts
-	var cbURL, cbSecret, base *string
-	var inst *int64
-	var links []byte
-	w, err := scanWorkWith(s.pool.QueryRow(ctx, `SELECT `+workColumns+`,
+	return scanPublishFacts(s.pool.QueryRow(ctx, publishFactsSQL+` WHERE work.id = $1`, workID))
+}
+
+// Facts is one work item's PublishFacts, or why there are none (Err is
+// ErrNotFound when there is no such work).
+type Facts struct {
+	PublishFacts
+	Err error
+}
+
+// PublishFactsGroup is PublishFacts for many work items in one statement,
+// one result per id in their order.
+func (s *Store) PublishFactsGroup(ctx context.Context, ids []string) []Facts {
+	out := make([]Facts, len(ids))
+	rows, err := s.pool.Query(ctx, publishFactsSQL+` WHERE work.id = ANY($1)`, ids)
+	found := map[string]PublishFacts{}
+	if err == nil {
+		for rows.Next() {
+			var f PublishFacts
+			if f, err = scanPublishFacts(rows); err != nil {
+				break
+			}
+			found[f.Work.ID] = f
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if err != nil {
+		return fill(out, func(int) Facts { return Facts{Err: fmt.Errorf("store: publish facts: %w", err)} })
+	}
+	for i, id := range ids {
+		f, ok := found[id]
+		out[i] = Facts{PublishFacts: f}
+		if !ok {
+			out[i].Err = ErrNotFound
+		}
+	}
+	return out
+}
+
+// publishFactsSQL reads the columns scanPublishFacts takes, to be ended
+// by the work it reads.
+const publishFactsSQL = `SELECT ` + workColumns + `,
 			(SELECT output FROM results r WHERE r.work_id = work.id AND r.schema_version = work.schema_version),
 			coalesce((SELECT check_policy FROM tenants t WHERE t.id = work.tenant_id), 'advisory'),
 			(SELECT url FROM tenant_callbacks c WHERE c.tenant_id = work.tenant_id),
@@ -192,8 +232,14 @@ func (s *Store) PublishFacts(ctx context.Context, workID string) (PublishFacts, 
 			CASE WHEN NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.work_id = work.id) THEN
 				(SELECT coalesce(json_agg(json_build_object('key', key, 'repositories', repositories) ORDER BY key), '[]')
 				FROM tenant_sources WHERE kind = 'github_installation' AND tenant_id = work.tenant_id) END
-		FROM work
-		WHERE work.id = $1`, workID), &f.Output, &f.CheckPolicy, &cbURL, &cbSecret, &inst, &base, &links)
+		FROM work`
+
+func scanPublishFacts(row pgx.Row) (PublishFacts, error) {
+	var f PublishFacts
+	var cbURL, cbSecret, base *string
+	var inst *int64
+	var links []byte
+	w, err := scanWorkWith(row, &f.Output, &f.CheckPolicy, &cbURL, &cbSecret, &inst, &base, &links)
 	if err != nil {
 		return f, err
 	}
@@ -231,6 +277,38 @@ func (s *Store) RecordDryPublication(ctx context.Context, workID, tenant, outcom
 		return fmt.Errorf("store: publication %s/dry: %w", workID, err)
 	}
 	return nil
+}
+
+// DryPublication is one RecordDryPublication.
+type DryPublication struct {
+	WorkID, Tenant, Outcome string
+	Plan                    json.RawMessage
+}
+
+// RecordDryPublicationGroup is RecordDryPublication for many in one
+// statement, one error per record in their order (a group the database
+// refuses whole — the same work twice — runs again record by record).
+func (s *Store) RecordDryPublicationGroup(ctx context.Context, recs []DryPublication) []error {
+	out := make([]error, len(recs))
+	works, tenants, outcomes, plans := make([]string, len(recs)), make([]string, len(recs)), make([]string, len(recs)), make([]string, len(recs))
+	for i, r := range recs {
+		works[i], tenants[i], outcomes[i], plans[i] = r.WorkID, r.Tenant, r.Outcome, string(r.Plan)
+	}
+	_, err := s.pool.Exec(ctx, `INSERT INTO publications (work_id, target, tenant_id, outcome, plan, published_at, state)
+		SELECT x.work_id, 'dry', x.tenant_id, x.outcome, x.plan::jsonb, now(), 'published'
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS x(work_id, tenant_id, outcome, plan)
+		ON CONFLICT (work_id, target) DO UPDATE SET outcome = excluded.outcome, plan = excluded.plan, published_at = now(),
+			last_error = NULL, state = 'published', updated_at = now()`, works, tenants, outcomes, plans)
+	if err == nil {
+		return out
+	}
+	if len(recs) == 1 || Unsent(err) {
+		return fill(out, func(i int) error { return fmt.Errorf("store: publication %s/dry: %w", recs[i].WorkID, err) })
+	}
+	for i, r := range recs {
+		out[i] = s.RecordDryPublication(ctx, r.WorkID, r.Tenant, r.Outcome, r.Plan)
+	}
+	return out
 }
 
 // SkipPublication records that an outcome is not published to target, and

@@ -3,11 +3,12 @@
 -- input (about a kilobyte, inline below the 2 kB TOAST threshold): with a
 -- toast_tuple_target of 128 bytes the input goes out of line once, at the
 -- insert, and a version copies a pointer. The same for an attempt's raw
--- answer and an outbox row's payload, each rewritten after it is written.
--- Rows already there keep their layout until they are next written.
+-- answer, rewritten when the committer records its verdict. (An outbox
+-- row's payload stays inline: the relay reads every payload it sends, and
+-- reading it out of line cost more than its one rewrite saved.) Rows
+-- already there keep their layout until they are next written.
 ALTER TABLE work SET (toast_tuple_target = 128, fillfactor = 85);
 ALTER TABLE attempts SET (toast_tuple_target = 128);
-ALTER TABLE outbox SET (toast_tuple_target = 128);
 
 -- A lease moved on (the handoff to the committer, an extension while a long
 -- call runs) changes lease_expires_at alone. Indexed, it made every such

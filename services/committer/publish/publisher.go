@@ -16,6 +16,7 @@ import (
 
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/group"
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
@@ -41,7 +42,9 @@ const (
 // is one.
 type Store interface {
 	PublishFacts(ctx context.Context, workID string) (store.PublishFacts, error)
+	PublishFactsGroup(ctx context.Context, ids []string) []store.Facts
 	RecordDryPublication(ctx context.Context, workID, tenant, outcome string, plan json.RawMessage) error
+	RecordDryPublicationGroup(ctx context.Context, recs []store.DryPublication) []error
 	SkipPublication(ctx context.Context, workID, target, tenant, outcome, reason string) error
 	OpenPublications(ctx context.Context, workID, tenant, outcome string, targets []string, now, deadline time.Time) (map[string]*store.Publication, error)
 	LockPublication(ctx context.Context, workID, target string) (*store.Publication, func(), error)
@@ -80,7 +83,9 @@ type Config struct {
 	// acknowledged once its publications are recorded (made, or scheduled
 	// to be tried again), so the durable never gives up on one.
 	AckWait time.Duration
-	// Concurrency is how many outcomes are published at once. Default 2.
+	// Concurrency is how many publications are tried at once (calls to
+	// GitHub and callbacks). Default 2. Up to 32 outcomes are in hand, their
+	// reads and records in groups.
 	Concurrency int
 	// CallbackTimeout bounds one callback. Default 10s.
 	CallbackTimeout time.Duration
@@ -144,22 +149,34 @@ type Publisher struct {
 
 	mu     sync.Mutex
 	counts map[[2]string]int64 // target, state -> publications
+
+	// The reads and dry records of the outcomes in hand, in groups; tries
+	// bounds the tries made at once (Concurrency).
+	factsOf *group.Batch[string, store.Facts]
+	drys    *group.Batch[store.DryPublication, error]
+	tries   chan struct{}
 }
+
+// inHand is how many outcomes the publisher holds at once.
+const inHand = 32
 
 // New builds a publisher on its own OUTCOME durable.
 func New(cfg Config, st Store, js jetstream.StreamConsumerManager, log *slog.Logger, meter metric.Meter) (*Publisher, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	p := &Publisher{cfg: cfg, st: st, log: log, callbacks: &http.Client{Timeout: cfg.CallbackTimeout}, counts: map[[2]string]int64{}}
+	p := &Publisher{cfg: cfg, st: st, log: log, callbacks: &http.Client{Timeout: cfg.CallbackTimeout}, counts: map[[2]string]int64{},
+		factsOf: &group.Batch[string, store.Facts]{Run: st.PublishFactsGroup, Flushers: 2},
+		drys:    &group.Batch[store.DryPublication, error]{Run: st.RecordDryPublicationGroup, Flushers: 2},
+		tries:   make(chan struct{}, cfg.Concurrency)}
 	if err := p.instruments(meter); err != nil {
 		return nil, err
 	}
 	var err error
 	p.consumer, err = consumer.New(consumer.Config{JS: js, Stream: cfg.Names.Stream(event.KindOutcome),
 		Durable: event.ConsumerSettings{Durable: cfg.Names.OutcomeConsumer(), AckWait: cfg.AckWait, MaxDeliver: -1,
-			MaxAckPending: 4 * cfg.Concurrency},
-		Concurrency: cfg.Concurrency, Log: log, Meter: meter,
+			MaxAckPending: 4 * inHand},
+		Concurrency: inHand, Log: log, Meter: meter,
 		Labels: []attribute.KeyValue{attribute.String("region", cfg.Region), attribute.String("lane", "")},
 		Handle: consumer.Typed(log, event.Parse[event.Outcome], p.handle)})
 	if err != nil {
@@ -280,7 +297,11 @@ func (p *Publisher) publish(ctx context.Context, ev event.Outcome, only string) 
 	var wg sync.WaitGroup
 	for i, t := range ts {
 		if pub := pubs[t.name]; pub != nil && due(pub, ev.Outcome, now) {
-			wg.Go(func() { errs[i] = p.try(ctx, w, ev, t) })
+			wg.Go(func() {
+				p.tries <- struct{}{}
+				defer func() { <-p.tries }()
+				errs[i] = p.try(ctx, w, ev, t)
+			})
 		}
 	}
 	wg.Wait()
@@ -295,7 +316,8 @@ func due(pub *store.Publication, outcome string, now time.Time) bool {
 // facts reads what publishing ev needs. moot, when set, says why ev is not
 // published at all.
 func (p *Publisher) facts(ctx context.Context, ev event.Outcome) (f store.PublishFacts, moot string, err error) {
-	f, err = p.st.PublishFacts(ctx, ev.WorkID)
+	got := p.factsOf.Do(ctx, ev.WorkID)
+	f, err = got.PublishFacts, got.Err
 	w := f.Work
 	if errors.Is(err, store.ErrNotFound) || (err == nil && w.TenantID != ev.TenantID) {
 		telemetry.Decision(ctx, p.log, ev.WorkID, "refused", "outcome names work this cell does not have for that tenant")
@@ -354,7 +376,7 @@ func (p *Publisher) dry(ctx context.Context, w *store.Work, ev event.Outcome, pl
 	if err != nil {
 		return err
 	}
-	if err := p.st.RecordDryPublication(ctx, w.ID, w.TenantID, ev.Outcome, b); err != nil {
+	if err := p.drys.Do(ctx, store.DryPublication{WorkID: w.ID, Tenant: w.TenantID, Outcome: ev.Outcome, Plan: b}); err != nil {
 		return err
 	}
 	p.count(ctx, TargetDry, "published")
