@@ -29,13 +29,15 @@ func TestTransportFaults(t *testing.T) {
 		attempts []string // attempt outcomes in order
 		deadline int
 	}{
+		// The deadline is enforced on the caller's side: a hanging provider
+		// is cut off when the work's deadline arrives. It goes first: with
+		// a 2 s deadline it may wait 200 ms, and admission rightly refuses
+		// it behind the others.
+		{sim.Fault{Kind: sim.FaultHang, Times: 1}, "retry_exhausted", []string{"timeout"}, 2},
 		{sim.Fault{Kind: sim.FaultRateLimit, RetryAfter: time.Second, Times: 1}, "accepted", []string{"rate_limited", "ok"}, 0},
 		{sim.Fault{Kind: sim.FaultServerError, Times: 1}, "accepted", []string{"transport_error", "ok"}, 0},
 		{sim.Fault{Kind: sim.FaultReject, Times: 1}, "transport_rejected", []string{"transport_rejected"}, 0},
 		{sim.Fault{Kind: sim.FaultExtraProperty, Times: 1}, "accepted", []string{"invalid_output", "ok"}, 0},
-		// The deadline is enforced on the caller's side: a hanging provider
-		// is cut off when the work's deadline arrives.
-		{sim.Fault{Kind: sim.FaultHang, Times: 1}, "retry_exhausted", []string{"timeout"}, 2},
 	}
 	ids := make([]string, len(cases))
 	for i, tc := range cases {
