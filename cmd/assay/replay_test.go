@@ -77,6 +77,11 @@ func recordIncident(t *testing.T) *incident {
 		title := "burst " + strconv.Itoa(i)
 		in.burst = append(in.burst, submit(items[2+i], title, "shop/burst#"+strconv.Itoa(i), 0, sim.FaultInvalidJSON))
 	}
+	// The burst ends before the stall comes: with a 4 s deadline the stall
+	// may wait 400 ms, and admission would rightly refuse it behind them.
+	for _, id := range in.burst {
+		b.Wait(t, id)
+	}
 	// The provider stalls longer than the ack wait: the announcement is
 	// delivered again while the call hangs, until the deadline ends it.
 	if err := b.Sim.AddFault(sim.Fault{Kind: sim.FaultHang, Tenant: "acme", Match: "stalled call", Times: 1}); err != nil {
