@@ -1,6 +1,7 @@
 package evalset_test
 
 import (
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -27,7 +28,7 @@ func TestItemsParseAndLookReal(t *testing.T) {
 	again := evalset.Items()
 	exts := map[string]bool{}
 	for i, it := range items {
-		if it != again[i] {
+		if !reflect.DeepEqual(it, again[i]) {
 			t.Errorf("%s: Items() not deterministic", it.Name)
 		}
 		if it.Title == "" || !sourceRe.MatchString(it.SourceID) || !hexRe.MatchString(it.Revision) {
