@@ -26,7 +26,7 @@ import (
 var files embed.FS
 
 // expectedJSON maps each item's name to its expected and acceptable
-// findings. It is a variable so that a test can swap in bad data.
+// findings.
 //
 //go:embed expected.json
 var expectedJSON []byte
