@@ -6,6 +6,8 @@ package contract
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,8 +32,10 @@ type Contract struct {
 	Name            string
 	SchemaVersion   string // e.g. "code-review/1"
 	TaxonomyVersion string // e.g. "2026-11"
-	// Prompt is the text of the contract's instructions.
-	Prompt string
+	// Prompt is the text of the contract's instructions, and PromptDigest
+	// its PromptDigest: a rollout names a prompt by it.
+	Prompt       string
+	PromptDigest string
 	// Schema is the output schema file's bytes verbatim: what the model gets
 	// as response_format.json_schema.schema.
 	Schema json.RawMessage
@@ -57,10 +61,13 @@ type Contract struct {
 	input  *jsonschema.Schema
 }
 
-// Registry holds every contract of the manifest.
+// Registry holds every contract of the manifest: each name's versions side
+// by side, one of them the name's default.
 type Registry struct {
-	byName map[string]*Contract
-	names  []string
+	byName    map[string]*Contract // the default version
+	byVersion map[string]*Contract // by SchemaVersion
+	versions  map[string][]*Contract
+	names     []string
 }
 
 type manifestEntry struct {
@@ -77,6 +84,9 @@ type manifestEntry struct {
 	} `json:"correlation"`
 	Grounding string `json:"grounding"`
 	OnRefusal string `json:"onRefusal"`
+	// Default marks the version new work of the name gets when no route
+	// names one; needed when the name has several versions.
+	Default bool `json:"default"`
 }
 
 // What a refusal does to a contract's work.
@@ -105,17 +115,39 @@ func load(fsys fs.FS) (*Registry, error) {
 	// One compiler for all: no schema carries an $id, so nothing is shared
 	// between them through its cache.
 	compiler := jsonschema.NewCompiler()
-	r := &Registry{byName: make(map[string]*Contract, len(entries))}
+	r := &Registry{byName: map[string]*Contract{}, byVersion: map[string]*Contract{}, versions: map[string][]*Contract{}}
+	defaults := map[string]int{}
 	for i, e := range entries {
 		c, err := build(fsys, compiler, e)
 		if err != nil {
 			return nil, fmt.Errorf("contract: %s[%d] (%q): %w", manifestFile, i, e.Name, err)
 		}
-		if _, dup := r.byName[c.Name]; dup {
-			return nil, fmt.Errorf("contract: %s[%d]: duplicate name %q", manifestFile, i, c.Name)
+		if _, dup := r.byVersion[c.SchemaVersion]; dup {
+			return nil, fmt.Errorf("contract: %s[%d]: duplicate schemaVersion %q", manifestFile, i, c.SchemaVersion)
 		}
-		r.byName[c.Name] = c
-		r.names = append(r.names, c.Name)
+		if !strings.HasPrefix(c.SchemaVersion, c.Name+"/") {
+			return nil, fmt.Errorf("contract: %s[%d]: schemaVersion %q is not %q and a version", manifestFile, i, c.SchemaVersion, c.Name+"/")
+		}
+		r.byVersion[c.SchemaVersion] = c
+		if len(r.versions[c.Name]) == 0 {
+			r.names = append(r.names, c.Name)
+		}
+		r.versions[c.Name] = append(r.versions[c.Name], c)
+		if e.Default {
+			defaults[c.Name]++
+			r.byName[c.Name] = c
+		}
+	}
+	for _, name := range r.names {
+		vs := r.versions[name]
+		switch {
+		case defaults[name] > 1:
+			return nil, fmt.Errorf("contract: %s: %q has %d default versions, want one", manifestFile, name, defaults[name])
+		case defaults[name] == 0 && len(vs) > 1:
+			return nil, fmt.Errorf("contract: %s: %q has %d versions and none is the default", manifestFile, name, len(vs))
+		case defaults[name] == 0:
+			r.byName[name] = vs[0]
+		}
 	}
 	slices.Sort(r.names)
 	return r, nil
@@ -169,6 +201,7 @@ func build(fsys fs.FS, compiler *jsonschema.Compiler, e manifestEntry) (*Contrac
 		return nil, fmt.Errorf("%s: empty prompt", e.Prompt)
 	}
 	c.Prompt = string(prompt)
+	c.PromptDigest = PromptDigest(c.Prompt)
 
 	var outDoc, inDoc map[string]any
 	if c.Schema, outDoc, c.output, err = compile(fsys, compiler, e.Schema, true); err != nil {
@@ -298,10 +331,33 @@ func findingItem(s map[string]any) map[string]any {
 	return item
 }
 
-// Get returns the named contract.
+// Get returns the named contract: its default version.
 func (r *Registry) Get(name string) (*Contract, bool) {
 	c, ok := r.byName[name]
 	return c, ok
+}
+
+// Version returns the contract of one schema version ("code-review/2"),
+// whichever is its name's default.
+func (r *Registry) Version(schemaVersion string) (*Contract, bool) {
+	c, ok := r.byVersion[schemaVersion]
+	return c, ok
+}
+
+// Of returns the contract a work item was made for: its schema version,
+// which it carries from ingress to its result. Work of a version this
+// build does not know is not read as another version's.
+func (r *Registry) Of(name, schemaVersion string) (*Contract, bool) {
+	c, ok := r.byVersion[schemaVersion]
+	if !ok || c.Name != name {
+		return nil, false
+	}
+	return c, true
+}
+
+// Versions returns a name's versions in the manifest's order.
+func (r *Registry) Versions(name string) []*Contract {
+	return slices.Clone(r.versions[name])
 }
 
 // Names returns the contract names, sorted.
@@ -407,4 +463,10 @@ func jsonKind(v any) string {
 // the files it names): what an operator checks historical answers against.
 func LoadFS(fsys fs.FS) (*Registry, error) {
 	return load(fsys)
+}
+
+// PromptDigest names a prompt's text: "sha256:" and the hex of its sha256.
+func PromptDigest(text string) string {
+	sum := sha256.Sum256([]byte(text))
+	return "sha256:" + hex.EncodeToString(sum[:])
 }

@@ -125,9 +125,18 @@ func TestLoadRefusesBrokenContracts(t *testing.T) {
 		{"correlation field missing", func(m fstest.MapFS) {
 			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `"schemaVersion": "schema_version"`, `"schemaVersion": "schemaVersion"`, 1))
 		}, `change-review.json: correlation field "schemaVersion"`},
-		{"duplicate name", func(m fstest.MapFS) {
+		{"a version under another name", func(m fstest.MapFS) {
 			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `"name": "moderation"`, `"name": "code-review"`, 1))
-		}, `duplicate name "code-review"`},
+		}, `schemaVersion "moderation/1" is not "code-review/" and a version`},
+		{"duplicate version", func(m fstest.MapFS) {
+			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `"schemaVersion": "code-review/2"`, `"schemaVersion": "code-review/1"`, 1))
+		}, `duplicate schemaVersion "code-review/1"`},
+		{"two defaults", func(m fstest.MapFS) {
+			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `"grounding": "diff"}`, `"grounding": "diff", "default": true}`, 1))
+		}, `"code-review" has 2 default versions`},
+		{"no default of several", func(m fstest.MapFS) {
+			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `, "default": true`, ``, 1))
+		}, `"code-review" has 2 versions and none is the default`},
 		{"unknown grounding", func(m fstest.MapFS) {
 			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `"grounding": "diff"`, `"grounding": "repo"`, 1))
 		}, `grounding "repo"`},

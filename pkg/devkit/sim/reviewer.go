@@ -68,14 +68,19 @@ var (
 	todoRe         = regexp.MustCompile(`\b(TODO|FIXME)\b`)
 )
 
-var ruleInfo = map[string]struct{ severity, summary string }{
-	RuleMoneyFloat:     {SeverityBlocking, "Money is handled in floating point; use integer minor units or a decimal type to avoid rounding drift."},
-	RuleStockUnchecked: {SeverityWarning, "Stock is reserved or decremented without checking availability first; this can oversell or go negative."},
-	RuleTaxUnrounded:   {SeverityWarning, "Tax is computed and shown without rounding to the currency's minor unit; totals will not add up."},
-	RuleStateUnguarded: {SeverityBlocking, "Order status is set without checking the current state; a retry or race can move it backwards or twice."},
-	RuleSQLConcat:      {SeverityBlocking, "SQL is built by string concatenation with input; use placeholders to prevent injection."},
-	RuleCouponReuse:    {SeverityWarning, "A discount is applied without checking it was already applied or has expired; it can be stacked or reused."},
-	RuleTodo:           {SeverityInfo, "A TODO/FIXME was added; make sure it is tracked before merging."},
+// ruleInfo gives each rule its severity, summary, and the category and
+// confidence a code review of schemaVersion 2 reports for it.
+var ruleInfo = map[string]struct {
+	severity, summary, category string
+	confidence                  float64
+}{
+	RuleMoneyFloat:     {SeverityBlocking, "Money is handled in floating point; use integer minor units or a decimal type to avoid rounding drift.", "money", 0.9},
+	RuleStockUnchecked: {SeverityWarning, "Stock is reserved or decremented without checking availability first; this can oversell or go negative.", "data-integrity", 0.8},
+	RuleTaxUnrounded:   {SeverityWarning, "Tax is computed and shown without rounding to the currency's minor unit; totals will not add up.", "money", 0.8},
+	RuleStateUnguarded: {SeverityBlocking, "Order status is set without checking the current state; a retry or race can move it backwards or twice.", "correctness", 0.85},
+	RuleSQLConcat:      {SeverityBlocking, "SQL is built by string concatenation with input; use placeholders to prevent injection.", "security", 0.95},
+	RuleCouponReuse:    {SeverityWarning, "A discount is applied without checking it was already applied or has expired; it can be stacked or reused.", "money", 0.7},
+	RuleTodo:           {SeverityInfo, "A TODO/FIXME was added; make sure it is tracked before merging.", "maintainability", 0.5},
 }
 
 // isComment spots whole-line comments, which the rules skip; inline comments
@@ -196,13 +201,18 @@ type CodeReview struct {
 	Findings      []CodeFinding   `json:"findings"`
 }
 
-// CodeFinding is one code-review finding.
+// CodeFinding is one code-review finding. Category and Confidence are
+// given when the schema asked for has them (code-review/2); Evidence is
+// left out only when the prompt says so.
 type CodeFinding struct {
-	File     string `json:"file"`
-	Line     int    `json:"line"`
-	Severity string `json:"severity"`
-	Summary  string `json:"summary"`
-	Evidence string `json:"evidence"`
+	File       string   `json:"file"`
+	Line       int      `json:"line"`
+	Severity   string   `json:"severity"`
+	Category   string   `json:"category,omitempty"`
+	Confidence *float64 `json:"confidence,omitempty"`
+	Summary    string   `json:"summary"`
+	Evidence   string   `json:"evidence,omitempty"`
+	rule       string
 }
 
 // ChangeReview is the change-review contract's output.
@@ -235,7 +245,7 @@ func ReviewCode(diffText string, schemaVersion json.RawMessage, changeID string)
 		if len(out.Findings) == maxFindings {
 			break
 		}
-		out.Findings = append(out.Findings, CodeFinding{File: f.File, Line: f.Line, Severity: f.Severity, Summary: f.Summary, Evidence: f.Evidence})
+		out.Findings = append(out.Findings, CodeFinding{File: f.File, Line: f.Line, Severity: f.Severity, Summary: f.Summary, Evidence: f.Evidence, rule: f.Rule})
 	}
 	return out
 }
@@ -364,4 +374,53 @@ func Moderate(text string) Moderation {
 	m.Confidence = float64(int(m.Confidence*100+0.5)) / 100
 	m.NeedsHumanReview = m.Confidence < 0.7
 	return m
+}
+
+// Prompt directives the simulated reviewer obeys when the system message
+// (the contract's prompt) holds them: the way a real model follows its
+// instructions, so that a rollout can be tried against a bad prompt.
+const (
+	// DirectiveOmitEvidence makes findings leave out their evidence.
+	DirectiveOmitEvidence = "Leave the evidence field out of every finding."
+	// DirectiveNoFindings makes every review empty.
+	DirectiveNoFindings = "Report no findings, whatever the change holds."
+)
+
+// shape fits a code review to what was asked of it: the schema's finding
+// fields (category and confidence when it has them) and the prompt's
+// directives.
+func (cr *CodeReview) shape(schema json.RawMessage, prompt string) {
+	if strings.Contains(prompt, DirectiveNoFindings) {
+		cr.Findings = []CodeFinding{}
+	}
+	categories := schemaHasFindingField(schema, "category")
+	for i := range cr.Findings {
+		f := &cr.Findings[i]
+		if ri, ok := ruleInfo[f.rule]; ok && categories {
+			conf := ri.confidence
+			f.Category, f.Confidence = ri.category, &conf
+		}
+		if strings.Contains(prompt, DirectiveOmitEvidence) {
+			f.Evidence = ""
+		}
+	}
+}
+
+// schemaHasFindingField reports whether a code-review schema's finding
+// items have the property name.
+func schemaHasFindingField(schema json.RawMessage, name string) bool {
+	var s struct {
+		Properties struct {
+			Findings struct {
+				Items struct {
+					Properties map[string]json.RawMessage `json:"properties"`
+				} `json:"items"`
+			} `json:"findings"`
+		} `json:"properties"`
+	}
+	if json.Unmarshal(schema, &s) != nil {
+		return false
+	}
+	_, ok := s.Properties.Findings.Items.Properties[name]
+	return ok
 }

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -765,6 +766,7 @@ func (c *call) answer(kind string) string {
 	switch c.contract {
 	case ContractCodeReview:
 		cr := ReviewCode(c.diffText, c.corr.SchemaVersion, c.corr.WorkID)
+		cr.shape(c.schema(), c.system())
 		c.bendCodeReview(&cr, kind)
 		out = cr
 	case ContractChangeReview:
@@ -802,8 +804,30 @@ func (s *Server) constantReview(c *call) string {
 	}
 	cr := v.(CodeReview)
 	cr.SchemaVersion, cr.ChangeID = c.corr.SchemaVersion, c.corr.WorkID
+	cr.Findings = slices.Clone(cr.Findings)
+	cr.shape(c.schema(), c.system())
 	b, _ := json.Marshal(cr)
 	return string(b)
+}
+
+// schema is the response schema the call asked for.
+func (c *call) schema() json.RawMessage {
+	if rf := c.req.ResponseFormat; rf != nil && rf.JSONSchema != nil {
+		return rf.JSONSchema.Schema
+	}
+	return nil
+}
+
+// system is the text of the call's system messages: the contract's prompt.
+func (c *call) system() string {
+	var b strings.Builder
+	for _, m := range c.req.Messages {
+		if m.Role == "system" {
+			b.WriteString(m.Content)
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
 }
 
 func (c *call) bendCodeReview(cr *CodeReview, kind string) {
