@@ -338,7 +338,7 @@ func (r *Registry) Get(name string) (*Contract, bool) {
 }
 
 // Version returns the contract of one schema version ("code-review/2"),
-// whichever is its name's default.
+// whether or not it is its name's default.
 func (r *Registry) Version(schemaVersion string) (*Contract, bool) {
 	c, ok := r.byVersion[schemaVersion]
 	return c, ok
