@@ -103,6 +103,9 @@ func (s *Store) InsertBatch(ctx context.Context, b *Batch, entries []*BatchEntry
 // insertBatchWork is the ingress fence for a batch's items, in id order.
 func insertBatchWork(ctx context.Context, tx pgx.Tx, b *Batch, order []*BatchEntry, announce func(*Work) ([]OutboxMsg, error)) error {
 	n := len(order)
+	if n == 0 {
+		return nil
+	}
 	var (
 		ids, tenants, regions, contracts, schemas, taxonomies = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		sources, revisions, lanes, inputs, digests, traces    = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -110,10 +113,15 @@ func insertBatchWork(ctx context.Context, tx pgx.Tx, b *Batch, order []*BatchEnt
 		items                                                 = make([]string, n)
 	)
 	byID := make(map[string]*BatchEntry, n)
+	// A batch's items are made by one route: one version, model and prompt.
+	first := order[0].Work
 	for i, e := range order {
 		w := e.Work
 		if w.TenantID != b.TenantID || w.Contract != b.Contract {
 			return fmt.Errorf("item %s: work of tenant %s and contract %s in a batch of %s and %s", e.ItemID, w.TenantID, w.Contract, b.TenantID, b.Contract)
+		}
+		if w.SchemaVersion != first.SchemaVersion || w.Model != first.Model || w.PromptDigest != first.PromptDigest || w.ShadowOf != "" {
+			return fmt.Errorf("item %s: made by another route than the batch's first item", e.ItemID)
 		}
 		ids[i], tenants[i], regions[i], contracts[i], schemas[i], taxonomies[i] = w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion
 		sources[i], revisions[i], lanes[i], inputs[i], digests[i], traces[i] = w.SourceID, w.Revision, w.Lane, w.Input, w.Digest, w.Traceparent
@@ -121,9 +129,9 @@ func insertBatchWork(ctx context.Context, tx pgx.Tx, b *Batch, order []*BatchEnt
 		byID[w.ID] = e
 	}
 	rows, err := tx.Query(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version, taxonomy_version,
-			source_id, revision, lane, input, content_digest, deadline_at, traceparent, direct)
+			source_id, revision, lane, input, content_digest, deadline_at, traceparent, direct, model, prompt_digest)
 		SELECT id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane, input,
-			content_digest, deadline_at, NULLIF(traceparent, ''), false
+			content_digest, deadline_at, NULLIF(traceparent, ''), false, NULLIF($14, ''), NULLIF($15, '')
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
 			$9::text[], $10::text[], $11::text[], $12::timestamptz[], $13::text[])
 			AS x(id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane, input,
@@ -131,7 +139,8 @@ func insertBatchWork(ctx context.Context, tx pgx.Tx, b *Batch, order []*BatchEnt
 		ORDER BY id
 		ON CONFLICT DO NOTHING
 		RETURNING `+workColumns,
-		ids, tenants, regions, contracts, schemas, taxonomies, sources, revisions, lanes, inputs, digests, deadlines, traces)
+		ids, tenants, regions, contracts, schemas, taxonomies, sources, revisions, lanes, inputs, digests, deadlines, traces,
+		first.Model, first.PromptDigest)
 	if err != nil {
 		return err
 	}

@@ -103,6 +103,62 @@ type ConsoleFigures struct {
 	// Circuits are the cell's circuit per model (the provider's condition,
 	// the same for every tenant).
 	Circuits []Circuit
+	// Rollouts are the routes that apply (every tenant's, and the
+	// tenant's own) with their candidates' shadow runs of the last hour.
+	Rollouts []RolloutFigures
+}
+
+// RolloutFigures are one route and its candidate's shadow runs of the
+// last hour: how many, ended how.
+type RolloutFigures struct {
+	Route
+	Runs, Open, Accepted, StructuralFailures int64
+	// CostMicros is what the shadow runs' calls cost, LiveCostMicros what
+	// their live twins' did.
+	CostMicros, LiveCostMicros int64
+}
+
+// rolloutFigures reads the routes that apply to tenant ("": all) and the
+// shadow runs of their candidates created in the last hour.
+func rolloutFigures(ctx context.Context, q querier, tenant string) ([]RolloutFigures, error) {
+	rows, err := q.Query(ctx, `SELECT r.scope, r.contract, r.live_version, coalesce(r.live_model, ''),
+			coalesce(r.live_prompt, ''), coalesce(r.candidate_version, ''), coalesce(r.candidate_model, ''),
+			coalesce(r.candidate_prompt, ''), r.shadow_share, r.updated_at, coalesce(r.updated_by, ''),
+			coalesce(s.runs, 0), coalesce(s.open, 0), coalesce(s.accepted, 0), coalesce(s.rejected, 0),
+			coalesce(s.cost, 0), coalesce(s.live_cost, 0)
+		FROM contract_routes r
+		LEFT JOIN LATERAL (
+			SELECT count(*) AS runs, count(*) FILTER (WHERE w.state IN ('queued', 'running')) AS open,
+				count(*) FILTER (WHERE w.state = 'accepted') AS accepted,
+				count(*) FILTER (WHERE w.state = 'schema_rejected') AS rejected,
+				sum((SELECT coalesce(sum(l.cost_micros), 0) FROM attempts a JOIN ledger l ON l.attempt_id = a.id
+					WHERE a.work_id = w.id)) AS cost,
+				sum((SELECT coalesce(sum(l.cost_micros), 0) FROM attempts a JOIN ledger l ON l.attempt_id = a.id
+					WHERE a.work_id = w.shadow_of)) AS live_cost
+			FROM work w
+			WHERE w.shadow_of IS NOT NULL AND w.shadow_of NOT LIKE 'check:%' AND w.contract = r.contract
+				AND w.schema_version = r.candidate_version AND w.created_at > now() - interval '1 hour'
+				AND (CASE WHEN r.scope = '*' THEN true ELSE w.tenant_id = r.scope END)
+				AND ($1 = '' OR w.tenant_id = $1)
+		) s ON r.candidate_version IS NOT NULL
+		WHERE $1 = '' OR r.scope IN ('*', $1)
+		ORDER BY r.contract, r.scope`, tenant)
+	if err != nil {
+		return nil, fmt.Errorf("store: rollout figures: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (RolloutFigures, error) {
+		var f RolloutFigures
+		var share float32
+		err := r.Scan(&f.Scope, &f.Contract, &f.Live.Version, &f.Live.Model, &f.Live.Prompt, &f.Candidate.Version,
+			&f.Candidate.Model, &f.Candidate.Prompt, &share, &f.UpdatedAt, &f.UpdatedBy, &f.Runs, &f.Open, &f.Accepted,
+			&f.StructuralFailures, &f.CostMicros, &f.LiveCostMicros)
+		f.ShadowShare = float64(share)
+		return f, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: rollout figures: %w", err)
+	}
+	return out, nil
 }
 
 // consoleFailed is how many failed publications the console lists.
@@ -143,6 +199,9 @@ func (s *Store) Console(ctx context.Context, window time.Duration, tenant string
 			return err
 		}
 		if f.Spend, err = spendSince(ctx, tx, since, tenant); err != nil {
+			return err
+		}
+		if f.Rollouts, err = rolloutFigures(ctx, tx, tenant); err != nil {
 			return err
 		}
 		return publicationFigures(ctx, tx, tenant, &f)

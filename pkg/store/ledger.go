@@ -105,11 +105,13 @@ func (s *Store) RecordLedger(ctx context.Context, r LedgerRow) (rec Recorded, ex
 
 // recordLedgerSQL inserts a ledger row and settles its attempt's budget
 // reservation, in one statement; it answers whether the row is new and
-// what it cost beyond its reservation.
+// what it cost beyond its reservation. A shadow work's row is marked
+// shadow, and charged to the tenant like any other.
 const recordLedgerSQL = `WITH ins AS (
 			INSERT INTO ledger (attempt_id, tenant_id, work_id, model, served_model, outcome,
-				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated)
-			VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, $9, $10, $11, $12, $13)
+				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated, shadow)
+			VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, $9, $10, $11, $12, $13,
+				coalesce((SELECT w.shadow_of IS NOT NULL FROM work w WHERE w.id = $3), false))
 			ON CONFLICT (attempt_id) DO NOTHING RETURNING attempt_id),
 		res AS (UPDATE budget_reservations SET settled_at = now()
 			WHERE attempt_id = $1 AND settled_at IS NULL AND EXISTS (SELECT 1 FROM ins)

@@ -49,6 +49,16 @@ type Work struct {
 	// attempt budget does not count.
 	OutageAttempts int
 
+	// Model is the model the work is asked of; "" is the cell's model.
+	// PromptDigest names the prompt it is asked with (contract_prompts);
+	// "" is its contract version's own.
+	Model        string
+	PromptDigest string
+	// ShadowOf marks shadow work: the id of the live work it runs beside,
+	// or "check:<id>" for an item of a rollout check. Shadow work is never
+	// published and opens no review item; its calls are ledgered, marked.
+	ShadowOf string
+
 	// SupersedeOlder, on insert, ends the same source's other revisions
 	// that have not reached an outcome as superseded (a force-push). With
 	// SourceUpdatedAt set it keeps push order: only revisions whose source
@@ -73,7 +83,8 @@ func (w *Work) Terminal() bool { return outcome.IsTerminal(w.State) }
 const workColumns = `id, tenant_id, region, contract, schema_version, taxonomy_version, source_id,
 	revision, lane, input, content_digest, state, coalesce(reason, ''), coalesce(lease_token::text, ''),
 	coalesce(lease_expires_at, 'epoch'), attempts, repairs, coalesce(repair_note, ''), dispatch,
-	deadline_at, created_at, updated_at, coalesce(output_cap, 0), coalesce(retry_at, 'epoch'), coalesce(traceparent, ''), outage_attempts`
+	deadline_at, created_at, updated_at, coalesce(output_cap, 0), coalesce(retry_at, 'epoch'), coalesce(traceparent, ''), outage_attempts,
+	coalesce(model, ''), coalesce(prompt_digest, ''), coalesce(shadow_of, '')`
 
 func scanWork(row pgx.Row) (*Work, error) { return scanWorkWith(row) }
 
@@ -83,7 +94,8 @@ func scanWorkWith(row pgx.Row, extra ...any) (*Work, error) {
 	err := row.Scan(append([]any{&w.ID, &w.TenantID, &w.Region, &w.Contract, &w.SchemaVersion, &w.TaxonomyVersion,
 		&w.SourceID, &w.Revision, &w.Lane, &w.Input, &w.Digest, &w.State, &w.Reason, &w.LeaseToken,
 		&w.LeaseExpiresAt, &w.Attempts, &w.Repairs, &w.RepairNote, &w.Dispatch, &w.DeadlineAt,
-		&w.CreatedAt, &w.UpdatedAt, &w.OutputCap, &w.RetryAt, &w.Traceparent, &w.OutageAttempts}, extra...)...)
+		&w.CreatedAt, &w.UpdatedAt, &w.OutputCap, &w.RetryAt, &w.Traceparent, &w.OutageAttempts,
+		&w.Model, &w.PromptDigest, &w.ShadowOf}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -135,8 +147,9 @@ func (s *Store) insertNew(ctx context.Context, w *Work, announce func(*Work) ([]
 	var superseded, running []string
 	got, err := scanWorkWith(s.pool.QueryRow(ctx, `WITH ins AS (
 			INSERT INTO work (id, tenant_id, region, contract, schema_version, taxonomy_version, source_id,
-				revision, lane, input, content_digest, deadline_at, state, traceparent)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'queued', NULLIF($13, ''))
+				revision, lane, input, content_digest, deadline_at, state, traceparent, model, prompt_digest, shadow_of)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'queued', NULLIF($13, ''),
+				NULLIF($15, ''), NULLIF($16, ''), NULLIF($17, ''))
 			ON CONFLICT DO NOTHING
 			RETURNING `+workColumns+`),
 		old AS (SELECT id, state FROM work
@@ -147,12 +160,13 @@ func (s *Store) insertNew(ctx context.Context, w *Work, announce func(*Work) ([]
 				reason = 'superseded by revision ' || $8, updated_at = now()
 			FROM old WHERE w.id = old.id
 			RETURNING w.id, old.state),
-		ob AS (`+outboxInsert(15, `EXISTS (SELECT 1 FROM ins)`)+`)
+		ob AS (`+outboxInsert(18, `EXISTS (SELECT 1 FROM ins)`)+`)
 		SELECT ins.*, coalesce((SELECT array_agg(id ORDER BY id) FROM sup), '{}'),
 			coalesce((SELECT array_agg(id ORDER BY id) FROM sup WHERE state = 'running'), '{}')
 		FROM ins`,
 		append([]any{w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID, w.Revision,
-			w.Lane, w.Input, w.Digest, w.DeadlineAt, w.Traceparent, w.SupersedeOlder}, ob.args()...)...), &superseded, &running)
+			w.Lane, w.Input, w.Digest, w.DeadlineAt, w.Traceparent, w.SupersedeOlder, w.Model, w.PromptDigest, w.ShadowOf},
+			ob.args()...)...), &superseded, &running)
 	if errors.Is(err, ErrNotFound) {
 		return nil, nil
 	}
@@ -214,12 +228,14 @@ func insertOrFind(ctx context.Context, tx pgx.Tx, w *Work) (*Work, bool, error) 
 	}
 	got, err := scanWork(tx.QueryRow(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version,
 			taxonomy_version, source_id, revision, lane, input, content_digest, deadline_at, source_updated_at,
-			state, reason, traceparent)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, NULLIF($15, ''), NULLIF($16, ''))
+			state, reason, traceparent, model, prompt_digest, shadow_of)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, NULLIF($15, ''), NULLIF($16, ''),
+			NULLIF($17, ''), NULLIF($18, ''), NULLIF($19, ''))
 		ON CONFLICT DO NOTHING
 		RETURNING `+workColumns,
 		w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID,
-		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt, sourceTime(w.SourceUpdatedAt), state, w.DropReason, w.Traceparent))
+		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt, sourceTime(w.SourceUpdatedAt), state, w.DropReason, w.Traceparent,
+		w.Model, w.PromptDigest, w.ShadowOf))
 	if err == nil || !errors.Is(err, ErrNotFound) {
 		return got, err == nil, err
 	}
