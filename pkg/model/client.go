@@ -179,6 +179,9 @@ type Call struct {
 	// MaxTokens caps the answer's units (0: the provider's default). The
 	// budget reservation counts on it as an upper bound.
 	MaxTokens int
+	// Model asks another model than the client's (a rollout candidate's);
+	// "" asks the client's.
+	Model string
 }
 
 // Reply is a successful answer, or on error whatever was observed of it.
@@ -272,6 +275,9 @@ func (c *Client) complete(ctx context.Context, call Call, endpoint string) (*Rep
 	}
 	resp.Body.Close()
 	rep := &Reply{Status: resp.StatusCode, Latency: time.Since(start), Model: c.Model, Sent: true}
+	if call.Model != "" {
+		rep.Model = call.Model
+	}
 	rep.Raw = raw
 	if readErr != nil {
 		e := transportError(ctx, "reading response", readErr)
@@ -300,8 +306,12 @@ func (c *Client) complete(ctx context.Context, call Call, endpoint string) (*Rep
 // Complete sends it and as a Batch API line carries it.
 func (c *Client) RequestBody(call Call) ([]byte, error) {
 	temp := 0.0
+	name := c.Model
+	if call.Model != "" {
+		name = call.Model
+	}
 	return json.Marshal(ChatRequest{
-		Model:    c.Model,
+		Model:    name,
 		Messages: call.Messages,
 		ResponseFormat: &ResponseFormat{
 			Type:       "json_schema",

@@ -297,7 +297,7 @@ func (l *batchLane) enqueue(ctx context.Context, w *store.Work, budgeted bool, c
 // estimate bounds one line's cost from above at the batch price.
 func (l *batchLane) estimate(c *contract.Contract, w *store.Work) int64 {
 	s := l.s
-	return s.cfg.Prices.BatchCostMicros(s.cfg.Model, s.inputUnits(c, w), int64(s.outputCap(w)))
+	return s.cfg.Prices.BatchCostMicros(s.modelOf(w), s.inputUnits(c, w), int64(s.outputCap(w)))
 }
 
 // pass forms a batch when enough lines wait (or the oldest waited long
@@ -694,7 +694,11 @@ func (l *batchLane) reconcileLine(ctx context.Context, b *store.ProviderBatch, l
 		l.s.d.Log.Warn("reading a batch line's work failed; reconciled next poll", "key", line.WorkID, "attempt", line.AttemptID, "err", err)
 		return
 	}
-	c, known := l.s.d.Contracts.Get(w.Contract)
+	c, known, err := l.s.contractOf(ctx, w)
+	if err != nil {
+		l.s.d.Log.Warn("reading a batch line's prompt failed; reconciled next poll", "key", w.ID, "attempt", line.AttemptID, "err", err)
+		return
+	}
 	if !known {
 		l.s.d.Log.Error("a batch line's contract is not known to this worker; left open", "key", w.ID, "contract", w.Contract)
 		return

@@ -237,6 +237,8 @@ type Service struct {
 	// batches sends batch-lane work through the provider's Batch API;
 	// nil when the cell does not.
 	batches *batchLane
+	// prompts holds the contracts of rollout prompts read so far, by digest.
+	prompts sync.Map
 	fair    *fairLanes
 	report  lifecycle.Ticker
 	circ    *circuit

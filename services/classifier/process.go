@@ -104,7 +104,11 @@ func (s *Service) read(ctx context.Context, ev event.Work, need time.Duration) (
 		s.d.Log.Warn("read work failed", "key", ev.WorkID, "err", err)
 		return nil, false, nil, consumer.Retry(time.Second), false
 	}
-	c, known := s.d.Contracts.Get(w.Contract)
+	c, known, err := s.contractOf(ctx, w)
+	if err != nil {
+		s.d.Log.Warn("read work's prompt failed", "key", ev.WorkID, "err", err)
+		return nil, false, nil, consumer.Retry(time.Second), false
+	}
 	if st := admit(ev, w, time.Now(), need, s.cfg.MaxAttempts, known); !st.proceed {
 		return nil, false, nil, s.carry(ctx, w.ID, w, st), false
 	}
@@ -399,7 +403,7 @@ func (s *Service) limits() limits {
 // estimated: the provider may bill them, and the ledger never under-counts.
 func (s *Service) attemptEvent(c *contract.Contract, w *store.Work, attemptID, outcome string, reply *model.Reply, callErr error) event.Attempt {
 	att := event.Attempt{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
-		Number: w.Attempts, Model: s.cfg.Model, Outcome: outcome, UpstreamAttempts: 1, At: time.Now().UTC()}
+		Number: w.Attempts, Model: s.modelOf(w), Outcome: outcome, UpstreamAttempts: 1, At: time.Now().UTC()}
 	if reply == nil {
 		return att
 	}
@@ -483,7 +487,45 @@ func (s *Service) modelCall(c *contract.Contract, w *store.Work) model.Call {
 		Messages: model.Messages(c.Prompt, model.Correlation{WorkID: w.ID, SchemaVersion: c.WireSchemaVersion,
 			TaxonomyVersion: w.TaxonomyVersion}, repair, json.RawMessage(w.Input)),
 		MaxTokens: s.outputCap(w),
+		Model:     w.Model,
 	}
+}
+
+// modelOf is the model w is asked of: its own (a rollout's), or the cell's.
+func (s *Service) modelOf(w *store.Work) string {
+	if w.Model != "" {
+		return w.Model
+	}
+	return s.cfg.Model
+}
+
+// contractOf is the contract w was made for: its version, which it carries
+// from ingress to its result, asked with its prompt when a rollout named
+// another than the version's own. known is false for a version or prompt
+// this cell does not have; err is a failed read, worth trying again.
+func (s *Service) contractOf(ctx context.Context, w *store.Work) (c *contract.Contract, known bool, err error) {
+	c, known = s.d.Contracts.Of(w.Contract, w.SchemaVersion)
+	if !known || w.PromptDigest == "" || w.PromptDigest == c.PromptDigest {
+		return c, known, nil
+	}
+	if v, ok := s.prompts.Load(w.PromptDigest); ok {
+		return v.(*contract.Contract), true, nil
+	}
+	text, err := s.d.Store.Prompt(ctx, w.PromptDigest)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	if contract.PromptDigest(text) != w.PromptDigest {
+		// Not the text the rollout checked: never asked with it.
+		return nil, false, nil
+	}
+	cp := *c
+	cp.Prompt, cp.PromptDigest = text, w.PromptDigest
+	v, _ := s.prompts.LoadOrStore(w.PromptDigest, &cp)
+	return v.(*contract.Contract), true, nil
 }
 
 // outputCap is the answer cap of the next attempt at w: the classifier's,
@@ -498,7 +540,7 @@ func (s *Service) outputCap(w *store.Work) int {
 // Estimate bounds one attempt's cost from above: the request's input units
 // and the answer at its cap.
 func (s *Service) Estimate(c *contract.Contract, w *store.Work) int64 {
-	return s.cfg.Prices.CostMicros(s.cfg.Model, s.inputUnits(c, w), int64(s.outputCap(w)))
+	return s.cfg.Prices.CostMicros(s.modelOf(w), s.inputUnits(c, w), int64(s.outputCap(w)))
 }
 
 // inputUnits estimates a request's input units from above: its bytes over

@@ -25,5 +25,7 @@ type Store interface {
 	WorkToRunGroup(ctx context.Context, ids []string) []store.ToRun
 	ClaimGroup(ctx context.Context, reqs []store.ClaimReq) []store.Claimed
 	RecordAttemptGroup(ctx context.Context, recs []store.AttemptRecord) []store.AttemptRecorded
+	// Prompt reads a rollout's prompt by its digest.
+	Prompt(ctx context.Context, digest string) (string, error)
 	circuitStore
 }

@@ -137,6 +137,7 @@ type Service struct {
 	cfg       Config
 	d         Deps
 	verdicts  metric.Int64Counter
+	shadows   metric.Int64Counter
 	refused   metric.Int64Counter
 	endToEnd  metric.Float64Histogram
 	results   *consumer.Consumer
@@ -180,6 +181,10 @@ func New(cfg Config, d Deps) (*Service, error) {
 	var err error
 	if s.verdicts, err = d.Tel.Meter().Int64Counter("assay_committer_verdicts",
 		metric.WithDescription("final answers by verdict")); err != nil {
+		return nil, err
+	}
+	if s.shadows, err = d.Tel.Meter().Int64Counter("assay_shadow_outcomes",
+		metric.WithDescription("rollout shadow work (a candidate beside live work, or a rollout check's item) by contract, version and outcome")); err != nil {
 		return nil, err
 	}
 	if s.endToEnd, err = d.Tel.Seconds("assay_end_to_end", "from work created to its outcome"); err != nil {
@@ -261,6 +266,14 @@ func New(cfg Config, d Deps) (*Service, error) {
 // budget, refused by the provider) when the announcer announces it, so
 // the histogram's count by outcome is the cell's endings by outcome.
 func (s *Service) recordEnd(ctx context.Context, w *store.Work, outcome string, took time.Duration) {
+	if w.ShadowOf != "" {
+		// A rollout's shadow: counted apart, never in the cell's service
+		// levels.
+		s.shadows.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.cfg.Region),
+			attribute.String("contract", w.Contract), attribute.String("version", w.SchemaVersion),
+			attribute.String("outcome", outcome)))
+		return
+	}
 	s.endToEnd.Record(ctx, max(took, 0).Seconds(), metric.WithAttributes(attribute.String("region", s.cfg.Region),
 		attribute.String("lane", w.Lane), attribute.String("contract", w.Contract), attribute.String("outcome", outcome),
 		attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
@@ -269,9 +282,14 @@ func (s *Service) recordEnd(ctx context.Context, w *store.Work, outcome string, 
 // announceBatch bounds the outcomes one announcer pass writes.
 const announceBatch = 200
 
-// announce builds the OUTCOME event of a work item's outcome.
+// announce builds the OUTCOME event of a work item's outcome. A
+// rollout's shadow work has none: nothing is published or called back for
+// it.
 func (s *Service) announce(ctx context.Context) store.Announce {
 	return func(w *store.Work, state string) ([]store.OutboxMsg, error) {
+		if w.ShadowOf != "" {
+			return nil, nil
+		}
 		id := event.OutcomeMsgID(w.ID, state)
 		m, err := outbox.Msg(ctx, event.KindOutcome, s.cfg.Names.Outcome(w.TenantID), id,
 			event.Outcome{OutcomeID: id, WorkID: w.ID, TenantID: w.TenantID, Region: s.cfg.Region, Outcome: state, At: time.Now().UTC()})
@@ -428,7 +446,9 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 		}
 		known := false
 		if w != nil {
-			c, known = s.d.Contracts.Get(w.Contract)
+			// The version the work was made for: v1 work finishing during
+			// a switch to v2 is gated as v1.
+			c, known = s.d.Contracts.Of(w.Contract, w.SchemaVersion)
 		}
 		act, reason = triage(ev, w, known)
 	}
@@ -500,7 +520,7 @@ func (s *Service) reject(ctx context.Context, w *store.Work, ev event.Result, re
 // decided logs a verdict and, when it is one of a final answer's, counts it;
 // work it ended has its end-to-end time recorded.
 func (s *Service) decided(ctx context.Context, w *store.Work, ev event.Result, v verdict, count bool, attrs ...slog.Attr) error {
-	if count {
+	if count && w.ShadowOf == "" {
 		s.verdicts.Add(ctx, 1, metric.WithAttributes(attribute.String("verdict", v.word), attribute.String("region", s.cfg.Region)))
 	}
 	if v.word == verdictAccepted || v.word == verdictRejected || v.word == verdictLate {
