@@ -57,21 +57,24 @@ type Links struct {
 
 // WorkView answers GET /v1/work/{id}.
 type WorkView struct {
-	WorkID     string        `json:"workId"`
-	TenantID   string        `json:"tenantId"`
-	Region     string        `json:"region"`
-	Contract   string        `json:"contract"`
-	SourceID   string        `json:"sourceId"`
-	Revision   string        `json:"revision"`
-	Lane       string        `json:"lane"`
-	State      string        `json:"state"`
-	Outcome    *string       `json:"outcome"`
-	Reason     string        `json:"reason,omitempty"`
-	DeadlineAt time.Time     `json:"deadlineAt"`
-	CreatedAt  time.Time     `json:"createdAt"`
-	UpdatedAt  time.Time     `json:"updatedAt"`
-	Attempts   []AttemptView `json:"attempts"`
-	Result     *ResultView   `json:"result,omitempty"`
+	WorkID   string `json:"workId"`
+	TenantID string `json:"tenantId"`
+	Region   string `json:"region"`
+	Contract string `json:"contract"`
+	// SchemaVersion is the contract version the work was made for, which
+	// its result has.
+	SchemaVersion string        `json:"schemaVersion"`
+	SourceID      string        `json:"sourceId"`
+	Revision      string        `json:"revision"`
+	Lane          string        `json:"lane"`
+	State         string        `json:"state"`
+	Outcome       *string       `json:"outcome"`
+	Reason        string        `json:"reason,omitempty"`
+	DeadlineAt    time.Time     `json:"deadlineAt"`
+	CreatedAt     time.Time     `json:"createdAt"`
+	UpdatedAt     time.Time     `json:"updatedAt"`
+	Attempts      []AttemptView `json:"attempts"`
+	Result        *ResultView   `json:"result,omitempty"`
 	// Publications are where the outcome went, one per target.
 	Publications []PublicationView `json:"publications"`
 }
@@ -177,6 +180,7 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, _ := s.d.Contracts.Get(req.Contract)
+	c, _ = s.contractFor(ctx, t.ID, c)
 	work := s.newWork(ctx, t, c, req.SourceID, req.Revision, req.Lane, compact(req.Input), s.deadline(req))
 	span.SetAttributes(attribute.String("assay.work_id", work.ID), attribute.String("assay.tenant", t.ID))
 	// The rate token is taken before the input is checked against its
@@ -215,6 +219,7 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.relay.Kick()
+	s.goShadow(ctx, work)
 	s.logSuperseded(ctx, got)
 	s.count(ctx, outcome.Accepted)
 	telemetry.Decision(ctx, s.d.Log, got.ID, outcome.Queued, "new ingress key",
@@ -416,7 +421,7 @@ func (s *Service) View(ctx context.Context, id string) (*WorkView, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &WorkView{WorkID: wk.ID, TenantID: wk.TenantID, Region: wk.Region, Contract: wk.Contract,
+	v := &WorkView{WorkID: wk.ID, TenantID: wk.TenantID, Region: wk.Region, Contract: wk.Contract, SchemaVersion: wk.SchemaVersion,
 		SourceID: wk.SourceID, Revision: wk.Revision, Lane: wk.Lane, State: wk.State, Reason: wk.Reason,
 		DeadlineAt: wk.DeadlineAt, CreatedAt: wk.CreatedAt, UpdatedAt: wk.UpdatedAt, Attempts: []AttemptView{}}
 	if wk.Terminal() {

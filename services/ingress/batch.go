@@ -198,6 +198,7 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 		refused.Write(w)
 		return
 	}
+	c, _ = s.contractFor(ctx, t.ID, c)
 	deadline := time.Now().Add(s.cfg.BatchDeadline)
 	if req.DeadlineSeconds > 0 {
 		deadline = time.Now().Add(time.Duration(req.DeadlineSeconds) * time.Second)
@@ -248,6 +249,13 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.relay.Kick()
+	var made []*store.Work
+	for _, e := range entries {
+		if e.Created {
+			made = append(made, e.Work)
+		}
+	}
+	s.goShadow(ctx, made...)
 	for _, e := range entries {
 		resp.Items = append(resp.Items, BatchItemWork{ItemID: e.ItemID, WorkID: e.Got.ID, State: e.Got.State, Existing: !e.Created})
 		if e.Created {

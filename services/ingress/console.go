@@ -49,7 +49,40 @@ type Console struct {
 	// Circuits are the cell's circuit per model: whether the provider
 	// answers, the same for everyone.
 	Circuits []ConsoleCircuit `json:"circuits"`
+	// Rollouts are the contracts' routes that apply, each with its
+	// candidate's shadow runs of the last hour (assay rollout compare has
+	// their agreement with live work).
+	Rollouts []ConsoleRollout `json:"rollouts"`
 	At       time.Time        `json:"at"`
+}
+
+// ConsoleRollout is one route: what new work gets, the candidate beside
+// it and how its shadow runs of the last hour ended.
+type ConsoleRollout struct {
+	Contract           string  `json:"contract"`
+	Scope              string  `json:"scope"`
+	Live               string  `json:"live"`
+	Candidate          string  `json:"candidate,omitempty"`
+	ShadowShare        float64 `json:"shadowShare"`
+	Runs               int64   `json:"runs"`
+	Open               int64   `json:"open"`
+	Accepted           int64   `json:"accepted"`
+	StructuralFailures int64   `json:"structuralFailures"`
+	CostMicros         int64   `json:"costMicros"`
+	LiveCostMicros     int64   `json:"liveCostMicros"`
+}
+
+// variantLabel names a route's variant in a line: its version, and its
+// model and prompt when they are not the cell's and the version's own.
+func variantLabel(v store.Variant) string {
+	out := v.Version
+	if v.Model != "" {
+		out += " · " + v.Model
+	}
+	if v.Prompt != "" && len(v.Prompt) > len("sha256:")+12 {
+		out += " · " + v.Prompt[:len("sha256:")+12]
+	}
+	return out
 }
 
 // ConsolePublications are one target's publications not made.
@@ -164,6 +197,16 @@ func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error)
 		c.Spend = append(c.Spend, ConsoleSpend{TenantID: tenant})
 	}
 	c.publications(f)
+	c.Rollouts = []ConsoleRollout{}
+	for _, r := range f.Rollouts {
+		cr := ConsoleRollout{Contract: r.Contract, Scope: r.Scope, Live: variantLabel(r.Live), ShadowShare: r.ShadowShare,
+			Runs: r.Runs, Open: r.Open, Accepted: r.Accepted, StructuralFailures: r.StructuralFailures,
+			CostMicros: r.CostMicros, LiveCostMicros: r.LiveCostMicros}
+		if r.Candidate.Version != "" {
+			cr.Candidate = variantLabel(r.Candidate)
+		}
+		c.Rollouts = append(c.Rollouts, cr)
+	}
 	if tenant == "" {
 		c.Consumers = s.consumerLag(ctx)
 	}

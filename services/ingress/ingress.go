@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -69,6 +70,9 @@ type Config struct {
 	// unfinished per lane, the views of the last day) are sampled. Default
 	// 15s.
 	WatchEvery time.Duration
+	// RoutesEvery is how often the contracts' routes are read again: a
+	// change of a route reaches new work within it.
+	RoutesEvery time.Duration
 	// ConsoleEvery is how often a console stream looks for new figures.
 	// Default 2s.
 	ConsoleEvery time.Duration
@@ -156,6 +160,9 @@ func (c *Config) defaults() error {
 	if c.OutboxRetention == 0 {
 		c.OutboxRetention = 24 * time.Hour
 	}
+	if c.RoutesEvery == 0 {
+		c.RoutesEvery = 5 * time.Second
+	}
 	if c.WatchEvery == 0 {
 		c.WatchEvery = 15 * time.Second
 	}
@@ -232,6 +239,7 @@ var Vars = []config.Var{
 	{Name: "ASSAY_OUTBOX_RETENTION", Default: "24h", Usage: "published outbox rows are purged after this"},
 	{Name: "ASSAY_DATA_RETENTION", Default: "720h", Usage: "inputs and raw answers of ended work are cleared after this"},
 	{Name: "ASSAY_WATCH_EVERY", Default: "15s", Usage: "how often the gauges of the cell's work are sampled"},
+	{Name: "ASSAY_ROUTES_EVERY", Default: "5s", Usage: "how often the contracts' routes (assay rollout) are read again; a change reaches new work within it"},
 	{Name: "ASSAY_CONSOLE_EVERY", Default: "2s", Usage: "how often a console stream looks for new figures"},
 	{Name: "ASSAY_TOKEN_CACHE", Default: "2s", Usage: "how long a token's tenant is remembered while changes to tenants are not heard; a revocation or suspension takes effect within it (0s: never remembered)"},
 	{Name: "ASSAY_TOKEN_CACHE_LISTENING", Default: "5m", Usage: "how long it is remembered while the database tells of every change to a tenant or its tokens (each forgotten as it changes)"},
@@ -255,6 +263,7 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		config.Duration{Name: "ASSAY_OUTBOX_RETENTION", To: &c.OutboxRetention, Min: 2 * time.Hour, Max: 366 * 24 * time.Hour},
 		config.Duration{Name: "ASSAY_DATA_RETENTION", To: &c.DataRetention, Min: time.Hour, Max: 10 * 366 * 24 * time.Hour},
 		config.Duration{Name: "ASSAY_WATCH_EVERY", To: &c.WatchEvery, Min: time.Second, Max: time.Hour},
+		config.Duration{Name: "ASSAY_ROUTES_EVERY", To: &c.RoutesEvery, Min: 100 * time.Millisecond, Max: 10 * time.Minute},
 		config.Duration{Name: "ASSAY_CONSOLE_EVERY", To: &c.ConsoleEvery, Min: 100 * time.Millisecond, Max: time.Minute},
 		config.Duration{Name: "ASSAY_TOKEN_CACHE", To: &c.TokenCache, Min: 0, Max: time.Minute},
 		config.Duration{Name: "ASSAY_TOKEN_CACHE_LISTENING", To: &c.TokenCacheListening, Min: time.Second, Max: 24 * time.Hour},
@@ -296,13 +305,18 @@ type Service struct {
 	sweeper lifecycle.Ticker
 	janitor lifecycle.Ticker
 	watcher lifecycle.Ticker
-	watched watch
-	open    openStreams
-	shared  consoleShared
+	router  lifecycle.Ticker
+	routes  routes
+	// shadowing counts the shadow twins being made; Stop waits for them.
+	shadowing sync.WaitGroup
+	watched   watch
+	open      openStreams
+	shared    consoleShared
 
 	submitted metric.Int64Counter
 	webhooks  metric.Int64Counter
 	dropped   metric.Int64Counter
+	shadows   metric.Int64Counter
 	buckets   *admission.Buckets
 	tokens    *auth.Cache
 	tenants   *tenantWatch // keeps tokens told of changes; nil when the store cannot
@@ -335,6 +349,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 	wt := &s.watcher
 	wt.Name, wt.Every, wt.Log, wt.PassTimeout = "watch", cfg.WatchEvery, d.Log, time.Minute
 	wt.Pass = s.sample
+	rt := &s.router
+	rt.Name, rt.Every, rt.Log, rt.PassTimeout = "routes", cfg.RoutesEvery, d.Log, 30*time.Second
+	rt.Pass = s.refreshRoutes
 	if err := s.watchMetrics(); err != nil {
 		return nil, err
 	}
@@ -349,6 +366,11 @@ func New(cfg Config, d Deps) (*Service, error) {
 	}
 	s.webhooks, err = d.Tel.Meter().Int64Counter("assay_ingress_webhooks",
 		metric.WithDescription("GitHub webhook deliveries by result"))
+	if err != nil {
+		return nil, err
+	}
+	s.shadows, err = d.Tel.Meter().Int64Counter("assay_ingress_shadows",
+		metric.WithDescription("shadow twins of live work for a route's candidate, by contract and result (made, failed, unknown_version)"))
 	return s, err
 }
 
@@ -356,7 +378,13 @@ func New(cfg Config, d Deps) (*Service, error) {
 // outbox relay and the sweeper.
 func (s *Service) Start(ctx context.Context) error {
 	s.relay.MaxPayload = s.d.JS.Conn().MaxPayload()
-	parts := []lifecycle.Service{s.streams, s.relay, &s.sweeper, &s.janitor, &s.watcher, s.shed.view}
+	// The routes are read once before work is taken, then every
+	// RoutesEvery; a database that does not answer yet leaves the defaults
+	// until it does.
+	if _, err := s.refreshRoutes(ctx); err != nil {
+		s.d.Log.WarnContext(ctx, "routes not read yet; new work gets the contracts' default versions until they are", "err", err)
+	}
+	parts := []lifecycle.Service{s.streams, s.relay, &s.sweeper, &s.janitor, &s.watcher, &s.router, s.shed.view}
 	if s.tenants != nil {
 		parts = append(parts, s.tenants)
 	}
@@ -365,10 +393,11 @@ func (s *Service) Start(ctx context.Context) error {
 
 // Stop ends the sweeper, then the relay after a last drain. Idempotent.
 func (s *Service) Stop(ctx context.Context) {
-	parts := []lifecycle.Service{s.shed.view, &s.watcher, &s.janitor, &s.sweeper, s.relay, s.streams}
+	parts := []lifecycle.Service{s.shed.view, &s.router, &s.watcher, &s.janitor, &s.sweeper, s.relay, s.streams}
 	if s.tenants != nil {
 		parts = append([]lifecycle.Service{s.tenants}, parts...)
 	}
+	s.shadowing.Wait()
 	lifecycle.StopAll(ctx, parts...)
 }
 
@@ -606,10 +635,17 @@ func (s *Service) count(ctx context.Context, result string) {
 
 // newWork is the work a caller or a webhook asks for: the one place a work
 // row is made from a request, keyed by the ingress key and bound to the
-// contract's versions. A new revision of the same source supersedes the
-// older one's work.
+// contract version c (contractFor's: the route's live one) with the model
+// and prompt the route names for it. A new revision of the same source
+// supersedes the older one's work.
 func (s *Service) newWork(ctx context.Context, t store.Tenant, c *contract.Contract, source, revision, lane string, input []byte, deadline time.Time) *store.Work {
+	var v store.Variant
+	if r, ok := s.route(t.ID, c.Name); ok && r.Live.Version == c.SchemaVersion {
+		v = r.Live
+	}
 	return &store.Work{
+		Model:           v.Model,
+		PromptDigest:    v.Prompt,
 		Traceparent:     telemetry.Traceparent(ctx),
 		ID:              WorkID(t.ID, c.Name, source, revision),
 		TenantID:        t.ID,

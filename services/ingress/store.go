@@ -33,5 +33,6 @@ type Store interface {
 	Outbox(ctx context.Context) (map[string]store.OutboxBacklog, error)
 	ViewsOf(ctx context.Context, window time.Duration, tenant string) (map[string]int64, error)
 	Console(ctx context.Context, window time.Duration, tenant string, recent int, since time.Time) (store.ConsoleFigures, error)
+	Routes(ctx context.Context) ([]store.Route, error)
 	SweepStuck(ctx context.Context, sw store.Sweep, announce func(store.Stuck) (store.OutboxMsg, error)) ([]store.Stuck, error)
 }

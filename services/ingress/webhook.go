@@ -427,6 +427,7 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 		return
 	}
 	s.relay.Kick()
+	s.goShadow(ctx, work)
 	s.logSuperseded(ctx, res.Work)
 	s.countWebhook(ctx, outcome.Accepted)
 	telemetry.Decision(ctx, s.d.Log, res.Work.ID, outcome.Queued, "new head; older revisions superseded", attrs...)
@@ -469,6 +470,7 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 		s.d.Log.ErrorContext(ctx, "webhook contract missing", "contract", WebhookContract)
 		return nil, "", apierror.New(http.StatusServiceUnavailable, "unavailable", "contract "+WebhookContract+" is not loaded")
 	}
+	c, _ = s.contractFor(ctx, d.tenant.ID, c)
 	input, err := reviewInput(diffText, pr.PullRequest.Title)
 	if err == nil {
 		err = c.ValidateInput(input)
