@@ -11,6 +11,7 @@
 //	assay replay …            dump, revalidate or redrive the retained streams
 //	assay streams             the cell's streams and consumers
 //	assay publish …           failed publications: list, retry, abandon
+//	assay rollout …           contract versions: check, set-live, set-candidate, promote, status, compare
 //	assay bench goodput       the admission benchmark
 //	assay usage reconcile     check attempts against results, the ledger and the provider
 //	assay version             the build's version
@@ -66,6 +67,8 @@ commands:
   usage reconcile        check attempts against results, the ledger and the provider's counts
   outbox list|retry      outbox rows set aside because they could not be published; put them back
   publish COMMAND        list, retry (send again, once) or abandon publications that failed past their deadline
+  rollout COMMAND        contract versions side by side: check a candidate on the evaluation set, run it in
+                         the shadow of live work, promote it (assay rollout --help)
   nats-config            print the least-privilege NATS server configuration (deploy/nats/assay.conf);
                          --passwords FILE [--service-urls FILE] also draw a password per user
   version                print the build's version
@@ -138,6 +141,7 @@ that exists) for the server's environment; --service-urls each service's
 ASSAY_NATS_URL with its password, at --server-url (nats://127.0.0.1:4222).
 `,
 	"publish": publishUsage,
+	"rollout": rolloutUsage,
 	"version": "usage: assay version\n\nPrint the build's version.\n",
 }
 
@@ -152,6 +156,7 @@ var subcommands = map[string][]string{
 	"bench":    {"goodput", "pipeline"},
 	"usage":    {"reconcile"},
 	"outbox":   {"list", "retry"},
+	"rollout":  rolloutVerbs,
 }
 
 // checkSubcommand refuses a subcommand cmd does not have.
@@ -228,6 +233,8 @@ func run(args []string, stderr io.Writer) int {
 		err = outboxCmd(ctx, args[1:], os.Stdout)
 	case "publish":
 		err = publishCmd(ctx, args[1:], os.Stdout)
+	case "rollout":
+		err = rolloutCmd(ctx, args[1:], os.Stdout)
 	case "nats-config":
 		err = natsConfig(args[1:], os.Stdout)
 	case "usage":

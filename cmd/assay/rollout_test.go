@@ -1,0 +1,313 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/store"
+	"assay.dev/schemas"
+	"assay.dev/services/ingress"
+)
+
+// rollout runs assay rollout against b's cell.
+func rollout(t *testing.T, b *celltest.Bundle, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	args = append(args, "--region", b.Cell.Region, "--database-url", b.Cell.Env.Config.DatabaseURL)
+	err := rolloutCmd(context.Background(), args, &out)
+	return out.String(), err
+}
+
+// candidatePrompt writes code-review/2's prompt with a directive the
+// simulated reviewer obeys, as a candidate prompt file.
+func candidatePrompt(t *testing.T, directive string) string {
+	t.Helper()
+	base, err := schemas.FS.ReadFile("prompts/code-review-2.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "prompt.txt")
+	if err := os.WriteFile(p, append(base, []byte("\n"+directive+"\n")...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func readReport(t *testing.T, dir string, out string) checkReport {
+	t.Helper()
+	var id int64
+	if _, err := fmt.Sscanf(out[strings.Index(out, "rollout check #"):], "rollout check #%d", &id); err != nil {
+		t.Fatalf("no check id in %q: %v", out, err)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rollout-check-%d.json", id)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r checkReport
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, fmt.Sprintf("rollout-check-%d.md", id))); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// A candidate is checked on the evaluation set through the cell: the
+// simulator's code-review/2 passes, a prompt that drops the evidence fails
+// structurally, one that finds nothing fails on usefulness; promote takes
+// only a candidate whose last check, of exactly its prompt, passed. None of
+// the check's work is published or opens a review item; every call is
+// ledgered as shadow.
+func TestRolloutCheckAndPromote(t *testing.T) {
+	t.Parallel()
+	b := celltest.Setup(t, cell.Options{Ingress: ingress.Config{RoutesEvery: 200 * time.Millisecond}})
+	dir := t.TempDir()
+
+	out, err := rollout(t, b, "check", "--contract", "code-review", "--version", "code-review/2", "--tenant", "acme", "--out", dir)
+	if err != nil {
+		t.Fatalf("check of code-review/2: %v\n%s", err, out)
+	}
+	good := readReport(t, dir, out)
+	items := len(evalset.Items())
+	if !good.Passed || good.Candidate.Transport != 1 || good.Candidate.Structural != 1 || good.Candidate.Items != items {
+		t.Fatalf("good candidate: %+v", good)
+	}
+	if good.Candidate.Recall != good.Live.Recall || good.Live.Recall < 0.7 || good.Candidate.Precision != 1 {
+		t.Errorf("usefulness: candidate %.3f/%.3f, live %.3f/%.3f", good.Candidate.Recall, good.Candidate.Precision,
+			good.Live.Recall, good.Live.Precision)
+	}
+	if good.Live.Variant.Version != "code-review/1" {
+		t.Errorf("the baseline ran %+v, want the default code-review/1", good.Live.Variant)
+	}
+	// The candidate's answers carry code-review/2's fields.
+	var withCategory int
+	if err := b.DB.QueryRow(context.Background(), `SELECT count(*) FROM results r JOIN work w ON w.id = r.work_id
+		WHERE w.shadow_of = $1 AND r.schema_version = 'code-review/2' AND r.output->'findings'->0 ? 'category'`,
+		fmt.Sprintf("check:%d", good.ID)).Scan(&withCategory); err != nil {
+		t.Fatal(err)
+	}
+	if withCategory < 8 {
+		t.Errorf("%d code-review/2 results with categorized findings, want at least 8", withCategory)
+	}
+
+	out, err = rollout(t, b, "check", "--contract", "code-review", "--version", "code-review/2", "--tenant", "acme", "--out", dir,
+		"--prompt", candidatePrompt(t, sim.DirectiveOmitEvidence))
+	if err == nil || !strings.Contains(err.Error(), "structural acceptance 16.7% is under 100.0%") {
+		t.Fatalf("a prompt that drops the evidence: %v\n%s", err, out)
+	}
+	// Only the two clean items, with no finding to drop evidence from,
+	// pass the gate.
+	noEvidence := readReport(t, dir, out)
+	if noEvidence.Passed || noEvidence.Candidate.Transport != 1 || noEvidence.Candidate.Structural != 2.0/12 {
+		t.Errorf("no-evidence candidate: transport %.2f (the provider answered every call), structural %.3f, passed %v",
+			noEvidence.Candidate.Transport, noEvidence.Candidate.Structural, noEvidence.Passed)
+	}
+
+	out, err = rollout(t, b, "check", "--contract", "code-review", "--version", "code-review/2", "--tenant", "acme", "--out", dir,
+		"--prompt", candidatePrompt(t, sim.DirectiveNoFindings))
+	if err == nil || !strings.Contains(err.Error(), "recall 0.000 is below the live variant's") {
+		t.Fatalf("a prompt that finds nothing: %v\n%s", err, out)
+	}
+	if r := readReport(t, dir, out); r.Candidate.Structural != 1 || r.Passed {
+		t.Errorf("find-nothing candidate: structural %.2f, passed %v", r.Candidate.Structural, r.Passed)
+	}
+
+	// Promote: the candidate whose last check failed is refused, and so is
+	// a prompt whose check passed elsewhere (the version's own prompt's
+	// check does not vouch for another prompt).
+	if _, err := rollout(t, b, "set-candidate", "--contract", "code-review", "--version", "code-review/2", "--share", "0",
+		"--prompt", candidatePrompt(t, sim.DirectiveNoFindings)); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := rollout(t, b, "promote", "--contract", "code-review"); !errors.Is(err, store.ErrCheckNotPassed) {
+		t.Fatalf("promote of a failed candidate: %v\n%s", err, out)
+	}
+	if _, err := rollout(t, b, "set-candidate", "--contract", "code-review", "--version", "code-review/2", "--share", "0",
+		"--prompt", candidatePrompt(t, "Be thorough.")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := rollout(t, b, "promote", "--contract", "code-review"); !errors.Is(err, store.ErrCheckNotPassed) ||
+		!strings.Contains(err.Error(), "was never checked") {
+		t.Fatalf("promote of a prompt never checked: %v\n%s", err, out)
+	}
+	if _, err := rollout(t, b, "set-candidate", "--contract", "code-review", "--version", "code-review/2", "--share", "0"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := rollout(t, b, "promote", "--contract", "code-review"); err != nil || !strings.Contains(out, "code-review/2") {
+		t.Fatalf("promote of the passed candidate: %v\n%s", err, out)
+	}
+	out, err = rollout(t, b, "status", "--contract", "code-review")
+	if err != nil || !strings.Contains(out, "code-review/2, the cell's model") || !strings.Contains(out, "failed") {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+
+	// Nothing of the checks was published or reviewed; every call is a
+	// ledger row marked shadow, charged to acme.
+	checks := b.Count(t, `SELECT count(*) FROM work WHERE shadow_of LIKE 'check:%'`)
+	if checks != 6*items {
+		t.Errorf("%d check work items, want %d", checks, 6*items)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM outbox o JOIN work w ON o.msg_id = w.id || '.' || w.state
+		WHERE w.shadow_of IS NOT NULL`); n != 0 {
+		t.Errorf("%d OUTCOME events of shadow work", n)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM reviews r JOIN work w ON w.id = r.work_id WHERE w.shadow_of IS NOT NULL`); n != 0 {
+		t.Errorf("%d review items for shadow work", n)
+	}
+	calls := b.Count(t, `SELECT count(*) FROM attempts a JOIN work w ON w.id = a.work_id WHERE w.shadow_of IS NOT NULL`)
+	b.WaitLedger(t, "acme", int(b.Calls("acme")))
+	if n := b.Count(t, `SELECT count(*) FROM ledger WHERE shadow AND tenant_id = 'acme'`); n != calls || int64(n) != b.Calls("acme") {
+		t.Errorf("%d shadow ledger rows, %d shadow attempts, %d provider calls", n, calls, b.Calls("acme"))
+	}
+}
+
+// A share of 20 % of live work also runs with the candidate: exactly the
+// sampled items get a twin, which publishes nothing and whose every call
+// is a shadow ledger row; live work keeps its version.
+func TestRolloutShadowShare(t *testing.T) {
+	t.Parallel()
+	b := celltest.Setup(t, cell.Options{Ingress: ingress.Config{RoutesEvery: 200 * time.Millisecond}})
+	if _, err := rollout(t, b, "set-candidate", "--contract", "code-review", "--version", "code-review/2", "--share", "0.2"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // the routes are read again every 200 ms
+	items := evalset.Items()
+	var live []string
+	sampled := 0
+	for i := range 40 {
+		req := celltest.CodeReview(items[i%len(items)], "shadow share")
+		req.SourceID = fmt.Sprintf("shop/shadow#%d", i)
+		_, r := b.Submit(t, req)
+		live = append(live, r.WorkID)
+		if ingress.ShadowSampled(r.WorkID, 0.2) {
+			sampled++
+		}
+	}
+	for _, id := range live {
+		if v := b.Wait(t, id); *v.Outcome != "accepted" || v.SchemaVersion != "code-review/1" {
+			t.Fatalf("live work %s: %s, version %s", id, *v.Outcome, v.SchemaVersion)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for b.Count(t, `SELECT count(*) FROM work WHERE shadow_of IS NOT NULL AND state IN ('queued', 'running')`) > 0 ||
+		b.Count(t, `SELECT count(*) FROM work WHERE shadow_of IS NOT NULL`) < sampled {
+		if time.Now().After(deadline) {
+			t.Fatal("shadow work did not end")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if sampled < 3 || sampled > 16 {
+		t.Fatalf("%d of 40 sampled at 20%%", sampled)
+	}
+	shadows := b.Count(t, `SELECT count(*) FROM work WHERE shadow_of IS NOT NULL`)
+	twins := b.Count(t, `SELECT count(*) FROM work WHERE shadow_of = ANY($1) AND schema_version = 'code-review/2'
+		AND state = 'accepted' AND lane = 'batch'`, live)
+	if shadows != sampled || twins != sampled {
+		t.Fatalf("%d shadow work items, %d accepted code-review/2 twins of live work, want %d", shadows, twins, sampled)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM outbox o JOIN work w ON o.msg_id = w.id || '.' || w.state
+		WHERE w.shadow_of IS NOT NULL`); n != 0 {
+		t.Errorf("%d OUTCOME events of shadow work", n)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM outbox o JOIN work w ON o.msg_id = w.id || '.' || w.state WHERE w.id = ANY($1)`, live); n != len(live) {
+		t.Errorf("%d OUTCOME events of %d live work items", n, len(live))
+	}
+	if n := b.Count(t, `SELECT count(*) FROM publications p JOIN work w ON w.id = p.work_id WHERE w.shadow_of IS NOT NULL`); n != 0 {
+		t.Errorf("%d publications of shadow work", n)
+	}
+	b.WaitLedger(t, "acme", int(b.Calls("acme")))
+	calls := b.Count(t, `SELECT count(*) FROM attempts a JOIN work w ON w.id = a.work_id WHERE w.shadow_of IS NOT NULL`)
+	if n := b.Count(t, `SELECT count(*) FROM ledger WHERE shadow`); n != calls || calls < sampled {
+		t.Errorf("%d shadow ledger rows for %d shadow calls", n, calls)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM ledger l JOIN work w ON w.id = l.work_id WHERE l.shadow <> (w.shadow_of IS NOT NULL)`); n != 0 {
+		t.Errorf("%d ledger rows marked against their work", n)
+	}
+	f, err := b.Cell.Env.Store.Console(context.Background(), time.Hour, "acme", 5, time.Now().Add(-time.Hour))
+	if err != nil || len(f.Rollouts) != 1 {
+		t.Fatalf("console rollouts: %+v %v", f.Rollouts, err)
+	}
+	if r := f.Rollouts[0]; r.Runs != int64(sampled) || r.Accepted != int64(sampled) || r.Open != 0 || r.Candidate.Version != "code-review/2" ||
+		r.ShadowShare < 0.19 || r.ShadowShare > 0.21 {
+		t.Errorf("console rollout %+v", r)
+	}
+	out, err := rollout(t, b, "compare", "--contract", "code-review", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cs []comparison
+	if err := json.Unmarshal([]byte(out), &cs); err != nil || len(cs) != 1 {
+		t.Fatalf("compare: %v\n%s", err, out)
+	}
+	if c := cs[0]; c.Runs != sampled || c.Accepted != sampled || c.Compared != sampled || c.Agreement != 1 || c.StructuralFailures != 0 {
+		t.Errorf("comparison %+v", c)
+	}
+}
+
+// Switching the live version from 1 to 2 with work in flight: work made
+// before the switch finishes as code-review/1 (its result, its output's
+// schemaVersion), work made after as code-review/2, and none is lost.
+func TestRolloutSwitchInFlight(t *testing.T) {
+	t.Parallel()
+	b := celltest.Setup(t, cell.Options{Ingress: ingress.Config{RoutesEvery: 100 * time.Millisecond}})
+	if err := b.Sim.SetCapacity(sim.Capacity{Concurrency: 2, Latency: sim.Latency{Base: 300 * time.Millisecond}}); err != nil {
+		t.Fatal(err)
+	}
+	items := evalset.Items()
+	submit := func(prefix string, n int) []string {
+		var ids []string
+		for i := range n {
+			req := celltest.CodeReview(items[i%len(items)], "switch")
+			req.SourceID = fmt.Sprintf("shop/%s#%d", prefix, i)
+			_, r := b.Submit(t, req)
+			ids = append(ids, r.WorkID)
+		}
+		return ids
+	}
+	before := submit("before", 12)
+	if _, err := rollout(t, b, "set-live", "--contract", "code-review", "--version", "code-review/2"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	inFlight := b.Count(t, `SELECT count(*) FROM work WHERE id = ANY($1) AND state IN ('queued', 'running')`, before)
+	after := submit("after", 12)
+	check := func(ids []string, version string, value float64, category bool) {
+		for _, id := range ids {
+			v := b.Wait(t, id)
+			if *v.Outcome != "accepted" || v.SchemaVersion != version || v.Result == nil || v.Result.SchemaVersion != version {
+				t.Fatalf("%s: %s, made for %s, result %+v; want accepted %s", id, *v.Outcome, v.SchemaVersion, v.Result, version)
+			}
+			var out struct {
+				SchemaVersion float64 `json:"schemaVersion"`
+				Findings      []map[string]any
+			}
+			if err := json.Unmarshal(v.Result.Output, &out); err != nil || out.SchemaVersion != value {
+				t.Fatalf("%s: output %s", id, v.Result.Output)
+			}
+			for _, f := range out.Findings {
+				if _, has := f["category"]; has != category {
+					t.Fatalf("%s (%s): finding %v", id, version, f)
+				}
+			}
+		}
+	}
+	check(before, "code-review/1", 1, false)
+	check(after, "code-review/2", 2, true)
+	if inFlight == 0 {
+		t.Errorf("no code-review/1 work was still in flight at the switch")
+	}
+	t.Logf("%d of %d code-review/1 items were in flight at the switch", inFlight, len(before))
+}
