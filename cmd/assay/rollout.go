@@ -667,7 +667,9 @@ type comparison struct {
 	Runs    int           `json:"runs"`
 	// Ended counts the shadow work that reached an outcome; Accepted, those
 	// the gate accepted; StructuralFailures, those it rejected.
-	Ended, Accepted, StructuralFailures int
+	Ended              int `json:"ended"`
+	Accepted           int `json:"accepted"`
+	StructuralFailures int `json:"structuralFailures"`
 	// Compared counts the runs where the shadow and its live work were both
 	// accepted; Agreement is their mean agreement (findings at the same
 	// places over findings at either, 1 when both found nothing; for a
@@ -676,8 +678,10 @@ type comparison struct {
 	Agreement float64 `json:"agreement"`
 	// Mean cost and summed call latency per run, of the shadow and of its
 	// live work.
-	CostMicros, LiveCostMicros int64
-	LatencyMS, LiveLatencyMS   int64
+	CostMicros     int64 `json:"costMicros"`
+	LiveCostMicros int64 `json:"liveCostMicros"`
+	LatencyMS      int64 `json:"latencyMs"`
+	LiveLatencyMS  int64 `json:"liveLatencyMs"`
 }
 
 func compareRuns(runs []store.ShadowRun) []comparison {
