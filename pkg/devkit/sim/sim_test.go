@@ -1025,6 +1025,7 @@ func TestConstantAnswersTheFirstReview(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	url := base + "/v1/chat/completions"
 	want := ReviewCode(testDiff, json.RawMessage(`"1.0"`), "01J9ZK3Q7W5Y8R2T4V6X8Z0B1C")
+	want.Findings[0].rule = "" // what the wire does not carry
 	for i, id := range []string{"01J9ZK3Q7W5Y8R2T4V6X8Z0B1C", "w_second", "w_third"} {
 		req := chatReq(ContractCodeReview, "acme", diffInput(testDiff))
 		req.Messages = model.Messages("Review the change.", model.Correlation{WorkID: id, SchemaVersion: json.RawMessage(`"1.0"`)}, "",
@@ -1039,5 +1040,46 @@ func TestConstantAnswersTheFirstReview(t *testing.T) {
 	s.reviews.Range(func(any, any) bool { n++; return true })
 	if n != 1 {
 		t.Fatalf("%d reviews kept for one diff", n)
+	}
+}
+
+// A schema whose findings have a category gets categorized findings; the
+// prompt's directives leave out the evidence or every finding.
+func TestCodeReviewFollowsSchemaAndPrompt(t *testing.T) {
+	s := New(Options{})
+	base, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	url := base + "/v1/chat/completions"
+	v2 := json.RawMessage(`{"properties":{"findings":{"items":{"properties":{"category":{},"confidence":{}}}}}}`)
+	ask := func(schema json.RawMessage, prompt string) []map[string]any {
+		req := chatReq(ContractCodeReview, "acme", diffInput(testDiff))
+		req.ResponseFormat.JSONSchema.Schema = schema
+		req.Messages = model.Messages(prompt, model.Correlation{WorkID: "w_1", SchemaVersion: json.RawMessage(`2`)}, "",
+			json.RawMessage(diffInput(testDiff)))
+		var out struct{ Findings []map[string]any }
+		if err := json.Unmarshal([]byte(content(t, mustDo(t, "POST", url, req))), &out); err != nil {
+			t.Fatal(err)
+		}
+		return out.Findings
+	}
+	v1 := ask(json.RawMessage(`{}`), "Review the change.")
+	if len(v1) == 0 || v1[0]["category"] != nil || v1[0]["evidence"] == nil {
+		t.Fatalf("without category in the schema: %v", v1)
+	}
+	got := ask(v2, "Review the change.")
+	cats := map[string]bool{"money": true, "correctness": true}
+	for _, f := range got {
+		if c, _ := f["category"].(string); !cats[c] || f["confidence"] == nil || f["evidence"] == nil {
+			t.Fatalf("with category in the schema: %v", got)
+		}
+	}
+	if got := ask(v2, "Review the change.\n"+DirectiveOmitEvidence); len(got) == 0 || got[0]["evidence"] != nil {
+		t.Fatalf("told to omit evidence: %v", got)
+	}
+	if got := ask(v2, "Review the change.\n"+DirectiveNoFindings); len(got) != 0 {
+		t.Fatalf("told to report nothing: %v", got)
 	}
 }
