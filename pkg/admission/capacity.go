@@ -92,6 +92,10 @@ type CellLoad struct {
 	MinWait map[string]time.Duration
 	// Downstream are the answers waiting to be committed.
 	Downstream float64
+	// Free are the call slots the instances had free when they reported
+	// (their limits less their calls in flight): work admitted since then
+	// takes one of them and starts at once while any is left.
+	Free float64
 	// Reports counts the fresh reports; zero means nothing is known.
 	Reports int
 }
@@ -111,6 +115,9 @@ func Combine(reports []CapacityReport, now time.Time) CellLoad {
 		c.Downstream = max(c.Downstream, float64(r.Downstream))
 		if r.Limit > 0 && r.InFlight >= r.Limit {
 			c.Saturated = true
+		}
+		if r.Limit > r.InFlight {
+			c.Free += float64(r.Limit - r.InFlight)
 		}
 		for lane, l := range r.Lanes {
 			undelivered[lane] = max(undelivered[lane], l.Undelivered)
@@ -222,7 +229,16 @@ func (c CellLoad) Predict(lane, tenant string, weight int, age time.Duration, ex
 		own += pend * own / held
 	}
 	served := rate * max(age, 0).Seconds()
-	waiting := math.Max(0, c.Waiting[lane]-served) + extra
+	queued := math.Max(0, c.Waiting[lane]-served)
+	if queued == 0 {
+		// What was admitted since the reports took the free slots first:
+		// only what did not find one waits (an idle cell's last item,
+		// done before the next report, is not a queue).
+		taken := math.Min(extra, c.Free)
+		extra -= taken
+		extraTenant = math.Min(extraTenant, extra)
+	}
+	waiting := queued + extra
 	ahead := math.Max(0, own-served*share) + extraTenant
 	if waiting <= 0 {
 		// Nothing waits in the lane: new work starts at once, whatever

@@ -99,6 +99,28 @@ func TestPredictNothingWaiting(t *testing.T) {
 	}
 }
 
+// Work admitted since the reports takes the slots they saw free before it
+// counts as waiting: the last item of an idle cell, done before the next
+// report, is no queue for the one after it.
+func TestPredictAdmittedTakesFreeSlots(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := CapacityReport{At: now, Every: time.Second, Rate: 0.5, Potential: 0.5, Limit: 4, InFlight: 1,
+		Lanes: map[string]LaneLoad{Interactive: {Running: 1}}}
+	c := Combine([]CapacityReport{r}, now)
+	for extra, want := range map[float64]float64{1: 0, 3: 0, 5: 2} {
+		p := c.Predict(Interactive, "acme", 1, 0, extra, extra)
+		if p.Waiting != want || (want == 0) != (p.Wait == 0) {
+			t.Errorf("%v admitted since, 3 slots free: %+v, want %v waiting", extra, p, want)
+		}
+	}
+	// A lane with work waiting has no free slot for it: every admitted
+	// item waits behind that work.
+	r.Lanes = map[string]LaneLoad{Interactive: {Undelivered: 2, Running: 1}}
+	if p := Combine([]CapacityReport{r}, now).Predict(Interactive, "acme", 1, 0, 1, 1); p.Waiting != 3 {
+		t.Errorf("behind 2 waiting: %+v, want 3 waiting", p)
+	}
+}
+
 // A standing queue the counts do not see (an outbox that lags) shows in
 // the waits work really had: the tenant's own, else the lane's shortest.
 func TestPredictObservedWait(t *testing.T) {
