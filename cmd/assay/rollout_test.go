@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -243,6 +244,19 @@ func TestRolloutShadowShare(t *testing.T) {
 	if r := f.Rollouts[0]; r.Runs != int64(sampled) || r.Accepted != int64(sampled) || r.Open != 0 || r.Candidate.Version != "code-review/2" ||
 		r.ShadowShare < 0.19 || r.ShadowShare > 0.21 {
 		t.Errorf("console rollout %+v", r)
+	}
+	// The tenant's list of its work has its 40 items, not their twins.
+	req, _ := http.NewRequest(http.MethodGet, b.Cell.URL+"/v1/work?limit=1000", nil)
+	req.Header.Set("Authorization", "Bearer "+b.Token)
+	resp, err := b.HTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list ingress.WorkList
+	err = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || err != nil || len(list.Items) != len(live) {
+		t.Fatalf("GET /v1/work: %d, %d items, want %d: %v", resp.StatusCode, len(list.Items), len(live), err)
 	}
 	out, err := rollout(t, b, "compare", "--contract", "code-review", "--json")
 	if err != nil {

@@ -28,6 +28,9 @@ type WorkFilter struct {
 	AfterID      string
 	// Limit is the most rows returned. Default 100, at most 1000.
 	Limit int
+	// Live leaves out rollouts' shadow work, which its tenant did not ask
+	// for.
+	Live bool
 }
 
 // ListWork lists work in the order it was created, oldest first.
@@ -40,10 +43,10 @@ func (s *Store) ListWork(ctx context.Context, f WorkFilter) ([]*Work, error) {
 		WHERE ($1 = '' OR state = $1) AND ($2 = '' OR tenant_id = $2) AND ($3 = '' OR lane = $3)
 			AND ($4::timestamptz IS NULL OR created_at >= $4) AND ($5::timestamptz IS NULL OR created_at < $5)
 			AND ($6::timestamptz IS NULL OR (created_at, id) > ($6, $7))
-			AND (cardinality($9::text[]) = 0 OR state = ANY($9))
+			AND (cardinality($9::text[]) = 0 OR state = ANY($9)) AND (NOT $10 OR shadow_of IS NULL)
 		ORDER BY created_at, id LIMIT $8`,
 		f.State, f.Tenant, f.Lane, sourceTime(f.Since), sourceTime(f.Until), sourceTime(f.AfterCreated), f.AfterID, f.Limit,
-		append([]string{}, f.States...))
+		append([]string{}, f.States...), f.Live)
 	if err != nil {
 		return nil, fmt.Errorf("store: list work: %w", err)
 	}

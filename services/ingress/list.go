@@ -78,6 +78,7 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusNotImplemented, "not_implemented", "this cell's store cannot list work")
 		return
 	}
+	f.Live = true
 	ws, err := lister.ListWork(r.Context(), f)
 	if err != nil {
 		s.d.Log.Error("list work failed", "tenant", t.ID, "err", err)
