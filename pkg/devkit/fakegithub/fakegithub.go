@@ -351,16 +351,35 @@ func (s *Server) diff(w http.ResponseWriter, r *http.Request) {
 
 func repoOf(r *http.Request) string { return r.PathValue("owner") + "/" + r.PathValue("repo") }
 
+// listRuns lists a commit's check runs a page at a time, as GitHub does
+// (per_page 30 unless given, at most 100).
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
+	page, _ := strconv.Atoi(r.URL.Query().Get("page"))
+	per, _ := strconv.Atoi(r.URL.Query().Get("per_page"))
+	page, per = max(page, 1), min(max(per, 1), 100)
+	if r.URL.Query().Get("per_page") == "" {
+		per = 30
+	}
 	s.mu.Lock()
-	var out []CheckRun
+	var all []CheckRun
 	for _, c := range s.runs {
 		if c.Repo == repoOf(r) && c.HeadSHA == r.PathValue("sha") && (r.URL.Query().Get("check_name") == "" || c.Name == r.URL.Query().Get("check_name")) {
-			out = append(out, *c)
+			all = append(all, *c)
 		}
 	}
 	s.mu.Unlock()
-	writeJSON(w, map[string]any{"total_count": len(out), "check_runs": out})
+	from, to := min((page-1)*per, len(all)), min(page*per, len(all))
+	writeJSON(w, map[string]any{"total_count": len(all), "check_runs": append([]CheckRun{}, all[from:to]...)})
+}
+
+// AddCheckRun records a check run made by someone else on a commit of repo
+// (owner/name).
+func (s *Server) AddCheckRun(repo string, c CheckRun) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextID++
+	c.ID, c.Repo = s.nextID, repo
+	s.runs = append(s.runs, &c)
 }
 
 func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {

@@ -241,18 +241,26 @@ func repoPath(p Plan) string {
 }
 
 // findCheckRun looks for the work's check run on its head: a publisher
-// that died before recording the id finds it by its external id.
+// that died before recording the id finds it by its external id, on
+// whichever page it is (a head many works share has many assay runs).
 func (g *GitHub) findCheckRun(ctx context.Context, inst int64, p Plan) (int64, error) {
-	var out struct {
-		CheckRuns []checkRun `json:"check_runs"`
-	}
-	path := repoPath(p) + "/commits/" + url.PathEscape(p.HeadSHA) + "/check-runs?check_name=" + url.QueryEscape(CheckName) + "&per_page=100"
-	if err := g.do(ctx, inst, http.MethodGet, path, nil, &out); err != nil {
-		return 0, err
-	}
-	for _, c := range out.CheckRuns {
-		if c.ExternalID == p.WorkID {
-			return c.ID, nil
+	const per = 100
+	base := repoPath(p) + "/commits/" + url.PathEscape(p.HeadSHA) + "/check-runs?check_name=" + url.QueryEscape(CheckName) +
+		"&per_page=" + strconv.Itoa(per)
+	for page := 1; page <= 50; page++ {
+		var out struct {
+			CheckRuns []checkRun `json:"check_runs"`
+		}
+		if err := g.do(ctx, inst, http.MethodGet, base+"&page="+strconv.Itoa(page), nil, &out); err != nil {
+			return 0, err
+		}
+		for _, c := range out.CheckRuns {
+			if c.ExternalID == p.WorkID {
+				return c.ID, nil
+			}
+		}
+		if len(out.CheckRuns) < per {
+			break
 		}
 	}
 	return 0, nil

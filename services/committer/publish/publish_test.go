@@ -278,6 +278,65 @@ func TestKilledMidPublicationResumes(t *testing.T) {
 	t.Logf("killed after GitHub made the check run and comment 0; resumed: %d check run, %d comments", len(b.gh.CheckRuns()), b.gh.CommentsOf(w.ID))
 }
 
+// A publisher killed after GitHub made the check run, before it recorded
+// the id, finds that run again on a head with 150 other assay runs (a
+// later page of the list), and makes no second one.
+func TestKilledMidPublicationFindsItsRunOnALaterPage(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	b := setup(t, func(c *Config) { c.Now = clk.Now })
+	w := b.accepted(t, 3)
+	for i := range 150 {
+		b.gh.AddCheckRun("shop/app", fakegithub.CheckRun{Name: CheckName, HeadSHA: w.Revision, ExternalID: fmt.Sprintf("w_other_%d", i),
+			Status: "completed", Conclusion: "success"})
+	}
+	hung := b.gh.HangAfter(1) // the check run
+	ctx, kill := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- b.pub.Publish(ctx, outcomeOf(w)) }()
+	select {
+	case <-hung:
+	case err := <-done:
+		t.Fatalf("publication ended before GitHub hung: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("GitHub never got the check run")
+	}
+	kill()
+	if err := <-done; err != nil {
+		t.Fatalf("killed publication: %v; want its try recorded", err)
+	}
+	pub, err := b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
+	if err != nil || pub.CheckRunID != 0 || pub.State != store.PublicationPending {
+		t.Fatalf("after the kill: %+v, %v; want no check run id recorded", pub, err)
+	}
+	clk.Set(pub.NextTryAt)
+	if _, err := b.pub.RetryDue(t.Context()); err != nil {
+		t.Fatalf("resumed publication: %v", err)
+	}
+	mine := 0
+	for _, r := range b.gh.CheckRuns() {
+		if r.ExternalID == w.ID {
+			mine++
+		}
+	}
+	pub, _ = b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
+	if mine != 1 || len(b.gh.CheckRuns()) != 151 || pub.State != store.PublicationPublished || pub.CheckRunID == 0 {
+		t.Fatalf("after resuming: %d check runs of the work, %d in all, publication %+v; want 1, 151 and published", mine,
+			len(b.gh.CheckRuns()), pub)
+	}
+	// Each look reads both pages of the list: before the first try made
+	// the run, and when the resumed try looked for it.
+	lists := 0
+	for _, r := range b.gh.Requests() {
+		if r.Method == "GET" && strings.HasSuffix(r.Path, "/commits/"+w.Revision+"/check-runs") {
+			lists++
+		}
+	}
+	if lists != 4 {
+		t.Errorf("%d reads of the head's check runs, want 4 (two pages, twice)", lists)
+	}
+}
+
 // apiCallsTo counts the API calls whose path contains part.
 func apiCallsTo(gh *fakegithub.Server, part string) int {
 	n := 0
