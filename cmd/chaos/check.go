@@ -92,18 +92,25 @@ type workRow struct {
 func (h *Harness) readWork(ctx context.Context) (map[string]*workRow, error) {
 	out := map[string]*workRow{}
 	for _, region := range config.DefaultRegions {
-		rows, err := h.pool[region].Query(ctx, `SELECT w.id, w.tenant_id, w.region, w.state, w.contract, w.source_id, w.created_at, w.updated_at,
-				(SELECT count(*) FROM results r WHERE r.work_id = w.id),
-				(SELECT count(*) FROM attempts a WHERE a.work_id = w.id),
-				(SELECT count(*) FROM ledger l WHERE l.work_id = w.id),
-				(SELECT count(*) FROM ledger l WHERE l.work_id = w.id AND l.estimated),
-				(SELECT count(*) FROM ledger l WHERE l.work_id = w.id AND l.estimated AND l.outcome = 'lease_expired'),
-				(SELECT count(*) FROM attempts a WHERE a.work_id = w.id AND a.tenant_id IS DISTINCT FROM w.tenant_id)
-				+ (SELECT count(*) FROM ledger l WHERE l.work_id = w.id AND l.tenant_id IS DISTINCT FROM w.tenant_id)
-				+ (SELECT count(*) FROM results r WHERE r.work_id = w.id AND r.tenant_id IS DISTINCT FROM w.tenant_id),
-				(SELECT count(*) FROM attempts a WHERE a.work_id = w.id AND a.outcome IN ('invalid_output',
-					'rate_limited', 'timeout', 'transport_error', 'lease_expired', 'stale_lease', 'canceled'))
-			FROM work w`)
+		// Each table is read once and counted by work (per-row subqueries
+		// scanned the ledger, which has no index by work, once per item:
+		// hours at 100,000 items).
+		rows, err := h.pool[region].Query(ctx, `WITH r AS (SELECT r.work_id, count(*) AS n,
+					count(*) FILTER (WHERE r.tenant_id IS DISTINCT FROM w.tenant_id) AS bad
+				FROM results r LEFT JOIN work w ON w.id = r.work_id GROUP BY r.work_id),
+			a AS (SELECT a.work_id, count(*) AS n,
+					count(*) FILTER (WHERE a.tenant_id IS DISTINCT FROM w.tenant_id) AS bad,
+					count(*) FILTER (WHERE a.outcome IN ('invalid_output', 'rate_limited', 'timeout', 'transport_error',
+						'lease_expired', 'stale_lease', 'canceled')) AS retry
+				FROM attempts a LEFT JOIN work w ON w.id = a.work_id GROUP BY a.work_id),
+			l AS (SELECT l.work_id, count(*) AS n, count(*) FILTER (WHERE l.estimated) AS est,
+					count(*) FILTER (WHERE l.estimated AND l.outcome = 'lease_expired') AS dead,
+					count(*) FILTER (WHERE l.tenant_id IS DISTINCT FROM w.tenant_id) AS bad
+				FROM ledger l LEFT JOIN work w ON w.id = l.work_id GROUP BY l.work_id)
+			SELECT w.id, w.tenant_id, w.region, w.state, w.contract, w.source_id, w.created_at, w.updated_at,
+				coalesce(r.n, 0), coalesce(a.n, 0), coalesce(l.n, 0), coalesce(l.est, 0), coalesce(l.dead, 0),
+				coalesce(a.bad, 0) + coalesce(l.bad, 0) + coalesce(r.bad, 0), coalesce(a.retry, 0)
+			FROM work w LEFT JOIN r ON r.work_id = w.id LEFT JOIN a ON a.work_id = w.id LEFT JOIN l ON l.work_id = w.id`)
 		if err != nil {
 			return nil, err
 		}
