@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -89,7 +91,10 @@ func (h *Harness) plan() []*submission {
 			lane = "batch"
 		}
 		src := fmt.Sprintf("chaos/%s#%d", contract, i)
-		body, _ := json.Marshal(map[string]any{"contract": contract, "sourceId": src, "revision": "r1",
+		// Each pull request its own head, as on GitHub: a head's check runs
+		// are listed when a publication resumes.
+		head := sha1.Sum([]byte(src))
+		body, _ := json.Marshal(map[string]any{"contract": contract, "sourceId": src, "revision": hex.EncodeToString(head[:]),
 			"lane": lane, "input": input})
 		s := &submission{Index: i, Tenant: t, Contract: contract, Lane: lane, SourceID: src, Body: body, Times: 1,
 			WorkIDs: map[string]int{}}
