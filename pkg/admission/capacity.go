@@ -78,8 +78,10 @@ func (r CapacityReport) Fresh(now time.Time) bool {
 type CellLoad struct {
 	// Rate, Potential: summed over the instances.
 	Rate, Potential float64
-	// Saturated: the instances run at their limit or have work waiting,
-	// so Rate is what the cell can serve, not just what it was offered.
+	// Saturated: work waits beyond the slots free, so Rate is what the
+	// cell can serve, not just what it was offered. Calls at the limit
+	// with nothing waiting are not: a limit shrunk by a provider's errors
+	// on an idle cell, one call in flight, served only what came.
 	Saturated bool
 	// Latency is the slowest instance's.
 	Latency time.Duration
@@ -113,9 +115,6 @@ func Combine(reports []CapacityReport, now time.Time) CellLoad {
 		c.Potential += r.Potential
 		c.Latency = max(c.Latency, r.Latency)
 		c.Downstream = max(c.Downstream, float64(r.Downstream))
-		if r.Limit > 0 && r.InFlight >= r.Limit {
-			c.Saturated = true
-		}
 		if r.Limit > r.InFlight {
 			c.Free += float64(r.Limit - r.InFlight)
 		}
@@ -137,16 +136,23 @@ func Combine(reports []CapacityReport, now time.Time) CellLoad {
 			}
 		}
 	}
+	// Work waiting beyond the slots free is a queue, and the cell serves
+	// what it can: its rate is then what it served. Work held for a
+	// moment beside free slots is not (an idle cell's rate is only what it
+	// was offered).
 	for lane, u := range undelivered {
 		w := u + held[lane]
 		c.Waiting[lane] = float64(w)
-		if w > 0 {
+		if float64(w) > c.Free {
 			c.Saturated = true
 		}
 	}
 	for lane, h := range held {
 		if _, ok := undelivered[lane]; !ok && h > 0 {
-			c.Waiting[lane], c.Saturated = float64(h), true
+			c.Waiting[lane] = float64(h)
+			if float64(h) > c.Free {
+				c.Saturated = true
+			}
 		}
 	}
 	return c
@@ -229,17 +235,12 @@ func (c CellLoad) Predict(lane, tenant string, weight int, age time.Duration, ex
 		own += pend * own / held
 	}
 	served := rate * max(age, 0).Seconds()
-	queued := math.Max(0, c.Waiting[lane]-served)
-	if queued == 0 {
-		// What was admitted since the reports took the free slots first:
-		// only what did not find one waits (an idle cell's last item,
-		// done before the next report, is not a queue).
-		taken := math.Min(extra, c.Free)
-		extra -= taken
-		extraTenant = math.Min(extraTenant, extra)
-	}
-	waiting := queued + extra
-	ahead := math.Max(0, own-served*share) + extraTenant
+	// What waited when the reports were made and what was admitted since
+	// take the slots the reports saw free first: only what finds none
+	// waits (an idle cell's last item, held a moment or done before the
+	// next report, is not a queue).
+	waiting := math.Max(0, math.Max(0, c.Waiting[lane]-served)+extra-c.Free)
+	ahead := math.Min(math.Max(0, own-served*share)+extraTenant, waiting)
 	if waiting <= 0 {
 		// Nothing waits in the lane: new work starts at once, whatever
 		// is parked, running or waiting to be committed.

@@ -66,9 +66,21 @@ func TestServiceRateIdle(t *testing.T) {
 	if r := c.ServiceRate(); r != 80 {
 		t.Fatalf("idle service rate %v, want the potential 80", r)
 	}
-	c = Combine([]CapacityReport{{At: now, Every: time.Second, Rate: 60, Potential: 80, Limit: 8, InFlight: 8}}, now)
+	c = Combine([]CapacityReport{{At: now, Every: time.Second, Rate: 60, Potential: 80, Limit: 8, InFlight: 8,
+		Lanes: map[string]LaneLoad{Interactive: {Held: 3, Running: 8}}}}, now)
 	if r := c.ServiceRate(); r != 60 {
 		t.Fatalf("saturated service rate %v, want the measured 60", r)
+	}
+	// At its limit with nothing waiting (a limit shrunk to one call by a
+	// provider's errors, that call in flight), an idle cell served only
+	// what came: that is not what it can serve.
+	c = Combine([]CapacityReport{{At: now, Every: time.Second, Rate: 0.27, Potential: 3000, Limit: 1, InFlight: 1,
+		Lanes: map[string]LaneLoad{Interactive: {Running: 1}}}}, now)
+	if r := c.ServiceRate(); r != 3000 {
+		t.Fatalf("at its limit, nothing waiting: service rate %v, want the potential 3000", r)
+	}
+	if p := c.Predict(Interactive, "acme", 1, 0, 1, 1); p.Wait > 10*time.Millisecond {
+		t.Fatalf("one more item on an idle cell at a limit of one: %+v", p)
 	}
 }
 
@@ -99,12 +111,13 @@ func TestPredictNothingWaiting(t *testing.T) {
 	}
 }
 
-// Work admitted since the reports takes the slots they saw free before it
-// counts as waiting: the last item of an idle cell, done before the next
-// report, is no queue for the one after it.
-func TestPredictAdmittedTakesFreeSlots(t *testing.T) {
+// What waited when the reports were made and what was admitted since
+// take the slots the reports saw free before any of it counts as
+// waiting: the last item of an idle cell, held a moment or done before the
+// next report, is no queue for the one after it.
+func TestPredictTakesFreeSlotsFirst(t *testing.T) {
 	now := time.Unix(1000, 0)
-	r := CapacityReport{At: now, Every: time.Second, Rate: 0.5, Potential: 0.5, Limit: 4, InFlight: 1,
+	r := CapacityReport{At: now, Every: time.Second, Rate: 0.3, Potential: 40, Limit: 4, InFlight: 1,
 		Lanes: map[string]LaneLoad{Interactive: {Running: 1}}}
 	c := Combine([]CapacityReport{r}, now)
 	for extra, want := range map[float64]float64{1: 0, 3: 0, 5: 2} {
@@ -113,11 +126,17 @@ func TestPredictAdmittedTakesFreeSlots(t *testing.T) {
 			t.Errorf("%v admitted since, 3 slots free: %+v, want %v waiting", extra, p, want)
 		}
 	}
-	// A lane with work waiting has no free slot for it: every admitted
-	// item waits behind that work.
-	r.Lanes = map[string]LaneLoad{Interactive: {Undelivered: 2, Running: 1}}
-	if p := Combine([]CapacityReport{r}, now).Predict(Interactive, "acme", 1, 0, 1, 1); p.Waiting != 3 {
-		t.Errorf("behind 2 waiting: %+v, want 3 waiting", p)
+	// One item held for its turn beside free slots: not a queue, and not
+	// a saturated cell whose rate is what an idle hour offered it.
+	r.Lanes = map[string]LaneLoad{Interactive: {Held: 1, Running: 1, Tenants: map[string]TenantLoad{"acme": {Held: 1}}}}
+	c = Combine([]CapacityReport{r}, now)
+	if p := c.Predict(Interactive, "acme", 1, 0, 0, 0); c.Saturated || p.Waiting != 0 || p.Wait != 0 {
+		t.Errorf("one held beside 3 free slots: saturated %v, %+v; want nothing waiting", c.Saturated, p)
+	}
+	// At its limit, the cell has no slot for anything: all of it waits.
+	r.InFlight, r.Lanes = 4, map[string]LaneLoad{Interactive: {Undelivered: 2, Running: 4}}
+	if p := Combine([]CapacityReport{r}, now).Predict(Interactive, "acme", 1, 0, 1, 1); p.Waiting != 3 || p.Wait == 0 {
+		t.Errorf("behind 2 waiting, no slot free: %+v, want 3 waiting", p)
 	}
 }
 
