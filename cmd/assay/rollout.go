@@ -293,18 +293,11 @@ func variantWords(v store.Variant, reg *contract.Registry) string {
 		s += ", the cell's model"
 	}
 	if v.Prompt != "" {
-		s += ", prompt " + shortDigest(v.Prompt)
+		s += ", prompt " + store.ShortDigest(v.Prompt)
 	} else if c, ok := reg.Version(v.Version); ok {
-		s += ", its own prompt " + shortDigest(c.PromptDigest)
+		s += ", its own prompt " + store.ShortDigest(c.PromptDigest)
 	}
 	return s
-}
-
-func shortDigest(d string) string {
-	if len(d) > len("sha256:")+12 {
-		return d[:len("sha256:")+12]
-	}
-	return d
 }
 
 // routeOf is the route a scope's new work follows now: its own, every
@@ -524,18 +517,19 @@ func (k *checker) score(ctx context.Context, v store.Variant, items []evalset.It
 	var scores []evalset.Score
 	transport, structural := 0, 0
 	for i, id := range ids {
-		w, err := k.st.GetWork(ctx, id)
-		if err != nil {
-			return s, err
+		run, ok := runs[id]
+		if !ok {
+			return s, fmt.Errorf("rollout check: %s was not read back", id)
 		}
 		atts, err := k.st.Attempts(ctx, id)
 		if err != nil {
 			return s, err
 		}
+		w := run.Work
 		ci := checkItem{Item: items[i].Name, WorkID: id, State: w.State, Reason: w.Reason,
-			CostMicros: runs[id].CostMicros, LatencyMS: runs[id].LatencyMS}
-		s.Calls += runs[id].Calls
-		s.CostMicros += runs[id].CostMicros
+			CostMicros: run.CostMicros, LatencyMS: run.LatencyMS}
+		s.Calls += run.Calls
+		s.CostMicros += run.CostMicros
 		for _, a := range atts {
 			ci.Attempts = append(ci.Attempts, a.Outcome)
 			ci.Transport = ci.Transport || slices.Contains(answered, a.Outcome)
@@ -543,11 +537,7 @@ func (k *checker) score(ctx context.Context, v store.Variant, items []evalset.It
 		var fs []evalset.Finding
 		if w.State == outcome.Accepted {
 			ci.Structural = true
-			res, err := k.st.GetResult(ctx, id)
-			if err != nil {
-				return s, err
-			}
-			if fs, err = evalset.Findings(res.Output); err != nil {
+			if fs, err = evalset.Findings(run.Output); err != nil {
 				return s, err
 			}
 		}
@@ -591,7 +581,7 @@ func printReport(w io.Writer, r *checkReport) {
 	for _, s := range []struct {
 		name string
 		s    signals
-	}{{"candidate " + variantLabel(r.Candidate.Variant), r.Candidate}, {"live " + variantLabel(r.Live.Variant), r.Live}} {
+	}{{"candidate " + r.Candidate.Variant.Label(), r.Candidate}, {"live " + r.Live.Variant.Label(), r.Live}} {
 		fmt.Fprintf(tw, "%s\t%.1f%%\t%.1f%%\t%.3f\t%.3f\n", s.name, 100*s.s.Transport, 100*s.s.Structural, s.s.Recall, s.s.Precision)
 	}
 	tw.Flush()
@@ -600,17 +590,6 @@ func printReport(w io.Writer, r *checkReport) {
 	} else {
 		fmt.Fprintf(w, "\nfailed: %s\n", strings.Join(r.Failures, "; "))
 	}
-}
-
-func variantLabel(v store.Variant) string {
-	s := v.Version
-	if v.Model != "" {
-		s += " " + v.Model
-	}
-	if v.Prompt != "" {
-		s += " " + shortDigest(v.Prompt)
-	}
-	return s
 }
 
 func yes(b bool) string {
@@ -639,12 +618,12 @@ func writeReport(dir string, r *checkReport) ([]string, error) {
 		verdict = "failed: " + strings.Join(r.Failures, "; ")
 	}
 	fmt.Fprintf(&b, "# Rollout check #%d: %s\n\n%s for tenant %s, %s to %s. **%s**\n\n", r.ID, r.Contract,
-		variantLabel(r.Candidate.Variant), r.Tenant, r.StartedAt.Format(time.RFC3339), r.EndedAt.Format(time.RFC3339), verdict)
+		r.Candidate.Variant.Label(), r.Tenant, r.StartedAt.Format(time.RFC3339), r.EndedAt.Format(time.RFC3339), verdict)
 	fmt.Fprintf(&b, "| Variant | Transport | Structural | Recall | Precision | Calls | Cost (µ$) |\n|---|---|---|---|---|---|---|\n")
 	for _, s := range []struct {
 		name string
 		s    signals
-	}{{"candidate " + variantLabel(r.Candidate.Variant), r.Candidate}, {"live " + variantLabel(r.Live.Variant), r.Live}} {
+	}{{"candidate " + r.Candidate.Variant.Label(), r.Candidate}, {"live " + r.Live.Variant.Label(), r.Live}} {
 		fmt.Fprintf(&b, "| %s | %.1f%% | %.1f%% | %.3f | %.3f | %d | %d |\n", s.name, 100*s.s.Transport, 100*s.s.Structural,
 			s.s.Recall, s.s.Precision, s.s.Calls, s.s.CostMicros)
 	}
@@ -784,7 +763,7 @@ func printComparison(w io.Writer, cs []comparison) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CANDIDATE\tRUNS\tENDED\tACCEPTED\tSTRUCTURAL FAILURES\tCOMPARED\tAGREEMENT\tCOST/RUN (µ$)\tLIVE COST/RUN\tLATENCY/RUN\tLIVE LATENCY/RUN")
 	for _, c := range cs {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.2f\t%d\t%d\t%dms\t%dms\n", variantLabel(c.Variant), c.Runs, c.Ended, c.Accepted,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.2f\t%d\t%d\t%dms\t%dms\n", c.Variant.Label(), c.Runs, c.Ended, c.Accepted,
 			c.StructuralFailures, c.Compared, c.Agreement, c.CostMicros, c.LiveCostMicros, c.LatencyMS, c.LiveLatencyMS)
 	}
 	tw.Flush()
@@ -853,7 +832,7 @@ func rolloutStatus(ctx context.Context, st *store.Store, reg *contract.Registry,
 			var rep checkReport
 			_ = json.Unmarshal(c.Report, &rep)
 			fmt.Fprintf(tw, "#%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.SchemaVersion, cmp.Or(c.Model, "(cell's)"),
-				shortDigest(c.PromptDigest), c.TenantID, c.State, c.StartedAt.UTC().Format(time.RFC3339), strings.Join(rep.Failures, "; "))
+				store.ShortDigest(c.PromptDigest), c.TenantID, c.State, c.StartedAt.UTC().Format(time.RFC3339), strings.Join(rep.Failures, "; "))
 		}
 		tw.Flush()
 	}

@@ -39,6 +39,28 @@ type Variant struct {
 	Prompt  string `json:"prompt,omitempty"` // a digest; "": the version's own
 }
 
+// Label names the variant in a line: its version, its model when it is
+// not the cell's and its prompt's short digest when it is not the
+// version's own.
+func (v Variant) Label() string {
+	s := v.Version
+	if v.Model != "" {
+		s += " " + v.Model
+	}
+	if v.Prompt != "" {
+		s += " " + ShortDigest(v.Prompt)
+	}
+	return s
+}
+
+// ShortDigest is a prompt digest cut to "sha256:" and 12 hex digits.
+func ShortDigest(d string) string {
+	if len(d) > len("sha256:")+12 {
+		return d[:len("sha256:")+12]
+	}
+	return d
+}
+
 // ErrCheckNotPassed refuses a promotion whose candidate has no passed
 // rollout check of its own.
 var ErrCheckNotPassed = errors.New("no passed rollout check for exactly this version, model and prompt")

@@ -72,19 +72,6 @@ type ConsoleRollout struct {
 	LiveCostMicros     int64   `json:"liveCostMicros"`
 }
 
-// variantLabel names a route's variant in a line: its version, and its
-// model and prompt when they are not the cell's and the version's own.
-func variantLabel(v store.Variant) string {
-	out := v.Version
-	if v.Model != "" {
-		out += " · " + v.Model
-	}
-	if v.Prompt != "" && len(v.Prompt) > len("sha256:")+12 {
-		out += " · " + v.Prompt[:len("sha256:")+12]
-	}
-	return out
-}
-
 // ConsolePublications are one target's publications not made.
 type ConsolePublications struct {
 	Target  string `json:"target"`
@@ -199,11 +186,11 @@ func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error)
 	c.publications(f)
 	c.Rollouts = []ConsoleRollout{}
 	for _, r := range f.Rollouts {
-		cr := ConsoleRollout{Contract: r.Contract, Scope: r.Scope, Live: variantLabel(r.Live), ShadowShare: r.ShadowShare,
+		cr := ConsoleRollout{Contract: r.Contract, Scope: r.Scope, Live: r.Live.Label(), ShadowShare: r.ShadowShare,
 			Runs: r.Runs, Open: r.Open, Accepted: r.Accepted, StructuralFailures: r.StructuralFailures,
 			CostMicros: r.CostMicros, LiveCostMicros: r.LiveCostMicros}
 		if r.Candidate.Version != "" {
-			cr.Candidate = variantLabel(r.Candidate)
+			cr.Candidate = r.Candidate.Label()
 		}
 		c.Rollouts = append(c.Rollouts, cr)
 	}
