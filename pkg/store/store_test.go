@@ -608,6 +608,9 @@ func TestDrainOutbox(t *testing.T) {
 	if p, err := s.PendingOutbox(ctx); err != nil || p != 3 {
 		t.Fatalf("pending = %d, %v; want 3", p, err)
 	}
+	if b, err := s.Outbox(ctx); err != nil || b["WORK"].Pending != 3 || b["WORK"].SetAside != 0 || b["WORK"].Oldest <= 0 || b["RESULT"] != (store.OutboxBacklog{}) {
+		t.Fatalf("backlog = %+v, %v; want WORK 3 waiting since a while, none set aside, RESULT empty", b, err)
+	}
 
 	d, err = s.DrainOutbox(ctx, 2, work, store.SetAsidePolicy{}, func(msgs []store.OutboxMsg) []store.Sent {
 		if len(msgs) != 2 || msgs[0].MsgID != "m2" {
@@ -675,6 +678,9 @@ func TestDrainOutboxSetsPoisonAside(t *testing.T) {
 	aside, err := s.SetAsideRows(ctx, 10)
 	if err != nil || len(aside) != 2 || aside[0].MsgID != "huge" || aside[1].LastError == "" {
 		t.Fatalf("set-aside rows: %+v %v", aside, err)
+	}
+	if b, err := s.Outbox(ctx); err != nil || b["WORK"] != (store.OutboxBacklog{SetAside: 2}) {
+		t.Fatalf("backlog = %+v, %v; want WORK with 2 set aside and none waiting", b, err)
 	}
 	if n, err := s.RetrySetAside(ctx, []int64{aside[1].ID}); err != nil || n != 1 {
 		t.Fatalf("retry one: %d %v", n, err)

@@ -266,9 +266,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, d: d, lim: d.Limiter, running: map[string]context.CancelCauseFunc{}, fair: newFairLanes(),
-		toRun:   &group.Batch[string, store.ToRun]{Run: d.Store.WorkToRunGroup, Flushers: 2},
-		claims:  &group.Batch[store.ClaimReq, store.Claimed]{Run: d.Store.ClaimGroup, Flushers: 2},
-		records: &group.Batch[store.AttemptRecord, store.AttemptRecorded]{Run: d.Store.RecordAttemptGroup, Flushers: 2}}
+		toRun:   &group.Batch[string, store.ToRun]{Run: d.Store.WorkToRunGroup},
+		claims:  &group.Batch[store.ClaimReq, store.Claimed]{Run: d.Store.ClaimGroup},
+		records: &group.Batch[store.AttemptRecord, store.AttemptRecorded]{Run: d.Store.RecordAttemptGroup}}
 	s.startReporter()
 	owned := []string{event.KindResult, event.KindAttempt}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log, Meter: d.Tel.Meter(), Region: cfg.Region}

@@ -176,8 +176,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 		cfg.ReapGrace = time.Minute
 	}
 	s := &Service{cfg: cfg, d: d,
-		answers: &group.Batch[store.AnswerReq, store.Answer]{Run: d.Store.WorkAnswerGroup, Flushers: 2},
-		commits: &group.Batch[store.CommitReq, store.CommitVerdict]{Run: d.Store.CommitGroup, Flushers: 2}}
+		answers: &group.Batch[store.AnswerReq, store.Answer]{Run: d.Store.WorkAnswerGroup},
+		commits: &group.Batch[store.CommitReq, store.CommitVerdict]{Run: d.Store.CommitGroup}}
 	var err error
 	if s.verdicts, err = d.Tel.Meter().Int64Counter("assay_committer_verdicts",
 		metric.WithDescription("final answers by verdict")); err != nil {

@@ -166,8 +166,8 @@ func New(cfg Config, st Store, js jetstream.StreamConsumerManager, log *slog.Log
 		return nil, err
 	}
 	p := &Publisher{cfg: cfg, st: st, log: log, callbacks: &http.Client{Timeout: cfg.CallbackTimeout}, counts: map[[2]string]int64{},
-		factsOf: &group.Batch[string, store.Facts]{Run: st.PublishFactsGroup, Flushers: 2},
-		drys:    &group.Batch[store.DryPublication, error]{Run: st.RecordDryPublicationGroup, Flushers: 2},
+		factsOf: &group.Batch[string, store.Facts]{Run: st.PublishFactsGroup},
+		drys:    &group.Batch[store.DryPublication, error]{Run: st.RecordDryPublicationGroup},
 		tries:   make(chan struct{}, cfg.Concurrency)}
 	if err := p.instruments(meter); err != nil {
 		return nil, err
