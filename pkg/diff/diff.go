@@ -29,7 +29,10 @@ type Line struct {
 type Hunk struct {
 	OldStart, OldLines int
 	NewStart, NewLines int
-	Lines              []Line
+	// Section is the text after the header's second @@ (git's function
+	// context), trimmed.
+	Section string
+	Lines   []Line
 }
 
 // File is the part of a diff that touches one path.
@@ -39,6 +42,9 @@ type File struct {
 	OldPath string
 	Deleted bool
 	Hunks   []Hunk
+	// Header is the section's lines before its first hunk, as written
+	// (diff --git, index, mode, --- and +++), each ending in a newline.
+	Header string
 }
 
 // Diff is a parsed unified diff.
@@ -55,19 +61,30 @@ func Parse(s string) (*Diff, error) {
 	d := &Diff{}
 	lines := strings.Split(strings.ReplaceAll(s, "\r\n", "\n"), "\n")
 	var cur *File
+	start := 0 // the current section's first line
+	header := func(end int) {
+		if cur != nil && cur.Header == "" && len(cur.Hunks) == 0 {
+			for end > start && strings.TrimSpace(lines[end-1]) == "" {
+				end--
+			}
+			cur.Header = strings.Join(lines[start:end], "\n") + "\n"
+		}
+	}
 	for i := 0; i < len(lines); i++ {
 		l := lines[i]
 		switch {
 		case strings.HasPrefix(l, "diff --git "):
+			header(i)
 			d.Files = append(d.Files, File{})
-			cur = &d.Files[len(d.Files)-1]
+			cur, start = &d.Files[len(d.Files)-1], i
 			if a, b, ok := gitPaths(l); ok {
 				cur.OldPath, cur.Path = a, b
 			}
 		case strings.HasPrefix(l, "--- "):
 			if cur == nil || len(cur.Hunks) > 0 {
+				header(i)
 				d.Files = append(d.Files, File{})
-				cur = &d.Files[len(d.Files)-1]
+				cur, start = &d.Files[len(d.Files)-1], i
 			}
 			if p := stripPath(l[4:], "a/"); p != "" {
 				cur.OldPath = p
@@ -91,6 +108,7 @@ func Parse(s string) (*Diff, error) {
 			if err != nil {
 				return nil, fmt.Errorf("diff: line %d: %w", i+1, err)
 			}
+			header(i)
 			oldLeft, newLeft, n := h.OldLines, h.NewLines, h.NewStart
 			at := i + 1 // the hunk header's line
 			for oldLeft > 0 || newLeft > 0 {
@@ -130,6 +148,7 @@ func Parse(s string) (*Diff, error) {
 			cur.Hunks = append(cur.Hunks, h)
 		}
 	}
+	header(len(lines))
 	if len(d.Files) == 0 {
 		return nil, ErrEmpty
 	}
@@ -164,6 +183,9 @@ func parseHunkHeader(l string) (Hunk, error) {
 	}
 	var h Hunk
 	var err error
+	if _, after, ok := strings.Cut(l[2:], "@@"); ok {
+		h.Section = strings.TrimSpace(after)
+	}
 	if h.OldStart, h.OldLines, err = rangeOf(f[1][1:]); err != nil {
 		return Hunk{}, err
 	}
