@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nats-io/nats.go"
 	"log/slog"
 	"sync"
 	"time"
@@ -56,6 +57,8 @@ func Refuse() Disposition { return Disposition{Settle: Term} }
 type Delivery interface {
 	// InProgress tells the server the message is still being worked on.
 	InProgress() error
+	// Headers are the message's headers.
+	Headers() nats.Header
 }
 
 // Handler handles one message and decides how it is settled.

@@ -166,8 +166,9 @@ func streamToken(s string) string { return strings.ToUpper(strings.ReplaceAll(s,
 // dispatch number, so a re-announcement inside the window is not stored twice.
 func WorkMsgID(workID string, dispatch int) string { return fmt.Sprintf("%s.%d", workID, dispatch) }
 
-// Work announces a work item. The worker reads everything else from the
-// cell's database: the message is a pointer, Postgres is the record.
+// Work announces a work item. The message is a pointer, Postgres is the
+// record: what the worker does not read from the row it takes from the
+// facts beside the message (FactsHeader), and its claim checks them.
 type Work struct {
 	WorkID   string `json:"workId"`
 	TenantID string `json:"tenantId"`
@@ -177,6 +178,47 @@ type Work struct {
 	// DeadlineAt is the work's deadline when it was announced, so a worker
 	// can pass over work that cannot finish in time without reading it.
 	DeadlineAt time.Time `json:"deadlineAt,omitzero"`
+}
+
+// FactsHeader is the header of a work announcement that carries the
+// work's facts (WorkFacts, as JSON). A header and not a field: a reader
+// that does not know it decodes the announcement as before.
+const FactsHeader = "Assay-Work-Facts"
+
+// WorkFacts are what the work row said when it was announced: enough for a
+// worker to decide on the work, estimate its call and claim it without
+// reading the row first. They are a hint, never the record: the claim made
+// on them expects each of them of the row (store.Expect), and a worker
+// whose claim finds the row changed reads it and decides again.
+type WorkFacts struct {
+	Contract        string    `json:"contract"`
+	SchemaVersion   string    `json:"schemaVersion"`
+	TaxonomyVersion string    `json:"taxonomyVersion"`
+	PromptDigest    string    `json:"promptDigest,omitempty"`
+	Model           string    `json:"model,omitempty"`
+	InputBytes      int       `json:"inputBytes"`
+	Attempts        int       `json:"attempts"`
+	OutageAttempts  int       `json:"outageAttempts"`
+	Repairs         int       `json:"repairs"`
+	OutputCap       int       `json:"outputCap,omitempty"`
+	DeadlineAt      time.Time `json:"deadlineAt"`
+	// ReadyAt is when the work became ready to run: its last change, or
+	// the retry it waited for.
+	ReadyAt time.Time `json:"readyAt"`
+}
+
+// ParseFacts reads a FactsHeader value; ok is false for one that is
+// missing or does not decode strictly.
+func ParseFacts(v string) (f WorkFacts, ok bool) {
+	if v == "" || len(v) > MaxEventBytes {
+		return WorkFacts{}, false
+	}
+	dec := json.NewDecoder(strings.NewReader(v))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil || dec.More() || f.Contract == "" || f.DeadlineAt.IsZero() {
+		return WorkFacts{}, false
+	}
+	return f, true
 }
 
 // Cancel asks whoever runs a model call for the work to stop it.

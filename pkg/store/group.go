@@ -66,6 +66,20 @@ type ClaimReq struct {
 	WorkID, AttemptID, Token string
 	TTL                      time.Duration
 	Estimate                 int64
+	// Expect, when set, claims only while the work row still holds these
+	// facts: the claim of a worker that decided on an announcement's facts
+	// without reading the row.
+	Expect *Expect
+}
+
+// Expect is what a claim made without reading the work row expects of it:
+// every fact the worker's decisions and estimate rest on, and whether its
+// tenant has a budget.
+type Expect struct {
+	TenantID, Lane, Contract, SchemaVersion, TaxonomyVersion, PromptDigest, Model string
+	InputBytes, Attempts, OutageAttempts, Repairs, OutputCap                      int
+	DeadlineAt                                                                    time.Time
+	Budgeted                                                                      bool
 }
 
 // Claimed is one ClaimReq's answer: the work as claimed and OK, or OK
@@ -82,22 +96,37 @@ type Claimed struct {
 // work in the group one wins.
 func (s *Store) ClaimGroup(ctx context.Context, reqs []ClaimReq) []Claimed {
 	out := make([]Claimed, len(reqs))
-	works, attempts, tokens := make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs))
-	ttls, estimates := make([]int64, len(reqs)), make([]int64, len(reqs))
+	n := len(reqs)
+	works, attempts, tokens := make([]string, n), make([]string, n), make([]string, n)
+	ttls, estimates := make([]int64, n), make([]int64, n)
+	var e expectArrays
 	for i, r := range reqs {
 		works[i], attempts[i], tokens[i], ttls[i], estimates[i] = r.WorkID, r.AttemptID, r.Token, interval(r.TTL), r.Estimate
+		e.add(r.Expect)
 	}
 	// The claim, the lapse of an earlier attempt still without an
 	// outcome, and the new attempt: sub-statements share one snapshot, so
-	// a new attempt is never among those marked lapsed.
+	// a new attempt is never among those marked lapsed. A request with
+	// expectations claims only a row that meets every one of them.
 	rows, err := s.pool.Query(ctx, `WITH x AS (
-			SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::bigint[], $5::bigint[])
-				AS x(work_id, attempt_id, token, ttl, estimate)
+			SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::bigint[], $5::bigint[],
+				$6::bool[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
+				$14::int[], $15::int[], $16::int[], $17::int[], $18::int[], $19::timestamptz[], $20::bool[])
+				AS x(work_id, attempt_id, token, ttl, estimate,
+					expect, e_tenant, e_lane, e_contract, e_schema, e_taxonomy, e_prompt, e_model,
+					e_input, e_attempts, e_outage, e_repairs, e_cap, e_deadline, e_budgeted)
 		), claimed AS (
 			UPDATE work SET state = 'running', lease_token = x.token,
 				lease_expires_at = now() + x.ttl * interval '1 microsecond', attempts = attempts + 1, updated_at = now()
 			FROM x WHERE work.id = ANY($1) AND work.id = x.work_id
 				AND CASE work.state WHEN 'queued' THEN true WHEN 'running' THEN work.lease_expires_at < now() ELSE false END
+				AND (NOT x.expect OR (
+					(work.tenant_id, work.lane, work.contract, work.schema_version, work.taxonomy_version,
+						coalesce(work.prompt_digest, ''), coalesce(work.model, ''), octet_length(work.input),
+						work.attempts, work.outage_attempts, work.repairs, coalesce(work.output_cap, 0), work.deadline_at)
+					= (x.e_tenant, x.e_lane, x.e_contract, x.e_schema, x.e_taxonomy, x.e_prompt, x.e_model, x.e_input,
+						x.e_attempts, x.e_outage, x.e_repairs, x.e_cap, x.e_deadline)
+					AND coalesce((SELECT t.budget_micros IS NOT NULL FROM tenants t WHERE t.id = work.tenant_id), false) = x.e_budgeted))
 			RETURNING work.*, x.attempt_id AS claim_attempt, x.estimate AS claim_estimate
 		), lapsed AS (
 			UPDATE attempts SET outcome = 'lease_expired', reason = 'the lease lapsed before the worker reported back'
@@ -106,7 +135,7 @@ func (s *Store) ClaimGroup(ctx context.Context, reqs []ClaimReq) []Claimed {
 			INSERT INTO attempts (id, work_id, tenant_id, number, lease_token, estimate_micros)
 			SELECT claim_attempt, id, tenant_id, attempts, lease_token, claim_estimate FROM claimed
 		)
-		SELECT `+workColumns+`, claim_attempt::text FROM claimed`, works, attempts, tokens, ttls, estimates)
+		SELECT `+workColumns+`, claim_attempt::text FROM claimed`, append([]any{works, attempts, tokens, ttls, estimates}, e.args()...)...)
 	if err == nil {
 		won := map[string]*Work{}
 		for rows.Next() {
@@ -132,12 +161,55 @@ func (s *Store) ClaimGroup(ctx context.Context, reqs []ClaimReq) []Claimed {
 	if len(reqs) == 1 || Unsent(err) {
 		return fill(out, func(i int) Claimed { return Claimed{Err: fmt.Errorf("store: claim %s: %w", reqs[i].WorkID, err)} })
 	}
-	// One request's value refused the whole statement: each alone.
+	// One request's value refused the whole statement: each alone. A
+	// request with expectations is not claimed (OK false): its worker
+	// reads the row and asks again.
 	for i, r := range reqs {
+		if r.Expect != nil {
+			continue
+		}
 		w, ok, err := s.Claim(ctx, r.WorkID, r.AttemptID, r.Token, r.TTL, r.Estimate)
 		out[i] = Claimed{Work: w, OK: ok, Err: err}
 	}
 	return out
+}
+
+// ExpectOf is what a claim on w's facts expects: w as the worker saw it,
+// and budgeted.
+func ExpectOf(w *Work, budgeted bool) *Expect {
+	return &Expect{TenantID: w.TenantID, Lane: w.Lane, Contract: w.Contract, SchemaVersion: w.SchemaVersion,
+		TaxonomyVersion: w.TaxonomyVersion, PromptDigest: w.PromptDigest, Model: w.Model, InputBytes: len(w.Input),
+		Attempts: w.Attempts, OutageAttempts: w.OutageAttempts, Repairs: w.Repairs, OutputCap: w.OutputCap,
+		DeadlineAt: w.DeadlineAt, Budgeted: budgeted}
+}
+
+// expectArrays are ClaimReq.Expect as the arrays ClaimGroup's statement
+// takes, one element per request (expect false where it has none).
+type expectArrays struct {
+	expect, budgeted                                        []bool
+	tenant, lane, contract, schema, taxonomy, prompt, model []string
+	input, attempts, outage, repairs, outputCap             []int32
+	deadline                                                []time.Time
+}
+
+func (a *expectArrays) add(e *Expect) {
+	has := e != nil
+	if !has {
+		e = &Expect{DeadlineAt: time.Unix(0, 0)}
+	}
+	a.expect = append(a.expect, has)
+	a.budgeted = append(a.budgeted, e.Budgeted)
+	a.tenant, a.lane, a.contract = append(a.tenant, e.TenantID), append(a.lane, e.Lane), append(a.contract, e.Contract)
+	a.schema, a.taxonomy = append(a.schema, e.SchemaVersion), append(a.taxonomy, e.TaxonomyVersion)
+	a.prompt, a.model = append(a.prompt, e.PromptDigest), append(a.model, e.Model)
+	a.input, a.attempts = append(a.input, int32(e.InputBytes)), append(a.attempts, int32(e.Attempts))
+	a.outage, a.repairs = append(a.outage, int32(e.OutageAttempts)), append(a.repairs, int32(e.Repairs))
+	a.outputCap, a.deadline = append(a.outputCap, int32(e.OutputCap)), append(a.deadline, e.DeadlineAt)
+}
+
+func (a *expectArrays) args() []any {
+	return []any{a.expect, a.tenant, a.lane, a.contract, a.schema, a.taxonomy, a.prompt, a.model,
+		a.input, a.attempts, a.outage, a.repairs, a.outputCap, a.deadline, a.budgeted}
 }
 
 // AttemptRecorded is one AttemptRecord's answer, as RecordAttempt's.

@@ -273,3 +273,48 @@ func TestPublicationGroups(t *testing.T) {
 		t.Fatalf("%d dry publications, want one per work", n)
 	}
 }
+
+// A claim made on an announcement's facts takes the lease only while the
+// row still holds every one of them: one fact off, and the row is left as
+// it was, with no attempt.
+func TestClaimGroupChecksExpectations(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	rows := map[string]*store.Work{}
+	for _, src := range []string{"match", "attempts", "input", "budget", "deadline", "plain"} {
+		rows[src] = insert(t, ctx, s, newWork("acme", "expect/"+src, "r1"))
+	}
+	expect := func(src string, change func(e *store.Expect)) *store.Expect {
+		e := store.ExpectOf(rows[src], false)
+		change(e)
+		return e
+	}
+	same := func(*store.Expect) {}
+	reqs := []store.ClaimReq{
+		{WorkID: rows["match"].ID, Expect: expect("match", same)},
+		{WorkID: rows["attempts"].ID, Expect: expect("attempts", func(e *store.Expect) { e.Attempts = 1 })},
+		{WorkID: rows["input"].ID, Expect: expect("input", func(e *store.Expect) { e.InputBytes++ })},
+		{WorkID: rows["budget"].ID, Expect: expect("budget", func(e *store.Expect) { e.Budgeted = true })},
+		{WorkID: rows["deadline"].ID, Expect: expect("deadline", func(e *store.Expect) { e.DeadlineAt = e.DeadlineAt.Add(time.Microsecond) })},
+		{WorkID: rows["plain"].ID},
+	}
+	for i := range reqs {
+		reqs[i].AttemptID, reqs[i].Token, reqs[i].TTL = newUUID(), newUUID(), time.Minute
+	}
+	got := s.ClaimGroup(ctx, reqs)
+	for i, want := range []bool{true, false, false, false, false, true} {
+		if got[i].Err != nil || got[i].OK != want {
+			t.Fatalf("request %d (%s): ok %v, err %v; want ok %v", i, reqs[i].WorkID, got[i].OK, got[i].Err, want)
+		}
+	}
+	if w := got[0].Work; w.Input != rows["match"].Input || w.State != "running" || w.LeaseToken != reqs[0].Token {
+		t.Fatalf("the claim on facts returned %+v, want the whole row, running under its lease", w)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM work WHERE id = ANY($1) AND state = 'queued' AND attempts = 0`,
+		[]string{rows["attempts"].ID, rows["input"].ID, rows["budget"].ID, rows["deadline"].ID}); n != 4 {
+		t.Fatalf("%d of the 4 rows whose facts differ are untouched", n)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM attempts`); n != 2 {
+		t.Fatalf("%d attempts, want 2 (the match and the plain claim)", n)
+	}
+}

@@ -297,7 +297,7 @@ func (l *batchLane) enqueue(ctx context.Context, w *store.Work, budgeted bool, c
 // estimate bounds one line's cost from above at the batch price.
 func (l *batchLane) estimate(c *contract.Contract, w *store.Work) int64 {
 	s := l.s
-	return s.cfg.Prices.BatchCostMicros(s.modelOf(w), s.inputUnits(c, w), int64(s.outputCap(w)))
+	return s.cfg.Prices.BatchCostMicros(s.modelOf(w), s.inputUnits(c, w, len(w.Input)), int64(s.outputCap(w)))
 }
 
 // pass forms a batch when enough lines wait (or the oldest waited long
@@ -763,7 +763,7 @@ func (l *batchLane) reconcile(ctx context.Context, line store.BatchLine, w *stor
 		if r.line == store.LineMissing {
 			// It may have run and been billed with nothing to say so:
 			// charged what was reserved for it, marked estimated.
-			att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w), int64(s.outputCap(w)), true
+			att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w, len(w.Input)), int64(s.outputCap(w)), true
 		}
 		msgs, err := s.events(ctx, w, res, att)
 		if err != nil {

@@ -239,6 +239,9 @@ type Service struct {
 	batches *batchLane
 	// prompts holds the contracts of rollout prompts read so far, by digest.
 	prompts sync.Map
+	// budgets remembers whether each tenant had a budget, for claims on an
+	// announcement's facts.
+	budgets budgets
 	fair    *fairLanes
 	report  lifecycle.Ticker
 	circ    *circuit

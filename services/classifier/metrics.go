@@ -22,6 +22,7 @@ type metrics struct {
 	queueWait, active, call   metric.Float64Histogram
 	gateRejected, rateLimited metric.Int64Counter
 	retries, budgetDenied     metric.Int64Counter
+	onFactsClaims             metric.Int64Counter
 }
 
 func newMetrics(tel *telemetry.Provider, region string) (*metrics, error) {
@@ -44,6 +45,7 @@ func newMetrics(tel *telemetry.Provider, region string) (*metrics, error) {
 	m.rateLimited = count("assay_provider_rate_limited", "429 answers from the provider")
 	m.retries = count("assay_retries", "attempts followed by another, by why")
 	m.budgetDenied = count("assay_budget_denials", "attempts the tenant's budget could not cover")
+	m.onFactsClaims = count("assay_claims_on_facts", "claims made on an announcement's facts without reading the work row, by result (claimed, or reread when the row was not as the facts said)")
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -98,4 +100,14 @@ func (m *metrics) judged(ctx context.Context, w *store.Work, c *contract.Contrac
 // denied records an attempt the budget refused.
 func (m *metrics) denied(ctx context.Context, w *store.Work) {
 	m.budgetDenied.Add(ctx, 1, m.work(w, attribute.String("tenant", m.tel.Tenant(w.TenantID))))
+}
+
+// onFacts counts a claim made on an announcement's facts: taken, or lost
+// and the row read.
+func (m *metrics) onFacts(ctx context.Context, w *store.Work, claimed bool) {
+	result := "reread"
+	if claimed {
+		result = "claimed"
+	}
+	m.onFactsClaims.Add(ctx, 1, m.work(w, attribute.String("result", result)))
 }

@@ -43,32 +43,52 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	if disp, held := s.waitForProvider(ctx, ev, need); held {
 		return disp
 	}
-	w, budgeted, c, disp, ok := s.read(ctx, ev, need)
-	if !ok {
-		return disp
+	j, onFacts := s.onFacts(ctx, ev, d, need)
+	if !onFacts {
+		var disp consumer.Disposition
+		var ok bool
+		if j, disp, ok = s.read(ctx, ev, need); !ok {
+			return disp
+		}
 	}
-	if s.batches != nil && w.Lane == event.Batch {
+	if s.batches != nil && j.w.Lane == event.Batch {
 		// Sent as a line of a provider batch: no permit, no call here.
-		return s.batches.enqueue(ctx, w, budgeted, c)
+		return s.batches.enqueue(ctx, j.w, j.budgeted, j.c)
 	}
 	// A permit from the cell's limiter before anything is held: waiting here
 	// costs a goroutine and a message in hand, both bounded by the limiter.
-	permit, err := s.acquire(ctx, w, d)
+	permit, err := s.acquire(ctx, j.w, d)
 	if err != nil {
 		return consumer.Retry(0)
 	}
 	defer permit.Release(admission.Signal{Kind: admission.Ignore})
-	if disp, ok := s.stillInTime(ctx, ev, w, need); !ok {
+	if j.facts != nil && !admit(ev, j.w, time.Now(), need, s.cfg.MaxAttempts, true).proceed {
+		// Time ran short on the way to the permit: decide on the row.
+		var disp consumer.Disposition
+		var ok bool
+		if j, disp, ok = s.read(ctx, ev, need); !ok {
+			return disp
+		}
+	}
+	if disp, ok := s.stillInTime(ctx, ev, j.w, need); !ok {
 		return disp
 	}
-	probe, disp, ok := s.probeTurn(ctx, w)
+	probe, disp, ok := s.probeTurn(ctx, j.w)
 	if !ok {
 		return disp
 	}
-	cw, attemptID, token, disp, ok := s.claim(ctx, w, budgeted, c)
+	cw, attemptID, token, disp, ok := s.claim(ctx, j)
+	if !ok && j.facts != nil && disp == (consumer.Disposition{}) {
+		// The row is not as its facts said, or not to be claimed on them:
+		// read it and decide again.
+		if j, disp, ok = s.read(ctx, ev, need); ok {
+			cw, attemptID, token, disp, ok = s.claim(ctx, j)
+		}
+	}
 	if !ok {
 		return disp
 	}
+	c := j.c
 	claimedAt := time.Now()
 	span.SetAttributes(attribute.String("assay.attempt_id", attemptID), attribute.Int("assay.attempt", cw.Attempts))
 
@@ -92,38 +112,40 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 
 // read reads the work the announcement points to and admits it; ok=false
 // ends the delivery with disp.
-func (s *Service) read(ctx context.Context, ev event.Work, need time.Duration) (w *store.Work, budgeted bool, c *contract.Contract,
-	disp consumer.Disposition, ok bool) {
+func (s *Service) read(ctx context.Context, ev event.Work, need time.Duration) (j job, disp consumer.Disposition, ok bool) {
 	got := s.toRun.Do(ctx, ev.WorkID)
 	w, budgeted, err := got.Work, got.Budgeted, got.Err
 	if errors.Is(err, store.ErrNotFound) {
 		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "refused", "no such work in this cell")
-		return nil, false, nil, consumer.Refuse(), false
+		return job{}, consumer.Refuse(), false
 	}
 	if err != nil {
 		s.d.Log.Warn("read work failed", "key", ev.WorkID, "err", err)
-		return nil, false, nil, consumer.Retry(time.Second), false
+		return job{}, consumer.Retry(time.Second), false
 	}
+	s.budgets.saw(w.TenantID, budgeted)
 	c, known, err := s.contractOf(ctx, w)
 	if err != nil {
 		s.d.Log.Warn("read work's prompt failed", "key", ev.WorkID, "err", err)
-		return nil, false, nil, consumer.Retry(time.Second), false
+		return job{}, consumer.Retry(time.Second), false
 	}
 	if st := admit(ev, w, time.Now(), need, s.cfg.MaxAttempts, known); !st.proceed {
-		return nil, false, nil, s.carry(ctx, w.ID, w, st), false
+		return job{}, s.carry(ctx, w.ID, w, st), false
 	}
-	return w, budgeted, c, consumer.Disposition{}, true
+	return job{w: w, budgeted: budgeted, c: c}, consumer.Disposition{}, true
 }
 
 // claim reserves the attempt's budget, when its tenant has one, then takes
 // the lease: work whose tenant cannot pay ends without a claim, an attempt
-// or a call. ok=false ends the delivery with disp.
-func (s *Service) claim(ctx context.Context, w *store.Work, budgeted bool, c *contract.Contract) (cw *store.Work, attemptID, token string,
+// or a call. ok=false ends the delivery with disp; for a job on facts, a
+// zero disp means its row is to be read and the claim asked again.
+func (s *Service) claim(ctx context.Context, j job) (cw *store.Work, attemptID, token string,
 	disp consumer.Disposition, ok bool) {
+	w := j.w
 	attemptID, token = newUUID(), newUUID()
-	est := s.Estimate(c, w)
+	est := s.estimate(j.c, w, j.inputLen())
 	res := store.Reserved
-	if budgeted {
+	if j.budgeted {
 		var err error
 		if res, err = s.d.Store.Reserve(ctx, w.TenantID, attemptID, est); err != nil {
 			s.d.Log.Warn("budget reservation failed", "key", w.ID, "err", err)
@@ -131,14 +153,18 @@ func (s *Service) claim(ctx context.Context, w *store.Work, budgeted bool, c *co
 		}
 	}
 	if st := afford(res, w, est, time.Now(), s.backoff(1)); !st.proceed {
+		if j.facts != nil {
+			return nil, "", "", consumer.Disposition{}, false
+		}
 		if st.finish != "" {
 			s.m.denied(ctx, w)
 		}
 		return nil, "", "", s.carry(ctx, w.ID, w, st), false
 	}
-	claimed := s.claims.Do(ctx, store.ClaimReq{WorkID: w.ID, AttemptID: attemptID, Token: token, TTL: s.cfg.LeaseTTL, Estimate: est})
+	claimed := s.claims.Do(ctx, store.ClaimReq{WorkID: w.ID, AttemptID: attemptID, Token: token, TTL: s.cfg.LeaseTTL,
+		Estimate: est, Expect: j.expect()})
 	cw, ok, err := claimed.Work, claimed.OK, claimed.Err
-	if (err != nil || !ok) && budgeted {
+	if (err != nil || !ok) && j.budgeted {
 		if rerr := s.d.Store.Release(context.WithoutCancel(ctx), attemptID); rerr != nil {
 			s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", attemptID, "err", rerr)
 		}
@@ -147,9 +173,16 @@ func (s *Service) claim(ctx context.Context, w *store.Work, budgeted bool, c *co
 		s.d.Log.Warn("claim failed", "key", w.ID, "err", err)
 		return nil, "", "", consumer.Retry(time.Second), false
 	}
+	if !ok && j.facts != nil {
+		s.m.onFacts(ctx, w, false)
+		return nil, "", "", consumer.Disposition{}, false
+	}
 	if !ok {
 		telemetry.Decision(ctx, s.d.Log, w.ID, "claim_lost", "another worker holds the lease or the work just ended")
 		return nil, "", "", consumer.Done(), false
+	}
+	if j.facts != nil {
+		s.m.onFacts(ctx, w, true)
 	}
 	s.m.claimed(ctx, w, time.Now())
 	telemetry.Decision(ctx, s.d.Log, cw.ID, "claimed", "lease taken", slog.String("attempt", attemptID), slog.Int("number", cw.Attempts))
@@ -414,7 +447,7 @@ func (s *Service) attemptEvent(c *contract.Contract, w *store.Work, attemptID, o
 		att.ServedModel = reply.Model
 	}
 	kind := unbilled(reply, callErr)
-	if kind == billed && !plausible(reply.Usage, s.requestBytes(c, w), len(reply.Raw), s.outputCap(w)) {
+	if kind == billed && !plausible(reply.Usage, s.requestBytes(c, w, len(w.Input)), len(reply.Raw), s.outputCap(w)) {
 		kind = implausible
 	}
 	switch kind {
@@ -423,9 +456,9 @@ func (s *Service) attemptEvent(c *contract.Contract, w *store.Work, attemptID, o
 		// not dropped: it is charged its reservation's estimate, or its
 		// bytes when the answer ran past the cap.
 		out := max(int64(s.outputCap(w)), int64(math.Ceil(float64(len(reply.Raw))/s.cfg.BytesPerUnit)))
-		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w), out, true
+		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w, len(w.Input)), out, true
 	case noAnswer:
-		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w), 0, true
+		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w, len(w.Input)), 0, true
 	case unreadable:
 		body := int64(len(reply.Raw))
 		var mErr *model.Error
@@ -433,7 +466,7 @@ func (s *Service) attemptEvent(c *contract.Contract, w *store.Work, attemptID, o
 			body = mErr.BodyBytes // a body too large to be read whole
 		}
 		out := int64(math.Ceil(float64(body) / s.cfg.BytesPerUnit))
-		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w), out, true
+		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w, len(w.Input)), out, true
 	}
 	return att
 }
@@ -540,20 +573,28 @@ func (s *Service) outputCap(w *store.Work) int {
 // Estimate bounds one attempt's cost from above: the request's input units
 // and the answer at its cap.
 func (s *Service) Estimate(c *contract.Contract, w *store.Work) int64 {
-	return s.cfg.Prices.CostMicros(s.modelOf(w), s.inputUnits(c, w), int64(s.outputCap(w)))
+	return s.estimate(c, w, len(w.Input))
+}
+
+// estimate is Estimate for w with an input of inputLen bytes (w.Input
+// itself not read).
+func (s *Service) estimate(c *contract.Contract, w *store.Work, inputLen int) int64 {
+	return s.cfg.Prices.CostMicros(s.modelOf(w), s.inputUnits(c, w, inputLen), int64(s.outputCap(w)))
 }
 
 // inputUnits estimates a request's input units from above: its bytes over
 // BytesPerUnit.
-func (s *Service) inputUnits(c *contract.Contract, w *store.Work) int64 {
-	return int64(math.Ceil(float64(s.requestBytes(c, w)) / s.cfg.BytesPerUnit))
+func (s *Service) inputUnits(c *contract.Contract, w *store.Work, inputLen int) int64 {
+	return int64(math.Ceil(float64(s.requestBytes(c, w, inputLen)) / s.cfg.BytesPerUnit))
 }
 
 // requestBytes is the size of what an attempt at w sends: its schema and
-// messages.
-func (s *Service) requestBytes(c *contract.Contract, w *store.Work) int {
-	call := s.modelCall(c, w)
-	in := len(call.Schema)
+// messages, the input being inputLen bytes.
+func (s *Service) requestBytes(c *contract.Contract, w *store.Work, inputLen int) int {
+	bare := *w
+	bare.Input = ""
+	call := s.modelCall(c, &bare)
+	in := len(call.Schema) + inputLen
 	for _, m := range call.Messages {
 		in += len(m.Content)
 	}

@@ -8,6 +8,7 @@ import (
 	"crypto/rsa"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -502,10 +503,27 @@ func (s *Service) logSuperseded(ctx context.Context, w *store.Work) {
 	}
 }
 
-// WorkMessage is the outbox row that announces w with a dispatch number.
+// WorkMessage is the outbox row that announces w with a dispatch number,
+// its facts in a header (event.FactsHeader).
 func WorkMessage(ctx context.Context, n event.Names, w *store.Work, dispatch int) (store.OutboxMsg, error) {
-	return outbox.Msg(ctx, event.KindWork, n.Work(w.Lane, w.TenantID), event.WorkMsgID(w.ID, dispatch),
+	m, err := outbox.Msg(ctx, event.KindWork, n.Work(w.Lane, w.TenantID), event.WorkMsgID(w.ID, dispatch),
 		event.Work{WorkID: w.ID, TenantID: w.TenantID, Region: w.Region, Lane: w.Lane, Dispatch: dispatch, DeadlineAt: w.DeadlineAt})
+	if err != nil {
+		return m, err
+	}
+	ready := w.UpdatedAt
+	if w.RetryAt.After(ready) {
+		ready = w.RetryAt
+	}
+	facts, err := json.Marshal(event.WorkFacts{Contract: w.Contract, SchemaVersion: w.SchemaVersion,
+		TaxonomyVersion: w.TaxonomyVersion, PromptDigest: w.PromptDigest, Model: w.Model, InputBytes: len(w.Input),
+		Attempts: w.Attempts, OutageAttempts: w.OutageAttempts, Repairs: w.Repairs, OutputCap: w.OutputCap,
+		DeadlineAt: w.DeadlineAt, ReadyAt: ready})
+	if err != nil {
+		return m, err
+	}
+	m.Headers[event.FactsHeader] = string(facts)
+	return m, nil
 }
 
 // SweepOnce runs one pass of the sweeper, a lifecycle.Ticker: work past its

@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"github.com/nats-io/nats.go"
 	"io"
 	"log/slog"
 	"net/http"
@@ -241,8 +242,12 @@ func (b *Bundle) Calls(tenant string) int64 { return b.Sim.Stats().Tenants[tenan
 // Names are the cell's NATS names.
 func (b *Bundle) Names() event.Names { return b.Cell.Env.Config.Names() }
 
-// Delivery stands for the message a hand-driven Process call handles.
-type Delivery struct{}
+// Delivery stands for the message a hand-driven Process call handles,
+// with the headers it is given.
+type Delivery struct{ Header nats.Header }
 
 // InProgress does nothing: no server waits on a hand-driven delivery.
 func (Delivery) InProgress() error { return nil }
+
+// Headers are the delivery's headers.
+func (d Delivery) Headers() nats.Header { return d.Header }
