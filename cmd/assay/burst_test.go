@@ -73,6 +73,12 @@ func TestBurstProbe(t *testing.T) {
 		Tenant: "acme", Repositories: []string{"shop/*"}}); err != nil {
 		t.Fatal(err)
 	}
+	// The probe is of capacity: the tenant's rate (600 a minute, a burst of
+	// 60, by default) would refuse the burst's last deliveries whenever the
+	// ninety arrive in less than three seconds.
+	if err := b.Cell.Env.Store.SetRate(ctx, "acme", 60000, 1000); err != nil {
+		t.Fatal(err)
+	}
 	for end := time.Now().Add(30 * time.Second); !b.Cell.Ingress.CapacityKnown(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatal("ingress read no capacity report")
