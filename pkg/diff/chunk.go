@@ -61,11 +61,14 @@ type Plan struct {
 
 // Units estimates text's size in model units at bytesPerUnit bytes each,
 // rounding up.
-func Units(text string, bytesPerUnit float64) int {
+func Units(text string, bytesPerUnit float64) int { return unitsOf(len(text), bytesPerUnit) }
+
+// unitsOf is Units for text of n bytes.
+func unitsOf(n int, bytesPerUnit float64) int {
 	if bytesPerUnit <= 0 {
 		bytesPerUnit = 1
 	}
-	return int(math.Ceil(float64(len(text)) / bytesPerUnit))
+	return int(math.Ceil(float64(n) / bytesPerUnit))
 }
 
 // Split cuts d into parts of at most maxUnits units each (estimated at
@@ -209,22 +212,22 @@ func (p *splitter) pieces(hdr string, h Hunk) []string {
 		newAt++
 	}
 	var run []Line
-	runOld, runNew := oldAt, newAt
+	runOld, runNew, runBytes := oldAt, newAt, 0
 	emit := func() {
-		if len(run) == 0 {
-			return
+		if len(run) > 0 {
+			out = append(out, hunkOf(runOld, runNew, h.Section, run).text())
 		}
-		out = append(out, hunkOf(runOld, runNew, h.Section, run).text())
-		run = nil
 	}
+	// A run's size is its lines' bytes and its header, at most as long as
+	// one with this hunk's largest numbers.
+	head := len(fmt.Sprintf("@@ -%d,%d +%d,%d @@ %s\n", h.OldStart+h.OldLines, h.OldLines, h.NewStart+h.NewLines, h.NewLines, h.Section))
 	for _, l := range h.Lines {
-		next := append(run[:len(run):len(run)], l)
-		if len(run) > 0 && Units(hdr+hunkOf(runOld, runNew, h.Section, next).text(), p.bpu) > p.max {
+		size := len(l.Text) + 2 // marker and newline
+		if len(run) > 0 && unitsOf(len(hdr)+head+runBytes+size, p.bpu) > p.max {
 			emit()
-			runOld, runNew = oldAt, newAt
-			next = []Line{l}
+			run, runOld, runNew, runBytes = nil, oldAt, newAt, 0
 		}
-		run = next
+		run, runBytes = append(run, l), runBytes+size
 		if l.Kind != Added {
 			oldAt++
 		}

@@ -208,17 +208,19 @@ type WorkFacts struct {
 }
 
 // ParseFacts reads a FactsHeader value; ok is false for one that is
-// missing or does not decode strictly.
+// missing or does not decode strictly (Decode).
 func ParseFacts(v string) (f WorkFacts, ok bool) {
-	if v == "" || len(v) > MaxEventBytes {
-		return WorkFacts{}, false
-	}
-	dec := json.NewDecoder(strings.NewReader(v))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil || dec.More() || f.Contract == "" || f.DeadlineAt.IsZero() {
+	if v == "" || Decode([]byte(v), &f) != nil {
 		return WorkFacts{}, false
 	}
 	return f, true
+}
+
+func (f *WorkFacts) check() error {
+	if f.Contract == "" || f.DeadlineAt.IsZero() {
+		return errors.New("event: work facts: contract and deadlineAt are required")
+	}
+	return nil
 }
 
 // Cancel asks whoever runs a model call for the work to stop it.

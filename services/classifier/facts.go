@@ -18,6 +18,20 @@ import (
 // ends, waits, or is refused), and every claim they lose, is decided again
 // on the row, read as before.
 
+// readRow is claim's answer for a job on facts that cannot go on with
+// them: read the row and decide again. It is never a job on facts' last
+// word, so it is told apart from an ack (the same value) by the job.
+var readRow = consumer.Disposition{}
+
+// job is the work an announcement names: on its facts where they suffice,
+// else read from its row.
+func (s *Service) job(ctx context.Context, ev event.Work, d consumer.Delivery, need time.Duration) (job, consumer.Disposition, bool) {
+	if j, ok := s.onFacts(ctx, ev, d, need); ok {
+		return j, consumer.Disposition{}, true
+	}
+	return s.read(ctx, ev, need)
+}
+
 // budgetFresh is how long a tenant's having a budget, learned from a read,
 // is taken on trust for a claim on facts (which checks it again).
 const budgetFresh = time.Minute

@@ -43,13 +43,9 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	if disp, held := s.waitForProvider(ctx, ev, need); held {
 		return disp
 	}
-	j, onFacts := s.onFacts(ctx, ev, d, need)
-	if !onFacts {
-		var disp consumer.Disposition
-		var ok bool
-		if j, disp, ok = s.read(ctx, ev, need); !ok {
-			return disp
-		}
+	j, disp, ok := s.job(ctx, ev, d, need)
+	if !ok {
+		return disp
 	}
 	if s.batches != nil && j.w.Lane == event.Batch {
 		// Sent as a line of a provider batch: no permit, no call here.
@@ -64,8 +60,6 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	defer permit.Release(admission.Signal{Kind: admission.Ignore})
 	if j.facts != nil && !admit(ev, j.w, time.Now(), need, s.cfg.MaxAttempts, true).proceed {
 		// Time ran short on the way to the permit: decide on the row.
-		var disp consumer.Disposition
-		var ok bool
 		if j, disp, ok = s.read(ctx, ev, need); !ok {
 			return disp
 		}
@@ -78,7 +72,7 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 		return disp
 	}
 	cw, attemptID, token, disp, ok := s.claim(ctx, j)
-	if !ok && j.facts != nil && disp == (consumer.Disposition{}) {
+	if !ok && j.facts != nil && disp == readRow {
 		// The row is not as its facts said, or not to be claimed on them:
 		// read it and decide again.
 		if j, disp, ok = s.read(ctx, ev, need); ok {
@@ -137,8 +131,8 @@ func (s *Service) read(ctx context.Context, ev event.Work, need time.Duration) (
 
 // claim reserves the attempt's budget, when its tenant has one, then takes
 // the lease: work whose tenant cannot pay ends without a claim, an attempt
-// or a call. ok=false ends the delivery with disp; for a job on facts, a
-// zero disp means its row is to be read and the claim asked again.
+// or a call. ok=false ends the delivery with disp, or, for a job on facts,
+// with readRow: its row is to be read and the claim asked again.
 func (s *Service) claim(ctx context.Context, j job) (cw *store.Work, attemptID, token string,
 	disp consumer.Disposition, ok bool) {
 	w := j.w
@@ -154,7 +148,7 @@ func (s *Service) claim(ctx context.Context, j job) (cw *store.Work, attemptID, 
 	}
 	if st := afford(res, w, est, time.Now(), s.backoff(1)); !st.proceed {
 		if j.facts != nil {
-			return nil, "", "", consumer.Disposition{}, false
+			return nil, "", "", readRow, false
 		}
 		if st.finish != "" {
 			s.m.denied(ctx, w)
@@ -175,7 +169,7 @@ func (s *Service) claim(ctx context.Context, j job) (cw *store.Work, attemptID, 
 	}
 	if !ok && j.facts != nil {
 		s.m.onFacts(ctx, w, false)
-		return nil, "", "", consumer.Disposition{}, false
+		return nil, "", "", readRow, false
 	}
 	if !ok {
 		telemetry.Decision(ctx, s.d.Log, w.ID, "claim_lost", "another worker holds the lease or the work just ended")
