@@ -56,6 +56,17 @@ type Contract struct {
 	// RefusalEnd (the default) ends it transport_rejected, RefusalRetry
 	// tries again with backoff within the attempt budget.
 	OnRefusal string
+	// Parts, for a contract grounded in a diff, is how large a part of the
+	// diff one model call carries; a diff over it is reviewed in parts.
+	// Zero reviews every diff whole.
+	Parts Parts
+	// CostCapMicros bounds what one work item's calls may cost, in
+	// micro-dollars, counted at their estimates; 0 sets none. A review in
+	// parts that reaches it ends as a partial review.
+	CostCapMicros int64
+	// MaxFindings is the output schema's maxItems on findings, 0 when it
+	// sets none: a merge of several parts' findings keeps to it.
+	MaxFindings int
 
 	output *jsonschema.Schema
 	input  *jsonschema.Schema
@@ -84,9 +95,21 @@ type manifestEntry struct {
 	} `json:"correlation"`
 	Grounding string `json:"grounding"`
 	OnRefusal string `json:"onRefusal"`
+	Parts     Parts  `json:"parts"`
+	// CostCapMicros bounds a work item's calls (see Contract).
+	CostCapMicros int64 `json:"costCapMicros"`
 	// Default marks the version new work of the name gets when no route
 	// names one; needed when the name has several versions.
 	Default bool `json:"default"`
+}
+
+// Parts is how a diff too large for one call is cut: into parts of at most
+// Units model units, a unit counted per BytesPerUnit bytes of diff (a
+// stated rule, on the safe side of what tokenizers of the model families
+// assay asks count for code).
+type Parts struct {
+	Units        int     `json:"units"`
+	BytesPerUnit float64 `json:"bytesPerUnit"`
 }
 
 // What a refusal does to a contract's work.
@@ -172,12 +195,25 @@ func build(fsys fs.FS, compiler *jsonschema.Compiler, e manifestEntry) (*Contrac
 	default:
 		return nil, fmt.Errorf("onRefusal %q is not %q or %q", e.OnRefusal, RefusalEnd, RefusalRetry)
 	}
+	switch {
+	case e.Parts.Units < 0 || e.Parts.BytesPerUnit < 0:
+		return nil, fmt.Errorf("parts: units %d and bytesPerUnit %g must not be negative", e.Parts.Units, e.Parts.BytesPerUnit)
+	case e.Parts.Units > 0 && e.Grounding != GroundingDiff:
+		return nil, fmt.Errorf("parts: only a contract grounded in a diff is reviewed in parts")
+	case e.CostCapMicros < 0:
+		return nil, fmt.Errorf("costCapMicros %d is negative", e.CostCapMicros)
+	}
+	if e.Parts.Units > 0 && e.Parts.BytesPerUnit == 0 {
+		e.Parts.BytesPerUnit = 1
+	}
 	c := &Contract{
 		Name:            e.Name,
 		SchemaVersion:   e.SchemaVersion,
 		TaxonomyVersion: e.TaxonomyVersion,
 		Grounding:       e.Grounding,
 		OnRefusal:       e.OnRefusal,
+		Parts:           e.Parts,
+		CostCapMicros:   e.CostCapMicros,
 	}
 	c.Correlation.WorkID = e.Correlation.WorkID
 	c.Correlation.SchemaVersion = e.Correlation.SchemaVersion
@@ -226,6 +262,7 @@ func build(fsys fs.FS, compiler *jsonschema.Compiler, e manifestEntry) (*Contrac
 			return nil, fmt.Errorf("%s: grounding %q needs a string property \"diff\"", e.Input, GroundingDiff)
 		}
 		item := findingItem(outDoc)
+		c.MaxFindings = maxFindings(outDoc)
 		if propType(item, "file") != "string" || propType(item, "line") != "integer" || propType(item, "evidence") != "string" {
 			return nil, fmt.Errorf("%s: grounding %q needs findings items with file (string), line (integer) and evidence (string)", e.Schema, GroundingDiff)
 		}
@@ -329,6 +366,21 @@ func findingItem(s map[string]any) map[string]any {
 	f, _ := props["findings"].(map[string]any)
 	item, _ := f["items"].(map[string]any)
 	return item
+}
+
+// maxFindings is the schema's maxItems on its findings, 0 when it sets
+// none.
+func maxFindings(s map[string]any) int {
+	props, _ := s["properties"].(map[string]any)
+	f, _ := props["findings"].(map[string]any)
+	switch n := f["maxItems"].(type) {
+	case json.Number:
+		v, _ := n.Int64()
+		return int(v)
+	case float64:
+		return int(n)
+	}
+	return 0
 }
 
 // Get returns the named contract: its default version.

@@ -132,11 +132,20 @@ func TestLoadRefusesBrokenContracts(t *testing.T) {
 			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `"schemaVersion": "code-review/2"`, `"schemaVersion": "code-review/1"`, 1))
 		}, `duplicate schemaVersion "code-review/1"`},
 		{"two defaults", func(m fstest.MapFS) {
-			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `"grounding": "diff"}`, `"grounding": "diff", "default": true}`, 1))
+			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `"bytesPerUnit": 3}}`, `"bytesPerUnit": 3}, "default": true}`, 1))
 		}, `"code-review" has 2 default versions`},
 		{"no default of several", func(m fstest.MapFS) {
 			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `, "default": true`, ``, 1))
 		}, `"code-review" has 2 versions and none is the default`},
+		{"parts of an ungrounded contract", func(m fstest.MapFS) {
+			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `"grounding": ""}`, `"grounding": "", "parts": {"units": 100}}`, 1))
+		}, `only a contract grounded in a diff`},
+		{"negative part size", func(m fstest.MapFS) {
+			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `"units": 12000`, `"units": -1`, 1))
+		}, `must not be negative`},
+		{"negative cost cap", func(m fstest.MapFS) {
+			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `"default": true}`, `"default": true, "costCapMicros": -5}`, 1))
+		}, `costCapMicros -5 is negative`},
 		{"unknown grounding", func(m fstest.MapFS) {
 			m["contracts.json"].Data = []byte(strings.Replace(string(m["contracts.json"].Data), `"grounding": "diff"`, `"grounding": "repo"`, 1))
 		}, `grounding "repo"`},
@@ -329,4 +338,21 @@ func findings(n int) string {
 		f[i] = `{"file":"a","line":1,"severity":"info","summary":"s","evidence":"e"}`
 	}
 	return "[" + strings.Join(f, ",") + "]"
+}
+
+// A code review's diff is cut into parts by the manifest's rule, and a
+// merge of parts keeps to the schema's cap on findings.
+func TestPartsAndFindingsCap(t *testing.T) {
+	r, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := r.Get("code-review")
+	if c.Parts.Units <= 0 || c.Parts.BytesPerUnit <= 0 || c.MaxFindings != 20 {
+		t.Fatalf("code-review parts %+v, max findings %d; want a part size and the schema's 20", c.Parts, c.MaxFindings)
+	}
+	m, _ := r.Get("moderation")
+	if m.Parts.Units != 0 || m.MaxFindings != 0 {
+		t.Fatalf("moderation parts %+v, max findings %d; want none", m.Parts, m.MaxFindings)
+	}
 }

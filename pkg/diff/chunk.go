@@ -50,7 +50,8 @@ type Part struct {
 
 // Skipped is a file left out of every part, and why.
 type Skipped struct {
-	Path, Reason string
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
 }
 
 // Plan is a diff cut into parts.
@@ -275,4 +276,26 @@ func (h Hunk) text() string {
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+// Coverage is what a review in parts covered, kept with its answer and
+// shown with its result.
+type Coverage struct {
+	// Parts is how many parts the diff was cut into; Reviewed the ids of
+	// those reviewed.
+	Parts    int      `json:"parts"`
+	Reviewed []string `json:"reviewed"`
+	// Files are the files reviewed; Left those of parts not reviewed;
+	// Skipped the files no part holds.
+	Files   []string  `json:"files"`
+	Left    []string  `json:"left,omitempty"`
+	Skipped []Skipped `json:"skipped,omitempty"`
+	// Partial is set when parts were left unreviewed; Why says what
+	// stopped the review.
+	Partial bool   `json:"partial"`
+	Why     string `json:"why,omitempty"`
+	// Folded counts findings two parts both made, kept once; Dropped the
+	// findings past the contract's cap, least severe first.
+	Folded  int `json:"folded,omitempty"`
+	Dropped int `json:"dropped,omitempty"`
 }

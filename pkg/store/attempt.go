@@ -20,6 +20,9 @@ type Attempt struct {
 	Reason     string
 	StartedAt  time.Time
 	FinishedAt *time.Time
+	// Part is, for a review in parts, the part a call was made for (p1,
+	// p2, …), or WholeAttempt for the claimed attempt, which made none.
+	Part string
 }
 
 // WorkChange is what recording an attempt does to its work. Each applies
@@ -146,14 +149,14 @@ func finishAttempt(ctx context.Context, db execer, attemptID, outcome, reason st
 // Attempts lists a work item's attempts in order.
 func (s *Store) Attempts(ctx context.Context, workID string) ([]Attempt, error) {
 	rows, err := s.pool.Query(ctx, `SELECT id::text, work_id, tenant_id, number, coalesce(outcome, 'running'),
-			coalesce(reason, ''), started_at, finished_at
-		FROM attempts WHERE work_id = $1 ORDER BY number`, workID)
+			coalesce(reason, ''), started_at, finished_at, coalesce(part, '')
+		FROM attempts WHERE work_id = $1 ORDER BY number, call NULLS FIRST`, workID)
 	if err != nil {
 		return nil, fmt.Errorf("store: attempts %s: %w", workID, err)
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
 		var a Attempt
-		err := r.Scan(&a.ID, &a.WorkID, &a.TenantID, &a.Number, &a.Outcome, &a.Reason, &a.StartedAt, &a.FinishedAt)
+		err := r.Scan(&a.ID, &a.WorkID, &a.TenantID, &a.Number, &a.Outcome, &a.Reason, &a.StartedAt, &a.FinishedAt, &a.Part)
 		return a, err
 	})
 }

@@ -344,7 +344,7 @@ func (s *Store) WorkAnswerGroup(ctx context.Context, reqs []AnswerReq) []Answer 
 		works[i], attempts[i] = r.WorkID, r.AttemptID
 	}
 	rows, err := s.pool.Query(ctx, `SELECT `+workColumns+`, x.attempt_id::text,
-			(SELECT raw_response FROM attempts a WHERE a.id = x.attempt_id AND a.work_id = work.id)
+			(SELECT coalesce(a.answer, a.raw_response) FROM attempts a WHERE a.id = x.attempt_id AND a.work_id = work.id)
 		FROM unnest($1::text[], $2::uuid[]) AS x(work_id, attempt_id) JOIN work ON work.id = x.work_id
 		WHERE work.id = ANY($1)`, works, attempts)
 	found := map[string]Answer{}

@@ -163,6 +163,9 @@ type PublishFacts struct {
 	Work *Work
 	// Output is the accepted result's output; nil when there is none.
 	Output json.RawMessage
+	// Coverage says what a review in parts covered (nil for work reviewed
+	// whole): the result's attempt's coverage.
+	Coverage json.RawMessage
 	// CheckPolicy is the tenant's check-run policy.
 	CheckPolicy string
 	// Callback is the tenant's callback endpoint; nil when it has none.
@@ -222,6 +225,8 @@ func (s *Store) PublishFactsGroup(ctx context.Context, ids []string) []Facts {
 // by the work it reads.
 const publishFactsSQL = `SELECT ` + workColumns + `,
 			(SELECT output FROM results r WHERE r.work_id = work.id AND r.schema_version = work.schema_version),
+			(SELECT a.coverage FROM results r JOIN attempts a ON a.id = r.attempt_id
+				WHERE r.work_id = work.id AND r.schema_version = work.schema_version),
 			coalesce((SELECT check_policy FROM tenants t WHERE t.id = work.tenant_id), 'advisory'),
 			(SELECT url FROM tenant_callbacks c WHERE c.tenant_id = work.tenant_id),
 			(SELECT secret FROM tenant_callbacks c WHERE c.tenant_id = work.tenant_id),
@@ -239,7 +244,7 @@ func scanPublishFacts(row pgx.Row) (PublishFacts, error) {
 	var cbURL, cbSecret, base *string
 	var inst *int64
 	var links []byte
-	w, err := scanWorkWith(row, &f.Output, &f.CheckPolicy, &cbURL, &cbSecret, &inst, &base, &links)
+	w, err := scanWorkWith(row, &f.Output, &f.Coverage, &f.CheckPolicy, &cbURL, &cbSecret, &inst, &base, &links)
 	if err != nil {
 		return f, err
 	}

@@ -40,7 +40,7 @@ type DeadAttempt struct {
 func (s *Store) DeadAttempts(ctx context.Context, grace time.Duration, limit int) ([]DeadAttempt, error) {
 	rows, err := s.pool.Query(ctx, `WITH dead AS (
 			SELECT a.id FROM attempts a JOIN work w ON w.id = a.work_id
-			WHERE (a.outcome IS NULL OR a.outcome = 'lease_expired')
+			WHERE (a.outcome IS NULL OR a.outcome = 'lease_expired') AND a.part IS DISTINCT FROM '*'
 				AND a.started_at < now() - $1 * interval '1 microsecond'
 				AND NOT (w.state = 'running' AND w.lease_token = a.lease_token
 					AND w.lease_expires_at > now() - $1 * interval '1 microsecond')

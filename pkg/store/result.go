@@ -20,6 +20,9 @@ type Result struct {
 	Output        json.RawMessage
 	Findings      int
 	CreatedAt     time.Time
+	// Coverage says what a review in parts covered; nil for a review
+	// whole.
+	Coverage json.RawMessage
 }
 
 // Commit is the commit fence. While the attempt's lease is still the work's
@@ -150,8 +153,10 @@ func markLost(ctx context.Context, db execer, attemptID string) (marked bool, er
 // GetResult reads the accepted result of a work item.
 func (s *Store) GetResult(ctx context.Context, workID string) (*Result, error) {
 	var r Result
-	err := s.pool.QueryRow(ctx, `SELECT work_id, schema_version, attempt_id::text, output, findings, created_at
-		FROM results WHERE work_id = $1`, workID).Scan(&r.WorkID, &r.SchemaVersion, &r.AttemptID, &r.Output, &r.Findings, &r.CreatedAt)
+	err := s.pool.QueryRow(ctx, `SELECT work_id, schema_version, attempt_id::text, output, findings, created_at,
+			(SELECT a.coverage FROM attempts a WHERE a.id = r.attempt_id)
+		FROM results r WHERE work_id = $1`, workID).Scan(&r.WorkID, &r.SchemaVersion, &r.AttemptID, &r.Output, &r.Findings,
+		&r.CreatedAt, &r.Coverage)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}

@@ -91,12 +91,15 @@ var reconcileQueries = []struct {
 	// observed its usage and no ATTEMPT event exists for it; every other
 	// finished attempt, canceled ones included, went through the worker's
 	// settle step, which emits one. Running attempts (no outcome) are not
-	// finished yet.
-	{"attempt_one_ledger_row", "every finished attempt (outcome set, not lease_expired) has one ledger row with its tenant and work", "finished attempts",
+	// finished yet; the claimed attempt of a review in parts made no call
+	// (its calls are attempts of their own).
+	{"attempt_one_ledger_row", "every finished attempt that called the model (outcome set, not lease_expired) has one ledger row with its tenant and work", "finished attempts",
 		`SELECT count(*) FROM attempts a JOIN work w ON w.id = a.work_id
-			WHERE w.created_at >= $1 AND a.outcome IS NOT NULL AND a.outcome <> 'lease_expired'`,
+			WHERE w.created_at >= $1 AND a.outcome IS NOT NULL AND a.outcome <> 'lease_expired'
+				AND a.part IS DISTINCT FROM '*'`,
 		`SELECT a.id::text FROM attempts a JOIN work w ON w.id = a.work_id
 			WHERE w.created_at >= $1 AND a.outcome IS NOT NULL AND a.outcome <> 'lease_expired'
+				AND a.part IS DISTINCT FROM '*'
 				AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = a.id
 					AND l.tenant_id = a.tenant_id AND l.work_id = a.work_id)`},
 	{"ledger_has_attempt", "no ledger row without its attempt", "ledger rows",

@@ -396,13 +396,14 @@ func (s *Store) ExpireOverdue(ctx context.Context, grace time.Duration, limit in
 	return out, nil
 }
 
-// WorkAnswer reads one work row and the raw answer of one of its attempts,
-// in one statement: what the committer gates. The answer is nil when the
+// WorkAnswer reads one work row and the answer of one of its attempts (its
+// raw answer, or what its parts answered together), in one statement: what
+// the committer gates. The answer is nil when the
 // attempt is not the work's or kept none.
 func (s *Store) WorkAnswer(ctx context.Context, workID, attemptID string) (*Work, []byte, error) {
 	var answer []byte
 	w, err := scanWorkWith(s.pool.QueryRow(ctx, `SELECT `+workColumns+`,
-			(SELECT raw_response FROM attempts a WHERE a.id = $2::uuid AND a.work_id = work.id)
+			(SELECT coalesce(a.answer, a.raw_response) FROM attempts a WHERE a.id = $2::uuid AND a.work_id = work.id)
 		FROM work WHERE id = $1`, workID, attemptID), &answer)
 	return w, answer, err
 }

@@ -765,7 +765,7 @@ func (l *batchLane) reconcile(ctx context.Context, line store.BatchLine, w *stor
 			// charged what was reserved for it, marked estimated.
 			att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w, len(w.Input)), int64(s.outputCap(w)), true
 		}
-		msgs, err := s.events(ctx, w, res, att)
+		msgs, err := s.events(ctx, w, res, &att)
 		if err != nil {
 			s.d.Log.Error("building a batch line's events failed", "key", w.ID, "attempt", line.AttemptID, "err", err)
 			return

@@ -104,6 +104,15 @@ type Config struct {
 	// unit. Default 1, which no tokenizer undercuts; a larger value admits
 	// more attempts but lets a misestimate spend past the budget.
 	BytesPerUnit float64
+	// PartUnits, when positive, is the size of a part of a diff reviewed in
+	// parts, in model units, in place of the contracts' own (a contract
+	// without parts is never cut).
+	PartUnits int
+	// WorkCostCap, when positive, bounds what one work item's calls may
+	// cost in micro-dollars, at their estimates, in place of the
+	// contracts' own caps: a review in parts that reaches it is a partial
+	// review.
+	WorkCostCap int64
 	// ProviderBatch sends batch-lane work through the provider's Batch
 	// API. Default off.
 	ProviderBatch ProviderBatch
@@ -550,6 +559,8 @@ var Vars = append([]config.Var{
 	{Name: "ASSAY_PRICE_TABLE", Default: "every model at 0.15/0.60 $/M units", Usage: "JSON price table file, for budget reservations"},
 	{Name: "ASSAY_MAX_OUTPUT_UNITS", Default: "4096", Usage: "the answer's cap (max_tokens); doubled once for an answer cut at it"},
 	{Name: "ASSAY_BUDGET_BYTES_PER_UNIT", Default: "1", Usage: "bytes per unit a reservation counts the request at, 1 to 16"},
+	{Name: "ASSAY_REVIEW_PART_UNITS", Default: "the contract's (code-review: 12000)", Usage: "model units of diff one call of a review in parts carries; a larger diff is reviewed in parts"},
+	{Name: "ASSAY_WORK_COST_CAP_MICROS", Default: "the contract's (none)", Usage: "micro-dollars one work item's calls may cost at their estimates; a review in parts stops there, a partial review"},
 }, append(batchVars, circuitVars...)...)
 
 func (c *Config) FromEnv(getenv func(string) string) error {
@@ -609,6 +620,16 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 			return fmt.Errorf("ASSAY_BUDGET_BYTES_PER_UNIT: %q is not a number from 1 to 16", v)
 		}
 		c.BytesPerUnit = f
+	}
+	if err := config.Int(getenv, "ASSAY_REVIEW_PART_UNITS", &c.PartUnits, 256, 1<<20); err != nil {
+		return err
+	}
+	if v := getenv("ASSAY_WORK_COST_CAP_MICROS"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			return fmt.Errorf("ASSAY_WORK_COST_CAP_MICROS: %q is not a positive whole number of micro-dollars", v)
+		}
+		c.WorkCostCap = n
 	}
 	if err := c.Circuit.fromEnv(getenv); err != nil {
 		return err

@@ -83,6 +83,10 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 		return disp
 	}
 	c := j.c
+	if pp := s.partsOf(c, cw); pp != nil {
+		return s.reviewInParts(ctx, &partsRun{w: cw, c: c, attemptID: attemptID, token: token, budgeted: j.budgeted,
+			pp: pp, probe: probe, progress: func() { _ = d.InProgress() }}, permit)
+	}
 	claimedAt := time.Now()
 	span.SetAttributes(attribute.String("assay.attempt_id", attemptID), attribute.Int("assay.attempt", cw.Attempts))
 
@@ -281,44 +285,13 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 		// object): the provider's body is kept all the same.
 		raw = reply.Raw
 	}
-	var v verdict
-	for {
-		v = judge(a, s.limits())
-		res := event.Result{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
-			Number: w.Attempts, LeaseToken: token, Contract: c.Name, SchemaVersion: w.SchemaVersion,
-			TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason,
-			Final: v.final}
-		att := s.attemptEvent(c, w, attemptID, v.outcome, reply, callErr)
-		msgs, err := s.events(ctx, w, res, att)
-		if err != nil {
-			return consumer.Retry(time.Second)
-		}
-		applied, err := s.recordAttempt(ctx, store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
-			Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
-			RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
-			WorkReason: v.workReason, Outbox: msgs, Outage: outage})
-		if store.Permanent(err) {
-			// The database refused the record for good (a data exception, an
-			// integrity violation): retrying would claim and pay again for
-			// nothing. The attempt is recorded without what was refused and
-			// the work ends with the reason.
-			v, err = s.refused(ctx, w, res, att, token, hasOutput, err)
-			applied = err == nil
-		}
-		if err != nil {
-			s.d.Log.Error("recording attempt failed", "key", w.ID, "attempt", attemptID, "err", err)
-			return consumer.Retry(time.Second)
-		}
-		if applied || !a.stillMine {
-			break
-		}
-		// The lease went while the call ran (taken back, superseded):
-		// nothing was written; the attempt is recorded as what it now is.
-		a.stillMine = false
+	v, ok := s.record(ctx, w, c, attemptID, token, a, raw, s.judge, func(outcome string) *event.Attempt {
+		att := s.attemptEvent(c, w, attemptID, outcome, reply, callErr)
+		return &att
+	})
+	if !ok {
+		return consumer.Retry(time.Second)
 	}
-	s.relay.Kick()
-	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", v.outcome), attribute.String("region", s.cfg.Region),
-		attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
 	failCode := ""
 	if a.fail != nil {
 		failCode = a.fail.Code
@@ -331,6 +304,53 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	telemetry.Decision(ctx, s.d.Log, w.ID, v.outcome, reason, append([]slog.Attr{
 		slog.String("attempt", attemptID), slog.String("next", v.next), slog.Duration("delay", v.disp.Delay)}, callDetail(callErr)...)...)
 	return v.disp
+}
+
+// record records an attempt as decide (judge, mostly) decides on a — its outcome, its work's
+// next state, its RESULT event and, when attempt gives one, its ATTEMPT
+// event, in one statement — and counts it. A lease gone while the call ran
+// has the attempt recorded as what it then is. ok=false: nothing could be
+// recorded, and the delivery is to be tried again.
+func (s *Service) record(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token string, a answer,
+	raw []byte, decide func(answer) verdict, attempt func(outcome string) *event.Attempt) (v verdict, ok bool) {
+	for {
+		v = decide(a)
+		res := event.Result{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
+			Number: w.Attempts, LeaseToken: token, Contract: c.Name, SchemaVersion: w.SchemaVersion,
+			TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason,
+			Final: v.final}
+		att := attempt(v.outcome)
+		msgs, err := s.events(ctx, w, res, att)
+		if err != nil {
+			return v, false
+		}
+		applied, err := s.recordAttempt(ctx, store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
+			Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
+			RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
+			WorkReason: v.workReason, Outbox: msgs, Outage: a.outage})
+		if store.Permanent(err) {
+			// The database refused the record for good (a data exception, an
+			// integrity violation): retrying would claim and pay again for
+			// nothing. The attempt is recorded without what was refused and
+			// the work ends with the reason.
+			v, err = s.refused(ctx, w, res, att, token, a.hasOutput, err)
+			applied = err == nil
+		}
+		if err != nil {
+			s.d.Log.Error("recording attempt failed", "key", w.ID, "attempt", attemptID, "err", err)
+			return v, false
+		}
+		if applied || !a.stillMine {
+			break
+		}
+		// The lease went while the call ran (taken back, superseded):
+		// nothing was written; the attempt is recorded as what it now is.
+		a.stillMine = false
+	}
+	s.relay.Kick()
+	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", v.outcome), attribute.String("region", s.cfg.Region),
+		attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
+	return v, true
 }
 
 // callDetail is what the decision log adds to a failed call's public
@@ -385,7 +405,7 @@ func (s *Service) recordAttempt(ctx context.Context, r store.AttemptRecord) (boo
 // without its raw answer, ending the work — schema_rejected when the model
 // answered (what it answered cannot be kept), retry_exhausted otherwise —
 // with a reason that names the refusal, and the events of that.
-func (s *Service) refused(ctx context.Context, w *store.Work, res event.Result, att event.Attempt, token string,
+func (s *Service) refused(ctx context.Context, w *store.Work, res event.Result, att *event.Attempt, token string,
 	hasOutput bool, cause error) (verdict, error) {
 	code := store.SQLState(cause)
 	s.storeRefused.Add(ctx, 1, metric.WithAttributes(attribute.String("sqlstate_class", code[:min(2, len(code))]),
@@ -397,7 +417,9 @@ func (s *Service) refused(ctx context.Context, w *store.Work, res event.Result, 
 		v.outcome, v.workOutcome = outcome.AttemptInvalidOutput, outcome.SchemaRejected
 	}
 	res.Outcome, res.Reason, res.Final = v.outcome, reason, true
-	att.Outcome = v.outcome
+	if att != nil {
+		att.Outcome = v.outcome
+	}
 	msgs, err := s.events(ctx, w, res, att)
 	if err != nil {
 		return v, err
@@ -418,6 +440,9 @@ func (s *Service) refused(ctx context.Context, w *store.Work, res event.Result, 
 func seen(w *store.Work) gate.Seen {
 	return gate.Seen{WorkID: w.ID, SchemaVersion: w.SchemaVersion, TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest}
 }
+
+// judge is judge within this worker's limits.
+func (s *Service) judge(a answer) verdict { return judge(a, s.limits()) }
 
 func (s *Service) limits() limits {
 	return limits{maxAttempts: s.cfg.MaxAttempts, maxRepairs: s.cfg.MaxRepairs}
@@ -487,17 +512,23 @@ func unbilled(reply *model.Reply, err error) int {
 	return billed
 }
 
-// events are the outbox rows of an attempt's RESULT and ATTEMPT events.
-func (s *Service) events(ctx context.Context, w *store.Work, res event.Result, att event.Attempt) ([]store.OutboxMsg, error) {
+// events are the outbox rows of an attempt's RESULT and ATTEMPT events;
+// an attempt that made no call of its own (att nil) has no ATTEMPT event.
+func (s *Service) events(ctx context.Context, w *store.Work, res event.Result, att *event.Attempt) ([]store.OutboxMsg, error) {
 	resMsg, err := outbox.Msg(ctx, event.KindResult, s.cfg.Names.Result(w.TenantID), res.AttemptID, res)
-	if err != nil {
-		return nil, err
+	if err != nil || att == nil {
+		return []store.OutboxMsg{resMsg}, err
 	}
-	attMsg, err := outbox.Msg(ctx, event.KindAttempt, s.cfg.Names.Attempt(w.TenantID), att.AttemptID, att)
+	attMsg, err := s.attemptMsg(ctx, w, *att)
 	if err != nil {
 		return nil, err
 	}
 	return []store.OutboxMsg{resMsg, attMsg}, nil
+}
+
+// attemptMsg is the outbox row of one call's ATTEMPT event.
+func (s *Service) attemptMsg(ctx context.Context, w *store.Work, att event.Attempt) (store.OutboxMsg, error) {
+	return outbox.Msg(ctx, event.KindAttempt, s.cfg.Names.Attempt(w.TenantID), att.AttemptID, att)
 }
 
 // modelCall is the request for one attempt at w; a repair re-ask carries

@@ -25,6 +25,12 @@ type Store interface {
 	WorkToRunGroup(ctx context.Context, ids []string) []store.ToRun
 	ClaimGroup(ctx context.Context, reqs []store.ClaimReq) []store.Claimed
 	RecordAttemptGroup(ctx context.Context, recs []store.AttemptRecord) []store.AttemptRecorded
+	// A review in parts: each call recorded before and after, earlier
+	// leases' answers reused, the parts' answer kept with the attempt.
+	StartPart(ctx context.Context, p store.PartCall) (bool, error)
+	RecordPart(ctx context.Context, r store.PartRecord) error
+	PartAnswers(ctx context.Context, workID string) ([]store.PartAnswer, error)
+	SetWholeAnswer(ctx context.Context, attemptID, token string, answer, coverage []byte) (bool, error)
 	// Prompt reads a rollout's prompt by its digest.
 	Prompt(ctx context.Context, digest string) (string, error)
 	circuitStore

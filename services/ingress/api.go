@@ -87,6 +87,9 @@ type AttemptView struct {
 	Reason     string     `json:"reason,omitempty"`
 	StartedAt  time.Time  `json:"startedAt"`
 	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+	// Part is set for a review in parts: the part a call was made for
+	// (p1, p2, …), or "*" for the claimed attempt, which made no call.
+	Part string `json:"part,omitempty"`
 }
 
 // PublicationView is a work item's publication to one target: GitHub (its
@@ -142,6 +145,9 @@ type ResultView struct {
 	Output        json.RawMessage `json:"output"`
 	Findings      int             `json:"findings"`
 	CreatedAt     time.Time       `json:"createdAt"`
+	// Coverage says what a review in parts covered: its parts, the files
+	// reviewed and, for a partial review, those not reviewed and why.
+	Coverage json.RawMessage `json:"coverage,omitempty"`
 }
 
 var (
@@ -434,7 +440,7 @@ func (s *Service) View(ctx context.Context, id string) (*WorkView, error) {
 	}
 	for _, a := range attempts {
 		v.Attempts = append(v.Attempts, AttemptView{AttemptID: a.ID, Number: a.Number, Outcome: a.Outcome,
-			Reason: a.Reason, StartedAt: a.StartedAt, FinishedAt: a.FinishedAt})
+			Reason: a.Reason, StartedAt: a.StartedAt, FinishedAt: a.FinishedAt, Part: a.Part})
 	}
 	if wk.State == outcome.Accepted {
 		r, err := s.d.Store.GetResult(ctx, id)
@@ -442,7 +448,7 @@ func (s *Service) View(ctx context.Context, id string) (*WorkView, error) {
 			return nil, err
 		}
 		v.Result = &ResultView{SchemaVersion: r.SchemaVersion, AttemptID: r.AttemptID, Output: r.Output,
-			Findings: r.Findings, CreatedAt: r.CreatedAt}
+			Findings: r.Findings, CreatedAt: r.CreatedAt, Coverage: r.Coverage}
 	}
 	pubs, err := s.d.Store.PublicationsOf(ctx, id)
 	if err != nil {

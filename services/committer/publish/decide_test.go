@@ -2,9 +2,11 @@ package publish
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	"assay.dev/pkg/diff"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 )
@@ -101,6 +103,45 @@ func TestRetryAfter(t *testing.T) {
 		wait, retry, limited := RetryAfter(c.status, c.h, []byte(c.body), now)
 		if wait != c.wait || retry != c.retry || limited != c.limited {
 			t.Errorf("%s: %s %v %v, want %s %v %v", c.name, wait, retry, limited, c.wait, c.retry, c.limited)
+		}
+	}
+}
+
+// A review in parts says so; a partial one is never a clean pass, names
+// what it left and why, and keeps its findings' comments and conclusion.
+func TestDecidePartial(t *testing.T) {
+	t.Parallel()
+	src := store.PullSource{Owner: "shop", Repo: "app", Number: 7, HeadSHA: head}
+	whole := &diff.Coverage{Parts: 3, Reviewed: []string{"p1", "p2", "p3"}, Files: []string{"a.go", "b.go"},
+		Skipped: []diff.Skipped{{Path: "go.sum", Reason: "lock file"}}}
+	part := &diff.Coverage{Parts: 3, Reviewed: []string{"p1"}, Files: []string{"a.go"}, Left: []string{"b.go", "c_test.go"},
+		Partial: true, Why: "the work's cost cap of 100 micro-dollars was reached"}
+	blocking := []Finding{{File: "a.go", Line: 3, Severity: "blocking", Summary: "x"}}
+	for _, c := range []struct {
+		name       string
+		cov        *diff.Coverage
+		findings   []Finding
+		policy     string
+		conclusion string
+		title      string
+		says       []string
+	}{
+		{"whole, nothing found", whole, nil, store.CheckAdvisory, "success", "No findings",
+			[]string{"reviewed in 3 parts", "Skipped: go.sum (lock file)"}},
+		{"partial, nothing found", part, nil, store.CheckAdvisory, "neutral", "Partial review: No findings in the part reviewed",
+			[]string{"1 of the 3 parts", "cost cap of 100", "Not reviewed (2): b.go, c_test.go"}},
+		{"partial, blocking", part, blocking, store.CheckBlocking, "failure", "Partial review: 1 blocking of 1 finding",
+			[]string{"Reviewed (1): a.go"}},
+	} {
+		p := Decide(Input{WorkID: "w1", Outcome: outcome.Accepted, Policy: c.policy, Findings: c.findings, Source: src, Coverage: c.cov})
+		if p.CheckRun == nil || p.CheckRun.Conclusion != c.conclusion || p.CheckRun.Title != c.title || len(p.Comments) != len(c.findings) {
+			t.Errorf("%s: %+v, %d comments; want %s %q", c.name, p.CheckRun, len(p.Comments), c.conclusion, c.title)
+			continue
+		}
+		for _, s := range c.says {
+			if !strings.Contains(p.CheckRun.Summary, s) {
+				t.Errorf("%s: summary %q does not say %q", c.name, p.CheckRun.Summary, s)
+			}
 		}
 	}
 }

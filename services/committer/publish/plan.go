@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 
+	"assay.dev/pkg/diff"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 )
@@ -90,6 +91,8 @@ type Input struct {
 	// Rerun is the command that runs dropped work again.
 	Rerun  string
 	Source store.PullSource
+	// Coverage is what a review in parts covered; nil for a review whole.
+	Coverage *diff.Coverage
 }
 
 // Decide says what an outcome publishes. Only accepted work gets review
@@ -127,6 +130,9 @@ func Decide(in Input) Plan {
 		if len(in.Findings) > 0 {
 			c.Summary = fmt.Sprintf("assay reviewed this revision: %s, posted as review comments.", findings(len(in.Findings)))
 		}
+		if cv := in.Coverage; cv != nil {
+			partial(c, cv)
+		}
 		p.CheckRun = c
 	case outcome.Superseded:
 		p.CheckRun = &CheckRun{Conclusion: "skipped", Title: "Superseded by a newer revision",
@@ -144,6 +150,47 @@ func Decide(in Input) Plan {
 			Summary: "assay did not produce a review of this revision: " + in.Outcome + "."}
 	}
 	return p
+}
+
+// partial says on a check run what a review in parts covered: every part,
+// or, for a partial review, which files were not reviewed and why. A
+// partial review never reads as a clean pass.
+func partial(c *CheckRun, cv *diff.Coverage) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "The diff was reviewed in %d parts, one model call each.", cv.Parts)
+	if cv.Partial {
+		if c.Conclusion == "success" {
+			c.Conclusion, c.Title = "neutral", "No findings in the part reviewed"
+		}
+		c.Title = "Partial review: " + c.Title
+		fmt.Fprintf(&b, " This is a partial review: %d of the %d parts were reviewed, because %s.", len(cv.Reviewed), cv.Parts, cv.Why)
+		fmt.Fprintf(&b, "\n\nReviewed (%d): %s\n\nNot reviewed (%d): %s", len(cv.Files), files(cv.Files), len(cv.Left), files(cv.Left))
+	}
+	if len(cv.Skipped) > 0 {
+		var sk []string
+		for _, f := range cv.Skipped {
+			sk = append(sk, fmt.Sprintf("%s (%s)", f.Path, f.Reason))
+		}
+		fmt.Fprintf(&b, "\n\nSkipped: %s", strings.Join(sk, ", "))
+	}
+	if cv.Folded > 0 {
+		fmt.Fprintf(&b, "\n\n%s made by two parts are shown once.", findings(cv.Folded))
+	}
+	if cv.Dropped > 0 {
+		fmt.Fprintf(&b, "\n\n%s beyond the contract's cap are not shown (the least severe).", findings(cv.Dropped))
+	}
+	c.Summary += "\n\n" + b.String()
+}
+
+// files lists paths for a summary, the first 50 of them.
+func files(paths []string) string {
+	if len(paths) == 0 {
+		return "none"
+	}
+	if len(paths) > 50 {
+		return fmt.Sprintf("%s and %d more", strings.Join(paths[:50], ", "), len(paths)-50)
+	}
+	return strings.Join(paths, ", ")
 }
 
 // dropCause is the part of a dropped work's reason before its rerun hint.

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"assay.dev/pkg/consumer"
+	"assay.dev/pkg/diff"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/group"
 	"assay.dev/pkg/lifecycle"
@@ -492,6 +493,12 @@ func (p *Publisher) plan(w *store.Work, src store.PullSource, f store.PublishFac
 	if w.State == outcome.Accepted {
 		in.Findings = Findings(f.Output)
 		in.Policy = f.CheckPolicy
+		if len(f.Coverage) > 0 {
+			var cv diff.Coverage
+			if json.Unmarshal(f.Coverage, &cv) == nil {
+				in.Coverage = &cv
+			}
+		}
 	}
 	return Decide(in)
 }

@@ -1,0 +1,265 @@
+package cell_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/diff"
+	"assay.dev/pkg/store"
+	"assay.dev/services/classifier"
+	"assay.dev/services/committer/publish"
+	"assay.dev/services/ingress"
+)
+
+// partUnits is the part size the tests cut their diffs at: a few kilobytes,
+// so a diff of forty files is a dozen parts.
+const partUnits = 4000
+
+// largeDiff is a pull request of n new Go files of sixty lines each; every
+// third file builds SQL by concatenation on its line 30 (the reviewer's
+// blocking finding), every tenth is a test, and a go.sum change comes last.
+func largeDiff(n int) string {
+	var b strings.Builder
+	for i := range n {
+		name := fmt.Sprintf("svc/orders%02d.go", i)
+		if i%10 == 9 {
+			name = fmt.Sprintf("svc/orders%02d_test.go", i)
+		}
+		fmt.Fprintf(&b, "diff --git a/%s b/%s\nnew file mode 100644\n--- /dev/null\n+++ b/%s\n@@ -0,0 +1,60 @@\n", name, name, name)
+		for l := 1; l <= 60; l++ {
+			if l == 30 && i%3 == 0 {
+				fmt.Fprintf(&b, "+\tq := \"SELECT * FROM orders WHERE id = \" + id%d\n", i)
+				continue
+			}
+			fmt.Fprintf(&b, "+\tcount%d_%d := step(%d, %d) // moves the order along\n", i, l, i, l)
+		}
+	}
+	b.WriteString("diff --git a/go.sum b/go.sum\n--- a/go.sum\n+++ b/go.sum\n@@ -1,1 +1,2 @@\n example.com/a v1.0.0 h1:abc=\n+example.com/b v1.2.0 h1:def=\n")
+	return b.String()
+}
+
+// partsCell is a cell whose classifier cuts code reviews at partUnits,
+// with c's other settings.
+func partsCell(t *testing.T, c classifier.Config) *celltest.Bundle {
+	t.Helper()
+	c.PartUnits = partUnits
+	return celltest.Setup(t, cell.Options{Classifier: c})
+}
+
+// planOf is how a cell cuts text.
+func planOf(t *testing.T, text string) *diff.Plan {
+	t.Helper()
+	r, err := contract.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := r.Get("code-review")
+	d, err := diff.Parse(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := diff.Split(d, partUnits, c.Parts.BytesPerUnit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func submitLarge(t *testing.T, b *celltest.Bundle, text, source string) ingress.WorkView {
+	t.Helper()
+	in, _ := json.Marshal(map[string]string{"diff": text, "title": "a large change"})
+	status, r := b.Submit(t, ingress.SubmitRequest{Contract: "code-review", SourceID: source, Revision: strings.Repeat("ab", 20), Input: in})
+	if status >= 300 {
+		t.Fatalf("submit: status %d", status)
+	}
+	return b.Wait(t, r.WorkID)
+}
+
+// dryPlan waits for the work's dry publication and returns its plan.
+func dryPlan(t *testing.T, b *celltest.Bundle, id string) publish.Plan {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var raw []byte
+		err := b.DB.QueryRow(context.Background(), `SELECT plan FROM publications WHERE work_id = $1 AND target = 'dry'`, id).Scan(&raw)
+		if err == nil {
+			var p publish.Plan
+			if err := json.Unmarshal(raw, &p); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no dry publication of %s: %v", id, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func coverageOf(t *testing.T, v ingress.WorkView) diff.Coverage {
+	t.Helper()
+	if v.Result == nil || len(v.Result.Coverage) == 0 {
+		t.Fatalf("result %+v has no coverage", v.Result)
+	}
+	var cv diff.Coverage
+	if err := json.Unmarshal(v.Result.Coverage, &cv); err != nil {
+		t.Fatal(err)
+	}
+	return cv
+}
+
+// callsAndLedger checks that every call of the work is one attempt row and
+// one ledger row, and returns how many calls there were and what the
+// ledger charged for them.
+func callsAndLedger(t *testing.T, b *celltest.Bundle, id string) (calls int, cost int64) {
+	t.Helper()
+	calls = b.Count(t, `SELECT count(*) FROM attempts WHERE work_id = $1 AND call IS NOT NULL`, id)
+	b.WaitLedger(t, b.Tenant, calls)
+	if n := b.Calls(b.Tenant); int(n) != calls {
+		t.Errorf("model calls = %d, attempt rows with a call = %d", n, calls)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM ledger WHERE work_id = $1`, id); n != calls {
+		t.Errorf("ledger rows = %d, calls = %d", n, calls)
+	}
+	if err := b.DB.QueryRow(context.Background(), `SELECT coalesce(sum(cost_micros), 0) FROM ledger WHERE work_id = $1`, id).Scan(&cost); err != nil {
+		t.Fatal(err)
+	}
+	return calls, cost
+}
+
+// A forty-file diff over the part size is reviewed in parts, riskiest files
+// first and the lock file skipped: one call per part, one result whose
+// findings are every part's, one check run and a comment at each finding's
+// line.
+func TestReviewInParts(t *testing.T) {
+	t.Parallel()
+	b := partsCell(t, classifier.Config{})
+	text := largeDiff(40)
+	plan := planOf(t, text)
+	if len(plan.Parts) < 8 {
+		t.Fatalf("the diff is cut into %d parts; the test wants many", len(plan.Parts))
+	}
+	v := submitLarge(t, b, text, "acme/shop#41")
+	if *v.Outcome != "accepted" {
+		t.Fatalf("outcome %s (%s), want accepted", *v.Outcome, v.Reason)
+	}
+	cv := coverageOf(t, v)
+	if cv.Partial || cv.Parts != len(plan.Parts) || len(cv.Reviewed) != len(plan.Parts) || len(cv.Left) != 0 {
+		t.Fatalf("coverage %+v; want all %d parts reviewed", cv, len(plan.Parts))
+	}
+	if len(cv.Skipped) != 1 || cv.Skipped[0].Path != "go.sum" {
+		t.Errorf("skipped %+v, want go.sum", cv.Skipped)
+	}
+	if len(cv.Files) != 40 || strings.HasSuffix(cv.Files[0], "_test.go") || !strings.HasSuffix(cv.Files[len(cv.Files)-1], "_test.go") {
+		t.Errorf("files reviewed %v; want the 40 files, sources before tests", cv.Files)
+	}
+	calls, _ := callsAndLedger(t, b, v.WorkID)
+	if calls != len(plan.Parts) {
+		t.Errorf("calls = %d, want one per part (%d)", calls, len(plan.Parts))
+	}
+	if n := b.Count(t, `SELECT count(*) FROM results WHERE work_id = $1`, v.WorkID); n != 1 {
+		t.Errorf("results = %d, want 1", n)
+	}
+	if v.Result.Findings != 14 {
+		t.Errorf("findings = %d, want 14 (every third file's SQL)", v.Result.Findings)
+	}
+	p := dryPlan(t, b, v.WorkID)
+	if p.CheckRun == nil || !strings.Contains(p.CheckRun.Summary, fmt.Sprintf("reviewed in %d parts", len(plan.Parts))) ||
+		strings.HasPrefix(p.CheckRun.Title, "Partial") {
+		t.Errorf("check run %+v; want a whole review that says it was made in parts", p.CheckRun)
+	}
+	var at []string
+	for _, c := range p.Comments {
+		at = append(at, fmt.Sprintf("%s:%d", c.Path, c.Line))
+	}
+	var want []string
+	for i := 0; i < 40; i += 3 {
+		name := fmt.Sprintf("svc/orders%02d.go", i)
+		if i%10 == 9 {
+			name = fmt.Sprintf("svc/orders%02d_test.go", i)
+		}
+		want = append(want, name+":30")
+	}
+	slices.Sort(at)
+	slices.Sort(want)
+	if !slices.Equal(at, want) {
+		t.Errorf("comments at %v, want %v", at, want)
+	}
+	whole := 0
+	for _, a := range v.Attempts {
+		if a.Part == store.WholeAttempt {
+			whole++
+		}
+	}
+	if whole != 1 || len(v.Attempts) != calls+1 {
+		t.Errorf("attempts %+v; want the claimed one and one per call", v.Attempts)
+	}
+}
+
+// The same diff under a cost cap that pays for about half its parts: a
+// partial review, accepted, that names the files it left, in a check run
+// that does not read as a pass; the calls cost no more than the cap.
+func TestReviewInPartsUnderACap(t *testing.T) {
+	t.Parallel()
+	const limit = 30000
+	b := partsCell(t, classifier.Config{WorkCostCap: limit})
+	text := largeDiff(40)
+	plan := planOf(t, text)
+	v := submitLarge(t, b, text, "acme/shop#42")
+	if *v.Outcome != "accepted" {
+		t.Fatalf("outcome %s (%s), want accepted", *v.Outcome, v.Reason)
+	}
+	cv := coverageOf(t, v)
+	if !cv.Partial || len(cv.Reviewed) == 0 || len(cv.Reviewed) >= len(plan.Parts) || !strings.Contains(cv.Why, "cost cap") {
+		t.Fatalf("coverage %+v; want a partial review stopped by the cost cap", cv)
+	}
+	var left []string
+	for _, p := range plan.Parts[len(cv.Reviewed):] {
+		left = append(left, p.Files...)
+	}
+	left = slices.Compact(left)
+	if !slices.Equal(cv.Left, left) {
+		t.Errorf("left %v, want the files of the parts not reviewed %v", cv.Left, left)
+	}
+	calls, cost := callsAndLedger(t, b, v.WorkID)
+	if calls != len(cv.Reviewed) || cost > limit {
+		t.Errorf("calls %d for %d parts reviewed, cost %d against the cap %d", calls, len(cv.Reviewed), cost, limit)
+	}
+	p := dryPlan(t, b, v.WorkID)
+	if p.CheckRun == nil || !strings.HasPrefix(p.CheckRun.Title, "Partial review") || p.CheckRun.Conclusion == "success" ||
+		!strings.Contains(p.CheckRun.Summary, left[len(left)-1]) {
+		t.Errorf("check run %+v; want a partial review naming %s", p.CheckRun, left[len(left)-1])
+	}
+}
+
+// A part whose answer fails the gate, and again when asked with what
+// failed, ends the work schema_rejected naming the part; the parts before
+// it were called once each, and every call is in the ledger.
+func TestReviewInPartsRejectsAFailingPart(t *testing.T) {
+	t.Parallel()
+	text := largeDiff(40)
+	// The third part's first file: its answers name a file the diff
+	// does not have.
+	target := planOf(t, text).Parts[2].Files[0]
+	b := celltest.SetupFront(t, cell.Options{Classifier: classifier.Config{PartUnits: partUnits}},
+		bendFront("+++ b/"+target, 2, func(doc map[string]any) {
+			doc["findings"] = []any{map[string]any{"file": "nowhere.go", "line": 1, "severity": "info",
+				"summary": "not in the diff", "evidence": "x"}}
+		}))
+	v := submitLarge(t, b, text, "acme/shop#43")
+	if *v.Outcome != "schema_rejected" || !strings.Contains(v.Reason, "part p3") || v.Result != nil {
+		t.Fatalf("outcome %s (%s); want schema_rejected naming part p3 (%s)", *v.Outcome, v.Reason, target)
+	}
+	calls, _ := callsAndLedger(t, b, v.WorkID)
+	if calls != 4 {
+		t.Errorf("calls = %d, want 4: p1, p2, and p3 twice", calls)
+	}
+}

@@ -1,0 +1,462 @@
+package classifier
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"assay.dev/pkg/admission"
+	"assay.dev/pkg/consumer"
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/diff"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/gate"
+	"assay.dev/pkg/model"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+)
+
+// A code review whose diff is over its contract's part size is reviewed in
+// parts (diff.Split: whole files where they fit, riskiest first, lock
+// files skipped) under the one lease of its claimed attempt. Each part is
+// a call of its own — recorded before it is made and after, with its
+// reservation, raw answer and ATTEMPT event — and its answer passes the
+// gate against the part's own diff; a part whose answer fails is asked
+// again once with what failed, and a second failure ends the work
+// schema_rejected naming the part. The parts' findings are merged (a
+// finding two parts both made is kept once, and the contract's cap on
+// findings keeps the most severe) into one answer, which the committer
+// gates against the whole diff and commits as the one result. When the
+// work's cost cap, its tenant's budget or its deadline stops the review
+// before every part is reviewed, what was reviewed is the result, a
+// partial review whose coverage names what was not. A call that brings no
+// answer ends the lease as a whole attempt's would (a retry, a raised cap,
+// an outage); the parts reviewed so far are not paid for again, as the
+// next lease reuses their answers.
+
+// partsPlan is a work item cut into parts.
+type partsPlan struct {
+	plan *diff.Plan
+	// input is the work's input with its diff left out: each part's input
+	// is this with the part's diff.
+	input map[string]json.RawMessage
+}
+
+// partsOf is the plan for reviewing w in parts, nil when w is reviewed
+// whole: its contract is not cut into parts, or its diff fits one call, or
+// its input cannot be read (the gate names what is wrong with it).
+func (s *Service) partsOf(c *contract.Contract, w *store.Work) *partsPlan {
+	units := c.Parts.Units
+	if units <= 0 {
+		return nil
+	}
+	if s.cfg.PartUnits > 0 {
+		units = s.cfg.PartUnits
+	}
+	var in map[string]json.RawMessage
+	var text string
+	if json.Unmarshal([]byte(w.Input), &in) != nil || json.Unmarshal(in["diff"], &text) != nil {
+		return nil
+	}
+	if diff.Units(text, c.Parts.BytesPerUnit) <= units {
+		return nil
+	}
+	d, err := diff.Parse(text)
+	if err != nil {
+		return nil
+	}
+	plan, err := diff.Split(d, units, c.Parts.BytesPerUnit)
+	if err != nil || len(plan.Parts) == 0 {
+		return nil
+	}
+	return &partsPlan{plan: plan, input: in}
+}
+
+// work is w as one part's call sees it: the part's diff as its input.
+func (pp *partsPlan) work(w *store.Work, p *diff.Part) store.Work {
+	in := make(map[string]json.RawMessage, len(pp.input))
+	for k, v := range pp.input {
+		in[k] = v
+	}
+	in["diff"], _ = json.Marshal(p.Text)
+	raw, _ := json.Marshal(in)
+	pw := *w
+	pw.Input, pw.Repairs, pw.RepairNote = string(raw), 0, ""
+	return pw
+}
+
+// partsRun is one lease reviewing its work in parts.
+type partsRun struct {
+	w         *store.Work
+	c         *contract.Contract
+	attemptID string
+	token     string
+	budgeted  bool
+	pp        *partsPlan
+	probe     bool
+	progress  func()
+
+	calls    int
+	spent    int64
+	cov      diff.Coverage
+	findings [][]any // each reviewed part's findings, in review order
+	doc      map[string]any
+	// What ended the calls early: a call without an answer (err, reply),
+	// a part that failed the gate twice (failed, naming it), a lease gone
+	// (lost), or a reason the parts left were not reviewed (stop).
+	reply   *model.Reply
+	err     error
+	outage  bool
+	failed  *gate.Failure
+	lost    bool
+	stop    string
+	stopEnd string // the work's outcome when nothing was reviewed
+}
+
+// reviewInParts runs the lease's calls, one part at a time, and records
+// the claimed attempt with what they came to.
+func (s *Service) reviewInParts(ctx context.Context, r *partsRun, permit *servedPermit) consumer.Disposition {
+	w := r.w
+	claimedAt := time.Now()
+	if r.budgeted {
+		// The claim reserved for the whole diff in one call; each part's
+		// call reserves its own.
+		if err := s.d.Store.Release(context.WithoutCancel(ctx), r.attemptID); err != nil {
+			s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", r.attemptID, "err", err)
+		}
+	}
+	earlier, err := s.d.Store.PartAnswers(ctx, w.ID)
+	if err != nil {
+		s.d.Log.Warn("reading earlier parts' answers failed; the parts are asked again", "key", w.ID, "err", err)
+	}
+	reused := map[string][]byte{}
+	for _, a := range earlier {
+		reused[a.Part] = a.Raw
+	}
+	r.cov = diff.Coverage{Parts: len(r.pp.plan.Parts), Skipped: r.pp.plan.Skipped, Reviewed: []string{}, Files: []string{}}
+	for i := range r.pp.plan.Parts {
+		p := &r.pp.plan.Parts[i]
+		if !s.reviewPart(ctx, r, p, reused[p.ID]) {
+			break
+		}
+	}
+	sig := admission.Signal{Kind: admission.Ignore}
+	if r.reply != nil || r.err != nil {
+		sig = signal(r.reply, r.err)
+	}
+	permit.Release(sig)
+	ctx = context.WithoutCancel(ctx)
+	return s.settleParts(ctx, r, claimedAt)
+}
+
+// reviewPart reviews one part: its answer from an earlier lease when the
+// gate still accepts it, else a call, and once more when the answer fails
+// the gate. false: the review goes no further.
+func (s *Service) reviewPart(ctx context.Context, r *partsRun, p *diff.Part, earlier []byte) bool {
+	w, c := r.w, r.c
+	pw := r.pp.work(w, p)
+	est := s.estimate(c, &pw, len(pw.Input))
+	exp := gate.ExpectFor(c, seen(w), w.Digest, []byte(pw.Input))
+	if earlier != nil {
+		if acc, fail := gate.Check(c, earlier, exp); fail == nil {
+			r.spent += est
+			r.accept(p, acc)
+			return true
+		}
+	}
+	for try := 0; ; try++ {
+		if why, end := s.room(r, est); why != "" {
+			r.stop, r.stopEnd = why, end
+			return false
+		}
+		id := newUUID()
+		if !s.startPart(ctx, r, p, id, est) {
+			return false
+		}
+		reply, callErr := s.call(ctx, &pw, c, r.token, r.progress)
+		r.outage = s.circ.observe(ctx, reply, callErr, time.Until(w.DeadlineAt) < s.cfg.CallTimeout, r.probe) || r.outage
+		r.probe = false
+		out, hasOutput := output(reply, callErr)
+		var fail *gate.Failure
+		var acc *gate.Accepted
+		if hasOutput {
+			acc, fail = gate.Check(c, []byte(out), exp)
+		}
+		s.recordPart(ctx, r, &pw, id, p, reply, callErr, out, hasOutput, fail)
+		r.spent += est
+		switch {
+		case hasOutput && fail == nil:
+			r.accept(p, acc)
+			return true
+		case !hasOutput:
+			r.reply, r.err = reply, callErr
+			return false
+		case try == 1 || fail.Code == gate.CodeTaxonomyVersion || fail.Code == gate.CodeDigest:
+			f := *fail
+			f.Detail = fmt.Sprintf("part %s (%s): %s", p.ID, strings.Join(p.Files, ", "), fail.Detail)
+			r.failed = &f
+			return false
+		}
+		// Asked again once, told what failed.
+		pw.Repairs, pw.RepairNote = 1, fail.Error()
+	}
+}
+
+// room says why another call of est cannot be made, "" when it can: the
+// work's cost cap or its deadline; end is the work's outcome should nothing
+// have been reviewed.
+func (s *Service) room(r *partsRun, est int64) (why, end string) {
+	if limit := s.costCap(r.c); limit > 0 && r.spent+est > limit {
+		return fmt.Sprintf("the work's cost cap of %d micro-dollars was reached (%d spent, the next part estimated at %d)",
+			limit, r.spent, est), outcome.BudgetExhausted
+	}
+	if left := time.Until(r.w.DeadlineAt); left < s.timeNeeded() {
+		return "the work's deadline was near: " + shortOfTime(left, s.timeNeeded()), outcome.Expired
+	}
+	return "", ""
+}
+
+// costCap is the most a work item's calls may cost at their estimates: the
+// cell's setting, else its contract's; 0 for none.
+func (s *Service) costCap(c *contract.Contract) int64 {
+	return cmp.Or(s.cfg.WorkCostCap, c.CostCapMicros)
+}
+
+// startPart reserves the call's cost when its tenant has a budget and
+// records the call before it is made. false: the budget or the lease
+// stops the review.
+func (s *Service) startPart(ctx context.Context, r *partsRun, p *diff.Part, id string, est int64) bool {
+	w := r.w
+	if r.budgeted {
+		res, err := s.d.Store.Reserve(ctx, w.TenantID, id, est)
+		switch {
+		case err != nil:
+			r.err = fmt.Errorf("budget reservation: %w", err)
+			return false
+		case res != store.Reserved:
+			r.stop, r.stopEnd = fmt.Sprintf("tenant %s's budget cannot cover the next part, estimated at %d micro-dollars",
+				w.TenantID, est), outcome.BudgetExhausted
+			return false
+		}
+	}
+	r.calls++
+	ok, err := s.d.Store.StartPart(ctx, store.PartCall{ID: id, WorkID: w.ID, Token: r.token, Part: p.ID, Call: r.calls,
+		Estimate: est, TTL: s.cfg.LeaseTTL})
+	if err != nil || !ok {
+		if r.budgeted {
+			if rerr := s.d.Store.Release(context.WithoutCancel(ctx), id); rerr != nil {
+				s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", id, "err", rerr)
+			}
+		}
+		if err != nil {
+			r.err = err
+		} else {
+			r.lost = true
+		}
+		return false
+	}
+	return true
+}
+
+// recordPart records how one call ended, with its ATTEMPT event, tried
+// until it is written or the worker stops: the call is paid for.
+func (s *Service) recordPart(ctx context.Context, r *partsRun, pw *store.Work, id string, p *diff.Part,
+	reply *model.Reply, callErr error, out string, hasOutput bool, fail *gate.Failure) {
+	ctx = context.WithoutCancel(ctx)
+	oc, reason := outcome.AttemptOK, ""
+	switch {
+	case hasOutput && fail != nil:
+		oc, reason = outcome.AttemptInvalidOutput, fail.Error()
+	case !hasOutput:
+		v := judge(answer{stillMine: true, err: callErr, now: time.Now(), deadline: r.w.DeadlineAt}, s.limits())
+		oc, reason = v.outcome, v.reason
+	}
+	raw := []byte(out)
+	if !hasOutput && reply != nil {
+		raw = reply.Raw
+	}
+	msg, err := s.attemptMsg(ctx, pw, s.attemptEvent(r.c, pw, id, oc, reply, callErr))
+	for i := 0; err == nil; i++ {
+		if err = s.d.Store.RecordPart(ctx, store.PartRecord{ID: id, Outcome: oc, Reason: reason, Raw: raw,
+			Outbox: []store.OutboxMsg{msg}}); err == nil || i == len(recordBackoff) {
+			break
+		}
+		time.Sleep(recordBackoff[i])
+	}
+	if err != nil {
+		// The row stays without an outcome: the ledger's reaper charges the
+		// call its reservation once the lease is gone.
+		s.d.Log.Error("recording a part's call failed", "key", r.w.ID, "attempt", id, "part", p.ID, "err", err)
+	}
+	telemetry.Decision(ctx, s.d.Log, r.w.ID, "part_"+oc, cmp.Or(reason, "model answered"),
+		slog.String("attempt", id), slog.String("part", p.ID), slog.Int("call", r.calls))
+}
+
+// accept keeps a part's accepted answer.
+func (r *partsRun) accept(p *diff.Part, acc *gate.Accepted) {
+	var doc map[string]any
+	dec := json.NewDecoder(strings.NewReader(string(acc.Output)))
+	dec.UseNumber()
+	if dec.Decode(&doc) != nil {
+		return // the gate re-encoded it; unreachable
+	}
+	fs, _ := doc["findings"].([]any)
+	r.findings = append(r.findings, fs)
+	if r.doc == nil {
+		r.doc = doc
+	}
+	r.cov.Reviewed = append(r.cov.Reviewed, p.ID)
+	for _, f := range p.Files {
+		if !slices.Contains(r.cov.Files, f) {
+			r.cov.Files = append(r.cov.Files, f)
+		}
+	}
+}
+
+// merged is the parts' answers as one: the first part's document with
+// every part's findings, a finding made twice kept once, and no more than
+// the contract allows, the most severe kept.
+func (r *partsRun) merged() ([]byte, error) {
+	seen := map[string]bool{}
+	var all []any
+	for _, fs := range r.findings {
+		for _, f := range fs {
+			key, _ := json.Marshal(f)
+			if m, ok := f.(map[string]any); ok {
+				key, _ = json.Marshal([]any{m["file"], m["line"], m["summary"]})
+			}
+			if seen[string(key)] {
+				r.cov.Folded++
+				continue
+			}
+			seen[string(key)] = true
+			all = append(all, f)
+		}
+	}
+	if limit := r.c.MaxFindings; limit > 0 && len(all) > limit {
+		slices.SortStableFunc(all, func(a, b any) int { return severity(b) - severity(a) })
+		r.cov.Dropped = len(all) - limit
+		all = all[:limit]
+	}
+	if all == nil {
+		all = []any{}
+	}
+	doc := make(map[string]any, len(r.doc))
+	for k, v := range r.doc {
+		doc[k] = v
+	}
+	doc["findings"] = all
+	return json.Marshal(doc)
+}
+
+// severity orders findings for the cap: blocking, then warning, then the
+// rest.
+func severity(f any) int {
+	m, _ := f.(map[string]any)
+	switch m["severity"] {
+	case "blocking":
+		return 2
+	case "warning":
+		return 1
+	}
+	return 0
+}
+
+// settleParts records the claimed attempt with what its parts came to.
+func (s *Service) settleParts(ctx context.Context, r *partsRun, claimedAt time.Time) consumer.Disposition {
+	w, c := r.w, r.c
+	a := answer{stillMine: !r.lost, attempts: counted(w, r.outage), repairs: w.Repairs, now: time.Now(),
+		deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts), retryRefusals: c.OnRefusal == contract.RefusalRetry,
+		outputCap: s.outputCap(w), outage: r.outage}
+	if r.outage {
+		a.condition = s.circ.condition()
+	}
+	if w.OutputCap == 0 {
+		a.raisedCap = 2 * s.cfg.MaxOutputUnits
+	}
+	r.cov.Partial = len(r.cov.Reviewed) < r.cov.Parts
+	r.cov.Why = r.stop
+	for _, p := range r.pp.plan.Parts {
+		if !slices.Contains(r.cov.Reviewed, p.ID) {
+			for _, f := range p.Files {
+				if !slices.Contains(r.cov.Left, f) {
+					r.cov.Left = append(r.cov.Left, f)
+				}
+			}
+		}
+	}
+	switch {
+	case r.lost:
+	case r.failed != nil:
+		// No whole repair: the part was asked again already.
+		a.hasOutput, a.fail, a.repairs = true, r.failed, s.cfg.MaxRepairs
+	case r.err != nil || r.reply != nil:
+		a.err = r.err
+		if a.err == nil {
+			a.err = errors.New("the model answered nothing usable")
+		}
+	case len(r.cov.Reviewed) == 0:
+		return s.endUnreviewed(ctx, r)
+	default:
+		merged, err := r.merged()
+		if err != nil {
+			return consumer.Retry(time.Second)
+		}
+		cov, _ := json.Marshal(r.cov)
+		ok, err := s.d.Store.SetWholeAnswer(ctx, r.attemptID, r.token, merged, cov)
+		if err != nil {
+			s.d.Log.Warn("keeping the parts' answer failed", "key", w.ID, "err", err)
+			return consumer.Retry(time.Second)
+		}
+		a.stillMine = ok
+		a.hasOutput, a.output = true, string(merged)
+		_, a.fail = gate.Check(c, merged, gate.ExpectFor(c, seen(w), w.Digest, []byte(w.Input)))
+		if a.fail != nil {
+			a.repairs = s.cfg.MaxRepairs
+		}
+	}
+	v, ok := s.record(ctx, w, c, r.attemptID, r.token, a, nil, s.judge, noCall)
+	if !ok {
+		return consumer.Retry(time.Second)
+	}
+	failCode := ""
+	if a.fail != nil {
+		failCode = a.fail.Code
+	}
+	s.m.judged(ctx, w, c, claimedAt, nil, a.err, failCode, v)
+	telemetry.Decision(ctx, s.d.Log, w.ID, v.outcome, cmp.Or(v.reason, "parts reviewed"),
+		slog.String("attempt", r.attemptID), slog.String("next", v.next), slog.Int("parts", r.cov.Parts),
+		slog.Int("reviewed", len(r.cov.Reviewed)), slog.Int("calls", r.calls), slog.String("stopped", r.stop))
+	return v.disp
+}
+
+// endUnreviewed ends work of which not one part could be reviewed: its cost
+// cap or budget cannot pay for the first part, or its deadline came first.
+// The claimed attempt made no call; it ends canceled.
+func (s *Service) endUnreviewed(ctx context.Context, r *partsRun) consumer.Disposition {
+	reason := "no part of the diff was reviewed: " + r.stop
+	end := func(a answer) verdict {
+		if !a.stillMine {
+			return s.judge(a)
+		}
+		return verdict{outcome: outcome.AttemptCanceled, reason: reason, change: store.Finish, workOutcome: r.stopEnd,
+			workReason: reason, final: true, disp: consumer.Done(), next: "ended"}
+	}
+	v, ok := s.record(ctx, r.w, r.c, r.attemptID, r.token, answer{stillMine: true}, nil, end, noCall)
+	if !ok {
+		return consumer.Retry(time.Second)
+	}
+	telemetry.Decision(ctx, s.d.Log, r.w.ID, r.stopEnd, reason, slog.String("attempt", r.attemptID))
+	return v.disp
+}
+
+// noCall is the ATTEMPT event of a claimed attempt that made no call of
+// its own: none.
+func noCall(string) *event.Attempt { return nil }
