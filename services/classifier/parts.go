@@ -79,6 +79,24 @@ func (s *Service) partsOf(c *contract.Contract, w *store.Work) *partsPlan {
 	return &partsPlan{plan: plan, input: in}
 }
 
+// claimedInput is the input size a claim reserves for: the whole input,
+// or, for an input larger than one part of its contract, a part's (twice
+// its bytes, for what quoting the diff as JSON adds, and room for the rest
+// of the input). A review in parts releases the claim's reservation and
+// reserves for each part's call as it makes it, so a tenant whose budget
+// covers a part is not refused a review of a diff larger than its budget.
+func (s *Service) claimedInput(c *contract.Contract, inputLen int) int {
+	units := c.Parts.Units
+	if units <= 0 {
+		return inputLen
+	}
+	if s.cfg.PartUnits > 0 {
+		units = s.cfg.PartUnits
+	}
+	part := 2*int(float64(units)*c.Parts.BytesPerUnit) + 4096
+	return min(inputLen, part)
+}
+
 // work is w as one part's call sees it: the part's diff as its input.
 func (pp *partsPlan) work(w *store.Work, p *diff.Part) store.Work {
 	in := make(map[string]json.RawMessage, len(pp.input))
@@ -229,6 +247,10 @@ func (s *Service) costCap(c *contract.Contract) int64 {
 	return cmp.Or(s.cfg.WorkCostCap, c.CostCapMicros)
 }
 
+// partBudgetWait is how long a part's call waits for its tenant's budget
+// held by calls in flight.
+const partBudgetWait = 5 * time.Second
+
 // startPart reserves the call's cost when its tenant has a budget and
 // records the call before it is made. false: the budget or the lease
 // stops the review.
@@ -236,6 +258,13 @@ func (s *Service) startPart(ctx context.Context, r *partsRun, p *diff.Part, id s
 	w := r.w
 	if r.budgeted {
 		res, err := s.d.Store.Reserve(ctx, w.TenantID, id, est)
+		// The budget held by this work's own calls, reserved at their
+		// estimates, is freed as the ledger settles them at their cost:
+		// moments, so the next part waits that long before it is refused.
+		for wait := time.Now().Add(partBudgetWait); err == nil && res == store.Busy && time.Now().Before(wait); {
+			time.Sleep(100 * time.Millisecond)
+			res, err = s.d.Store.Reserve(ctx, w.TenantID, id, est)
+		}
 		switch {
 		case err != nil:
 			r.err = fmt.Errorf("budget reservation: %w", err)
@@ -439,22 +468,47 @@ func (s *Service) settleParts(ctx context.Context, r *partsRun, claimedAt time.T
 
 // endUnreviewed ends work of which not one part could be reviewed: its cost
 // cap or budget cannot pay for the first part, or its deadline came first.
-// The claimed attempt made no call; it ends canceled.
 func (s *Service) endUnreviewed(ctx context.Context, r *partsRun) consumer.Disposition {
-	reason := "no part of the diff was reviewed: " + r.stop
-	end := func(a answer) verdict {
+	return s.endClaimed(ctx, r.w, r.c, r.attemptID, r.token, r.stopEnd, "no part of the diff was reviewed: "+r.stop)
+}
+
+// endClaimed ends claimed work before any call: its claimed attempt ends
+// canceled, the work with end and reason.
+func (s *Service) endClaimed(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token, end, reason string) consumer.Disposition {
+	decide := func(a answer) verdict {
 		if !a.stillMine {
 			return s.judge(a)
 		}
-		return verdict{outcome: outcome.AttemptCanceled, reason: reason, change: store.Finish, workOutcome: r.stopEnd,
+		return verdict{outcome: outcome.AttemptCanceled, reason: reason, change: store.Finish, workOutcome: end,
 			workReason: reason, final: true, disp: consumer.Done(), next: "ended"}
 	}
-	v, ok := s.record(ctx, r.w, r.c, r.attemptID, r.token, answer{stillMine: true}, nil, end, noCall)
+	v, ok := s.record(ctx, w, c, attemptID, token, answer{stillMine: true}, nil, decide, noCall)
 	if !ok {
 		return consumer.Retry(time.Second)
 	}
-	telemetry.Decision(ctx, s.d.Log, r.w.ID, r.stopEnd, reason, slog.String("attempt", r.attemptID))
+	telemetry.Decision(ctx, s.d.Log, w.ID, end, reason, slog.String("attempt", attemptID))
 	return v.disp
+}
+
+// reserveWhole reserves for a whole call of work whose claim reserved for
+// one part (claimedInput) and which is reviewed whole after all (its diff
+// could not be cut): the claim's reservation is replaced by the whole
+// call's, and work its tenant cannot pay for ends budget_exhausted before
+// the call.
+func (s *Service) reserveWhole(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token string) (consumer.Disposition, bool) {
+	if err := s.d.Store.Release(ctx, attemptID); err != nil {
+		return consumer.Retry(time.Second), false
+	}
+	est := s.estimate(c, w, len(w.Input))
+	res, err := s.d.Store.Reserve(ctx, w.TenantID, attemptID, est)
+	if err != nil {
+		return consumer.Retry(time.Second), false
+	}
+	if res != store.Reserved {
+		return s.endClaimed(ctx, w, c, attemptID, token, outcome.BudgetExhausted,
+			fmt.Sprintf("tenant %s's budget cannot cover an attempt estimated at %d micro-dollars", w.TenantID, est)), false
+	}
+	return consumer.Disposition{}, true
 }
 
 // noCall is the ATTEMPT event of a claimed attempt that made no call of

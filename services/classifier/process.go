@@ -87,6 +87,11 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 		return s.reviewInParts(ctx, &partsRun{w: cw, c: c, attemptID: attemptID, token: token, budgeted: j.budgeted,
 			pp: pp, probe: probe, progress: func() { _ = d.InProgress() }}, permit)
 	}
+	if j.budgeted && s.claimedInput(c, len(cw.Input)) < len(cw.Input) {
+		if disp, ok := s.reserveWhole(ctx, cw, c, attemptID, token); !ok {
+			return disp
+		}
+	}
 	claimedAt := time.Now()
 	span.SetAttributes(attribute.String("assay.attempt_id", attemptID), attribute.Int("assay.attempt", cw.Attempts))
 
@@ -141,7 +146,7 @@ func (s *Service) claim(ctx context.Context, j job) (cw *store.Work, attemptID, 
 	disp consumer.Disposition, ok bool) {
 	w := j.w
 	attemptID, token = newUUID(), newUUID()
-	est := s.estimate(j.c, w, j.inputLen())
+	est := s.estimate(j.c, w, s.claimedInput(j.c, j.inputLen()))
 	res := store.Reserved
 	if j.budgeted {
 		var err error

@@ -161,7 +161,8 @@ func TestReviewInParts(t *testing.T) {
 	if len(cv.Files) != 40 || strings.HasSuffix(cv.Files[0], "_test.go") || !strings.HasSuffix(cv.Files[len(cv.Files)-1], "_test.go") {
 		t.Errorf("files reviewed %v; want the 40 files, sources before tests", cv.Files)
 	}
-	calls, _ := callsAndLedger(t, b, v.WorkID)
+	calls, cost := callsAndLedger(t, b, v.WorkID)
+	t.Logf("%d parts, %d calls, ledger %d µ$, %s from created to accepted", len(plan.Parts), calls, cost, v.UpdatedAt.Sub(v.CreatedAt))
 	if calls != len(plan.Parts) {
 		t.Errorf("calls = %d, want one per part (%d)", calls, len(plan.Parts))
 	}
@@ -230,6 +231,7 @@ func TestReviewInPartsUnderACap(t *testing.T) {
 		t.Errorf("left %v, want the files of the parts not reviewed %v", cv.Left, left)
 	}
 	calls, cost := callsAndLedger(t, b, v.WorkID)
+	t.Logf("cap %d µ$: %d of %d parts reviewed in %d calls, ledger %d µ$", limit, len(cv.Reviewed), len(plan.Parts), calls, cost)
 	if calls != len(cv.Reviewed) || cost > limit {
 		t.Errorf("calls %d for %d parts reviewed, cost %d against the cap %d", calls, len(cv.Reviewed), cost, limit)
 	}
@@ -261,5 +263,35 @@ func TestReviewInPartsRejectsAFailingPart(t *testing.T) {
 	calls, _ := callsAndLedger(t, b, v.WorkID)
 	if calls != 4 {
 		t.Errorf("calls = %d, want 4: p1, p2, and p3 twice", calls)
+	}
+}
+
+// A tenant whose budget covers a few of the parts gets a partial review
+// that says the budget stopped it, and the ledger stays within the budget:
+// each part's call reserves for itself as it is made.
+func TestReviewInPartsWithinBudget(t *testing.T) {
+	t.Parallel()
+	b := partsCell(t, classifier.Config{})
+	budget := int64(10000)
+	if err := b.Cell.Env.Store.SetBudget(context.Background(), b.Tenant, &budget, "month"); err != nil {
+		t.Fatal(err)
+	}
+	text := largeDiff(40)
+	plan := planOf(t, text)
+	v := submitLarge(t, b, text, "acme/shop#44")
+	if *v.Outcome != "accepted" {
+		t.Fatalf("outcome %s (%s), want accepted", *v.Outcome, v.Reason)
+	}
+	cv := coverageOf(t, v)
+	if !cv.Partial || len(cv.Reviewed) == 0 || len(cv.Reviewed) >= len(plan.Parts) || !strings.Contains(cv.Why, "budget") {
+		t.Fatalf("coverage %+v; want a partial review stopped by the budget", cv)
+	}
+	calls, cost := callsAndLedger(t, b, v.WorkID)
+	t.Logf("budget %d µ$: %d of %d parts reviewed in %d calls, ledger %d µ$", budget, len(cv.Reviewed), len(plan.Parts), calls, cost)
+	if cost > budget {
+		t.Errorf("ledger %d µ$ over the budget of %d µ$", cost, budget)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM budget_reservations WHERE settled_at IS NULL`); n != 0 {
+		t.Errorf("%d reservations left unsettled", n)
 	}
 }
