@@ -33,7 +33,7 @@ func (h *Harness) quiesce(ctx context.Context, acked []string) (time.Duration, e
 					(SELECT count(*) FROM work WHERE state IN ('queued', 'running')),
 					(SELECT count(*) FROM outbox WHERE published_at IS NULL AND set_aside_at IS NULL),
 					(SELECT count(*) FROM attempts WHERE outcome IS NULL),
-					(SELECT count(*) FROM attempts),
+					(SELECT count(*) FROM attempts WHERE part IS DISTINCT FROM '*'),
 					(SELECT count(*) FROM ledger)`).Scan(&o, &p, &u, &a, &l)
 			if err != nil {
 				// Postgres may be restarting; a still cell is one that answers.
@@ -98,10 +98,10 @@ func (h *Harness) readWork(ctx context.Context) (map[string]*workRow, error) {
 		rows, err := h.pool[region].Query(ctx, `WITH r AS (SELECT r.work_id, count(*) AS n,
 					count(*) FILTER (WHERE r.tenant_id IS DISTINCT FROM w.tenant_id) AS bad
 				FROM results r LEFT JOIN work w ON w.id = r.work_id GROUP BY r.work_id),
-			a AS (SELECT a.work_id, count(*) AS n,
+			a AS (SELECT a.work_id, count(*) FILTER (WHERE a.part IS DISTINCT FROM '*') AS n,
 					count(*) FILTER (WHERE a.tenant_id IS DISTINCT FROM w.tenant_id) AS bad,
 					count(*) FILTER (WHERE a.outcome IN ('invalid_output', 'rate_limited', 'timeout', 'transport_error',
-						'lease_expired', 'stale_lease', 'canceled')) AS retry
+						'lease_expired', 'stale_lease', 'canceled') AND a.part IS DISTINCT FROM '*') AS retry
 				FROM attempts a LEFT JOIN work w ON w.id = a.work_id GROUP BY a.work_id),
 			l AS (SELECT l.work_id, count(*) AS n, count(*) FILTER (WHERE l.estimated) AS est,
 					count(*) FILTER (WHERE l.estimated AND l.outcome = 'lease_expired') AS dead,
