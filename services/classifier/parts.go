@@ -29,8 +29,8 @@ import (
 // a call of its own — recorded before it is made and after, with its
 // reservation, raw answer and ATTEMPT event — and its answer passes the
 // gate against the part's own diff; a part whose answer fails is asked
-// again once with what failed, and a second failure ends the work
-// schema_rejected naming the part. The parts' findings are merged (a
+// again with what failed (MaxRepairs times, once by default), and a failure
+// after that ends the work schema_rejected naming the part. The parts' findings are merged (a
 // finding two parts both made is kept once, and the contract's cap on
 // findings keeps the most severe) into one answer, which the committer
 // gates against the whole diff and commits as the one result. When the
@@ -216,14 +216,15 @@ func (s *Service) reviewPart(ctx context.Context, r *partsRun, p *diff.Part, ear
 		case !hasOutput:
 			r.reply, r.err = reply, callErr
 			return false
-		case try == 1 || fail.Code == gate.CodeTaxonomyVersion || fail.Code == gate.CodeDigest:
+		case try >= s.cfg.MaxRepairs || fail.Code == gate.CodeTaxonomyVersion || fail.Code == gate.CodeDigest:
 			f := *fail
 			f.Detail = fmt.Sprintf("part %s (%s): %s", p.ID, strings.Join(p.Files, ", "), fail.Detail)
 			r.failed = &f
 			return false
 		}
-		// Asked again once, told what failed.
-		pw.Repairs, pw.RepairNote = 1, fail.Error()
+		// Asked again, told what failed: as many times as a whole work's
+		// answer would be (ASSAY_MAX_REPAIRS).
+		pw.Repairs, pw.RepairNote = try+1, fail.Error()
 	}
 }
 
