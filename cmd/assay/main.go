@@ -13,6 +13,7 @@
 //	assay publish …           failed publications: list, retry, abandon
 //	assay rollout …           contract versions: check, set-live, set-candidate, promote, status, compare
 //	assay bench goodput       the admission benchmark
+//	assay bench parts         reviews in parts: parts, calls, cost and time per work
 //	assay usage reconcile     check attempts against results, the ledger and the provider
 //	assay version             the build's version
 package main
@@ -64,6 +65,7 @@ commands:
                          the answers, writes nothing), redrive (failed work again, dry run first)
   streams                the cell's streams and consumers: pending, ack pending, redelivered
   bench goodput          admission benchmark against the simulated provider (make bench-goodput)
+  bench parts [FILE...]  the evaluation set and each diff FILE reviewed, in parts when large: parts, calls, cost, time
   usage reconcile        check attempts against results, the ledger and the provider's counts
   outbox list|retry      outbox rows set aside because they could not be published; put them back
   publish COMMAND        list, retry (send again, once) or abandon publications that failed past their deadline
@@ -153,7 +155,7 @@ var subcommands = map[string][]string{
 	"operator": {"token"},
 	"work":     {"rerun", "show", "list"},
 	"replay":   {"dump", "revalidate", "redrive"},
-	"bench":    {"goodput", "pipeline"},
+	"bench":    {"goodput", "pipeline", "parts"},
 	"usage":    {"reconcile"},
 	"outbox":   {"list", "retry"},
 	"rollout":  rolloutVerbs,
