@@ -41,6 +41,12 @@ const (
 // judge, so it opens no review item.
 const ReasonProviderUnavailable = "provider_unavailable"
 
+// ReasonDiffTooLarge starts the reason of a pull request's review dropped
+// because its diff was over the cell's cap: its diff was not kept, so it
+// cannot be run again as it is; its pull request gets one comment saying
+// so.
+const ReasonDiffTooLarge = "diff_too_large"
+
 // Terminal lists the work outcomes.
 var Terminal = []string{Accepted, SchemaRejected, RetryExhausted, TransportRejected, Dropped, Expired,
 	Superseded, Canceled, BudgetExhausted}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -328,6 +329,10 @@ func readmit(ctx context.Context, tx pgx.Tx, id string, deadline time.Time) (*Wo
 		WHERE id = $1 AND state = 'dropped' RETURNING `+workColumns, id, deadline))
 }
 
+// ErrTooLarge is returned by Rerun for work dropped because its diff was
+// over the cell's cap: there is no diff to run.
+var ErrTooLarge = errors.New("the work's diff was too large to keep")
+
 // ErrNotDropped is returned by Rerun for work admission did not drop.
 var ErrNotDropped = errors.New("only dropped work can be run again")
 
@@ -344,6 +349,10 @@ func (s *Store) Rerun(ctx context.Context, id string, deadline time.Time, announ
 		}
 		if w.State != outcome.Dropped {
 			return fmt.Errorf("work %s is %s: %w", id, w.State, ErrNotDropped)
+		}
+		if strings.HasPrefix(w.Reason, outcome.ReasonDiffTooLarge) {
+			return fmt.Errorf("work %s: its diff was over the cell's cap and was not kept; raise ASSAY_MAX_DIFF_BYTES and push to the pull request again: %w",
+				id, ErrTooLarge)
 		}
 		var newer string
 		err = tx.QueryRow(ctx, `SELECT revision FROM work

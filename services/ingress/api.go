@@ -385,7 +385,24 @@ func (s *Service) validateInput(c *contract.Contract, input json.RawMessage) *ap
 	if err := c.ValidateInput(input); err != nil {
 		return apierror.New(http.StatusBadRequest, "invalid_input", err.Error())
 	}
-	return nil
+	return s.diffSize(c, input)
+}
+
+// diffSize refuses the input of a contract grounded in a diff whose diff is
+// over the cell's cap, the one webhooks are held to.
+func (s *Service) diffSize(c *contract.Contract, input json.RawMessage) *apierror.Error {
+	if c.Grounding != contract.GroundingDiff {
+		return nil
+	}
+	var in struct {
+		Diff string `json:"diff"`
+	}
+	if json.Unmarshal(input, &in) != nil || int64(len(in.Diff)) <= s.cfg.MaxDiffBytes {
+		return nil
+	}
+	return apierror.New(http.StatusRequestEntityTooLarge, "diff_too_large", fmt.Sprintf(
+		"the input's diff is %d bytes, over this cell's limit of %d (ASSAY_MAX_DIFF_BYTES, up to %d; larger diffs are reviewed in parts)",
+		len(in.Diff), s.cfg.MaxDiffBytes, MaxDiffCeiling))
 }
 
 // DecodeSubmit decodes a submission strictly: one JSON object, known fields

@@ -348,6 +348,10 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 		if err := c.ValidateInput(it.Input); err != nil {
 			return bad("invalid_input", at+": "+err.Error())
 		}
+		if refused := s.diffSize(c, it.Input); refused != nil {
+			refused.Message = at + ": " + refused.Message
+			return BatchRequest{}, nil, refused
+		}
 		if it.SourceID == "" {
 			it.SourceID = it.ItemID
 		}

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
@@ -45,7 +46,8 @@ type Config struct {
 	Names event.Names
 	// Streams configure the WORK stream, which ingress owns.
 	Streams event.StreamSettings
-	// MaxBodyBytes caps a request body. Default 1 MiB.
+	// MaxBodyBytes caps a request body. Default twice MaxDiffBytes and
+	// 256 KiB, at least 1 MiB.
 	MaxBodyBytes int64
 	// DefaultDeadline applies per lane when a request names none.
 	// Defaults: interactive 10m, batch 24h.
@@ -121,7 +123,9 @@ type Config struct {
 	// GitHubTimeout bounds one diff fetch. Default 5s, well inside the 10s
 	// GitHub waits for a webhook answer.
 	GitHubTimeout time.Duration
-	// MaxDiffBytes caps a fetched diff. Default 1 MiB.
+	// MaxDiffBytes is the one cap on a diff to review: a pull request's
+	// fetched diff, and the diff of a code review submitted through the
+	// API. Default 1 MiB; reviews in parts serve diffs up to it.
 	MaxDiffBytes int64
 	// Diffs fetches pull-request diffs. Default: GitHubDiffs built from the
 	// settings above.
@@ -140,8 +144,12 @@ func (c *Config) defaults() error {
 	if err := c.Names.Check(); err != nil {
 		return fmt.Errorf("ingress: %w", err)
 	}
+	if c.MaxDiffBytes == 0 {
+		c.MaxDiffBytes = 1 << 20
+	}
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 1 << 20
+		// Room for a diff at its cap, quoted as JSON.
+		c.MaxBodyBytes = max(1<<20, 2*c.MaxDiffBytes+256<<10)
 	}
 	if c.InteractiveDeadline == 0 {
 		c.InteractiveDeadline = 10 * time.Minute
@@ -203,9 +211,6 @@ func (c *Config) defaults() error {
 	if c.GitHubTimeout == 0 {
 		c.GitHubTimeout = 5 * time.Second
 	}
-	if c.MaxDiffBytes == 0 {
-		c.MaxDiffBytes = 1 << 20
-	}
 	if c.GitHubAppID != 0 && c.GitHubToken != "" {
 		return errors.New("ingress: GitHubToken is the single-tenant option and is not used beside a GitHub App (GitHubAppID)")
 	}
@@ -222,6 +227,10 @@ func (c *Config) defaults() error {
 	}
 	return c.Shed.defaults()
 }
+
+// MaxDiffCeiling is the most ASSAY_MAX_DIFF_BYTES may be: the input
+// schema's cap on a diff.
+const MaxDiffCeiling = 8 << 20
 
 // FromEnv fills the settings an operator sets from the environment:
 // ASSAY_INTERACTIVE_DEADLINE and ASSAY_BATCH_DEADLINE (Go durations, e.g.
@@ -245,6 +254,7 @@ var Vars = []config.Var{
 	{Name: "ASSAY_TOKEN_CACHE", Default: "2s", Usage: "how long a token's tenant is remembered while changes to tenants are not heard; a revocation or suspension takes effect within it (0s: never remembered)"},
 	{Name: "ASSAY_TOKEN_CACHE_LISTENING", Default: "5m", Usage: "how long it is remembered while the database tells of every change to a tenant or its tokens (each forgotten as it changes)"},
 	{Name: "ASSAY_EVENTS_RECHECK", Default: "5s", Usage: "how often an open event stream checks its token again; a suspension or revocation ends it within this"},
+	{Name: "ASSAY_MAX_DIFF_BYTES", Default: "1048576", Usage: "the largest diff reviewed, from a webhook or the API (65536 to 8388608); a larger one is refused with diff_too_large, a pull request's with one comment"},
 	{Name: "ASSAY_GITHUB_WEBHOOK_SECRET", Default: "none", Usage: "the cell's (its GitHub App's) webhook secret"},
 	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where pull request diffs are fetched"},
 	{Name: "ASSAY_GITHUB_APP_ID", Default: "none (diffs read without a token)", Usage: "the GitHub App whose installation tokens read each pull request's diff (the committer publishes as it)"},
@@ -274,6 +284,13 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 	}
 	if getenv("ASSAY_TOKEN_CACHE") != "" && c.TokenCache == 0 {
 		c.TokenCache = -1
+	}
+	if v := getenv("ASSAY_MAX_DIFF_BYTES"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 64<<10 || n > MaxDiffCeiling {
+			return fmt.Errorf("ASSAY_MAX_DIFF_BYTES: %q is not a whole number of bytes from %d to %d", v, 64<<10, MaxDiffCeiling)
+		}
+		c.MaxDiffBytes = n
 	}
 	c.GitHubSecret = getenv("ASSAY_GITHUB_WEBHOOK_SECRET")
 	c.GitHubAPI = getenv("ASSAY_GITHUB_API_URL")

@@ -25,7 +25,7 @@ type decodeLimits struct {
 
 // requestLimits are the API's: deep and wide enough for any contract's
 // input, far below what would make a body expensive to refuse.
-var requestLimits = decodeLimits{Depth: 32, Keys: 256, Items: MaxBatchItems, StringSize: 1 << 20}
+var requestLimits = decodeLimits{Depth: 32, Keys: 256, Items: MaxBatchItems, StringSize: MaxDiffCeiling}
 
 // decodeStrict decodes one JSON object into v as its struct tags name it,
 // and refuses what encoding/json would let through quietly: a field name

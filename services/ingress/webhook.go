@@ -379,7 +379,10 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 	}
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("assay.work_id", work.ID))
 	dropped := "over_rate"
-	if _, ok := s.admit(ctx, d.tenant, work.Lane); !ok {
+	if work.DropReason != "" {
+		// Dropped before admission: nothing is asked of the model.
+		dropped = outcome.ReasonDiffTooLarge
+	} else if _, ok := s.admit(ctx, d.tenant, work.Lane); !ok {
 		// GitHub does not retry a refused delivery: the work is stored
 		// dropped, and its reason says how to ask again.
 		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", overRate(d.tenant, work.Lane), RerunCommand(work))
@@ -415,7 +418,7 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 	case res.Work.State == outcome.Dropped:
 		s.dropped.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.cfg.Region),
 			attribute.String("lane", res.Work.Lane), attribute.String("reason", dropped)))
-		if dropped != "over_rate" {
+		if dropped != "over_rate" && dropped != outcome.ReasonDiffTooLarge {
 			s.countShed(ctx, res.Work.Lane, dropped, "webhook")
 		}
 		s.relay.Kick()
@@ -448,8 +451,7 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 	ref.Installation = inst
 	diffText, err := s.cfg.Diffs.Diff(ctx, ref)
 	if errors.Is(err, ErrDiffTooLarge) {
-		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", "diff too large", source)
-		return nil, "", apierror.New(http.StatusUnprocessableEntity, "diff_too_large", fmt.Sprintf("the diff of %s is over %d bytes", pr.SourceID(), s.cfg.MaxDiffBytes))
+		return s.tooLarge(ctx, d, ref)
 	}
 	if err != nil {
 		// Nothing is stored, so GitHub's redelivery of the same id is
@@ -481,6 +483,23 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 	}
 	work = s.newWork(ctx, d.tenant, c, pr.SourceID(), ref.HeadSHA, event.Interactive, input, time.Now().Add(s.cfg.InteractiveDeadline))
 	work.SourceUpdatedAt = pr.PullRequest.UpdatedAt
+	return work, "", nil
+}
+
+// tooLarge is the work of a pull request whose diff is over the cell's
+// cap: stored dropped, without its diff, so the pull request gets one
+// comment that says why it was not reviewed and what would review it, and
+// a redelivery finds the work and posts nothing again.
+func (s *Service) tooLarge(ctx context.Context, d *delivery, ref PullRef) (*store.Work, string, *apierror.Error) {
+	c, ok := s.d.Contracts.Get(WebhookContract)
+	if !ok {
+		return nil, "", apierror.New(http.StatusServiceUnavailable, "unavailable", "the review contract is not loaded; redeliver later")
+	}
+	input, _ := json.Marshal(map[string]string{"diff": "", "title": d.pr.PullRequest.Title})
+	work := s.newWork(ctx, d.tenant, c, d.pr.SourceID(), ref.HeadSHA, event.Interactive, input, time.Now().Add(s.cfg.InteractiveDeadline))
+	work.SourceUpdatedAt = d.pr.PullRequest.UpdatedAt
+	work.DropReason = fmt.Sprintf("%s: the pull request's diff is over the %d bytes this installation reviews (ASSAY_MAX_DIFF_BYTES on the region's ingress, up to %d; larger diffs are reviewed in parts); once an operator raises it, the next push to the pull request is reviewed",
+		outcome.ReasonDiffTooLarge, s.cfg.MaxDiffBytes, MaxDiffCeiling)
 	return work, "", nil
 }
 

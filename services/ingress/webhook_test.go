@@ -935,9 +935,6 @@ func TestWebhookDiffRefused(t *testing.T) {
 	if len(evalDiff(t, "05-checkout-state")) <= 1024 {
 		t.Fatal("the test diff must be over the cap")
 	}
-	if a := e.deliver("pull_request", "d-big", body); a.status != http.StatusUnprocessableEntity || a.code() != "diff_too_large" {
-		t.Fatalf("large diff: %d %s, want 422 diff_too_large", a.status, a.body)
-	}
 	e.gh.setDiff(prSource, "this is not a unified diff\n")
 	if a := e.deliver("pull_request", "d-garbage", body); a.status != http.StatusUnprocessableEntity || a.code() != "invalid_diff" {
 		t.Fatalf("not a diff: %d %s, want 422 invalid_diff", a.status, a.body)
@@ -947,6 +944,43 @@ func TestWebhookDiffRefused(t *testing.T) {
 		t.Fatalf("empty diff: %d %s, want ignored", a.status, a.body)
 	}
 	e.nothingStored()
+}
+
+// A pull request whose diff is over the cap is stored dropped, without its
+// diff, with a reason that says why and what would review it (the
+// pull request's one comment); a redelivery, or another delivery of the
+// same revision, finds it; the work cannot be run again as it is.
+func TestWebhookDiffTooLarge(t *testing.T) {
+	t.Parallel()
+	e := newWebhookEnv(t, func(c *Config) { c.MaxDiffBytes = 1024 })
+	body := readPayload(t, "pull_request_opened.json")
+	a := e.deliver("pull_request", "d-big", body)
+	if a.status != http.StatusAccepted {
+		t.Fatalf("large diff: %d %s, want 202 with the work dropped", a.status, a.body)
+	}
+	var r WebhookResponse
+	if err := json.Unmarshal(a.body, &r); err != nil {
+		t.Fatal(err)
+	}
+	w, err := e.st.GetWork(t.Context(), r.WorkID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.State != "dropped" || !strings.HasPrefix(w.Reason, "diff_too_large: ") || !strings.Contains(w.Reason, "ASSAY_MAX_DIFF_BYTES") ||
+		strings.Contains(w.Input, "diff --git") {
+		t.Fatalf("work %s %q, input %d bytes; want dropped for its size, its diff not kept", w.State, w.Reason, len(w.Input))
+	}
+	for _, id := range []string{"d-big", "d-big-again"} {
+		again := e.deliver("pull_request", id, body)
+		var r2 WebhookResponse
+		_ = json.Unmarshal(again.body, &r2)
+		if again.status != http.StatusOK || r2.WorkID != r.WorkID || !r2.Duplicate {
+			t.Fatalf("delivery %s: %d %s, want the same work, a duplicate", id, again.status, again.body)
+		}
+	}
+	if _, err := e.st.Rerun(t.Context(), r.WorkID, time.Now().Add(time.Minute), func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil }); !errors.Is(err, store.ErrTooLarge) {
+		t.Fatalf("rerun: %v, want ErrTooLarge", err)
+	}
 }
 
 func TestWebhookRefusesMalformed(t *testing.T) {
@@ -1094,5 +1128,31 @@ func TestWebhookLateOlderRevisionDoesNotSupersedeNewer(t *testing.T) {
 	if err := e.db.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE msg_id LIKE $1 || '.%'`,
 		late.ID).Scan(&announced); err != nil || announced != 0 {
 		t.Fatalf("the late revision was announced %d times (%v)", announced, err)
+	}
+}
+
+// The API holds a code review's diff to the webhooks' cap: one over it is
+// refused 413 diff_too_large naming the setting, one at it is taken (over
+// the input schema's old 262,144 characters), and nothing is stored for the
+// refused one.
+func TestSubmitDiffCap(t *testing.T) {
+	t.Parallel()
+	const limit = 300 << 10
+	e := newWebhookEnv(t, func(c *Config) { c.MaxDiffBytes, c.MaxBodyBytes = limit, 0 })
+	line := "+x := 1\n"
+	body := func(n int, rev string) []byte {
+		d := "diff --git a/a.go b/a.go\n--- a/a.go\n+++ b/a.go\n@@ -1,0 +1,1 @@\n"
+		d += strings.Repeat(line, (n-len(d))/len(line))
+		in, _ := json.Marshal(map[string]string{"diff": d})
+		b, _ := json.Marshal(map[string]any{"contract": "code-review", "sourceId": "shop/app#9", "revision": rev, "input": json.RawMessage(in)})
+		return b
+	}
+	if a := e.postRaw(body(limit+1024, "r-over")); a.status != http.StatusRequestEntityTooLarge || a.code() != "diff_too_large" ||
+		!strings.Contains(string(a.body), "ASSAY_MAX_DIFF_BYTES") {
+		t.Fatalf("over the cap: %d %s, want 413 diff_too_large naming the setting", a.status, a.body)
+	}
+	e.nothingStored()
+	if a := e.postRaw(body(limit-1024, "r-at")); a.status != http.StatusAccepted {
+		t.Fatalf("under the cap: %d %s, want 202", a.status, a.body)
 	}
 }

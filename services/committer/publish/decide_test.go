@@ -145,3 +145,17 @@ func TestDecidePartial(t *testing.T) {
 		}
 	}
 }
+
+// A pull request dropped for the size of its diff gets one comment that
+// says why and what would review it, and no rerun command: its diff was
+// not kept.
+func TestDecideTooLarge(t *testing.T) {
+	t.Parallel()
+	src := store.PullSource{Owner: "shop", Repo: "app", Number: 7, HeadSHA: head}
+	p := Decide(Input{WorkID: "w1", Outcome: outcome.Dropped, Source: src, Rerun: "assay work rerun w1 --region us",
+		Reason: outcome.ReasonDiffTooLarge + ": the pull request's diff is over the 1048576 bytes this installation reviews (ASSAY_MAX_DIFF_BYTES)"})
+	if p.CheckRun != nil || !strings.HasPrefix(p.Rerun, "assay did not review this pull request: the pull request's diff is over") ||
+		strings.Contains(p.Rerun, "assay work rerun") || !strings.Contains(p.Rerun, "ASSAY_MAX_DIFF_BYTES") {
+		t.Fatalf("plan %+v; want one comment naming the cap and no rerun command", p)
+	}
+}

@@ -143,6 +143,12 @@ func Decide(in Input) Plan {
 	case outcome.Canceled:
 		p.CheckRun = &CheckRun{Conclusion: "cancelled", Title: "Review canceled", Summary: "The review was canceled."}
 	case outcome.Dropped:
+		if strings.HasPrefix(in.Reason, outcome.ReasonDiffTooLarge) {
+			// No rerun command: the diff was not kept.
+			_, why, _ := strings.Cut(in.Reason, ": ")
+			p.Rerun = "assay did not review this pull request: " + why + "."
+			break
+		}
 		p.Rerun = fmt.Sprintf("assay could not take this review when it arrived (%s). To run it, ask an operator to run:\n\n    %s",
 			strings.TrimSpace(dropCause(in.Reason)), in.Rerun)
 	default:
