@@ -265,7 +265,7 @@ func TestValidateInput(t *testing.T) {
 		{"moderation", `{"text":"hello"}`, ""},
 		{"code-review", `{"diff":"not a diff"}`, "input.diff: diff: not a unified diff"},
 		{"code-review", `{"diff":""}`, "input.diff: minLength: "},
-		{"code-review", `{"diff":"` + strings.Repeat("x", 262145) + `"}`, "input.diff: maxLength: "},
+		{"code-review", `{"diff":"` + strings.Repeat("x", 8<<20+1) + `"}`, "input.diff: maxLength: "},
 		{"code-review", `{"diff":` + string(diffJSON) + `,"title":"` + strings.Repeat("t", 301) + `"}`, "input.title: maxLength: "},
 		{"code-review", `{"diff":` + string(diffJSON) + `,"repo":"x"}`, "input: additionalProperties: has a property the schema does not allow, named (4 bytes, sha256:"},
 		{"code-review", `{"title":"x"}`, "input: required: Required property 'diff' is missing"},
