@@ -17,6 +17,9 @@ func TestBenchPipelineFlagErrors(t *testing.T) {
 		{[]string{"bench", "pipeline", "--peer", "/nonexistent"}, "--peer: /nonexistent holds no go.mod"},
 		{[]string{"bench", "pipeline", "--bogus"}, "flag provided but not defined: -bogus"},
 		{[]string{"bench"}, "usage: assay bench pipeline"},
+		{[]string{"bench"}, "usage: assay bench parts"},
+		{[]string{"bench", "parts", "--part-units", "x"}, `invalid value "x" for flag -part-units`},
+		{[]string{"bench", "parts", "/nonexistent.diff"}, "/nonexistent.diff"},
 	} {
 		var stderr bytes.Buffer
 		if code := run(c.args, &stderr); code != 2 || !strings.Contains(stderr.String(), c.want) {

@@ -121,7 +121,7 @@ tenants, is assay tenant (assay tenant --help).
 	"work":     workUsage,
 	"replay":   replayUsage,
 	"streams":  streamsUsage,
-	"bench":    benchUsage + "\n" + benchPipeUsage,
+	"bench":    benchUsage + "\n" + benchPipeUsage + "\n" + benchPartsUsage,
 	"usage": `usage: assay usage reconcile [--database-url URL] [--region R] [--provider-stats URL] [--since T] [--json]
 
 Check attempts against results and the ledger; with --provider-stats (the
