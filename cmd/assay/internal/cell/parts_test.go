@@ -20,11 +20,11 @@ import (
 )
 
 // partUnits is the part size the tests cut their diffs at: a few kilobytes,
-// so a diff of forty files is a dozen parts.
-const partUnits = 4000
+// so a diff of forty files is about ten parts.
+const partUnits = 1500
 
-// largeDiff is a pull request of n new Go files of sixty lines each; every
-// third file builds SQL by concatenation on its line 30 (the reviewer's
+// largeDiff is a pull request of n new Go files of twenty-four lines each;
+// every third file builds SQL by concatenation on its line 12 (the reviewer's
 // blocking finding), every tenth is a test, and a go.sum change comes last.
 func largeDiff(n int) string {
 	var b strings.Builder
@@ -33,9 +33,9 @@ func largeDiff(n int) string {
 		if i%10 == 9 {
 			name = fmt.Sprintf("svc/orders%02d_test.go", i)
 		}
-		fmt.Fprintf(&b, "diff --git a/%s b/%s\nnew file mode 100644\n--- /dev/null\n+++ b/%s\n@@ -0,0 +1,60 @@\n", name, name, name)
-		for l := 1; l <= 60; l++ {
-			if l == 30 && i%3 == 0 {
+		fmt.Fprintf(&b, "diff --git a/%s b/%s\nnew file mode 100644\n--- /dev/null\n+++ b/%s\n@@ -0,0 +1,24 @@\n", name, name, name)
+		for l := 1; l <= 24; l++ {
+			if l == 12 && i%3 == 0 {
 				fmt.Fprintf(&b, "+\tq := \"SELECT * FROM orders WHERE id = \" + id%d\n", i)
 				continue
 			}
@@ -187,7 +187,7 @@ func TestReviewInParts(t *testing.T) {
 		if i%10 == 9 {
 			name = fmt.Sprintf("svc/orders%02d_test.go", i)
 		}
-		want = append(want, name+":30")
+		want = append(want, name+":12")
 	}
 	slices.Sort(at)
 	slices.Sort(want)
@@ -210,7 +210,7 @@ func TestReviewInParts(t *testing.T) {
 // that does not read as a pass; the calls cost no more than the cap.
 func TestReviewInPartsUnderACap(t *testing.T) {
 	t.Parallel()
-	const limit = 30000
+	const limit = 12000
 	b := partsCell(t, classifier.Config{WorkCostCap: limit})
 	text := largeDiff(40)
 	plan := planOf(t, text)
@@ -272,7 +272,7 @@ func TestReviewInPartsRejectsAFailingPart(t *testing.T) {
 func TestReviewInPartsWithinBudget(t *testing.T) {
 	t.Parallel()
 	b := partsCell(t, classifier.Config{})
-	budget := int64(10000)
+	budget := int64(5000)
 	if err := b.Cell.Env.Store.SetBudget(context.Background(), b.Tenant, &budget, "month"); err != nil {
 		t.Fatal(err)
 	}
