@@ -466,7 +466,9 @@ func TestCompleteDeadlineIsTimeout(t *testing.T) {
 	t.Parallel()
 	started := make(chan struct{})
 	b := setup(t, hang(started))
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	// Long enough for the request to reach the server on a loaded machine
+	// (at 50ms it sometimes did not, and nothing was counted).
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	rep, err := b.client.Complete(ctx, testCall)
 	e := asError(t, err)
