@@ -1,10 +1,10 @@
 package classifier
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -53,12 +53,11 @@ type partsPlan struct {
 // whole: its contract is not cut into parts, or its diff fits one call, or
 // its input cannot be read (the gate names what is wrong with it).
 func (s *Service) partsOf(c *contract.Contract, w *store.Work) *partsPlan {
-	units := c.Parts.Units
-	if units <= 0 {
+	units := s.partUnits(c)
+	// A diff is never longer than the JSON that quotes it: an input that
+	// fits a part is not read (most of them, on every claim).
+	if units <= 0 || diff.Units(w.Input, c.Parts.BytesPerUnit) <= units {
 		return nil
-	}
-	if s.cfg.PartUnits > 0 {
-		units = s.cfg.PartUnits
 	}
 	var in map[string]json.RawMessage
 	var text string
@@ -86,15 +85,21 @@ func (s *Service) partsOf(c *contract.Contract, w *store.Work) *partsPlan {
 // reserves for each part's call as it makes it, so a tenant whose budget
 // covers a part is not refused a review of a diff larger than its budget.
 func (s *Service) claimedInput(c *contract.Contract, inputLen int) int {
-	units := c.Parts.Units
+	units := s.partUnits(c)
 	if units <= 0 {
 		return inputLen
 	}
-	if s.cfg.PartUnits > 0 {
-		units = s.cfg.PartUnits
-	}
 	part := 2*int(float64(units)*c.Parts.BytesPerUnit) + 4096
 	return min(inputLen, part)
+}
+
+// partUnits is the part size of c's diffs in model units: the cell's
+// setting, else the contract's; 0 for a contract never cut into parts.
+func (s *Service) partUnits(c *contract.Contract) int {
+	if c.Parts.Units <= 0 {
+		return 0
+	}
+	return cmp.Or(s.cfg.PartUnits, c.Parts.Units)
 }
 
 // work is w as one part's call sees it: the part's diff as its input.
@@ -166,7 +171,7 @@ func (s *Service) reviewInParts(ctx context.Context, r *partsRun, permit *served
 		}
 	}
 	sig := admission.Signal{Kind: admission.Ignore}
-	if r.reply != nil || r.err != nil {
+	if r.err != nil {
 		sig = signal(r.reply, r.err)
 	}
 	permit.Release(sig)
@@ -263,8 +268,12 @@ func (s *Service) startPart(ctx context.Context, r *partsRun, p *diff.Part, id s
 		// estimates, is freed as the ledger settles them at their cost:
 		// moments, so the next part waits that long before it is refused.
 		for wait := time.Now().Add(partBudgetWait); err == nil && res == store.Busy && time.Now().Before(wait); {
-			time.Sleep(100 * time.Millisecond)
-			res, err = s.d.Store.Reserve(ctx, w.TenantID, id, est)
+			select {
+			case <-ctx.Done():
+				err = ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+				res, err = s.d.Store.Reserve(ctx, w.TenantID, id, est)
+			}
 		}
 		switch {
 		case err != nil:
@@ -295,8 +304,9 @@ func (s *Service) startPart(ctx context.Context, r *partsRun, p *diff.Part, id s
 	return true
 }
 
-// recordPart records how one call ended, with its ATTEMPT event, tried
-// until it is written or the worker stops: the call is paid for.
+// recordPart records how one call ended, with its ATTEMPT event, sent again
+// while it fails before reaching the database (the call is paid for), as
+// an attempt's record is.
 func (s *Service) recordPart(ctx context.Context, r *partsRun, pw *store.Work, id string, p *diff.Part,
 	reply *model.Reply, callErr error, out string, hasOutput bool, fail *gate.Failure) {
 	ctx = context.WithoutCancel(ctx)
@@ -315,7 +325,7 @@ func (s *Service) recordPart(ctx context.Context, r *partsRun, pw *store.Work, i
 	msg, err := s.attemptMsg(ctx, pw, s.attemptEvent(r.c, pw, id, oc, reply, callErr))
 	for i := 0; err == nil; i++ {
 		if err = s.d.Store.RecordPart(ctx, store.PartRecord{ID: id, Outcome: oc, Reason: reason, Raw: raw,
-			Outbox: []store.OutboxMsg{msg}}); err == nil || i == len(recordBackoff) {
+			Outbox: []store.OutboxMsg{msg}}); err == nil || !store.Unsent(err) || i == len(recordBackoff) {
 			break
 		}
 		time.Sleep(recordBackoff[i])
@@ -332,7 +342,7 @@ func (s *Service) recordPart(ctx context.Context, r *partsRun, pw *store.Work, i
 // accept keeps a part's accepted answer.
 func (r *partsRun) accept(p *diff.Part, acc *gate.Accepted) {
 	var doc map[string]any
-	dec := json.NewDecoder(strings.NewReader(string(acc.Output)))
+	dec := json.NewDecoder(bytes.NewReader(acc.Output))
 	dec.UseNumber()
 	if dec.Decode(&doc) != nil {
 		return // the gate re-encoded it; unreachable
@@ -358,10 +368,8 @@ func (r *partsRun) merged() ([]byte, error) {
 	var all []any
 	for _, fs := range r.findings {
 		for _, f := range fs {
-			key, _ := json.Marshal(f)
-			if m, ok := f.(map[string]any); ok {
-				key, _ = json.Marshal([]any{m["file"], m["line"], m["summary"]})
-			}
+			m, _ := f.(map[string]any) // the schema makes every finding an object
+			key, _ := json.Marshal([]any{m["file"], m["line"], m["summary"]})
 			if seen[string(key)] {
 				r.cov.Folded++
 				continue
@@ -427,11 +435,10 @@ func (s *Service) settleParts(ctx context.Context, r *partsRun, claimedAt time.T
 	case r.failed != nil:
 		// No whole repair: the part was asked again already.
 		a.hasOutput, a.fail, a.repairs = true, r.failed, s.cfg.MaxRepairs
-	case r.err != nil || r.reply != nil:
+	case r.err != nil:
+		// A call that brought no answer (output is false only with an
+		// error), or a database that did not answer.
 		a.err = r.err
-		if a.err == nil {
-			a.err = errors.New("the model answered nothing usable")
-		}
 	case len(r.cov.Reviewed) == 0:
 		return s.endUnreviewed(ctx, r)
 	default:

@@ -9,8 +9,8 @@ import (
 )
 
 // The parts' findings become one answer: a finding two parts both made is
-// kept once, and past the contract's cap the most severe are kept, in the
-// order the parts were reviewed.
+// kept once, and past the contract's cap the most severe are kept, most
+// severe first.
 func TestMergeParts(t *testing.T) {
 	t.Parallel()
 	f := func(file string, line int, sev string) map[string]any {
