@@ -205,24 +205,23 @@ func TestReviewInParts(t *testing.T) {
 	}
 }
 
-// The same diff under a cost cap that pays for about half its parts: a
-// partial review, accepted, that names the files it left, in a check run
-// that does not read as a pass; the calls cost no more than the cap.
-func TestReviewInPartsUnderACap(t *testing.T) {
-	t.Parallel()
-	const limit = 12000
-	b := partsCell(t, classifier.Config{WorkCostCap: limit})
+// partialReview submits the forty-file diff to b and checks what a partial
+// review stopped by why is: accepted, some parts and not all reviewed, one
+// call for each, and the files left exactly those of the parts not
+// reviewed. It returns the work, the files left and what the ledger
+// charged.
+func partialReview(t *testing.T, b *celltest.Bundle, source, why string) (v ingress.WorkView, left []string, cost int64) {
+	t.Helper()
 	text := largeDiff(40)
 	plan := planOf(t, text)
-	v := submitLarge(t, b, text, "acme/shop#42")
+	v = submitLarge(t, b, text, source)
 	if *v.Outcome != "accepted" {
 		t.Fatalf("outcome %s (%s), want accepted", *v.Outcome, v.Reason)
 	}
 	cv := coverageOf(t, v)
-	if !cv.Partial || len(cv.Reviewed) == 0 || len(cv.Reviewed) >= len(plan.Parts) || !strings.Contains(cv.Why, "cost cap") {
-		t.Fatalf("coverage %+v; want a partial review stopped by the cost cap", cv)
+	if !cv.Partial || len(cv.Reviewed) == 0 || len(cv.Reviewed) >= len(plan.Parts) || !strings.Contains(cv.Why, why) {
+		t.Fatalf("coverage %+v; want a partial review stopped by the %s", cv, why)
 	}
-	var left []string
 	for _, p := range plan.Parts[len(cv.Reviewed):] {
 		left = append(left, p.Files...)
 	}
@@ -231,9 +230,23 @@ func TestReviewInPartsUnderACap(t *testing.T) {
 		t.Errorf("left %v, want the files of the parts not reviewed %v", cv.Left, left)
 	}
 	calls, cost := callsAndLedger(t, b, v.WorkID)
-	t.Logf("cap %d µ$: %d of %d parts reviewed in %d calls, ledger %d µ$", limit, len(cv.Reviewed), len(plan.Parts), calls, cost)
-	if calls != len(cv.Reviewed) || cost > limit {
-		t.Errorf("calls %d for %d parts reviewed, cost %d against the cap %d", calls, len(cv.Reviewed), cost, limit)
+	t.Logf("%s: %d of %d parts reviewed in %d calls, ledger %d µ$", why, len(cv.Reviewed), len(plan.Parts), calls, cost)
+	if calls != len(cv.Reviewed) {
+		t.Errorf("calls %d for %d parts reviewed", calls, len(cv.Reviewed))
+	}
+	return v, left, cost
+}
+
+// The same diff under a cost cap that pays for a few of its parts: a
+// partial review, accepted, that names the files it left, in a check run
+// that does not read as a pass; the calls cost no more than the cap.
+func TestReviewInPartsUnderACap(t *testing.T) {
+	t.Parallel()
+	const limit = 12000
+	b := partsCell(t, classifier.Config{WorkCostCap: limit})
+	v, left, cost := partialReview(t, b, "acme/shop#42", "cost cap")
+	if cost > limit {
+		t.Errorf("ledger %d µ$ against the cap of %d µ$", cost, limit)
 	}
 	p := dryPlan(t, b, v.WorkID)
 	if p.CheckRun == nil || !strings.HasPrefix(p.CheckRun.Title, "Partial review") || p.CheckRun.Conclusion == "success" ||
@@ -276,19 +289,7 @@ func TestReviewInPartsWithinBudget(t *testing.T) {
 	if err := b.Cell.Env.Store.SetBudget(context.Background(), b.Tenant, &budget, "month"); err != nil {
 		t.Fatal(err)
 	}
-	text := largeDiff(40)
-	plan := planOf(t, text)
-	v := submitLarge(t, b, text, "acme/shop#44")
-	if *v.Outcome != "accepted" {
-		t.Fatalf("outcome %s (%s), want accepted", *v.Outcome, v.Reason)
-	}
-	cv := coverageOf(t, v)
-	if !cv.Partial || len(cv.Reviewed) == 0 || len(cv.Reviewed) >= len(plan.Parts) || !strings.Contains(cv.Why, "budget") {
-		t.Fatalf("coverage %+v; want a partial review stopped by the budget", cv)
-	}
-	calls, cost := callsAndLedger(t, b, v.WorkID)
-	t.Logf("budget %d µ$: %d of %d parts reviewed in %d calls, ledger %d µ$", budget, len(cv.Reviewed), len(plan.Parts), calls, cost)
-	if cost > budget {
+	if _, _, cost := partialReview(t, b, "acme/shop#44", "budget"); cost > budget {
 		t.Errorf("ledger %d µ$ over the budget of %d µ$", cost, budget)
 	}
 	if n := b.Count(t, `SELECT count(*) FROM budget_reservations WHERE settled_at IS NULL`); n != 0 {
