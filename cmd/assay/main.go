@@ -56,9 +56,10 @@ commands:
   tenants seed FILE      create many tenants and tokens from FILE: [{"id","homeRegion","token"}]
   tenant COMMAND         one tenant in this cell: add, list, rotate-token, suspend, resume,
                          set-budget, set-rate, set-weight, link, webhook-secret, callback,
-                         check-policy (assay tenant --help)
+                         check-policy, cost-cap (assay tenant --help)
   operator token COMMAND create, list, revoke the operator tokens that read the console (assay operator for help)
   work rerun ID          queue work that admission dropped again
+  work rest ID           review the rest of a partial review under its own --cost-cap
   work show ID           the whole story of one work item: row, attempts, ledger, decisions, messages
   work list              work by state, tenant, lane and time
   replay MODE            the retained streams: dump (JSON lines), revalidate (today's gate on
@@ -153,7 +154,7 @@ var subcommands = map[string][]string{
 	"tenant":   tenantVerbs,
 	"tenants":  {"seed"},
 	"operator": {"token"},
-	"work":     {"rerun", "show", "list"},
+	"work":     {"rerun", "rest", "show", "list"},
 	"replay":   {"dump", "revalidate", "redrive"},
 	"bench":    {"goodput", "pipeline", "parts"},
 	"usage":    {"reconcile"},

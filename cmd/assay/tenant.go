@@ -54,6 +54,11 @@ const tenantUsage = `usage: assay tenant <command> [args] [--region R --database
   check-policy ID advisory|blocking
                               advisory (the default): a check run never fails;
                               blocking: a blocking finding fails it
+  cost-cap ID MICROS|off      the most one of ID's work items may cost at its
+                              calls' estimates, in micro-dollars, over the
+                              cell's ASSAY_WORK_COST_CAP_MICROS and the
+                              contract's: a review in parts stops there and is
+                              published as a partial review
 
 Tenants are per cell: run each command against every cell, so that a cell
 can name the right region for a tenant homed elsewhere. A token file holds
@@ -66,9 +71,10 @@ Settings: --region (ASSAY_REGION) and --database-url (ASSAY_DATABASE_URL).
 // them, and tenantArgs how many arguments each takes.
 var (
 	tenantVerbs = []string{"add", "list", "rotate-token", "suspend", "resume", "set-budget", "set-rate", "set-weight",
-		"link", "webhook-secret", "callback", "check-policy"}
+		"link", "webhook-secret", "callback", "check-policy", "cost-cap"}
 	tenantArgs = map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1,
-		"set-rate": 1, "set-weight": 1, "link": 3, "webhook-secret": 1, "callback": 1, "check-policy": 2}
+		"set-rate": 1, "set-weight": 1, "link": 3, "webhook-secret": 1, "callback": 1, "check-policy": 2,
+		"cost-cap": 2}
 )
 
 // tenantCmd runs `assay tenant …` against the cell in ASSAY_DATABASE_URL.
@@ -247,8 +253,33 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 			return configError{fmt.Errorf("check-policy: %q is not advisory or blocking", pos[1])}
 		}
 		fmt.Fprintf(stdout, "tenant %s check runs are %s\n", pos[0], pos[1])
+	case "cost-cap":
+		micros, err := costCapArg(pos[1])
+		if err != nil {
+			return configError{err}
+		}
+		if err := st.SetWorkCostCap(ctx, pos[0], micros); err != nil {
+			return notFound(err)
+		}
+		if micros == 0 {
+			fmt.Fprintf(stdout, "tenant %s has no cost cap of its own\n", pos[0])
+			return nil
+		}
+		fmt.Fprintf(stdout, "tenant %s work items cost at most %d micro-dollars each at their estimates\n", pos[0], micros)
 	}
 	return nil
+}
+
+// costCapArg reads cost-cap's MICROS: a positive whole number, or off (0).
+func costCapArg(arg string) (int64, error) {
+	if arg == "off" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(arg, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("cost-cap: %q is not a positive number of micro-dollars or off", arg)
+	}
+	return n, nil
 }
 
 // tenantFlagError checks a tenant command's flags before the cell's

@@ -10,16 +10,23 @@ import (
 	"time"
 
 	"assay.dev/pkg/config"
+	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 	"assay.dev/services/ingress"
 )
 
 const workUsage = `usage: assay work rerun ID [--deadline D] [--region R --database-url URL]
+       assay work rest ID --cost-cap MICROS [--deadline D] [--region R --database-url URL]
        assay work show ID [--json] [--no-messages] [--answers] [--region R --database-url URL]
        assay work list [--state S,S] [--tenant T] [--lane L] [--since T] [--until T] [--limit N] [--after CURSOR] [--json]
 
   rerun ID      queue work that admission dropped again, with a new deadline
                 (default 10m); the cell's ingress announces it
+  rest ID       review the rest of a partial review (one its cost cap, its
+                tenant's budget or its deadline stopped) as new work of the
+                same revision under its own --cost-cap: the parts already
+                published are not reviewed or paid for again, and the rest
+                gets a check run and comments of its own
   show ID       the whole story of one work item: its row, trace, every attempt
                 with its answer's size and digest, its ledger rows, result,
                 outbox rows, redrives, publications (target, check run and
@@ -44,14 +51,16 @@ func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) > 0 && args[0] == "list" {
 		return workList(ctx, args[1:], stdout)
 	}
-	if len(args) == 0 || args[0] != "rerun" {
+	if len(args) == 0 || (args[0] != "rerun" && args[0] != "rest") {
 		return unknownSub("work", args)
 	}
-	fs := flag.NewFlagSet("assay work rerun", flag.ContinueOnError)
+	verb := args[0]
+	fs := flag.NewFlagSet("assay work "+verb, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	deadline := fs.Duration("deadline", 10*time.Minute, "how long the work may take from now")
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
 	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
+	costCap := fs.Int64("cost-cap", 0, "the rest's cap on its calls' estimated cost, micro-dollars")
 	var pos []string
 	for rest := args[1:]; len(rest) > 0; {
 		if err := fs.Parse(rest); err != nil {
@@ -62,10 +71,16 @@ func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 	}
 	if len(pos) != 1 {
-		return configError{fmt.Errorf("work rerun takes one work id, got %d\n%s", len(pos), workUsage)}
+		return configError{fmt.Errorf("work %s takes one work id, got %d\n%s", verb, len(pos), workUsage)}
 	}
 	if *deadline <= 0 {
 		return configError{fmt.Errorf("--deadline: %s is not a positive duration", *deadline)}
+	}
+	if verb == "rest" && *costCap <= 0 {
+		return configError{fmt.Errorf("work rest needs --cost-cap, a positive number of micro-dollars (the partial review's check run gives what the parts left are estimated at)")}
+	}
+	if verb == "rerun" && *costCap != 0 {
+		return configError{fmt.Errorf("--cost-cap is for work rest")}
 	}
 	cfg, err := config.Load("assay work", []string{"--region", *region, "--database-url", *dbURL}, regionsOnly, config.Need{})
 	if err != nil {
@@ -76,6 +91,9 @@ func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer st.Close()
+	if verb == "rest" {
+		return workRest(ctx, st, pos[0], *costCap, time.Now().Add(*deadline), cfg.Names(), *region, stdout)
+	}
 	w, err := st.Rerun(ctx, pos[0], time.Now().Add(*deadline), ingress.Announce(ctx, cfg.Names()))
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("no work %q in region %s's database", pos[0], *region)
@@ -84,5 +102,26 @@ func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "work %s queued again (dispatch %d, deadline %s)\n", w.ID, w.Dispatch, w.DeadlineAt.UTC().Format(time.RFC3339))
+	return nil
+}
+
+// workRest queues the rest of a partial review: new work of the same
+// revision under its own cost cap, which reviews the parts the review
+// left and publishes them as a check run and comments of its own.
+func workRest(ctx context.Context, st *store.Store, id string, costCap int64, deadline time.Time, names event.Names,
+	region string, stdout io.Writer) error {
+	w, created, err := st.ReviewRest(ctx, id, costCap, deadline, ingress.WorkID, ingress.Announce(ctx, names))
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("no work %q in region %s's database", id, region)
+	}
+	if err != nil {
+		return err
+	}
+	if !created {
+		fmt.Fprintf(stdout, "the rest of %s is already queued as work %s (%s); nothing new was made\n", id, w.ID, w.State)
+		return nil
+	}
+	fmt.Fprintf(stdout, "the rest of %s queued as work %s (revision %s, cost cap %d micro-dollars, deadline %s)\n",
+		id, w.ID, w.Revision, costCap, w.DeadlineAt.UTC().Format(time.RFC3339))
 	return nil
 }

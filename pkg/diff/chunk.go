@@ -298,4 +298,12 @@ type Coverage struct {
 	// findings past the contract's cap, least severe first.
 	Folded  int `json:"folded,omitempty"`
 	Dropped int `json:"dropped,omitempty"`
+	// Earlier are the parts a review this one continues had reviewed and
+	// published, and Of that review's first work: a continuation neither
+	// reviews nor shows them again.
+	Earlier []string `json:"earlier,omitempty"`
+	Of      string   `json:"of,omitempty"`
+	// LeftCost is what the parts left would cost at their estimates, in
+	// micro-dollars: the cap a continuation needs to review them all.
+	LeftCost int64 `json:"leftCost,omitempty"`
 }

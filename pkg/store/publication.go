@@ -105,6 +105,9 @@ func PullSourceOf(w *Work, d *PublishDelivery, links []Link) (PullSource, error)
 		return p, fmt.Errorf("store: work %s source %q: %w", w.ID, w.SourceID, ErrNoPullSource)
 	}
 	p = PullSource{Owner: owner, Repo: name, Number: n, HeadSHA: w.Revision}
+	if w.RestOf != "" {
+		p.HeadSHA = HeadRevision(w.Revision)
+	}
 	if d != nil {
 		p.Webhook, p.Installation, p.BaseSHA = true, d.Installation, d.BaseSHA
 		return p, nil
@@ -230,13 +233,14 @@ const publishFactsSQL = `SELECT ` + workColumns + `,
 			coalesce((SELECT check_policy FROM tenants t WHERE t.id = work.tenant_id), 'advisory'),
 			(SELECT url FROM tenant_callbacks c WHERE c.tenant_id = work.tenant_id),
 			(SELECT secret FROM tenant_callbacks c WHERE c.tenant_id = work.tenant_id),
-			(SELECT coalesce(installation_id, 0) FROM webhook_deliveries d WHERE d.work_id = work.id
+			(SELECT coalesce(installation_id, 0) FROM webhook_deliveries d WHERE d.work_id = coalesce(work.rest_of, work.id)
 				ORDER BY installation_id IS NULL, received_at LIMIT 1),
-			(SELECT coalesce(base_sha, '') FROM webhook_deliveries d WHERE d.work_id = work.id
+			(SELECT coalesce(base_sha, '') FROM webhook_deliveries d WHERE d.work_id = coalesce(work.rest_of, work.id)
 				ORDER BY installation_id IS NULL, received_at LIMIT 1),
-			CASE WHEN NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.work_id = work.id) THEN
+			CASE WHEN NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.work_id = coalesce(work.rest_of, work.id)) THEN
 				(SELECT coalesce(json_agg(json_build_object('key', key, 'repositories', repositories) ORDER BY key), '[]')
-				FROM tenant_sources WHERE kind = 'github_installation' AND tenant_id = work.tenant_id) END
+				FROM tenant_sources WHERE kind = 'github_installation' AND tenant_id = work.tenant_id) END,
+			coalesce(work.rest_of, '')
 		FROM work`
 
 func scanPublishFacts(row pgx.Row) (PublishFacts, error) {
@@ -244,11 +248,12 @@ func scanPublishFacts(row pgx.Row) (PublishFacts, error) {
 	var cbURL, cbSecret, base *string
 	var inst *int64
 	var links []byte
-	w, err := scanWorkWith(row, &f.Output, &f.Coverage, &f.CheckPolicy, &cbURL, &cbSecret, &inst, &base, &links)
+	var restOf string
+	w, err := scanWorkWith(row, &f.Output, &f.Coverage, &f.CheckPolicy, &cbURL, &cbSecret, &inst, &base, &links, &restOf)
 	if err != nil {
 		return f, err
 	}
-	f.Work = w
+	f.Work, w.RestOf = w, restOf
 	if cbURL != nil && cbSecret != nil {
 		f.Callback = &Callback{URL: *cbURL, Secret: *cbSecret}
 	}

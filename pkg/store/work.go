@@ -59,6 +59,10 @@ type Work struct {
 	// or "check:<id>" for an item of a rollout check. Shadow work is never
 	// published and opens no review item; its calls are ledgered, marked.
 	ShadowOf string
+	// RestOf, where it is read (PublishFacts), names the work whose partial
+	// review this work continues; its revision is that one's with
+	// "+rest<n>" after it.
+	RestOf string `json:"-"`
 
 	// SupersedeOlder, on insert, ends the same source's other revisions
 	// that have not reached an outcome as superseded (a force-push). With

@@ -126,11 +126,15 @@ type partsRun struct {
 	probe     bool
 	progress  func()
 
-	calls    int
-	spent    int64
-	cov      diff.Coverage
-	findings [][]any // each reviewed part's findings, in review order
-	doc      map[string]any
+	calls int
+	spent int64
+	// limit is the work's cost cap (0: none); published the parts a review
+	// it continues published, which it neither reviews nor merges.
+	limit     int64
+	published []string
+	cov       diff.Coverage
+	findings  [][]any // each reviewed part's findings, in review order
+	doc       map[string]any
 	// What ended the calls early: a call without an answer (err, reply),
 	// a part that failed the gate twice (failed, naming it), a lease gone
 	// (lost), or a reason the parts left were not reviewed (stop).
@@ -155,6 +159,14 @@ func (s *Service) reviewInParts(ctx context.Context, r *partsRun, permit *served
 			s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", r.attemptID, "err", err)
 		}
 	}
+	r.cov = diff.Coverage{Parts: len(r.pp.plan.Parts), Skipped: r.pp.plan.Skipped, Reviewed: []string{}, Files: []string{}}
+	facts, err := s.d.Store.PartsFacts(ctx, w.ID)
+	if err != nil {
+		// Without its cap or what was published before, the work is not
+		// reviewed on this lease.
+		r.err = err
+	}
+	r.limit, r.published, r.cov.Of = s.costCap(r.c, facts), facts.Published, facts.RestOf
 	earlier, err := s.d.Store.PartAnswers(ctx, w.ID)
 	if err != nil {
 		s.d.Log.Warn("reading earlier parts' answers failed; the parts are asked again", "key", w.ID, "err", err)
@@ -163,9 +175,15 @@ func (s *Service) reviewInParts(ctx context.Context, r *partsRun, permit *served
 	for _, a := range earlier {
 		reused[a.Part] = a.Raw
 	}
-	r.cov = diff.Coverage{Parts: len(r.pp.plan.Parts), Skipped: r.pp.plan.Skipped, Reviewed: []string{}, Files: []string{}}
 	for i := range r.pp.plan.Parts {
 		p := &r.pp.plan.Parts[i]
+		if r.err != nil {
+			break
+		}
+		if slices.Contains(r.published, p.ID) {
+			r.cov.Earlier = append(r.cov.Earlier, p.ID)
+			continue
+		}
 		if !s.reviewPart(ctx, r, p, reused[p.ID]) {
 			break
 		}
@@ -237,9 +255,9 @@ func (s *Service) reviewPart(ctx context.Context, r *partsRun, p *diff.Part, ear
 // work's cost cap or its deadline; end is the work's outcome should nothing
 // have been reviewed.
 func (s *Service) room(r *partsRun, est int64) (why, end string) {
-	if limit := s.costCap(r.c); limit > 0 && r.spent+est > limit {
+	if r.limit > 0 && r.spent+est > r.limit {
 		return fmt.Sprintf("the work's cost cap of %d micro-dollars was reached (%d spent, the next part estimated at %d)",
-			limit, r.spent, est), outcome.BudgetExhausted
+			r.limit, r.spent, est), outcome.BudgetExhausted
 	}
 	if left := time.Until(r.w.DeadlineAt); left < s.timeNeeded() {
 		return "the work's deadline was near: " + shortOfTime(left, s.timeNeeded()), outcome.Expired
@@ -248,9 +266,10 @@ func (s *Service) room(r *partsRun, est int64) (why, end string) {
 }
 
 // costCap is the most a work item's calls may cost at their estimates: the
-// cell's setting, else its contract's; 0 for none.
-func (s *Service) costCap(c *contract.Contract) int64 {
-	return cmp.Or(s.cfg.WorkCostCap, c.CostCapMicros)
+// work's own cap (a continuation's), else its tenant's, else the cell's
+// setting, else its contract's; 0 for none.
+func (s *Service) costCap(c *contract.Contract, f store.PartsFacts) int64 {
+	return cmp.Or(f.CostCap, f.TenantCostCap, s.cfg.WorkCostCap, c.CostCapMicros)
 }
 
 // partBudgetWait is how long a part's call waits for its tenant's budget
@@ -419,14 +438,18 @@ func (s *Service) settleParts(ctx context.Context, r *partsRun, claimedAt time.T
 	if w.OutputCap == 0 {
 		a.raisedCap = 2 * s.cfg.MaxOutputUnits
 	}
-	r.cov.Partial = len(r.cov.Reviewed) < r.cov.Parts
+	r.cov.Partial = len(r.cov.Reviewed)+len(r.cov.Earlier) < r.cov.Parts
 	r.cov.Why = r.stop
-	for _, p := range r.pp.plan.Parts {
-		if !slices.Contains(r.cov.Reviewed, p.ID) {
-			for _, f := range p.Files {
-				if !slices.Contains(r.cov.Left, f) {
-					r.cov.Left = append(r.cov.Left, f)
-				}
+	for i := range r.pp.plan.Parts {
+		p := &r.pp.plan.Parts[i]
+		if slices.Contains(r.cov.Reviewed, p.ID) || slices.Contains(r.cov.Earlier, p.ID) {
+			continue
+		}
+		pw := r.pp.work(w, p)
+		r.cov.LeftCost += s.estimate(c, &pw, len(pw.Input))
+		for _, f := range p.Files {
+			if !slices.Contains(r.cov.Left, f) {
+				r.cov.Left = append(r.cov.Left, f)
 			}
 		}
 	}

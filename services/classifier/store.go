@@ -30,6 +30,7 @@ type Store interface {
 	StartPart(ctx context.Context, p store.PartCall) (bool, error)
 	RecordPart(ctx context.Context, r store.PartRecord) error
 	PartAnswers(ctx context.Context, workID string) ([]store.PartAnswer, error)
+	PartsFacts(ctx context.Context, id string) (store.PartsFacts, error)
 	SetWholeAnswer(ctx context.Context, attemptID, token string, answer, coverage []byte) (bool, error)
 	// Prompt reads a rollout's prompt by its digest.
 	Prompt(ctx context.Context, digest string) (string, error)

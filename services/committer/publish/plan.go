@@ -31,7 +31,8 @@ type Plan struct {
 	// Comments are review comments at file and line, one per accepted
 	// finding.
 	Comments []Comment `json:"comments,omitempty"`
-	// Rerun is the body of the one pull request comment of dropped work.
+	// Rerun is the body of the one pull request comment of dropped work,
+	// or of a partial review: what happened and the command to run.
 	Rerun string `json:"rerun,omitempty"`
 }
 
@@ -88,8 +89,10 @@ type Input struct {
 	// Policy is the tenant's check policy: store.CheckAdvisory or
 	// store.CheckBlocking.
 	Policy string
-	// Rerun is the command that runs dropped work again.
+	// Rerun is the command that runs dropped work again; Rest the one that
+	// reviews the rest of a partial review (without its cost cap).
 	Rerun  string
+	Rest   string
 	Source store.PullSource
 	// Coverage is what a review in parts covered; nil for a review whole.
 	Coverage *diff.Coverage
@@ -97,7 +100,8 @@ type Input struct {
 
 // Decide says what an outcome publishes. Only accepted work gets review
 // comments; superseded and expired work gets a check run that says so;
-// dropped work gets one comment with its rerun command and no check run.
+// dropped work gets one comment with its rerun command and no check run,
+// and a partial review one comment with the command that reviews the rest.
 func Decide(in Input) Plan {
 	p := Plan{WorkID: in.WorkID, Outcome: in.Outcome, HeadSHA: in.Source.HeadSHA, Number: in.Source.Number}
 	if in.Source.Owner != "" {
@@ -132,6 +136,12 @@ func Decide(in Input) Plan {
 		}
 		if cv := in.Coverage; cv != nil {
 			partial(c, cv)
+			if cv.Partial {
+				// One comment on the pull request says the review is
+				// partial and how to have the rest reviewed.
+				p.Rerun = restNote(cv, in.Rest)
+				c.Summary += "\n\n" + restCommand(cv, in.Rest)
+			}
 		}
 		p.CheckRun = c
 	case outcome.Superseded:
@@ -164,12 +174,16 @@ func Decide(in Input) Plan {
 func partial(c *CheckRun, cv *diff.Coverage) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "The diff was reviewed in %d parts, one model call each.", cv.Parts)
+	if len(cv.Earlier) > 0 {
+		fmt.Fprintf(&b, " This review continues that of work %s: its parts %s were reviewed and published there and are not shown again; this one reviewed %s.",
+			cv.Of, strings.Join(cv.Earlier, ", "), idsOr(cv.Reviewed))
+	}
 	if cv.Partial {
 		if c.Conclusion == "success" {
 			c.Conclusion, c.Title = "neutral", "No findings in the part reviewed"
 		}
 		c.Title = "Partial review: " + c.Title
-		fmt.Fprintf(&b, " This is a partial review: %d of the %d parts were reviewed, because %s.", len(cv.Reviewed), cv.Parts, cv.Why)
+		fmt.Fprintf(&b, " This is a partial review: %d of the %d parts were reviewed, because %s.", len(cv.Reviewed)+len(cv.Earlier), cv.Parts, cv.Why)
 		fmt.Fprintf(&b, "\n\nReviewed (%d): %s\n\nNot reviewed (%d): %s", len(cv.Files), files(cv.Files), len(cv.Left), files(cv.Left))
 	}
 	if len(cv.Skipped) > 0 {
@@ -186,6 +200,34 @@ func partial(c *CheckRun, cv *diff.Coverage) {
 		fmt.Fprintf(&b, "\n\n%s beyond the contract's cap are not shown (the least severe).", findings(cv.Dropped))
 	}
 	c.Summary += "\n\n" + b.String()
+}
+
+// restCommand is the command that reviews what a partial review left, with
+// the cost cap its parts left are estimated at.
+func restCommand(cv *diff.Coverage, rest string) string {
+	cmd := rest
+	if cv.LeftCost > 0 {
+		cmd = fmt.Sprintf("%s --cost-cap %d", rest, cv.LeftCost)
+	}
+	return fmt.Sprintf("To have the rest reviewed (the parts left are estimated at %s), ask an operator to run:\n\n    %s",
+		dollars(cv.LeftCost), cmd)
+}
+
+// restNote is the one comment a partial review posts on its pull request.
+func restNote(cv *diff.Coverage, rest string) string {
+	return fmt.Sprintf("assay reviewed this pull request only in part: %d of its %d parts, because %s. Not reviewed (%d): %s\n\n%s",
+		len(cv.Reviewed)+len(cv.Earlier), cv.Parts, cv.Why, len(cv.Left), files(cv.Left), restCommand(cv, rest))
+}
+
+// dollars writes micro-dollars as dollars.
+func dollars(micros int64) string { return fmt.Sprintf("$%.4f", float64(micros)/1e6) }
+
+// idsOr lists part ids, "none" for none.
+func idsOr(ids []string) string {
+	if len(ids) == 0 {
+		return "none"
+	}
+	return strings.Join(ids, ", ")
 }
 
 // files lists paths for a summary, the first 50 of them.

@@ -68,6 +68,10 @@ type Config struct {
 	GitHub *GitHub
 	// Rerun is the command that runs dropped work again. Required.
 	Rerun func(workID string) string
+	// Rest is the command that reviews the rest of a partial review,
+	// without its --cost-cap. Default "assay work rest <id> --region
+	// <region>".
+	Rest func(workID string) string
 	// Deadline is how long an outcome's publication to a target is tried
 	// before it is failed, from its first try. Default a day.
 	Deadline time.Duration
@@ -100,6 +104,9 @@ type Config struct {
 }
 
 func (c *Config) defaults() error {
+	if c.Rest == nil {
+		c.Rest = func(id string) string { return fmt.Sprintf("assay work rest %s --region %s", id, c.Region) }
+	}
 	if c.Rerun == nil {
 		return errors.New("publish: Rerun is required")
 	}
@@ -489,7 +496,7 @@ func (p *Publisher) count(ctx context.Context, target, result string) {
 
 // plan gathers what Decide needs.
 func (p *Publisher) plan(w *store.Work, src store.PullSource, f store.PublishFacts) Plan {
-	in := Input{WorkID: w.ID, Outcome: w.State, Reason: w.Reason, Source: src, Rerun: p.cfg.Rerun(w.ID)}
+	in := Input{WorkID: w.ID, Outcome: w.State, Reason: w.Reason, Source: src, Rerun: p.cfg.Rerun(w.ID), Rest: p.cfg.Rest(w.ID)}
 	if w.State == outcome.Accepted {
 		in.Findings = Findings(f.Output)
 		in.Policy = f.CheckPolicy

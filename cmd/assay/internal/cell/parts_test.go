@@ -3,6 +3,7 @@ package cell_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/diff"
+	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 	"assay.dev/services/classifier"
 	"assay.dev/services/committer/publish"
@@ -237,13 +239,22 @@ func partialReview(t *testing.T, b *celltest.Bundle, source, why string) (v ingr
 	return v, left, cost
 }
 
-// The same diff under a cost cap that pays for a few of its parts: a
-// partial review, accepted, that names the files it left, in a check run
-// that does not read as a pass; the calls cost no more than the cap.
+// The same diff under its tenant's cost cap, which pays for a few of its
+// parts (the cell's larger cap gives way to it): a partial review,
+// accepted, that names the files it left, in a check run that does not
+// read as a pass and one comment with the command that reviews the rest;
+// the calls cost no more than the cap. The rest, asked for twice with the
+// cap the comment gives, is one work item that calls only for the parts
+// left and publishes only their findings: every part reviewed once, every
+// finding published once, calls = ledger rows over both.
 func TestReviewInPartsUnderACap(t *testing.T) {
 	t.Parallel()
 	const limit = 12000
-	b := partsCell(t, classifier.Config{WorkCostCap: limit})
+	b := partsCell(t, classifier.Config{WorkCostCap: 10 * limit})
+	ctx := context.Background()
+	if err := b.Cell.Env.Store.SetWorkCostCap(ctx, b.Tenant, limit); err != nil {
+		t.Fatal(err)
+	}
 	v, left, cost := partialReview(t, b, "acme/shop#42", "cost cap")
 	if cost > limit {
 		t.Errorf("ledger %d µ$ against the cap of %d µ$", cost, limit)
@@ -252,6 +263,64 @@ func TestReviewInPartsUnderACap(t *testing.T) {
 	if p.CheckRun == nil || !strings.HasPrefix(p.CheckRun.Title, "Partial review") || p.CheckRun.Conclusion == "success" ||
 		!strings.Contains(p.CheckRun.Summary, left[len(left)-1]) {
 		t.Errorf("check run %+v; want a partial review naming %s", p.CheckRun, left[len(left)-1])
+	}
+	cv := coverageOf(t, v)
+	command := fmt.Sprintf("assay work rest %s --region us --cost-cap %d", v.WorkID, cv.LeftCost)
+	if cv.LeftCost <= 0 || !strings.Contains(p.Rerun, "only in part") || !strings.Contains(p.Rerun, command) ||
+		!strings.Contains(p.CheckRun.Summary, command) {
+		t.Fatalf("comment %q, check run %q; want both to give %q", p.Rerun, p.CheckRun.Summary, command)
+	}
+
+	deadline := time.Now().Add(2 * time.Minute)
+	rest, created, err := b.Cell.Env.Store.ReviewRest(ctx, v.WorkID, cv.LeftCost, deadline, ingress.WorkID, ingress.Announce(ctx, b.Names()))
+	if err != nil || !created || rest.Revision != strings.Repeat("ab", 20)+"+rest1" {
+		t.Fatalf("rest: %+v created %v, %v; want new work of revision …+rest1", rest, created, err)
+	}
+	if again, created, err := b.Cell.Env.Store.ReviewRest(ctx, v.WorkID, cv.LeftCost, deadline, ingress.WorkID,
+		ingress.Announce(ctx, b.Names())); err == nil && !again.Terminal() && (created || again.ID != rest.ID) {
+		t.Fatalf("the rest asked for again while it runs: %s created %v, want %s", again.ID, created, rest.ID)
+	}
+	rv := b.Wait(t, rest.ID)
+	if *rv.Outcome != "accepted" {
+		t.Fatalf("rest outcome %s (%s), want accepted", *rv.Outcome, rv.Reason)
+	}
+	rcv := coverageOf(t, rv)
+	if rcv.Partial || rcv.Of != v.WorkID || !slices.Equal(rcv.Earlier, cv.Reviewed) || len(rcv.Reviewed)+len(cv.Reviewed) != cv.Parts {
+		t.Fatalf("rest coverage %+v; want the %d parts the first left, after its %v", rcv, cv.Parts-len(cv.Reviewed), cv.Reviewed)
+	}
+	if n := b.Count(t, `SELECT count(*) FROM work WHERE rest_of = $1`, v.WorkID); n != 1 {
+		t.Errorf("%d continuations, want 1", n)
+	}
+	calls := b.Count(t, `SELECT count(*) FROM attempts WHERE work_id = $1 AND call IS NOT NULL`, rest.ID)
+	if calls != len(rcv.Reviewed) {
+		t.Errorf("rest calls %d for its %d parts", calls, len(rcv.Reviewed))
+	}
+	b.WaitLedger(t, b.Tenant, cv.Parts)
+	if n := b.Calls(b.Tenant); int(n) != cv.Parts {
+		t.Errorf("model calls %d over both, want one per part (%d)", n, cv.Parts)
+	}
+	var restCost int64
+	if err := b.DB.QueryRow(ctx, `SELECT coalesce(sum(cost_micros), 0) FROM ledger WHERE work_id = $1`, rest.ID).Scan(&restCost); err != nil {
+		t.Fatal(err)
+	}
+	if restCost > cv.LeftCost {
+		t.Errorf("the rest cost %d µ$ against its cap of %d µ$", restCost, cv.LeftCost)
+	}
+	rp := dryPlan(t, b, rest.ID)
+	if rp.CheckRun == nil || strings.HasPrefix(rp.CheckRun.Title, "Partial") || !strings.Contains(rp.CheckRun.Summary, "continues that of work "+v.WorkID) || rp.Rerun != "" {
+		t.Errorf("rest check run %+v, comment %q; want a whole review that says what it continues", rp.CheckRun, rp.Rerun)
+	}
+	at := map[string]int{}
+	for _, c := range append(p.Comments, rp.Comments...) {
+		at[fmt.Sprintf("%s:%d", c.Path, c.Line)]++
+	}
+	if len(at) != 14 || len(p.Comments)+len(rp.Comments) != 14 {
+		t.Errorf("comments %d and %d at %v; want the 14 findings, each published once", len(p.Comments), len(rp.Comments), at)
+	}
+	t.Logf("rest: %d parts in %d calls, %d µ$ of its cap of %d µ$; comments %d then %d", len(rcv.Reviewed), calls, restCost,
+		cv.LeftCost, len(p.Comments), len(rp.Comments))
+	if _, _, err := b.Cell.Env.Store.ReviewRest(ctx, rest.ID, 1000, deadline, ingress.WorkID, ingress.Announce(ctx, b.Names())); !errors.Is(err, store.ErrNotPartial) {
+		t.Errorf("a rest once every part is reviewed: %v, want ErrNotPartial", err)
 	}
 }
 
@@ -294,5 +363,39 @@ func TestReviewInPartsWithinBudget(t *testing.T) {
 	}
 	if n := b.Count(t, `SELECT count(*) FROM budget_reservations WHERE settled_at IS NULL`); n != 0 {
 		t.Errorf("%d reservations left unsettled", n)
+	}
+}
+
+// A batch-lane review whose diff is over one part is not made a line of a
+// provider batch, whose one request would carry the diff whole: it is
+// reviewed in parts, a call each, and no provider batch is formed.
+func TestReviewInPartsInTheBatchLane(t *testing.T) {
+	t.Parallel()
+	b := celltest.Setup(t, cell.Options{Prices: batchPrices,
+		Classifier: classifier.Config{ProviderBatch: providerBatch(10), PartUnits: partUnits}})
+	text := largeDiff(40)
+	plan := planOf(t, text)
+	in, _ := json.Marshal(map[string]string{"diff": text, "title": "a large change"})
+	status, r := b.Submit(t, ingress.SubmitRequest{Contract: "code-review", SourceID: "acme/shop#45",
+		Revision: strings.Repeat("cd", 20), Lane: event.Batch, Input: in})
+	if status >= 300 {
+		t.Fatalf("submit: status %d", status)
+	}
+	v := b.Wait(t, r.WorkID)
+	if *v.Outcome != "accepted" {
+		t.Fatalf("outcome %s (%s), want accepted", *v.Outcome, v.Reason)
+	}
+	if cv := coverageOf(t, v); cv.Partial || len(cv.Reviewed) != len(plan.Parts) {
+		t.Errorf("coverage %+v; want all %d parts reviewed", cv, len(plan.Parts))
+	}
+	if calls, _ := callsAndLedger(t, b, v.WorkID); calls != len(plan.Parts) {
+		t.Errorf("calls = %d, want one per part (%d)", calls, len(plan.Parts))
+	}
+	rows, err := b.Cell.Env.Store.ProviderBatches(context.Background(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 0 {
+		t.Errorf("provider batches %+v, want none", rows)
 	}
 }
