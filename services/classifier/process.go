@@ -47,8 +47,9 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	if !ok {
 		return disp
 	}
-	if s.batches != nil && j.w.Lane == event.Batch {
-		// Sent as a line of a provider batch: no permit, no call here.
+	if s.batches != nil && j.w.Lane == event.Batch && s.partsOf(j.c, j.w) == nil {
+		// Sent as a line of a provider batch: no permit, no call here. A
+		// diff over one part is not a line: it is reviewed in parts here.
 		return s.batches.enqueue(ctx, j.w, j.budgeted, j.c)
 	}
 	// A permit from the cell's limiter before anything is held: waiting here
