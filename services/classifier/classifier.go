@@ -537,14 +537,6 @@ func (s *Service) backoff(attempt int) time.Duration {
 	return time.Duration(n.Int64())
 }
 
-// FromEnv fills the budget and admission settings from the environment:
-// ASSAY_PRICE_TABLE (a price table file), ASSAY_MAX_OUTPUT_UNITS,
-// ASSAY_BUDGET_BYTES_PER_UNIT, ASSAY_MODEL_MAX_CONCURRENCY (the ceiling),
-// ASSAY_MODEL_CONCURRENCY (adaptive or fixed), the retry bounds
-// ASSAY_MAX_ATTEMPTS and ASSAY_MAX_REPAIRS, and the timings
-// ASSAY_CALL_TIMEOUT, ASSAY_LEASE_TTL, ASSAY_ACK_WAIT and
-// ASSAY_HANDOFF_TTL, and the provider batch settings
-// (ASSAY_PROVIDER_BATCH…). Errors name the variable.
 // Vars are the settings FromEnv reads, for the classifier's help.
 var Vars = append([]config.Var{
 	{Name: "ASSAY_MODEL_CONCURRENCY", Default: "adaptive", Usage: "adaptive, or fixed at ASSAY_MODEL_MAX_CONCURRENCY"},
@@ -563,6 +555,14 @@ var Vars = append([]config.Var{
 	{Name: "ASSAY_WORK_COST_CAP_MICROS", Default: "the contract's (none)", Usage: "micro-dollars one work item's calls may cost at their estimates; a review in parts stops there, a partial review"},
 }, append(batchVars, circuitVars...)...)
 
+// FromEnv fills the budget and admission settings from the environment:
+// ASSAY_PRICE_TABLE (a price table file), ASSAY_MAX_OUTPUT_UNITS,
+// ASSAY_BUDGET_BYTES_PER_UNIT, ASSAY_MODEL_MAX_CONCURRENCY (the ceiling),
+// ASSAY_MODEL_CONCURRENCY (adaptive or fixed), the retry bounds
+// ASSAY_MAX_ATTEMPTS and ASSAY_MAX_REPAIRS, and the timings
+// ASSAY_CALL_TIMEOUT, ASSAY_LEASE_TTL, ASSAY_ACK_WAIT and
+// ASSAY_HANDOFF_TTL, and the provider batch settings
+// (ASSAY_PROVIDER_BATCH…). Errors name the variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
 	for _, n := range []struct {
 		name     string

@@ -84,9 +84,6 @@ type Config struct {
 	SetAside store.SetAsidePolicy
 }
 
-// FromEnv fills ASSAY_ACK_WAIT (the RESULT consumer's ack wait),
-// ASSAY_COMMITTER_REAP_EVERY and ASSAY_COMMITTER_REAP_GRACE (Go durations)
-// from the environment. Errors name the variable.
 // Vars are the settings FromEnv reads, for the committer's help.
 var Vars = []config.Var{
 	{Name: "ASSAY_ACK_WAIT", Default: "30s", Usage: "the RESULT consumer's ack wait"},
@@ -98,7 +95,11 @@ var Vars = []config.Var{
 	{Name: "ASSAY_GITHUB_APP_KEY_FILE", Default: "none", Usage: "the GitHub App's private key (PEM); required with ASSAY_GITHUB_APP_ID"},
 }
 
-// FromEnv also reads ASSAY_PUBLISH_DEADLINE and the GitHub App settings:
+// FromEnv fills ASSAY_ACK_WAIT (the RESULT consumer's ack wait),
+// ASSAY_COMMITTER_REAP_EVERY and ASSAY_COMMITTER_REAP_GRACE (Go durations)
+// from the environment. Errors name the variable.
+//
+// It also reads ASSAY_PUBLISH_DEADLINE and the GitHub App settings:
 // ASSAY_GITHUB_APP_ID (a positive integer), ASSAY_GITHUB_APP_KEY_FILE (a
 // PEM RSA key, required with the id) and ASSAY_GITHUB_API_URL.
 func (c *Config) FromEnv(getenv func(string) string) error {

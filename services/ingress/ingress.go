@@ -232,13 +232,6 @@ func (c *Config) defaults() error {
 // schema's cap on a diff.
 const MaxDiffCeiling = 8 << 20
 
-// FromEnv fills the settings an operator sets from the environment:
-// ASSAY_INTERACTIVE_DEADLINE and ASSAY_BATCH_DEADLINE (Go durations, e.g.
-// 10m), the sweeper's ASSAY_SWEEP_EVERY, ASSAY_SWEEP_QUEUED_FOR and
-// ASSAY_SWEEP_LEASE_GRACE, and the GitHub settings ASSAY_GITHUB_WEBHOOK_SECRET,
-// ASSAY_GITHUB_API_URL, ASSAY_GITHUB_APP_ID and ASSAY_GITHUB_APP_KEY_FILE
-// (the App that reads diffs) or, for a single tenant, ASSAY_GITHUB_TOKEN.
-// Errors name the variable.
 // Vars are the settings FromEnv reads, for ingress's help.
 var Vars = []config.Var{
 	{Name: "ASSAY_INTERACTIVE_DEADLINE", Default: "10m", Usage: "deadline of interactive work without its own"},
@@ -263,6 +256,13 @@ var Vars = []config.Var{
 	shedVars[0], shedVars[1], shedVars[2], shedVars[3], shedVars[4], shedVars[5],
 }
 
+// FromEnv fills the settings an operator sets from the environment:
+// ASSAY_INTERACTIVE_DEADLINE and ASSAY_BATCH_DEADLINE (Go durations, e.g.
+// 10m), the sweeper's ASSAY_SWEEP_EVERY, ASSAY_SWEEP_QUEUED_FOR and
+// ASSAY_SWEEP_LEASE_GRACE, and the GitHub settings ASSAY_GITHUB_WEBHOOK_SECRET,
+// ASSAY_GITHUB_API_URL, ASSAY_GITHUB_APP_ID and ASSAY_GITHUB_APP_KEY_FILE
+// (the App that reads diffs) or, for a single tenant, ASSAY_GITHUB_TOKEN.
+// Errors name the variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
 	const week = 7 * 24 * time.Hour
 	if err := config.Durations(getenv,

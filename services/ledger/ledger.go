@@ -50,9 +50,6 @@ type Config struct {
 	ReapHorizon time.Duration
 }
 
-// FromEnv fills the settings an operator sets from the environment:
-// ASSAY_ACK_WAIT (the consumer's), ASSAY_LEDGER_REAP_EVERY and
-// ASSAY_LEDGER_REAP_GRACE, as Go durations. Errors name the variable.
 // Vars are the settings FromEnv reads, for the ledger's help.
 var Vars = []config.Var{
 	{Name: "ASSAY_ACK_WAIT", Default: "30s", Usage: "the ATTEMPT consumer's ack wait"},
@@ -61,6 +58,9 @@ var Vars = []config.Var{
 	{Name: "ASSAY_PRICE_TABLE", Default: "every model at 0.15/0.60 $/M units", Usage: "JSON price table file the ledger prices attempts with"},
 }
 
+// FromEnv fills the settings an operator sets from the environment:
+// ASSAY_ACK_WAIT (the consumer's), ASSAY_LEDGER_REAP_EVERY and
+// ASSAY_LEDGER_REAP_GRACE, as Go durations. Errors name the variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
 	if path := getenv("ASSAY_PRICE_TABLE"); path != "" {
 		prices, err := price.Load(path)
