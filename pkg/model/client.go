@@ -9,13 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -23,6 +21,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"assay.dev/pkg/httpwait"
 	"assay.dev/pkg/telemetry"
 )
 
@@ -531,52 +530,13 @@ func excerpt(s string, n int) string {
 	return s[:cut] + "…"
 }
 
-// maxRetryAfter caps a provider's hint rather than overflow a Duration.
-const maxRetryAfter = 24 * time.Hour
-
 // RetryAfterHeader reads a response's retry hint: retry-after-ms (exact
 // milliseconds, as OpenAI sends it) when present and positive, otherwise
 // Retry-After. It returns 0 when neither gives a usable delay.
 func RetryAfterHeader(h http.Header, now time.Time) time.Duration {
-	if d := ParseRetryAfterMS(h.Get("Retry-After-Ms")); d > 0 {
+	if d := httpwait.RetryAfterMS(h.Get("Retry-After-Ms")); d > 0 {
 		return d
 	}
-	return ParseRetryAfter(h.Get("Retry-After"), now)
-}
-
-// ParseRetryAfterMS reads a retry-after-ms value: milliseconds, possibly
-// fractional. Absent, unparseable or non-positive values yield 0.
-func ParseRetryAfterMS(v string) time.Duration {
-	ms, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-	if err != nil || math.IsNaN(ms) || math.IsInf(ms, 0) || ms <= 0 {
-		return 0
-	}
-	if ms >= float64(maxRetryAfter/time.Millisecond) {
-		return maxRetryAfter
-	}
-	return time.Duration(math.Ceil(ms * float64(time.Millisecond)))
-}
-
-// ParseRetryAfter reads a Retry-After value given as delay-seconds or as an
-// HTTP-date relative to now. Absent, unparseable or past values yield 0.
-func ParseRetryAfter(v string, now time.Time) time.Duration {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0
-	}
-	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if n <= 0 {
-			return 0
-		}
-		if n > int64(maxRetryAfter/time.Second) {
-			n = int64(maxRetryAfter / time.Second)
-		}
-		return time.Duration(n) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		if d := t.Sub(now); d > 0 {
-			return d
-		}
-	}
-	return 0
+	d, _ := httpwait.RetryAfter(h.Get("Retry-After"), now)
+	return d
 }

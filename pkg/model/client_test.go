@@ -250,49 +250,6 @@ func TestCompleteRetryAfterHTTPDate(t *testing.T) {
 	}
 }
 
-func TestParseRetryAfter(t *testing.T) {
-	t.Parallel()
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	cases := map[string]time.Duration{
-		"":                               0,
-		"0":                              0,
-		"-3":                             0,
-		" 12 ":                           12 * time.Second,
-		"soon":                           0,
-		"Sun, 01 Mar 2026 12:00:30 GMT":  30 * time.Second,
-		"Sunday, 01-Mar-26 12:01:00 GMT": time.Minute,
-		"Sun, 01 Mar 2026 11:59:00 GMT":  0,
-		"99999999999":                    24 * time.Hour,
-	}
-	for in, want := range cases {
-		if got := ParseRetryAfter(in, now); got != want {
-			t.Errorf("ParseRetryAfter(%q) = %v, want %v", in, got, want)
-		}
-	}
-}
-
-func TestParseRetryAfterMS(t *testing.T) {
-	t.Parallel()
-	cases := map[string]time.Duration{
-		"":            0,
-		"0":           0,
-		"-5":          0,
-		"soon":        0,
-		"NaN":         0,
-		"Inf":         0,
-		"1":           time.Millisecond,
-		" 334 ":       334 * time.Millisecond,
-		"1500.25":     1500250 * time.Microsecond,
-		"0.0000001":   time.Nanosecond, // rounded up, never 0
-		"99999999999": 24 * time.Hour,
-	}
-	for in, want := range cases {
-		if got := ParseRetryAfterMS(in); got != want {
-			t.Errorf("ParseRetryAfterMS(%q) = %v, want %v", in, got, want)
-		}
-	}
-}
-
 func TestRetryAfterHeaderPrefersMilliseconds(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -608,17 +565,6 @@ func FuzzCompleteResponse(f *testing.F) {
 			t.Fatalf("status %d", rep.Status)
 		}
 	})
-}
-
-func ExampleParseRetryAfter() {
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	fmt.Println(ParseRetryAfter("3", now))
-	fmt.Println(ParseRetryAfter("Sun, 01 Mar 2026 12:01:30 GMT", now))
-	fmt.Println(ParseRetryAfter("", now))
-	// Output:
-	// 3s
-	// 1m30s
-	// 0s
 }
 
 // The base URL is taken as OpenAI's SDKs take base_url: as given, with

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/httpwait"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 )
@@ -130,7 +131,7 @@ func (p *Publisher) callback(ctx context.Context, url, secret, id string, body [
 	if resp.StatusCode/100 == 2 {
 		return nil
 	}
-	ra, _ := retryAfterHeader(resp.Header.Get("Retry-After"), now)
+	ra, _ := httpwait.RetryAfter(resp.Header.Get("Retry-After"), now)
 	return &RetryError{Wait: ra, Err: fmt.Errorf("callback: HTTP %d", resp.StatusCode)}
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"assay.dev/pkg/githubapp"
+	"assay.dev/pkg/httpwait"
 )
 
 // RetryError says the call may be made again, no earlier than Wait from
@@ -165,7 +166,7 @@ func (g *GitHub) call(ctx context.Context, auth, method, path string, in, out an
 // wait holds for every call, not only this one. A 5xx waits its
 // Retry-After, if any. Any other status is final.
 func RetryAfter(status int, h http.Header, body []byte, now time.Time) (wait time.Duration, retry, limited bool) {
-	ra, hasRA := retryAfterHeader(h.Get("Retry-After"), now)
+	ra, hasRA := httpwait.RetryAfter(h.Get("Retry-After"), now)
 	switch {
 	case status >= 500:
 		return ra, true, hasRA
@@ -183,20 +184,6 @@ func RetryAfter(status int, h http.Header, body []byte, now time.Time) (wait tim
 		return time.Minute, true, true
 	}
 	return 0, false, false
-}
-
-// retryAfterHeader reads Retry-After as seconds or an HTTP date.
-func retryAfterHeader(v string, now time.Time) (time.Duration, bool) {
-	if v == "" {
-		return 0, false
-	}
-	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && s >= 0 {
-		return time.Duration(s) * time.Second, true
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0), true
-	}
-	return 0, false
 }
 
 // The REST shapes the publisher uses.
