@@ -253,13 +253,19 @@ func (s *Service) overRate(ctx context.Context, w http.ResponseWriter, t store.T
 		s.duplicate(ctx, w, t, got)
 		return
 	}
-	secs := int(math.Ceil(wait.Seconds()))
 	s.count(ctx, "rate_limited")
 	telemetry.Decision(ctx, s.d.Log, work.ID, "refused", overRate(t, work.Lane),
 		slog.String("tenant", t.ID), slog.Duration("retry_after", wait))
+	tooMany(w, "rate_limited", overRate(t, work.Lane), wait)
+}
+
+// tooMany answers a refusal that asking again later can pass: 429 with
+// code, Retry-After in whole seconds (rounded up), and a message that says
+// why, how long, and that nothing was stored.
+func tooMany(w http.ResponseWriter, code, why string, wait time.Duration) {
+	secs := int(math.Ceil(wait.Seconds()))
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
-	apierror.Write(w, http.StatusTooManyRequests, "rate_limited",
-		fmt.Sprintf("%s; retry after %d s (nothing was stored)", overRate(t, work.Lane), secs))
+	apierror.Write(w, http.StatusTooManyRequests, code, fmt.Sprintf("%s; retry after %d s (nothing was stored)", why, secs))
 }
 
 // duplicate answers a submission whose ingress key was already accepted.

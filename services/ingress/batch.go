@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -187,10 +186,7 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 	// The rate token first, a repeated batchKey's too: a refused request
 	// costs no reading of its body.
 	if wait, ok := s.admit(ctx, t, event.Batch); !ok {
-		secs := int(math.Ceil(wait.Seconds()))
-		w.Header().Set("Retry-After", strconv.Itoa(secs))
-		apierror.Write(w, http.StatusTooManyRequests, "rate_limited",
-			fmt.Sprintf("%s; retry after %d s (nothing was stored)", overRate(t, event.Batch), secs))
+		tooMany(w, "rate_limited", overRate(t, event.Batch), wait)
 		return
 	}
 	req, c, refused := s.decodeBatch(w, r)
@@ -213,11 +209,9 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 	// A batch asked for again is answered as the one it is; a new one
 	// must fit in the tenant's backlog with all its items.
 	if r := s.newBatchBacklog(ctx, t, known, len(req.Items)); r != nil {
-		secs := int(math.Ceil(r.retry.Seconds()))
 		s.countShed(ctx, event.Batch, r.code, "api")
 		telemetry.Decision(ctx, s.d.Log, b.ID, "refused", r.reason, slog.String("tenant", t.ID), slog.Int("items", len(req.Items)))
-		w.Header().Set("Retry-After", strconv.Itoa(secs))
-		apierror.Write(w, http.StatusTooManyRequests, r.code, fmt.Sprintf("%s; retry after %d s (nothing was stored)", r.reason, secs))
+		tooMany(w, r.code, r.reason, r.retry)
 		return
 	}
 	entries := make([]*store.BatchEntry, len(req.Items))

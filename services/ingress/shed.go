@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -17,7 +15,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"assay.dev/pkg/admission"
-	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/lifecycle"
@@ -305,14 +302,11 @@ func (s *Service) overCapacity(ctx context.Context, w http.ResponseWriter, t sto
 		s.duplicate(ctx, w, t, got)
 		return
 	}
-	secs := int(math.Ceil(r.retry.Seconds()))
 	s.count(ctx, r.code)
 	s.countShed(ctx, work.Lane, r.code, "api")
 	telemetry.Decision(ctx, s.d.Log, work.ID, "refused", r.reason, slog.String("tenant", t.ID), slog.String("lane", work.Lane),
 		slog.Duration("retry_after", r.retry), slog.String("detail", r.detail))
-	w.Header().Set("Retry-After", strconv.Itoa(secs))
-	apierror.Write(w, http.StatusTooManyRequests, r.code,
-		fmt.Sprintf("%s; retry after %d s (nothing was stored)", r.reason, secs))
+	tooMany(w, r.code, r.reason, r.retry)
 }
 
 func (s *Service) countShed(ctx context.Context, lane, code, via string) {
