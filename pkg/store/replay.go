@@ -246,15 +246,10 @@ func redriveLocked(ctx context.Context, tx pgx.Tx, w *Work, o RedriveOptions, an
 	if w.Input == "" {
 		return nil, fmt.Errorf("work %s: %w", id, ErrNoInput)
 	}
-	var newer string
-	err := tx.QueryRow(ctx, `SELECT revision FROM work
-		WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4 AND created_at > $5
-		ORDER BY created_at DESC LIMIT 1`, w.TenantID, w.Contract, w.SourceID, w.ID, w.CreatedAt).Scan(&newer)
-	if err == nil {
-		return nil, fmt.Errorf("work %s: revision %s of %s arrived later: %w", id, newer, w.SourceID, ErrSuperseded)
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
+	if newer, err := newerRevision(ctx, tx, id); err != nil {
 		return nil, err
+	} else if newer != "" {
+		return nil, fmt.Errorf("work %s: revision %s of %s came later: %w", id, newer, w.SourceID, ErrSuperseded)
 	}
 	var before int
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM redrives WHERE work_id = $1`, id).Scan(&before); err != nil {

@@ -158,17 +158,11 @@ func (s *Store) ReviewRest(ctx context.Context, id string, costCap int64, deadli
 		if len(done) >= parts {
 			return fmt.Errorf("work %s: all %d parts have been reviewed: %w", root, parts, ErrNotPartial)
 		}
-		var newer string
-		err = tx.QueryRow(ctx, `SELECT revision FROM work
-			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4 AND rest_of IS DISTINCT FROM $4
-				AND created_at > $5
-			ORDER BY created_at DESC LIMIT 1`, first.TenantID, first.Contract, first.SourceID, root, first.CreatedAt).Scan(&newer)
-		if err == nil {
-			return fmt.Errorf("work %s: revision %s of %s arrived later; its review stands in for this one: %w",
-				root, newer, first.SourceID, ErrSuperseded)
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		if newer, err := newerRevision(ctx, tx, root); err != nil {
 			return err
+		} else if newer != "" {
+			return fmt.Errorf("work %s: revision %s of %s came later; its review stands in for this one: %w",
+				root, newer, first.SourceID, ErrSuperseded)
 		}
 		revision := first.Revision + restMark + strconv.Itoa(rests+1)
 		got, err = scanWork(tx.QueryRow(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version,

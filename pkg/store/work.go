@@ -276,15 +276,11 @@ func sourceTime(t time.Time) *time.Time {
 // stored superseded, unannounced, and late is true.
 func supersede(ctx context.Context, tx pgx.Tx, got *Work, sourceUpdatedAt time.Time) (late bool, err error) {
 	sourceAt := sourceTime(sourceUpdatedAt)
-	var newer string
-	err = pgx.ErrNoRows
-	if sourceAt != nil {
-		err = tx.QueryRow(ctx, `SELECT revision FROM work
-			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4 AND source_updated_at > $5
-			ORDER BY source_updated_at DESC LIMIT 1`,
-			got.TenantID, got.Contract, got.SourceID, got.ID, sourceAt).Scan(&newer)
+	newer, err := newerRevision(ctx, tx, got.ID)
+	if err != nil {
+		return false, err
 	}
-	if err == nil {
+	if newer != "" {
 		row, err := scanWork(tx.QueryRow(ctx, `UPDATE work SET state = $3,
 				reason = 'revision ' || $2 || ' was pushed later', updated_at = now()
 			WHERE id = $1 RETURNING `+workColumns, got.ID, newer, outcome.Superseded))
@@ -292,9 +288,6 @@ func supersede(ctx context.Context, tx pgx.Tx, got *Work, sourceUpdatedAt time.T
 			*got = *row
 		}
 		return true, err
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return false, err
 	}
 	// A running attempt loses its lease here: its answer is then recorded
 	// stale and never published.
@@ -323,6 +316,26 @@ func supersede(ctx context.Context, tx pgx.Tx, got *Work, sourceUpdatedAt time.T
 		}
 	}
 	return false, rows.Err()
+}
+
+// newerRevision names the revision of the same source that replaces work
+// id, "" when none does: one pushed later, by the source's own times when
+// both have them, else one that arrived later. The work a partial review's
+// rest continues, and its other rests, are the same revision and never
+// replace it. Supersede on arrival, rerun, redrive and the rest of a
+// partial review all ask this one question.
+func newerRevision(ctx context.Context, tx pgx.Tx, id string) (string, error) {
+	var newer string
+	err := tx.QueryRow(ctx, `SELECT o.revision FROM work me JOIN work o
+			ON o.tenant_id = me.tenant_id AND o.contract = me.contract AND o.source_id = me.source_id
+		WHERE me.id = $1 AND coalesce(o.rest_of, o.id) <> coalesce(me.rest_of, me.id)
+			AND CASE WHEN me.source_updated_at IS NOT NULL AND o.source_updated_at IS NOT NULL
+				THEN o.source_updated_at > me.source_updated_at ELSE o.created_at > me.created_at END
+		ORDER BY coalesce(o.source_updated_at, o.created_at) DESC LIMIT 1`, id).Scan(&newer)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return newer, err
 }
 
 // readmit queues dropped work again with a new deadline and a new dispatch
@@ -358,15 +371,10 @@ func (s *Store) Rerun(ctx context.Context, id string, deadline time.Time, announ
 			return fmt.Errorf("work %s: its diff was over the cell's cap and was not kept; raise ASSAY_MAX_DIFF_BYTES and push to the pull request again: %w",
 				id, ErrTooLarge)
 		}
-		var newer string
-		err = tx.QueryRow(ctx, `SELECT revision FROM work
-			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4 AND created_at > $5
-			ORDER BY created_at DESC LIMIT 1`, w.TenantID, w.Contract, w.SourceID, w.ID, w.CreatedAt).Scan(&newer)
-		if err == nil {
-			return fmt.Errorf("work %s: revision %s of %s arrived later; run that one: %w", id, newer, w.SourceID, ErrSuperseded)
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		if newer, err := newerRevision(ctx, tx, id); err != nil {
 			return err
+		} else if newer != "" {
+			return fmt.Errorf("work %s: revision %s of %s came later; run that one: %w", id, newer, w.SourceID, ErrSuperseded)
 		}
 		if got, err = readmit(ctx, tx, id, deadline); err != nil {
 			return err
