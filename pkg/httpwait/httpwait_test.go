@@ -64,4 +64,3 @@ func ExampleRetryAfter() {
 	// 1m30s true
 	// 0s false
 }
-
