@@ -209,11 +209,7 @@ func newBatchLane(s *Service, cfg ProviderBatch, d Deps) (*batchLane, error) {
 		}
 		l.api = &c
 	}
-	st, ok := d.Store.(BatchStore)
-	if !ok {
-		return nil, errors.New("classifier: the provider batch lane needs a store that keeps provider batches")
-	}
-	l.st = st
+	l.st = d.Store
 	var err error
 	if l.lines, err = d.Tel.Meter().Int64Counter("assay_classifier_batch_lines",
 		metric.WithDescription("provider batch lines reconciled, by how the provider answered them")); err != nil {

@@ -148,7 +148,7 @@ func (r *capacityReporter) pass(ctx context.Context) (bool, error) {
 // with the lanes' consumers.
 func (s *Service) startReporter() {
 	r := &capacityReporter{s: s, instance: newInstanceID()}
-	r.weightsFrom, _ = s.d.Store.(weightSource)
+	r.weightsFrom = s.d.Store
 	t := &s.report
 	t.Name, t.Log, t.PassTimeout = "capacity", s.d.Log, 5*time.Second
 	t.Every = s.cfg.ReportEvery

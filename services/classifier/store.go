@@ -12,6 +12,8 @@ import (
 // is one.
 type Store interface {
 	outbox.Source
+	BatchStore
+	weightSource
 	Ping(ctx context.Context) error
 	WorkToRun(ctx context.Context, id string) (w *store.Work, budgeted bool, err error)
 	Reserve(ctx context.Context, tenantID, attemptID string, amount int64) (store.Reservation, error)

@@ -252,11 +252,7 @@ type historyReader interface {
 // readHistory reads what the rows tell of one work item now, from one
 // snapshot.
 func (s *Service) readHistory(ctx context.Context, id string) (workHistory, error) {
-	hr, ok := s.d.Store.(historyReader)
-	if !ok {
-		return workHistory{}, errors.New("this cell's store cannot read a work item's history")
-	}
-	h, err := hr.WorkHistory(ctx, id)
+	h, err := s.d.Store.WorkHistory(ctx, id)
 	if err != nil {
 		return workHistory{}, err
 	}

@@ -351,8 +351,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, d: d, buckets: admission.NewBuckets(time.Now), tokens: auth.NewCache(d.Store, cfg.TokenCache)}
 	s.tokens.LongTTL = cfg.TokenCacheListening
-	if w, ok := d.Store.(tenantWatcher); ok && cfg.TokenCache > 0 {
-		s.tenants = &tenantWatch{w: w, cache: s.tokens, log: d.Log}
+	if cfg.TokenCache > 0 {
+		s.tenants = &tenantWatch{w: d.Store, cache: s.tokens, log: d.Log}
 	}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log,
 		Meter: d.Tel.Meter(), Region: cfg.Region}

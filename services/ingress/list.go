@@ -73,11 +73,7 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request) {
 	if !page(w, q, store.ParseWorkCursor, &f.Limit, &f.AfterCreated, &f.AfterID) {
 		return
 	}
-	lister, ok := s.d.Store.(workLister)
-	if !ok {
-		apierror.Write(w, http.StatusNotImplemented, "not_implemented", "this cell's store cannot list work")
-		return
-	}
+	lister := s.d.Store
 	f.Live = true
 	ws, err := lister.ListWork(r.Context(), f)
 	if err != nil {

@@ -79,14 +79,6 @@ func reviewView(v *store.Review) ReviewView {
 	return rv
 }
 
-func (s *Service) reviews(w http.ResponseWriter) (reviewStore, bool) {
-	rs, ok := s.d.Store.(reviewStore)
-	if !ok {
-		apierror.Write(w, http.StatusNotImplemented, "not_implemented", "this cell's store keeps no review queue")
-	}
-	return rs, ok
-}
-
 // listReviews serves GET /v1/reviews?state=&reason=&contract=&limit=&cursor=:
 // the tenant's review queue, oldest first, in pages.
 func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
@@ -94,10 +86,7 @@ func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	rs, ok := s.reviews(w)
-	if !ok {
-		return
-	}
+	rs := s.d.Store
 	q := r.URL.Query()
 	f := store.ReviewFilter{Tenant: t.ID, State: q.Get("state"), Reason: q.Get("reason"), Contract: q.Get("contract"), Limit: 100}
 	switch {
@@ -144,10 +133,7 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	rs, ok := s.reviews(w)
-	if !ok {
-		return
-	}
+	rs := s.d.Store
 	workID, ok := parseReviewID(r.PathValue("id"))
 	if !ok {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this tenant")
@@ -222,16 +208,12 @@ func (s *Service) views(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := ViewCounts{WindowSeconds: int64(window / time.Second), States: states}
-	if rc, ok := s.d.Store.(interface {
-		OpenReviews(ctx context.Context, tenant string) (int, error)
-	}); ok {
-		n, err := rc.OpenReviews(r.Context(), t.ID)
-		if err != nil {
-			s.d.Log.Error("views failed", "tenant", t.ID, "err", err)
-			auth.Unavailable().Write(w)
-			return
-		}
-		out.OpenReviews = &n
+	n, err := s.d.Store.OpenReviews(r.Context(), t.ID)
+	if err != nil {
+		s.d.Log.Error("views failed", "tenant", t.ID, "err", err)
+		auth.Unavailable().Write(w)
+		return
 	}
+	out.OpenReviews = &n
 	apierror.JSON(w, http.StatusOK, out)
 }

@@ -140,7 +140,7 @@ type shedder struct {
 func (s *Service) setUpShed() error {
 	sh := &shedder{cfg: s.cfg.Shed}
 	sh.view = &capacityView{js: s.d.JS, bucket: s.cfg.Names.CapacityBucket(), log: s.d.Log}
-	sh.open, _ = s.d.Store.(openCounter)
+	sh.open = s.d.Store
 	if !sh.cfg.LocalRate {
 		sh.shared = &sharedRate{js: s.d.JS, bucket: s.cfg.Names.AdmitBucket(), log: s.d.Log,
 			b: &admission.SharedBuckets{Local: s.buckets}}

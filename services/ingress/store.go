@@ -14,6 +14,13 @@ type Store interface {
 	auth.Tenants
 	auth.Operators
 	outbox.Source
+	batchStore
+	reviewStore
+	workLister
+	historyReader
+	openCounter
+	tenantWatcher
+	OpenReviews(ctx context.Context, tenant string) (int, error)
 	Ping(ctx context.Context) error
 	GetWork(ctx context.Context, id string) (*store.Work, error)
 	InsertWork(ctx context.Context, w *store.Work, announce func(*store.Work) ([]store.OutboxMsg, error)) (*store.Work, bool, error)
