@@ -98,6 +98,14 @@ func TestTenantCommands(t *testing.T) {
 		b.Count(t, `SELECT count(*) FROM tenant_callbacks WHERE tenant_id = 'initech'`); n != 1 {
 		t.Errorf("check policy not blocking, or the callback still set")
 	}
+	tenant("cost-cap", "initech", "25000")
+	if n := b.Count(t, `SELECT count(*) FROM tenants WHERE id = 'initech' AND work_cost_cap_micros = 25000`); n != 1 {
+		t.Errorf("cost cap not 25000")
+	}
+	tenant("cost-cap", "initech", "off")
+	if n := b.Count(t, `SELECT count(*) FROM tenants WHERE id = 'initech' AND work_cost_cap_micros IS NULL`); n != 1 {
+		t.Errorf("cost cap not removed")
+	}
 	if status, raw := past(second[1], other); status != http.StatusAccepted {
 		t.Errorf("resumed tenant: HTTP %d %s", status, raw)
 	}
