@@ -21,7 +21,7 @@ func TestCommandMistakesAreNamed(t *testing.T) {
 		{[]string{"tenants", "list"}, 2, `unknown tenants command "list" (it takes seed)`},
 		{[]string{"tenants"}, 2, "one tenant at a time: assay tenant add"},
 		{[]string{"replays", "dump"}, 2, "did you mean assay replay?"},
-		{[]string{"work", "submit", "--help"}, 2, `unknown work command "submit" (it takes rerun, rest, show, list)`},
+		{[]string{"work", "cancel", "--help"}, 2, `unknown work command "cancel" (it takes rerun, rest, show, list, submit, get, watch)`},
 		{[]string{"work", "bogus"}, 2, `unknown work command "bogus"`},
 		{[]string{"work"}, 2, "work needs a command: rerun, rest, show, list"},
 		{[]string{"work", "rest", "w_1", "--region", "us", "--database-url", db}, 2, "work rest needs --cost-cap"},

@@ -154,7 +154,7 @@ var subcommands = map[string][]string{
 	"tenant":   tenantVerbs,
 	"tenants":  {"seed"},
 	"operator": {"token"},
-	"work":     {"rerun", "rest", "show", "list"},
+	"work":     {"rerun", "rest", "show", "list", "submit", "get", "watch"},
 	"replay":   {"dump", "revalidate", "redrive"},
 	"bench":    {"goodput", "pipeline", "parts"},
 	"usage":    {"reconcile"},

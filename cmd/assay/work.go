@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"assay.dev/pkg/config"
@@ -19,6 +20,9 @@ const workUsage = `usage: assay work rerun ID [--deadline D] [--region R --datab
        assay work rest ID --cost-cap MICROS [--deadline D] [--region R --database-url URL]
        assay work show ID [--json] [--no-messages] [--answers] [--region R --database-url URL]
        assay work list [--state S,S] [--tenant T] [--lane L] [--since T] [--until T] [--limit N] [--after CURSOR] [--json]
+       assay work submit [FILE|-] [--watch] [--url URL] [--token-file FILE]
+       assay work get ID [--url URL] [--token-file FILE]
+       assay work watch ID [--give-up-after D] [--url URL] [--token-file FILE]
 
   rerun ID      queue work that admission dropped again, with a new deadline
                 (default 10m); the cell's ingress announces it
@@ -41,15 +45,18 @@ const workUsage = `usage: assay work rerun ID [--deadline D] [--region R --datab
                 --since and --until a time or a duration back from now
                 (created at or after --since, before --until); --after
                 continues a listing
-`
+` + workAPIUsage
 
 // workCmd runs `assay work …` against the cell in ASSAY_DATABASE_URL.
 func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) > 0 && args[0] == "show" {
 		return workShow(ctx, args[1:], stdout)
 	}
-	if len(args) > 0 && args[0] == "list" {
+	if len(args) > 0 && args[0] == "list" && !tokenAtHand(args[1:]) {
 		return workList(ctx, args[1:], stdout)
+	}
+	if len(args) > 0 && slices.Contains([]string{"submit", "get", "watch", "list"}, args[0]) {
+		return workAPI(ctx, args[0], args[1:], stdout)
 	}
 	if len(args) == 0 || (args[0] != "rerun" && args[0] != "rest") {
 		return unknownSub("work", args)
