@@ -38,7 +38,7 @@ import (
 )
 
 const benchPipeUsage = `usage: assay bench pipeline [-n 20000] [-c 8,32] [--runs 1] [--peer DIR] [--answer constant|reviewer]
-       [--tenants 4] [--pool N] [--statements] [--cpuprofile FILE] [--log FILE]
+       [--tenants 4] [--pool N] [--rate R] [--statements] [--cpuprofile FILE] [--log FILE]
 
 N distinct code reviews posted through HTTP ingress by C keep-alive clients
 for the tenants in turn, the simulated model answering at once (constant:
@@ -53,6 +53,9 @@ this process and Postgres used. --peer DIR runs the River build in DIR
 the ratio. After each run it prints to stderr when the last item was accepted
 and ledgered, and the three slowest items: how long each waited for its
 claim, its answer and its acceptance. --log FILE keeps the cell's JSON logs.
+--rate R posts open loop instead: the i-th item at i/R seconds whatever the
+earlier ones wait for, at most C posts in flight (the latency at a load
+below capacity; the River build has no open loop, so not with --peer).
 `
 
 // pipeResult is one run of one system.
@@ -72,6 +75,8 @@ type pipeResult struct {
 	// WorkUpdates and WorkHOT are the work table's row updates in the run
 	// and how many of them were heap-only (no index touched).
 	WorkUpdates, WorkHOT int64
+	// Rate is the open loop's items a second (0: a closed loop of C).
+	Rate float64
 }
 
 func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
@@ -87,6 +92,7 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 	ntenants := fs.Int("tenants", 4, "tenants the items are posted for, in turn")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process over the assay runs to this file")
 	logTo := fs.String("log", "", "write the cell's JSON logs (decisions included) to this file")
+	rate := fs.Float64("rate", 0, "post open loop at this many items a second (C bounds the posts in flight) instead of C clients in a closed loop")
 	if err := fs.Parse(args); err != nil {
 		return configError{fmt.Errorf("%v\n%s", err, benchPipeUsage)}
 	}
@@ -106,6 +112,12 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if *n < 1 || *runs < 1 {
 		return configError{errors.New("-n and --runs must be positive")}
+	}
+	if *rate < 0 || *rate > 100_000 {
+		return configError{fmt.Errorf("--rate: %g is not from 0 to 100000 items a second", *rate)}
+	}
+	if *rate > 0 && *peer != "" {
+		return configError{errors.New("--rate with --peer: the River build posts in a closed loop only; run it on its own with -c")}
 	}
 	if *peer != "" {
 		if st, err := os.Stat(filepath.Join(*peer, "go.mod")); err != nil || st.IsDir() {
@@ -138,7 +150,7 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 		for run := range *runs {
 			fmt.Fprintf(os.Stderr, "bench pipeline: assay, n=%d c=%d, run %d…\n", *n, c, run+1)
 			r, err := runPipeline(ctx, base, pipeRun{n: *n, c: c, pool: *pool, statements: *statements,
-				constant: *answer == "constant", tenants: *ntenants, log: logw})
+				constant: *answer == "constant", tenants: *ntenants, log: logw, rate: *rate})
 			if err != nil {
 				return fmt.Errorf("assay c=%d: %w", c, err)
 			}
@@ -174,11 +186,12 @@ type pipeRun struct {
 	n, c, pool, tenants  int
 	statements, constant bool
 	log                  io.Writer
+	rate                 float64 // items a second, open loop; 0: C clients in a closed loop
 }
 
 func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error) {
 	n, c := p.n, p.c
-	res := pipeResult{System: "assay", C: c, N: n}
+	res := pipeResult{System: "assay", C: c, N: n, Rate: p.rate}
 	var tenants []string
 	for i := range p.tenants {
 		tenants = append(tenants, fmt.Sprintf("t%d", i+1))
@@ -205,7 +218,7 @@ func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error
 	stmts.reset()
 	cpu0 := cpuNow()
 	start := time.Now()
-	if err := postAll(ctx, cl.URL, n, c, tenants, tokens); err != nil {
+	if err := postAll(ctx, cl.URL, n, c, p.rate, tenants, tokens); err != nil {
 		return res, err
 	}
 	if err := waitSettled(ctx, db); err != nil {
@@ -303,12 +316,15 @@ func describeEnd(ctx context.Context, db *pgxpool.Pool, c int, start time.Time, 
 	return rows.Err()
 }
 
-// postAll posts n distinct code reviews of the evaluation set's diffs from c
-// keep-alive clients, the tenants in turn; every post must be answered 202.
-func postAll(ctx context.Context, base string, n, c int, tenants []string, tokens map[string]string) error {
+// postAll posts n distinct code reviews of the evaluation set's diffs, the
+// tenants in turn; every post must be answered 202. With rate 0, c
+// keep-alive clients post one after another (a closed loop); with a rate,
+// the i-th post starts at i/rate seconds whatever the earlier ones are
+// waiting for (an open loop), at most c of them in flight.
+func postAll(ctx context.Context, base string, n, c int, rate float64, tenants []string, tokens map[string]string) error {
 	items := evalset.Items()
 	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}}
-	var next, retried atomic.Int64
+	var next, retried, late atomic.Int64
 	var mu sync.Mutex
 	failed := map[string]int{} // what the posts that were not 202 got
 	fail := func(why string) {
@@ -316,55 +332,80 @@ func postAll(ctx context.Context, base string, n, c int, tenants []string, token
 		failed[why]++
 		mu.Unlock()
 	}
-	var wg sync.WaitGroup
-	for range c {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n {
-					return
-				}
-				req := celltest.CodeReview(items[i%len(items)], "pipeline")
-				req.SourceID = fmt.Sprintf("shop/bench#%d", i)
-				body, _ := json.Marshal(req)
-				var resp *http.Response
-				var raw []byte
-				var err error
-				// A 503 says the work was not stored and to try again: a
-				// client does, up to three times, and the retries are told.
-				for try := 0; try < 4; try++ {
-					if try > 0 {
-						retried.Add(1)
-						time.Sleep(100 * time.Millisecond)
-					}
-					hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/work", bytes.NewReader(body))
-					hr.Header.Set("Authorization", "Bearer "+tokens[tenants[i%len(tenants)]])
-					if resp, err = client.Do(hr); err != nil {
-						break
-					}
-					raw, _ = io.ReadAll(io.LimitReader(resp.Body, 4096))
-					resp.Body.Close()
-					if resp.StatusCode != http.StatusServiceUnavailable {
-						break
-					}
-				}
-				if err != nil {
-					fail(err.Error())
-					continue
-				}
-				if resp.StatusCode != http.StatusAccepted {
-					var e struct {
-						Error struct{ Code, Message string }
-					}
-					_ = json.Unmarshal(raw, &e)
-					fail(fmt.Sprintf("HTTP %d %s: %s", resp.StatusCode, e.Error.Code, e.Error.Message))
-				}
+	post := func(i int) {
+		req := celltest.CodeReview(items[i%len(items)], "pipeline")
+		req.SourceID = fmt.Sprintf("shop/bench#%d", i)
+		body, _ := json.Marshal(req)
+		var resp *http.Response
+		var raw []byte
+		var err error
+		// A 503 says the work was not stored and to try again: a
+		// client does, up to three times, and the retries are told.
+		for try := 0; try < 4; try++ {
+			if try > 0 {
+				retried.Add(1)
+				time.Sleep(100 * time.Millisecond)
 			}
-		})
+			hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/work", bytes.NewReader(body))
+			hr.Header.Set("Authorization", "Bearer "+tokens[tenants[i%len(tenants)]])
+			if resp, err = client.Do(hr); err != nil {
+				break
+			}
+			raw, _ = io.ReadAll(io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable {
+				break
+			}
+		}
+		if err != nil {
+			fail(err.Error())
+			return
+		}
+		if resp.StatusCode != http.StatusAccepted {
+			var e struct {
+				Error struct{ Code, Message string }
+			}
+			_ = json.Unmarshal(raw, &e)
+			fail(fmt.Sprintf("HTTP %d %s: %s", resp.StatusCode, e.Error.Code, e.Error.Message))
+		}
+	}
+	var wg sync.WaitGroup
+	if rate > 0 {
+		slots := make(chan struct{}, c)
+		start := time.Now()
+		for i := range n {
+			at := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+			time.Sleep(time.Until(at))
+			select {
+			case slots <- struct{}{}:
+			default:
+				late.Add(1) // all c in flight: this post waits, so it starts late
+				slots <- struct{}{}
+			}
+			wg.Go(func() {
+				defer func() { <-slots }()
+				post(i)
+			})
+		}
+	} else {
+		for range c {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= n {
+						return
+					}
+					post(i)
+				}
+			})
+		}
 	}
 	wg.Wait()
 	if r := retried.Load(); r > 0 {
 		fmt.Fprintf(os.Stderr, "bench pipeline: %d posts answered 503 unavailable and were sent again\n", r)
+	}
+	if l := late.Load(); l > 0 {
+		fmt.Fprintf(os.Stderr, "bench pipeline: %d posts started late, all %d slots in flight: the open loop fell behind its rate\n", l, c)
 	}
 	if len(failed) > 0 {
 		var b strings.Builder
@@ -496,6 +537,11 @@ func printPipe(w io.Writer, rs []pipeResult) {
 			r.ProcCores, r.PGCores)
 	}
 	_ = tw.Flush()
+	for _, r := range rs {
+		if r.Rate > 0 {
+			fmt.Fprintf(w, "c=%d: posted open loop at %.0f items/s\n", r.C, r.Rate)
+		}
+	}
 	for _, r := range rs {
 		if r.System != "assay" {
 			continue

@@ -69,6 +69,15 @@ func Open(ctx context.Context, url string, opts ...Options) (*Store, error) {
 		o = opts[0]
 	}
 	cfg.MaxConns = int32(PoolSize(url, o.MaxConns))
+	// Each statement is planned for its values when it runs. Left to
+	// itself, Postgres keeps a prepared statement's generic plan after five
+	// runs, made from the statistics of that moment: on a new cell's nearly
+	// empty tables that plan scans them whole, and it stays until the next
+	// ANALYZE (the commit group ran a sequential scan of attempts per row).
+	// A plan_cache_mode in the URL wins.
+	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
+		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	}
 	if o.Tracer != nil {
 		cfg.ConnConfig.Tracer = o.Tracer
 	}

@@ -955,3 +955,37 @@ func TestUnsent(t *testing.T) {
 		t.Fatalf("a statement the server refused: Unsent(%v) = true, want false", err)
 	}
 }
+
+// A statement the store sends is planned for its own values every time:
+// a plan cached while a new cell's tables were nearly empty would keep
+// scanning them whole as they grow (the commit group did, a sequential
+// scan of attempts per accepted row). The URL's own setting wins.
+func TestPlansAreMadeForEachExecution(t *testing.T) {
+	ctx := t.Context()
+	u := testenv.Database(t)
+	for _, c := range []struct{ url, want string }{
+		{u, "force_custom_plan"},
+		{withQuery(t, u, "plan_cache_mode", "auto"), "auto"},
+	} {
+		s := open(t, c.url)
+		var got string
+		if err := store.Pool(s).QueryRow(ctx, `SHOW plan_cache_mode`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("%s: plan_cache_mode %q, want %q", c.url, got, c.want)
+		}
+	}
+}
+
+func withQuery(t *testing.T, raw, key, value string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
