@@ -15,6 +15,8 @@ func TestBenchPipelineFlagErrors(t *testing.T) {
 		{[]string{"bench", "pipeline", "-c", "8,x"}, `-c: "8,x" is not a list of client counts`},
 		{[]string{"bench", "pipeline", "-n", "0"}, "-n and --runs must be positive"},
 		{[]string{"bench", "pipeline", "--peer", "/nonexistent"}, "--peer: /nonexistent holds no go.mod"},
+		{[]string{"bench", "pipeline", "--rate", "-5"}, "--rate: -5 is not from 0 to 100000"},
+		{[]string{"bench", "pipeline", "--rate", "300", "--peer", "."}, "the River build posts in a closed loop only"},
 		{[]string{"bench", "pipeline", "--bogus"}, "flag provided but not defined: -bogus"},
 		{[]string{"bench"}, "usage: assay bench pipeline"},
 		{[]string{"bench"}, "usage: assay bench parts"},
