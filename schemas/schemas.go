@@ -8,3 +8,9 @@ import "embed"
 //
 //go:embed *.json prompts
 var FS embed.FS
+
+// OpenAPI is the HTTP API's description (OpenAPI 3.1), served by ingress
+// at /v1/openapi.yaml and held true by the cell tests.
+//
+//go:embed openapi.yaml
+var OpenAPI []byte

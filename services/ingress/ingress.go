@@ -35,6 +35,7 @@ import (
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/pkg/usage"
+	"assay.dev/schemas"
 )
 
 // Config of one ingress instance.
@@ -641,27 +642,59 @@ func RerunCommand(w *store.Work) string {
 // Handler serves the ingress API.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/work", s.submit)
-	mux.HandleFunc("GET /v1/work/{id}", s.get)
-	mux.HandleFunc("GET /v1/work", s.list)
-	mux.HandleFunc("GET /v1/work/{id}/events", s.workEventStream)
-	mux.HandleFunc("POST /v1/batches", s.submitBatch)
-	mux.HandleFunc("GET /v1/batches/{id}", s.getBatch)
-	mux.HandleFunc("GET /v1/batches/{id}/results", s.batchResults)
-	mux.HandleFunc("GET /v1/batches/{id}/events", s.batchEventStream)
-	mux.HandleFunc("POST /v1/batches/{id}/cancel", s.cancelBatch)
-	mux.HandleFunc("DELETE /v1/batches/{id}", s.cancelBatch)
-	mux.HandleFunc("GET /v1/reviews", s.listReviews)
-	mux.HandleFunc("POST /v1/reviews/{id}/resolve", s.resolveReview)
-	mux.HandleFunc("GET /v1/views", s.views)
-	mux.HandleFunc("POST /v1/webhooks/github", s.githubWebhook)
-	// The ledger's rows are in the cell's database: the usage report is
-	// read here too, so a cell has one base URL.
-	mux.Handle("GET /v1/usage", usage.Handler(s.d.Store, s.cell(), s.d.Log))
-	mux.HandleFunc("GET /console", s.consolePage)
-	mux.HandleFunc("GET /v1/console", s.consoleSnapshot)
-	mux.HandleFunc("GET /v1/console/events", s.consoleEvents)
+	for _, r := range s.endpoints(usage.Handler(s.d.Store, s.cell(), s.d.Log)) {
+		mux.Handle(r.pattern, r.h)
+	}
 	return mux
+}
+
+// Routes is every "METHOD /path" the ingress API serves: what its OpenAPI
+// description (schemas/openapi.yaml) must describe, no more and no less.
+func Routes() []string {
+	var out []string
+	for _, r := range (&Service{}).endpoints(nil) {
+		out = append(out, r.pattern)
+	}
+	return out
+}
+
+type endpoint struct {
+	pattern string
+	h       http.Handler
+}
+
+// endpoints pairs each pattern with its handler; usageReport serves the
+// usage report.
+func (s *Service) endpoints(usageReport http.Handler) []endpoint {
+	return []endpoint{
+		{"POST /v1/work", http.HandlerFunc(s.submit)},
+		{"GET /v1/work/{id}", http.HandlerFunc(s.get)},
+		{"GET /v1/work", http.HandlerFunc(s.list)},
+		{"GET /v1/work/{id}/events", http.HandlerFunc(s.workEventStream)},
+		{"POST /v1/batches", http.HandlerFunc(s.submitBatch)},
+		{"GET /v1/batches/{id}", http.HandlerFunc(s.getBatch)},
+		{"GET /v1/batches/{id}/results", http.HandlerFunc(s.batchResults)},
+		{"GET /v1/batches/{id}/events", http.HandlerFunc(s.batchEventStream)},
+		{"POST /v1/batches/{id}/cancel", http.HandlerFunc(s.cancelBatch)},
+		{"DELETE /v1/batches/{id}", http.HandlerFunc(s.cancelBatch)},
+		{"GET /v1/reviews", http.HandlerFunc(s.listReviews)},
+		{"POST /v1/reviews/{id}/resolve", http.HandlerFunc(s.resolveReview)},
+		{"GET /v1/views", http.HandlerFunc(s.views)},
+		{"POST /v1/webhooks/github", http.HandlerFunc(s.githubWebhook)},
+		// The ledger's rows are in the cell's database: the usage report is
+		// read here too, so a cell has one base URL.
+		{"GET /v1/usage", usageReport},
+		{"GET /v1/openapi.yaml", http.HandlerFunc(openAPI)},
+		{"GET /console", http.HandlerFunc(s.consolePage)},
+		{"GET /v1/console", http.HandlerFunc(s.consoleSnapshot)},
+		{"GET /v1/console/events", http.HandlerFunc(s.consoleEvents)},
+	}
+}
+
+// openAPI serves the API's description, to anyone: it holds no secret.
+func openAPI(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/yaml")
+	_, _ = w.Write(schemas.OpenAPI)
 }
 
 func (s *Service) count(ctx context.Context, result string) {
