@@ -563,6 +563,9 @@ func (s *swapHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	(*s.h.Load()).ServeHTTP(w, r)
 }
 
+// Starting is what a service's API port answers while it connects.
+func Starting() http.Handler { return starting(true) }
+
 // starting answers while a service connects: alive (/healthz, on the API
 // port), not ready, nothing else served yet.
 func starting(api bool) http.Handler {

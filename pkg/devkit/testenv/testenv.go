@@ -38,8 +38,13 @@ var (
 
 // Main runs the package's tests and then stops whatever testenv started, so
 // that no throwaway cluster outlives the test binary. Use it from TestMain.
-func Main(m *testing.M) {
+// Each of after runs once the tests have, while what they started still
+// runs, and may turn the exit code into a failure.
+func Main(m *testing.M, after ...func(code int) int) {
 	code := m.Run()
+	for _, f := range after {
+		code = f(code)
+	}
 	clusterMu.Lock()
 	if cluster != nil {
 		if err := cluster.Stop(); err != nil {

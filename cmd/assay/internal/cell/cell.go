@@ -56,6 +56,9 @@ type Options struct {
 	// StoreTracer, when set, gives the named service's pool a tracer that
 	// sees every statement it sends (the pipeline benchmark counts them).
 	StoreTracer func(service string) pgx.QueryTracer
+	// WrapHTTP, when set, wraps the cell's whole HTTP surface (the tests
+	// hold every answer to the API's description with it).
+	WrapHTTP func(http.Handler) http.Handler
 }
 
 // Cell is one region's four services in one process, behind one HTTP
@@ -141,12 +144,12 @@ func Start(ctx context.Context, o Options) (c *Cell, err error) {
 		}
 		c.parts = append(c.parts, p)
 	}
-	return c, c.serve(ctx, o.Config.HTTPAddr, o.HTTP, parts)
+	return c, c.serve(ctx, o.Config.HTTPAddr, o.HTTP, o.WrapHTTP, parts)
 }
 
 // serve serves the cell's HTTP surface: the ingress and usage APIs, health,
 // readiness of every part, and metrics.
-func (c *Cell) serve(ctx context.Context, addr string, lim host.Limits, parts []host.Part) error {
+func (c *Cell) serve(ctx context.Context, addr string, lim host.Limits, wrap func(http.Handler) http.Handler, parts []host.Part) error {
 	api := http.NewServeMux()
 	api.Handle("/v1/work", c.Ingress.Handler())
 	api.Handle("/v1/work/", c.Ingress.Handler())
@@ -156,11 +159,15 @@ func (c *Cell) serve(ctx context.Context, addr string, lim host.Limits, parts []
 	api.Handle("/v1/reviews", c.Ingress.Handler())
 	api.Handle("/v1/reviews/", c.Ingress.Handler())
 	api.Handle("/v1/views", c.Ingress.Handler())
+	api.Handle("/v1/openapi.yaml", c.Ingress.Handler())
 	api.Handle("/v1/usage", c.Ledger.Handler())
 	api.Handle("/console", c.Ingress.Handler())
 	api.Handle("/v1/console", c.Ingress.Handler())
 	api.Handle("/v1/console/", c.Ingress.Handler())
 	mux := host.Mux(api, c.Env, parts...)
+	if wrap != nil {
+		mux = wrap(mux)
+	}
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.stopHTTP, c.httpDone = cancel, make(chan error, 1)
 	bound := make(chan string, 1)

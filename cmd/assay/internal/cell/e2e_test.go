@@ -24,7 +24,7 @@ import (
 	"assay.dev/services/ingress"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { testenv.Main(m, apiCoverage) }
 
 func TestConcurrentIdenticalSubmissions(t *testing.T) {
 	t.Parallel()

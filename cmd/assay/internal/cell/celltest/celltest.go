@@ -14,12 +14,14 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/apicheck"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
@@ -28,6 +30,7 @@ import (
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/schemas"
 	"assay.dev/services/classifier"
 	"assay.dev/services/ingress"
 )
@@ -76,6 +79,9 @@ func SetupOn(t *testing.T, o cell.Options, front func(http.Handler) http.Handler
 		t.Cleanup(srv.Close)
 		simURL = srv.URL
 	}
+	if o.WrapHTTP == nil {
+		o.WrapHTTP = checkAPI(t)
+	}
 	dbURL := testenv.Database(t)
 	region, regions := "us", config.DefaultRegions
 	if o.Config.Region != "" {
@@ -111,6 +117,36 @@ func SetupOn(t *testing.T, o cell.Options, front func(http.Handler) http.Handler
 		t.Fatalf("seed: %v", err)
 	}
 	return b
+}
+
+// API is the checker every cell of the test binary holds its HTTP
+// traffic to: the API's OpenAPI description (schemas/openapi.yaml).
+var API = sync.OnceValues(func() (*apicheck.Checker, error) { return apicheck.New(schemas.OpenAPI) })
+
+// checkAPI wraps a cell's HTTP surface in API's checks, and fails t with
+// each request or answer the description does not allow once the cell has
+// stopped (this cleanup is registered before the cell's own).
+func checkAPI(t *testing.T) func(http.Handler) http.Handler {
+	chk, err := API()
+	if err != nil {
+		t.Fatalf("the API's description: %v", err)
+	}
+	var mu sync.Mutex
+	var problems []string
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, p := range problems {
+			t.Errorf("OpenAPI: %s", p)
+		}
+	})
+	return func(h http.Handler) http.Handler {
+		return chk.Wrap(h, func(p string) {
+			mu.Lock()
+			problems = append(problems, p)
+			mu.Unlock()
+		})
+	}
 }
 
 // CodeReview is the code-review request for an evaluation item.
