@@ -63,14 +63,3 @@ func TestParseWhen(t *testing.T) {
 		t.Error("a negative duration is not a time back from now")
 	}
 }
-
-// An excerpt is short and printable whatever the answer's bytes.
-func TestExcerpt(t *testing.T) {
-	if got := excerpt([]byte("{\"a\":\x00\xff}\n")); got != `{"a":\x00\xff}\x0a` {
-		t.Errorf("excerpt = %q", got)
-	}
-	long := excerpt(bytes.Repeat([]byte("é"), 200))
-	if !strings.HasSuffix(long, "…") || strings.Count(long, "é") != excerptBytes/2 {
-		t.Errorf("long excerpt = %q", long)
-	}
-}

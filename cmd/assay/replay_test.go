@@ -315,7 +315,7 @@ func TestReplayIncident(t *testing.T) {
 		if len(s.Messages) != published || kinds["WORK"] < 1 || kinds["RESULT"] != 1 || kinds["ATTEMPT"] != 1 {
 			t.Errorf("messages %v (%d), the outbox published %d", kinds, len(s.Messages), published)
 		}
-		if !slices.ContainsFunc(s.Decisions, func(d Decision) bool { return d.What == "ended retry_exhausted" }) {
+		if !slices.ContainsFunc(s.Decisions, func(d ingress.Decision) bool { return d.What == "ended retry_exhausted" }) {
 			t.Errorf("decisions do not say how it ended: %+v", s.Decisions)
 		}
 		text := string(assay(t, work, "show", in.burst[0]))
@@ -341,8 +341,8 @@ func TestReplayIncident(t *testing.T) {
 
 	t.Run("work list", func(t *testing.T) {
 		var page struct {
-			Items []WorkRow `json:"items"`
-			Next  string    `json:"next"`
+			Items []ingress.WorkRow `json:"items"`
+			Next  string            `json:"next"`
 		}
 		if err := json.Unmarshal(assay(t, work, "list", "--state", "schema_rejected", "--json"), &page); err != nil {
 			t.Fatal(err)
@@ -518,7 +518,7 @@ func TestReplayIncident(t *testing.T) {
 			t.Fatal(err)
 		}
 		if len(s.Redrives) != 1 || s.Redrives[0].EndedState != "retry_exhausted" || s.Work.State != "accepted" ||
-			!slices.ContainsFunc(s.Decisions, func(d Decision) bool { return d.What == "ended retry_exhausted" && d.Reason != "" }) {
+			!slices.ContainsFunc(s.Decisions, func(d ingress.Decision) bool { return d.What == "ended retry_exhausted" && d.Reason != "" }) {
 			t.Errorf("work show after the redrive: %+v, decisions %+v", s.Redrives, s.Decisions)
 		}
 	})

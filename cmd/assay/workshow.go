@@ -3,8 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -15,7 +13,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
@@ -24,214 +21,27 @@ import (
 	"assay.dev/services/ingress"
 )
 
-// WorkRow is a work row as the operator sees it; the input itself stays
-// in the database (its size and digest are shown).
-type WorkRow struct {
-	ID              string    `json:"workId"`
-	TenantID        string    `json:"tenantId"`
-	Region          string    `json:"region"`
-	Contract        string    `json:"contract"`
-	SchemaVersion   string    `json:"schemaVersion"`
-	TaxonomyVersion string    `json:"taxonomyVersion"`
-	SourceID        string    `json:"sourceId"`
-	Revision        string    `json:"revision"`
-	Lane            string    `json:"lane"`
-	State           string    `json:"state"`
-	Reason          string    `json:"reason,omitempty"`
-	Attempts        int       `json:"attempts"`
-	Repairs         int       `json:"repairs"`
-	Dispatch        int       `json:"dispatch"`
-	InputBytes      int       `json:"inputBytes"`
-	Digest          string    `json:"digest"`
-	Traceparent     string    `json:"traceparent,omitempty"`
-	DeadlineAt      time.Time `json:"deadlineAt"`
-	CreatedAt       time.Time `json:"createdAt"`
-	UpdatedAt       time.Time `json:"updatedAt"`
-}
-
-func workRow(w *store.Work) WorkRow {
-	return WorkRow{ID: w.ID, TenantID: w.TenantID, Region: w.Region, Contract: w.Contract, SchemaVersion: w.SchemaVersion,
-		TaxonomyVersion: w.TaxonomyVersion, SourceID: w.SourceID, Revision: w.Revision, Lane: w.Lane, State: w.State,
-		Reason: w.Reason, Attempts: w.Attempts, Repairs: w.Repairs, Dispatch: w.Dispatch, InputBytes: len(w.Input),
-		Digest: w.Digest, Traceparent: w.Traceparent, DeadlineAt: w.DeadlineAt, CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt}
-}
-
-// AttemptStory is one attempt with an excerpt of its kept answer.
-type AttemptStory struct {
-	ID           string     `json:"attemptId"`
-	Number       int        `json:"number"`
-	Outcome      string     `json:"outcome"`
-	Reason       string     `json:"reason,omitempty"`
-	StartedAt    time.Time  `json:"startedAt"`
-	FinishedAt   *time.Time `json:"finishedAt,omitempty"`
-	AnswerBytes  int        `json:"answerBytes"`
-	AnswerSHA256 string     `json:"answerSha256,omitempty"`
-	// Excerpt is the answer's first bytes, only when --answers asks:
-	// a model's answer may quote its input (a credential in a diff,
-	// personal data), and this output leaves the database.
-	Excerpt string `json:"excerpt,omitempty"`
-}
-
-// Decision is one thing the cell decided about the work, as its records
-// show it.
-type Decision struct {
-	At     time.Time `json:"at"`
-	What   string    `json:"what"`
-	Reason string    `json:"reason,omitempty"`
-	// From names the record it is read from.
-	From string `json:"from"`
-}
-
-// WorkStory is what assay work show prints.
+// WorkStory is what assay work show prints: the cell's records of the
+// work, and its messages in the streams.
 type WorkStory struct {
-	Work      WorkRow           `json:"work"`
-	TraceID   string            `json:"traceId,omitempty"`
-	Attempts  []AttemptStory    `json:"attempts"`
-	Ledger    []store.LedgerRow `json:"ledger"`
-	Result    *store.Result     `json:"result,omitempty"`
-	Outbox    []store.OutboxRow `json:"outbox"`
-	Redrives  []store.Redrive   `json:"redrives"`
-	Decisions []Decision        `json:"decisions"`
-	Messages  []ReplayMsg       `json:"messages"`
+	*ingress.WorkStory
+	Messages []ReplayMsg `json:"messages"`
 	// MessagesError says why the streams could not be read.
 	MessagesError string `json:"messagesError,omitempty"`
-
-	// Publications are where its outcome went, one per target.
-	Publications []ingress.PublicationView `json:"publications"`
 }
 
-// excerptBytes is how much of an answer work show prints.
-const excerptBytes = 160
-
-// excerpt is the start of an answer, printable: bytes that are not UTF-8
-// and control characters are escaped.
-func excerpt(raw []byte) string {
-	cut := raw[:min(len(raw), excerptBytes)]
-	var b strings.Builder
-	for len(cut) > 0 {
-		r, n := utf8.DecodeRune(cut)
-		switch {
-		case r == utf8.RuneError && n <= 1:
-			fmt.Fprintf(&b, `\x%02x`, cut[0])
-		case r < 0x20 || r == 0x7f:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		default:
-			b.WriteRune(r)
-		}
-		cut = cut[n:]
-	}
-	if len(raw) > excerptBytes {
-		b.WriteString("…")
-	}
-	return b.String()
-}
-
-// traceID is the trace id of a W3C traceparent, "" when there is none.
-func traceID(tp string) string {
-	parts := strings.Split(tp, "-")
-	if len(parts) != 4 {
-		return ""
-	}
-	return parts[1]
-}
-
-// readStory reads everything the cell records about one work item, with
-// an excerpt of each answer when withAnswers is set.
+// readStory reads the work's story, with an excerpt of each answer when
+// withAnswers is set.
 func readStory(ctx context.Context, st *store.Store, id string, withAnswers bool) (*WorkStory, error) {
-	w, err := st.GetWork(ctx, id)
+	answers := ingress.AnswerNone
+	if withAnswers {
+		answers = ingress.AnswerFull
+	}
+	s, err := ingress.ReadStory(ctx, st, id, answers)
 	if err != nil {
 		return nil, err
 	}
-	s := &WorkStory{Work: workRow(w), TraceID: traceID(w.Traceparent), Attempts: []AttemptStory{}, Messages: []ReplayMsg{}}
-	answers, err := st.AttemptAnswers(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	for _, a := range answers {
-		as := AttemptStory{ID: a.ID, Number: a.Number, Outcome: a.Outcome, Reason: a.Reason, StartedAt: a.StartedAt,
-			FinishedAt: a.FinishedAt, AnswerBytes: len(a.Raw)}
-		if a.Raw != nil {
-			sum := sha256.Sum256(a.Raw)
-			as.AnswerSHA256 = hex.EncodeToString(sum[:])
-			if withAnswers {
-				as.Excerpt = excerpt(a.Raw)
-			}
-		}
-		s.Attempts = append(s.Attempts, as)
-	}
-	if s.Ledger, err = st.LedgerOf(ctx, id); err != nil {
-		return nil, err
-	}
-	if w.State == outcome.Accepted {
-		if s.Result, err = st.GetResult(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return nil, err
-		}
-	}
-	if s.Outbox, err = st.OutboxOf(ctx, id); err != nil {
-		return nil, err
-	}
-	if s.Redrives, err = st.RedrivesOf(ctx, id); err != nil {
-		return nil, err
-	}
-	pubs, err := st.PublicationsOf(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	s.Publications = ingress.PublicationViews(pubs)
-	s.Decisions = decisions(w, s)
-	return s, nil
-}
-
-// decisions puts the cell's records of one work item in time order: each
-// row is the trace of a decision made when it was written.
-func decisions(w *store.Work, s *WorkStory) []Decision {
-	ds := []Decision{{At: w.CreatedAt, What: "admitted", Reason: "work row written by ingress", From: "work.created_at"}}
-	number := map[string]int{}
-	for _, a := range s.Attempts {
-		number[a.ID] = a.Number
-		ds = append(ds, Decision{At: a.StartedAt, What: fmt.Sprintf("claimed attempt %d", a.Number), Reason: "lease taken", From: "attempts.started_at"})
-		if a.FinishedAt != nil {
-			ds = append(ds, Decision{At: *a.FinishedAt, What: fmt.Sprintf("attempt %d: %s", a.Number, a.Outcome), Reason: a.Reason, From: "attempts.outcome"})
-		}
-	}
-	for _, o := range s.Outbox {
-		what := "event " + o.Stream + " " + o.MsgID
-		if o.Stream == event.KindWork {
-			what = "announced " + o.MsgID
-			if strings.HasPrefix(o.MsgID, "cancel.") {
-				what = "cancel sent " + o.MsgID
-			}
-		}
-		switch {
-		case o.PublishedAt != nil:
-			ds = append(ds, Decision{At: *o.PublishedAt, What: what, Reason: "published to " + o.Subject, From: "outbox.published_at"})
-		case o.SetAside:
-			ds = append(ds, Decision{At: o.CreatedAt, What: what, Reason: "set aside: could not be published", From: "outbox.set_aside_at"})
-		default:
-			ds = append(ds, Decision{At: o.CreatedAt, What: what, Reason: "written, not yet published", From: "outbox.created_at"})
-		}
-	}
-	for _, l := range s.Ledger {
-		reason := fmt.Sprintf("%d in, %d out, %d micro-dollars", l.InputUnits, l.OutputUnits, l.CostMicros)
-		if l.Estimated {
-			reason += ", estimated (no usage came back)"
-		}
-		ds = append(ds, Decision{At: l.OccurredAt, What: fmt.Sprintf("charged attempt %d (%s)", number[l.AttemptID], l.Outcome), Reason: reason, From: "ledger"})
-	}
-	if s.Result != nil {
-		ds = append(ds, Decision{At: s.Result.CreatedAt, What: "committed", Reason: fmt.Sprintf("attempt %d accepted, %d finding(s)",
-			number[s.Result.AttemptID], s.Result.Findings), From: "results"})
-	}
-	for _, r := range s.Redrives {
-		ds = append(ds, Decision{At: r.EndedAt, What: "ended " + r.EndedState, Reason: r.EndedReason, From: "redrives.ended_state"})
-		ds = append(ds, Decision{At: r.RedrivenAt, What: "redriven", Reason: fmt.Sprintf("its %s ending of %s queued again as dispatch %d",
-			r.EndedState, r.EndedAt.UTC().Format(time.RFC3339), r.Dispatch), From: "redrives"})
-	}
-	if w.Terminal() && w.State != outcome.Accepted {
-		ds = append(ds, Decision{At: w.UpdatedAt, What: "ended " + w.State, Reason: w.Reason, From: "work.state"})
-	}
-	slices.SortStableFunc(ds, func(a, b Decision) int { return a.At.Compare(b.At) })
-	return ds
+	return &WorkStory{WorkStory: s, Messages: []ReplayMsg{}}, nil
 }
 
 // workShow runs `assay work show ID`.
@@ -459,13 +269,13 @@ func workList(ctx context.Context, args []string, stdout io.Writer) error {
 		next = store.WorkCursor(ws[len(ws)-1])
 	}
 	if *asJSON {
-		rows := make([]WorkRow, 0, len(ws))
+		rows := make([]ingress.WorkRow, 0, len(ws))
 		for _, w := range ws {
-			rows = append(rows, workRow(w))
+			rows = append(rows, ingress.WorkRowOf(w))
 		}
 		return json.NewEncoder(stdout).Encode(struct {
-			Items []WorkRow `json:"items"`
-			Next  string    `json:"next,omitempty"`
+			Items []ingress.WorkRow `json:"items"`
+			Next  string            `json:"next,omitempty"`
 		}{rows, next})
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)

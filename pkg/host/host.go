@@ -306,6 +306,7 @@ func Mux(api http.Handler, env *Env, parts ...Part) http.Handler {
 		// The console page ingress serves; another service's API answers
 		// it not_found.
 		mux.Handle("GET /console", api)
+		mux.Handle("GET /console/", api)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		apierror.JSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -481,34 +481,41 @@ func (o *openStreams) take(key string, max int) (release func(), ok bool) {
 //go:embed console.html
 var consoleHTML []byte
 
-// consoleCSP allows the page nothing but itself: its one inline script and
+var consoleCSP = pageCSP(consoleHTML)
+
+// pageCSP allows a page nothing but itself: its one inline script and
 // one inline style, by hash, and requests to its own origin.
-var consoleCSP = func() string {
+func pageCSP(page []byte) string {
 	csp := "default-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 	for _, k := range []struct{ directive, tag string }{{"script-src", "script"}, {"style-src", "style"}} {
-		m := regexp.MustCompile(`(?s)<` + k.tag + `>(.*?)</` + k.tag + `>`).FindSubmatch(consoleHTML)
+		m := regexp.MustCompile(`(?s)<` + k.tag + `>(.*?)</` + k.tag + `>`).FindSubmatch(page)
 		if m == nil {
-			panic("ingress: console.html has no inline " + k.tag)
+			panic("ingress: a console page has no inline " + k.tag)
 		}
 		sum := sha256.Sum256(m[1])
 		csp += "; " + k.directive + " 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
 	}
 	return csp
-}()
+}
 
 // consolePage serves the console: one page, no resources from anywhere.
 // It holds no figures itself and needs no credential; its script asks for
 // a token and reads /v1/console/events with it.
 func (s *Service) consolePage(w http.ResponseWriter, r *http.Request) {
+	servePage(w, r, consoleHTML, consoleCSP)
+}
+
+// servePage answers with one of the console's pages and its policy.
+func servePage(w http.ResponseWriter, r *http.Request, page []byte, csp string) {
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")
-	h.Set("Content-Security-Policy", consoleCSP)
+	h.Set("Content-Security-Policy", csp)
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
-	h.Set("Content-Length", strconv.Itoa(len(consoleHTML)))
+	h.Set("Content-Length", strconv.Itoa(len(page)))
 	w.WriteHeader(http.StatusOK)
 	if !strings.EqualFold(r.Method, http.MethodHead) {
-		_, _ = w.Write(consoleHTML)
+		_, _ = w.Write(page)
 	}
 }

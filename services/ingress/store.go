@@ -20,6 +20,7 @@ type Store interface {
 	historyReader
 	openCounter
 	tenantWatcher
+	StoryStore
 	OpenReviews(ctx context.Context, tenant string) (int, error)
 	Ping(ctx context.Context) error
 	GetWork(ctx context.Context, id string) (*store.Work, error)

@@ -162,6 +162,7 @@ func (c *Cell) serve(ctx context.Context, addr string, lim host.Limits, wrap fun
 	api.Handle("/v1/openapi.yaml", c.Ingress.Handler())
 	api.Handle("/v1/usage", c.Ledger.Handler())
 	api.Handle("/console", c.Ingress.Handler())
+	api.Handle("/console/", c.Ingress.Handler())
 	api.Handle("/v1/console", c.Ingress.Handler())
 	api.Handle("/v1/console/", c.Ingress.Handler())
 	mux := host.Mux(api, c.Env, parts...)

@@ -208,6 +208,7 @@ func TestEveryDescribedRefusal(t *testing.T) {
 		"GET /v1/usage":                 {},
 		"GET /v1/console":               {},
 		"GET /v1/console/events":        {},
+		"GET /v1/console/work/{id}":     {path: "/v1/console/work/w_none"},
 	}
 	send := func(op string, c apiCall, token string) (int, string) {
 		t.Helper()
@@ -270,6 +271,7 @@ func TestEveryDescribedRefusal(t *testing.T) {
 	expect("GET /v1/usage", apiCall{path: "/v1/usage?from=2026-02-01T00:00:00Z&to=2026-01-01T00:00:00Z"}, b.Token, 400, "invalid_period")
 	expect("GET /v1/usage", apiCall{path: "/v1/usage?tenant=slow"}, b.Token, 403, "forbidden")
 	expect("GET /v1/work/{id}", calls["GET /v1/work/{id}"], b.Token, 404, "not_found")
+	expect("GET /v1/console/work/{id}", calls["GET /v1/console/work/{id}"], "ops-token", 404, "not_found")
 	late := review
 	late.DeadlineSeconds = -1
 	expect("POST /v1/work", apiCall{body: late}, b.Token, 400, "invalid_deadline")

@@ -1,0 +1,131 @@
+package cell_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"assay.dev/services/ingress"
+)
+
+// workPageView is what the work page shows, read from its elements.
+type workPageView struct {
+	Loaded    string            `json:"loaded"`
+	Fields    map[string]string `json:"fields"`
+	Decisions []string          `json:"decisions"`
+	Attempts  []string          `json:"attempts"`
+	Shapes    []string          `json:"shapes"`
+	Findings  []string          `json:"findings"`
+	Ledger    int               `json:"ledger"`
+	Error     string            `json:"error"`
+	Text      string            `json:"text"`
+}
+
+const readWorkPage = `JSON.stringify((() => {
+	const all = (sel) => Array.from(document.querySelectorAll(sel));
+	const fields = {};
+	all("#work dd").forEach((dd) => { fields[dd.dataset.field] = dd.textContent; });
+	return {
+		loaded: document.body.dataset.loaded || "", fields: fields,
+		decisions: all("#decisions tbody tr").map((tr) => tr.querySelector('[data-field="what"]').textContent),
+		attempts: all("#attempts tbody tr").map((tr) => tr.dataset.outcome),
+		shapes: all("#attempts [data-field=shape]").map((el) => el.textContent),
+		findings: all("#findings tbody tr").map((tr) => tr.querySelector('[data-field="summary"]').textContent),
+		ledger: all("#ledger tbody tr").length,
+		error: document.getElementById("error").textContent,
+		text: document.body.innerText,
+	};
+})())`
+
+func (b *browser) workPage(t *testing.T) workPageView {
+	t.Helper()
+	raw, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](readWorkPage))
+	if err != nil {
+		t.Fatalf("read the work page: %v", err)
+	}
+	var v workPageView
+	if err := json.Unmarshal([]byte(raw), &v); err != nil {
+		t.Fatalf("read the work page: %v: %s", err, raw)
+	}
+	return v
+}
+
+// An operator follows a recent decision's link from the console to its work
+// page, which tells the story GET /v1/console/work/{id} does: its state,
+// each decision in time order, each attempt with its answer's shape (no
+// word of the answer), its ledger row and its result's findings. A
+// tenant's token opens its own work's page and is refused another
+// tenant's, with the API's code.
+func TestWorkPageInChromium(t *testing.T) {
+	t.Parallel()
+	c := setupConsole(t)
+	id := c.finish(t, c.Token, "acme", 0, "work page acme")
+	theirs := c.finish(t, c.Initech, "initech", 1, "work page initech")
+	status, _, raw := c.get(t, c.Operator, "/v1/console/work/"+id)
+	var story ingress.WorkStory
+	if status != http.StatusOK || json.Unmarshal(raw, &story) != nil {
+		t.Fatalf("GET /v1/console/work/%s as the operator: HTTP %d %s", id, status, raw)
+	}
+	var output struct {
+		Findings []struct{ Summary string }
+	}
+	if story.Result == nil || json.Unmarshal(story.Result.Output, &output) != nil || len(output.Findings) == 0 {
+		t.Fatalf("the story has no result with findings: %+v", story.Result)
+	}
+	for _, a := range story.Attempts {
+		if a.Shape == "" || a.Excerpt != "" || strings.Contains(a.Shape, output.Findings[0].Summary) {
+			t.Errorf("attempt %d's answer is shown as %q (excerpt %q): want its shape, no word of it", a.Number, a.Shape, a.Excerpt)
+		}
+	}
+	if status, _, raw := c.get(t, c.Token, "/v1/console/work/"+theirs); status != http.StatusNotFound {
+		t.Errorf("acme's token on initech's work: HTTP %d %s, want 404", status, raw)
+	}
+
+	b := chromium(t)
+	b.do(t, "open /console", chromedp.Navigate(c.Cell.URL+"/console"))
+	b.signIn(t, c.Operator)
+	b.await(t, "the recent decisions", func(v pageView) bool { return v.Board && len(v.Recent) >= 2 })
+	b.do(t, "follow the work's link", chromedp.Click(chromedp.CSS(`#recent a[href="/console/work/`+id+`"]`)),
+		chromedp.WaitVisible(chromedp.ID("story")))
+	v := b.workPage(t)
+	if v.Loaded != id || v.Fields["state"] != story.Work.State || v.Fields["tenant"] != "acme (region us)" {
+		t.Errorf("the work page shows %q, state %q, tenant %q; want %s, %s, acme", v.Loaded, v.Fields["state"], v.Fields["tenant"], id, story.Work.State)
+	}
+	if len(v.Decisions) != len(story.Decisions) || v.Decisions[0] != "admitted" {
+		t.Errorf("the page's decisions %q; the API's are %d, admitted first", v.Decisions, len(story.Decisions))
+	}
+	if len(v.Attempts) != len(story.Attempts) || len(v.Shapes) != len(story.Attempts) || v.Shapes[0] != story.Attempts[0].Shape {
+		t.Errorf("the page's attempts %q with shapes %q; the API's %d", v.Attempts, v.Shapes, len(story.Attempts))
+	}
+	if len(v.Findings) != len(output.Findings) || v.Findings[0] != output.Findings[0].Summary || v.Ledger != len(story.Ledger) {
+		t.Errorf("the page's findings %q and %d ledger rows; the API's %d findings and %d rows", v.Findings, v.Ledger, len(output.Findings), len(story.Ledger))
+	}
+	b.screenshot(t, "assay-console-work.png")
+
+	// A tenant's token: its own work, and not another tenant's.
+	b.do(t, "sign out", chromedp.Click(chromedp.ID("signout")))
+	b.do(t, "open initech's work", chromedp.Navigate(c.Cell.URL+"/console/work/"+theirs))
+	b.signIn(t, c.Token)
+	b.do(t, "the refusal", chromedp.WaitVisible(chromedp.ID("login")))
+	deadline := 0
+	for v = b.workPage(t); v.Error == "" && deadline < 100; v = b.workPage(t) {
+		deadline++
+		_ = chromedp.Do(b.ctx, chromedp.Sleep(100*time.Millisecond))
+	}
+	if !strings.Contains(v.Error, "not_found") || v.Loaded != "" || strings.Contains(v.Text, "initech (region") {
+		t.Errorf("acme's token on initech's work page: error %q, shown %q", v.Error, v.Loaded)
+	}
+	b.do(t, "open acme's work", chromedp.Navigate(c.Cell.URL+"/console/work/"+id), chromedp.WaitVisible(chromedp.ID("story")))
+	if v := b.workPage(t); v.Loaded != id {
+		t.Errorf("acme's token on its own work page shows %q", v.Loaded)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.exceptions) > 0 {
+		t.Errorf("the page threw: %v", b.exceptions)
+	}
+}
