@@ -18,6 +18,8 @@ import (
 // WorkFilter selects work rows for a listing. Zero fields select all.
 type WorkFilter struct {
 	State, Tenant, Lane string
+	// SourceID, when set, keeps the work of that source alone.
+	SourceID string
 	// States, when not empty, keeps work in any of them (beside State).
 	States []string
 	// Since and Until bound created_at: since inclusive, until exclusive.
@@ -44,9 +46,10 @@ func (s *Store) ListWork(ctx context.Context, f WorkFilter) ([]*Work, error) {
 			AND ($4::timestamptz IS NULL OR created_at >= $4) AND ($5::timestamptz IS NULL OR created_at < $5)
 			AND ($6::timestamptz IS NULL OR (created_at, id) > ($6, $7))
 			AND (cardinality($9::text[]) = 0 OR state = ANY($9)) AND (NOT $10 OR shadow_of IS NULL)
+			AND ($11 = '' OR source_id = $11)
 		ORDER BY created_at, id LIMIT $8`,
 		f.State, f.Tenant, f.Lane, sourceTime(f.Since), sourceTime(f.Until), sourceTime(f.AfterCreated), f.AfterID, f.Limit,
-		append([]string{}, f.States...), f.Live)
+		append([]string{}, f.States...), f.Live, f.SourceID)
 	if err != nil {
 		return nil, fmt.Errorf("store: list work: %w", err)
 	}

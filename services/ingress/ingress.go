@@ -688,6 +688,7 @@ func (s *Service) endpoints(usageReport http.Handler) []endpoint {
 		{"GET /console", http.HandlerFunc(s.consolePage)},
 		{"GET /v1/console", http.HandlerFunc(s.consoleSnapshot)},
 		{"GET /v1/console/events", http.HandlerFunc(s.consoleEvents)},
+		{"GET /v1/console/work", http.HandlerFunc(s.consoleFind)},
 		{"GET /v1/console/work/{id}", http.HandlerFunc(s.consoleWork)},
 		{"GET /console/work/{id}", http.HandlerFunc(s.consoleWorkPage)},
 	}

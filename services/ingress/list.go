@@ -24,6 +24,7 @@ type workLister interface {
 // WorkSummary is one work item in GET /v1/work.
 type WorkSummary struct {
 	WorkID     string    `json:"workId"`
+	TenantID   string    `json:"tenantId"`
 	Contract   string    `json:"contract"`
 	SourceID   string    `json:"sourceId"`
 	Revision   string    `json:"revision"`
@@ -52,40 +53,90 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	f, ok := readWorkFilter(w, r.URL.Query())
+	if !ok {
+		return
+	}
+	f.Tenant = t.ID
+	s.writeWorkList(w, r, f)
+}
+
+// consoleFind serves GET /v1/console/work: the console's search, by
+// source id, tenant, state, lane and time. An operator's token searches
+// the cell's work, a tenant's its own alone.
+func (s *Service) consoleFind(w http.ResponseWriter, r *http.Request) {
+	v, ok := s.viewer(w, r)
+	if !ok {
+		return
+	}
 	q := r.URL.Query()
-	f := store.WorkFilter{Tenant: t.ID, State: q.Get("state"), Lane: q.Get("lane"), Limit: 100}
+	f, ok := readWorkFilter(w, q)
+	if !ok {
+		return
+	}
+	f.Tenant, f.SourceID = q.Get("tenant"), q.Get("source")
+	if f.SourceID != "" && !sourceRE.MatchString(f.SourceID) {
+		apierror.Write(w, http.StatusBadRequest, "invalid_query", "source: not a source id")
+		return
+	}
+	if v := q.Get("until"); v != "" {
+		at, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			apierror.Write(w, http.StatusBadRequest, "invalid_query", "until: not an RFC 3339 time")
+			return
+		}
+		f.Until = at
+	}
+	if v.Operator == nil {
+		if f.Tenant != "" && f.Tenant != v.Tenant.ID {
+			apierror.Write(w, http.StatusForbidden, "forbidden", "a tenant's token finds its own work only")
+			return
+		}
+		f.Tenant = v.Tenant.ID
+	}
+	s.writeWorkList(w, r, f)
+}
+
+// readWorkFilter reads a listing's state, lane, since, limit and cursor,
+// or writes the refusal.
+func readWorkFilter(w http.ResponseWriter, q url.Values) (store.WorkFilter, bool) {
+	f := store.WorkFilter{State: q.Get("state"), Lane: q.Get("lane"), Limit: 100}
 	if f.State != "" && !slices.Contains(outcome.WorkStates, f.State) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_query", "state: not a work state")
-		return
+		return f, false
 	}
 	if f.Lane != "" && !event.ValidLane(f.Lane) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_query", "lane: not interactive or batch")
-		return
+		return f, false
 	}
 	if v := q.Get("since"); v != "" {
 		at, err := time.Parse(time.RFC3339Nano, v)
 		if err != nil {
 			apierror.Write(w, http.StatusBadRequest, "invalid_query", "since: not an RFC 3339 time")
-			return
+			return f, false
 		}
 		f.Since = at
 	}
 	if !page(w, q, store.ParseWorkCursor, &f.Limit, &f.AfterCreated, &f.AfterID) {
-		return
+		return f, false
 	}
-	lister := s.d.Store
 	f.Live = true
-	ws, err := lister.ListWork(r.Context(), f)
+	return f, true
+}
+
+// writeWorkList answers with the page of work f selects.
+func (s *Service) writeWorkList(w http.ResponseWriter, r *http.Request, f store.WorkFilter) {
+	ws, err := s.d.Store.ListWork(r.Context(), f)
 	if err != nil {
-		s.d.Log.Error("list work failed", "tenant", t.ID, "err", err)
+		s.d.Log.Error("list work failed", "tenant", f.Tenant, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
 	out := WorkList{Items: make([]WorkSummary, 0, len(ws))}
 	for _, wk := range ws {
-		v := WorkSummary{WorkID: wk.ID, Contract: wk.Contract, SourceID: wk.SourceID, Revision: wk.Revision, Lane: wk.Lane,
-			State: wk.State, Reason: wk.Reason, Attempts: wk.Attempts, DeadlineAt: wk.DeadlineAt, CreatedAt: wk.CreatedAt,
-			UpdatedAt: wk.UpdatedAt, Links: Links{Self: "/v1/work/" + wk.ID}}
+		v := WorkSummary{WorkID: wk.ID, TenantID: wk.TenantID, Contract: wk.Contract, SourceID: wk.SourceID, Revision: wk.Revision,
+			Lane: wk.Lane, State: wk.State, Reason: wk.Reason, Attempts: wk.Attempts, DeadlineAt: wk.DeadlineAt,
+			CreatedAt: wk.CreatedAt, UpdatedAt: wk.UpdatedAt, Links: Links{Self: "/v1/work/" + wk.ID}}
 		if wk.Terminal() {
 			o := wk.State
 			v.Outcome = &o

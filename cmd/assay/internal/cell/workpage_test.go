@@ -3,12 +3,15 @@ package cell_test
 import (
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 
+	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/services/ingress"
 )
 
@@ -122,6 +125,55 @@ func TestWorkPageInChromium(t *testing.T) {
 	b.do(t, "open acme's work", chromedp.Navigate(c.Cell.URL+"/console/work/"+id), chromedp.WaitVisible(chromedp.ID("story")))
 	if v := b.workPage(t); v.Loaded != id {
 		t.Errorf("acme's token on its own work page shows %q", v.Loaded)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.exceptions) > 0 {
+		t.Errorf("the page threw: %v", b.exceptions)
+	}
+}
+
+// The console's search: an operator finds another tenant's work by its
+// source id and follows it to its page; a tenant's search finds its own
+// work alone, and naming another tenant is refused.
+func TestFindWorkInChromium(t *testing.T) {
+	t.Parallel()
+	c := setupConsole(t)
+	theirs := c.finish(t, c.Initech, "initech", 1, "find initech")
+	mine := c.finish(t, c.Token, "acme", 0, "find acme")
+	source := celltest.CodeReview(evalset.Items()[1], "").SourceID
+	find := func(token, query string) (int, ingress.WorkList) {
+		t.Helper()
+		status, _, raw := c.get(t, token, "/v1/console/work?"+query)
+		var l ingress.WorkList
+		_ = json.Unmarshal(raw, &l)
+		return status, l
+	}
+	if status, l := find(c.Operator, "source="+url.QueryEscape(source)); status != 200 || len(l.Items) != 1 ||
+		l.Items[0].WorkID != theirs || l.Items[0].TenantID != "initech" {
+		t.Errorf("the operator's search for %s: HTTP %d %+v; want initech's %s", source, status, l.Items, theirs)
+	}
+	if status, l := find(c.Token, "state=accepted"); status != 200 || len(l.Items) != 1 || l.Items[0].WorkID != mine {
+		t.Errorf("acme's search: HTTP %d %+v; want its own %s alone", status, l.Items, mine)
+	}
+	if status, l := find(c.Token, "source="+url.QueryEscape(source)); status != 200 || len(l.Items) != 0 {
+		t.Errorf("acme's search for initech's source: HTTP %d %+v; want nothing", status, l.Items)
+	}
+	if status, _ := find(c.Token, "tenant=initech"); status != http.StatusForbidden {
+		t.Errorf("acme's search naming initech: HTTP %d, want 403", status)
+	}
+
+	b := chromium(t)
+	b.do(t, "open /console", chromedp.Navigate(c.Cell.URL+"/console"))
+	b.signIn(t, c.Operator)
+	b.await(t, "the board", func(v pageView) bool { return v.Board })
+	b.do(t, "find by source id", chromedp.SendKeys(chromedp.ID("find-q"), source), chromedp.Click(chromedp.ID("find")),
+		chromedp.WaitVisible(chromedp.CSS(`#found a[href="/console/work/`+theirs+`"]`)))
+	b.screenshot(t, "assay-console-find.png")
+	b.do(t, "open the found work", chromedp.Click(chromedp.CSS(`#found a[href="/console/work/`+theirs+`"]`)),
+		chromedp.WaitVisible(chromedp.ID("story")))
+	if v := b.workPage(t); v.Loaded != theirs || v.Fields["tenant"] != "initech (region us)" {
+		t.Errorf("the found work's page shows %q of %q, want %s of initech", v.Loaded, v.Fields["tenant"], theirs)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
