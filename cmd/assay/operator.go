@@ -18,10 +18,12 @@ import (
 
 const operatorUsage = `usage: assay operator token <command> [flags] [--region R --database-url URL]
 
-  create --name NAME [--token-from FILE] [--token-out FILE]
+  create --name NAME [--role operator|reviewer] [--token-from FILE] [--token-out FILE]
                    a new operator token for NAME, printed once (or written to
                    --token-out, mode 0600); --token-from installs the token
-                   minted in another cell, so one token reads every cell
+                   minted in another cell, so one token reads every cell;
+                   --role reviewer reads the console and acts on no work
+                   (default operator: redrive and rerun from a work's page)
   list [--json]    the operator tokens, revoked ones too (never the tokens)
   revoke --name NAME
                    revoke NAME's token; its console streams end
@@ -58,6 +60,7 @@ func operatorCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	tokenFrom := fs.String("token-from", "", "install the token in FILE (- for standard input) instead of minting one")
 	tokenOut := fs.String("token-out", "", "write the new token to FILE (mode 0600) instead of printing it")
 	asJSON := fs.Bool("json", false, "list as JSON")
+	role := fs.String("role", store.RoleOperator, "create: operator (acts on work from the console) or reviewer (reads it)")
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
 	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
 	if err := fs.Parse(args[2:]); err != nil {
@@ -74,6 +77,9 @@ func operatorCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	case "list":
 	default:
 		return configError{fmt.Errorf("unknown operator token command %q\n%s", verb, operatorUsage)}
+	}
+	if !slices.Contains(store.Roles, *role) {
+		return configError{fmt.Errorf("--role %q: use operator or reviewer", *role)}
 	}
 	if _, err := config.Load("assay operator", []string{"--region", *region, "--database-url", *dbURL}, regionsOnly, config.Need{}); err != nil {
 		return configError{err}
@@ -92,13 +98,13 @@ func operatorCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := st.AddOperatorToken(ctx, *name, tok); err != nil {
+		if err := st.AddOperatorTokenAs(ctx, *name, *role, tok); err != nil {
 			if errors.Is(err, store.ErrExists) {
 				return fmt.Errorf("%v in region %s's database (revoke the old one first)", err, *region)
 			}
 			return err
 		}
-		fmt.Fprintf(stdout, "operator token for %s created; it reads the console of region %s\n", *name, *region)
+		fmt.Fprintf(stdout, "%s token for %s created; it reads the console of region %s\n", *role, *name, *region)
 		return showToken(stdout, tok, *tokenFrom, *tokenOut)
 	case "revoke":
 		if err := st.RevokeOperatorToken(ctx, *name); errors.Is(err, store.ErrNotFound) {
@@ -122,13 +128,13 @@ func operatorCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return enc.Encode(toks)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCREATED\tREVOKED")
+	fmt.Fprintln(tw, "NAME\tROLE\tCREATED\tREVOKED")
 	for _, t := range toks {
 		revoked := "-"
 		if t.RevokedAt != nil {
 			revoked = t.RevokedAt.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", t.Name, t.CreatedAt.UTC().Format(time.RFC3339), revoked)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.Name, t.Role, t.CreatedAt.UTC().Format(time.RFC3339), revoked)
 	}
 	return tw.Flush()
 }

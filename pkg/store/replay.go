@@ -199,6 +199,8 @@ type RedriveOptions struct {
 	Again bool
 	// DryRun checks everything and writes nothing.
 	DryRun bool
+	// Audit, when set, is written with the redrive: who asked for it.
+	Audit *Audit
 }
 
 // errDryRun rolls a dry run's transaction back.
@@ -279,6 +281,9 @@ func redriveLocked(ctx context.Context, tx pgx.Tx, w *Work, o RedriveOptions, an
 	}
 	msgs, err := announce(got)
 	if err != nil {
+		return nil, err
+	}
+	if err := insertAudit(ctx, tx, id, o.Audit); err != nil {
 		return nil, err
 	}
 	return got, insertOutbox(ctx, tx, msgs)

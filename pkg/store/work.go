@@ -358,6 +358,13 @@ var ErrNotDropped = errors.New("only dropped work can be run again")
 // (ErrNotDropped) and a revision that a later one of the same source has
 // replaced (ErrSuperseded).
 func (s *Store) Rerun(ctx context.Context, id string, deadline time.Time, announce func(*Work) ([]OutboxMsg, error)) (*Work, error) {
+	return s.RerunAudited(ctx, id, deadline, announce, nil)
+}
+
+// RerunAudited is Rerun with who asked for it written with it (audit may
+// be nil).
+func (s *Store) RerunAudited(ctx context.Context, id string, deadline time.Time, announce func(*Work) ([]OutboxMsg, error),
+	audit *Audit) (*Work, error) {
 	var got *Work
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		w, err := scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work WHERE id = $1 FOR UPDATE`, id))
@@ -381,6 +388,9 @@ func (s *Store) Rerun(ctx context.Context, id string, deadline time.Time, announ
 		}
 		msgs, err := announce(got)
 		if err != nil {
+			return err
+		}
+		if err := insertAudit(ctx, tx, id, audit); err != nil {
 			return err
 		}
 		return insertOutbox(ctx, tx, msgs)

@@ -235,14 +235,19 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 
 // deadline is the request's deadline: its own, else its lane's.
 func (s *Service) deadline(req SubmitRequest) time.Time {
-	d := s.cfg.InteractiveDeadline
-	if req.Lane == event.Batch {
-		d = s.cfg.BatchDeadline
-	}
+	d := s.laneDeadline(req.Lane)
 	if req.DeadlineSeconds > 0 {
 		d = time.Duration(req.DeadlineSeconds) * time.Second
 	}
 	return time.Now().Add(d)
+}
+
+// laneDeadline is how long work of lane has by default.
+func (s *Service) laneDeadline(lane string) time.Duration {
+	if lane == event.Batch {
+		return s.cfg.BatchDeadline
+	}
+	return s.cfg.InteractiveDeadline
 }
 
 // overRate answers a submission the tenant's bucket refused: 429 with

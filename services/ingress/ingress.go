@@ -690,6 +690,7 @@ func (s *Service) endpoints(usageReport http.Handler) []endpoint {
 		{"GET /v1/console/events", http.HandlerFunc(s.consoleEvents)},
 		{"GET /v1/console/work", http.HandlerFunc(s.consoleFind)},
 		{"GET /v1/console/work/{id}", http.HandlerFunc(s.consoleWork)},
+		{"POST /v1/console/work/{id}/actions", http.HandlerFunc(s.consoleAct)},
 		{"GET /console/work/{id}", http.HandlerFunc(s.consoleWorkPage)},
 	}
 }

@@ -21,6 +21,7 @@ type Store interface {
 	openCounter
 	tenantWatcher
 	StoryStore
+	actor
 	OpenReviews(ctx context.Context, tenant string) (int, error)
 	Ping(ctx context.Context) error
 	GetWork(ctx context.Context, id string) (*store.Work, error)

@@ -89,14 +89,16 @@ type Decision struct {
 // WorkStory is everything the cell's records say of one work item: what
 // `assay work show` prints and the console's work page shows.
 type WorkStory struct {
-	Work      WorkRow           `json:"work"`
-	TraceID   string            `json:"traceId,omitempty"`
-	Attempts  []AttemptStory    `json:"attempts"`
-	Ledger    []store.LedgerRow `json:"ledger"`
-	Result    *store.Result     `json:"result,omitempty"`
-	Outbox    []store.OutboxRow `json:"outbox"`
-	Redrives  []store.Redrive   `json:"redrives"`
-	Decisions []Decision        `json:"decisions"`
+	Work     WorkRow           `json:"work"`
+	TraceID  string            `json:"traceId,omitempty"`
+	Attempts []AttemptStory    `json:"attempts"`
+	Ledger   []store.LedgerRow `json:"ledger"`
+	Result   *store.Result     `json:"result,omitempty"`
+	Outbox   []store.OutboxRow `json:"outbox"`
+	Redrives []store.Redrive   `json:"redrives"`
+	// Actions are what people did to it from the console: who, what, when.
+	Actions   []store.WorkAction `json:"actions"`
+	Decisions []Decision         `json:"decisions"`
 	// Publications are where its outcome went, one per target.
 	Publications []PublicationView `json:"publications"`
 }
@@ -153,6 +155,7 @@ type StoryStore interface {
 	GetResult(ctx context.Context, workID string) (*store.Result, error)
 	OutboxOf(ctx context.Context, workID string) ([]store.OutboxRow, error)
 	RedrivesOf(ctx context.Context, workID string) ([]store.Redrive, error)
+	ActionsOf(ctx context.Context, workID string) ([]store.WorkAction, error)
 	PublicationsOf(ctx context.Context, workID string) ([]*store.Publication, error)
 }
 
@@ -196,6 +199,12 @@ func ReadStory(ctx context.Context, st StoryStore, id string, answers Answers) (
 	}
 	if s.Redrives, err = st.RedrivesOf(ctx, id); err != nil {
 		return nil, err
+	}
+	if s.Actions, err = st.ActionsOf(ctx, id); err != nil {
+		return nil, err
+	}
+	if s.Actions == nil {
+		s.Actions = []store.WorkAction{}
 	}
 	pubs, err := st.PublicationsOf(ctx, id)
 	if err != nil {
@@ -250,6 +259,9 @@ func decisions(w *store.Work, s *WorkStory) []Decision {
 		ds = append(ds, Decision{At: r.EndedAt, What: "ended " + r.EndedState, Reason: r.EndedReason, From: "redrives.ended_state"})
 		ds = append(ds, Decision{At: r.RedrivenAt, What: "redriven", Reason: fmt.Sprintf("its %s ending of %s queued again as dispatch %d",
 			r.EndedState, r.EndedAt.UTC().Format(time.RFC3339), r.Dispatch), From: "redrives"})
+	}
+	for _, a := range s.Actions {
+		ds = append(ds, Decision{At: a.At, What: a.Action + " asked from the console", Reason: "by " + a.By, From: "work_actions"})
 	}
 	if w.Terminal() && w.State != outcome.Accepted {
 		ds = append(ds, Decision{At: w.UpdatedAt, What: "ended " + w.State, Reason: w.Reason, From: "work.state"})
@@ -343,4 +355,93 @@ var consoleWorkCSP = pageCSP(consoleWorkHTML)
 // token the console keeps in the tab.
 func (s *Service) consoleWorkPage(w http.ResponseWriter, r *http.Request) {
 	servePage(w, r, consoleWorkHTML, consoleWorkCSP)
+}
+
+// actor is what acting on work from the console asks of the store.
+type actor interface {
+	RedriveWork(ctx context.Context, id string, o store.RedriveOptions, announce func(*store.Work) ([]store.OutboxMsg, error)) (*store.Work, error)
+	RerunAudited(ctx context.Context, id string, deadline time.Time, announce func(*store.Work) ([]store.OutboxMsg, error),
+		audit *store.Audit) (*store.Work, error)
+}
+
+// ActionRequest is the body of POST /v1/console/work/{id}/actions.
+type ActionRequest struct {
+	// Action is redrive (work that ended in a failed outcome) or rerun
+	// (work admission dropped).
+	Action string `json:"action"`
+	// Confirm repeats the work's id: the page asks the person to type it.
+	Confirm string `json:"confirm"`
+	Note    string `json:"note,omitempty"`
+}
+
+// ActionResponse answers an action taken.
+type ActionResponse struct {
+	WorkID string `json:"workId"`
+	Action string `json:"action"`
+	State  string `json:"state"`
+	By     string `json:"by"`
+}
+
+// consoleAct serves POST /v1/console/work/{id}/actions: an operator (an
+// operator token of role operator) redrives or reruns a work item from its
+// page; the action is written with who asked, in its own transaction.
+func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
+	v, ok := s.viewer(w, r)
+	if !ok {
+		return
+	}
+	if v.Operator == nil || v.Operator.Role != store.RoleOperator {
+		apierror.Write(w, http.StatusForbidden, "forbidden", "only an operator token of role operator acts on work; this one reads")
+		return
+	}
+	id := r.PathValue("id")
+	var req ActionRequest
+	if refused, _ := decodeBody(w, r, 16<<10, &req); refused != nil {
+		refused.Write(w)
+		return
+	}
+	switch {
+	case req.Action != "redrive" && req.Action != "rerun":
+		apierror.Write(w, http.StatusBadRequest, "invalid_action", "action must be redrive or rerun")
+		return
+	case req.Confirm != id:
+		apierror.Write(w, http.StatusBadRequest, "unconfirmed", "confirm must repeat the work's id")
+		return
+	case len(req.Note) > 1000:
+		apierror.Write(w, http.StatusBadRequest, "invalid_note", "note is at most 1000 bytes")
+		return
+	}
+	ctx := r.Context()
+	cur, err := s.d.Store.GetWork(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		apierror.Write(w, http.StatusNotFound, "not_found", "no work with that id in this cell")
+		return
+	}
+	if err != nil {
+		s.d.Log.Error("console: read work failed", "key", id, "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	audit := &store.Audit{By: v.Operator.Name, Action: req.Action, Note: req.Note}
+	deadline := time.Now().Add(s.laneDeadline(cur.Lane))
+	var got *store.Work
+	if req.Action == "redrive" {
+		got, err = s.d.Store.RedriveWork(ctx, id, store.RedriveOptions{Deadline: deadline, Audit: audit}, Announce(ctx, s.cfg.Names))
+	} else {
+		got, err = s.d.Store.RerunAudited(ctx, id, deadline, Announce(ctx, s.cfg.Names), audit)
+	}
+	for _, refusal := range []error{store.ErrNotRedrivable, store.ErrRedriven, store.ErrNoInput, store.ErrSuperseded,
+		store.ErrNotDropped, store.ErrTooLarge} {
+		if errors.Is(err, refusal) {
+			apierror.Write(w, http.StatusConflict, "not_actionable", err.Error())
+			return
+		}
+	}
+	if err != nil {
+		s.d.Log.Error("console: action failed", "key", id, "action", req.Action, "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	s.d.Log.Info("console: work acted on", "key", id, "action", req.Action, "by", v.Operator.Name)
+	apierror.JSON(w, http.StatusOK, ActionResponse{WorkID: got.ID, Action: req.Action, State: got.State, By: v.Operator.Name})
 }

@@ -135,10 +135,11 @@ var notYetExercised = map[string]bool{
 	// left to read the answer.
 	"POST /v1/work 400 bad_request": true, "POST /v1/batches 400 bad_request": true,
 	"POST /v1/reviews/{id}/resolve 400 bad_request": true, "POST /v1/webhooks/github 400 bad_request": true,
+	"POST /v1/console/work/{id}/actions 400 bad_request": true,
 	// A body slower than the read timeout: TestSlowBodiesAreCut gives the
 	// webhook's; the API's slow bodies there end before an answer is read.
 	"POST /v1/work 408 request_timeout": true, "POST /v1/batches 408 request_timeout": true,
-	"POST /v1/reviews/{id}/resolve 408 request_timeout": true,
+	"POST /v1/reviews/{id}/resolve 408 request_timeout": true, "POST /v1/console/work/{id}/actions 408 request_timeout": true,
 	// Admission's refusals under load (services/ingress's shedding and
 	// admission tests, at the handler; bench goodput 6-8 through a cell).
 	"POST /v1/work 429 backlog_full": true, "POST /v1/work 429 over_capacity": true,
@@ -216,6 +217,8 @@ func TestEveryDescribedRefusal(t *testing.T) {
 		"GET /v1/console/events":        {},
 		"GET /v1/console/work/{id}":     {path: "/v1/console/work/w_none"},
 		"GET /v1/console/work":          {},
+		"POST /v1/console/work/{id}/actions": {path: "/v1/console/work/w_none/actions",
+			body: map[string]string{"action": "redrive", "confirm": "w_none"}},
 	}
 	send := func(op string, c apiCall, token string) (int, string) {
 		t.Helper()
@@ -282,6 +285,33 @@ func TestEveryDescribedRefusal(t *testing.T) {
 	expect("GET /v1/console/work", apiCall{path: "/v1/console/work?source=has%20space"}, "ops-token", 400, "invalid_query")
 	expect("GET /v1/console/work", apiCall{path: "/v1/console/work?tenant=slow"}, b.Token, 403, "forbidden")
 	expect("GET /v1/console/work", apiCall{path: "/v1/console/work?tenant=slow"}, "ops-token", 200, "")
+	// Acting on work: only an operator token of role operator, confirmed.
+	act := func(body any) apiCall {
+		return apiCall{path: "/v1/console/work/w_none/actions", body: body}
+	}
+	if err := st.AddOperatorTokenAs(ctx, "reader", store.RoleReviewer, "reader-token"); err != nil {
+		t.Fatal(err)
+	}
+	const actOp = "POST /v1/console/work/{id}/actions"
+	redrive := map[string]string{"action": "redrive", "confirm": "w_none"}
+	expect(actOp, act(redrive), b.Token, 403, "forbidden")
+	expect(actOp, act(redrive), "reader-token", 403, "forbidden")
+	expect(actOp, act(redrive), "ops-token", 404, "not_found")
+	expect(actOp, act(map[string]string{"action": "delete", "confirm": "w_none"}), "ops-token", 400, "invalid_action")
+	expect(actOp, act(map[string]string{"action": "redrive", "confirm": "w_other"}), "ops-token", 400, "unconfirmed")
+	expect(actOp, act(map[string]string{"action": "redrive", "confirm": "w_none", "note": strings.Repeat("n", 1001)}), "ops-token", 400, "invalid_note")
+	expect(actOp, act([]byte(`{"action": "redrive",`)), "ops-token", 400, "invalid_json")
+	expect(actOp, act([]byte("{\"action\": \"redrive\x00\", \"confirm\": \"w_none\"}")), "ops-token", 400, "invalid_input")
+	expect(actOp, act(map[string]string{"action": "redrive", "confirm": "w_none", "note": strings.Repeat("n", 20<<10)}), "ops-token", 413, "payload_too_large")
+	done := review
+	done.SourceID = "shop/conformance#done"
+	status, sub := b.Submit(t, done)
+	if status != 202 {
+		t.Fatalf("submit: HTTP %d", status)
+	}
+	b.Wait(t, sub.WorkID)
+	expect(actOp, apiCall{path: "/v1/console/work/" + sub.WorkID + "/actions",
+		body: map[string]string{"action": "redrive", "confirm": sub.WorkID}}, "ops-token", 409, "not_actionable")
 	late := review
 	late.DeadlineSeconds = -1
 	expect("POST /v1/work", apiCall{body: late}, b.Token, 400, "invalid_deadline")

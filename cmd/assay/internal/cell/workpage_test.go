@@ -1,6 +1,7 @@
 package cell_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -12,6 +13,8 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/store"
 	"assay.dev/services/ingress"
 )
 
@@ -175,6 +178,78 @@ func TestFindWorkInChromium(t *testing.T) {
 	if v := b.workPage(t); v.Loaded != theirs || v.Fields["tenant"] != "initech (region us)" {
 		t.Errorf("the found work's page shows %q of %q, want %s of initech", v.Loaded, v.Fields["tenant"], theirs)
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.exceptions) > 0 {
+		t.Errorf("the page threw: %v", b.exceptions)
+	}
+}
+
+// An operator finds a failed item by its source id, redrives it from its
+// page after typing its id, and the page shows the action with who took
+// it; the work then ends accepted. A reviewer's token is refused the
+// action, on the page, with the API's code.
+func TestRedriveFromTheWorkPage(t *testing.T) {
+	t.Parallel()
+	c := setupConsole(t)
+	if err := c.Cell.Env.Store.AddOperatorTokenAs(context.Background(), "reader", store.RoleReviewer, "reader-token"); err != nil {
+		t.Fatal(err)
+	}
+	req := celltest.CodeReview(evalset.Items()[2], "redrive from the page")
+	req.SourceID = "shop/redrive#7"
+	if err := c.Sim.AddFault(sim.Fault{Kind: sim.FaultInvalidJSON, Tenant: "acme", Match: "redrive from the page", Times: 2}); err != nil {
+		t.Fatal(err)
+	}
+	status, sub := c.Submit(t, req)
+	if status != http.StatusAccepted {
+		t.Fatalf("submit: HTTP %d", status)
+	}
+	if v := c.Wait(t, sub.WorkID); v.State != "schema_rejected" {
+		t.Fatalf("the work ended %s, want schema_rejected", v.State)
+	}
+
+	b := chromium(t)
+	act := func(token string) string {
+		t.Helper()
+		b.do(t, "open /console", chromedp.Navigate(c.Cell.URL+"/console"))
+		b.signIn(t, token)
+		b.await(t, "the board", func(v pageView) bool { return v.Board })
+		b.do(t, "find the failed work", chromedp.SendKeys(chromedp.ID("find-q"), req.SourceID), chromedp.Click(chromedp.ID("find")),
+			chromedp.Click(chromedp.CSS(`#found a[href="/console/work/`+sub.WorkID+`"]`)), chromedp.WaitVisible(chromedp.ID("story")))
+		b.do(t, "redrive it", chromedp.SendKeys(chromedp.ID("act-confirm"), sub.WorkID), chromedp.Click(chromedp.ID("act")))
+		var text string
+		for range 300 {
+			got, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.getElementById("act-result").textContent`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if text = got; text != "" && !strings.HasSuffix(text, "…") {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return text
+	}
+	if got := act("reader-token"); !strings.HasPrefix(got, "forbidden:") {
+		t.Errorf("a reviewer's redrive: the page says %q, want the API's forbidden", got)
+	}
+	b.do(t, "sign out", chromedp.Navigate(c.Cell.URL+"/console"), chromedp.Click(chromedp.ID("signout")))
+	if got := act(c.Operator); got != "redrive done by ops: the work is queued" {
+		t.Errorf("the operator's redrive: the page says %q", got)
+	}
+	if v := c.Wait(t, sub.WorkID); v.State != "accepted" {
+		t.Errorf("the redriven work ended %s, want accepted", v.State)
+	}
+	b.do(t, "read the page again", chromedp.Reload(), chromedp.WaitVisible(chromedp.ID("story")))
+	got, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](
+		`Array.from(document.querySelectorAll("#actions tbody tr")).map((tr) => tr.dataset.action + " by " + tr.querySelector('[data-field="by"]').textContent).join(";")`))
+	if err != nil || got != "redrive by ops" {
+		t.Errorf("the page's actions %q (%v), want the operator's redrive alone", got, err)
+	}
+	if n := c.Count(t, `SELECT count(*) FROM work_actions WHERE work_id = $1 AND action = 'redrive' AND by_name = 'ops'`, sub.WorkID); n != 1 {
+		t.Errorf("%d audit rows of the redrive, want 1", n)
+	}
+	b.screenshot(t, "assay-console-redrive.png")
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.exceptions) > 0 {
