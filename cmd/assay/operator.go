@@ -29,8 +29,8 @@ const operatorUsage = `usage: assay operator token <command> [flags] [--region R
                    revoke NAME's token; its console streams end
 
 An operator token is not a tenant's: it reads the whole cell's console
-(GET /console, /v1/console) and nothing else; the tenant APIs refuse it
-(403 operator_token). Operator tokens are per cell, like tenants: run each
+(GET /console, /v1/console) and, of role operator, redrives and reruns
+work from a work's page; the tenant APIs refuse it (403 operator_token). Operator tokens are per cell, like tenants: run each
 command against every cell.
 
 Settings: --region (ASSAY_REGION) and --database-url (ASSAY_DATABASE_URL).
