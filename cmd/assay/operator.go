@@ -23,14 +23,15 @@ const operatorUsage = `usage: assay operator token <command> [flags] [--region R
                    --token-out, mode 0600); --token-from installs the token
                    minted in another cell, so one token reads every cell;
                    --role reviewer reads the console and acts on no work
-                   (default operator: redrive and rerun from a work's page)
+                   (default operator: redrive, rerun and cancel from a
+                   work's page)
   list [--json]    the operator tokens, revoked ones too (never the tokens)
   revoke --name NAME
                    revoke NAME's token; its console streams end
 
 An operator token is not a tenant's: it reads the whole cell's console
-(GET /console, /v1/console) and, of role operator, redrives and reruns
-work from a work's page; the tenant APIs refuse it (403 operator_token). Operator tokens are per cell, like tenants: run each
+(GET /console, /v1/console) and, of role operator, redrives, reruns and
+cancels work from a work's page; the tenant APIs refuse it (403 operator_token). Operator tokens are per cell, like tenants: run each
 command against every cell.
 
 Settings: --region (ASSAY_REGION) and --database-url (ASSAY_DATABASE_URL).

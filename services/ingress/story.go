@@ -19,6 +19,7 @@ import (
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 )
@@ -362,12 +363,14 @@ type actor interface {
 	RedriveWork(ctx context.Context, id string, o store.RedriveOptions, announce func(*store.Work) ([]store.OutboxMsg, error)) (*store.Work, error)
 	RerunAudited(ctx context.Context, id string, deadline time.Time, announce func(*store.Work) ([]store.OutboxMsg, error),
 		audit *store.Audit) (*store.Work, error)
+	CancelWork(ctx context.Context, id, reason string, cancel func(w *store.Work, running bool) ([]store.OutboxMsg, error),
+		audit *store.Audit) (*store.Work, error)
 }
 
 // ActionRequest is the body of POST /v1/console/work/{id}/actions.
 type ActionRequest struct {
-	// Action is redrive (work that ended in a failed outcome) or rerun
-	// (work admission dropped).
+	// Action is redrive (work that ended in a failed outcome), rerun (work
+	// admission dropped) or cancel (work not ended yet).
 	Action string `json:"action"`
 	// Confirm repeats the work's id: the page asks the person to type it.
 	Confirm string `json:"confirm"`
@@ -383,8 +386,9 @@ type ActionResponse struct {
 }
 
 // consoleAct serves POST /v1/console/work/{id}/actions: an operator (an
-// operator token of role operator) redrives or reruns a work item from its
-// page; the action is written with who asked, in its own transaction.
+// operator token of role operator) redrives, reruns or cancels a work item
+// from its page; the action is written with who asked, in its own
+// transaction.
 func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
 	v, ok := s.viewer(w, r)
 	if !ok {
@@ -401,8 +405,8 @@ func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
-	case req.Action != "redrive" && req.Action != "rerun":
-		apierror.Write(w, http.StatusBadRequest, "invalid_action", "action must be redrive or rerun")
+	case req.Action != "redrive" && req.Action != "rerun" && req.Action != "cancel":
+		apierror.Write(w, http.StatusBadRequest, "invalid_action", "action must be redrive, rerun or cancel")
 		return
 	case req.Confirm != id:
 		apierror.Write(w, http.StatusBadRequest, "unconfirmed", "confirm must repeat the work's id")
@@ -425,13 +429,27 @@ func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
 	audit := &store.Audit{By: v.Operator.Name, Action: req.Action, Note: req.Note}
 	deadline := time.Now().Add(s.laneDeadline(cur.Lane))
 	var got *store.Work
-	if req.Action == "redrive" {
+	switch req.Action {
+	case "redrive":
 		got, err = s.d.Store.RedriveWork(ctx, id, store.RedriveOptions{Deadline: deadline, Audit: audit}, Announce(ctx, s.cfg.Names))
-	} else {
+	case "rerun":
 		got, err = s.d.Store.RerunAudited(ctx, id, deadline, Announce(ctx, s.cfg.Names), audit)
+	default:
+		reason := "canceled from the console by " + v.Operator.Name
+		got, err = s.d.Store.CancelWork(ctx, id, reason, func(w *store.Work, running bool) ([]store.OutboxMsg, error) {
+			if !running {
+				return nil, nil
+			}
+			m, err := outbox.Msg(ctx, event.KindWork, s.cfg.Names.Cancel(w.TenantID), "cancel."+w.ID+".console",
+				event.Cancel{WorkID: w.ID, TenantID: w.TenantID, Region: s.cfg.Region, Reason: reason})
+			if err != nil {
+				return nil, err
+			}
+			return []store.OutboxMsg{m}, nil
+		}, audit)
 	}
 	for _, refusal := range []error{store.ErrNotRedrivable, store.ErrRedriven, store.ErrNoInput, store.ErrSuperseded,
-		store.ErrNotDropped, store.ErrTooLarge} {
+		store.ErrNotDropped, store.ErrTooLarge, store.ErrNotCancelable} {
 		if errors.Is(err, refusal) {
 			apierror.Write(w, http.StatusConflict, "not_actionable", err.Error())
 			return
