@@ -140,10 +140,9 @@ var notYetExercised = map[string]bool{
 	// webhook's; the API's slow bodies there end before an answer is read.
 	"POST /v1/work 408 request_timeout": true, "POST /v1/batches 408 request_timeout": true,
 	"POST /v1/reviews/{id}/resolve 408 request_timeout": true, "POST /v1/console/work/{id}/actions 408 request_timeout": true,
-	// Admission's refusals under load (services/ingress's shedding and
-	// admission tests, at the handler; bench goodput 6-8 through a cell).
-	"POST /v1/work 429 backlog_full": true, "POST /v1/work 429 over_capacity": true,
-	"POST /v1/batches 429 backlog_full": true, "POST /v1/batches 429 rate_limited": true,
+	// Capacity admission's refusal under load (services/ingress's shedding
+	// tests, at the handler; bench goodput 6 through a cell).
+	"POST /v1/work 429 over_capacity": true,
 	// The metrics port apart from the API's, and a registry that fails.
 	"GET /metrics 404 not_found": true, "GET /metrics 500": true,
 	// A delivery from a tenant's installation: cmd/assay's burst and size
@@ -555,5 +554,62 @@ func TestEveryDescribedStreamRefusal(t *testing.T) {
 			t.Errorf("%s with the tenant's one stream open: HTTP %d %q, Retry-After %q; want 429 too_many_streams with Retry-After",
 				path, resp.StatusCode, e.Error.Code, resp.Header.Get("Retry-After"))
 		}
+	}
+}
+
+// A tenant's lane at its backlog cap refuses more work, a work item's or a
+// batch's, with 429 backlog_full and a Retry-After; a batch over the
+// tenant's rate is refused with 429 rate_limited.
+func TestEveryDescribedBacklogRefusal(t *testing.T) {
+	t.Parallel()
+	// No classifier: what is queued stays queued, so the backlog stays full.
+	b := celltest.Setup(t, cell.Options{NoClassifier: true,
+		Ingress: ingress.Config{Shed: ingress.ShedConfig{InteractiveBacklog: 1, BatchBacklog: 1}}})
+	ctx := context.Background()
+	if err := b.Cell.Env.Store.SeedTenants(ctx, []store.TenantSeed{{ID: "slow", HomeRegion: "us", Token: "slow-token"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Cell.Env.Store.SetRate(ctx, "slow", 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	post := func(path, token string, body any) (int, string, string) {
+		t.Helper()
+		raw, _ := json.Marshal(body)
+		req, _ := http.NewRequest(http.MethodPost, b.Cell.URL+path, bytes.NewReader(raw))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := b.HTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e struct{ Error struct{ Code string } }
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		return resp.StatusCode, e.Error.Code, resp.Header.Get("Retry-After")
+	}
+	items := evalset.Items()
+	first, second := celltest.CodeReview(items[0], "backlog 1"), celltest.CodeReview(items[1], "backlog 2")
+	if status, code, _ := post("/v1/work", b.Token, first); status != 202 {
+		t.Fatalf("the first work: HTTP %d %s", status, code)
+	}
+	if status, code, retry := post("/v1/work", b.Token, second); status != 429 || code != "backlog_full" || retry == "" {
+		t.Errorf("work past the interactive backlog: HTTP %d %s, Retry-After %q; want 429 backlog_full with Retry-After", status, code, retry)
+	}
+	batch := func(n int, tag string) map[string]any {
+		var its []map[string]any
+		for i := range n {
+			r := celltest.CodeReview(items[i], "")
+			its = append(its, map[string]any{"itemId": fmt.Sprintf("%s%d", tag, i), "sourceId": fmt.Sprintf("shop/%s#%d", tag, i),
+				"revision": r.Revision, "input": r.Input})
+		}
+		return map[string]any{"contract": first.Contract, "items": its}
+	}
+	if status, code, retry := post("/v1/batches", b.Token, batch(2, "over")); status != 429 || code != "backlog_full" || retry == "" {
+		t.Errorf("a batch past the batch backlog: HTTP %d %s, Retry-After %q; want 429 backlog_full", status, code, retry)
+	}
+	if status, code, _ := post("/v1/batches", "slow-token", batch(1, "slowa")); status != 202 {
+		t.Fatalf("the slow tenant's first batch: HTTP %d %s", status, code)
+	}
+	if status, code, retry := post("/v1/batches", "slow-token", batch(1, "slowb")); status != 429 || code != "rate_limited" || retry == "" {
+		t.Errorf("a batch over the tenant's rate: HTTP %d %s, Retry-After %q; want 429 rate_limited", status, code, retry)
 	}
 }
