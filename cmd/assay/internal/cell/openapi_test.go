@@ -74,10 +74,11 @@ func TestOpenAPIIsServed(t *testing.T) {
 
 // apiCoverage fails a run of the whole package in which a cell never gave
 // an answer the description lists (an operation's status, and for an
-// error each of its codes), unless notYetExercised names it; and one in
-// which a cell gave an answer notYetExercised still names, so the list only
-// shrinks. A run of some tests (-run, -skip) cannot be asked for every
-// answer and is not held to it.
+// error each of its codes), unless notYetExercised names it. An answer
+// the list names that a test gave after all is printed, not failed: some
+// on the list come of timing (a slow body, a cut connection), and a run
+// must not fail because one of them happened. A run of some tests (-run,
+// -skip) cannot be asked for every answer and is not held to it.
 func apiCoverage(code int) int {
 	if code != 0 || flag.Lookup("test.run").Value.String() != "" || flag.Lookup("test.skip").Value.String() != "" {
 		return code
@@ -102,15 +103,16 @@ func apiCoverage(code int) int {
 	}
 	for a := range notYetExercised {
 		if !described[a] {
-			stale = append(stale, a+" (not in the description)")
+			missing = append(missing, a+", which notYetExercised names and the description does not have")
 		}
 	}
 	sort.Strings(stale)
+	sort.Strings(missing)
 	for _, a := range missing {
 		fmt.Fprintf(os.Stderr, "OpenAPI coverage: no test gave %s\n", a)
 	}
 	for _, a := range stale {
-		fmt.Fprintf(os.Stderr, "OpenAPI coverage: notYetExercised names %s\n", a)
+		fmt.Fprintf(os.Stderr, "OpenAPI coverage: notYetExercised names %s: take it off the list\n", a)
 	}
 	given := 0
 	for _, a := range chk.Described() {
@@ -120,7 +122,7 @@ func apiCoverage(code int) int {
 	}
 	fmt.Fprintf(os.Stderr, "OpenAPI coverage: %d of %d described answers given, %d named not yet given\n",
 		given, len(chk.Described()), len(notYetExercised))
-	if len(missing)+len(stale) > 0 {
+	if len(missing) > 0 {
 		return 1
 	}
 	return code
