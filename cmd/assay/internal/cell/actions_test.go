@@ -74,8 +74,14 @@ func TestCancelFromTheConsole(t *testing.T) {
 	if n := b.Count(t, `SELECT count(*) FROM work_actions WHERE work_id = $1 AND action = 'cancel' AND by_name = 'ops'`, running.WorkID); n != 1 {
 		t.Errorf("%d audit rows of the cancel, want 1", n)
 	}
-	// Later, no result for it is ever committed.
-	time.Sleep(500 * time.Millisecond)
+	// The call is stopped: its attempt ends, and with no result committed.
+	deadline = time.Now().Add(30 * time.Second)
+	for b.Count(t, `SELECT count(*) FROM attempts WHERE work_id = $1 AND finished_at IS NOT NULL`, running.WorkID) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("30s after the cancel the hung call's attempt has not ended: the call was not stopped")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if n := b.Count(t, `SELECT count(*) FROM results WHERE work_id = $1`, running.WorkID); n != 0 {
 		t.Errorf("the canceled work has %d results", n)
 	}
