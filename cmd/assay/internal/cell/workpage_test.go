@@ -28,6 +28,7 @@ type workPageView struct {
 	Findings  []string          `json:"findings"`
 	Ledger    int               `json:"ledger"`
 	Error     string            `json:"error"`
+	ActResult string            `json:"actResult"`
 	Text      string            `json:"text"`
 }
 
@@ -43,6 +44,7 @@ const readWorkPage = `JSON.stringify((() => {
 		findings: all("#findings tbody tr").map((tr) => tr.querySelector('[data-field="summary"]').textContent),
 		ledger: all("#ledger tbody tr").length,
 		error: document.getElementById("error").textContent,
+		actResult: document.getElementById("act-result").textContent,
 		text: document.body.innerText,
 	};
 })())`
@@ -58,6 +60,21 @@ func (b *browser) workPage(t *testing.T) workPageView {
 		t.Fatalf("read the work page: %v: %s", err, raw)
 	}
 	return v
+}
+
+// awaitWork reads the work page until ok holds of it, and fails with the
+// last view when it still does not after 30s.
+func (b *browser) awaitWork(t *testing.T, what string, ok func(workPageView) bool) workPageView {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if v := b.workPage(t); ok(v) {
+			return v
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%s: after 30s the work page shows %+v", what, v)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // An operator follows a recent decision's link from the console to its work
@@ -117,11 +134,7 @@ func TestWorkPageInChromium(t *testing.T) {
 	b.do(t, "open initech's work", chromedp.Navigate(c.Cell.URL+"/console/work/"+theirs))
 	b.signIn(t, c.Token)
 	b.do(t, "the refusal", chromedp.WaitVisible(chromedp.ID("login")))
-	deadline := 0
-	for v = b.workPage(t); v.Error == "" && deadline < 100; v = b.workPage(t) {
-		deadline++
-		_ = chromedp.Do(b.ctx, chromedp.Sleep(100*time.Millisecond))
-	}
+	v = b.awaitWork(t, "the refusal", func(v workPageView) bool { return v.Error != "" })
 	if !strings.Contains(v.Error, "not_found") || v.Loaded != "" || strings.Contains(v.Text, "initech (region") {
 		t.Errorf("acme's token on initech's work page: error %q, shown %q", v.Error, v.Loaded)
 	}
@@ -217,18 +230,9 @@ func TestRedriveFromTheWorkPage(t *testing.T) {
 		b.do(t, "find the failed work", chromedp.SendKeys(chromedp.ID("find-q"), req.SourceID), chromedp.Click(chromedp.ID("find")),
 			chromedp.Click(chromedp.CSS(`#found a[href="/console/work/`+sub.WorkID+`"]`)), chromedp.WaitVisible(chromedp.ID("story")))
 		b.do(t, "redrive it", chromedp.SendKeys(chromedp.ID("act-confirm"), sub.WorkID), chromedp.Click(chromedp.ID("act")))
-		var text string
-		for range 300 {
-			got, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.getElementById("act-result").textContent`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if text = got; text != "" && !strings.HasSuffix(text, "…") {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		return text
+		return b.awaitWork(t, "the action's answer", func(v workPageView) bool {
+			return v.ActResult != "" && !strings.HasSuffix(v.ActResult, "…")
+		}).ActResult
 	}
 	if got := act("reader-token"); !strings.HasPrefix(got, "forbidden:") {
 		t.Errorf("a reviewer's redrive: the page says %q, want the API's forbidden", got)
