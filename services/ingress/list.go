@@ -79,13 +79,8 @@ func (s *Service) consoleFind(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_query", "source: not a source id")
 		return
 	}
-	if v := q.Get("until"); v != "" {
-		at, err := time.Parse(time.RFC3339Nano, v)
-		if err != nil {
-			apierror.Write(w, http.StatusBadRequest, "invalid_query", "until: not an RFC 3339 time")
-			return
-		}
-		f.Until = at
+	if !queryTime(w, q, "until", &f.Until) {
+		return
 	}
 	if v.Operator == nil {
 		if f.Tenant != "" && f.Tenant != v.Tenant.ID {
@@ -109,19 +104,27 @@ func readWorkFilter(w http.ResponseWriter, q url.Values) (store.WorkFilter, bool
 		apierror.Write(w, http.StatusBadRequest, "invalid_query", "lane: not interactive or batch")
 		return f, false
 	}
-	if v := q.Get("since"); v != "" {
-		at, err := time.Parse(time.RFC3339Nano, v)
-		if err != nil {
-			apierror.Write(w, http.StatusBadRequest, "invalid_query", "since: not an RFC 3339 time")
-			return f, false
-		}
-		f.Since = at
-	}
-	if !page(w, q, store.ParseWorkCursor, &f.Limit, &f.AfterCreated, &f.AfterID) {
+	if !queryTime(w, q, "since", &f.Since) || !page(w, q, store.ParseWorkCursor, &f.Limit, &f.AfterCreated, &f.AfterID) {
 		return f, false
 	}
 	f.Live = true
 	return f, true
+}
+
+// queryTime reads the query's name, when given, as an RFC 3339 time into
+// at; false means it wrote the refusal.
+func queryTime(w http.ResponseWriter, q url.Values, name string, at *time.Time) bool {
+	v := q.Get(name)
+	if v == "" {
+		return true
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		apierror.Write(w, http.StatusBadRequest, "invalid_query", name+": not an RFC 3339 time")
+		return false
+	}
+	*at = t
+	return true
 }
 
 // writeWorkList answers with the page of work f selects.
