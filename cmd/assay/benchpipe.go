@@ -181,6 +181,43 @@ func benchPostgres(ctx context.Context) (string, func(), error) {
 	return pg.URL("postgres"), func() { _ = pg.Stop() }, nil
 }
 
+// dispatch calls post for 0..n-1 and returns when every call has: with
+// rate 0 from c goroutines, each taking the next i when it is done (a
+// closed loop); with a rate, the i-th call starting at i/rate seconds in a
+// goroutine of its own, at most c at once (an open loop). late is how many
+// open-loop calls started after their time, all c being in flight.
+func dispatch(n, c int, rate float64, post func(i int)) (late int64) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if rate <= 0 {
+		var next atomic.Int64
+		for range c {
+			wg.Go(func() {
+				for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+					post(i)
+				}
+			})
+		}
+		return 0
+	}
+	slots := make(chan struct{}, c)
+	start := time.Now()
+	for i := range n {
+		time.Sleep(time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))))
+		select {
+		case slots <- struct{}{}:
+		default:
+			late++
+			slots <- struct{}{}
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			post(i)
+		})
+	}
+	return late
+}
+
 // pipeRun is one run's settings.
 type pipeRun struct {
 	n, c, pool, tenants  int
@@ -324,7 +361,7 @@ func describeEnd(ctx context.Context, db *pgxpool.Pool, c int, start time.Time, 
 func postAll(ctx context.Context, base string, n, c int, rate float64, tenants []string, tokens map[string]string) error {
 	items := evalset.Items()
 	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}}
-	var next, retried, late atomic.Int64
+	var retried atomic.Int64
 	var mu sync.Mutex
 	failed := map[string]int{} // what the posts that were not 202 got
 	fail := func(why string) {
@@ -369,42 +406,11 @@ func postAll(ctx context.Context, base string, n, c int, rate float64, tenants [
 			fail(fmt.Sprintf("HTTP %d %s: %s", resp.StatusCode, e.Error.Code, e.Error.Message))
 		}
 	}
-	var wg sync.WaitGroup
-	if rate > 0 {
-		slots := make(chan struct{}, c)
-		start := time.Now()
-		for i := range n {
-			at := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
-			time.Sleep(time.Until(at))
-			select {
-			case slots <- struct{}{}:
-			default:
-				late.Add(1) // all c in flight: this post waits, so it starts late
-				slots <- struct{}{}
-			}
-			wg.Go(func() {
-				defer func() { <-slots }()
-				post(i)
-			})
-		}
-	} else {
-		for range c {
-			wg.Go(func() {
-				for {
-					i := int(next.Add(1)) - 1
-					if i >= n {
-						return
-					}
-					post(i)
-				}
-			})
-		}
-	}
-	wg.Wait()
+	late := dispatch(n, c, rate, post)
 	if r := retried.Load(); r > 0 {
 		fmt.Fprintf(os.Stderr, "bench pipeline: %d posts answered 503 unavailable and were sent again\n", r)
 	}
-	if l := late.Load(); l > 0 {
+	if l := late; l > 0 {
 		fmt.Fprintf(os.Stderr, "bench pipeline: %d posts started late, all %d slots in flight: the open loop fell behind its rate\n", l, c)
 	}
 	if len(failed) > 0 {
