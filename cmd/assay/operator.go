@@ -70,17 +70,8 @@ func operatorCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 {
 		return configError{fmt.Errorf("operator token %s takes no arguments, got %q\n%s", verb, fs.Args(), operatorUsage)}
 	}
-	switch verb {
-	case "create", "revoke":
-		if !store.ValidOperatorName(*name) {
-			return configError{fmt.Errorf("--name %q: use 1-63 lowercase letters, digits and ._-, starting with a letter or digit", *name)}
-		}
-	case "list":
-	default:
-		return configError{fmt.Errorf("unknown operator token command %q\n%s", verb, operatorUsage)}
-	}
-	if !slices.Contains(store.Roles, *role) {
-		return configError{fmt.Errorf("--role %q: use operator or reviewer", *role)}
+	if err := checkOperatorFlags(verb, *name, *role); err != nil {
+		return err
 	}
 	if _, err := config.Load("assay operator", []string{"--region", *region, "--database-url", *dbURL}, regionsOnly, config.Need{}); err != nil {
 		return configError{err}
@@ -120,7 +111,23 @@ func operatorCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	return printOperatorTokens(stdout, toks, *asJSON)
+}
+
+// checkOperatorFlags refuses a name or role verb cannot take.
+func checkOperatorFlags(verb, name, role string) error {
+	if (verb == "create" || verb == "revoke") && !store.ValidOperatorName(name) {
+		return configError{fmt.Errorf("--name %q: use 1-63 lowercase letters, digits and ._-, starting with a letter or digit", name)}
+	}
+	if !slices.Contains(store.Roles, role) {
+		return configError{fmt.Errorf("--role %q: use operator or reviewer", role)}
+	}
+	return nil
+}
+
+// printOperatorTokens lists toks as a table, or as JSON.
+func printOperatorTokens(stdout io.Writer, toks []store.OperatorToken, asJSON bool) error {
+	if asJSON {
 		if toks == nil {
 			toks = []store.OperatorToken{}
 		}
