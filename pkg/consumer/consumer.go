@@ -300,6 +300,11 @@ func (c *Consumer) subscribe(ctx context.Context) (<-chan struct{}, error) {
 	}
 	lost := make(chan struct{})
 	var lostOnce sync.Once
+	// Held until the subscription is recorded: a message can be handed to
+	// the handler as soon as Consume starts, and Ready must not then say
+	// the durable is not consumed yet.
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	cc, err := cons.Consume(c.receive, jetstream.PullMaxMessages(c.cfg.Pull), jetstream.PullHeartbeat(c.cfg.Heartbeat),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -311,10 +316,8 @@ func (c *Consumer) subscribe(ctx context.Context) (<-chan struct{}, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s on %s: %w", c.cfg.Durable.Durable, c.cfg.Stream, err)
 	}
-	c.mu.Lock()
 	first := !c.consumed
 	c.cc, c.lost, c.consumed, c.missing, c.info = cc, lost, true, time.Time{}, cons.CachedInfo()
-	c.mu.Unlock()
 	if first {
 		c.cfg.Log.Info("consumer ensured", "consumer", c.cfg.Durable.Durable, "stream", c.cfg.Stream,
 			"filter", c.cfg.Durable.Filter, "ack_wait", event.ConsumerConfig(c.cfg.Durable).AckWait.String())
