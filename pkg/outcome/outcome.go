@@ -35,6 +35,12 @@ const (
 	BudgetExhausted = "budget_exhausted"
 )
 
+// Reviewed is not a work state: it is the outcome published for work whose
+// review item a person resolved from the console with an answer (approved
+// as it was, or amended), after and instead of the work's own outcome. Its
+// id is the work's id and "reviewed", so it is published once.
+const Reviewed = "reviewed"
+
 // ReasonProviderUnavailable starts the reason of work that ended without
 // an answer because the provider was unreachable (the cell's circuit for
 // the model was open): a condition of the cell, not an answer a person must

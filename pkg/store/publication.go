@@ -177,6 +177,10 @@ type PublishFacts struct {
 	// for work submitted through the API, which has Links instead.
 	Delivery *PublishDelivery
 	Links    []Link
+	// Reviewed is the answer a person resolved the work's review item with
+	// from the console (approved or amended); nil when there is none. Once
+	// there is, it is what the work publishes.
+	Reviewed json.RawMessage
 }
 
 // PublishFacts reads, in one statement, the work, its result, its
@@ -240,7 +244,8 @@ const publishFactsSQL = `SELECT ` + workColumns + `,
 			CASE WHEN NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.work_id = coalesce(work.rest_of, work.id)) THEN
 				(SELECT coalesce(json_agg(json_build_object('key', key, 'repositories', repositories) ORDER BY key), '[]')
 				FROM tenant_sources WHERE kind = 'github_installation' AND tenant_id = work.tenant_id) END,
-			coalesce(work.rest_of, '')
+			coalesce(work.rest_of, ''),
+			(SELECT output FROM reviews v WHERE v.work_id = work.id)
 		FROM work`
 
 func scanPublishFacts(row pgx.Row) (PublishFacts, error) {
@@ -249,7 +254,7 @@ func scanPublishFacts(row pgx.Row) (PublishFacts, error) {
 	var inst *int64
 	var links []byte
 	var restOf string
-	w, err := scanWorkWith(row, &f.Output, &f.Coverage, &f.CheckPolicy, &cbURL, &cbSecret, &inst, &base, &links, &restOf)
+	w, err := scanWorkWith(row, &f.Output, &f.Coverage, &f.CheckPolicy, &cbURL, &cbSecret, &inst, &base, &links, &restOf, &f.Reviewed)
 	if err != nil {
 		return f, err
 	}

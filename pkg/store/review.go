@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -41,6 +42,9 @@ var ReviewStates = []string{ReviewOpen, ReviewResolved}
 const (
 	// VerdictApproved: the answer (or the work's ending) stands.
 	VerdictApproved = "approved"
+	// VerdictAmended: the answer stands with a person's changes to its
+	// findings (given from the console's review screen).
+	VerdictAmended = "amended"
 	// VerdictRejected: the answer is wrong; the person acts on it.
 	VerdictRejected = "rejected"
 	// VerdictDismissed: nothing to act on.
@@ -48,7 +52,7 @@ const (
 )
 
 // Verdicts lists every review verdict.
-var Verdicts = []string{VerdictApproved, VerdictRejected, VerdictDismissed}
+var Verdicts = []string{VerdictApproved, VerdictAmended, VerdictRejected, VerdictDismissed}
 
 // Review is one item of the human review queue. Its public name is its
 // work's id: one review per work at most. ID is the row's own key, for
@@ -69,27 +73,45 @@ type Review struct {
 	// WorkState and WorkReason are the work's as it stands.
 	WorkState  string
 	WorkReason string
+	// ClaimedBy holds the item until ClaimedUntil (zero: nobody has
+	// claimed it); a claim past its time is nobody's.
+	ClaimedBy    string
+	ClaimedUntil time.Time
+	// Output is the answer a person resolved the item with from the
+	// console, which the work's reviewed outcome publishes; nil otherwise.
+	Output json.RawMessage
+}
+
+// HeldBy is who holds the item at now, "" when nobody does.
+func (v *Review) HeldBy(now time.Time) string {
+	if v.ClaimedBy == "" || !now.Before(v.ClaimedUntil) {
+		return ""
+	}
+	return v.ClaimedBy
 }
 
 const reviewColumns = `v.id, v.work_id, v.tenant_id, v.contract, v.lane, v.reason, v.state, coalesce(v.verdict, ''),
 	coalesce(v.resolved_by, ''), coalesce(v.note, ''), coalesce(v.resolved_at, 'epoch'), v.created_at,
-	w.state, coalesce(w.reason, '')`
+	w.state, coalesce(w.reason, ''), coalesce(v.claimed_by, ''), coalesce(v.claimed_until, 'epoch'), v.output`
 
 func scanReview(row pgx.Row) (*Review, error) {
 	var v Review
 	err := row.Scan(&v.ID, &v.WorkID, &v.TenantID, &v.Contract, &v.Lane, &v.Reason, &v.State, &v.Verdict,
-		&v.ResolvedBy, &v.Note, &v.ResolvedAt, &v.CreatedAt, &v.WorkState, &v.WorkReason)
+		&v.ResolvedBy, &v.Note, &v.ResolvedAt, &v.CreatedAt, &v.WorkState, &v.WorkReason, &v.ClaimedBy, &v.ClaimedUntil, &v.Output)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
-	if v.ResolvedAt.Equal(time.Unix(0, 0)) {
-		v.ResolvedAt = time.Time{}
+	for _, t := range []*time.Time{&v.ResolvedAt, &v.ClaimedUntil} {
+		if t.Equal(time.Unix(0, 0)) {
+			*t = time.Time{}
+		}
 	}
 	return &v, err
 }
 
-// ReviewFilter selects a tenant's review items, oldest first.
+// ReviewFilter selects review items, oldest first.
 type ReviewFilter struct {
+	// Tenant is whose items; "" is every tenant's (an operator's view).
 	Tenant   string
 	State    string // "" any
 	Reason   string // "" any
@@ -101,10 +123,10 @@ type ReviewFilter struct {
 	Limit        int
 }
 
-// ListReviews reads a page of a tenant's review queue.
+// ListReviews reads a page of a review queue.
 func (s *Store) ListReviews(ctx context.Context, f ReviewFilter) ([]*Review, error) {
 	rows, err := s.pool.Query(ctx, `SELECT `+reviewColumns+` FROM reviews v JOIN work w ON w.id = v.work_id
-		WHERE v.tenant_id = $1 AND ($2 = '' OR v.state = $2) AND ($3 = '' OR v.reason = $3) AND ($4 = '' OR v.contract = $4)
+		WHERE ($1 = '' OR v.tenant_id = $1) AND ($2 = '' OR v.state = $2) AND ($3 = '' OR v.reason = $3) AND ($4 = '' OR v.contract = $4)
 			AND (v.created_at, v.work_id) > ($5, $6)
 		ORDER BY v.created_at, v.work_id LIMIT $7`,
 		f.Tenant, f.State, f.Reason, f.Contract, f.AfterCreated, f.AfterWork, f.Limit)
@@ -142,10 +164,47 @@ func ParseReviewCursor(c string) (time.Time, string, error) {
 }
 
 // GetReview reads the review item of one of a tenant's work items;
-// another tenant's is ErrNotFound.
+// another tenant's is ErrNotFound. Tenant "" reads any tenant's.
 func (s *Store) GetReview(ctx context.Context, tenant, workID string) (*Review, error) {
 	return scanReview(s.pool.QueryRow(ctx, `SELECT `+reviewColumns+` FROM reviews v JOIN work w ON w.id = v.work_id
-		WHERE v.work_id = $1 AND v.tenant_id = $2`, workID, tenant))
+		WHERE v.work_id = $1 AND ($2 = '' OR v.tenant_id = $2)`, workID, tenant))
+}
+
+// ErrClaimed is returned for an item another person holds; the item
+// returned with it says who, and until when.
+var ErrClaimed = errors.New("store: review item claimed by another person")
+
+// ClaimReview has who hold an open review item of the tenant ("" any
+// tenant's) until now+hold: a claim of its own is extended, one past its
+// time taken over. The guarded update is the fence: of two people claiming
+// at once, one holds it and the other gets ErrClaimed. An item resolved
+// already is ErrResolved, both with the item as it is.
+func (s *Store) ClaimReview(ctx context.Context, tenant, workID, who string, hold time.Duration) (*Review, error) {
+	v, err := scanReview(s.pool.QueryRow(ctx, `WITH v AS (UPDATE reviews SET claimed_by = $3, claimed_until = now() + $4 * interval '1 microsecond'
+		WHERE work_id = $1 AND ($2 = '' OR tenant_id = $2) AND state = 'open'
+			AND (claimed_by IS NULL OR claimed_by = $3 OR claimed_until <= now()) RETURNING *)
+		SELECT `+reviewColumns+` FROM v JOIN work w ON w.id = v.work_id`, workID, tenant, Text(who), interval(hold)))
+	if err == nil {
+		return v, nil
+	}
+	if !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("store: claim the review of %s: %w", workID, err)
+	}
+	return s.whyNot(ctx, tenant, workID)
+}
+
+// whyNot reads an item a guarded update left alone and says why it did:
+// ErrNotFound, ErrResolved or ErrClaimed.
+func (s *Store) whyNot(ctx context.Context, tenant, workID string) (*Review, error) {
+	v, err := s.GetReview(ctx, tenant, workID)
+	switch {
+	case err != nil:
+		return nil, err
+	case v.State == ReviewResolved:
+		return v, ErrResolved
+	default:
+		return v, ErrClaimed
+	}
 }
 
 // ReviewOfWork reads the review item of a work item, ErrNotFound when it
@@ -161,27 +220,54 @@ var ErrResolved = errors.New("store: review already resolved")
 // Resolution is a person's decision on a review item.
 type Resolution struct {
 	By, Verdict, Note string
+	// Holder is the claim the person resolving holds ("" none): another
+	// person's claim that has not run out refuses the resolution.
+	Holder string
+	// Output, with an approved or amended verdict, is the answer the
+	// person stands by; Announce then gives the outbox rows that publish
+	// it, written in the resolution's transaction.
+	Output   json.RawMessage
+	Announce func(*Review) ([]OutboxMsg, error)
 }
 
-// ResolveReview resolves an open review item of the tenant. The guarded
-// update is the fence: of two people resolving at once, one wins and the
-// other gets ErrResolved with the item as it was resolved.
+// ResolveReview resolves an open review item of the tenant ("" any
+// tenant's). The guarded update is the fence: of two people resolving at
+// once, one wins and the other gets ErrResolved with the item as it was
+// resolved; an item another person holds is ErrClaimed.
 func (s *Store) ResolveReview(ctx context.Context, tenant, workID string, res Resolution) (*Review, error) {
-	v, err := scanReview(s.pool.QueryRow(ctx, `WITH v AS (UPDATE reviews SET state = 'resolved', verdict = $3,
-			resolved_by = $4, note = nullif($5, ''), resolved_at = now()
-		WHERE work_id = $1 AND tenant_id = $2 AND state = 'open' RETURNING *)
-		SELECT `+reviewColumns+` FROM v JOIN work w ON w.id = v.work_id`, workID, tenant, res.Verdict, Text(res.By), Text(res.Note)))
+	var v *Review
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		v, err = scanReview(tx.QueryRow(ctx, `WITH v AS (UPDATE reviews SET state = 'resolved', verdict = $3,
+				resolved_by = $4, note = nullif($5, ''), resolved_at = now(), output = $7, claimed_by = NULL, claimed_until = NULL
+			WHERE work_id = $1 AND ($2 = '' OR tenant_id = $2) AND state = 'open'
+				AND (claimed_by IS NULL OR claimed_by = $6 OR claimed_until <= now()) RETURNING *)
+			SELECT `+reviewColumns+` FROM v JOIN work w ON w.id = v.work_id`,
+			workID, tenant, res.Verdict, Text(res.By), Text(res.Note), res.Holder, nullJSON(res.Output)))
+		if err != nil || res.Output == nil || res.Announce == nil {
+			return err
+		}
+		msgs, err := res.Announce(v)
+		if err != nil {
+			return err
+		}
+		return insertOutbox(ctx, tx, msgs)
+	})
 	if err == nil {
 		return v, nil
 	}
 	if !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("store: resolve the review of %s: %w", workID, err)
 	}
-	v, err = s.GetReview(ctx, tenant, workID)
-	if err != nil {
-		return nil, err
+	return s.whyNot(ctx, tenant, workID)
+}
+
+// nullJSON is a JSON document as a parameter, SQL NULL for nil.
+func nullJSON(b json.RawMessage) any {
+	if b == nil {
+		return nil
 	}
-	return v, ErrResolved
+	return string(b)
 }
 
 // OpenReviews counts a tenant's open review items.

@@ -225,6 +225,74 @@ func TestResolveReview(t *testing.T) {
 	}
 }
 
+// Two people never hold the same item: a second claim while the first
+// holds is ErrClaimed naming the holder, and so is anyone else's
+// resolution; the holder's own resolution with an answer writes its outbox
+// rows in the same transaction, and a lapsed hold is anyone's.
+func TestReviewClaims(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	var ids []string
+	for _, src := range []string{"held", "lapsed"} {
+		w := insert(t, ctx, s, newWork("acme", src, "r1"))
+		token := newUUID()
+		claim(t, ctx, s, w.ID, newUUID(), token, time.Minute)
+		if _, err := store.FinishLeased(ctx, s, w.ID, token, outcome.SchemaRejected, "schema"); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, w.ID)
+	}
+	held := ids[0]
+	if _, err := s.ClaimReview(ctx, "other", held, "ana", time.Minute); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a claim scoped to another tenant: %v, want ErrNotFound", err)
+	}
+	v, err := s.ClaimReview(ctx, "", held, "ana", time.Minute)
+	if err != nil || v.HeldBy(time.Now()) != "ana" {
+		t.Fatalf("ana's claim: %+v, %v", v, err)
+	}
+	if again, err := s.ClaimReview(ctx, "", held, "ana", 2*time.Minute); err != nil || !again.ClaimedUntil.After(v.ClaimedUntil) {
+		t.Fatalf("ana's claim again: %+v, %v; want it extended", again, err)
+	}
+	if got, err := s.ClaimReview(ctx, "", held, "bo", time.Minute); !errors.Is(err, store.ErrClaimed) || got.ClaimedBy != "ana" {
+		t.Fatalf("bo's claim while ana holds: %+v, %v; want ErrClaimed naming ana", got, err)
+	}
+	for _, r := range []store.Resolution{{By: "bo", Verdict: store.VerdictRejected, Holder: "bo"},
+		{By: "a tenant's reviewer", Verdict: store.VerdictApproved}} {
+		if got, err := s.ResolveReview(ctx, "", held, r); !errors.Is(err, store.ErrClaimed) || got.ClaimedBy != "ana" {
+			t.Fatalf("%s resolves while ana holds: %+v, %v; want ErrClaimed", r.By, got, err)
+		}
+	}
+	before := count(t, ctx, s, `SELECT count(*) FROM outbox WHERE msg_id = $1`, held+".reviewed")
+	out := []byte(`{"findings": []}`) // as jsonb prints it
+	resolved, err := s.ResolveReview(ctx, "", held, store.Resolution{By: "ana", Verdict: store.VerdictAmended, Holder: "ana", Output: out,
+		Announce: func(v *store.Review) ([]store.OutboxMsg, error) {
+			return []store.OutboxMsg{{Stream: "OUTCOME", Subject: "x.outcome." + v.TenantID, MsgID: v.WorkID + ".reviewed", Payload: []byte(`{}`)}}, nil
+		}})
+	if err != nil || resolved.Verdict != store.VerdictAmended || string(resolved.Output) != string(out) || resolved.ClaimedBy != "" {
+		t.Fatalf("ana resolves: %+v, %v", resolved, err)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM outbox WHERE msg_id = $1`, held+".reviewed"); n != before+1 {
+		t.Errorf("outbox rows of the reviewed outcome: %d, want %d", n, before+1)
+	}
+	// The answer a person published counts as accepted; the other item is
+	// still rejected.
+	if views, err := s.ViewsOf(ctx, time.Hour, "acme"); err != nil || views[store.ViewAccepted] != 1 || views[store.ViewRejected] != 1 {
+		t.Errorf("views after the amendment: %v, %v; want one accepted, one rejected", views, err)
+	}
+	if _, err := s.ClaimReview(ctx, "", held, "bo", time.Minute); !errors.Is(err, store.ErrResolved) {
+		t.Errorf("a claim of a resolved item: %v, want ErrResolved", err)
+	}
+	// A hold that has run out is anyone's.
+	lapsed := ids[1]
+	if _, err := s.ClaimReview(ctx, "", lapsed, "ana", time.Microsecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if v, err := s.ClaimReview(ctx, "acme", lapsed, "bo", time.Minute); err != nil || v.ClaimedBy != "bo" {
+		t.Fatalf("bo's claim after ana's lapsed: %+v, %v", v, err)
+	}
+}
+
 func TestBatchInsertAndCancel(t *testing.T) {
 	t.Parallel()
 	s, ctx := setup(t)

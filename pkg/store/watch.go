@@ -50,9 +50,12 @@ func (s *Store) ViewsOf(ctx context.Context, window time.Duration, tenant string
 
 func viewsOf(ctx context.Context, q querier, window time.Duration, tenant string) (map[string]int64, error) {
 	// A person's resolution of the work's review item decides for it:
-	// approved or dismissed is accepted, rejected is rejected.
+	// approved or dismissed is accepted, rejected is rejected, and an
+	// answer a person published from the review screen (approved or
+	// amended) is accepted whatever the work's own outcome.
 	rows, err := q.Query(ctx, `SELECT CASE
 			WHEN w.state IN ('queued', 'running') THEN 'running'
+			WHEN v.output IS NOT NULL THEN 'accepted'
 			WHEN w.state = 'accepted' AND v.verdict = 'rejected' THEN 'rejected'
 			WHEN w.state = 'accepted' AND v.state IS DISTINCT FROM 'resolved' AND (r.output->>'needsHumanReview' = 'true'
 				OR r.output @> '{"findings": [{"severity": "blocking"}]}' OR r.output->>'severity' = 'high') THEN 'needs_review'
