@@ -141,7 +141,7 @@ func (p *Publisher) callbackBody(w *store.Work, output json.RawMessage) ([]byte,
 	data := CallbackOutcome{OutcomeID: event.OutcomeMsgID(w.ID, w.State), WorkID: w.ID, TenantID: w.TenantID, Region: w.Region, Outcome: w.State,
 		Reason: w.Reason, SourceID: w.SourceID, Revision: w.Revision}
 	switch w.State {
-	case outcome.Accepted:
+	case outcome.Accepted, outcome.Reviewed:
 		data.Output = output
 	case outcome.Dropped:
 		data.Rerun = p.cfg.Rerun(w.ID)

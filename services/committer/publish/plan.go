@@ -98,8 +98,8 @@ type Input struct {
 	Coverage *diff.Coverage
 }
 
-// Decide says what an outcome publishes. Only accepted work gets review
-// comments; superseded and expired work gets a check run that says so;
+// Decide says what an outcome publishes. Only accepted work, and work a
+// person reviewed, gets review comments; superseded and expired work gets a check run that says so;
 // dropped work gets one comment with its rerun command and no check run,
 // and a partial review one comment with the command that reviews the rest.
 func Decide(in Input) Plan {
@@ -108,7 +108,7 @@ func Decide(in Input) Plan {
 		p.Repository = in.Source.Owner + "/" + in.Source.Repo
 	}
 	switch in.Outcome {
-	case outcome.Accepted:
+	case outcome.Accepted, outcome.Reviewed:
 		blocking := 0
 		for i, f := range in.Findings {
 			if f.Severity == "blocking" {
@@ -142,6 +142,10 @@ func Decide(in Input) Plan {
 				p.Rerun = restNote(cv, in.Rest)
 				c.Summary += "\n\n" + restCommand(cv, in.Rest)
 			}
+		}
+		if in.Outcome == outcome.Reviewed {
+			c.Title = "Reviewed by a person: " + c.Title
+			c.Summary = "A person reviewed the model's findings on this revision and stands by these.\n\n" + c.Summary
 		}
 		p.CheckRun = c
 	case outcome.Superseded:

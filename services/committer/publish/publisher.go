@@ -334,9 +334,22 @@ func (p *Publisher) facts(ctx context.Context, ev event.Outcome) (f store.Publis
 	if err != nil {
 		return f, "", err
 	}
-	if w.State != ev.Outcome {
+	switch {
+	case ev.Outcome == outcome.Reviewed && f.Reviewed == nil:
+		moot = "no person resolved the work's review item with an answer; the outcome reviewed is not published"
+	case ev.Outcome == outcome.Reviewed:
+		// The person's answer is published as an accepted one would be.
+		reviewed := *w
+		reviewed.State = outcome.Reviewed
+		f.Work, f.Output = &reviewed, f.Reviewed
+		return f, "", nil
+	case f.Reviewed != nil:
+		moot = "a person's review of the work is published instead; its outcome " + ev.Outcome + " is not"
+	case w.State != ev.Outcome:
 		// Dropped work run again has a newer outcome to come.
 		moot = "the work is now " + w.State + "; the outcome " + ev.Outcome + " is not published"
+	}
+	if moot != "" {
 		telemetry.Decision(ctx, p.log, ev.WorkID, "unpublished", moot)
 		return f, moot, nil
 	}
@@ -497,7 +510,7 @@ func (p *Publisher) count(ctx context.Context, target, result string) {
 // plan gathers what Decide needs.
 func (p *Publisher) plan(w *store.Work, src store.PullSource, f store.PublishFacts) Plan {
 	in := Input{WorkID: w.ID, Outcome: w.State, Reason: w.Reason, Source: src, Rerun: p.cfg.Rerun(w.ID), Rest: p.cfg.Rest(w.ID)}
-	if w.State == outcome.Accepted {
+	if w.State == outcome.Accepted || w.State == outcome.Reviewed {
 		in.Findings = Findings(f.Output)
 		in.Policy = f.CheckPolicy
 		if len(f.Coverage) > 0 {
