@@ -692,6 +692,11 @@ func (s *Service) endpoints(usageReport http.Handler) []endpoint {
 		{"GET /v1/console/work/{id}", http.HandlerFunc(s.consoleWork)},
 		{"POST /v1/console/work/{id}/actions", http.HandlerFunc(s.consoleAct)},
 		{"GET /console/work/{id}", http.HandlerFunc(s.consoleWorkPage)},
+		{"GET /v1/console/reviews", http.HandlerFunc(s.consoleReviews)},
+		{"GET /v1/console/reviews/{id}", http.HandlerFunc(s.consoleReview)},
+		{"POST /v1/console/reviews/{id}/claim", http.HandlerFunc(s.consoleClaim)},
+		{"POST /v1/console/reviews/{id}/resolve", http.HandlerFunc(s.consoleResolve)},
+		{"GET /console/reviews", http.HandlerFunc(s.consoleReviewPage)},
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -22,12 +23,15 @@ import (
 type reviewStore interface {
 	ListReviews(ctx context.Context, f store.ReviewFilter) ([]*store.Review, error)
 	ResolveReview(ctx context.Context, tenant, workID string, res store.Resolution) (*store.Review, error)
+	GetReview(ctx context.Context, tenant, workID string) (*store.Review, error)
+	ClaimReview(ctx context.Context, tenant, workID, who string, hold time.Duration) (*store.Review, error)
 }
 
 // ReviewView is one item of the human review queue.
 type ReviewView struct {
 	ReviewID   string     `json:"reviewId"`
 	WorkID     string     `json:"workId"`
+	TenantID   string     `json:"tenantId"`
 	Contract   string     `json:"contract"`
 	Lane       string     `json:"lane"`
 	Reason     string     `json:"reason"`
@@ -38,8 +42,15 @@ type ReviewView struct {
 	ResolvedBy string     `json:"resolvedBy,omitempty"`
 	Note       string     `json:"note,omitempty"`
 	ResolvedAt *time.Time `json:"resolvedAt,omitempty"`
-	CreatedAt  time.Time  `json:"createdAt"`
-	Links      Links      `json:"links"`
+	// HeldBy is the person who holds the open item from the console, until
+	// HeldUntil; absent when nobody does.
+	HeldBy    string     `json:"heldBy,omitempty"`
+	HeldUntil *time.Time `json:"heldUntil,omitempty"`
+	// Published says the item was resolved with an answer that the work
+	// publishes as its reviewed outcome.
+	Published bool      `json:"published,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	Links     Links     `json:"links"`
 }
 
 // ReviewList answers GET /v1/reviews; Next, when set, is the cursor of the
@@ -68,13 +79,18 @@ func parseReviewID(s string) (workID string, ok bool) {
 	return "w_" + hex, found && ValidWorkID("w_"+hex)
 }
 
-func reviewView(v *store.Review) ReviewView {
-	rv := ReviewView{ReviewID: reviewID(v), WorkID: v.WorkID, Contract: v.Contract, Lane: v.Lane, Reason: v.Reason,
+// reviewView is v as the API shows it at now.
+func reviewView(v *store.Review, now time.Time) ReviewView {
+	rv := ReviewView{ReviewID: reviewID(v), WorkID: v.WorkID, TenantID: v.TenantID, Contract: v.Contract, Lane: v.Lane, Reason: v.Reason,
 		State: v.State, WorkState: v.WorkState, WorkReason: v.WorkReason, Verdict: v.Verdict, ResolvedBy: v.ResolvedBy,
-		Note: v.Note, CreatedAt: v.CreatedAt, Links: Links{Self: "/v1/work/" + v.WorkID}}
+		Note: v.Note, Published: v.Output != nil, CreatedAt: v.CreatedAt, Links: Links{Self: "/v1/work/" + v.WorkID}}
 	if !v.ResolvedAt.IsZero() {
 		at := v.ResolvedAt
 		rv.ResolvedAt = &at
+	}
+	if rv.HeldBy = v.HeldBy(now); rv.HeldBy != "" {
+		until := v.ClaimedUntil
+		rv.HeldUntil = &until
 	}
 	return rv
 }
@@ -86,34 +102,46 @@ func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	rs := s.d.Store
-	q := r.URL.Query()
-	f := store.ReviewFilter{Tenant: t.ID, State: q.Get("state"), Reason: q.Get("reason"), Contract: q.Get("contract"), Limit: 100}
+	f, ok := s.reviewFilter(w, r.URL.Query())
+	if !ok {
+		return
+	}
+	f.Tenant = t.ID
+	s.writeReviews(w, r, f)
+}
+
+// reviewFilter reads a review listing's state, reason, contract, limit and
+// cursor, or writes the refusal.
+func (s *Service) reviewFilter(w http.ResponseWriter, q url.Values) (store.ReviewFilter, bool) {
+	f := store.ReviewFilter{State: q.Get("state"), Reason: q.Get("reason"), Contract: q.Get("contract"), Limit: 100}
 	switch {
 	case f.State != "" && !slices.Contains(store.ReviewStates, f.State):
 		apierror.Write(w, http.StatusBadRequest, "invalid_query", "state: not one of "+strings.Join(store.ReviewStates, ", "))
-		return
+		return f, false
 	case f.Reason != "" && !slices.Contains(store.ReviewReasons, f.Reason):
 		apierror.Write(w, http.StatusBadRequest, "invalid_query", "reason: not one of "+strings.Join(store.ReviewReasons, ", "))
-		return
+		return f, false
 	case f.Contract != "":
 		if _, known := s.d.Contracts.Get(f.Contract); !known {
 			apierror.Write(w, http.StatusBadRequest, "invalid_query", "contract: not a known contract")
-			return
+			return f, false
 		}
 	}
-	if !page(w, q, store.ParseReviewCursor, &f.Limit, &f.AfterCreated, &f.AfterWork) {
-		return
-	}
-	vs, err := rs.ListReviews(r.Context(), f)
+	return f, page(w, q, store.ParseReviewCursor, &f.Limit, &f.AfterCreated, &f.AfterWork)
+}
+
+// writeReviews answers with the page of review items f selects.
+func (s *Service) writeReviews(w http.ResponseWriter, r *http.Request, f store.ReviewFilter) {
+	vs, err := s.d.Store.ListReviews(r.Context(), f)
 	if err != nil {
-		s.d.Log.Error("list reviews failed", "tenant", t.ID, "err", err)
+		s.d.Log.Error("list reviews failed", "tenant", f.Tenant, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
+	now := time.Now()
 	out := ReviewList{Items: make([]ReviewView, 0, len(vs))}
 	for _, v := range vs {
-		out.Items = append(out.Items, reviewView(v))
+		out.Items = append(out.Items, reviewView(v, now))
 	}
 	if len(vs) == f.Limit {
 		out.Next = store.ReviewCursor(vs[len(vs)-1])
@@ -149,8 +177,9 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_resolver",
 			"by must name who resolves: 1-200 characters, no control characters or bidirectional overrides")
 		return
-	case !slices.Contains(store.Verdicts, req.Verdict):
-		apierror.Write(w, http.StatusBadRequest, "invalid_verdict", "verdict must be one of "+strings.Join(store.Verdicts, ", "))
+	case !slices.Contains(store.Verdicts, req.Verdict) || req.Verdict == store.VerdictAmended:
+		apierror.Write(w, http.StatusBadRequest, "invalid_verdict",
+			"verdict must be one of approved, rejected, dismissed (amended is given with its findings from the console's review screen)")
 		return
 	case len(req.Note) > 4000:
 		apierror.Write(w, http.StatusBadRequest, "invalid_note", "note is at most 4000 bytes")
@@ -161,10 +190,8 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, store.ErrNotFound):
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this tenant")
 		return
-	case errors.Is(err, store.ErrResolved):
-		apierror.Write(w, http.StatusConflict, "already_resolved",
-			fmt.Sprintf("review %s was resolved already (%s by %s at %s); it is not resolved again", reviewID(v),
-				v.Verdict, v.ResolvedBy, v.ResolvedAt.UTC().Format(time.RFC3339)))
+	case errors.Is(err, store.ErrResolved), errors.Is(err, store.ErrClaimed):
+		reviewConflict(w, v, err)
 		return
 	case err != nil:
 		s.d.Log.Error("resolve review failed", "key", workID, "err", err)
@@ -173,7 +200,21 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 	}
 	telemetry.Decision(r.Context(), s.d.Log, v.WorkID, "review_resolved", "verdict "+v.Verdict,
 		slog.String("tenant", t.ID), slog.String("review", reviewID(v)))
-	apierror.JSON(w, http.StatusOK, reviewView(v))
+	apierror.JSON(w, http.StatusOK, reviewView(v, time.Now()))
+}
+
+// reviewConflict writes the 409 of an item resolved already
+// (already_resolved) or held by another person (claimed), naming who.
+func reviewConflict(w http.ResponseWriter, v *store.Review, err error) {
+	if errors.Is(err, store.ErrResolved) {
+		apierror.Write(w, http.StatusConflict, "already_resolved",
+			fmt.Sprintf("review %s was resolved already (%s by %s at %s); it is not resolved again", reviewID(v),
+				v.Verdict, v.ResolvedBy, v.ResolvedAt.UTC().Format(time.RFC3339)))
+		return
+	}
+	apierror.Write(w, http.StatusConflict, "claimed",
+		fmt.Sprintf("review %s is held by %s from the console until %s; it can be taken once that has passed", reviewID(v),
+			v.ClaimedBy, v.ClaimedUntil.UTC().Format(time.RFC3339)))
 }
 
 // ViewCounts answers GET /v1/views: the tenant's work created in the last

@@ -349,17 +349,19 @@ func (s *Service) consoleWork(w http.ResponseWriter, r *http.Request) {
 //go:embed console_work.html
 var consoleWorkSource []byte
 
-// consoleWorkHTML is the work page with the console's own style rules in
-// it, so the two pages look alike from one stylesheet and each still
-// loads nothing.
-var consoleWorkHTML = func() []byte {
+var consoleWorkHTML = withConsoleStyle(consoleWorkSource)
+
+// withConsoleStyle is a console page with the console's own style rules
+// in it, so the pages look alike from one stylesheet and each still loads
+// nothing.
+func withConsoleStyle(page []byte) []byte {
 	const marker = "/* the console's own rules (console.html) are put here when the page is served */\n"
 	m := regexp.MustCompile(`(?s)<style>(.*?)</style>`).FindSubmatch(consoleHTML)
-	if m == nil || !bytes.Contains(consoleWorkSource, []byte(marker)) {
-		panic("ingress: the work page or the console has no style to share")
+	if m == nil || !bytes.Contains(page, []byte(marker)) {
+		panic("ingress: a console page or the console has no style to share")
 	}
-	return bytes.Replace(consoleWorkSource, []byte(marker), m[1], 1)
-}()
+	return bytes.Replace(page, []byte(marker), m[1], 1)
+}
 
 var consoleWorkCSP = pageCSP(consoleWorkHTML)
 

@@ -137,11 +137,12 @@ var notYetExercised = map[string]bool{
 	// left to read the answer.
 	"POST /v1/work 400 bad_request": true, "POST /v1/batches 400 bad_request": true,
 	"POST /v1/reviews/{id}/resolve 400 bad_request": true, "POST /v1/webhooks/github 400 bad_request": true,
-	"POST /v1/console/work/{id}/actions 400 bad_request": true,
+	"POST /v1/console/work/{id}/actions 400 bad_request": true, "POST /v1/console/reviews/{id}/resolve 400 bad_request": true,
 	// A body slower than the read timeout: TestSlowBodiesAreCut gives the
 	// webhook's; the API's slow bodies there end before an answer is read.
 	"POST /v1/work 408 request_timeout": true, "POST /v1/batches 408 request_timeout": true,
 	"POST /v1/reviews/{id}/resolve 408 request_timeout": true, "POST /v1/console/work/{id}/actions 408 request_timeout": true,
+	"POST /v1/console/reviews/{id}/resolve 408 request_timeout": true,
 	// Capacity admission's refusal under load (services/ingress's shedding
 	// tests, at the handler; bench goodput 6 through a cell).
 	"POST /v1/work 429 over_capacity": true,
@@ -220,6 +221,10 @@ func TestEveryDescribedRefusal(t *testing.T) {
 		"GET /v1/console/work":          {},
 		"POST /v1/console/work/{id}/actions": {path: "/v1/console/work/w_none/actions",
 			body: map[string]string{"action": "redrive", "confirm": "w_none"}},
+		"GET /v1/console/reviews":               {},
+		"GET /v1/console/reviews/{id}":          {path: "/v1/console/reviews/rv_000000000000000000000000"},
+		"POST /v1/console/reviews/{id}/claim":   {path: "/v1/console/reviews/rv_000000000000000000000000/claim"},
+		"POST /v1/console/reviews/{id}/resolve": {path: "/v1/console/reviews/rv_000000000000000000000000/resolve", body: map[string]string{"verdict": "dismissed"}},
 	}
 	send := func(op string, c apiCall, token string) (int, string) {
 		t.Helper()
@@ -304,6 +309,19 @@ func TestEveryDescribedRefusal(t *testing.T) {
 	expect(actOp, act([]byte(`{"action": "redrive",`)), "ops-token", 400, "invalid_json")
 	expect(actOp, act([]byte("{\"action\": \"redrive\x00\", \"confirm\": \"w_none\"}")), "ops-token", 400, "invalid_input")
 	expect(actOp, act(map[string]string{"action": "redrive", "confirm": "w_none", "note": strings.Repeat("n", 20<<10)}), "ops-token", 413, "payload_too_large")
+	// The review screen's refusals of what was asked.
+	const deskOp = "POST /v1/console/reviews/{id}/resolve"
+	desk := func(body any) apiCall {
+		return apiCall{path: "/v1/console/reviews/rv_000000000000000000000000/resolve", body: body}
+	}
+	expect("GET /v1/console/reviews", apiCall{path: "/v1/console/reviews?state=sideways"}, "reader-token", 400, "invalid_query")
+	expect("POST /v1/console/reviews/{id}/claim", calls["POST /v1/console/reviews/{id}/claim"], "reader-token", 404, "not_found")
+	expect(deskOp, desk(map[string]string{"verdict": "dismissed"}), "reader-token", 404, "not_found")
+	expect(deskOp, desk(map[string]string{"verdict": "maybe"}), "reader-token", 400, "invalid_verdict")
+	expect(deskOp, desk(map[string]string{"verdict": "dismissed", "note": strings.Repeat("n", 4001)}), "reader-token", 400, "invalid_note")
+	expect(deskOp, desk([]byte(`{"verdict": `)), "reader-token", 400, "invalid_json")
+	expect(deskOp, desk([]byte("{\"verdict\": \"dismissed\x00\"}")), "reader-token", 400, "invalid_input")
+	expect(deskOp, desk(map[string]string{"verdict": "dismissed", "note": strings.Repeat("n", 300<<10)}), "reader-token", 413, "payload_too_large")
 	done := review
 	done.SourceID = "shop/conformance#done"
 	status, sub := b.Submit(t, done)

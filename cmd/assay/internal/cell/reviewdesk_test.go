@@ -1,0 +1,500 @@
+package cell_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"github.com/nats-io/nats.go"
+
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/fakegithub"
+	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+	"assay.dev/services/committer"
+	"assay.dev/services/ingress"
+)
+
+// deskCell is a cell that publishes to a fake GitHub as an App installed
+// on acme's shop/* repositories, with two reviewers (ana and bo) and a
+// second tenant, initech.
+type deskCell struct {
+	*consoleCell
+	gh       *fakegithub.Server
+	ana, bo  string // the reviewers' operator tokens
+	rejected string // acme's code review the gate refused: its review item is open
+}
+
+func setupDesk(t *testing.T) *deskCell {
+	t.Helper()
+	gh := fakegithub.New()
+	t.Cleanup(gh.Close)
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gh.App(5, &key.PublicKey)
+	gh.Install(7, "shop/*")
+	b := celltest.Setup(t, cell.Options{Ingress: ingress.Config{ConsoleEvery: 200 * time.Millisecond},
+		Committer: committer.Config{GitHubAPI: gh.URL, GitHubAppID: 5, GitHubKey: key}})
+	d := &deskCell{consoleCell: &consoleCell{Bundle: b, Operator: store.NewToken(), Initech: store.NewToken()}, gh: gh,
+		ana: store.NewToken(), bo: store.NewToken()}
+	ctx := context.Background()
+	st := b.Cell.Env.Store
+	if err := st.AddTenant(ctx, "initech", "us", d.Initech); err != nil {
+		t.Fatal(err)
+	}
+	for name, tok := range map[string]string{"ana": d.ana, "bo": d.bo} {
+		if err := st.AddOperatorTokenAs(ctx, name, store.RoleReviewer, tok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: "7", Tenant: "acme", Repositories: []string{"shop/*"}}); err != nil {
+		t.Fatal(err)
+	}
+	// The answer and the repair re-ask both put a finding at a line outside
+	// every changed hunk: the work ends schema_rejected, for a person.
+	const title = "desk: a finding off the diff"
+	if err := b.Sim.AddFault(sim.Fault{Kind: sim.FaultLineOutsideHunk, Tenant: "acme", Match: title, Times: 2}); err != nil {
+		t.Fatal(err)
+	}
+	req := celltest.CodeReview(evalset.Items()[0], title)
+	req.SourceID = "shop/app#77"
+	_, r := b.Submit(t, req)
+	if v := b.Wait(t, r.WorkID); *v.Outcome != outcome.SchemaRejected {
+		t.Fatalf("the work ended %s (%s), want schema_rejected", *v.Outcome, v.Reason)
+	}
+	d.rejected = r.WorkID
+	// Its own outcome is published first: a check run that says there is
+	// no review.
+	d.await(t, "the schema_rejected check run", func() bool { return len(d.runsOf(r.WorkID)) == 1 })
+	return d
+}
+
+// reviewID is the review item of work id.
+func reviewIDOf(workID string) string { return "rv_" + strings.TrimPrefix(workID, "w_") }
+
+// runsOf are the check runs made for work id.
+func (d *deskCell) runsOf(id string) []fakegithub.CheckRun {
+	var out []fakegithub.CheckRun
+	for _, r := range d.gh.CheckRuns() {
+		if r.ExternalID == id {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// commentsOf are the review comments made for work id.
+func (d *deskCell) commentsOf(id string) []fakegithub.Comment {
+	var out []fakegithub.Comment
+	for _, c := range d.gh.Comments() {
+		if strings.Contains(c.Body, "<!-- assay:work="+id+" ") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (d *deskCell) await(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// send sends method path with token and a JSON body (nil for none), and
+// returns the status, the error code and the body.
+func (d *deskCell) send(t *testing.T, method, path, token string, body any) (int, string, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		raw, _ := json.Marshal(body)
+		rd = bytes.NewReader(raw)
+	}
+	req, _ := http.NewRequest(method, d.Cell.URL+path, rd)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := d.HTTP.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	_ = json.Unmarshal(raw, &e)
+	return resp.StatusCode, e.Error.Code, raw
+}
+
+// amend is the case's findings with the one off the diff moved to the first
+// added line of its file, and its summary changed: what a reviewer would
+// publish.
+func amend(t *testing.T, c ingress.ReviewCase) (findings []map[string]any, moved int) {
+	t.Helper()
+	moved = -1
+	for _, cf := range c.Findings {
+		var f map[string]any
+		if err := json.Unmarshal(cf.Finding, &f); err != nil {
+			t.Fatal(err)
+		}
+		if cf.Placed == "outside_hunk" {
+			moved = firstAdded(c, cf.File)
+			f["line"] = moved
+			f["summary"] = "moved to the changed line by a reviewer"
+		}
+		findings = append(findings, f)
+	}
+	if moved <= 0 {
+		t.Fatalf("the case has no finding off the diff to move: %+v", c.Findings)
+	}
+	return findings, moved
+}
+
+// firstAdded is the first added line of file in the case's diff.
+func firstAdded(c ingress.ReviewCase, file string) int {
+	for _, f := range c.Files {
+		if f.Path != file {
+			continue
+		}
+		for _, h := range f.Hunks {
+			for _, l := range h.Lines {
+				if l.Kind == "+" {
+					return l.New
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// The review desk's fences, through the API: each tenant sees its own
+// queue; a reviewer's claim holds the item against the other reviewer and
+// against the tenant's own API; an answer that fails the gate is not
+// approved; an amended one is published to the pull request once — its
+// check run edited once, one comment per finding — and neither a
+// redelivered reviewed outcome nor a redelivered earlier outcome publishes
+// anything again.
+func TestReviewDeskFences(t *testing.T) {
+	t.Parallel()
+	d := setupDesk(t)
+	item := reviewIDOf(d.rejected)
+	list := func(token, query string) (int, ingress.ReviewList) {
+		status, _, raw := d.send(t, "GET", "/v1/console/reviews"+query, token, nil)
+		var l ingress.ReviewList
+		_ = json.Unmarshal(raw, &l)
+		return status, l
+	}
+	if status, l := list(d.Token, "?state=open"); status != 200 || len(l.Items) != 1 || l.Items[0].ReviewID != item || l.Items[0].TenantID != "acme" {
+		t.Errorf("acme's queue: HTTP %d %+v; want its item %s alone", status, l.Items, item)
+	}
+	if status, l := list(d.Initech, ""); status != 200 || len(l.Items) != 0 {
+		t.Errorf("initech's queue: HTTP %d %+v; want nothing", status, l.Items)
+	}
+	if status, _ := list(d.Initech, "?tenant=acme"); status != http.StatusForbidden {
+		t.Errorf("initech naming acme: HTTP %d, want 403", status)
+	}
+	if status, l := list(d.ana, "?tenant=acme&reason=schema_rejected"); status != 200 || len(l.Items) != 1 {
+		t.Errorf("ana's view of acme's queue: HTTP %d %+v", status, l.Items)
+	}
+	path := "/v1/console/reviews/" + item
+	if status, code, _ := d.send(t, "GET", path, d.Initech, nil); status != 404 || code != "not_found" {
+		t.Errorf("initech reads acme's item: HTTP %d %s, want 404", status, code)
+	}
+	if status, code, _ := d.send(t, "POST", path+"/claim", d.Token, nil); status != 403 || code != "forbidden" {
+		t.Errorf("a tenant's token claims: HTTP %d %s, want 403 forbidden", status, code)
+	}
+	if status, code, _ := d.send(t, "POST", path+"/resolve", d.Token, map[string]string{"verdict": "dismissed"}); status != 403 || code != "forbidden" {
+		t.Errorf("a tenant's token resolves from the console: HTTP %d %s, want 403 forbidden", status, code)
+	}
+
+	status, _, raw := d.send(t, "POST", path+"/claim", d.ana, nil)
+	var c ingress.ReviewCase
+	if status != 200 || json.Unmarshal(raw, &c) != nil {
+		t.Fatalf("ana claims: HTTP %d %s", status, raw)
+	}
+	if c.Review.HeldBy != "ana" || c.Answer == "" || !strings.Contains(c.Gate, "grounding.line_outside_hunk") || len(c.Files) == 0 {
+		t.Errorf("ana's case: held by %q, answer %q, gate %q, %d files", c.Review.HeldBy, c.Answer, c.Gate, len(c.Files))
+	}
+	if len(c.Attempts) != 2 || !strings.Contains(c.Attempts[1].Reason, "line_outside_hunk") {
+		t.Errorf("the case's attempts %+v: want two, the gate's reason on each", c.Attempts)
+	}
+	status, code, raw := d.send(t, "POST", path+"/claim", d.bo, nil)
+	if status != 409 || code != "claimed" || !bytes.Contains(raw, []byte("held by ana")) {
+		t.Errorf("bo claims what ana holds: HTTP %d %s", status, raw)
+	}
+	if status, code, _ := d.send(t, "POST", path+"/resolve", d.bo, map[string]string{"verdict": "rejected"}); status != 409 || code != "claimed" {
+		t.Errorf("bo resolves what ana holds: HTTP %d %s, want 409 claimed", status, code)
+	}
+	if status, code, _ := d.send(t, "POST", "/v1/reviews/"+item+"/resolve", d.Token,
+		map[string]string{"by": "someone at acme", "verdict": "dismissed"}); status != 409 || code != "claimed" {
+		t.Errorf("acme's API resolves what ana holds: HTTP %d %s, want 409 claimed", status, code)
+	}
+	if status, code, raw := d.send(t, "POST", path+"/resolve", d.ana, map[string]string{"verdict": "approved"}); status != 400 ||
+		code != "invalid_findings" || !bytes.Contains(raw, []byte("line_outside_hunk")) {
+		t.Errorf("ana approves an answer the gate refuses: HTTP %d %s", status, raw)
+	}
+	if status, code, _ := d.send(t, "POST", path+"/resolve", d.ana, map[string]any{"verdict": "rejected", "findings": []any{}}); status != 400 || code != "invalid_findings" {
+		t.Errorf("findings with a rejection: HTTP %d %s, want 400 invalid_findings", status, code)
+	}
+	findings, moved := amend(t, c)
+	status, _, raw = d.send(t, "POST", path+"/resolve", d.ana, map[string]any{"verdict": "amended", "note": "line moved", "findings": findings})
+	var done ingress.ReviewView
+	if status != 200 || json.Unmarshal(raw, &done) != nil || done.Verdict != "amended" || done.ResolvedBy != "ana" || !done.Published {
+		t.Fatalf("ana amends: HTTP %d %s", status, raw)
+	}
+	d.await(t, "the amended review on the pull request", func() bool {
+		runs := d.runsOf(d.rejected)
+		return len(runs) == 1 && runs[0].Edits == 1 && len(d.commentsOf(d.rejected)) == len(findings)
+	})
+	run := d.runsOf(d.rejected)[0]
+	if !strings.HasPrefix(run.Output.Title, "Reviewed by a person") {
+		t.Errorf("the check run reads %q, want the person's review", run.Output.Title)
+	}
+	placed := false
+	for _, cm := range d.commentsOf(d.rejected) {
+		placed = placed || (cm.Line == moved && strings.Contains(cm.Body, "moved to the changed line by a reviewer"))
+	}
+	if !placed {
+		t.Errorf("no comment at line %d with the reviewer's summary: %+v", moved, d.commentsOf(d.rejected))
+	}
+	if status, code, _ := d.send(t, "POST", path+"/resolve", d.bo, map[string]string{"verdict": "dismissed"}); status != 409 || code != "already_resolved" {
+		t.Errorf("bo resolves it again: HTTP %d %s, want 409 already_resolved", status, code)
+	}
+	if status, code, _ := d.send(t, "POST", path+"/claim", d.bo, nil); status != 409 || code != "already_resolved" {
+		t.Errorf("bo claims the resolved item: HTTP %d %s, want 409 already_resolved", status, code)
+	}
+
+	// Both outcomes delivered again, under new message ids so the stream
+	// keeps them: the publisher takes each and publishes nothing.
+	writes := func() int {
+		n := 0
+		for _, r := range d.gh.Requests() {
+			if r.Method != "GET" && !strings.Contains(r.Path, "access_tokens") {
+				n++
+			}
+		}
+		return n
+	}
+	before := writes()
+	names := d.Names()
+	js := d.Cell.Env.JS
+	var last uint64
+	for _, oc := range []string{outcome.Reviewed, outcome.SchemaRejected} {
+		payload, _ := json.Marshal(event.Outcome{OutcomeID: event.OutcomeMsgID(d.rejected, oc), WorkID: d.rejected, TenantID: "acme",
+			Region: "us", Outcome: oc, At: time.Now()})
+		msg := &nats.Msg{Subject: names.Outcome("acme"), Data: payload, Header: nats.Header{}}
+		msg.Header.Set("Nats-Msg-Id", "again."+oc+"."+d.rejected)
+		ack, err := js.PublishMsg(context.Background(), msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ack.Sequence
+	}
+	d.await(t, "the publisher to take both again", func() bool {
+		cons, err := js.Consumer(context.Background(), names.Stream(event.KindOutcome), names.OutcomeConsumer())
+		if err != nil {
+			return false
+		}
+		info, err := cons.Info(context.Background())
+		return err == nil && info.AckFloor.Stream >= last
+	})
+	if n := writes(); n != before {
+		t.Errorf("GitHub got %d more writes after both outcomes came again, want none", n-before)
+	}
+	if run := d.runsOf(d.rejected); len(run) != 1 || run[0].Edits != 1 || len(d.commentsOf(d.rejected)) != len(findings) {
+		t.Errorf("after the redeliveries: %d check runs (edits %d), %d comments", len(run), run[0].Edits, len(d.commentsOf(d.rejected)))
+	}
+}
+
+// reviewScreen is what the review screen shows, read from its elements.
+type reviewScreen struct {
+	Loaded   string   `json:"loaded"`
+	Queue    []string `json:"queue"`
+	Held     string   `json:"held"`
+	Claim    string   `json:"claim"`
+	Resolve  bool     `json:"resolve"`
+	Findings []string `json:"findings"`
+	Result   string   `json:"result"`
+	Verdict  string   `json:"verdict"`
+	Error    string   `json:"error"`
+	Text     string   `json:"text"`
+}
+
+const readReviewScreen = `JSON.stringify((() => {
+	const all = (sel) => Array.from(document.querySelectorAll(sel));
+	const $ = (id) => document.getElementById(id);
+	if (!document.body || !$("claim")) { return {}; } // between pages
+	return {
+		loaded: document.body.dataset.loaded || "",
+		queue: document.body.dataset.queue === undefined ? null : all("#queue tbody tr").map((tr) => tr.dataset.review),
+		held: $("claim").dataset.held || "", claim: $("claim").textContent,
+		resolve: !$("resolve-form").hidden,
+		findings: all("tr.finding").map((tr) => tr.dataset.placed),
+		result: $("resolve-result").textContent, verdict: $("resolve-result").dataset.verdict || "",
+		error: $("desk-error").textContent + $("error").textContent,
+		text: document.body.innerText,
+	};
+})())`
+
+func (b *browser) reviewScreen(t *testing.T, what string, ok func(reviewScreen) bool) reviewScreen {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		raw, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](readReviewScreen))
+		if err != nil {
+			t.Fatalf("read the review screen: %v", err)
+		}
+		var v reviewScreen
+		if err := json.Unmarshal([]byte(raw), &v); err != nil {
+			t.Fatalf("read the review screen: %v: %s", err, raw)
+		}
+		if ok(v) {
+			return v
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: after 30s the review screen shows %+v", what, v)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// tab opens another tab of the same browser: a page of its own, with its
+// own session storage, as a second person at another desk would have.
+func (b *browser) tab(t *testing.T) *browser {
+	t.Helper()
+	ctx, cancel := chromedp.NewContext(b.ctx)
+	t.Cleanup(cancel)
+	nb := &browser{ctx: ctx}
+	if err := chromedp.Listen(ctx, func(ev any) {
+		if e, ok := ev.(*runtime.EventExceptionThrown); ok {
+			nb.mu.Lock()
+			nb.exceptions = append(nb.exceptions, (&chromedp.ExceptionError{ExceptionDetails: e.ExceptionDetails}).Error())
+			nb.mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatalf("open a tab: %v", err)
+	}
+	return nb
+}
+
+func (b *browser) noExceptions(t *testing.T) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.exceptions) > 0 {
+		t.Errorf("the page threw: %v", b.exceptions)
+	}
+}
+
+// A reviewer opens an item from the queue and holds it; a second reviewer
+// who opens it is told who holds it and cannot resolve; the first moves a
+// finding to its changed line, rewrites its summary and resolves the item
+// amended; the fake GitHub gets exactly one publication of the amended
+// review. A tenant's token sees its own queue alone, and not another
+// tenant's item.
+func TestReviewScreenInChromium(t *testing.T) {
+	t.Parallel()
+	d := setupDesk(t)
+	item := reviewIDOf(d.rejected)
+
+	ana := chromium(t)
+	ana.do(t, "open the review screen", chromedp.Navigate(d.Cell.URL+"/console/reviews"))
+	ana.signIn(t, d.ana)
+	ana.reviewScreen(t, "ana's queue", func(v reviewScreen) bool { return len(v.Queue) == 1 && v.Queue[0] == item })
+	ana.do(t, "open the item", chromedp.Click(chromedp.CSS(`#queue a[href="/console/reviews?item=`+item+`"]`)))
+	v := ana.reviewScreen(t, "ana holds the item", func(v reviewScreen) bool { return v.Loaded == item })
+	if v.Held != "you" || !v.Resolve || !strings.Contains(strings.Join(v.Findings, " "), "outside_hunk") {
+		t.Fatalf("ana's screen: held %q (%q), resolve form %v, findings %q", v.Held, v.Claim, v.Resolve, v.Findings)
+	}
+
+	bo := ana.tab(t)
+	bo.do(t, "bo opens the same item", chromedp.Navigate(d.Cell.URL+"/console/reviews?item="+item))
+	bo.signIn(t, d.bo)
+	w := bo.reviewScreen(t, "bo is told ana holds it", func(v reviewScreen) bool { return v.Loaded == item })
+	if w.Held != "other" || !strings.Contains(w.Claim, "held by ana") || w.Resolve {
+		t.Errorf("bo's screen: held %q (%q), resolve form %v; want ana's hold named and no resolve form", w.Held, w.Claim, w.Resolve)
+	}
+	bo.noExceptions(t)
+
+	// Ana moves the finding off the diff to its file's first added line.
+	status, _, raw := d.send(t, "GET", "/v1/console/reviews/"+item, d.ana, nil)
+	var c ingress.ReviewCase
+	if status != 200 || json.Unmarshal(raw, &c) != nil {
+		t.Fatalf("read the case: HTTP %d %s", status, raw)
+	}
+	findings, moved := amend(t, c)
+	edit := `(() => {
+		const tr = document.querySelector('tr.finding[data-placed="outside_hunk"]');
+		const set = (field, value, kind) => { const el = tr.querySelector('[data-field="' + field + '"]'); el.value = value; el.dispatchEvent(new Event(kind)); };
+		set("line", "` + jsonNumber(moved) + `", "change");
+		set("summary", "moved to the changed line by a reviewer", "input");
+		document.getElementById("verdict").value = "amended";
+		document.getElementById("note").value = "line moved to the change";
+		return true;
+	})()`
+	if _, err := chromedp.Run(ana.ctx, chromedp.Evaluate[bool](edit)); err != nil {
+		t.Fatalf("amend the finding: %v", err)
+	}
+	ana.screenshot(t, "assay-console-review.png")
+	ana.do(t, "resolve", chromedp.Click(chromedp.ID("resolve")))
+	v = ana.reviewScreen(t, "the resolution", func(v reviewScreen) bool { return v.Verdict != "" || strings.Contains(v.Result, ":") })
+	if v.Verdict != "amended" || !strings.Contains(v.Result, "published") {
+		t.Fatalf("ana's resolution: %q", v.Result)
+	}
+	d.await(t, "the amended review on the pull request", func() bool {
+		runs := d.runsOf(d.rejected)
+		return len(runs) == 1 && runs[0].Edits == 1 && len(d.commentsOf(d.rejected)) == len(findings)
+	})
+	placed := 0
+	for _, cm := range d.commentsOf(d.rejected) {
+		if cm.Edits != 0 {
+			t.Errorf("comment %d was edited %d times: one publication makes each once", cm.ID, cm.Edits)
+		}
+		if cm.Line == moved && strings.Contains(cm.Body, "moved to the changed line by a reviewer") {
+			placed++
+		}
+	}
+	if placed != 1 {
+		t.Errorf("%d comments at line %d with the reviewer's summary, want 1", placed, moved)
+	}
+	var by, verdict string
+	if err := d.DB.QueryRow(context.Background(), `SELECT resolved_by, verdict FROM reviews WHERE work_id = $1`, d.rejected).Scan(&by, &verdict); err != nil ||
+		by != "ana" || verdict != "amended" {
+		t.Errorf("the review row: %s by %s (%v)", verdict, by, err)
+	}
+	ana.noExceptions(t)
+
+	// A tenant's token: its own queue, and not another tenant's item.
+	other := ana.tab(t)
+	other.do(t, "initech opens the review screen", chromedp.Navigate(d.Cell.URL+"/console/reviews"))
+	other.signIn(t, d.Initech)
+	if v := other.reviewScreen(t, "initech's queue", func(v reviewScreen) bool { return v.Queue != nil }); len(v.Queue) != 0 {
+		t.Errorf("initech's queue shows %q, want nothing", v.Queue)
+	}
+	other.do(t, "initech opens acme's item", chromedp.Navigate(d.Cell.URL+"/console/reviews?item="+item))
+	if v := other.reviewScreen(t, "the refusal", func(v reviewScreen) bool { return v.Error != "" }); !strings.Contains(v.Error, "not_found") ||
+		v.Loaded != "" || strings.Contains(v.Text, d.rejected) {
+		t.Errorf("initech on acme's item: error %q, loaded %q", v.Error, v.Loaded)
+	}
+	other.noExceptions(t)
+}
+
+func jsonNumber(n int) string { b, _ := json.Marshal(n); return string(b) }

@@ -1,0 +1,491 @@
+package ingress
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/auth"
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/diff"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/gate"
+	"assay.dev/pkg/outbox"
+	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+)
+
+// ReviewHold is how long opening a review item on the console's review
+// screen holds it for that person; opening it again extends the hold.
+const ReviewHold = 15 * time.Minute
+
+// ReviewCase is one review item as the review screen shows it: the item,
+// its work, the answer judged with each finding placed on the diff, and
+// every attempt's outcome and the gate's reason.
+type ReviewCase struct {
+	Review ReviewView `json:"review"`
+	Work   WorkRow    `json:"work"`
+	// Answer names the answer judged: "result" (an accepted one), "attempt
+	// N" (the last kept answer that is a JSON object), or "" for none.
+	Answer string `json:"answer"`
+	// Gate is the gate's verdict on that answer now: "" when it passes,
+	// else its code and detail.
+	Gate     string        `json:"gate,omitempty"`
+	Findings []CaseFinding `json:"findings"`
+	// Files is the work's diff, for contracts grounded in one; Input is
+	// the work's input otherwise.
+	Files    []CaseFile      `json:"files,omitempty"`
+	Input    json.RawMessage `json:"input,omitempty"`
+	Attempts []CaseAttempt   `json:"attempts"`
+	// Output is what the item was resolved with and published, once it is.
+	Output json.RawMessage `json:"output,omitempty"`
+}
+
+// CaseFinding is one finding of the answer judged, as the model gave it,
+// and where it falls on the diff: "line" (a changed hunk's line),
+// "outside_hunk" or "not_in_diff".
+type CaseFinding struct {
+	Index   int             `json:"index"`
+	Finding json.RawMessage `json:"finding"`
+	File    string          `json:"file,omitempty"`
+	Line    int             `json:"line,omitempty"`
+	Placed  string          `json:"placed"`
+}
+
+// CaseFile is one file of the diff.
+type CaseFile struct {
+	Path  string     `json:"path"`
+	Hunks []CaseHunk `json:"hunks"`
+}
+
+// CaseHunk is one hunk: its header and lines.
+type CaseHunk struct {
+	Header string     `json:"header"`
+	Lines  []CaseLine `json:"lines"`
+}
+
+// CaseLine is one line of a hunk: kind "+", "-" or " ", its number in the
+// new file (0 for a removed line) and its text.
+type CaseLine struct {
+	Kind string `json:"kind"`
+	New  int    `json:"new,omitempty"`
+	Text string `json:"text"`
+}
+
+// CaseAttempt is one attempt's outcome and reason (the gate's, for an
+// answer it refused).
+type CaseAttempt struct {
+	Number  int    `json:"number"`
+	Outcome string `json:"outcome"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// DeskResolveRequest is the body of POST /v1/console/reviews/{id}/resolve.
+type DeskResolveRequest struct {
+	// Verdict is approved (the answer judged stands and is published),
+	// amended (Findings replace its findings, and that is published),
+	// rejected or dismissed (nothing is published).
+	Verdict string `json:"verdict"`
+	Note    string `json:"note,omitempty"`
+	// Findings are the person's findings, with amended only: each as the
+	// contract's schema has it. They pass the contract's gate, or the
+	// resolution is refused.
+	Findings []json.RawMessage `json:"findings,omitempty"`
+}
+
+// reviewer authenticates a person on the review screen: an operator
+// token of either role. A tenant's token reads its tenant's queue but
+// names nobody, so it neither claims nor resolves from the console.
+func (s *Service) reviewer(w http.ResponseWriter, r *http.Request) (*store.Operator, bool) {
+	v, ok := s.viewer(w, r)
+	if !ok {
+		return nil, false
+	}
+	if v.Operator == nil {
+		apierror.Write(w, http.StatusForbidden, "forbidden",
+			"a review item is held and resolved by a person: sign in with an operator token (role reviewer or operator); a tenant's token resolves through POST /v1/reviews/{id}/resolve")
+		return nil, false
+	}
+	return v.Operator, true
+}
+
+// scope is the tenant whose items a viewer reaches: its own for a tenant's
+// token, every tenant's ("") for an operator's.
+func scope(v auth.Viewer) string {
+	if v.Operator != nil {
+		return ""
+	}
+	return v.Tenant.ID
+}
+
+// consoleReviews serves GET /v1/console/reviews: the review queue of the
+// token's tenant, or, for an operator, of the cell (tenant= narrows it).
+func (s *Service) consoleReviews(w http.ResponseWriter, r *http.Request) {
+	v, ok := s.viewer(w, r)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	f, ok := s.reviewFilter(w, q)
+	if !ok {
+		return
+	}
+	f.Tenant = q.Get("tenant")
+	if v.Operator == nil {
+		if f.Tenant != "" && f.Tenant != v.Tenant.ID {
+			apierror.Write(w, http.StatusForbidden, "forbidden", "a tenant's token reads its own review queue only")
+			return
+		}
+		f.Tenant = v.Tenant.ID
+	}
+	s.writeReviews(w, r, f)
+}
+
+// consoleReview serves GET /v1/console/reviews/{id}: the item's case,
+// without holding it.
+func (s *Service) consoleReview(w http.ResponseWriter, r *http.Request) {
+	v, ok := s.viewer(w, r)
+	if !ok {
+		return
+	}
+	workID, ok := s.reviewPath(w, r)
+	if !ok {
+		return
+	}
+	rv, err := s.d.Store.GetReview(r.Context(), scope(v), workID)
+	s.writeCase(w, r, rv, err)
+}
+
+// consoleClaim serves POST /v1/console/reviews/{id}/claim: the person
+// holds the open item for ReviewHold and gets its case. Another person's
+// hold is 409 claimed, naming them.
+func (s *Service) consoleClaim(w http.ResponseWriter, r *http.Request) {
+	op, ok := s.reviewer(w, r)
+	if !ok {
+		return
+	}
+	workID, ok := s.reviewPath(w, r)
+	if !ok {
+		return
+	}
+	rv, err := s.d.Store.ClaimReview(r.Context(), "", workID, op.Name, ReviewHold)
+	if errors.Is(err, store.ErrClaimed) || errors.Is(err, store.ErrResolved) {
+		reviewConflict(w, rv, err)
+		return
+	}
+	if err == nil {
+		s.d.Log.Info("console: review item held", "key", workID, "by", op.Name)
+	}
+	s.writeCase(w, r, rv, err)
+}
+
+// reviewPath reads the path's review id into its work's id, or writes the
+// 404.
+func (s *Service) reviewPath(w http.ResponseWriter, r *http.Request) (string, bool) {
+	workID, ok := parseReviewID(r.PathValue("id"))
+	if !ok {
+		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this token")
+	}
+	return workID, ok
+}
+
+// writeCase answers with rv's case, or with why there is none.
+func (s *Service) writeCase(w http.ResponseWriter, r *http.Request, rv *store.Review, err error) {
+	if errors.Is(err, store.ErrNotFound) {
+		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this token")
+		return
+	}
+	var c *ReviewCase
+	if err == nil {
+		c, err = s.readCase(r.Context(), rv)
+	}
+	if err != nil {
+		s.d.Log.Error("console: read a review item failed", "review", r.PathValue("id"), "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	apierror.JSON(w, http.StatusOK, c)
+}
+
+// readCase reads what a person judges rv by.
+func (s *Service) readCase(ctx context.Context, rv *store.Review) (*ReviewCase, error) {
+	wk, err := s.d.Store.GetWork(ctx, rv.WorkID)
+	if err != nil {
+		return nil, err
+	}
+	kept, err := s.d.Store.AttemptAnswers(ctx, rv.WorkID)
+	if err != nil {
+		return nil, err
+	}
+	c := &ReviewCase{Review: reviewView(rv, time.Now()), Work: WorkRowOf(wk), Findings: []CaseFinding{},
+		Attempts: make([]CaseAttempt, 0, len(kept)), Output: rv.Output}
+	for _, a := range kept {
+		c.Attempts = append(c.Attempts, CaseAttempt{Number: a.Number, Outcome: a.Outcome, Reason: a.Reason})
+	}
+	answer, err := s.judged(ctx, wk, kept, c)
+	if err != nil {
+		return nil, err
+	}
+	ct, _ := s.d.Contracts.Of(wk.Contract, wk.SchemaVersion)
+	if ct == nil || ct.Grounding != contract.GroundingDiff {
+		c.Input = json.RawMessage(wk.Input)
+	}
+	d := inputDiff(wk)
+	if ct != nil && ct.Grounding == contract.GroundingDiff && d != nil {
+		c.Files = caseFiles(d)
+	}
+	if answer != nil {
+		if _, fail := gate.Check(ct, answer, expect(ct, wk)); fail != nil {
+			c.Gate = fail.Error()
+		}
+		c.Findings = placeFindings(answer, d)
+	}
+	return c, nil
+}
+
+// judged is the answer a person judges: the accepted result's, or the last
+// kept answer that is a JSON object; nil when there is none. It names it
+// in c.Answer.
+func (s *Service) judged(ctx context.Context, wk *store.Work, kept []store.AttemptAnswer, c *ReviewCase) ([]byte, error) {
+	if wk.State == outcome.Accepted {
+		res, err := s.d.Store.GetResult(ctx, wk.ID)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+		if err == nil {
+			c.Answer = "result"
+			return res.Output, nil
+		}
+	}
+	for i := len(kept) - 1; i >= 0; i-- {
+		var obj map[string]json.RawMessage
+		if raw := bytes.TrimSpace(kept[i].Raw); len(raw) > 0 && json.Unmarshal(raw, &obj) == nil {
+			c.Answer = "attempt " + strconv.Itoa(kept[i].Number)
+			return raw, nil
+		}
+	}
+	return nil, nil
+}
+
+// expect is what an answer to wk must match now, as the committer gates it.
+func expect(ct *contract.Contract, wk *store.Work) gate.Expect {
+	return gate.ExpectFor(ct, gate.Seen{WorkID: wk.ID, SchemaVersion: wk.SchemaVersion, TaxonomyVersion: wk.TaxonomyVersion,
+		Digest: wk.Digest}, wk.Digest, []byte(wk.Input))
+}
+
+// inputDiff is the work's input's diff, nil when it has none that parses.
+func inputDiff(wk *store.Work) *diff.Diff {
+	var in struct {
+		Diff string `json:"diff"`
+	}
+	if json.Unmarshal([]byte(wk.Input), &in) != nil || in.Diff == "" {
+		return nil
+	}
+	d, err := diff.Parse(in.Diff)
+	if err != nil {
+		return nil
+	}
+	return d
+}
+
+func caseFiles(d *diff.Diff) []CaseFile {
+	files := make([]CaseFile, 0, len(d.Files))
+	for _, f := range d.Files {
+		cf := CaseFile{Path: f.Path, Hunks: make([]CaseHunk, 0, len(f.Hunks))}
+		for _, h := range f.Hunks {
+			ch := CaseHunk{Header: "@@ -" + strconv.Itoa(h.OldStart) + "," + strconv.Itoa(h.OldLines) + " +" +
+				strconv.Itoa(h.NewStart) + "," + strconv.Itoa(h.NewLines) + " @@ " + h.Section, Lines: make([]CaseLine, 0, len(h.Lines))}
+			for _, l := range h.Lines {
+				ch.Lines = append(ch.Lines, CaseLine{Kind: string(l.Kind), New: l.NewLine, Text: l.Text})
+			}
+			cf.Hunks = append(cf.Hunks, ch)
+		}
+		files = append(files, cf)
+	}
+	return files
+}
+
+// placeFindings reads the answer's findings and says where each falls on
+// the diff d (nil: none is placed).
+func placeFindings(answer []byte, d *diff.Diff) []CaseFinding {
+	var doc struct {
+		Findings []json.RawMessage `json:"findings"`
+	}
+	out := []CaseFinding{}
+	if json.Unmarshal(answer, &doc) != nil {
+		return out
+	}
+	for i, raw := range doc.Findings {
+		var at struct {
+			File string          `json:"file"`
+			Line json.RawMessage `json:"line"`
+		}
+		_ = json.Unmarshal(raw, &at)
+		cf := CaseFinding{Index: i, Finding: raw, File: at.File, Placed: "not_in_diff"}
+		if n, err := strconv.Atoi(string(at.Line)); err == nil {
+			cf.Line = n
+		}
+		if d != nil {
+			if f := d.File(at.File); f != nil {
+				cf.Placed = "outside_hunk"
+				if f.InHunk(cf.Line) {
+					cf.Placed = "line"
+				}
+			}
+		}
+		out = append(out, cf)
+	}
+	return out
+}
+
+// consoleResolve serves POST /v1/console/reviews/{id}/resolve: the person
+// resolves the item unless another person holds it. Approved and amended
+// publish the answer as the work's reviewed outcome, once, in the
+// resolution's own transaction; the answer must pass the contract's gate.
+func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
+	op, ok := s.reviewer(w, r)
+	if !ok {
+		return
+	}
+	workID, ok := s.reviewPath(w, r)
+	if !ok {
+		return
+	}
+	var req DeskResolveRequest
+	if refused, _ := decodeBody(w, r, 256<<10, &req); refused != nil {
+		refused.Write(w)
+		return
+	}
+	switch {
+	case !slices.Contains(store.Verdicts, req.Verdict):
+		apierror.Write(w, http.StatusBadRequest, "invalid_verdict", "verdict must be one of approved, amended, rejected, dismissed")
+		return
+	case len(req.Note) > 4000:
+		apierror.Write(w, http.StatusBadRequest, "invalid_note", "note is at most 4000 bytes")
+		return
+	case req.Findings != nil && req.Verdict != store.VerdictAmended:
+		apierror.Write(w, http.StatusBadRequest, "invalid_findings", "findings are given with the verdict amended only")
+		return
+	}
+	ctx := r.Context()
+	res := store.Resolution{By: op.Name, Verdict: req.Verdict, Note: req.Note, Holder: op.Name}
+	if req.Verdict == store.VerdictApproved || req.Verdict == store.VerdictAmended {
+		output, refusal, err := s.deskOutput(ctx, workID, req)
+		if errors.Is(err, store.ErrNotFound) {
+			apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this token")
+			return
+		}
+		if err != nil {
+			s.d.Log.Error("console: read a review item failed", "key", workID, "err", err)
+			auth.Unavailable().Write(w)
+			return
+		}
+		if refusal != "" {
+			apierror.Write(w, http.StatusBadRequest, "invalid_findings", refusal)
+			return
+		}
+		res.Output, res.Announce = output, s.announceReviewed(ctx)
+	}
+	rv, err := s.d.Store.ResolveReview(ctx, "", workID, res)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this token")
+		return
+	case errors.Is(err, store.ErrResolved), errors.Is(err, store.ErrClaimed):
+		reviewConflict(w, rv, err)
+		return
+	case err != nil:
+		s.d.Log.Error("console: resolve review failed", "key", workID, "err", err)
+		auth.Unavailable().Write(w)
+		return
+	}
+	telemetry.Decision(ctx, s.d.Log, rv.WorkID, "review_resolved", "verdict "+rv.Verdict+" from the console",
+		slog.String("tenant", rv.TenantID), slog.String("review", reviewID(rv)), slog.String("by", op.Name),
+		slog.Bool("published", rv.Output != nil))
+	apierror.JSON(w, http.StatusOK, reviewView(rv, time.Now()))
+}
+
+// deskOutput is the answer an approved or amended resolution publishes:
+// the answer judged, with the person's findings for amended. refusal, when
+// set, says why it cannot be published (it fails the gate, or there is no
+// answer to approve).
+func (s *Service) deskOutput(ctx context.Context, workID string, req DeskResolveRequest) (json.RawMessage, string, error) {
+	wk, err := s.d.Store.GetWork(ctx, workID)
+	if err != nil {
+		return nil, "", err
+	}
+	kept, err := s.d.Store.AttemptAnswers(ctx, workID)
+	if err != nil {
+		return nil, "", err
+	}
+	answer, err := s.judged(ctx, wk, kept, &ReviewCase{})
+	if err != nil {
+		return nil, "", err
+	}
+	ct, _ := s.d.Contracts.Of(wk.Contract, wk.SchemaVersion)
+	if req.Verdict == store.VerdictApproved && answer == nil {
+		return nil, "there is no answer to approve: amend it with findings, or reject or dismiss it", nil
+	}
+	if req.Verdict == store.VerdictAmended {
+		doc := map[string]json.RawMessage{}
+		if answer != nil {
+			_ = json.Unmarshal(answer, &doc)
+		}
+		if len(doc) == 0 {
+			// No answer to amend: the person's findings stand alone, under
+			// the work's correlation.
+			doc["changeId"], _ = json.Marshal(wk.ID)
+			if v, err := strconv.Atoi(wk.SchemaVersion); err == nil {
+				doc["schemaVersion"], _ = json.Marshal(v)
+			}
+		}
+		findings := req.Findings
+		if findings == nil {
+			findings = []json.RawMessage{}
+		}
+		doc["findings"], _ = json.Marshal(findings)
+		answer, _ = json.Marshal(doc)
+	}
+	acc, fail := gate.Check(ct, answer, expect(ct, wk))
+	if fail != nil {
+		return nil, "the answer fails the contract's gate (" + fail.Error() + "); amend its findings, or reject it", nil
+	}
+	return acc.Output, "", nil
+}
+
+// announceReviewed gives the OUTCOME event that publishes a reviewed
+// item's answer; its id is the work's and "reviewed", so it is one.
+func (s *Service) announceReviewed(ctx context.Context) func(*store.Review) ([]store.OutboxMsg, error) {
+	return func(rv *store.Review) ([]store.OutboxMsg, error) {
+		id := event.OutcomeMsgID(rv.WorkID, outcome.Reviewed)
+		m, err := outbox.Msg(ctx, event.KindOutcome, s.cfg.Names.Outcome(rv.TenantID), id, event.Outcome{OutcomeID: id,
+			WorkID: rv.WorkID, TenantID: rv.TenantID, Region: s.cfg.Region, Outcome: outcome.Reviewed, At: time.Now().UTC()})
+		if err != nil {
+			return nil, err
+		}
+		return []store.OutboxMsg{m}, nil
+	}
+}
+
+//go:embed console_review.html
+var consoleReviewSource []byte
+
+var consoleReviewHTML = withConsoleStyle(consoleReviewSource)
+
+var consoleReviewCSP = pageCSP(consoleReviewHTML)
+
+// consoleReviewPage serves the review screen: the queue, and the item
+// named by ?item= with its diff and findings.
+func (s *Service) consoleReviewPage(w http.ResponseWriter, r *http.Request) {
+	servePage(w, r, consoleReviewHTML, consoleReviewCSP)
+}
