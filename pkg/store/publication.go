@@ -693,20 +693,25 @@ func (s *Store) AbandonPublications(ctx context.Context, workID, reason string) 
 // UnpublishedOutcomes reads back from the outbox up to limit OUTCOME events
 // published between grace and horizon ago whose work is still in that
 // outcome and for which the publisher recorded nothing: events the broker
-// lost. Only work something may be published for is read: code reviews of
+// lost (a person's reviewed answer among them). Only work something may
+// be published for is read: code reviews of
 // a pull request (owner/repo#number), and the work of tenants with a
 // callback. Once the publisher has seen an outcome, its rows (pending,
 // published, failed, or skipped when there was nothing to publish) take
 // it from there, so each outcome is read back at most once.
 func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Duration, limit int) ([][]byte, error) {
+	// The outcome a work publishes is its state's, or, once a person
+	// published an answer from the review screen, reviewed.
 	rows, err := s.pool.Query(ctx, `SELECT o.payload FROM outbox o
-		JOIN work w ON w.id = split_part(o.msg_id, '.', 1) AND w.state = split_part(o.msg_id, '.', 2)
+		JOIN work w ON w.id = split_part(o.msg_id, '.', 1)
+		LEFT JOIN reviews v ON v.work_id = w.id AND v.output IS NOT NULL
 		WHERE o.stream = 'OUTCOME'
+			AND split_part(o.msg_id, '.', 2) = CASE WHEN v.work_id IS NULL THEN w.state ELSE 'reviewed' END
 			AND o.published_at < now() - $1 * interval '1 microsecond'
 			AND o.published_at > now() - $2 * interval '1 microsecond'
 			AND ((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/#]+#[1-9][0-9]*$')
 				OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))
-			AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = w.state)
+			AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2))
 		ORDER BY o.published_at LIMIT $3`, interval(grace), interval(horizon), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: unpublished outcomes: %w", err)

@@ -444,3 +444,59 @@ func TestBatchCancelLeavesWorkAskedForOnItsOwn(t *testing.T) {
 		t.Fatalf("work also asked for on its own: %+v %v, want it queued", w, err)
 	}
 }
+
+// An OUTCOME event the broker lost is read back for the outcome the work
+// publishes now: once a person published an answer from the review
+// screen, its reviewed event, never the work's own outcome again, and
+// neither once the publisher has a row for it.
+func TestReviewedOutcomeIsReadBack(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := newWork("acme", "shop-app-5", "r1")
+	w.Contract, w.SourceID = "code-review", "shop/app#5"
+	w = insert(t, ctx, s, w)
+	token := newUUID()
+	claim(t, ctx, s, w.ID, newUUID(), token, time.Minute)
+	if _, err := store.FinishLeased(ctx, s, w.ID, token, outcome.SchemaRejected, "schema"); err != nil {
+		t.Fatal(err)
+	}
+	outcomeRow := func(oc string) []store.OutboxMsg {
+		return []store.OutboxMsg{{Stream: "OUTCOME", Subject: "x.outcome.acme", MsgID: w.ID + "." + oc, Payload: []byte(`{"outcome":"` + oc + `"}`)}}
+	}
+	readBack := func() []string {
+		t.Helper()
+		if _, err := store.Pool(s).Exec(ctx, `UPDATE outbox SET published_at = now() - interval '1 minute' WHERE msg_id LIKE $1 || '.%'`, w.ID); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.UnpublishedOutcomes(ctx, time.Second, time.Hour, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, p := range got {
+			out = append(out, string(p))
+		}
+		return out
+	}
+	if _, err := store.Pool(s).Exec(ctx, `INSERT INTO outbox (stream, subject, msg_id, payload, headers) VALUES ('OUTCOME', 'x', $1, $2, '{}')`,
+		w.ID+".schema_rejected", []byte(`{"outcome":"schema_rejected"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readBack(); len(got) != 1 || got[0] != `{"outcome":"schema_rejected"}` {
+		t.Fatalf("read back before the review: %q", got)
+	}
+	if _, err := s.ResolveReview(ctx, "acme", w.ID, store.Resolution{By: "ana", Verdict: store.VerdictAmended, Output: []byte(`{"findings": []}`),
+		Announce: func(*store.Review) ([]store.OutboxMsg, error) { return outcomeRow(outcome.Reviewed), nil }}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readBack(); len(got) != 1 || got[0] != `{"outcome":"reviewed"}` {
+		t.Fatalf("read back after the review: %q; want the reviewed event alone", got)
+	}
+	now := time.Now()
+	if _, err := s.OpenPublications(ctx, w.ID, "acme", outcome.Reviewed, []string{"github"}, now, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readBack(); len(got) != 0 {
+		t.Fatalf("read back once the publisher has it: %q; want nothing", got)
+	}
+}
