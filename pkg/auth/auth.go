@@ -26,6 +26,10 @@ type Cell struct {
 	Region string
 	// ID is the cell's id; it defaults to Region.
 	ID string
+	// ServedBy, when set, says which cell of the region serves a tenant
+	// (the region's placement map); an error means it cannot say yet. Nil
+	// checks the region alone.
+	ServedBy func(tenant string) (string, error)
 }
 
 func (c Cell) id() string {
@@ -71,7 +75,12 @@ func Bearer(ctx context.Context, tenants Tenants, header string, cell Cell) (sto
 		return store.Tenant{}, Unavailable()
 	}
 	if r := Admit(t, cell); r != nil {
-		return store.Tenant{}, r
+		// The tenant goes with a refusal of its cell, so the caller can
+		// send the request on to the one that serves it.
+		if r.Code != "wrong_cell" {
+			t = store.Tenant{}
+		}
+		return t, r
 	}
 	return t, nil
 }
@@ -126,6 +135,9 @@ func Console(ctx context.Context, creds Credentials, header string, cell Cell) (
 	switch {
 	case err == nil:
 		if r := Admit(t, cell); r != nil {
+			if r.Code == "wrong_cell" {
+				return Viewer{Tenant: &t}, r
+			}
 			return Viewer{}, r
 		}
 		return Viewer{Tenant: &t}, nil
@@ -149,12 +161,29 @@ func Admit(t store.Tenant, cell Cell) *apierror.Error {
 	if t.Status != store.TenantActive {
 		return apierror.New(http.StatusForbidden, "tenant_suspended", fmt.Sprintf("tenant %s is suspended", t.ID))
 	}
-	if t.HomeRegion != cell.Region || HomeCell(t) != cell.id() {
+	if t.HomeRegion != cell.Region {
 		return apierror.New(http.StatusMisdirectedRequest, "wrong_region",
 			fmt.Sprintf("tenant %s is homed in region %s; send this request to the %s cell, this is %s",
 				t.ID, t.HomeRegion, HomeCell(t), cell.id()))
 	}
+	if cell.ServedBy == nil {
+		return nil
+	}
+	serving, err := cell.ServedBy(t.ID)
+	if err != nil {
+		return apierror.New(http.StatusServiceUnavailable, "unavailable", "the region's placement of tenants is not read yet; try again")
+	}
+	if serving != cell.id() {
+		return WrongCell(t.ID, serving, cell)
+	}
 	return nil
+}
+
+// WrongCell is the refusal of a tenant another cell of the same region
+// serves: 421 wrong_cell, naming that cell.
+func WrongCell(tenant, serving string, cell Cell) *apierror.Error {
+	return apierror.New(http.StatusMisdirectedRequest, "wrong_cell",
+		fmt.Sprintf("tenant %s is served by cell %s of region %s; send this request to it, this is %s", tenant, serving, cell.Region, cell.id()))
 }
 
 // Unavailable is the refusal when the cell's database did not answer.

@@ -16,3 +16,9 @@ func AdmitKey(tenant, lane string) string { return "rate." + tenant + "." + lane
 // which every classifier instance of the cell takes one of per call, e.g.
 // assay_calls_us.
 func (n Names) CallsBucket() string { return n.inst() + "_calls_" + n.Cell }
+
+// PlacementBucket is the key-value bucket of a region's placement map:
+// which of the region's cells serves each tenant, and where each cell
+// answers, e.g. assay_placement_us. It is the region's, not a cell's: every
+// cell of the region reads the same one.
+func (n Names) PlacementBucket(region string) string { return n.inst() + "_placement_" + region }

@@ -57,24 +57,30 @@ type Store interface {
 
 // Handler serves GET /v1/usage?tenant=…&from=…&to=… (RFC 3339 times; from
 // defaults to 30 days ago, to to now) for cell. The token decides the
-// tenant; a tenant parameter that names another one is refused.
-func Handler(st Store, cell auth.Cell, log *slog.Logger) http.Handler {
-	h := handler{st: st, cell: cell, log: log}
+// tenant; a tenant parameter that names another one is refused. refuse,
+// when set, answers a refusal of the token in place of writing it (ingress
+// sends a request of a tenant another cell serves on to it).
+func Handler(st Store, cell auth.Cell, log *slog.Logger, refuse func(http.ResponseWriter, *http.Request, store.Tenant, *apierror.Error)) http.Handler {
+	if refuse == nil {
+		refuse = func(w http.ResponseWriter, _ *http.Request, _ store.Tenant, e *apierror.Error) { e.Write(w) }
+	}
+	h := handler{st: st, cell: cell, log: log, refuse: refuse}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/usage", h.usage)
 	return mux
 }
 
 type handler struct {
-	st   Store
-	cell auth.Cell
-	log  *slog.Logger
+	st     Store
+	cell   auth.Cell
+	log    *slog.Logger
+	refuse func(http.ResponseWriter, *http.Request, store.Tenant, *apierror.Error)
 }
 
 func (s handler) usage(w http.ResponseWriter, r *http.Request) {
 	t, refused := auth.Bearer(r.Context(), s.st, r.Header.Get("Authorization"), s.cell)
 	if refused != nil {
-		refused.Write(w)
+		s.refuse(w, r, t, refused)
 		return
 	}
 	q := r.URL.Query()

@@ -162,9 +162,9 @@ func (s *Service) authenticate(w http.ResponseWriter, r *http.Request) (store.Te
 	t, refused := auth.Bearer(r.Context(), s.tokens, r.Header.Get("Authorization"), s.cell())
 	if refused != nil {
 		if refused.Status == http.StatusServiceUnavailable {
-			s.d.Log.Error("token lookup failed: the database did not answer")
+			s.d.Log.Error("token lookup failed", "err", refused.Message)
 		}
-		refused.Write(w)
+		s.refuseOrSendOn(w, r, t, refused, nil)
 		return store.Tenant{}, false
 	}
 	return t, true

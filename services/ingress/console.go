@@ -276,9 +276,13 @@ func (s *Service) viewer(w http.ResponseWriter, r *http.Request) (auth.Viewer, b
 	v, refused := auth.Console(r.Context(), s.d.Store, r.Header.Get("Authorization"), s.cell())
 	if refused != nil {
 		if refused.Status == http.StatusServiceUnavailable {
-			s.d.Log.Error("console: token lookup failed: the database did not answer")
+			s.d.Log.Error("console: token lookup failed", "err", refused.Message)
 		}
-		refused.Write(w)
+		var t store.Tenant
+		if v.Tenant != nil {
+			t = *v.Tenant
+		}
+		s.refuseOrSendOn(w, r, t, refused, nil)
 		return auth.Viewer{}, false
 	}
 	return v, true

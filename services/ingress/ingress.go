@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"assay.dev/pkg/admission"
+	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
@@ -32,6 +34,7 @@ import (
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/placement"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/pkg/usage"
@@ -128,6 +131,12 @@ type Config struct {
 	// fetched diff, and the diff of a code review submitted through the
 	// API. Default 1 MiB; reviews in parts serve diffs up to it.
 	MaxDiffBytes int64
+	// CellURL is where this cell's ingress answers the other cells of its
+	// region (ASSAY_CELL_URL), registered in the region's placement map:
+	// they send this cell's tenants' requests on to it. Unset, nothing is
+	// sent to it, and its tenants' requests that reach another cell of the
+	// region are refused there with 421 wrong_cell.
+	CellURL string
 	// Diffs fetches pull-request diffs. Default: GitHubDiffs built from the
 	// settings above.
 	Diffs DiffSource
@@ -254,6 +263,7 @@ var Vars = []config.Var{
 	{Name: "ASSAY_GITHUB_APP_ID", Default: "none (diffs read without a token)", Usage: "the GitHub App whose installation tokens read each pull request's diff (the committer publishes as it)"},
 	{Name: "ASSAY_GITHUB_APP_KEY_FILE", Default: "none", Usage: "the GitHub App's private key (PEM); required with ASSAY_GITHUB_APP_ID"},
 	{Name: "ASSAY_GITHUB_TOKEN", Default: "none", Usage: "single tenant, without an App: the one token every diff is read with"},
+	{Name: "ASSAY_CELL_URL", Default: "none (no other cell of the region sends requests here)", Usage: "where this cell's ingress answers the region's other cells, which send the requests of the tenants placed on it here"},
 	shedVars[0], shedVars[1], shedVars[2], shedVars[3], shedVars[4], shedVars[5],
 }
 
@@ -262,8 +272,8 @@ var Vars = []config.Var{
 // 10m), the sweeper's ASSAY_SWEEP_EVERY, ASSAY_SWEEP_QUEUED_FOR and
 // ASSAY_SWEEP_LEASE_GRACE, and the GitHub settings ASSAY_GITHUB_WEBHOOK_SECRET,
 // ASSAY_GITHUB_API_URL, ASSAY_GITHUB_APP_ID and ASSAY_GITHUB_APP_KEY_FILE
-// (the App that reads diffs) or, for a single tenant, ASSAY_GITHUB_TOKEN.
-// Errors name the variable.
+// (the App that reads diffs) or, for a single tenant, ASSAY_GITHUB_TOKEN,
+// and ASSAY_CELL_URL. Errors name the variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
 	const week = 7 * 24 * time.Hour
 	if err := config.Durations(getenv,
@@ -292,6 +302,13 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 			return fmt.Errorf("ASSAY_MAX_DIFF_BYTES: %q is not a whole number of bytes from %d to %d", v, 64<<10, MaxDiffCeiling)
 		}
 		c.MaxDiffBytes = n
+	}
+	if v := getenv("ASSAY_CELL_URL"); v != "" {
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+			return fmt.Errorf("ASSAY_CELL_URL: %q is not the http(s) address of a cell's ingress (scheme and host, no path)", v)
+		}
+		c.CellURL = strings.TrimSuffix(v, "/")
 	}
 	c.GitHubSecret = getenv("ASSAY_GITHUB_WEBHOOK_SECRET")
 	c.GitHubAPI = getenv("ASSAY_GITHUB_API_URL")
@@ -339,6 +356,7 @@ type Service struct {
 	buckets   *admission.Buckets
 	tokens    *auth.Cache
 	tenants   *tenantWatch // keeps tokens told of changes; nil when the store cannot
+	place     *placement.View
 	shed      *shedder
 
 	// eventStreams counts the work and batch event streams per tenant.
@@ -355,6 +373,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if cfg.TokenCache > 0 {
 		s.tenants = &tenantWatch{w: d.Store, cache: s.tokens, log: d.Log}
 	}
+	s.place = &placement.View{JS: d.JS, Bucket: cfg.Names.PlacementBucket(cfg.Region), Region: cfg.Region,
+		Replicas: cfg.Streams.Replicas, Cell: cfg.Names.Cell, URL: cfg.CellURL, Log: d.Log}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log,
 		Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},
@@ -403,7 +423,7 @@ func (s *Service) Start(ctx context.Context) error {
 	if _, err := s.refreshRoutes(ctx); err != nil {
 		s.d.Log.WarnContext(ctx, "routes not read yet; new work gets the contracts' default versions until they are", "err", err)
 	}
-	parts := []lifecycle.Service{s.streams, s.relay, &s.sweeper, &s.janitor, &s.watcher, &s.router, s.shed.view}
+	parts := []lifecycle.Service{s.place, s.streams, s.relay, &s.sweeper, &s.janitor, &s.watcher, &s.router, s.shed.view}
 	if s.tenants != nil {
 		parts = append(parts, s.tenants)
 	}
@@ -412,7 +432,7 @@ func (s *Service) Start(ctx context.Context) error {
 
 // Stop ends the sweeper, then the relay after a last drain. Idempotent.
 func (s *Service) Stop(ctx context.Context) {
-	parts := []lifecycle.Service{s.shed.view, &s.router, &s.watcher, &s.janitor, &s.sweeper, s.relay, s.streams}
+	parts := []lifecycle.Service{s.shed.view, &s.router, &s.watcher, &s.janitor, &s.sweeper, s.relay, s.streams, s.place}
 	if s.tenants != nil {
 		parts = append([]lifecycle.Service{s.tenants}, parts...)
 	}
@@ -446,7 +466,9 @@ func (s *Service) Ready(ctx context.Context) error {
 }
 
 // cell is who ingress authenticates for.
-func (s *Service) cell() auth.Cell { return auth.Cell{Region: s.cfg.Region, ID: s.cfg.Names.Cell} }
+func (s *Service) cell() auth.Cell {
+	return auth.Cell{Region: s.cfg.Region, ID: s.cfg.Names.Cell, ServedBy: s.servedBy}
+}
 
 // WorkID is deterministic from the ingress key, so a duplicate names the
 // same work everywhere, even before it reaches the database.
@@ -642,7 +664,9 @@ func RerunCommand(w *store.Work) string {
 // Handler serves the ingress API.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	for _, r := range s.endpoints(usage.Handler(s.d.Store, s.cell(), s.d.Log)) {
+	for _, r := range s.endpoints(usage.Handler(s.d.Store, s.cell(), s.d.Log, func(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error) {
+		s.refuseOrSendOn(w, r, t, refused, nil)
+	})) {
 		mux.Handle(r.pattern, r.h)
 	}
 	return mux

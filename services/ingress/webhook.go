@@ -234,6 +234,10 @@ func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
 	}
 	if refused != nil {
 		s.countWebhook(ctx, refused.Code)
+		if d != nil && refused.Code == "wrong_cell" {
+			s.refuseOrSendOn(w, r, d.tenant, refused, d.body)
+			return
+		}
 		refused.Write(w)
 		return
 	}
@@ -349,6 +353,7 @@ func (s *Service) routeDelivery(ctx context.Context, d *delivery) (dup *store.De
 		return nil, refused
 	}
 	if refused := auth.Admit(t, s.cell()); refused != nil {
+		d.tenant = t // another cell of the region may serve it: the delivery goes on there
 		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", refused.Message, slog.String("tenant", t.ID))
 		return nil, refused
 	}

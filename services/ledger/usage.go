@@ -9,5 +9,5 @@ import (
 
 // Handler serves GET /v1/usage from the cell's ledger (see package usage).
 func (s *Service) Handler() http.Handler {
-	return usage.Handler(s.d.Store, auth.Cell{Region: s.cfg.Region, ID: s.cfg.Names.Cell}, s.d.Log)
+	return usage.Handler(s.d.Store, auth.Cell{Region: s.cfg.Region, ID: s.cfg.Names.Cell}, s.d.Log, nil)
 }

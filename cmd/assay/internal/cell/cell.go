@@ -59,6 +59,10 @@ type Options struct {
 	// WrapHTTP, when set, wraps the cell's whole HTTP surface (the tests
 	// hold every answer to the API's description with it).
 	WrapHTTP func(http.Handler) http.Handler
+	// RegisterURL registers the cell's listener in its region's placement
+	// map as where it answers, once it listens, so the region's other cells
+	// send the requests of the tenants placed on it there.
+	RegisterURL bool
 }
 
 // Cell is one region's four services in one process, behind one HTTP
@@ -144,7 +148,10 @@ func Start(ctx context.Context, o Options) (c *Cell, err error) {
 		}
 		c.parts = append(c.parts, p)
 	}
-	return c, c.serve(ctx, o.Config.HTTPAddr, o.HTTP, o.WrapHTTP, parts)
+	if err = c.serve(ctx, o.Config.HTTPAddr, o.HTTP, o.WrapHTTP, parts); err != nil || !o.RegisterURL {
+		return c, err
+	}
+	return c, c.Ingress.RegisterCell(ctx, c.URL)
 }
 
 // serve serves the cell's HTTP surface: the ingress and usage APIs, health,
@@ -160,7 +167,7 @@ func (c *Cell) serve(ctx context.Context, addr string, lim host.Limits, wrap fun
 	api.Handle("/v1/reviews/", c.Ingress.Handler())
 	api.Handle("/v1/views", c.Ingress.Handler())
 	api.Handle("/v1/openapi.yaml", c.Ingress.Handler())
-	api.Handle("/v1/usage", c.Ledger.Handler())
+	api.Handle("/v1/usage", c.Ingress.Handler())
 	api.Handle("/console", c.Ingress.Handler())
 	api.Handle("/console/", c.Ingress.Handler())
 	api.Handle("/v1/console", c.Ingress.Handler())

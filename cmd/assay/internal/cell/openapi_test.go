@@ -29,6 +29,7 @@ import (
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/host"
+	"assay.dev/pkg/placement"
 	"assay.dev/pkg/store"
 	"assay.dev/schemas"
 	"assay.dev/services/ingress"
@@ -153,7 +154,7 @@ var notYetExercised = map[string]bool{
 	// webhook tests give each refusal at the handler.
 	"POST /v1/webhooks/github 202": true, "POST /v1/webhooks/github 403 repository_not_covered": true,
 	"POST /v1/webhooks/github 403 tenant_suspended": true, "POST /v1/webhooks/github 409 delivery_conflict": true,
-	"POST /v1/webhooks/github 421 wrong_region": true, "POST /v1/webhooks/github 422 invalid_diff": true,
+	"POST /v1/webhooks/github 421 wrong_region": true, "POST /v1/webhooks/github 421 wrong_cell": true, "POST /v1/webhooks/github 422 invalid_diff": true,
 	"POST /v1/webhooks/github 502 upstream_unavailable": true, "POST /v1/webhooks/github 503 unavailable": true,
 }
 
@@ -184,7 +185,17 @@ func TestEveryDescribedRefusal(t *testing.T) {
 	if err := st.SeedTenants(ctx, []store.TenantSeed{
 		{ID: "dormant", HomeRegion: "us", Token: "dormant-token"},
 		{ID: "slow", HomeRegion: "us", Token: "slow-token"},
+		{ID: "elsewhere", HomeRegion: "us", Token: "elsewhere-token"},
 	}); err != nil {
+		t.Fatal(err)
+	}
+	// A tenant of a cell of the region that has not said where it answers:
+	// refused 421 wrong_cell, as nothing can be sent on to it.
+	kv, err := placement.Bucket(ctx, b.Cell.Env.JS, b.Names().PlacementBucket("us"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := placement.Place(ctx, kv, "elsewhere", "us-9"); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.SetStatus(ctx, "dormant", store.TenantSuspended); err != nil {
@@ -264,7 +275,14 @@ func TestEveryDescribedRefusal(t *testing.T) {
 	}
 	// The refusals of a caller, wherever the description lists them.
 	byToken := map[string]string{"401 unauthenticated": "", "403 operator_token": "ops-token",
-		"403 tenant_suspended": "dormant-token", "421 wrong_region": "globex-token"}
+		"403 tenant_suspended": "dormant-token", "421 wrong_region": "globex-token", "421 wrong_cell": "elsewhere-token"}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if got, code := send("GET /v1/views", apiCall{}, "elsewhere-token"); got == 421 && code == "wrong_cell" {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the placement of elsewhere on us-9 is not heard within 20s: HTTP %d %s", got, code)
+		}
+	}
 	for _, a := range chk.Described() {
 		c, ok := calls[a.Op]
 		token, refusal := byToken[fmt.Sprintf("%d %s", a.Status, a.Code)]

@@ -136,7 +136,9 @@ func grants(n event.Names, service string) grant {
 			with(watchesKV(n.CapacityBucket()), "It watches the capacity its classifiers report, to refuse what the cell could not serve in time.").
 			with(append(owns("KV_"+n.AdmitBucket()), "$JS.API.INFO", "$KV."+n.AdmitBucket()+".>",
 				"$JS.API.DIRECT.GET.KV_"+n.AdmitBucket()+".>", "$JS.API.STREAM.MSG.GET.KV_"+n.AdmitBucket()),
-				"It owns the admission bucket: the tenants' rates, shared by the cell's ingress instances (making a bucket reads the account's info).")
+				"It owns the admission bucket: the tenants' rates, shared by the cell's ingress instances (making a bucket reads the account's info).").
+			with(placement(n, "cell."+n.Cell),
+				"It watches the region's placement map, to serve its own tenants and send the others' requests on, and registers where its cell answers.")
 	case "classifier":
 		g := grant{publish: []line{
 			{"Attempt outcomes through its outbox; never work.", n.Subjects(event.KindResult)},
@@ -173,6 +175,17 @@ func grants(n event.Names, service string) grant {
 	panic("natsconf: unknown service " + service)
 }
 
+// placement are the calls on the region's placement bucket of a user who
+// makes it if need be, watches it and writes the keys under key (a
+// subject, wildcards allowed). The account is the cell's, and a region's
+// bucket is named after the region, so the region is the cell's id: a
+// region of several cells shares one bucket through an account of the
+// region's, which this configuration does not write.
+func placement(n event.Names, key string) []string {
+	pb := n.PlacementBucket(n.Cell)
+	return append(append(owns("KV_"+pb), "$JS.API.INFO", "$KV."+pb+"."+key), watchesKV(pb)[1:]...)
+}
+
 // opsGrant reads every stream of the cell: its info, its consumers' info,
 // and ephemeral ordered consumers of its own (created, pulled without
 // acks, deleted). It publishes to no stream, and every API call on a
@@ -198,7 +211,7 @@ func opsGrant(n event.Names) grant {
 				"$JS.API.CONSUMER.MSG.NEXT."+stream+"."+d, "$JS.API.CONSUMER.DELETE."+stream+"."+d)
 		}
 	}
-	return g
+	return g.with(placement(n, "tenant.>"), "It places tenants on the region's cells (assay tenant place) and reads where they are.")
 }
 
 // with adds subjects under one comment.

@@ -93,7 +93,7 @@ func SetupOn(t *testing.T, o cell.Options, front func(http.Handler) http.Handler
 	}
 	// Each service has a pool of its own; four connections each keep
 	// tests running side by side within the server's max_connections.
-	o.Config = config.Config{Regions: regions, Region: region, Cell: region, Installation: installation,
+	o.Config = config.Config{Regions: regions, Region: region, Cell: cmp.Or(o.Config.Cell, region), Installation: installation,
 		DatabaseURL: dbURL, NATSURL: natsURL, ModelBaseURL: sim.APIBase(simURL), Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0",
 		Streams: o.Config.Streams, DatabasePool: cmp.Or(o.Config.DatabasePool, 4)}
 	if o.Log == nil {

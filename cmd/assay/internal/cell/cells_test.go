@@ -1,0 +1,188 @@
+package cell_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/pkg/config"
+	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/placement"
+	"assay.dev/services/ingress"
+)
+
+// region2 is a region of two cells, us and us-2, on one NATS, each
+// registered in the region's placement map where it listens; acme and
+// initech have one token that both cells know.
+type region2 struct {
+	a, b   *celltest.Bundle
+	acme   string
+	initch string
+}
+
+func setupRegion2(t *testing.T) *region2 {
+	t.Helper()
+	natsURL := testenv.NATS(t)
+	a := celltest.SetupOn(t, cell.Options{RegisterURL: true}, nil, natsURL)
+	b := celltest.SetupOn(t, cell.Options{RegisterURL: true,
+		Config: config.Config{Region: "us", Regions: config.DefaultRegions, Cell: "us-2"}}, nil, natsURL)
+	ctx := context.Background()
+	r := &region2{a: a, b: b, acme: a.Token, initch: "initech-token-both-cells"}
+	// One credential per tenant that every cell recognises.
+	if err := b.Cell.Env.Store.RotateToken(ctx, "acme", a.Token); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*celltest.Bundle{a, b} {
+		if err := c.Cell.Env.Store.AddTenant(ctx, "initech", "us", r.initch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
+
+// place puts tenant on cell and waits until cell a's ingress sends its
+// requests there: its answers then name the cell that served them.
+func (r *region2) place(t *testing.T, tenant, token, cellID string) {
+	t.Helper()
+	ctx := context.Background()
+	kv, err := placement.Bucket(ctx, r.a.Cell.Env.JS, r.a.Names().PlacementBucket("us"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := placement.Place(ctx, kv, tenant, cellID); err != nil {
+		t.Fatal(err)
+	}
+	want := cellID
+	if cellID == "us" {
+		want = "" // a's own: served there, not sent on
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, h, _ := r.get(t, r.a, token, "/v1/views")
+		if h.Get(ingress.ServedBy) == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cell us does not send %s's requests to %s within 20s (answers served by %q)", tenant, cellID, h.Get(ingress.ServedBy))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (r *region2) get(t *testing.T, c *celltest.Bundle, token, path string) (int, http.Header, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, c.Cell.URL+path, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	var buf strings.Builder
+	_, _ = bufio.NewReader(resp.Body).WriteTo(&buf)
+	return resp.StatusCode, resp.Header, []byte(buf.String())
+}
+
+// A tenant placed on the region's second cell is served there whichever
+// ingress of the region it asks: work submitted at the first cell is made
+// in the second's database alone, read back and followed through the
+// first, and a duplicate sent to either gets the same work. A request sent
+// on once is not sent on again, and a tenant the first cell serves is
+// reached through the second.
+func TestARegionOfTwoCells(t *testing.T) {
+	t.Parallel()
+	r := setupRegion2(t)
+	r.place(t, "acme", r.acme, "us-2")
+
+	req := celltest.CodeReview(evalset.Items()[0], "two cells")
+	req.SourceID = "shop/cells#1"
+	status, raw := r.a.Post(t, r.acme, req)
+	var sub ingress.SubmitResponse
+	if status != http.StatusAccepted || json.Unmarshal(raw, &sub) != nil {
+		t.Fatalf("POST /v1/work at cell us for a tenant of us-2: HTTP %d %s", status, raw)
+	}
+	if n := r.b.Count(t, `SELECT count(*) FROM work WHERE id = $1`, sub.WorkID); n != 1 {
+		t.Errorf("the work is in us-2's database %d times, want once", n)
+	}
+	if n := r.a.Count(t, `SELECT count(*) FROM work WHERE tenant_id = 'acme'`); n != 0 {
+		t.Errorf("cell us made %d work rows for a tenant it does not serve", n)
+	}
+	for _, c := range []*celltest.Bundle{r.a, r.b} {
+		status, raw := c.Post(t, r.acme, req)
+		var dup ingress.SubmitResponse
+		if status != http.StatusOK || json.Unmarshal(raw, &dup) != nil || dup.WorkID != sub.WorkID {
+			t.Errorf("the same request again at %s: HTTP %d %s; want 200 and %s", c.Cell.URL, status, raw, sub.WorkID)
+		}
+	}
+	// Followed through the first cell to its outcome.
+	deadline := time.Now().Add(60 * time.Second)
+	var v ingress.WorkView
+	for {
+		status, h, raw := r.get(t, r.a, r.acme, "/v1/work/"+sub.WorkID)
+		if status != http.StatusOK || h.Get(ingress.ServedBy) != "us-2" || json.Unmarshal(raw, &v) != nil {
+			t.Fatalf("GET /v1/work/%s at cell us: HTTP %d (served by %q) %s", sub.WorkID, status, h.Get(ingress.ServedBy), raw)
+		}
+		if v.Outcome != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no outcome within 60s: %+v", v)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if *v.Outcome != "accepted" {
+		t.Errorf("outcome %s (%s), want accepted", *v.Outcome, v.Reason)
+	}
+	// Its event stream, through the first cell, runs to its end.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sreq, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.a.Cell.URL+"/v1/work/"+sub.WorkID+"/events", nil)
+	sreq.Header.Set("Authorization", "Bearer "+r.acme)
+	resp, err := r.a.HTTP.Do(sreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	seen := false
+	for sc.Scan() && !seen {
+		seen = strings.HasPrefix(sc.Text(), "event: end")
+	}
+	resp.Body.Close()
+	if !seen || resp.Header.Get(ingress.ServedBy) != "us-2" {
+		t.Errorf("the event stream through cell us: end event seen %v, served by %q", seen, resp.Header.Get(ingress.ServedBy))
+	}
+
+	// A request sent on once is refused, not sent on again.
+	hop, _ := http.NewRequest(http.MethodGet, r.a.Cell.URL+"/v1/views", nil)
+	hop.Header.Set("Authorization", "Bearer "+r.acme)
+	hop.Header.Set(ingress.ForwardedBy, "us-3")
+	resp, err = r.a.HTTP.Do(hop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e struct{ Error struct{ Code, Message string } }
+	_ = json.NewDecoder(resp.Body).Decode(&e)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMisdirectedRequest || e.Error.Code != "wrong_cell" || !strings.Contains(e.Error.Message, "us-2") {
+		t.Errorf("a request sent on already: HTTP %d %+v; want 421 wrong_cell naming us-2", resp.StatusCode, e.Error)
+	}
+
+	// A tenant of the first cell (unplaced: the cell named after the
+	// region) is reached through the second.
+	status, h, raw := r.get(t, r.b, r.initch, "/v1/views")
+	if status != http.StatusOK || h.Get(ingress.ServedBy) != "us" {
+		t.Errorf("initech at cell us-2: HTTP %d, served by %q: %s", status, h.Get(ingress.ServedBy), raw)
+	}
+	// Usage, too, is read where the tenant's ledger is.
+	status, h, raw = r.get(t, r.a, r.acme, "/v1/usage")
+	if status != http.StatusOK || h.Get(ingress.ServedBy) != "us-2" || !strings.Contains(string(raw), `"calls":1`) {
+		t.Errorf("acme's usage at cell us: HTTP %d, served by %q: %s", status, h.Get(ingress.ServedBy), raw)
+	}
+}

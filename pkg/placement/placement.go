@@ -1,0 +1,299 @@
+// Package placement is a region's map of which cell serves each tenant,
+// and where each cell answers. It lives in one NATS key-value bucket per
+// region (event.Names.PlacementBucket), read by every ingress of the
+// region through a watch and written by "assay tenant place" and by each
+// ingress registering its own address. A tenant the map does not name is
+// served by the cell named after its region, so a region of one cell needs
+// no entry at all.
+package placement
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/lifecycle"
+)
+
+// Key prefixes of the bucket: tenant.<id> holds the tenant's cell id,
+// cell.<id> the cell's Cell.
+const (
+	tenantPrefix = "tenant."
+	cellPrefix   = "cell."
+)
+
+// Cell is one cell of the region as it registered itself.
+type Cell struct {
+	ID string `json:"id"`
+	// URL is where the cell's ingress answers the other cells of the
+	// region: what they forward its tenants' requests to.
+	URL string    `json:"url"`
+	At  time.Time `json:"at"`
+}
+
+// Bucket makes (or finds) a region's placement bucket.
+func Bucket(ctx context.Context, js jetstream.KeyValueManager, bucket string, replicas int) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1,
+		Description: "which cell of the region serves each tenant, and where each cell answers", Replicas: max(replicas, 1)})
+	if err != nil {
+		return nil, fmt.Errorf("placement: bucket %s: %w", bucket, err)
+	}
+	return kv, nil
+}
+
+// Snapshot is the map as read at one time.
+type Snapshot struct {
+	Region string
+	// Tenants maps a tenant to its cell; a tenant not in it is served by
+	// the cell named after the region.
+	Tenants map[string]string
+	Cells   map[string]Cell
+}
+
+// CellOf is the cell that serves tenant.
+func (s *Snapshot) CellOf(tenant string) string {
+	if c, ok := s.Tenants[tenant]; ok {
+		return c
+	}
+	return s.Region
+}
+
+// Choose is the default placement of a new tenant: the registered cell
+// serving the fewest tenants (the lowest id among equals), or the region's
+// own cell when none has registered.
+func (s *Snapshot) Choose() string {
+	if len(s.Cells) == 0 {
+		return s.Region
+	}
+	load := map[string]int{}
+	for _, c := range s.Tenants {
+		load[c]++
+	}
+	ids := make([]string, 0, len(s.Cells))
+	for id := range s.Cells {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	best := ids[0]
+	for _, id := range ids[1:] {
+		if load[id] < load[best] {
+			best = id
+		}
+	}
+	return best
+}
+
+func (s *Snapshot) apply(e jetstream.KeyValueEntry) error {
+	key, put := e.Key(), e.Operation() == jetstream.KeyValuePut
+	switch {
+	case strings.HasPrefix(key, tenantPrefix):
+		t := strings.TrimPrefix(key, tenantPrefix)
+		if !put {
+			delete(s.Tenants, t)
+			return nil
+		}
+		s.Tenants[t] = string(e.Value())
+	case strings.HasPrefix(key, cellPrefix):
+		id := strings.TrimPrefix(key, cellPrefix)
+		if !put {
+			delete(s.Cells, id)
+			return nil
+		}
+		var c Cell
+		if err := json.Unmarshal(e.Value(), &c); err != nil {
+			return fmt.Errorf("placement: %s: %w", key, err)
+		}
+		s.Cells[id] = c
+	}
+	return nil
+}
+
+func newSnapshot(region string) *Snapshot {
+	return &Snapshot{Region: region, Tenants: map[string]string{}, Cells: map[string]Cell{}}
+}
+
+// Read reads the whole map once.
+func Read(ctx context.Context, kv jetstream.KeyValue, region string) (*Snapshot, error) {
+	s := newSnapshot(region)
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("placement: read: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e := <-w.Updates():
+			if e == nil {
+				return s, nil
+			}
+			if err := s.apply(e); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// Place puts tenant on cell. The cell need not have registered yet: a
+// cell is placed before it first starts.
+func Place(ctx context.Context, kv jetstream.KeyValue, tenant, cell string) error {
+	if !event.ValidToken(tenant) || !event.ValidToken(cell) {
+		return fmt.Errorf("placement: %q on %q: a tenant and a cell are ids (lower-case letters, digits, hyphens)", tenant, cell)
+	}
+	if _, err := kv.PutString(ctx, tenantPrefix+tenant, cell); err != nil {
+		return fmt.Errorf("placement: place %s on %s: %w", tenant, cell, err)
+	}
+	return nil
+}
+
+// Register records where cell answers.
+func Register(ctx context.Context, kv jetstream.KeyValue, cell, url string) error {
+	b, err := json.Marshal(Cell{ID: cell, URL: url, At: time.Now().UTC()})
+	if err != nil {
+		return err
+	}
+	if _, err := kv.Put(ctx, cellPrefix+cell, b); err != nil {
+		return fmt.Errorf("placement: register %s: %w", cell, err)
+	}
+	return nil
+}
+
+// View is the map as an ingress reads it: watched, so each request looks
+// it up in memory. A lifecycle part: Start returns once the values present
+// at the start are in, so no request is routed on a map half read.
+type View struct {
+	JS       jetstream.KeyValueManager
+	Bucket   string
+	Region   string
+	Replicas int
+	// Cell and URL, when URL is set, are registered at the start: where
+	// this cell answers the region's other cells.
+	Cell, URL string
+	Log       *slog.Logger
+
+	run   lifecycle.Runner
+	kv    jetstream.KeyValue
+	mu    sync.RWMutex
+	snap  *Snapshot
+	ready chan struct{}
+	once  sync.Once
+}
+
+// ErrNotRead is returned while the map has not been read.
+var ErrNotRead = errors.New("placement: the region's placement map is not read yet")
+
+// Start makes the bucket, registers this cell, and watches the map until
+// Stop; it waits (as long as ctx allows) for the map's first reading.
+func (v *View) Start(ctx context.Context) error {
+	v.ready = make(chan struct{})
+	kv, err := Bucket(ctx, v.JS, v.Bucket, v.Replicas)
+	if err != nil {
+		return err
+	}
+	v.kv = kv
+	if v.URL != "" {
+		if err := Register(ctx, kv, v.Cell, v.URL); err != nil {
+			return err
+		}
+	}
+	if err := v.run.Go(ctx, func(ctx context.Context) { v.loop(ctx, kv) }); err != nil {
+		return err
+	}
+	select {
+	case <-v.ready:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("placement: %w", ctx.Err())
+	}
+}
+
+// Register records url as where this cell answers, once the view has
+// started: for a cell that learns its address only once it listens.
+func (v *View) Register(ctx context.Context, url string) error {
+	if v.kv == nil {
+		return errors.New("placement: the view has not started")
+	}
+	return Register(ctx, v.kv, v.Cell, url)
+}
+
+// Stop ends the watch.
+func (v *View) Stop(ctx context.Context) { v.run.Stop(ctx) }
+
+func (v *View) loop(ctx context.Context, kv jetstream.KeyValue) {
+	for ctx.Err() == nil {
+		if err := v.watch(ctx, kv); err != nil && ctx.Err() == nil {
+			v.Log.Warn("placement map watch ended; watching again, the last map reading stands meanwhile", "bucket", v.Bucket, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (v *View) watch(ctx context.Context, kv jetstream.KeyValue) error {
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	next := newSnapshot(v.Region)
+	loaded := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("watch ended")
+			}
+			if e == nil {
+				loaded = true
+				v.publish(next)
+				continue
+			}
+			if err := next.apply(e); err != nil {
+				v.Log.Warn("placement entry not read", "key", e.Key(), "err", err)
+				continue
+			}
+			if loaded {
+				v.publish(next)
+			}
+		}
+	}
+}
+
+// publish makes a copy of s the map requests read.
+func (v *View) publish(s *Snapshot) {
+	c := &Snapshot{Region: s.Region, Tenants: make(map[string]string, len(s.Tenants)), Cells: make(map[string]Cell, len(s.Cells))}
+	for k, x := range s.Tenants {
+		c.Tenants[k] = x
+	}
+	for k, x := range s.Cells {
+		c.Cells[k] = x
+	}
+	v.mu.Lock()
+	v.snap = c
+	v.mu.Unlock()
+	v.once.Do(func() { close(v.ready) })
+}
+
+// Now is the map as last read; ErrNotRead before the first reading.
+func (v *View) Now() (*Snapshot, error) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	if v.snap == nil {
+		return nil, ErrNotRead
+	}
+	return v.snap, nil
+}

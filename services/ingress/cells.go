@@ -1,0 +1,101 @@
+package ingress
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+
+	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/store"
+)
+
+// ForwardedBy is the header a request sent on from another cell of the
+// region carries, naming that cell. Such a request is never sent on again:
+// a tenant the receiving cell does not serve either is refused there.
+const ForwardedBy = "Assay-Forwarded-By"
+
+// ServedBy is the header of an answer sent on from another cell of the
+// region, naming the cell that answered.
+const ServedBy = "Assay-Served-By"
+
+// RegisterCell records url in the region's placement map as where this
+// cell answers, for a cell that learns its address once it listens (the
+// dev mode's and tests' cells on a free port); ASSAY_CELL_URL does it at
+// the start.
+func (s *Service) RegisterCell(ctx context.Context, url string) error {
+	return s.place.Register(ctx, url)
+}
+
+// servedBy is the cell of this region that serves tenant, as the region's
+// placement map says.
+func (s *Service) servedBy(tenant string) (string, error) {
+	snap, err := s.place.Now()
+	if err != nil {
+		return "", err
+	}
+	return snap.CellOf(tenant), nil
+}
+
+// sendOn answers a request of a tenant that another cell of the region
+// serves (refused says so: 421 wrong_cell) with that cell's answer to it,
+// sent on through this one: the tenant's clients and its GitHub App need
+// one address per region, whichever cell holds the tenant, and a tenant
+// moved between cells keeps it. A request already sent on, or for a cell
+// that has not registered where it answers, or that does not answer, gets
+// the refusal. body, when not nil, is the request's body as read already.
+func (s *Service) sendOn(w http.ResponseWriter, r *http.Request, tenant string, refused *apierror.Error, body []byte) {
+	cell, err := s.servedBy(tenant)
+	snap, _ := s.place.Now()
+	var target *url.URL
+	if err == nil && snap != nil && r.Header.Get(ForwardedBy) == "" {
+		if c, ok := snap.Cells[cell]; ok && c.URL != "" {
+			target, _ = url.Parse(c.URL)
+		}
+	}
+	if target == nil {
+		refused.Write(w)
+		return
+	}
+	if body != nil {
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	from := s.cfg.Names.Cell
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Header.Set(ForwardedBy, from)
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Set(ServedBy, cell)
+			return nil
+		},
+		// Event streams are passed on as they are written.
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(r.Context().Err(), err) || r.Context().Err() != nil {
+				return // the caller went away
+			}
+			s.d.Log.Warn("a request for another cell of the region was not answered there", "tenant", tenant, "cell", cell,
+				"url", target.String(), "err", err)
+			apierror.Write(w, http.StatusMisdirectedRequest, refused.Code,
+				refused.Message+"; it did not answer through this cell ("+err.Error()+")")
+		},
+	}
+	proxy.ServeHTTP(w, r)
+}
+
+// refuseOrSendOn writes refused, or, when it is the refusal of a tenant
+// another cell serves, sends the request on to that cell.
+func (s *Service) refuseOrSendOn(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error, body []byte) {
+	if refused.Code == "wrong_cell" && t.ID != "" {
+		s.sendOn(w, r, t.ID, refused, body)
+		return
+	}
+	refused.Write(w)
+}
