@@ -2,9 +2,12 @@ package cell_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,9 +16,21 @@ import (
 	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/fakegithub"
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/placement"
+	"assay.dev/pkg/store"
 	"assay.dev/services/ingress"
+)
+
+// The GitHub App delivery of testdata/pull_request_opened.json: PR 41 of
+// shop/checkout from installation 51234567.
+const (
+	deliverySecret       = "region-hook-secret"
+	deliveryToken        = "ghs_region_reads_every_diff"
+	deliveryInstallation = 51234567
+	deliveryHead         = "9f1c2a7d4e5b6c8a0f1e2d3c4b5a69788776655a"
+	deliveryBase         = "c0ffee1234567890abcdef1234567890abcdef12"
 )
 
 // region2 is a region of two cells, us and us-2, on one NATS, each
@@ -30,11 +45,23 @@ type region2 struct {
 func setupRegion2(t *testing.T) *region2 {
 	t.Helper()
 	natsURL := testenv.NATS(t)
-	a := celltest.SetupOn(t, cell.Options{RegisterURL: true}, nil, natsURL)
-	b := celltest.SetupOn(t, cell.Options{RegisterURL: true,
+	gh := fakegithub.New()
+	t.Cleanup(gh.Close)
+	gh.Install(deliveryInstallation, "shop/*")
+	gh.StaticToken(deliveryToken)
+	gh.AddPull("shop/checkout", 41, deliveryBase, deliveryHead, evalset.Items()[0].Diff)
+	github := ingress.Config{GitHubSecret: deliverySecret, GitHubAPI: gh.URL, GitHubToken: deliveryToken}
+	a := celltest.SetupOn(t, cell.Options{RegisterURL: true, Ingress: github}, nil, natsURL)
+	b := celltest.SetupOn(t, cell.Options{RegisterURL: true, Ingress: github,
 		Config: config.Config{Region: "us", Regions: config.DefaultRegions, Cell: "us-2"}}, nil, natsURL)
 	ctx := context.Background()
 	r := &region2{a: a, b: b, acme: a.Token, initch: "initech-token-both-cells"}
+	for _, c := range []*celltest.Bundle{a, b} {
+		if err := c.Cell.Env.Store.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: fmt.Sprint(deliveryInstallation),
+			Tenant: "acme", Repositories: []string{"shop/*"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// One credential per tenant that every cell recognises.
 	if err := b.Cell.Env.Store.RotateToken(ctx, "acme", a.Token); err != nil {
 		t.Fatal(err)
@@ -167,7 +194,9 @@ func TestARegionOfTwoCells(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var e struct{ Error struct{ Code, Message string } }
+	var e struct {
+		Error struct{ Code, Message string }
+	}
 	_ = json.NewDecoder(resp.Body).Decode(&e)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusMisdirectedRequest || e.Error.Code != "wrong_cell" || !strings.Contains(e.Error.Message, "us-2") {
@@ -180,9 +209,34 @@ func TestARegionOfTwoCells(t *testing.T) {
 	if status != http.StatusOK || h.Get(ingress.ServedBy) != "us" {
 		t.Errorf("initech at cell us-2: HTTP %d, served by %q: %s", status, h.Get(ingress.ServedBy), raw)
 	}
+	// A GitHub delivery for acme's installation, sent to the first cell, is
+	// taken by the second.
+	body, err := os.ReadFile("../../../../services/ingress/testdata/pull_request_opened.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook, _ := http.NewRequest(http.MethodPost, r.a.Cell.URL+"/v1/webhooks/github", bytes.NewReader(body))
+	hook.Header.Set("Content-Type", "application/json")
+	hook.Header.Set("X-GitHub-Event", "pull_request")
+	hook.Header.Set("X-GitHub-Delivery", "d-two-cells")
+	hook.Header.Set("X-Hub-Signature-256", ingress.Sign(deliverySecret, body))
+	resp, err = r.a.HTTP.Do(hook)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wr ingress.WebhookResponse
+	err = json.NewDecoder(resp.Body).Decode(&wr)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusAccepted || wr.WorkID == "" || resp.Header.Get(ingress.ServedBy) != "us-2" {
+		t.Fatalf("a delivery for acme at cell us: HTTP %d (served by %q) %+v %v", resp.StatusCode, resp.Header.Get(ingress.ServedBy), wr, err)
+	}
+	if nb, na := r.b.Count(t, `SELECT count(*) FROM work WHERE id = $1`, wr.WorkID), r.a.Count(t, `SELECT count(*) FROM work WHERE tenant_id = 'acme'`); nb != 1 || na != 0 {
+		t.Errorf("the delivery's work: %d rows in us-2, %d of acme's in us; want 1 and 0", nb, na)
+	}
 	// Usage, too, is read where the tenant's ledger is.
 	status, h, raw = r.get(t, r.a, r.acme, "/v1/usage")
-	if status != http.StatusOK || h.Get(ingress.ServedBy) != "us-2" || !strings.Contains(string(raw), `"calls":1`) {
-		t.Errorf("acme's usage at cell us: HTTP %d, served by %q: %s", status, h.Get(ingress.ServedBy), raw)
+	var u struct{ Calls int64 }
+	if status != http.StatusOK || h.Get(ingress.ServedBy) != "us-2" || json.Unmarshal(raw, &u) != nil || u.Calls < 1 {
+		t.Errorf("acme's usage at cell us: HTTP %d, served by %q: %s; want us-2's, with the accepted work's call", status, h.Get(ingress.ServedBy), raw)
 	}
 }
