@@ -57,7 +57,7 @@ commands:
   tenant COMMAND         one tenant in this cell: add, list, rotate-token, suspend, resume,
                          set-budget, set-rate, set-weight, link, webhook-secret, callback,
                          check-policy, cost-cap; in the region's placement map: place,
-                         placement (assay tenant --help)
+                         placement, move (assay tenant --help)
   operator token COMMAND create, list, revoke the operator tokens that read the console (assay operator for help)
   work rerun ID          queue work that admission dropped again
   work rest ID           review the rest of a partial review under its own --cost-cap

@@ -8,18 +8,29 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/placement"
+	"assay.dev/pkg/store"
 )
 
-// placeCmd runs `assay tenant place ID [--cell C]` and `assay tenant
-// placement [--json]` against the region's placement map in NATS.
+// placeCmd runs `assay tenant place ID [--cell C]`, `assay tenant
+// placement [--json]` and `assay tenant move ID --to C --to-database-url
+// URL` against the region's placement map in NATS (and, to move, the two
+// cells' databases).
 func placeCmd(ctx context.Context, verb string, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("assay tenant "+verb, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	cellID := fs.String("cell", "", "the cell to place the tenant on (default: the region's least loaded)")
+	to := fs.String("to", "", "move: the cell the tenant moves to")
+	toDB := fs.String("to-database-url", "", "move: that cell's Postgres")
+	settle := fs.Duration("settle", 2*time.Minute, "move: how long to wait for the tenant's work in flight to end")
+	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "move: the Postgres of the cell that serves the tenant now ($ASSAY_DATABASE_URL)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "region ($ASSAY_REGION)")
 	pos, err := parseArgs(fs, args, tenantUsage)
@@ -48,6 +59,9 @@ func placeCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 	}
 	if verb == "placement" {
 		return printPlacement(stdout, snap, *asJSON)
+	}
+	if verb == "move" {
+		return moveTenant(ctx, stdout, kv, snap, pos[0], *to, *dbURL, *toDB, *settle)
 	}
 	tenant, cell := pos[0], *cellID
 	if !event.ValidToken(tenant) {
@@ -112,4 +126,60 @@ func printPlacement(stdout io.Writer, snap *placement.Snapshot, asJSON bool) err
 		fmt.Fprintf(tw, "%s\t%s\n", t, snap.Tenants[t])
 	}
 	return tw.Flush()
+}
+
+// moveTenant moves tenant from the cell that serves it (its database
+// fromDB) to cell to (toDB).
+func moveTenant(ctx context.Context, stdout io.Writer, kv jetstream.KeyValue, snap *placement.Snapshot, tenant, to, fromDB, toDB string,
+	settle time.Duration) error {
+	switch {
+	case !event.ValidToken(to):
+		return configError{fmt.Errorf("--to: %q is not a cell id (lower-case letters, digits, hyphens)", to)}
+	case fromDB == "" || toDB == "":
+		return configError{fmt.Errorf("assay tenant move needs both cells' Postgres: ASSAY_DATABASE_URL (--database-url) of the cell that serves %s now, and --to-database-url of %s", tenant, to)}
+	}
+	from, err := snap.Serving(tenant)
+	if err != nil {
+		return err
+	}
+	src, err := openStore(ctx, fromDB)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := openStore(ctx, toDB)
+	if err != nil {
+		return fmt.Errorf("--to-database-url: %w", err)
+	}
+	defer dst.Close()
+	fmt.Fprintf(stdout, "moving %s from cell %s to cell %s: its requests are held (503, try again) until the move ends\n", tenant, from, to)
+	last := ""
+	r, err := placement.Move(ctx, kv, snap.Region, src, dst, tenant, from, to, placement.MoveOptions{Settle: settle,
+		Progress: func(u store.Unsettled) {
+			if s := u.String(); !u.Zero() && s != last {
+				fmt.Fprintf(stdout, "waiting for %s in %s: %s\n", tenant, from, s)
+				last = s
+			}
+		}})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "moved %s to %s: held %s; copied %s; removed from %s %s\n", tenant, to, r.Held.Round(time.Millisecond),
+		rowCounts(r.Copied), from, rowCounts(r.Dropped))
+	return nil
+}
+
+// rowCounts prints rows per table, those with rows only, by table name.
+func rowCounts(m map[string]int) string {
+	var parts []string
+	for t, n := range m {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", t, n))
+		}
+	}
+	slices.Sort(parts)
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, ", ")
 }

@@ -64,24 +64,29 @@ const tenantUsage = `usage: assay tenant <command> [args] [--region R --database
                               serving the fewest tenants), in the region's placement
                               map; the region's other cells send its requests there
   placement [--json]          the region's cells, where each answers, and its tenants
+  move ID --to C --to-database-url URL [--settle 2m]
+                              move ID from the cell that serves it (ASSAY_DATABASE_URL)
+                              to cell C of the region: its requests are held (503)
+                              while its work in flight ends, its history is copied to
+                              C and removed here, and C serves it from then on
 
-place and placement read and write the region's NATS (ASSAY_NATS_URL), the
-others the cell's Postgres. Tenants are per cell: run each command against every cell, so that a cell
+place, placement and move read and write the region's NATS (ASSAY_NATS_URL);
+the others (and move) the cell's Postgres. Tenants are per cell: run each command against every cell, so that a cell
 can name the right region for a tenant homed elsewhere. A token file holds
 the token alone; - reads it from standard input.
 
-Settings: --region (ASSAY_REGION) and --database-url (ASSAY_DATABASE_URL), or for
-place and placement ASSAY_NATS_URL.
+Settings: --region (ASSAY_REGION) and --database-url (ASSAY_DATABASE_URL), and for
+place, placement and move ASSAY_NATS_URL.
 `
 
 // tenantVerbs are assay tenant's commands, in the order its usage lists
 // them, and tenantArgs how many arguments each takes.
 var (
 	tenantVerbs = []string{"add", "list", "rotate-token", "suspend", "resume", "set-budget", "set-rate", "set-weight",
-		"link", "webhook-secret", "callback", "check-policy", "cost-cap", "place", "placement"}
+		"link", "webhook-secret", "callback", "check-policy", "cost-cap", "place", "placement", "move"}
 	tenantArgs = map[string]int{"add": 1, "list": 0, "rotate-token": 1, "suspend": 1, "resume": 1, "set-budget": 1,
 		"set-rate": 1, "set-weight": 1, "link": 3, "webhook-secret": 1, "callback": 1, "check-policy": 2,
-		"cost-cap": 2, "place": 1, "placement": 0}
+		"cost-cap": 2, "place": 1, "placement": 0, "move": 1}
 )
 
 // tenantCmd runs `assay tenant …` against the cell in ASSAY_DATABASE_URL.
@@ -94,7 +99,7 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return nil
 	}
 	verb, rest := args[0], args[1:]
-	if verb == "place" || verb == "placement" {
+	if verb == "place" || verb == "placement" || verb == "move" {
 		return placeCmd(ctx, verb, rest, stdout)
 	}
 	fs := flag.NewFlagSet("assay tenant "+verb, flag.ContinueOnError)

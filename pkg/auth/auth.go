@@ -171,7 +171,7 @@ func Admit(t store.Tenant, cell Cell) *apierror.Error {
 	}
 	serving, err := cell.ServedBy(t.ID)
 	if err != nil {
-		return apierror.New(http.StatusServiceUnavailable, "unavailable", "the region's placement of tenants is not read yet; try again")
+		return apierror.New(http.StatusServiceUnavailable, "unavailable", err.Error())
 	}
 	if serving != cell.id() {
 		return WrongCell(t.ID, serving, cell)

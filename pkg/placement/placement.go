@@ -29,6 +29,7 @@ import (
 const (
 	tenantPrefix = "tenant."
 	cellPrefix   = "cell."
+	movingPrefix = "moving."
 )
 
 // Cell is one cell of the region as it registered itself.
@@ -57,6 +58,24 @@ type Snapshot struct {
 	// the cell named after the region.
 	Tenants map[string]string
 	Cells   map[string]Cell
+	// Moving maps a tenant being moved to the cell it moves to: while it
+	// moves, no cell serves it.
+	Moving map[string]string
+}
+
+// ErrMoving is the error of a tenant being moved between cells.
+type ErrMoving struct{ Tenant, To string }
+
+func (e *ErrMoving) Error() string {
+	return fmt.Sprintf("tenant %s is moving to cell %s; try again in a few seconds", e.Tenant, e.To)
+}
+
+// Serving is the cell that serves tenant, or *ErrMoving while it moves.
+func (s *Snapshot) Serving(tenant string) (string, error) {
+	if to, ok := s.Moving[tenant]; ok {
+		return "", &ErrMoving{Tenant: tenant, To: to}
+	}
+	return s.CellOf(tenant), nil
 }
 
 // CellOf is the cell that serves tenant.
@@ -102,6 +121,13 @@ func (s *Snapshot) apply(e jetstream.KeyValueEntry) error {
 			return nil
 		}
 		s.Tenants[t] = string(e.Value())
+	case strings.HasPrefix(key, movingPrefix):
+		t := strings.TrimPrefix(key, movingPrefix)
+		if !put {
+			delete(s.Moving, t)
+			return nil
+		}
+		s.Moving[t] = string(e.Value())
 	case strings.HasPrefix(key, cellPrefix):
 		id := strings.TrimPrefix(key, cellPrefix)
 		if !put {
@@ -118,7 +144,7 @@ func (s *Snapshot) apply(e jetstream.KeyValueEntry) error {
 }
 
 func newSnapshot(region string) *Snapshot {
-	return &Snapshot{Region: region, Tenants: map[string]string{}, Cells: map[string]Cell{}}
+	return &Snapshot{Region: region, Tenants: map[string]string{}, Cells: map[string]Cell{}, Moving: map[string]string{}}
 }
 
 // Read reads the whole map once.
@@ -190,7 +216,7 @@ type View struct {
 }
 
 // ErrNotRead is returned while the map has not been read.
-var ErrNotRead = errors.New("placement: the region's placement map is not read yet")
+var ErrNotRead = errors.New("the region's placement of tenants is not read yet; try again")
 
 // Start makes the bucket, registers this cell, and watches the map until
 // Stop; it waits (as long as ctx allows) for the map's first reading.
@@ -275,7 +301,11 @@ func (v *View) watch(ctx context.Context, kv jetstream.KeyValue) error {
 
 // publish makes a copy of s the map requests read.
 func (v *View) publish(s *Snapshot) {
-	c := &Snapshot{Region: s.Region, Tenants: make(map[string]string, len(s.Tenants)), Cells: make(map[string]Cell, len(s.Cells))}
+	c := &Snapshot{Region: s.Region, Tenants: make(map[string]string, len(s.Tenants)), Cells: make(map[string]Cell, len(s.Cells)),
+		Moving: make(map[string]string, len(s.Moving))}
+	for k, x := range s.Moving {
+		c.Moving[k] = x
+	}
 	for k, x := range s.Tenants {
 		c.Tenants[k] = x
 	}

@@ -32,13 +32,15 @@ func (s *Service) RegisterCell(ctx context.Context, url string) error {
 }
 
 // servedBy is the cell of this region that serves tenant, as the region's
-// placement map says.
+// placement map says; an error while the map is not read, or while the
+// tenant moves between cells (its requests are refused 503 meanwhile, for
+// the few seconds the move holds them).
 func (s *Service) servedBy(tenant string) (string, error) {
 	snap, err := s.place.Now()
 	if err != nil {
 		return "", err
 	}
-	return snap.CellOf(tenant), nil
+	return snap.Serving(tenant)
 }
 
 // sendOn answers a request of a tenant that another cell of the region

@@ -240,3 +240,142 @@ func TestARegionOfTwoCells(t *testing.T) {
 		t.Errorf("acme's usage at cell us: HTTP %d, served by %q: %s; want us-2's, with the accepted work's call", status, h.Get(ingress.ServedBy), raw)
 	}
 }
+
+// submitRetrying posts req as token to c until it is taken or found (a
+// tenant held for a move answers 503: try again), and returns the status
+// and work id.
+func submitRetrying(t *testing.T, c *celltest.Bundle, token string, req ingress.SubmitRequest) (int, string) {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		status, raw := c.Post(t, token, req)
+		if status == http.StatusServiceUnavailable && time.Now().Before(deadline) {
+			continue
+		}
+		var sub ingress.SubmitResponse
+		if (status != http.StatusAccepted && status != http.StatusOK) || json.Unmarshal(raw, &sub) != nil {
+			t.Errorf("POST /v1/work %s: HTTP %d %s", req.SourceID, status, raw)
+			return status, ""
+		}
+		return status, sub.WorkID
+	}
+}
+
+// usageOf reads acme's usage through c.
+func (r *region2) usageOf(t *testing.T, c *celltest.Bundle) (calls, cost int64, servedBy string) {
+	t.Helper()
+	status, h, raw := r.get(t, c, r.acme, "/v1/usage")
+	var u struct{ Calls, CostMicros int64 }
+	if status != http.StatusOK || json.Unmarshal(raw, &u) != nil {
+		t.Fatalf("usage: HTTP %d %s", status, raw)
+	}
+	return u.Calls, u.CostMicros, h.Get(ingress.ServedBy)
+}
+
+// A tenant moved from one cell of the region to the other under a steady
+// load of new work and duplicates, sent to both cells' ingress: nothing is
+// lost (each request's work ends, in the cell that serves the tenant
+// now), nothing is made twice (every duplicate, before, during or after
+// the move, gets its first work), the model calls of both cells are the
+// ledger rows of the cell that holds the tenant, and its usage reads the
+// same before and after a move.
+func TestMoveATenantUnderLoad(t *testing.T) {
+	t.Parallel()
+	r := setupRegion2(t)
+	ctx := context.Background()
+	// The load is steady, not a tenant over its rate: the rate follows the
+	// tenant to the other cell.
+	if err := r.a.Cell.Env.Store.SetRate(ctx, "acme", 60000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := placement.Bucket(ctx, r.a.Cell.Env.JS, r.a.Names().PlacementBucket("us"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := evalset.Items()
+	request := func(i int) ingress.SubmitRequest {
+		req := celltest.CodeReview(items[i%len(items)], fmt.Sprintf("move %d", i))
+		req.SourceID = fmt.Sprintf("shop/move#%d", i)
+		return req
+	}
+	works := map[int]string{}
+	var moved placement.MoveReport
+	moveDone := make(chan error, 1)
+	const n = 120
+	for i := range n {
+		if i == 30 {
+			go func() {
+				var err error
+				moved, err = placement.Move(ctx, kv, "us", r.a.Cell.Env.Store, r.b.Cell.Env.Store, "acme", "us", "us-2",
+					placement.MoveOptions{Settle: time.Minute, Quiet: 500 * time.Millisecond})
+				moveDone <- err
+			}()
+		}
+		at := []*celltest.Bundle{r.a, r.b}[i%2]
+		_, id := submitRetrying(t, at, r.acme, request(i))
+		works[i] = id
+		if i%4 == 3 {
+			// A duplicate of an earlier request, to the other cell.
+			j := i - 3
+			if _, again := submitRetrying(t, []*celltest.Bundle{r.a, r.b}[(i+1)%2], r.acme, request(j)); again != works[j] {
+				t.Errorf("a duplicate of request %d got %s, want its first work %s", j, again, works[j])
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := <-moveDone; err != nil {
+		t.Fatalf("move: %v", err)
+	}
+	t.Logf("moved: held %s, copied %v", moved.Held, moved.Copied)
+	// Everything ends in the cell that serves acme now.
+	deadline := time.Now().Add(90 * time.Second)
+	for r.b.Count(t, `SELECT count(*) FROM work WHERE tenant_id = 'acme' AND state IN ('queued', 'running')`) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("acme's work has not ended within 90s of the move")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	distinct := map[string]bool{}
+	for _, id := range works {
+		distinct[id] = true
+	}
+	if len(distinct) != n {
+		t.Errorf("%d requests got %d distinct work items", n, len(distinct))
+	}
+	if got := r.b.Count(t, `SELECT count(*) FROM work WHERE tenant_id = 'acme'`); got != n {
+		t.Errorf("us-2 holds %d of acme's work items, want %d (none lost, none twice)", got, n)
+	}
+	if got := r.b.Count(t, `SELECT count(*) FROM work WHERE tenant_id = 'acme' AND state <> 'accepted'`); got != 0 {
+		t.Errorf("%d of acme's work items did not end accepted", got)
+	}
+	if got := r.a.Count(t, `SELECT count(*) FROM work WHERE tenant_id = 'acme'`); got != 0 {
+		t.Errorf("us still holds %d of acme's work items after the move", got)
+	}
+	calls := r.a.Calls("acme") + r.b.Calls("acme")
+	r.b.WaitLedger(t, "acme", int(calls))
+	if rows := r.b.Count(t, `SELECT count(*) FROM ledger WHERE tenant_id = 'acme'`); int64(rows) != calls {
+		t.Errorf("model calls %d (us %d, us-2 %d), ledger rows in us-2 %d", calls, r.a.Calls("acme"), r.b.Calls("acme"), rows)
+	}
+
+	// Moved back while quiet: the usage reads the same before and after.
+	c1, cost1, by1 := r.usageOf(t, r.a)
+	if _, err := placement.Move(ctx, kv, "us", r.b.Cell.Env.Store, r.a.Cell.Env.Store, "acme", "us-2", "us",
+		placement.MoveOptions{Settle: 30 * time.Second, Quiet: 200 * time.Millisecond}); err != nil {
+		t.Fatalf("move back: %v", err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		c2, cost2, by2 := r.usageOf(t, r.b)
+		if by2 == "us" {
+			if c2 != c1 || cost2 != cost1 || by1 != "us-2" || c1 != calls {
+				t.Errorf("usage before the move back %d calls, %d µ$ (served by %s); after %d calls, %d µ$ (served by %s); model calls %d",
+					c1, cost1, by1, c2, cost2, by2, calls)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("usage through us-2 is not served by us within 20s of the move back (served by %q)", by2)
+		}
+	}
+	if got := r.a.Count(t, `SELECT count(*) FROM work WHERE tenant_id = 'acme'`); got != n {
+		t.Errorf("us holds %d of acme's work items after the move back, want %d", got, n)
+	}
+}

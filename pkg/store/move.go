@@ -1,0 +1,247 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// movedTable is one table of a tenant's history: the tenant's rows (where,
+// with the tenant as $1) and the columns copied. shared rows (prompts,
+// provider batches, the tenant's credentials and links) may be in the
+// receiving cell already and are kept there; a serial id is the receiving
+// cell's own.
+type movedTable struct {
+	table, where string
+	shared       bool
+	skip         []string
+}
+
+// movedTables are in the order they are copied: each after the rows it
+// refers to. Reviews go before results, whose insert would open a review
+// item of its own.
+var movedTables = []movedTable{
+	{table: "tenant_tokens", where: "tenant_id = $1", shared: true, skip: []string{"id"}},
+	{table: "tenant_sources", where: "tenant_id = $1", shared: true},
+	{table: "tenant_callbacks", where: "tenant_id = $1", shared: true},
+	{table: "tenant_webhook_secrets", where: "tenant_id = $1", shared: true},
+	{table: "contract_prompts", where: "digest IN (SELECT prompt_digest FROM work WHERE tenant_id = $1)", shared: true},
+	{table: "budget_periods", where: "tenant_id = $1"},
+	{table: "batches", where: "tenant_id = $1"},
+	{table: "work", where: "tenant_id = $1"},
+	{table: "attempts", where: "tenant_id = $1"},
+	{table: "reviews", where: "tenant_id = $1", skip: []string{"id"}},
+	{table: "results", where: "tenant_id = $1"},
+	{table: "ledger", where: "tenant_id = $1"},
+	{table: "budget_reservations", where: "tenant_id = $1"},
+	{table: "batch_items", where: "tenant_id = $1"},
+	{table: "publications", where: "tenant_id = $1"},
+	{table: "redrives", where: "work_id IN (SELECT id FROM work WHERE tenant_id = $1)"},
+	{table: "webhook_deliveries", where: "tenant_id = $1"},
+	{table: "work_actions", where: "work_id IN (SELECT id FROM work WHERE tenant_id = $1)", skip: []string{"id"}},
+	{table: "provider_batches", where: "id IN (SELECT batch_id FROM provider_batch_lines WHERE tenant_id = $1)", shared: true},
+	{table: "provider_batch_lines", where: "tenant_id = $1"},
+}
+
+// tenantSettings are the tenants row's columns that follow the tenant to
+// another cell: its budget, rates, weight, policy and cost cap.
+var tenantSettings = []string{"status", "budget_micros", "budget_period", "rate_per_minute", "burst", "check_policy", "weight",
+	"work_cost_cap_micros"}
+
+// Unsettled is what a cell still does for a tenant: work without an
+// outcome, events not sent, attempts sent to the ledger and not recorded,
+// budget held for calls, outcomes without their publication, and
+// publications being tried. A tenant moves once all are zero, so nothing
+// in flight is left behind.
+type Unsettled struct {
+	Work, Outbox, Unrecorded, Reserved, Unannounced, Unpublished, Publishing int
+}
+
+// Zero reports whether nothing is unsettled.
+func (u Unsettled) Zero() bool { return u == Unsettled{} }
+
+func (u Unsettled) String() string {
+	return fmt.Sprintf("%d work without an outcome, %d events not sent, %d attempts not in the ledger, %d budget reservations, "+
+		"%d outcomes not announced, %d outcomes without a publication, %d publications being tried",
+		u.Work, u.Outbox, u.Unrecorded, u.Reserved, u.Unannounced, u.Unpublished, u.Publishing)
+}
+
+// TenantUnsettled counts what this cell still does for tenant.
+func (s *Store) TenantUnsettled(ctx context.Context, tenant string) (Unsettled, error) {
+	var u Unsettled
+	err := s.pool.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM work WHERE tenant_id = $1 AND state IN ('queued', 'running')),
+			(SELECT count(*) FROM outbox WHERE published_at IS NULL AND set_aside_at IS NULL AND subject LIKE '%.' || $1),
+			(SELECT count(*) FROM attempts a WHERE a.tenant_id = $1 AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = a.id)
+				AND (a.outcome IS NULL OR EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = a.id::text))),
+			(SELECT count(*) FROM budget_reservations WHERE tenant_id = $1 AND settled_at IS NULL),
+			(SELECT count(*) FROM work WHERE tenant_id = $1 AND state NOT IN ('queued', 'running') AND outcome_announced_at IS NULL),
+			(SELECT count(*) FROM outbox o JOIN work w ON w.id = split_part(o.msg_id, '.', 1)
+				WHERE o.stream = 'OUTCOME' AND w.tenant_id = $1
+					AND ((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/#]+#[1-9][0-9]*$')
+						OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))
+					AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2))),
+			(SELECT count(*) FROM publications WHERE tenant_id = $1 AND state = 'pending')`, tenant).
+		Scan(&u.Work, &u.Outbox, &u.Unrecorded, &u.Reserved, &u.Unannounced, &u.Unpublished, &u.Publishing)
+	if err != nil {
+		return u, fmt.Errorf("store: what is unsettled for %s: %w", tenant, err)
+	}
+	return u, nil
+}
+
+// ErrTenantHere is returned by CopyTenant when the receiving cell holds
+// work of the tenant already.
+var ErrTenantHere = fmt.Errorf("store: the receiving cell holds work of the tenant already")
+
+// ErrTenantBusy is returned by CopyTenant when work of the tenant was made
+// in the sending cell while it was copied; nothing was copied.
+var ErrTenantBusy = fmt.Errorf("store: work of the tenant was made while it was copied")
+
+// CopyTenant copies tenant's history — its work, attempts, results, ledger,
+// budget periods, reviews, batches, publications, deliveries and actions —
+// and its settings, credentials and links from this cell to to, read in
+// one snapshot and written in one transaction, and returns the rows copied
+// per table. The receiving cell must know the tenant and hold none of its
+// work.
+func (s *Store) CopyTenant(ctx context.Context, to *Store, tenant string) (map[string]int, error) {
+	copied := map[string]int{}
+	src, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("store: move %s: %w", tenant, err)
+	}
+	defer func() { _ = src.Rollback(context.WithoutCancel(ctx)) }()
+	err = pgx.BeginFunc(ctx, to.pool, func(dst pgx.Tx) error {
+		var here bool
+		if err := dst.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM work WHERE tenant_id = $1)`, tenant).Scan(&here); err != nil {
+			return err
+		}
+		if here {
+			return ErrTenantHere
+		}
+		if err := copySettings(ctx, src, dst, tenant); err != nil {
+			return err
+		}
+		for _, t := range movedTables {
+			n, err := copyRows(ctx, src, dst, t, tenant)
+			if err != nil {
+				return fmt.Errorf("%s: %w", t.table, err)
+			}
+			copied[t.table] = n
+		}
+		// Work made after the snapshot (a request admitted before the
+		// cell heard the tenant was moving) would be left behind: the copy
+		// is not committed, and the move waits for it.
+		var now int
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM work WHERE tenant_id = $1`, tenant).Scan(&now); err != nil {
+			return err
+		}
+		if now != copied["work"] {
+			return ErrTenantBusy
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: move %s: %w", tenant, err)
+	}
+	return copied, nil
+}
+
+// copySettings gives the receiving cell's tenants row the settings of the
+// sending cell's.
+func copySettings(ctx context.Context, src, dst pgx.Tx, tenant string) error {
+	vals := make([]any, len(tenantSettings))
+	ptrs := make([]any, len(vals))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	if err := src.QueryRow(ctx, `SELECT `+strings.Join(tenantSettings, ", ")+` FROM tenants WHERE id = $1`, tenant).Scan(ptrs...); err != nil {
+		return fmt.Errorf("tenants: %w", err)
+	}
+	sets := make([]string, len(tenantSettings))
+	for i, c := range tenantSettings {
+		sets[i] = fmt.Sprintf("%s = $%d", c, i+2)
+	}
+	tag, err := dst.Exec(ctx, `UPDATE tenants SET `+strings.Join(sets, ", ")+` WHERE id = $1`, append([]any{tenant}, vals...)...)
+	if err != nil {
+		return fmt.Errorf("tenants: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("tenants: the receiving cell does not know tenant %s (add it there first: assay tenant add)", tenant)
+	}
+	return nil
+}
+
+// copyRows copies t's rows of tenant from src to dst.
+func copyRows(ctx context.Context, src, dst pgx.Tx, t movedTable, tenant string) (int, error) {
+	rows, err := src.Query(ctx, `SELECT column_name FROM information_schema.columns
+		WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position`, t.table)
+	if err != nil {
+		return 0, err
+	}
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, err
+	}
+	cols = slices.DeleteFunc(cols, func(c string) bool { return slices.Contains(t.skip, c) })
+	list := strings.Join(cols, ", ")
+	rows, err = src.Query(ctx, `SELECT `+list+` FROM `+t.table+` WHERE `+t.where, tenant)
+	if err != nil {
+		return 0, err
+	}
+	var data [][]any
+	for rows.Next() {
+		v, err := rows.Values()
+		if err != nil {
+			rows.Close()
+			return 0, err
+		}
+		data = append(data, v)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if len(data) == 0 {
+		return 0, nil
+	}
+	into := t.table
+	if t.shared {
+		into = "moving_" + t.table
+		if _, err := dst.Exec(ctx, `CREATE TEMP TABLE `+into+` (LIKE `+t.table+` INCLUDING DEFAULTS) ON COMMIT DROP`); err != nil {
+			return 0, err
+		}
+	}
+	n, err := dst.CopyFrom(ctx, pgx.Identifier{into}, cols, pgx.CopyFromRows(data))
+	if err != nil || !t.shared {
+		return int(n), err
+	}
+	tag, err := dst.Exec(ctx, `INSERT INTO `+t.table+` (`+list+`) SELECT `+list+` FROM `+into+` ON CONFLICT DO NOTHING`)
+	return int(tag.RowsAffected()), err
+}
+
+// DropTenant removes tenant's history from this cell, once it has been
+// copied to the cell that serves the tenant now: the rows CopyTenant
+// copies, but for those another tenant may share. It returns the rows
+// removed per table.
+func (s *Store) DropTenant(ctx context.Context, tenant string) (map[string]int, error) {
+	dropped := map[string]int{}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		for _, t := range slices.Backward(movedTables) {
+			if t.shared {
+				continue
+			}
+			tag, err := tx.Exec(ctx, `DELETE FROM `+t.table+` WHERE `+t.where, tenant)
+			if err != nil {
+				return fmt.Errorf("%s: %w", t.table, err)
+			}
+			dropped[t.table] = int(tag.RowsAffected())
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: drop %s: %w", tenant, err)
+	}
+	return dropped, nil
+}
