@@ -14,6 +14,7 @@
 //	assay rollout …           contract versions: check, set-live, set-candidate, promote, status, compare
 //	assay bench goodput       the admission benchmark
 //	assay bench parts         reviews in parts: parts, calls, cost and time per work
+//	assay bench cells         a region of several cells: placement, a move under load, writes per cell
 //	assay usage reconcile     check attempts against results, the ledger and the provider
 //	assay version             the build's version
 package main
@@ -68,6 +69,7 @@ commands:
   streams                the cell's streams and consumers: pending, ack pending, redelivered
   bench goodput          admission benchmark against the simulated provider (make bench-goodput)
   bench parts [FILE...]  the evaluation set and each diff FILE reviewed, in parts when large: parts, calls, cost, time
+  bench cells            a region of several cells in this process: tenants placed, a move under load, each cell's writes
   usage reconcile        check attempts against results, the ledger and the provider's counts
   outbox list|retry      outbox rows set aside because they could not be published; put them back
   publish COMMAND        list, retry (send again, once) or abandon publications that failed past their deadline
@@ -123,7 +125,7 @@ tenants, is assay tenant (assay tenant --help).
 	"work":     workUsage,
 	"replay":   replayUsage,
 	"streams":  streamsUsage,
-	"bench":    benchUsage + "\n" + benchPipeUsage + "\n" + benchPartsUsage,
+	"bench":    benchUsage + "\n" + benchPipeUsage + "\n" + benchPartsUsage + "\n" + benchCellsUsage,
 	"usage": `usage: assay usage reconcile [--database-url URL] [--region R] [--provider-stats URL] [--since T] [--json]
 
 Check attempts against results and the ledger; with --provider-stats (the
@@ -157,7 +159,7 @@ var subcommands = map[string][]string{
 	"operator": {"token"},
 	"work":     {"rerun", "rest", "show", "list", "submit", "get", "watch"},
 	"replay":   {"dump", "revalidate", "redrive"},
-	"bench":    {"goodput", "pipeline", "parts"},
+	"bench":    {"goodput", "pipeline", "parts", "cells"},
 	"usage":    {"reconcile"},
 	"outbox":   {"list", "retry"},
 	"rollout":  rolloutVerbs,

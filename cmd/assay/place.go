@@ -49,7 +49,7 @@ func placeCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 		return err
 	}
 	defer nc.Close()
-	kv, err := placement.Bucket(ctx, js, cfg.Names().PlacementBucket(cfg.Region), cfg.Streams.Replicas)
+	kv, err := placement.Bucket(ctx, js, cfg.Names().PlacementBucket(cfg.Region), cfg.Streams.Replicas, cfg.Streams.Placement...)
 	if err != nil {
 		return err
 	}

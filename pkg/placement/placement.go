@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/event"
@@ -41,14 +42,27 @@ type Cell struct {
 	At  time.Time `json:"at"`
 }
 
-// Bucket makes (or finds) a region's placement bucket.
-func Bucket(ctx context.Context, js jetstream.KeyValueManager, bucket string, replicas int) (jetstream.KeyValue, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1,
-		Description: "which cell of the region serves each tenant, and where each cell answers", Replicas: max(replicas, 1)})
-	if err != nil {
-		return nil, fmt.Errorf("placement: bucket %s: %w", bucket, err)
+// Bucket makes (or finds) a region's placement bucket, with replicas and
+// placed on servers with tags, as the region's streams are. A request the
+// broker lost (a cluster forming) is asked again, for up to 30s.
+func Bucket(ctx context.Context, js jetstream.KeyValueManager, bucket string, replicas int, tags ...string) (jetstream.KeyValue, error) {
+	cfg := jetstream.KeyValueConfig{Bucket: bucket, History: 1,
+		Description: "which cell of the region serves each tenant, and where each cell answers", Replicas: max(replicas, 1)}
+	if len(tags) > 0 {
+		cfg.Placement = &jetstream.Placement{Tags: tags}
 	}
-	return kv, nil
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		kv, err := js.CreateOrUpdateKeyValue(tctx, cfg)
+		cancel()
+		switch {
+		case err == nil:
+			return kv, nil
+		case ctx.Err() != nil || time.Now().After(deadline) || (!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout)):
+			return nil, fmt.Errorf("placement: bucket %s: %w", bucket, err)
+		}
+	}
 }
 
 // Snapshot is the map as read at one time.
@@ -202,6 +216,7 @@ type View struct {
 	Bucket   string
 	Region   string
 	Replicas int
+	Tags     []string // the servers the bucket is placed on
 	// Cell and URL, when URL is set, are registered at the start: where
 	// this cell answers the region's other cells.
 	Cell, URL string
@@ -222,14 +237,22 @@ var ErrNotRead = errors.New("the region's placement of tenants is not read yet; 
 // Stop; it waits (as long as ctx allows) for the map's first reading.
 func (v *View) Start(ctx context.Context) error {
 	v.ready = make(chan struct{})
-	kv, err := Bucket(ctx, v.JS, v.Bucket, v.Replicas)
+	kv, err := Bucket(ctx, v.JS, v.Bucket, v.Replicas, v.Tags...)
 	if err != nil {
 		return err
 	}
 	v.kv = kv
 	if v.URL != "" {
-		if err := Register(ctx, kv, v.Cell, v.URL); err != nil {
-			return err
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err := Register(tctx, kv, v.Cell, v.URL)
+			cancel()
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil || time.Now().After(deadline) || (!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout)) {
+				return err
+			}
 		}
 	}
 	if err := v.run.Go(ctx, func(ctx context.Context) { v.loop(ctx, kv) }); err != nil {

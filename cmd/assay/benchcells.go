@@ -1,0 +1,334 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/pkg/config"
+	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/placement"
+	"assay.dev/pkg/store"
+	"assay.dev/services/ingress"
+)
+
+const benchCellsUsage = `usage: assay bench cells [--cells 10] [--tenants 1000] [-n 3000] [--rate 60] [-c 64] [--pool 1]
+
+A region of --cells cells in this process, on one NATS and one Postgres
+server, each cell its own database: --tenants tenants placed by the
+placement map's default rule (the least loaded cell), -n code reviews posted
+open loop at --rate a second (at most -c at once) for tenants in turn, each
+to one of the region's cells in turn (most reach a cell that sends them on),
+and halfway through one tenant moved to another cell. It prints per cell the
+tenants it serves, its work, and its database's write rate (commits and rows
+written a second), then the move: how long the tenant's requests were held
+and what was copied. Postgres: ASSAY_DATABASE_URL, else a throwaway server
+from the PostgreSQL binaries on the machine.
+`
+
+// benchCell is one cell of the simulated region.
+type benchCell struct {
+	id     string
+	cell   *cell.Cell
+	db     *pgxpool.Pool
+	dbName string
+	before pgDBCounters
+}
+
+// pgDBCounters are a database's transaction and row counters.
+type pgDBCounters struct{ commits, rows int64 }
+
+func dbCounters(ctx context.Context, db *pgxpool.Pool, name string) (pgDBCounters, error) {
+	var c pgDBCounters
+	_, _ = db.Exec(ctx, `SELECT pg_stat_clear_snapshot()`)
+	err := db.QueryRow(ctx, `SELECT xact_commit, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database WHERE datname = $1`,
+		name).Scan(&c.commits, &c.rows)
+	return c, err
+}
+
+func benchCells(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("assay bench cells", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	ncells := fs.Int("cells", 10, "cells in the region")
+	ntenants := fs.Int("tenants", 1000, "tenants, placed on the cells")
+	n := fs.Int("n", 3000, "code reviews to post")
+	rate := fs.Float64("rate", 60, "posts a second, open loop")
+	c := fs.Int("c", 64, "posts in flight at most")
+	pool := fs.Int("pool", 1, "connections in each service's pool")
+	if err := fs.Parse(args); err != nil {
+		return configError{fmt.Errorf("%v\n%s", err, benchCellsUsage)}
+	}
+	switch {
+	case *ncells < 2 || *ncells > 20:
+		return configError{fmt.Errorf("--cells: %d is not from 2 to 20", *ncells)}
+	case *ntenants < *ncells || *ntenants > 100_000:
+		return configError{fmt.Errorf("--tenants: %d is not from --cells to 100000", *ntenants)}
+	case *n < 10 || *rate <= 0 || *c < 1 || *pool < 1:
+		return configError{errors.New("-n (at least 10), --rate, -c and --pool must be positive")}
+	}
+	base, stop, err := benchPostgres(ctx)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	dir, err := os.MkdirTemp("", "assay-bench-cells-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	ns, err := cell.StartNATS(dir)
+	if err != nil {
+		return err
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	model := sim.New(sim.Options{Constant: true})
+	defer model.Close()
+	simURL, err := model.Start("127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	cells, err := startRegion(ctx, base, ns.ClientURL(), simURL, *ncells, *pool)
+	defer func() {
+		for _, bc := range cells {
+			sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			bc.cell.Stop(sctx)
+			cancel()
+			bc.db.Close()
+			cell.DropDatabases(context.Background(), base, bc.dbName)
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	tenants, tokens, err := placeTenants(ctx, cells, *ntenants)
+	if err != nil {
+		return err
+	}
+	for _, bc := range cells {
+		if bc.before, err = dbCounters(ctx, bc.db, bc.dbName); err != nil {
+			return err
+		}
+	}
+	// Halfway, the first tenant moves to the cell after its own.
+	kv, err := placement.Bucket(ctx, cells[0].cell.Env.JS, cells[0].cell.Env.Config.Names().PlacementBucket("us"), 1)
+	if err != nil {
+		return err
+	}
+	snap, err := placement.Read(ctx, kv, "us")
+	if err != nil {
+		return err
+	}
+	mover := tenants[0]
+	from := snap.CellOf(mover)
+	fromAt := slices.IndexFunc(cells, func(bc *benchCell) bool { return bc.id == from })
+	to := cells[(fromAt+1)%len(cells)]
+	var moved placement.MoveReport
+	var moveErr error
+	var moveWG sync.WaitGroup
+	var posted, refused atomic.Int64
+	client := &http.Client{Timeout: 60 * time.Second}
+	start := time.Now()
+	late := dispatch(*n, *c, *rate, func(i int) {
+		if i == *n/2 {
+			moveWG.Go(func() {
+				moved, moveErr = placement.Move(ctx, kv, "us", cells[fromAt].cell.Env.Store, to.cell.Env.Store, mover, from, to.id,
+					placement.MoveOptions{Settle: time.Minute})
+			})
+		}
+		t := tenants[i%len(tenants)]
+		if ok := postRetrying(ctx, client, cells[i%len(cells)].cell.URL, tokens[t], i); ok {
+			posted.Add(1)
+		} else {
+			refused.Add(1)
+		}
+	})
+	moveWG.Wait()
+	if moveErr != nil {
+		return fmt.Errorf("the move of %s: %w", mover, moveErr)
+	}
+	for _, bc := range cells {
+		if err := waitSettled(ctx, bc.db); err != nil {
+			return err
+		}
+	}
+	wall := time.Since(start)
+	if refused.Load() > 0 {
+		return fmt.Errorf("%d of %d posts were refused", refused.Load(), *n)
+	}
+	return printRegion(ctx, stdout, cells, snap, wall, *n, late, mover, from, to.id, moved)
+}
+
+// startRegion starts ncells cells of region us on one NATS, each its own
+// database, each registered where it listens.
+func startRegion(ctx context.Context, base, natsURL, simURL string, ncells, pool int) ([]*benchCell, error) {
+	var cells []*benchCell
+	stamp := time.Now().UnixNano()
+	for i := range ncells {
+		id := "us"
+		if i > 0 {
+			id = fmt.Sprintf("us-%d", i+1)
+		}
+		bc := &benchCell{id: id, dbName: fmt.Sprintf("assay_region_%d_%d", stamp, i)}
+		dbURL, err := cell.CreateDatabase(ctx, base, bc.dbName)
+		if err != nil {
+			return cells, err
+		}
+		cfg := config.Config{Regions: config.DefaultRegions, Region: "us", Cell: id, Installation: event.DefaultInstallation,
+			DatabaseURL: dbURL, NATSURL: natsURL, ModelBaseURL: sim.APIBase(simURL), Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0",
+			DatabasePool: pool}
+		if bc.cell, err = cell.Start(ctx, cell.Options{Config: cfg, Log: benchLogger(io.Discard, 0, "cell "+id), RegisterURL: true,
+			Ingress: ingress.Config{Shed: ingress.ShedConfig{Off: true}}}); err != nil {
+			return cells, fmt.Errorf("cell %s: %w", id, err)
+		}
+		if bc.db, err = pgxpool.New(ctx, dbURL+"?pool_max_conns=1"); err != nil {
+			return cells, err
+		}
+		cells = append(cells, bc)
+	}
+	return cells, nil
+}
+
+// placeTenants adds the tenants to every cell, with one token each that
+// every cell knows, and places each by the map's default rule.
+func placeTenants(ctx context.Context, cells []*benchCell, ntenants int) ([]string, map[string]string, error) {
+	tokens := map[string]string{}
+	var seeds []store.TenantSeed
+	var tenants []string
+	for i := range ntenants {
+		t := fmt.Sprintf("t%d", i+1)
+		tenants = append(tenants, t)
+		tokens[t] = store.NewToken()
+		seeds = append(seeds, store.TenantSeed{ID: t, HomeRegion: "us", Token: tokens[t]})
+	}
+	for _, bc := range cells {
+		if err := bc.cell.Env.Store.SeedTenants(ctx, seeds); err != nil {
+			return nil, nil, err
+		}
+		// A steady load, not tenants over their rates.
+		for _, t := range tenants {
+			if err := bc.cell.Env.Store.SetRate(ctx, t, 6000, 600); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	kv, err := placement.Bucket(ctx, cells[0].cell.Env.JS, cells[0].cell.Env.Config.Names().PlacementBucket("us"), 1)
+	if err != nil {
+		return nil, nil, err
+	}
+	snap, err := placement.Read(ctx, kv, "us")
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, t := range tenants {
+		c := snap.Choose()
+		if err := placement.Place(ctx, kv, t, c); err != nil {
+			return nil, nil, err
+		}
+		snap.Tenants[t] = c
+	}
+	// Every cell's ingress has heard the last placement once a request for
+	// that tenant is answered by its cell from each.
+	last := tenants[len(tenants)-1]
+	for _, bc := range cells {
+		for end := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, bc.cell.URL+"/v1/views", nil)
+			req.Header.Set("Authorization", "Bearer "+tokens[last])
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				by := resp.Header.Get(ingress.ServedBy)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK && (by == snap.Tenants[last] || (by == "" && bc.id == snap.Tenants[last])) {
+					break
+				}
+			}
+			if time.Now().After(end) {
+				return nil, nil, fmt.Errorf("cell %s has not heard the placements within 30s", bc.id)
+			}
+		}
+	}
+	return tenants, tokens, nil
+}
+
+// postRetrying posts code review i as the token's tenant to url until it
+// is taken, holding back while the tenant moves (503, try again).
+func postRetrying(ctx context.Context, client *http.Client, url, token string, i int) bool {
+	it := evalset.Items()[i%len(evalset.Items())]
+	in, _ := json.Marshal(map[string]string{"diff": it.Diff, "title": fmt.Sprintf("region %d", i)})
+	body, _ := json.Marshal(ingress.SubmitRequest{Contract: "code-review", SourceID: fmt.Sprintf("shop/region#%d", i+1),
+		Revision: it.Revision, Input: in})
+	for end := time.Now().Add(2 * time.Minute); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/work", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := client.Do(req)
+		if err != nil {
+			continue
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusAccepted, http.StatusOK:
+			return true
+		case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+			continue
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// printRegion prints each cell's share of the region's work and its
+// database's write rate, then the move.
+func printRegion(ctx context.Context, w io.Writer, cells []*benchCell, snap *placement.Snapshot, wall time.Duration, n int,
+	late int64, mover, from, to string, moved placement.MoveReport) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "region us: %d cells, %d tenants, %d reviews in %.1f s (%.1f a second; %d posts late)\n",
+		len(cells), len(snap.Tenants), n, wall.Seconds(), float64(n)/wall.Seconds(), late)
+	fmt.Fprintln(tw, "cell\ttenants\twork\taccepted\tcommits/s\trows written/s\tcommits/item\t")
+	load := map[string]int{}
+	for _, c := range snap.Tenants {
+		load[c]++
+	}
+	var total int
+	for _, bc := range cells {
+		after, err := dbCounters(ctx, bc.db, bc.dbName)
+		if err != nil {
+			return err
+		}
+		var work, accepted int
+		if err := bc.db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE state = 'accepted') FROM work`).Scan(&work, &accepted); err != nil {
+			return err
+		}
+		total += work
+		commits, rows := after.commits-bc.before.commits, after.rows-bc.before.rows
+		perItem := 0.0
+		if work > 0 {
+			perItem = float64(commits) / float64(work)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t\n", bc.id, load[bc.id], work, accepted,
+			float64(commits)/wall.Seconds(), float64(rows)/wall.Seconds(), perItem)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "work in all cells: %d of %d posted\n", total, n)
+	fmt.Fprintf(w, "moved %s from %s to %s under the load: its requests held %s; copied %s\n", mover, from, to,
+		moved.Held.Round(time.Millisecond), rowCounts(moved.Copied))
+	return nil
+}
