@@ -36,11 +36,21 @@ placement map's default rule (the least loaded cell), -n code reviews posted
 open loop at --rate a second (at most -c at once) for tenants in turn, each
 to one of the region's cells in turn (most reach a cell that sends them on),
 and halfway through one tenant moved to another cell. It prints per cell the
-tenants it serves, its work, and its database's write rate (commits and rows
-written a second), then the move: how long the tenant's requests were held
+tenants it serves, its work, and its database's transactions and rows
+written a second, idle (a window before the load) and under the load, then
+the move: how long the tenant's requests were held
 and what was copied. Postgres: ASSAY_DATABASE_URL, else a throwaway server
 from the PostgreSQL binaries on the machine.
 `
+
+// idleWindow is how long each cell's database is watched with no work, and
+// statsLag how long its counters may lag: a backend reports them at most
+// every second, an idle one after ten (Postgres's PGSTAT_IDLE_INTERVAL).
+// Variables, so a test of the command's workings can shorten them.
+var (
+	idleWindow = 10 * time.Second
+	statsLag   = 11 * time.Second
+)
 
 // benchCell is one cell of the simulated region.
 type benchCell struct {
@@ -49,6 +59,7 @@ type benchCell struct {
 	db     *pgxpool.Pool
 	dbName string
 	before pgDBCounters
+	idle   pgDBCounters // over the idle window before the load
 }
 
 // pgDBCounters are a database's transaction and row counters.
@@ -120,10 +131,21 @@ func benchCells(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// What each cell does with no work at all (its relays, sweepers and
+	// reporters), over an idle window, before the load, once the counters
+	// have caught up with the seeding.
+	time.Sleep(statsLag)
+	for _, bc := range cells {
+		if bc.idle, err = dbCounters(ctx, bc.db, bc.dbName); err != nil {
+			return err
+		}
+	}
+	time.Sleep(idleWindow)
 	for _, bc := range cells {
 		if bc.before, err = dbCounters(ctx, bc.db, bc.dbName); err != nil {
 			return err
 		}
+		bc.idle = pgDBCounters{commits: bc.before.commits - bc.idle.commits, rows: bc.before.rows - bc.idle.rows}
 	}
 	// Halfway, the first tenant moves to the cell after its own.
 	kv, err := placement.Bucket(ctx, cells[0].cell.Env.JS, cells[0].cell.Env.Config.Names().PlacementBucket("us"), 1)
@@ -168,6 +190,7 @@ func benchCells(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 	}
 	wall := time.Since(start)
+	time.Sleep(statsLag) // and with the load; the idle rate is taken off
 	if refused.Load() > 0 {
 		return fmt.Errorf("%d of %d posts were refused", refused.Load(), *n)
 	}
@@ -196,7 +219,12 @@ func startRegion(ctx context.Context, base, natsURL, simURL string, ncells, pool
 			Ingress: ingress.Config{Shed: ingress.ShedConfig{Off: true}}}); err != nil {
 			return cells, fmt.Errorf("cell %s: %w", id, err)
 		}
-		if bc.db, err = pgxpool.New(ctx, dbURL+"?pool_max_conns=1"); err != nil {
+		pc, err := pgxpool.ParseConfig(dbURL)
+		if err != nil {
+			return cells, err
+		}
+		pc.MaxConns = 1
+		if bc.db, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 			return cells, err
 		}
 		cells = append(cells, bc)
@@ -300,7 +328,7 @@ func printRegion(ctx context.Context, w io.Writer, cells []*benchCell, snap *pla
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(w, "region us: %d cells, %d tenants, %d reviews in %.1f s (%.1f a second; %d posts late)\n",
 		len(cells), len(snap.Tenants), n, wall.Seconds(), float64(n)/wall.Seconds(), late)
-	fmt.Fprintln(tw, "cell\ttenants\twork\taccepted\tcommits/s\trows written/s\tcommits/item\t")
+	fmt.Fprintln(tw, "cell\ttenants\twork\taccepted\txacts/s idle\txacts/s\trows written/s idle\trows written/s\txacts/item over idle\t")
 	load := map[string]int{}
 	for _, c := range snap.Tenants {
 		load[c]++
@@ -317,12 +345,14 @@ func printRegion(ctx context.Context, w io.Writer, cells []*benchCell, snap *pla
 		}
 		total += work
 		commits, rows := after.commits-bc.before.commits, after.rows-bc.before.rows
+		idleRate := float64(bc.idle.commits) / idleWindow.Seconds()
+		span := wall + statsLag
 		perItem := 0.0
 		if work > 0 {
-			perItem = float64(commits) / float64(work)
+			perItem = (float64(commits) - idleRate*span.Seconds()) / float64(work)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t\n", bc.id, load[bc.id], work, accepted,
-			float64(commits)/wall.Seconds(), float64(rows)/wall.Seconds(), perItem)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", bc.id, load[bc.id], work, accepted, idleRate,
+			float64(commits)/span.Seconds(), float64(bc.idle.rows)/idleWindow.Seconds(), float64(rows)/span.Seconds(), perItem)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"assay.dev/pkg/devkit/testenv"
 )
@@ -15,6 +16,8 @@ import (
 // tenant moved under the load is reported.
 func TestBenchCellsSmall(t *testing.T) {
 	t.Setenv("ASSAY_DATABASE_URL", testenv.PostgresURL(t))
+	// The rates are not what this test looks at: short windows.
+	idleWindow, statsLag = 100*time.Millisecond, 0
 	var out bytes.Buffer
 	if err := benchCells(context.Background(), []string{"--cells", "3", "--tenants", "9", "-n", "60", "--rate", "40"}, &out); err != nil {
 		t.Fatalf("bench cells: %v\n%s", err, out.String())

@@ -108,7 +108,14 @@ var ErrTenantBusy = fmt.Errorf("store: work of the tenant was made while it was 
 // work.
 func (s *Store) CopyTenant(ctx context.Context, to *Store, tenant string) (map[string]int, error) {
 	copied := map[string]int{}
-	src, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	// The snapshot is read on a connection of its own, so the pool (of a
+	// single connection, maybe) is free for the count of work made since.
+	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("store: move %s: %w", tenant, err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	src, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, fmt.Errorf("store: move %s: %w", tenant, err)
 	}
