@@ -483,7 +483,24 @@ func (o *openStreams) take(key string, max int) (release func(), ok bool) {
 }
 
 //go:embed console.html
-var consoleHTML []byte
+var consoleSource []byte
+
+//go:embed console_shared.js
+var consoleSharedJS []byte
+
+// consoleHTML is the console as served: its page with the script every
+// console page shares.
+var consoleHTML = withSharedScript(consoleSource)
+
+// withSharedScript puts the script every console page shares
+// (console_shared.js) into page's own, where its marker stands.
+func withSharedScript(page []byte) []byte {
+	const marker = "  /* the console's shared script (console_shared.js) is put here when the page is served */\n"
+	if !bytes.Contains(page, []byte(marker)) {
+		panic("ingress: a console page has no place for the shared script")
+	}
+	return bytes.Replace(page, []byte(marker), consoleSharedJS, 1)
+}
 
 var consoleCSP = pageCSP(consoleHTML)
 

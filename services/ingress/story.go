@@ -352,15 +352,15 @@ var consoleWorkSource []byte
 var consoleWorkHTML = withConsoleStyle(consoleWorkSource)
 
 // withConsoleStyle is a console page with the console's own style rules
-// in it, so the pages look alike from one stylesheet and each still loads
-// nothing.
+// and the shared script in it, so the pages look and sign in alike from
+// one stylesheet and one script, and each still loads nothing.
 func withConsoleStyle(page []byte) []byte {
 	const marker = "/* the console's own rules (console.html) are put here when the page is served */\n"
-	m := regexp.MustCompile(`(?s)<style>(.*?)</style>`).FindSubmatch(consoleHTML)
+	m := regexp.MustCompile(`(?s)<style>(.*?)</style>`).FindSubmatch(consoleSource)
 	if m == nil || !bytes.Contains(page, []byte(marker)) {
 		panic("ingress: a console page or the console has no style to share")
 	}
-	return bytes.Replace(page, []byte(marker), m[1], 1)
+	return withSharedScript(bytes.Replace(page, []byte(marker), m[1], 1))
 }
 
 var consoleWorkCSP = pageCSP(consoleWorkHTML)
