@@ -3,7 +3,6 @@ package cell_test
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -126,34 +125,12 @@ func (b *browser) do(t *testing.T, what string, steps ...chromedp.Action[chromed
 	}
 }
 
-func (b *browser) page(t *testing.T) pageView {
-	t.Helper()
-	raw, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](readPage))
-	if err != nil {
-		t.Fatalf("read the page: %v", err)
-	}
-	var v pageView
-	if err := json.Unmarshal([]byte(raw), &v); err != nil {
-		t.Fatalf("read the page: %v: %s", err, raw)
-	}
-	return v
-}
+func (b *browser) page(t *testing.T) pageView { t.Helper(); return read[pageView](t, b, readPage) }
 
-// await reads the page until ok holds of it, and fails with the last view
-// when it still does not after 30s.
+// await reads the console until ok holds of it.
 func (b *browser) await(t *testing.T, what string, ok func(pageView) bool) pageView {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		v := b.page(t)
-		if ok(v) {
-			return v
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: after 30s the page shows %+v", what, v)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return await(t, b, readPage, what, ok)
 }
 
 // signIn enters token into the page's form.

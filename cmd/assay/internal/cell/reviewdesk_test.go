@@ -354,26 +354,10 @@ const readReviewScreen = `JSON.stringify((() => {
 	};
 })())`
 
+// reviewScreen reads the review screen until ok holds of it.
 func (b *browser) reviewScreen(t *testing.T, what string, ok func(reviewScreen) bool) reviewScreen {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		raw, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](readReviewScreen))
-		if err != nil {
-			t.Fatalf("read the review screen: %v", err)
-		}
-		var v reviewScreen
-		if err := json.Unmarshal([]byte(raw), &v); err != nil {
-			t.Fatalf("read the review screen: %v: %s", err, raw)
-		}
-		if ok(v) {
-			return v
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: after 30s the review screen shows %+v", what, v)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return await(t, b, readReviewScreen, what, ok)
 }
 
 // tab opens another tab of the same browser: a page of its own, with its

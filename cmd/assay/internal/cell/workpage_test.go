@@ -49,32 +49,44 @@ const readWorkPage = `JSON.stringify((() => {
 	};
 })())`
 
-func (b *browser) workPage(t *testing.T) workPageView {
+// read reads a page with script, which returns its view as JSON.
+func read[V any](t *testing.T, b *browser, script string) V {
 	t.Helper()
-	raw, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](readWorkPage))
+	raw, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](script))
 	if err != nil {
-		t.Fatalf("read the work page: %v", err)
+		t.Fatalf("read the page: %v", err)
 	}
-	var v workPageView
+	var v V
 	if err := json.Unmarshal([]byte(raw), &v); err != nil {
-		t.Fatalf("read the work page: %v: %s", err, raw)
+		t.Fatalf("read the page: %v: %s", err, raw)
 	}
 	return v
 }
 
-// awaitWork reads the work page until ok holds of it, and fails with the
-// last view when it still does not after 30s.
-func (b *browser) awaitWork(t *testing.T, what string, ok func(workPageView) bool) workPageView {
+// await reads a page with script until ok holds of its view, and fails
+// with the last view when it still does not after 30s.
+func await[V any](t *testing.T, b *browser, script, what string, ok func(V) bool) V {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if v := b.workPage(t); ok(v) {
+		if v := read[V](t, b, script); ok(v) {
 			return v
 		} else if time.Now().After(deadline) {
-			t.Fatalf("%s: after 30s the work page shows %+v", what, v)
+			t.Fatalf("%s: after 30s the page shows %+v", what, v)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+func (b *browser) workPage(t *testing.T) workPageView {
+	t.Helper()
+	return read[workPageView](t, b, readWorkPage)
+}
+
+// awaitWork reads the work page until ok holds of it.
+func (b *browser) awaitWork(t *testing.T, what string, ok func(workPageView) bool) workPageView {
+	t.Helper()
+	return await(t, b, readWorkPage, what, ok)
 }
 
 // An operator follows a recent decision's link from the console to its work
