@@ -9,6 +9,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"time"
 
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/store"
@@ -90,6 +91,29 @@ func (s *Service) sendOn(w http.ResponseWriter, r *http.Request, tenant string, 
 		},
 	}
 	proxy.ServeHTTP(w, r)
+}
+
+// moveWait bounds how long a GitHub delivery for a tenant being moved
+// waits for the move to end: GitHub gives up on an answer after 10s, and
+// does not deliver again by itself, so a delivery is held rather than
+// refused for the few seconds a move holds the tenant.
+const moveWait = 8 * time.Second
+
+// awaitMove returns once tenant is not being moved between cells, or
+// after moveWait.
+func (s *Service) awaitMove(ctx context.Context, tenant string) {
+	deadline := time.Now().Add(moveWait)
+	for {
+		snap, err := s.place.Now()
+		if err != nil || snap.Moving[tenant] == "" || time.Now().After(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // refuseOrSendOn writes refused, or, when it is the refusal of a tenant

@@ -352,6 +352,7 @@ func (s *Service) routeDelivery(ctx context.Context, d *delivery) (dup *store.De
 		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", refused.Message, source)
 		return nil, refused
 	}
+	s.awaitMove(ctx, t.ID)
 	if refused := auth.Admit(t, s.cell()); refused != nil {
 		d.tenant = t // another cell of the region may serve it: the delivery goes on there
 		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", refused.Message, slog.String("tenant", t.ID))

@@ -233,6 +233,41 @@ func TestARegionOfTwoCells(t *testing.T) {
 	if nb, na := r.b.Count(t, `SELECT count(*) FROM work WHERE id = $1`, wr.WorkID), r.a.Count(t, `SELECT count(*) FROM work WHERE tenant_id = 'acme'`); nb != 1 || na != 0 {
 		t.Errorf("the delivery's work: %d rows in us-2, %d of acme's in us; want 1 and 0", nb, na)
 	}
+	// The same delivery again while acme is being moved waits for the move
+	// rather than being refused, and finds its work.
+	kv, err := placement.Bucket(context.Background(), r.a.Cell.Env.JS, r.a.Names().PlacementBucket("us"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.PutString(context.Background(), "moving.acme", "us-2"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if status, _, _ := r.get(t, r.a, r.acme, "/v1/views"); status == http.StatusServiceUnavailable {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("cell us does not hold acme's requests while it moves: HTTP %d", status)
+		}
+	}
+	go func() {
+		time.Sleep(time.Second)
+		_ = kv.Delete(context.Background(), "moving.acme")
+	}()
+	hook, _ = http.NewRequest(http.MethodPost, r.a.Cell.URL+"/v1/webhooks/github", bytes.NewReader(body))
+	hook.Header.Set("Content-Type", "application/json")
+	hook.Header.Set("X-GitHub-Event", "pull_request")
+	hook.Header.Set("X-GitHub-Delivery", "d-two-cells-again")
+	hook.Header.Set("X-Hub-Signature-256", ingress.Sign(deliverySecret, body))
+	resp, err = r.a.HTTP.Do(hook)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var again ingress.WebhookResponse
+	err = json.NewDecoder(resp.Body).Decode(&again)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || again.WorkID != wr.WorkID {
+		t.Errorf("the delivery again during a move: HTTP %d %+v %v; want 200 and its work %s", resp.StatusCode, again, err, wr.WorkID)
+	}
 	// Usage, too, is read where the tenant's ledger is.
 	status, h, raw = r.get(t, r.a, r.acme, "/v1/usage")
 	var u struct{ Calls int64 }
