@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/pkg/config"
@@ -73,25 +74,40 @@ func dbCounters(ctx context.Context, db *pgxpool.Pool, name string) (pgDBCounter
 	return c, err
 }
 
-func benchCells(ctx context.Context, args []string, stdout io.Writer) error {
+// cellsRun is one assay bench cells run, as its flags ask.
+type cellsRun struct {
+	cells, tenants, n, c, pool int
+	rate                       float64
+}
+
+func parseCellsRun(args []string) (cellsRun, error) {
+	var r cellsRun
 	fs := flag.NewFlagSet("assay bench cells", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	ncells := fs.Int("cells", 10, "cells in the region")
-	ntenants := fs.Int("tenants", 1000, "tenants, placed on the cells")
-	n := fs.Int("n", 3000, "code reviews to post")
-	rate := fs.Float64("rate", 60, "posts a second, open loop")
-	c := fs.Int("c", 64, "posts in flight at most")
-	pool := fs.Int("pool", 1, "connections in each service's pool")
+	fs.IntVar(&r.cells, "cells", 10, "cells in the region")
+	fs.IntVar(&r.tenants, "tenants", 1000, "tenants, placed on the cells")
+	fs.IntVar(&r.n, "n", 3000, "code reviews to post")
+	fs.Float64Var(&r.rate, "rate", 60, "posts a second, open loop")
+	fs.IntVar(&r.c, "c", 64, "posts in flight at most")
+	fs.IntVar(&r.pool, "pool", 1, "connections in each service's pool")
 	if err := fs.Parse(args); err != nil {
-		return configError{fmt.Errorf("%v\n%s", err, benchCellsUsage)}
+		return r, configError{fmt.Errorf("%v\n%s", err, benchCellsUsage)}
 	}
 	switch {
-	case *ncells < 2 || *ncells > 20:
-		return configError{fmt.Errorf("--cells: %d is not from 2 to 20", *ncells)}
-	case *ntenants < *ncells || *ntenants > 100_000:
-		return configError{fmt.Errorf("--tenants: %d is not from --cells to 100000", *ntenants)}
-	case *n < 10 || *rate <= 0 || *c < 1 || *pool < 1:
-		return configError{errors.New("-n (at least 10), --rate, -c and --pool must be positive")}
+	case r.cells < 2 || r.cells > 20:
+		return r, configError{fmt.Errorf("--cells: %d is not from 2 to 20", r.cells)}
+	case r.tenants < r.cells || r.tenants > 100_000:
+		return r, configError{fmt.Errorf("--tenants: %d is not from --cells to 100000", r.tenants)}
+	case r.n < 10 || r.rate <= 0 || r.c < 1 || r.pool < 1:
+		return r, configError{errors.New("-n (at least 10), --rate, -c and --pool must be positive")}
+	}
+	return r, nil
+}
+
+func benchCells(ctx context.Context, args []string, stdout io.Writer) error {
+	run, err := parseCellsRun(args)
+	if err != nil {
+		return err
 	}
 	base, stop, err := benchPostgres(ctx)
 	if err != nil {
@@ -114,7 +130,7 @@ func benchCells(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cells, err := startRegion(ctx, base, ns.ClientURL(), simURL, *ncells, *pool)
+	cells, err := startRegion(ctx, base, ns.ClientURL(), simURL, run.cells, run.pool)
 	defer func() {
 		for _, bc := range cells {
 			sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -127,14 +143,31 @@ func benchCells(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	tenants, tokens, err := placeTenants(ctx, cells, *ntenants)
+	kv, tokens, err := placeTenants(ctx, cells, run.tenants)
 	if err != nil {
 		return err
 	}
-	// What each cell does with no work at all (its relays, sweepers and
-	// reporters), over an idle window, before the load, once the counters
-	// have caught up with the seeding.
+	if err := measureIdle(ctx, cells); err != nil {
+		return err
+	}
+	l, err := loadAndMove(ctx, cells, kv, tokens, run)
+	if err != nil {
+		return err
+	}
+	time.Sleep(statsLag) // the counters catch up with the load; the idle rate is taken off
+	snap, err := placement.Read(ctx, kv, "us")
+	if err != nil {
+		return err
+	}
+	return printRegion(ctx, stdout, cells, snap, run.n, l)
+}
+
+// measureIdle reads what each cell does with no work at all (its relays,
+// sweepers and reporters) over an idle window, once the counters have
+// caught up with the seeding, and starts each cell's count of the load.
+func measureIdle(ctx context.Context, cells []*benchCell) error {
 	time.Sleep(statsLag)
+	var err error
 	for _, bc := range cells {
 		if bc.idle, err = dbCounters(ctx, bc.db, bc.dbName); err != nil {
 			return err
@@ -147,54 +180,60 @@ func benchCells(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		bc.idle = pgDBCounters{commits: bc.before.commits - bc.idle.commits, rows: bc.before.rows - bc.idle.rows}
 	}
-	// Halfway, the first tenant moves to the cell after its own.
-	kv, err := placement.Bucket(ctx, cells[0].cell.Env.JS, cells[0].cell.Env.Config.Names().PlacementBucket("us"), 1)
-	if err != nil {
-		return err
-	}
+	return nil
+}
+
+// load is what loadAndMove did.
+type load struct {
+	wall            time.Duration
+	late            int64
+	mover, from, to string
+	moved           placement.MoveReport
+}
+
+// loadAndMove posts run.n reviews for the tenants in turn, each to the region's cells in turn, and halfway moves the
+// first tenant to the cell after its own; it returns once every cell's work has ended.
+func loadAndMove(ctx context.Context, cells []*benchCell, kv jetstream.KeyValue, tokens map[string]string, run cellsRun) (load, error) {
 	snap, err := placement.Read(ctx, kv, "us")
 	if err != nil {
-		return err
+		return load{}, err
 	}
-	mover := tenants[0]
-	from := snap.CellOf(mover)
-	fromAt := slices.IndexFunc(cells, func(bc *benchCell) bool { return bc.id == from })
+	l := load{mover: cellsTenant(0)}
+	l.from = snap.CellOf(l.mover)
+	fromAt := slices.IndexFunc(cells, func(bc *benchCell) bool { return bc.id == l.from })
 	to := cells[(fromAt+1)%len(cells)]
-	var moved placement.MoveReport
+	l.to = to.id
 	var moveErr error
 	var moveWG sync.WaitGroup
-	var posted, refused atomic.Int64
+	var refused atomic.Int64
 	client := &http.Client{Timeout: 60 * time.Second}
 	start := time.Now()
-	late := dispatch(*n, *c, *rate, func(i int) {
-		if i == *n/2 {
+	l.late = dispatch(run.n, run.c, run.rate, func(i int) {
+		if i == run.n/2 {
 			moveWG.Go(func() {
-				moved, moveErr = placement.Move(ctx, kv, "us", cells[fromAt].cell.Env.Store, to.cell.Env.Store, mover, from, to.id,
+				l.moved, moveErr = placement.Move(ctx, kv, "us", cells[fromAt].cell.Env.Store, to.cell.Env.Store, l.mover, l.from, l.to,
 					placement.MoveOptions{Settle: time.Minute})
 			})
 		}
-		t := tenants[i%len(tenants)]
-		if ok := postRetrying(ctx, client, cells[i%len(cells)].cell.URL, tokens[t], i); ok {
-			posted.Add(1)
-		} else {
+		t := cellsTenant(i % run.tenants)
+		if !postRetrying(ctx, client, cells[i%len(cells)].cell.URL, tokens[t], i) {
 			refused.Add(1)
 		}
 	})
 	moveWG.Wait()
 	if moveErr != nil {
-		return fmt.Errorf("the move of %s: %w", mover, moveErr)
+		return l, fmt.Errorf("the move of %s: %w", l.mover, moveErr)
 	}
 	for _, bc := range cells {
 		if err := waitSettled(ctx, bc.db); err != nil {
-			return err
+			return l, err
 		}
 	}
-	wall := time.Since(start)
-	time.Sleep(statsLag) // and with the load; the idle rate is taken off
+	l.wall = time.Since(start)
 	if refused.Load() > 0 {
-		return fmt.Errorf("%d of %d posts were refused", refused.Load(), *n)
+		return l, fmt.Errorf("%d of %d posts were refused", refused.Load(), run.n)
 	}
-	return printRegion(ctx, stdout, cells, snap, wall, *n, late, mover, from, to.id, moved)
+	return l, nil
 }
 
 // startRegion starts ncells cells of region us on one NATS, each its own
@@ -232,14 +271,17 @@ func startRegion(ctx context.Context, base, natsURL, simURL string, ncells, pool
 	return cells, nil
 }
 
+// cellsTenant names the i-th tenant of the region, from 0: t1, t2, …
+func cellsTenant(i int) string { return fmt.Sprintf("t%d", i+1) }
+
 // placeTenants adds the tenants to every cell, with one token each that
 // every cell knows, and places each by the map's default rule.
-func placeTenants(ctx context.Context, cells []*benchCell, ntenants int) ([]string, map[string]string, error) {
+func placeTenants(ctx context.Context, cells []*benchCell, ntenants int) (jetstream.KeyValue, map[string]string, error) {
 	tokens := map[string]string{}
 	var seeds []store.TenantSeed
 	var tenants []string
 	for i := range ntenants {
-		t := fmt.Sprintf("t%d", i+1)
+		t := cellsTenant(i)
 		tenants = append(tenants, t)
 		tokens[t] = store.NewToken()
 		seeds = append(seeds, store.TenantSeed{ID: t, HomeRegion: "us", Token: tokens[t]})
@@ -290,7 +332,7 @@ func placeTenants(ctx context.Context, cells []*benchCell, ntenants int) ([]stri
 			}
 		}
 	}
-	return tenants, tokens, nil
+	return kv, tokens, nil
 }
 
 // postRetrying posts code review i as the token's tenant to url until it
@@ -323,11 +365,10 @@ func postRetrying(ctx context.Context, client *http.Client, url, token string, i
 
 // printRegion prints each cell's share of the region's work and its
 // database's write rate, then the move.
-func printRegion(ctx context.Context, w io.Writer, cells []*benchCell, snap *placement.Snapshot, wall time.Duration, n int,
-	late int64, mover, from, to string, moved placement.MoveReport) error {
+func printRegion(ctx context.Context, w io.Writer, cells []*benchCell, snap *placement.Snapshot, n int, l load) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(w, "region us: %d cells, %d tenants, %d reviews in %.1f s (%.1f a second; %d posts late)\n",
-		len(cells), len(snap.Tenants), n, wall.Seconds(), float64(n)/wall.Seconds(), late)
+		len(cells), len(snap.Tenants), n, l.wall.Seconds(), float64(n)/l.wall.Seconds(), l.late)
 	fmt.Fprintln(tw, "cell\ttenants\twork\taccepted\txacts/s idle\txacts/s\trows written/s idle\trows written/s\txacts/item over idle\t")
 	load := map[string]int{}
 	for _, c := range snap.Tenants {
@@ -346,7 +387,7 @@ func printRegion(ctx context.Context, w io.Writer, cells []*benchCell, snap *pla
 		total += work
 		commits, rows := after.commits-bc.before.commits, after.rows-bc.before.rows
 		idleRate := float64(bc.idle.commits) / idleWindow.Seconds()
-		span := wall + statsLag
+		span := l.wall + statsLag
 		perItem := 0.0
 		if work > 0 {
 			perItem = (float64(commits) - idleRate*span.Seconds()) / float64(work)
@@ -358,7 +399,7 @@ func printRegion(ctx context.Context, w io.Writer, cells []*benchCell, snap *pla
 		return err
 	}
 	fmt.Fprintf(w, "work in all cells: %d of %d posted\n", total, n)
-	fmt.Fprintf(w, "moved %s from %s to %s under the load: its requests held %s; copied %s\n", mover, from, to,
-		moved.Held.Round(time.Millisecond), rowCounts(moved.Copied))
+	fmt.Fprintf(w, "moved %s from %s to %s under the load: its requests held %s; copied %s\n", l.mover, l.from, l.to,
+		l.moved.Held.Round(time.Millisecond), rowCounts(l.moved.Copied))
 	return nil
 }

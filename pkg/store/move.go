@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -69,6 +70,13 @@ func (u Unsettled) String() string {
 		u.Work, u.Outbox, u.Unrecorded, u.Reserved, u.Unannounced, u.Unpublished, u.Publishing)
 }
 
+// ReadBackHorizon is how far back the committer's reaper reads lost RESULT
+// and OUTCOME events back from the outbox. An outcome published longer ago
+// without a publication is one nothing will publish any more, so it does
+// not hold a tenant's move either; the bound also keeps that count on the
+// outbox's index of published rows rather than on every row it retains.
+const ReadBackHorizon = time.Hour
+
 // TenantUnsettled counts what this cell still does for tenant.
 func (s *Store) TenantUnsettled(ctx context.Context, tenant string) (Unsettled, error) {
 	var u Unsettled
@@ -80,11 +88,10 @@ func (s *Store) TenantUnsettled(ctx context.Context, tenant string) (Unsettled, 
 			(SELECT count(*) FROM budget_reservations WHERE tenant_id = $1 AND settled_at IS NULL),
 			(SELECT count(*) FROM work WHERE tenant_id = $1 AND state NOT IN ('queued', 'running') AND outcome_announced_at IS NULL),
 			(SELECT count(*) FROM outbox o JOIN work w ON w.id = split_part(o.msg_id, '.', 1)
-				WHERE o.stream = 'OUTCOME' AND w.tenant_id = $1
-					AND ((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/#]+#[1-9][0-9]*$')
-						OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))
+				WHERE o.stream = 'OUTCOME' AND o.published_at > now() - $2 * interval '1 microsecond' AND w.tenant_id = $1
+					AND `+publishable+`
 					AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2))),
-			(SELECT count(*) FROM publications WHERE tenant_id = $1 AND state = 'pending')`, tenant).
+			(SELECT count(*) FROM publications WHERE tenant_id = $1 AND state = 'pending')`, tenant, interval(ReadBackHorizon)).
 		Scan(&u.Work, &u.Outbox, &u.Unrecorded, &u.Reserved, &u.Unannounced, &u.Unpublished, &u.Publishing)
 	if err != nil {
 		return u, fmt.Errorf("store: what is unsettled for %s: %w", tenant, err)

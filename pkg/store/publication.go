@@ -690,6 +690,12 @@ func (s *Store) AbandonPublications(ctx context.Context, workID, reason string) 
 	return ps, nil
 }
 
+// publishable is the condition on work w that something may be published
+// for it: a code review of a pull request (owner/repo#number), or work of a
+// tenant with a callback.
+const publishable = `((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/#]+#[1-9][0-9]*$')
+				OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))`
+
 // UnpublishedOutcomes reads back from the outbox up to limit OUTCOME events
 // published between grace and horizon ago whose work is still in that
 // outcome and for which the publisher recorded nothing: events the broker
@@ -709,8 +715,7 @@ func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Dur
 			AND split_part(o.msg_id, '.', 2) = CASE WHEN v.work_id IS NULL THEN w.state ELSE 'reviewed' END
 			AND o.published_at < now() - $1 * interval '1 microsecond'
 			AND o.published_at > now() - $2 * interval '1 microsecond'
-			AND ((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/#]+#[1-9][0-9]*$')
-				OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))
+			AND `+publishable+`
 			AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2))
 		ORDER BY o.published_at LIMIT $3`, interval(grace), interval(horizon), limit)
 	if err != nil {

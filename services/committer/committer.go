@@ -346,7 +346,7 @@ const reapBatch = 200
 // until none is left, so many with nothing to publish never keep a lost
 // one waiting for another pass.
 func (s *Service) Reap(ctx context.Context) (int, error) {
-	payloads, err := s.d.Store.UncommittedResults(ctx, event.KindResult, s.cfg.ReapGrace, time.Hour, reapBatch)
+	payloads, err := s.d.Store.UncommittedResults(ctx, event.KindResult, s.cfg.ReapGrace, store.ReadBackHorizon, reapBatch)
 	if err != nil {
 		return 0, err
 	}
@@ -382,7 +382,7 @@ func (s *Service) Reap(ctx context.Context) (int, error) {
 // reapOutcomes reads back one batch of OUTCOME events and publishes those
 // not seen yet in this pass; fresh counts them.
 func (s *Service) reapOutcomes(ctx context.Context, seen map[string]bool) (n, fresh int, err error) {
-	outcomes, err := s.d.Store.UnpublishedOutcomes(ctx, s.cfg.ReapGrace, time.Hour, reapBatch)
+	outcomes, err := s.d.Store.UnpublishedOutcomes(ctx, s.cfg.ReapGrace, store.ReadBackHorizon, reapBatch)
 	if err != nil {
 		return 0, 0, err
 	}

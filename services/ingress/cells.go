@@ -52,10 +52,10 @@ func (s *Service) servedBy(tenant string) (string, error) {
 // that has not registered where it answers, or that does not answer, gets
 // the refusal. body, when not nil, is the request's body as read already.
 func (s *Service) sendOn(w http.ResponseWriter, r *http.Request, tenant string, refused *apierror.Error, body []byte) {
-	cell, err := s.servedBy(tenant)
-	snap, _ := s.place.Now()
+	var cell string
 	var target *url.URL
-	if err == nil && snap != nil && r.Header.Get(ForwardedBy) == "" {
+	if snap, err := s.place.Now(); err == nil && r.Header.Get(ForwardedBy) == "" {
+		cell = snap.CellOf(tenant)
 		if c, ok := snap.Cells[cell]; ok && c.URL != "" {
 			target, _ = url.Parse(c.URL)
 		}

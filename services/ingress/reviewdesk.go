@@ -219,62 +219,75 @@ func (s *Service) writeCase(w http.ResponseWriter, r *http.Request, rv *store.Re
 
 // readCase reads what a person judges rv by.
 func (s *Service) readCase(ctx context.Context, rv *store.Review) (*ReviewCase, error) {
-	wk, err := s.d.Store.GetWork(ctx, rv.WorkID)
+	j, err := s.judge(ctx, rv.WorkID)
 	if err != nil {
 		return nil, err
 	}
-	kept, err := s.d.Store.AttemptAnswers(ctx, rv.WorkID)
-	if err != nil {
-		return nil, err
-	}
-	c := &ReviewCase{Review: reviewView(rv, time.Now()), Work: WorkRowOf(wk), Findings: []CaseFinding{},
-		Attempts: make([]CaseAttempt, 0, len(kept)), Output: rv.Output}
-	for _, a := range kept {
+	wk := j.work
+	c := &ReviewCase{Review: reviewView(rv, time.Now()), Work: WorkRowOf(wk), Answer: j.name, Findings: []CaseFinding{},
+		Attempts: make([]CaseAttempt, 0, len(j.kept)), Output: rv.Output}
+	for _, a := range j.kept {
 		c.Attempts = append(c.Attempts, CaseAttempt{Number: a.Number, Outcome: a.Outcome, Reason: a.Reason})
 	}
-	answer, err := s.judged(ctx, wk, kept, c)
-	if err != nil {
-		return nil, err
-	}
-	ct, _ := s.d.Contracts.Of(wk.Contract, wk.SchemaVersion)
-	if ct == nil || ct.Grounding != contract.GroundingDiff {
-		c.Input = json.RawMessage(wk.Input)
-	}
+	grounded := j.contract != nil && j.contract.Grounding == contract.GroundingDiff
 	d := inputDiff(wk)
-	if ct != nil && ct.Grounding == contract.GroundingDiff && d != nil {
+	switch {
+	case !grounded:
+		c.Input = json.RawMessage(wk.Input)
+	case d != nil:
 		c.Files = caseFiles(d)
 	}
-	if answer != nil {
-		if _, fail := gate.Check(ct, answer, expect(ct, wk)); fail != nil {
+	if j.answer != nil {
+		if _, fail := gate.Check(j.contract, j.answer, expect(j.contract, wk)); fail != nil {
 			c.Gate = fail.Error()
 		}
-		c.Findings = placeFindings(answer, d)
+		c.Findings = placeFindings(j.answer, d)
 	}
 	return c, nil
 }
 
-// judged is the answer a person judges: the accepted result's, or the last
-// kept answer that is a JSON object; nil when there is none. It names it
-// in c.Answer.
-func (s *Service) judged(ctx context.Context, wk *store.Work, kept []store.AttemptAnswer, c *ReviewCase) ([]byte, error) {
+// judgement is what a person judges a review item by: its work and
+// contract, the kept attempts, and the answer judged — the accepted
+// result's, or the last kept answer that is a JSON object (nil when there
+// is none) — with its name ("result", "attempt N").
+type judgement struct {
+	work     *store.Work
+	contract *contract.Contract
+	kept     []store.AttemptAnswer
+	answer   []byte
+	name     string
+}
+
+// judge reads the judgement of work workID.
+func (s *Service) judge(ctx context.Context, workID string) (*judgement, error) {
+	wk, err := s.d.Store.GetWork(ctx, workID)
+	if err != nil {
+		return nil, err
+	}
+	kept, err := s.d.Store.AttemptAnswers(ctx, workID)
+	if err != nil {
+		return nil, err
+	}
+	j := &judgement{work: wk, kept: kept}
+	j.contract, _ = s.d.Contracts.Of(wk.Contract, wk.SchemaVersion)
 	if wk.State == outcome.Accepted {
 		res, err := s.d.Store.GetResult(ctx, wk.ID)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return nil, err
 		}
 		if err == nil {
-			c.Answer = "result"
-			return res.Output, nil
+			j.answer, j.name = res.Output, "result"
+			return j, nil
 		}
 	}
 	for i := len(kept) - 1; i >= 0; i-- {
 		var obj map[string]json.RawMessage
 		if raw := bytes.TrimSpace(kept[i].Raw); len(raw) > 0 && json.Unmarshal(raw, &obj) == nil {
-			c.Answer = "attempt " + strconv.Itoa(kept[i].Number)
-			return raw, nil
+			j.answer, j.name = raw, "attempt "+strconv.Itoa(kept[i].Number)
+			return j, nil
 		}
 	}
-	return nil, nil
+	return j, nil
 }
 
 // expect is what an answer to wk must match now, as the committer gates it.
@@ -420,19 +433,11 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 // set, says why it cannot be published (it fails the gate, or there is no
 // answer to approve).
 func (s *Service) deskOutput(ctx context.Context, workID string, req DeskResolveRequest) (json.RawMessage, string, error) {
-	wk, err := s.d.Store.GetWork(ctx, workID)
+	j, err := s.judge(ctx, workID)
 	if err != nil {
 		return nil, "", err
 	}
-	kept, err := s.d.Store.AttemptAnswers(ctx, workID)
-	if err != nil {
-		return nil, "", err
-	}
-	answer, err := s.judged(ctx, wk, kept, &ReviewCase{})
-	if err != nil {
-		return nil, "", err
-	}
-	ct, _ := s.d.Contracts.Of(wk.Contract, wk.SchemaVersion)
+	wk, ct, answer := j.work, j.contract, j.answer
 	if req.Verdict == store.VerdictApproved && answer == nil {
 		return nil, "there is no answer to approve: amend it with findings, or reject or dismiss it", nil
 	}

@@ -37,9 +37,9 @@ const (
 // registered in the region's placement map where it listens; acme and
 // initech have one token that both cells know.
 type region2 struct {
-	a, b   *celltest.Bundle
-	acme   string
-	initch string
+	a, b    *celltest.Bundle
+	acme    string
+	initech string
 }
 
 func setupRegion2(t *testing.T) *region2 {
@@ -55,7 +55,7 @@ func setupRegion2(t *testing.T) *region2 {
 	b := celltest.SetupOn(t, cell.Options{RegisterURL: true, Ingress: github,
 		Config: config.Config{Region: "us", Regions: config.DefaultRegions, Cell: "us-2"}}, nil, natsURL)
 	ctx := context.Background()
-	r := &region2{a: a, b: b, acme: a.Token, initch: "initech-token-both-cells"}
+	r := &region2{a: a, b: b, acme: a.Token, initech: "initech-token-both-cells"}
 	for _, c := range []*celltest.Bundle{a, b} {
 		if err := c.Cell.Env.Store.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: fmt.Sprint(deliveryInstallation),
 			Tenant: "acme", Repositories: []string{"shop/*"}}); err != nil {
@@ -67,7 +67,7 @@ func setupRegion2(t *testing.T) *region2 {
 		t.Fatal(err)
 	}
 	for _, c := range []*celltest.Bundle{a, b} {
-		if err := c.Cell.Env.Store.AddTenant(ctx, "initech", "us", r.initch); err != nil {
+		if err := c.Cell.Env.Store.AddTenant(ctx, "initech", "us", r.initech); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -205,7 +205,7 @@ func TestARegionOfTwoCells(t *testing.T) {
 
 	// A tenant of the first cell (unplaced: the cell named after the
 	// region) is reached through the second.
-	status, h, raw := r.get(t, r.b, r.initch, "/v1/views")
+	status, h, raw := r.get(t, r.b, r.initech, "/v1/views")
 	if status != http.StatusOK || h.Get(ingress.ServedBy) != "us" {
 		t.Errorf("initech at cell us-2: HTTP %d, served by %q: %s", status, h.Get(ingress.ServedBy), raw)
 	}
@@ -215,20 +215,9 @@ func TestARegionOfTwoCells(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hook, _ := http.NewRequest(http.MethodPost, r.a.Cell.URL+"/v1/webhooks/github", bytes.NewReader(body))
-	hook.Header.Set("Content-Type", "application/json")
-	hook.Header.Set("X-GitHub-Event", "pull_request")
-	hook.Header.Set("X-GitHub-Delivery", "d-two-cells")
-	hook.Header.Set("X-Hub-Signature-256", ingress.Sign(deliverySecret, body))
-	resp, err = r.a.HTTP.Do(hook)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wr ingress.WebhookResponse
-	err = json.NewDecoder(resp.Body).Decode(&wr)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusAccepted || wr.WorkID == "" || resp.Header.Get(ingress.ServedBy) != "us-2" {
-		t.Fatalf("a delivery for acme at cell us: HTTP %d (served by %q) %+v %v", resp.StatusCode, resp.Header.Get(ingress.ServedBy), wr, err)
+	status, served, wr := r.deliver(t, body, "d-two-cells")
+	if status != http.StatusAccepted || wr.WorkID == "" || served != "us-2" {
+		t.Fatalf("a delivery for acme at cell us: HTTP %d (served by %q) %+v", status, served, wr)
 	}
 	if nb, na := r.b.Count(t, `SELECT count(*) FROM work WHERE id = $1`, wr.WorkID), r.a.Count(t, `SELECT count(*) FROM work WHERE tenant_id = 'acme'`); nb != 1 || na != 0 {
 		t.Errorf("the delivery's work: %d rows in us-2, %d of acme's in us; want 1 and 0", nb, na)
@@ -249,24 +238,19 @@ func TestARegionOfTwoCells(t *testing.T) {
 			t.Fatalf("cell us does not hold acme's requests while it moves: HTTP %d", status)
 		}
 	}
+	released := make(chan time.Time, 1)
 	go func() {
-		time.Sleep(time.Second)
+		time.Sleep(2 * time.Second)
 		_ = kv.Delete(context.Background(), "moving.acme")
+		released <- time.Now()
 	}()
-	hook, _ = http.NewRequest(http.MethodPost, r.a.Cell.URL+"/v1/webhooks/github", bytes.NewReader(body))
-	hook.Header.Set("Content-Type", "application/json")
-	hook.Header.Set("X-GitHub-Event", "pull_request")
-	hook.Header.Set("X-GitHub-Delivery", "d-two-cells-again")
-	hook.Header.Set("X-Hub-Signature-256", ingress.Sign(deliverySecret, body))
-	resp, err = r.a.HTTP.Do(hook)
-	if err != nil {
-		t.Fatal(err)
+	sent := time.Now()
+	status, _, again := r.deliver(t, body, "d-two-cells-again")
+	if at := <-released; !sent.Before(at) {
+		t.Fatalf("the delivery was sent after the move ended (%s after): it shows nothing of a delivery during a move", sent.Sub(at))
 	}
-	var again ingress.WebhookResponse
-	err = json.NewDecoder(resp.Body).Decode(&again)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK || again.WorkID != wr.WorkID {
-		t.Errorf("the delivery again during a move: HTTP %d %+v %v; want 200 and its work %s", resp.StatusCode, again, err, wr.WorkID)
+	if status != http.StatusOK || again.WorkID != wr.WorkID {
+		t.Errorf("the delivery again during a move: HTTP %d %+v; want 200 and its work %s", status, again, wr.WorkID)
 	}
 	// Usage, too, is read where the tenant's ledger is.
 	status, h, raw = r.get(t, r.a, r.acme, "/v1/usage")
@@ -274,6 +258,27 @@ func TestARegionOfTwoCells(t *testing.T) {
 	if status != http.StatusOK || h.Get(ingress.ServedBy) != "us-2" || json.Unmarshal(raw, &u) != nil || u.Calls < 1 {
 		t.Errorf("acme's usage at cell us: HTTP %d, served by %q: %s; want us-2's, with the accepted work's call", status, h.Get(ingress.ServedBy), raw)
 	}
+}
+
+// deliver sends GitHub delivery id of body, signed, to the first cell,
+// and returns the status, the cell that served it and the answer.
+func (r *region2) deliver(t *testing.T, body []byte, id string) (int, string, ingress.WebhookResponse) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, r.a.Cell.URL+"/v1/webhooks/github", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-GitHub-Event", "pull_request")
+	req.Header.Set("X-GitHub-Delivery", id)
+	req.Header.Set("X-Hub-Signature-256", ingress.Sign(deliverySecret, body))
+	resp, err := r.a.HTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var wr ingress.WebhookResponse
+	if err := json.NewDecoder(resp.Body).Decode(&wr); err != nil {
+		t.Fatalf("delivery %s: HTTP %d, no answer: %v", id, resp.StatusCode, err)
+	}
+	return resp.StatusCode, resp.Header.Get(ingress.ServedBy), wr
 }
 
 // submitRetrying posts req as token to c until it is taken or found (a
