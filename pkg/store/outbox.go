@@ -130,7 +130,11 @@ func (s *Store) DrainOutbox(ctx context.Context, limit int, streams []string, po
 			}
 		}
 		if len(published) > 0 {
-			if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = now() WHERE id = ANY($1)`, published); err != nil {
+			// The time of this statement, not of the transaction's start: the
+			// rows were read by a later statement than the start, and may have
+			// been written after it, so now() could date their publishing
+			// before the work they announce was made.
+			if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = statement_timestamp() WHERE id = ANY($1)`, published); err != nil {
 				return err
 			}
 		}
