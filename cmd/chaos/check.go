@@ -31,7 +31,7 @@ func (h *Harness) quiesce(ctx context.Context, acked []string) (time.Duration, e
 			var o, p, u, a, l int64
 			err := h.pool[region].QueryRow(ctx, `SELECT
 					(SELECT count(*) FROM work WHERE state IN ('queued', 'running')),
-					(SELECT count(*) FROM outbox WHERE published_at IS NULL AND set_aside_at IS NULL),
+					(SELECT count(*) FROM outbox_waiting WHERE set_aside_at IS NULL),
 					(SELECT count(*) FROM attempts WHERE outcome IS NULL),
 					(SELECT count(*) FROM attempts WHERE part IS DISTINCT FROM '*'),
 					(SELECT count(*) FROM ledger)`).Scan(&o, &p, &u, &a, &l)
@@ -507,8 +507,9 @@ func (h *Harness) publications(ctx context.Context, works map[string]*workRow) c
 		if err != nil {
 			var ob string
 			_ = h.pool[w.Region].QueryRow(ctx, `SELECT coalesce(string_agg(format('outbox %s published %s set aside %s tries %s err %s',
-					msg_id, published_at, set_aside_at, tries, last_error), '; '), 'no OUTCOME outbox row')
-				FROM outbox WHERE stream = 'OUTCOME' AND msg_id LIKE $1 || '.%'`, w.ID).Scan(&ob)
+					o.msg_id, o.published_at, q.set_aside_at, q.tries, q.last_error), '; '), 'no OUTCOME outbox row')
+				FROM outbox o LEFT JOIN outbox_waiting q ON q.id = o.id
+				WHERE o.stream = 'OUTCOME' AND o.msg_id LIKE $1 || '.%'`, w.ID).Scan(&ob)
 			last = "no publication row; " + ob
 		}
 		h.note("not published yet: %s (%s, %s): %d tries, %s", w.ID, w.State, w.Region, tries, last)

@@ -396,8 +396,8 @@ func checkOverviewEqualsDatabase(t *testing.T, ctx context.Context, api string, 
 					out[region+"/"+s] = 0
 				}
 			}
-			for k, v := range db.rows(t, ctx, true, `SELECT stream, count(*) FILTER (WHERE `+col+`) FROM outbox
-				WHERE published_at IS NULL AND stream <> 'OUTCOME' GROUP BY 1`) {
+			for k, v := range db.rows(t, ctx, true, `SELECT stream, count(*) FILTER (WHERE `+col+`) FROM outbox_waiting
+				WHERE stream <> 'OUTCOME' GROUP BY 1`) {
 				out[k] = v
 			}
 			return out, nil

@@ -151,7 +151,8 @@ func (h *Harness) strandedNow(ctx context.Context, region string, js jetstream.J
 		WHERE (w.state = 'running' AND w.lease_expires_at < now() - interval '1 second')
 			OR (w.state = 'queued' AND x.head IS NOT NULL
 				AND greatest(w.updated_at, coalesce(w.retry_at, w.updated_at)) < now() - interval '5 seconds'
-				AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = w.id || '.' || w.dispatch AND o.set_aside_at IS NULL
+				AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = w.id || '.' || w.dispatch
+					AND NOT EXISTS (SELECT 1 FROM outbox_waiting q WHERE q.id = o.id AND q.set_aside_at IS NOT NULL)
 					AND (o.published_at IS NULL OR o.published_at >= x.head - interval '1 second')))`, lanes, heads)
 	if err != nil {
 		return nil, err

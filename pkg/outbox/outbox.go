@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -40,14 +41,26 @@ func Msg(ctx context.Context, stream, subject, msgID string, v any) (store.Outbo
 	return store.OutboxMsg{Stream: stream, Subject: subject, MsgID: msgID, Payload: payload, Headers: hm}, nil
 }
 
-// Source is where a relay finds the rows to publish.
+// Source is where a relay finds the rows to publish, and where it marks
+// those it was handed.
 type Source interface {
-	DrainOutbox(ctx context.Context, limit int, streams []string, policy store.SetAsidePolicy,
+	DrainOutbox(ctx context.Context, limit int, streams []string, olderThan time.Duration, policy store.SetAsidePolicy,
 		publish func([]store.OutboxMsg) []store.Sent) (store.Drained, error)
+	MarkPublished(ctx context.Context, sent []store.Published) (int64, error)
 }
 
 // Relay drains the outbox into JetStream: a lifecycle part that publishes
 // every Every, at once when kicked, and once more when it stops.
+//
+// A process that knows which rows its transaction wrote hands them over
+// with Send once it has committed: the relay publishes them at once,
+// without reading them back, and marks them with the others sent since in
+// one statement before its next poll. The poll leaves rows younger than
+// handedGrace to those hand-offs, and still finds every row a hand-off did
+// not publish (the process stopped, the broker refused): the poll is what
+// makes the outbox reliable, a hand-off only makes it fast. A row sent but
+// not yet marked when the process stops is sent again by the poll, and
+// the broker keeps one copy of its id.
 type Relay struct {
 	Store Source
 	JS    jetstream.Publisher
@@ -80,7 +93,24 @@ type Relay struct {
 	ticker   lifecycle.Ticker
 	setAside metric.Int64Counter
 	once     sync.Once
+
+	mu      sync.Mutex
+	handed  []store.OutboxMsg // sent to the relay, not yet published
+	kicked  bool              // a Kick asked for a poll of every waiting row
+	polled  time.Time         // the last poll's start
+	full    bool              // the last poll found a full batch: poll again
+	sent    []store.Published // handed rows the broker took, not yet marked
+	handing atomic.Bool       // Send has been called: the poll leaves young rows to it
+	final   atomic.Bool       // Stop was called: the poll takes every row
 }
+
+// handedGrace is how old a row is before a relay that is handed rows
+// polls for it: time enough for the process that wrote it to hand it over.
+const handedGrace = time.Second
+
+// maxHanded bounds the rows waiting for a hand-off; past it, rows are left
+// to the poll (a broker that does not answer must not grow the process).
+const maxHanded = 10000
 
 // Start runs the relay until Stop.
 func (r *Relay) Start(ctx context.Context) error {
@@ -92,11 +122,91 @@ func (r *Relay) Start(ctx context.Context) error {
 	}
 	t := &r.ticker
 	t.Name, t.Every, t.Final, t.Log = "outbox relay", r.Every, true, r.Log
-	t.Pass = func(ctx context.Context) (bool, error) {
-		n, err := r.Drain(ctx)
-		return n == r.batch(), err
-	}
+	t.Pass = r.pass
 	return t.Start(ctx)
+}
+
+// pass publishes what was handed over, then polls when a poll is due: at
+// a Kick, at the end, or about a period after the last one (a pass the
+// ticker runs on its own). A pass that only a Send asked for does not poll.
+func (r *Relay) pass(ctx context.Context) (bool, error) {
+	r.mu.Lock()
+	handed, kicked := r.handed, r.kicked
+	if len(handed) > r.batch()*4 {
+		handed = handed[:r.batch()*4]
+	}
+	r.handed, r.kicked = r.handed[len(handed):], false
+	r.mu.Unlock()
+	if len(handed) > 0 {
+		r.sendHanded(ctx, handed)
+	}
+	final := r.final.Load()
+	due := kicked || final || r.full || time.Since(r.polled) >= r.Every/2
+	if due || len(r.sent) >= r.batch()*4 {
+		r.mark(ctx)
+	}
+	if !due {
+		return r.waiting(), nil
+	}
+	r.polled = time.Now()
+	var olderThan time.Duration
+	if !kicked && !final && r.handing.Load() {
+		olderThan = handedGrace
+	}
+	n, err := r.drain(ctx, olderThan)
+	r.full = err == nil && n == r.batch()
+	return r.full || r.waiting(), err
+}
+
+// waiting says rows were handed over that no pass has taken yet.
+func (r *Relay) waiting() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.handed) > 0
+}
+
+// Send hands over rows that a transaction of this process wrote and has
+// committed, to be published at once without being read back. Rows the
+// relay cannot publish now stay in the outbox for its poll.
+func (r *Relay) Send(msgs ...store.OutboxMsg) {
+	if len(msgs) == 0 {
+		return
+	}
+	r.handing.Store(true)
+	r.mu.Lock()
+	if len(r.handed)+len(msgs) <= maxHanded {
+		r.handed = append(r.handed, msgs...)
+	}
+	r.mu.Unlock()
+	r.ticker.Kick()
+}
+
+// sendHanded publishes handed rows and keeps those the broker took to be
+// marked. What it does not publish is the poll's.
+func (r *Relay) sendHanded(ctx context.Context, msgs []store.OutboxMsg) {
+	sent, stopped := r.publishAll(ctx, msgs)
+	now, published := time.Now(), 0
+	for i, s := range sent {
+		if s.Err == nil {
+			r.sent = append(r.sent, store.Published{Stream: msgs[i].Stream, MsgID: msgs[i].MsgID, At: now})
+			published++
+		}
+	}
+	if published < len(msgs) {
+		r.Log.Debug("outbox: handed rows not published; left to the poll", "rows", len(msgs)-published, "stopped", stopped)
+	}
+}
+
+// mark marks the handed rows sent since the last mark, in one statement.
+func (r *Relay) mark(ctx context.Context) {
+	if len(r.sent) == 0 {
+		return
+	}
+	if _, err := r.Store.MarkPublished(ctx, r.sent); err != nil {
+		r.Log.Warn("outbox: handed rows published but not marked; the poll publishes them again, and the broker keeps one copy",
+			"rows", len(r.sent), "err", err)
+	}
+	r.sent = r.sent[:0]
 }
 
 func (r *Relay) init() (err error) {
@@ -127,10 +237,19 @@ func (r *Relay) labels(stream string) metric.MeasurementOption {
 }
 
 // Kick asks for a drain now, e.g. right after a commit that wrote rows.
-func (r *Relay) Kick() { r.ticker.Kick() }
+func (r *Relay) Kick() {
+	r.mu.Lock()
+	r.kicked = true
+	r.mu.Unlock()
+	r.ticker.Kick()
+}
 
-// Stop ends the relay after one last drain and waits for it. Idempotent.
-func (r *Relay) Stop(ctx context.Context) { r.ticker.Stop(ctx) }
+// Stop ends the relay after one last drain, of every waiting row, and
+// waits for it. Idempotent.
+func (r *Relay) Stop(ctx context.Context) {
+	r.final.Store(true)
+	r.ticker.Stop(ctx)
+}
 
 func (r *Relay) batch() int {
 	if r.Batch <= 0 {
@@ -145,12 +264,14 @@ var errTooLarge = errors.New("larger than the broker's max payload")
 // Drain publishes one batch and returns how many rows it handled
 // (published, failed or set aside). It stops early, without counting a
 // try, when the broker is unreachable.
-func (r *Relay) Drain(ctx context.Context) (int, error) {
+func (r *Relay) Drain(ctx context.Context) (int, error) { return r.drain(ctx, 0) }
+
+func (r *Relay) drain(ctx context.Context, olderThan time.Duration) (int, error) {
 	if err := r.init(); err != nil {
 		return 0, err
 	}
 	var stopped error
-	d, err := r.Store.DrainOutbox(ctx, r.batch(), r.Streams, r.SetAside, func(msgs []store.OutboxMsg) []store.Sent {
+	d, err := r.Store.DrainOutbox(ctx, r.batch(), r.Streams, olderThan, r.SetAside, func(msgs []store.OutboxMsg) []store.Sent {
 		sent, why := r.publishAll(ctx, msgs)
 		stopped = why
 		return sent
@@ -307,3 +428,35 @@ func headerBytes(h nats.Header) int {
 	}
 	return n + len(jetstream.MsgIDHeader) + 64
 }
+
+// Kept gathers the rows a store call's announce function makes, so that
+// they can be handed to Send once the call has committed what it
+// announced. A message made twice (a call that announces again with more)
+// is kept once.
+type Kept struct {
+	msgs []store.OutboxMsg
+	seen map[[2]string]bool
+}
+
+// Keep wraps announce to keep what it makes.
+func Keep[T any](k *Kept, announce func(T) ([]store.OutboxMsg, error)) func(T) ([]store.OutboxMsg, error) {
+	return func(v T) ([]store.OutboxMsg, error) {
+		msgs, err := announce(v)
+		if err != nil {
+			return msgs, err
+		}
+		if k.seen == nil {
+			k.seen = map[[2]string]bool{}
+		}
+		for _, m := range msgs {
+			if key := [2]string{m.Stream, m.MsgID}; !k.seen[key] {
+				k.seen[key] = true
+				k.msgs = append(k.msgs, m)
+			}
+		}
+		return msgs, nil
+	}
+}
+
+// Msgs are the rows kept.
+func (k *Kept) Msgs() []store.OutboxMsg { return k.msgs }

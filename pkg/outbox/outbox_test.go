@@ -343,3 +343,150 @@ func TestRelayOutlivesItsStartContext(t *testing.T) {
 	}
 	relay.Stop(b.ctx)
 }
+
+// Rows handed over are published without a poll: the relay polls once an
+// hour here, and a row written but not handed stays where it is. They are
+// marked, dated when the broker took them, before the next poll, which
+// then sends only what the hand-off did not: the row not handed over, and
+// one larger than the broker takes, which it tries and sets aside.
+func TestSendPublishesHandedRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Streams: streams, Every: time.Hour,
+		MaxPayload: b.js.Conn().MaxPayload()}
+	if err := relay.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Stop(context.Background()) })
+	// Every message sent to the subject, copies the stream drops included.
+	copies, err := b.js.Conn().SubscribeSync(names.Work(event.Batch, "acme"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = copies.Unsubscribe() })
+
+	var handed []store.OutboxMsg
+	for i := range 30 {
+		handed = append(handed, workMsg(t, b.ctx, fmt.Sprintf("w_%d", i), 1))
+	}
+	huge := workMsg(t, b.ctx, "w_huge", 1)
+	huge.Payload = []byte(`{"workId":"` + strings.Repeat("x", 2<<20) + `"}`)
+	unhanded := workMsg(t, b.ctx, "w_unhanded", 1)
+	b.write(t, append(handed, huge, unhanded)...)
+	relay.Send(handed[:10]...)
+	relay.Send(append(handed[10:], huge)...)
+	relay.Send(handed[0]) // handed twice: stored once
+	deadline := time.Now().Add(10 * time.Second)
+	for b.streamMsgs(t) != 30 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stream holds %d messages 10s after 30 were handed over", b.streamMsgs(t))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	relay.Kick()
+	for b.pending(t) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rows pending after a kick, want 0", b.pending(t))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := b.streamMsgs(t); got != 31 {
+		t.Fatalf("stream holds %d messages after the poll, want 31", got)
+	}
+	sent := map[string]int{}
+	for {
+		m, err := copies.NextMsg(500 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		sent[m.Header.Get(jetstream.MsgIDHeader)]++
+	}
+	for i, m := range append(handed, unhanded) {
+		if want := map[bool]int{true: 2, false: 1}[i == 0]; sent[m.MsgID] != want {
+			t.Fatalf("%s was sent %d times, want %d: the poll sends only what no hand-off did (%v)", m.MsgID, sent[m.MsgID], want, sent)
+		}
+	}
+	if len(sent) != 31 {
+		t.Fatalf("%d distinct messages sent, want 31", len(sent))
+	}
+	var early int
+	if err := b.db.QueryRow(b.ctx, `SELECT count(*) FROM outbox WHERE published_at < created_at`).Scan(&early); err != nil || early != 0 {
+		t.Fatalf("%d rows dated published before they were written (%v)", early, err)
+	}
+	aside, err := b.store.SetAsideRows(b.ctx, 10)
+	if err != nil || len(aside) != 1 || aside[0].MsgID != huge.MsgID || aside[0].Tries != 1 {
+		t.Fatalf("set-aside rows %+v, %v: want the oversize row, tried once by the poll", aside, err)
+	}
+}
+
+// A relay that is handed rows leaves rows younger than a second to the
+// hand-offs in its timed polls, and takes them after that: a process that
+// wrote a row and stopped before handing it over loses nothing.
+func TestPollTakesRowsNobodyHandedOver(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Streams: streams, Every: 20 * time.Millisecond}
+	if err := relay.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Stop(context.Background()) })
+	first := workMsg(t, b.ctx, "w_first", 1)
+	b.write(t, first)
+	relay.Send(first)
+	deadline := time.Now().Add(10 * time.Second)
+	for b.pending(t) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the handed row was not published")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	var written time.Time
+	orphan := workMsg(t, b.ctx, "w_orphan", 1)
+	if err := pgx.BeginFunc(b.ctx, b.db, func(tx pgx.Tx) error {
+		if err := insertRows(b.ctx, tx, []store.OutboxMsg{orphan}); err != nil {
+			return err
+		}
+		return tx.QueryRow(b.ctx, `SELECT now()`).Scan(&written)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var publishedAt time.Time
+	for {
+		err := b.db.QueryRow(b.ctx, `SELECT published_at FROM outbox WHERE msg_id = $1 AND published_at IS NOT NULL`,
+			orphan.MsgID).Scan(&publishedAt)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a row nobody handed over is still pending after 10s: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if age := publishedAt.Sub(written); age < time.Second {
+		t.Fatalf("the timed poll took a row %s old, want it left to the hand-off for a second", age)
+	}
+	if got := b.streamMsgs(t); got != 2 {
+		t.Fatalf("stream holds %d messages, want 2", got)
+	}
+}
+
+func TestKeepKeepsEachMessageOnce(t *testing.T) {
+	a, c := store.OutboxMsg{Stream: "WORK", MsgID: "a"}, store.OutboxMsg{Stream: "WORK", MsgID: "c"}
+	var k outbox.Kept
+	f := outbox.Keep(&k, func(n int) ([]store.OutboxMsg, error) {
+		if n == 1 {
+			return []store.OutboxMsg{a}, nil
+		}
+		if n == 2 {
+			return []store.OutboxMsg{a, c}, nil
+		}
+		return []store.OutboxMsg{{Stream: "WORK", MsgID: "lost"}}, fmt.Errorf("refused")
+	})
+	for n := range 4 {
+		_, _ = f(n)
+	}
+	if got := k.Msgs(); len(got) != 2 || got[0].MsgID != "a" || got[1].MsgID != "c" {
+		t.Fatalf("kept %+v, want a and c once each, nothing from a refused call", got)
+	}
+}

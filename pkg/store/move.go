@@ -74,7 +74,7 @@ func (u Unsettled) String() string {
 // and OUTCOME events back from the outbox. An outcome published longer ago
 // without a publication is one nothing will publish any more, so it does
 // not hold a tenant's move either; the bound also keeps that count on the
-// outbox's index of published rows rather than on every row it retains.
+// outbox's index of when rows were written rather than on every row it retains.
 const ReadBackHorizon = time.Hour
 
 // TenantUnsettled counts what this cell still does for tenant.
@@ -82,13 +82,15 @@ func (s *Store) TenantUnsettled(ctx context.Context, tenant string) (Unsettled, 
 	var u Unsettled
 	err := s.pool.QueryRow(ctx, `SELECT
 			(SELECT count(*) FROM work WHERE tenant_id = $1 AND state IN ('queued', 'running')),
-			(SELECT count(*) FROM outbox WHERE published_at IS NULL AND set_aside_at IS NULL AND subject LIKE '%.' || $1),
+			(SELECT count(*) FROM outbox_waiting q JOIN outbox o ON o.id = q.id
+				WHERE q.set_aside_at IS NULL AND o.subject LIKE '%.' || $1),
 			(SELECT count(*) FROM attempts a WHERE a.tenant_id = $1 AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = a.id)
 				AND (a.outcome IS NULL OR EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = a.id::text))),
 			(SELECT count(*) FROM budget_reservations WHERE tenant_id = $1 AND settled_at IS NULL),
 			(SELECT count(*) FROM work WHERE tenant_id = $1 AND state NOT IN ('queued', 'running') AND outcome_announced_at IS NULL),
 			(SELECT count(*) FROM outbox o JOIN work w ON w.id = split_part(o.msg_id, '.', 1)
-				WHERE o.stream = 'OUTCOME' AND o.published_at > now() - $2 * interval '1 microsecond' AND w.tenant_id = $1
+				WHERE o.stream = 'OUTCOME' AND o.created_at > now() - $2 * interval '1 microsecond' AND o.published_at IS NOT NULL
+					AND w.tenant_id = $1
 					AND `+publishable+`
 					AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2))),
 			(SELECT count(*) FROM publications WHERE tenant_id = $1 AND state = 'pending')`, tenant, interval(ReadBackHorizon)).

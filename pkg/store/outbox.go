@@ -79,22 +79,25 @@ type FailedMsg struct {
 	Err   string
 }
 
-// DrainOutbox locks up to limit pending rows of the given streams and hands
-// them to publish in order, in one transaction. publish answers for each
+// DrainOutbox locks up to limit pending rows of the given streams, written
+// at least olderThan ago, and hands them to publish in order, in one
+// transaction. publish answers for each
 // row it tried, in order; a shorter answer means it stopped (the broker is
 // unreachable) and the rest wait untouched. Published rows are marked;
 // a failed row counts a try and, past the policy, is set aside, and the
 // rows after it still go out. Several relays can run at once: locked rows
 // are skipped.
-func (s *Store) DrainOutbox(ctx context.Context, limit int, streams []string, policy SetAsidePolicy,
+func (s *Store) DrainOutbox(ctx context.Context, limit int, streams []string, olderThan time.Duration, policy SetAsidePolicy,
 	publish func([]OutboxMsg) []Sent) (Drained, error) {
 	policy = policy.withDefaults()
 	var d Drained
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		d = Drained{}
-		rows, err := tx.Query(ctx, `SELECT id, stream, subject, msg_id, payload, headers FROM outbox
-			WHERE published_at IS NULL AND set_aside_at IS NULL AND stream = ANY($2)
-			ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, limit, streams)
+		rows, err := tx.Query(ctx, `SELECT o.id, o.stream, o.subject, o.msg_id, o.payload, o.headers
+			FROM outbox_waiting q JOIN outbox o ON o.id = q.id
+			WHERE q.set_aside_at IS NULL AND q.stream = ANY($2)
+				AND ($3 = 0 OR o.created_at <= now() - $3 * interval '1 microsecond')
+			ORDER BY q.id LIMIT $1 FOR UPDATE OF q SKIP LOCKED`, limit, streams, interval(olderThan))
 		if err != nil {
 			return err
 		}
@@ -115,7 +118,7 @@ func (s *Store) DrainOutbox(ctx context.Context, limit int, streams []string, po
 			}
 			f := FailedMsg{OutboxMsg: msgs[i], Err: Text(r.Err.Error())}
 			var aside bool
-			if err := tx.QueryRow(ctx, `UPDATE outbox SET tries = tries + 1, last_error = $2,
+			if err := tx.QueryRow(ctx, `UPDATE outbox_waiting SET tries = tries + 1, last_error = $2,
 					first_failed_at = coalesce(first_failed_at, now()),
 					set_aside_at = CASE WHEN $3 OR (tries + 1 >= $4 AND coalesce(first_failed_at, now()) <= now() - $5 * interval '1 microsecond')
 						THEN now() END
@@ -134,7 +137,8 @@ func (s *Store) DrainOutbox(ctx context.Context, limit int, streams []string, po
 			// rows were read by a later statement than the start, and may have
 			// been written after it, so now() could date their publishing
 			// before the work they announce was made.
-			if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = statement_timestamp() WHERE id = ANY($1)`, published); err != nil {
+			if _, err := tx.Exec(ctx, `WITH sent AS (DELETE FROM outbox_waiting WHERE id = ANY($1) RETURNING id)
+				UPDATE outbox SET published_at = statement_timestamp() WHERE id IN (SELECT id FROM sent)`, published); err != nil {
 				return err
 			}
 		}
@@ -145,6 +149,39 @@ func (s *Store) DrainOutbox(ctx context.Context, limit int, streams []string, po
 		return Drained{}, fmt.Errorf("store: drain outbox: %w", err)
 	}
 	return d, nil
+}
+
+// Published is an outbox row sent without being read back, named by its
+// stream and message id (one message to the broker, which keeps one copy
+// of each id), and when the broker took it.
+type Published struct {
+	Stream, MsgID string
+	At            time.Time
+}
+
+// MarkPublished marks rows published that a relay was handed by the
+// process that wrote them; a row is dated when the broker took it, never
+// before it was written. A row marked already stays as it is. It returns
+// how many rows it marked.
+func (s *Store) MarkPublished(ctx context.Context, sent []Published) (int64, error) {
+	streams, ids, at := make([]string, len(sent)), make([]string, len(sent)), make([]time.Time, len(sent))
+	for i, p := range sent {
+		streams[i], ids[i], at[i] = p.Stream, p.MsgID, p.At
+	}
+	// Its wait ends first, then the row is dated: the order in which a
+	// drain takes the two, so neither waits for the other in a cycle.
+	tag, err := s.pool.Exec(ctx, `WITH m AS (
+			SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS m(stream, msg_id, at)
+		), sent AS (
+			DELETE FROM outbox_waiting q USING outbox o, m
+			WHERE o.msg_id = ANY($2) AND o.msg_id = m.msg_id AND o.stream = m.stream AND q.id = o.id
+			RETURNING q.id, m.at
+		)
+		UPDATE outbox o SET published_at = greatest(sent.at, o.created_at) FROM sent WHERE o.id = sent.id`, streams, ids, at)
+	if err != nil {
+		return 0, fmt.Errorf("store: mark outbox rows published: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // SetAsideRow is a set-aside outbox row as the operator sees it.
@@ -162,9 +199,9 @@ type SetAsideRow struct {
 
 // SetAsideRows lists up to limit set-aside rows, oldest first.
 func (s *Store) SetAsideRows(ctx context.Context, limit int) ([]SetAsideRow, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, stream, subject, msg_id, length(payload), tries, coalesce(last_error, ''),
-			created_at, set_aside_at
-		FROM outbox WHERE set_aside_at IS NOT NULL AND published_at IS NULL ORDER BY id LIMIT $1`, limit)
+	rows, err := s.pool.Query(ctx, `SELECT o.id, o.stream, o.subject, o.msg_id, length(o.payload), q.tries, coalesce(q.last_error, ''),
+			o.created_at, q.set_aside_at
+		FROM outbox_waiting q JOIN outbox o ON o.id = q.id WHERE q.set_aside_at IS NOT NULL ORDER BY q.id LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: set-aside rows: %w", err)
 	}
@@ -179,8 +216,8 @@ func (s *Store) SetAsideRows(ctx context.Context, limit int) ([]SetAsideRow, err
 // cleared: the ids given, or every one when ids is empty. It returns how
 // many it put back.
 func (s *Store) RetrySetAside(ctx context.Context, ids []int64) (int64, error) {
-	tag, err := s.pool.Exec(ctx, `UPDATE outbox SET set_aside_at = NULL, tries = 0, first_failed_at = NULL
-		WHERE set_aside_at IS NOT NULL AND published_at IS NULL AND (coalesce(cardinality($1::bigint[]), 0) = 0 OR id = ANY($1))`, ids)
+	tag, err := s.pool.Exec(ctx, `UPDATE outbox_waiting SET set_aside_at = NULL, tries = 0, first_failed_at = NULL
+		WHERE set_aside_at IS NOT NULL AND (coalesce(cardinality($1::bigint[]), 0) = 0 OR id = ANY($1))`, ids)
 	if err != nil {
 		return 0, fmt.Errorf("store: retry set-aside rows: %w", err)
 	}
@@ -190,7 +227,7 @@ func (s *Store) RetrySetAside(ctx context.Context, ids []int64) (int64, error) {
 // PendingOutbox counts unpublished messages.
 func (s *Store) PendingOutbox(ctx context.Context) (int, error) {
 	var n int
-	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL AND set_aside_at IS NULL`).Scan(&n)
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_waiting WHERE set_aside_at IS NULL`).Scan(&n)
 	return n, err
 }
 
@@ -222,8 +259,17 @@ func (s *Store) Purge(ctx context.Context, r Retention) (Purged, error) {
 		sql string
 		age time.Duration
 	}{
-		{&p.Outbox, `DELETE FROM outbox WHERE id IN (SELECT id FROM outbox
-			WHERE published_at < now() - $1 * interval '1 microsecond' ORDER BY published_at LIMIT $2)`, r.Outbox},
+		// Stream by stream through the index of when rows were written: a
+		// row published before the cut was written before it too.
+		{&p.Outbox, `WITH RECURSIVE kinds AS (
+				SELECT min(stream) AS stream FROM outbox
+				UNION ALL
+				SELECT (SELECT min(stream) FROM outbox WHERE stream > kinds.stream) FROM kinds WHERE kinds.stream IS NOT NULL
+			)
+			DELETE FROM outbox WHERE id IN (SELECT old.id FROM kinds, LATERAL (
+				SELECT id FROM outbox o WHERE o.stream = kinds.stream AND o.created_at < now() - $1 * interval '1 microsecond'
+					AND o.published_at < now() - $1 * interval '1 microsecond'
+				ORDER BY o.created_at LIMIT $2) old LIMIT $2)`, r.Outbox},
 		{&p.Answers, `UPDATE attempts SET raw_response = NULL WHERE id IN (SELECT a.id FROM attempts a JOIN work w ON w.id = a.work_id
 			WHERE a.raw_response IS NOT NULL AND w.state NOT IN ('queued', 'running')
 				AND w.updated_at < now() - $1 * interval '1 microsecond' LIMIT $2)`, r.Data},

@@ -697,7 +697,7 @@ const publishable = `((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/
 				OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))`
 
 // UnpublishedOutcomes reads back from the outbox up to limit OUTCOME events
-// published between grace and horizon ago whose work is still in that
+// written within horizon and published more than grace ago whose work is still in that
 // outcome and for which the publisher recorded nothing: events the broker
 // lost (a person's reviewed answer among them). Only work something may
 // be published for is read: code reviews of
@@ -713,11 +713,11 @@ func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Dur
 		LEFT JOIN reviews v ON v.work_id = w.id AND v.output IS NOT NULL
 		WHERE o.stream = 'OUTCOME'
 			AND split_part(o.msg_id, '.', 2) = CASE WHEN v.work_id IS NULL THEN w.state ELSE 'reviewed' END
+			AND o.created_at > now() - $2 * interval '1 microsecond'
 			AND o.published_at < now() - $1 * interval '1 microsecond'
-			AND o.published_at > now() - $2 * interval '1 microsecond'
 			AND `+publishable+`
 			AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2))
-		ORDER BY o.published_at LIMIT $3`, interval(grace), interval(horizon), limit)
+		ORDER BY o.created_at LIMIT $3`, interval(grace), interval(horizon), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: unpublished outcomes: %w", err)
 	}

@@ -75,18 +75,18 @@ func (s *Store) DeadAttempts(ctx context.Context, grace time.Duration, limit int
 }
 
 // UnrecordedEvents returns the payloads of up to limit events of the
-// given stream (the cell's ATTEMPT events) that were published between
-// horizon and grace ago and whose attempt has no ledger row: events the
+// given stream (the cell's ATTEMPT events) written within horizon and
+// published more than grace ago whose attempt has no ledger row: events the
 // broker acknowledged and then lost (a purged stream, a store lost with its
 // node), or that nobody consumed. Such events carry their attempt id as
 // their message id.
 func (s *Store) UnrecordedEvents(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error) {
 	rows, err := s.pool.Query(ctx, `SELECT o.payload FROM outbox o
 		WHERE o.stream = $1
+			AND o.created_at > now() - $3 * interval '1 microsecond'
 			AND o.published_at < now() - $2 * interval '1 microsecond'
-			AND o.published_at > now() - $3 * interval '1 microsecond'
 			AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = o.msg_id::uuid)
-		ORDER BY o.published_at LIMIT $4`,
+		ORDER BY o.created_at LIMIT $4`,
 		stream, interval(grace), interval(horizon), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: unrecorded events: %w", err)
@@ -123,7 +123,8 @@ func (s *Store) ReleaseOrphanReservations(ctx context.Context, grace time.Durati
 }
 
 // UncommittedResults returns the payloads of up to limit RESULT events of
-// the given stream published between horizon and grace ago whose answer
+// the given stream written within horizon and published more than grace
+// ago whose answer
 // still waits for its verdict: the attempt handed its work to the
 // committer, holds the lease, and the work has no outcome. These are events
 // the broker acknowledged and then lost; without them the work would wait
@@ -133,11 +134,11 @@ func (s *Store) UncommittedResults(ctx context.Context, stream string, grace, ho
 		JOIN attempts a ON a.id = o.msg_id::uuid
 		JOIN work w ON w.id = a.work_id
 		WHERE o.stream = $1
+			AND o.created_at > now() - $3 * interval '1 microsecond'
 			AND o.published_at < now() - $2 * interval '1 microsecond'
-			AND o.published_at > now() - $3 * interval '1 microsecond'
 			AND a.outcome IN ('ok', 'invalid_output')
 			AND w.state = 'running' AND w.lease_token = a.lease_token
-		ORDER BY o.published_at LIMIT $4`,
+		ORDER BY o.created_at LIMIT $4`,
 		stream, interval(grace), interval(horizon), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: uncommitted results: %w", err)

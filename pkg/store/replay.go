@@ -125,7 +125,7 @@ type OutboxRow struct {
 // outbox retention are gone.
 func (s *Store) OutboxOf(ctx context.Context, workID string) ([]OutboxRow, error) {
 	rows, err := s.pool.Query(ctx, `SELECT o.id, o.stream, o.subject, o.msg_id, o.created_at, o.published_at,
-			o.set_aside_at IS NOT NULL
+			EXISTS (SELECT 1 FROM outbox_waiting q WHERE q.id = o.id AND q.set_aside_at IS NOT NULL)
 		FROM outbox o
 		WHERE o.msg_id LIKE replace(replace($1, '%', '\%'), '_', '\_') || '.%'
 			OR o.msg_id LIKE 'cancel.' || replace(replace($1, '%', '\%'), '_', '\_') || '.%'

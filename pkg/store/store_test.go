@@ -571,13 +571,13 @@ func TestDrainOutbox(t *testing.T) {
 	work := []string{"WORK"}
 	ok := func(msgs []store.OutboxMsg) []store.Sent { return make([]store.Sent, len(msgs)) }
 	// The broker is unreachable before the first row: nothing is touched.
-	d, err := s.DrainOutbox(ctx, 10, work, store.SetAsidePolicy{}, func([]store.OutboxMsg) []store.Sent { return nil })
+	d, err := s.DrainOutbox(ctx, 10, work, 0, store.SetAsidePolicy{}, func([]store.OutboxMsg) []store.Sent { return nil })
 	if err != nil || d.Published != 0 || len(d.Failed) != 0 {
 		t.Fatalf("drain publishing nothing: %+v %v", d, err)
 	}
 
 	var seen []store.OutboxMsg
-	d, err = s.DrainOutbox(ctx, 10, work, store.SetAsidePolicy{}, func(msgs []store.OutboxMsg) []store.Sent {
+	d, err = s.DrainOutbox(ctx, 10, work, 0, store.SetAsidePolicy{}, func(msgs []store.OutboxMsg) []store.Sent {
 		seen = msgs
 		return make([]store.Sent, 2) // then the broker went away
 	})
@@ -612,7 +612,7 @@ func TestDrainOutbox(t *testing.T) {
 		t.Fatalf("backlog = %+v, %v; want WORK 3 waiting since a while, none set aside, RESULT empty", b, err)
 	}
 
-	d, err = s.DrainOutbox(ctx, 2, work, store.SetAsidePolicy{}, func(msgs []store.OutboxMsg) []store.Sent {
+	d, err = s.DrainOutbox(ctx, 2, work, 0, store.SetAsidePolicy{}, func(msgs []store.OutboxMsg) []store.Sent {
 		if len(msgs) != 2 || msgs[0].MsgID != "m2" {
 			t.Errorf("got %d messages starting %q, want 2 starting m2", len(msgs), msgs[0].MsgID)
 		}
@@ -621,10 +621,10 @@ func TestDrainOutbox(t *testing.T) {
 	if err != nil || d.Published != 2 {
 		t.Fatalf("limited drain: %+v %v", d, err)
 	}
-	if d, err = s.DrainOutbox(ctx, 10, work, store.SetAsidePolicy{}, ok); err != nil || d.Published != 1 {
+	if d, err = s.DrainOutbox(ctx, 10, work, 0, store.SetAsidePolicy{}, ok); err != nil || d.Published != 1 {
 		t.Fatalf("final drain: %+v %v, want 1", d, err)
 	}
-	d, err = s.DrainOutbox(ctx, 10, work, store.SetAsidePolicy{}, func(msgs []store.OutboxMsg) []store.Sent {
+	d, err = s.DrainOutbox(ctx, 10, work, 0, store.SetAsidePolicy{}, func(msgs []store.OutboxMsg) []store.Sent {
 		t.Error("publish called with nothing pending")
 		return nil
 	})
@@ -639,6 +639,40 @@ func TestDrainOutbox(t *testing.T) {
 // A row that fails to publish counts a try and is set aside past the
 // policy (at once when the failure is permanent); the rows after it still
 // go out; an operator's retry puts it back.
+// MarkPublished marks the rows of the stream and message ids it is given
+// that are still waiting, and nothing else.
+func TestMarkPublished(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	msg := func(stream, id string) store.OutboxMsg {
+		return store.OutboxMsg{Stream: stream, Subject: "assay.us." + strings.ToLower(stream) + ".acme", MsgID: id, Payload: []byte(`{}`)}
+	}
+	rows := []store.OutboxMsg{msg("WORK", "m1"), msg("WORK", "m2"), msg("RESULT", "m1"), msg("WORK", "m3")}
+	if err := store.InsertOutbox(ctx, s, rows); err != nil {
+		t.Fatal(err)
+	}
+	long := time.Now().Add(-time.Hour) // before the rows were written
+	sent := []store.Published{{Stream: "WORK", MsgID: "m1", At: long}, {Stream: "WORK", MsgID: "m2", At: time.Now()},
+		{Stream: "WORK", MsgID: "nowhere", At: time.Now()}}
+	n, err := s.MarkPublished(ctx, sent)
+	if err != nil || n != 2 {
+		t.Fatalf("marked %d, %v; want WORK m1 and m2", n, err)
+	}
+	if n, err = s.MarkPublished(ctx, sent); err != nil || n != 0 {
+		t.Fatalf("marked %d again, %v; want 0", n, err)
+	}
+	var early int
+	if err := store.Pool(s).QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at < created_at`).Scan(&early); err != nil || early != 0 {
+		t.Fatalf("%d rows dated published before they were written, %v", early, err)
+	}
+	d, err := s.DrainOutbox(ctx, 10, []string{"WORK", "RESULT"}, 0, store.SetAsidePolicy{}, func(msgs []store.OutboxMsg) []store.Sent {
+		return make([]store.Sent, len(msgs))
+	})
+	if err != nil || d.Published != 2 {
+		t.Fatalf("drained %d, %v; want the RESULT m1 and WORK m3 rows that were not marked", d.Published, err)
+	}
+}
+
 func TestDrainOutboxSetsPoisonAside(t *testing.T) {
 	t.Parallel()
 	s, ctx := setup(t)
@@ -662,12 +696,12 @@ func TestDrainOutboxSetsPoisonAside(t *testing.T) {
 		return out
 	}
 	policy := store.SetAsidePolicy{MaxTries: 2, Grace: -1}
-	d, err := s.DrainOutbox(ctx, 10, []string{"WORK"}, policy, publish)
+	d, err := s.DrainOutbox(ctx, 10, []string{"WORK"}, 0, policy, publish)
 	if err != nil || d.Published != 2 || len(d.SetAside) != 1 || d.SetAside[0].MsgID != "huge" ||
 		len(d.Failed) != 1 || d.Failed[0].MsgID != "nowhere" || d.Failed[0].Tries != 1 {
 		t.Fatalf("first drain: %+v %v", d, err)
 	}
-	d, err = s.DrainOutbox(ctx, 10, []string{"WORK"}, policy, publish)
+	d, err = s.DrainOutbox(ctx, 10, []string{"WORK"}, 0, policy, publish)
 	if err != nil || len(d.SetAside) != 1 || d.SetAside[0].MsgID != "nowhere" || d.SetAside[0].Tries != 2 ||
 		!strings.Contains(d.SetAside[0].Err, "no stream") {
 		t.Fatalf("second drain: %+v %v", d, err)
@@ -685,7 +719,7 @@ func TestDrainOutboxSetsPoisonAside(t *testing.T) {
 	if n, err := s.RetrySetAside(ctx, []int64{aside[1].ID}); err != nil || n != 1 {
 		t.Fatalf("retry one: %d %v", n, err)
 	}
-	d, err = s.DrainOutbox(ctx, 10, []string{"WORK"}, policy, func(msgs []store.OutboxMsg) []store.Sent {
+	d, err = s.DrainOutbox(ctx, 10, []string{"WORK"}, 0, policy, func(msgs []store.OutboxMsg) []store.Sent {
 		return make([]store.Sent, len(msgs))
 	})
 	if err != nil || d.Published != 1 {
@@ -706,7 +740,7 @@ func TestDrainOutboxGraceKeepsRowsInTheQueue(t *testing.T) {
 	}
 	fail := func(msgs []store.OutboxMsg) []store.Sent { return []store.Sent{{Err: errors.New("no ack")}} }
 	for range 5 {
-		d, err := s.DrainOutbox(ctx, 10, []string{"WORK"}, store.SetAsidePolicy{MaxTries: 2, Grace: time.Hour}, fail)
+		d, err := s.DrainOutbox(ctx, 10, []string{"WORK"}, 0, store.SetAsidePolicy{MaxTries: 2, Grace: time.Hour}, fail)
 		if err != nil || len(d.SetAside) != 0 || len(d.Failed) != 1 {
 			t.Fatalf("%+v %v", d, err)
 		}
@@ -878,7 +912,7 @@ func TestPurge(t *testing.T) {
 		updated_at = now() - interval '40 days' WHERE id = $1`, done.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(ctx, `UPDATE outbox SET published_at = now() - interval '2 days'`); err != nil {
+	if _, err := db.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '2 days', published_at = now() - interval '2 days'`); err != nil {
 		t.Fatal(err)
 	}
 	p, err := s.Purge(ctx, store.Retention{Outbox: 24 * time.Hour, Data: 30 * 24 * time.Hour, Limit: 100})

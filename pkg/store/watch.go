@@ -93,10 +93,10 @@ type OutboxBacklog struct {
 func (s *Store) Outbox(ctx context.Context) (map[string]OutboxBacklog, error) {
 	// Waiting and set-aside rows apart, each through its own partial index.
 	rows, err := s.pool.Query(ctx, `SELECT stream, sum(pending)::bigint, max(oldest)::float8, sum(aside)::bigint FROM (
-			SELECT stream, count(*) AS pending, coalesce(extract(epoch FROM now() - min(created_at)), 0) AS oldest, 0 AS aside
-			FROM outbox WHERE published_at IS NULL AND set_aside_at IS NULL GROUP BY stream
+			SELECT q.stream, count(*) AS pending, coalesce(extract(epoch FROM now() - min(o.created_at)), 0) AS oldest, 0 AS aside
+			FROM outbox_waiting q JOIN outbox o ON o.id = q.id WHERE q.set_aside_at IS NULL GROUP BY q.stream
 			UNION ALL
-			SELECT stream, 0, 0, count(*) FROM outbox WHERE published_at IS NULL AND set_aside_at IS NOT NULL GROUP BY stream
+			SELECT stream, 0, 0, count(*) FROM outbox_waiting WHERE set_aside_at IS NOT NULL GROUP BY stream
 		) o GROUP BY stream`)
 	if err != nil {
 		return nil, fmt.Errorf("store: outbox backlog: %w", err)

@@ -58,7 +58,7 @@ func TestWatchSamples(t *testing.T) {
 	if w.Pending != 2 || w.SetAside != 0 || w.Oldest < 40*time.Second || w.Oldest > 50*time.Second {
 		t.Errorf("WORK backlog = %+v, want 2 pending, the oldest about 40s, none set aside", w)
 	}
-	if _, err := store.Pool(s).Exec(ctx, `UPDATE outbox SET set_aside_at = now() WHERE id = (SELECT min(id) FROM outbox)`); err != nil {
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE outbox_waiting SET set_aside_at = now() WHERE id = (SELECT min(id) FROM outbox_waiting)`); err != nil {
 		t.Fatal(err)
 	}
 	if backlog, err = s.Outbox(ctx); err != nil {

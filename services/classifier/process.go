@@ -319,6 +319,7 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 // recorded, and the delivery is to be tried again.
 func (s *Service) record(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token string, a answer,
 	raw []byte, decide func(answer) verdict, attempt func(outcome string) *event.Attempt) (v verdict, ok bool) {
+	var written []store.OutboxMsg // the events of the record that applied, handed to the relay
 	for {
 		v = decide(a)
 		res := event.Result{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
@@ -334,6 +335,9 @@ func (s *Service) record(ctx context.Context, w *store.Work, c *contract.Contrac
 			Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
 			RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
 			WorkReason: v.workReason, Outbox: msgs, Outage: a.outage})
+		if applied && err == nil {
+			written = msgs
+		}
 		if store.Permanent(err) {
 			// The database refused the record for good (a data exception, an
 			// integrity violation): retrying would claim and pay again for
@@ -353,7 +357,11 @@ func (s *Service) record(ctx context.Context, w *store.Work, c *contract.Contrac
 		// nothing was written; the attempt is recorded as what it now is.
 		a.stillMine = false
 	}
-	s.relay.Kick()
+	if written != nil {
+		s.relay.Send(written...)
+	} else {
+		s.relay.Kick()
+	}
 	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", v.outcome), attribute.String("region", s.cfg.Region),
 		attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
 	return v, true

@@ -474,7 +474,7 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	if fail != nil {
 		return s.reject(ctx, w, ev, fail.Error())
 	}
-	v, err := s.commit(ctx, w, ev, acc.Output, acc.Findings)
+	v, written, err := s.commit(ctx, w, ev, acc.Output, acc.Findings)
 	if store.Permanent(err) {
 		// Refused for good: a retry would only loop. The answer cannot
 		// become a result; the work ends with the reason.
@@ -485,26 +485,34 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	if err != nil {
 		return err
 	}
-	if v != store.Lost {
-		s.relay.Kick()
-	}
+	s.relay.Send(written...)
 	return s.decided(ctx, w, ev, committed(v), true, slog.Int("findings", acc.Findings))
 }
 
 // commit commits an accepted answer in a group with those of other
-// results in hand, its outcome's events with it.
-func (s *Service) commit(ctx context.Context, w *store.Work, ev event.Result, output json.RawMessage, findings int) (store.Verdict, error) {
+// results in hand, its outcome's events with it, and returns the events it
+// wrote.
+func (s *Service) commit(ctx context.Context, w *store.Work, ev event.Result, output json.RawMessage,
+	findings int) (store.Verdict, []store.OutboxMsg, error) {
 	announce := s.announce(ctx)
 	req := store.CommitReq{Work: w, AttemptID: ev.AttemptID, Token: ev.LeaseToken, Output: output, Findings: findings, Announce: true}
 	var err error
 	if req.Accepted, err = announce(w, outcome.Accepted); err != nil {
-		return store.Lost, err
+		return store.Lost, nil, err
 	}
 	if req.Expired, err = announce(w, outcome.Expired); err != nil {
-		return store.Lost, err
+		return store.Lost, nil, err
 	}
 	got := s.commits.Do(ctx, req)
-	return got.Verdict, got.Err
+	switch {
+	case got.Err != nil:
+		return got.Verdict, nil, got.Err
+	case got.Verdict == store.Committed:
+		return got.Verdict, req.Accepted, nil
+	case got.Verdict == store.Late:
+		return got.Verdict, req.Expired, nil
+	}
+	return got.Verdict, nil, nil
 }
 
 func (s *Service) reject(ctx context.Context, w *store.Work, ev event.Result, reason string) error {

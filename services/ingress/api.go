@@ -25,6 +25,7 @@ import (
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
@@ -204,7 +205,8 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		s.overCapacity(ctx, w, t, work, r)
 		return
 	}
-	got, created, err := s.d.Store.InsertWork(ctx, work, s.announce(ctx))
+	var kept outbox.Kept
+	got, created, err := s.d.Store.InsertWork(ctx, work, outbox.Keep(&kept, s.announce(ctx)))
 	if store.Permanent(err) {
 		// Bad input the checks above let through: a 400, never a
 		// "try again".
@@ -224,7 +226,7 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		s.duplicate(ctx, w, t, got)
 		return
 	}
-	s.relay.Kick()
+	s.relay.Send(kept.Msgs()...)
 	s.goShadow(ctx, work)
 	s.logSuperseded(ctx, got)
 	s.count(ctx, outcome.Accepted)

@@ -240,7 +240,7 @@ func decisions(w *store.Work, s *WorkStory) []Decision {
 		case o.PublishedAt != nil:
 			ds = append(ds, Decision{At: *o.PublishedAt, What: what, Reason: "published to " + o.Subject, From: "outbox.published_at"})
 		case o.SetAside:
-			ds = append(ds, Decision{At: o.CreatedAt, What: what, Reason: "set aside: could not be published", From: "outbox.set_aside_at"})
+			ds = append(ds, Decision{At: o.CreatedAt, What: what, Reason: "set aside: could not be published", From: "outbox_waiting.set_aside_at"})
 		default:
 			ds = append(ds, Decision{At: o.CreatedAt, What: what, Reason: "written, not yet published", From: "outbox.created_at"})
 		}
