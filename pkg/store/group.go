@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -498,4 +499,153 @@ func cannedAnnounce(r CommitReq) Announce {
 		}
 		return r.Expired, nil
 	}
+}
+
+// InsertReq is one InsertWork asked for in a group.
+type InsertReq struct {
+	Work     *Work
+	Announce func(*Work) ([]OutboxMsg, error)
+}
+
+// WorkInserted is what InsertWork answered for one request of a group.
+type WorkInserted struct {
+	Work    *Work
+	Created bool
+	Err     error
+}
+
+// InsertWorkGroup is InsertWork for each request, the new work of
+// different sources in one statement: each row is inserted, supersedes
+// its source's older revisions and is announced as InsertWork's own
+// statement would. A request the statement cannot decide alone (its
+// ingress key taken, work to be dropped, a push time to order by, a
+// second revision of a source already in the group) goes through
+// InsertWork after the statement, in the order asked.
+func (s *Store) InsertWorkGroup(ctx context.Context, reqs []InsertReq) []WorkInserted {
+	out := make([]WorkInserted, len(reqs))
+	var grouped, alone []int
+	sources := map[[3]string]bool{}
+	for i, r := range reqs {
+		w := r.Work
+		source := [3]string{w.TenantID, w.Contract, w.SourceID}
+		if w.DropReason != "" || !w.SourceUpdatedAt.IsZero() || sources[source] {
+			alone = append(alone, i)
+			continue
+		}
+		sources[source] = true
+		grouped = append(grouped, i)
+	}
+	if len(grouped) < 2 {
+		alone = append(grouped, alone...)
+		slices.Sort(alone)
+	} else {
+		alone = append(s.insertNewGroup(ctx, reqs, grouped, out), alone...)
+	}
+	for _, i := range alone {
+		out[i].Work, out[i].Created, out[i].Err = s.InsertWork(ctx, reqs[i].Work, reqs[i].Announce)
+	}
+	return out
+}
+
+// insertNewGroup inserts the new work of reqs[grouped] in one statement,
+// fills out for each row it wrote, and returns the requests it wrote
+// nothing for.
+func (s *Store) insertNewGroup(ctx context.Context, reqs []InsertReq, grouped []int, out []WorkInserted) (rest []int) {
+	n := len(grouped)
+	ids, tenants, regions, contracts, schemas, taxonomies, sources, revisions, lanes, inputs, digests, traces, models, prompts, shadows :=
+		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n),
+		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n),
+		make([]string, n), make([]string, n), make([]string, n)
+	deadlines, supersede := make([]time.Time, n), make([]bool, n)
+	var ob outboxRows
+	at := map[string]int{}
+	for k, i := range grouped {
+		w := reqs[i].Work
+		// Announced as the row will read: the column's default dispatch, 1.
+		first := *w
+		first.Dispatch, first.Superseded, first.SupersededRunning = 1, nil, nil
+		msgs, err := reqs[i].Announce(&first)
+		if err == nil {
+			err = ob.add(w.ID, msgs)
+		}
+		if err != nil {
+			out[i].Err = fmt.Errorf("store: insert work: %w", err)
+			continue
+		}
+		at[w.ID] = i
+		ids[k], tenants[k], regions[k], contracts[k], schemas[k], taxonomies[k] = w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion
+		sources[k], revisions[k], lanes[k], inputs[k], digests[k], deadlines[k] = w.SourceID, w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt
+		traces[k], supersede[k], models[k], prompts[k], shadows[k] = w.Traceparent, w.SupersedeOlder, w.Model, w.PromptDigest, w.ShadowOf
+	}
+	rows, err := s.pool.Query(ctx, `WITH x AS (
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+				$9::text[], $10::text[], $11::text[], $12::timestamptz[], $13::text[], $14::bool[], $15::text[], $16::text[], $17::text[])
+				AS x(id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane, input,
+					content_digest, deadline_at, traceparent, supersede, model, prompt_digest, shadow_of)
+			WHERE x.id <> ''
+		), ins AS (
+			INSERT INTO work (id, tenant_id, region, contract, schema_version, taxonomy_version, source_id,
+				revision, lane, input, content_digest, deadline_at, state, traceparent, model, prompt_digest, shadow_of)
+			SELECT id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane, input,
+				content_digest, deadline_at, 'queued', NULLIF(traceparent, ''), NULLIF(model, ''), NULLIF(prompt_digest, ''),
+				NULLIF(shadow_of, '')
+			FROM x
+			ON CONFLICT DO NOTHING
+			RETURNING `+workColumns+`
+		), old AS (
+			SELECT w.id, w.state, ins.id AS by_id, ins.revision FROM ins JOIN x ON x.id = ins.id
+				JOIN work w ON w.tenant_id = ins.tenant_id AND w.contract = ins.contract AND w.source_id = ins.source_id
+			WHERE x.supersede AND w.id <> ins.id AND w.state IN ('queued', 'running')
+			FOR UPDATE OF w
+		), sup AS (
+			UPDATE work w SET state = 'superseded', lease_token = NULL, lease_expires_at = NULL,
+				reason = 'superseded by revision ' || old.revision, updated_at = now()
+			FROM old WHERE w.id = old.id
+			RETURNING w.id, old.state, old.by_id
+		), ob AS (`+outboxInsert(18, `m.tag IN (SELECT id FROM ins)`)+`)
+		SELECT ins.*, coalesce((SELECT array_agg(sup.id ORDER BY sup.id) FROM sup WHERE sup.by_id = ins.id), '{}'),
+			coalesce((SELECT array_agg(sup.id ORDER BY sup.id) FROM sup WHERE sup.by_id = ins.id AND sup.state = 'running'), '{}')
+		FROM ins`,
+		append([]any{ids, tenants, regions, contracts, schemas, taxonomies, sources, revisions, lanes, inputs, digests,
+			deadlines, traces, supersede, models, prompts, shadows}, ob.args()...)...)
+	written := map[int]bool{}
+	if err == nil {
+		for rows.Next() {
+			var superseded, running []string
+			var got *Work
+			if got, err = scanWorkWith(rows, &superseded, &running); err != nil {
+				break
+			}
+			got.Superseded, got.SupersededRunning = superseded, running
+			i := at[got.ID]
+			out[i].Work, out[i].Created, written[i] = got, true, true
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if err != nil {
+		// Nothing of the statement was written: each request alone.
+		for _, i := range grouped {
+			if out[i].Err == nil {
+				out[i] = WorkInserted{}
+				rest = append(rest, i)
+			}
+		}
+		return rest
+	}
+	for _, i := range grouped {
+		if out[i].Err != nil || written[i] {
+			continue
+		}
+		// Its key was taken: InsertWork finds the work that holds it.
+		rest = append(rest, i)
+	}
+	for _, i := range grouped {
+		if written[i] && len(out[i].Work.SupersededRunning) > 0 {
+			out[i].Err = s.cancelSuperseded(ctx, out[i].Work, reqs[i].Announce)
+		}
+	}
+	return rest
 }

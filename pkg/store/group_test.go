@@ -318,3 +318,85 @@ func TestClaimGroupChecksExpectations(t *testing.T) {
 		t.Fatalf("%d attempts, want 2 (the match and the plain claim)", n)
 	}
 }
+
+// A group of inserts decides each request as InsertWork would: new work
+// of different sources in one statement, each superseding its own older
+// revision (and cancelling it when running); a key already taken gets
+// the existing work; a second revision of a source in the group, and work
+// to be dropped, are decided alone after the statement, in order.
+func TestInsertWorkGroupDecidesEachRequest(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	taken := insert(t, ctx, s, newWork("acme", "octo/repo#1", "r1"))
+	queuedOld := insert(t, ctx, s, newWork("acme", "octo/repo#2", "r1"))
+	runningOld := insert(t, ctx, s, newWork("acme", "octo/repo#3", "r1"))
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE work SET state = 'running', lease_token = gen_random_uuid(),
+		lease_expires_at = now() + interval '1 minute' WHERE id = $1`, runningOld.ID); err != nil {
+		t.Fatal(err)
+	}
+	withCancels := func(w *store.Work) ([]store.OutboxMsg, error) {
+		msgs, err := announce(w)
+		for _, old := range w.SupersededRunning {
+			msgs = append(msgs, store.OutboxMsg{Stream: "WORK", Subject: "assay.us.cancel.acme", MsgID: "cancel." + old + "." + w.ID,
+				Payload: []byte(`{}`)})
+		}
+		return msgs, err
+	}
+	dropped := newWork("acme", "octo/repo#5", "r1")
+	dropped.DropReason = "over_rate"
+	reqs := []*store.Work{
+		newWork("acme", "octo/repo#1", "r1"), // the key taken
+		newWork("acme", "octo/repo#2", "r2"), // supersedes a queued revision
+		newWork("acme", "octo/repo#3", "r2"), // supersedes a running one
+		newWork("acme", "octo/repo#4", "r1"), // new
+		newWork("acme", "octo/repo#4", "r2"), // a second revision of the same source
+		dropped,
+	}
+	var in []store.InsertReq
+	for _, w := range reqs {
+		w.SupersedeOlder = true
+		in = append(in, store.InsertReq{Work: w, Announce: withCancels})
+	}
+	out := s.InsertWorkGroup(ctx, in)
+	want := []struct {
+		id      string
+		created bool
+		state   string
+	}{
+		{taken.ID, false, "queued"}, {reqs[1].ID, true, "queued"}, {reqs[2].ID, true, "queued"},
+		{reqs[3].ID, true, "superseded"}, {reqs[4].ID, true, "queued"}, {dropped.ID, true, "dropped"},
+	}
+	for i, w := range want {
+		if out[i].Err != nil || out[i].Work == nil || out[i].Work.ID != w.id || out[i].Created != w.created {
+			t.Fatalf("request %d: %+v, want %s created=%v", i, out[i], w.id, w.created)
+		}
+		if got := count(t, ctx, s, `SELECT count(*) FROM work WHERE id = $1 AND state = $2`, w.id, w.state); got != 1 {
+			t.Fatalf("request %d: work %s not %s", i, w.id, w.state)
+		}
+	}
+	if got := out[2].Work.SupersededRunning; len(got) != 1 || got[0] != runningOld.ID {
+		t.Fatalf("superseded running = %v, want %s", got, runningOld.ID)
+	}
+	for _, old := range []string{queuedOld.ID, runningOld.ID} {
+		if got := count(t, ctx, s, `SELECT count(*) FROM work WHERE id = $1 AND state = 'superseded'`, old); got != 1 {
+			t.Fatalf("older revision %s not superseded", old)
+		}
+	}
+	// One announcement per queued or superseded-after new row, none for the
+	// key taken or the dropped work, and one cancel for the running one.
+	for _, c := range []struct {
+		sql  string
+		arg  string
+		want int
+	}{
+		{`SELECT count(*) FROM outbox WHERE msg_id = $1 || '.1'`, reqs[1].ID, 1},
+		{`SELECT count(*) FROM outbox WHERE msg_id = $1 || '.1'`, reqs[3].ID, 1},
+		{`SELECT count(*) FROM outbox WHERE msg_id = $1 || '.1'`, dropped.ID, 0},
+		{`SELECT count(*) FROM outbox WHERE msg_id = $1`, "cancel." + runningOld.ID + "." + reqs[2].ID, 1},
+		{`SELECT count(*) FROM outbox WHERE msg_id LIKE $1 || '.%'`, taken.ID, 1},
+	} {
+		if got := count(t, ctx, s, c.sql, c.arg); got != c.want {
+			t.Fatalf("%s [%s] = %d, want %d", c.sql, c.arg, got, c.want)
+		}
+	}
+}

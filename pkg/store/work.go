@@ -182,18 +182,33 @@ func (s *Store) insertNew(ctx context.Context, w *Work, announce func(*Work) ([]
 	if len(running) == 0 {
 		return got, nil
 	}
+	return got, s.cancelSuperseded(ctx, got, announce)
+}
+
+// cancelSuperseded writes the cancels of the running revisions new work
+// superseded, in a statement of its own after the one that inserted it:
+// what announce makes for it besides its announcement (dispatch 1).
+func (s *Store) cancelSuperseded(ctx context.Context, got *Work, announce func(*Work) ([]OutboxMsg, error)) error {
 	all, err := announce(got)
 	if err != nil {
-		return got, err
+		return err
+	}
+	first := *got
+	first.Dispatch, first.Superseded, first.SupersededRunning = 1, nil, nil
+	announced, err := announce(&first)
+	if err != nil {
+		return err
 	}
 	var cancels outboxRows
-	if err := cancels.add("", slices.DeleteFunc(all, func(m OutboxMsg) bool { return m.MsgID == msgs[0].MsgID })); err != nil {
-		return got, err
+	if err := cancels.add("", slices.DeleteFunc(all, func(m OutboxMsg) bool {
+		return slices.ContainsFunc(announced, func(a OutboxMsg) bool { return a.MsgID == m.MsgID })
+	})); err != nil {
+		return err
 	}
 	if _, err := s.pool.Exec(ctx, outboxInsert(1, "true"), cancels.args()...); err != nil {
-		return got, fmt.Errorf("store: cancels of %s: %w", got.ID, err)
+		return fmt.Errorf("store: cancels of %s: %w", got.ID, err)
 	}
-	return got, nil
+	return nil
 }
 
 // insertWork is InsertWork inside the caller's transaction: insert the row

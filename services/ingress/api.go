@@ -206,7 +206,8 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var kept outbox.Kept
-	got, created, err := s.d.Store.InsertWork(ctx, work, outbox.Keep(&kept, s.announce(ctx)))
+	ins := s.inserts.Do(ctx, store.InsertReq{Work: work, Announce: outbox.Keep(&kept, s.announce(ctx))})
+	got, created, err := ins.Work, ins.Created, ins.Err
 	if store.Permanent(err) {
 		// Bad input the checks above let through: a 400, never a
 		// "try again".

@@ -31,6 +31,7 @@ import (
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/githubapp"
+	"assay.dev/pkg/group"
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/outcome"
@@ -338,6 +339,8 @@ type Service struct {
 	d       Deps
 	streams *event.Keeper
 	relay   *outbox.Relay
+	// inserts writes the work of concurrent submissions in one statement.
+	inserts *group.Batch[store.InsertReq, store.WorkInserted]
 	sweeper lifecycle.Ticker
 	janitor lifecycle.Ticker
 	watcher lifecycle.Ticker
@@ -379,6 +382,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},
 		Ensure: s.streams.Ensure, Meter: d.Tel.Meter(), Region: cfg.Region, SetAside: cfg.SetAside}
+	s.inserts = &group.Batch[store.InsertReq, store.WorkInserted]{Run: d.Store.InsertWorkGroup}
 	sw := &s.sweeper
 	sw.Name, sw.Every, sw.Log, sw.PassTimeout = "sweeper", cfg.SweepEvery, d.Log, time.Minute
 	sw.Pass = func(ctx context.Context) (bool, error) { return false, s.SweepOnce(ctx) }

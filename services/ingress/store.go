@@ -26,6 +26,7 @@ type Store interface {
 	Ping(ctx context.Context) error
 	GetWork(ctx context.Context, id string) (*store.Work, error)
 	InsertWork(ctx context.Context, w *store.Work, announce func(*store.Work) ([]store.OutboxMsg, error)) (*store.Work, bool, error)
+	InsertWorkGroup(ctx context.Context, reqs []store.InsertReq) []store.WorkInserted
 	Attempts(ctx context.Context, workID string) ([]store.Attempt, error)
 	GetResult(ctx context.Context, workID string) (*store.Result, error)
 	PublicationsOf(ctx context.Context, workID string) ([]*store.Publication, error)
