@@ -141,10 +141,13 @@ Outbox rows set aside because they could not be published, and putting them back
 `,
 	"nats-config": `usage: assay nats-config [--installation NAME] [--cells us,eu] [--passwords FILE [--service-urls FILE] [--server-url URL]]
 
-Print the least-privilege NATS server configuration (deploy/nats/assay.conf).
+Print the least-privilege NATS server configuration (deploy/nats/assay.conf):
+an account per cell and an account per region for its placement map. A cell
+is a region's name, or cell:region for another cell of a region (us-2:us).
 --passwords writes a fresh password per user (mode 0600, never over a file
 that exists) for the server's environment; --service-urls each service's
-ASSAY_NATS_URL with its password, at --server-url (nats://127.0.0.1:4222).
+ASSAY_NATS_URL with its password, at --server-url (nats://127.0.0.1:4222),
+and each cell's ASSAY_PLACEMENT_NATS_URL for its ingress and its operator.
 `,
 	"publish": publishUsage,
 	"rollout": rolloutUsage,
@@ -388,7 +391,8 @@ func tenants(ctx context.Context, args []string) error {
 func natsConfig(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("assay nats-config", flag.ContinueOnError)
 	inst := fs.String("installation", envOr("ASSAY_INSTALLATION", event.DefaultInstallation), "installation name ($ASSAY_INSTALLATION)")
-	cells := fs.String("cells", envOr("ASSAY_REGIONS", strings.Join(config.DefaultRegions, ",")), "cells, comma separated (default $ASSAY_REGIONS)")
+	cells := fs.String("cells", envOr("ASSAY_REGIONS", strings.Join(config.DefaultRegions, ",")),
+		"cells, comma separated, each a region's name or cell:region for another cell of a region (default $ASSAY_REGIONS)")
 	passwords := fs.String("passwords", "", "also write FILE (new, mode 0600): a fresh random password per user, NAME=value lines for the server's environment")
 	urls := fs.String("service-urls", "", "with --passwords, also write FILE (new, mode 0600): each service's ASSAY_NATS_URL with its user and password")
 	server := fs.String("server-url", "nats://127.0.0.1:4222", "where the services reach the server, in --service-urls")
@@ -398,9 +402,17 @@ func natsConfig(args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 {
 		return configError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
-	list, err := config.ParseRegions(*cells)
-	if err != nil {
-		return configError{fmt.Errorf("--cells: %w", err)}
+	list := strings.Split(*cells, ",")
+	seen := map[string]bool{}
+	for _, spec := range list {
+		c, err := natsconf.ParseCell(strings.TrimSpace(spec))
+		if err != nil {
+			return configError{fmt.Errorf("--cells: %w", err)}
+		}
+		if seen[c.ID] {
+			return configError{fmt.Errorf("--cells: cell %s is named twice", c.ID)}
+		}
+		seen[c.ID] = true
 	}
 	if !event.ValidToken(*inst) {
 		return configError{fmt.Errorf("--installation: %q is not an installation name (lower-case letters, digits, hyphens)", *inst)}
@@ -410,7 +422,7 @@ func natsConfig(args []string, stdout io.Writer) error {
 			return err
 		}
 	}
-	_, err = io.WriteString(stdout, natsconf.Render(*inst, list))
+	_, err := io.WriteString(stdout, natsconf.Render(*inst, list))
 	return err
 }
 

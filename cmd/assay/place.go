@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/event"
@@ -44,7 +45,15 @@ func placeCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 	if err != nil {
 		return err
 	}
-	nc, js, err := connectNATS(cfg)
+	// The map is in the region's account when ASSAY_PLACEMENT_NATS_URL
+	// names it (with a placer user), else in the cell's own.
+	connect := func() (*nats.Conn, jetstream.JetStream, error) { return connectNATS(cfg) }
+	if u := os.Getenv("ASSAY_PLACEMENT_NATS_URL"); u != "" {
+		connect = func() (*nats.Conn, jetstream.JetStream, error) {
+			return placement.Connect(u, "assay-operator-"+cfg.Region)
+		}
+	}
+	nc, js, err := connect()
 	if err != nil {
 		return err
 	}

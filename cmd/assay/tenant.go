@@ -70,13 +70,15 @@ const tenantUsage = `usage: assay tenant <command> [args] [--region R --database
                               while its work in flight ends, its history is copied to
                               C and removed here, and C serves it from then on
 
-place, placement and move read and write the region's NATS (ASSAY_NATS_URL);
+place, placement and move read and write the region's placement map, in the
+region's account (ASSAY_PLACEMENT_NATS_URL, with the cell's placer user) or,
+without it, the cell's (ASSAY_NATS_URL);
 the others (and move) the cell's Postgres. Tenants are per cell: run each command against every cell, so that a cell
 can name the right region for a tenant homed elsewhere. A token file holds
 the token alone; - reads it from standard input.
 
 Settings: --region (ASSAY_REGION) and --database-url (ASSAY_DATABASE_URL), and for
-place, placement and move ASSAY_NATS_URL.
+place, placement and move ASSAY_PLACEMENT_NATS_URL or ASSAY_NATS_URL.
 `
 
 // tenantVerbs are assay tenant's commands, in the order its usage lists

@@ -221,8 +221,9 @@ func runCell(t *testing.T, cell string) {
 		"assay-github":    {"webhook-secret": "test-webhook-secret", "token": "test-token"},
 		"assay-nats-urls": {},
 	}
-	for i, svc := range services {
-		// Each service on its own user, spread over the three servers.
+	for i, svc := range append(services, "placement") {
+		// Each service on its own user, spread over the three servers; the
+		// ingress's placement user is in the region's account.
 		secretValues["assay-nats-urls"][svc] = fmt.Sprintf("tls://%s:%s@127.0.0.1:%d", nc.users[svc], nc.passwords[svc], nc.clientPorts[i%len(nc.clientPorts)])
 	}
 	env := func(where string, c corev1.Container, p corev1.PodSpec, cms map[string]*corev1.ConfigMap) []string {
@@ -517,7 +518,7 @@ func softBuckets(n event.Names) []string { return []string{n.CapacityBucket(), n
 func startNATSCluster(t *testing.T, cell string, v *natsHelmValues, ca *testCA) *natsCluster {
 	t.Helper()
 	nc := &natsCluster{users: map[string]string{}, passwords: map[string]string{}}
-	for _, svc := range services {
+	for _, svc := range append(services, "placement", "placer") {
 		nc.users[svc] = "assay-" + cell + "-" + svc
 		var b [16]byte
 		rand.Read(b[:])

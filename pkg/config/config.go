@@ -358,13 +358,8 @@ func (c Config) validate(need Need, errs []error) error {
 	} else if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
 		errs = append(errs, fmt.Errorf("ASSAY_DATABASE_URL: cannot parse: %s", redact(err.Error(), c.DatabaseURL)))
 	}
-	// A cluster's nodes come as a comma-separated list, as nats.Connect
-	// takes it; each must be a URL.
-	for _, p := range strings.Split(c.NATSURL, ",") {
-		if u, err := url.Parse(strings.TrimSpace(p)); err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls") {
-			errs = append(errs, fmt.Errorf("ASSAY_NATS_URL: %q is not a nats:// or tls:// URL, or a comma-separated list of them", Redacted(c.NATSURL)))
-			break
-		}
+	if err := CheckNATSURL(c.NATSURL); err != nil {
+		errs = append(errs, fmt.Errorf("ASSAY_NATS_URL: %w", err))
 	}
 	if need.Model {
 		errs = append(errs, CheckModel(c.ModelBaseURL, c.ModelEndpoint, c.Model)...)
@@ -473,6 +468,17 @@ func (c Config) Redacted() map[string]any {
 		"http_addr": c.HTTPAddr, "metrics_addr": c.MetricsAddr, "startup_wait": c.StartupWait.String(), "database_pool": c.DatabasePool,
 		"stream_replicas": c.Streams.Replicas, "stream_max_age": c.Streams.MaxAge.String(),
 	}
+}
+
+// CheckNATSURL says whether raw is what nats.Connect takes: a nats:// or
+// tls:// URL, or a cluster's nodes as a comma-separated list of them.
+func CheckNATSURL(raw string) error {
+	for _, p := range strings.Split(raw, ",") {
+		if u, err := url.Parse(strings.TrimSpace(p)); err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls") {
+			return fmt.Errorf("%q is not a nats:// or tls:// URL, or a comma-separated list of them", Redacted(raw))
+		}
+	}
+	return nil
 }
 
 // Redacted is a URL setting fit for a message: each of its comma-separated

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/lifecycle"
 )
@@ -220,9 +221,14 @@ type View struct {
 	// Cell and URL, when URL is set, are registered at the start: where
 	// this cell answers the region's other cells.
 	Cell, URL string
-	Log       *slog.Logger
+	// NATSURL, when set, is the connection to the region's account, where
+	// the map is kept apart from every cell's account (with the cell's
+	// placement user and password); JS is then not used.
+	NATSURL string
+	Log     *slog.Logger
 
 	run   lifecycle.Runner
+	nc    *nats.Conn
 	kv    jetstream.KeyValue
 	mu    sync.RWMutex
 	snap  *Snapshot
@@ -237,8 +243,16 @@ var ErrNotRead = errors.New("the region's placement of tenants is not read yet; 
 // Stop; it waits (as long as ctx allows) for the map's first reading.
 func (v *View) Start(ctx context.Context) error {
 	v.ready = make(chan struct{})
+	if v.NATSURL != "" {
+		nc, js, err := Connect(v.NATSURL, "assay-placement-"+v.Cell)
+		if err != nil {
+			return err
+		}
+		v.nc, v.JS = nc, js
+	}
 	kv, err := Bucket(ctx, v.JS, v.Bucket, v.Replicas, v.Tags...)
 	if err != nil {
+		v.close()
 		return err
 	}
 	v.kv = kv
@@ -251,18 +265,44 @@ func (v *View) Start(ctx context.Context) error {
 				break
 			}
 			if ctx.Err() != nil || time.Now().After(deadline) || (!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout)) {
+				v.close()
 				return err
 			}
 		}
 	}
 	if err := v.run.Go(ctx, func(ctx context.Context) { v.loop(ctx, kv) }); err != nil {
+		v.close()
 		return err
 	}
 	select {
 	case <-v.ready:
 		return nil
 	case <-ctx.Done():
+		v.Stop(context.WithoutCancel(ctx))
 		return fmt.Errorf("placement: %w", ctx.Err())
+	}
+}
+
+// Connect connects to the region's account at url, where the placement map
+// is kept.
+func Connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond))
+	if err != nil {
+		return nil, nil, fmt.Errorf("ASSAY_PLACEMENT_NATS_URL: connect %s: %w", config.Redacted(url), err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("ASSAY_PLACEMENT_NATS_URL: %w", err)
+	}
+	return nc, js, nil
+}
+
+// close closes the view's own connection, if it made one.
+func (v *View) close() {
+	if v.nc != nil {
+		v.nc.Close()
+		v.nc = nil
 	}
 }
 
@@ -275,8 +315,11 @@ func (v *View) Register(ctx context.Context, url string) error {
 	return Register(ctx, v.kv, v.Cell, url)
 }
 
-// Stop ends the watch.
-func (v *View) Stop(ctx context.Context) { v.run.Stop(ctx) }
+// Stop ends the watch, and closes the view's own connection.
+func (v *View) Stop(ctx context.Context) {
+	v.run.Stop(ctx)
+	v.close()
+}
 
 func (v *View) loop(ctx context.Context, kv jetstream.KeyValue) {
 	for ctx.Err() == nil {

@@ -138,6 +138,12 @@ type Config struct {
 	// sent to it, and its tenants' requests that reach another cell of the
 	// region are refused there with 421 wrong_cell.
 	CellURL string
+	// PlacementNATSURL is the region's account, where the map of which
+	// cell serves which tenant is kept, with this cell's placement user
+	// (ASSAY_PLACEMENT_NATS_URL; assay nats-config writes it). Unset, the
+	// map is kept in the cell's own account: a region of one cell, or a
+	// server without accounts.
+	PlacementNATSURL string
 	// Diffs fetches pull-request diffs. Default: GitHubDiffs built from the
 	// settings above.
 	Diffs DiffSource
@@ -264,6 +270,7 @@ var Vars = []config.Var{
 	{Name: "ASSAY_GITHUB_APP_ID", Default: "none (diffs read without a token)", Usage: "the GitHub App whose installation tokens read each pull request's diff (the committer publishes as it)"},
 	{Name: "ASSAY_GITHUB_APP_KEY_FILE", Default: "none", Usage: "the GitHub App's private key (PEM); required with ASSAY_GITHUB_APP_ID"},
 	{Name: "ASSAY_GITHUB_TOKEN", Default: "none", Usage: "single tenant, without an App: the one token every diff is read with"},
+	{Name: "ASSAY_PLACEMENT_NATS_URL", Default: "none (the map is kept in the cell's own account)", Usage: "NATS URL of the region's account, with this cell's placement user and password, where the region's map of which cell serves which tenant is kept"},
 	{Name: "ASSAY_CELL_URL", Default: "none (no other cell of the region sends requests here)", Usage: "where this cell's ingress answers the region's other cells, which send the requests of the tenants placed on it here"},
 	shedVars[0], shedVars[1], shedVars[2], shedVars[3], shedVars[4], shedVars[5],
 }
@@ -310,6 +317,12 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 			return fmt.Errorf("ASSAY_CELL_URL: %q is not the http(s) address of a cell's ingress (scheme and host, no path)", v)
 		}
 		c.CellURL = strings.TrimSuffix(v, "/")
+	}
+	if v := getenv("ASSAY_PLACEMENT_NATS_URL"); v != "" {
+		if err := config.CheckNATSURL(v); err != nil {
+			return fmt.Errorf("ASSAY_PLACEMENT_NATS_URL: %w", err)
+		}
+		c.PlacementNATSURL = v
 	}
 	c.GitHubSecret = getenv("ASSAY_GITHUB_WEBHOOK_SECRET")
 	c.GitHubAPI = getenv("ASSAY_GITHUB_API_URL")
@@ -377,7 +390,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 		s.tenants = &tenantWatch{w: d.Store, cache: s.tokens, log: d.Log}
 	}
 	s.place = &placement.View{JS: d.JS, Bucket: cfg.Names.PlacementBucket(cfg.Region), Region: cfg.Region,
-		Replicas: cfg.Streams.Replicas, Tags: cfg.Streams.Placement, Cell: cfg.Names.Cell, URL: cfg.CellURL, Log: d.Log}
+		Replicas: cfg.Streams.Replicas, Tags: cfg.Streams.Placement, Cell: cfg.Names.Cell, URL: cfg.CellURL,
+		NATSURL: cfg.PlacementNATSURL, Log: d.Log}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log,
 		Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},

@@ -41,7 +41,7 @@ func aclServer(t *testing.T) func(user string) string {
 	t.Helper()
 	passwords := map[string]string{}
 	for _, r := range config.DefaultRegions {
-		for _, svc := range natsconf.Users {
+		for _, svc := range append(append([]string(nil), natsconf.Users...), natsconf.RegionUsers...) {
 			b := make([]byte, 16)
 			_, _ = rand.Read(b)
 			// A leading letter: the config parser would read an all-digit
@@ -116,8 +116,11 @@ func aclCell(t *testing.T, region string, natsURL func(string) string, simURL st
 	dbURL := testenv.Database(t)
 	cfg := config.Config{Regions: config.DefaultRegions, Region: region, Cell: region, Installation: "assay",
 		DatabaseURL: dbURL, NATSURL: urls["ingress"], ModelBaseURL: sim.APIBase(simURL), Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0"}
+	// The ingress reads the region's placement map in the region's
+	// account, with its cell's placement user.
 	c, err := cell.Start(ctx, cell.Options{Config: cfg, NATSURLs: urls,
-		Log: telemetry.NewLogger(logs, "test", region, slog.LevelInfo)})
+		Ingress: ingress.Config{PlacementNATSURL: natsURL(natsconf.User(cellNames(region), natsconf.Placement))},
+		Log:     telemetry.NewLogger(logs, "test", region, slog.LevelInfo)})
 	if err != nil {
 		t.Fatalf("start %s cell: %v\n%s", region, err, logs)
 	}

@@ -24,12 +24,17 @@ type Credential struct {
 func (c Credential) User() string { return User(c.Names, c.Service) }
 
 // NewCredentials draws a fresh password for every user of the cells (the
-// services' and the operator's), in the order Render lists them.
+// services' and the operator's, then the two each cell has in its region's
+// account), cells given as ParseCell reads them.
 func NewCredentials(installation string, cells []string) ([]Credential, error) {
 	var out []Credential
-	for _, cell := range cells {
-		n := event.Names{Installation: installation, Cell: cell}
-		for _, svc := range Users {
+	for _, spec := range cells {
+		c, err := ParseCell(spec)
+		if err != nil {
+			return nil, err
+		}
+		n := event.Names{Installation: installation, Cell: c.ID}
+		for _, svc := range append(append([]string(nil), Users...), RegionUsers...) {
 			pw, err := NewPassword()
 			if err != nil {
 				return nil, err
@@ -75,13 +80,16 @@ func ServerEnv(creds []Credential) string {
 }
 
 // ServiceURLs is the services' file: per user, the ASSAY_NATS_URL its
-// service connects to server with, on a line named by URLVar.
+// service connects to server with (a placement user's is the ingress's or
+// the operator's ASSAY_PLACEMENT_NATS_URL), on a line named by URLVar.
 func ServiceURLs(creds []Credential, server *url.URL) string {
 	var b strings.Builder
 	b.WriteString("# Each service's ASSAY_NATS_URL, written by \"assay nats-config --service-urls\"\n" +
 		"# with the passwords of the server's environment file. Keep it secret and give\n" +
 		"# each service only its own line's value as ASSAY_NATS_URL:\n" +
-		"#   ASSAY_NATS_URL=$<ACCOUNT>_<SERVICE>_NATS_URL\n")
+		"#   ASSAY_NATS_URL=$<ACCOUNT>_<SERVICE>_NATS_URL\n" +
+		"# and the ingress its cell's PLACEMENT line (the operator's tools the PLACER\n" +
+		"# line) as ASSAY_PLACEMENT_NATS_URL.\n")
 	for _, c := range creds {
 		u := url.URL{Scheme: server.Scheme, User: url.UserPassword(c.User(), c.Password), Host: server.Host}
 		fmt.Fprintf(&b, "%s=%s\n", URLVar(c.Names, c.Service), u.String())

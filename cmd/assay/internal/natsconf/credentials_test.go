@@ -74,12 +74,13 @@ func TestPasswordFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	vars := envLines(t, string(text))
-	if len(vars) != len(cells)*len(Users) {
-		t.Fatalf("%d variables, want %d", len(vars), len(cells)*len(Users))
+	users := append(append([]string(nil), Users...), RegionUsers...)
+	if len(vars) != len(cells)*len(users) {
+		t.Fatalf("%d variables, want %d", len(vars), len(cells)*len(users))
 	}
 	seen := map[string]bool{}
 	for _, cell := range cells {
-		for _, svc := range Users {
+		for _, svc := range users {
 			name := PasswordVar(namesOf("staging-2", cell), svc)
 			v, ok := vars[name]
 			if !ok {

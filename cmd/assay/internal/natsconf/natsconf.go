@@ -1,7 +1,8 @@
 // Package natsconf writes the least-privilege NATS server configuration of
 // an installation: one account per cell, one user per service, each user
 // allowed only its own subjects and the exact JetStream API calls its
-// service makes. The names come from the same code the services name their
+// service makes; and one account per region for the map of which cell
+// serves which tenant, the one thing a region's cells share. The names come from the same code the services name their
 // streams, subjects and durables with, so the configuration cannot drift
 // from them; deploy/nats/assay.conf is its output for the default
 // installation and cells.
@@ -28,6 +29,38 @@ const Ops = "ops"
 // Users are every user of a cell: the services, then the operator's.
 var Users = append(append([]string(nil), Services...), Ops)
 
+// The users each cell has in its region's account: its ingress's, which
+// reads the placement map and registers where the cell answers, and its
+// operator's, which places tenants.
+const (
+	Placement = "placement"
+	Placer    = "placer"
+)
+
+// RegionUsers are a cell's users in its region's account.
+var RegionUsers = []string{Placement, Placer}
+
+// Cell is a cell of the installation and the region it serves.
+type Cell struct{ ID, Region string }
+
+// ParseCell reads a cell as --cells gives it: "us-2:us" is cell us-2 of
+// region us, and "us" alone the cell named after its region.
+func ParseCell(spec string) (Cell, error) {
+	id, region, ok := strings.Cut(spec, ":")
+	if !ok {
+		region = id
+	}
+	if !event.ValidToken(id) || !event.ValidToken(region) {
+		return Cell{}, fmt.Errorf("%q is not a cell (a name, or cell:region; lower-case letters, digits, hyphens)", spec)
+	}
+	return Cell{ID: id, Region: region}, nil
+}
+
+// RegionAccount is the NATS account of a region's placement map.
+func RegionAccount(installation, region string) string {
+	return strings.ToUpper(strings.ReplaceAll(installation+"_placement_"+region, "-", "_"))
+}
+
 // Account is the NATS account of a cell: the hard wall between cells.
 func Account(n event.Names) string {
 	return strings.ToUpper(strings.ReplaceAll(n.Installation+"_"+n.Cell, "-", "_"))
@@ -42,16 +75,37 @@ func PasswordVar(n event.Names, service string) string {
 	return Account(n) + "_" + strings.ToUpper(service) + "_NATS_PASSWORD"
 }
 
-// Render is the server configuration for the cells of an installation.
+// Render is the server configuration for the cells of an installation,
+// each given as ParseCell reads it (a spec it cannot read is a cell named
+// by the whole of it).
 func Render(installation string, cells []string) string {
 	var b strings.Builder
 	b.WriteString(header)
 	b.WriteString("\naccounts {\n")
-	for _, cell := range cells {
-		n := event.Names{Installation: installation, Cell: cell}
+	var regions []string
+	members := map[string][]event.Names{}
+	for _, spec := range cells {
+		c, err := ParseCell(spec)
+		if err != nil {
+			c = Cell{ID: spec, Region: spec}
+		}
+		n := event.Names{Installation: installation, Cell: c.ID}
 		fmt.Fprintf(&b, "  %s {\n    jetstream: enabled\n    users [\n", Account(n))
 		for _, u := range Users {
-			writeUser(&b, n, u)
+			writeUser(&b, n, u, grants(n, u))
+		}
+		b.WriteString("    ]\n  }\n")
+		if members[c.Region] == nil {
+			regions = append(regions, c.Region)
+		}
+		members[c.Region] = append(members[c.Region], n)
+	}
+	for _, region := range regions {
+		fmt.Fprintf(&b, "  %s {\n    jetstream: enabled\n    users [\n", RegionAccount(installation, region))
+		for _, n := range members[region] {
+			for _, u := range RegionUsers {
+				writeUser(&b, n, u, regionGrant(n, region, u))
+			}
 		}
 		b.WriteString("    ]\n  }\n")
 	}
@@ -64,7 +118,10 @@ const header = `# assay NATS server: one account per cell, one user per service.
 #
 # Accounts are the hard wall: subjects, streams and consumers of one account
 # do not exist for another, so one cell's credential cannot even name
-# another cell's stream. Inside an account each user may publish only to its
+# another cell's stream. What a region's cells share, the map of which cell
+# serves which tenant, is the one bucket of a region's account, where each
+# cell has two users: its ingress's, which reads the map and writes only
+# where its own cell answers, and its operator's, which places tenants. Inside an account each user may publish only to its
 # own subjects and to the exact JetStream API calls its service makes;
 # everything else is denied. Services subscribe only to inboxes (JetStream
 # API answers, publish acks and pulled messages all arrive there), and the
@@ -91,8 +148,7 @@ type grant struct {
 // line is one allowed subject with an optional comment above it.
 type line struct{ comment, subject string }
 
-func writeUser(b *strings.Builder, n event.Names, service string) {
-	g := grants(n, service)
+func writeUser(b *strings.Builder, n event.Names, service string, g grant) {
 	fmt.Fprintf(b, "      {\n        user: %q\n        password: $%s\n        permissions {\n          publish {\n            allow [\n",
 		User(n, service), PasswordVar(n, service))
 	for _, l := range g.publish {
@@ -136,9 +192,7 @@ func grants(n event.Names, service string) grant {
 			with(watchesKV(n.CapacityBucket()), "It watches the capacity its classifiers report, to refuse what the cell could not serve in time.").
 			with(append(owns("KV_"+n.AdmitBucket()), "$JS.API.INFO", "$KV."+n.AdmitBucket()+".>",
 				"$JS.API.DIRECT.GET.KV_"+n.AdmitBucket()+".>", "$JS.API.STREAM.MSG.GET.KV_"+n.AdmitBucket()),
-				"It owns the admission bucket: the tenants' rates, shared by the cell's ingress instances (making a bucket reads the account's info).").
-			with(placement(n, "cell."+n.Cell),
-				"It watches the region's placement map, to serve its own tenants and send the others' requests on, and registers where its cell answers.")
+				"It owns the admission bucket: the tenants' rates, shared by the cell's ingress instances (making a bucket reads the account's info).")
 	case "classifier":
 		g := grant{publish: []line{
 			{"Attempt outcomes through its outbox; never work.", n.Subjects(event.KindResult)},
@@ -175,14 +229,11 @@ func grants(n event.Names, service string) grant {
 	panic("natsconf: unknown service " + service)
 }
 
-// placement are the calls on the region's placement bucket of a user who
+// placementCalls are the calls on the region's placement bucket of a user who
 // makes it if need be, watches it and writes the keys under key (a
-// subject, wildcards allowed). The account is the cell's, and a region's
-// bucket is named after the region, so the region is the cell's id: a
-// region of several cells shares one bucket through an account of the
-// region's, which this configuration does not write.
-func placement(n event.Names, key string) []string {
-	pb := n.PlacementBucket(n.Cell)
+// subject, wildcards allowed).
+func placementCalls(n event.Names, region, key string) []string {
+	pb := n.PlacementBucket(region)
 	return append(append(owns("KV_"+pb), "$JS.API.INFO", "$KV."+pb+"."+key), watchesKV(pb)[1:]...)
 }
 
@@ -211,7 +262,25 @@ func opsGrant(n event.Names) grant {
 				"$JS.API.CONSUMER.MSG.NEXT."+stream+"."+d, "$JS.API.CONSUMER.DELETE."+stream+"."+d)
 		}
 	}
-	return g.with(placement(n, "tenant.>"), "It places tenants on the region's cells (assay tenant place) and reads where they are.")
+	return g
+}
+
+// regionGrant is what a cell's user in its region's account may do: watch
+// the placement map (making the bucket if need be) and write its keys, the
+// ingress's under cell.<its cell>, the operator's under tenant.> and
+// moving.> (a tenant held while it moves).
+func regionGrant(n event.Names, region, user string) grant {
+	g := grant{subscribe: []string{"_INBOX.>"}}
+	switch user {
+	case Placement:
+		return g.with(placementCalls(n, region, "cell."+n.Cell),
+			"Its ingress watches the region's placement map, to serve its own tenants and send the others' requests on, and registers where its cell answers.")
+	case Placer:
+		pb := n.PlacementBucket(region)
+		return g.with(append(placementCalls(n, region, "tenant.>"), "$KV."+pb+".moving.>"),
+			"Its operator places and moves tenants on the region's cells (assay tenant place, move) and reads where they are.")
+	}
+	panic("natsconf: unknown region user " + user)
 }
 
 // with adds subjects under one comment.

@@ -34,7 +34,7 @@ func TestRenderParses(t *testing.T) {
 		for _, inst := range []string{"assay", "staging-2"} {
 			dir := t.TempDir()
 			for _, c := range cells {
-				for _, svc := range Users {
+				for _, svc := range append(append([]string(nil), Users...), RegionUsers...) {
 					t.Setenv(PasswordVar(namesOf(inst, c), svc), "p0123456789abcdef")
 				}
 			}
@@ -46,7 +46,7 @@ func TestRenderParses(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s %v: %v", inst, cells, err)
 			}
-			if len(opts.Users) != len(cells)*len(Users) || !opts.JetStream {
+			if len(opts.Users) != len(cells)*(len(Users)+len(RegionUsers)) || !opts.JetStream {
 				t.Fatalf("%s %v: %d users, jetstream %v", inst, cells, len(opts.Users), opts.JetStream)
 			}
 		}
