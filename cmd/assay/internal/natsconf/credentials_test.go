@@ -143,25 +143,7 @@ func TestGeneratedPasswordsLogIn(t *testing.T) {
 		t.Setenv(name, env[name])
 	}
 
-	opts, err := server.ProcessConfigFile("../../../../deploy/nats/assay.conf")
-	if err != nil {
-		t.Fatalf("deploy/nats/assay.conf: %v", err)
-	}
-	opts.Host, opts.Port, opts.StoreDir = "127.0.0.1", -1, filepath.Join(dir, "store")
-	opts.NoSigs, opts.NoLog = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready within 10s")
-	}
-
+	ns := serve(t, "../../../../deploy/nats/assay.conf", 0)
 	srv, err := ParseServer(ns.ClientURL())
 	if err != nil {
 		t.Fatal(err)
@@ -220,4 +202,33 @@ func TestParseServer(t *testing.T) {
 			t.Errorf("ParseServer(%q): %v, want ok %v", raw, err, ok)
 		}
 	}
+}
+
+// serve starts nats-server from the configuration file at path, on a free
+// port with a store of its own, until the test ends; users, when not 0, is
+// how many users the file must define.
+func serve(t *testing.T, path string, users int) *server.Server {
+	t.Helper()
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if users != 0 && len(opts.Users) != users {
+		t.Fatalf("%s: %d users, want %d", path, len(opts.Users), users)
+	}
+	opts.Host, opts.Port, opts.StoreDir = "127.0.0.1", -1, filepath.Join(t.TempDir(), "store")
+	opts.NoSigs, opts.NoLog = true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready within 10s")
+	}
+	return ns
 }

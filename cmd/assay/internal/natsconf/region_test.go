@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -35,27 +34,7 @@ func TestARegionsCellsShareThePlacementMap(t *testing.T) {
 	if err := WriteSecrets(SecretFile{path, Render("assay", cells)}); err != nil {
 		t.Fatal(err)
 	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := 3*len(Users) + 3*len(RegionUsers); len(opts.Users) != want {
-		t.Fatalf("%d users, want %d", len(opts.Users), want)
-	}
-	opts.Host, opts.Port, opts.StoreDir = "127.0.0.1", -1, filepath.Join(dir, "store")
-	opts.NoSigs, opts.NoLog = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready within 10s")
-	}
+	ns := serve(t, path, 3*len(Users)+3*len(RegionUsers))
 	srv, err := ParseServer(ns.ClientURL())
 	if err != nil {
 		t.Fatal(err)
