@@ -96,7 +96,7 @@ func (s *Store) DrainOutbox(ctx context.Context, limit int, streams []string, ol
 		rows, err := tx.Query(ctx, `SELECT o.id, o.stream, o.subject, o.msg_id, o.payload, o.headers
 			FROM outbox_waiting q JOIN outbox o ON o.id = q.id
 			WHERE q.set_aside_at IS NULL AND q.stream = ANY($2)
-				AND ($3 = 0 OR o.created_at <= now() - $3 * interval '1 microsecond')
+				AND ($3::bigint = 0 OR o.created_at <= now() - $3::bigint * interval '1 microsecond')
 			ORDER BY q.id LIMIT $1 FOR UPDATE OF q SKIP LOCKED`, limit, streams, interval(olderThan))
 		if err != nil {
 			return err
