@@ -47,13 +47,13 @@ func placeCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 	}
 	// The map is in the region's account when ASSAY_PLACEMENT_NATS_URL
 	// names it (with a placer user), else in the cell's own.
-	connect := func() (*nats.Conn, jetstream.JetStream, error) { return connectNATS(cfg) }
+	var nc *nats.Conn
+	var js jetstream.JetStream
 	if u := os.Getenv("ASSAY_PLACEMENT_NATS_URL"); u != "" {
-		connect = func() (*nats.Conn, jetstream.JetStream, error) {
-			return placement.Connect(u, "assay-operator-"+cfg.Region)
-		}
+		nc, js, err = placement.Connect(u, "assay-operator-"+cfg.Region)
+	} else {
+		nc, js, err = connectNATS(cfg)
 	}
-	nc, js, err := connect()
 	if err != nil {
 		return err
 	}

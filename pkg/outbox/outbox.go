@@ -428,35 +428,3 @@ func headerBytes(h nats.Header) int {
 	}
 	return n + len(jetstream.MsgIDHeader) + 64
 }
-
-// Kept gathers the rows a store call's announce function makes, so that
-// they can be handed to Send once the call has committed what it
-// announced. A message made twice (a call that announces again with more)
-// is kept once.
-type Kept struct {
-	msgs []store.OutboxMsg
-	seen map[[2]string]bool
-}
-
-// Keep wraps announce to keep what it makes.
-func Keep[T any](k *Kept, announce func(T) ([]store.OutboxMsg, error)) func(T) ([]store.OutboxMsg, error) {
-	return func(v T) ([]store.OutboxMsg, error) {
-		msgs, err := announce(v)
-		if err != nil {
-			return msgs, err
-		}
-		if k.seen == nil {
-			k.seen = map[[2]string]bool{}
-		}
-		for _, m := range msgs {
-			if key := [2]string{m.Stream, m.MsgID}; !k.seen[key] {
-				k.seen[key] = true
-				k.msgs = append(k.msgs, m)
-			}
-		}
-		return msgs, nil
-	}
-}
-
-// Msgs are the rows kept.
-func (k *Kept) Msgs() []store.OutboxMsg { return k.msgs }

@@ -470,23 +470,3 @@ func TestPollTakesRowsNobodyHandedOver(t *testing.T) {
 		t.Fatalf("stream holds %d messages, want 2", got)
 	}
 }
-
-func TestKeepKeepsEachMessageOnce(t *testing.T) {
-	a, c := store.OutboxMsg{Stream: "WORK", MsgID: "a"}, store.OutboxMsg{Stream: "WORK", MsgID: "c"}
-	var k outbox.Kept
-	f := outbox.Keep(&k, func(n int) ([]store.OutboxMsg, error) {
-		if n == 1 {
-			return []store.OutboxMsg{a}, nil
-		}
-		if n == 2 {
-			return []store.OutboxMsg{a, c}, nil
-		}
-		return []store.OutboxMsg{{Stream: "WORK", MsgID: "lost"}}, fmt.Errorf("refused")
-	})
-	for n := range 4 {
-		_, _ = f(n)
-	}
-	if got := k.Msgs(); len(got) != 2 || got[0].MsgID != "a" || got[1].MsgID != "c" {
-		t.Fatalf("kept %+v, want a and c once each, nothing from a refused call", got)
-	}
-}

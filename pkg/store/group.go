@@ -551,32 +551,7 @@ func (s *Store) InsertWorkGroup(ctx context.Context, reqs []InsertReq) []WorkIns
 // fills out for each row it wrote, and returns the requests it wrote
 // nothing for.
 func (s *Store) insertNewGroup(ctx context.Context, reqs []InsertReq, grouped []int, out []WorkInserted) (rest []int) {
-	n := len(grouped)
-	ids, tenants, regions, contracts, schemas, taxonomies, sources, revisions, lanes, inputs, digests, traces, models, prompts, shadows :=
-		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n),
-		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n),
-		make([]string, n), make([]string, n), make([]string, n)
-	deadlines, supersede := make([]time.Time, n), make([]bool, n)
-	var ob outboxRows
-	at := map[string]int{}
-	for k, i := range grouped {
-		w := reqs[i].Work
-		// Announced as the row will read: the column's default dispatch, 1.
-		first := *w
-		first.Dispatch, first.Superseded, first.SupersededRunning = 1, nil, nil
-		msgs, err := reqs[i].Announce(&first)
-		if err == nil {
-			err = ob.add(w.ID, msgs)
-		}
-		if err != nil {
-			out[i].Err = fmt.Errorf("store: insert work: %w", err)
-			continue
-		}
-		at[w.ID] = i
-		ids[k], tenants[k], regions[k], contracts[k], schemas[k], taxonomies[k] = w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion
-		sources[k], revisions[k], lanes[k], inputs[k], digests[k], deadlines[k] = w.SourceID, w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt
-		traces[k], supersede[k], models[k], prompts[k], shadows[k] = w.Traceparent, w.SupersedeOlder, w.Model, w.PromptDigest, w.ShadowOf
-	}
+	args, at, announced := insertGroupArgs(reqs, grouped, out)
 	rows, err := s.pool.Query(ctx, `WITH x AS (
 			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
 				$9::text[], $10::text[], $11::text[], $12::timestamptz[], $13::text[], $14::bool[], $15::text[], $16::text[], $17::text[])
@@ -606,8 +581,7 @@ func (s *Store) insertNewGroup(ctx context.Context, reqs []InsertReq, grouped []
 		SELECT ins.*, coalesce((SELECT array_agg(sup.id ORDER BY sup.id) FROM sup WHERE sup.by_id = ins.id), '{}'),
 			coalesce((SELECT array_agg(sup.id ORDER BY sup.id) FROM sup WHERE sup.by_id = ins.id AND sup.state = 'running'), '{}')
 		FROM ins`,
-		append([]any{ids, tenants, regions, contracts, schemas, taxonomies, sources, revisions, lanes, inputs, digests,
-			deadlines, traces, supersede, models, prompts, shadows}, ob.args()...)...)
+		args...)
 	written := map[int]bool{}
 	if err == nil {
 		for rows.Next() {
@@ -616,8 +590,8 @@ func (s *Store) insertNewGroup(ctx context.Context, reqs []InsertReq, grouped []
 			if got, err = scanWorkWith(rows, &superseded, &running); err != nil {
 				break
 			}
-			got.Superseded, got.SupersededRunning = superseded, running
 			i := at[got.ID]
+			got.Superseded, got.SupersededRunning, got.Announced = superseded, running, announced[i]
 			out[i].Work, out[i].Created, written[i] = got, true, true
 		}
 		rows.Close()
@@ -648,4 +622,40 @@ func (s *Store) insertNewGroup(ctx context.Context, reqs []InsertReq, grouped []
 		}
 	}
 	return rest
+}
+
+// insertGroupArgs are insertNewGroup's statement's arguments for
+// reqs[grouped], each row announced as it will read (dispatch 1): by the
+// work's id, the request it answers and what its announcement writes. A
+// request whose announcement cannot be made gets its error in out and no
+// row (an empty id, which the statement skips).
+func insertGroupArgs(reqs []InsertReq, grouped []int, out []WorkInserted) (args []any, at map[string]int, announced map[int][]OutboxMsg) {
+	n := len(grouped)
+	ids, tenants, regions, contracts, schemas, taxonomies, sources, revisions, lanes, inputs, digests, traces, models, prompts, shadows :=
+		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n),
+		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n),
+		make([]string, n), make([]string, n), make([]string, n)
+	deadlines, supersede := make([]time.Time, n), make([]bool, n)
+	var ob outboxRows
+	at, announced = map[string]int{}, map[int][]OutboxMsg{}
+	for k, i := range grouped {
+		w := reqs[i].Work
+		first := *w
+		first.Dispatch, first.Superseded, first.SupersededRunning = 1, nil, nil
+		msgs, err := reqs[i].Announce(&first)
+		if err == nil {
+			err = ob.add(w.ID, msgs)
+		}
+		if err != nil {
+			out[i].Err = fmt.Errorf("store: insert work: %w", err)
+			continue
+		}
+		at[w.ID], announced[i] = i, msgs
+		ids[k], tenants[k], regions[k], contracts[k], schemas[k], taxonomies[k] = w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion
+		sources[k], revisions[k], lanes[k], inputs[k], digests[k], deadlines[k] = w.SourceID, w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt
+		traces[k], supersede[k], models[k], prompts[k], shadows[k] = w.Traceparent, w.SupersedeOlder, w.Model, w.PromptDigest, w.ShadowOf
+	}
+	args = append([]any{ids, tenants, regions, contracts, schemas, taxonomies, sources, revisions, lanes, inputs, digests,
+		deadlines, traces, supersede, models, prompts, shadows}, ob.args()...)
+	return args, at, announced
 }

@@ -344,6 +344,13 @@ func TestInsertWorkGroupDecidesEachRequest(t *testing.T) {
 	}
 	dropped := newWork("acme", "octo/repo#5", "r1")
 	dropped.DropReason = "over_rate"
+	// Work dropped before, asked for again in the group: its key is taken,
+	// so it is decided alone and queued again under dispatch 2.
+	earlier := newWork("acme", "octo/repo#6", "r1")
+	earlier.DropReason = "over_rate"
+	if _, created, err := s.InsertWork(ctx, earlier, withCancels); err != nil || !created {
+		t.Fatalf("drop: created=%v %v", created, err)
+	}
 	reqs := []*store.Work{
 		newWork("acme", "octo/repo#1", "r1"), // the key taken
 		newWork("acme", "octo/repo#2", "r2"), // supersedes a queued revision
@@ -351,6 +358,7 @@ func TestInsertWorkGroupDecidesEachRequest(t *testing.T) {
 		newWork("acme", "octo/repo#4", "r1"), // new
 		newWork("acme", "octo/repo#4", "r2"), // a second revision of the same source
 		dropped,
+		newWork("acme", "octo/repo#6", "r1"), // the dropped work asked for again
 	}
 	var in []store.InsertReq
 	for _, w := range reqs {
@@ -365,6 +373,7 @@ func TestInsertWorkGroupDecidesEachRequest(t *testing.T) {
 	}{
 		{taken.ID, false, "queued"}, {reqs[1].ID, true, "queued"}, {reqs[2].ID, true, "queued"},
 		{reqs[3].ID, true, "superseded"}, {reqs[4].ID, true, "queued"}, {dropped.ID, true, "dropped"},
+		{earlier.ID, true, "queued"},
 	}
 	for i, w := range want {
 		if out[i].Err != nil || out[i].Work == nil || out[i].Work.ID != w.id || out[i].Created != w.created {
@@ -373,6 +382,24 @@ func TestInsertWorkGroupDecidesEachRequest(t *testing.T) {
 		if got := count(t, ctx, s, `SELECT count(*) FROM work WHERE id = $1 AND state = $2`, w.id, w.state); got != 1 {
 			t.Fatalf("request %d: work %s not %s", i, w.id, w.state)
 		}
+	}
+	// What each request says it wrote, to hand to the relay, is what is in
+	// the outbox for its work, and nothing else.
+	for i, o := range out {
+		if !o.Created {
+			continue
+		}
+		var ids []string
+		for _, m := range o.Work.Announced {
+			ids = append(ids, m.MsgID)
+		}
+		written := count(t, ctx, s, `SELECT count(*) FROM outbox WHERE msg_id LIKE $1 || '.%' OR msg_id LIKE 'cancel.%.' || $1`, o.Work.ID)
+		if matched := count(t, ctx, s, `SELECT count(*) FROM outbox WHERE msg_id = ANY($1)`, ids); matched != len(ids) || written != len(ids) {
+			t.Fatalf("request %d says it wrote %v; %d of them are in the outbox, which holds %d rows of its work", i, ids, matched, written)
+		}
+	}
+	if got := out[6].Work.Announced; len(got) != 1 || got[0].MsgID != earlier.ID+".2" {
+		t.Fatalf("the dropped work queued again says it wrote %+v, want its dispatch-2 announcement alone", got)
 	}
 	if got := out[2].Work.SupersededRunning; len(got) != 1 || got[0] != runningOld.ID {
 		t.Fatalf("superseded running = %v, want %s", got, runningOld.ID)

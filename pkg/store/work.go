@@ -80,6 +80,10 @@ type Work struct {
 	// model calls are to be canceled.
 	Superseded        []string `json:"-"`
 	SupersededRunning []string `json:"-"`
+	// Announced, after an insert that created the work, are the outbox
+	// rows it wrote (the announcement, and the cancels of what it
+	// superseded), to hand to the relay once committed.
+	Announced []OutboxMsg `json:"-"`
 }
 
 // Terminal reports whether the work has reached its outcome.
@@ -178,7 +182,7 @@ func (s *Store) insertNew(ctx context.Context, w *Work, announce func(*Work) ([]
 	if err != nil {
 		return nil, err
 	}
-	got.Superseded, got.SupersededRunning = superseded, running
+	got.Superseded, got.SupersededRunning, got.Announced = superseded, running, msgs
 	if len(running) == 0 {
 		return got, nil
 	}
@@ -186,28 +190,24 @@ func (s *Store) insertNew(ctx context.Context, w *Work, announce func(*Work) ([]
 }
 
 // cancelSuperseded writes the cancels of the running revisions new work
-// superseded, in a statement of its own after the one that inserted it:
-// what announce makes for it besides its announcement (dispatch 1).
+// superseded, in a statement of its own after the one that inserted it and
+// wrote got.Announced: what announce makes for it besides those.
 func (s *Store) cancelSuperseded(ctx context.Context, got *Work, announce func(*Work) ([]OutboxMsg, error)) error {
 	all, err := announce(got)
 	if err != nil {
 		return err
 	}
-	first := *got
-	first.Dispatch, first.Superseded, first.SupersededRunning = 1, nil, nil
-	announced, err := announce(&first)
-	if err != nil {
+	cancels := slices.DeleteFunc(all, func(m OutboxMsg) bool {
+		return slices.ContainsFunc(got.Announced, func(a OutboxMsg) bool { return a.MsgID == m.MsgID })
+	})
+	var ob outboxRows
+	if err := ob.add("", cancels); err != nil {
 		return err
 	}
-	var cancels outboxRows
-	if err := cancels.add("", slices.DeleteFunc(all, func(m OutboxMsg) bool {
-		return slices.ContainsFunc(announced, func(a OutboxMsg) bool { return a.MsgID == m.MsgID })
-	})); err != nil {
-		return err
-	}
-	if _, err := s.pool.Exec(ctx, outboxInsert(1, "true"), cancels.args()...); err != nil {
+	if _, err := s.pool.Exec(ctx, outboxInsert(1, "true"), ob.args()...); err != nil {
 		return fmt.Errorf("store: cancels of %s: %w", got.ID, err)
 	}
+	got.Announced = append(got.Announced, cancels...)
 	return nil
 }
 
@@ -235,6 +235,7 @@ func insertWork(ctx context.Context, tx pgx.Tx, w *Work, announce func(*Work) ([
 	if err := insertOutbox(ctx, tx, msgs); err != nil {
 		return nil, false, err
 	}
+	got.Announced = msgs
 	return got, true, nil
 }
 

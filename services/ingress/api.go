@@ -25,7 +25,6 @@ import (
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
-	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
@@ -205,8 +204,7 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		s.overCapacity(ctx, w, t, work, r)
 		return
 	}
-	var kept outbox.Kept
-	ins := s.inserts.Do(ctx, store.InsertReq{Work: work, Announce: outbox.Keep(&kept, s.announce(ctx))})
+	ins := s.inserts.Do(ctx, store.InsertReq{Work: work, Announce: s.announce(ctx)})
 	got, created, err := ins.Work, ins.Created, ins.Err
 	if store.Permanent(err) {
 		// Bad input the checks above let through: a 400, never a
@@ -227,7 +225,7 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		s.duplicate(ctx, w, t, got)
 		return
 	}
-	s.relay.Send(kept.Msgs()...)
+	s.relay.Send(got.Announced...)
 	s.goShadow(ctx, work)
 	s.logSuperseded(ctx, got)
 	s.count(ctx, outcome.Accepted)

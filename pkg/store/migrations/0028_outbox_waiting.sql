@@ -9,7 +9,9 @@
 -- dating a row is a heap-only update of that page. The table of what
 -- waits holds only rows sent in the last moments (a relay is handed what
 -- its process wrote and sends it at once) and those set aside: its key is
--- all a relay's poll needs.
+-- all a relay's poll needs. The outbox's own tries, last_error,
+-- first_failed_at and set_aside_at stay for an older release still
+-- running beside this one; this release neither reads nor writes them.
 CREATE TABLE outbox_waiting (
     id              bigint PRIMARY KEY,
     stream          text NOT NULL,
