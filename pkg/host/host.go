@@ -117,7 +117,7 @@ type Part interface {
 // try; creates the cell's database when it does not exist and the role
 // may; applies migrations; and logs what it did.
 func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logger, opts ...telemetry.Option) (*Env, error) {
-	tel, err := telemetry.Setup(ctx, name, cfg.Region, append([]telemetry.Option{telemetry.WithTenantLabels(cfg.MetricsTenants)}, opts...)...)
+	tel, err := telemetry.Setup(ctx, name, cfg.Region, append([]telemetry.Option{telemetry.WithTenantLabels(cfg.MetricsTenants), telemetry.WithCell(cfg.Cell)}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}

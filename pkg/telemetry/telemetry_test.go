@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -199,5 +201,41 @@ func TestLoggerNamesServiceAndRegionOnce(t *testing.T) {
 		!strings.Contains(line, `"service":"classifier"`) || !strings.Contains(line, `"region":"us"`) ||
 		!strings.Contains(line, `"key":"w_1"`) || !strings.Contains(line, `"delay":"1.5s"`) {
 		t.Fatalf("log line %s", line)
+	}
+}
+
+// TestEveryMetricNamesItsCell: a service of cell us-2 labels each of its
+// series, and the build info, with cell="us-2"; without WithCell the cell
+// is the region.
+func TestEveryMetricNamesItsCell(t *testing.T) {
+	for _, c := range []struct {
+		opts []Option
+		want string
+	}{{[]Option{WithCell("us-2")}, "us-2"}, {nil, "us"}} {
+		p, err := Setup(t.Context(), "ledger", "us", c.opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Shutdown(context.Background()) })
+		n, err := p.Meter().Int64Counter("assay.test.celled")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Add(t.Context(), 1, metric.WithAttributes(attribute.String("region", "us")))
+		rec := httptest.NewRecorder()
+		p.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		var series int
+		for _, line := range strings.Split(rec.Body.String(), "\n") {
+			if !strings.HasPrefix(line, "assay_test_celled_total{") && !strings.HasPrefix(line, "assay_build_info{") {
+				continue
+			}
+			series++
+			if !strings.Contains(line, `cell="`+c.want+`"`) {
+				t.Errorf("%s: want cell=%q", line, c.want)
+			}
+		}
+		if series != 2 {
+			t.Errorf("found %d of the 2 series:\n%s", series, rec.Body.String())
+		}
 	}
 }
