@@ -300,15 +300,15 @@ func checkLagWhileRetryAfter(t *testing.T, ctx context.Context, api string, r Ru
 	t.Logf("lag panel: %d durables, all 0", len(got))
 }
 
-// panelExpr is the PromQL of one panel's target, with $region as every
-// region.
+// panelExpr is the PromQL of one panel's target, with $region and $cell as
+// every region and every cell.
 func panelExpr(t *testing.T, boards []dashboard, file, title, ref string) string {
 	t.Helper()
 	for _, b := range boards {
 		for _, p := range b.Panels {
 			for _, tg := range p.Targets {
 				if b.file == file && p.Title == title && tg.RefID == ref {
-					return strings.ReplaceAll(tg.Expr, "$region", ".*")
+					return strings.NewReplacer("$region", ".*", "$cell", ".*").Replace(tg.Expr)
 				}
 			}
 		}

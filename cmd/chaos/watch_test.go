@@ -204,14 +204,14 @@ func checkPrometheus(t *testing.T, ctx context.Context, api string, r Running, b
 	// The deriv rule needs two evaluations of the lag it derives from.
 	waitQuery(t, ctx, api, `assay:consumer_lag:deriv10m`, 1)
 
-	region := regexp.MustCompile(`\$region`)
+	vars := regexp.MustCompile(`\$(region|cell)\b`)
 	for _, b := range boards {
 		for _, p := range b.Panels {
 			for _, tg := range p.Targets {
 				if tg.Expr == "" {
 					continue
 				}
-				expr := region.ReplaceAllString(tg.Expr, ".*")
+				expr := vars.ReplaceAllString(tg.Expr, ".*")
 				got, err := query(ctx, api, expr)
 				switch {
 				case err != nil:
