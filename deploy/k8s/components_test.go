@@ -78,14 +78,16 @@ func renderWithComponents(t *testing.T, cell string) *withComponents {
 	mem := memTree(t)
 	edit(t, mem, "/k8s/overlays/"+cell+"/kustomization.yaml", "components:\n  - cell\n",
 		"components:\n  - cell\n  - ../../components/monitoring\n  - ../../components/api-ingress\n  - ../../components/api-httproute\n")
-	b, _ := mem.ReadFile("/k8s/nats/" + cell + "/kustomization.yaml")
-	if err := mem.WriteFile("/k8s/nats/"+cell+"/kustomization.yaml", append(b, []byte("components:\n  - ../../components/cert-manager\n")...)); err != nil {
+	// The certificates are the region's NATS's, made where its release is.
+	region := "/k8s/nats/" + cells[cell]
+	b, _ := mem.ReadFile(region + "/kustomization.yaml")
+	if err := mem.WriteFile(region+"/kustomization.yaml", append(b, []byte("components:\n  - ../../components/cert-manager\n")...)); err != nil {
 		t.Fatal(err)
 	}
 	w := &withComponents{monitors: map[string]*monv1.ServiceMonitor{}, podMonitors: map[string]*monv1.PodMonitor{},
 		rules: map[string]*monv1.PrometheusRule{}, certificates: map[string]*cmv1.Certificate{}, issuers: map[string]*cmv1.Issuer{},
 		ingresses: map[string]*networkingv1.Ingress{}, routes: map[string]*gwv1.HTTPRoute{}, services: map[string]*corev1.Service{}}
-	for _, dir := range []string{"/k8s/overlays/" + cell, "/k8s/nats/" + cell} {
+	for _, dir := range []string{"/k8s/overlays/" + cell, "/k8s/" + natsDirs(cell)[0]} {
 		m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(mem, dir)
 		if err != nil {
 			t.Fatalf("%s with the components: %v", dir, err)
@@ -125,11 +127,11 @@ func renderWithComponents(t *testing.T, cell string) *withComponents {
 // (prometheus-operator, cert-manager, Gateway API, k8s.io/api), then
 // checks that each selects or names what the cell has.
 func TestOptionalComponents(t *testing.T) {
-	for _, cell := range cells {
+	for _, cell := range cellIDs {
 		t.Run(cell, func(t *testing.T) {
 			w := renderWithComponents(t, cell)
 			checkMonitors(t, w)
-			checkCertificates(t, w, cell)
+			checkCertificates(t, w, cells[cell])
 			checkAPIExamples(t, w)
 		})
 	}
@@ -185,10 +187,10 @@ func checkMonitors(t *testing.T, w *withComponents) {
 	}
 }
 
-func checkCertificates(t *testing.T, w *withComponents, cell string) {
+func checkCertificates(t *testing.T, w *withComponents, region string) {
 	t.Helper()
-	ns := "assay-" + cell
-	values := natsValues(t, cell)
+	ns := "assay-" + region
+	values := natsValues(t, region)
 	ca := w.certificates["nats-ca"]
 	if ca == nil || !ca.Spec.IsCA || ca.Spec.SecretName != values.TLSCA.SecretName || values.TLSCA.Key != "ca.crt" {
 		t.Fatalf("the CA certificate %+v: want an isCA certificate into %s (ca.crt)", ca, values.TLSCA.SecretName)

@@ -131,21 +131,25 @@ func migrateDir(cell string) string { return "overlays/" + cell + "/migrate" }
 // TestOverlaysRenderAndDecode renders every kustomization a cell is
 // installed from and checks what each object says against the others.
 func TestOverlaysRenderAndDecode(t *testing.T) {
-	for _, cell := range cells {
+	for _, cell := range cellIDs {
 		t.Run(cell, func(t *testing.T) {
 			s := load(t, cellDir(cell))
 			m := load(t, migrateDir(cell))
-			n := load(t, "nats/"+cell)
-			ns := "assay-" + cell
-			for _, x := range []*set{s, m, n} {
+			ns, regionNS := "assay-"+cell, "assay-"+cells[cell]
+			for _, x := range []*set{s, m} {
 				checkNamespace(t, x, ns)
 			}
-			if len(n.namespaces) != 1 || n.namespaces[ns] == nil {
-				t.Errorf("nats/%s: want the one Namespace %s, have %v", cell, ns, keys(n.namespaces))
+			// A region's first cell lives in the namespace its region's NATS
+			// kustomization makes; another cell brings its own.
+			home := "nats/" + cell
+			if cells[cell] != cell {
+				home = cellDir(cell) + "/namespace"
 			}
-			if cm := n.configMaps["nats-assay-accounts"]; cm == nil || cm.Data["assay.conf"] == "" {
-				t.Errorf("nats/%s: no ConfigMap nats-assay-accounts with assay.conf", cell)
+			h := load(t, home)
+			if got := h.namespaces[ns]; got == nil || got.Labels["assay.dev/region"] != cells[cell] || got.Labels["assay.dev/cell"] != cell {
+				t.Errorf("%s: want the Namespace %s labelled with cell %s and region %s, have %v", home, ns, cell, cells[cell], keys(h.namespaces))
 			}
+			checkNamespace(t, h, ns)
 			checkCellConfig(t, s, cell)
 			checkCellConfig(t, m, cell)
 			if a, b := cellConfig(t, s), cellConfig(t, m); !mapsEqual(a.Data, b.Data) {
@@ -154,9 +158,19 @@ func TestOverlaysRenderAndDecode(t *testing.T) {
 			checkDeployments(t, s)
 			checkJob(t, m)
 			checkSelectors(t, s)
-			checkPolicies(t, s, n, cell, true)
-			// The Job shares the cell's policies; the services' select none of its pods.
-			checkPolicies(t, m, n, cell, false)
+			for _, dir := range natsDirs(cell) {
+				n := load(t, dir)
+				checkNamespace(t, n, regionNS)
+				if len(n.namespaces) != 1 || n.namespaces[regionNS] == nil {
+					t.Errorf("%s: want the one Namespace %s, have %v", dir, regionNS, keys(n.namespaces))
+				}
+				if cm := n.configMaps["nats-assay-accounts"]; cm == nil || cm.Data["assay.conf"] == "" {
+					t.Errorf("%s: no ConfigMap nats-assay-accounts with assay.conf", dir)
+				}
+				checkPolicies(t, s, n, cell, true)
+				// The Job shares the cell's policies; the services' select none of its pods.
+				checkPolicies(t, m, n, cell, false)
+			}
 			checkEnvRefs(t, s, podSpecs(s))
 			checkEnvRefs(t, m, podSpecs(m))
 			checkImages(t, s, m)
@@ -219,11 +233,16 @@ func cellConfig(t *testing.T, s *set) *corev1.ConfigMap {
 func checkCellConfig(t *testing.T, s *set, cell string) {
 	t.Helper()
 	d := cellConfig(t, s).Data
-	if d["region"] != cell {
-		t.Errorf("%s: assay-cell region %q, want %q", s.dir, d["region"], cell)
+	if d["cell"] != cell || d["region"] != cells[cell] {
+		t.Errorf("%s: assay-cell cell %q region %q, want %q in %q", s.dir, d["cell"], d["region"], cell, cells[cell])
 	}
-	if !slices.Contains(strings.Split(d["regions"], ","), cell) {
-		t.Errorf("%s: assay-cell regions %q lacks %q", s.dir, d["regions"], cell)
+	if !slices.Contains(strings.Split(d["regions"], ","), cells[cell]) {
+		t.Errorf("%s: assay-cell regions %q lacks %q", s.dir, d["regions"], cells[cell])
+	}
+	// The other cells of the region send this cell's tenants' requests to
+	// its ingress Service, in its namespace, on the API port.
+	if want := "http://ingress.assay-" + cell + ".svc.cluster.local:8080"; d["cell-url"] != want {
+		t.Errorf("%s: assay-cell cell-url %q, want %q", s.dir, d["cell-url"], want)
 	}
 }
 
@@ -341,19 +360,24 @@ func checkDeployments(t *testing.T, s *set) {
 // streams, however many there are. Key-value buckets are left out.
 func streamOwners(t *testing.T, cell string) map[string][]string {
 	t.Helper()
-	conf, err := os.ReadFile("nats/" + cell + "/assay.conf")
+	conf, err := os.ReadFile(natsDirs(cell)[0] + "/assay.conf")
 	if err != nil {
 		t.Fatal(err)
 	}
-	user := regexp.MustCompile(`user: "[a-z0-9-]+-` + cell + `-([a-z]+)"`)
+	user := regexp.MustCompile(`user: "([a-z0-9-]+)"`)
+	ours := regexp.MustCompile(`^[a-z0-9]+-` + regexp.QuoteMeta(cell) + `-([a-z]+)$`)
 	create := regexp.MustCompile(`"\$JS\.API\.STREAM\.CREATE\.([A-Za-z0-9_-]+)"`)
 	out := map[string][]string{}
 	who := ""
 	for _, line := range strings.Split(string(conf), "\n") {
 		if m := user.FindStringSubmatch(line); m != nil {
-			who = m[1]
+			// Another cell's user (us-2's beside us's) owns nothing of this one.
+			who = ""
+			if o := ours.FindStringSubmatch(m[1]); o != nil {
+				who = o[1]
+			}
 		}
-		if m := create.FindStringSubmatch(line); m != nil && !strings.HasPrefix(m[1], "KV_") {
+		if m := create.FindStringSubmatch(line); m != nil && who != "" && !strings.HasPrefix(m[1], "KV_") {
 			out[who] = append(out[who], m[1])
 		}
 	}
@@ -729,12 +753,14 @@ func checkScaling(t *testing.T, s *set, cell string) {
 	}
 	// The account is the cell's in the NATS accounts file its servers load.
 	account := strings.ToUpper(strings.ReplaceAll(names.Installation+"_"+cell, "-", "_"))
-	conf, err := os.ReadFile("nats/" + cell + "/assay.conf")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(conf), "\n  "+account+" {\n") {
-		t.Errorf("nats/%s/assay.conf has no account %s", cell, account)
+	for _, dir := range natsDirs(cell) {
+		conf, err := os.ReadFile(dir + "/assay.conf")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(conf), "\n  "+account+" {\n") {
+			t.Errorf("%s/assay.conf has no account %s", dir, account)
+		}
 	}
 	if got := keys(s.scaledObject); !slices.Equal(got, keys(want)) {
 		t.Fatalf("%s: ScaledObjects %v, want %v", s.dir, got, keys(want))
@@ -779,8 +805,8 @@ func checkScaling(t *testing.T, s *set, cell string) {
 			if tr.Metadata["account"] != account {
 				t.Errorf("%s: %s: account %q, want %q", s.dir, name, tr.Metadata["account"], account)
 			}
-			if ep := tr.Metadata["natsServerMonitoringEndpoint"]; ep != "nats-headless.assay-"+cell+".svc.cluster.local:8222" {
-				t.Errorf("%s: %s: monitoring endpoint %q is not the cell's NATS", s.dir, name, ep)
+			if ep := tr.Metadata["natsServerMonitoringEndpoint"]; ep != "nats-headless.assay-"+cells[cell]+".svc.cluster.local:8222" {
+				t.Errorf("%s: %s: monitoring endpoint %q is not the NATS of the cell's region", s.dir, name, ep)
 			}
 			if _, err := strconv.Atoi(tr.Metadata["lagThreshold"]); err != nil {
 				t.Errorf("%s: %s: lagThreshold %q", s.dir, name, tr.Metadata["lagThreshold"])

@@ -180,12 +180,13 @@ func mergeValues(dst, src map[string]any) {
 	}
 }
 
-// TestNATSValues: each cell's NATS is a three-node cluster with JetStream on
-// file storage, TLS on clients and routes, the servers tagged with what the
-// cell's streams are placed by, and the cell's accounts file mounted where
-// the include names it, with the passwords from a Secret.
+// TestNATSValues: each region's NATS is a three-node cluster with JetStream
+// on file storage, TLS on clients and routes, the servers tagged with what
+// the streams of the region's cells are placed by, and the accounts file
+// of each of its NATS kustomizations mounted where the include names it,
+// with the passwords from a Secret.
 func TestNATSValues(t *testing.T) {
-	for _, cell := range cells {
+	for _, cell := range regions {
 		v := natsValues(t, cell)
 		c := v.Config
 		if !c.Cluster.Enabled || c.Cluster.Replicas != 3 || c.Cluster.Merge.Name != "assay-"+cell {
@@ -205,10 +206,15 @@ func TestNATSValues(t *testing.T) {
 		if !c.Monitor.Enabled || c.Monitor.Port != 8222 {
 			t.Errorf("%s: monitoring %+v: KEDA reads port 8222", cell, c.Monitor)
 		}
-		placement := strings.Split(cellConfig(t, load(t, cellDir(cell))).Data["stream-placement"], ",")
-		for _, tag := range placement {
-			if !slices.Contains(c.Merge.ServerTags, tag) {
-				t.Errorf("%s: the streams are placed by %q, which the servers' tags %v lack", cell, tag, c.Merge.ServerTags)
+		for id, region := range cells {
+			if region != cell {
+				continue
+			}
+			placement := strings.Split(cellConfig(t, load(t, cellDir(id))).Data["stream-placement"], ",")
+			for _, tag := range placement {
+				if !slices.Contains(c.Merge.ServerTags, tag) {
+					t.Errorf("%s: cell %s's streams are placed by %q, which the servers' tags %v lack", cell, id, tag, c.Merge.ServerTags)
+				}
 			}
 		}
 		if len(v.Container.Merge.EnvFrom) != 1 || v.Container.Merge.EnvFrom[0].SecretRef.Name != "assay-nats-passwords" {
@@ -220,8 +226,13 @@ func TestNATSValues(t *testing.T) {
 		if mount.Name == "" || mount.Name != vol.Name || filepath.Join("/etc/nats-config", c.Merge.Include) != filepath.Join(mount.MountPath, "assay.conf") {
 			t.Errorf("%s: include %q is not the mounted accounts file (%+v, %+v)", cell, c.Merge.Include, mount, vol)
 		}
-		if cm := load(t, "nats/"+cell).configMaps[vol.ConfigMap.Name]; cm == nil || cm.Data["assay.conf"] == "" {
-			t.Errorf("%s: the volume's ConfigMap %q is not rendered by nats/%s with assay.conf", cell, vol.ConfigMap.Name, cell)
+		for _, k := range natsKustomizations {
+			if k.region != cell {
+				continue
+			}
+			if cm := load(t, k.dir).configMaps[vol.ConfigMap.Name]; cm == nil || cm.Data["assay.conf"] == "" {
+				t.Errorf("%s: the volume's ConfigMap %q is not rendered by %s with assay.conf", cell, vol.ConfigMap.Name, k.dir)
+			}
 		}
 		if len(v.PodTemplate.TopologySpreadConstraints["kubernetes.io/hostname"].WhenUnsatisfiable) == 0 {
 			t.Errorf("%s: the servers are not spread over nodes", cell)
@@ -230,21 +241,22 @@ func TestNATSValues(t *testing.T) {
 	}
 }
 
-// TestNATSAccountsAreGenerated: each cell's accounts file is what assay
-// nats-config writes for that cell alone, so it names the same users,
+// TestNATSAccountsAreGenerated: each NATS kustomization's accounts file is
+// what assay nats-config writes for its cells, so it names the same users,
 // subjects and JetStream calls as the code (deploy/nats/README.md).
 func TestNATSAccountsAreGenerated(t *testing.T) {
-	for _, cell := range cells {
-		want, err := exec.Command(binary(t, "assay"), "nats-config", "--cells", cell).Output()
+	for _, k := range natsKustomizations {
+		flag := cellsFlag(k.cells)
+		want, err := exec.Command(binary(t, "assay"), "nats-config", "--cells", flag).Output()
 		if err != nil {
-			t.Fatalf("assay nats-config --cells %s: %v", cell, err)
+			t.Fatalf("assay nats-config --cells %s: %v", flag, err)
 		}
-		got, err := os.ReadFile("nats/" + cell + "/assay.conf")
+		got, err := os.ReadFile(k.dir + "/assay.conf")
 		if err != nil {
 			t.Fatal(err)
 		}
 		if string(got) != string(want) {
-			t.Errorf("nats/%s/assay.conf differs from assay nats-config --cells %s; run it again:\n  (cd cmd/assay && go run . nats-config --cells %s) > deploy/k8s/nats/%s/assay.conf", cell, cell, cell, cell)
+			t.Errorf("%s/assay.conf differs from assay nats-config --cells %s; run it again:\n  (cd cmd/assay && go run . nats-config --cells %s) > deploy/k8s/%s/assay.conf", k.dir, flag, flag, k.dir)
 		}
 	}
 }

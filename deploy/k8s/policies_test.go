@@ -24,6 +24,22 @@ func nsLabels(name string) map[string]string {
 	return map[string]string{"kubernetes.io/metadata.name": name}
 }
 
+// cellNSLabels are the labels of a cell's namespace (nats/<region> or
+// overlays/<cell>/namespace): its name and its region.
+func cellNSLabels(cell string) map[string]string {
+	return map[string]string{"kubernetes.io/metadata.name": "assay-" + cell, "assay.dev/region": cells[cell]}
+}
+
+// across says whether from, in namespace fromNS under fromPols, may open
+// a connection to to, in namespace toNS under toPols: the egress side
+// decided by the source's namespace's policies, the ingress side by the
+// destination's.
+func across(fromPols map[string]*networkingv1.NetworkPolicy, fromNS string, from peer,
+	toPols map[string]*networkingv1.NetworkPolicy, toNS string, to peer, port int32) bool {
+	return direction(fromPols, fromNS, from, to, port, networkingv1.PolicyTypeEgress) &&
+		direction(toPols, toNS, to, from, port, networkingv1.PolicyTypeIngress)
+}
+
 // allowed says whether the policies of namespace ns (where to or from
 // lives) let from connect to to on TCP port, the way the API defines it: a
 // pod that no policy of its direction selects is not isolated; an isolated
@@ -151,10 +167,11 @@ func inBlock(b *networkingv1.IPBlock, ip netip.Addr) bool {
 // them (nats holds the NATS policies, rendered by nats/<cell>).
 func checkPolicies(t *testing.T, s, nats *set, cell string, everyOneSelects bool) {
 	t.Helper()
-	ns := "assay-" + cell
-	here := nsLabels(ns)
+	ns, natsNS := "assay-"+cell, "assay-"+cells[cell]
+	here := cellNSLabels(cell)
 	pg := peer{ns: here, pod: map[string]string{"cnpg.io/cluster": "assay-pg", "cnpg.io/instanceRole": "primary", "cnpg.io/podRole": "instance"}}
-	natsPod := peer{ns: here, pod: map[string]string{"app.kubernetes.io/name": "nats", "app.kubernetes.io/instance": "nats", "app.kubernetes.io/component": "nats"}}
+	// The region's NATS, in its first cell's namespace.
+	natsPod := peer{ns: cellNSLabels(cells[cell]), pod: map[string]string{"app.kubernetes.io/name": "nats", "app.kubernetes.io/instance": "nats", "app.kubernetes.io/component": "nats"}}
 	dns := peer{ns: nsLabels("kube-system"), pod: map[string]string{"k8s-app": "kube-dns"}}
 	stranger := peer{ns: nsLabels("elsewhere"), pod: map[string]string{"app": "anything"}}
 	prometheus := peer{ns: nsLabels("monitoring"), pod: map[string]string{"app.kubernetes.io/name": "prometheus"}}
@@ -196,8 +213,19 @@ func checkPolicies(t *testing.T, s, nats *set, cell string, everyOneSelects bool
 			t.Errorf("%s: %s cannot reach its cell's Postgres", s.dir, name)
 		}
 		isService := slices.Contains(services, name)
-		if got := allowed(s.policies, ns, p, natsPod, 4222) && allowed(nats.policies, ns, p, natsPod, 4222); got != isService {
-			t.Errorf("%s: %s reaches NATS: %v, want %v", s.dir, name, got, isService)
+		if got := across(s.policies, ns, p, nats.policies, natsNS, natsPod, 4222); got != isService {
+			t.Errorf("%s: %s reaches the region's NATS (%s): %v, want %v", s.dir, name, nats.dir, got, isService)
+		}
+		// The region's cells send requests on to each other's ingress
+		// (ASSAY_CELL_URL); no other pod goes there, and no cell of
+		// another region is reached.
+		for other, region := range cells {
+			theirs := peer{ns: cellNSLabels(other), pod: map[string]string{"app.kubernetes.io/name": "ingress", "app.kubernetes.io/part-of": "assay"},
+				ports: map[string]int32{"http": 8080}}
+			want := name == "ingress" && region == cells[cell]
+			if got := across(s.policies, ns, p, s.policies, "assay-"+other, theirs, 8080); got != want {
+				t.Errorf("%s: %s reaches the ingress of cell %s: %v, want %v", s.dir, name, other, got, want)
+			}
 		}
 		wantOut := name == "classifier" || name == "ingress" || name == "committer"
 		for _, o := range outside {
@@ -239,17 +267,35 @@ func checkPolicies(t *testing.T, s, nats *set, cell string, everyOneSelects bool
 		{"the instance manager from the operator", cnpgOperator, 8000, true, s.policies, pg},
 		{"the instance manager from another namespace", stranger, 8000, false, s.policies, pg},
 		{"Postgres metrics from Prometheus", prometheus, 9187, true, s.policies, pg},
-		{"NATS clients from another namespace", stranger, 4222, false, nats.policies, natsPod},
-		{"NATS monitoring from KEDA", keda, 8222, true, nats.policies, natsPod},
-		{"NATS monitoring from another namespace", stranger, 8222, false, nats.policies, natsPod},
-		{"NATS monitoring from an assay pod", svc, 8222, false, nats.policies, natsPod},
-		{"NATS routes from another server", natsPod, 6222, true, nats.policies, natsPod},
-		{"NATS routes from another namespace", stranger, 6222, false, nats.policies, natsPod},
-		{"the NATS exporter from Prometheus", prometheus, 7777, true, nats.policies, natsPod},
-		{"the NATS exporter from another namespace", stranger, 7777, false, nats.policies, natsPod},
 	} {
 		if got := allowed(c.policies, ns, c.from, c.to, c.port); got != c.allowed {
 			t.Errorf("%s: %s (port %d): allowed %v, want %v", s.dir, c.what, c.port, got, c.allowed)
+		}
+	}
+	// The region's NATS, with its kustomization's policies; a cell of the
+	// region it does not serve (us-2 under nats/us) is a stranger to it.
+	otherCell := peer{ns: cellNSLabels("us-2"), pod: map[string]string{"app.kubernetes.io/name": "classifier", "app.kubernetes.io/part-of": "assay"}}
+	serves := slices.ContainsFunc(natsKustomizations, func(k natsKustomization) bool {
+		return k.dir == nats.dir && slices.Contains(k.cells, "us-2")
+	})
+	for _, c := range []struct {
+		what    string
+		from    peer
+		port    int32
+		allowed bool
+	}{
+		{"NATS clients from another namespace", stranger, 4222, false},
+		{"NATS clients from the us-2 cell", otherCell, 4222, serves},
+		{"NATS monitoring from KEDA", keda, 8222, true},
+		{"NATS monitoring from another namespace", stranger, 8222, false},
+		{"NATS monitoring from an assay pod", svc, 8222, false},
+		{"NATS routes from another server", natsPod, 6222, true},
+		{"NATS routes from another namespace", stranger, 6222, false},
+		{"the NATS exporter from Prometheus", prometheus, 7777, true},
+		{"the NATS exporter from another namespace", stranger, 7777, false},
+	} {
+		if got := direction(nats.policies, natsNS, natsPod, c.from, c.port, networkingv1.PolicyTypeIngress); got != c.allowed {
+			t.Errorf("%s: %s (port %d): allowed %v, want %v", nats.dir, c.what, c.port, got, c.allowed)
 		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -12,8 +14,55 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 )
 
-// cells are the region cells with an overlay each.
-var cells = []string{"us", "eu"}
+// cells are the cells with an overlay each (overlays/<cell>), by region:
+// a region's first cell has the region's id, us-2 is the us region's second.
+var cells = map[string]string{"us": "us", "eu": "eu", "us-2": "us"}
+
+// cellIDs are the cells in a fixed order.
+var cellIDs = []string{"us", "eu", "us-2"}
+
+// regions are the regions, each with its NATS Helm values
+// (nats/values-<region>.yaml) and its NATS kustomization (nats/<region>).
+var regions = []string{"us", "eu"}
+
+// natsKustomizations are the NATS kustomizations and the cells whose
+// accounts their accounts file holds: a region's own for its first cell,
+// and us-with-us-2 for the us region run as two cells.
+var natsKustomizations = []natsKustomization{
+	{"nats/us", "us", []string{"us"}},
+	{"nats/eu", "eu", []string{"eu"}},
+	{"nats/us-with-us-2", "us", []string{"us", "us-2"}},
+}
+
+type natsKustomization struct {
+	dir, region string
+	cells       []string
+}
+
+// natsDirs are the NATS kustomizations that serve cell, the first being
+// the one a region of that cell's kind installs.
+func natsDirs(cell string) []string {
+	var out []string
+	for _, k := range natsKustomizations {
+		if slices.Contains(k.cells, cell) {
+			out = append(out, k.dir)
+		}
+	}
+	return out
+}
+
+// cellsFlag is the --cells of assay nats-config for cells: a cell outside
+// the region its id names is written cell:region.
+func cellsFlag(ids []string) string {
+	var out []string
+	for _, c := range ids {
+		if cells[c] != c {
+			c += ":" + cells[c]
+		}
+		out = append(out, c)
+	}
+	return strings.Join(out, ",")
+}
 
 // object is one rendered manifest: its kind, name and JSON.
 type object struct {

@@ -188,24 +188,103 @@ func mountOf(c corev1.Container, p corev1.PodSpec, path string) *corev1.Volume {
 // JetStream is there, /metrics — and stop cleanly on SIGTERM; the streams
 // must be R3 and placed on the cell's tagged servers.
 func TestCellStartsFromItsManifests(t *testing.T) {
-	for _, cell := range cells {
-		t.Run(cell, func(t *testing.T) { runCell(t, cell) })
+	// Each region on its NATS: eu on its own, us as its two cells on the
+	// region's NATS for two cells; every cell with an overlay runs.
+	run := []natsKustomization{natsKustomizations[1], natsKustomizations[2]}
+	var ran []string
+	for _, k := range run {
+		ran = append(ran, k.cells...)
+	}
+	if !slices.Equal(sorted(ran), sorted(cellIDs)) {
+		t.Fatalf("the runs cover cells %v, want every cell %v", ran, cellIDs)
+	}
+	for _, k := range run {
+		t.Run(k.region, func(t *testing.T) { runRegion(t, k) })
 	}
 }
 
-func runCell(t *testing.T, cell string) {
+// runRegion starts the region's NATS from k, then each of its cells from
+// its manifests, and checks that every cell of the region registered in
+// the region's placement map where its ingress answers the others, as its
+// assay-cell ConfigMap says.
+func runRegion(t *testing.T, k natsKustomization) {
+	ca := newCA(t)
+	nc := startNATSCluster(t, k, natsValues(t, k.region), ca)
+	var runs []*cellRun
+	for _, cell := range k.cells {
+		runs = append(runs, startCell(t, cell, nc, ca))
+	}
+	conn, err := nats.Connect(nc.url(k.cells[0], "placer"), nats.RootCAs(ca.file))
+	if err != nil {
+		t.Fatalf("the placer of %s: %v", k.cells[0], err)
+	}
+	defer conn.Close()
+	js, err := jetstream.New(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	names := event.Names{Installation: cellConfig(t, runs[0].s).Data["installation"], Cell: k.cells[0]}
+	kv, err := js.KeyValue(ctx, names.PlacementBucket(k.region))
+	if err != nil {
+		t.Fatalf("the region's placement map: %v", err)
+	}
+	// The map as its readers see it: a watch, which delivers every key's
+	// latest value and then a nil.
+	w, err := kv.Watch(ctx, "cell.*")
+	if err != nil {
+		t.Fatalf("watch the region's placement map: %v", err)
+	}
+	registered := map[string]string{}
+	for e := range w.Updates() {
+		if e == nil {
+			break
+		}
+		registered[strings.TrimPrefix(e.Key(), "cell.")] = string(e.Value())
+	}
+	w.Stop()
+	for _, r := range runs {
+		if want := cellConfig(t, r.s).Data["cell-url"]; !strings.Contains(registered[r.cell], want) {
+			t.Errorf("cell %s is not in the region's placement map at %s: %q", r.cell, want, registered[r.cell])
+		}
+	}
+	for _, r := range runs {
+		r.stop(t)
+	}
+}
+
+// cellRun is one cell's services, started from its manifests.
+type cellRun struct {
+	cell       string
+	s          *set
+	procs      []*proc
+	mu         sync.Mutex
+	modelCalls int
+}
+
+type proc struct {
+	name    string
+	cmd     *exec.Cmd
+	addr    chan string
+	metrics chan string
+	log     *syncBuffer
+	done    chan error
+}
+
+// startCell runs the cell's migration Job's command, then its four
+// services, each with the environment its Deployment gives it (Secrets
+// and ConfigMaps resolved, addresses on loopback), and checks each one's
+// probes, its metrics port and the streams of the cell's account.
+func startCell(t *testing.T, cell string, nc *natsCluster, ca *testCA) *cellRun {
 	s := load(t, cellDir(cell))
 	m := load(t, migrateDir(cell))
-	values := natsValues(t, cell)
-	ca := newCA(t)
-	nc := startNATSCluster(t, cell, values, ca)
+	run := &cellRun{cell: cell, s: s}
 
-	var modelCalls int
-	var mu sync.Mutex
-	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		modelCalls++
-		mu.Unlock()
+	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		run.mu.Lock()
+		run.modelCalls++
+		run.mu.Unlock()
 		http.Error(w, `{"error":{"message":"no model in this test"}}`, http.StatusServiceUnavailable)
 	}))
 	t.Cleanup(model.Close)
@@ -221,10 +300,10 @@ func runCell(t *testing.T, cell string) {
 		"assay-github":    {"webhook-secret": "test-webhook-secret", "token": "test-token"},
 		"assay-nats-urls": {},
 	}
-	for i, svc := range append(services, "placement") {
+	for _, svc := range append(services, "placement") {
 		// Each service on its own user, spread over the three servers; the
 		// ingress's placement user is in the region's account.
-		secretValues["assay-nats-urls"][svc] = fmt.Sprintf("tls://%s:%s@127.0.0.1:%d", nc.users[svc], nc.passwords[svc], nc.clientPorts[i%len(nc.clientPorts)])
+		secretValues["assay-nats-urls"][svc] = nc.url(cell, svc)
 	}
 	env := func(where string, c corev1.Container, p corev1.PodSpec, cms map[string]*corev1.ConfigMap) []string {
 		var out []string
@@ -278,15 +357,6 @@ func runCell(t *testing.T, cell string) {
 		t.Fatalf("the migration Job's command: %v\n%s", err, out)
 	}
 
-	type proc struct {
-		name    string
-		cmd     *exec.Cmd
-		addr    chan string
-		metrics chan string
-		log     *syncBuffer
-		done    chan error
-	}
-	var procs []*proc
 	for _, name := range services {
 		p := s.deployments[name].Spec.Template.Spec
 		c := p.Containers[0]
@@ -304,7 +374,7 @@ func runCell(t *testing.T, cell string) {
 		}
 		go watchLog(stderr, pr.log, pr.addr, pr.metrics)
 		go func() { pr.done <- pr.cmd.Wait() }()
-		procs = append(procs, pr)
+		run.procs = append(run.procs, pr)
 		t.Cleanup(func() {
 			if pr.cmd.ProcessState == nil {
 				pr.cmd.Process.Kill()
@@ -322,7 +392,7 @@ func runCell(t *testing.T, cell string) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	for _, pr := range procs {
+	for _, pr := range run.procs {
 		c := s.deployments[pr.name].Spec.Template.Spec.Containers[0]
 		var addr string
 		select {
@@ -390,24 +460,30 @@ func runCell(t *testing.T, cell string) {
 		}
 	}
 
-	// SIGTERM: each drains and exits 0.
-	for _, pr := range procs {
+	return run
+}
+
+// stop sends each service SIGTERM: each drains and exits 0, and none was
+// refused anything by the NATS server or called the model.
+func (r *cellRun) stop(t *testing.T) {
+	t.Helper()
+	for _, pr := range r.procs {
 		if err := pr.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, pr := range procs {
+	for _, pr := range r.procs {
 		if err := <-pr.done; err != nil {
-			t.Errorf("%s after SIGTERM: %v\n%s", pr.name, err, pr.log.String())
+			t.Errorf("%s %s after SIGTERM: %v\n%s", r.cell, pr.name, err, pr.log.String())
 		}
 		if strings.Contains(pr.log.String(), "Permissions Violation") || strings.Contains(pr.log.String(), "permissions violation") {
-			t.Errorf("%s: the NATS server refused its user something\n%s", pr.name, pr.log.String())
+			t.Errorf("%s %s: the NATS server refused its user something\n%s", r.cell, pr.name, pr.log.String())
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if modelCalls != 0 {
-		t.Errorf("the model was called %d times with no work submitted", modelCalls)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.modelCalls != 0 {
+		t.Errorf("%s: the model was called %d times with no work submitted", r.cell, r.modelCalls)
 	}
 }
 
@@ -475,12 +551,20 @@ func streamInfo(t *testing.T, url string, ca *testCA, stream string) *jetstream.
 	return info
 }
 
-// natsCluster is a cell's test NATS: three servers, each service's user.
+// natsCluster is a region's test NATS: three servers, and each user of
+// each of its cells (by cell, then service).
 type natsCluster struct {
 	clientPorts []int
-	users       map[string]string
-	passwords   map[string]string
+	users       map[string]map[string]string
+	passwords   map[string]map[string]string
 	servers     []*server.Server
+}
+
+// url is where the service (or "placement", "placer") of cell connects,
+// with its user; the users are spread over the three servers.
+func (nc *natsCluster) url(cell, svc string) string {
+	i := slices.Index(append(services, "placement", "placer"), svc)
+	return fmt.Sprintf("tls://%s:%s@127.0.0.1:%d", nc.users[cell][svc], nc.passwords[cell][svc], nc.clientPorts[i%len(nc.clientPorts)])
 }
 
 // streams are the streams of account, as the servers that hold them report
@@ -511,25 +595,30 @@ func (nc *natsCluster) streams(t *testing.T, account string) map[string]*server.
 func softBuckets(n event.Names) []string { return []string{n.CapacityBucket(), n.AdmitBucket()} }
 
 // startNATSCluster starts three nats-servers in this process, each from a
-// configuration file laid out as the Helm chart lays it out for the cell's
-// values: /etc/nats-config/nats.conf under a directory of its own, the
-// accounts file where the values mount it, included first, then the server's name, JetStream on file storage, the server tags, the
+// configuration file laid out as the Helm chart lays it out for the
+// region's values: /etc/nats-config/nats.conf under a directory of its
+// own, k's accounts file where the values mount it, included first, then
+// the server's name, JetStream on file storage, the server tags, the
 // cluster and TLS on the client port.
-func startNATSCluster(t *testing.T, cell string, v *natsHelmValues, ca *testCA) *natsCluster {
+func startNATSCluster(t *testing.T, k natsKustomization, v *natsHelmValues, ca *testCA) *natsCluster {
 	t.Helper()
-	nc := &natsCluster{users: map[string]string{}, passwords: map[string]string{}}
-	for _, svc := range append(services, "placement", "placer") {
-		nc.users[svc] = "assay-" + cell + "-" + svc
-		var b [16]byte
-		rand.Read(b[:])
-		// The form assay nats-config draws: p and 32 hex digits.
-		nc.passwords[svc] = "p" + hex.EncodeToString(b[:])
-		t.Setenv(strings.ToUpper("assay_"+cell+"_"+svc)+"_NATS_PASSWORD", nc.passwords[svc])
+	nc := &natsCluster{users: map[string]map[string]string{}, passwords: map[string]map[string]string{}}
+	for _, cell := range k.cells {
+		nc.users[cell], nc.passwords[cell] = map[string]string{}, map[string]string{}
+		env := strings.ToUpper(strings.ReplaceAll("assay_"+cell, "-", "_"))
+		for _, svc := range append(services, "placement", "placer") {
+			nc.users[cell][svc] = "assay-" + cell + "-" + svc
+			var b [16]byte
+			rand.Read(b[:])
+			// The form assay nats-config draws: p and 32 hex digits.
+			nc.passwords[cell][svc] = "p" + hex.EncodeToString(b[:])
+			t.Setenv(env+"_"+strings.ToUpper(svc)+"_NATS_PASSWORD", nc.passwords[cell][svc])
+		}
+		// The operator's user (assay streams, assay replay) runs in no pod,
+		// but the accounts file names its password too.
+		t.Setenv(env+"_OPS_NATS_PASSWORD", "p"+strings.Repeat("0", 32))
 	}
-	// The operator's user (assay streams, assay replay) runs in no pod, but
-	// the accounts file names its password too.
-	t.Setenv(strings.ToUpper("assay_"+cell)+"_OPS_NATS_PASSWORD", "p"+strings.Repeat("0", 32))
-	accounts, err := os.ReadFile("nats/" + cell + "/assay.conf")
+	accounts, err := os.ReadFile(k.dir + "/assay.conf")
 	if err != nil {
 		t.Fatal(err)
 	}
