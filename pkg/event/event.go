@@ -162,6 +162,18 @@ func (n Names) Durables() []StreamDurable {
 // streamToken is a subject token as stream names spell it.
 func streamToken(s string) string { return strings.ToUpper(strings.ReplaceAll(s, "-", "_")) }
 
+// ForeignRegion says whether a message of region reaching the cell that
+// serves served belongs to another cell, and then why it is refused, naming
+// both: a cell takes only its own region's work, results and attempts,
+// never acting on another's. what names the message ("work", "result",
+// "attempt").
+func ForeignRegion(what, region, served string) (reason string, foreign bool) {
+	if region == served {
+		return "", false
+	}
+	return fmt.Sprintf("%s of region %s reached the %s cell", what, region, served), true
+}
+
 // WorkMsgID is the Nats-Msg-Id of a work announcement: the work id and the
 // dispatch number, so a re-announcement inside the window is not stored twice.
 func WorkMsgID(workID string, dispatch int) string { return fmt.Sprintf("%s.%d", workID, dispatch) }

@@ -87,6 +87,17 @@ func TestValidTokenAndLane(t *testing.T) {
 	}
 }
 
+func TestForeignRegion(t *testing.T) {
+	t.Parallel()
+	if why, foreign := event.ForeignRegion("work", "us", "us"); foreign || why != "" {
+		t.Errorf("the cell's own work: %q, %v; want no refusal", why, foreign)
+	}
+	why, foreign := event.ForeignRegion("attempt", "eu", "us")
+	if want := "attempt of region eu reached the us cell"; !foreign || why != want {
+		t.Errorf("another region's attempt: %q, %v; want %q, true", why, foreign, want)
+	}
+}
+
 const (
 	goodWork    = `{"workId":"w_1","tenantId":"acme","region":"us","lane":"batch","dispatch":1}`
 	a1          = "00000000-0000-4000-8000-0000000000a1"

@@ -184,13 +184,15 @@ func insertBatchWork(ctx context.Context, tx pgx.Tx, b *Batch, order []*BatchEnt
 			}
 		}
 	}
-	// New revisions supersede the same sources' unfinished older ones; a
-	// running attempt loses its lease, and its model call is canceled.
+	// New revisions supersede the same sources' unfinished older ones
+	// (revisionAfter: two of one batch are neither older); a running
+	// attempt loses its lease, and its model call is canceled.
 	if len(newIDs) > 0 {
 		rows, err := tx.Query(ctx, `WITH new AS (SELECT * FROM unnest($3::text[], $4::text[], $5::text[]) AS n(id, source_id, revision)),
 			old AS (SELECT w.id, w.state, n.id AS by, n.revision FROM work w JOIN new n
 					ON w.tenant_id = $1 AND w.contract = $2 AND w.source_id = n.source_id AND w.id <> n.id
-				WHERE w.state IN ('queued', 'running') ORDER BY w.id FOR UPDATE OF w)
+					JOIN work me ON me.id = n.id
+				WHERE w.state IN ('queued', 'running') AND `+revisionAfter("me", "w")+` ORDER BY w.id FOR UPDATE OF w)
 			UPDATE work w SET state = $6, lease_token = NULL, lease_expires_at = NULL,
 				reason = 'superseded by revision ' || old.revision, updated_at = now()
 			FROM old WHERE w.id = old.id

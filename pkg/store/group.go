@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"assay.dev/pkg/outcome"
 )
 
 // The classifier's hot path in groups: what many workers ask at once is
@@ -406,10 +408,10 @@ func (s *Store) CommitGroup(ctx context.Context, reqs []CommitReq) []CommitVerdi
 	for i, r := range reqs {
 		works[i], tokens[i], versions[i], tenants[i], attempts[i] = r.Work.ID, r.Token, r.Work.SchemaVersion, r.Work.TenantID, r.AttemptID
 		outputs[i], findings[i], announce[i] = string(r.Output), int32(r.Findings), r.Announce
-		if err := ob.add(r.AttemptID+" accepted", r.Accepted); err != nil {
+		if err := ob.add(r.AttemptID+" "+outcome.Accepted, r.Accepted); err != nil {
 			return fill(out, func(int) CommitVerdict { return CommitVerdict{Verdict: Lost, Err: err} })
 		}
-		if err := ob.add(r.AttemptID+" expired", r.Expired); err != nil {
+		if err := ob.add(r.AttemptID+" "+outcome.Expired, r.Expired); err != nil {
 			return fill(out, func(int) CommitVerdict { return CommitVerdict{Verdict: Lost, Err: err} })
 		}
 	}
@@ -450,9 +452,9 @@ func (s *Store) CommitGroup(ctx context.Context, reqs []CommitReq) []CommitVerdi
 			WHERE id = ANY($5) AND id NOT IN (SELECT attempt_id FROM acc) AND id NOT IN (SELECT attempt_id FROM late)
 				AND coalesce(outcome, '') IN ('', 'ok', 'lease_expired')
 				AND NOT EXISTS (SELECT 1 FROM results r WHERE r.work_id = attempts.work_id AND r.attempt_id = attempts.id)
-		), ob AS (`+outboxInsert(9, `(split_part(m.tag, ' ', 2) = 'accepted' AND split_part(m.tag, ' ', 1)::uuid IN (SELECT attempt_id FROM acc))
-			OR (split_part(m.tag, ' ', 2) = 'expired' AND split_part(m.tag, ' ', 1)::uuid IN (SELECT attempt_id FROM late))`)+`)
-		SELECT attempt_id::text, 'accepted' FROM acc UNION ALL SELECT attempt_id::text, 'expired' FROM late`,
+		), ob AS (`+outboxInsert(9, `(split_part(m.tag, ' ', 2) = '`+outcome.Accepted+`' AND split_part(m.tag, ' ', 1)::uuid IN (SELECT attempt_id FROM acc))
+			OR (split_part(m.tag, ' ', 2) = '`+outcome.Expired+`' AND split_part(m.tag, ' ', 1)::uuid IN (SELECT attempt_id FROM late))`)+`)
+		SELECT attempt_id::text, '`+outcome.Accepted+`' FROM acc UNION ALL SELECT attempt_id::text, '`+outcome.Expired+`' FROM late`,
 		append([]any{works, tokens, versions, tenants, attempts, outputs, findings, announce}, ob.args()...)...)
 	if err == nil {
 		got := map[string]Verdict{}
@@ -461,7 +463,7 @@ func (s *Store) CommitGroup(ctx context.Context, reqs []CommitReq) []CommitVerdi
 			if err = rows.Scan(&id, &what); err != nil {
 				break
 			}
-			got[id] = map[string]Verdict{"accepted": Committed, "expired": Late}[what]
+			got[id] = map[string]Verdict{outcome.Accepted: Committed, outcome.Expired: Late}[what]
 		}
 		rows.Close()
 		if err == nil {
@@ -494,7 +496,7 @@ func cannedAnnounce(r CommitReq) Announce {
 		return nil
 	}
 	return func(_ *Work, state string) ([]OutboxMsg, error) {
-		if state == "accepted" {
+		if state == outcome.Accepted {
 			return r.Accepted, nil
 		}
 		return r.Expired, nil
@@ -549,7 +551,8 @@ func (s *Store) InsertWorkGroup(ctx context.Context, reqs []InsertReq) []WorkIns
 
 // insertNewGroup inserts the new work of reqs[grouped] in one statement,
 // fills out for each row it wrote, and returns the requests it wrote
-// nothing for.
+// nothing for. The new rows have no source time (InsertWorkGroup groups
+// only work without one), so revisionAfter orders them by their arrival.
 func (s *Store) insertNewGroup(ctx context.Context, reqs []InsertReq, grouped []int, out []WorkInserted) (rest []int) {
 	args, at, announced := insertGroupArgs(reqs, grouped, out)
 	rows, err := s.pool.Query(ctx, `WITH x AS (
@@ -567,13 +570,17 @@ func (s *Store) insertNewGroup(ctx context.Context, reqs []InsertReq, grouped []
 			FROM x
 			ON CONFLICT DO NOTHING
 			RETURNING `+workColumns+`
+		), me AS (
+			SELECT ins.id, ins.tenant_id, ins.contract, ins.source_id, ins.revision, ins.created_at,
+				NULL::timestamptz AS source_updated_at
+			FROM ins JOIN x ON x.id = ins.id WHERE x.supersede
 		), old AS (
-			SELECT w.id, w.state, ins.id AS by_id, ins.revision FROM ins JOIN x ON x.id = ins.id
-				JOIN work w ON w.tenant_id = ins.tenant_id AND w.contract = ins.contract AND w.source_id = ins.source_id
-			WHERE x.supersede AND w.id <> ins.id AND w.state IN ('queued', 'running')
+			SELECT w.id, w.state, me.id AS by_id, me.revision FROM me
+				JOIN work w ON w.tenant_id = me.tenant_id AND w.contract = me.contract AND w.source_id = me.source_id
+			WHERE w.id <> me.id AND w.state IN ('queued', 'running') AND `+revisionAfter("me", "w")+`
 			FOR UPDATE OF w
 		), sup AS (
-			UPDATE work w SET state = 'superseded', lease_token = NULL, lease_expires_at = NULL,
+			UPDATE work w SET state = '`+outcome.Superseded+`', lease_token = NULL, lease_expires_at = NULL,
 				reason = 'superseded by revision ' || old.revision, updated_at = now()
 			FROM old WHERE w.id = old.id
 			RETURNING w.id, old.state, old.by_id

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"assay.dev/pkg/outcome"
 )
 
 // History is what the rows tell of one work item at one moment: the work,
@@ -28,7 +30,7 @@ func (s *Store) WorkHistory(ctx context.Context, id string) (*History, error) {
 		if h.Work, err = scanWork(tx.QueryRow(ctx, `SELECT `+workColumns+` FROM work WHERE id = $1`, id)); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `SELECT id::text, work_id, tenant_id, number, coalesce(outcome, 'running'),
+		rows, err := tx.Query(ctx, `SELECT id::text, work_id, tenant_id, number, coalesce(outcome, '`+outcome.Running+`'),
 				coalesce(reason, ''), started_at, finished_at
 			FROM attempts WHERE work_id = $1 ORDER BY number`, id)
 		if err != nil {

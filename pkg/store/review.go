@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"assay.dev/pkg/outcome"
 )
 
 // Review reasons: why work entered the human review queue. The reviews
@@ -19,11 +21,11 @@ const (
 	// (moderation's needsHumanReview).
 	ReviewNeedsHuman = "needs_human_review"
 	// ReviewSchemaRejected: the answers failed the gate and the repair
-	// budget is spent.
-	ReviewSchemaRejected = "schema_rejected"
+	// budget is spent; the work's outcome.
+	ReviewSchemaRejected = outcome.SchemaRejected
 	// ReviewRetryExhausted: interactive work whose retries ran out while
-	// someone waited.
-	ReviewRetryExhausted = "retry_exhausted"
+	// someone waited; the work's outcome.
+	ReviewRetryExhausted = outcome.RetryExhausted
 )
 
 // ReviewReasons lists every review reason.

@@ -140,7 +140,9 @@ func (s *Store) InsertWork(ctx context.Context, w *Work, announce func(*Work) ([
 // statement. nil, nil means the ingress key was taken: nothing was written.
 // A running revision it superseded is sent a cancel in a statement of its
 // own after it; should that be lost, the worker still learns of it at its
-// next lease heartbeat, and its answer is recorded stale either way.
+// next lease heartbeat, and its answer is recorded stale either way. The
+// new row has no source time (InsertWork comes this way only without one),
+// so revisionAfter orders it by its arrival.
 func (s *Store) insertNew(ctx context.Context, w *Work, announce func(*Work) ([]OutboxMsg, error)) (*Work, error) {
 	// Announced as the row will read: the column's default dispatch, 1.
 	first := *w
@@ -161,11 +163,12 @@ func (s *Store) insertNew(ctx context.Context, w *Work, announce func(*Work) ([]
 				NULLIF($15, ''), NULLIF($16, ''), NULLIF($17, ''))
 			ON CONFLICT DO NOTHING
 			RETURNING `+workColumns+`),
-		old AS (SELECT id, state FROM work
-			WHERE $14 AND EXISTS (SELECT 1 FROM ins) AND tenant_id = $2 AND contract = $4 AND source_id = $7
-				AND id <> $1 AND state IN ('queued', 'running')
-			FOR UPDATE),
-		sup AS (UPDATE work w SET state = 'superseded', lease_token = NULL, lease_expires_at = NULL,
+		me AS (SELECT created_at, NULL::timestamptz AS source_updated_at FROM ins),
+		old AS (SELECT w.id, w.state FROM work w, me
+			WHERE $14 AND w.tenant_id = $2 AND w.contract = $4 AND w.source_id = $7
+				AND w.id <> $1 AND w.state IN ('queued', 'running') AND `+revisionAfter("me", "w")+`
+			FOR UPDATE OF w),
+		sup AS (UPDATE work w SET state = '`+outcome.Superseded+`', lease_token = NULL, lease_expires_at = NULL,
 				reason = 'superseded by revision ' || $8, updated_at = now()
 			FROM old WHERE w.id = old.id
 			RETURNING w.id, old.state),
@@ -220,7 +223,7 @@ func insertWork(ctx context.Context, tx pgx.Tx, w *Work, announce func(*Work) ([
 		return got, created, err
 	}
 	if w.SupersedeOlder {
-		late, err := supersede(ctx, tx, got, w.SourceUpdatedAt)
+		late, err := supersede(ctx, tx, got)
 		if err != nil || late {
 			return got, err == nil, err
 		}
@@ -287,11 +290,10 @@ func sourceTime(t time.Time) *time.Time {
 }
 
 // supersede ends the same source's other revisions that have no outcome
-// yet, in push order when the source's time is known. When a revision
-// pushed after got is already here, got itself was delivered late: it is
-// stored superseded, unannounced, and late is true.
-func supersede(ctx context.Context, tx pgx.Tx, got *Work, sourceUpdatedAt time.Time) (late bool, err error) {
-	sourceAt := sourceTime(sourceUpdatedAt)
+// yet and that got comes after (revisionAfter). When a revision after got
+// is already here, got itself was delivered late: it is stored superseded,
+// unannounced, and late is true.
+func supersede(ctx context.Context, tx pgx.Tx, got *Work) (late bool, err error) {
 	newer, err := newerRevision(ctx, tx, got.ID)
 	if err != nil {
 		return false, err
@@ -307,16 +309,15 @@ func supersede(ctx context.Context, tx pgx.Tx, got *Work, sourceUpdatedAt time.T
 	}
 	// A running attempt loses its lease here: its answer is then recorded
 	// stale and never published.
-	rows, err := tx.Query(ctx, `WITH old AS (SELECT id, state FROM work
-			WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND id <> $4
-				AND state IN ('queued', 'running')
-				AND ($6::timestamptz IS NULL OR source_updated_at IS NULL OR source_updated_at < $6)
-			FOR UPDATE)
-		UPDATE work w SET state = $7, lease_token = NULL, lease_expires_at = NULL,
+	rows, err := tx.Query(ctx, `WITH old AS (SELECT w.id, w.state FROM work w JOIN work me ON me.id = $4
+			WHERE w.tenant_id = $1 AND w.contract = $2 AND w.source_id = $3 AND w.id <> $4
+				AND w.state IN ('queued', 'running') AND `+revisionAfter("me", "w")+`
+			FOR UPDATE OF w)
+		UPDATE work w SET state = $6, lease_token = NULL, lease_expires_at = NULL,
 			reason = 'superseded by revision ' || $5, updated_at = now()
 		FROM old WHERE w.id = old.id
 		RETURNING w.id, old.state`,
-		got.TenantID, got.Contract, got.SourceID, got.ID, got.Revision, sourceAt, outcome.Superseded)
+		got.TenantID, got.Contract, got.SourceID, got.ID, got.Revision, outcome.Superseded)
 	if err != nil {
 		return false, err
 	}
@@ -334,19 +335,43 @@ func supersede(ctx context.Context, tx pgx.Tx, got *Work, sourceUpdatedAt time.T
 	return false, rows.Err()
 }
 
+// revisionAfter is the SQL condition that the row named a is a later
+// revision of its source than the row named b; a and b name rows of work,
+// or rows with its source_updated_at and created_at columns. It alone
+// decides which revisions a new one supersedes, whichever way it is
+// inserted (insertNew, insertNewGroup, insertBatchWork, supersede), and
+// whether a later revision replaced work asked to run again
+// (newerRevision).
+//
+// A revision is later when its source says it was pushed later:
+// source_updated_at is the source's own time of the change (a pull
+// request's updated_at, migration 0003), which keeps push order however
+// late or out of order a delivery comes. Only a source's webhook gives it;
+// the column is nullable, and work asked for through the API has none. So
+// when either row lacks it, the row that arrived later is later: created_at,
+// which every row has. When both have the same time, arrival decides too:
+// the source's times are whole seconds, so two pushes within one second
+// share one, and the later delivery is a better guess than keeping both
+// revisions open. Rows that arrived together (written by one statement,
+// with one created_at) are neither later than the other.
+func revisionAfter(a, b string) string {
+	return `CASE WHEN ` + a + `.source_updated_at IS NOT NULL AND ` + b + `.source_updated_at IS NOT NULL
+			AND ` + a + `.source_updated_at <> ` + b + `.source_updated_at
+		THEN ` + a + `.source_updated_at > ` + b + `.source_updated_at
+		ELSE ` + a + `.created_at > ` + b + `.created_at END`
+}
+
 // newerRevision names the revision of the same source that replaces work
-// id, "" when none does: one pushed later, by the source's own times when
-// both have them, else one that arrived later. The work a partial review's
-// rest continues, and its other rests, are the same revision and never
-// replace it. Supersede on arrival, rerun, redrive and the rest of a
+// id, "" when none does: one after it (revisionAfter). The work a partial
+// review's rest continues, and its other rests, are the same revision and
+// never replace it. Supersede on arrival, rerun, redrive and the rest of a
 // partial review all ask this one question.
 func newerRevision(ctx context.Context, tx pgx.Tx, id string) (string, error) {
 	var newer string
 	err := tx.QueryRow(ctx, `SELECT o.revision FROM work me JOIN work o
 			ON o.tenant_id = me.tenant_id AND o.contract = me.contract AND o.source_id = me.source_id
 		WHERE me.id = $1 AND coalesce(o.rest_of, o.id) <> coalesce(me.rest_of, me.id)
-			AND CASE WHEN me.source_updated_at IS NOT NULL AND o.source_updated_at IS NOT NULL
-				THEN o.source_updated_at > me.source_updated_at ELSE o.created_at > me.created_at END
+			AND `+revisionAfter("o", "me")+`
 		ORDER BY coalesce(o.source_updated_at, o.created_at) DESC LIMIT 1`, id).Scan(&newer)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
@@ -418,7 +443,7 @@ func (s *Store) RerunAudited(ctx context.Context, id string, deadline time.Time,
 }
 
 // ErrSuperseded is returned by Rerun when a later revision replaced the work.
-var ErrSuperseded = errors.New("superseded")
+var ErrSuperseded = errors.New(outcome.Superseded)
 
 // ExpireOverdue ends work whose deadline passed more than grace ago and
 // that has no outcome yet: queued work nobody will take in time, and

@@ -44,8 +44,8 @@ func skip(decision, reason string, disp consumer.Disposition) step {
 // cell's work is refused, and work too close to its deadline is passed over
 // (the sweeper ends it expired) so it never takes a permit live work needs.
 func screen(ev event.Work, region string, now time.Time, need time.Duration) step {
-	if ev.Region != region {
-		return skip("refused", fmt.Sprintf("work of region %s reached the %s cell", ev.Region, region), consumer.Refuse())
+	if why, foreign := event.ForeignRegion("work", ev.Region, region); foreign {
+		return skip("refused", why, consumer.Refuse())
 	}
 	if left := ev.DeadlineAt.Sub(now); !ev.DeadlineAt.IsZero() && left < need {
 		return skip("passed_over", shortOfTime(left, need)+"; the sweeper ends it expired", consumer.Done())

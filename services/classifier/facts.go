@@ -8,6 +8,7 @@ import (
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 )
 
@@ -101,7 +102,7 @@ func (s *Service) onFacts(ctx context.Context, ev event.Work, d consumer.Deliver
 	if !known {
 		return job{}, false
 	}
-	w := &store.Work{ID: ev.WorkID, TenantID: ev.TenantID, Region: ev.Region, Lane: ev.Lane, State: "queued",
+	w := &store.Work{ID: ev.WorkID, TenantID: ev.TenantID, Region: ev.Region, Lane: ev.Lane, State: outcome.Queued,
 		Contract: f.Contract, SchemaVersion: f.SchemaVersion, TaxonomyVersion: f.TaxonomyVersion,
 		PromptDigest: f.PromptDigest, Model: f.Model, Attempts: f.Attempts, OutageAttempts: f.OutageAttempts,
 		OutputCap: f.OutputCap, DeadlineAt: f.DeadlineAt, UpdatedAt: f.ReadyAt}

@@ -34,10 +34,10 @@ const (
 // screen decides on ev before the work is read: only a final answer of
 // this cell's needs it.
 func screen(ev event.Result, region string) (action, string) {
-	switch {
-	case ev.Region != region:
-		return refuse, fmt.Sprintf("result of region %s reached the %s cell", ev.Region, region)
-	case ev.Outcome != outcome.AttemptOK && !(ev.Outcome == outcome.AttemptInvalidOutput && ev.Final):
+	if why, foreign := event.ForeignRegion("result", ev.Region, region); foreign {
+		return refuse, why
+	}
+	if ev.Outcome != outcome.AttemptOK && !(ev.Outcome == outcome.AttemptInvalidOutput && ev.Final) {
 		// Retries, repairs, refusals and stale answers are the classifier's
 		// to decide; the attempt row already holds them.
 		return record, "not a final answer; recorded only"

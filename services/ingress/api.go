@@ -265,14 +265,27 @@ func (s *Service) overRate(ctx context.Context, w http.ResponseWriter, t store.T
 	tooMany(w, "rate_limited", overRate(t, work.Lane), wait)
 }
 
-// tooMany answers a refusal that asking again later can pass: 429 with
-// code, Retry-After in whole seconds (rounded up), and a message that says
-// why, how long, and that nothing was stored.
+// tooMany answers a submission refused for now: retryLater, with a message
+// that says why, how long, and that nothing was stored.
 func tooMany(w http.ResponseWriter, code, why string, wait time.Duration) {
-	secs := int(math.Ceil(wait.Seconds()))
-	w.Header().Set("Retry-After", strconv.Itoa(secs))
-	apierror.Write(w, http.StatusTooManyRequests, code, fmt.Sprintf("%s; retry after %d s (nothing was stored)", why, secs))
+	retryLater(w, code, fmt.Sprintf("%s; retry after %d s (nothing was stored)", why, retrySeconds(wait)), wait)
 }
+
+// retryLater answers a refusal that asking again later can pass: 429 with
+// code and message, and Retry-After: wait in whole seconds (retrySeconds).
+// Every 429 ingress answers is written here.
+func retryLater(w http.ResponseWriter, code, message string, wait time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(retrySeconds(wait)))
+	apierror.Write(w, http.StatusTooManyRequests, code, message)
+}
+
+// retrySeconds is wait as Retry-After gives it: whole seconds, rounded up.
+func retrySeconds(wait time.Duration) int { return int(math.Ceil(wait.Seconds())) }
+
+// streamsFullWait is the Retry-After of a stream refused because its
+// holder has as many open as it may: a stream ends when its client closes
+// it, which no wait foretells, so the wait only paces asking again.
+const streamsFullWait = 5 * time.Second
 
 // duplicate answers a submission whose ingress key was already accepted.
 func (s *Service) duplicate(ctx context.Context, w http.ResponseWriter, t store.Tenant, got *store.Work) {

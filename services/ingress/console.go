@@ -360,9 +360,8 @@ func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	release, ok := s.open.take(v.Key(), s.cfg.ConsoleStreams)
 	if !ok {
-		w.Header().Set("Retry-After", "5")
-		apierror.Write(w, http.StatusTooManyRequests, "too_many_streams",
-			fmt.Sprintf("this credential holds %d console streams open already; close one first", s.cfg.ConsoleStreams))
+		retryLater(w, "too_many_streams",
+			fmt.Sprintf("this credential holds %d console streams open already; close one first", s.cfg.ConsoleStreams), streamsFullWait)
 		return
 	}
 	defer release()

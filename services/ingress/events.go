@@ -209,7 +209,7 @@ func workEvents(mark *workMark, h workHistory) ([]sseEvent, *workMark) {
 			at := a.StartedAt
 			emit(m, outcome.Running, WorkEvent{State: outcome.Running, Attempt: a.Number, AttemptID: a.ID, At: &at})
 		}
-		if a.Outcome != "running" && !m.finished[a.Number] && a.Number <= maxMarkedAttempts {
+		if a.Outcome != outcome.Running && !m.finished[a.Number] && a.Number <= maxMarkedAttempts {
 			m.finished[a.Number] = true
 			emit(m, "attempt", WorkEvent{Attempt: a.Number, AttemptID: a.ID, Outcome: a.Outcome, Reason: a.Reason, At: a.FinishedAt})
 		}
@@ -277,9 +277,8 @@ type stream struct {
 func (s *Service) openStream(w http.ResponseWriter, t store.Tenant) (*stream, func(), bool) {
 	release, ok := s.eventStreams.take(t.ID, s.cfg.EventStreams)
 	if !ok {
-		w.Header().Set("Retry-After", "5")
-		apierror.Write(w, http.StatusTooManyRequests, "too_many_streams",
-			fmt.Sprintf("this tenant holds %d event streams open already on this instance; close one first", s.cfg.EventStreams))
+		retryLater(w, "too_many_streams",
+			fmt.Sprintf("this tenant holds %d event streams open already on this instance; close one first", s.cfg.EventStreams), streamsFullWait)
 		return nil, nil, false
 	}
 	h := w.Header()

@@ -208,8 +208,8 @@ func (s *Service) Append(ctx context.Context, ev event.Attempt) error {
 	ctx, span := s.d.Tel.Tracer().Start(ctx, "ledger.append", trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("assay.attempt_id", ev.AttemptID), attribute.String("assay.tenant", ev.TenantID)))
 	defer span.End()
-	if ev.Region != s.cfg.Region {
-		telemetry.Decision(ctx, s.d.Log, ev.AttemptID, "refused", fmt.Sprintf("attempt of region %s reached the %s cell", ev.Region, s.cfg.Region))
+	if why, foreign := event.ForeignRegion("attempt", ev.Region, s.cfg.Region); foreign {
+		telemetry.Decision(ctx, s.d.Log, ev.AttemptID, "refused", why)
 		return nil
 	}
 	up := ev.UpstreamAttempts
