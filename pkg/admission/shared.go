@@ -85,16 +85,7 @@ func (b *SharedBuckets) Take(ctx context.Context, key string, perMinute float64,
 	// A tenth of a second of the rate at a time, at most the burst.
 	chunk := int(min(float64(burst), max(1, math.Floor(perMinute/600))))
 
-	b.mu.Lock()
-	if b.keys == nil {
-		b.keys = map[string]*sharedKey{}
-	}
-	k := b.keys[key]
-	if k == nil {
-		k = &sharedKey{}
-		b.keys[key] = k
-	}
-	b.mu.Unlock()
+	k := b.sharedKey(key)
 	// The instance's own takes of a key go one at a time, so they never
 	// conflict with each other: only another instance's take can.
 	k.mu.Lock()
@@ -109,43 +100,17 @@ func (b *SharedBuckets) Take(ctx context.Context, key string, perMinute float64,
 
 	var lastErr error
 	for range tries {
-		if !k.seen {
-			e, err := b.KV.Get(ctx, key)
-			switch {
-			case errors.Is(err, jetstream.ErrKeyNotFound):
-				k.full, k.revision = 0, 0
-			case err != nil:
-				return b.fallback(key, perMinute, burst, err)
-			default:
-				full, perr := strconv.ParseInt(string(e.Value()), 10, 64)
-				if perr != nil {
-					full = 0 // an unreadable value is a full bucket; the write below replaces it
-				}
-				k.full, k.revision = full, e.Revision()
-			}
-			k.seen = true
+		if err := k.read(ctx, b.KV, key); err != nil {
+			return b.fallback(key, perMinute, burst, err)
 		}
 		t := now()
-		tn := t.UnixNano()
-		full := max(k.full, tn)
-		// Tokens left: the burst less what refills between now and full.
-		left := burst - int((full-tn+int64(interval)-1)/int64(interval))
-		if left <= 0 {
-			wait := time.Duration(full-tn) - time.Duration(burst-1)*interval
+		n, next, wait := k.plan(t.UnixNano(), burst, interval, chunk)
+		if n == 0 {
 			// What was seen may be stale, so the next take reads again.
 			k.seen = false
-			return false, (max(wait, time.Millisecond) + time.Millisecond - 1).Truncate(time.Millisecond), nil
+			return false, wait, nil
 		}
-		n := min(chunk, left)
-		next := full + int64(n)*int64(interval)
-		val := []byte(strconv.FormatInt(next, 10))
-		var rev uint64
-		var err error
-		if k.revision == 0 {
-			rev, err = b.KV.Create(ctx, key, val)
-		} else {
-			rev, err = b.KV.Update(ctx, key, val, k.revision)
-		}
+		rev, err := k.write(ctx, b.KV, key, next)
 		if err == nil {
 			k.full, k.revision = next, rev
 			k.tokens, k.until = n-1, t.Add(lease)
@@ -158,6 +123,70 @@ func (b *SharedBuckets) Take(ctx context.Context, key string, perMinute float64,
 		k.seen, lastErr = false, err
 	}
 	return b.fallback(key, perMinute, burst, fmt.Errorf("%d conflicting takes in a row: %w", tries, lastErr))
+}
+
+// sharedKey is what the instance knows of key, made on first use.
+func (b *SharedBuckets) sharedKey(key string) *sharedKey {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.keys == nil {
+		b.keys = map[string]*sharedKey{}
+	}
+	k := b.keys[key]
+	if k == nil {
+		k = &sharedKey{}
+		b.keys[key] = k
+	}
+	return k
+}
+
+// read reads key's value and revision from kv unless k holds them already;
+// a missing key is an empty bucket. Its error is kv's.
+func (k *sharedKey) read(ctx context.Context, kv KV, key string) error {
+	if k.seen {
+		return nil
+	}
+	e, err := kv.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		k.full, k.revision = 0, 0
+	case err != nil:
+		return err
+	default:
+		full, perr := strconv.ParseInt(string(e.Value()), 10, 64)
+		if perr != nil {
+			full = 0 // an unreadable value is a full bucket; the write below replaces it
+		}
+		k.full, k.revision = full, e.Revision()
+	}
+	k.seen = true
+	return nil
+}
+
+// plan decides a take at tn (unix nanoseconds) from the bucket as k last
+// saw it: n tokens, at most chunk, and next, when the bucket is full again
+// once they are taken; or, with no token left, n 0 and the wait until one
+// is.
+func (k *sharedKey) plan(tn int64, burst int, interval time.Duration, chunk int) (n int, next int64, wait time.Duration) {
+	full := max(k.full, tn)
+	// Tokens left: the burst less what refills between now and full.
+	left := burst - int((full-tn+int64(interval)-1)/int64(interval))
+	if left <= 0 {
+		wait := time.Duration(full-tn) - time.Duration(burst-1)*interval
+		return 0, 0, (max(wait, time.Millisecond) + time.Millisecond - 1).Truncate(time.Millisecond)
+	}
+	n = min(chunk, left)
+	return n, full + int64(n)*int64(interval), 0
+}
+
+// write stores next as key's value with a compare-and-set on the revision k
+// last saw (a create when it saw none) and returns the new revision.
+func (k *sharedKey) write(ctx context.Context, kv KV, key string, next int64) (uint64, error) {
+	val := []byte(strconv.FormatInt(next, 10))
+	if k.revision == 0 {
+		return kv.Create(ctx, key, val)
+	}
+	return kv.Update(ctx, key, val, k.revision)
 }
 
 // fallback answers from the instance's own bucket; it runs with the key's

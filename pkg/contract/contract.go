@@ -176,35 +176,11 @@ func load(fsys fs.FS) (*Registry, error) {
 	return r, nil
 }
 
+// build makes the contract of one manifest entry, reading and compiling the
+// files it names.
 func build(fsys fs.FS, compiler *jsonschema.Compiler, e manifestEntry) (*Contract, error) {
-	for _, f := range []struct{ name, value string }{
-		{"name", e.Name}, {"schema", e.Schema}, {"input", e.Input},
-		{"schemaVersion", e.SchemaVersion}, {"taxonomyVersion", e.TaxonomyVersion}, {"prompt", e.Prompt},
-	} {
-		if strings.TrimSpace(f.value) == "" {
-			return nil, fmt.Errorf("%s is empty", f.name)
-		}
-	}
-	if e.Grounding != "" && e.Grounding != GroundingDiff {
-		return nil, fmt.Errorf("grounding %q is not %q or empty", e.Grounding, GroundingDiff)
-	}
-	switch e.OnRefusal {
-	case "":
-		e.OnRefusal = RefusalEnd
-	case RefusalEnd, RefusalRetry:
-	default:
-		return nil, fmt.Errorf("onRefusal %q is not %q or %q", e.OnRefusal, RefusalEnd, RefusalRetry)
-	}
-	switch {
-	case e.Parts.Units < 0 || e.Parts.BytesPerUnit < 0:
-		return nil, fmt.Errorf("parts: units %d and bytesPerUnit %g must not be negative", e.Parts.Units, e.Parts.BytesPerUnit)
-	case e.Parts.Units > 0 && e.Grounding != GroundingDiff:
-		return nil, fmt.Errorf("parts: only a contract grounded in a diff is reviewed in parts")
-	case e.CostCapMicros < 0:
-		return nil, fmt.Errorf("costCapMicros %d is negative", e.CostCapMicros)
-	}
-	if e.Parts.Units > 0 && e.Parts.BytesPerUnit == 0 {
-		e.Parts.BytesPerUnit = 1
+	if err := e.settle(); err != nil {
+		return nil, err
 	}
 	c := &Contract{
 		Name:            e.Name,
@@ -217,26 +193,13 @@ func build(fsys fs.FS, compiler *jsonschema.Compiler, e manifestEntry) (*Contrac
 	}
 	c.Correlation.WorkID = e.Correlation.WorkID
 	c.Correlation.SchemaVersion = e.Correlation.SchemaVersion
-	c.WireSchemaVersion, _ = json.Marshal(e.SchemaVersion)
-	if len(e.Correlation.SchemaVersionValue) > 0 {
-		if e.Correlation.SchemaVersion == "" {
-			return nil, errors.New("correlation.schemaVersionValue needs correlation.schemaVersion, the field it is the value of")
-		}
-		var b bytes.Buffer
-		if err := json.Compact(&b, e.Correlation.SchemaVersionValue); err != nil {
-			return nil, fmt.Errorf("correlation.schemaVersionValue: %w", err)
-		}
-		c.WireSchemaVersion = b.Bytes()
-	}
-
-	prompt, err := fs.ReadFile(fsys, e.Prompt)
-	if err != nil {
+	var err error
+	if c.WireSchemaVersion, err = e.wireSchemaVersion(); err != nil {
 		return nil, err
 	}
-	if len(bytes.TrimSpace(prompt)) == 0 {
-		return nil, fmt.Errorf("%s: empty prompt", e.Prompt)
+	if c.Prompt, err = readPrompt(fsys, e.Prompt); err != nil {
+		return nil, err
 	}
-	c.Prompt = string(prompt)
 	c.PromptDigest = PromptDigest(c.Prompt)
 
 	var outDoc, inDoc map[string]any
@@ -246,28 +209,104 @@ func build(fsys fs.FS, compiler *jsonschema.Compiler, e manifestEntry) (*Contrac
 	if c.InputSchema, inDoc, c.input, err = compile(fsys, compiler, e.Input, false); err != nil {
 		return nil, err
 	}
+	if err := c.checkFields(e, outDoc, inDoc); err != nil {
+		return nil, err
+	}
+	if c.Grounding == GroundingDiff {
+		c.MaxFindings = maxFindings(outDoc)
+	}
+	return c, nil
+}
 
+// settle checks the entry's own fields and fills in the defaults of those
+// it leaves unset.
+func (e *manifestEntry) settle() error {
+	for _, f := range []struct{ name, value string }{
+		{"name", e.Name}, {"schema", e.Schema}, {"input", e.Input},
+		{"schemaVersion", e.SchemaVersion}, {"taxonomyVersion", e.TaxonomyVersion}, {"prompt", e.Prompt},
+	} {
+		if strings.TrimSpace(f.value) == "" {
+			return fmt.Errorf("%s is empty", f.name)
+		}
+	}
+	if e.Grounding != "" && e.Grounding != GroundingDiff {
+		return fmt.Errorf("grounding %q is not %q or empty", e.Grounding, GroundingDiff)
+	}
+	switch e.OnRefusal {
+	case "":
+		e.OnRefusal = RefusalEnd
+	case RefusalEnd, RefusalRetry:
+	default:
+		return fmt.Errorf("onRefusal %q is not %q or %q", e.OnRefusal, RefusalEnd, RefusalRetry)
+	}
+	switch {
+	case e.Parts.Units < 0 || e.Parts.BytesPerUnit < 0:
+		return fmt.Errorf("parts: units %d and bytesPerUnit %g must not be negative", e.Parts.Units, e.Parts.BytesPerUnit)
+	case e.Parts.Units > 0 && e.Grounding != GroundingDiff:
+		return fmt.Errorf("parts: only a contract grounded in a diff is reviewed in parts")
+	case e.CostCapMicros < 0:
+		return fmt.Errorf("costCapMicros %d is negative", e.CostCapMicros)
+	}
+	if e.Parts.Units > 0 && e.Parts.BytesPerUnit == 0 {
+		e.Parts.BytesPerUnit = 1
+	}
+	return nil
+}
+
+// wireSchemaVersion is the entry's schema version as its correlation field
+// spells it: correlation.schemaVersionValue compacted, or else the
+// schemaVersion as a JSON string.
+func (e *manifestEntry) wireSchemaVersion() (json.RawMessage, error) {
+	wire, _ := json.Marshal(e.SchemaVersion)
+	if len(e.Correlation.SchemaVersionValue) > 0 {
+		if e.Correlation.SchemaVersion == "" {
+			return nil, errors.New("correlation.schemaVersionValue needs correlation.schemaVersion, the field it is the value of")
+		}
+		var b bytes.Buffer
+		if err := json.Compact(&b, e.Correlation.SchemaVersionValue); err != nil {
+			return nil, fmt.Errorf("correlation.schemaVersionValue: %w", err)
+		}
+		wire = b.Bytes()
+	}
+	return wire, nil
+}
+
+// readPrompt reads the prompt file name, which must hold more than
+// whitespace.
+func readPrompt(fsys fs.FS, name string) (string, error) {
+	prompt, err := fs.ReadFile(fsys, name)
+	if err != nil {
+		return "", err
+	}
+	if len(bytes.TrimSpace(prompt)) == 0 {
+		return "", fmt.Errorf("%s: empty prompt", name)
+	}
+	return string(prompt), nil
+}
+
+// checkFields checks that the output and input schemas (outDoc and inDoc,
+// the files e names) have the fields c's correlation and grounding read.
+func (c *Contract) checkFields(e manifestEntry, outDoc, inDoc map[string]any) error {
 	// The gate reads these fields by name, so they must exist: the work id
 	// as a string, the schema version as the schema spells it.
 	if f := c.Correlation.WorkID; f != "" && propType(outDoc, f) != "string" {
-		return nil, fmt.Errorf("%s: correlation field %q is not a string property", e.Schema, f)
+		return fmt.Errorf("%s: correlation field %q is not a string property", e.Schema, f)
 	}
 	if f := c.Correlation.SchemaVersion; f != "" {
 		if t := propType(outDoc, f); t != "string" && t != "integer" {
-			return nil, fmt.Errorf("%s: correlation field %q is not a string or integer property", e.Schema, f)
+			return fmt.Errorf("%s: correlation field %q is not a string or integer property", e.Schema, f)
 		}
 	}
 	if c.Grounding == GroundingDiff {
 		if propType(inDoc, "diff") != "string" {
-			return nil, fmt.Errorf("%s: grounding %q needs a string property \"diff\"", e.Input, GroundingDiff)
+			return fmt.Errorf("%s: grounding %q needs a string property \"diff\"", e.Input, GroundingDiff)
 		}
 		item := findingItem(outDoc)
-		c.MaxFindings = maxFindings(outDoc)
 		if propType(item, "file") != "string" || propType(item, "line") != "integer" || propType(item, "evidence") != "string" {
-			return nil, fmt.Errorf("%s: grounding %q needs findings items with file (string), line (integer) and evidence (string)", e.Schema, GroundingDiff)
+			return fmt.Errorf("%s: grounding %q needs findings items with file (string), line (integer) and evidence (string)", e.Schema, GroundingDiff)
 		}
 	}
-	return c, nil
+	return nil
 }
 
 // compile reads one schema file, checks it against the keywords assay relies

@@ -58,101 +58,156 @@ var ErrEmpty = errors.New("diff: no file sections")
 // Parse reads a unified diff. It accepts both `diff --git` output and plain
 // `---`/`+++` pairs, and refuses hunks whose line counts do not add up.
 func Parse(s string) (*Diff, error) {
-	d := &Diff{}
-	lines := strings.Split(strings.ReplaceAll(s, "\r\n", "\n"), "\n")
-	var cur *File
-	start := 0 // the current section's first line
-	header := func(end int) {
-		if cur != nil && cur.Header == "" && len(cur.Hunks) == 0 {
-			for end > start && strings.TrimSpace(lines[end-1]) == "" {
-				end--
-			}
-			cur.Header = strings.Join(lines[start:end], "\n") + "\n"
+	p := &parser{d: &Diff{}, lines: strings.Split(strings.ReplaceAll(s, "\r\n", "\n"), "\n")}
+	for ; p.i < len(p.lines); p.i++ {
+		if err := p.line(); err != nil {
+			return nil, err
 		}
 	}
-	for i := 0; i < len(lines); i++ {
-		l := lines[i]
-		switch {
-		case strings.HasPrefix(l, "diff --git "):
-			header(i)
-			d.Files = append(d.Files, File{})
-			cur, start = &d.Files[len(d.Files)-1], i
-			if a, b, ok := gitPaths(l); ok {
-				cur.OldPath, cur.Path = a, b
-			}
-		case strings.HasPrefix(l, "--- "):
-			if cur == nil || len(cur.Hunks) > 0 {
-				header(i)
-				d.Files = append(d.Files, File{})
-				cur, start = &d.Files[len(d.Files)-1], i
-			}
-			if p := stripPath(l[4:], "a/"); p != "" {
-				cur.OldPath = p
-			}
-		case strings.HasPrefix(l, "+++ "):
-			if cur == nil {
-				return nil, fmt.Errorf("diff: line %d: +++ without ---", i+1)
-			}
-			p := stripPath(l[4:], "b/")
-			if p == "" {
-				cur.Deleted = true
-				cur.Path = cur.OldPath
-			} else {
-				cur.Path = p
-			}
-		case strings.HasPrefix(l, "@@"):
-			if cur == nil || cur.Path == "" {
-				return nil, fmt.Errorf("diff: line %d: hunk before file header", i+1)
-			}
-			h, err := parseHunkHeader(l)
-			if err != nil {
-				return nil, fmt.Errorf("diff: line %d: %w", i+1, err)
-			}
-			header(i)
-			oldLeft, newLeft, n := h.OldLines, h.NewLines, h.NewStart
-			at := i + 1 // the hunk header's line
-			for oldLeft > 0 || newLeft > 0 {
-				i++
-				if i >= len(lines) {
-					return nil, fmt.Errorf("diff: the hunk at line %d ends early", at)
-				}
-				b := lines[i]
-				if strings.HasPrefix(b, `\ `) { // "\ No newline at end of file"
-					continue
-				}
-				kind := byte(Context)
-				if b != "" {
-					kind = b[0]
-					b = b[1:]
-				}
-				switch kind {
-				case Added:
-					h.Lines = append(h.Lines, Line{Kind: Added, Text: b, NewLine: n})
-					n++
-					newLeft--
-				case Removed:
-					h.Lines = append(h.Lines, Line{Kind: Removed, Text: b})
-					oldLeft--
-				case Context:
-					h.Lines = append(h.Lines, Line{Kind: Context, Text: b, NewLine: n})
-					n++
-					newLeft--
-					oldLeft--
-				default:
-					return nil, fmt.Errorf("diff: line %d: a line inside a hunk must start with ' ', '+' or '-'", i+1)
-				}
-				if oldLeft < 0 || newLeft < 0 {
-					return nil, fmt.Errorf("diff: the hunk at line %d has more lines than its header says", at)
-				}
-			}
-			cur.Hunks = append(cur.Hunks, h)
-		}
-	}
-	header(len(lines))
-	if len(d.Files) == 0 {
+	p.header(len(p.lines))
+	if len(p.d.Files) == 0 {
 		return nil, ErrEmpty
 	}
-	return d, nil
+	return p.d, nil
+}
+
+// parser is Parse's state: the diff read so far, the file section being
+// read and the line it is at.
+type parser struct {
+	d     *Diff
+	lines []string
+	cur   *File
+	start int // the current section's first line
+	i     int // the line being read
+}
+
+// line reads the line at p.i: a section's header line or, with a hunk
+// header, the whole hunk. Other lines are skipped.
+func (p *parser) line() error {
+	l := p.lines[p.i]
+	switch {
+	case strings.HasPrefix(l, "diff --git "):
+		p.gitLine(l)
+	case strings.HasPrefix(l, "--- "):
+		p.oldPathLine(l)
+	case strings.HasPrefix(l, "+++ "):
+		return p.newPathLine(l)
+	case strings.HasPrefix(l, "@@"):
+		return p.hunk(l)
+	}
+	return nil
+}
+
+// header sets the current section's Header to its lines before end, less
+// trailing blank lines, unless it has one already or has hunks.
+func (p *parser) header(end int) {
+	if p.cur != nil && p.cur.Header == "" && len(p.cur.Hunks) == 0 {
+		for end > p.start && strings.TrimSpace(p.lines[end-1]) == "" {
+			end--
+		}
+		p.cur.Header = strings.Join(p.lines[p.start:end], "\n") + "\n"
+	}
+}
+
+// section ends the current section and starts a new one at p.i.
+func (p *parser) section() {
+	p.header(p.i)
+	p.d.Files = append(p.d.Files, File{})
+	p.cur, p.start = &p.d.Files[len(p.d.Files)-1], p.i
+}
+
+// gitLine reads a `diff --git` line: it always starts a section.
+func (p *parser) gitLine(l string) {
+	p.section()
+	if a, b, ok := gitPaths(l); ok {
+		p.cur.OldPath, p.cur.Path = a, b
+	}
+}
+
+// oldPathLine reads a `---` line: it starts a section unless it belongs to
+// the current one's header.
+func (p *parser) oldPathLine(l string) {
+	if p.cur == nil || len(p.cur.Hunks) > 0 {
+		p.section()
+	}
+	if path := stripPath(l[4:], "a/"); path != "" {
+		p.cur.OldPath = path
+	}
+}
+
+// newPathLine reads a `+++` line; without a new path the file is deleted.
+func (p *parser) newPathLine(l string) error {
+	if p.cur == nil {
+		return fmt.Errorf("diff: line %d: +++ without ---", p.i+1)
+	}
+	path := stripPath(l[4:], "b/")
+	if path == "" {
+		p.cur.Deleted = true
+		p.cur.Path = p.cur.OldPath
+	} else {
+		p.cur.Path = path
+	}
+	return nil
+}
+
+// hunk reads the hunk whose header l is, and its body, into the current
+// section, leaving p.i at the hunk's last line.
+func (p *parser) hunk(l string) error {
+	if p.cur == nil || p.cur.Path == "" {
+		return fmt.Errorf("diff: line %d: hunk before file header", p.i+1)
+	}
+	h, err := parseHunkHeader(l)
+	if err != nil {
+		return fmt.Errorf("diff: line %d: %w", p.i+1, err)
+	}
+	p.header(p.i)
+	if err := p.hunkBody(&h); err != nil {
+		return err
+	}
+	p.cur.Hunks = append(p.cur.Hunks, h)
+	return nil
+}
+
+// hunkBody reads the body lines after h's header until they add up to the
+// line counts the header gives.
+func (p *parser) hunkBody(h *Hunk) error {
+	oldLeft, newLeft, n := h.OldLines, h.NewLines, h.NewStart
+	at := p.i + 1 // the hunk header's line
+	for oldLeft > 0 || newLeft > 0 {
+		p.i++
+		if p.i >= len(p.lines) {
+			return fmt.Errorf("diff: the hunk at line %d ends early", at)
+		}
+		b := p.lines[p.i]
+		if strings.HasPrefix(b, `\ `) { // "\ No newline at end of file"
+			continue
+		}
+		kind := byte(Context)
+		if b != "" {
+			kind = b[0]
+			b = b[1:]
+		}
+		switch kind {
+		case Added:
+			h.Lines = append(h.Lines, Line{Kind: Added, Text: b, NewLine: n})
+			n++
+			newLeft--
+		case Removed:
+			h.Lines = append(h.Lines, Line{Kind: Removed, Text: b})
+			oldLeft--
+		case Context:
+			h.Lines = append(h.Lines, Line{Kind: Context, Text: b, NewLine: n})
+			n++
+			newLeft--
+			oldLeft--
+		default:
+			return fmt.Errorf("diff: line %d: a line inside a hunk must start with ' ', '+' or '-'", p.i+1)
+		}
+		if oldLeft < 0 || newLeft < 0 {
+			return fmt.Errorf("diff: the hunk at line %d has more lines than its header says", at)
+		}
+	}
+	return nil
 }
 
 func gitPaths(l string) (string, string, bool) {

@@ -464,6 +464,39 @@ type Spec struct {
 // not ready — and logs what it stopped and how long that took.
 func Run(spec Spec) {
 	info := buildinfo.Read()
+	cfg := configure(spec, info)
+	log := telemetry.NewLogger(os.Stderr, spec.Name, cfg.Region, slog.LevelInfo)
+	log.Info("starting", "version", info.Version, "revision", info.RevisionOrUnknown(), "go", info.GoVersion,
+		"config", cfg.Redacted(), "settings", ownSettings(spec.Vars, os.Getenv))
+	ctx, stopSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stopSignals()
+	// The ports are bound before anything is connected: a port that is
+	// taken stops start-up at once, and /healthz answers while the
+	// service waits for Postgres and NATS (/readyz does not).
+	front, back := &swapHandler{}, &swapHandler{}
+	front.Store(starting(true))
+	back.Store(starting(false))
+	// The listeners outlive the drain, so probes keep their answers.
+	hctx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
+	served := make(chan error, 2)
+	listeners := listen(hctx, log, spec.Name, cfg, front, back, served)
+	env, part, api := startService(ctx, spec, cfg, log)
+	front.Store(Mux(api, env, part))
+	back.Store(MetricsMux(env))
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+		served <- err
+	}
+	if err = drain(log, env, part, stopHTTP, served, listeners, err); err != nil {
+		fail(log, spec.Name, err)
+	}
+}
+
+// configure loads the settings of spec's service and runs its Configure. It
+// ends the process after --help or --version (0) and on a bad setting (2).
+func configure(spec Spec, info buildinfo.Info) config.Config {
 	cfg, err := config.Load(spec.Name, os.Args[1:], os.Getenv, spec.Need)
 	switch {
 	case errors.Is(err, config.ErrHelp):
@@ -479,20 +512,13 @@ func Run(spec Spec) {
 		fmt.Fprintf(os.Stderr, "%s: %v\n(%s --help lists every setting)\n", spec.Name, err, spec.Name)
 		os.Exit(2)
 	}
-	log := telemetry.NewLogger(os.Stderr, spec.Name, cfg.Region, slog.LevelInfo)
-	log.Info("starting", "version", info.Version, "revision", info.RevisionOrUnknown(), "go", info.GoVersion,
-		"config", cfg.Redacted(), "settings", ownSettings(spec.Vars, os.Getenv))
-	ctx, stopSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stopSignals()
-	// The ports are bound before anything is connected: a port that is
-	// taken stops start-up at once, and /healthz answers while the
-	// service waits for Postgres and NATS (/readyz does not).
-	front, back := &swapHandler{}, &swapHandler{}
-	front.Store(starting(true))
-	back.Store(starting(false))
-	// The listeners outlive the drain, so probes keep their answers.
-	hctx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
-	served := make(chan error, 2)
+	return cfg
+}
+
+// listen binds the API and metrics ports cfg sets and serves front and back
+// on them until hctx ends, each server's end sent on served. It returns how
+// many it serves; a port it cannot bind ends the process.
+func listen(hctx context.Context, log *slog.Logger, name string, cfg config.Config, front, back http.Handler, served chan<- error) int {
 	listeners := 0
 	for _, l := range []struct {
 		setting, addr, msg string
@@ -503,12 +529,18 @@ func Run(spec Spec) {
 		}
 		ln, err := Listen(l.setting, l.addr)
 		if err != nil {
-			fail(log, spec.Name, err)
+			fail(log, name, err)
 		}
 		log.Info(l.msg, "addr", ln.Addr().String())
 		listeners++
 		go func() { served <- ServeOn(hctx, ln, l.h, DefaultLimits) }()
 	}
+	return listeners
+}
+
+// startService connects spec's service, builds it and starts it; a failure
+// ends the process.
+func startService(ctx context.Context, spec Spec, cfg config.Config, log *slog.Logger) (*Env, Part, http.Handler) {
 	env, err := Connect(ctx, spec.Name, cfg, log)
 	if err != nil {
 		fail(log, spec.Name, err)
@@ -524,14 +556,13 @@ func Run(spec Spec) {
 		env.Close(context.Background())
 		fail(log, spec.Name, err)
 	}
-	front.Store(Mux(api, env, part))
-	back.Store(MetricsMux(env))
-	select {
-	case <-ctx.Done():
-	case err = <-served:
-		served <- err
-	}
-	// Stop taking work, finish or release what is held, then close pools.
+	return env, part, api
+}
+
+// drain stops taking work, finishes or releases what is held, stops the
+// listeners and closes the pools, within drainGrace. It returns err, or
+// else the first error a listener ended with.
+func drain(log *slog.Logger, env *Env, part Part, stopHTTP context.CancelFunc, served <-chan error, listeners int, err error) error {
 	start := time.Now()
 	env.draining.Store(true)
 	log.Info("draining: no new work; what is held finishes or is released", "grace", drainGrace.String())
@@ -546,9 +577,7 @@ func Run(spec Spec) {
 	}
 	env.Close(dctx)
 	log.Info("stopped", "took", time.Since(start).Round(time.Millisecond).String(), "clean", dctx.Err() == nil)
-	if err != nil {
-		fail(log, spec.Name, err)
-	}
+	return err
 }
 
 // drainGrace bounds the drain; pods need a termination grace above it.

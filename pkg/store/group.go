@@ -232,6 +232,34 @@ func (s *Store) RecordAttemptGroup(ctx context.Context, recs []AttemptRecord) []
 		out[0] = AttemptRecorded{Applied: applied, Err: err}
 		return out
 	}
+	args, err := recordAttemptGroupArgs(recs)
+	if err != nil {
+		return fill(out, func(int) AttemptRecorded { return AttemptRecorded{Err: err} })
+	}
+	applied, err := s.recordAttemptGroup(ctx, args)
+	if err == nil {
+		for i, r := range recs {
+			out[i] = AttemptRecorded{Applied: applied[r.AttemptID]}
+		}
+		return out
+	}
+	if Unsent(err) {
+		return fill(out, func(i int) AttemptRecorded {
+			return AttemptRecorded{Err: fmt.Errorf("store: record attempt %s: %w", recs[i].AttemptID, err)}
+		})
+	}
+	// One record's value refused the whole statement: each alone.
+	for i, r := range recs {
+		applied, err := s.RecordAttempt(ctx, r)
+		out[i] = AttemptRecorded{Applied: applied, Err: err}
+	}
+	return out
+}
+
+// recordAttemptGroupArgs are the records as the arrays
+// recordAttemptGroupSQL takes, one element per record, and their outbox
+// rows tagged by attempt.
+func recordAttemptGroupArgs(recs []AttemptRecord) ([]any, error) {
 	n := len(recs)
 	var (
 		works, tokens, attempts, outcomes, reasons = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -251,14 +279,19 @@ func (s *Store) RecordAttemptGroup(ctx context.Context, recs []AttemptRecord) []
 		handoffs[i], retries[i] = interval(r.HandoffTTL), interval(r.RetryAfter)
 		notes[i], workOutcomes[i], workReasons[i], outages[i] = Text(r.RepairNote), r.WorkOutcome, Text(r.WorkReason), r.Outage
 		if err := ob.add(r.AttemptID, r.Outbox); err != nil {
-			return fill(out, func(int) AttemptRecorded { return AttemptRecorded{Err: err} })
+			return nil, err
 		}
 	}
-	// Each change as RecordAttempt makes it, chosen per row by its kind:
-	// 1 handoff (the lease kept for the committer), 2 requeue, 3 finish.
-	// A NoChange record (0) always applies; the others only where the
-	// work is still running under the record's lease.
-	rows, err := s.pool.Query(ctx, `WITH x AS (
+	return append([]any{works, tokens, attempts, outcomes, reasons, raws, changes, handoffs, notes, retries, caps, workOutcomes,
+		workReasons, outages}, ob.args()...), nil
+}
+
+// recordAttemptGroupSQL makes each record's change as RecordAttempt makes
+// it, chosen per row by its kind: 1 handoff (the lease kept for the
+// committer), 2 requeue, 3 finish. A NoChange record (0) always applies;
+// the others only where the work is still running under the record's
+// lease. It returns the attempt ids of the records that applied.
+var recordAttemptGroupSQL = `WITH x AS (
 			SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $7::int[],
 				$8::bigint[], $9::text[], $10::bigint[], $11::int[], $12::text[], $13::text[], $14::bool[])
 				AS x(work_id, token, attempt_id, outcome, reason, raw, change, handoff, note, retry, cap, work_outcome, work_reason, outage)
@@ -283,41 +316,26 @@ func (s *Store) RecordAttemptGroup(ctx context.Context, recs []AttemptRecord) []
 			UPDATE attempts SET outcome = x.outcome, reason = nullif(x.reason, ''),
 				raw_response = coalesce(x.raw, attempts.raw_response), finished_at = coalesce(attempts.finished_at, now())
 			FROM x WHERE attempts.id = ANY($3) AND attempts.id = x.attempt_id AND x.attempt_id IN (SELECT attempt_id FROM ok)
-		), ob AS (`+outboxInsert(15, `m.tag::uuid IN (SELECT attempt_id FROM ok)`)+`)
-		SELECT attempt_id::text FROM ok`,
-		append([]any{works, tokens, attempts, outcomes, reasons, raws, changes, handoffs, notes, retries, caps, workOutcomes,
-			workReasons, outages}, ob.args()...)...)
-	if err == nil {
-		applied := map[string]bool{}
-		for rows.Next() {
-			var id string
-			if err = rows.Scan(&id); err != nil {
-				break
-			}
-			applied[id] = true
-		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
-		if err == nil {
-			for i, r := range recs {
-				out[i] = AttemptRecorded{Applied: applied[r.AttemptID]}
-			}
-			return out
-		}
+		), ob AS (` + outboxInsert(15, `m.tag::uuid IN (SELECT attempt_id FROM ok)`) + `)
+		SELECT attempt_id::text FROM ok`
+
+// recordAttemptGroup runs recordAttemptGroupSQL with args and returns the
+// attempt ids of the records that applied.
+func (s *Store) recordAttemptGroup(ctx context.Context, args []any) (map[string]bool, error) {
+	rows, err := s.pool.Query(ctx, recordAttemptGroupSQL, args...)
+	if err != nil {
+		return nil, err
 	}
-	if Unsent(err) {
-		return fill(out, func(i int) AttemptRecorded {
-			return AttemptRecorded{Err: fmt.Errorf("store: record attempt %s: %w", recs[i].AttemptID, err)}
-		})
+	defer rows.Close()
+	applied := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		applied[id] = true
 	}
-	// One record's value refused the whole statement: each alone.
-	for i, r := range recs {
-		applied, err := s.RecordAttempt(ctx, r)
-		out[i] = AttemptRecorded{Applied: applied, Err: err}
-	}
-	return out
+	return applied, rows.Err()
 }
 
 // fill sets every element of out to f(i) and returns it.
@@ -400,6 +418,35 @@ type CommitVerdict struct {
 // others commit.
 func (s *Store) CommitGroup(ctx context.Context, reqs []CommitReq) []CommitVerdict {
 	out := make([]CommitVerdict, len(reqs))
+	args, err := commitGroupArgs(reqs)
+	if err != nil {
+		return fill(out, func(int) CommitVerdict { return CommitVerdict{Verdict: Lost, Err: err} })
+	}
+	got, err := s.commitGroup(ctx, args)
+	if err == nil {
+		for i, r := range reqs {
+			out[i] = CommitVerdict{Verdict: got[r.AttemptID]} // Lost when neither
+		}
+		return out
+	}
+	if len(reqs) == 1 || Unsent(err) {
+		return fill(out, func(i int) CommitVerdict {
+			return CommitVerdict{Verdict: Lost, Err: fmt.Errorf("store: commit %s: %w", reqs[i].Work.ID, err)}
+		})
+	}
+	// One answer refused the whole statement (a second result for its
+	// work, a value the database will not store): each alone, so only
+	// that one fails.
+	for i, r := range reqs {
+		out[i].Verdict, out[i].Err = s.Commit(ctx, r.Work, r.AttemptID, r.Token, r.Output, r.Findings, cannedAnnounce(r))
+	}
+	return out
+}
+
+// commitGroupArgs are the answers as the arrays commitGroupSQL takes, one
+// element per answer, and their outcomes' outbox rows tagged by attempt
+// and state.
+func commitGroupArgs(reqs []CommitReq) ([]any, error) {
 	n := len(reqs)
 	works, tokens, versions, tenants, attempts, outputs := make([]string, n), make([]string, n), make([]string, n),
 		make([]string, n), make([]string, n), make([]string, n)
@@ -409,16 +456,21 @@ func (s *Store) CommitGroup(ctx context.Context, reqs []CommitReq) []CommitVerdi
 		works[i], tokens[i], versions[i], tenants[i], attempts[i] = r.Work.ID, r.Token, r.Work.SchemaVersion, r.Work.TenantID, r.AttemptID
 		outputs[i], findings[i], announce[i] = string(r.Output), int32(r.Findings), r.Announce
 		if err := ob.add(r.AttemptID+" "+outcome.Accepted, r.Accepted); err != nil {
-			return fill(out, func(int) CommitVerdict { return CommitVerdict{Verdict: Lost, Err: err} })
+			return nil, err
 		}
 		if err := ob.add(r.AttemptID+" "+outcome.Expired, r.Expired); err != nil {
-			return fill(out, func(int) CommitVerdict { return CommitVerdict{Verdict: Lost, Err: err} })
+			return nil, err
 		}
 	}
-	// As Commit's statement, row by row: the late and the accepted branch
-	// exclude each other by the deadline; with neither the attempt is
-	// marked stale; an attempt already recorded ok is not written again.
-	rows, err := s.pool.Query(ctx, `WITH x AS (
+	return append([]any{works, tokens, versions, tenants, attempts, outputs, findings, announce}, ob.args()...), nil
+}
+
+// commitGroupSQL is Commit's statement, row by row: the late and the
+// accepted branch exclude each other by the deadline; with neither the
+// attempt is marked stale; an attempt already recorded ok is not written
+// again. It returns each committed or expired attempt id with the state
+// its work reached.
+var commitGroupSQL = `WITH x AS (
 			SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::uuid[], $6::text[], $7::int[], $8::bool[])
 				AS x(work_id, token, schema_version, tenant_id, attempt_id, output, findings, announce)
 		), late AS (
@@ -452,42 +504,27 @@ func (s *Store) CommitGroup(ctx context.Context, reqs []CommitReq) []CommitVerdi
 			WHERE id = ANY($5) AND id NOT IN (SELECT attempt_id FROM acc) AND id NOT IN (SELECT attempt_id FROM late)
 				AND coalesce(outcome, '') IN ('', 'ok', 'lease_expired')
 				AND NOT EXISTS (SELECT 1 FROM results r WHERE r.work_id = attempts.work_id AND r.attempt_id = attempts.id)
-		), ob AS (`+outboxInsert(9, `(split_part(m.tag, ' ', 2) = '`+outcome.Accepted+`' AND split_part(m.tag, ' ', 1)::uuid IN (SELECT attempt_id FROM acc))
-			OR (split_part(m.tag, ' ', 2) = '`+outcome.Expired+`' AND split_part(m.tag, ' ', 1)::uuid IN (SELECT attempt_id FROM late))`)+`)
-		SELECT attempt_id::text, '`+outcome.Accepted+`' FROM acc UNION ALL SELECT attempt_id::text, '`+outcome.Expired+`' FROM late`,
-		append([]any{works, tokens, versions, tenants, attempts, outputs, findings, announce}, ob.args()...)...)
-	if err == nil {
-		got := map[string]Verdict{}
-		for rows.Next() {
-			var id, what string
-			if err = rows.Scan(&id, &what); err != nil {
-				break
-			}
-			got[id] = map[string]Verdict{outcome.Accepted: Committed, outcome.Expired: Late}[what]
-		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
-		if err == nil {
-			for i, r := range reqs {
-				out[i] = CommitVerdict{Verdict: got[r.AttemptID]} // Lost when neither
-			}
-			return out
-		}
+		), ob AS (` + outboxInsert(9, `(split_part(m.tag, ' ', 2) = '`+outcome.Accepted+`' AND split_part(m.tag, ' ', 1)::uuid IN (SELECT attempt_id FROM acc))
+			OR (split_part(m.tag, ' ', 2) = '`+outcome.Expired+`' AND split_part(m.tag, ' ', 1)::uuid IN (SELECT attempt_id FROM late))`) + `)
+		SELECT attempt_id::text, '` + outcome.Accepted + `' FROM acc UNION ALL SELECT attempt_id::text, '` + outcome.Expired + `' FROM late`
+
+// commitGroup runs commitGroupSQL with args and returns the verdict of
+// each attempt it committed or found late.
+func (s *Store) commitGroup(ctx context.Context, args []any) (map[string]Verdict, error) {
+	rows, err := s.pool.Query(ctx, commitGroupSQL, args...)
+	if err != nil {
+		return nil, err
 	}
-	if len(reqs) == 1 || Unsent(err) {
-		return fill(out, func(i int) CommitVerdict {
-			return CommitVerdict{Verdict: Lost, Err: fmt.Errorf("store: commit %s: %w", reqs[i].Work.ID, err)}
-		})
+	defer rows.Close()
+	got := map[string]Verdict{}
+	for rows.Next() {
+		var id, what string
+		if err := rows.Scan(&id, &what); err != nil {
+			return nil, err
+		}
+		got[id] = map[string]Verdict{outcome.Accepted: Committed, outcome.Expired: Late}[what]
 	}
-	// One answer refused the whole statement (a second result for its
-	// work, a value the database will not store): each alone, so only
-	// that one fails.
-	for i, r := range reqs {
-		out[i].Verdict, out[i].Err = s.Commit(ctx, r.Work, r.AttemptID, r.Token, r.Output, r.Findings, cannedAnnounce(r))
-	}
-	return out
+	return got, rows.Err()
 }
 
 // cannedAnnounce gives Commit the events a CommitReq carries.

@@ -362,30 +362,16 @@ type call struct {
 	text       string // moderation
 }
 
+// handleChat answers one chat-completions call: refused as a bad request or
+// beyond capacity, failed as its injected fault says, or with a completion.
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	var req model.ChatRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	if err := dec.Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_body", "could not decode the request body: "+err.Error())
+	c := s.decodeCall(w, r)
+	if c == nil {
 		return
 	}
-	c := &call{req: req, tenant: req.User, constant: s.opts.Constant}
-	if c.tenant == "" {
-		c.tenant = AnonymousTenant
-	}
-	if msg := c.prepare(); msg != "" {
-		s.record(c.tenant, outcomeBadRequest)
-		s.log.Debug("sim: bad request", "tenant", c.tenant, "reason", msg)
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", msg)
-		return
-	}
-
 	a := s.admit(c)
 	if a.refused != "" {
-		given, _ := setRetryAfter(w.Header(), a.wait)
-		s.log.Debug("sim: throttled", "tenant", c.tenant, "workId", c.corr.WorkID, "beyond", a.refused, "retryAfter", given)
-		writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded",
-			fmt.Sprintf("Rate limit reached for %s on %s; please try again in %dms.", c.tenant, a.refused, given/time.Millisecond))
+		s.writeThrottled(w, c, a)
 		return
 	}
 	// The slot is released before each answer is written, so a client
@@ -400,122 +386,138 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 
 	ctx := r.Context()
 	if kind == FaultHang {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.done:
-			// Abort the connection so the client sees a failure, not an
-			// empty 200.
-			panic(http.ErrAbortHandler)
-		}
+		s.hang(ctx)
+		return
 	}
 	if !s.sleep(ctx, a.latency) {
 		return
 	}
+	if s.writeFault(w, c, a) {
+		return
+	}
+	if kind == FaultLatency && !s.sleep(ctx, f.Latency) {
+		return
+	}
+	body, billed := s.completion(c, f, kind)
+	s.bill(c.tenant, billed)
+	s.release(a.id)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+}
 
-	switch kind {
+// decodeCall decodes and validates the request into a call. A request it
+// refuses is answered 400, and counted when it decoded; it then returns nil.
+func (s *Server) decodeCall(w http.ResponseWriter, r *http.Request) *call {
+	var req model.ChatRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_body", "could not decode the request body: "+err.Error())
+		return nil
+	}
+	c := &call{req: req, tenant: req.User, constant: s.opts.Constant}
+	if c.tenant == "" {
+		c.tenant = AnonymousTenant
+	}
+	if msg := c.prepare(); msg != "" {
+		s.record(c.tenant, outcomeBadRequest)
+		s.log.Debug("sim: bad request", "tenant", c.tenant, "reason", msg)
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", msg)
+		return nil
+	}
+	return c
+}
+
+// writeThrottled answers a call refused by capacity: 429, with the wait as
+// its Retry-After.
+func (s *Server) writeThrottled(w http.ResponseWriter, c *call, a admission) {
+	given, _ := setRetryAfter(w.Header(), a.wait)
+	s.log.Debug("sim: throttled", "tenant", c.tenant, "workId", c.corr.WorkID, "beyond", a.refused, "retryAfter", given)
+	writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded",
+		fmt.Sprintf("Rate limit reached for %s on %s; please try again in %dms.", c.tenant, a.refused, given/time.Millisecond))
+}
+
+// hang holds a call that is never answered until the request goes away or
+// the server closes.
+func (s *Server) hang(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-s.done:
+		// Abort the connection so the client sees a failure, not an
+		// empty 200.
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// writeFault answers an admitted call with its fault when the fault is a
+// failure in place of an answer, and reports whether it did.
+func (s *Server) writeFault(w http.ResponseWriter, c *call, a admission) bool {
+	if a.fault == nil {
+		return false
+	}
+	switch a.fault.Kind {
 	case FaultRateLimit:
-		ra := f.RetryAfter
-		if ra <= 0 {
-			ra = time.Second
-		}
-		given, secs := setRetryAfter(w.Header(), ra)
-		s.setNotBefore(c.retryKey(), time.Now().Add(given))
-		s.release(a.id)
+		secs := s.retryLater(w, c, a)
 		writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded",
 			fmt.Sprintf("Rate limit reached for %s; please try again in %ds.", c.tenant, secs))
-		return
 	case FaultUnavailable:
-		ra := f.RetryAfter
-		if ra <= 0 {
-			ra = time.Second
-		}
-		given, secs := setRetryAfter(w.Header(), ra)
-		s.setNotBefore(c.retryKey(), time.Now().Add(given))
-		s.release(a.id)
+		secs := s.retryLater(w, c, a)
 		writeError(w, http.StatusServiceUnavailable, "server_error", "overloaded",
 			fmt.Sprintf("The engine is currently overloaded, please try again in %ds.", secs))
-		return
 	case FaultErrorBody:
 		s.release(a.id)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
 		_, _ = io.WriteString(w, `{"error":{"message":"The server had an error processing your request.","type":"server_error","code":null}}`)
-		return
 	case FaultServerError:
 		s.release(a.id)
 		writeError(w, http.StatusInternalServerError, "server_error", "", "The server had an error while processing your request. Sorry about that!")
-		return
 	case FaultReject:
 		s.release(a.id)
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "content_policy_violation",
 			"Your request was rejected as a result of our safety system.")
-		return
-	case FaultLatency:
-		if !s.sleep(ctx, f.Latency) {
-			return
-		}
 	case FaultBadBytes:
 		s.release(a.id)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("\xff\xfe<html>upstream \x00 error\xc0\xaf</html>"))
-		return
+	default:
+		return false
 	}
+	return true
+}
 
-	var content string
-	if s.opts.Constant && kind == "" && c.contract == ContractCodeReview {
-		content = s.constantReview(c)
-	} else {
-		content = c.answer(kind)
+// retryLater sets the Retry-After of a call's fault (1s by default), holds
+// the call's retry key to it and releases the call's slot; it returns the
+// whole seconds given.
+func (s *Server) retryLater(w http.ResponseWriter, c *call, a admission) int64 {
+	ra := a.fault.RetryAfter
+	if ra <= 0 {
+		ra = time.Second
 	}
-	finish := "stop"
-	switch mt := c.req.MaxTokens; {
-	case kind == FaultHuge:
-		// A misbehaving provider: the valid answer padded far past
-		// max_tokens with a summary of the whole change.
-		content = huge(content, f.Size)
-	case kind == FaultLength:
-		content, finish = content[:len(content)/2], "length"
-	case mt > 0 && tokens(len(content)) > mt:
-		// Like a real provider, stop at max_tokens: the answer is cut
-		// short and says so.
-		content, finish = content[:mt*4], "length"
-	}
-	// nullContent: the answer's content is JSON null (a refusal, a tool
-	// call), as OpenAI sends it.
-	nullContent := false
-	msg := model.Message{Role: "assistant", Content: content}
-	switch kind {
-	case FaultRefusal:
-		msg.Content, msg.Refusal, nullContent = "", "I'm sorry, but I can't help with that request.", true
-	case FaultContentFilter:
-		msg.Content, finish = "", "content_filter"
-	case FaultToolCalls:
-		args, _ := json.Marshal(content)
-		msg.Content, nullContent, finish = "", true, "tool_calls"
-		msg.ToolCalls = []json.RawMessage{json.RawMessage(`{"id":"call_sim_1","type":"function","function":{"name":"submit_review","arguments":` + string(args) + `}}`)}
-	}
+	given, secs := setRetryAfter(w.Header(), ra)
+	s.setNotBefore(c.retryKey(), time.Now().Add(given))
+	s.release(a.id)
+	return secs
+}
+
+// completion is the body of the completion answering c, bent by its fault
+// f of the given kind (nil and "" for none), and the usage billed for it.
+func (s *Server) completion(c *call, f *Fault, kind string) ([]byte, model.Usage) {
+	content, finish := s.content(c, f, kind)
+	msg, finish, nullContent := message(content, finish, kind)
 	resp := model.ChatResponse{
 		ID:      fmt.Sprintf("chatcmpl-sim-%d", s.seq.Add(1)),
 		Object:  "chat.completion",
 		Created: time.Now().Unix(),
-		Model:   cmpOr(req.Model, s.opts.Model),
+		Model:   cmpOr(c.req.Model, s.opts.Model),
 		Choices: []model.Choice{{Index: 0, Message: msg, FinishReason: finish}},
 	}
 	if kind == FaultNoChoices {
 		resp.Choices = []model.Choice{}
 	}
-	var prompt int
-	for _, m := range req.Messages {
-		prompt += len(m.Content)
-	}
-	resp.Usage.PromptTokens = tokens(prompt)
-	resp.Usage.CompletionTokens = tokens(len(msg.Content) + len(msg.Refusal))
-	for _, tc := range msg.ToolCalls {
-		resp.Usage.CompletionTokens += tokens(len(tc))
-	}
-	resp.Usage.TotalTokens = resp.Usage.PromptTokens + resp.Usage.CompletionTokens
+	resp.Usage = usage(c.req.Messages, msg)
 	billed := resp.Usage
 	switch kind {
 	case FaultRenamed:
@@ -531,12 +533,69 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if kind == FaultTruncated {
 		body = body[:len(body)/2]
 	}
-	s.bill(c.tenant, billed)
-	s.release(a.id)
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(body)
+	return body, billed
+}
+
+// content is the text answering c and its finish reason: the answer, cut
+// short at max_tokens as a real provider cuts it, or as a huge or length
+// fault bends it.
+func (s *Server) content(c *call, f *Fault, kind string) (content, finish string) {
+	if s.opts.Constant && kind == "" && c.contract == ContractCodeReview {
+		content = s.constantReview(c)
+	} else {
+		content = c.answer(kind)
+	}
+	finish = "stop"
+	switch mt := c.req.MaxTokens; {
+	case kind == FaultHuge:
+		// A misbehaving provider: the valid answer padded far past
+		// max_tokens with a summary of the whole change.
+		content = huge(content, f.Size)
+	case kind == FaultLength:
+		content, finish = content[:len(content)/2], "length"
+	case mt > 0 && tokens(len(content)) > mt:
+		// Like a real provider, stop at max_tokens: the answer is cut
+		// short and says so.
+		content, finish = content[:mt*4], "length"
+	}
+	return content, finish
+}
+
+// message is the assistant message carrying content, as a refusal, content
+// filter or tool calls fault bends it, with its finish reason and whether
+// its content is sent as JSON null (a refusal, a tool call), as OpenAI
+// sends it.
+func message(content, finish, kind string) (model.Message, string, bool) {
+	nullContent := false
+	msg := model.Message{Role: "assistant", Content: content}
+	switch kind {
+	case FaultRefusal:
+		msg.Content, msg.Refusal, nullContent = "", "I'm sorry, but I can't help with that request.", true
+	case FaultContentFilter:
+		msg.Content, finish = "", "content_filter"
+	case FaultToolCalls:
+		args, _ := json.Marshal(content)
+		msg.Content, nullContent, finish = "", true, "tool_calls"
+		msg.ToolCalls = []json.RawMessage{json.RawMessage(`{"id":"call_sim_1","type":"function","function":{"name":"submit_review","arguments":` + string(args) + `}}`)}
+	}
+	return msg, finish, nullContent
+}
+
+// usage counts the units of a call with the prompt msgs answered by msg:
+// its content, refusal and tool calls.
+func usage(msgs []model.Message, msg model.Message) model.Usage {
+	var u model.Usage
+	var prompt int
+	for _, m := range msgs {
+		prompt += len(m.Content)
+	}
+	u.PromptTokens = tokens(prompt)
+	u.CompletionTokens = tokens(len(msg.Content) + len(msg.Refusal))
+	for _, tc := range msg.ToolCalls {
+		u.CompletionTokens += tokens(len(tc))
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	return u
 }
 
 // huge pads a JSON object answer to size bytes (default 5 MiB) with a
