@@ -197,6 +197,12 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if c.cfg.JS == nil {
 		return errors.New("consumer: " + c.cfg.Durable.Durable + " has no JetStream to consume from")
 	}
+	// Under mu, so that a Stop racing Start sees both contexts or neither.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.haltCancel != nil {
+		return lifecycle.ErrStarted
+	}
 	c.work, c.workStop = context.WithCancel(context.WithoutCancel(ctx))
 	c.halt, c.haltCancel = context.WithCancel(c.work)
 	return c.run.Go(ctx, c.loop)
@@ -378,10 +384,13 @@ func (c *Consumer) receive(msg jetstream.Msg) {
 // first it cancels them (their handlers release what they hold) and waits
 // for them to return. Idempotent; a Consumer never started is a no-op.
 func (c *Consumer) Stop(ctx context.Context) {
-	if c.haltCancel == nil {
+	c.mu.Lock()
+	haltCancel, workStop := c.haltCancel, c.workStop
+	c.mu.Unlock()
+	if haltCancel == nil {
 		return
 	}
-	c.haltCancel()
+	haltCancel()
 	c.run.Stop(ctx)
 	c.mu.Lock()
 	c.stopping = true
@@ -391,10 +400,10 @@ func (c *Consumer) Stop(ctx context.Context) {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		c.workStop()
+		workStop()
 		<-done
 	}
-	c.workStop()
+	workStop()
 }
 
 func (c *Consumer) markMissing() {
