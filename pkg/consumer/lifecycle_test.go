@@ -20,7 +20,7 @@ func TestConsumerLifecycle(t *testing.T) {
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
 		c, err := consumer.New(consumer.Config{JS: js, Stream: names.Stream(event.KindWork), Concurrency: 2, Log: quiet(),
 			Durable: event.ConsumerSettings{Durable: "stress", AckWait: 30 * time.Second},
-			Handle: func(context.Context, jetstream.Msg) consumer.Disposition { return consumer.Done() }})
+			Handle:  func(context.Context, jetstream.Msg) consumer.Disposition { return consumer.Done() }})
 		if err != nil {
 			t.Fatal(err)
 		}
