@@ -126,18 +126,22 @@ func Setup(ctx context.Context, service, region string, opts ...Option) (*Provid
 	p.tracer = p.tp.Tracer(scope)
 	p.meter = p.mp.Meter(scope)
 
-	// Go runtime and process collectors are per registry, so each service's
-	// /metrics is complete on its own.
+	p.registerRuntime(service, region, cell)
+	p.handler = promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{Registry: p.registry})
+	return p, nil
+}
+
+// registerRuntime adds the Go runtime's and the process's collectors (per
+// registry, so each service's /metrics is complete on its own) and the
+// build that runs, as a constant 1 with the version in its labels.
+func (p *Provider) registerRuntime(service, region, cell string) {
 	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	// The build that runs, as a constant 1 with the version in its labels.
 	bi := buildinfo.Read()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "assay_build_info",
 		Help:        "The running build: version, VCS revision and Go version; always 1.",
 		ConstLabels: prometheus.Labels{"service": service, "region": region, cellLabel: cell, "version": bi.Version, "revision": bi.RevisionOrUnknown(), "goversion": bi.GoVersion}})
 	build.Set(1)
 	p.registry.MustRegister(build)
-	p.handler = promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{Registry: p.registry})
-	return p, nil
 }
 
 // Option adjusts Setup.
