@@ -51,7 +51,7 @@ func newInstanceID() string {
 func (r *capacityReporter) pass(ctx context.Context) (bool, error) {
 	s := r.s
 	now := time.Now()
-	if r.weightsFrom != nil && now.Sub(r.weightsAt) >= s.cfg.WeightsEvery {
+	if now.Sub(r.weightsAt) >= s.cfg.WeightsEvery {
 		r.weightsAt = now
 		if w, err := r.weightsFrom.Weights(ctx); err != nil {
 			s.d.Log.Warn("tenant weights not reloaded", "err", err)

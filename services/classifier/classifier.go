@@ -215,10 +215,24 @@ type Completer interface {
 	Complete(ctx context.Context, call model.Call) (*model.Reply, error)
 }
 
+// JetStream is what the classifier asks of NATS JetStream; a
+// jetstream.JetStream is one.
+type JetStream interface {
+	jetstream.Publisher             // the outbox relay's announcements
+	jetstream.StreamManager         // the RESULT and ATTEMPT streams
+	jetstream.StreamConsumerManager // the lanes' consumers; the committer's, read for its backlog
+	jetstream.KeyValueManager       // the capacity and model-call slot buckets
+	// Conn is the connection, read for the largest payload its server
+	// takes and subscribed to the cancels.
+	Conn() *nats.Conn
+}
+
+var _ JetStream = jetstream.JetStream(nil)
+
 // Deps are what the classifier talks to.
 type Deps struct {
 	Store     Store
-	JS        jetstream.JetStream
+	JS        JetStream
 	Model     Completer
 	Contracts *contract.Registry
 	Log       *slog.Logger

@@ -38,3 +38,5 @@ type Store interface {
 	Prompt(ctx context.Context, digest string) (string, error)
 	circuitStore
 }
+
+var _ Store = (*store.Store)(nil)

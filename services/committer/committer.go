@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -124,10 +125,23 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 	return nil
 }
 
+// JetStream is what the committer asks of NATS JetStream; a
+// jetstream.JetStream is one.
+type JetStream interface {
+	jetstream.Publisher             // the outbox relay's announcements
+	jetstream.StreamManager         // the OUTCOME stream
+	jetstream.StreamConsumerManager // the RESULT and OUTCOME consumers
+	// Conn is the connection, read for the largest payload its server
+	// takes.
+	Conn() *nats.Conn
+}
+
+var _ JetStream = jetstream.JetStream(nil)
+
 // Deps are what the committer talks to.
 type Deps struct {
 	Store     Store
-	JS        jetstream.JetStream
+	JS        JetStream
 	Contracts *contract.Registry
 	Log       *slog.Logger
 	Tel       *telemetry.Provider

@@ -26,8 +26,8 @@ import (
 	"assay.dev/pkg/telemetry"
 )
 
-// batchStore is what the batch API asks of the cell's database, beside
-// Store; *store.Store is one.
+// batchStore is what the batch API asks of the cell's database; Store
+// includes it.
 type batchStore interface {
 	InsertBatch(ctx context.Context, b *store.Batch, entries []*store.BatchEntry, announce func(*store.Work) ([]store.OutboxMsg, error)) (*store.Batch, bool, error)
 	GetBatch(ctx context.Context, tenant, id string) (*store.Batch, error)
@@ -171,7 +171,6 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	bs := s.d.Store
 	// The rate token first, a repeated batchKey's too: a refused request
 	// costs no reading of its body.
 	if wait, ok := s.admit(ctx, t, event.Batch); !ok {
@@ -192,7 +191,7 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 		DeadlineAt: deadline}
 	known := false
 	if req.BatchKey != "" {
-		_, err := bs.GetBatch(ctx, t.ID, b.ID)
+		_, err := s.d.Store.GetBatch(ctx, t.ID, b.ID)
 		known = err == nil
 	}
 	// A batch asked for again is answered as the one it is; a new one
@@ -208,7 +207,7 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 		entries[i] = &store.BatchEntry{ItemID: it.ItemID,
 			Work: s.newWork(ctx, t, c, it.SourceID, it.Revision, event.Batch, compact(it.Input), deadline)}
 	}
-	got, created, err := bs.InsertBatch(ctx, b, entries, s.announce(ctx))
+	got, created, err := s.d.Store.InsertBatch(ctx, b, entries, s.announce(ctx))
 	switch {
 	case errors.Is(err, store.ErrBatchConflict):
 		apierror.Write(w, http.StatusConflict, "batch_key_reused",
@@ -359,36 +358,35 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 
 // tenantBatch authenticates the caller and reads its batch named in the
 // path, or writes the refusal. Another tenant's batch is no batch.
-func (s *Service) tenantBatch(w http.ResponseWriter, r *http.Request) (store.Tenant, batchStore, *store.Batch, bool) {
+func (s *Service) tenantBatch(w http.ResponseWriter, r *http.Request) (store.Tenant, *store.Batch, bool) {
 	t, ok := s.authenticate(w, r)
 	if !ok {
-		return t, nil, nil, false
+		return t, nil, false
 	}
-	bs := s.d.Store
 	id := r.PathValue("id")
 	if !batchIDRE.MatchString(id) {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no batch with that id for this tenant")
-		return t, nil, nil, false
+		return t, nil, false
 	}
-	b, err := bs.GetBatch(r.Context(), t.ID, id)
+	b, err := s.d.Store.GetBatch(r.Context(), t.ID, id)
 	if errors.Is(err, store.ErrNotFound) {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no batch with that id for this tenant")
-		return t, nil, nil, false
+		return t, nil, false
 	}
 	if err != nil {
 		s.d.Log.Error("read batch failed", "key", id, "err", err)
 		auth.Unavailable().Write(w)
-		return t, nil, nil, false
+		return t, nil, false
 	}
-	return t, bs, b, true
+	return t, b, true
 }
 
 func (s *Service) getBatch(w http.ResponseWriter, r *http.Request) {
-	_, bs, b, ok := s.tenantBatch(w, r)
+	_, b, ok := s.tenantBatch(w, r)
 	if !ok {
 		return
 	}
-	v, err := batchView(r.Context(), bs, b)
+	v, err := batchView(r.Context(), s.d.Store, b)
 	if err != nil {
 		s.d.Log.Error("read batch failed", "key", b.ID, "err", err)
 		auth.Unavailable().Write(w)
@@ -450,7 +448,7 @@ func batchView(ctx context.Context, bs batchStore, b *store.Batch) (*BatchView, 
 // outcome and reason; items with no outcome yet say their state. It is
 // read and written a page at a time.
 func (s *Service) batchResults(w http.ResponseWriter, r *http.Request) {
-	_, bs, b, ok := s.tenantBatch(w, r)
+	_, b, ok := s.tenantBatch(w, r)
 	if !ok {
 		return
 	}
@@ -460,7 +458,7 @@ func (s *Service) batchResults(w http.ResponseWriter, r *http.Request) {
 	after := ""
 	wrote := false
 	for {
-		items, err := bs.BatchItems(ctx, store.BatchItemFilter{BatchID: b.ID, After: after, WithOutput: true, Limit: page})
+		items, err := s.d.Store.BatchItems(ctx, store.BatchItemFilter{BatchID: b.ID, After: after, WithOutput: true, Limit: page})
 		if err != nil {
 			if !wrote {
 				s.d.Log.Error("read batch results failed", "key", b.ID, "err", err)
@@ -499,13 +497,13 @@ func (s *Service) batchResults(w http.ResponseWriter, r *http.Request) {
 // canceled, and running model calls are told to stop. Canceling again is
 // harmless and answers the batch as it stands.
 func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) {
-	t, bs, b, ok := s.tenantBatch(w, r)
+	t, b, ok := s.tenantBatch(w, r)
 	if !ok {
 		return
 	}
 	ctx := r.Context()
 	reason := "batch " + b.ID + " was canceled"
-	got, ended, err := bs.CancelBatch(ctx, t.ID, b.ID, func(items []store.CanceledItem) ([]store.OutboxMsg, error) {
+	got, ended, err := s.d.Store.CancelBatch(ctx, t.ID, b.ID, func(items []store.CanceledItem) ([]store.OutboxMsg, error) {
 		var msgs []store.OutboxMsg
 		for _, it := range items {
 			if !it.Running {
@@ -529,7 +527,7 @@ func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) {
 	for _, it := range ended {
 		telemetry.Decision(ctx, s.d.Log, it.WorkID, outcome.Canceled, reason, slog.String("tenant", t.ID))
 	}
-	v, err := batchView(ctx, bs, got)
+	v, err := batchView(ctx, s.d.Store, got)
 	if err != nil {
 		s.d.Log.Error("read batch failed", "key", b.ID, "err", err)
 		auth.Unavailable().Write(w)

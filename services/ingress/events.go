@@ -545,7 +545,7 @@ func allItems(ctx context.Context, bs batchStore, id string) ([]store.BatchItem,
 // batchEventStream serves GET /v1/batches/{id}/events. It reads the items
 // again only when the batch's progress summary changed.
 func (s *Service) batchEventStream(w http.ResponseWriter, r *http.Request) {
-	t, bs, b, ok := s.tenantBatch(w, r)
+	t, b, ok := s.tenantBatch(w, r)
 	if !ok {
 		return
 	}
@@ -566,10 +566,10 @@ func (s *Service) batchEventStream(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	var seen *store.BatchSignal
 	for {
-		sig, err := bs.BatchSignal(ctx, b.ID)
+		sig, err := s.d.Store.BatchSignal(ctx, b.ID)
 		if err == nil && (seen == nil || sig != *seen) {
 			var items []store.BatchItem
-			if items, err = allItems(ctx, bs, b.ID); err == nil {
+			if items, err = allItems(ctx, s.d.Store, b.ID); err == nil {
 				if sig.CanceledAt.After(time.Unix(0, 0)) {
 					b.CanceledAt = sig.CanceledAt
 				}

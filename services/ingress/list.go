@@ -15,8 +15,8 @@ import (
 	"assay.dev/pkg/store"
 )
 
-// workLister is what GET /v1/work asks of the cell's database, beside
-// Store; *store.Store is one.
+// workLister is what GET /v1/work asks of the cell's database; Store
+// includes it.
 type workLister interface {
 	ListWork(ctx context.Context, f store.WorkFilter) ([]*store.Work, error)
 }

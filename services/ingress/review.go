@@ -18,8 +18,8 @@ import (
 	"assay.dev/pkg/telemetry"
 )
 
-// reviewStore is what the review API asks of the cell's database, beside
-// Store; *store.Store is one.
+// reviewStore is what the review API asks of the cell's database; Store
+// includes it.
 type reviewStore interface {
 	ListReviews(ctx context.Context, f store.ReviewFilter) ([]*store.Review, error)
 	ResolveReview(ctx context.Context, tenant, workID string, res store.Resolution) (*store.Review, error)
@@ -161,7 +161,6 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	rs := s.d.Store
 	workID, ok := parseReviewID(r.PathValue("id"))
 	if !ok {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this tenant")
@@ -185,7 +184,7 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_note", "note is at most 4000 bytes")
 		return
 	}
-	v, err := rs.ResolveReview(r.Context(), t.ID, workID, store.Resolution{By: req.By, Verdict: req.Verdict, Note: req.Note})
+	v, err := s.d.Store.ResolveReview(r.Context(), t.ID, workID, store.Resolution{By: req.By, Verdict: req.Verdict, Note: req.Note})
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this tenant")

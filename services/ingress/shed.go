@@ -268,7 +268,7 @@ func (s *Service) admitCapacity(ctx context.Context, t store.Tenant, w *store.Wo
 // lane's limit.
 func (s *Service) admitBacklog(ctx context.Context, t store.Tenant, lane string, n int) *refusal {
 	sh := s.shed
-	if sh == nil || sh.cfg.Off || sh.open == nil {
+	if sh == nil || sh.cfg.Off {
 		return nil
 	}
 	limit := sh.cfg.backlog(lane)

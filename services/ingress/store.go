@@ -46,3 +46,5 @@ type Store interface {
 	Routes(ctx context.Context) ([]store.Route, error)
 	SweepStuck(ctx context.Context, sw store.Sweep, announce func(store.Stuck) (store.OutboxMsg, error)) ([]store.Stuck, error)
 }
+
+var _ Store = (*store.Store)(nil)
