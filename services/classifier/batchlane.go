@@ -38,7 +38,6 @@ import (
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
-	"assay.dev/pkg/gate"
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/outcome"
@@ -714,99 +713,104 @@ func (l *batchLane) reconcileLine(ctx context.Context, b *store.ProviderBatch, l
 // transaction that marks the line reconciled.
 func (l *batchLane) reconcile(ctx context.Context, line store.BatchLine, w *store.Work, c *contract.Contract, r lineResult) {
 	s := l.s
-	out, hasOutput := output(r.reply, r.err)
-	a := answer{stillMine: r.stillMine, err: r.err, output: out, hasOutput: hasOutput,
-		attempts: w.Attempts, repairs: w.Repairs, now: time.Now(), deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts),
-		retryRefusals: c.OnRefusal == contract.RefusalRetry, outputCap: s.outputCap(w)}
-	if w.OutputCap == 0 {
-		a.raisedCap = 2 * s.cfg.MaxOutputUnits
+	a, raw := s.answerTo(w, c, r.reply, r.err, r.stillMine, w.Attempts)
+	v, ok := l.recordLine(ctx, line, w, c, r, a, raw)
+	if !ok {
+		return
 	}
-	var mErr *model.Error
-	switch {
-	case !r.stillMine || !hasOutput:
-	case errors.As(r.err, &mErr) && mErr.BodyBytes != 0:
-		a.fail = gate.TooLarge(mErr.BodyBytes)
-	default:
-		_, a.fail = gate.Check(c, []byte(out), gate.ExpectFor(c, seen(w), w.Digest, []byte(w.Input)))
-	}
-	raw := []byte(out)
-	if !hasOutput && r.reply != nil {
-		raw = r.reply.Raw
-	}
-	record := func(rec store.AttemptRecord) (bool, error) {
-		if r.unwritten {
-			return s.d.Store.RecordAttempt(ctx, rec)
-		}
-		return l.st.RecordBatchLine(ctx, r.line, rec)
-	}
-	var v verdict
+	s.relay.Kick()
+	s.countAttempt(ctx, w, v.outcome)
+	l.lines.Add(ctx, 1, metric.WithAttributes(attribute.String("line", r.line), attribute.String("region", s.cfg.Region)))
+	s.logVerdict(ctx, w, line.AttemptID, v, r.err, slog.String("line", r.line))
+}
+
+// recordLine records a batch line's attempt as judged on a, in the
+// transaction that marks the line reconciled (or, for a line never
+// written, in RecordAttempt). A lease gone meanwhile has the attempt
+// recorded as what it then is. ok=false: nothing was recorded, and the
+// line is reconciled next poll, or was already.
+func (l *batchLane) recordLine(ctx context.Context, line store.BatchLine, w *store.Work, c *contract.Contract, r lineResult,
+	a answer, raw []byte) (v verdict, ok bool) {
+	s := l.s
 	for {
-		v = judge(a, s.limits())
-		if a.stillMine && (r.line == store.LineExpired || r.line == store.LineMissing) {
-			v.outcome = map[string]string{store.LineExpired: outcome.AttemptBatchExpired, store.LineMissing: outcome.AttemptBatchMissing}[r.line]
-			v.workReason = strings.Replace(v.workReason, outcome.AttemptTransportError, v.outcome, 1)
-		}
-		res := event.Result{AttemptID: line.AttemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
-			Number: w.Attempts, LeaseToken: line.LeaseToken, Contract: c.Name, SchemaVersion: w.SchemaVersion,
-			TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason, Final: v.final}
-		att := s.attemptEvent(c, w, line.AttemptID, v.outcome, r.reply, r.err)
-		att.Batch = true
-		if r.line == store.LineFailed {
-			// The provider's own account: the line failed, and a failed
-			// line of a batch is billed nothing.
-			att.InputUnits, att.OutputUnits, att.Estimated = 0, 0, false
-		}
-		if r.line == store.LineMissing {
-			// It may have run and been billed with nothing to say so:
-			// charged what was reserved for it, marked estimated.
-			att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w, len(w.Input)), int64(s.outputCap(w)), true
-		}
-		msgs, err := s.events(ctx, w, res, &att)
+		v = lineVerdict(judge(a, s.limits()), a.stillMine, r.line)
+		att := l.lineAttempt(c, w, line.AttemptID, v.outcome, r)
+		msgs, err := s.events(ctx, w, s.resultEvent(w, c, line.AttemptID, line.LeaseToken, v), &att)
 		if err != nil {
 			s.d.Log.Error("building a batch line's events failed", "key", w.ID, "attempt", line.AttemptID, "err", err)
-			return
+			return v, false
 		}
-		rec := store.AttemptRecord{AttemptID: line.AttemptID, WorkID: w.ID, LeaseToken: line.LeaseToken,
-			Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
-			RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
-			WorkReason: v.workReason, Outbox: msgs}
-		applied, err := record(rec)
+		rec := s.attemptRecord(w, line.AttemptID, line.LeaseToken, v, raw, msgs, false)
+		applied, err := l.recordLineOnce(ctx, r, rec)
 		if store.Permanent(err) {
 			// The answer cannot be kept: recorded without it, as settle
 			// does.
-			rec.Raw, rec.Change = nil, store.Finish
-			rec.WorkOutcome, rec.WorkReason = outcome.RetryExhausted, fmt.Sprintf("the cell's database refused the attempt's record for good (SQLSTATE %s); not retried", store.SQLState(err))
-			if hasOutput {
-				rec.Outcome, rec.WorkOutcome = outcome.AttemptInvalidOutput, outcome.SchemaRejected
-			}
-			rec.Reason = rec.WorkReason
-			applied, err = record(rec)
+			applied, err = l.recordLineOnce(ctx, r, refusedLine(rec, a.hasOutput, err))
 		}
 		switch {
 		case errors.Is(err, store.ErrLineReconciled):
 			telemetry.Decision(ctx, s.d.Log, line.AttemptID, "duplicate", "batch line already reconciled")
-			return
+			return v, false
 		case err != nil:
 			s.d.Log.Error("recording a batch line failed; reconciled next poll", "key", w.ID, "attempt", line.AttemptID, "err", err)
-			return
+			return v, false
 		}
 		if applied || !a.stillMine {
-			break
+			return v, true
 		}
 		// The lease went meanwhile (taken back, superseded): nothing was
 		// written; the attempt is recorded as what it now is.
 		a.stillMine = false
 	}
-	s.relay.Kick()
-	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", v.outcome), attribute.String("region", s.cfg.Region),
-		attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
-	l.lines.Add(ctx, 1, metric.WithAttributes(attribute.String("line", r.line), attribute.String("region", s.cfg.Region)))
-	reason := v.reason
-	if reason == "" {
-		reason = "model answered"
+}
+
+// lineVerdict is v, judge's verdict on a batch line, with a line that did
+// not run (expired, or missing from the answers) named so while the lease
+// holds.
+func lineVerdict(v verdict, stillMine bool, line string) verdict {
+	if stillMine && (line == store.LineExpired || line == store.LineMissing) {
+		v.outcome = map[string]string{store.LineExpired: outcome.AttemptBatchExpired, store.LineMissing: outcome.AttemptBatchMissing}[line]
+		v.workReason = strings.Replace(v.workReason, outcome.AttemptTransportError, v.outcome, 1)
 	}
-	telemetry.Decision(ctx, s.d.Log, w.ID, v.outcome, reason, append([]slog.Attr{slog.String("attempt", line.AttemptID),
-		slog.String("line", r.line), slog.String("next", v.next), slog.Duration("delay", v.disp.Delay)}, callDetail(r.err)...)...)
+	return v
+}
+
+// lineAttempt is the ATTEMPT event of a batch line's attempt, with the
+// usage the provider's account of the line gives.
+func (l *batchLane) lineAttempt(c *contract.Contract, w *store.Work, attemptID, oc string, r lineResult) event.Attempt {
+	s := l.s
+	att := s.attemptEvent(c, w, attemptID, oc, r.reply, r.err)
+	att.Batch = true
+	if r.line == store.LineFailed {
+		// The provider's own account: the line failed, and a failed
+		// line of a batch is billed nothing.
+		att.InputUnits, att.OutputUnits, att.Estimated = 0, 0, false
+	}
+	if r.line == store.LineMissing {
+		// It may have run and been billed with nothing to say so:
+		// charged what was reserved for it, marked estimated.
+		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w, len(w.Input)), int64(s.outputCap(w)), true
+	}
+	return att
+}
+
+// recordLineOnce records rec in the transaction that marks r's line
+// reconciled, or, for a line never written, as a plain attempt.
+func (l *batchLane) recordLineOnce(ctx context.Context, r lineResult, rec store.AttemptRecord) (bool, error) {
+	if r.unwritten {
+		return l.s.d.Store.RecordAttempt(ctx, rec)
+	}
+	return l.st.RecordBatchLine(ctx, r.line, rec)
+}
+
+// refusedLine is rec, a batch line's record the database refused for good
+// (cause), without its raw answer and ending the work as refusedVerdict
+// says; its events are left as they were.
+func refusedLine(rec store.AttemptRecord, hasOutput bool, cause error) store.AttemptRecord {
+	v := refusedVerdict(rec.Outcome, hasOutput, cause)
+	rec.Raw, rec.Change = nil, v.change
+	rec.Outcome, rec.Reason, rec.WorkOutcome, rec.WorkReason = v.outcome, v.reason, v.workOutcome, v.workReason
+	return rec
 }
 
 // finish marks a batch reconciled once every line is, or hands it back

@@ -48,28 +48,39 @@ func newInstanceID() string {
 	return hex.EncodeToString(b)
 }
 
+// pass reloads the weights when they are due, and reports the cell's
+// capacity as this instance sees it.
 func (r *capacityReporter) pass(ctx context.Context) (bool, error) {
-	s := r.s
 	now := time.Now()
-	if now.Sub(r.weightsAt) >= s.cfg.WeightsEvery {
-		r.weightsAt = now
-		if w, err := r.weightsFrom.Weights(ctx); err != nil {
-			s.d.Log.Warn("tenant weights not reloaded", "err", err)
-		} else {
-			s.fair.weights.Store(&w)
-		}
+	r.reloadWeights(ctx, now)
+	rate := r.observeRate(now)
+	rep := r.report(ctx, now, rate)
+	return false, r.put(ctx, rep)
+}
+
+// reloadWeights reads the tenants' weights again once WeightsEvery has
+// passed since the last read.
+func (r *capacityReporter) reloadWeights(ctx context.Context, now time.Time) {
+	s := r.s
+	if now.Sub(r.weightsAt) < s.cfg.WeightsEvery {
+		return
 	}
-	served := s.fair.served.Load()
+	r.weightsAt = now
+	if w, err := r.weightsFrom.Weights(ctx); err != nil {
+		s.d.Log.Warn("tenant weights not reloaded", "err", err)
+	} else {
+		s.fair.weights.Store(&w)
+	}
+}
+
+// observeRate folds the answers served since the last pass into the
+// smoothed rate, and is the rate to report: none while it is too young.
+func (r *capacityReporter) observeRate(now time.Time) float64 {
+	served := r.s.fair.served.Load()
 	if !r.lastAt.IsZero() {
-		dt := now.Sub(r.lastAt)
-		if dt > 0 {
-			inst := float64(served-r.lastServed) / dt.Seconds()
-			a := 1 - math.Exp(-float64(dt)/float64(rateTau))
-			r.rate += a * (inst - r.rate)
-		}
+		r.rate = smoothRate(r.rate, served-r.lastServed, now.Sub(r.lastAt))
 	}
 	r.lastServed, r.lastAt = served, now
-	st := s.lim.Stats()
 	// The smoothed rate starts at zero and says little until it has run
 	// for a few of its time constants: until then no rate is reported, and
 	// ingress counts on what the limit could serve. A cell that just
@@ -79,10 +90,28 @@ func (r *capacityReporter) pass(ctx context.Context) (bool, error) {
 	if r.since.IsZero() {
 		r.since = now
 	}
-	rate := r.rate
 	if now.Sub(r.since) < 3*rateTau {
-		rate = 0
+		return 0
 	}
+	return r.rate
+}
+
+// smoothRate is rate moved toward the rate of n answers in dt, with the
+// time constant rateTau; rate itself when no time passed.
+func smoothRate(rate float64, n int64, dt time.Duration) float64 {
+	if dt <= 0 {
+		return rate
+	}
+	inst := float64(n) / dt.Seconds()
+	a := 1 - math.Exp(-float64(dt)/float64(rateTau))
+	return rate + a*(inst-rate)
+}
+
+// report is the capacity report of this instance at now: its limiter's
+// figures, what waits in each lane and in the committer's consumer.
+func (r *capacityReporter) report(ctx context.Context, now time.Time, rate float64) admission.CapacityReport {
+	s := r.s
+	st := s.lim.Stats()
 	rep := admission.CapacityReport{Instance: r.instance, At: now, Every: s.cfg.ReportEvery, Rate: rate,
 		Limit: st.Limit, InFlight: st.InFlight, Latency: st.Short, Lanes: map[string]admission.LaneLoad{}}
 	// Before the first answer the latency is unknown: a second is
@@ -94,54 +123,67 @@ func (r *capacityReporter) pass(ctx context.Context) (bool, error) {
 	rep.Potential = float64(st.Limit) / lat.Seconds()
 	stream := s.cfg.Names.Stream(event.KindWork)
 	for _, lane := range lanes {
-		var l admission.LaneLoad
-		if c, err := s.d.JS.Consumer(ctx, stream, Consumer(s.cfg.Names, lane)); err == nil {
-			if info, err := c.Info(ctx); err == nil {
-				l.Undelivered = int(info.NumPending)
-			}
-		}
-		held, by := s.fair.lane(lane).snapshot()
-		l.Held, l.Running = held, int(s.fair.running(lane).Load())
-		minWait, waits := s.fair.takeWaits(lane)
-		l.MinWait = minWait
-		if len(by)+len(waits) > 0 {
-			l.Tenants = make(map[string]admission.TenantLoad, len(by)+len(waits))
-			for t, n := range by {
-				l.Tenants[t] = admission.TenantLoad{Held: n, Weight: s.fair.weight(t), MinWait: waits[t]}
-			}
-			for t, d := range waits {
-				if _, ok := l.Tenants[t]; !ok {
-					l.Tenants[t] = admission.TenantLoad{Weight: s.fair.weight(t), MinWait: d}
-				}
-			}
-		}
-		rep.Lanes[lane] = l
+		rep.Lanes[lane] = s.laneLoad(ctx, stream, lane)
 	}
 	if c, err := s.d.JS.Consumer(ctx, s.cfg.Names.Stream(event.KindResult), s.cfg.Names.ResultConsumer()); err == nil {
 		if info, err := c.Info(ctx); err == nil {
 			rep.Downstream = int(info.NumPending) + info.NumAckPending
 		}
 	}
+	return rep
+}
+
+// laneLoad is what waits in a lane: undelivered in its consumer, held and
+// running here, by tenant.
+func (s *Service) laneLoad(ctx context.Context, stream, lane string) admission.LaneLoad {
+	var l admission.LaneLoad
+	if c, err := s.d.JS.Consumer(ctx, stream, Consumer(s.cfg.Names, lane)); err == nil {
+		if info, err := c.Info(ctx); err == nil {
+			l.Undelivered = int(info.NumPending)
+		}
+	}
+	held, by := s.fair.lane(lane).snapshot()
+	l.Held, l.Running = held, int(s.fair.running(lane).Load())
+	minWait, waits := s.fair.takeWaits(lane)
+	l.MinWait = minWait
+	if len(by)+len(waits) > 0 {
+		l.Tenants = make(map[string]admission.TenantLoad, len(by)+len(waits))
+		for t, n := range by {
+			l.Tenants[t] = admission.TenantLoad{Held: n, Weight: s.fair.weight(t), MinWait: waits[t]}
+		}
+		for t, d := range waits {
+			if _, ok := l.Tenants[t]; !ok {
+				l.Tenants[t] = admission.TenantLoad{Weight: s.fair.weight(t), MinWait: d}
+			}
+		}
+	}
+	return l
+}
+
+// put writes rep to the cell's capacity bucket, creating the bucket when
+// this reporter has none yet or it went.
+func (r *capacityReporter) put(ctx context.Context, rep admission.CapacityReport) error {
+	s := r.s
 	if r.kv == nil {
 		kv, err := s.d.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: s.cfg.Names.CapacityBucket(),
 			Description: "the cell's capacity, reported by its classifier instances for ingress admission",
 			History:     1, TTL: time.Minute, Storage: jetstream.MemoryStorage})
 		if err != nil {
-			return false, fmt.Errorf("capacity bucket: %w", err)
+			return fmt.Errorf("capacity bucket: %w", err)
 		}
 		r.kv = kv
 	}
 	b, err := json.Marshal(rep)
 	if err != nil {
-		return false, err
+		return err
 	}
 	if _, err := r.kv.Put(ctx, "classifier."+r.instance, b); err != nil {
 		if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
 			r.kv = nil // created again on the next pass
 		}
-		return false, fmt.Errorf("capacity report: %w", err)
+		return fmt.Errorf("capacity report: %w", err)
 	}
-	return false, nil
+	return nil
 }
 
 // startReporter sets up the capacity reporter, a lifecycle part started

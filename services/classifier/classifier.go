@@ -296,25 +296,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 		claims:  &group.Batch[store.ClaimReq, store.Claimed]{Run: d.Store.ClaimGroup},
 		records: &group.Batch[store.AttemptRecord, store.AttemptRecorded]{Run: d.Store.RecordAttemptGroup}}
 	s.startReporter()
-	owned := []string{event.KindResult, event.KindAttempt}
-	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log, Meter: d.Tel.Meter(), Region: cfg.Region}
-	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: owned, Ensure: s.streams.Ensure,
-		Meter: d.Tel.Meter(), Region: cfg.Region, SetAside: cfg.SetAside}
-	if s.lim == nil {
-		lc := admission.LimiterConfig{Initial: cfg.InitialConcurrency, Max: cfg.Concurrency, SlowStart: true,
-			OnChange: s.limitChanged, Headroom: cfg.FairWindow}
-		if cfg.FixedConcurrency {
-			lc.Initial, lc.Min = cfg.Concurrency, cfg.Concurrency
-		}
-		if !cfg.InstanceScope {
-			s.slots = &admission.CellSlots{Size: cfg.Concurrency, Holder: newInstanceID(), Log: d.Log,
-				Open: admission.OpenSlots(d.JS, cfg.Names.CallsBucket(), admission.SlotTTL, cfg.Streams.Replicas, cfg.Streams.Placement)}
-			lc.Cell = s.slots
-		}
-		var err error
-		if s.lim, err = admission.NewLimiter(lc); err != nil {
-			return nil, fmt.Errorf("classifier: %w", err)
-		}
+	s.buildRelay()
+	if err := s.buildLimiter(); err != nil {
+		return nil, err
 	}
 	var err error
 	if s.m, err = newMetrics(d.Tel, cfg.Region); err != nil {
@@ -323,36 +307,93 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if s.circ, err = newCircuit(cfg.Circuit, cfg.Names, cfg.Region, cfg.Model, d.Store, d.Log, d.Tel.Meter()); err != nil {
 		return nil, err
 	}
-	s.attempts, err = d.Tel.Meter().Int64Counter("assay_classifier_attempts",
+	if err := s.buildCounters(); err != nil {
+		return nil, err
+	}
+	if err := s.observeLimits(); err != nil {
+		return nil, err
+	}
+	if s.batches, err = newBatchLane(s, cfg.ProviderBatch, d); err != nil {
+		return nil, err
+	}
+	if err := s.buildLanes(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// buildRelay sets up the keeper of the RESULT and ATTEMPT streams and the
+// outbox relay that publishes to them.
+func (s *Service) buildRelay() {
+	cfg, d := s.cfg, s.d
+	owned := []string{event.KindResult, event.KindAttempt}
+	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log, Meter: d.Tel.Meter(), Region: cfg.Region}
+	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: owned, Ensure: s.streams.Ensure,
+		Meter: d.Tel.Meter(), Region: cfg.Region, SetAside: cfg.SetAside}
+}
+
+// buildLimiter sets up the cell's concurrency limiter, with the cell's
+// slots unless Config.InstanceScope, when Deps gave none.
+func (s *Service) buildLimiter() error {
+	if s.lim != nil {
+		return nil
+	}
+	cfg, d := s.cfg, s.d
+	lc := admission.LimiterConfig{Initial: cfg.InitialConcurrency, Max: cfg.Concurrency, SlowStart: true,
+		OnChange: s.limitChanged, Headroom: cfg.FairWindow}
+	if cfg.FixedConcurrency {
+		lc.Initial, lc.Min = cfg.Concurrency, cfg.Concurrency
+	}
+	if !cfg.InstanceScope {
+		s.slots = &admission.CellSlots{Size: cfg.Concurrency, Holder: newInstanceID(), Log: d.Log,
+			Open: admission.OpenSlots(d.JS, cfg.Names.CallsBucket(), admission.SlotTTL, cfg.Streams.Replicas, cfg.Streams.Placement)}
+		lc.Cell = s.slots
+	}
+	var err error
+	if s.lim, err = admission.NewLimiter(lc); err != nil {
+		return fmt.Errorf("classifier: %w", err)
+	}
+	return nil
+}
+
+// buildCounters sets up the counters of attempts and of records the
+// database refused.
+func (s *Service) buildCounters() error {
+	var err error
+	s.attempts, err = s.d.Tel.Meter().Int64Counter("assay_classifier_attempts",
 		metric.WithDescription("model-call attempts by outcome"))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	s.storeRefused, err = d.Tel.Meter().Int64Counter("assay_store_refused",
+	s.storeRefused, err = s.d.Tel.Meter().Int64Counter("assay_store_refused",
 		metric.WithDescription("records the cell's database refused for good (SQLSTATE class 22 or 23), not retried"))
-	if err != nil {
-		return nil, err
-	}
-	region := metric.WithAttributes(attribute.String("region", cfg.Region))
-	_, err = d.Tel.Meter().Int64ObservableGauge("assay_classifier_limit",
+	return err
+}
+
+// observeLimits registers the instruments read from the limiter and the
+// cell's slots when they are collected.
+func (s *Service) observeLimits() error {
+	meter := s.d.Tel.Meter()
+	region := metric.WithAttributes(attribute.String("region", s.cfg.Region))
+	_, err := meter.Int64ObservableGauge("assay_classifier_limit",
 		metric.WithDescription("model calls the adaptive limit allows at once"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			o.Observe(int64(s.lim.Limit()), region)
 			return nil
 		}))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	_, err = d.Tel.Meter().Int64ObservableGauge("assay_classifier_in_flight",
+	_, err = meter.Int64ObservableGauge("assay_classifier_in_flight",
 		metric.WithDescription("model calls running now"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			o.Observe(int64(s.lim.Stats().InFlight), region)
 			return nil
 		}))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	_, err = d.Tel.Meter().Int64ObservableGauge("assay_classifier_cell_slots",
+	_, err = meter.Int64ObservableGauge("assay_classifier_cell_slots",
 		metric.WithDescription("the cell's model-call slots this instance holds (all its instances together hold at most ASSAY_MODEL_MAX_CONCURRENCY)"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			if s.slots != nil {
@@ -361,9 +402,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 			return nil
 		}))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	_, err = d.Tel.Meter().Int64ObservableCounter("assay_classifier_cell_slots_lost",
+	_, err = meter.Int64ObservableCounter("assay_classifier_cell_slots_lost",
 		metric.WithDescription("model-call slots that lapsed while this instance held them (cut from NATS past their TTL): calls above the cell's ceiling"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			if s.slots != nil {
@@ -371,37 +412,41 @@ func New(cfg Config, d Deps) (*Service, error) {
 			}
 			return nil
 		}))
-	if err != nil {
-		return nil, err
-	}
-	if s.batches, err = newBatchLane(s, cfg.ProviderBatch, d); err != nil {
-		return nil, err
-	}
+	return err
+}
+
+// buildLanes sets up the durable WORK consumer of each lane, each
+// delivery gated by the limiter.
+func (s *Service) buildLanes() error {
+	cfg, d := s.cfg, s.d
 	handle := consumer.Typed(d.Log, event.Parse[event.Work], s.Process)
 	for _, lane := range lanes {
-		// Interactive announcements are pulled 32 at a time, so the hand
-		// takes them as fast as they come and a steady tenant's waits
-		// there, where tenants take turns, not in the stream behind a
-		// noisy one's (with 2 at a time the stream held up to 34 of them
-		// under a tenfold overload). Batch keeps 2: its hand is full for
-		// long, and what waits pulled but outside the hand ages toward
-		// its ack wait.
-		pull := 2
-		if lane == event.Interactive {
-			pull = 32
-		}
 		c, err := consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindWork),
 			Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names, lane), Filter: cfg.Names.Lane(lane),
 				AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver, MaxAckPending: 4*cfg.Concurrency + cfg.FairWindow},
 			Gate: func(ctx context.Context) (func(), error) { return s.lim.Enter(ctx, lane) },
-			Pull: pull, Handle: handle, Log: d.Log,
+			Pull: lanePull(lane), Handle: handle, Log: d.Log,
 			Meter: d.Tel.Meter(), Labels: []attribute.KeyValue{attribute.String("region", cfg.Region), attribute.String("lane", lane)}})
 		if err != nil {
-			return nil, fmt.Errorf("classifier: %w", err)
+			return fmt.Errorf("classifier: %w", err)
 		}
 		s.lanes = append(s.lanes, c)
 	}
-	return s, nil
+	return nil
+}
+
+// lanePull is how many announcements a lane's consumer pulls at a time.
+// Interactive announcements are pulled 32 at a time, so the hand takes
+// them as fast as they come and a steady tenant's waits there, where
+// tenants take turns, not in the stream behind a noisy one's (with 2 at a
+// time the stream held up to 34 of them under a tenfold overload). Batch
+// keeps 2: its hand is full for long, and what waits pulled but outside
+// the hand ages toward its ack wait.
+func lanePull(lane string) int {
+	if lane == event.Interactive {
+		return 32
+	}
+	return 2
 }
 
 // Consumer names the durable WORK consumer of a lane.
@@ -457,11 +502,15 @@ func (s *Service) Start(ctx context.Context) error {
 	}
 	s.relay.MaxPayload = s.d.JS.Conn().MaxPayload()
 	// Cancels first, so no call starts unseen by them.
-	var err error
-	if s.cancels, err = s.d.JS.Conn().Subscribe(s.cfg.Names.Cancels(), s.onCancel); err != nil {
+	cancels, err := s.d.JS.Conn().Subscribe(s.cfg.Names.Cancels(), s.onCancel)
+	if err != nil {
 		s.streams.Stop(ctx)
 		return fmt.Errorf("classifier: subscribe to cancels: %w", err)
 	}
+	// Under mu: a Stop racing Start reads it there.
+	s.mu.Lock()
+	s.cancels = cancels
+	s.mu.Unlock()
 	parts := []lifecycle.Service{s.relay, &s.report}
 	if s.batches != nil {
 		parts = append(parts, &s.batches.ticker)
@@ -470,7 +519,7 @@ func (s *Service) Start(ctx context.Context) error {
 		parts = append(parts, l)
 	}
 	if err := lifecycle.StartAll(ctx, parts...); err != nil {
-		_ = s.cancels.Unsubscribe()
+		_ = cancels.Unsubscribe()
 		s.streams.Stop(ctx)
 		return fmt.Errorf("classifier: %w", err)
 	}

@@ -95,16 +95,18 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	}
 	claimedAt := time.Now()
 	span.SetAttributes(attribute.String("assay.attempt_id", attemptID), attribute.Int("assay.attempt", cw.Attempts))
+	return s.callAndSettle(ctx, cw, c, attemptID, token, permit, probe, claimedAt, func() { _ = d.InProgress() })
+}
 
+// callAndSettle makes the claimed attempt's model call, tells the limiter
+// and the circuit how it went, and settles it.
+func (s *Service) callAndSettle(ctx context.Context, cw *store.Work, c *contract.Contract, attemptID, token string,
+	permit *servedPermit, probe bool, claimedAt time.Time, progress func()) consumer.Disposition {
 	// A call cut short by the work's own deadline says nothing of the
 	// provider: only the call timeout counts as its slowness.
 	deadlineBound := time.Until(cw.DeadlineAt) < s.cfg.CallTimeout
-	reply, callErr := s.call(ctx, cw, c, token, func() { _ = d.InProgress() })
-	sig := signal(reply, callErr)
-	if sig.Kind == admission.Timeout && deadlineBound {
-		sig.Kind = admission.Ignore
-	}
-	permit.Release(sig)
+	reply, callErr := s.call(ctx, cw, c, token, progress)
+	permit.Release(callSignal(reply, callErr, deadlineBound))
 	outage := s.circ.observe(ctx, reply, callErr, deadlineBound, probe)
 	// What the call cost must be recorded even when the worker is stopping.
 	ctx = context.WithoutCancel(ctx)
@@ -112,6 +114,16 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	// that records the answer: the handoff lease is taken there, and when
 	// the lease has gone the attempt is recorded stale instead.
 	return s.settle(ctx, cw, c, attemptID, token, reply, callErr, claimedAt, outage)
+}
+
+// callSignal is what a call tells the limiter: signal, with a timeout of a
+// call bound by the work's own deadline ignored.
+func callSignal(reply *model.Reply, callErr error, deadlineBound bool) admission.Signal {
+	sig := signal(reply, callErr)
+	if sig.Kind == admission.Timeout && deadlineBound {
+		sig.Kind = admission.Ignore
+	}
+	return sig
 }
 
 // read reads the work the announcement points to and admits it; ok=false
@@ -264,19 +276,43 @@ func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract,
 // events, in one statement.
 func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token string,
 	reply *model.Reply, callErr error, claimedAt time.Time, outage bool) consumer.Disposition {
-	out, hasOutput := output(reply, callErr)
-	a := answer{stillMine: true, err: callErr, output: out, hasOutput: hasOutput,
-		attempts: counted(w, outage), repairs: w.Repairs, now: time.Now(), deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts),
-		retryRefusals: c.OnRefusal == contract.RefusalRetry, outputCap: s.outputCap(w), outage: outage}
+	a, raw := s.answerTo(w, c, reply, callErr, true, counted(w, outage))
+	a.outage = outage
 	if outage {
 		a.condition = s.circ.condition()
 	}
+	v, ok := s.record(ctx, w, c, attemptID, token, a, raw, s.judge, func(outcome string) *event.Attempt {
+		att := s.attemptEvent(c, w, attemptID, outcome, reply, callErr)
+		return &att
+	})
+	if !ok {
+		return consumer.Retry(time.Second)
+	}
+	failCode := ""
+	if a.fail != nil {
+		failCode = a.fail.Code
+	}
+	s.m.judged(ctx, w, c, claimedAt, reply, callErr, failCode, v)
+	s.logVerdict(ctx, w, attemptID, v, callErr)
+	return v.disp
+}
+
+// answerTo is the answer to judge of one call's result at w, the gate's
+// verdict on its output included while the lease is still the attempt's
+// (stillMine), and the raw bytes to keep of it. attempts are the attempts
+// the budget counts.
+func (s *Service) answerTo(w *store.Work, c *contract.Contract, reply *model.Reply, callErr error,
+	stillMine bool, attempts int) (answer, []byte) {
+	out, hasOutput := output(reply, callErr)
+	a := answer{stillMine: stillMine, err: callErr, output: out, hasOutput: hasOutput,
+		attempts: attempts, repairs: w.Repairs, now: time.Now(), deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts),
+		retryRefusals: c.OnRefusal == contract.RefusalRetry, outputCap: s.outputCap(w)}
 	if w.OutputCap == 0 {
 		a.raisedCap = 2 * s.cfg.MaxOutputUnits
 	}
 	var mErr *model.Error
 	switch {
-	case !hasOutput:
+	case !stillMine || !hasOutput:
 	case errors.As(callErr, &mErr) && mErr.BodyBytes != 0:
 		// Too large to be read whole: the gate's reason gives its real size.
 		a.fail = gate.TooLarge(mErr.BodyBytes)
@@ -291,25 +327,19 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 		// object): the provider's body is kept all the same.
 		raw = reply.Raw
 	}
-	v, ok := s.record(ctx, w, c, attemptID, token, a, raw, s.judge, func(outcome string) *event.Attempt {
-		att := s.attemptEvent(c, w, attemptID, outcome, reply, callErr)
-		return &att
-	})
-	if !ok {
-		return consumer.Retry(time.Second)
-	}
-	failCode := ""
-	if a.fail != nil {
-		failCode = a.fail.Code
-	}
-	s.m.judged(ctx, w, c, claimedAt, reply, callErr, failCode, v)
+	return a, raw
+}
+
+// logVerdict writes an attempt's verdict to the decision log: the
+// attempt's id, then also, then what follows, and a failed call's detail.
+func (s *Service) logVerdict(ctx context.Context, w *store.Work, attemptID string, v verdict, callErr error, also ...slog.Attr) {
 	reason := v.reason
 	if reason == "" {
 		reason = "model answered"
 	}
-	telemetry.Decision(ctx, s.d.Log, w.ID, v.outcome, reason, append([]slog.Attr{
-		slog.String("attempt", attemptID), slog.String("next", v.next), slog.Duration("delay", v.disp.Delay)}, callDetail(callErr)...)...)
-	return v.disp
+	attrs := append([]slog.Attr{slog.String("attempt", attemptID)}, also...)
+	attrs = append(attrs, slog.String("next", v.next), slog.Duration("delay", v.disp.Delay))
+	telemetry.Decision(ctx, s.d.Log, w.ID, v.outcome, reason, append(attrs, callDetail(callErr)...)...)
 }
 
 // record records an attempt as decide (judge, mostly) decides on a — its outcome, its work's
@@ -322,19 +352,13 @@ func (s *Service) record(ctx context.Context, w *store.Work, c *contract.Contrac
 	var written []store.OutboxMsg // the events of the record that applied, handed to the relay
 	for {
 		v = decide(a)
-		res := event.Result{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
-			Number: w.Attempts, LeaseToken: token, Contract: c.Name, SchemaVersion: w.SchemaVersion,
-			TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason,
-			Final: v.final}
+		res := s.resultEvent(w, c, attemptID, token, v)
 		att := attempt(v.outcome)
 		msgs, err := s.events(ctx, w, res, att)
 		if err != nil {
 			return v, false
 		}
-		applied, err := s.recordAttempt(ctx, store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
-			Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
-			RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
-			WorkReason: v.workReason, Outbox: msgs, Outage: a.outage})
+		applied, err := s.recordAttempt(ctx, s.attemptRecord(w, attemptID, token, v, raw, msgs, a.outage))
 		if applied && err == nil {
 			written = msgs
 		}
@@ -362,9 +386,32 @@ func (s *Service) record(ctx context.Context, w *store.Work, c *contract.Contrac
 	} else {
 		s.relay.Kick()
 	}
-	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", v.outcome), attribute.String("region", s.cfg.Region),
-		attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
+	s.countAttempt(ctx, w, v.outcome)
 	return v, true
+}
+
+// resultEvent is the RESULT event of an attempt at w under c, as v decides.
+func (s *Service) resultEvent(w *store.Work, c *contract.Contract, attemptID, token string, v verdict) event.Result {
+	return event.Result{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
+		Number: w.Attempts, LeaseToken: token, Contract: c.Name, SchemaVersion: w.SchemaVersion,
+		TaxonomyVersion: w.TaxonomyVersion, Digest: w.Digest, Outcome: v.outcome, Reason: v.reason,
+		Final: v.final}
+}
+
+// attemptRecord is the record of an attempt at w as v decides, with the
+// raw answer and the outbox rows of its events.
+func (s *Service) attemptRecord(w *store.Work, attemptID, token string, v verdict, raw []byte, msgs []store.OutboxMsg,
+	outage bool) store.AttemptRecord {
+	return store.AttemptRecord{AttemptID: attemptID, WorkID: w.ID, LeaseToken: token,
+		Outcome: v.outcome, Reason: v.reason, Raw: raw, Change: v.change, HandoffTTL: s.cfg.HandoffTTL,
+		RepairNote: v.repairNote, RetryAfter: v.disp.Delay, OutputCap: v.outputCap, WorkOutcome: v.workOutcome,
+		WorkReason: v.workReason, Outbox: msgs, Outage: outage}
+}
+
+// countAttempt counts one recorded attempt at w by its outcome.
+func (s *Service) countAttempt(ctx context.Context, w *store.Work, outcome string) {
+	s.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", outcome), attribute.String("region", s.cfg.Region),
+		attribute.String("tenant", s.d.Tel.Tenant(w.TenantID))))
 }
 
 // callDetail is what the decision log adds to a failed call's public
@@ -424,13 +471,8 @@ func (s *Service) refused(ctx context.Context, w *store.Work, res event.Result, 
 	code := store.SQLState(cause)
 	s.storeRefused.Add(ctx, 1, metric.WithAttributes(attribute.String("sqlstate_class", code[:min(2, len(code))]),
 		attribute.String("region", s.cfg.Region)))
-	reason := fmt.Sprintf("the cell's database refused the attempt's record for good (SQLSTATE %s); not retried", code)
-	v := verdict{outcome: res.Outcome, reason: reason, change: store.Finish, workOutcome: outcome.RetryExhausted,
-		workReason: reason, final: true, disp: consumer.Done(), next: "ended"}
-	if hasOutput {
-		v.outcome, v.workOutcome = outcome.AttemptInvalidOutput, outcome.SchemaRejected
-	}
-	res.Outcome, res.Reason, res.Final = v.outcome, reason, true
+	v := refusedVerdict(res.Outcome, hasOutput, cause)
+	res.Outcome, res.Reason, res.Final = v.outcome, v.reason, true
 	if att != nil {
 		att.Outcome = v.outcome
 	}
@@ -439,7 +481,7 @@ func (s *Service) refused(ctx context.Context, w *store.Work, res event.Result, 
 		return v, err
 	}
 	rec := store.AttemptRecord{AttemptID: res.AttemptID, WorkID: w.ID, LeaseToken: token,
-		Outcome: v.outcome, Reason: reason, Change: store.Finish, WorkOutcome: v.workOutcome, WorkReason: reason, Outbox: msgs}
+		Outcome: v.outcome, Reason: v.reason, Change: store.Finish, WorkOutcome: v.workOutcome, WorkReason: v.workReason, Outbox: msgs}
 	applied, err := s.d.Store.RecordAttempt(ctx, rec)
 	if err == nil && !applied {
 		// The lease went meanwhile: the attempt is recorded, the work is
@@ -448,6 +490,20 @@ func (s *Service) refused(ctx context.Context, w *store.Work, res event.Result, 
 		_, err = s.d.Store.RecordAttempt(ctx, rec)
 	}
 	return v, err
+}
+
+// refusedVerdict is the verdict on an attempt of outcome oc whose record the
+// database refused for good (cause): the work ends, schema_rejected when
+// the model answered (hasOutput), retry_exhausted otherwise, with a reason
+// that names the refusal.
+func refusedVerdict(oc string, hasOutput bool, cause error) verdict {
+	reason := fmt.Sprintf("the cell's database refused the attempt's record for good (SQLSTATE %s); not retried", store.SQLState(cause))
+	v := verdict{outcome: oc, reason: reason, change: store.Finish, workOutcome: outcome.RetryExhausted,
+		workReason: reason, final: true, disp: consumer.Done(), next: "ended"}
+	if hasOutput {
+		v.outcome, v.workOutcome = outcome.AttemptInvalidOutput, outcome.SchemaRejected
+	}
+	return v
 }
 
 // seen is what entered this worker with the work.

@@ -172,43 +172,82 @@ func Consumer(n event.Names) string { return n.ResultConsumer() }
 
 // New checks the config and builds the service.
 func New(cfg Config, d Deps) (*Service, error) {
-	if cfg.Region == "" {
-		return nil, errors.New("committer: Region is required")
-	}
-	if cfg.Names.Cell == "" {
-		cfg.Names.Cell = cfg.Region
-	}
-	if err := cfg.Names.Check(); err != nil {
-		return nil, fmt.Errorf("committer: %w", err)
-	}
-	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 32
-	}
-	if cfg.ReapEvery == 0 {
-		cfg.ReapEvery = 5 * time.Second
-	}
-	if cfg.ReapGrace <= 0 {
-		cfg.ReapGrace = time.Minute
+	if err := cfg.defaults(); err != nil {
+		return nil, err
 	}
 	s := &Service{cfg: cfg, d: d,
 		answers: &group.Batch[store.AnswerReq, store.Answer]{Run: d.Store.WorkAnswerGroup},
 		commits: &group.Batch[store.CommitReq, store.CommitVerdict]{Run: d.Store.CommitGroup}}
+	if err := s.buildMetrics(); err != nil {
+		return nil, err
+	}
+	if err := s.buildResults(); err != nil {
+		return nil, err
+	}
+	s.buildReaper()
+	s.buildRelay()
+	s.buildAnnouncer()
+	if err := s.buildPublisher(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// defaults checks the config and fills in what it leaves unset.
+func (c *Config) defaults() error {
+	if c.Region == "" {
+		return errors.New("committer: Region is required")
+	}
+	if c.Names.Cell == "" {
+		c.Names.Cell = c.Region
+	}
+	if err := c.Names.Check(); err != nil {
+		return fmt.Errorf("committer: %w", err)
+	}
+	if c.GitHubAppID != 0 && c.GitHubKey == nil {
+		return errors.New("committer: GitHubKey is required with GitHubAppID")
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 32
+	}
+	if c.ReapEvery == 0 {
+		c.ReapEvery = 5 * time.Second
+	}
+	if c.ReapGrace <= 0 {
+		c.ReapGrace = time.Minute
+	}
+	if c.AnnounceEvery == 0 {
+		c.AnnounceEvery = time.Second
+	}
+	return nil
+}
+
+// buildMetrics sets up the committer's instruments: verdicts, shadow
+// outcomes, end to end times and records the database refused.
+func (s *Service) buildMetrics() error {
+	meter := s.d.Tel.Meter()
 	var err error
-	if s.verdicts, err = d.Tel.Meter().Int64Counter("assay_committer_verdicts",
+	if s.verdicts, err = meter.Int64Counter("assay_committer_verdicts",
 		metric.WithDescription("final answers by verdict")); err != nil {
-		return nil, err
+		return err
 	}
-	if s.shadows, err = d.Tel.Meter().Int64Counter("assay_shadow_outcomes",
+	if s.shadows, err = meter.Int64Counter("assay_shadow_outcomes",
 		metric.WithDescription("rollout shadow work (a candidate beside live work, or a rollout check's item) by contract, version and outcome")); err != nil {
-		return nil, err
+		return err
 	}
-	if s.endToEnd, err = d.Tel.Seconds("assay_end_to_end", "from work created to its outcome"); err != nil {
-		return nil, err
+	if s.endToEnd, err = s.d.Tel.Seconds("assay_end_to_end", "from work created to its outcome"); err != nil {
+		return err
 	}
-	if s.refused, err = d.Tel.Meter().Int64Counter("assay_store_refused",
-		metric.WithDescription("records the cell's database refused for good (SQLSTATE class 22 or 23), not retried")); err != nil {
-		return nil, err
-	}
+	s.refused, err = meter.Int64Counter("assay_store_refused",
+		metric.WithDescription("records the cell's database refused for good (SQLSTATE class 22 or 23), not retried"))
+	return err
+}
+
+// buildResults sets up the durable RESULT consumer, which gates and
+// commits every answer.
+func (s *Service) buildResults() error {
+	cfg, d := s.cfg, s.d
+	var err error
 	s.results, err = consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindResult),
 		Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names), AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver,
 			MaxAckPending: 4 * cfg.Concurrency},
@@ -216,50 +255,72 @@ func New(cfg Config, d Deps) (*Service, error) {
 		Meter: d.Tel.Meter(), Labels: []attribute.KeyValue{attribute.String("region", cfg.Region), attribute.String("lane", "")},
 		Handle: consumer.Typed(d.Log, event.Parse[event.Result], s.handle)})
 	if err != nil {
-		return nil, fmt.Errorf("committer: %w", err)
+		return fmt.Errorf("committer: %w", err)
 	}
+	return nil
+}
+
+// buildReaper sets up the reaper, which reads back RESULT events the
+// broker lost, every ReapEvery.
+func (s *Service) buildReaper() {
 	r := &s.reaper
-	r.Name, r.Every, r.Log, r.PassTimeout = "committer reaper", cfg.ReapEvery, d.Log, time.Minute
+	r.Name, r.Every, r.Log, r.PassTimeout = "committer reaper", s.cfg.ReapEvery, s.d.Log, time.Minute
 	r.Pass = func(ctx context.Context) (bool, error) {
 		n, err := s.Reap(ctx)
 		return n == reapBatch, err
 	}
+}
+
+// buildRelay sets up the keeper of the OUTCOME stream and the outbox relay
+// that publishes to it.
+func (s *Service) buildRelay() {
+	cfg, d := s.cfg, s.d
 	owned := []string{event.KindOutcome}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: owned, Settings: cfg.Streams, Log: d.Log, Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: owned, Ensure: s.streams.Ensure,
 		Meter: d.Tel.Meter(), Region: cfg.Region, SetAside: cfg.SetAside}
-	if cfg.AnnounceEvery == 0 {
-		cfg.AnnounceEvery = time.Second
-	}
+}
+
+// buildAnnouncer sets up the announcer, which writes outcomes reached
+// outside the commit transaction to the OUTCOME outbox every
+// AnnounceEvery.
+func (s *Service) buildAnnouncer() {
 	a := &s.announcer
-	a.Name, a.Every, a.Log, a.PassTimeout = "committer outcome announcer", cfg.AnnounceEvery, d.Log, time.Minute
-	a.Pass = func(ctx context.Context) (bool, error) {
-		var ended []*store.Work
-		announce := s.announce(ctx)
-		n, err := s.d.Store.AnnounceOutcomes(ctx, announceBatch, func(w *store.Work, state string) ([]store.OutboxMsg, error) {
-			ended = append(ended, w)
-			return announce(w, state)
-		})
-		if n > 0 {
-			s.relay.Kick()
-		}
-		if err == nil {
-			// Once announced, never again: each ending counts once.
-			for _, w := range ended {
-				s.recordEnd(ctx, w, w.State, w.UpdatedAt.Sub(w.CreatedAt))
-			}
-		}
-		return n == announceBatch, err
+	a.Name, a.Every, a.Log, a.PassTimeout = "committer outcome announcer", s.cfg.AnnounceEvery, s.d.Log, time.Minute
+	a.Pass = s.announcePass
+}
+
+// announcePass writes one batch of outcomes to the OUTCOME outbox and
+// records the end of each; true when there may be more.
+func (s *Service) announcePass(ctx context.Context) (bool, error) {
+	var ended []*store.Work
+	announce := s.announce(ctx)
+	n, err := s.d.Store.AnnounceOutcomes(ctx, announceBatch, func(w *store.Work, state string) ([]store.OutboxMsg, error) {
+		ended = append(ended, w)
+		return announce(w, state)
+	})
+	if n > 0 {
+		s.relay.Kick()
 	}
+	if err == nil {
+		// Once announced, never again: each ending counts once.
+		for _, w := range ended {
+			s.recordEnd(ctx, w, w.State, w.UpdatedAt.Sub(w.CreatedAt))
+		}
+	}
+	return n == announceBatch, err
+}
+
+// buildPublisher sets up the publisher of outcomes to their targets: to
+// GitHub as the GitHub App when the config names one.
+func (s *Service) buildPublisher() error {
+	cfg := s.cfg
 	pc := publish.Config{Region: cfg.Region, Names: cfg.Names, Rerun: cfg.Rerun, Deadline: cfg.PublishDeadline,
 		Backoff: cfg.PublishBackoff, RetryEvery: cfg.PublishRetryEvery, CountEvery: cfg.PublishCountEvery, Now: cfg.Now}
 	if pc.Rerun == nil {
 		pc.Rerun = func(id string) string { return fmt.Sprintf("assay work rerun %s --region %s", id, cfg.Region) }
 	}
 	if cfg.GitHubAppID != 0 {
-		if cfg.GitHubKey == nil {
-			return nil, errors.New("committer: GitHubKey is required with GitHubAppID")
-		}
 		api := cfg.GitHubAPI
 		if api == "" {
 			api = "https://api.github.com"
@@ -267,11 +328,11 @@ func New(cfg Config, d Deps) (*Service, error) {
 		pc.GitHub = &publish.GitHub{App: &githubapp.App{API: api, ID: cfg.GitHubAppID, Key: cfg.GitHubKey, Now: cfg.Now,
 			UserAgent: "assay-publisher"}}
 	}
-	if s.publisher, err = publish.New(pc, d.Store, d.JS, d.Log, d.Tel.Meter()); err != nil {
-		return nil, fmt.Errorf("committer: %w", err)
+	var err error
+	if s.publisher, err = publish.New(pc, s.d.Store, s.d.JS, s.d.Log, s.d.Tel.Meter()); err != nil {
+		return fmt.Errorf("committer: %w", err)
 	}
-	s.cfg = cfg
-	return s, nil
+	return nil
 }
 
 // recordEnd records one work item's end to end time, from its creation to

@@ -183,10 +183,7 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, _ = s.contractFor(ctx, t.ID, c)
-	deadline := time.Now().Add(s.cfg.BatchDeadline)
-	if req.DeadlineSeconds > 0 {
-		deadline = time.Now().Add(time.Duration(req.DeadlineSeconds) * time.Second)
-	}
+	deadline := batchDeadline(time.Now(), req.DeadlineSeconds, s.cfg.BatchDeadline)
 	b := &store.Batch{ID: batchID(t.ID, req.BatchKey), TenantID: t.ID, Contract: c.Name, ItemsDigest: itemsDigest(req),
 		DeadlineAt: deadline}
 	known := false
@@ -202,25 +199,9 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 		tooMany(w, r.code, r.reason, r.retry)
 		return
 	}
-	entries := make([]*store.BatchEntry, len(req.Items))
-	for i, it := range req.Items {
-		entries[i] = &store.BatchEntry{ItemID: it.ItemID,
-			Work: s.newWork(ctx, t, c, it.SourceID, it.Revision, event.Batch, compact(it.Input), deadline)}
-	}
+	entries := s.batchEntries(ctx, t, c, req.Items, deadline)
 	got, created, err := s.d.Store.InsertBatch(ctx, b, entries, s.announce(ctx))
-	switch {
-	case errors.Is(err, store.ErrBatchConflict):
-		apierror.Write(w, http.StatusConflict, "batch_key_reused",
-			fmt.Sprintf("batchKey %q names a batch with other items; use a new key for new items", req.BatchKey))
-		return
-	case store.Permanent(err):
-		s.d.Log.Warn("batch refused by the database", "key", b.ID, "sqlstate", store.SQLState(err))
-		apierror.Write(w, http.StatusBadRequest, "invalid_input",
-			fmt.Sprintf("the cell cannot store this batch: %s; nothing was stored", store.Refusal(err)))
-		return
-	case err != nil:
-		s.d.Log.Error("insert batch failed", "key", b.ID, "err", err)
-		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the batch was not stored; try again")
+	if s.insertRefused(w, err, b.ID, req.BatchKey) {
 		return
 	}
 	resp := BatchResponse{BatchID: got.ID, Contract: got.Contract, Total: got.ItemCount, Duplicate: !created,
@@ -231,6 +212,56 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.relay.Kick()
+	resp.Items = s.batchQueued(ctx, t, got.ID, entries)
+	telemetry.Decision(ctx, s.d.Log, got.ID, "batch_accepted", fmt.Sprintf("%d items", got.ItemCount), slog.String("tenant", t.ID))
+	apierror.JSON(w, http.StatusAccepted, resp)
+}
+
+// batchDeadline is the deadline of a batch's items asked for at now: its
+// own, when the request gives seconds, or the batch lane's.
+func batchDeadline(now time.Time, seconds int, lane time.Duration) time.Time {
+	if seconds > 0 {
+		return now.Add(time.Duration(seconds) * time.Second)
+	}
+	return now.Add(lane)
+}
+
+// batchEntries are the manifest's entries of a batch's items, each with
+// the batch-lane work it is to become.
+func (s *Service) batchEntries(ctx context.Context, t store.Tenant, c *contract.Contract, items []BatchItemRequest,
+	deadline time.Time) []*store.BatchEntry {
+	entries := make([]*store.BatchEntry, len(items))
+	for i, it := range items {
+		entries[i] = &store.BatchEntry{ItemID: it.ItemID,
+			Work: s.newWork(ctx, t, c, it.SourceID, it.Revision, event.Batch, compact(it.Input), deadline)}
+	}
+	return entries
+}
+
+// insertRefused answers a batch the database did not store (err), and
+// is false when it was stored.
+func (s *Service) insertRefused(w http.ResponseWriter, err error, id, key string) bool {
+	switch {
+	case errors.Is(err, store.ErrBatchConflict):
+		apierror.Write(w, http.StatusConflict, "batch_key_reused",
+			fmt.Sprintf("batchKey %q names a batch with other items; use a new key for new items", key))
+	case store.Permanent(err):
+		s.d.Log.Warn("batch refused by the database", "key", id, "sqlstate", store.SQLState(err))
+		apierror.Write(w, http.StatusBadRequest, "invalid_input",
+			fmt.Sprintf("the cell cannot store this batch: %s; nothing was stored", store.Refusal(err)))
+	case err != nil:
+		s.d.Log.Error("insert batch failed", "key", id, "err", err)
+		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the batch was not stored; try again")
+	default:
+		return false
+	}
+	return true
+}
+
+// batchQueued follows a new batch's entries: it starts the shadows of the
+// work they created, logs each new item's decision, and is the items of
+// the answer.
+func (s *Service) batchQueued(ctx context.Context, t store.Tenant, batchID string, entries []*store.BatchEntry) []BatchItemWork {
 	var made []*store.Work
 	for _, e := range entries {
 		if e.Created {
@@ -238,16 +269,16 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.goShadow(ctx, made...)
+	var items []BatchItemWork
 	for _, e := range entries {
-		resp.Items = append(resp.Items, BatchItemWork{ItemID: e.ItemID, WorkID: e.Got.ID, State: e.Got.State, Existing: !e.Created})
+		items = append(items, BatchItemWork{ItemID: e.ItemID, WorkID: e.Got.ID, State: e.Got.State, Existing: !e.Created})
 		if e.Created {
 			s.logSuperseded(ctx, e.Got)
-			telemetry.Decision(ctx, s.d.Log, e.Got.ID, outcome.Queued, "new ingress key in batch "+got.ID,
+			telemetry.Decision(ctx, s.d.Log, e.Got.ID, outcome.Queued, "new ingress key in batch "+batchID,
 				slog.String("tenant", t.ID), telemetry.OpaqueAttr("item", e.ItemID))
 		}
 	}
-	telemetry.Decision(ctx, s.d.Log, got.ID, "batch_accepted", fmt.Sprintf("%d items", got.ItemCount), slog.String("tenant", t.ID))
-	apierror.JSON(w, http.StatusAccepted, resp)
+	return items
 }
 
 // newBatchBacklog is the backlog rule for a batch of n items; a batch

@@ -372,35 +372,18 @@ func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
 		auth.Unavailable().Write(w)
 		return
 	}
-	rc := http.NewResponseController(w)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	// The server's write timeout bounds an answer; a stream is bounded per
-	// write instead, so a client that stops reading is let go.
-	send := func(frame []byte) bool {
-		_ = rc.SetWriteDeadline(time.Now().Add(consoleHeartbeat))
-		if _, err := w.Write(frame); err != nil {
-			return false
-		}
-		return rc.Flush() == nil
-	}
-	seq := 0
-	var last []byte
-	snapshot := func(c *Console) bool {
-		body, _ := json.Marshal(c)
-		same := figures(c)
-		if last != nil && bytes.Equal(same, last) {
-			return true
-		}
-		last, seq = same, seq+1
-		return send([]byte("id: " + strconv.Itoa(seq) + "\nevent: snapshot\ndata: " + string(body) + "\n\n"))
-	}
-	if !snapshot(first) {
+	cs := startConsoleStream(w)
+	if !cs.snapshot(first) {
 		return
 	}
+	s.followConsole(ctx, r, cs)
+}
+
+// followConsole sends a console stream a snapshot whenever the figures
+// changed, looked for every ConsoleEvery with the credential checked
+// again, and a heartbeat comment when nothing changed for a while, until
+// the client goes, the server drains or the credential no longer holds.
+func (s *Service) followConsole(ctx context.Context, r *http.Request, cs *consoleStream) {
 	tick := time.NewTicker(s.cfg.ConsoleEvery)
 	defer tick.Stop()
 	quiet := time.Now()
@@ -409,14 +392,14 @@ func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 			return
 		case <-host.Draining(ctx):
-			send([]byte("event: bye\ndata: {\"reason\":\"the server is shutting down\"}\n\n"))
+			cs.send([]byte("event: bye\ndata: {\"reason\":\"the server is shutting down\"}\n\n"))
 			return
 		case <-tick.C:
 		}
 		again, refused := auth.Console(ctx, s.d.Store, r.Header.Get("Authorization"), s.cell())
 		if refused != nil {
 			body, _ := json.Marshal(apierror.Body{Error: apierror.Detail{Code: refused.Code, Message: refused.Message}})
-			send([]byte("event: error\ndata: " + string(body) + "\n\n"))
+			cs.send([]byte("event: error\ndata: " + string(body) + "\n\n"))
 			return
 		}
 		c, err := s.sharedSnapshot(ctx, again)
@@ -427,19 +410,62 @@ func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
 			s.d.Log.Warn("console: snapshot failed; the stream goes on", "err", err)
 			continue
 		}
-		before := seq
-		if !snapshot(c) {
+		before := cs.seq
+		if !cs.snapshot(c) {
 			return
 		}
-		if seq != before {
+		if cs.seq != before {
 			quiet = time.Now()
 		} else if time.Since(quiet) >= consoleHeartbeat {
-			if !send([]byte(": heartbeat\n\n")) {
+			if !cs.send([]byte(": heartbeat\n\n")) {
 				return
 			}
 			quiet = time.Now()
 		}
 	}
+}
+
+// consoleStream is one open console stream: where it writes, and the id
+// and figures of the last snapshot it sent.
+type consoleStream struct {
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	seq  int
+	last []byte
+}
+
+// startConsoleStream starts the answer of a console stream.
+func startConsoleStream(w http.ResponseWriter) *consoleStream {
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	return &consoleStream{w: w, rc: rc}
+}
+
+// send writes a frame. The server's write timeout bounds an answer; a
+// stream is bounded per write instead, so a client that stops reading is
+// let go.
+func (cs *consoleStream) send(frame []byte) bool {
+	_ = cs.rc.SetWriteDeadline(time.Now().Add(consoleHeartbeat))
+	if _, err := cs.w.Write(frame); err != nil {
+		return false
+	}
+	return cs.rc.Flush() == nil
+}
+
+// snapshot sends c, under the next id, when its figures changed since the
+// last snapshot sent; false when the stream is over.
+func (cs *consoleStream) snapshot(c *Console) bool {
+	body, _ := json.Marshal(c)
+	same := figures(c)
+	if cs.last != nil && bytes.Equal(same, cs.last) {
+		return true
+	}
+	cs.last, cs.seq = same, cs.seq+1
+	return cs.send([]byte("id: " + strconv.Itoa(cs.seq) + "\nevent: snapshot\ndata: " + string(body) + "\n\n"))
 }
 
 // figures is what decides whether a snapshot changed: everything but the

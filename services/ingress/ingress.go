@@ -4,6 +4,7 @@
 package ingress
 
 import (
+	"cmp"
 	"context"
 	"crypto/rsa"
 	"crypto/sha256"
@@ -152,6 +153,7 @@ type Config struct {
 	Shed ShedConfig
 }
 
+// defaults checks the config and fills in what it leaves unset.
 func (c *Config) defaults() error {
 	if c.Region == "" {
 		return errors.New("ingress: Region is required")
@@ -162,73 +164,57 @@ func (c *Config) defaults() error {
 	if err := c.Names.Check(); err != nil {
 		return fmt.Errorf("ingress: %w", err)
 	}
-	if c.MaxDiffBytes == 0 {
-		c.MaxDiffBytes = 1 << 20
+	c.requestDefaults()
+	c.sweeperDefaults()
+	c.streamDefaults()
+	c.TokenCache = cmp.Or(c.TokenCache, 2*time.Second)
+	c.TokenCacheListening = cmp.Or(c.TokenCacheListening, 5*time.Minute)
+	if err := c.githubDefaults(); err != nil {
+		return err
 	}
-	if c.MaxBodyBytes == 0 {
-		// Room for a diff at its cap, quoted as JSON.
-		c.MaxBodyBytes = max(1<<20, 2*c.MaxDiffBytes+256<<10)
-	}
-	if c.InteractiveDeadline == 0 {
-		c.InteractiveDeadline = 10 * time.Minute
-	}
-	if c.BatchDeadline == 0 {
-		c.BatchDeadline = 24 * time.Hour
-	}
-	if c.SweepEvery == 0 {
-		c.SweepEvery = 5 * time.Second
-	}
-	if c.QueuedFor == 0 {
-		c.QueuedFor = 60 * time.Second
-	}
-	if c.LeaseGrace == 0 {
-		c.LeaseGrace = 5 * time.Second
-	}
-	if c.OutboxRetention == 0 {
-		c.OutboxRetention = 24 * time.Hour
-	}
-	if c.RoutesEvery == 0 {
-		c.RoutesEvery = 5 * time.Second
-	}
-	if c.WatchEvery == 0 {
-		c.WatchEvery = 15 * time.Second
-	}
-	if c.ConsoleEvery == 0 {
-		c.ConsoleEvery = 2 * time.Second
-	}
-	if c.ConsoleStreams == 0 {
-		c.ConsoleStreams = 4
-	}
-	if c.TokenCache == 0 {
-		c.TokenCache = 2 * time.Second
-	}
-	if c.TokenCacheListening == 0 {
-		c.TokenCacheListening = 5 * time.Minute
-	}
-	if c.EventsEvery == 0 {
-		c.EventsEvery = time.Second
-	}
-	if c.EventsHeartbeat == 0 {
-		c.EventsHeartbeat = 15 * time.Second
-	}
-	if c.EventStreams == 0 {
-		c.EventStreams = 16
-	}
-	if c.EventsRecheck == 0 {
-		c.EventsRecheck = 5 * time.Second
-	}
-	if c.DataRetention == 0 {
-		c.DataRetention = 30 * 24 * time.Hour
-	}
-	if c.GitHubAPI == "" {
-		c.GitHubAPI = "https://api.github.com"
-	}
+	return c.Shed.defaults()
+}
+
+// requestDefaults fills in the caps of a request and the lanes' deadlines.
+func (c *Config) requestDefaults() {
+	c.MaxDiffBytes = cmp.Or(c.MaxDiffBytes, 1<<20)
+	// Room for a diff at its cap, quoted as JSON.
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, max(1<<20, 2*c.MaxDiffBytes+256<<10))
+	c.InteractiveDeadline = cmp.Or(c.InteractiveDeadline, 10*time.Minute)
+	c.BatchDeadline = cmp.Or(c.BatchDeadline, 24*time.Hour)
+}
+
+// sweeperDefaults fills in the settings of the sweeper and of the other
+// passes over the cell's work: the watch and the routes.
+func (c *Config) sweeperDefaults() {
+	c.SweepEvery = cmp.Or(c.SweepEvery, 5*time.Second)
+	c.QueuedFor = cmp.Or(c.QueuedFor, 60*time.Second)
+	c.LeaseGrace = cmp.Or(c.LeaseGrace, 5*time.Second)
+	c.OutboxRetention = cmp.Or(c.OutboxRetention, 24*time.Hour)
+	c.DataRetention = cmp.Or(c.DataRetention, 30*24*time.Hour)
+	c.RoutesEvery = cmp.Or(c.RoutesEvery, 5*time.Second)
+	c.WatchEvery = cmp.Or(c.WatchEvery, 15*time.Second)
+}
+
+// streamDefaults fills in the settings of the console's streams and of the
+// work and batch event streams.
+func (c *Config) streamDefaults() {
+	c.ConsoleEvery = cmp.Or(c.ConsoleEvery, 2*time.Second)
+	c.ConsoleStreams = cmp.Or(c.ConsoleStreams, 4)
+	c.EventsEvery = cmp.Or(c.EventsEvery, time.Second)
+	c.EventsHeartbeat = cmp.Or(c.EventsHeartbeat, 15*time.Second)
+	c.EventStreams = cmp.Or(c.EventStreams, 16)
+	c.EventsRecheck = cmp.Or(c.EventsRecheck, 5*time.Second)
+}
+
+// githubDefaults checks GitHub's settings, fills in what they leave unset
+// and builds the diff source from them when the config gives none.
+func (c *Config) githubDefaults() error {
+	c.GitHubAPI = cmp.Or(c.GitHubAPI, "https://api.github.com")
 	if u, err := url.Parse(c.GitHubAPI); err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
 		return fmt.Errorf("ingress: GitHubAPI %q is not an http(s) URL", c.GitHubAPI)
 	}
-	if c.GitHubTimeout == 0 {
-		c.GitHubTimeout = 5 * time.Second
-	}
+	c.GitHubTimeout = cmp.Or(c.GitHubTimeout, 5*time.Second)
 	if c.GitHubAppID != 0 && c.GitHubToken != "" {
 		return errors.New("ingress: GitHubToken is the single-tenant option and is not used beside a GitHub App (GitHubAppID)")
 	}
@@ -243,7 +229,7 @@ func (c *Config) defaults() error {
 		}
 		c.Diffs = d
 	}
-	return c.Shed.defaults()
+	return nil
 }
 
 // MaxDiffCeiling is the most ASSAY_MAX_DIFF_BYTES may be: the input
