@@ -494,12 +494,11 @@ func (s *Service) Ready(ctx context.Context) error {
 	return s.results.Ready(ctx)
 }
 
-func (s *Service) handle(ctx context.Context, ev event.Result, _ consumer.Delivery) consumer.Disposition {
-	if err := s.Commit(ctx, ev); err != nil {
-		s.d.Log.Warn("commit failed; will retry", "key", ev.WorkID, "attempt", ev.AttemptID, "err", err)
-		return consumer.Retry(time.Second)
-	}
-	return consumer.Done()
+// handle commits each result; a commit that failed is tried again a
+// second later.
+func (s *Service) handle(ctx context.Context, ev event.Result, d consumer.Delivery) consumer.Disposition {
+	return consumer.Step[event.Result]{Log: s.d.Log, Failed: "commit failed; will retry",
+		Attrs: func(ev event.Result) []any { return []any{"key", ev.WorkID, "attempt", ev.AttemptID} }, Wait: time.Second}.Handle(s.Commit)(ctx, ev, d)
 }
 
 // Commit applies one RESULT event. It is idempotent: a redelivered event

@@ -182,16 +182,12 @@ func (s *Service) Ready(ctx context.Context) error {
 	return s.attempts.Ready(ctx)
 }
 
-func (s *Service) handle(ctx context.Context, ev event.Attempt, _ consumer.Delivery) consumer.Disposition {
-	err := s.Append(ctx, ev)
-	switch {
-	case store.Permanent(err):
-		s.refuse(ctx, ev, err)
-	case err != nil:
-		s.d.Log.Warn("ledger append failed; will retry", "key", ev.AttemptID, "err", err)
-		return consumer.Retry(time.Second)
-	}
-	return consumer.Done()
+// handle appends each attempt; a row the database refuses for good is
+// given up, any other failure tried again a second later.
+func (s *Service) handle(ctx context.Context, ev event.Attempt, d consumer.Delivery) consumer.Disposition {
+	return consumer.Step[event.Attempt]{Log: s.d.Log, Failed: "ledger append failed; will retry",
+		Attrs: func(ev event.Attempt) []any { return []any{"key", ev.AttemptID} }, Wait: time.Second,
+		Permanent: store.Permanent, GiveUp: s.refuse}.Handle(s.Append)(ctx, ev, d)
 }
 
 // refuse logs and counts an attempt the database refused for good; it is

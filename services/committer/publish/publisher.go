@@ -222,15 +222,11 @@ func (p *Publisher) Target() string {
 
 func (p *Publisher) now() time.Time { return p.cfg.Now() }
 
-func (p *Publisher) handle(ctx context.Context, ev event.Outcome, _ consumer.Delivery) consumer.Disposition {
-	if err := p.Publish(ctx, ev); err != nil {
-		// Nothing of it is recorded yet (the database did not answer): the
-		// outcome comes again.
-		p.log.Warn("publication not recorded; the outcome is delivered again", "key", ev.WorkID, "work_outcome", ev.Outcome,
-			"err", err)
-		return consumer.Retry(p.cfg.Backoff.Base)
-	}
-	return consumer.Done()
+// handle publishes each outcome. Nothing of a publication that failed is
+// recorded yet (the database did not answer): the outcome comes again.
+func (p *Publisher) handle(ctx context.Context, ev event.Outcome, d consumer.Delivery) consumer.Disposition {
+	return consumer.Step[event.Outcome]{Log: p.log, Failed: "publication not recorded; the outcome is delivered again",
+		Attrs: func(ev event.Outcome) []any { return []any{"key", ev.WorkID, "work_outcome", ev.Outcome} }, Wait: p.cfg.Backoff.Base}.Handle(p.Publish)(ctx, ev, d)
 }
 
 // errFinal marks a publication that no retry mends; it is failed at once.
