@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/pkg/admission"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/devpg"
 	"assay.dev/pkg/devkit/evalset"
@@ -241,23 +242,9 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 	}
 	lim := c.Classifier.Limiter()
 	res.LimitMin, res.LimitMax = lim.Limit(), lim.Limit()
-	sampleDone := make(chan struct{})
 	sampleCtx, stopSample := context.WithCancel(ctx)
 	defer stopSample()
-	go func() {
-		defer close(sampleDone)
-		t := time.NewTicker(50 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-sampleCtx.Done():
-				return
-			case <-t.C:
-				l := lim.Limit()
-				res.LimitMin, res.LimitMax = min(res.LimitMin, l), max(res.LimitMax, l)
-			}
-		}
-	}()
+	sampleDone := sampleLimit(sampleCtx, lim, &res)
 	r.start = time.Now()
 	var dbStart time.Time
 	if err := db.QueryRow(ctx, `SELECT now()`).Scan(&dbStart); err != nil {
@@ -268,17 +255,8 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 		return res, err
 	}
 	loadEnd := time.Now()
-	// Quiescence: every work item has its outcome (interactive work past
-	// its deadline is expired by the sweeper), or two minutes pass.
-	quiet := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(quiet) {
-		if res.InFlight, err = countQ(ctx, db, `SELECT count(*) FROM work WHERE state IN ('queued', 'running')`); err != nil {
-			return res, err
-		}
-		if res.InFlight == 0 {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
+	if err := awaitOutcomes(ctx, db, &res); err != nil {
+		return res, err
 	}
 	stopSample()
 	<-sampleDone
@@ -292,17 +270,8 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 		return res, err
 	}
 	if sc.n == 5 {
-		// The sweep's goodput is over the time until its last acceptance.
-		var n int
-		var span float64
-		if err := db.QueryRow(ctx, `WITH b AS (SELECT max(updated_at) AS last FROM work
-				WHERE lane = 'batch' AND state = 'accepted')
-			SELECT count(*), coalesce(extract(epoch FROM (SELECT last FROM b) - $1::timestamptz), 0)
-			FROM work WHERE state = 'accepted' AND updated_at <= (SELECT last FROM b)`, dbStart).Scan(&n, &span); err != nil {
+		if err := sweepGoodput(ctx, db, dbStart, &res); err != nil {
 			return res, err
-		}
-		if span > 0 {
-			res.Goodput, res.Makespan = float64(n)/span, time.Duration(span*float64(time.Second))
 		}
 	}
 	st := s.Stats()
@@ -311,6 +280,62 @@ func runBench(ctx context.Context, baseDB string, sc *benchScenario, mode string
 		res.Throttled += ts.RateLimited
 	}
 	return res, nil
+}
+
+// sampleLimit reads lim's limit every 50 ms into res's LimitMin and
+// LimitMax until ctx ends, and closes the channel it returns then.
+func sampleLimit(ctx context.Context, lim *admission.Limiter, res *benchResult) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				l := lim.Limit()
+				res.LimitMin, res.LimitMax = min(res.LimitMin, l), max(res.LimitMax, l)
+			}
+		}
+	}()
+	return done
+}
+
+// awaitOutcomes waits for quiescence: every work item has its outcome
+// (interactive work past its deadline is expired by the sweeper), or two
+// minutes pass. It leaves the work still in flight in res.InFlight.
+func awaitOutcomes(ctx context.Context, db *pgxpool.Pool, res *benchResult) error {
+	quiet := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(quiet) {
+		var err error
+		if res.InFlight, err = countQ(ctx, db, `SELECT count(*) FROM work WHERE state IN ('queued', 'running')`); err != nil {
+			return err
+		}
+		if res.InFlight == 0 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return nil
+}
+
+// sweepGoodput sets scenario 5's goodput, over the time from dbStart until
+// the sweep's last acceptance.
+func sweepGoodput(ctx context.Context, db *pgxpool.Pool, dbStart time.Time, res *benchResult) error {
+	var n int
+	var span float64
+	if err := db.QueryRow(ctx, `WITH b AS (SELECT max(updated_at) AS last FROM work
+			WHERE lane = 'batch' AND state = 'accepted')
+		SELECT count(*), coalesce(extract(epoch FROM (SELECT last FROM b) - $1::timestamptz), 0)
+		FROM work WHERE state = 'accepted' AND updated_at <= (SELECT last FROM b)`, dbStart).Scan(&n, &span); err != nil {
+		return err
+	}
+	if span > 0 {
+		res.Goodput, res.Makespan = float64(n)/span, time.Duration(span*float64(time.Second))
+	}
+	return nil
 }
 
 // benchBed is one cell for a benchmark run: an embedded nats-server, a

@@ -58,20 +58,8 @@ func runAttackBench(ctx context.Context, base, phase string, load time.Duration,
 		return res, err
 	}
 	defer bed.close()
-	if err := bed.sim.SetCapacity(sim.Capacity{Rate: 200, Burst: 20, Latency: sim.Latency{Kind: sim.LatencyFixed, Base: 50 * time.Millisecond}}); err != nil {
+	if err := attackLimits(ctx, bed, phase); err != nil {
 		return res, err
-	}
-	// acme may send what it sends. mallory may send everything it sends
-	// in the attacked phase (each body is read to its first fault), one
-	// request a minute in the limited phase (all but the first refused
-	// for its rate, before a byte of the body is read).
-	if err := bed.cell.Env.Store.SetRate(ctx, "acme", 6000, 100); err != nil {
-		return res, err
-	}
-	if phase == "limited" {
-		if err := bed.cell.Env.Store.SetRate(ctx, "mallory", 1, 1); err != nil {
-			return res, err
-		}
 	}
 	dir, err := os.MkdirTemp("", "assay-attack-")
 	if err != nil {
@@ -103,29 +91,7 @@ func runAttackBench(ctx context.Context, base, phase string, load time.Duration,
 		if err := os.WriteFile(cfg, curlRound(bed.cell.URL+"/v1/batches", bed.tokens["mallory"], body, 16), 0o600); err != nil {
 			return res, err
 		}
-		wg.Go(func() {
-			tick := time.NewTicker(500 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				out, _ := exec.CommandContext(actx, "nice", "-n", "19", curl, "-s", "-Z", "--parallel-max", "16", "-K", cfg).Output()
-				if actx.Err() != nil {
-					return
-				}
-				mu.Lock()
-				for _, f := range strings.Fields(string(out)) {
-					code := 0
-					_, _ = fmt.Sscan(f, &code)
-					res.Attacks++
-					res.ByStatus[code]++
-				}
-				mu.Unlock()
-				select {
-				case <-actx.Done():
-					return
-				case <-tick.C:
-				}
-			}
-		})
+		wg.Go(func() { attackRounds(actx, curl, cfg, &mu, &res) })
 	}
 	lat, err := steadyLatencies(ctx, bed, load, "s9")
 	stop()
@@ -143,6 +109,51 @@ func runAttackBench(ctx context.Context, base, phase string, load time.Duration,
 		phase, res.Steady, res.P50.Round(time.Microsecond), res.P99.Round(time.Microsecond), res.Max.Round(time.Microsecond),
 		res.Attacks, res.ByStatus, res.CPU.Round(time.Millisecond), res.Window.Seconds())
 	return res, nil
+}
+
+// attackLimits sets scenario 9's provider capacity and its tenants'
+// rates for phase.
+func attackLimits(ctx context.Context, bed *benchBed, phase string) error {
+	if err := bed.sim.SetCapacity(sim.Capacity{Rate: 200, Burst: 20, Latency: sim.Latency{Kind: sim.LatencyFixed, Base: 50 * time.Millisecond}}); err != nil {
+		return err
+	}
+	// acme may send what it sends. mallory may send everything it sends
+	// in the attacked phase (each body is read to its first fault), one
+	// request a minute in the limited phase (all but the first refused
+	// for its rate, before a byte of the body is read).
+	if err := bed.cell.Env.Store.SetRate(ctx, "acme", 6000, 100); err != nil {
+		return err
+	}
+	if phase == "limited" {
+		return bed.cell.Env.Store.SetRate(ctx, "mallory", 1, 1)
+	}
+	return nil
+}
+
+// attackRounds sends a round of the curl config cfg every half second
+// until ctx ends, counting each request's status in res under mu.
+func attackRounds(ctx context.Context, curl, cfg string, mu *sync.Mutex, res *attackResult) {
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		out, _ := exec.CommandContext(ctx, "nice", "-n", "19", curl, "-s", "-Z", "--parallel-max", "16", "-K", cfg).Output()
+		if ctx.Err() != nil {
+			return
+		}
+		mu.Lock()
+		for _, f := range strings.Fields(string(out)) {
+			code := 0
+			_, _ = fmt.Sscan(f, &code)
+			res.Attacks++
+			res.ByStatus[code]++
+		}
+		mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // steadyLatencies submits acme's work at 20/s for d and returns each

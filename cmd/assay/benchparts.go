@@ -40,17 +40,9 @@ func benchParts(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return configError{fmt.Errorf("%v\n%s", err, benchPartsUsage)}
 	}
-	type item struct{ name, diff string }
-	var items []item
-	for _, it := range evalset.Items() {
-		items = append(items, item{"evalset/" + it.Name, it.Diff})
-	}
-	for _, f := range fs.Args() {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return configError{err}
-		}
-		items = append(items, item{filepath.Base(f), string(b)})
+	items, err := partsItems(fs.Args())
+	if err != nil {
+		return err
 	}
 	base := os.Getenv("ASSAY_DATABASE_URL")
 	if base == "" {
@@ -70,57 +62,85 @@ func benchParts(ctx context.Context, args []string, stdout io.Writer) error {
 	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "work\tdiff bytes\tparts\tcalls\tcost µ$\ttime\toutcome\treviewed")
 	for i, it := range items {
-		id, err := benchSubmitReview(ctx, bed, it.diff, fmt.Sprintf("bench/parts#%d", i+1))
-		if err != nil {
-			return fmt.Errorf("%s: %w", it.name, err)
+		if err := benchPartsItem(ctx, bed, tw, i, it); err != nil {
+			return err
 		}
-		var state string
-		var took time.Duration
-		for end := time.Now().Add(10 * time.Minute); ; {
-			if err := bed.db.QueryRow(ctx, `SELECT state, updated_at - created_at FROM work WHERE id = $1`, id).Scan(&state, &took); err != nil {
-				return err
-			}
-			if state != outcome.Queued && state != outcome.Running {
-				break
-			}
-			if time.Now().After(end) {
-				return fmt.Errorf("%s: still %s after 10 minutes", it.name, state)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		var calls, rows int
-		var cost int64
-		var cov []byte
-		// The ledger's rows follow the outcome by moments.
-		for end := time.Now().Add(30 * time.Second); ; {
-			if err := bed.db.QueryRow(ctx, `SELECT
-					(SELECT count(*) FROM attempts WHERE work_id = $1 AND part IS DISTINCT FROM '*'),
-					(SELECT count(*) FROM ledger WHERE work_id = $1),
-					(SELECT coalesce(sum(cost_micros), 0) FROM ledger WHERE work_id = $1),
-					(SELECT a.coverage FROM results r JOIN attempts a ON a.id = r.attempt_id WHERE r.work_id = $1)`, id).
-				Scan(&calls, &rows, &cost, &cov); err != nil {
-				return err
-			}
-			if rows >= calls {
-				break
-			}
-			if time.Now().After(end) {
-				return fmt.Errorf("%s: %d ledger rows for %d calls after 30 s", it.name, rows, calls)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		parts, reviewed := "whole", "all"
-		if cov != nil {
-			var cv diff.Coverage
-			if err := json.Unmarshal(cov, &cv); err != nil {
-				return err
-			}
-			parts, reviewed = fmt.Sprint(cv.Parts), fmt.Sprintf("%d of %d parts", len(cv.Reviewed), cv.Parts)
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\n", it.name, len(it.diff), parts, calls, cost,
-			took.Round(time.Millisecond), state, reviewed)
 	}
 	return tw.Flush()
+}
+
+// partsItem is one diff bench parts reviews.
+type partsItem struct{ name, diff string }
+
+// partsItems are the evaluation set's diffs and then those of files.
+func partsItems(files []string) ([]partsItem, error) {
+	var items []partsItem
+	for _, it := range evalset.Items() {
+		items = append(items, partsItem{"evalset/" + it.Name, it.Diff})
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, configError{err}
+		}
+		items = append(items, partsItem{filepath.Base(f), string(b)})
+	}
+	return items, nil
+}
+
+// benchPartsItem reviews it, the i-th item, waits for its outcome and its
+// ledger rows, and writes its row to tw.
+func benchPartsItem(ctx context.Context, bed *benchBed, tw io.Writer, i int, it partsItem) error {
+	id, err := benchSubmitReview(ctx, bed, it.diff, fmt.Sprintf("bench/parts#%d", i+1))
+	if err != nil {
+		return fmt.Errorf("%s: %w", it.name, err)
+	}
+	var state string
+	var took time.Duration
+	for end := time.Now().Add(10 * time.Minute); ; {
+		if err := bed.db.QueryRow(ctx, `SELECT state, updated_at - created_at FROM work WHERE id = $1`, id).Scan(&state, &took); err != nil {
+			return err
+		}
+		if state != outcome.Queued && state != outcome.Running {
+			break
+		}
+		if time.Now().After(end) {
+			return fmt.Errorf("%s: still %s after 10 minutes", it.name, state)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var calls, rows int
+	var cost int64
+	var cov []byte
+	// The ledger's rows follow the outcome by moments.
+	for end := time.Now().Add(30 * time.Second); ; {
+		if err := bed.db.QueryRow(ctx, `SELECT
+				(SELECT count(*) FROM attempts WHERE work_id = $1 AND part IS DISTINCT FROM '*'),
+				(SELECT count(*) FROM ledger WHERE work_id = $1),
+				(SELECT coalesce(sum(cost_micros), 0) FROM ledger WHERE work_id = $1),
+				(SELECT a.coverage FROM results r JOIN attempts a ON a.id = r.attempt_id WHERE r.work_id = $1)`, id).
+			Scan(&calls, &rows, &cost, &cov); err != nil {
+			return err
+		}
+		if rows >= calls {
+			break
+		}
+		if time.Now().After(end) {
+			return fmt.Errorf("%s: %d ledger rows for %d calls after 30 s", it.name, rows, calls)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	parts, reviewed := "whole", "all"
+	if cov != nil {
+		var cv diff.Coverage
+		if err := json.Unmarshal(cov, &cv); err != nil {
+			return err
+		}
+		parts, reviewed = fmt.Sprint(cv.Parts), fmt.Sprintf("%d of %d parts", len(cv.Reviewed), cv.Parts)
+	}
+	fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\n", it.name, len(it.diff), parts, calls, cost,
+		took.Round(time.Millisecond), state, reviewed)
+	return nil
 }
 
 // benchSubmitReview submits text as a code review of source and returns

@@ -79,85 +79,112 @@ type pipeResult struct {
 	Rate float64
 }
 
-func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
+// pipeFlags are bench pipeline's flags.
+type pipeFlags struct {
+	n, runs, pool, tenants int
+	cs, peer, answer       string
+	cpuProfile, logTo      string
+	statements             bool
+	rate                   float64
+	clients                []int // -c, read
+}
+
+// parsePipeFlags reads bench pipeline's flags and checks them.
+func parsePipeFlags(args []string) (*pipeFlags, error) {
+	f := &pipeFlags{}
 	fs := flag.NewFlagSet("assay bench pipeline", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	n := fs.Int("n", 20000, "distinct work items to post")
-	cs := fs.String("c", "8,32", "concurrent clients, comma separated: one series each")
-	runs := fs.Int("runs", 1, "runs per client count")
-	peer := fs.String("peer", "", "directory of the River build to run beside it")
-	statements := fs.Bool("statements", false, "print each service's statements per item to stderr after each run")
-	pool := fs.Int("pool", 0, "connections in each service's pool (0: ASSAY_DATABASE_POOL's default)")
-	answer := fs.String("answer", "constant", "the simulated model: constant (each diff reviewed once, then answered from that) or reviewer (every call reviewed)")
-	ntenants := fs.Int("tenants", 4, "tenants the items are posted for, in turn")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process over the assay runs to this file")
-	logTo := fs.String("log", "", "write the cell's JSON logs (decisions included) to this file")
-	rate := fs.Float64("rate", 0, "post open loop at this many items a second (C bounds the posts in flight) instead of C clients in a closed loop")
+	fs.IntVar(&f.n, "n", 20000, "distinct work items to post")
+	fs.StringVar(&f.cs, "c", "8,32", "concurrent clients, comma separated: one series each")
+	fs.IntVar(&f.runs, "runs", 1, "runs per client count")
+	fs.StringVar(&f.peer, "peer", "", "directory of the River build to run beside it")
+	fs.BoolVar(&f.statements, "statements", false, "print each service's statements per item to stderr after each run")
+	fs.IntVar(&f.pool, "pool", 0, "connections in each service's pool (0: ASSAY_DATABASE_POOL's default)")
+	fs.StringVar(&f.answer, "answer", "constant", "the simulated model: constant (each diff reviewed once, then answered from that) or reviewer (every call reviewed)")
+	fs.IntVar(&f.tenants, "tenants", 4, "tenants the items are posted for, in turn")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of this process over the assay runs to this file")
+	fs.StringVar(&f.logTo, "log", "", "write the cell's JSON logs (decisions included) to this file")
+	fs.Float64Var(&f.rate, "rate", 0, "post open loop at this many items a second (C bounds the posts in flight) instead of C clients in a closed loop")
 	if err := fs.Parse(args); err != nil {
-		return configError{fmt.Errorf("%v\n%s", err, benchPipeUsage)}
+		return nil, configError{fmt.Errorf("%v\n%s", err, benchPipeUsage)}
 	}
-	var clients []int
-	for _, f := range strings.Split(*cs, ",") {
-		c, err := strconv.Atoi(strings.TrimSpace(f))
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// validate checks the flags and reads -c's client counts.
+func (f *pipeFlags) validate() error {
+	for _, s := range strings.Split(f.cs, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || c < 1 || c > 1024 {
-			return configError{fmt.Errorf("-c: %q is not a list of client counts from 1 to 1024", *cs)}
+			return configError{fmt.Errorf("-c: %q is not a list of client counts from 1 to 1024", f.cs)}
 		}
-		clients = append(clients, c)
+		f.clients = append(f.clients, c)
 	}
-	if *answer != "constant" && *answer != "reviewer" {
-		return configError{fmt.Errorf("--answer: %q is neither constant nor reviewer", *answer)}
+	if f.answer != "constant" && f.answer != "reviewer" {
+		return configError{fmt.Errorf("--answer: %q is neither constant nor reviewer", f.answer)}
 	}
-	if *ntenants < 1 || *ntenants > 100_000 {
-		return configError{fmt.Errorf("--tenants: %d is not from 1 to 100000", *ntenants)}
+	if f.tenants < 1 || f.tenants > 100_000 {
+		return configError{fmt.Errorf("--tenants: %d is not from 1 to 100000", f.tenants)}
 	}
-	if *n < 1 || *runs < 1 {
+	if f.n < 1 || f.runs < 1 {
 		return configError{errors.New("-n and --runs must be positive")}
 	}
-	if *rate < 0 || *rate > 100_000 {
-		return configError{fmt.Errorf("--rate: %g is not from 0 to 100000 items a second", *rate)}
+	if f.rate < 0 || f.rate > 100_000 {
+		return configError{fmt.Errorf("--rate: %g is not from 0 to 100000 items a second", f.rate)}
 	}
-	if *rate > 0 && *peer != "" {
+	if f.rate > 0 && f.peer != "" {
 		return configError{errors.New("--rate with --peer: the River build posts in a closed loop only; run it on its own with -c")}
 	}
-	if *peer != "" {
-		if st, err := os.Stat(filepath.Join(*peer, "go.mod")); err != nil || st.IsDir() {
-			return configError{fmt.Errorf("--peer: %s holds no go.mod", *peer)}
+	if f.peer != "" {
+		if st, err := os.Stat(filepath.Join(f.peer, "go.mod")); err != nil || st.IsDir() {
+			return configError{fmt.Errorf("--peer: %s holds no go.mod", f.peer)}
 		}
+	}
+	return nil
+}
+
+func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
+	f, err := parsePipeFlags(args)
+	if err != nil {
+		return err
 	}
 	base, stop, err := benchPostgres(ctx)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+	if f.cpuProfile != "" {
+		prof, err := os.Create(f.cpuProfile)
 		if err != nil {
 			return configError{fmt.Errorf("--cpuprofile: %w", err)}
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
+		defer prof.Close()
+		if err := pprof.StartCPUProfile(prof); err != nil {
 			return err
 		}
 		defer pprof.StopCPUProfile()
 	}
-	logw, closeLog, err := benchLogFile(*logTo)
+	logw, closeLog, err := benchLogFile(f.logTo)
 	if err != nil {
 		return err
 	}
 	defer closeLog()
 	var all []pipeResult
-	for _, c := range clients {
-		for run := range *runs {
-			fmt.Fprintf(os.Stderr, "bench pipeline: assay, n=%d c=%d, run %d…\n", *n, c, run+1)
-			r, err := runPipeline(ctx, base, pipeRun{n: *n, c: c, pool: *pool, statements: *statements,
-				constant: *answer == "constant", tenants: *ntenants, log: logw, rate: *rate})
+	for _, c := range f.clients {
+		for run := range f.runs {
+			fmt.Fprintf(os.Stderr, "bench pipeline: assay, n=%d c=%d, run %d…\n", f.n, c, run+1)
+			r, err := runPipeline(ctx, base, pipeRun{n: f.n, c: c, pool: f.pool, statements: f.statements,
+				constant: f.answer == "constant", tenants: f.tenants, log: logw, rate: f.rate})
 			if err != nil {
 				return fmt.Errorf("assay c=%d: %w", c, err)
 			}
 			all = append(all, r)
-			if *peer != "" {
-				fmt.Fprintf(os.Stderr, "bench pipeline: river, n=%d c=%d, run %d…\n", *n, c, run+1)
-				p, err := runPeer(ctx, *peer, *n, c)
+			if f.peer != "" {
+				fmt.Fprintf(os.Stderr, "bench pipeline: river, n=%d c=%d, run %d…\n", f.n, c, run+1)
+				p, err := runPeer(ctx, f.peer, f.n, c)
 				if err != nil {
 					return fmt.Errorf("peer c=%d: %w", c, err)
 				}
@@ -271,32 +298,20 @@ func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error
 	if err != nil {
 		return res, err
 	}
-	var p50, p99 float64
-	var accepted int
-	if err := db.QueryRow(ctx, `SELECT count(*),
-			coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)), 0),
-			coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)), 0)
-		FROM work WHERE state = 'accepted'`).Scan(&accepted, &p50, &p99); err != nil {
+	p50, p99, err := acceptedLatency(ctx, db, n)
+	if err != nil {
 		return res, err
-	}
-	if accepted != n {
-		return res, fmt.Errorf("%d of %d items accepted", accepted, n)
 	}
 	if err := describeEnd(ctx, db, c, start, res.Wall); err != nil {
 		return res, err
 	}
-	var msgs uint64
-	names := event.Names{Installation: event.DefaultInstallation, Cell: "us"}
-	for _, k := range event.Kinds {
-		st, err := cl.Env.JS.Stream(ctx, names.Stream(k))
-		if err != nil {
-			return res, err
-		}
-		msgs += st.CachedInfo().State.Msgs
+	msgs, err := streamMessages(ctx, cl)
+	if err != nil {
+		return res, err
 	}
 	wall := res.Wall.Seconds()
 	res.ItemsPerSec = float64(n) / wall
-	res.P50, res.P99 = time.Duration(p50*float64(time.Second)), time.Duration(p99*float64(time.Second))
+	res.P50, res.P99 = p50, p99
 	res.CommitsPerItem = float64(after.commits-before.commits) / float64(n)
 	res.WALKBPerItem = float64(after.wal-before.wal) / 1024 / float64(n)
 	res.MessagesPerItem = float64(msgs) / float64(n)
@@ -313,6 +328,37 @@ func runPipeline(ctx context.Context, base string, p pipeRun) (pipeResult, error
 		return res, err
 	}
 	return res, nil
+}
+
+// acceptedLatency is the p50 and p99 of the accepted items' time from
+// created to accepted, and an error unless all n were accepted.
+func acceptedLatency(ctx context.Context, db *pgxpool.Pool, n int) (p50, p99 time.Duration, err error) {
+	var s50, s99 float64
+	var accepted int
+	if err := db.QueryRow(ctx, `SELECT count(*),
+			coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)), 0),
+			coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)), 0)
+		FROM work WHERE state = 'accepted'`).Scan(&accepted, &s50, &s99); err != nil {
+		return 0, 0, err
+	}
+	if accepted != n {
+		return 0, 0, fmt.Errorf("%d of %d items accepted", accepted, n)
+	}
+	return time.Duration(s50 * float64(time.Second)), time.Duration(s99 * float64(time.Second)), nil
+}
+
+// streamMessages is how many messages the cell's streams hold.
+func streamMessages(ctx context.Context, cl *cell.Cell) (uint64, error) {
+	var msgs uint64
+	names := event.Names{Installation: event.DefaultInstallation, Cell: "us"}
+	for _, k := range event.Kinds {
+		st, err := cl.Env.JS.Stream(ctx, names.Stream(k))
+		if err != nil {
+			return 0, err
+		}
+		msgs += st.CachedInfo().State.Msgs
+	}
+	return msgs, nil
 }
 
 // describeEnd prints where the wall went at the end of a run: one whose

@@ -16,6 +16,7 @@ import (
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/pkg/admission"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/outcome"
 	"assay.dev/services/classifier"
 	"assay.dev/services/ingress"
 )
@@ -88,7 +89,7 @@ func printShedTable(w io.Writer, rs []benchResult) {
 		}
 		fmt.Fprintf(w, "| 6 | %s | %.1f / %.1f = %s | %s / %s | %d / %d = %s | %d / %d = %s | %d | %d / %d |\n",
 			mode, r.Goodput, r.Capacity, pct(r.Goodput, r.Capacity), ms(r.QueueP50["interactive"]), ms(r.QueueP95["interactive"]),
-			r.Outcomes["expired"], admitted, pct(float64(r.Outcomes["expired"]), float64(admitted)),
+			r.Outcomes[outcome.Expired], admitted, pct(float64(r.Outcomes[outcome.Expired]), float64(admitted)),
 			r.Throttled, r.Calls, pct(float64(r.Throttled), float64(r.Calls)), r.IngressRefused, admitted, r.Offered)
 	}
 }
@@ -180,17 +181,7 @@ func runFairBench(ctx context.Context, base, phase string, load time.Duration, l
 		return nil, err
 	}
 	client := benchClient()
-	// A warm-up: every tenant at its rate or its share, whichever is
-	// less, for five seconds, so the measured window starts on a cell
-	// whose limit, latency and rate are learned (a cold cell's limit
-	// starts at 4 and grows). Its work is left out of the figures.
-	var warm sync.WaitGroup
-	for _, t := range tenants {
-		warm.Go(func() {
-			_ = offerTo(ctx, client, bed.cell.URL, bed.tokens[t], min(rates[t], 25), 5*time.Second, "interactive", moderationOf("w7-"+t), &offerCounts{})
-		})
-	}
-	warm.Wait()
+	warmFair(ctx, client, bed, tenants, rates)
 	sampled := sampleLanes(ctx, bed)
 	counts := map[string]*offerCounts{}
 	var wg sync.WaitGroup
@@ -218,6 +209,26 @@ func runFairBench(ctx context.Context, base, phase string, load time.Duration, l
 	if err := printFairPath(ctx, bed, phase); err != nil {
 		return nil, err
 	}
+	return fairResults(ctx, bed, phase, rates, counts, inFlight)
+}
+
+// warmFair offers every tenant's work at its rate or its share, whichever
+// is less, for five seconds, so the measured window starts on a cell whose
+// limit, latency and rate are learned (a cold cell's limit starts at 4 and
+// grows). Its work is left out of the figures.
+func warmFair(ctx context.Context, client *http.Client, bed *benchBed, tenants []string, rates map[string]float64) {
+	var warm sync.WaitGroup
+	for _, t := range tenants {
+		warm.Go(func() {
+			_ = offerTo(ctx, client, bed.cell.URL, bed.tokens[t], min(rates[t], 25), 5*time.Second, "interactive", moderationOf("w7-"+t), &offerCounts{})
+		})
+	}
+	warm.Wait()
+}
+
+// fairResults reads each tenant's figures of phase from the cell's work
+// and attempts, the provider's counts, and what was offered.
+func fairResults(ctx context.Context, bed *benchBed, phase string, rates map[string]float64, counts map[string]*offerCounts, inFlight int) ([]fairResult, error) {
 	st := bed.sim.Stats()
 	var out []fairResult
 	rows, err := bed.db.Query(ctx, `SELECT w.tenant_id,

@@ -69,6 +69,8 @@ func forcedInvalid() (tenant string, item evalset.Item) {
 // demo runs the evaluation set through the dev mode's cells.
 type demo struct{ *cell.Dev }
 
+// runDemo runs the evaluation set through the dev mode's cells and prints
+// what became of every item, its usage and the ledger's reconciliation.
 func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
 	e := demo{dev}
 	started := time.Now()
@@ -83,24 +85,9 @@ func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
 		fmt.Fprintln(w, "note: ASSAY_MODEL_BASE_URL is set, so no invalid output is forced")
 	}
 
-	set := demoSet()
-	var subs []submitted
-	for _, s := range set {
-		r, err := e.submit(ctx, client, s)
-		if err != nil {
-			return err
-		}
-		subs = append(subs, r)
-	}
-	// A redelivered webhook: the same key again must name the same work.
-	dup, err := e.submit(ctx, client, set[0])
+	subs, err := e.submitSet(ctx, client, w)
 	if err != nil {
 		return err
-	}
-	fmt.Fprintf(w, "submitted %d work items to 2 cells; duplicate delivery of %s → HTTP %d, work %s (same id: %t)\n\n",
-		len(subs), set[0].Label, dup.Status, dup.WorkID, dup.WorkID == subs[0].WorkID)
-	if dup.WorkID != subs[0].WorkID || dup.Status != http.StatusOK {
-		return fmt.Errorf("duplicate delivery got work %s with HTTP %d, want %s with 200", dup.WorkID, dup.Status, subs[0].WorkID)
 	}
 
 	views, err := e.waitTerminal(ctx, client, subs, 3*time.Minute)
@@ -121,6 +108,48 @@ func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
 		return err
 	}
 
+	if err := e.usageTable(ctx, client, w); err != nil {
+		return err
+	}
+
+	printOutcomes(w, outcomes, forced)
+	if err := reachedModel(views, "POST "+e.ChatURL()); err != nil {
+		return err
+	}
+	if err := e.reconcile(w, calls, ledgerRows); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "done in %s\n", time.Since(started).Round(time.Millisecond))
+	return nil
+}
+
+// submitSet submits the demo set, then its first item again as a
+// redelivered webhook, which must name the same work.
+func (e demo) submitSet(ctx context.Context, client *http.Client, w io.Writer) ([]submitted, error) {
+	set := demoSet()
+	var subs []submitted
+	for _, s := range set {
+		r, err := e.submit(ctx, client, s)
+		if err != nil {
+			return nil, err
+		}
+		subs = append(subs, r)
+	}
+	dup, err := e.submit(ctx, client, set[0])
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(w, "submitted %d work items to 2 cells; duplicate delivery of %s → HTTP %d, work %s (same id: %t)\n\n",
+		len(subs), set[0].Label, dup.Status, dup.WorkID, dup.WorkID == subs[0].WorkID)
+	if dup.WorkID != subs[0].WorkID || dup.Status != http.StatusOK {
+		return nil, fmt.Errorf("duplicate delivery got work %s with HTTP %d, want %s with 200", dup.WorkID, dup.Status, subs[0].WorkID)
+	}
+	return subs, nil
+}
+
+// usageTable prints each tenant's usage as GET /v1/usage reports it from
+// the ledger.
+func (e demo) usageTable(ctx context.Context, client *http.Client, w io.Writer) error {
 	fmt.Fprintln(w, "\nusage (GET /v1/usage, from the ledger)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tREGION\tOUTCOME\tCALLS\tINPUT UNITS\tOUTPUT UNITS\tCOST (USD)")
@@ -135,7 +164,12 @@ func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t\t\t%s\n", t.ID, t.HomeRegion, "total", rep.Calls, dollars(rep.CostMicros))
 	}
 	tw.Flush()
+	return nil
+}
 
+// printOutcomes prints the outcomes counted, the one forced on purpose
+// marked.
+func printOutcomes(w io.Writer, outcomes map[string]int, forced string) {
 	var keys []string
 	for k := range outcomes {
 		keys = append(keys, k)
@@ -150,21 +184,24 @@ func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
 		parts = append(parts, part)
 	}
 	fmt.Fprintf(w, "\noutcomes: %s\n", strings.Join(parts, ", "))
-	if err := reachedModel(views, "POST "+e.ChatURL()); err != nil {
-		return err
+}
+
+// reconcile prints the simulated provider's calls beside the ledger's
+// attempt rows, per tenant, and fails when they differ; with a real
+// provider it does nothing.
+func (e demo) reconcile(w io.Writer, calls, ledgerRows map[string]int64) error {
+	if e.Sim == nil {
+		return nil
 	}
-	if e.Sim != nil {
-		fmt.Fprintln(w, "model calls (simulated provider) vs ledger attempt rows, per tenant:")
-		ok := true
-		for _, t := range e.Tenants {
-			fmt.Fprintf(w, "  %-7s provider %d  ledger %d\n", t.ID, calls[t.ID], ledgerRows[t.ID])
-			ok = ok && calls[t.ID] == ledgerRows[t.ID]
-		}
-		if !ok {
-			return errors.New("the ledger does not reconcile with the provider's call count")
-		}
+	fmt.Fprintln(w, "model calls (simulated provider) vs ledger attempt rows, per tenant:")
+	ok := true
+	for _, t := range e.Tenants {
+		fmt.Fprintf(w, "  %-7s provider %d  ledger %d\n", t.ID, calls[t.ID], ledgerRows[t.ID])
+		ok = ok && calls[t.ID] == ledgerRows[t.ID]
 	}
-	fmt.Fprintf(w, "done in %s\n", time.Since(started).Round(time.Millisecond))
+	if !ok {
+		return errors.New("the ledger does not reconcile with the provider's call count")
+	}
 	return nil
 }
 

@@ -67,65 +67,95 @@ flags:
 A progress bar is drawn on stderr when it is a terminal.
 `
 
+// replayFlags are the flags of a replay mode: the selection's, and the
+// modes' own.
+type replayFlags struct {
+	mode          string
+	sel           selectFlags
+	asJSON, again bool
+	contracts     string
+	confirm       int
+	deadline      time.Duration
+	region, dbURL string
+	set           map[string]bool // the flags given
+}
+
+// parseReplayFlags reads mode's flags; it takes no positional argument.
+func parseReplayFlags(mode string, args []string) (*replayFlags, error) {
+	f := &replayFlags{mode: mode, set: map[string]bool{}}
+	fs := flag.NewFlagSet("assay replay "+mode, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&f.sel.streams, "stream", "", "streams to read")
+	fs.StringVar(&f.sel.tenant, "tenant", "", "one tenant")
+	fs.StringVar(&f.sel.lane, "lane", "", "one lane")
+	fs.StringVar(&f.sel.since, "since", "", "from")
+	fs.StringVar(&f.sel.until, "until", "", "until")
+	fs.StringVar(&f.sel.seq, "seq", "", "sequence range")
+	fs.StringVar(&f.sel.works, "work", "", "work ids")
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+	fs.StringVar(&f.contracts, "contracts", "", "contracts directory (revalidate)")
+	fs.IntVar(&f.confirm, "confirm", -1, "redrive: the dry run's count")
+	fs.Bool("dry-run", true, "redrive: the default; --confirm N writes")
+	fs.DurationVar(&f.deadline, "deadline", 10*time.Minute, "redrive: new deadline from now")
+	fs.BoolVar(&f.again, "again", false, "redrive: also work redriven before")
+	fs.StringVar(&f.region, "region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
+	fs.StringVar(&f.dbURL, "database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
+	pos, err := parseArgs(fs, args, replayUsage)
+	if err != nil {
+		return nil, err
+	}
+	if len(pos) > 0 {
+		return nil, configError{fmt.Errorf("unexpected argument %q\n%s", pos[0], replayUsage)}
+	}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	return f, nil
+}
+
+// validate checks that each mode's own flags are given to it alone, and
+// their values.
+func (f *replayFlags) validate() error {
+	switch {
+	case f.mode != "revalidate" && f.contracts != "":
+		return configError{fmt.Errorf("--contracts is for revalidate")}
+	case f.mode != "redrive" && (f.set["confirm"] || f.again):
+		return configError{fmt.Errorf("--confirm and --again are for redrive")}
+	case f.set["confirm"] && f.confirm < 0:
+		return configError{fmt.Errorf("--confirm: %d is not a count: give the count the dry run printed (0 or more)", f.confirm)}
+	case f.deadline <= 0:
+		return configError{fmt.Errorf("--deadline: %s is not a positive duration", f.deadline)}
+	}
+	return nil
+}
+
 // replayCmd runs `assay replay …`.
 func replayCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 || (args[0] != "dump" && args[0] != "revalidate" && args[0] != "redrive") {
 		return unknownSub("replay", args)
 	}
 	mode := args[0]
-	fs := flag.NewFlagSet("assay replay "+mode, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var sf selectFlags
-	fs.StringVar(&sf.streams, "stream", "", "streams to read")
-	fs.StringVar(&sf.tenant, "tenant", "", "one tenant")
-	fs.StringVar(&sf.lane, "lane", "", "one lane")
-	fs.StringVar(&sf.since, "since", "", "from")
-	fs.StringVar(&sf.until, "until", "", "until")
-	fs.StringVar(&sf.seq, "seq", "", "sequence range")
-	fs.StringVar(&sf.works, "work", "", "work ids")
-	asJSON := fs.Bool("json", false, "print JSON")
-	contracts := fs.String("contracts", "", "contracts directory (revalidate)")
-	confirm := fs.Int("confirm", -1, "redrive: the dry run's count")
-	fs.Bool("dry-run", true, "redrive: the default; --confirm N writes")
-	deadline := fs.Duration("deadline", 10*time.Minute, "redrive: new deadline from now")
-	again := fs.Bool("again", false, "redrive: also work redriven before")
-	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
-	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
-	pos, err := parseArgs(fs, args[1:], replayUsage)
+	f, err := parseReplayFlags(mode, args[1:])
 	if err != nil {
 		return err
 	}
-	if len(pos) > 0 {
-		return configError{fmt.Errorf("unexpected argument %q\n%s", pos[0], replayUsage)}
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	defKinds := map[string][]string{"dump": event.Kinds, "revalidate": {event.KindResult}, "redrive": {event.KindWork}}[mode]
-	sel, err := sf.selection(time.Now(), defKinds)
+	sel, err := f.sel.selection(time.Now(), defKinds)
 	if err != nil {
 		return configError{err}
 	}
-	switch {
-	case mode != "revalidate" && *contracts != "":
-		return configError{fmt.Errorf("--contracts is for revalidate")}
-	case mode != "redrive" && (set["confirm"] || *again):
-		return configError{fmt.Errorf("--confirm and --again are for redrive")}
-	case set["confirm"] && *confirm < 0:
-		return configError{fmt.Errorf("--confirm: %d is not a count: give the count the dry run printed (0 or more)", *confirm)}
-	case *deadline <= 0:
-		return configError{fmt.Errorf("--deadline: %s is not a positive duration", *deadline)}
+	if err := f.validate(); err != nil {
+		return err
 	}
-	db := *dbURL
+	db := f.dbURL
 	if mode == "dump" {
 		db = ""
 	}
-	cfg, err := loadCell("assay replay", *region, db)
+	cfg, err := loadCell("assay replay", f.region, db)
 	if err != nil {
 		return err
 	}
 	var reg *contract.Registry
 	if mode == "revalidate" {
-		if reg, err = loadContracts(*contracts); err != nil {
+		if reg, err = loadContracts(f.contracts); err != nil {
 			return err
 		}
 	}
@@ -134,11 +164,11 @@ func replayCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer nc.Close()
-	r := replayer{names: cfg.Names(), stdout: stdout, json: *asJSON, bar: newProgress()}
+	r := replayer{names: cfg.Names(), stdout: stdout, json: f.asJSON, bar: newProgress()}
 	if mode == "dump" {
 		return r.dump(ctx, js, sel)
 	}
-	st, err := openStore(ctx, *dbURL)
+	st, err := openStore(ctx, f.dbURL)
 	if err != nil {
 		return err
 	}
@@ -151,7 +181,7 @@ func replayCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return r.revalidate(ctx, st, reg, ids, reads)
 	}
 	return r.redrive(ctx, st, ingress.Announce(ctx, cfg.Names()), ids, reads,
-		store.RedriveOptions{Deadline: time.Now().Add(*deadline), Again: *again}, *confirm)
+		store.RedriveOptions{Deadline: time.Now().Add(f.deadline), Again: f.again}, f.confirm)
 }
 
 // loadContracts loads today's contracts, or dir's.

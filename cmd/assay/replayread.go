@@ -261,6 +261,8 @@ func readSelection(ctx context.Context, js jetstream.JetStream, n event.Names, s
 // errDone ends a read early.
 var errDone = errors.New("done")
 
+// readStream is readSelection's read of kind's stream: its selected
+// messages up to the last it held when the read began, each handed to each.
 func readStream(ctx context.Context, js jetstream.JetStream, n event.Names, kind string, sel selection, bar *progress,
 	each func(ReplayMsg) error) (streamRead, error) {
 	name := n.Stream(kind)
@@ -280,15 +282,7 @@ func readStream(ctx context.Context, js jetstream.JetStream, n event.Names, kind
 	if info.State.Msgs == 0 || (sel.fromSeq != 0 && sel.fromSeq > last) {
 		return res, nil
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: sel.filters(n, kind), InactiveThreshold: 30 * time.Second}
-	switch {
-	case sel.fromSeq != 0:
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, sel.fromSeq
-	case !sel.since.IsZero():
-		since := sel.since
-		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
-	}
-	cons, err := st.OrderedConsumer(ctx, cfg)
+	cons, err := st.OrderedConsumer(ctx, sel.consumerConfig(n, kind))
 	if err != nil {
 		return res, fmt.Errorf("stream %s: ordered consumer: %w", name, err)
 	}
@@ -296,19 +290,11 @@ func readStream(ctx context.Context, js jetstream.JetStream, n event.Names, kind
 	if err != nil {
 		return res, fmt.Errorf("stream %s: ordered consumer: %w", name, err)
 	}
-	consName := ""
+	r := &orderedRead{n: n, kind: kind, name: name, sel: sel, last: last, bar: bar, each: each, cons: cons, res: &res}
 	if ci := cons.CachedInfo(); ci != nil {
-		consName = ci.Name
+		r.consName = ci.Name
 	}
-	defer func() {
-		it.Stop()
-		// Leave nothing behind: the ordered consumer is the read's own.
-		if consName != "" {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_ = js.DeleteConsumer(dctx, name, consName)
-			cancel()
-		}
-	}()
+	defer r.close(ctx, js, it)
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	pending := uint64(0)
@@ -320,38 +306,83 @@ func readStream(ctx context.Context, js jetstream.JetStream, n event.Names, kind
 	}
 	bar.start(name, pending)
 	defer bar.finish()
+	err = r.read(ctx, it)
+	return res, err
+}
+
+// consumerConfig is the ordered consumer that delivers sel's messages of
+// kind's stream, from its first sequence or its start time.
+func (sel selection) consumerConfig(n event.Names, kind string) jetstream.OrderedConsumerConfig {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: sel.filters(n, kind), InactiveThreshold: 30 * time.Second}
+	switch {
+	case sel.fromSeq != 0:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, sel.fromSeq
+	case !sel.since.IsZero():
+		since := sel.since
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	}
+	return cfg
+}
+
+// orderedRead is one stream's read through an ordered consumer of its own.
+type orderedRead struct {
+	n          event.Names
+	kind, name string
+	sel        selection
+	last       uint64 // the last sequence read
+	bar        *progress
+	each       func(ReplayMsg) error
+	cons       jetstream.Consumer
+	consName   string // the consumer's name: a reset makes a new consumer
+	res        *streamRead
+}
+
+// close stops the read and deletes its ordered consumer: it leaves
+// nothing behind.
+func (r *orderedRead) close(ctx context.Context, js jetstream.JetStream, it jetstream.MessagesContext) {
+	it.Stop()
+	if r.consName != "" {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = js.DeleteConsumer(dctx, r.name, r.consName)
+		cancel()
+	}
+}
+
+// read hands each selected message of it to each, counting them in res,
+// until the last sequence, the selection's end, or each's errDone.
+func (r *orderedRead) read(ctx context.Context, it jetstream.MessagesContext) error {
 	for {
 		m, err := it.Next()
 		if err != nil {
 			if ctx.Err() != nil {
-				return res, ctx.Err()
+				return ctx.Err()
 			}
-			return res, fmt.Errorf("stream %s: reading: %w", name, err)
+			return fmt.Errorf("stream %s: reading: %w", r.name, err)
 		}
-		if ci := cons.CachedInfo(); ci != nil {
-			consName = ci.Name // a reset makes a new consumer
+		if ci := r.cons.CachedInfo(); ci != nil {
+			r.consName = ci.Name // a reset makes a new consumer
 		}
 		meta, err := m.Metadata()
 		if err != nil {
-			return res, fmt.Errorf("stream %s: %w", name, err)
+			return fmt.Errorf("stream %s: %w", r.name, err)
 		}
 		seq := meta.Sequence.Stream
-		if seq > last || (!sel.until.IsZero() && !meta.Timestamp.Before(sel.until)) {
-			return res, nil
+		if seq > r.last || (!r.sel.until.IsZero() && !meta.Timestamp.Before(r.sel.until)) {
+			return nil
 		}
-		res.Read++
-		bar.step()
-		r := decodeMsg(n, kind, m, meta)
-		if len(sel.works) == 0 || sel.works[r.WorkID] {
-			res.Selected++
-			if err := each(r); errors.Is(err, errDone) {
-				return res, nil
+		r.res.Read++
+		r.bar.step()
+		msg := decodeMsg(r.n, r.kind, m, meta)
+		if len(r.sel.works) == 0 || r.sel.works[msg.WorkID] {
+			r.res.Selected++
+			if err := r.each(msg); errors.Is(err, errDone) {
+				return nil
 			} else if err != nil {
-				return res, err
+				return err
 			}
 		}
-		if meta.NumPending == 0 || seq == last {
-			return res, nil
+		if meta.NumPending == 0 || seq == r.last {
+			return nil
 		}
 	}
 }

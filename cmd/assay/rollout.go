@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/event"
@@ -62,198 +63,284 @@ overrides it. Ingress reads routes every ASSAY_ROUTES_EVERY (5s).
 
 var rolloutVerbs = []string{"check", "set-live", "set-candidate", "promote", "status", "compare"}
 
+// rolloutTakes are the flags each rollout verb takes, besides --region and
+// --database-url.
+var rolloutTakes = map[string][]string{
+	"check":         {"contract", "version", "model", "prompt", "tenant", "out", "timeout", "min-transport", "min-structural", "usefulness-slack"},
+	"set-live":      {"contract", "version", "model", "prompt", "tenant"},
+	"set-candidate": {"contract", "version", "model", "prompt", "tenant", "share"},
+	"promote":       {"contract", "tenant"},
+	"status":        {"contract", "json"},
+	"compare":       {"contract", "since", "json"},
+}
+
+// rolloutFlags are the flags of a rollout verb, its positional arguments,
+// and which flags were set.
+type rolloutFlags struct {
+	verb                                                 string
+	name, version, model, promptFile, tenant, out, since string
+	share, minTransport, minStructural, slack            float64
+	timeout                                              time.Duration
+	asJSON                                               bool
+	region, dbURL                                        string
+	pos                                                  []string
+	set                                                  map[string]bool // the flags given
+}
+
+// parseRolloutFlags reads verb's flags, refusing one the verb does not
+// take.
+func parseRolloutFlags(verb string, args []string) (*rolloutFlags, error) {
+	f := &rolloutFlags{verb: verb, set: map[string]bool{}}
+	fs := flag.NewFlagSet("assay rollout "+verb, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&f.name, "contract", "", "contract name")
+	fs.StringVar(&f.version, "version", "", "schema version")
+	fs.StringVar(&f.model, "model", "", "model")
+	fs.StringVar(&f.promptFile, "prompt", "", "prompt file")
+	fs.StringVar(&f.tenant, "tenant", "", "tenant")
+	fs.Float64Var(&f.share, "share", 0, "shadow share")
+	fs.StringVar(&f.out, "out", ".", "report directory")
+	fs.DurationVar(&f.timeout, "timeout", 10*time.Minute, "check timeout")
+	fs.Float64Var(&f.minTransport, "min-transport", 1, "check: minimum transport share")
+	fs.Float64Var(&f.minStructural, "min-structural", 1, "check: minimum structural share")
+	fs.Float64Var(&f.slack, "usefulness-slack", 0, "check: how far recall and precision may fall below live")
+	fs.StringVar(&f.since, "since", "1h", "compare: since")
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+	fs.StringVar(&f.region, "region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
+	fs.StringVar(&f.dbURL, "database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
+	var err error
+	if f.pos, err = parseArgs(fs, args, rolloutUsage); err != nil {
+		return nil, err
+	}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	for name := range f.set {
+		if !slices.Contains(rolloutTakes[verb], name) && name != "region" && name != "database-url" {
+			return nil, configError{fmt.Errorf("--%s is not a flag of rollout %s\n%s", name, verb, rolloutUsage)}
+		}
+	}
+	return f, nil
+}
+
+// validate checks the flags against each other and the contracts in reg.
+func (f *rolloutFlags) validate(reg *contract.Registry) error {
+	switch {
+	case len(f.pos) > 0:
+		return configError{fmt.Errorf("unexpected argument %q\n%s", f.pos[0], rolloutUsage)}
+	case f.name == "":
+		return configError{fmt.Errorf("--contract is required\n%s", rolloutUsage)}
+	case len(reg.Versions(f.name)) == 0:
+		return configError{fmt.Errorf("--contract: %q is not a contract (known: %s)", f.name, strings.Join(reg.Names(), ", "))}
+	case slices.Contains(rolloutTakes[f.verb], "version") && f.version == "":
+		return configError{fmt.Errorf("--version is required\n%s", rolloutUsage)}
+	case f.share < 0 || f.share > 1:
+		return configError{fmt.Errorf("--share: %v is not between 0 and 1", f.share)}
+	case f.verb == "set-candidate" && f.version != "none" && f.set["share"] == false:
+		return configError{errors.New("--share is required: the share of live work that also runs with the candidate (0 for none)")}
+	case f.timeout < 10*time.Second:
+		return configError{fmt.Errorf("--timeout: %s is less than 10s", f.timeout)}
+	case f.minTransport < 0 || f.minTransport > 1 || f.minStructural < 0 || f.minStructural > 1 || f.slack < 0 || f.slack > 1:
+		return configError{errors.New("--min-transport, --min-structural and --usefulness-slack are shares between 0 and 1")}
+	case f.verb == "check" && f.tenant == "":
+		return configError{errors.New("--tenant is required: the tenant the check's calls are charged to")}
+	}
+	return nil
+}
+
+// contractOf is the contract version --version names, nil for none.
+func (f *rolloutFlags) contractOf(reg *contract.Registry) (*contract.Contract, error) {
+	if f.version == "" || f.version == "none" {
+		return nil, nil
+	}
+	c, ok := reg.Of(f.name, f.version)
+	if !ok {
+		var known []string
+		for _, v := range reg.Versions(f.name) {
+			known = append(known, v.SchemaVersion)
+		}
+		return nil, configError{fmt.Errorf("--version: %q is not a version of %s (known: %s)", f.version, f.name, strings.Join(known, ", "))}
+	}
+	return c, nil
+}
+
+// prompt is the text of --prompt's file, "" without one.
+func (f *rolloutFlags) prompt() (string, error) {
+	if f.promptFile == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(f.promptFile)
+	if err != nil {
+		return "", configError{fmt.Errorf("--prompt: %w", err)}
+	}
+	prompt := string(b)
+	if strings.TrimSpace(prompt) == "" {
+		return "", configError{fmt.Errorf("--prompt: %s is empty", f.promptFile)}
+	}
+	return prompt, nil
+}
+
+// rolloutRun is one rollout verb at work: its flags, what they name, and the
+// cell's store.
+type rolloutRun struct {
+	*rolloutFlags
+	reg    *contract.Registry
+	c      *contract.Contract // the version --version names; nil for none
+	prompt string
+	from   time.Time // --since
+	cfg    config.Config
+	st     *store.Store
+	scope  string
+	by     string
+}
+
+// rolloutCmd runs `assay rollout …`.
 func rolloutCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 || !slices.Contains(rolloutVerbs, args[0]) {
 		return configError{errors.New(rolloutUsage)}
 	}
-	verb := args[0]
-	fs := flag.NewFlagSet("assay rollout "+verb, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	name := fs.String("contract", "", "contract name")
-	version := fs.String("version", "", "schema version")
-	model := fs.String("model", "", "model")
-	promptFile := fs.String("prompt", "", "prompt file")
-	tenant := fs.String("tenant", "", "tenant")
-	share := fs.Float64("share", 0, "shadow share")
-	out := fs.String("out", ".", "report directory")
-	timeout := fs.Duration("timeout", 10*time.Minute, "check timeout")
-	minTransport := fs.Float64("min-transport", 1, "check: minimum transport share")
-	minStructural := fs.Float64("min-structural", 1, "check: minimum structural share")
-	slack := fs.Float64("usefulness-slack", 0, "check: how far recall and precision may fall below live")
-	since := fs.String("since", "1h", "compare: since")
-	asJSON := fs.Bool("json", false, "print JSON")
-	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
-	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
-	pos, err := parseArgs(fs, args[1:], rolloutUsage)
+	f, err := parseRolloutFlags(args[0], args[1:])
 	if err != nil {
 		return err
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	takes := map[string][]string{
-		"check":         {"contract", "version", "model", "prompt", "tenant", "out", "timeout", "min-transport", "min-structural", "usefulness-slack"},
-		"set-live":      {"contract", "version", "model", "prompt", "tenant"},
-		"set-candidate": {"contract", "version", "model", "prompt", "tenant", "share"},
-		"promote":       {"contract", "tenant"},
-		"status":        {"contract", "json"},
-		"compare":       {"contract", "since", "json"},
-	}[verb]
-	for f := range set {
-		if !slices.Contains(takes, f) && f != "region" && f != "database-url" {
-			return configError{fmt.Errorf("--%s is not a flag of rollout %s\n%s", f, verb, rolloutUsage)}
-		}
-	}
-	reg, err := contract.Load()
-	if err != nil {
+	r := &rolloutRun{rolloutFlags: f, scope: cmp.Or(f.tenant, store.RouteAll), by: "assay rollout " + f.verb}
+	if r.reg, err = contract.Load(); err != nil {
 		return err
 	}
-	switch {
-	case len(pos) > 0:
-		return configError{fmt.Errorf("unexpected argument %q\n%s", pos[0], rolloutUsage)}
-	case *name == "":
-		return configError{fmt.Errorf("--contract is required\n%s", rolloutUsage)}
-	case len(reg.Versions(*name)) == 0:
-		return configError{fmt.Errorf("--contract: %q is not a contract (known: %s)", *name, strings.Join(reg.Names(), ", "))}
-	case slices.Contains(takes, "version") && *version == "":
-		return configError{fmt.Errorf("--version is required\n%s", rolloutUsage)}
-	case *share < 0 || *share > 1:
-		return configError{fmt.Errorf("--share: %v is not between 0 and 1", *share)}
-	case verb == "set-candidate" && *version != "none" && set["share"] == false:
-		return configError{errors.New("--share is required: the share of live work that also runs with the candidate (0 for none)")}
-	case *timeout < 10*time.Second:
-		return configError{fmt.Errorf("--timeout: %s is less than 10s", *timeout)}
-	case *minTransport < 0 || *minTransport > 1 || *minStructural < 0 || *minStructural > 1 || *slack < 0 || *slack > 1:
-		return configError{errors.New("--min-transport, --min-structural and --usefulness-slack are shares between 0 and 1")}
-	case verb == "check" && *tenant == "":
-		return configError{errors.New("--tenant is required: the tenant the check's calls are charged to")}
+	if err := f.validate(r.reg); err != nil {
+		return err
 	}
-	var c *contract.Contract
-	if *version != "" && *version != "none" {
-		var ok bool
-		if c, ok = reg.Of(*name, *version); !ok {
-			var known []string
-			for _, v := range reg.Versions(*name) {
-				known = append(known, v.SchemaVersion)
-			}
-			return configError{fmt.Errorf("--version: %q is not a version of %s (known: %s)", *version, *name, strings.Join(known, ", "))}
-		}
+	if r.c, err = f.contractOf(r.reg); err != nil {
+		return err
 	}
-	var prompt string
-	if *promptFile != "" {
-		b, err := os.ReadFile(*promptFile)
-		if err != nil {
-			return configError{fmt.Errorf("--prompt: %w", err)}
-		}
-		if prompt = string(b); strings.TrimSpace(prompt) == "" {
-			return configError{fmt.Errorf("--prompt: %s is empty", *promptFile)}
-		}
+	if r.prompt, err = f.prompt(); err != nil {
+		return err
 	}
-	from, err := parseWhen(*since, time.Now())
-	if err != nil {
+	if r.from, err = parseWhen(f.since, time.Now()); err != nil {
 		return configError{fmt.Errorf("--since: %w", err)}
 	}
-	cfg, err := loadCell("assay rollout", *region, *dbURL)
-	if err != nil {
+	if r.cfg, err = loadCell("assay rollout", f.region, f.dbURL); err != nil {
 		return err
 	}
-	st, err := openStore(ctx, *dbURL)
-	if err != nil {
+	if r.st, err = openStore(ctx, f.dbURL); err != nil {
 		return err
 	}
-	defer st.Close()
-	scope := cmp.Or(*tenant, store.RouteAll)
-	if *tenant != "" {
-		if err := knownTenant(ctx, st, *tenant); err != nil {
+	defer r.st.Close()
+	if f.tenant != "" {
+		if err := knownTenant(ctx, r.st, f.tenant); err != nil {
 			return err
 		}
 	}
-	by := "assay rollout " + verb
-	// variant names c with the model and the prompt given; a prompt of its
-	// own is stored under its digest, and the version's own is named by none.
-	variant := func() (store.Variant, error) {
-		v := store.Variant{Version: c.SchemaVersion, Model: *model}
-		if prompt != "" && contract.PromptDigest(prompt) != c.PromptDigest {
-			v.Prompt = contract.PromptDigest(prompt)
-			if err := st.PutPrompt(ctx, c.Name, v.Prompt, prompt); err != nil {
-				return v, err
-			}
-		}
-		return v, nil
-	}
-	switch verb {
+	switch f.verb {
 	case "set-live":
-		v, err := variant()
-		if err != nil {
-			return err
-		}
-		if err := st.SetLive(ctx, scope, *name, v, by); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "%s for %s: new work gets %s\n", *name, scopeWords(scope), variantWords(v, reg))
-		return nil
+		return r.setLive(ctx, stdout)
 	case "set-candidate":
-		rt := routeOf(ctx, st, reg, scope, *name)
-		var v store.Variant
-		if c != nil {
-			if v, err = variant(); err != nil {
-				return err
-			}
-		}
-		if err := st.SetCandidate(ctx, scope, *name, rt.Live, v, *share, by); err != nil {
-			return err
-		}
-		if c == nil {
-			fmt.Fprintf(stdout, "%s for %s: no candidate\n", *name, scopeWords(scope))
-			return nil
-		}
-		fmt.Fprintf(stdout, "%s for %s: candidate %s, %.0f%% of live work also runs with it in the shadow\n",
-			*name, scopeWords(scope), variantWords(v, reg), 100**share)
-		return nil
+		return r.setCandidate(ctx, stdout)
 	case "promote":
-		rt, check, err := st.Promote(ctx, scope, *name, func(v string) string {
-			if c, ok := reg.Of(*name, v); ok {
-				return c.PromptDigest
-			}
-			return ""
-		}, by)
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			return fmt.Errorf("%s for %s has no candidate to promote (assay rollout set-candidate)", *name, scopeWords(scope))
-		case errors.Is(err, store.ErrCheckNotPassed):
-			return fmt.Errorf("not promoted: %w; run assay rollout check for it", err)
-		case err != nil:
-			return err
-		}
-		fmt.Fprintf(stdout, "%s for %s: new work gets %s (check #%d passed)\n", *name, scopeWords(scope), variantWords(rt.Live, reg), check)
-		return nil
+		return r.promote(ctx, stdout)
 	case "status":
-		return rolloutStatus(ctx, st, reg, *name, stdout, *asJSON)
+		return rolloutStatus(ctx, r.st, r.reg, f.name, stdout, f.asJSON)
 	case "compare":
-		runs, err := st.ShadowRuns(ctx, *name, "", from, 10000)
-		if err != nil {
-			return err
-		}
-		cmpr := compareRuns(runs)
-		if *asJSON {
-			return json.NewEncoder(stdout).Encode(cmpr)
-		}
-		printComparison(stdout, cmpr)
-		return nil
+		return r.compare(ctx, stdout)
 	}
-	// check
-	cand, err := variant()
+	return r.check(ctx, stdout)
+}
+
+// variant names c with the model and the prompt given; a prompt of its
+// own is stored under its digest, and the version's own is named by none.
+func (r *rolloutRun) variant(ctx context.Context) (store.Variant, error) {
+	v := store.Variant{Version: r.c.SchemaVersion, Model: r.model}
+	if r.prompt != "" && contract.PromptDigest(r.prompt) != r.c.PromptDigest {
+		v.Prompt = contract.PromptDigest(r.prompt)
+		if err := r.st.PutPrompt(ctx, r.c.Name, v.Prompt, r.prompt); err != nil {
+			return v, err
+		}
+	}
+	return v, nil
+}
+
+// setLive runs `rollout set-live`.
+func (r *rolloutRun) setLive(ctx context.Context, stdout io.Writer) error {
+	v, err := r.variant(ctx)
 	if err != nil {
 		return err
 	}
-	live := routeOf(ctx, st, reg, *tenant, *name).Live
-	chk := checker{st: st, reg: reg, announce: ingress.Announce(ctx, cfg.Names()), tenant: *tenant, region: cfg.Region, timeout: *timeout,
-		min: thresholds{Transport: *minTransport, Structural: *minStructural, Slack: *slack}}
-	rep, err := chk.run(ctx, c, cand, live)
+	if err := r.st.SetLive(ctx, r.scope, r.name, v, r.by); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s for %s: new work gets %s\n", r.name, scopeWords(r.scope), variantWords(v, r.reg))
+	return nil
+}
+
+// setCandidate runs `rollout set-candidate`.
+func (r *rolloutRun) setCandidate(ctx context.Context, stdout io.Writer) error {
+	rt := routeOf(ctx, r.st, r.reg, r.scope, r.name)
+	var v store.Variant
+	if r.c != nil {
+		var err error
+		if v, err = r.variant(ctx); err != nil {
+			return err
+		}
+	}
+	if err := r.st.SetCandidate(ctx, r.scope, r.name, rt.Live, v, r.share, r.by); err != nil {
+		return err
+	}
+	if r.c == nil {
+		fmt.Fprintf(stdout, "%s for %s: no candidate\n", r.name, scopeWords(r.scope))
+		return nil
+	}
+	fmt.Fprintf(stdout, "%s for %s: candidate %s, %.0f%% of live work also runs with it in the shadow\n",
+		r.name, scopeWords(r.scope), variantWords(v, r.reg), 100*r.share)
+	return nil
+}
+
+// promote runs `rollout promote`.
+func (r *rolloutRun) promote(ctx context.Context, stdout io.Writer) error {
+	rt, check, err := r.st.Promote(ctx, r.scope, r.name, func(v string) string {
+		if c, ok := r.reg.Of(r.name, v); ok {
+			return c.PromptDigest
+		}
+		return ""
+	}, r.by)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("%s for %s has no candidate to promote (assay rollout set-candidate)", r.name, scopeWords(r.scope))
+	case errors.Is(err, store.ErrCheckNotPassed):
+		return fmt.Errorf("not promoted: %w; run assay rollout check for it", err)
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(stdout, "%s for %s: new work gets %s (check #%d passed)\n", r.name, scopeWords(r.scope), variantWords(rt.Live, r.reg), check)
+	return nil
+}
+
+// compare runs `rollout compare`.
+func (r *rolloutRun) compare(ctx context.Context, stdout io.Writer) error {
+	runs, err := r.st.ShadowRuns(ctx, r.name, "", r.from, 10000)
+	if err != nil {
+		return err
+	}
+	cmpr := compareRuns(runs)
+	if r.asJSON {
+		return json.NewEncoder(stdout).Encode(cmpr)
+	}
+	printComparison(stdout, cmpr)
+	return nil
+}
+
+// check runs `rollout check`.
+func (r *rolloutRun) check(ctx context.Context, stdout io.Writer) error {
+	cand, err := r.variant(ctx)
+	if err != nil {
+		return err
+	}
+	live := routeOf(ctx, r.st, r.reg, r.tenant, r.name).Live
+	chk := checker{st: r.st, reg: r.reg, announce: ingress.Announce(ctx, r.cfg.Names()), tenant: r.tenant, region: r.cfg.Region, timeout: r.timeout,
+		min: thresholds{Transport: r.minTransport, Structural: r.minStructural, Slack: r.slack}}
+	rep, err := chk.run(ctx, r.c, cand, live)
 	if err != nil {
 		return err
 	}
 	printReport(stdout, rep)
-	paths, err := writeReport(*out, rep)
+	paths, err := writeReport(r.out, rep)
 	if err != nil {
 		return err
 	}
@@ -441,19 +528,7 @@ func (k *checker) run(ctx context.Context, c *contract.Contract, cand, live stor
 		return nil, err
 	}
 	rep.EndedAt = time.Now().UTC()
-	cs, ls := rep.Candidate, rep.Live
-	if cs.Transport < k.min.Transport {
-		rep.Failures = append(rep.Failures, fmt.Sprintf("transport %.1f%% is under %.1f%%", 100*cs.Transport, 100*k.min.Transport))
-	}
-	if cs.Structural < k.min.Structural {
-		rep.Failures = append(rep.Failures, fmt.Sprintf("structural acceptance %.1f%% is under %.1f%%", 100*cs.Structural, 100*k.min.Structural))
-	}
-	if cs.Recall < ls.Recall-k.min.Slack {
-		rep.Failures = append(rep.Failures, fmt.Sprintf("recall %.3f is below the live variant's %.3f", cs.Recall, ls.Recall))
-	}
-	if cs.Precision < ls.Precision-k.min.Slack {
-		rep.Failures = append(rep.Failures, fmt.Sprintf("precision %.3f is below the live variant's %.3f", cs.Precision, ls.Precision))
-	}
+	rep.Failures = k.failures(rep.Candidate, rep.Live)
 	rep.Passed = len(rep.Failures) == 0
 	raw, err := json.Marshal(rep)
 	if err != nil {
@@ -463,6 +538,25 @@ func (k *checker) run(ctx context.Context, c *contract.Contract, cand, live stor
 		return nil, err
 	}
 	return rep, nil
+}
+
+// failures are why a candidate with signals cs fails beside the live
+// variant's ls: each threshold it does not reach; none when it passes.
+func (k *checker) failures(cs, ls signals) []string {
+	var out []string
+	if cs.Transport < k.min.Transport {
+		out = append(out, fmt.Sprintf("transport %.1f%% is under %.1f%%", 100*cs.Transport, 100*k.min.Transport))
+	}
+	if cs.Structural < k.min.Structural {
+		out = append(out, fmt.Sprintf("structural acceptance %.1f%% is under %.1f%%", 100*cs.Structural, 100*k.min.Structural))
+	}
+	if cs.Recall < ls.Recall-k.min.Slack {
+		out = append(out, fmt.Sprintf("recall %.3f is below the live variant's %.3f", cs.Recall, ls.Recall))
+	}
+	if cs.Precision < ls.Precision-k.min.Slack {
+		out = append(out, fmt.Sprintf("precision %.3f is below the live variant's %.3f", cs.Precision, ls.Precision))
+	}
+	return out
 }
 
 // abandon records a check that could not finish as failed, with why.

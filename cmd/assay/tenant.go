@@ -91,6 +91,84 @@ var (
 		"cost-cap": 2, "place": 1, "placement": 0, "move": 1}
 )
 
+// tenantFlags are the flags of a tenant command (but place, placement and
+// move), its positional arguments, and which flags were set.
+type tenantFlags struct {
+	home, period, repos, tokenFrom, tokenOut string
+	usd, setUSD                              float64
+	unlimited, asJSON, callbackOff           bool
+	perMinute, burst, weight                 int
+	callbackURL                              string
+	region, dbURL                            string
+	pos                                      []string
+	set                                      map[string]bool
+}
+
+// parseTenantFlags reads a tenant command's flags, wherever they stand
+// among its arguments.
+func parseTenantFlags(verb string, args []string) (*tenantFlags, error) {
+	f := &tenantFlags{set: map[string]bool{}}
+	fs := flag.NewFlagSet("assay tenant "+verb, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&f.home, "home-region", "", "the tenant's home region")
+	fs.Float64Var(&f.usd, "budget-usd", -1, "budget per period in US dollars")
+	fs.Float64Var(&f.setUSD, "usd", -1, "budget per period in US dollars")
+	fs.BoolVar(&f.unlimited, "unlimited", false, "remove the budget")
+	fs.StringVar(&f.period, "period", "month", "budget period: month or day")
+	fs.IntVar(&f.perMinute, "per-minute", 0, "admitted requests per minute, per lane")
+	fs.IntVar(&f.burst, "burst", 0, "requests admitted at once above the rate")
+	fs.IntVar(&f.weight, "weight", 0, "fair-share weight, 1 to 1000")
+	fs.StringVar(&f.repos, "repositories", "", "the repositories an installation covers: owner/* or owner/repo, comma-separated")
+	fs.StringVar(&f.tokenFrom, "token-from", "", "install the token in FILE (- for standard input) instead of minting one")
+	fs.StringVar(&f.tokenOut, "token-out", "", "write the new token to FILE (mode 0600) instead of printing it")
+	fs.BoolVar(&f.asJSON, "json", false, "list as JSON")
+	fs.StringVar(&f.callbackURL, "url", "", "the endpoint signed callbacks are sent to")
+	fs.BoolVar(&f.callbackOff, "off", false, "stop the tenant's callbacks")
+	fs.StringVar(&f.region, "region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
+	fs.StringVar(&f.dbURL, "database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
+	var err error
+	if f.pos, err = parseArgs(fs, args, tenantUsage); err != nil {
+		return nil, err
+	}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	return f, nil
+}
+
+// validate checks the flags and the arguments of verb (args being the
+// whole command line, for an unknown verb's message).
+func (f *tenantFlags) validate(verb string, args []string) error {
+	for name, v := range map[string]float64{"usd": f.setUSD, "budget-usd": f.usd} {
+		if f.set[name] && v < 0 {
+			return configError{fmt.Errorf("--%s: %s is negative: a budget is 0 dollars or more (--unlimited removes it)", name, strconv.FormatFloat(v, 'f', -1, 64))}
+		}
+	}
+	if f.period != "month" && f.period != "day" {
+		return configError{fmt.Errorf("--period: %q is not month or day", f.period)}
+	}
+	if err := tenantFlagError(verb, f.set, f.unlimited, f.perMinute, f.burst, f.weight, f.callbackURL, f.callbackOff); err != nil {
+		return configError{err}
+	}
+	n, known := tenantArgs[verb]
+	if !known {
+		return unknownSub("tenant", args)
+	}
+	if len(f.pos) != n {
+		return configError{fmt.Errorf("tenant %s takes %d argument(s), got %d\n%s", verb, n, len(f.pos), tenantUsage)}
+	}
+	if n > 0 && !event.ValidToken(f.pos[0]) {
+		return configError{fmt.Errorf("tenant id %q: use 1-63 lowercase letters, digits and '-', starting with a letter or digit", f.pos[0])}
+	}
+	return nil
+}
+
+// tenantRun is one tenant command at work: its flags and the cell's
+// settings and store.
+type tenantRun struct {
+	*tenantFlags
+	cfg config.Config
+	st  *store.Store
+}
+
 // tenantCmd runs `assay tenant …` against the cell in ASSAY_DATABASE_URL.
 func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
@@ -104,186 +182,204 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if verb == "place" || verb == "placement" || verb == "move" {
 		return placeCmd(ctx, verb, rest, stdout)
 	}
-	fs := flag.NewFlagSet("assay tenant "+verb, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	home := fs.String("home-region", "", "the tenant's home region")
-	usd := fs.Float64("budget-usd", -1, "budget per period in US dollars")
-	setUSD := fs.Float64("usd", -1, "budget per period in US dollars")
-	unlimited := fs.Bool("unlimited", false, "remove the budget")
-	period := fs.String("period", "month", "budget period: month or day")
-	perMinute := fs.Int("per-minute", 0, "admitted requests per minute, per lane")
-	burst := fs.Int("burst", 0, "requests admitted at once above the rate")
-	weight := fs.Int("weight", 0, "fair-share weight, 1 to 1000")
-	repos := fs.String("repositories", "", "the repositories an installation covers: owner/* or owner/repo, comma-separated")
-	tokenFrom := fs.String("token-from", "", "install the token in FILE (- for standard input) instead of minting one")
-	tokenOut := fs.String("token-out", "", "write the new token to FILE (mode 0600) instead of printing it")
-	asJSON := fs.Bool("json", false, "list as JSON")
-	callbackURL := fs.String("url", "", "the endpoint signed callbacks are sent to")
-	callbackOff := fs.Bool("off", false, "stop the tenant's callbacks")
-	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
-	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
-	var pos []string
-	for len(rest) > 0 {
-		if err := fs.Parse(rest); err != nil {
-			return configError{fmt.Errorf("%v\n%s", err, tenantUsage)}
-		}
-		rest = fs.Args()
-		if len(rest) > 0 {
-			pos, rest = append(pos, rest[0]), rest[1:]
-		}
-	}
-	cfg, err := config.Load("assay tenant", []string{"--region", *region, "--database-url", *dbURL}, regionsOnly, config.Need{})
-	if err != nil {
-		return configError{err}
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	for name, v := range map[string]float64{"usd": *setUSD, "budget-usd": *usd} {
-		if set[name] && v < 0 {
-			return configError{fmt.Errorf("--%s: %s is negative: a budget is 0 dollars or more (--unlimited removes it)", name, strconv.FormatFloat(v, 'f', -1, 64))}
-		}
-	}
-	if *period != "month" && *period != "day" {
-		return configError{fmt.Errorf("--period: %q is not month or day", *period)}
-	}
-	if err := tenantFlagError(verb, set, *unlimited, *perMinute, *burst, *weight, *callbackURL, *callbackOff); err != nil {
-		return configError{err}
-	}
-	n, known := tenantArgs[verb]
-	if !known {
-		return unknownSub("tenant", args)
-	}
-	if len(pos) != n {
-		return configError{fmt.Errorf("tenant %s takes %d argument(s), got %d\n%s", verb, n, len(pos), tenantUsage)}
-	}
-	if n > 0 && !event.ValidToken(pos[0]) {
-		return configError{fmt.Errorf("tenant id %q: use 1-63 lowercase letters, digits and '-', starting with a letter or digit", pos[0])}
-	}
-	st, err := openStore(ctx, *dbURL)
+	f, err := parseTenantFlags(verb, rest)
 	if err != nil {
 		return err
 	}
-	defer st.Close()
-	if _, err := st.Migrate(ctx); err != nil {
+	t := &tenantRun{tenantFlags: f}
+	t.cfg, err = config.Load("assay tenant", []string{"--region", f.region, "--database-url", f.dbURL}, regionsOnly, config.Need{})
+	if err != nil {
+		return configError{err}
+	}
+	if err := f.validate(verb, args); err != nil {
 		return err
 	}
-	notFound := func(err error) error {
-		if errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("no tenant %q in region %s's database", pos[0], *region)
-		}
+	if t.st, err = openStore(ctx, f.dbURL); err != nil {
+		return err
+	}
+	defer t.st.Close()
+	if _, err := t.st.Migrate(ctx); err != nil {
 		return err
 	}
 	switch verb {
 	case "add":
-		if err := config.ValidateRegion(cfg.Regions, *home); err != nil {
-			return configError{fmt.Errorf("--home-region: %w", err)}
-		}
-		tok, err := token(*tokenFrom)
-		if err != nil {
-			return err
-		}
-		if err := st.AddTenant(ctx, pos[0], *home, tok); err != nil {
-			if errors.Is(err, store.ErrExists) {
-				return fmt.Errorf("tenant %s already exists in region %s's database (rotate-token gives it a new token)", pos[0], *region)
-			}
-			return err
-		}
-		if set["budget-usd"] {
-			if err := setBudget(ctx, st, pos[0], *usd, false, *period); err != nil {
-				return err
-			}
-		}
-		fmt.Fprintf(stdout, "tenant %s added (home region %s)\n", pos[0], *home)
-		if err := showToken(stdout, tok, *tokenFrom, *tokenOut); err != nil {
-			return err
-		}
+		return t.add(ctx, stdout)
 	case "list":
-		return listTenants(ctx, st, stdout, *asJSON)
+		return listTenants(ctx, t.st, stdout, f.asJSON)
 	case "rotate-token":
-		tok, err := token(*tokenFrom)
-		if err != nil {
-			return err
-		}
-		if err := st.RotateToken(ctx, pos[0], tok); err != nil {
-			return notFound(err)
-		}
-		fmt.Fprintf(stdout, "every earlier token of %s is revoked\n", pos[0])
-		if err := showToken(stdout, tok, *tokenFrom, *tokenOut); err != nil {
-			return err
-		}
+		return t.rotateToken(ctx, stdout)
 	case "suspend", "resume":
-		status := map[string]string{"suspend": "suspended", "resume": "active"}[verb]
-		if err := st.SetStatus(ctx, pos[0], status); err != nil {
-			return notFound(err)
-		}
-		fmt.Fprintf(stdout, "tenant %s is %s\n", pos[0], status)
+		return t.setStatus(ctx, verb, stdout)
 	case "set-budget":
-		if err := setBudget(ctx, st, pos[0], *setUSD, *unlimited, *period); err != nil {
-			return notFound(err)
-		}
-		fmt.Fprintf(stdout, "tenant %s budget set\n", pos[0])
+		return t.setBudget(ctx, stdout)
 	case "set-rate":
-		if err := st.SetRate(ctx, pos[0], *perMinute, *burst); err != nil {
-			return notFound(err)
-		}
-		fmt.Fprintf(stdout, "tenant %s admits %d per minute per lane, burst %d\n", pos[0], *perMinute, *burst)
+		return t.setRate(ctx, stdout)
 	case "set-weight":
-		if err := st.SetWeight(ctx, pos[0], *weight); err != nil {
-			return notFound(err)
-		}
-		fmt.Fprintf(stdout, "tenant %s has weight %d in its lanes' fair share (classifiers read it within %s)\n", pos[0], *weight, "10s")
+		return t.setWeight(ctx, stdout)
 	case "link":
-		l, err := linkOf(pos, *repos)
-		if err != nil {
-			return configError{err}
+		return t.link(ctx, stdout)
+	case "webhook-secret":
+		return t.webhookSecret(ctx, stdout)
+	case "callback":
+		return t.callback(ctx, stdout)
+	case "check-policy":
+		return t.checkPolicy(ctx, stdout)
+	case "cost-cap":
+		return t.costCap(ctx, stdout)
+	}
+	return nil
+}
+
+// notFound names the tenant a store.ErrNotFound is about.
+func (t *tenantRun) notFound(err error) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("no tenant %q in region %s's database", t.pos[0], t.region)
+	}
+	return err
+}
+
+// add runs `tenant add`.
+func (t *tenantRun) add(ctx context.Context, stdout io.Writer) error {
+	if err := config.ValidateRegion(t.cfg.Regions, t.home); err != nil {
+		return configError{fmt.Errorf("--home-region: %w", err)}
+	}
+	tok, err := token(t.tokenFrom)
+	if err != nil {
+		return err
+	}
+	if err := t.st.AddTenant(ctx, t.pos[0], t.home, tok); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return fmt.Errorf("tenant %s already exists in region %s's database (rotate-token gives it a new token)", t.pos[0], t.region)
 		}
-		if err := st.LinkSource(ctx, l); err != nil {
+		return err
+	}
+	if t.set["budget-usd"] {
+		if err := setBudget(ctx, t.st, t.pos[0], t.usd, false, t.period); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s %s now belongs to tenant %s\n", pos[1], pos[2], pos[0])
-		if len(l.Repositories) > 0 {
-			fmt.Fprintf(stdout, "it covers %s\n", strings.Join(l.Repositories, ", "))
-		}
-	case "webhook-secret":
-		secret := store.NewWebhookSecret()
-		if err := st.SetWebhookSecret(ctx, pos[0], secret); err != nil {
-			return notFound(err)
-		}
-		fmt.Fprintf(stdout, "tenant %s webhook secret (shown once; set it on each repository hook linked to %s): %s\n", pos[0], pos[0], secret)
-	case "callback":
-		if *callbackOff {
-			if err := st.SetCallback(ctx, pos[0], store.Callback{}); err != nil {
-				return notFound(err)
-			}
-			fmt.Fprintf(stdout, "tenant %s gets no callbacks\n", pos[0])
-			return nil
-		}
-		secret := store.NewCallbackSecret()
-		if err := st.SetCallback(ctx, pos[0], store.Callback{URL: *callbackURL, Secret: secret}); err != nil {
-			return notFound(err)
-		}
-		fmt.Fprintf(stdout, "tenant %s outcomes go to %s, signed (webhook-signature) with (shown once): %s\n", pos[0], *callbackURL, secret)
-	case "check-policy":
-		if err := st.SetCheckPolicy(ctx, pos[0], pos[1]); errors.Is(err, store.ErrNotFound) {
-			return notFound(err)
-		} else if err != nil {
-			return configError{fmt.Errorf("check-policy: %q is not advisory or blocking", pos[1])}
-		}
-		fmt.Fprintf(stdout, "tenant %s check runs are %s\n", pos[0], pos[1])
-	case "cost-cap":
-		micros, err := costCapArg(pos[1])
-		if err != nil {
-			return configError{err}
-		}
-		if err := st.SetWorkCostCap(ctx, pos[0], micros); err != nil {
-			return notFound(err)
-		}
-		if micros == 0 {
-			fmt.Fprintf(stdout, "tenant %s has no cost cap of its own\n", pos[0])
-			return nil
-		}
-		fmt.Fprintf(stdout, "tenant %s work items cost at most %d micro-dollars each at their estimates\n", pos[0], micros)
 	}
+	fmt.Fprintf(stdout, "tenant %s added (home region %s)\n", t.pos[0], t.home)
+	return showToken(stdout, tok, t.tokenFrom, t.tokenOut)
+}
+
+// rotateToken runs `tenant rotate-token`.
+func (t *tenantRun) rotateToken(ctx context.Context, stdout io.Writer) error {
+	tok, err := token(t.tokenFrom)
+	if err != nil {
+		return err
+	}
+	if err := t.st.RotateToken(ctx, t.pos[0], tok); err != nil {
+		return t.notFound(err)
+	}
+	fmt.Fprintf(stdout, "every earlier token of %s is revoked\n", t.pos[0])
+	return showToken(stdout, tok, t.tokenFrom, t.tokenOut)
+}
+
+// setStatus runs `tenant suspend` and `tenant resume`.
+func (t *tenantRun) setStatus(ctx context.Context, verb string, stdout io.Writer) error {
+	status := map[string]string{"suspend": "suspended", "resume": "active"}[verb]
+	if err := t.st.SetStatus(ctx, t.pos[0], status); err != nil {
+		return t.notFound(err)
+	}
+	fmt.Fprintf(stdout, "tenant %s is %s\n", t.pos[0], status)
+	return nil
+}
+
+// setBudget runs `tenant set-budget`.
+func (t *tenantRun) setBudget(ctx context.Context, stdout io.Writer) error {
+	if err := setBudget(ctx, t.st, t.pos[0], t.setUSD, t.unlimited, t.period); err != nil {
+		return t.notFound(err)
+	}
+	fmt.Fprintf(stdout, "tenant %s budget set\n", t.pos[0])
+	return nil
+}
+
+// setRate runs `tenant set-rate`.
+func (t *tenantRun) setRate(ctx context.Context, stdout io.Writer) error {
+	if err := t.st.SetRate(ctx, t.pos[0], t.perMinute, t.burst); err != nil {
+		return t.notFound(err)
+	}
+	fmt.Fprintf(stdout, "tenant %s admits %d per minute per lane, burst %d\n", t.pos[0], t.perMinute, t.burst)
+	return nil
+}
+
+// setWeight runs `tenant set-weight`.
+func (t *tenantRun) setWeight(ctx context.Context, stdout io.Writer) error {
+	if err := t.st.SetWeight(ctx, t.pos[0], t.weight); err != nil {
+		return t.notFound(err)
+	}
+	fmt.Fprintf(stdout, "tenant %s has weight %d in its lanes' fair share (classifiers read it within %s)\n", t.pos[0], t.weight, "10s")
+	return nil
+}
+
+// link runs `tenant link`.
+func (t *tenantRun) link(ctx context.Context, stdout io.Writer) error {
+	l, err := linkOf(t.pos, t.repos)
+	if err != nil {
+		return configError{err}
+	}
+	if err := t.st.LinkSource(ctx, l); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s %s now belongs to tenant %s\n", t.pos[1], t.pos[2], t.pos[0])
+	if len(l.Repositories) > 0 {
+		fmt.Fprintf(stdout, "it covers %s\n", strings.Join(l.Repositories, ", "))
+	}
+	return nil
+}
+
+// webhookSecret runs `tenant webhook-secret`.
+func (t *tenantRun) webhookSecret(ctx context.Context, stdout io.Writer) error {
+	secret := store.NewWebhookSecret()
+	if err := t.st.SetWebhookSecret(ctx, t.pos[0], secret); err != nil {
+		return t.notFound(err)
+	}
+	fmt.Fprintf(stdout, "tenant %s webhook secret (shown once; set it on each repository hook linked to %s): %s\n", t.pos[0], t.pos[0], secret)
+	return nil
+}
+
+// callback runs `tenant callback`.
+func (t *tenantRun) callback(ctx context.Context, stdout io.Writer) error {
+	if t.callbackOff {
+		if err := t.st.SetCallback(ctx, t.pos[0], store.Callback{}); err != nil {
+			return t.notFound(err)
+		}
+		fmt.Fprintf(stdout, "tenant %s gets no callbacks\n", t.pos[0])
+		return nil
+	}
+	secret := store.NewCallbackSecret()
+	if err := t.st.SetCallback(ctx, t.pos[0], store.Callback{URL: t.callbackURL, Secret: secret}); err != nil {
+		return t.notFound(err)
+	}
+	fmt.Fprintf(stdout, "tenant %s outcomes go to %s, signed (webhook-signature) with (shown once): %s\n", t.pos[0], t.callbackURL, secret)
+	return nil
+}
+
+// checkPolicy runs `tenant check-policy`.
+func (t *tenantRun) checkPolicy(ctx context.Context, stdout io.Writer) error {
+	if err := t.st.SetCheckPolicy(ctx, t.pos[0], t.pos[1]); errors.Is(err, store.ErrNotFound) {
+		return t.notFound(err)
+	} else if err != nil {
+		return configError{fmt.Errorf("check-policy: %q is not advisory or blocking", t.pos[1])}
+	}
+	fmt.Fprintf(stdout, "tenant %s check runs are %s\n", t.pos[0], t.pos[1])
+	return nil
+}
+
+// costCap runs `tenant cost-cap`.
+func (t *tenantRun) costCap(ctx context.Context, stdout io.Writer) error {
+	micros, err := costCapArg(t.pos[1])
+	if err != nil {
+		return configError{err}
+	}
+	if err := t.st.SetWorkCostCap(ctx, t.pos[0], micros); err != nil {
+		return t.notFound(err)
+	}
+	if micros == 0 {
+		fmt.Fprintf(stdout, "tenant %s has no cost cap of its own\n", t.pos[0])
+		return nil
+	}
+	fmt.Fprintf(stdout, "tenant %s work items cost at most %d micro-dollars each at their estimates\n", t.pos[0], micros)
 	return nil
 }
 

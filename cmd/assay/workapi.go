@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/pkg/outcome"
 	"assay.dev/services/ingress"
 )
 
@@ -172,14 +173,9 @@ func workAPI(ctx context.Context, verb string, args []string, stdout io.Writer) 
 	limit := fs.Int("limit", 0, "list: at most this many (1 to 1000; the API's default 100)")
 	after := fs.String("after", "", "list: the cursor the last page gave")
 	asJSON := fs.Bool("json", false, "list: the API's JSON as it is")
-	var pos []string
-	for rest := args; len(rest) > 0; {
-		if err := fs.Parse(rest); err != nil {
-			return configError{fmt.Errorf("%v\n%s", err, workUsage)}
-		}
-		if rest = fs.Args(); len(rest) > 0 {
-			pos, rest = append(pos, rest[0]), rest[1:]
-		}
+	pos, err := parseArgs(fs, args, workUsage)
+	if err != nil {
+		return err
 	}
 	want := map[string]int{"submit": 1, "get": 1, "watch": 1, "list": 0}[verb]
 	if verb == "submit" && len(pos) == 0 {
@@ -207,28 +203,43 @@ func workAPI(ctx context.Context, verb string, args []string, stdout io.Writer) 
 	case "watch":
 		return c.watch(ctx, pos[0], *giveUp, stdout)
 	}
+	q, err := workListQuery(*state, *lane, *after, *since, *limit)
+	if err != nil {
+		return err
+	}
+	return c.list(ctx, q, *asJSON, stdout)
+}
+
+// workListQuery is GET /v1/work's query of list's flags.
+func workListQuery(state, lane, after, since string, limit int) (url.Values, error) {
 	q := url.Values{}
-	for k, v := range map[string]string{"state": *state, "lane": *lane, "cursor": *after} {
+	for k, v := range map[string]string{"state": state, "lane": lane, "cursor": after} {
 		if v != "" {
 			q.Set(k, v)
 		}
 	}
-	if *limit != 0 {
-		q.Set("limit", fmt.Sprint(*limit))
+	if limit != 0 {
+		q.Set("limit", fmt.Sprint(limit))
 	}
-	if *since != "" {
-		at, err := sinceTime(*since)
+	if since != "" {
+		at, err := sinceTime(since)
 		if err != nil {
-			return configError{fmt.Errorf("--since: %v", err)}
+			return nil, configError{fmt.Errorf("--since: %v", err)}
 		}
 		q.Set("since", at.UTC().Format(time.RFC3339Nano))
 	}
+	return q, nil
+}
+
+// list prints a page of GET /v1/work?q: the API's JSON as it is, or a
+// table and the command that gives the next page.
+func (c *apiClient) list(ctx context.Context, q url.Values, asJSON bool, stdout io.Writer) error {
 	var list ingress.WorkList
 	var raw json.RawMessage
 	if _, err := c.call(ctx, http.MethodGet, "/v1/work?"+q.Encode(), nil, &raw); err != nil {
 		return err
 	}
-	if *asJSON {
+	if asJSON {
 		return printIndented(stdout, raw)
 	}
 	if err := json.Unmarshal(raw, &list); err != nil {
@@ -443,7 +454,7 @@ func eventPrinter(w io.Writer) func(sseFrame) error {
 			var end struct{ Reason string }
 			_ = json.Unmarshal(f.Data, &end)
 			line = "done: " + end.Reason
-		case f.Event == "running":
+		case f.Event == outcome.Running:
 			line = fmt.Sprintf("attempt %d started", ev.Attempt)
 		case f.Event == "attempt":
 			line = fmt.Sprintf("attempt %d: %s", ev.Attempt, ev.Outcome)

@@ -198,64 +198,93 @@ func printStory(w io.Writer, s *WorkStory) error {
 
 func rfc(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
-// workList runs `assay work list`.
-func workList(ctx context.Context, args []string, stdout io.Writer) error {
+// workListFlags are the flags of `assay work list`.
+type workListFlags struct {
+	asJSON                                   bool
+	state, tenant, lane, since, until, after string
+	limit                                    int
+	region, dbURL                            string
+}
+
+// parseWorkListFlags reads work list's flags; it takes no positional
+// argument.
+func parseWorkListFlags(args []string) (workListFlags, error) {
+	var f workListFlags
 	fs := flag.NewFlagSet("assay work list", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	asJSON := fs.Bool("json", false, "print JSON")
-	state := fs.String("state", "", "states, comma separated")
-	tenant := fs.String("tenant", "", "one tenant")
-	lane := fs.String("lane", "", "one lane")
-	since := fs.String("since", "", "created since: a time or a duration back from now")
-	until := fs.String("until", "", "created before: a time or a duration back from now")
-	limit := fs.Int("limit", 100, "rows, at most 1000")
-	after := fs.String("after", "", "continue after this cursor (printed when more rows follow)")
-	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
-	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+	fs.StringVar(&f.state, "state", "", "states, comma separated")
+	fs.StringVar(&f.tenant, "tenant", "", "one tenant")
+	fs.StringVar(&f.lane, "lane", "", "one lane")
+	fs.StringVar(&f.since, "since", "", "created since: a time or a duration back from now")
+	fs.StringVar(&f.until, "until", "", "created before: a time or a duration back from now")
+	fs.IntVar(&f.limit, "limit", 100, "rows, at most 1000")
+	fs.StringVar(&f.after, "after", "", "continue after this cursor (printed when more rows follow)")
+	fs.StringVar(&f.region, "region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
+	fs.StringVar(&f.dbURL, "database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
 	pos, err := parseArgs(fs, args, workUsage)
 	if err != nil {
-		return err
+		return f, err
 	}
 	if len(pos) > 0 {
-		return configError{fmt.Errorf("unexpected argument %q\n%s", pos[0], workUsage)}
+		return f, configError{fmt.Errorf("unexpected argument %q\n%s", pos[0], workUsage)}
 	}
-	f := store.WorkFilter{Tenant: *tenant, Lane: *lane, Limit: *limit}
-	for _, s := range strings.Split(*state, ",") {
+	return f, nil
+}
+
+// filter checks the flags and makes the store's filter of them.
+func (fl workListFlags) filter() (store.WorkFilter, error) {
+	f := store.WorkFilter{Tenant: fl.tenant, Lane: fl.lane, Limit: fl.limit}
+	for _, s := range strings.Split(fl.state, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
 		}
 		if !slices.Contains(outcome.WorkStates, s) {
-			return configError{fmt.Errorf("--state: %q is not one of %s", s, strings.Join(outcome.WorkStates, ", "))}
+			return f, configError{fmt.Errorf("--state: %q is not one of %s", s, strings.Join(outcome.WorkStates, ", "))}
 		}
 		f.States = append(f.States, s)
 	}
 	switch {
 	case f.Tenant != "" && !event.ValidToken(f.Tenant):
-		return configError{fmt.Errorf("--tenant: %q is not a tenant id", f.Tenant)}
+		return f, configError{fmt.Errorf("--tenant: %q is not a tenant id", f.Tenant)}
 	case f.Lane != "" && !event.ValidLane(f.Lane):
-		return configError{fmt.Errorf("--lane: %q is not a lane (%s)", f.Lane, strings.Join(event.Lanes, ", "))}
+		return f, configError{fmt.Errorf("--lane: %q is not a lane (%s)", f.Lane, strings.Join(event.Lanes, ", "))}
 	case f.Limit < 1 || f.Limit > 1000:
-		return configError{fmt.Errorf("--limit: %d is not from 1 to 1000", f.Limit)}
+		return f, configError{fmt.Errorf("--limit: %d is not from 1 to 1000", f.Limit)}
 	}
 	now := time.Now()
-	if f.Since, err = parseWhen(*since, now); err != nil {
-		return configError{fmt.Errorf("--since: %w", err)}
+	var err error
+	if f.Since, err = parseWhen(fl.since, now); err != nil {
+		return f, configError{fmt.Errorf("--since: %w", err)}
 	}
-	if f.Until, err = parseWhen(*until, now); err != nil {
-		return configError{fmt.Errorf("--until: %w", err)}
+	if f.Until, err = parseWhen(fl.until, now); err != nil {
+		return f, configError{fmt.Errorf("--until: %w", err)}
 	}
 	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Until.After(f.Since) {
-		return configError{fmt.Errorf("--until %s is not after --since %s", *until, *since)}
+		return f, configError{fmt.Errorf("--until %s is not after --since %s", fl.until, fl.since)}
 	}
-	if *after != "" {
-		if f.AfterCreated, f.AfterID, err = store.ParseWorkCursor(*after); err != nil {
-			return configError{fmt.Errorf("--after: %w", err)}
+	if fl.after != "" {
+		if f.AfterCreated, f.AfterID, err = store.ParseWorkCursor(fl.after); err != nil {
+			return f, configError{fmt.Errorf("--after: %w", err)}
 		}
 	}
-	if _, err := loadCell("assay work", *region, *dbURL); err != nil {
+	return f, nil
+}
+
+// workList runs `assay work list`.
+func workList(ctx context.Context, args []string, stdout io.Writer) error {
+	fl, err := parseWorkListFlags(args)
+	if err != nil {
 		return err
 	}
-	st, err := openStore(ctx, *dbURL)
+	f, err := fl.filter()
+	if err != nil {
+		return err
+	}
+	if _, err := loadCell("assay work", fl.region, fl.dbURL); err != nil {
+		return err
+	}
+	st, err := openStore(ctx, fl.dbURL)
 	if err != nil {
 		return err
 	}
@@ -268,7 +297,13 @@ func workList(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(ws) == f.Limit {
 		next = store.WorkCursor(ws[len(ws)-1])
 	}
-	if *asJSON {
+	return printWorkList(stdout, ws, next, fl.asJSON)
+}
+
+// printWorkList prints ws, as JSON or a table, and the cursor that
+// continues after them when more rows follow.
+func printWorkList(stdout io.Writer, ws []*store.Work, next string, asJSON bool) error {
+	if asJSON {
 		rows := make([]ingress.WorkRow, 0, len(ws))
 		for _, w := range ws {
 			rows = append(rows, ingress.WorkRowOf(w))

@@ -221,8 +221,44 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 		}
 		checks = append(checks, c)
 	}
+	add(ackedCheck(subs, works))
+	add(resultsCheck(works))
+	stats, calls := h.sim.Stats(), h.front.calls()
+	add(h.ledgerRows(works, stats, calls))
+	c, err := h.ledgerCost(ctx, stats)
+	if err != nil {
+		return nil, nil, err
+	}
+	add(c)
+	if c, err = h.tenantCheck(ctx, works); err != nil {
+		return nil, nil, err
+	}
+	add(c)
+	add(h.duplicateCheck(subs, works, calls))
+	recs := h.recoveries(works, sched)
+	add(recoveryCheck(recs))
+	if c, err = h.budgetCheck(ctx); err != nil {
+		return nil, nil, err
+	}
+	add(c)
+	add(h.publications(ctx, works))
+	if h.cl != nil {
+		c, fig := h.strandCheck(sched)
+		add(c)
+		for i := range recs {
+			for _, d := range fig.perFault[recs[i].Fault] {
+				recs[i].Stranded++
+				recs[i].SlowestStrand = max(recs[i].SlowestStrand, d)
+			}
+		}
+		add(h.failoverCheck(works, subs, sched))
+	}
+	return checks, recs, nil
+}
 
-	// 1. Every acknowledged work id reached exactly one terminal outcome.
+// ackedCheck is check 1: every acknowledged work id reached exactly one
+// terminal outcome.
+func ackedCheck(subs []*submission, works map[string]*workRow) check {
 	acked := map[string]bool{}
 	var notAcked []string
 	for _, s := range subs {
@@ -251,12 +287,15 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 		oc = append(oc, fmt.Sprintf("%s %d", k, v))
 	}
 	sort.Strings(oc)
-	add(check{N: "1", What: "every acknowledged work id reached exactly one terminal outcome",
+	return check{N: "1", What: "every acknowledged work id reached exactly one terminal outcome",
 		Figure: fmt.Sprintf("%d acknowledged, %d terminal (%s), %d lost, %d unfinished; %d keys never acknowledged",
 			len(acked), len(acked)-len(missing)-len(open), strings.Join(oc, ", "), len(missing), len(open), len(notAcked)),
-		OK: len(missing) == 0 && len(open) == 0, Offenders: append(append(missing, open...), notAcked...)})
+		OK: len(missing) == 0 && len(open) == 0, Offenders: append(append(missing, open...), notAcked...)}
+}
 
-	// 2. accepted => exactly one result; no result for anything else.
+// resultsCheck is check 2: accepted => exactly one result; no result for
+// anything else.
+func resultsCheck(works map[string]*workRow) check {
 	var accepted, noResult, extra int
 	var bad2 []string
 	for _, w := range works {
@@ -271,17 +310,16 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 			bad2 = append(bad2, fmt.Sprintf("%s %s with %d results", w.ID, w.State, w.Results))
 		}
 	}
-	add(check{N: "2", What: "accepted => exactly one result row; no result for any other outcome",
+	return check{N: "2", What: "accepted => exactly one result row; no result for any other outcome",
 		Figure: fmt.Sprintf("%d accepted, %d without exactly one result, %d results on work not accepted", accepted, noResult, extra),
-		OK:     noResult == 0 && extra == 0, Offenders: bad2})
+		OK:     noResult == 0 && extra == 0, Offenders: bad2}
+}
 
-	stats, calls := h.sim.Stats(), h.front.calls()
-	add(h.ledgerRows(works, stats, calls))
-
-	// 3b. The ledger never under-counts cost: per tenant, what it charged is
-	// at least the price of the units the provider billed (answers whose
-	// usage a client could not read, and calls that never answered, are
-	// charged their estimate).
+// ledgerCost is check 3b: the ledger never under-counts cost: per tenant,
+// what it charged is at least the price of the units the provider billed
+// (answers whose usage a client could not read, and calls that never
+// answered, are charged their estimate).
+func (h *Harness) ledgerCost(ctx context.Context, stats sim.Stats) (check, error) {
 	var per3b []string
 	ok3b := true
 	for _, t := range h.tenants {
@@ -292,7 +330,7 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 			var c int64
 			if err := h.pool[region].QueryRow(ctx, `SELECT coalesce(sum(cost_micros), 0) FROM ledger WHERE tenant_id = $1`,
 				t.ID).Scan(&c); err != nil {
-				return nil, nil, err
+				return check{}, err
 			}
 			charged += c
 		}
@@ -304,10 +342,13 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 		}
 		per3b = append(per3b, fmt.Sprintf("%s %d%s%d µ$", t.ID, charged, mark, billed))
 	}
-	add(check{N: "3b", What: "ledger cost per tenant >= the price of the units the provider billed, to the rounding of each row (never under-counts)",
-		Figure: strings.Join(per3b, ", "), OK: ok3b})
+	return check{N: "3b", What: "ledger cost per tenant >= the price of the units the provider billed, to the rounding of each row (never under-counts)",
+		Figure: strings.Join(per3b, ", "), OK: ok3b}, nil
+}
 
-	// 4. Every attempt has a tenant, and it is its work's.
+// tenantCheck is check 4: every attempt has a tenant, and it is its
+// work's.
+func (h *Harness) tenantCheck(ctx context.Context, works map[string]*workRow) (check, error) {
 	var noTenant, crossTenant int
 	for _, region := range config.DefaultRegions {
 		var a, b int
@@ -317,7 +358,7 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 				+ (SELECT count(*) FROM ledger l JOIN work w ON w.id = l.work_id WHERE l.tenant_id <> w.tenant_id)
 				+ (SELECT count(*) FROM results r JOIN work w ON w.id = r.work_id WHERE r.tenant_id <> w.tenant_id)`).
 			Scan(&a, &b); err != nil {
-			return nil, nil, err
+			return check{}, err
 		}
 		noTenant, crossTenant = noTenant+a, crossTenant+b
 	}
@@ -325,12 +366,15 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 	for _, w := range works {
 		attemptsTotal += w.Attempts
 	}
-	add(check{N: "4", What: "no attempt without a tenant; every attempt's (ledger row's, result's) tenant == its work's",
+	return check{N: "4", What: "no attempt without a tenant; every attempt's (ledger row's, result's) tenant == its work's",
 		Figure: fmt.Sprintf("%d attempts, %d without a tenant, %d rows naming another tenant", attemptsTotal, noTenant, crossTenant),
-		OK:     noTenant == 0 && crossTenant == 0})
+		OK:     noTenant == 0 && crossTenant == 0}, nil
+}
 
-	// 5. A key delivered DupTimes at once costs one call, unless a fault
-	// forced a retry, and then every extra call is an attempt.
+// duplicateCheck is check 5: a key delivered DupTimes at once costs one
+// call, unless a fault forced a retry, and then every extra call is an
+// attempt.
+func (h *Harness) duplicateCheck(subs []*submission, works map[string]*workRow, calls map[string]int) check {
 	var keys, oneID, oneCall, retried, unexplained, deliveries int
 	var bad5 []string
 	for _, s := range subs {
@@ -375,14 +419,15 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 				id, c, w.Attempts, w.RetryAttempts, w.Ledger, w.Results))
 		}
 	}
-	add(check{N: "5", What: fmt.Sprintf("a key delivered %d× at once: one work id, one model call unless a fault forced a retry, every extra call an attempt", h.o.DupTimes),
+	return check{N: "5", What: fmt.Sprintf("a key delivered %d× at once: one work id, one model call unless a fault forced a retry, every extra call an attempt", h.o.DupTimes),
 		Figure: fmt.Sprintf("%d keys (%d deliveries acknowledged), %d with one work id; %d cost one call, %d retried by a fault (extra calls all attempts), %d unexplained",
 			keys, deliveries, oneID, oneCall, retried, unexplained),
-		OK: unexplained == 0, Offenders: bad5})
+		OK: unexplained == 0, Offenders: bad5}
+}
 
-	// 6. Throughput after each fault returns to 95% of the pre-fault rate
-	// within 30s.
-	recs := h.recoveries(works, sched)
+// recoveryCheck is check 6: throughput after each fault returns to 95% of
+// the pre-fault rate within 30s.
+func recoveryCheck(recs []recovery) check {
 	ok6 := true
 	var worst time.Duration
 	measured := 0
@@ -398,40 +443,29 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 		}
 		worst = max(worst, r.After)
 	}
-	add(check{N: "6", What: "throughput after each fault back to >= 95% of the pre-fault rate within 30s",
+	return check{N: "6", What: "throughput after each fault back to >= 95% of the pre-fault rate within 30s",
 		Figure: fmt.Sprintf("%d faults measured, slowest recovery %s; %d not recovered in 30s", measured, worst.Round(100*time.Millisecond), len(bad6)),
-		OK:     ok6, Offenders: bad6})
+		OK:     ok6, Offenders: bad6}
+}
 
-	// Budgets: every reservation settled or released.
+// budgetCheck is check b: every budget reservation settled or released.
+func (h *Harness) budgetCheck(ctx context.Context) (check, error) {
 	var open7, heldMicros int64
 	for _, region := range config.DefaultRegions {
 		var n, m int64
 		if err := h.pool[region].QueryRow(ctx, `SELECT count(*), coalesce(sum(amount_micros), 0)
 			FROM budget_reservations WHERE settled_at IS NULL`).Scan(&n, &m); err != nil {
-			return nil, nil, err
+			return check{}, err
 		}
 		var reserved int64
 		if err := h.pool[region].QueryRow(ctx, `SELECT coalesce(sum(reserved_micros), 0) FROM budget_periods`).Scan(&reserved); err != nil {
-			return nil, nil, err
+			return check{}, err
 		}
 		open7, heldMicros = open7+n, heldMicros+reserved
 	}
-	add(check{N: "b", What: "budgets: no reservation left held once everything settled",
+	return check{N: "b", What: "budgets: no reservation left held once everything settled",
 		Figure: fmt.Sprintf("%d reservations unsettled, %d micro-dollars still reserved", open7, heldMicros),
-		OK:     open7 == 0 && heldMicros == 0})
-	add(h.publications(ctx, works))
-	if h.cl != nil {
-		c, fig := h.strandCheck(sched)
-		add(c)
-		for i := range recs {
-			for _, d := range fig.perFault[recs[i].Fault] {
-				recs[i].Stranded++
-				recs[i].SlowestStrand = max(recs[i].SlowestStrand, d)
-			}
-		}
-		add(h.failoverCheck(works, subs, sched))
-	}
-	return checks, recs, nil
+		OK:     open7 == 0 && heldMicros == 0}, nil
 }
 
 // markerRE finds the marker the publisher hides in every comment.
@@ -551,89 +585,105 @@ const (
 // but no more than arrived in it. More than arrived is the backlog of an
 // earlier fault being drained, a rate no cell keeps up once it is drained.
 func (h *Harness) recoveries(works map[string]*workRow, sched []*faultRecord) []recovery {
-	var all, allIn []time.Time
-	byRegion, inByRegion := map[string][]time.Time{}, map[string][]time.Time{}
+	tl := newTimeline(works)
+	var out []recovery
+	for _, f := range sched {
+		out = append(out, h.recoveryOf(f, works, tl, sched))
+	}
+	return out
+}
+
+// timeline is when work arrived and when it reached its outcome, in both
+// cells and per cell, each sorted.
+type timeline struct {
+	all, allIn           []time.Time
+	byRegion, inByRegion map[string][]time.Time
+}
+
+// newTimeline sorts the works' creation and outcome times.
+func newTimeline(works map[string]*workRow) timeline {
+	tl := timeline{byRegion: map[string][]time.Time{}, inByRegion: map[string][]time.Time{}}
 	for _, w := range works {
-		allIn = append(allIn, w.CreatedAt)
-		inByRegion[w.Region] = append(inByRegion[w.Region], w.CreatedAt)
+		tl.allIn = append(tl.allIn, w.CreatedAt)
+		tl.inByRegion[w.Region] = append(tl.inByRegion[w.Region], w.CreatedAt)
 		if !outcome.IsTerminal(w.State) {
 			continue
 		}
-		all = append(all, w.UpdatedAt)
-		byRegion[w.Region] = append(byRegion[w.Region], w.UpdatedAt)
+		tl.all = append(tl.all, w.UpdatedAt)
+		tl.byRegion[w.Region] = append(tl.byRegion[w.Region], w.UpdatedAt)
 	}
 	sortTimes := func(ts []time.Time) { sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) }) }
-	sortTimes(all)
-	sortTimes(allIn)
-	for _, m := range []map[string][]time.Time{byRegion, inByRegion} {
+	sortTimes(tl.all)
+	sortTimes(tl.allIn)
+	for _, m := range []map[string][]time.Time{tl.byRegion, tl.inByRegion} {
 		for _, ts := range m {
 			sortTimes(ts)
 		}
 	}
-	count := func(ts []time.Time, from, to time.Time) int {
-		i := sort.Search(len(ts), func(i int) bool { return !ts[i].Before(from) })
-		j := sort.Search(len(ts), func(i int) bool { return !ts[i].Before(to) })
-		return j - i
+	return tl
+}
+
+// countBetween is how many of the sorted times ts fall in [from, to).
+func countBetween(ts []time.Time, from, to time.Time) int {
+	i := sort.Search(len(ts), func(i int) bool { return !ts[i].Before(from) })
+	j := sort.Search(len(ts), func(i int) bool { return !ts[i].Before(to) })
+	return j - i
+}
+
+// recoveryOf measures how throughput in f's scope came back after f.
+func (h *Harness) recoveryOf(f *faultRecord, works map[string]*workRow, tl timeline, sched []*faultRecord) recovery {
+	r := recovery{Fault: f, Scope: "both cells", Held: len(f.Lost)}
+	for _, id := range f.Lost {
+		if w := works[id]; w != nil && outcome.IsTerminal(w.State) {
+			r.Finished++
+			r.Last = max(r.Last, w.UpdatedAt.Sub(f.Fired))
+		}
 	}
-	var out []recovery
-	for _, f := range sched {
-		r := recovery{Fault: f, Scope: "both cells", Held: len(f.Lost)}
-		for _, id := range f.Lost {
-			if w := works[id]; w != nil && outcome.IsTerminal(w.State) {
-				r.Finished++
-				r.Last = max(r.Last, w.UpdatedAt.Sub(f.Fired))
-			}
-		}
-		ts, in := all, allIn
-		if f.Region != "" {
-			r.Scope, ts, in = "cell "+f.Region, byRegion[f.Region], inByRegion[f.Region]
-		}
-		if f.Fired.IsZero() || f.Skip != "" || f.Err != nil {
-			r.NA = "did not run"
-			out = append(out, r)
-			continue
-		}
-		r.Before = float64(min(count(ts, f.Fired.Add(-rateBefore), f.Fired), count(in, f.Fired.Add(-rateBefore), f.Fired))) / rateBefore.Seconds()
-		if r.Before*rateBefore.Seconds() < 10 {
-			r.NA = "too little finished before it to measure"
-			out = append(out, r)
-			continue
-		}
-		// The load ends in a cell with the last work it was given: the
-		// run's load can go on after that with retries to the other cell.
-		loadEnd := h.loadEnd
-		if len(in) > 0 && in[len(in)-1].Before(loadEnd) {
-			loadEnd = in[len(in)-1]
-		}
-		if f.end().Add(30 * time.Second).After(loadEnd) {
-			r.NA = "load ended within 30s of it"
-			out = append(out, r)
-			continue
-		}
-		target := 0.95 * r.Before
-		var next time.Time
-		if h.cl != nil {
-			// The cluster mode's faults last, and a run may hold many:
-			// a window the next one reaches measures that one too.
-			next = nextInScope(sched, f)
-		}
-		for k := time.Duration(0); k <= 60*time.Second; k += 250 * time.Millisecond {
-			from := f.end().Add(k)
-			if from.Add(rateWindow).After(loadEnd) {
-				break
-			}
-			if !next.IsZero() && from.Add(rateWindow).After(next) {
-				r.NA = "the next fault in its scope came before it recovered"
-				break
-			}
-			if float64(count(ts, from, from.Add(rateWindow)))/rateWindow.Seconds() >= target {
-				r.Recovered, r.After = true, k+rateWindow
-				break
-			}
-		}
-		out = append(out, r)
+	ts, in := tl.all, tl.allIn
+	if f.Region != "" {
+		r.Scope, ts, in = "cell "+f.Region, tl.byRegion[f.Region], tl.inByRegion[f.Region]
 	}
-	return out
+	if f.Fired.IsZero() || f.Skip != "" || f.Err != nil {
+		r.NA = "did not run"
+		return r
+	}
+	r.Before = float64(min(countBetween(ts, f.Fired.Add(-rateBefore), f.Fired), countBetween(in, f.Fired.Add(-rateBefore), f.Fired))) / rateBefore.Seconds()
+	if r.Before*rateBefore.Seconds() < 10 {
+		r.NA = "too little finished before it to measure"
+		return r
+	}
+	// The load ends in a cell with the last work it was given: the
+	// run's load can go on after that with retries to the other cell.
+	loadEnd := h.loadEnd
+	if len(in) > 0 && in[len(in)-1].Before(loadEnd) {
+		loadEnd = in[len(in)-1]
+	}
+	if f.end().Add(30 * time.Second).After(loadEnd) {
+		r.NA = "load ended within 30s of it"
+		return r
+	}
+	target := 0.95 * r.Before
+	var next time.Time
+	if h.cl != nil {
+		// The cluster mode's faults last, and a run may hold many:
+		// a window the next one reaches measures that one too.
+		next = nextInScope(sched, f)
+	}
+	for k := time.Duration(0); k <= 60*time.Second; k += 250 * time.Millisecond {
+		from := f.end().Add(k)
+		if from.Add(rateWindow).After(loadEnd) {
+			break
+		}
+		if !next.IsZero() && from.Add(rateWindow).After(next) {
+			r.NA = "the next fault in its scope came before it recovered"
+			break
+		}
+		if float64(countBetween(ts, from, from.Add(rateWindow)))/rateWindow.Seconds() >= target {
+			r.Recovered, r.After = true, k+rateWindow
+			break
+		}
+	}
+	return r
 }
 
 // nextInScope is when the next fault after f that touches f's cells

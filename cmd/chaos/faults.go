@@ -300,32 +300,15 @@ func (h *Harness) killOnLock(ctx context.Context, f *faultRecord, service, table
 	return h.restartAfter(ctx, p)
 }
 
+// restartNATS stops nats-server (SIGKILL when crash, else SIGTERM) and
+// starts it again, on its store or, when lose, on an empty one after
+// freezing the consumers of RESULT and ATTEMPT events.
 func (h *Harness) restartNATS(ctx context.Context, f *faultRecord, crash, lose bool) error {
 	var frozen []*proc
+	var err error
 	if lose {
-		// Freeze the consumers of RESULT and ATTEMPT events for a moment,
-		// so the store that is lost holds events the broker acknowledged
-		// and nobody consumed yet.
-		for _, region := range config.DefaultRegions {
-			for _, svc := range []string{"committer", "ledger"} {
-				p := h.procs[svc+"-"+region]
-				if err := p.pause(); err != nil {
-					return err
-				}
-				frozen = append(frozen, p)
-			}
-		}
-		time.Sleep(5 * time.Second)
-		for _, region := range config.DefaultRegions {
-			rows, err := h.pool[region].Query(ctx, `SELECT id FROM work WHERE state IN ('queued', 'running')`)
-			if err != nil {
-				return err
-			}
-			ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				return err
-			}
-			f.Lost = append(f.Lost, ids...)
+		if frozen, err = h.freezeConsumers(ctx, f); err != nil {
+			return err
 		}
 	}
 	defer func() {
@@ -333,7 +316,6 @@ func (h *Harness) restartNATS(ctx context.Context, f *faultRecord, crash, lose b
 			_ = p.resume()
 		}
 	}()
-	var err error
 	if crash {
 		err = h.nats.kill()
 	} else {
@@ -368,9 +350,43 @@ func (h *Harness) restartNATS(ctx context.Context, f *faultRecord, crash, lose b
 	if lose {
 		f.Note += fmt.Sprintf(" (committers and ledgers frozen 5s before, %d work items unfinished)", len(f.Lost))
 	}
-	// Nobody restarts the services: each stream's owner creates it again
-	// and each consumer its durable. The fault's note says how long the
-	// cells took to stand whole again; invariant 6 measures throughput.
+	return h.awaitStreams(ctx, f)
+}
+
+// freezeConsumers pauses the committers and ledgers of every cell for a
+// moment, so the store that is lost holds events the broker acknowledged
+// and nobody consumed yet, and notes in f the work still unfinished.
+func (h *Harness) freezeConsumers(ctx context.Context, f *faultRecord) ([]*proc, error) {
+	var frozen []*proc
+	for _, region := range config.DefaultRegions {
+		for _, svc := range []string{"committer", "ledger"} {
+			p := h.procs[svc+"-"+region]
+			if err := p.pause(); err != nil {
+				return nil, err
+			}
+			frozen = append(frozen, p)
+		}
+	}
+	time.Sleep(5 * time.Second)
+	for _, region := range config.DefaultRegions {
+		rows, err := h.pool[region].Query(ctx, `SELECT id FROM work WHERE state IN ('queued', 'running')`)
+		if err != nil {
+			return nil, err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, err
+		}
+		f.Lost = append(f.Lost, ids...)
+	}
+	return frozen, nil
+}
+
+// awaitStreams waits for the cells to stand whole again after the server
+// came back and notes in f how long that took. Nobody restarts the
+// services: each stream's owner creates it again and each consumer its
+// durable; invariant 6 measures throughput.
+func (h *Harness) awaitStreams(ctx context.Context, f *faultRecord) error {
 	healed := time.Now()
 	deadline := healed.Add(2 * time.Minute)
 	for {

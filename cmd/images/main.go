@@ -189,9 +189,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // repository (root, version, revision, source) and the environment
 // (SOURCE_DATE_EPOCH).
 func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := o.flagSet(stderr)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q (images takes only flags; -h lists them)", fs.Arg(0))
+	}
+	err := o.validate()
+	return o, err
+}
+
+// flagSet is the flag set that fills o, its usage written to stderr.
+func (o *options) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("images", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var o options
 	fs.StringVar(&o.Root, "root", "", "repository root, the directory holding go.work (default: found above the working directory)")
 	fs.StringVar(&o.Out, "out", "", "OCI image layout directory to write; replaced if it holds one already (default <root>/bin/images)")
 	fs.StringVar(&o.Tar, "tar", "", "also write this docker-loadable tarball of all five images (docker load -i FILE)")
@@ -216,28 +229,30 @@ source gives the same digests.
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected argument %q (images takes only flags; -h lists them)", fs.Arg(0))
-	}
+	return fs
+}
+
+// validate checks the flags and fills in what they leave out: the root
+// found above the working directory, the output under it, the version and
+// repository from the manifests, the revision and source from git, and the
+// epoch from SOURCE_DATE_EPOCH.
+func (o *options) validate() error {
 	if !slices.Contains(arches, o.Arch) {
-		return o, fmt.Errorf("-arch %q is not one of %s", o.Arch, strings.Join(arches, ", "))
+		return fmt.Errorf("-arch %q is not one of %s", o.Arch, strings.Join(arches, ", "))
 	}
 	if o.Jobs < 1 {
-		return o, fmt.Errorf("-j %d: at least one binary must be built at a time", o.Jobs)
+		return fmt.Errorf("-j %d: at least one binary must be built at a time", o.Jobs)
 	}
 	if o.Root == "" {
 		wd, err := os.Getwd()
 		if err != nil {
-			return o, err
+			return err
 		}
 		if o.Root, err = findRoot(wd); err != nil {
-			return o, err
+			return err
 		}
 	} else if _, err := os.Stat(filepath.Join(o.Root, "go.work")); err != nil {
-		return o, fmt.Errorf("-root %s is not the repository root: %v", o.Root, err)
+		return fmt.Errorf("-root %s is not the repository root: %v", o.Root, err)
 	}
 	if o.Out == "" {
 		o.Out = filepath.Join(o.Root, "bin", "images")
@@ -246,7 +261,7 @@ source gives the same digests.
 		if *p != "" {
 			abs, err := filepath.Abs(*p)
 			if err != nil {
-				return o, err
+				return err
 			}
 			*p = abs
 		}
@@ -254,12 +269,12 @@ source gives the same digests.
 	if o.Version == "" || o.Repo == "" {
 		repo, tag, err := manifestImages(o.Root)
 		if err != nil {
-			return o, err
+			return err
 		}
 		o.Version, o.Repo = cmp.Or(o.Version, tag), cmp.Or(o.Repo, repo)
 	}
 	if !tagRE.MatchString(o.Version) {
-		return o, fmt.Errorf("-version %q cannot be an image tag: use at most 128 letters, digits, '_', '.' and '-', not starting with '.' or '-'", o.Version)
+		return fmt.Errorf("-version %q cannot be an image tag: use at most 128 letters, digits, '_', '.' and '-', not starting with '.' or '-'", o.Version)
 	}
 	if o.Revision == "" {
 		o.Revision = git(o.Root, "rev-parse", "HEAD")
@@ -268,19 +283,19 @@ source gives the same digests.
 		o.Source = sourceURL(git(o.Root, "remote", "get-url", "origin"))
 	}
 	for _, t := range targets {
-		if _, err := name.NewTag(imageRef(o, t)); err != nil {
-			return o, fmt.Errorf("-repo %q: %s is not an image name: %v", o.Repo, imageRef(o, t), err)
+		if _, err := name.NewTag(imageRef(*o, t)); err != nil {
+			return fmt.Errorf("-repo %q: %s is not an image name: %v", o.Repo, imageRef(*o, t), err)
 		}
 	}
 	o.Epoch = time.Unix(0, 0).UTC()
 	if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
 		sec, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || sec < 0 {
-			return o, fmt.Errorf("SOURCE_DATE_EPOCH=%q is not a count of seconds since 1970", s)
+			return fmt.Errorf("SOURCE_DATE_EPOCH=%q is not a count of seconds since 1970", s)
 		}
 		o.Epoch = time.Unix(sec, 0).UTC()
 	}
-	return o, nil
+	return nil
 }
 
 // findRoot walks up from dir to the directory holding go.work.

@@ -121,42 +121,61 @@ func loadSecrets(file string, tenants ...string) (devSecrets, error) {
 	return s, os.WriteFile(file, append(raw, '\n'), 0o600)
 }
 
+// devSettings are the dev mode's settings from the environment, checked.
+type devSettings struct {
+	classifier classifier.Config
+	ingress    ingress.Config
+	committer  committer.Config
+	// model is the model asked for; base and endpoint are
+	// ASSAY_MODEL_BASE_URL and ASSAY_MODEL_ENDPOINT, "" for the
+	// simulated provider.
+	model, base, endpoint string
+}
+
+// devSettingsFromEnv reads and checks the dev mode's settings; a bad one
+// is an error config.IsInvalid reports.
+func devSettingsFromEnv() (devSettings, error) {
+	var s devSettings
+	if err := s.classifier.FromEnv(os.Getenv); err != nil {
+		return s, config.Invalid(err)
+	}
+	if err := s.ingress.FromEnv(os.Getenv); err != nil {
+		return s, config.Invalid(err)
+	}
+	// The committer's publisher records what it would publish unless a
+	// GitHub App is configured.
+	if err := s.committer.FromEnv(os.Getenv); err != nil {
+		return s, config.Invalid(err)
+	}
+	s.model = "assay-sim-1"
+	s.base, s.endpoint = os.Getenv("ASSAY_MODEL_BASE_URL"), os.Getenv("ASSAY_MODEL_ENDPOINT")
+	if s.base != "" || s.endpoint != "" {
+		// A real endpoint: checked as the classifier checks it, and it
+		// has no default model.
+		s.model = os.Getenv("ASSAY_MODEL")
+		if errs := config.CheckModel(s.base, s.endpoint, s.model); len(errs) > 0 {
+			return s, config.Invalid(errors.Join(errs...))
+		}
+	} else if m := os.Getenv("ASSAY_MODEL"); m != "" {
+		s.model = m
+	}
+	if u := os.Getenv("ASSAY_DATABASE_URL"); u != "" {
+		if _, err := pgx.ParseConfig(u); err != nil {
+			return s, config.Invalid(fmt.Errorf("ASSAY_DATABASE_URL: cannot parse: %v", err))
+		}
+	}
+	return s, nil
+}
+
 // StartDev starts the dev mode. A bad setting stops it before anything
 // runs, with an error config.IsInvalid reports. On an error the Dev it
 // returns, if any, must still be stopped.
 func StartDev(ctx context.Context, o DevOptions) (e *Dev, err error) {
 	e = &Dev{Cells: map[string]*Cell{}, Log: telemetry.NewLogger(o.LogTo, "dev", "", o.Level)}
 	// Settings first: a bad one stops start-up before anything runs.
-	var ccfg classifier.Config
-	if err := ccfg.FromEnv(os.Getenv); err != nil {
-		return e, config.Invalid(err)
-	}
-	var icfg ingress.Config
-	if err := icfg.FromEnv(os.Getenv); err != nil {
-		return e, config.Invalid(err)
-	}
-	// The committer's publisher records what it would publish unless a
-	// GitHub App is configured.
-	var mcfg committer.Config
-	if err := mcfg.FromEnv(os.Getenv); err != nil {
-		return e, config.Invalid(err)
-	}
-	model := "assay-sim-1"
-	base, endpoint := os.Getenv("ASSAY_MODEL_BASE_URL"), os.Getenv("ASSAY_MODEL_ENDPOINT")
-	if base != "" || endpoint != "" {
-		// A real endpoint: checked as the classifier checks it, and it
-		// has no default model.
-		model = os.Getenv("ASSAY_MODEL")
-		if errs := config.CheckModel(base, endpoint, model); len(errs) > 0 {
-			return e, config.Invalid(errors.Join(errs...))
-		}
-	} else if m := os.Getenv("ASSAY_MODEL"); m != "" {
-		model = m
-	}
-	if u := os.Getenv("ASSAY_DATABASE_URL"); u != "" {
-		if _, err := pgx.ParseConfig(u); err != nil {
-			return e, config.Invalid(fmt.Errorf("ASSAY_DATABASE_URL: cannot parse: %v", err))
-		}
+	s, err := devSettingsFromEnv()
+	if err != nil {
+		return e, err
 	}
 	e.Regions = config.DefaultRegions
 	if v := os.Getenv("ASSAY_REGIONS"); v != "" {
@@ -179,8 +198,8 @@ func StartDev(ctx context.Context, o DevOptions) (e *Dev, err error) {
 		e.baseDB = e.pg.URL("postgres")
 	}
 
-	e.ModelURL, e.ModelEndpoint = base, endpoint
-	if base == "" && endpoint == "" {
+	e.ModelURL, e.ModelEndpoint = s.base, s.endpoint
+	if s.base == "" && s.endpoint == "" {
 		e.Sim = sim.New(sim.Options{Logger: e.Log.With("service", "sim")})
 		if e.simRoot, err = e.Sim.Start("127.0.0.1:0"); err != nil {
 			return e, fmt.Errorf("simulated provider: %w", err)
@@ -198,41 +217,51 @@ func StartDev(ctx context.Context, o DevOptions) (e *Dev, err error) {
 		{ID: "globex", HomeRegion: "eu", Token: sec.Tokens["globex"]},
 	}
 	// Webhooks need a secret; dev makes one up unless one is given.
-	if e.WebhookSecret = icfg.GitHubSecret; e.WebhookSecret == "" {
+	if e.WebhookSecret = s.ingress.GitHubSecret; e.WebhookSecret == "" {
 		e.WebhookSecret = sec.WebhookSecret
-		icfg.GitHubSecret = e.WebhookSecret
+		s.ingress.GitHubSecret = e.WebhookSecret
 	}
 	stamp := time.Now().UnixNano()
 	for i, region := range e.Regions {
-		dbURL, err := e.createDB(ctx, fmt.Sprintf("assay_dev_%s_%d", strings.ReplaceAll(region, "-", "_"), stamp))
-		if err != nil {
+		if err := e.startCell(ctx, s, i, region, o.Addrs, stamp); err != nil {
 			return e, err
-		}
-		cfg := config.Config{Regions: e.Regions, Region: region, Cell: region, Installation: "assay",
-			DatabaseURL: dbURL, NATSURL: e.NATS.ClientURL(),
-			ModelBaseURL: e.ModelURL, ModelEndpoint: e.ModelEndpoint, ModelAPIKey: os.Getenv("ASSAY_MODEL_API_KEY"),
-			Model: model, HTTPAddr: devAddr(o.Addrs, i)}
-		c, err := Start(ctx, Options{Config: cfg, Log: e.Log.With("region", region), Prices: ccfg.Prices, Classifier: ccfg,
-			Ingress: icfg, Committer: mcfg})
-		if err != nil {
-			return e, fmt.Errorf("cell %s: %w", region, err)
-		}
-		e.Cells[region] = c
-		// Every cell knows every tenant, so a request sent to the wrong
-		// cell is refused with the right region named.
-		if err := c.Env.Store.SeedTenants(ctx, e.Tenants); err != nil {
-			return e, err
-		}
-		if err := c.Env.Store.AddOperatorToken(ctx, "dev", e.OperatorToken); err != nil {
-			return e, err
-		}
-		for _, t := range e.Tenants {
-			if err := c.Env.Store.LinkSource(ctx, store.Link{Kind: store.SourceGitHubRepository, Key: t.ID + "/shop", Tenant: t.ID}); err != nil {
-				return e, err
-			}
 		}
 	}
 	return e, nil
+}
+
+// startCell starts region's cell, the i-th, on a database of its own and
+// the i-th of addrs (see devAddr), and gives it every demo tenant, the
+// operator token and the tenants' repository links.
+func (e *Dev) startCell(ctx context.Context, s devSettings, i int, region string, addrs []string, stamp int64) error {
+	dbURL, err := e.createDB(ctx, fmt.Sprintf("assay_dev_%s_%d", strings.ReplaceAll(region, "-", "_"), stamp))
+	if err != nil {
+		return err
+	}
+	cfg := config.Config{Regions: e.Regions, Region: region, Cell: region, Installation: "assay",
+		DatabaseURL: dbURL, NATSURL: e.NATS.ClientURL(),
+		ModelBaseURL: e.ModelURL, ModelEndpoint: e.ModelEndpoint, ModelAPIKey: os.Getenv("ASSAY_MODEL_API_KEY"),
+		Model: s.model, HTTPAddr: devAddr(addrs, i)}
+	c, err := Start(ctx, Options{Config: cfg, Log: e.Log.With("region", region), Prices: s.classifier.Prices, Classifier: s.classifier,
+		Ingress: s.ingress, Committer: s.committer})
+	if err != nil {
+		return fmt.Errorf("cell %s: %w", region, err)
+	}
+	e.Cells[region] = c
+	// Every cell knows every tenant, so a request sent to the wrong
+	// cell is refused with the right region named.
+	if err := c.Env.Store.SeedTenants(ctx, e.Tenants); err != nil {
+		return err
+	}
+	if err := c.Env.Store.AddOperatorToken(ctx, "dev", e.OperatorToken); err != nil {
+		return err
+	}
+	for _, t := range e.Tenants {
+		if err := c.Env.Store.LinkSource(ctx, store.Link{Kind: store.SourceGitHubRepository, Key: t.ID + "/shop", Tenant: t.ID}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // devAddr is cell i's listen address: the one asked for while it is free,
