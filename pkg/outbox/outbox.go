@@ -120,6 +120,9 @@ func (r *Relay) Start(ctx context.Context) error {
 	if err := r.init(); err != nil {
 		return err
 	}
+	// A Stop that came before this Start (the two may race) left the
+	// relay final; it runs as any relay until its own Stop.
+	r.final.Store(false)
 	t := &r.ticker
 	t.Name, t.Every, t.Final, t.Log = "outbox relay", r.Every, true, r.Log
 	t.Pass = r.pass

@@ -1,0 +1,186 @@
+package committer_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"assay.dev/pkg/contract"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/lifecycle"
+	"assay.dev/pkg/lifecycle/lifecycletest"
+	"assay.dev/pkg/telemetry"
+	"assay.dev/services/committer"
+)
+
+// stressCell is setupCell's cell with the RESULT stream the classifier
+// would have made and answers waiting in it for a verdict, so the first
+// committers stopped hold results.
+func stressCell(t *testing.T, answers int) *bundle {
+	t.Helper()
+	b := setupCell(t)
+	if _, err := event.EnsureStream(t.Context(), b.js, names, event.KindResult, event.StreamSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range answers {
+		ev := b.claimed(t, fmt.Sprintf("stress-%012d", i))
+		b.answered(t, ev, `{"category":"spam","confidence":0.9,"needsHumanReview":false}`)
+		b.publish(t, ev)
+	}
+	return b
+}
+
+// committerOf builds a committer of the cell, not started, with its own
+// telemetry as each process has and its tickers passing often; js, when
+// set, is the JetStream it is given.
+func (b *bundle) committerOf(t *testing.T, js committer.JetStream) *committer.Service {
+	t.Helper()
+	reg, err := contract.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tel, err := telemetry.Setup(t.Context(), "committer", "us")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	if js == nil {
+		js = b.js
+	}
+	svc, err := committer.New(committer.Config{Region: "us", ReapEvery: 5 * time.Millisecond, AnnounceEvery: 5 * time.Millisecond,
+		PublishRetryEvery: 5 * time.Millisecond, PublishCountEvery: 5 * time.Millisecond},
+		committer.Deps{Store: b.st, JS: js, Contracts: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
+}
+
+// warmWithin bounds how long a warm part is waited for after Start.
+const warmWithin = 3 * time.Second
+
+// warm is a part whose Start returns once ready says it runs (or
+// warmWithin passed: a Start that lost a race with Stop may never be), so
+// the Stops of a Stress meet it running, not still starting.
+type warm struct {
+	lifecycle.Service
+	ready func(ctx context.Context) error
+}
+
+func (w warm) Start(ctx context.Context) error {
+	if err := w.Service.Start(ctx); err != nil {
+		return err
+	}
+	for end := time.Now().Add(warmWithin); w.ready(ctx) != nil && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
+
+// TestServiceLifecycle holds a whole committer (its OUTCOME stream, relay,
+// publisher, RESULT consumer, reaper and announcer) to the contract of
+// every part, with answers to commit while it starts and stops.
+func TestServiceLifecycle(t *testing.T) {
+	b := stressCell(t, 20)
+	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service { return b.committerOf(t, nil) })
+}
+
+// TestWarmServiceLifecycle is the same with each Stop meeting a ready
+// committer, which consumes: the first ones stopped hold results.
+func TestWarmServiceLifecycle(t *testing.T) {
+	b := stressCell(t, 20)
+	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
+		s := b.committerOf(t, nil)
+		return warm{s, s.Ready}
+	})
+	var open int
+	if err := b.db.QueryRow(t.Context(), `SELECT count(*) FROM work WHERE state = 'running'`).Scan(&open); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d of 20 answers still wait for a verdict", open)
+}
+
+// TestPublisherLifecycle holds the committer's publisher, on its OUTCOME
+// durable, to the contract of every part, each Stop meeting it consuming.
+func TestPublisherLifecycle(t *testing.T) {
+	b := stressCell(t, 0)
+	if _, err := event.EnsureStream(t.Context(), b.js, names, event.KindOutcome, event.StreamSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
+		p := b.committerOf(t, nil).Publisher()
+		return warm{p, p.Ready}
+	})
+}
+
+// slowConn is the cell's JetStream whose first Conn, the one Start reads
+// the server's largest payload through once its stream is made, signals
+// and then takes delay.
+type slowConn struct {
+	committer.JetStream
+	delay   time.Duration
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (s *slowConn) Conn() *nats.Conn {
+	first := false
+	s.once.Do(func() { first = true; close(s.entered) })
+	if first {
+		time.Sleep(s.delay)
+	}
+	return s.JetStream.Conn()
+}
+
+// TestStopDuringStartLifecycle is StartRacesStop of Stress with the Stop
+// held to the moment Start has made its stream and started none of its
+// parts: the race a Stress run meets only by chance. After the Stop that
+// follows both, nothing of the committer runs.
+func TestStopDuringStartLifecycle(t *testing.T) {
+	b := stressCell(t, 5)
+	for range 3 {
+		js := &slowConn{JetStream: b.js, delay: 50 * time.Millisecond, entered: make(chan struct{})}
+		s := b.committerOf(t, js)
+		before := runningParts()
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = s.Start(t.Context()) })
+		<-js.entered
+		s.Stop(t.Context())
+		wg.Wait()
+		ctx, cancel := context.WithTimeout(t.Context(), lifecycletest.StopWithin)
+		s.Stop(ctx)
+		stuck := ctx.Err() != nil
+		cancel()
+		if stuck {
+			t.Fatalf("the Stop after Start and Stop raced did not return within %s", lifecycletest.StopWithin)
+		}
+		now := runningParts()
+		for end := time.Now().Add(time.Second); now > before && time.Now().Before(end); now = runningParts() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if now > before {
+			t.Fatalf("%d part goroutines still run after the last Stop (%d before Start)", now, before)
+		}
+	}
+}
+
+// runningParts counts the goroutines lifecycle.Runner started and that
+// have not returned, as lifecycletest does.
+func runningParts() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return bytes.Count(buf[:n], []byte("assay.dev/pkg/lifecycle.(*Runner).Go.func"))
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}

@@ -1,0 +1,118 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/event"
+	"assay.dev/pkg/lifecycle"
+	"assay.dev/pkg/lifecycle/lifecycletest"
+	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
+)
+
+// warmWithin bounds how long a warm part is waited for after Start.
+const warmWithin = 3 * time.Second
+
+// warm is a part whose Start returns once ready says it runs (or
+// warmWithin passed: a Start that lost a race with Stop may never be), so
+// the Stops of a Stress meet it running, not still starting.
+type warm struct {
+	lifecycle.Service
+	ready func(ctx context.Context) error
+}
+
+func (w warm) Start(ctx context.Context) error {
+	if err := w.Service.Start(ctx); err != nil {
+		return err
+	}
+	for end := time.Now().Add(warmWithin); w.ready(ctx) != nil && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
+
+// stressLedger is newTestLedger's database, with JetStream, the ATTEMPT
+// stream the classifier would have made and attempts waiting in it; the
+// part it returns builds one more ledger of it, not started, its reaper
+// passing often.
+func stressLedger(t *testing.T, attempts int) (db *pgxpool.Pool, newPart func(t *testing.T) *Service) {
+	t.Helper()
+	_, st, db := newTestLedger(t, Config{Region: "us"}, "acme")
+	nc, err := nats.Connect(testenv.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := event.Names{Cell: "us"}
+	if _, err := event.EnsureStream(t.Context(), js, names, event.KindAttempt, event.StreamSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range attempts {
+		id := fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
+		if _, _, err := st.InsertWork(t.Context(), &store.Work{ID: fmt.Sprintf("w_stress%d", i), TenantID: "acme", Region: "us",
+			Contract: "moderation", SchemaVersion: "1", TaxonomyVersion: "1", SourceID: fmt.Sprintf("t/stress%d", i), Revision: "r1",
+			Lane: "batch", Input: `{"text":"x"}`, Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Hour)},
+			func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil }); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, err := st.Claim(t.Context(), fmt.Sprintf("w_stress%d", i), id, fmt.Sprintf("00000000-0000-4000-9000-%012d", i), time.Minute, 0); err != nil || !ok {
+			t.Fatalf("claim: %v %v", ok, err)
+		}
+		ev, _ := json.Marshal(event.Attempt{AttemptID: id, WorkID: fmt.Sprintf("w_stress%d", i), TenantID: "acme", Region: "us",
+			Model: "assay-sim-1", Outcome: "ok", InputUnits: 100, OutputUnits: 10, At: time.Now()})
+		if _, err := js.Publish(t.Context(), names.Attempt("acme"), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return db, func(t *testing.T) *Service {
+		tel, err := telemetry.Setup(t.Context(), "ledger", "us")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+		s, err := New(Config{Region: "us", ReapEvery: 5 * time.Millisecond},
+			Deps{Store: st, JS: js, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+}
+
+// TestServiceLifecycle holds the ledger (its ATTEMPT consumer and its
+// reaper) to the contract of every part, with attempts to record while it
+// starts and stops.
+func TestServiceLifecycle(t *testing.T) {
+	_, newPart := stressLedger(t, 20)
+	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service { return newPart(t) })
+}
+
+// TestWarmServiceLifecycle is the same with each Stop meeting a ledger
+// whose durable is consumed.
+func TestWarmServiceLifecycle(t *testing.T) {
+	db, newPart := stressLedger(t, 20)
+	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
+		s := newPart(t)
+		return warm{s, s.Ready}
+	})
+	var rows int
+	if err := db.QueryRow(t.Context(), `SELECT count(*) FROM ledger`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d of 20 attempts in the ledger", rows)
+}
