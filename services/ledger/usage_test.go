@@ -2,8 +2,6 @@ package ledger
 
 import (
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -11,59 +9,27 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/telemetry"
 	"assay.dev/pkg/usage"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
-
-// newTestLedger is a ledger of region us on a fresh, migrated database with
-// the tenants (homed in us), not started.
-func newTestLedger(t *testing.T, cfg Config, tenants ...string) (*Service, *store.Store, *pgxpool.Pool) {
-	t.Helper()
-	ctx := t.Context()
-	url := testenv.Database(t)
-	st, err := store.Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var seeds []store.TenantSeed
-	for _, id := range tenants {
-		seeds = append(seeds, store.TenantSeed{ID: id, HomeRegion: "us", Token: "tok-" + id})
-	}
-	if err := st.SeedTenants(ctx, seeds); err != nil {
-		t.Fatal(err)
-	}
-	tel, err := telemetry.Setup(ctx, "ledger", "us")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(cfg, Deps{Store: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, st, testenv.Pool(t, url)
+// getUsage asks s for GET /v1/usage with the token.
+func getUsage(s *Service, token string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodGet, "/v1/usage", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, req)
+	return rec
 }
 
 func TestUsageReportByOutcomeAndModel(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	s, st, _ := newTestLedger(t, Config{Region: "us"}, "acme", "globex")
-	w, _, err := st.InsertWork(ctx, &store.Work{ID: "w_usage", TenantID: "acme", Region: "us", Contract: "moderation",
-		SchemaVersion: "1", TaxonomyVersion: "1", SourceID: "t/1", Revision: "r1", Lane: "batch", Input: `{"text":"x"}`,
-		Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Hour)}, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, m, _ := newMemLedger(t, Config{Region: "us"})
+	m.Tenant("acme", "us", "tok-acme")
+	m.Tenant("globex", "us", "tok-globex")
+	m.Claim(claimFact{Tenant: "acme", Work: "w_usage", Attempt: attemptN(100), Lease: time.Minute})
 	at := time.Now().Add(-time.Hour)
+	var rows []store.LedgerRow
 	for i, r := range []struct {
 		model, outcome string
 		in, out, cost  int64
@@ -73,28 +39,24 @@ func TestUsageReportByOutcomeAndModel(t *testing.T) {
 		{"gpt-4o-mini", "ok", 50, 5, 11},
 		{"gpt-4o-mini", "rate_limited", 0, 0, 0},
 	} {
-		if _, err := st.AppendLedger(ctx, store.LedgerRow{AttemptID: "00000000-0000-4000-8000-00000000000" + string(rune('1'+i)),
-			TenantID: "acme", WorkID: w.ID, Model: r.model, Outcome: r.outcome, InputUnits: r.in, OutputUnits: r.out,
-			CostMicros: r.cost, OccurredAt: at}); err != nil {
-			t.Fatal(err)
+		rows = append(rows, store.LedgerRow{AttemptID: attemptN(i + 1), TenantID: "acme", WorkID: "w_usage", Model: r.model,
+			Outcome: r.outcome, InputUnits: r.in, OutputUnits: r.out, CostMicros: r.cost, OccurredAt: at})
+	}
+	for i, r := range m.RecordLedgerBatch(t.Context(), rows) {
+		if r.Recorded != store.Inserted {
+			t.Fatalf("row %d: %+v", i, r)
 		}
 	}
-	get := func(token string) (int, usage.Report) {
-		req := httptest.NewRequest(http.MethodGet, "/v1/usage", nil)
-		req.Header.Set("Authorization", "Bearer "+token)
-		rec := httptest.NewRecorder()
-		s.Handler().ServeHTTP(rec, req)
-		var rep usage.Report
-		if rec.Code == http.StatusOK {
-			if err := json.Unmarshal(rec.Body.Bytes(), &rep); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return rec.Code, rep
+	rec := getUsage(s, "tok-acme")
+	var rep usage.Report
+	if rec.Code != http.StatusOK {
+		t.Fatalf("HTTP %d %s", rec.Code, rec.Body)
 	}
-	code, rep := get("tok-acme")
-	if code != http.StatusOK || rep.TenantID != "acme" || rep.Calls != 4 || rep.InputUnits != 250 || rep.OutputUnits != 35 || rep.CostMicros != 59 {
-		t.Fatalf("HTTP %d %+v", code, rep)
+	if err := json.Unmarshal(rec.Body.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.TenantID != "acme" || rep.Calls != 4 || rep.InputUnits != 250 || rep.OutputUnits != 35 || rep.CostMicros != 59 {
+		t.Fatalf("report %+v", rep)
 	}
 	wantModels := []usage.Line{
 		{Model: "assay-sim-1", Calls: 2, InputUnits: 200, OutputUnits: 30, CostMicros: 48},
@@ -107,10 +69,7 @@ func TestUsageReportByOutcomeAndModel(t *testing.T) {
 		t.Errorf("byOutcome %+v", rep.ByOutcome)
 	}
 	// Another tenant sees only its own, empty, usage: arrays, not null.
-	req := httptest.NewRequest(http.MethodGet, "/v1/usage", nil)
-	req.Header.Set("Authorization", "Bearer tok-globex")
-	rec := httptest.NewRecorder()
-	s.Handler().ServeHTTP(rec, req)
+	rec = getUsage(s, "tok-globex")
 	if rec.Code != http.StatusOK || !json.Valid(rec.Body.Bytes()) {
 		t.Fatalf("globex: HTTP %d %s", rec.Code, rec.Body)
 	}
@@ -122,17 +81,14 @@ func TestUsageReportByOutcomeAndModel(t *testing.T) {
 }
 
 // Usage is read through the one tenant authentication: a suspended tenant
-// is refused, and a tenant homed in another region is sent there.
+// is refused, a tenant homed in another region is sent there, and a
+// database that does not answer is a refusal worth retrying.
 func TestUsageRefusesSuspendedAndMisdirectedTenants(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	s, st, _ := newTestLedger(t, Config{Region: "us"}, "acme")
-	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "globex", HomeRegion: "eu", Token: "tok-globex"}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.SetStatus(ctx, "acme", store.TenantSuspended); err != nil {
-		t.Fatal(err)
-	}
+	s, m, _ := newMemLedger(t, Config{Region: "us"})
+	m.Tenant("acme", "us", "tok-acme")
+	m.Tenant("globex", "eu", "tok-globex")
+	m.Suspend("acme")
 	for _, c := range []struct {
 		token string
 		code  int
@@ -142,12 +98,12 @@ func TestUsageRefusesSuspendedAndMisdirectedTenants(t *testing.T) {
 		{"tok-globex", http.StatusMisdirectedRequest, `"wrong_region"`},
 		{"nope", http.StatusUnauthorized, `"unauthenticated"`},
 	} {
-		req := httptest.NewRequest(http.MethodGet, "/v1/usage", nil)
-		req.Header.Set("Authorization", "Bearer "+c.token)
-		rec := httptest.NewRecorder()
-		s.Handler().ServeHTTP(rec, req)
-		if rec.Code != c.code || !strings.Contains(rec.Body.String(), c.err) {
+		if rec := getUsage(s, c.token); rec.Code != c.code || !strings.Contains(rec.Body.String(), c.err) {
 			t.Errorf("%s: HTTP %d %s, want %d %s", c.token, rec.Code, rec.Body, c.code, c.err)
 		}
+	}
+	m.Down()
+	if rec := getUsage(s, "tok-globex"); rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), `"unavailable"`) {
+		t.Errorf("database down: HTTP %d %s, want 503 unavailable", rec.Code, rec.Body)
 	}
 }
