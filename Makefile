@@ -1,7 +1,7 @@
 # assay — make help lists the targets.
 
 GO      ?= go
-MODULES := pkg pkg/devkit schemas services/ingress services/classifier services/committer services/ledger cmd/assay cmd/chaos cmd/images deploy/k8s
+MODULES := pkg pkg/devkit pkg/devkit/devpg pkg/devkit/testenv schemas services/ingress services/classifier services/committer services/ledger cmd/assay cmd/chaos cmd/images deploy/k8s
 # -race needs cgo; the race detector roughly doubles test time on 2 cores.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 # Modules whose tests build and unpack images or render manifests run
@@ -83,6 +83,7 @@ k8s-apiserver-check: ## every cell's manifests on a real kube-apiserver (built f
 
 vet: ## go vet and gofmt every module, and build each on its own (GOWORK=off)
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./... && GOWORK=off $(GO) build ./...); done
+	cd cmd/assay && GOWORK=off $(GO) build -tags operator -o /dev/null .
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; exit 1; }
 
 bench: ## pipeline benchmark: N items through ingress to accepted and ledgered, beside the River build (BENCHFLAGS)

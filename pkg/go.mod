@@ -3,6 +3,7 @@ module assay.dev/pkg
 go 1.26.5
 
 require (
+	assay.dev/pkg/devkit/testenv v0.0.0
 	assay.dev/schemas v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/kaptinlin/jsonschema v0.9.8
@@ -20,7 +21,7 @@ require (
 require github.com/nats-io/nats-server/v2 v2.15.2 // indirect
 
 require (
-	assay.dev/pkg/devkit v0.0.0
+	assay.dev/pkg/devkit/devpg v0.0.0 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
@@ -74,6 +75,7 @@ require (
 )
 
 replace (
-	assay.dev/pkg/devkit => ./devkit
+	assay.dev/pkg/devkit/devpg => ./devkit/devpg
+	assay.dev/pkg/devkit/testenv => ./devkit/testenv
 	assay.dev/schemas => ../schemas
 )

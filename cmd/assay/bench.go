@@ -1,3 +1,5 @@
+//go:build !operator
+
 package main
 
 import (
@@ -25,8 +27,8 @@ import (
 	"assay.dev/pkg/admission"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/devpg"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/store"

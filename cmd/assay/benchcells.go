@@ -1,3 +1,5 @@
+//go:build !operator
+
 package main
 
 import (
@@ -21,8 +23,8 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/pkg/config"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/placement"
 	"assay.dev/pkg/store"

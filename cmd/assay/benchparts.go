@@ -1,3 +1,5 @@
+//go:build !operator
+
 package main
 
 import (
@@ -15,8 +17,8 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/pkg/devkit/devpg"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/diff"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/outcome"
 	"assay.dev/services/classifier"
 	"assay.dev/services/ingress"

@@ -1,3 +1,5 @@
+//go:build !operator
+
 package main
 
 import (
@@ -30,8 +32,8 @@ import (
 	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/devpg"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/services/classifier"
 	"assay.dev/services/ingress"

@@ -1,3 +1,5 @@
+//go:build !operator
+
 package main
 
 import (
@@ -14,8 +16,8 @@ import (
 	"time"
 
 	"assay.dev/cmd/assay/internal/cell"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/usage"
@@ -405,8 +407,6 @@ func (e demo) usage(ctx context.Context, client *http.Client, tenant string) (us
 	err := e.getJSON(ctx, client, e.Cells[t.HomeRegion].URL+"/v1/usage?tenant="+tenant, t.Token, &rep)
 	return rep, err
 }
-
-func dollars(micros int64) string { return fmt.Sprintf("%.6f", float64(micros)/1e6) }
 
 func short(s string, n int) string {
 	s = strings.ReplaceAll(s, "\n", " ")

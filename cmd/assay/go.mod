@@ -4,6 +4,8 @@ go 1.26.5
 
 require (
 	assay.dev/pkg v0.0.0
+	assay.dev/pkg/devkit/devpg v0.0.0
+	assay.dev/pkg/devkit/testenv v0.0.0
 	assay.dev/services/classifier v0.0.0
 	assay.dev/services/committer v0.0.0
 	assay.dev/services/ingress v0.0.0
@@ -95,6 +97,8 @@ require (
 replace (
 	assay.dev/pkg => ../../pkg
 	assay.dev/pkg/devkit => ../../pkg/devkit
+	assay.dev/pkg/devkit/devpg => ../../pkg/devkit/devpg
+	assay.dev/pkg/devkit/testenv => ../../pkg/devkit/testenv
 	assay.dev/schemas => ../../schemas
 	assay.dev/services/classifier => ../../services/classifier
 	assay.dev/services/committer => ../../services/committer

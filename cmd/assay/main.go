@@ -26,7 +26,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -37,10 +36,8 @@ import (
 	"assay.dev/cmd/assay/internal/natsconf"
 	"assay.dev/pkg/buildinfo"
 	"assay.dev/pkg/config"
-	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/telemetry"
 )
 
 func main() {
@@ -125,7 +122,6 @@ tenants, is assay tenant (assay tenant --help).
 	"work":     workUsage,
 	"replay":   replayUsage,
 	"streams":  streamsUsage,
-	"bench":    benchUsage + "\n" + benchPipeUsage + "\n" + benchPartsUsage + "\n" + benchCellsUsage,
 	"usage": `usage: assay usage reconcile [--database-url URL] [--region R] [--provider-stats URL] [--since T] [--json]
 
 Check attempts against results and the ledger; with --provider-stats (the
@@ -218,20 +214,16 @@ func run(args []string, stderr io.Writer) int {
 	defer stop()
 	var err error
 	switch args[0] {
-	case "dev":
-		err = dev(ctx, args[1:])
+	case "dev", "sim", "bench":
+		err = devCommand(ctx, args[0], args[1:], os.Stdout)
 	case "migrate":
 		err = migrate(ctx, args[1:])
-	case "sim":
-		err = runSim(ctx, args[1:])
 	case "tenants":
 		err = tenants(ctx, args[1:])
 	case "tenant":
 		err = tenantCmd(ctx, args[1:], os.Stdout)
 	case "operator":
 		err = operatorCmd(ctx, args[1:], os.Stdout)
-	case "bench":
-		err = benchCmd(ctx, args[1:], os.Stdout)
 	case "work":
 		err = workCmd(ctx, args[1:], os.Stdout)
 	case "replay":
@@ -317,25 +309,6 @@ func migrate(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("region %s: %d migration(s) applied %v\n", cfg.Region, len(applied), applied)
 	return nil
-}
-
-func runSim(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("assay sim", flag.ContinueOnError)
-	addr := fs.String("addr", envOr("ASSAY_HTTP_ADDR", "127.0.0.1:8090"), "listen address ($ASSAY_HTTP_ADDR)")
-	if err := fs.Parse(args); err != nil {
-		return configError{err}
-	}
-	log := telemetry.NewLogger(os.Stderr, "sim", "", slog.LevelInfo)
-	s := sim.New(sim.Options{Logger: log})
-	url, err := s.Start(*addr)
-	if err != nil {
-		return configError{fmt.Errorf("ASSAY_HTTP_ADDR: %w", err)}
-	}
-	// Logged as the services log it, so a script finds where it listens.
-	log.Info("serving", "addr", strings.TrimPrefix(url, "http://"))
-	fmt.Printf("simulated provider at %s (base URL %s, GET %s/sim/stats)\n", url, sim.APIBase(url), url)
-	<-ctx.Done()
-	return s.Close()
 }
 
 func tenants(ctx context.Context, args []string) error {

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"assay.dev/cmd/assay/internal/cell"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/evalset"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

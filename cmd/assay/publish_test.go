@@ -15,8 +15,8 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/fakegithub"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/store"
 	"assay.dev/services/committer"
 	"assay.dev/services/committer/publish"

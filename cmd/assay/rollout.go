@@ -17,7 +17,7 @@ import (
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
-	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"

@@ -15,8 +15,8 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/store"
 	"assay.dev/schemas"
 	"assay.dev/services/ingress"

@@ -597,3 +597,5 @@ func setBudget(ctx context.Context, st *store.Store, id string, usd float64, unl
 	micros := int64(math.Round(usd * 1e6))
 	return st.SetBudget(ctx, id, &micros, period)
 }
+
+func dollars(micros int64) string { return fmt.Sprintf("%.6f", float64(micros)/1e6) }

@@ -16,7 +16,7 @@ import (
 	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/consumer"
-	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/services/ingress"
 )

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"assay.dev/pkg/config"
-	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/store"
 )
 
@@ -177,7 +176,7 @@ func providerCheck(ctx context.Context, st *store.Store, url string, since time.
 	if resp.StatusCode != http.StatusOK {
 		return c, fmt.Errorf("provider stats: %s answered HTTP %d", url, resp.StatusCode)
 	}
-	var stats sim.Stats
+	var stats providerStats
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&stats); err != nil {
 		return c, fmt.Errorf("provider stats: %w", err)
 	}
@@ -207,4 +206,12 @@ func providerCheck(ctx context.Context, st *store.Store, url string, since time.
 		}
 	}
 	return c, nil
+}
+
+// providerStats is the part of a provider's counts (the simulated
+// provider's GET /sim/stats) that reconciling reads: each tenant's calls.
+type providerStats struct {
+	Tenants map[string]struct {
+		Calls int64 `json:"calls"`
+	} `json:"tenants"`
 }

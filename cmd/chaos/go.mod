@@ -13,6 +13,8 @@ tool (
 replace (
 	assay.dev/pkg => ../../pkg
 	assay.dev/pkg/devkit => ../../pkg/devkit
+	assay.dev/pkg/devkit/devpg => ../../pkg/devkit/devpg
+	assay.dev/pkg/devkit/testenv => ../../pkg/devkit/testenv
 	assay.dev/schemas => ../../schemas
 	assay.dev/services/classifier => ../../services/classifier
 	assay.dev/services/committer => ../../services/committer
@@ -26,7 +28,11 @@ require (
 	github.com/nats-io/nats.go v1.55.0
 )
 
-require go.yaml.in/yaml/v3 v3.0.6
+require (
+	assay.dev/pkg/devkit/devpg v0.0.0
+	assay.dev/pkg/devkit/testenv v0.0.0
+	go.yaml.in/yaml/v3 v3.0.6
+)
 
 require (
 	assay.dev/pkg/devkit v0.0.0

@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/evalset"
 )
 
 // submission is one ingress key and what the ingress answered for it.

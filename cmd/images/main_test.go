@@ -291,6 +291,14 @@ func TestImages(t *testing.T) {
 					t.Errorf("%s started with the image's settings exited %d, want 1 after logging %s and failing at ASSAY_DATABASE_URL:\n%s", tg.Name, code, want, out)
 				}
 			}
+			if tg.Name == "assay" {
+				// The image's assay is the operator build: the development
+				// commands are not in it, and saying so is a usage error.
+				out, code := runEntrypoint(t, root, c, nil, "dev")
+				if code != 2 || !strings.Contains(out, "development command") {
+					t.Errorf("the image's assay dev exited %d with %q, want 2 naming a development command", code, out)
+				}
+			}
 			if tg.Name == "ingress" {
 				v, code := runEntrypoint(t, root, c, nil, "--version")
 				if code != 0 || !strings.HasPrefix(v, "ingress "+testVersion+" (") {

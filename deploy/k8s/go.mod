@@ -5,6 +5,8 @@ go 1.26.5
 replace (
 	assay.dev/pkg => ../../pkg
 	assay.dev/pkg/devkit => ../../pkg/devkit
+	assay.dev/pkg/devkit/devpg => ../../pkg/devkit/devpg
+	assay.dev/pkg/devkit/testenv => ../../pkg/devkit/testenv
 	assay.dev/schemas => ../../schemas
 	assay.dev/services/classifier => ../../services/classifier
 	assay.dev/services/committer => ../../services/committer
@@ -14,10 +16,10 @@ replace (
 
 require (
 	assay.dev/pkg v0.0.0
-	assay.dev/pkg/devkit v0.0.0
-	assay.dev/services/classifier v0.0.0-00010101000000-000000000000
-	assay.dev/services/committer v0.0.0-00010101000000-000000000000
-	assay.dev/services/ledger v0.0.0-00010101000000-000000000000
+	assay.dev/pkg/devkit/testenv v0.0.0
+	assay.dev/services/classifier v0.0.0
+	assay.dev/services/committer v0.0.0
+	assay.dev/services/ledger v0.0.0
 	github.com/cert-manager/cert-manager v1.21.2
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
@@ -31,6 +33,7 @@ require (
 )
 
 require (
+	assay.dev/pkg/devkit/devpg v0.0.0 // indirect
 	assay.dev/schemas v0.0.0 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect

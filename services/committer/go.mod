@@ -4,6 +4,7 @@ go 1.26.5
 
 require (
 	assay.dev/pkg v0.0.0
+	assay.dev/pkg/devkit/testenv v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
@@ -11,6 +12,7 @@ require (
 )
 
 require (
+	assay.dev/pkg/devkit/devpg v0.0.0 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
@@ -79,5 +81,7 @@ require (
 replace (
 	assay.dev/pkg => ../../pkg
 	assay.dev/pkg/devkit => ../../pkg/devkit
+	assay.dev/pkg/devkit/devpg => ../../pkg/devkit/devpg
+	assay.dev/pkg/devkit/testenv => ../../pkg/devkit/testenv
 	assay.dev/schemas => ../../schemas
 )

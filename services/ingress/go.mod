@@ -4,11 +4,14 @@ go 1.26.5
 
 require (
 	assay.dev/pkg v0.0.0
+	assay.dev/pkg/devkit/testenv v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
 )
+
+require assay.dev/pkg/devkit/devpg v0.0.0 // indirect
 
 require (
 	assay.dev/pkg/devkit v0.0.0
@@ -76,5 +79,7 @@ require (
 replace (
 	assay.dev/pkg => ../../pkg
 	assay.dev/pkg/devkit => ../../pkg/devkit
+	assay.dev/pkg/devkit/devpg => ../../pkg/devkit/devpg
+	assay.dev/pkg/devkit/testenv => ../../pkg/devkit/testenv
 	assay.dev/schemas => ../../schemas
 )

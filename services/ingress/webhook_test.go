@@ -24,8 +24,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/contract"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"

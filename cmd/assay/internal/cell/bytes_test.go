@@ -7,8 +7,8 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/outcome"
 )
 

@@ -13,7 +13,7 @@ import (
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/consumer"
-	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 	"assay.dev/services/classifier"

@@ -11,8 +11,8 @@ import (
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/config"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/outcome"
 )
 

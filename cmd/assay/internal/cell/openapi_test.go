@@ -26,8 +26,8 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/host"
 	"assay.dev/pkg/placement"
 	"assay.dev/pkg/store"

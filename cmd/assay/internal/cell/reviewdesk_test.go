@@ -18,9 +18,9 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/fakegithub"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"

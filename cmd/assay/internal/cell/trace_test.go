@@ -14,7 +14,7 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
-	"assay.dev/pkg/devkit/evalset"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/ingress"

@@ -12,8 +12,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"assay.dev/cmd/assay/internal/cell/celltest"
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/store"
 	"assay.dev/services/ingress"
 )

@@ -1,70 +1,14 @@
-package evalset_test
+package sim_test
 
 import (
-	"reflect"
-	"regexp"
+	"encoding/json"
 	"slices"
-	"strings"
 	"testing"
 
-	"assay.dev/pkg/devkit/evalset"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/diff"
+	"assay.dev/pkg/evalset"
 )
-
-var (
-	hexRe    = regexp.MustCompile(`^[0-9a-f]{40}$`)
-	sourceRe = regexp.MustCompile(`^[\w.-]+/[\w.-]+#[0-9]+$`)
-)
-
-func TestItemsParseAndLookReal(t *testing.T) {
-	items := evalset.Items()
-	if len(items) < 10 {
-		t.Fatalf("%d items, want at least 10", len(items))
-	}
-	if !slices.IsSortedFunc(items, func(a, b evalset.Item) int { return strings.Compare(a.Name, b.Name) }) {
-		t.Error("items not in name order")
-	}
-	again := evalset.Items()
-	exts := map[string]bool{}
-	for i, it := range items {
-		if !reflect.DeepEqual(it, again[i]) {
-			t.Errorf("%s: Items() not deterministic", it.Name)
-		}
-		if it.Title == "" || !sourceRe.MatchString(it.SourceID) || !hexRe.MatchString(it.Revision) {
-			t.Errorf("%s: bad metadata %q %q %q", it.Name, it.Title, it.SourceID, it.Revision)
-		}
-		if !strings.HasPrefix(it.Diff, "diff --git ") {
-			t.Errorf("%s: not in git format", it.Name)
-		}
-		if n := strings.Count(strings.TrimRight(it.Diff, "\n"), "\n") + 1; n < 15 || n > 60 {
-			t.Errorf("%s: %d lines, want 15-60", it.Name, n)
-		}
-		d, err := diff.Parse(it.Diff)
-		if err != nil {
-			t.Errorf("%s: %v", it.Name, err)
-			continue
-		}
-		for _, f := range d.Files {
-			if len(f.Hunks) == 0 || len(f.Added()) == 0 {
-				t.Errorf("%s: %s has no added lines", it.Name, f.Path)
-			}
-			exts[f.Path[strings.LastIndex(f.Path, ".")+1:]] = true
-		}
-	}
-	for _, e := range []string{"go", "ts", "py"} {
-		if !exts[e] {
-			t.Errorf("no .%s file in the set", e)
-		}
-	}
-	seen := map[string]bool{}
-	for _, it := range items {
-		if seen[it.Revision] {
-			t.Errorf("%s: duplicate revision", it.Name)
-		}
-		seen[it.Revision] = true
-	}
-}
 
 // TestReviewerOnSet pins what the simulated reviewer finds, so a change to
 // either the rules or the set shows up here.
@@ -121,5 +65,33 @@ func TestReviewerOnSet(t *testing.T) {
 	}
 	if withFindings < 8 {
 		t.Errorf("only %d items with findings, want at least 8", withFindings)
+	}
+}
+
+// The simulated reviewer is the baseline a rollout is measured against: its
+// scores on the set are pinned here.
+func TestSimulatedReviewerBaseline(t *testing.T) {
+	items := evalset.Items()
+	var scores []evalset.Score
+	for _, it := range items {
+		out, err := json.Marshal(sim.ReviewCode(it.Diff, json.RawMessage("1"), "w"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs, err := evalset.Findings(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := evalset.ScoreItem(it, fs)
+		scores = append(scores, s)
+		for _, m := range s.Missed {
+			t.Logf("%s: missed %s:%d-%d %s", it.Name, m.File, m.From, m.To, m.Category)
+		}
+	}
+	tot := evalset.Totals(scores)
+	t.Logf("baseline: recall %.3f (%d of %d), precision %.3f (%d of %d found)", tot.Recall, tot.Matched, tot.Expected, tot.Precision, tot.Useful, tot.Found)
+	if tot.Expected != 18 || tot.Matched != 14 || tot.Found != 18 || tot.Useful != 18 {
+		t.Errorf("the simulated reviewer matched %d of %d expected issues with %d of %d findings useful; pinned at 14 of 18 and 18 of 18",
+			tot.Matched, tot.Expected, tot.Useful, tot.Found)
 	}
 }

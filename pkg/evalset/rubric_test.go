@@ -1,14 +1,12 @@
 package evalset_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
 
-	"assay.dev/pkg/devkit/evalset"
-	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/diff"
+	"assay.dev/pkg/evalset"
 )
 
 // Every expected and acceptable range lies on lines the diff adds, in a
@@ -105,33 +103,5 @@ func TestFindings(t *testing.T) {
 		if _, err := evalset.Findings([]byte(bad)); err == nil {
 			t.Errorf("%s: no error", bad)
 		}
-	}
-}
-
-// The simulated reviewer is the baseline a rollout is measured against: its
-// scores on the set are pinned here.
-func TestSimulatedReviewerBaseline(t *testing.T) {
-	items := evalset.Items()
-	var scores []evalset.Score
-	for _, it := range items {
-		out, err := json.Marshal(sim.ReviewCode(it.Diff, json.RawMessage("1"), "w"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		fs, err := evalset.Findings(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := evalset.ScoreItem(it, fs)
-		scores = append(scores, s)
-		for _, m := range s.Missed {
-			t.Logf("%s: missed %s:%d-%d %s", it.Name, m.File, m.From, m.To, m.Category)
-		}
-	}
-	tot := evalset.Totals(scores)
-	t.Logf("baseline: recall %.3f (%d of %d), precision %.3f (%d of %d found)", tot.Recall, tot.Matched, tot.Expected, tot.Precision, tot.Useful, tot.Found)
-	if tot.Expected != 18 || tot.Matched != 14 || tot.Found != 18 || tot.Useful != 18 {
-		t.Errorf("the simulated reviewer matched %d of %d expected issues with %d of %d findings useful; pinned at 14 of 18 and 18 of 18",
-			tot.Matched, tot.Expected, tot.Useful, tot.Found)
 	}
 }
