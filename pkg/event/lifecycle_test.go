@@ -6,9 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/lifecycle"
@@ -18,15 +15,7 @@ import (
 // TestKeeperLifecycle holds the stream keeper to the contract of every
 // part.
 func TestKeeperLifecycle(t *testing.T) {
-	nc, err := nats.Connect(testenv.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testenv.JetStream(t)
 	names := event.Names{Installation: "stress", Cell: "us"}
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
 		return &event.Keeper{JS: js, Names: names, Kinds: []string{event.KindWork}, Every: 5 * time.Millisecond,

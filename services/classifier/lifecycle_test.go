@@ -1,13 +1,11 @@
 package classifier
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -54,15 +52,7 @@ func newStressCell(t *testing.T) *stressCell {
 	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: "tok-acme"}}); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(testenv.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testenv.JetStream(t)
 	if _, err := event.EnsureStream(ctx, js, event.Names{Cell: "us"}, event.KindWork, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
@@ -130,27 +120,6 @@ func providerBatch(cfg *Config) {
 	cfg.ProviderBatch = ProviderBatch{On: true, PollEvery: 5 * time.Millisecond, Flush: 5 * time.Millisecond}
 }
 
-// warmWithin bounds how long a warm part is waited for after Start.
-const warmWithin = 3 * time.Second
-
-// warm is a part whose Start returns once ready says it runs (or
-// warmWithin passed: a Start that lost a race with Stop may never be), so
-// the Stops of a Stress meet it running, not still starting.
-type warm struct {
-	lifecycle.Service
-	ready func(ctx context.Context) error
-}
-
-func (w warm) Start(ctx context.Context) error {
-	if err := w.Service.Start(ctx); err != nil {
-		return err
-	}
-	for end := time.Now().Add(warmWithin); w.ready(ctx) != nil && time.Now().Before(end); {
-		time.Sleep(5 * time.Millisecond)
-	}
-	return nil
-}
-
 // TestServiceLifecycle holds a whole classifier (its RESULT and ATTEMPT
 // streams, cancel subscription, relay, capacity reporter and both lanes'
 // consumers, with the cell's model-call slots) to the contract of every
@@ -168,7 +137,7 @@ func TestWarmServiceLifecycle(t *testing.T) {
 	c.announce(t, 20)
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
 		s := c.classifier(t, nil)
-		return warm{s, s.Ready}
+		return lifecycletest.Warm(s, s.Ready)
 	})
 	c.ended(t)
 }
@@ -216,7 +185,7 @@ func TestLaneLifecycle(t *testing.T) {
 						s.slots.Stop()
 					}
 				})
-				return warm{s.lanes[i], s.lanes[i].Ready}
+				return lifecycletest.Warm(s.lanes[i], s.lanes[i].Ready)
 			})
 		})
 	}
@@ -269,38 +238,6 @@ func TestStopDuringStartLifecycle(t *testing.T) {
 		s := c.classifier(t, nil)
 		js := &slowConn{JetStream: s.d.JS, delay: 50 * time.Millisecond, entered: make(chan struct{})}
 		s.d.JS = js
-		before := runningParts()
-		var wg sync.WaitGroup
-		wg.Go(func() { _ = s.Start(t.Context()) })
-		<-js.entered
-		s.Stop(t.Context())
-		wg.Wait()
-		ctx, cancel := context.WithTimeout(t.Context(), lifecycletest.StopWithin)
-		s.Stop(ctx)
-		stuck := ctx.Err() != nil
-		cancel()
-		if stuck {
-			t.Fatalf("the Stop after Start and Stop raced did not return within %s", lifecycletest.StopWithin)
-		}
-		now := runningParts()
-		for end := time.Now().Add(time.Second); now > before && time.Now().Before(end); now = runningParts() {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if now > before {
-			t.Fatalf("%d part goroutines still run after the last Stop (%d before Start)", now, before)
-		}
-	}
-}
-
-// runningParts counts the goroutines lifecycle.Runner started and that
-// have not returned, as lifecycletest does.
-func runningParts() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return bytes.Count(buf[:n], []byte("assay.dev/pkg/lifecycle.(*Runner).Go.func"))
-		}
-		buf = make([]byte, 2*len(buf))
+		lifecycletest.StopWhileStarting(t, s, js.entered)
 	}
 }

@@ -1,12 +1,10 @@
 package committer_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -64,27 +62,6 @@ func (b *bundle) committerOf(t *testing.T, js committer.JetStream) *committer.Se
 	return svc
 }
 
-// warmWithin bounds how long a warm part is waited for after Start.
-const warmWithin = 3 * time.Second
-
-// warm is a part whose Start returns once ready says it runs (or
-// warmWithin passed: a Start that lost a race with Stop may never be), so
-// the Stops of a Stress meet it running, not still starting.
-type warm struct {
-	lifecycle.Service
-	ready func(ctx context.Context) error
-}
-
-func (w warm) Start(ctx context.Context) error {
-	if err := w.Service.Start(ctx); err != nil {
-		return err
-	}
-	for end := time.Now().Add(warmWithin); w.ready(ctx) != nil && time.Now().Before(end); {
-		time.Sleep(5 * time.Millisecond)
-	}
-	return nil
-}
-
 // TestServiceLifecycle holds a whole committer (its OUTCOME stream, relay,
 // publisher, RESULT consumer, reaper and announcer) to the contract of
 // every part, with answers to commit while it starts and stops.
@@ -99,7 +76,7 @@ func TestWarmServiceLifecycle(t *testing.T) {
 	b := stressCell(t, 20)
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
 		s := b.committerOf(t, nil)
-		return warm{s, s.Ready}
+		return lifecycletest.Warm(s, s.Ready)
 	})
 	var open int
 	if err := b.db.QueryRow(t.Context(), `SELECT count(*) FROM work WHERE state = 'running'`).Scan(&open); err != nil {
@@ -117,7 +94,7 @@ func TestPublisherLifecycle(t *testing.T) {
 	}
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
 		p := b.committerOf(t, nil).Publisher()
-		return warm{p, p.Ready}
+		return lifecycletest.Warm(p, p.Ready)
 	})
 }
 
@@ -149,38 +126,6 @@ func TestStopDuringStartLifecycle(t *testing.T) {
 	for range 3 {
 		js := &slowConn{JetStream: b.js, delay: 50 * time.Millisecond, entered: make(chan struct{})}
 		s := b.committerOf(t, js)
-		before := runningParts()
-		var wg sync.WaitGroup
-		wg.Go(func() { _ = s.Start(t.Context()) })
-		<-js.entered
-		s.Stop(t.Context())
-		wg.Wait()
-		ctx, cancel := context.WithTimeout(t.Context(), lifecycletest.StopWithin)
-		s.Stop(ctx)
-		stuck := ctx.Err() != nil
-		cancel()
-		if stuck {
-			t.Fatalf("the Stop after Start and Stop raced did not return within %s", lifecycletest.StopWithin)
-		}
-		now := runningParts()
-		for end := time.Now().Add(time.Second); now > before && time.Now().Before(end); now = runningParts() {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if now > before {
-			t.Fatalf("%d part goroutines still run after the last Stop (%d before Start)", now, before)
-		}
-	}
-}
-
-// runningParts counts the goroutines lifecycle.Runner started and that
-// have not returned, as lifecycletest does.
-func runningParts() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return bytes.Count(buf[:n], []byte("assay.dev/pkg/lifecycle.(*Runner).Go.func"))
-		}
-		buf = make([]byte, 2*len(buf))
+		lifecycletest.StopWhileStarting(t, s, js.entered)
 	}
 }

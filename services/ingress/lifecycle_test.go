@@ -27,27 +27,6 @@ func lifecycleEnv(t *testing.T) *webhookEnv {
 	return e
 }
 
-// warmWithin bounds how long a warm part is waited for after Start.
-const warmWithin = 3 * time.Second
-
-// warm is a part whose Start returns once ready says it runs (or
-// warmWithin passed: a Start that lost a race with Stop may never be), so
-// the Stops of a Stress meet it running, not still starting.
-type warm struct {
-	lifecycle.Service
-	ready func(ctx context.Context) error
-}
-
-func (w warm) Start(ctx context.Context) error {
-	if err := w.Service.Start(ctx); err != nil {
-		return err
-	}
-	for end := time.Now().Add(warmWithin); w.ready(ctx) != nil && time.Now().Before(end); {
-		time.Sleep(5 * time.Millisecond)
-	}
-	return nil
-}
-
 var errNotYet = errors.New("not running yet")
 
 // TestServiceLifecycle holds a whole ingress instance (its WORK stream,
@@ -64,12 +43,12 @@ func TestWarmServiceLifecycle(t *testing.T) {
 	e := lifecycleEnv(t)
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
 		s := e.stressService(t)
-		return warm{s, func(ctx context.Context) error {
+		return lifecycletest.Warm(s, func(ctx context.Context) error {
 			if !s.CapacityKnown() {
 				return errNotYet
 			}
 			return s.Ready(ctx)
-		}}
+		})
 	})
 }
 
@@ -106,12 +85,12 @@ func TestWarmCapacityViewLifecycle(t *testing.T) {
 	e := lifecycleEnv(t)
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
 		v := &capacityView{js: e.js, bucket: e.svc.cfg.Names.CapacityBucket(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		return warm{v, func(context.Context) error {
+		return lifecycletest.Warm(v, func(context.Context) error {
 			if v.rate(time.Now()) == 0 {
 				return errNotYet
 			}
 			return nil
-		}}
+		})
 	})
 }
 
@@ -152,11 +131,11 @@ func TestWarmTenantWatchLifecycle(t *testing.T) {
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
 		spy := &listenSpy{tenantWatcher: e.st}
 		w := &tenantWatch{w: spy, cache: auth.NewCache(e.st, 2*time.Second), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		return warm{w, func(context.Context) error {
+		return lifecycletest.Warm(w, func(context.Context) error {
 			if !spy.on.Load() {
 				return errNotYet
 			}
 			return nil
-		}}
+		})
 	})
 }

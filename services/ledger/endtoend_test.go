@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
@@ -29,15 +26,7 @@ func TestLedgerOnPostgresAndJetStream(t *testing.T) {
 	st, db := newTestDatabase(t)
 	f := &pgFacts{t: t, st: st, db: db, claims: map[string]claimFact{}}
 	f.Tenant("acme", "us", "tok-acme")
-	nc, err := nats.Connect(testenv.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testenv.JetStream(t)
 	names := event.Names{Cell: "us"}
 	if _, err := event.EnsureStream(ctx, js, names, event.KindAttempt, event.StreamSettings{}); err != nil {
 		t.Fatal(err)

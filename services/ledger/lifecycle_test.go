@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/event"
@@ -21,27 +19,6 @@ import (
 	"assay.dev/pkg/telemetry"
 )
 
-// warmWithin bounds how long a warm part is waited for after Start.
-const warmWithin = 3 * time.Second
-
-// warm is a part whose Start returns once ready says it runs (or
-// warmWithin passed: a Start that lost a race with Stop may never be), so
-// the Stops of a Stress meet it running, not still starting.
-type warm struct {
-	lifecycle.Service
-	ready func(ctx context.Context) error
-}
-
-func (w warm) Start(ctx context.Context) error {
-	if err := w.Service.Start(ctx); err != nil {
-		return err
-	}
-	for end := time.Now().Add(warmWithin); w.ready(ctx) != nil && time.Now().Before(end); {
-		time.Sleep(5 * time.Millisecond)
-	}
-	return nil
-}
-
 // stressLedger is newTestLedger's database, with JetStream, the ATTEMPT
 // stream the classifier would have made and attempts waiting in it; the
 // part it returns builds one more ledger of it, not started, its reaper
@@ -49,15 +26,7 @@ func (w warm) Start(ctx context.Context) error {
 func stressLedger(t *testing.T, attempts int) (db *pgxpool.Pool, newPart func(t *testing.T) *Service) {
 	t.Helper()
 	_, st, db := newTestLedger(t, Config{Region: "us"}, "acme")
-	nc, err := nats.Connect(testenv.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testenv.JetStream(t)
 	names := event.Names{Cell: "us"}
 	if _, err := event.EnsureStream(t.Context(), js, names, event.KindAttempt, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
@@ -108,7 +77,7 @@ func TestWarmServiceLifecycle(t *testing.T) {
 	db, newPart := stressLedger(t, 20)
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
 		s := newPart(t)
-		return warm{s, s.Ready}
+		return lifecycletest.Warm(s, s.Ready)
 	})
 	var rows int
 	if err := db.QueryRow(t.Context(), `SELECT count(*) FROM ledger`).Scan(&rows); err != nil {

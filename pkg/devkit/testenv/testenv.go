@@ -20,6 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/devkit/devpg"
 )
@@ -193,6 +195,22 @@ func NATS(tb testing.TB) string {
 		s.WaitForShutdown()
 	})
 	return s.ClientURL()
+}
+
+// JetStream connects to NATS(tb) and returns its JetStream; the
+// connection closes when tb ends.
+func JetStream(tb testing.TB) jetstream.JetStream {
+	tb.Helper()
+	nc, err := nats.Connect(NATS(tb))
+	if err != nil {
+		tb.Fatalf("testenv: connect: %v", err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatalf("testenv: jetstream: %v", err)
+	}
+	return js
 }
 
 // NATSWithoutJetStream returns the client URL of an embedded NATS server

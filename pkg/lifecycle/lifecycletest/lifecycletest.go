@@ -147,3 +147,44 @@ func settled(t *testing.T, before int) {
 		t.Errorf("%d part goroutines still run after Stop returned (%d before Start)", now, before)
 	}
 }
+
+// WarmWithin bounds how long a Warm part's Start waits for it to run.
+const WarmWithin = 3 * time.Second
+
+// Warm is part whose Start returns once ready says it runs, or after
+// WarmWithin (a Start that lost a race with Stop may never run), so that
+// the Stops of a Stress meet it running rather than still starting.
+func Warm(part lifecycle.Service, ready func(ctx context.Context) error) lifecycle.Service {
+	return warm{part, ready}
+}
+
+type warm struct {
+	lifecycle.Service
+	ready func(ctx context.Context) error
+}
+
+func (w warm) Start(ctx context.Context) error {
+	if err := w.Service.Start(ctx); err != nil {
+		return err
+	}
+	for end := time.Now().Add(WarmWithin); w.ready(ctx) != nil && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
+
+// StopWhileStarting is the StartRacesStop case held to one moment: Start
+// runs until it closes entered (a hook the test put in its path), Stop
+// comes then, and a Stop after both must return with nothing of p left
+// running. It is the race a Stress run meets only by chance.
+func StopWhileStarting(t *testing.T, p lifecycle.Service, entered <-chan struct{}) {
+	t.Helper()
+	before := running()
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = p.Start(t.Context()) })
+	<-entered
+	p.Stop(t.Context())
+	wg.Wait()
+	stop(t, p, "the Stop after Start and Stop raced")
+	settled(t, before)
+}

@@ -1,7 +1,6 @@
 package publish
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"testing"
@@ -12,27 +11,6 @@ import (
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/lifecycle/lifecycletest"
 )
-
-// warmWithin bounds how long a warm part is waited for after Start.
-const warmWithin = 3 * time.Second
-
-// warm is a part whose Start returns once ready says it runs (or
-// warmWithin passed: a Start that lost a race with Stop may never be), so
-// the Stops of a Stress meet it running, not still starting.
-type warm struct {
-	lifecycle.Service
-	ready func(ctx context.Context) error
-}
-
-func (w warm) Start(ctx context.Context) error {
-	if err := w.Service.Start(ctx); err != nil {
-		return err
-	}
-	for end := time.Now().Add(warmWithin); w.ready(ctx) != nil && time.Now().Before(end); {
-		time.Sleep(5 * time.Millisecond)
-	}
-	return nil
-}
 
 // stressPublisher is setup's publisher, with outcomes of accepted pull
 // request work waiting in its stream, so the first publishers stopped
@@ -67,7 +45,7 @@ func TestWarmPublisherLifecycle(t *testing.T) {
 	b, newPart := stressPublisher(t, 10)
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
 		p := newPart(t)
-		return warm{p, p.Ready}
+		return lifecycletest.Warm(p, p.Ready)
 	})
 	t.Logf("%d calls to the fake GitHub", apiCalls(b.gh))
 }
