@@ -94,6 +94,12 @@ func TestAnotherServicesCredentialStopsStartup(t *testing.T) {
 	if !strings.Contains(out, `"msg":"nats: asynchronous error"`) {
 		t.Errorf("the server's refusal is not a JSON log line:\n%s", out)
 	}
+	// A refused credential is a bad setting no retry mends: the start
+	// gives up at the first refusal instead of asking again until its
+	// deadline (a refusal every 2 s for 30 s before).
+	if n := strings.Count(out, `"msg":"nats: asynchronous error"`); n > 2 {
+		t.Errorf("the server refused the start %d times: it went on asking after the first refusal\n%s", n, out)
+	}
 }
 
 // Every binary: --help exits 0 and lists its own settings (the model's only

@@ -57,6 +57,7 @@ type natsHealth struct {
 	mu        sync.Mutex
 	violation string
 	at        time.Time
+	refused   chan struct{} // closed at the first violation
 }
 
 // violationMemory is how long a permissions violation keeps a service not
@@ -66,7 +67,26 @@ const violationMemory = time.Minute
 func (h *natsHealth) record(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.violation == "" {
+		close(h.refusedOnce())
+	}
 	h.violation, h.at = err.Error(), time.Now()
+}
+
+// refusedOnce is the channel closed at the first violation; h.mu is held.
+func (h *natsHealth) refusedOnce() chan struct{} {
+	if h.refused == nil {
+		h.refused = make(chan struct{})
+	}
+	return h.refused
+}
+
+// firstRefusal is closed once the server has refused this credential
+// anything.
+func (h *natsHealth) firstRefusal() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.refusedOnce()
 }
 
 func (h *natsHealth) recent() string {
@@ -547,7 +567,7 @@ func startService(ctx context.Context, spec Spec, cfg config.Config, log *slog.L
 	}
 	part, api, err := spec.Build(env)
 	if err == nil {
-		err = part.Start(ctx)
+		err = startRefusable(ctx, env, part)
 	}
 	if err != nil {
 		if v := env.Refusal(); v != "" {
@@ -557,6 +577,23 @@ func startService(ctx context.Context, spec Spec, cfg config.Config, log *slog.L
 		fail(log, spec.Name, err)
 	}
 	return env, part, api
+}
+
+// startRefusable starts part, and gives up at once when the NATS server
+// refuses this credential something while it starts: the service's user
+// may make every call a start makes, so a refusal is a wrong credential,
+// which no retry of the start mends.
+func startRefusable(ctx context.Context, env *Env, part Part) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-env.nats.firstRefusal():
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
+	return part.Start(sctx)
 }
 
 // drain stops taking work, finishes or releases what is held, stops the
