@@ -368,7 +368,10 @@ func (s *Store) WorkAnswerGroup(ctx context.Context, reqs []AnswerReq) []Answer 
 			(SELECT coalesce(a.answer, a.raw_response) FROM attempts a WHERE a.id = x.attempt_id AND a.work_id = work.id)
 		FROM unnest($1::text[], $2::uuid[]) AS x(work_id, attempt_id) JOIN work ON work.id = x.work_id
 		WHERE work.id = ANY($1)`, works, attempts)
-	found := map[string]Answer{}
+	// By work and attempt: a request naming an attempt of other work (a
+	// malformed event) gets its own work's row, with no answer.
+	type key struct{ work, attempt string }
+	found := map[key]Answer{}
 	if err == nil {
 		for rows.Next() {
 			var attempt string
@@ -376,7 +379,7 @@ func (s *Store) WorkAnswerGroup(ctx context.Context, reqs []AnswerReq) []Answer 
 			if a.Work, err = scanWorkWith(rows, &attempt, &a.Answer); err != nil {
 				break
 			}
-			found[attempt] = a
+			found[key{a.Work.ID, attempt}] = a
 		}
 		rows.Close()
 		if err == nil {
@@ -387,7 +390,7 @@ func (s *Store) WorkAnswerGroup(ctx context.Context, reqs []AnswerReq) []Answer 
 		return fill(out, func(int) Answer { return Answer{Err: fmt.Errorf("store: work answer: %w", err)} })
 	}
 	for i, r := range reqs {
-		a, ok := found[r.AttemptID]
+		a, ok := found[key{r.WorkID, r.AttemptID}]
 		if !ok {
 			a.Err = ErrNotFound
 		}

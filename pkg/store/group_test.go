@@ -427,3 +427,31 @@ func TestInsertWorkGroupDecidesEachRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkAnswerGroupKeepsEachRequestsWork: a group asking for an
+// attempt's answer under its own work and, as a malformed event would,
+// under another work gets each work's own row: the answer under the work
+// that holds the attempt, none under the other.
+func TestWorkAnswerGroupKeepsEachRequestsWork(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	a := insert(t, ctx, s, newWork("acme", "octo/repo#71", "r1"))
+	b := insert(t, ctx, s, newWork("acme", "octo/repo#72", "r1"))
+	attempt, token := newUUID(), newUUID()
+	claim(t, ctx, s, a.ID, attempt, token, time.Minute)
+	if _, err := s.RecordAttempt(ctx, store.AttemptRecord{AttemptID: attempt, WorkID: a.ID, LeaseToken: token,
+		Outcome: "ok", Raw: []byte(`{"answer":1}`), Change: store.Handoff, HandoffTTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	for _, order := range [][]string{{a.ID, b.ID}, {b.ID, a.ID}} {
+		got := s.WorkAnswerGroup(ctx, []store.AnswerReq{{WorkID: order[0], AttemptID: attempt}, {WorkID: order[1], AttemptID: attempt}})
+		for i, g := range got {
+			if g.Err != nil || g.Work == nil || g.Work.ID != order[i] {
+				t.Fatalf("request %d for work %s: %+v", i, order[i], g)
+			}
+			if want := order[i] == a.ID; (string(g.Answer) == `{"answer": 1}` || string(g.Answer) == `{"answer":1}`) != want {
+				t.Errorf("work %s: answer %q, want the attempt's answer only under the work that holds it", order[i], g.Answer)
+			}
+		}
+	}
+}
