@@ -1,7 +1,6 @@
 package committer
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/contract"
+	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
@@ -24,7 +24,7 @@ import (
 // decisions the returned log holds. It is not started and has no
 // JetStream: the commit path publishes nothing itself, it hands the
 // events it wrote to the outbox relay, which is not running.
-func newMemCommitter(t *testing.T) (*Service, *memStore, *decisionLog) {
+func newMemCommitter(t *testing.T) (*Service, *memStore, *testenv.DecisionLog) {
 	t.Helper()
 	reg, err := contract.Load()
 	if err != nil {
@@ -35,44 +35,12 @@ func newMemCommitter(t *testing.T) (*Service, *memStore, *decisionLog) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
-	m, log := newMemStore(t), &decisionLog{}
+	m, log := newMemStore(t), &testenv.DecisionLog{}
 	s, err := New(Config{Region: "us"}, Deps{Store: m, Contracts: reg, Log: slog.New(slog.NewJSONHandler(log, nil)), Tel: tel})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s, m, log
-}
-
-// decisionLog is a JSON log the committer writes and a test reads its
-// decisions back from.
-type decisionLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *decisionLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// of returns the outcomes of the decisions logged about the attempt, in
-// the order they were made.
-func (l *decisionLog) of(t *testing.T, attempt string) []string {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for line := range strings.Lines(l.b.String()) {
-		var d struct{ Msg, Attempt, Outcome string }
-		if err := json.Unmarshal([]byte(line), &d); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		if d.Msg == "decision" && d.Attempt == attempt {
-			out = append(out, d.Outcome)
-		}
-	}
-	return out
 }
 
 // resultOf is the RESULT event the attempt's answer to the work travels
@@ -211,7 +179,7 @@ func TestHandleDecidesEachResult(t *testing.T) {
 					t.Errorf("delivery %d: %+v, want %+v", i, got, c.want)
 				}
 			}
-			if got := log.of(t, a1); !slices.Equal(got, c.decisions) {
+			if got := log.OutcomesOf(t, a1); !slices.Equal(got, c.decisions) {
 				t.Errorf("decisions %q, want %q", got, c.decisions)
 			}
 			got := m.work("w1")
@@ -273,7 +241,7 @@ func TestConcurrentResultsAreDecidedAlone(t *testing.T) {
 		if i%3 == 0 {
 			want, state = outcome.AttemptStaleLease, outcome.Running
 		}
-		if got := log.of(t, ev.AttemptID); !slices.Equal(got, []string{want}) {
+		if got := log.OutcomesOf(t, ev.AttemptID); !slices.Equal(got, []string{want}) {
 			t.Errorf("%s: decisions %q, want %s", ev.WorkID, got, want)
 		}
 		if got := m.work(ev.WorkID).State; got != state {

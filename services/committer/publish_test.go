@@ -1,7 +1,6 @@
 package committer_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -9,12 +8,12 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/devkit/fakegithub"
+	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
@@ -138,35 +137,6 @@ func TestReaperPublishesLostOutcomes(t *testing.T) {
 	}
 }
 
-// logLines is a log sink a test reads back.
-type logLines struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// decisions counts the decisions of each key with the outcome word.
-func (l *logLines) decisions(t *testing.T, outcome string) map[string]int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := map[string]int{}
-	for line := range strings.Lines(l.b.String()) {
-		var d struct{ Msg, Key, Outcome string }
-		if err := json.Unmarshal([]byte(line), &d); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		if d.Msg == "decision" && d.Outcome == outcome {
-			out[d.Key]++
-		}
-	}
-	return out
-}
-
 // 300 outcomes with nothing to publish (code reviews of pull requests no
 // installation of their tenant covers) and one lost outcome among them
 // whose pull request is covered, all published to the broker and never
@@ -226,7 +196,7 @@ func TestReaperReadsNothingToPublishOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	gh.App(5, &key.PublicKey)
-	log := &logLines{}
+	log := &testenv.DecisionLog{}
 	reg, _ := contract.Load()
 	tel, _ := telemetry.Setup(ctx, "committer", "us")
 	svc, err := committer.New(committer.Config{Region: "us", Names: event.Names{Installation: "quiet", Cell: "us"},
@@ -239,7 +209,7 @@ func TestReaperReadsNothingToPublishOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reaped := log.decisions(t, "reaped")
+	reaped := reads(t, log)
 	if len(reaped) != quiet+1 || n != quiet+1 {
 		t.Fatalf("one pass read %d outcomes (%d distinct), want %d", n, len(reaped), quiet+1)
 	}
@@ -258,13 +228,25 @@ func TestReaperReadsNothingToPublishOnce(t *testing.T) {
 	if n, err := svc.Reap(ctx); err != nil || n != 0 {
 		t.Fatalf("second pass: %d read, %v; want none", n, err)
 	}
-	for k, c := range log.decisions(t, "reaped") {
+	for k, c := range reads(t, log) {
 		if c != 1 {
 			t.Errorf("%s read %d times over two passes, want once", k, c)
 		}
 	}
 	t.Logf("%d nothing-to-publish outcomes and 1 lost: one pass read each once (%d reads), published the lost one; the second pass read 0",
 		quiet, n)
+}
+
+// reads counts the "reaped" decisions of each key: how often the reaper
+// read the outcome back.
+func reads(t *testing.T, log *testenv.DecisionLog) map[string]int {
+	out := map[string]int{}
+	for _, d := range log.Decisions(t) {
+		if d.Outcome == "reaped" {
+			out[d.Key]++
+		}
+	}
+	return out
 }
 
 func count(t *testing.T, b *bundle, sql string, args ...any) int {

@@ -82,7 +82,7 @@ func TestHandleSettlesEachAttempt(t *testing.T) {
 					t.Errorf("delivery %d: %+v, want %+v", i, got, c.want)
 				}
 			}
-			if got := log.of(t, attempt); !slices.Equal(got, c.decisions) {
+			if got := log.OutcomesOf(t, attempt); !slices.Equal(got, c.decisions) {
 				t.Errorf("decisions %q, want %q", got, c.decisions)
 			}
 			got, ok := m.row(attempt)

@@ -62,7 +62,7 @@ func TestReaperMakesTheLedgerWhole(t *testing.T) {
 		}
 	}
 	for key, want := range map[string][]string{dead: {"recorded"}, lost: {"reaped", "recorded"}, "reservations": {"released"}} {
-		if got := log.of(t, key); !slices.Equal(got, want) {
+		if got := log.OutcomesOf(t, key); !slices.Equal(got, want) {
 			t.Errorf("decisions for %s: %q, want %q", key, got, want)
 		}
 	}
@@ -85,7 +85,7 @@ func TestReaperMakesTheLedgerWhole(t *testing.T) {
 		r.CostMicros != s.cfg.Prices.CostMicros("assay-sim-1", 800, 80) {
 		t.Errorf("row after the late report %+v, want the report", r)
 	}
-	if got, want := log.of(t, dead), []string{"recorded", "replaced", "duplicate"}; !slices.Equal(got, want) {
+	if got, want := log.OutcomesOf(t, dead), []string{"recorded", "replaced", "duplicate"}; !slices.Equal(got, want) {
 		t.Errorf("decisions for the dead attempt: %q, want %q", got, want)
 	}
 	if got := m.rows(); got != 2 {

@@ -1,13 +1,9 @@
 package ledger
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -74,41 +70,9 @@ func newTestLedger(t *testing.T, cfg Config, tenants ...string) (*Service, *stor
 
 // newMemLedger is a ledger of region us on a memStore, not started and
 // without JetStream, whose decisions the returned log holds.
-func newMemLedger(t *testing.T, cfg Config) (*Service, *memStore, *decisionLog) {
+func newMemLedger(t *testing.T, cfg Config) (*Service, *memStore, *testenv.DecisionLog) {
 	t.Helper()
 	m := newMemStore(t)
-	log := &decisionLog{}
+	log := &testenv.DecisionLog{}
 	return newLedger(t, cfg, Deps{Store: m, Log: slog.New(slog.NewJSONHandler(log, nil))}), m, log
-}
-
-// decisionLog is a JSON log the ledger writes and a test reads its
-// decisions back from.
-type decisionLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *decisionLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// of returns the outcomes of the decisions logged for key, in the order
-// they were made.
-func (l *decisionLog) of(t *testing.T, key string) []string {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for line := range strings.Lines(l.b.String()) {
-		var d struct{ Msg, Key, Outcome string }
-		if err := json.Unmarshal([]byte(line), &d); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		if d.Msg == "decision" && d.Key == key {
-			out = append(out, d.Outcome)
-		}
-	}
-	return out
 }

@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"context"
+	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -193,5 +195,26 @@ func TestClusterKeepsR3StreamAcrossLeaderLoss(t *testing.T) {
 	msgs := own.Msgs
 	if msgs != 100 {
 		t.Fatalf("node %s holds %d messages after catching up, want 100", old, msgs)
+	}
+}
+
+// TestDecisionLogReadsDecisionsBack: the decisions a JSON slog logger
+// writes through telemetry's form come back in order, by key or attempt;
+// other lines are passed over.
+func TestDecisionLogReadsDecisionsBack(t *testing.T) {
+	var l DecisionLog
+	log := slog.New(slog.NewJSONHandler(&l, nil))
+	log.Info("decision", "key", "w_1", "outcome", "accepted", "reason", "gate passed", "attempt", "a_1")
+	log.Info("serving", "addr", "127.0.0.1:1")
+	log.Info("decision", "key", "w_1", "outcome", "duplicate", "reason", "seen")
+	log.Info("decision", "key", "w_2", "outcome", "refused", "reason", "other region")
+	if got := l.Decisions(t); len(got) != 3 || got[0] != (Decision{Key: "w_1", Attempt: "a_1", Outcome: "accepted", Reason: "gate passed"}) {
+		t.Fatalf("decisions %+v", got)
+	}
+	if got := l.OutcomesOf(t, "w_1"); !slices.Equal(got, []string{"accepted", "duplicate"}) {
+		t.Errorf("of w_1: %v", got)
+	}
+	if got := l.OutcomesOf(t, "a_1"); !slices.Equal(got, []string{"accepted"}) {
+		t.Errorf("of a_1: %v", got)
 	}
 }
