@@ -25,21 +25,19 @@ type Step[T any] struct {
 	GiveUp    func(ctx context.Context, v T, err error)
 }
 
-// Handle settles each message by what step returns: nil is done, a
-// permanent error is given up, any other is logged and retried after Wait.
-func (r Step[T]) Handle(step func(ctx context.Context, v T) error) func(ctx context.Context, v T, d Delivery) Disposition {
-	return func(ctx context.Context, v T, _ Delivery) Disposition {
-		err := step(ctx, v)
-		switch {
-		case err == nil:
-			return Done()
-		case r.Permanent != nil && r.Permanent(err):
-			if r.GiveUp != nil {
-				r.GiveUp(ctx, v, err)
-			}
-			return Done()
+// Settle is the disposition of a message v whose step returned err: nil
+// is done, a permanent error is given up, any other is logged and the
+// message retried after Wait.
+func (r Step[T]) Settle(ctx context.Context, v T, err error) Disposition {
+	switch {
+	case err == nil:
+		return Done()
+	case r.Permanent != nil && r.Permanent(err):
+		if r.GiveUp != nil {
+			r.GiveUp(ctx, v, err)
 		}
-		r.Log.Warn(r.Failed, append(r.Attrs(v), "err", err)...)
-		return Retry(r.Wait)
+		return Done()
 	}
+	r.Log.Warn(r.Failed, append(r.Attrs(v), "err", err)...)
+	return Retry(r.Wait)
 }

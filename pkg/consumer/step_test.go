@@ -28,14 +28,14 @@ func TestStepDecidesEachError(t *testing.T) {
 		{permanent, consumer.Done(), 1},
 		{errors.New("database gone"), consumer.Retry(3 * time.Second), 1},
 	} {
-		got := r.Handle(func(context.Context, string) error { return c.err })(t.Context(), "k", nil)
+		got := r.Settle(t.Context(), "k", c.err)
 		if got != c.want || len(gaveUp) != c.gave {
 			t.Errorf("%v: %+v with %d given up, want %+v with %d", c.err, got, len(gaveUp), c.want, c.gave)
 		}
 	}
 	// Without Permanent every error is retried.
 	r.Permanent = nil
-	if got := r.Handle(func(context.Context, string) error { return permanent })(t.Context(), "k", nil); got != consumer.Retry(3*time.Second) {
+	if got := r.Settle(t.Context(), "k", permanent); got != consumer.Retry(3*time.Second) {
 		t.Errorf("no Permanent: %+v, want a retry", got)
 	}
 }

@@ -155,6 +155,7 @@ type Service struct {
 	shadows   metric.Int64Counter
 	refused   metric.Int64Counter
 	endToEnd  metric.Float64Histogram
+	onError   consumer.Step[event.Result] // what a commit's error does to its message
 	results   *consumer.Consumer
 	reaper    lifecycle.Ticker
 	streams   *event.Keeper
@@ -247,6 +248,8 @@ func (s *Service) buildMetrics() error {
 // commits every answer.
 func (s *Service) buildResults() error {
 	cfg, d := s.cfg, s.d
+	s.onError = consumer.Step[event.Result]{Log: d.Log, Failed: "commit failed; will retry",
+		Attrs: func(ev event.Result) []any { return []any{"key", ev.WorkID, "attempt", ev.AttemptID} }, Wait: time.Second}
 	var err error
 	s.results, err = consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindResult),
 		Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names), AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver,
@@ -496,9 +499,8 @@ func (s *Service) Ready(ctx context.Context) error {
 
 // handle commits each result; a commit that failed is tried again a
 // second later.
-func (s *Service) handle(ctx context.Context, ev event.Result, d consumer.Delivery) consumer.Disposition {
-	return consumer.Step[event.Result]{Log: s.d.Log, Failed: "commit failed; will retry",
-		Attrs: func(ev event.Result) []any { return []any{"key", ev.WorkID, "attempt", ev.AttemptID} }, Wait: time.Second}.Handle(s.Commit)(ctx, ev, d)
+func (s *Service) handle(ctx context.Context, ev event.Result, _ consumer.Delivery) consumer.Disposition {
+	return s.onError.Settle(ctx, ev, s.Commit(ctx, ev))
 }
 
 // Commit applies one RESULT event. It is idempotent: a redelivered event

@@ -91,6 +91,7 @@ type Service struct {
 	recorded metric.Int64Counter
 	refused  metric.Int64Counter
 	attempts *consumer.Consumer
+	onError  consumer.Step[event.Attempt] // what an append's error does to its message
 	reaper   lifecycle.Ticker
 	// rows records the rows of concurrent deliveries together: under load
 	// many attempts share one commit, and alone a row waits for nobody.
@@ -131,6 +132,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
 	s := &Service{cfg: cfg, d: d, rows: &group.Batch[store.LedgerRow, store.LedgerResult]{Max: ledgerBatch, Run: d.Store.RecordLedgerBatch}}
+	s.onError = consumer.Step[event.Attempt]{Log: d.Log, Failed: "ledger append failed; will retry",
+		Attrs: func(ev event.Attempt) []any { return []any{"key", ev.AttemptID} }, Wait: time.Second,
+		Permanent: store.Permanent, GiveUp: s.refuse}
 	var err error
 	if s.recorded, err = d.Tel.Meter().Int64Counter("assay_ledger_attempts",
 		metric.WithDescription("attempts appended to the ledger by outcome")); err != nil {
@@ -184,10 +188,8 @@ func (s *Service) Ready(ctx context.Context) error {
 
 // handle appends each attempt; a row the database refuses for good is
 // given up, any other failure tried again a second later.
-func (s *Service) handle(ctx context.Context, ev event.Attempt, d consumer.Delivery) consumer.Disposition {
-	return consumer.Step[event.Attempt]{Log: s.d.Log, Failed: "ledger append failed; will retry",
-		Attrs: func(ev event.Attempt) []any { return []any{"key", ev.AttemptID} }, Wait: time.Second,
-		Permanent: store.Permanent, GiveUp: s.refuse}.Handle(s.Append)(ctx, ev, d)
+func (s *Service) handle(ctx context.Context, ev event.Attempt, _ consumer.Delivery) consumer.Disposition {
+	return s.onError.Settle(ctx, ev, s.Append(ctx, ev))
 }
 
 // refuse logs and counts an attempt the database refused for good; it is

@@ -150,6 +150,7 @@ type Publisher struct {
 	st        Store
 	log       *slog.Logger
 	consumer  *consumer.Consumer
+	onError   consumer.Step[event.Outcome] // what a publication's error does to its outcome
 	retrier   lifecycle.Ticker
 	counter   lifecycle.Ticker
 	published metric.Int64Counter
@@ -180,6 +181,8 @@ func New(cfg Config, st Store, js jetstream.StreamConsumerManager, log *slog.Log
 	if err := p.instruments(meter); err != nil {
 		return nil, err
 	}
+	p.onError = consumer.Step[event.Outcome]{Log: log, Failed: "publication not recorded; the outcome is delivered again",
+		Attrs: func(ev event.Outcome) []any { return []any{"key", ev.WorkID, "work_outcome", ev.Outcome} }, Wait: cfg.Backoff.Base}
 	var err error
 	p.consumer, err = consumer.New(consumer.Config{JS: js, Stream: cfg.Names.Stream(event.KindOutcome),
 		Durable: event.ConsumerSettings{Durable: cfg.Names.OutcomeConsumer(), AckWait: cfg.AckWait, MaxDeliver: -1,
@@ -224,9 +227,8 @@ func (p *Publisher) now() time.Time { return p.cfg.Now() }
 
 // handle publishes each outcome. Nothing of a publication that failed is
 // recorded yet (the database did not answer): the outcome comes again.
-func (p *Publisher) handle(ctx context.Context, ev event.Outcome, d consumer.Delivery) consumer.Disposition {
-	return consumer.Step[event.Outcome]{Log: p.log, Failed: "publication not recorded; the outcome is delivered again",
-		Attrs: func(ev event.Outcome) []any { return []any{"key", ev.WorkID, "work_outcome", ev.Outcome} }, Wait: p.cfg.Backoff.Base}.Handle(p.Publish)(ctx, ev, d)
+func (p *Publisher) handle(ctx context.Context, ev event.Outcome, _ consumer.Delivery) consumer.Disposition {
+	return p.onError.Settle(ctx, ev, p.Publish(ctx, ev))
 }
 
 // errFinal marks a publication that no retry mends; it is failed at once.
