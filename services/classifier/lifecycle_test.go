@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -208,22 +207,16 @@ func TestProviderBatchTickerLifecycle(t *testing.T) {
 	})
 }
 
-// slowConn is the cell's JetStream whose first Conn, the one Start reads
-// the server's largest payload through once its streams are made, signals
-// and then takes delay.
+// slowConn is the cell's JetStream whose Conn, which Start reads the
+// server's largest payload through once its streams are made, passes the
+// pause.
 type slowConn struct {
 	JetStream
-	delay   time.Duration
-	entered chan struct{}
-	once    sync.Once
+	pause *lifecycletest.Pause
 }
 
 func (s *slowConn) Conn() *nats.Conn {
-	first := false
-	s.once.Do(func() { first = true; close(s.entered) })
-	if first {
-		time.Sleep(s.delay)
-	}
+	s.pause.Enter()
 	return s.JetStream.Conn()
 }
 
@@ -236,8 +229,8 @@ func TestStopDuringStartLifecycle(t *testing.T) {
 	c := newStressCell(t)
 	for range 3 {
 		s := c.classifier(t, nil)
-		js := &slowConn{JetStream: s.d.JS, delay: 50 * time.Millisecond, entered: make(chan struct{})}
+		js := &slowConn{JetStream: s.d.JS, pause: lifecycletest.NewPause(50 * time.Millisecond)}
 		s.d.JS = js
-		lifecycletest.StopWhileStarting(t, s, js.entered)
+		lifecycletest.StopWhileStarting(t, s, js.pause)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -98,22 +97,16 @@ func TestPublisherLifecycle(t *testing.T) {
 	})
 }
 
-// slowConn is the cell's JetStream whose first Conn, the one Start reads
-// the server's largest payload through once its stream is made, signals
-// and then takes delay.
+// slowConn is the cell's JetStream whose Conn, which Start reads the
+// server's largest payload through once its streams are made, passes the
+// pause.
 type slowConn struct {
 	committer.JetStream
-	delay   time.Duration
-	entered chan struct{}
-	once    sync.Once
+	pause *lifecycletest.Pause
 }
 
 func (s *slowConn) Conn() *nats.Conn {
-	first := false
-	s.once.Do(func() { first = true; close(s.entered) })
-	if first {
-		time.Sleep(s.delay)
-	}
+	s.pause.Enter()
 	return s.JetStream.Conn()
 }
 
@@ -124,8 +117,8 @@ func (s *slowConn) Conn() *nats.Conn {
 func TestStopDuringStartLifecycle(t *testing.T) {
 	b := stressCell(t, 5)
 	for range 3 {
-		js := &slowConn{JetStream: b.js, delay: 50 * time.Millisecond, entered: make(chan struct{})}
+		js := &slowConn{JetStream: b.js, pause: lifecycletest.NewPause(50 * time.Millisecond)}
 		s := b.committerOf(t, js)
-		lifecycletest.StopWhileStarting(t, s, js.entered)
+		lifecycletest.StopWhileStarting(t, s, js.pause)
 	}
 }

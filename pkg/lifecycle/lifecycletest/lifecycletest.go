@@ -173,16 +173,36 @@ func (w warm) Start(ctx context.Context) error {
 	return nil
 }
 
+// Pause is a hook a test puts in a part's start path (a wrapped
+// dependency's method calls Enter): the first Enter says it was reached
+// and then holds Start for For, so a Stop lands inside Start.
+type Pause struct {
+	For     time.Duration
+	once    sync.Once
+	entered chan struct{}
+}
+
+// NewPause is a Pause that holds Start for d.
+func NewPause(d time.Duration) *Pause { return &Pause{For: d, entered: make(chan struct{})} }
+
+// Enter marks the hook reached and, the first time, holds the caller.
+func (p *Pause) Enter() {
+	p.once.Do(func() {
+		close(p.entered)
+		time.Sleep(p.For)
+	})
+}
+
 // StopWhileStarting is the StartRacesStop case held to one moment: Start
-// runs until it closes entered (a hook the test put in its path), Stop
-// comes then, and a Stop after both must return with nothing of p left
-// running. It is the race a Stress run meets only by chance.
-func StopWhileStarting(t *testing.T, p lifecycle.Service, entered <-chan struct{}) {
+// runs until it reaches pause, Stop comes then, and a Stop after both must
+// return with nothing of p left running. It is the race a Stress run meets
+// only by chance.
+func StopWhileStarting(t *testing.T, p lifecycle.Service, pause *Pause) {
 	t.Helper()
 	before := running()
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = p.Start(t.Context()) })
-	<-entered
+	<-pause.entered
 	p.Stop(t.Context())
 	wg.Wait()
 	stop(t, p, "the Stop after Start and Stop raced")
