@@ -188,9 +188,19 @@ func mountOf(c corev1.Container, p corev1.PodSpec, path string) *corev1.Volume {
 // JetStream is there, /metrics — and stop cleanly on SIGTERM; the streams
 // must be R3 and placed on the cell's tagged servers.
 func TestCellStartsFromItsManifests(t *testing.T) {
-	// Each region on its NATS: eu on its own, us as its two cells on the
-	// region's NATS for two cells; every cell with an overlay runs.
-	run := []natsKustomization{natsKustomizations[1], natsKustomizations[2]}
+	// Each region on the NATS kustomization that serves all its cells (us
+	// as its two cells on nats/us-with-us-2), so every cell with an
+	// overlay runs.
+	var run []natsKustomization
+	for _, region := range regions {
+		var all natsKustomization
+		for _, k := range natsKustomizations {
+			if k.region == region && len(k.cells) > len(all.cells) {
+				all = k
+			}
+		}
+		run = append(run, all)
+	}
 	var ran []string
 	for _, k := range run {
 		ran = append(ran, k.cells...)
