@@ -127,3 +127,50 @@ func TestCanceledCallerDoesNotCutItsGroup(t *testing.T) {
 		}
 	})
 }
+
+// With a Wait, a group that is not full gathers for that long: requests
+// arriving within it share one group, a lone request waits exactly Wait,
+// and a group that fills is written at once.
+func TestWaitGathersUntilFullOrTimeUp(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var sizes []int
+		var at []time.Duration
+		start := time.Now()
+		b := &group.Batch[int, int]{Max: 4, Wait: 10 * time.Millisecond, Run: func(_ context.Context, reqs []int) []int {
+			mu.Lock()
+			sizes, at = append(sizes, len(reqs)), append(at, time.Since(start))
+			mu.Unlock()
+			return append([]int(nil), reqs...)
+		}}
+		var wg sync.WaitGroup
+		for i, after := range []time.Duration{0, 3 * time.Millisecond, 6 * time.Millisecond} {
+			wg.Go(func() {
+				time.Sleep(after)
+				if got := b.Do(t.Context(), i); got != i {
+					t.Errorf("Do(%d) = %d", i, got)
+				}
+			})
+		}
+		wg.Wait()
+		if len(sizes) != 1 || sizes[0] != 3 || at[0] != 10*time.Millisecond {
+			t.Fatalf("groups %v at %v, want one of 3 at 10ms", sizes, at)
+		}
+
+		sizes, at, start = nil, nil, time.Now()
+		for i := range 4 {
+			wg.Go(func() { b.Do(t.Context(), i) })
+		}
+		wg.Wait()
+		if len(sizes) != 1 || sizes[0] != 4 || at[0] != 0 {
+			t.Fatalf("a full group: groups %v at %v, want one of 4 at once", sizes, at)
+		}
+
+		sizes, at, start = nil, nil, time.Now()
+		b.Do(t.Context(), 7)
+		if len(sizes) != 1 || at[0] != 10*time.Millisecond {
+			t.Fatalf("a lone request: groups %v at %v, want one written after 10ms", sizes, at)
+		}
+	})
+}

@@ -154,6 +154,15 @@ func TestRecordLedgerBatchSettlesEachRow(t *testing.T) {
 	if n := countRows(t, s, `SELECT count(*) FROM ledger WHERE excess_micros = 50 AND attempt_id = $1`, id(1)); n != 1 {
 		t.Errorf("the excess of row 1 is not recorded")
 	}
+	// An attempt named twice in one batch is recorded once; a row without
+	// a reservation is spent in its tenant's current period.
+	got = s.RecordLedgerBatch(ctx, []store.LedgerRow{row(30, "globex", 7), row(30, "globex", 7), row(31, "globex", 3)})
+	if got[0].Recorded != store.Inserted || got[1].Recorded != store.Duplicate || got[2].Recorded != store.Inserted {
+		t.Fatalf("a batch naming one attempt twice: %+v", got)
+	}
+	if b, err := s.CurrentBudget(ctx, "globex"); err != nil || b.SpentMicros != 190+7+3 {
+		t.Errorf("globex after the twice-named attempt: %+v (%v), want %d spent", b, err, 190+7+3)
+	}
 	// A row with a NUL in its work id is refused for good; its batch
 	// neighbours are recorded all the same.
 	bad := row(20, "acme", 5)

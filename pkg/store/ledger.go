@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -138,47 +137,18 @@ type LedgerResult struct {
 }
 
 // RecordLedgerBatch records rows as RecordLedger records each, new rows in
-// one transaction sent in one round trip, so a batch of attempts costs one
-// commit. When the transaction fails, each row is recorded on its own, so
-// a row the database refuses for good fails alone.
+// one statement: a batch of attempts costs one statement and one commit.
+// Each row is decided alone — inserted, or already there — and the budget
+// periods are settled by the sums of their rows. When the statement
+// fails, each row is recorded on its own, so a row the database refuses for
+// good fails alone.
 func (s *Store) RecordLedgerBatch(ctx context.Context, rows []LedgerRow) []LedgerResult {
 	out := make([]LedgerResult, len(rows))
 	if len(rows) == 1 {
 		out[0].Recorded, out[0].Excess, out[0].Err = s.RecordLedger(ctx, rows[0])
 		return out
 	}
-	// Tenants in one order, so two batches settling the same budget
-	// periods take their locks alike and never wait on each other in turn.
-	order := make([]int, len(rows))
-	for i := range order {
-		order[i] = i
-	}
-	sort.SliceStable(order, func(a, b int) bool { return rows[order[a]].TenantID < rows[order[b]].TenantID })
-	inserted := make([]bool, len(rows))
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		for _, i := range order {
-			b.Queue(recordLedgerSQL, ledgerArgs(rows[i])...)
-		}
-		br := tx.SendBatch(ctx, b)
-		for _, i := range order {
-			if err := br.QueryRow().Scan(&inserted[i], &out[i].Excess); err != nil {
-				br.Close()
-				return err
-			}
-		}
-		if err := br.Close(); err != nil {
-			return err
-		}
-		for i, r := range rows {
-			if inserted[i] && out[i].Excess > 0 {
-				if _, err := tx.Exec(ctx, `UPDATE ledger SET excess_micros = $2 WHERE attempt_id = $1`, r.AttemptID, out[i].Excess); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
+	inserted, excess, err := s.recordLedgerGroup(ctx, rows)
 	if err != nil {
 		for i, r := range rows {
 			out[i] = LedgerResult{}
@@ -186,11 +156,16 @@ func (s *Store) RecordLedgerBatch(ctx context.Context, rows []LedgerRow) []Ledge
 		}
 		return out
 	}
+	first := map[string]int{} // an attempt named twice in one batch is inserted once
 	for i, r := range rows {
+		j, seen := first[r.AttemptID]
+		if !seen {
+			first[r.AttemptID] = i
+		}
 		switch {
-		case inserted[i]:
-			out[i].Recorded = Inserted
-		case r.Estimated:
+		case !seen && inserted[r.AttemptID]:
+			out[i] = LedgerResult{Recorded: Inserted, Excess: excess[r.AttemptID]}
+		case r.Estimated || (seen && out[j].Recorded == Inserted && rows[j].Estimated == r.Estimated):
 			out[i].Recorded = Duplicate
 		default:
 			// Already there: the real report may replace an estimate.
@@ -199,6 +174,93 @@ func (s *Store) RecordLedgerBatch(ctx context.Context, rows []LedgerRow) []Ledge
 	}
 	return out
 }
+
+// recordLedgerGroup inserts the rows that are new and settles their
+// reservations, in one statement, and records each new row's excess. It
+// answers which attempts it inserted and what each cost beyond its
+// reservation.
+func (s *Store) recordLedgerGroup(ctx context.Context, rows []LedgerRow) (map[string]bool, map[string]int64, error) {
+	var a struct {
+		attempt, tenant, work, model, served, outcome []string
+		upstream                                      []int32
+		in, out, cost, latency                        []int64
+		at                                            []time.Time
+		estimated                                     []bool
+	}
+	for _, r := range rows {
+		a.attempt, a.tenant, a.work = append(a.attempt, r.AttemptID), append(a.tenant, r.TenantID), append(a.work, r.WorkID)
+		a.model, a.served, a.outcome = append(a.model, Text(r.Model)), append(a.served, Text(r.ServedModel)), append(a.outcome, r.Outcome)
+		a.upstream = append(a.upstream, int32(r.UpstreamAttempts))
+		a.in, a.out, a.cost, a.latency = append(a.in, r.InputUnits), append(a.out, r.OutputUnits), append(a.cost, r.CostMicros), append(a.latency, r.LatencyMS)
+		a.at, a.estimated = append(a.at, r.OccurredAt), append(a.estimated, r.Estimated)
+	}
+	inserted, excess := map[string]bool{}, map[string]int64{}
+	var over []string
+	var overBy []int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		got, err := tx.Query(ctx, recordLedgerGroupSQL, a.attempt, a.tenant, a.work, a.model, a.served, a.outcome, a.upstream,
+			a.in, a.out, a.cost, a.latency, a.at, a.estimated)
+		if err != nil {
+			return err
+		}
+		var id string
+		var e int64
+		if _, err := pgx.ForEachRow(got, []any{&id, &e}, func() error {
+			inserted[id], excess[id] = true, e
+			if e > 0 {
+				over, overBy = append(over, id), append(overBy, e)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if len(over) > 0 {
+			_, err = tx.Exec(ctx, `UPDATE ledger l SET excess_micros = x.e FROM unnest($1::uuid[], $2::bigint[]) AS x(id, e)
+				WHERE l.attempt_id = x.id`, over, overBy)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("store: ledger group: %w", err)
+	}
+	return inserted, excess, nil
+}
+
+// recordLedgerGroupSQL is recordLedgerSQL for many rows: it inserts the new
+// ones, settles their reservations, moves each budget period by the sums
+// of its rows (a period is updated once per statement), and answers each
+// inserted attempt with what it cost beyond its reservation.
+const recordLedgerGroupSQL = `WITH x AS (
+			SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
+				$8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::timestamptz[], $13::bool[])
+				AS x(attempt_id, tenant_id, work_id, model, served, outcome, upstream, input_units, output_units, cost, latency, at, estimated)
+		), ins AS (
+			INSERT INTO ledger (attempt_id, tenant_id, work_id, model, served_model, outcome,
+				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated, shadow)
+			SELECT x.attempt_id, x.tenant_id, x.work_id, x.model, nullif(x.served, ''), x.outcome, x.upstream, x.input_units,
+				x.output_units, x.cost, x.latency, x.at, x.estimated,
+				coalesce((SELECT w.shadow_of IS NOT NULL FROM work w WHERE w.id = x.work_id), false)
+			FROM x
+			ON CONFLICT (attempt_id) DO NOTHING RETURNING attempt_id, tenant_id, cost_micros
+		), res AS (
+			UPDATE budget_reservations r SET settled_at = now() FROM ins
+			WHERE r.attempt_id = ins.attempt_id AND r.settled_at IS NULL
+			RETURNING r.attempt_id, r.period_start, r.amount_micros
+		), reserved AS (
+			UPDATE budget_periods p SET reserved_micros = p.reserved_micros - g.amount, spent_micros = p.spent_micros + g.cost
+			FROM (SELECT ins.tenant_id, res.period_start, sum(res.amount_micros) AS amount, sum(ins.cost_micros) AS cost
+				FROM res JOIN ins ON ins.attempt_id = res.attempt_id GROUP BY 1, 2) g
+			WHERE p.tenant_id = g.tenant_id AND p.period_start = g.period_start RETURNING 1
+		), unreserved AS (
+			UPDATE budget_periods p SET spent_micros = greatest(p.spent_micros + g.cost, 0)
+			FROM (SELECT ins.tenant_id, sum(ins.cost_micros) AS cost FROM ins
+				WHERE NOT EXISTS (SELECT 1 FROM res WHERE res.attempt_id = ins.attempt_id) GROUP BY 1) g,
+				tenants t
+			WHERE t.id = g.tenant_id AND t.budget_micros IS NOT NULL AND p.tenant_id = t.id
+				AND p.period_start = budget_period_start(t.budget_period, now()) RETURNING 1
+		)
+		SELECT ins.attempt_id::text, coalesce(greatest(ins.cost_micros - res.amount_micros, 0), 0)
+		FROM ins LEFT JOIN res ON res.attempt_id = ins.attempt_id`
 
 // WorkCost sums the ledger for one work item: attempts and cost.
 func (s *Store) WorkCost(ctx context.Context, workID string) (attempts int, costMicros int64, err error) {

@@ -48,6 +48,12 @@ type Config struct {
 	// ReapHorizon bounds how far back the reaper re-reads published
 	// events from the outbox. Default 1h.
 	ReapHorizon time.Duration
+	// GroupWait is how long the rows of a group that is not full gather
+	// before they are written in one statement. The ledger is off every
+	// caller's path, so a few milliseconds buy one statement for many
+	// attempts instead of one each. Default 20ms; negative writes each
+	// delivery's row at once.
+	GroupWait time.Duration
 }
 
 // Vars are the settings FromEnv reads, for the ledger's help.
@@ -55,12 +61,14 @@ var Vars = []config.Var{
 	{Name: "ASSAY_ACK_WAIT", Default: "30s", Usage: "the ATTEMPT consumer's ack wait"},
 	{Name: "ASSAY_LEDGER_REAP_EVERY", Default: "5s", Usage: "how often the reaper looks for attempts without a ledger row"},
 	{Name: "ASSAY_LEDGER_REAP_GRACE", Default: "30s", Usage: "an ATTEMPT event published this long ago without a row is read back"},
+	{Name: "ASSAY_LEDGER_GROUP_WAIT", Default: "20ms", Usage: "how long attempts gather to be written in one statement (0s: at once)"},
 	{Name: "ASSAY_PRICE_TABLE", Default: "every model at 0.15/0.60 $/M units", Usage: "JSON price table file the ledger prices attempts with"},
 }
 
 // FromEnv fills the settings an operator sets from the environment:
-// ASSAY_ACK_WAIT (the consumer's), ASSAY_LEDGER_REAP_EVERY and
-// ASSAY_LEDGER_REAP_GRACE, as Go durations. Errors name the variable.
+// ASSAY_ACK_WAIT (the consumer's), ASSAY_LEDGER_REAP_EVERY,
+// ASSAY_LEDGER_REAP_GRACE and ASSAY_LEDGER_GROUP_WAIT (0s: no wait), as
+// Go durations. Errors name the variable.
 func (c *Config) FromEnv(getenv func(string) string) error {
 	if path := getenv("ASSAY_PRICE_TABLE"); path != "" {
 		prices, err := price.Load(path)
@@ -69,11 +77,22 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		}
 		c.Prices = prices
 	}
-	return config.Durations(getenv,
+	wait := time.Duration(-1)
+	if err := config.Durations(getenv,
 		config.Duration{Name: "ASSAY_ACK_WAIT", To: &c.AckWait, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
 		config.Duration{Name: "ASSAY_LEDGER_REAP_EVERY", To: &c.ReapEvery, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
 		config.Duration{Name: "ASSAY_LEDGER_REAP_GRACE", To: &c.ReapGrace, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
-	)
+		config.Duration{Name: "ASSAY_LEDGER_GROUP_WAIT", To: &wait, Min: 0, Max: time.Second},
+	); err != nil {
+		return err
+	}
+	switch {
+	case wait == 0:
+		c.GroupWait = -1
+	case wait > 0:
+		c.GroupWait = wait
+	}
+	return nil
 }
 
 // Deps are what the ledger talks to.
@@ -93,8 +112,8 @@ type Service struct {
 	attempts *consumer.Consumer
 	onError  consumer.Step[event.Attempt] // what an append's error does to its message
 	reaper   lifecycle.Ticker
-	// rows records the rows of concurrent deliveries together: under load
-	// many attempts share one commit, and alone a row waits for nobody.
+	// rows records the rows of deliveries together: those that arrive
+	// within GroupWait of each other share one statement and one commit.
 	rows *group.Batch[store.LedgerRow, store.LedgerResult]
 }
 
@@ -125,13 +144,17 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if cfg.ReapHorizon <= 0 {
 		cfg.ReapHorizon = time.Hour
 	}
+	if cfg.GroupWait == 0 {
+		cfg.GroupWait = 20 * time.Millisecond
+	}
 	if cfg.Names.Cell == "" {
 		cfg.Names.Cell = cfg.Region
 	}
 	if err := cfg.Names.Check(); err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	s := &Service{cfg: cfg, d: d, rows: &group.Batch[store.LedgerRow, store.LedgerResult]{Max: ledgerBatch, Run: d.Store.RecordLedgerBatch}}
+	s := &Service{cfg: cfg, d: d, rows: &group.Batch[store.LedgerRow, store.LedgerResult]{Max: ledgerBatch,
+		Wait: max(cfg.GroupWait, 0), Run: d.Store.RecordLedgerBatch}}
 	s.onError = consumer.Step[event.Attempt]{Log: d.Log, Failed: "ledger append failed; will retry",
 		Attrs: func(ev event.Attempt) []any { return []any{"key", ev.AttemptID} }, Wait: time.Second,
 		Permanent: store.Permanent, GiveUp: s.refuse}

@@ -114,6 +114,20 @@ func TestConfigFromEnv(t *testing.T) {
 	if c.AckWait != 5*time.Second || c.ReapEvery != time.Second || c.ReapGrace != 2*time.Second {
 		t.Fatalf("config %+v", c)
 	}
+	if c.GroupWait != 0 {
+		t.Fatalf("GroupWait %v without ASSAY_LEDGER_GROUP_WAIT, want the default (0 here)", c.GroupWait)
+	}
+	for v, want := range map[string]time.Duration{"5ms": 5 * time.Millisecond, "0s": -1} {
+		env["ASSAY_LEDGER_GROUP_WAIT"] = v
+		if err := c.FromEnv(func(k string) string { return env[k] }); err != nil || c.GroupWait != want {
+			t.Fatalf("ASSAY_LEDGER_GROUP_WAIT=%s: GroupWait %v (%v), want %v", v, c.GroupWait, err, want)
+		}
+	}
+	env["ASSAY_LEDGER_GROUP_WAIT"] = "2s"
+	if err := c.FromEnv(func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "ASSAY_LEDGER_GROUP_WAIT") {
+		t.Fatalf("error %v does not name ASSAY_LEDGER_GROUP_WAIT", err)
+	}
+	delete(env, "ASSAY_LEDGER_GROUP_WAIT")
 	env["ASSAY_LEDGER_REAP_GRACE"] = "soon"
 	if err := c.FromEnv(func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "ASSAY_LEDGER_REAP_GRACE") {
 		t.Fatalf("error %v does not name ASSAY_LEDGER_REAP_GRACE", err)
