@@ -174,7 +174,7 @@ func (s *Store) MarkPublished(ctx context.Context, sent []Published) (int64, err
 			SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS m(stream, msg_id, at)
 		), sent AS (
 			DELETE FROM outbox_waiting q USING outbox o, m
-			WHERE o.msg_id = ANY($2) AND o.msg_id = m.msg_id AND o.stream = m.stream AND q.id = o.id
+			WHERE o.msg_id = m.msg_id AND o.stream = m.stream AND q.id = o.id
 			RETURNING q.id, m.at
 		)
 		UPDATE outbox o SET published_at = greatest(sent.at, o.created_at) FROM sent WHERE o.id = sent.id`, streams, ids, at)
