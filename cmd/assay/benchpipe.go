@@ -474,14 +474,17 @@ func postAll(ctx context.Context, base string, n, c int, rate float64, tenants [
 }
 
 // waitSettled waits until every item has its outcome and every attempt its
-// ledger row. It asks about the work alone until none is open, and about
-// the ledger only then, so the wait adds little to the Postgres it
-// measures.
+// ledger row. It asks whether any work is open, through the index of open
+// work's deadlines, which answers with its first entry however deep the
+// backlog (a count of the open work cost a scan of the backlog ten times a
+// second: a fifth of a core at 40,000 items), and about the ledger only
+// once none is, so the wait adds little to the Postgres it measures.
 func waitSettled(ctx context.Context, db *pgxpool.Pool) error {
 	deadline := time.Now().Add(10 * time.Minute)
 	for {
 		var open, unledgered int
-		err := db.QueryRow(ctx, `SELECT count(*) FROM work WHERE state IN ('queued', 'running')`).Scan(&open)
+		err := db.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM work WHERE state IN ('queued', 'running')
+			ORDER BY deadline_at LIMIT 1) AS w`).Scan(&open)
 		if err == nil && open == 0 {
 			err = db.QueryRow(ctx, `SELECT count(*) FROM attempts a
 				WHERE NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = a.id)`).Scan(&unledgered)
@@ -493,7 +496,10 @@ func waitSettled(ctx context.Context, db *pgxpool.Pool) error {
 			return err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("after 10 minutes %d items have no outcome and %d attempts no ledger row", open, unledgered)
+			if open > 0 {
+				return errors.New("after 10 minutes some items still have no outcome")
+			}
+			return fmt.Errorf("after 10 minutes %d attempts have no ledger row", unledgered)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
