@@ -174,10 +174,12 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 				if sub != nil {
 					subject = sub.Subject
 				}
+				// Logged before it is recorded: a refusal recorded during the
+				// start ends the process, which must have said why first.
+				log.Error("nats: asynchronous error", "err", err, "subject", subject)
 				if errors.Is(err, nats.ErrPermissionViolation) {
 					e.nats.record(err)
 				}
-				log.Error("nats: asynchronous error", "err", err, "subject", subject)
 			}),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				// A nil error is this process closing its connection.
