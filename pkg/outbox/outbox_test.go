@@ -19,6 +19,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/store/storetest"
 	"assay.dev/pkg/telemetry"
 )
 
@@ -39,15 +40,7 @@ type bundle struct {
 func setup(t *testing.T) bundle {
 	t.Helper()
 	ctx := t.Context()
-	url := testenv.Database(t)
-	s, err := store.Open(ctx, url)
-	if err != nil {
-		t.Fatalf("open store: %v", err)
-	}
-	t.Cleanup(s.Close)
-	if _, err := s.Migrate(ctx); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
+	s, url := storetest.Migrated(t)
 	nc, err := nats.Connect(testenv.NATS(t))
 	if err != nil {
 		t.Fatalf("connect: %v", err)

@@ -21,6 +21,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/store/storetest"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/classifier"
 )
@@ -51,18 +52,7 @@ func (f *peakFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func TestThreeClassifiersShareTheCellCeiling(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url := testenv.Database(t)
-	st, err := store.Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: "tok-acme"}}); err != nil {
-		t.Fatal(err)
-	}
+	st, _ := storetest.Migrated(t, store.TenantSeed{ID: "acme", HomeRegion: "us", Token: "tok-acme"})
 	front := &peakFront{next: sim.New(sim.Options{Latency: 150 * time.Millisecond})}
 	provider := httptest.NewServer(front)
 	t.Cleanup(provider.Close)

@@ -10,10 +10,10 @@ import (
 
 	"go.opentelemetry.io/otel/metric/noop"
 
-	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/store/storetest"
 )
 
 // manual is a clock that moves only when the test says.
@@ -44,14 +44,7 @@ var refused = &model.Error{Kind: model.KindTransient, Err: errors.New("dial tcp 
 func TestCircuitOpensProbesAndCloses(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	st, err := store.Open(ctx, testenv.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	st, _ := storetest.Migrated(t)
 	clk := &manual{t: t0}
 	cfg := CircuitConfig{Failures: 3, ProbeEvery: time.Second, ProbeMax: 4 * time.Second, Now: clk.Now}
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
@@ -195,14 +188,7 @@ func (unrecorded) OpenCircuit(context.Context, string, int, string, time.Duratio
 func TestCircuitOpenedHereBeforeTheCellKnows(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	st, err := store.Open(ctx, testenv.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	st, _ := storetest.Migrated(t)
 	clk := &manual{t: t0}
 	cfg := CircuitConfig{Failures: 2, ProbeEvery: time.Second, ProbeMax: 4 * time.Second, Now: clk.Now}
 	c, err := newCircuit(cfg, event.Names{Cell: "us"}, "us", "m", unrecorded{st}, slog.New(slog.NewTextHandler(testWriter{t}, nil)),

@@ -16,6 +16,7 @@ import (
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/store/storetest"
 )
 
 // FuzzAnswerBytes sends arbitrary bytes as the model's response body
@@ -33,18 +34,7 @@ func FuzzAnswerBytes(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	ctx := context.Background()
-	url := testenv.Database(f)
-	st, err := store.Open(ctx, url)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		f.Fatal(err)
-	}
-	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: "tok"}}); err != nil {
-		f.Fatal(err)
-	}
+	st, url := storetest.Migrated(f, store.TenantSeed{ID: "acme", HomeRegion: "us", Token: "tok"})
 	db := testenv.Pool(f, url)
 	if _, _, err := st.InsertWork(ctx, &store.Work{ID: "w_fuzz", TenantID: "acme", Region: "us", Contract: "moderation",
 		SchemaVersion: "moderation/1", TaxonomyVersion: "2026-11", SourceID: "fuzz", Revision: "r1", Lane: "batch",

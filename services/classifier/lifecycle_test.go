@@ -21,6 +21,7 @@ import (
 	"assay.dev/pkg/lifecycle/lifecycletest"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/store/storetest"
 	"assay.dev/pkg/telemetry"
 )
 
@@ -39,18 +40,7 @@ type stressCell struct {
 func newStressCell(t *testing.T) *stressCell {
 	t.Helper()
 	ctx := t.Context()
-	url := testenv.Database(t)
-	st, err := store.Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: "tok-acme"}}); err != nil {
-		t.Fatal(err)
-	}
+	st, url := storetest.Migrated(t, store.TenantSeed{ID: "acme", HomeRegion: "us", Token: "tok-acme"})
 	js := testenv.JetStream(t)
 	if _, err := event.EnsureStream(ctx, js, event.Names{Cell: "us"}, event.KindWork, event.StreamSettings{}); err != nil {
 		t.Fatal(err)

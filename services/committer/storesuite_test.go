@@ -17,6 +17,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/store/storetest"
 )
 
 // storeFacts puts into one implementation of Store what the rest of the
@@ -534,16 +535,7 @@ var _ storeFacts = (*pgFacts)(nil)
 // openPostgresStore is a fresh, migrated database.
 func openPostgresStore(t *testing.T) (Store, storeFacts) {
 	t.Helper()
-	ctx := t.Context()
-	url := testenv.Database(t)
-	st, err := store.Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	st, url := storetest.Migrated(t)
 	return st, &pgFacts{t: t, st: st, db: testenv.Pool(t, url)}
 }
 

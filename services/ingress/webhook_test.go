@@ -28,6 +28,7 @@ import (
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/store/storetest"
 	"assay.dev/pkg/telemetry"
 )
 
@@ -380,21 +381,10 @@ type webhookEnv struct {
 func newWebhookEnv(t *testing.T, edit func(*Config)) *webhookEnv {
 	t.Helper()
 	ctx := t.Context()
-	dbURL := testenv.Database(t)
-	st, err := store.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.SeedTenants(ctx, []store.TenantSeed{
-		{ID: "acme", HomeRegion: "us", Token: "tok-acme"},
-		{ID: "globex", HomeRegion: "eu", Token: "tok-globex"},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	st, dbURL := storetest.Migrated(t,
+		store.TenantSeed{ID: "acme", HomeRegion: "us", Token: "tok-acme"},
+		store.TenantSeed{ID: "globex", HomeRegion: "eu", Token: "tok-globex"},
+	)
 	if err := st.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: installation, Tenant: "acme", Repositories: []string{"shop/*"}}); err != nil {
 		t.Fatal(err)
 	}

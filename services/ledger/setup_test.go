@@ -10,6 +10,7 @@ import (
 
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/store/storetest"
 	"assay.dev/pkg/telemetry"
 )
 
@@ -40,23 +41,11 @@ func newLedger(t *testing.T, cfg Config, d Deps) *Service {
 // own reads and writes.
 func newTestDatabase(t *testing.T, tenants ...string) (*store.Store, *pgxpool.Pool) {
 	t.Helper()
-	ctx := t.Context()
-	url := testenv.Database(t)
-	st, err := store.Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	var seeds []store.TenantSeed
 	for _, id := range tenants {
 		seeds = append(seeds, store.TenantSeed{ID: id, HomeRegion: "us", Token: "tok-" + id})
 	}
-	if err := st.SeedTenants(ctx, seeds); err != nil {
-		t.Fatal(err)
-	}
+	st, url := storetest.Migrated(t, seeds...)
 	return st, testenv.Pool(t, url)
 }
 

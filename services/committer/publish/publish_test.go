@@ -24,6 +24,7 @@ import (
 	"assay.dev/pkg/githubapp"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/store/storetest"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -48,18 +49,7 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 	t.Helper()
 	ctx := t.Context()
 	names := event.Names{Installation: fmt.Sprintf("pub%d", installations.Add(1)), Cell: "us"}
-	url := testenv.Database(t)
-	st, err := store.Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.SeedTenants(ctx, []store.TenantSeed{{ID: "acme", HomeRegion: "us", Token: "tok-acme"}}); err != nil {
-		t.Fatal(err)
-	}
+	st, _ := storetest.Migrated(t, store.TenantSeed{ID: "acme", HomeRegion: "us", Token: "tok-acme"})
 	nc, err := nats.Connect(testenv.NATS(t))
 	if err != nil {
 		t.Fatal(err)
