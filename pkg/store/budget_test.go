@@ -163,6 +163,20 @@ func TestRecordLedgerBatchSettlesEachRow(t *testing.T) {
 	if b, err := s.CurrentBudget(ctx, "globex"); err != nil || b.SpentMicros != 190+7+3 {
 		t.Errorf("globex after the twice-named attempt: %+v (%v), want %d spent", b, err, 190+7+3)
 	}
+	// A report after its own estimate in one batch replaces the estimate;
+	// an estimate after its report changes nothing.
+	estimate := func(i int) store.LedgerRow { r := row(i, "acme", 9); r.Estimated = true; return r }
+	got = s.RecordLedgerBatch(ctx, []store.LedgerRow{estimate(40), row(40, "acme", 4), row(41, "acme", 4), estimate(41)})
+	want = []store.LedgerResult{{Recorded: store.Inserted}, {Recorded: store.Replaced}, {Recorded: store.Inserted}, {Recorded: store.Duplicate}}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("estimate and report in one batch, row %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if n := countRows(t, s, `SELECT count(*) FROM ledger WHERE attempt_id = ANY($1::uuid[]) AND NOT estimated AND cost_micros = 4`,
+		[]string{id(40), id(41)}); n != 2 {
+		t.Errorf("%d of the two attempts hold their report, want 2", n)
+	}
 	// A row with a NUL in its work id is refused for good; its batch
 	// neighbours are recorded all the same.
 	bad := row(20, "acme", 5)

@@ -151,7 +151,6 @@ func (s *Store) RecordLedgerBatch(ctx context.Context, rows []LedgerRow) []Ledge
 	inserted, excess, err := s.recordLedgerGroup(ctx, rows)
 	if err != nil {
 		for i, r := range rows {
-			out[i] = LedgerResult{}
 			out[i].Recorded, out[i].Excess, out[i].Err = s.RecordLedger(ctx, r)
 		}
 		return out
@@ -165,7 +164,10 @@ func (s *Store) RecordLedgerBatch(ctx context.Context, rows []LedgerRow) []Ledge
 		switch {
 		case !seen && inserted[r.AttemptID]:
 			out[i] = LedgerResult{Recorded: Inserted, Excess: excess[r.AttemptID]}
-		case r.Estimated || (seen && out[j].Recorded == Inserted && rows[j].Estimated == r.Estimated):
+		case r.Estimated || (seen && out[j].Recorded == Inserted && !rows[j].Estimated):
+			// An estimate never replaces a row, and a report named twice
+			// counts once; a report after this group's estimate of its
+			// attempt replaces that estimate below.
 			out[i].Recorded = Duplicate
 		default:
 			// Already there: the real report may replace an estimate.
