@@ -22,7 +22,7 @@ import (
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/store/storetest"
-	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/telemetry/telemetrytest"
 	"assay.dev/services/classifier"
 )
 
@@ -79,10 +79,7 @@ func TestThreeClassifiersShareTheCellCeiling(t *testing.T) {
 	}
 	const ceiling, items = 3, 24
 	for i := range 3 {
-		tel, err := telemetry.Setup(ctx, "classifier", "us")
-		if err != nil {
-			t.Fatal(err)
-		}
+		tel := telemetrytest.Provider(t, "classifier", "us")
 		svc, err := classifier.New(classifier.Config{Region: "us", Model: "assay-sim-1", Concurrency: ceiling, FixedConcurrency: true},
 			classifier.Deps{Store: st, JS: connect(fmt.Sprintf("classifier-%d", i)), Model: &model.Client{BaseURL: sim.APIBase(provider.URL), Model: "assay-sim-1"},
 				Contracts: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})

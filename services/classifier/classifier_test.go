@@ -22,7 +22,7 @@ import (
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/store/storetest"
-	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/telemetry/telemetrytest"
 	"assay.dev/services/classifier"
 )
 
@@ -83,10 +83,7 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tel, err := telemetry.Setup(ctx, "classifier", "us")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tel := telemetrytest.Provider(t, "classifier", "us")
 	logs := &logBuffer{}
 	svc, err := classifier.New(classifier.Config{Region: "us", Model: "assay-sim-1", BackoffBase: 10 * time.Millisecond},
 		classifier.Deps{Store: st, JS: js, Model: &model.Client{BaseURL: sim.APIBase(simURL), Model: "assay-sim-1"}, Contracts: reg,

@@ -1,7 +1,6 @@
 package classifier
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,7 +21,7 @@ import (
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/store/storetest"
-	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/telemetry/telemetrytest"
 )
 
 // stressCell is one cell for every classifier a Stress call makes: the
@@ -87,11 +86,7 @@ func (c *stressCell) announce(t *testing.T, n int) {
 // telemetry as each process has.
 func (c *stressCell) classifier(t *testing.T, edit func(*Config)) *Service {
 	t.Helper()
-	tel, err := telemetry.Setup(t.Context(), "classifier", "us")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	tel := telemetrytest.Provider(t, "classifier", "us")
 	cfg := Config{Region: "us", Model: "assay-sim-1", BackoffBase: 10 * time.Millisecond, ReportEvery: 5 * time.Millisecond}
 	if edit != nil {
 		edit(&cfg)

@@ -17,7 +17,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/telemetry/telemetrytest"
 )
 
 // newMemCommitter is a committer of region us on a memStore, whose
@@ -30,11 +30,7 @@ func newMemCommitter(t *testing.T) (*Service, *memStore, *testenv.DecisionLog) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tel, err := telemetry.Setup(t.Context(), "committer", "us")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	tel := telemetrytest.Provider(t, "committer", "us")
 	m, log := newMemStore(t), &testenv.DecisionLog{}
 	s, err := New(Config{Region: "us"}, Deps{Store: m, Contracts: reg, Log: slog.New(slog.NewJSONHandler(log, nil)), Tel: tel})
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/store/storetest"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/telemetry/telemetrytest"
 	"assay.dev/services/committer"
 )
 
@@ -44,10 +45,7 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tel, err := telemetry.Setup(ctx, "committer", "us")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tel := telemetrytest.Provider(t, "committer", "us")
 	svc, err := committer.New(committer.Config{Region: "us"}, committer.Deps{Store: b.st, JS: b.js, Contracts: reg,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
 	if err != nil {
@@ -205,7 +203,7 @@ func TestReaperCommitsLostResults(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg, _ := contract.Load()
-	tel, _ := telemetry.Setup(t.Context(), "committer", "us")
+	tel := telemetrytest.Provider(t, "committer", "us")
 	svc, err := committer.New(committer.Config{Region: "us", ReapEvery: -1, ReapGrace: time.Second},
 		committer.Deps{Store: b.st, JS: b.js, Contracts: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
 	if err != nil {

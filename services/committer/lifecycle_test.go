@@ -1,7 +1,6 @@
 package committer_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,7 +13,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/lifecycle/lifecycletest"
-	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/telemetry/telemetrytest"
 	"assay.dev/services/committer"
 )
 
@@ -44,11 +43,7 @@ func (b *bundle) committerOf(t *testing.T, js committer.JetStream) *committer.Se
 	if err != nil {
 		t.Fatal(err)
 	}
-	tel, err := telemetry.Setup(t.Context(), "committer", "us")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	tel := telemetrytest.Provider(t, "committer", "us")
 	if js == nil {
 		js = b.js
 	}

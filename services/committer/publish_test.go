@@ -17,7 +17,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/telemetry/telemetrytest"
 	"assay.dev/services/committer"
 )
 
@@ -33,7 +33,7 @@ func TestOutcomesReachThePublisher(t *testing.T) {
 	// takes its outcomes.
 	own := event.Names{Installation: "pubsvc", Cell: "us"}
 	reg, _ := contract.Load()
-	tel, _ := telemetry.Setup(ctx, "committer", "us")
+	tel := telemetrytest.Provider(t, "committer", "us")
 	svc, err := committer.New(committer.Config{Region: "us", Names: own, AnnounceEvery: 50 * time.Millisecond},
 		committer.Deps{Store: b.st, JS: b.js, Contracts: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
 	if err != nil {
@@ -118,7 +118,7 @@ func TestReaperPublishesLostOutcomes(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg, _ := contract.Load()
-	tel, _ := telemetry.Setup(ctx, "committer", "us")
+	tel := telemetrytest.Provider(t, "committer", "us")
 	svc, err := committer.New(committer.Config{Region: "us", Names: event.Names{Installation: "reaped", Cell: "us"},
 		ReapEvery: -1, AnnounceEvery: -1, ReapGrace: time.Second},
 		committer.Deps{Store: b.st, JS: b.js, Contracts: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
@@ -198,7 +198,7 @@ func TestReaperReadsNothingToPublishOnce(t *testing.T) {
 	gh.App(5, &key.PublicKey)
 	log := &testenv.DecisionLog{}
 	reg, _ := contract.Load()
-	tel, _ := telemetry.Setup(ctx, "committer", "us")
+	tel := telemetrytest.Provider(t, "committer", "us")
 	svc, err := committer.New(committer.Config{Region: "us", Names: event.Names{Installation: "quiet", Cell: "us"},
 		ReapEvery: -1, AnnounceEvery: -1, ReapGrace: time.Second, GitHubAPI: gh.URL, GitHubAppID: 5, GitHubKey: key},
 		committer.Deps{Store: b.st, JS: b.js, Contracts: reg, Log: slog.New(slog.NewJSONHandler(log, nil)), Tel: tel})

@@ -30,6 +30,7 @@ import (
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/store/storetest"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/telemetry/telemetrytest"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -397,11 +398,7 @@ func newWebhookEnv(t *testing.T, edit func(*Config)) *webhookEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tel, err := telemetry.Setup(ctx, "ingress", "us")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	tel := telemetrytest.Provider(t, "ingress", "us")
 	reg, err := contract.Load()
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,7 +15,7 @@ import (
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/lifecycle/lifecycletest"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/telemetry/telemetrytest"
 )
 
 // stressLedger is newTestLedger's database, with JetStream, the ATTEMPT
@@ -49,11 +48,7 @@ func stressLedger(t *testing.T, attempts int) (db *pgxpool.Pool, newPart func(t 
 		}
 	}
 	return db, func(t *testing.T) *Service {
-		tel, err := telemetry.Setup(t.Context(), "ledger", "us")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+		tel := telemetrytest.Provider(t, "ledger", "us")
 		s, err := New(Config{Region: "us", ReapEvery: 5 * time.Millisecond},
 			Deps{Store: st, JS: js, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
 		if err != nil {

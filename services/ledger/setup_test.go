@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"testing"
@@ -11,7 +10,7 @@ import (
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/store/storetest"
-	"assay.dev/pkg/telemetry"
+	"assay.dev/pkg/telemetry/telemetrytest"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -23,11 +22,7 @@ func newLedger(t *testing.T, cfg Config, d Deps) *Service {
 	if d.Log == nil {
 		d.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	tel, err := telemetry.Setup(t.Context(), "ledger", "us")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	tel := telemetrytest.Provider(t, "ledger", "us")
 	d.Tel = tel
 	s, err := New(cfg, d)
 	if err != nil {

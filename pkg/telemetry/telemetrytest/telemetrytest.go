@@ -1,0 +1,22 @@
+// Package telemetrytest gives a test the telemetry a service process
+// sets up.
+package telemetrytest
+
+import (
+	"context"
+	"testing"
+
+	"assay.dev/pkg/telemetry"
+)
+
+// Provider is service's telemetry in region, as its process sets it up,
+// shut down when the test ends.
+func Provider(t testing.TB, service, region string) *telemetry.Provider {
+	t.Helper()
+	tel, err := telemetry.Setup(t.Context(), service, region)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	return tel
+}
