@@ -77,7 +77,9 @@ type Config struct {
 	MetricsAddr string
 	// StartupWait is how long start-up waits for Postgres and NATS to
 	// answer, trying again with capped backoff (ASSAY_STARTUP_WAIT, a Go
-	// duration). Default 60s; 0 tries once.
+	// duration). Default 60s; 0 tries once. Creating a stream or bucket
+	// waits out a JetStream cluster that is not ready as long
+	// (Streams.Wait).
 	StartupWait time.Duration
 	// DatabasePool is how many connections this service's Postgres pool
 	// holds (ASSAY_DATABASE_POOL, 1 to 1000). 0, the default, takes the
@@ -278,6 +280,12 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 	}
 	if c.Installation == "" {
 		c.Installation = event.DefaultInstallation
+	}
+	// Creating a stream or bucket waits out a cluster that is not ready
+	// as long as start-up waits for NATS; 0 tries once.
+	c.Streams.Wait = c.StartupWait
+	if c.StartupWait == 0 {
+		c.Streams.Wait = -1
 	}
 	// What the services will run with, so that the start-up log shows it.
 	c.Streams = c.Streams.WithDefaults()

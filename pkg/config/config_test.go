@@ -60,7 +60,7 @@ func TestLoadDefaults(t *testing.T) {
 		HTTPAddr:       ":8080",
 		StartupWait:    time.Minute,
 		MetricsTenants: 20,
-		Streams:        event.StreamSettings{MaxAge: 168 * time.Hour, Duplicates: 2 * time.Minute, Replicas: 1},
+		Streams:        event.StreamSettings{MaxAge: 168 * time.Hour, Duplicates: 2 * time.Minute, Replicas: 1, Wait: time.Minute},
 		DatabasePool:   10,
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -100,7 +100,7 @@ func TestLoadFlagsOverrideEnv(t *testing.T) {
 		HTTPAddr:       ":9090",
 		StartupWait:    time.Minute,
 		MetricsTenants: 20,
-		Streams:        event.StreamSettings{MaxAge: 168 * time.Hour, Duplicates: 2 * time.Minute, Replicas: 1},
+		Streams:        event.StreamSettings{MaxAge: 168 * time.Hour, Duplicates: 2 * time.Minute, Replicas: 1, Wait: time.Minute},
 		DatabasePool:   10,
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -318,7 +318,7 @@ func TestRegionsCellAndStreamsFromConfiguration(t *testing.T) {
 	if !reflect.DeepEqual(c.Regions, []string{"us", "eu", "ap"}) || c.Region != "ap" || c.Cell != "ap-1" {
 		t.Fatalf("regions %v region %s cell %s", c.Regions, c.Region, c.Cell)
 	}
-	want := event.StreamSettings{Replicas: 3, MaxAge: 72 * time.Hour, Duplicates: 2 * time.Minute, Placement: []string{"region:ap", "tier:js"}}
+	want := event.StreamSettings{Replicas: 3, MaxAge: 72 * time.Hour, Duplicates: 2 * time.Minute, Placement: []string{"region:ap", "tier:js"}, Wait: time.Minute}
 	if !reflect.DeepEqual(c.Streams, want) {
 		t.Fatalf("streams %+v, want %+v", c.Streams, want)
 	}

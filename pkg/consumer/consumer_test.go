@@ -53,7 +53,7 @@ func publish(t *testing.T, js jetstream.JetStream, n int) {
 func setup(t *testing.T, n int) jetstream.JetStream {
 	t.Helper()
 	js := connect(t)
-	if _, err := event.EnsureStream(context.Background(), js, names, event.KindWork, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(context.Background(), js, nil, names, event.KindWork, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	publish(t, js, n)
@@ -172,7 +172,7 @@ func TestWaitsForTheStream(t *testing.T) {
 	if err := c.Ready(context.Background()); err == nil {
 		t.Fatal("Ready while the stream does not exist")
 	}
-	if _, err := event.EnsureStream(context.Background(), js, names, event.KindWork, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(context.Background(), js, nil, names, event.KindWork, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	publish(t, js, 1)
@@ -208,7 +208,7 @@ func TestDurableDeletedIsCreatedAgain(t *testing.T) {
 	if err := c.Ready(context.Background()); err == nil {
 		t.Fatal("Ready while the durable is missing past its grace")
 	}
-	if _, err := event.EnsureStream(context.Background(), js, names, event.KindWork, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(context.Background(), js, nil, names, event.KindWork, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
@@ -228,7 +228,7 @@ type payload struct{ N int }
 func TestTypedSettlesAsDecided(t *testing.T) {
 	t.Parallel()
 	js := connect(t)
-	if _, err := event.EnsureStream(context.Background(), js, names, event.KindWork, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(context.Background(), js, nil, names, event.KindWork, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{"1", "not a number", "2"} {
@@ -307,7 +307,7 @@ func TestBrokerLostItsStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := event.EnsureStream(context.Background(), js, names, event.KindWork, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(context.Background(), js, nil, names, event.KindWork, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	publish(t, js, 1)
@@ -336,7 +336,7 @@ func TestBrokerLostItsStore(t *testing.T) {
 	// The owner creates its stream again (its keeper tries until the new
 	// server's JetStream answers).
 	for {
-		_, err := event.EnsureStream(context.Background(), js, names, event.KindWork, event.StreamSettings{})
+		_, err := event.EnsureStream(context.Background(), js, nil, names, event.KindWork, event.StreamSettings{})
 		if err == nil {
 			break
 		}

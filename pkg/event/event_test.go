@@ -252,10 +252,10 @@ func TestStreamsOnJetStream(t *testing.T) {
 	settings := event.StreamSettings{MaxAge: time.Hour, Duplicates: time.Minute}
 	us := event.Names{Cell: "us"}
 
-	if _, err := event.EnsureStream(ctx, js, us, event.KindWork, settings); err != nil {
+	if _, err := event.EnsureStream(ctx, js, nil, us, event.KindWork, settings); err != nil {
 		t.Fatalf("first ensure stream: %v", err)
 	}
-	st, err := event.EnsureStream(ctx, js, us, event.KindWork, settings)
+	st, err := event.EnsureStream(ctx, js, nil, us, event.KindWork, settings)
 	if err != nil {
 		t.Fatalf("second ensure stream: %v", err)
 	}
@@ -282,7 +282,7 @@ func TestStreamsOnJetStream(t *testing.T) {
 		t.Fatalf("streams = %v, %v; want only ASSAY_WORK_US", streams, names.Err())
 	}
 
-	defaults, err := event.EnsureStream(ctx, js, us, event.KindResult, event.StreamSettings{})
+	defaults, err := event.EnsureStream(ctx, js, nil, us, event.KindResult, event.StreamSettings{})
 	if err != nil {
 		t.Fatalf("ensure result stream: %v", err)
 	}

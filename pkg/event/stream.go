@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -31,6 +30,12 @@ type StreamSettings struct {
 	// Placement tags place the stream on servers carrying all of them,
 	// e.g. a region's tag. Default none.
 	Placement []string
+	// Wait is how long creating or updating a stream or a bucket waits
+	// out a JetStream cluster that is not ready (forming, electing a
+	// leader, a node away), asking again with capped backoff. A negative
+	// Wait tries once. Default DefaultWait; a service's is its
+	// ASSAY_STARTUP_WAIT.
+	Wait time.Duration
 }
 
 // WithDefaults is s with every unset field at its default: what a stream
@@ -44,6 +49,9 @@ func (s StreamSettings) WithDefaults() StreamSettings {
 	}
 	if s.Replicas == 0 {
 		s.Replicas = 1
+	}
+	if s.Wait == 0 {
+		s.Wait = DefaultWait
 	}
 	return s
 }
@@ -69,7 +77,9 @@ func StreamConfig(n Names, kind string, s StreamSettings) jetstream.StreamConfig
 }
 
 // EnsureStream creates or updates the cell's stream of one kind. Only the
-// service that publishes to a stream creates it.
+// service that publishes to a stream creates it. A cluster that is not
+// ready (see Unready) is waited out for up to s.Wait, or until ctx ends,
+// logging each wait on log.
 //
 // On a cluster, the instances of a service starting together ensure the
 // same replicated stream at once, and nats-server (2.15) leaves some of
@@ -79,25 +89,19 @@ func StreamConfig(n Names, kind string, s StreamSettings) jetstream.StreamConfig
 // that already has the configuration is left alone, a missing one is
 // created rather than updated, and a request that goes unanswered is
 // followed by another look: the stream the other instance made counts.
-// It gives up when ctx ends, or after 30s when ctx has no deadline.
-func EnsureStream(ctx context.Context, js jetstream.StreamManager, n Names, kind string, s StreamSettings) (jetstream.Stream, error) {
+func EnsureStream(ctx context.Context, js jetstream.StreamManager, log *slog.Logger, n Names, kind string, s StreamSettings) (jetstream.Stream, error) {
+	s = s.WithDefaults()
 	cfg := StreamConfig(n, kind, s)
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
+	var st jetstream.Stream
+	err := Await(ctx, log, "stream "+cfg.Name, s.Wait, func(ctx context.Context) error {
+		var err error
+		st, err = ensureStream(ctx, js, cfg)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("event: %w", err)
 	}
-	for {
-		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		st, err := ensureStream(tctx, js, cfg)
-		cancel()
-		switch {
-		case err == nil:
-			return st, nil
-		case ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout):
-			return nil, fmt.Errorf("event: stream %s: %w", cfg.Name, err)
-		}
-	}
+	return st, nil
 }
 
 func ensureStream(ctx context.Context, js jetstream.StreamManager, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
@@ -215,7 +219,7 @@ func (k *Keeper) Stop(ctx context.Context) { k.ticker.Stop(ctx) }
 
 // Ensure creates or updates the stream of kind.
 func (k *Keeper) Ensure(ctx context.Context, kind string) error {
-	_, err := EnsureStream(ctx, k.JS, k.Names, kind, k.Settings)
+	_, err := EnsureStream(ctx, k.JS, k.Log, k.Names, kind, k.Settings)
 	return err
 }
 

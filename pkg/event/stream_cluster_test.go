@@ -45,7 +45,7 @@ func TestEnsureStreamConcurrentlyOnCluster(t *testing.T) {
 				defer wg.Done()
 				for _, kind := range event.Kinds {
 					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-					_, err := event.EnsureStream(ctx, js[i], n, kind, settings)
+					_, err := event.EnsureStream(ctx, js[i], nil, n, kind, settings)
 					cancel()
 					if err != nil {
 						t.Errorf("round %d, instance %d: %v", round, i, err)
@@ -63,7 +63,7 @@ func TestEnsureStreamConcurrentlyOnCluster(t *testing.T) {
 		}()
 		time.Sleep(time.Duration(round) * time.Millisecond)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := event.EnsureStream(ctx, js[0], n, event.KindResult, settings)
+		_, err := event.EnsureStream(ctx, js[0], nil, n, event.KindResult, settings)
 		cancel()
 		if err != nil {
 			t.Errorf("beside another instance's create: %v", err)
@@ -74,7 +74,7 @@ func TestEnsureStreamConcurrentlyOnCluster(t *testing.T) {
 	defer cancel()
 	longer := settings
 	longer.MaxAge = 48 * time.Hour
-	st, err := event.EnsureStream(ctx, js[0], n, event.KindWork, longer)
+	st, err := event.EnsureStream(ctx, js[0], nil, n, event.KindWork, longer)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,7 +50,7 @@ func setup(t *testing.T) bundle {
 	if err != nil {
 		t.Fatalf("jetstream: %v", err)
 	}
-	st, err := event.EnsureStream(ctx, js, names, event.KindWork, event.StreamSettings{})
+	st, err := event.EnsureStream(ctx, js, nil, names, event.KindWork, event.StreamSettings{})
 	if err != nil {
 		t.Fatalf("stream: %v", err)
 	}
@@ -221,7 +221,7 @@ func TestPoisonRowsAreSetAside(t *testing.T) {
 	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Streams: streams, Batch: 10,
 		MaxPayload: b.js.Conn().MaxPayload(), SetAside: store.SetAsidePolicy{MaxTries: 2, Grace: -1},
 		Ensure: func(ctx context.Context, kind string) error {
-			_, err := event.EnsureStream(ctx, b.js, names, kind, event.StreamSettings{})
+			_, err := event.EnsureStream(ctx, b.js, nil, names, kind, event.StreamSettings{})
 			return err
 		}}
 	if n, err := relay.Drain(ctx); err != nil || n != 4 {
@@ -258,7 +258,7 @@ func TestRelayCreatesALostStreamAgain(t *testing.T) {
 	b.write(t, workMsg(t, b.ctx, "w_1", 1))
 	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Streams: streams,
 		Ensure: func(ctx context.Context, kind string) error {
-			_, err := event.EnsureStream(ctx, b.js, names, kind, event.StreamSettings{})
+			_, err := event.EnsureStream(ctx, b.js, nil, names, kind, event.StreamSettings{})
 			return err
 		}}
 	if n, err := relay.Drain(b.ctx); err != nil || n != 1 {

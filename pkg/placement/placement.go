@@ -44,26 +44,21 @@ type Cell struct {
 }
 
 // Bucket makes (or finds) a region's placement bucket, with replicas and
-// placed on servers with tags, as the region's streams are. A request the
-// broker lost (a cluster forming) is asked again, for up to 30s.
+// placed on servers with tags, as the region's streams are. A cluster that
+// is not ready (forming, electing a leader) is waited out for up to
+// event.DefaultWait, or until ctx ends.
 func Bucket(ctx context.Context, js jetstream.KeyValueManager, bucket string, replicas int, tags ...string) (jetstream.KeyValue, error) {
+	return bucketWaiting(ctx, js, nil, bucket, event.StreamSettings{Replicas: max(replicas, 1), Placement: tags})
+}
+
+func bucketWaiting(ctx context.Context, js jetstream.KeyValueManager, log *slog.Logger, bucket string, s event.StreamSettings) (jetstream.KeyValue, error) {
 	cfg := jetstream.KeyValueConfig{Bucket: bucket, History: 1,
-		Description: "which cell of the region serves each tenant, and where each cell answers", Replicas: max(replicas, 1)}
-	if len(tags) > 0 {
-		cfg.Placement = &jetstream.Placement{Tags: tags}
+		Description: "which cell of the region serves each tenant, and where each cell answers"}
+	kv, err := event.EnsureBucket(ctx, js, log, cfg, s)
+	if err != nil {
+		return nil, fmt.Errorf("placement: %w", err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		kv, err := js.CreateOrUpdateKeyValue(tctx, cfg)
-		cancel()
-		switch {
-		case err == nil:
-			return kv, nil
-		case ctx.Err() != nil || time.Now().After(deadline) || (!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout)):
-			return nil, fmt.Errorf("placement: bucket %s: %w", bucket, err)
-		}
-	}
+	return kv, nil
 }
 
 // Snapshot is the map as read at one time.
@@ -226,6 +221,9 @@ type View struct {
 	// placement user and password); JS is then not used.
 	NATSURL string
 	Log     *slog.Logger
+	// Wait is how long Start waits out a cluster that is not ready.
+	// Default event.DefaultWait.
+	Wait time.Duration
 
 	run   lifecycle.Runner
 	nc    *nats.Conn
@@ -250,24 +248,20 @@ func (v *View) Start(ctx context.Context) error {
 		}
 		v.nc, v.JS = nc, js
 	}
-	kv, err := Bucket(ctx, v.JS, v.Bucket, v.Replicas, v.Tags...)
+	s := event.StreamSettings{Replicas: max(v.Replicas, 1), Placement: v.Tags, Wait: v.Wait}
+	kv, err := bucketWaiting(ctx, v.JS, v.Log, v.Bucket, s)
 	if err != nil {
 		v.close()
 		return err
 	}
 	v.kv = kv
 	if v.URL != "" {
-		for deadline := time.Now().Add(30 * time.Second); ; {
-			tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			err := Register(tctx, kv, v.Cell, v.URL)
-			cancel()
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil || time.Now().After(deadline) || (!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout)) {
-				v.close()
-				return err
-			}
+		err := event.Await(ctx, v.Log, "placement: register cell "+v.Cell, s.WithDefaults().Wait, func(ctx context.Context) error {
+			return Register(ctx, kv, v.Cell, v.URL)
+		})
+		if err != nil {
+			v.close()
+			return err
 		}
 	}
 	if err := v.run.Go(ctx, func(ctx context.Context) { v.loop(ctx, kv) }); err != nil {

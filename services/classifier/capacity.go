@@ -165,9 +165,11 @@ func (s *Service) laneLoad(ctx context.Context, stream, lane string) admission.L
 func (r *capacityReporter) put(ctx context.Context, rep admission.CapacityReport) error {
 	s := r.s
 	if r.kv == nil {
-		kv, err := s.d.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: s.cfg.Names.CapacityBucket(),
+		// At the cell's replicas and placement: the reports ingress
+		// admits on outlive the loss of one NATS node.
+		kv, err := event.EnsureBucket(ctx, s.d.JS, s.d.Log, jetstream.KeyValueConfig{Bucket: s.cfg.Names.CapacityBucket(),
 			Description: "the cell's capacity, reported by its classifier instances for ingress admission",
-			History:     1, TTL: time.Minute, Storage: jetstream.MemoryStorage})
+			History:     1, TTL: time.Minute, Storage: jetstream.MemoryStorage}, s.cfg.Streams)
 		if err != nil {
 			return fmt.Errorf("capacity bucket: %w", err)
 		}

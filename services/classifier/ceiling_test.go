@@ -74,7 +74,7 @@ func TestThreeClassifiersShareTheCellCeiling(t *testing.T) {
 		return js
 	}
 	js := connect("test")
-	if _, err := event.EnsureStream(ctx, js, names, event.KindWork, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(ctx, js, nil, names, event.KindWork, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	const ceiling, items = 3, 24

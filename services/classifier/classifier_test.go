@@ -40,6 +40,8 @@ type bundle struct {
 	js  jetstream.JetStream
 	sim *sim.Server
 	log *logBuffer
+	// streams are the settings of the streams the test makes.
+	streams event.StreamSettings
 }
 
 // logBuffer holds what the classifier logged.
@@ -62,9 +64,20 @@ func (l *logBuffer) String() string {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	ctx := t.Context()
+	b := newBundle(t, testenv.NATS(t), event.StreamSettings{})
+	if err := b.svc.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// newBundle builds the classifier on the NATS at natsURL with its streams
+// and buckets made with streams, without starting it; it is stopped when
+// the test ends.
+func newBundle(t *testing.T, natsURL string, streams event.StreamSettings) *bundle {
+	t.Helper()
 	st, url := storetest.Migrated(t, store.TenantSeed{ID: "acme", HomeRegion: "us", Token: "tok-acme"})
-	nc, err := nats.Connect(testenv.NATS(t))
+	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,17 +98,14 @@ func setup(t *testing.T) *bundle {
 	}
 	tel := telemetrytest.Provider(t, "classifier", "us")
 	logs := &logBuffer{}
-	svc, err := classifier.New(classifier.Config{Region: "us", Model: "assay-sim-1", BackoffBase: 10 * time.Millisecond},
+	svc, err := classifier.New(classifier.Config{Region: "us", Model: "assay-sim-1", BackoffBase: 10 * time.Millisecond, Streams: streams},
 		classifier.Deps{Store: st, JS: js, Model: &model.Client{BaseURL: sim.APIBase(simURL), Model: "assay-sim-1"}, Contracts: reg,
 			Log: slog.New(slog.NewJSONHandler(logs, nil)), Tel: tel})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := svc.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { svc.Stop(context.Background()) })
-	return &bundle{svc: svc, st: st, db: testenv.Pool(t, url), js: js, sim: s, log: logs}
+	return &bundle{svc: svc, st: st, db: testenv.Pool(t, url), js: js, sim: s, log: logs, streams: streams}
 }
 
 // enqueue stores moderation work and announces it, as ingress would.
@@ -110,7 +120,7 @@ func (b *bundle) enqueue(t *testing.T, source, text string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := event.EnsureStream(ctx, b.js, names, event.KindWork, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(ctx, b.js, nil, names, event.KindWork, b.streams); err != nil {
 		t.Fatal(err)
 	}
 	ev, _ := json.Marshal(event.Work{WorkID: w.ID, TenantID: "acme", Region: "us", Lane: event.Interactive, Dispatch: 1,

@@ -41,7 +41,7 @@ func newStressCell(t *testing.T) *stressCell {
 	ctx := t.Context()
 	st, url := storetest.Migrated(t, store.TenantSeed{ID: "acme", HomeRegion: "us", Token: "tok-acme"})
 	js := testenv.JetStream(t)
-	if _, err := event.EnsureStream(ctx, js, event.Names{Cell: "us"}, event.KindWork, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(ctx, js, nil, event.Names{Cell: "us"}, event.KindWork, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	s := sim.New(sim.Options{Latency: 20 * time.Millisecond})

@@ -55,7 +55,7 @@ func setup(t *testing.T) *bundle {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { svc.Stop(context.Background()) })
-	if _, err := event.EnsureStream(ctx, b.js, names, event.KindResult, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(ctx, b.js, nil, names, event.KindResult, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	b.tel = tel

@@ -23,7 +23,7 @@ import (
 func stressCell(t *testing.T, answers int) *bundle {
 	t.Helper()
 	b := setupCell(t)
-	if _, err := event.EnsureStream(t.Context(), b.js, names, event.KindResult, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(t.Context(), b.js, nil, names, event.KindResult, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range answers {
@@ -83,7 +83,7 @@ func TestWarmServiceLifecycle(t *testing.T) {
 // durable, to the contract of every part, each Stop meeting it consuming.
 func TestPublisherLifecycle(t *testing.T) {
 	b := stressCell(t, 0)
-	if _, err := event.EnsureStream(t.Context(), b.js, names, event.KindOutcome, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(t.Context(), b.js, nil, names, event.KindOutcome, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {

@@ -39,7 +39,7 @@ func TestOutcomesReachThePublisher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := event.EnsureStream(ctx, b.js, own, event.KindResult, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(ctx, b.js, nil, own, event.KindResult, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := svc.Start(ctx); err != nil {

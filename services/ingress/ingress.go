@@ -392,7 +392,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	}
 	s.place = &placement.View{JS: d.JS, Bucket: cfg.Names.PlacementBucket(cfg.Region), Region: cfg.Region,
 		Replicas: cfg.Streams.Replicas, Tags: cfg.Streams.Placement, Cell: cfg.Names.Cell, URL: cfg.CellURL,
-		NATSURL: cfg.PlacementNATSURL, Log: d.Log}
+		NATSURL: cfg.PlacementNATSURL, Log: d.Log, Wait: cfg.Streams.Wait}
 	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log,
 		Meter: d.Tel.Meter(), Region: cfg.Region}
 	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},

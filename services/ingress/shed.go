@@ -142,7 +142,7 @@ func (s *Service) setUpShed() error {
 	sh.view = &capacityView{js: s.d.JS, bucket: s.cfg.Names.CapacityBucket(), log: s.d.Log}
 	sh.open = s.d.Store
 	if !sh.cfg.LocalRate {
-		sh.shared = &sharedRate{js: s.d.JS, bucket: s.cfg.Names.AdmitBucket(), log: s.d.Log,
+		sh.shared = &sharedRate{js: s.d.JS, bucket: s.cfg.Names.AdmitBucket(), streams: s.cfg.Streams, log: s.d.Log,
 			b: &admission.SharedBuckets{Local: s.buckets}}
 	}
 	var err error
@@ -445,8 +445,11 @@ func (v *capacityView) admitted(lane, tenant string) {
 type sharedRate struct {
 	js     jetstream.KeyValueManager
 	bucket string
-	log    *slog.Logger
-	b      *admission.SharedBuckets
+	// streams are the cell's stream settings, whose replicas and
+	// placement the bucket takes.
+	streams event.StreamSettings
+	log     *slog.Logger
+	b       *admission.SharedBuckets
 
 	mu       sync.Mutex
 	tried    time.Time
@@ -477,9 +480,13 @@ func (r *sharedRate) open(ctx context.Context) bool {
 	r.tried = time.Now()
 	octx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	kv, err := r.js.CreateOrUpdateKeyValue(octx, jetstream.KeyValueConfig{Bucket: r.bucket,
+	// A request waits for one try: a cluster that is not ready is asked
+	// again by a later one.
+	once := r.streams
+	once.Wait = -1
+	kv, err := event.EnsureBucket(octx, r.js, r.log, jetstream.KeyValueConfig{Bucket: r.bucket,
 		Description: "the cell's ingress token buckets, one per tenant and lane, shared by its ingress instances",
-		History:     1, Storage: jetstream.MemoryStorage})
+		History:     1, Storage: jetstream.MemoryStorage}, once)
 	if err != nil {
 		r.warnLocked("shared rate bucket not opened; the tenant's rate holds per instance until it is", err)
 		return false

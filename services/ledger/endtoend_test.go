@@ -28,7 +28,7 @@ func TestLedgerOnPostgresAndJetStream(t *testing.T) {
 	f.Tenant("acme", "us", "tok-acme")
 	js := testenv.JetStream(t)
 	names := event.Names{Cell: "us"}
-	if _, err := event.EnsureStream(ctx, js, names, event.KindAttempt, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(ctx, js, nil, names, event.KindAttempt, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	s := newLedger(t, Config{Region: "us", ReapEvery: -1, ReapGrace: time.Second}, Deps{Store: st, JS: js})

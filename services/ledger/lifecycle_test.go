@@ -27,7 +27,7 @@ func stressLedger(t *testing.T, attempts int) (db *pgxpool.Pool, newPart func(t 
 	_, st, db := newTestLedger(t, Config{Region: "us"}, "acme")
 	js := testenv.JetStream(t)
 	names := event.Names{Cell: "us"}
-	if _, err := event.EnsureStream(t.Context(), js, names, event.KindAttempt, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(t.Context(), js, nil, names, event.KindAttempt, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range attempts {

@@ -63,14 +63,70 @@ func NewCluster(tb testing.TB, n int, tags ...string) *Cluster {
 	return c
 }
 
+// NewFormingCluster is an n-node cluster of which only the first up nodes
+// run: a cluster still forming, or with nodes away, as a service may meet
+// it at its start. It does not wait for a meta leader. Every node's client
+// port is chosen at once, so URL names the nodes not started yet, and
+// Start starts one (n2, n3, …) when the test wants it to join.
+func NewFormingCluster(tb testing.TB, n, up int, tags ...string) *Cluster {
+	tb.Helper()
+	if n < 2 || up < 1 || up > n {
+		tb.Fatalf("testenv: a forming cluster of %d nodes with %d up", n, up)
+	}
+	var c *Cluster
+	var err error
+	for try := 1; try <= 3; try++ {
+		if c, err = newCluster(tb.TempDir(), n, tags, true); err == nil {
+			if err = c.startNodes(up); err == nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	tb.Cleanup(c.shutdown)
+	return c
+}
+
 func startCluster(dir string, n int, tags []string) (*Cluster, error) {
-	ports, err := freePorts(n)
+	c, err := newCluster(dir, n, tags, false)
+	if err != nil {
+		return nil, err
+	}
+	return c, c.startNodes(n)
+}
+
+// startNodes starts the first up nodes.
+func (c *Cluster) startNodes(up int) error {
+	for _, nd := range c.nodes[:up] {
+		if err := nd.start(); err != nil {
+			c.shutdown()
+			return err
+		}
+		// Clients find the node on the same port after a restart.
+		nd.opts.Port = nd.srv.Addr().(*net.TCPAddr).Port
+	}
+	return nil
+}
+
+// newCluster configures an n-node cluster without starting it; with
+// clientPorts, each node's client port is chosen now rather than at its
+// start.
+func newCluster(dir string, n int, tags []string, clientPorts bool) (*Cluster, error) {
+	ports, err := freePorts(2 * n)
 	if err != nil {
 		return nil, err
 	}
 	var routes []string
-	for _, p := range ports {
+	for _, p := range ports[:n] {
 		routes = append(routes, "nats-route://127.0.0.1:"+strconv.Itoa(p))
+	}
+	client := func(i int) int {
+		if clientPorts {
+			return ports[n+i]
+		}
+		return -1
 	}
 	c := &Cluster{Name: "assay-test"}
 	for i := range n {
@@ -78,7 +134,7 @@ func startCluster(dir string, n int, tags []string) (*Cluster, error) {
 		c.nodes = append(c.nodes, &clusterNode{opts: &server.Options{
 			ServerName: name,
 			Host:       "127.0.0.1",
-			Port:       -1,
+			Port:       client(i),
 			JetStream:  true,
 			StoreDir:   dir + "/" + name,
 			Tags:       append([]string(nil), tags...),
@@ -91,14 +147,6 @@ func startCluster(dir string, n int, tags []string) (*Cluster, error) {
 			},
 			Routes: server.RoutesFromStr(strings.Join(routes, ",")),
 		}})
-	}
-	for _, nd := range c.nodes {
-		if err := nd.start(); err != nil {
-			c.shutdown()
-			return nil, err
-		}
-		// Clients find the node on the same port after a restart.
-		nd.opts.Port = nd.srv.Addr().(*net.TCPAddr).Port
 	}
 	return c, nil
 }

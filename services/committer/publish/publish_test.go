@@ -59,7 +59,7 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := event.EnsureStream(ctx, js, names, event.KindOutcome, event.StreamSettings{}); err != nil {
+	if _, err := event.EnsureStream(ctx, js, nil, names, event.KindOutcome, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
 	gh := fakegithub.New()

@@ -250,7 +250,7 @@ func (b *Bundle) HandClassifiers(t *testing.T) func(classifier.Config) *classifi
 	t.Helper()
 	env := b.Cell.Env
 	for _, k := range []string{event.KindResult, event.KindAttempt} {
-		if _, err := event.EnsureStream(context.Background(), env.JS, b.Names(), k, env.Config.Streams); err != nil {
+		if _, err := event.EnsureStream(context.Background(), env.JS, nil, b.Names(), k, env.Config.Streams); err != nil {
 			t.Fatal(err)
 		}
 	}
