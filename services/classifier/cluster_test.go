@@ -69,7 +69,6 @@ func TestStartsWhileTheClusterForms(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	for _, kind := range []string{event.KindResult, event.KindAttempt} {
