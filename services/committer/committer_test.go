@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,21 @@ type bundle struct {
 	db  *pgxpool.Pool
 	js  jetstream.JetStream
 	tel *telemetry.Provider
+	// announcer counts the passes of setup's committer's announcer.
+	announcer *countedStore
+}
+
+// countedStore is the cell's store with every AnnounceOutcomes counted once
+// it returned, so that a test waits for the announcer's passes rather than
+// for the time they usually take.
+type countedStore struct {
+	*store.Store
+	passes atomic.Int64
+}
+
+func (c *countedStore) AnnounceOutcomes(ctx context.Context, limit int, announce store.Announce) (int, error) {
+	defer c.passes.Add(1)
+	return c.Store.AnnounceOutcomes(ctx, limit, announce)
 }
 
 // setup starts the committer alone on real Postgres and JetStream; what the
@@ -46,7 +62,8 @@ func setup(t *testing.T) *bundle {
 		t.Fatal(err)
 	}
 	tel := telemetrytest.Provider(t, "committer", "us")
-	svc, err := committer.New(committer.Config{Region: "us"}, committer.Deps{Store: b.st, JS: b.js, Contracts: reg,
+	b.announcer = &countedStore{Store: b.st}
+	svc, err := committer.New(committer.Config{Region: "us"}, committer.Deps{Store: b.announcer, JS: b.js, Contracts: reg,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Tel: tel})
 	if err != nil {
 		t.Fatal(err)

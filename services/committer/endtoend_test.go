@@ -48,8 +48,8 @@ func TestEveryEndingIsRecordedOnce(t *testing.T) {
 		b.waitState(t, id, want)
 	}
 	// The announcer runs every second; wait until it announced all four,
-	// then two passes more, which must add nothing.
-	deadline := time.Now().Add(15 * time.Second)
+	// then for two passes more, which must add nothing.
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var left int
 		if err := b.db.QueryRow(ctx, `SELECT count(*) FROM work WHERE state NOT IN ('queued', 'running') AND outcome_announced_at IS NULL`).Scan(&left); err != nil {
@@ -63,7 +63,14 @@ func TestEveryEndingIsRecordedOnce(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	time.Sleep(2500 * time.Millisecond)
+	// Passes, not time: the one that announced the last may still be
+	// recording it when the count is read (it counts as its statement
+	// returns), so four more returns leave two whole passes after it.
+	for seen, deadline := b.announcer.passes.Load(), time.Now().Add(30*time.Second); b.announcer.passes.Load() < seen+4; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the announcer made %d passes in 30s, want 4", b.announcer.passes.Load()-seen)
+		}
+	}
 	counts := endToEndCounts(t, b)
 	for _, o := range []string{outcome.Superseded, outcome.Dropped, outcome.Canceled, outcome.RetryExhausted} {
 		if counts[o] != 1 {
