@@ -115,7 +115,7 @@ func TestConcurrencyIsBounded(t *testing.T) {
 
 func waitAcked(t *testing.T, js jetstream.JetStream, durable string, want uint64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		info, err := js.Consumer(context.Background(), names.Stream(event.KindWork), durable)
 		if err == nil && info.CachedInfo().AckFloor.Stream >= want {
@@ -157,18 +157,34 @@ func TestStopWaitsThenCancels(t *testing.T) {
 	c.Stop(context.Background()) // idempotent
 }
 
+// tries counts the consumer's tries to create its durable.
+type tries struct {
+	jetstream.JetStream
+	n atomic.Int64
+}
+
+func (t *tries) CreateOrUpdateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	defer t.n.Add(1)
+	return t.JetStream.CreateOrUpdateConsumer(ctx, stream, cfg)
+}
+
 // A consumer whose stream does not exist yet waits for it, not ready, and
 // consumes once its owner created it.
 func TestWaitsForTheStream(t *testing.T) {
 	t.Parallel()
-	js := connect(t)
+	js := &tries{JetStream: connect(t)}
 	got := make(chan string, 1)
 	c := start(t, consumer.Config{JS: js, RetryEvery: 20 * time.Millisecond,
 		Handle: func(ctx context.Context, msg jetstream.Msg) consumer.Disposition {
 			got <- string(msg.Data())
 			return consumer.Done()
 		}})
-	time.Sleep(100 * time.Millisecond)
+	// Not ready after it tried, and found no stream, more than once.
+	for deadline := time.Now().Add(30 * time.Second); js.n.Load() < 3; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d tries to create the durable in 30s, want 3", js.n.Load())
+		}
+	}
 	if err := c.Ready(context.Background()); err == nil {
 		t.Fatal("Ready while the stream does not exist")
 	}
@@ -181,7 +197,7 @@ func TestWaitsForTheStream(t *testing.T) {
 		if v != "0" {
 			t.Fatalf("got %q", v)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("nothing consumed after the stream appeared")
 	}
 	if err := c.Ready(context.Background()); err != nil {
@@ -204,9 +220,17 @@ func TestDurableDeletedIsCreatedAgain(t *testing.T) {
 	if err := js.DeleteStream(context.Background(), names.Stream(event.KindWork)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
-	if err := c.Ready(context.Background()); err == nil {
-		t.Fatal("Ready while the durable is missing past its grace")
+	// Ready counts the grace from when the durable was first seen missing
+	// (by Ready itself, or by the consumer told of the deletion): asked
+	// until then and past it, it must say so.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := c.Ready(context.Background())
+		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Ready says %v 30s after the durable went missing, with a grace of 50ms", err)
+		}
 	}
 	if _, err := event.EnsureStream(context.Background(), js, nil, names, event.KindWork, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
