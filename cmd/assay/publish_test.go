@@ -40,9 +40,12 @@ func TestFailedPublicationShowsAndRetriesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	gh.App(7, &key.PublicKey)
+	// Each pass of the committer's publication retrier begins by asking
+	// which publications are due.
+	retrier := &statements{service: "committer", fragment: "WHERE state = 'pending' AND next_try_at <="}
 	b := celltest.Setup(t, cell.Options{Committer: committer.Config{GitHubAPI: gh.URL, GitHubAppID: 7, GitHubKey: key,
 		PublishDeadline: 3 * time.Second, PublishBackoff: publish.Backoff{Base: 100 * time.Millisecond, Cap: 500 * time.Millisecond},
-		PublishRetryEvery: 50 * time.Millisecond, PublishCountEvery: 100 * time.Millisecond}})
+		PublishRetryEvery: 50 * time.Millisecond, PublishCountEvery: 100 * time.Millisecond}, StoreTracer: retrier.tracer})
 	ctx := t.Context()
 	if err := b.Cell.Env.Store.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: "42", Tenant: "acme",
 		Repositories: []string{"shop/*"}}); err != nil {
@@ -121,7 +124,7 @@ func TestFailedPublicationShowsAndRetriesOnce(t *testing.T) {
 	if !bytes.Contains(again, []byte("has no failed publication; nothing sent")) {
 		t.Errorf("second retry said:\n%s", again)
 	}
-	time.Sleep(300 * time.Millisecond) // several retrier passes: none may send anything
+	retrier.waitNext(t, 4) // three whole retrier passes: none may send anything
 	if runs := gh.CheckRuns(); len(runs) != 1 || runs[0].Edits != 0 || gh.CommentsOf(r.WorkID) != findings {
 		t.Fatalf("after two retries: %d check runs (%+v), %d comments; want 1 check run and %d comments", len(runs), runs, gh.CommentsOf(r.WorkID), findings)
 	}

@@ -22,6 +22,11 @@ import (
 	"assay.dev/services/ingress"
 )
 
+// routesRead is the statement ingress reads the routes with: a read begun
+// after a change has it, and once the next read begins, new work follows
+// it.
+const routesRead = "FROM contract_routes ORDER BY"
+
 // rollout runs assay rollout against b's cell.
 func rollout(t *testing.T, b *celltest.Bundle, args ...string) (string, error) {
 	t.Helper()
@@ -180,11 +185,12 @@ func TestRolloutCheckAndPromote(t *testing.T) {
 // is a shadow ledger row; live work keeps its version.
 func TestRolloutShadowShare(t *testing.T) {
 	t.Parallel()
-	b := celltest.Setup(t, cell.Options{Ingress: ingress.Config{RoutesEvery: 200 * time.Millisecond}})
+	reads := &statements{service: "ingress", fragment: routesRead}
+	b := celltest.Setup(t, cell.Options{Ingress: ingress.Config{RoutesEvery: 200 * time.Millisecond}, StoreTracer: reads.tracer})
 	if _, err := rollout(t, b, "set-candidate", "--contract", "code-review", "--version", "code-review/2", "--share", "0.2"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // the routes are read again every 200 ms
+	reads.waitNext(t, 2) // the routes are read again every 200 ms
 	items := evalset.Items()
 	var live []string
 	sampled := 0
@@ -276,7 +282,8 @@ func TestRolloutShadowShare(t *testing.T) {
 // schemaVersion), work made after as code-review/2, and none is lost.
 func TestRolloutSwitchInFlight(t *testing.T) {
 	t.Parallel()
-	b := celltest.Setup(t, cell.Options{Ingress: ingress.Config{RoutesEvery: 100 * time.Millisecond}})
+	reads := &statements{service: "ingress", fragment: routesRead}
+	b := celltest.Setup(t, cell.Options{Ingress: ingress.Config{RoutesEvery: 100 * time.Millisecond}, StoreTracer: reads.tracer})
 	if err := b.Sim.SetCapacity(sim.Capacity{Concurrency: 2, Latency: sim.Latency{Base: 300 * time.Millisecond}}); err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +302,7 @@ func TestRolloutSwitchInFlight(t *testing.T) {
 	if _, err := rollout(t, b, "set-live", "--contract", "code-review", "--version", "code-review/2"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	reads.waitNext(t, 2)
 	inFlight := b.Count(t, `SELECT count(*) FROM work WHERE id = ANY($1) AND state IN ('queued', 'running')`, before)
 	after := submit("after", 12)
 	check := func(ids []string, version string, value float64, category bool) {
