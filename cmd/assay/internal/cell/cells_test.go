@@ -9,8 +9,11 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
@@ -40,6 +43,35 @@ type region2 struct {
 	a, b    *celltest.Bundle
 	acme    string
 	initech string
+	// lookups counts cell us's lookups of a delivery's tenant.
+	lookups *linkLookups
+}
+
+// linkLookups counts the lookups of a GitHub delivery's tenant that one
+// cell's ingress finished: a test acts once a delivery reached that step,
+// not after the time it usually takes to.
+type linkLookups struct{ n atomic.Int64 }
+
+type linkLookup struct{}
+
+func (l *linkLookups) tracer(service string) pgx.QueryTracer {
+	if service != "ingress" {
+		return nil
+	}
+	return l
+}
+
+func (l *linkLookups) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "(src.kind = $1 AND src.key = $2) OR") { // store.WebhookLinks
+		return context.WithValue(ctx, linkLookup{}, true)
+	}
+	return ctx
+}
+
+func (l *linkLookups) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(linkLookup{}) != nil {
+		l.n.Add(1)
+	}
 }
 
 func setupRegion2(t *testing.T) *region2 {
@@ -51,11 +83,12 @@ func setupRegion2(t *testing.T) *region2 {
 	gh.StaticToken(deliveryToken)
 	gh.AddPull("shop/checkout", 41, deliveryBase, deliveryHead, evalset.Items()[0].Diff)
 	github := ingress.Config{GitHubSecret: deliverySecret, GitHubAPI: gh.URL, GitHubToken: deliveryToken}
-	a := celltest.SetupOn(t, cell.Options{RegisterURL: true, Ingress: github}, nil, natsURL)
+	lookups := &linkLookups{}
+	a := celltest.SetupOn(t, cell.Options{RegisterURL: true, Ingress: github, StoreTracer: lookups.tracer}, nil, natsURL)
 	b := celltest.SetupOn(t, cell.Options{RegisterURL: true, Ingress: github,
 		Config: config.Config{Region: "us", Regions: config.DefaultRegions, Cell: "us-2"}}, nil, natsURL)
 	ctx := context.Background()
-	r := &region2{a: a, b: b, acme: a.Token, initech: "initech-token-both-cells"}
+	r := &region2{a: a, b: b, acme: a.Token, initech: "initech-token-both-cells", lookups: lookups}
 	for _, c := range []*celltest.Bundle{a, b} {
 		if err := c.Cell.Env.Store.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: fmt.Sprint(deliveryInstallation),
 			Tenant: "acme", Repositories: []string{"shop/*"}}); err != nil {
@@ -231,23 +264,29 @@ func TestARegionOfTwoCells(t *testing.T) {
 	if _, err := kv.PutString(context.Background(), "moving.acme", "us-2"); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if status, _, _ := r.get(t, r.a, r.acme, "/v1/views"); status == http.StatusServiceUnavailable {
 			break
 		} else if time.Now().After(deadline) {
 			t.Fatalf("cell us does not hold acme's requests while it moves: HTTP %d", status)
 		}
 	}
-	released := make(chan time.Time, 1)
+	// The move ends once cell us has looked up the delivery's tenant, the
+	// move still on, so the delivery is sent during it however slowly it
+	// travels.
+	looked := r.lookups.n.Load()
+	during := make(chan bool, 1)
 	go func() {
-		time.Sleep(2 * time.Second)
+		deadline := time.Now().Add(30 * time.Second)
+		for r.lookups.n.Load() == looked && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		during <- r.lookups.n.Load() > looked
 		_ = kv.Delete(context.Background(), "moving.acme")
-		released <- time.Now()
 	}()
-	sent := time.Now()
 	status, _, again := r.deliver(t, body, "d-two-cells-again")
-	if at := <-released; !sent.Before(at) {
-		t.Fatalf("the delivery was sent after the move ended (%s after): it shows nothing of a delivery during a move", sent.Sub(at))
+	if !<-during {
+		t.Fatal("cell us did not look up the delivery's tenant within 30s of it being sent: it shows nothing of a delivery during a move")
 	}
 	if status != http.StatusOK || again.WorkID != wr.WorkID {
 		t.Errorf("the delivery again during a move: HTTP %d %+v; want 200 and its work %s", status, again, wr.WorkID)
