@@ -127,8 +127,20 @@ func TestSweeperRecoversAbandonedClaim(t *testing.T) {
 // announces it anew.
 func TestSweeperLeavesHeldAnnouncementsAlone(t *testing.T) {
 	t.Parallel()
+	// Also the head's allowance for the relay's lag: well above what a
+	// loaded machine takes from a work row to its message.
+	const queuedFor = 3 * time.Second
 	b := celltest.Setup(t, cell.Options{NoClassifier: true, Ingress: ingress.Config{
-		SweepEvery: time.Hour, QueuedFor: time.Second}})
+		SweepEvery: time.Hour, QueuedFor: queuedFor}})
+	// older waits until work was written more than QueuedFor ago by the
+	// database's clock, the one the sweeper reads.
+	older := func(ids ...string) {
+		t.Helper()
+		poll(t, "work queued longer than QueuedFor", 30*time.Second, func() bool {
+			return b.Count(t, `SELECT count(*) FROM work WHERE id = ANY($1) AND updated_at < now() - $2 * interval '1 microsecond'`,
+				ids, queuedFor.Microseconds()) == len(ids)
+		})
+	}
 	ctx := context.Background()
 	n, js := b.Names(), b.Cell.Env.JS
 	cons, err := js.CreateOrUpdateConsumer(ctx, n.Stream(event.KindWork), jetstream.ConsumerConfig{
@@ -142,7 +154,7 @@ func TestSweeperLeavesHeldAnnouncementsAlone(t *testing.T) {
 	var ids []string
 	for i := range 3 {
 		if i == 1 {
-			time.Sleep(1500 * time.Millisecond)
+			older(ids[0])
 		}
 		_, r := b.Submit(t, celltest.CodeReview(evalset.Items()[i], fmt.Sprintf("held %d", i)))
 		ids = append(ids, r.WorkID)
@@ -168,7 +180,7 @@ func TestSweeperLeavesHeldAnnouncementsAlone(t *testing.T) {
 		}
 		return out
 	}
-	time.Sleep(2500 * time.Millisecond) // longer than QueuedFor, and the head's allowance
+	older(ids...) // so only the held announcements keep the sweeper off them
 	if err := b.Cell.Ingress.SweepOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +200,7 @@ func TestSweeperLeavesHeldAnnouncementsAlone(t *testing.T) {
 	}
 	want := []int{1, 1, 1}
 	want[first] = 2
-	poll(t, "the acknowledged work announced again", 10*time.Second, func() bool {
+	poll(t, "the acknowledged work announced again", 30*time.Second, func() bool {
 		if err := b.Cell.Ingress.SweepOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
