@@ -218,7 +218,7 @@ func TestLateAnswerFromLostLease(t *testing.T) {
 	first := make(chan consumer.Disposition, 1)
 	go func() { first <- a.Process(ctx, ev, celltest.Delivery{}) }()
 	// Wait for A's claim to lapse.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for b.Count(t, `SELECT count(*) FROM work WHERE id = $1 AND attempts = 1 AND lease_expires_at < now()`, r.WorkID) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the first claim never lapsed")

@@ -145,7 +145,7 @@ type permissionErrors chan error
 func (ch permissionErrors) expect(t *testing.T, op, subject string) {
 	t.Helper()
 	want := strings.ToLower(fmt.Sprintf("permissions violation for %s to %q", op, subject))
-	deadline := time.After(5 * time.Second)
+	deadline := time.After(30 * time.Second)
 	for {
 		select {
 		case err := <-ch:
@@ -153,7 +153,7 @@ func (ch permissionErrors) expect(t *testing.T, op, subject string) {
 				return
 			}
 		case <-deadline:
-			t.Errorf("no permissions violation for %s to %q within 5s", op, subject)
+			t.Errorf("no permissions violation for %s to %q within 30s", op, subject)
 			return
 		}
 	}

@@ -225,7 +225,7 @@ func TestProviderBatchAcceptsEveryLine(t *testing.T) {
 		t.Errorf("provider saw %+v, want the %d batches (one input file each) of three lines", st, len(rows))
 	}
 	// Once reconciled, the provider keeps no copy of inputs or answers.
-	for deadline := time.Now().Add(10 * time.Second); b.Sim.BatchStats().Held != 0; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); b.Sim.BatchStats().Held != 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the provider still holds %d files", b.Sim.BatchStats().Held)
 		}

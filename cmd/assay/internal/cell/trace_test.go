@@ -56,7 +56,7 @@ func TestOneTraceSpansTheCell(t *testing.T) {
 	}
 	b.WaitLedger(t, "acme", 1)
 	want := []string{"ingress.submit", "classifier.process", "model.complete", "committer.commit", "ledger."}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		names := map[string]bool{}
 		for _, s := range spans.GetSpans() {

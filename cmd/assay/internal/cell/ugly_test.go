@@ -214,7 +214,7 @@ func TestUglyWorkerKilledAfterExtraction(t *testing.T) {
 	ev := event.Work{WorkID: r.WorkID, TenantID: "acme", Region: "us", Lane: event.Interactive, Dispatch: 1}
 	ctx := context.Background()
 	go doomed.Process(ctx, ev, celltest.Delivery{})
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for b.Calls("acme") == 0 || b.Count(t, `SELECT count(*) FROM work WHERE id = $1 AND lease_expires_at < now()`, r.WorkID) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the doomed worker never called the model, or its lease never lapsed")
