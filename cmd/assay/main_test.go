@@ -32,7 +32,7 @@ func TestDemoReconciles(t *testing.T) {
 	if err := runDemo(ctx, e, &out); err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
-	calls, rows, err := demo{e}.waitLedger(ctx, time.Second)
+	calls, rows, err := demo{e}.waitLedger(ctx, 30*time.Second) // returns as soon as they match
 	if err != nil {
 		t.Fatal(err)
 	}
