@@ -419,14 +419,38 @@ func hang(started chan<- struct{}) http.HandlerFunc {
 	}
 }
 
+// passedWhen is a context whose deadline passes when its channel closes:
+// the test sets it to pass once the server holds the request, which a
+// timer cannot promise on a loaded machine (at 50ms, and then 500ms, the
+// request sometimes had not arrived, and nothing was counted).
+type passedWhen struct {
+	context.Context
+	passed chan struct{}
+}
+
+func (c passedWhen) Done() <-chan struct{} { return c.passed }
+
+func (c passedWhen) Err() error {
+	select {
+	case <-c.passed:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
 func TestCompleteDeadlineIsTimeout(t *testing.T) {
 	t.Parallel()
 	started := make(chan struct{})
 	b := setup(t, hang(started))
-	// Long enough for the request to reach the server on a loaded machine
-	// (at 50ms it sometimes did not, and nothing was counted).
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
+	ctx := passedWhen{context.Background(), make(chan struct{})}
+	go func() {
+		select {
+		case <-started:
+		case <-time.After(30 * time.Second): // then no request was counted
+		}
+		close(ctx.passed)
+	}()
 	rep, err := b.client.Complete(ctx, testCall)
 	e := asError(t, err)
 	if e.Kind != KindTimeout || !errors.Is(err, context.DeadlineExceeded) {
