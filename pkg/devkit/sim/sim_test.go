@@ -700,19 +700,44 @@ func TestConcurrentStatsExact(t *testing.T) {
 	}
 }
 
+// passedWhen is a context whose deadline passes when its channel closes.
+type passedWhen struct {
+	context.Context
+	passed chan struct{}
+}
+
+func (c passedWhen) Done() <-chan struct{} { return c.passed }
+
+func (c passedWhen) Err() error {
+	select {
+	case <-c.passed:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
 func TestHangReleasedByClientCancel(t *testing.T) {
 	s, base := start(t)
 	if err := s.AddFault(Fault{Kind: FaultHang, Times: 1}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	t0 := time.Now()
+	// The client's deadline passes once the server counted the call and
+	// hangs, not after a time the request may not have arrived in.
+	ctx := passedWhen{context.Background(), make(chan struct{})}
+	passed := make(chan time.Time, 1)
+	go func() {
+		for deadline := time.Now().Add(30 * time.Second); s.Stats().Tenants["h"].Calls == 0 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		passed <- time.Now()
+		close(ctx.passed)
+	}()
 	_, err := do(t, ctx, "POST", base+"/v1/chat/completions", chatReq(ContractModeration, "h", `{"text":"x"}`))
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want deadline exceeded", err)
 	}
-	if time.Since(t0) > 5*time.Second {
+	if time.Since(<-passed) > 5*time.Second {
 		t.Fatal("client cancel took too long")
 	}
 	// The hang counted as a call, and the server is still answering.
