@@ -292,10 +292,10 @@ func TestRelayStartKickStop(t *testing.T) {
 	b.write(t, msgs...)
 	relay.Kick()
 	relay.Kick()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for b.pending(t) != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("kicked relay left %d pending after 10s", b.pending(t))
+			t.Fatalf("kicked relay left %d pending after 30s", b.pending(t))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -327,7 +327,7 @@ func TestRelayOutlivesItsStartContext(t *testing.T) {
 	}
 	cancel()
 	b.write(t, workMsg(t, b.ctx, "w_1", 1))
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for b.pending(t) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the relay stopped publishing when its start context ended")
@@ -369,10 +369,10 @@ func TestSendPublishesHandedRows(t *testing.T) {
 	relay.Send(handed[:10]...)
 	relay.Send(append(handed[10:], huge)...)
 	relay.Send(handed[0]) // handed twice: stored once
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for b.streamMsgs(t) != 30 {
 		if time.Now().After(deadline) {
-			t.Fatalf("stream holds %d messages 10s after 30 were handed over", b.streamMsgs(t))
+			t.Fatalf("stream holds %d messages 30s after 30 were handed over", b.streamMsgs(t))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -386,9 +386,16 @@ func TestSendPublishesHandedRows(t *testing.T) {
 	if got := b.streamMsgs(t); got != 31 {
 		t.Fatalf("stream holds %d messages after the poll, want 31", got)
 	}
+	// The copies are on their way to the subscription: the 32 sent (the
+	// first handed row twice) are waited for, then any more for half a
+	// second, which would be too many.
 	sent := map[string]int{}
-	for {
-		m, err := copies.NextMsg(500 * time.Millisecond)
+	for n := 0; ; n++ {
+		wait := 30 * time.Second
+		if n >= 32 {
+			wait = 500 * time.Millisecond
+		}
+		m, err := copies.NextMsg(wait)
 		if err != nil {
 			break
 		}
@@ -426,7 +433,7 @@ func TestPollTakesRowsNobodyHandedOver(t *testing.T) {
 	first := workMsg(t, b.ctx, "w_first", 1)
 	b.write(t, first)
 	relay.Send(first)
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for b.pending(t) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the handed row was not published")
@@ -452,7 +459,7 @@ func TestPollTakesRowsNobodyHandedOver(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("a row nobody handed over is still pending after 10s: %v", err)
+			t.Fatalf("a row nobody handed over is still pending after 30s: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
