@@ -82,7 +82,7 @@ func TestViewHearsPlacements(t *testing.T) {
 	if err := placement.Place(ctx, kv, "acme", "us"); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if s, _ := v.Now(); s.CellOf("acme") == "us" {
 			break
 		} else if time.Now().After(deadline) {

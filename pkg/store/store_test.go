@@ -114,7 +114,7 @@ func claim(t *testing.T, ctx context.Context, s *store.Store, workID, attemptID,
 // lease.
 func waitLeaseExpired(t *testing.T, ctx context.Context, s *store.Store, workID string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var expired bool
 		if err := store.Pool(s).QueryRow(ctx, `SELECT lease_expires_at < now() FROM work WHERE id = $1`, workID).Scan(&expired); err != nil {
@@ -124,7 +124,7 @@ func waitLeaseExpired(t *testing.T, ctx context.Context, s *store.Store, workID 
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("lease of %s did not expire within 10s", workID)
+			t.Fatalf("lease of %s did not expire within 30s", workID)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
