@@ -520,10 +520,10 @@ func (e *webhookEnv) nothingStored() {
 func (e *webhookEnv) published() []event.Work {
 	e.t.Helper()
 	ctx := e.t.Context()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for e.count(`SELECT count(*) FROM outbox WHERE published_at IS NULL`) > 0 {
 		if time.Now().After(deadline) {
-			e.t.Fatal("outbox not drained within 10s")
+			e.t.Fatal("outbox not drained within 30s")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -876,13 +876,15 @@ func TestWebhookDiffFetchFailure(t *testing.T) {
 	}
 	e.nothingStored()
 
-	e.gh.delay.Store(int64(2 * time.Second))
+	// GitHub hangs for a minute: the 300ms timeout answers long before,
+	// however loaded the machine.
+	e.gh.delay.Store(int64(time.Minute))
 	start := time.Now()
 	a = e.deliver("pull_request", id, body)
 	if a.status != http.StatusBadGateway || a.code() != "upstream_unavailable" {
 		t.Fatalf("GitHub hanging: %d %s, want 502 upstream_unavailable", a.status, a.body)
 	}
-	if took := time.Since(start); took > 1500*time.Millisecond {
+	if took := time.Since(start); took > 30*time.Second {
 		t.Fatalf("a hanging GitHub held the webhook for %v", took)
 	}
 	e.nothingStored()
