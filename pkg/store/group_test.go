@@ -54,6 +54,40 @@ func TestClaimGroupDecidesEachRow(t *testing.T) {
 	}
 }
 
+// A request the database would refuse (an attempt id that is not a UUID,
+// an expectation holding NUL) is refused alone, with the database's
+// SQLSTATE, and the claim's one statement takes the others.
+func TestClaimGroupRefusesARowAlone(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	a := insert(t, ctx, s, newWork("acme", "refuse/a", "r1"))
+	b := insert(t, ctx, s, newWork("acme", "refuse/b", "r1"))
+	c := insert(t, ctx, s, newWork("acme", "refuse/c", "r1"))
+	nul := store.ExpectOf(c, false)
+	nul.Model = "m\x00"
+	reqs := []store.ClaimReq{
+		{WorkID: a.ID, AttemptID: "not-a-uuid", Token: newUUID(), TTL: time.Minute},
+		{WorkID: b.ID, AttemptID: newUUID(), Token: newUUID(), TTL: time.Minute},
+		{WorkID: c.ID, AttemptID: newUUID(), Token: newUUID(), TTL: time.Minute, Expect: nul},
+	}
+	got := s.ClaimGroup(ctx, reqs)
+	for _, i := range []int{0, 2} {
+		if got[i].OK || !store.Permanent(got[i].Err) {
+			t.Fatalf("request %d: ok %v, err %v; want a refusal no retry mends", i, got[i].OK, got[i].Err)
+		}
+	}
+	if got[1].Err != nil || !got[1].OK {
+		t.Fatalf("the request beside them: ok %v, err %v; want it claimed", got[1].OK, got[1].Err)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM attempts WHERE work_id IN ($1, $2)`, a.ID, c.ID); n != 0 {
+		t.Fatalf("%d attempts of the refused requests' work, want 0", n)
+	}
+	// A group of one is the same statement: a single claim.
+	if _, ok, err := s.Claim(ctx, a.ID, newUUID(), newUUID(), time.Minute, 0); err != nil || !ok {
+		t.Fatalf("claim of a alone: ok %v, err %v", ok, err)
+	}
+}
+
 // A group of attempt records with one stale lease, one superseded work
 // and one duplicate among them records the others as RecordAttempt would
 // and writes nothing at all for those three: no attempt outcome, no work

@@ -494,38 +494,16 @@ func (s *Store) GetWork(ctx context.Context, id string) (*Work, error) {
 	return scanWork(s.pool.QueryRow(ctx, `SELECT `+workColumns+` FROM work WHERE id = $1`, id))
 }
 
-// Claim is the claim fence: it takes the lease on queued work (or on running
-// work whose lease has expired) and records the attempt, in one transaction.
-// ok=false means another worker holds the work or it is terminal.
+// Claim takes the lease on queued work (or on running work whose lease
+// has expired) and records the attempt: the claim fence, ClaimGroup, as a
+// group of one. ok=false means another worker holds the work or it is
+// terminal.
 //
 // estimate is what the attempt's call may cost from above, kept with the
 // attempt: if its worker dies before reporting, the ledger charges it.
 func (s *Store) Claim(ctx context.Context, workID, attemptID, token string, ttl time.Duration, estimate int64) (w *Work, ok bool, err error) {
-	// One statement, so one round trip: take the lease, mark an earlier
-	// attempt still without an outcome (whose lease just lapsed) as such —
-	// its worker may yet report back, and then records stale_lease — and
-	// record the new attempt. Sub-statements share one snapshot, so the
-	// new attempt is not among those marked.
-	w, err = scanWork(s.pool.QueryRow(ctx, `WITH claimed AS (
-			UPDATE work SET state = 'running', lease_token = $2,
-				lease_expires_at = now() + $3 * interval '1 microsecond', attempts = attempts + 1, updated_at = now()
-			WHERE id = $1 AND (state = 'queued' OR (state = 'running' AND lease_expires_at < now()))
-			RETURNING work.*
-		), lapsed AS (
-			UPDATE attempts SET outcome = 'lease_expired', reason = 'the lease lapsed before the worker reported back'
-			WHERE work_id = $1 AND outcome IS NULL AND EXISTS (SELECT 1 FROM claimed)
-		), attempt AS (
-			INSERT INTO attempts (id, work_id, tenant_id, number, lease_token, estimate_micros)
-			SELECT $4, id, tenant_id, attempts, $2, $5 FROM claimed
-		)
-		SELECT `+workColumns+` FROM claimed`, workID, token, interval(ttl), attemptID, estimate))
-	if errors.Is(err, ErrNotFound) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("store: claim %s: %w", workID, err)
-	}
-	return w, true, nil
+	c := s.ClaimGroup(ctx, []ClaimReq{{WorkID: workID, AttemptID: attemptID, Token: token, TTL: ttl, Estimate: estimate}})[0]
+	return c.Work, c.OK, c.Err
 }
 
 // ExtendLease pushes the lease out while its holder still has it. false
