@@ -286,16 +286,48 @@ func checkLagWhileRetryAfter(t *testing.T, ctx context.Context, api string, r Ru
 		t.Logf("held: the ack floor is %d messages below what the durable delivered, %d pending, %d ack pending", gap, info.NumPending, info.NumAckPending)
 	}
 	lag := panelExpr(t, boards, "jetstream.json", "Lag: messages not delivered yet", "A")
-	// Two samplings of the consumers (every 5 s) and a recording.
-	time.Sleep(12 * time.Second)
-	got, err := vector(ctx, api, lag)
-	if err != nil || len(got) == 0 {
-		t.Fatalf("%s: %v (%d series)", lag, err, len(got))
-	}
-	for _, s := range got {
-		if s.value != 0 {
-			t.Errorf("the lag panel reads %g for %s on %s while one item waits out its Retry-After", s.value, s.labels["consumer"], s.labels["region"])
+	// The durables are sampled every 5s, scraped and recorded every second,
+	// each step on a loaded machine late by as much as it likes. So the
+	// test waits for what it needs, within the hold's 150s: every sampler
+	// of the held lane's durable last sampled it holding the item (ack
+	// pending), then the panel, recorded after that, reads 0 for every
+	// durable, and then the item is still held.
+	deadline := time.Now().Add(90 * time.Second)
+	held := fmt.Sprintf(`min(assay_jetstream_consumer_ack_pending{stream=%q, consumer=%q}) > 0`,
+		names.Stream(event.KindWork), names.WorkConsumer(event.Interactive))
+	for {
+		got, err := vector(ctx, api, held)
+		if err == nil && len(got) == 1 {
+			break
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v %v: Prometheus never saw the held item", held, got, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	since := float64(time.Now().UnixMilli()) / 1000
+	recorded := fmt.Sprintf(`(%s) and on() (min(timestamp(%s)) > %.3f)`, lag, lag, since)
+	var got []series
+	for {
+		var err error
+		got, err = vector(ctx, api, recorded)
+		zero := err == nil && len(got) > 0
+		for _, s := range got {
+			zero = zero && s.value == 0
+		}
+		if zero {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, s := range got {
+				t.Errorf("the lag panel reads %g for %s on %s while one item waits out its Retry-After", s.value, s.labels["consumer"], s.labels["region"])
+			}
+			t.Fatalf("%s: %v (%d series)", recorded, err, len(got))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if info, err := c.Info(ctx); err != nil || info.Delivered.Stream == info.AckFloor.Stream || info.NumAckPending == 0 {
+		t.Fatalf("the item was no longer held when the panel read 0 (%v): the check shows nothing", err)
 	}
 	t.Logf("lag panel: %d durables, all 0", len(got))
 }
