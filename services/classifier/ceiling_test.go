@@ -26,9 +26,13 @@ import (
 	"assay.dev/services/classifier"
 )
 
-// peakFront counts the calls the provider has at once.
+// peakFront counts the calls the provider has at once. A call is held
+// until fill calls were in flight at once (up to 5s), so that whether
+// they overlap does not depend on how quickly a loaded machine brings
+// the next ones.
 type peakFront struct {
 	next        http.Handler
+	fill        int64
 	now, peak   atomic.Int64
 	calls, seen atomic.Int64
 }
@@ -40,6 +44,9 @@ func (f *peakFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		for old := f.peak.Load(); n > old && !f.peak.CompareAndSwap(old, n); old = f.peak.Load() {
 		}
 		f.calls.Add(1)
+		for end := time.Now().Add(5 * time.Second); f.peak.Load() < f.fill && time.Now().Before(end); {
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 	f.next.ServeHTTP(w, r)
 }
@@ -53,7 +60,8 @@ func TestThreeClassifiersShareTheCellCeiling(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	st, _ := storetest.Migrated(t, store.TenantSeed{ID: "acme", HomeRegion: "us", Token: "tok-acme"})
-	front := &peakFront{next: sim.New(sim.Options{Latency: 150 * time.Millisecond})}
+	const ceiling, items = 3, 24
+	front := &peakFront{next: sim.New(sim.Options{Latency: 150 * time.Millisecond}), fill: ceiling}
 	provider := httptest.NewServer(front)
 	t.Cleanup(provider.Close)
 	reg, err := contract.Load()
@@ -77,7 +85,6 @@ func TestThreeClassifiersShareTheCellCeiling(t *testing.T) {
 	if _, err := event.EnsureStream(ctx, js, nil, names, event.KindWork, event.StreamSettings{}); err != nil {
 		t.Fatal(err)
 	}
-	const ceiling, items = 3, 24
 	for i := range 3 {
 		tel := telemetrytest.Provider(t, "classifier", "us")
 		svc, err := classifier.New(classifier.Config{Region: "us", Model: "assay-sim-1", Concurrency: ceiling, FixedConcurrency: true},
