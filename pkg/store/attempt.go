@@ -72,63 +72,11 @@ type AttemptRecord struct {
 // record. A change applies only while the attempt's lease is the work's:
 // when it is not, nothing at all is written and applied is false, so the
 // caller can record the attempt as what it then is (stale, NoChange).
-// NoChange always applies.
+// NoChange always applies. It is the record fence, RecordAttemptGroup, as
+// a group of one.
 func (s *Store) RecordAttempt(ctx context.Context, r AttemptRecord) (applied bool, err error) {
-	if applied, err = recordAttempt(ctx, s.pool, r); err != nil {
-		return false, fmt.Errorf("store: record attempt %s: %w", r.AttemptID, err)
-	}
-	return applied, nil
-}
-
-// rowQuerier is what a pool and a transaction share for one-row reads.
-type rowQuerier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// recordAttempt is RecordAttempt's one statement, on the pool or inside
-// the caller's transaction.
-func recordAttempt(ctx context.Context, db rowQuerier, r AttemptRecord) (applied bool, err error) {
-	var ob outboxRows
-	if err := ob.add("", r.Outbox); err != nil {
-		return false, err
-	}
-	raw := r.Raw
-	if len(raw) == 0 {
-		raw = nil
-	}
-	// $1 work, $2 lease token, $3 attempt, $4 outcome, $5 reason, $6 raw;
-	// the change's own from $7, the outbox arrays after them.
-	args := []any{r.WorkID, r.LeaseToken, r.AttemptID, r.Outcome, Text(r.Reason), raw}
-	var change string
-	switch r.Change {
-	case Handoff:
-		change = `UPDATE work SET lease_expires_at = now() + $7 * interval '1 microsecond'
-			WHERE id = $1 AND state = 'running' AND lease_token = $2 RETURNING 1`
-		args = append(args, interval(r.HandoffTTL))
-	case Requeue:
-		change = `UPDATE work SET state = 'queued', lease_token = NULL, lease_expires_at = NULL,
-				repairs = repairs + CASE WHEN $7 = '' THEN 0 ELSE 1 END,
-				repair_note = CASE WHEN $7 = '' THEN repair_note ELSE $7 END, updated_at = now(),
-				retry_at = now() + $8 * interval '1 microsecond',
-				output_cap = coalesce(nullif($9, 0), output_cap),
-				outage_attempts = outage_attempts + CASE WHEN $10 THEN 1 ELSE 0 END
-			WHERE id = $1 AND state = 'running' AND lease_token = $2 RETURNING 1`
-		args = append(args, Text(r.RepairNote), interval(r.RetryAfter), r.OutputCap, r.Outage)
-	case Finish:
-		change = `UPDATE work SET state = $7, reason = $8, lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
-				outage_attempts = outage_attempts + CASE WHEN $9 THEN 1 ELSE 0 END
-			WHERE id = $1 AND state = 'running' AND lease_token = $2 RETURNING 1`
-		args = append(args, r.WorkOutcome, Text(r.WorkReason), r.Outage)
-	default:
-		change = `SELECT 1 WHERE $1::text IS NOT NULL OR $2::text IS NOT NULL`
-	}
-	err = db.QueryRow(ctx, `WITH wk AS (`+change+`),
-		att AS (UPDATE attempts SET outcome = $4, reason = nullif($5, ''),
-				raw_response = coalesce($6, raw_response), finished_at = coalesce(finished_at, now())
-			WHERE id = $3 AND EXISTS (SELECT 1 FROM wk) RETURNING 1),
-		ob AS (`+outboxInsert(len(args)+1, `EXISTS (SELECT 1 FROM wk)`)+`)
-		SELECT EXISTS (SELECT 1 FROM wk)`, append(args, ob.args()...)...).Scan(&applied)
-	return applied, err
+	rec := s.RecordAttemptGroup(ctx, []AttemptRecord{r})[0]
+	return rec.Applied, rec.Err
 }
 
 // finishAttempt records how an attempt ended. The raw response stays in the

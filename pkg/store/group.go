@@ -105,7 +105,8 @@ type Claimed struct {
 // requests for one work in the group one wins. A request whose values the
 // database would refuse (an id that is not a UUID, text it cannot store)
 // is refused alone before the statement, with the error the database
-// would give it, so no row can fail the others.
+// would give it; a refusal the checks did not foresee falls on its row
+// alone through isolate.
 func (s *Store) ClaimGroup(ctx context.Context, reqs []ClaimReq) []Claimed {
 	out := make([]Claimed, len(reqs))
 	take := make([]int, 0, len(reqs))
@@ -119,6 +120,29 @@ func (s *Store) ClaimGroup(ctx context.Context, reqs []ClaimReq) []Claimed {
 	if len(take) == 0 {
 		return out
 	}
+	claimed := isolate(ctx, take, func(ctx context.Context, take []int) ([]Claimed, error) {
+		won, err := s.claimGroup(ctx, reqs, take)
+		if err != nil {
+			return nil, err
+		}
+		got := make([]Claimed, len(take))
+		for j, i := range take {
+			w := won[reqs[i].AttemptID]
+			got[j] = Claimed{Work: w, OK: w != nil}
+		}
+		return got, nil
+	}, func(i int, err error) Claimed {
+		return Claimed{Err: fmt.Errorf("store: claim %s: %w", reqs[i].WorkID, err)}
+	})
+	for j, i := range take {
+		out[i] = claimed[j]
+	}
+	return out
+}
+
+// claimGroup runs the claim's statement for reqs[take] and returns the
+// work each attempt that won claimed, by attempt id.
+func (s *Store) claimGroup(ctx context.Context, reqs []ClaimReq, take []int) (map[string]*Work, error) {
 	n := len(take)
 	works, attempts, tokens := make([]string, n), make([]string, n), make([]string, n)
 	ttls, estimates := make([]int64, n), make([]int64, n)
@@ -160,32 +184,20 @@ func (s *Store) ClaimGroup(ctx context.Context, reqs []ClaimReq) []Claimed {
 			SELECT claim_attempt, id, tenant_id, attempts, lease_token, claim_estimate FROM claimed
 		)
 		SELECT `+workColumns+`, claim_attempt::text FROM claimed`, append([]any{works, attempts, tokens, ttls, estimates}, e.args()...)...)
-	if err == nil {
-		won := map[string]*Work{}
-		for rows.Next() {
-			var attempt string
-			var w *Work
-			if w, err = scanWorkWith(rows, &attempt); err != nil {
-				break
-			}
-			won[attempt] = w
-		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
-		if err == nil {
-			for _, i := range take {
-				w := won[reqs[i].AttemptID]
-				out[i] = Claimed{Work: w, OK: w != nil}
-			}
-			return out
-		}
+	if err != nil {
+		return nil, err
 	}
-	for _, i := range take {
-		out[i] = Claimed{Err: fmt.Errorf("store: claim %s: %w", reqs[i].WorkID, err)}
+	defer rows.Close()
+	won := map[string]*Work{}
+	for rows.Next() {
+		var attempt string
+		w, err := scanWorkWith(rows, &attempt)
+		if err != nil {
+			return nil, err
+		}
+		won[attempt] = w
 	}
-	return out
+	return won, rows.Err()
 }
 
 // refusal is the error the database would give r's values, nil when it
@@ -266,39 +278,46 @@ type AttemptRecorded struct {
 	Err     error
 }
 
-// RecordAttemptGroup is RecordAttempt for many records in one statement:
-// each record's change applies only while its lease is still the work's,
-// and a record whose lease is gone writes nothing at all (Applied false),
-// without touching the others.
+// RecordAttemptGroup is the record fence, the one statement that records
+// attempts: each record's change applies only while its lease is still the
+// work's, and a record whose lease is gone writes nothing at all (Applied
+// false), without touching the others. A statement the database refuses
+// for good is run again on each half of the group (the same statement), so
+// the refusal falls on the record that carries it alone.
 func (s *Store) RecordAttemptGroup(ctx context.Context, recs []AttemptRecord) []AttemptRecorded {
-	out := make([]AttemptRecorded, len(recs))
-	if len(recs) == 1 {
-		applied, err := s.RecordAttempt(ctx, recs[0])
-		out[0] = AttemptRecorded{Applied: applied, Err: err}
-		return out
-	}
-	args, err := recordAttemptGroupArgs(recs)
-	if err != nil {
-		return fill(out, func(int) AttemptRecorded { return AttemptRecorded{Err: err} })
-	}
-	applied, err := s.recordAttemptGroup(ctx, args)
-	if err == nil {
+	return isolate(ctx, recs, func(ctx context.Context, recs []AttemptRecord) ([]AttemptRecorded, error) {
+		applied, err := recordAttemptGroup(ctx, s.pool, recs)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]AttemptRecorded, len(recs))
 		for i, r := range recs {
 			out[i] = AttemptRecorded{Applied: applied[r.AttemptID]}
 		}
+		return out, nil
+	}, func(r AttemptRecord, err error) AttemptRecorded {
+		return AttemptRecorded{Err: fmt.Errorf("store: record attempt %s: %w", r.AttemptID, err)}
+	})
+}
+
+// isolate answers reqs with run, one statement for the group. When the
+// database refuses that statement for good (Permanent: a value one row
+// carries), each half is run again, down to the row alone, so the refusal
+// is that row's only; any other failure is every row's, as fail makes it.
+func isolate[R, A any](ctx context.Context, reqs []R, run func(context.Context, []R) ([]A, error), fail func(R, error) A) []A {
+	out, err := run(ctx, reqs)
+	if err == nil {
 		return out
 	}
-	if Unsent(err) {
-		return fill(out, func(i int) AttemptRecorded {
-			return AttemptRecorded{Err: fmt.Errorf("store: record attempt %s: %w", recs[i].AttemptID, err)}
-		})
+	if len(reqs) == 1 || !Permanent(err) {
+		out = make([]A, len(reqs))
+		for i, r := range reqs {
+			out[i] = fail(r, err)
+		}
+		return out
 	}
-	// One record's value refused the whole statement: each alone.
-	for i, r := range recs {
-		applied, err := s.RecordAttempt(ctx, r)
-		out[i] = AttemptRecorded{Applied: applied, Err: err}
-	}
-	return out
+	half := len(reqs) / 2
+	return append(isolate(ctx, reqs[:half], run, fail), isolate(ctx, reqs[half:], run, fail)...)
 }
 
 // recordAttemptGroupArgs are the records as the arrays
@@ -331,13 +350,13 @@ func recordAttemptGroupArgs(recs []AttemptRecord) ([]any, error) {
 		workReasons, outages}, ob.args()...), nil
 }
 
-// recordAttemptGroupSQL makes each record's change as RecordAttempt makes
-// it, chosen per row by its kind: 1 handoff (the lease kept for the
-// committer), 2 requeue, 3 finish. A NoChange record (0) always applies;
-// the others only where the work is still running under the record's
-// lease. It returns the attempt ids of the records that applied.
+// recordAttemptGroupSQL makes each record's change, chosen per row by its
+// kind: 1 handoff (the lease kept for the committer), 2 requeue, 3 finish.
+// A NoChange record (0) always applies, and may name no lease token; the
+// others only where the work is still running under the record's lease.
+// It returns the attempt ids of the records that applied.
 var recordAttemptGroupSQL = `WITH x AS (
-			SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $7::int[],
+			SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $7::int[],
 				$8::bigint[], $9::text[], $10::bigint[], $11::int[], $12::text[], $13::text[], $14::bool[])
 				AS x(work_id, token, attempt_id, outcome, reason, raw, change, handoff, note, retry, cap, work_outcome, work_reason, outage)
 		), wk AS (
@@ -353,7 +372,7 @@ var recordAttemptGroupSQL = `WITH x AS (
 				outage_attempts = work.outage_attempts + CASE WHEN x.change IN (2, 3) AND x.outage THEN 1 ELSE 0 END,
 				updated_at = CASE WHEN x.change IN (2, 3) THEN now() ELSE work.updated_at END
 			FROM x WHERE work.id = ANY($1) AND x.change IN (1, 2, 3) AND work.id = x.work_id
-				AND CASE work.state WHEN 'running' THEN work.lease_token = x.token ELSE false END
+				AND CASE work.state WHEN 'running' THEN work.lease_token = nullif(x.token, '')::uuid ELSE false END
 			RETURNING x.attempt_id
 		), ok AS (
 			SELECT attempt_id FROM wk UNION ALL SELECT attempt_id FROM x WHERE x.change = 0
@@ -364,10 +383,15 @@ var recordAttemptGroupSQL = `WITH x AS (
 		), ob AS (` + outboxInsert(15, `m.tag::uuid IN (SELECT attempt_id FROM ok)`) + `)
 		SELECT attempt_id::text FROM ok`
 
-// recordAttemptGroup runs recordAttemptGroupSQL with args and returns the
-// attempt ids of the records that applied.
-func (s *Store) recordAttemptGroup(ctx context.Context, args []any) (map[string]bool, error) {
-	rows, err := s.pool.Query(ctx, recordAttemptGroupSQL, args...)
+// recordAttemptGroup runs recordAttemptGroupSQL for recs on db (the pool,
+// or a caller's transaction) and returns the attempt ids of the records
+// that applied.
+func recordAttemptGroup(ctx context.Context, db querier, recs []AttemptRecord) (map[string]bool, error) {
+	args, err := recordAttemptGroupArgs(recs)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, recordAttemptGroupSQL, args...)
 	if err != nil {
 		return nil, err
 	}

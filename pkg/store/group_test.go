@@ -273,6 +273,46 @@ func TestCommitGroupIsolatesARefusedRow(t *testing.T) {
 	}
 }
 
+// A record whose values the database refuses (an event subject holding
+// NUL) fails alone: the record fence's one statement, run again on halves
+// of the group, records the others and writes nothing of that one.
+func TestRecordAttemptGroupIsolatesARefusedRecord(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	var recs []store.AttemptRecord
+	for _, src := range []string{"a", "b", "bad", "c", "d"} {
+		w := insert(t, ctx, s, newWork("acme", "recisolate/"+src, "r1"))
+		attempt, token := newUUID(), newUUID()
+		claim(t, ctx, s, w.ID, attempt, token, time.Minute)
+		subject := "assay.us.attempt.acme"
+		if src == "bad" {
+			subject = "assay.us.attempt.\x00"
+		}
+		recs = append(recs, store.AttemptRecord{AttemptID: attempt, WorkID: w.ID, LeaseToken: token, Outcome: "ok",
+			Change: store.Finish, WorkOutcome: "accepted",
+			Outbox: []store.OutboxMsg{{Stream: "ASSAY_ATTEMPT_US", Subject: subject, MsgID: attempt, Payload: []byte(`{}`)}}})
+	}
+	got := s.RecordAttemptGroup(ctx, recs)
+	for i, g := range got {
+		if i == 2 {
+			if !store.Permanent(g.Err) {
+				t.Fatalf("the refused record: %+v, want a refusal no retry mends", g)
+			}
+			continue
+		}
+		if g.Err != nil || !g.Applied {
+			t.Fatalf("record %d: %+v, want applied", i, g)
+		}
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM work WHERE id = $1 AND state = 'running'`, recs[2].WorkID); n != 1 {
+		t.Fatal("the refused record changed its work")
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM outbox WHERE msg_id = ANY($1)`,
+		[]string{recs[0].AttemptID, recs[1].AttemptID, recs[3].AttemptID, recs[4].AttemptID}); n != 4 {
+		t.Fatalf("%d events of the four records applied, want 4", n)
+	}
+}
+
 // The publisher's reads and dry records in groups answer each row as the
 // single calls do: a missing work is not found, the same work twice in
 // one group is recorded (the group runs again record by record).

@@ -286,11 +286,11 @@ func (s *Store) RecordBatchLine(ctx context.Context, lineOutcome string, r Attem
 		if tag.RowsAffected() == 0 {
 			return ErrLineReconciled
 		}
-		applied, err := recordAttempt(ctx, tx, r)
+		applied, err := recordAttemptGroup(ctx, tx, []AttemptRecord{r})
 		if err != nil {
 			return err
 		}
-		if !applied {
+		if !applied[r.AttemptID] {
 			return errLeaseGone
 		}
 		return nil
