@@ -262,8 +262,9 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 		// A refused request is dropped, not answered: it ends by timeout.
 		return context.WithTimeout(context.Background(), time.Second)
 	}
-	// The credential itself works for what the classifier does.
-	ctx, cancel := call()
+	// The credential itself works for what the classifier does: an
+	// answer, given all the time it takes on a loaded machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	if _, err := js.Consumer(ctx, "ASSAY_WORK_US", "assay-classifier-interactive"); err != nil {
 		t.Errorf("us-classifier reads its own consumer: %v", err)
 	}
@@ -351,7 +352,7 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel = call()
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, err := euJS.Stream(ctx, "ASSAY_WORK_EU")
 	if err != nil {
