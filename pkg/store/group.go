@@ -484,35 +484,33 @@ type CommitVerdict struct {
 	Err     error
 }
 
-// CommitGroup is Commit for many answers in one statement: each row's
-// lease, deadline and result key decide for that row alone — a lost
-// lease is marked stale, a passed deadline expires its work — and the
-// others commit.
+// CommitGroup is the commit fence, the one statement that commits
+// answers: each row's lease, deadline and result key decide for that row
+// alone — a lost lease is marked stale, a passed deadline expires its
+// work — and the others commit. A statement the database refuses for good
+// (a value one answer carries) is run again on halves of the group, so the
+// refusal is that answer's alone.
 func (s *Store) CommitGroup(ctx context.Context, reqs []CommitReq) []CommitVerdict {
-	out := make([]CommitVerdict, len(reqs))
-	args, err := commitGroupArgs(reqs)
-	if err != nil {
-		return fill(out, func(int) CommitVerdict { return CommitVerdict{Verdict: Lost, Err: err} })
-	}
-	got, err := s.commitGroup(ctx, args)
-	if err == nil {
+	return isolate(ctx, reqs, func(ctx context.Context, reqs []CommitReq) ([]CommitVerdict, error) {
+		got, err := s.commitGroup(ctx, reqs)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]CommitVerdict, len(reqs))
 		for i, r := range reqs {
 			out[i] = CommitVerdict{Verdict: got[r.AttemptID]} // Lost when neither
 		}
-		return out
-	}
-	if len(reqs) == 1 || Unsent(err) {
-		return fill(out, func(i int) CommitVerdict {
-			return CommitVerdict{Verdict: Lost, Err: fmt.Errorf("store: commit %s: %w", reqs[i].Work.ID, err)}
-		})
-	}
-	// One answer refused the whole statement (a second result for its
-	// work, a value the database will not store): each alone, so only
-	// that one fails.
-	for i, r := range reqs {
-		out[i].Verdict, out[i].Err = s.Commit(ctx, r.Work, r.AttemptID, r.Token, r.Output, r.Findings, cannedAnnounce(r))
-	}
-	return out
+		return out, nil
+	}, func(r CommitReq, err error) CommitVerdict {
+		if SQLState(err) == "23505" {
+			// The lease CAS passed, so this cannot be a second commit of
+			// the same work; refuse loudly rather than accept without a
+			// row, and not as a refusal for good: the record is what is
+			// wrong.
+			return CommitVerdict{Verdict: Lost, Err: fmt.Errorf("store: commit %s: a result for it already exists", r.Work.ID)}
+		}
+		return CommitVerdict{Verdict: Lost, Err: fmt.Errorf("store: commit %s: %w", r.Work.ID, err)}
+	})
 }
 
 // commitGroupArgs are the answers as the arrays commitGroupSQL takes, one
@@ -537,7 +535,7 @@ func commitGroupArgs(reqs []CommitReq) ([]any, error) {
 	return append([]any{works, tokens, versions, tenants, attempts, outputs, findings, announce}, ob.args()...), nil
 }
 
-// commitGroupSQL is Commit's statement, row by row: the late and the
+// commitGroupSQL is the commit fence's statement, row by row: the late and the
 // accepted branch exclude each other by the deadline; with neither the
 // attempt is marked stale; an attempt already recorded ok is not written
 // again. It returns each committed or expired attempt id with the state
@@ -580,9 +578,13 @@ var commitGroupSQL = `WITH x AS (
 			OR (split_part(m.tag, ' ', 2) = '`+outcome.Expired+`' AND split_part(m.tag, ' ', 1)::uuid IN (SELECT attempt_id FROM late))`) + `)
 		SELECT attempt_id::text, '` + outcome.Accepted + `' FROM acc UNION ALL SELECT attempt_id::text, '` + outcome.Expired + `' FROM late`
 
-// commitGroup runs commitGroupSQL with args and returns the verdict of
+// commitGroup runs commitGroupSQL for reqs and returns the verdict of
 // each attempt it committed or found late.
-func (s *Store) commitGroup(ctx context.Context, args []any) (map[string]Verdict, error) {
+func (s *Store) commitGroup(ctx context.Context, reqs []CommitReq) (map[string]Verdict, error) {
+	args, err := commitGroupArgs(reqs)
+	if err != nil {
+		return nil, err
+	}
 	rows, err := s.pool.Query(ctx, commitGroupSQL, args...)
 	if err != nil {
 		return nil, err
@@ -597,19 +599,6 @@ func (s *Store) commitGroup(ctx context.Context, args []any) (map[string]Verdict
 		got[id] = map[string]Verdict{outcome.Accepted: Committed, outcome.Expired: Late}[what]
 	}
 	return got, rows.Err()
-}
-
-// cannedAnnounce gives Commit the events a CommitReq carries.
-func cannedAnnounce(r CommitReq) Announce {
-	if !r.Announce {
-		return nil
-	}
-	return func(_ *Work, state string) ([]OutboxMsg, error) {
-		if state == outcome.Accepted {
-			return r.Accepted, nil
-		}
-		return r.Expired, nil
-	}
 }
 
 // InsertReq is one InsertWork asked for in a group.

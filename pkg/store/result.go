@@ -25,75 +25,27 @@ type Result struct {
 	Coverage json.RawMessage
 }
 
-// Commit is the commit fence. While the attempt's lease is still the work's
-// lease it marks the work accepted and inserts the one result row; the result
-// key (work, schema version) refuses a second. Otherwise the attempt is
-// recorded stale_lease and the verdict says why: the lease was lost, or the
+// Commit is the commit fence for one answer: CommitGroup as a group of
+// one. While the attempt's lease is still the work's lease it marks the
+// work accepted and inserts the one result row; the result key (work,
+// schema version) refuses a second. Otherwise the attempt is recorded
+// stale_lease and the verdict says why: the lease was lost, or the
 // deadline passed and the work is now expired. announce, when set, writes
 // the outcome the work reached (accepted or expired) to the outbox in the
-// same transaction.
+// same statement.
 func (s *Store) Commit(ctx context.Context, w *Work, attemptID, token string, output json.RawMessage, findings int,
 	announce Announce) (v Verdict, err error) {
-	var ob outboxRows
+	r := CommitReq{Work: w, AttemptID: attemptID, Token: token, Output: output, Findings: findings, Announce: announce != nil}
 	if announce != nil {
-		for _, state := range []string{outcome.Accepted, outcome.Expired} {
-			msgs, err := announce(w, state)
-			if err != nil {
-				return Lost, err
-			}
-			if err := ob.add(state, msgs); err != nil {
-				return Lost, err
-			}
+		if r.Accepted, err = announce(w, outcome.Accepted); err != nil {
+			return Lost, err
+		}
+		if r.Expired, err = announce(w, outcome.Expired); err != nil {
+			return Lost, err
 		}
 	}
-	// One statement: the late and the accepted branch exclude each other
-	// by the deadline, and with neither the attempt is marked stale. An
-	// attempt the classifier already recorded ok is not written again (its
-	// raw answer would go to the WAL a second time). The
-	// result's key refuses a second result, which aborts the statement
-	// whole.
-	var accepted, late bool
-	err = s.pool.QueryRow(ctx, `WITH
-		late AS (UPDATE work SET state = 'expired', reason = 'deadline passed before a result was accepted',
-				lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
-				outcome_announced_at = CASE WHEN $8 THEN now() ELSE outcome_announced_at END
-			WHERE id = $1 AND state = 'running' AND lease_token = $2 AND deadline_at <= now() RETURNING id),
-		acc AS (UPDATE work SET state = 'accepted', reason = '', lease_token = NULL, lease_expires_at = NULL,
-				updated_at = now(), outcome_announced_at = CASE WHEN $8 THEN now() ELSE outcome_announced_at END
-			WHERE id = $1 AND state = 'running' AND lease_token = $2 AND deadline_at > now() RETURNING id),
-		res AS (INSERT INTO results (work_id, schema_version, tenant_id, attempt_id, output, findings)
-			SELECT $1, $3, $4, $5::uuid, $6::jsonb, $7::int FROM acc RETURNING work_id),
-		att_ok AS (UPDATE attempts SET outcome = 'ok', reason = NULL, finished_at = coalesce(finished_at, now())
-			WHERE id = $5 AND EXISTS (SELECT 1 FROM acc)
-				AND (outcome IS DISTINCT FROM 'ok' OR reason IS NOT NULL OR finished_at IS NULL) RETURNING 1),
-		att_late AS (UPDATE attempts SET outcome = 'stale_lease', reason = 'deadline passed before the verdict',
-				finished_at = coalesce(finished_at, now())
-			WHERE id = $5 AND EXISTS (SELECT 1 FROM late) RETURNING 1),
-		att_lost AS (UPDATE attempts SET outcome = 'stale_lease', reason = coalesce(reason, 'lease lost before the verdict'),
-				finished_at = coalesce(finished_at, now())
-			WHERE id = $5 AND NOT EXISTS (SELECT 1 FROM acc) AND NOT EXISTS (SELECT 1 FROM late)
-				AND coalesce(outcome, '') IN ('', 'ok', 'lease_expired')
-				AND NOT EXISTS (SELECT 1 FROM results WHERE work_id = $1 AND attempt_id = $5) RETURNING 1),
-		ob AS (`+outboxInsert(9, `(m.tag = 'accepted' AND EXISTS (SELECT 1 FROM acc)) OR (m.tag = 'expired' AND EXISTS (SELECT 1 FROM late))`)+`)
-		SELECT EXISTS (SELECT 1 FROM acc), EXISTS (SELECT 1 FROM late)`,
-		append([]any{w.ID, token, w.SchemaVersion, w.TenantID, attemptID, output, findings, announce != nil}, ob.args()...)...).
-		Scan(&accepted, &late)
-	if SQLState(err) == "23505" {
-		// The lease CAS passed, so this cannot be a second commit of the
-		// same work; refuse loudly rather than accept without a row, and
-		// not as a refusal for good: the record is what is wrong.
-		return Lost, fmt.Errorf("store: commit %s: a result for it already exists", w.ID)
-	}
-	if err != nil {
-		return Lost, fmt.Errorf("store: commit %s: %w", w.ID, err)
-	}
-	switch {
-	case accepted:
-		return Committed, nil
-	case late:
-		return Late, nil
-	}
-	return Lost, nil
+	c := s.CommitGroup(ctx, []CommitReq{r})[0]
+	return c.Verdict, c.Err
 }
 
 // Verdict is what Commit did with an answer.
