@@ -529,3 +529,43 @@ func TestWorkAnswerGroupKeepsEachRequestsWork(t *testing.T) {
 		}
 	}
 }
+
+// The same key twice in one group, and a late revision beside an earlier
+// one of its source: the first copy creates the work and the second finds
+// it (one announcement); a revision whose source time is older than one
+// already here is stored superseded, unannounced, and supersedes nothing.
+func TestInsertWorkGroupCopiesAndLateRevisions(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	at := time.Now().Add(-time.Hour).Truncate(time.Second)
+	newer := newWork("acme", "octo/late#1", "r2")
+	newer.SupersedeOlder, newer.SourceUpdatedAt = true, at.Add(time.Minute)
+	insert(t, ctx, s, newer)
+	late := newWork("acme", "octo/late#1", "r1")
+	late.SupersedeOlder, late.SourceUpdatedAt = true, at
+	out := s.InsertWorkGroup(ctx, []store.InsertReq{
+		{Work: newWork("acme", "octo/copy#1", "r1"), Announce: announce},
+		{Work: late, Announce: announce},
+		{Work: newWork("acme", "octo/copy#1", "r1"), Announce: announce},
+	})
+	for i, o := range out {
+		if o.Err != nil {
+			t.Fatalf("request %d: %v", i, o.Err)
+		}
+	}
+	if !out[0].Created || out[2].Created || out[0].Work.ID != out[2].Work.ID {
+		t.Fatalf("copies: %+v and %+v; want the first created and the second finding it", out[0], out[2])
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM outbox WHERE msg_id LIKE $1 || '.%'`, out[0].Work.ID); n != 1 {
+		t.Fatalf("%d announcements of the copied key, want 1", n)
+	}
+	if w := out[1].Work; !out[1].Created || w.State != "superseded" || w.Reason != "revision r2 was pushed later" || len(w.Announced) != 0 {
+		t.Fatalf("late revision: created %v, %+v; want it stored superseded by r2, unannounced", out[1].Created, w)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM work WHERE id = $1 AND state = 'queued'`, newer.ID); n != 1 {
+		t.Fatal("the late revision superseded the newer one")
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM outbox WHERE msg_id LIKE $1 || '.%'`, late.ID); n != 0 {
+		t.Fatalf("%d announcements of the late revision, want 0", n)
+	}
+}

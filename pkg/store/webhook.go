@@ -224,7 +224,8 @@ func (s *Store) InsertWebhookWork(ctx context.Context, d Delivery, w *Work, anno
 			return err
 		}
 		r.Delivery, r.First = rec, true
-		if r.Work, r.Created, err = insertWork(ctx, tx, w, announce); err != nil {
+		ins := insertGroup(ctx, tx, []InsertReq{{Work: w, Announce: announce}})[0]
+		if r.Work, r.Created, err = ins.Work, ins.Created, ins.Err; err != nil {
 			return err
 		}
 		if r.Work.ID == rec.WorkID && r.Created {

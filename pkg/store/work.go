@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -111,177 +110,6 @@ func scanWorkWith(row pgx.Row, extra ...any) (*Work, error) {
 	return &w, err
 }
 
-// InsertWork applies the ingress fence. In one transaction it inserts the
-// work row and, only when the row is new, the outbox rows that announce it.
-// A duplicate returns the existing work and created=false.
-func (s *Store) InsertWork(ctx context.Context, w *Work, announce func(*Work) ([]OutboxMsg, error)) (got *Work, created bool, err error) {
-	if w.DropReason == "" && w.SourceUpdatedAt.IsZero() {
-		// The common case, new work with no push order to keep, is one
-		// statement; a copy falls through to the transaction below.
-		if got, err = s.insertNew(ctx, w, announce); err != nil || got != nil {
-			if err != nil {
-				return nil, false, fmt.Errorf("store: insert work: %w", err)
-			}
-			return got, true, nil
-		}
-	}
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		got, created, err = insertWork(ctx, tx, w, announce)
-		return err
-	})
-	if err != nil {
-		return nil, false, fmt.Errorf("store: insert work: %w", err)
-	}
-	return got, created, nil
-}
-
-// insertNew inserts new work, supersedes the same source's other
-// unfinished revisions (when asked) and writes its announcement, in one
-// statement. nil, nil means the ingress key was taken: nothing was written.
-// A running revision it superseded is sent a cancel in a statement of its
-// own after it; should that be lost, the worker still learns of it at its
-// next lease heartbeat, and its answer is recorded stale either way. The
-// new row has no source time (InsertWork comes this way only without one),
-// so revisionAfter orders it by its arrival.
-func (s *Store) insertNew(ctx context.Context, w *Work, announce func(*Work) ([]OutboxMsg, error)) (*Work, error) {
-	// Announced as the row will read: the column's default dispatch, 1.
-	first := *w
-	first.Dispatch, first.Superseded, first.SupersededRunning = 1, nil, nil
-	msgs, err := announce(&first)
-	if err != nil {
-		return nil, err
-	}
-	var ob outboxRows
-	if err := ob.add("", msgs); err != nil {
-		return nil, err
-	}
-	var superseded, running []string
-	got, err := scanWorkWith(s.pool.QueryRow(ctx, `WITH ins AS (
-			INSERT INTO work (id, tenant_id, region, contract, schema_version, taxonomy_version, source_id,
-				revision, lane, input, content_digest, deadline_at, state, traceparent, model, prompt_digest, shadow_of)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'queued', NULLIF($13, ''),
-				NULLIF($15, ''), NULLIF($16, ''), NULLIF($17, ''))
-			ON CONFLICT DO NOTHING
-			RETURNING `+workColumns+`),
-		me AS (SELECT created_at, NULL::timestamptz AS source_updated_at FROM ins),
-		old AS (SELECT w.id, w.state FROM work w, me
-			WHERE $14 AND w.tenant_id = $2 AND w.contract = $4 AND w.source_id = $7
-				AND w.id <> $1 AND w.state IN ('queued', 'running') AND `+revisionAfter("me", "w")+`
-			FOR UPDATE OF w),
-		sup AS (UPDATE work w SET state = '`+outcome.Superseded+`', lease_token = NULL, lease_expires_at = NULL,
-				reason = 'superseded by revision ' || $8, updated_at = now()
-			FROM old WHERE w.id = old.id
-			RETURNING w.id, old.state),
-		ob AS (`+outboxInsert(18, `EXISTS (SELECT 1 FROM ins)`)+`)
-		SELECT ins.*, coalesce((SELECT array_agg(id ORDER BY id) FROM sup), '{}'),
-			coalesce((SELECT array_agg(id ORDER BY id) FROM sup WHERE state = 'running'), '{}')
-		FROM ins`,
-		append([]any{w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID, w.Revision,
-			w.Lane, w.Input, w.Digest, w.DeadlineAt, w.Traceparent, w.SupersedeOlder, w.Model, w.PromptDigest, w.ShadowOf},
-			ob.args()...)...), &superseded, &running)
-	if errors.Is(err, ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	got.Superseded, got.SupersededRunning, got.Announced = superseded, running, msgs
-	if len(running) == 0 {
-		return got, nil
-	}
-	return got, s.cancelSuperseded(ctx, got, announce)
-}
-
-// cancelSuperseded writes the cancels of the running revisions new work
-// superseded, in a statement of its own after the one that inserted it and
-// wrote got.Announced: what announce makes for it besides those.
-func (s *Store) cancelSuperseded(ctx context.Context, got *Work, announce func(*Work) ([]OutboxMsg, error)) error {
-	all, err := announce(got)
-	if err != nil {
-		return err
-	}
-	cancels := slices.DeleteFunc(all, func(m OutboxMsg) bool {
-		return slices.ContainsFunc(got.Announced, func(a OutboxMsg) bool { return a.MsgID == m.MsgID })
-	})
-	var ob outboxRows
-	if err := ob.add("", cancels); err != nil {
-		return err
-	}
-	if _, err := s.pool.Exec(ctx, outboxInsert(1, "true"), ob.args()...); err != nil {
-		return fmt.Errorf("store: cancels of %s: %w", got.ID, err)
-	}
-	got.Announced = append(got.Announced, cancels...)
-	return nil
-}
-
-// insertWork is InsertWork inside the caller's transaction: insert the row
-// (or find the one the ingress key already names), supersede the same
-// source's other revisions, and announce what is queued.
-func insertWork(ctx context.Context, tx pgx.Tx, w *Work, announce func(*Work) ([]OutboxMsg, error)) (got *Work, created bool, err error) {
-	got, created, err = insertOrFind(ctx, tx, w)
-	if err != nil || !created {
-		return got, created, err
-	}
-	if w.SupersedeOlder {
-		late, err := supersede(ctx, tx, got)
-		if err != nil || late {
-			return got, err == nil, err
-		}
-	}
-	if got.State == outcome.Dropped {
-		return got, true, nil
-	}
-	msgs, err := announce(got)
-	if err != nil {
-		return nil, false, err
-	}
-	if err := insertOutbox(ctx, tx, msgs); err != nil {
-		return nil, false, err
-	}
-	got.Announced = msgs
-	return got, true, nil
-}
-
-// insertOrFind inserts the work row. When the ingress key is taken it
-// returns the existing row (created=false), except dropped work asked for
-// again with room in the bucket: that is the same work, queued again.
-func insertOrFind(ctx context.Context, tx pgx.Tx, w *Work) (*Work, bool, error) {
-	state := outcome.Queued
-	if w.DropReason != "" {
-		state = outcome.Dropped
-	}
-	got, err := scanWork(tx.QueryRow(ctx, `INSERT INTO work (id, tenant_id, region, contract, schema_version,
-			taxonomy_version, source_id, revision, lane, input, content_digest, deadline_at, source_updated_at,
-			state, reason, traceparent, model, prompt_digest, shadow_of)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, NULLIF($15, ''), NULLIF($16, ''),
-			NULLIF($17, ''), NULLIF($18, ''), NULLIF($19, ''))
-		ON CONFLICT DO NOTHING
-		RETURNING `+workColumns,
-		w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion, w.SourceID,
-		w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt, sourceTime(w.SourceUpdatedAt), state, w.DropReason, w.Traceparent,
-		w.Model, w.PromptDigest, w.ShadowOf))
-	if err == nil || !errors.Is(err, ErrNotFound) {
-		return got, err == nil, err
-	}
-	// Any unique key refuses a copy: the id is derived from the ingress key,
-	// so a racing copy may meet either index first.
-	var direct bool
-	got, err = scanWorkWith(tx.QueryRow(ctx, `SELECT `+workColumns+`, direct FROM work
-		WHERE tenant_id = $1 AND contract = $2 AND source_id = $3 AND revision = $4 FOR UPDATE`,
-		w.TenantID, w.Contract, w.SourceID, w.Revision), &direct)
-	if err == nil && !direct {
-		// Asked for on its own now, not only as a batch's item: a batch's
-		// cancel leaves it alone from here on.
-		_, err = tx.Exec(ctx, `UPDATE work SET direct = true WHERE id = $1`, got.ID)
-	}
-	if err != nil || got.State != outcome.Dropped || w.DropReason != "" {
-		return got, false, err
-	}
-	// Asked again after admission refused it: the same work, queued.
-	got, err = readmit(ctx, tx, got.ID, w.DeadlineAt)
-	return got, err == nil, err
-}
-
 func sourceTime(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
@@ -289,57 +117,11 @@ func sourceTime(t time.Time) *time.Time {
 	return &t
 }
 
-// supersede ends the same source's other revisions that have no outcome
-// yet and that got comes after (revisionAfter). When a revision after got
-// is already here, got itself was delivered late: it is stored superseded,
-// unannounced, and late is true.
-func supersede(ctx context.Context, tx pgx.Tx, got *Work) (late bool, err error) {
-	newer, err := newerRevision(ctx, tx, got.ID)
-	if err != nil {
-		return false, err
-	}
-	if newer != "" {
-		row, err := scanWork(tx.QueryRow(ctx, `UPDATE work SET state = $3,
-				reason = 'revision ' || $2 || ' was pushed later', updated_at = now()
-			WHERE id = $1 RETURNING `+workColumns, got.ID, newer, outcome.Superseded))
-		if err == nil {
-			*got = *row
-		}
-		return true, err
-	}
-	// A running attempt loses its lease here: its answer is then recorded
-	// stale and never published.
-	rows, err := tx.Query(ctx, `WITH old AS (SELECT w.id, w.state FROM work w JOIN work me ON me.id = $4
-			WHERE w.tenant_id = $1 AND w.contract = $2 AND w.source_id = $3 AND w.id <> $4
-				AND w.state IN ('queued', 'running') AND `+revisionAfter("me", "w")+`
-			FOR UPDATE OF w)
-		UPDATE work w SET state = $6, lease_token = NULL, lease_expires_at = NULL,
-			reason = 'superseded by revision ' || $5, updated_at = now()
-		FROM old WHERE w.id = old.id
-		RETURNING w.id, old.state`,
-		got.TenantID, got.Contract, got.SourceID, got.ID, got.Revision, outcome.Superseded)
-	if err != nil {
-		return false, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id, was string
-		if err := rows.Scan(&id, &was); err != nil {
-			return false, err
-		}
-		got.Superseded = append(got.Superseded, id)
-		if was == outcome.Running {
-			got.SupersededRunning = append(got.SupersededRunning, id)
-		}
-	}
-	return false, rows.Err()
-}
-
 // revisionAfter is the SQL condition that the row named a is a later
 // revision of its source than the row named b; a and b name rows of work,
 // or rows with its source_updated_at and created_at columns. It alone
 // decides which revisions a new one supersedes, whichever way it is
-// inserted (insertNew, insertNewGroup, insertBatchWork, supersede), and
+// inserted (insertGroupSQL, insertBatchWork), and
 // whether a later revision replaced work asked to run again
 // (newerRevision).
 //
