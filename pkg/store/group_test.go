@@ -569,3 +569,29 @@ func TestInsertWorkGroupCopiesAndLateRevisions(t *testing.T) {
 		t.Fatalf("%d announcements of the late revision, want 0", n)
 	}
 }
+
+// A request whose values the database refuses (an input holding NUL)
+// fails alone: the others of its group are inserted and announced.
+func TestInsertWorkGroupIsolatesARefusedRequest(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	bad := newWork("acme", "octo/nul#1", "r1")
+	bad.Input = "{\"diff\":\"\x00\"}"
+	reqs := []store.InsertReq{
+		{Work: newWork("acme", "octo/nul#2", "r1"), Announce: announce},
+		{Work: bad, Announce: announce},
+		{Work: newWork("acme", "octo/nul#3", "r1"), Announce: announce},
+	}
+	out := s.InsertWorkGroup(ctx, reqs)
+	if !store.Permanent(out[1].Err) {
+		t.Fatalf("the refused request: %+v, want a refusal no retry mends", out[1])
+	}
+	for _, i := range []int{0, 2} {
+		if out[i].Err != nil || !out[i].Created || len(out[i].Work.Announced) != 1 {
+			t.Fatalf("request %d: %+v, want it created and announced", i, out[i])
+		}
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM work WHERE source_id LIKE 'octo/nul#%'`); n != 2 {
+		t.Fatalf("%d rows of the group, want 2", n)
+	}
+}

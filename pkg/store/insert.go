@@ -97,7 +97,16 @@ func insertRound(ctx context.Context, db txQuerier, reqs []InsertReq, take []int
 			at[reqs[i].Work.ID] = i
 		}
 	}
-	rows, err := db.Query(ctx, insertGroupSQL, args...)
+	if len(at) == 0 {
+		return nil
+	}
+	answers, err := runInsert(ctx, db, args)
+	if err != nil && Permanent(err) && len(at) > 1 {
+		// A value one request carries that the database refuses: each half
+		// again, so the refusal falls on that request alone.
+		half := len(take) / 2
+		return append(insertRound(ctx, db, reqs, take[:half], out), insertRound(ctx, db, reqs, take[half:], out)...)
+	}
 	if err != nil {
 		for _, i := range take {
 			if out[i].Err == nil {
@@ -107,56 +116,57 @@ func insertRound(ctx context.Context, db txQuerier, reqs []InsertReq, take []int
 		return nil
 	}
 	answered := map[int]bool{}
-	for rows.Next() {
-		var kind string
-		var readmitted bool
-		var superseded, running []string
-		got, err := scanWorkWith(rows, &readmitted, &kind, &superseded, &running)
-		if err != nil {
-			rows.Close()
-			for _, i := range take {
-				if out[i].Err == nil {
-					out[i] = WorkInserted{Err: fmt.Errorf("store: insert work: %w", err)}
-				}
-			}
-			return nil
-		}
-		i, ok := at[got.ID]
+	for _, a := range answers {
+		i, ok := at[a.work.ID]
 		if !ok || answered[i] {
 			continue
 		}
 		answered[i] = true
-		got.Superseded, got.SupersededRunning = superseded, running
-		out[i] = WorkInserted{Work: got, Created: kind != "found"}
-		if kind == "new" && got.State == outcome.Queued {
-			got.Announced = announced[i]
+		out[i] = WorkInserted{Work: a.work, Created: a.kind != "found"}
+		if a.kind == "new" && a.work.State == outcome.Queued {
+			a.work.Announced = announced[i]
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		for _, i := range take {
-			if out[i].Err == nil {
-				out[i] = WorkInserted{Err: fmt.Errorf("store: insert work: %w", err)}
-			}
-		}
-		return nil
 	}
 	for _, i := range take {
-		if out[i].Err != nil {
-			continue
-		}
-		if !answered[i] {
+		switch {
+		case out[i].Err != nil:
+		case !answered[i]:
 			again = append(again, i)
-			continue
-		}
-		if !out[i].Created {
-			continue
-		}
-		if err := announceAfter(ctx, db, out[i].Work, reqs[i].Announce); err != nil {
-			out[i] = WorkInserted{Err: err}
+		case out[i].Created:
+			if err := announceAfter(ctx, db, out[i].Work, reqs[i].Announce); err != nil {
+				out[i] = WorkInserted{Err: err}
+			}
 		}
 	}
 	return again
+}
+
+// insertAnswer is one row insertGroupSQL answers: the work as it became,
+// and how (new, readmitted or found).
+type insertAnswer struct {
+	work *Work
+	kind string
+}
+
+// runInsert runs insertGroupSQL with args and reads every row it answers.
+func runInsert(ctx context.Context, db querier, args []any) ([]insertAnswer, error) {
+	rows, err := db.Query(ctx, insertGroupSQL, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var answers []insertAnswer
+	for rows.Next() {
+		var a insertAnswer
+		var readmitted bool
+		var superseded, running []string
+		if a.work, err = scanWorkWith(rows, &readmitted, &a.kind, &superseded, &running); err != nil {
+			return nil, err
+		}
+		a.work.Superseded, a.work.SupersededRunning = superseded, running
+		answers = append(answers, a)
+	}
+	return answers, rows.Err()
 }
 
 // announceAfter writes, in a statement of its own after the fence's, what
