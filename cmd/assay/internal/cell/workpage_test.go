@@ -3,12 +3,15 @@ package cell_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto"
 	"github.com/chromedp/chromedp"
 
 	"assay.dev/cmd/assay/internal/cell/celltest"
@@ -52,27 +55,48 @@ const readWorkPage = `JSON.stringify((() => {
 // read reads a page with script, which returns its view as JSON.
 func read[V any](t *testing.T, b *browser, script string) V {
 	t.Helper()
-	raw, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](script))
+	v, err := readNow[V](b, script)
 	if err != nil {
 		t.Fatalf("read the page: %v", err)
-	}
-	var v V
-	if err := json.Unmarshal([]byte(raw), &v); err != nil {
-		t.Fatalf("read the page: %v: %s", err, raw)
 	}
 	return v
 }
 
+func readNow[V any](b *browser, script string) (V, error) {
+	var v V
+	raw, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](script))
+	if err != nil {
+		return v, err
+	}
+	if err := json.Unmarshal([]byte(raw), &v); err != nil {
+		return v, fmt.Errorf("%w: %s", err, raw)
+	}
+	return v, nil
+}
+
+// navigating reports whether err is the browser saying the page went away
+// while it was read (a navigation the page or a click began, error -32000):
+// the next read meets the page that follows.
+func navigating(err error) bool {
+	var ce *cdproto.Error
+	return errors.As(err, &ce) && ce.Code == -32000
+}
+
 // await reads a page with script until ok holds of its view, and fails
-// with the last view when it still does not after 30s.
+// with the last view when it still does not after 30s. A read the page
+// navigated away from is read again.
 func await[V any](t *testing.T, b *browser, script, what string, ok func(V) bool) V {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if v := read[V](t, b, script); ok(v) {
+		v, err := readNow[V](b, script)
+		switch {
+		case err != nil && !navigating(err):
+			t.Fatalf("%s: read the page: %v", what, err)
+		case err == nil && ok(v):
 			return v
-		} else if time.Now().After(deadline) {
-			t.Fatalf("%s: after 30s the page shows %+v", what, v)
+		case time.Now().After(deadline):
+			t.Fatalf("%s: after 30s the page shows %+v (last read: %v)", what, v, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
