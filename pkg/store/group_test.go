@@ -595,3 +595,21 @@ func TestInsertWorkGroupIsolatesARefusedRequest(t *testing.T) {
 		t.Fatalf("%d rows of the group, want 2", n)
 	}
 }
+
+// A key already held under another id is found under that id: the
+// request gets the row that holds its key, not a second row and not an
+// error.
+func TestInsertWorkFindsAKeyHeldUnderAnotherID(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	held := insert(t, ctx, s, newWork("acme", "octo/other-id#1", "r1"))
+	again := newWork("acme", "octo/other-id#1", "r1")
+	again.ID = "w_another_id"
+	got, created, err := s.InsertWork(ctx, again, announce)
+	if err != nil || created || got == nil || got.ID != held.ID {
+		t.Fatalf("insert under another id: %+v created=%v err=%v; want %s found", got, created, err, held.ID)
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM work WHERE source_id = 'octo/other-id#1'`); n != 1 {
+		t.Fatalf("%d rows for the key, want 1", n)
+	}
+}

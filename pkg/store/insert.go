@@ -117,7 +117,7 @@ func insertRound(ctx context.Context, db txQuerier, reqs []InsertReq, take []int
 	}
 	answered := map[int]bool{}
 	for _, a := range answers {
-		i, ok := at[a.work.ID]
+		i, ok := at[a.req]
 		if !ok || answered[i] {
 			continue
 		}
@@ -141,11 +141,11 @@ func insertRound(ctx context.Context, db txQuerier, reqs []InsertReq, take []int
 	return again
 }
 
-// insertAnswer is one row insertGroupSQL answers: the work as it became,
-// and how (new, readmitted or found).
+// insertAnswer is one row insertGroupSQL answers: the work as it became
+// (which may hold the request's key under another id), and how.
 type insertAnswer struct {
-	work *Work
-	kind string
+	work      *Work
+	req, kind string // the request's work id, and what became of it
 }
 
 // runInsert runs insertGroupSQL with args and reads every row it answers.
@@ -160,7 +160,7 @@ func runInsert(ctx context.Context, db querier, args []any) ([]insertAnswer, err
 		var a insertAnswer
 		var readmitted bool
 		var superseded, running []string
-		if a.work, err = scanWorkWith(rows, &readmitted, &a.kind, &superseded, &running); err != nil {
+		if a.work, err = scanWorkWith(rows, &readmitted, &a.req, &a.kind, &superseded, &running); err != nil {
 			return nil, err
 		}
 		a.work.Superseded, a.work.SupersededRunning = superseded, running
@@ -235,9 +235,10 @@ func insertGroupArgs(reqs []InsertReq, take []int, out []WorkInserted) (args []a
 
 // insertGroupSQL is the ingress fence's statement. For each request (x, one
 // per source):
-//   - found is the row its ingress key already names, if any; me is the
-//     request as a revision of its source: the found row's times, or the
-//     new row's (its source time, and now() as it arrives);
+//   - found is the row its ingress key already names, if any, whatever
+//     its id; me is the request as a revision of its source: the found
+//     row's id and times, or the new row's (its source time, and now() as
+//     it arrives);
 //   - late names a later revision of its source already here, when it
 //     supersedes (revisionAfter; a partial review's rests are the same
 //     revision): it is then stored superseded and supersedes nothing;
@@ -264,7 +265,8 @@ var insertGroupSQL = `WITH x AS (
 			WHERE w.id = ANY($1) OR (w.tenant_id, w.contract, w.source_id, w.revision) IN
 				(SELECT r_tenant, r_contract, r_source, r_revision FROM x)
 		), me AS (
-			SELECT x.*, f.id IS NOT NULL AS taken, coalesce(f.direct, true) AS was_direct, coalesce(f.dispatch, 0) AS was_dispatch,
+			SELECT x.*, coalesce(f.id, x.r_id) AS row_id, f.id IS NOT NULL AS taken, coalesce(f.direct, true) AS was_direct,
+				coalesce(f.dispatch, 0) AS was_dispatch,
 				CASE WHEN f.id IS NULL THEN x.r_source_time ELSE f.source_updated_at END AS source_updated_at,
 				coalesce(f.created_at, now()) AS created_at
 			FROM x LEFT JOIN found f ON f.tenant_id = x.r_tenant AND f.contract = x.r_contract AND f.source_id = x.r_source
@@ -272,7 +274,7 @@ var insertGroupSQL = `WITH x AS (
 		), late AS (
 			SELECT DISTINCT ON (me.r_id) me.r_id AS late_id, o.revision AS late_revision
 			FROM me JOIN work o ON o.tenant_id = me.r_tenant AND o.contract = me.r_contract AND o.source_id = me.r_source
-			WHERE me.r_supersede AND coalesce(o.rest_of, o.id) <> me.r_id AND ` + revisionAfter("o", "me") + `
+			WHERE me.r_supersede AND coalesce(o.rest_of, o.id) <> me.row_id AND ` + revisionAfter("o", "me") + `
 			ORDER BY me.r_id, coalesce(o.source_updated_at, o.created_at) DESC
 		), ins AS (
 			INSERT INTO work (id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane, input,
@@ -299,20 +301,20 @@ var insertGroupSQL = `WITH x AS (
 				updated_at = CASE WHEN w.state = '` + outcome.Dropped + `' AND m.r_drop = '' THEN now() ELSE w.updated_at END,
 				outcome_announced_at = CASE WHEN w.state = '` + outcome.Dropped + `' AND m.r_drop = '' THEN NULL
 					ELSE w.outcome_announced_at END
-			FROM (SELECT r_id, r_drop, r_deadline, taken, was_direct, was_dispatch FROM me) m
+			FROM (SELECT r_id, row_id, r_drop, r_deadline, taken, was_direct, was_dispatch FROM me) m
 				LEFT JOIN late ON late.late_id = m.r_id
-			WHERE w.id = ANY($1) AND w.id = m.r_id AND m.taken
+			WHERE w.id IN (SELECT row_id FROM me WHERE taken) AND w.id = m.row_id AND m.taken
 				AND (NOT m.was_direct OR (w.state = '` + outcome.Dropped + `' AND m.r_drop = ''))
-			RETURNING ` + workColumns + `, w.dispatch > m.was_dispatch AS readmitted
+			RETURNING ` + workColumns + `, w.dispatch > m.was_dispatch AS readmitted, m.r_id AS req
 		), mine AS (
-			SELECT me.r_id, me.r_tenant, me.r_contract, me.r_source, me.r_revision, me.source_updated_at, me.created_at
+			SELECT me.row_id, me.r_tenant, me.r_contract, me.r_source, me.r_revision, me.source_updated_at, me.created_at
 			FROM me
 			WHERE me.r_supersede AND me.r_id NOT IN (SELECT late_id FROM late)
-				AND (me.r_id IN (SELECT id FROM ins) OR me.r_id IN (SELECT id FROM ex WHERE readmitted))
+				AND (me.row_id IN (SELECT id FROM ins) OR me.row_id IN (SELECT id FROM ex WHERE readmitted))
 		), old AS (
-			SELECT w.id, w.state, mine.r_id AS by_id, mine.r_revision AS revision
+			SELECT w.id, w.state, mine.row_id AS by_id, mine.r_revision AS revision
 			FROM mine JOIN work w ON w.tenant_id = mine.r_tenant AND w.contract = mine.r_contract AND w.source_id = mine.r_source
-			WHERE w.id <> mine.r_id AND w.state IN ('` + outcome.Queued + `', '` + outcome.Running + `') AND ` + revisionAfter("mine", "w") + `
+			WHERE w.id <> mine.row_id AND w.state IN ('` + outcome.Queued + `', '` + outcome.Running + `') AND ` + revisionAfter("mine", "w") + `
 			FOR UPDATE OF w
 		), sup AS (
 			UPDATE work w SET state = '` + outcome.Superseded + `', lease_token = NULL, lease_expires_at = NULL,
@@ -320,10 +322,11 @@ var insertGroupSQL = `WITH x AS (
 			FROM old WHERE w.id = old.id
 			RETURNING w.id, old.state, old.by_id
 		), ob AS (` + outboxInsert(20, `m.tag IN (SELECT id FROM ins WHERE state = '`+outcome.Queued+`')`) + `), answer AS (
-			SELECT ins.*, false AS readmitted, 'new' AS kind FROM ins
+			SELECT ins.*, false AS readmitted, ins.id AS req, 'new' AS kind FROM ins
 			UNION ALL SELECT ex.*, CASE WHEN ex.readmitted THEN 'readmitted' ELSE 'found' END FROM ex
-			UNION ALL SELECT ` + workColumns + `, false, 'found' FROM found WHERE id NOT IN (SELECT id FROM ex)
-				AND id IN (SELECT r_id FROM me WHERE taken)
+			UNION ALL SELECT fw.*, false, fr.req, 'found'
+			FROM (SELECT ` + workColumns + ` FROM found WHERE id NOT IN (SELECT id FROM ex)) fw
+				JOIN (SELECT row_id, r_id AS req FROM me WHERE taken) fr ON fr.row_id = fw.id
 		)
 		SELECT answer.*,
 			coalesce((SELECT array_agg(sup.id ORDER BY sup.id) FROM sup WHERE sup.by_id = answer.id), '{}'),
