@@ -54,7 +54,7 @@ func TestClaimGroupDecidesEachRow(t *testing.T) {
 	}
 }
 
-// A request the database would refuse (an attempt id that is not a UUID,
+// A request the database refuses (an attempt id that is not a UUID,
 // an expectation holding NUL) is refused alone, with the database's
 // SQLSTATE, and the claim's one statement takes the others.
 func TestClaimGroupRefusesARowAlone(t *testing.T) {
