@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"assay.dev/pkg/event"
 )
 
 // SlotKV is what CellSlots needs of a JetStream key-value bucket.
@@ -365,23 +367,14 @@ func (c *CellSlots) Stop() {
 	}
 }
 
-// KVManager is what OpenSlots needs of JetStream.
-type KVManager interface {
-	CreateOrUpdateKeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error)
-}
-
 // OpenSlots is a CellSlots.Open that creates or updates the cell's slots
 // bucket: entries that age out after ttl with a marker a watch sees, in
-// memory, on replicas servers placed by placement (the cell's streams'
-// settings, so the slots outlive a server's restart as the streams do).
-func OpenSlots(js KVManager, bucket string, ttl time.Duration, replicas int, placement []string) func(context.Context) (SlotKV, error) {
+// memory, at the replicas and placement of the cell's streams (streams),
+// so the slots outlive a server's restart as the streams do.
+func OpenSlots(js jetstream.KeyValueManager, bucket string, ttl time.Duration, streams event.StreamSettings) func(context.Context) (SlotKV, error) {
 	return func(ctx context.Context) (SlotKV, error) {
-		cfg := jetstream.KeyValueConfig{Bucket: bucket, History: 1, TTL: ttl, LimitMarkerTTL: ttl,
+		return event.EnsureBucket(ctx, js, nil, jetstream.KeyValueConfig{Bucket: bucket, History: 1, TTL: ttl, LimitMarkerTTL: ttl,
 			Description: "the cell's model-call slots, one per call in flight, shared by its classifier instances",
-			Storage:     jetstream.MemoryStorage, Replicas: max(replicas, 1)}
-		if len(placement) > 0 {
-			cfg.Placement = &jetstream.Placement{Tags: placement}
-		}
-		return js.CreateOrUpdateKeyValue(ctx, cfg)
+			Storage:     jetstream.MemoryStorage}, streams.Once())
 	}
 }

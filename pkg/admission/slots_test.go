@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/devkit/testenv"
+	"assay.dev/pkg/event"
 )
 
 // instance is one classifier instance as the cell's ceiling sees it: its
@@ -33,7 +34,7 @@ func newInstance(t *testing.T, url, bucket string, ceiling, local int, ttl time.
 	if err != nil {
 		t.Fatal(err)
 	}
-	slots := &CellSlots{Open: OpenSlots(js, bucket, ttl, 1, nil), Size: ceiling, Holder: name, TTL: ttl}
+	slots := &CellSlots{Open: OpenSlots(js, bucket, ttl, event.StreamSettings{}), Size: ceiling, Holder: name, TTL: ttl}
 	t.Cleanup(slots.Stop)
 	lim, err := NewLimiter(LimiterConfig{Initial: local, Min: local, Max: local, Cell: slots})
 	if err != nil {

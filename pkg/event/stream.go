@@ -56,6 +56,13 @@ func (s StreamSettings) WithDefaults() StreamSettings {
 	return s
 }
 
+// Once is s trying once: for a caller that asks again on its own (a
+// ticker's next pass, the next request) rather than waiting in line.
+func (s StreamSettings) Once() StreamSettings {
+	s.Wait = -1
+	return s
+}
+
 // StreamConfig is the configuration of the cell's stream of one kind.
 // Limits retention, not work-queue: history stays for replay until MaxAge.
 func StreamConfig(n Names, kind string, s StreamSettings) jetstream.StreamConfig {

@@ -166,10 +166,11 @@ func (r *capacityReporter) put(ctx context.Context, rep admission.CapacityReport
 	s := r.s
 	if r.kv == nil {
 		// At the cell's replicas and placement: the reports ingress
-		// admits on outlive the loss of one NATS node.
+		// admits on outlive the loss of one NATS node. One try a pass:
+		// the next pass asks again.
 		kv, err := event.EnsureBucket(ctx, s.d.JS, s.d.Log, jetstream.KeyValueConfig{Bucket: s.cfg.Names.CapacityBucket(),
 			Description: "the cell's capacity, reported by its classifier instances for ingress admission",
-			History:     1, TTL: time.Minute, Storage: jetstream.MemoryStorage}, s.cfg.Streams)
+			History:     1, TTL: time.Minute, Storage: jetstream.MemoryStorage}, s.cfg.Streams.Once())
 		if err != nil {
 			return fmt.Errorf("capacity bucket: %w", err)
 		}

@@ -346,7 +346,7 @@ func (s *Service) buildLimiter() error {
 	}
 	if !cfg.InstanceScope {
 		s.slots = &admission.CellSlots{Size: cfg.Concurrency, Holder: newInstanceID(), Log: d.Log,
-			Open: admission.OpenSlots(d.JS, cfg.Names.CallsBucket(), admission.SlotTTL, cfg.Streams.Replicas, cfg.Streams.Placement)}
+			Open: admission.OpenSlots(d.JS, cfg.Names.CallsBucket(), admission.SlotTTL, cfg.Streams)}
 		lc.Cell = s.slots
 	}
 	var err error

@@ -480,13 +480,10 @@ func (r *sharedRate) open(ctx context.Context) bool {
 	r.tried = time.Now()
 	octx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	// A request waits for one try: a cluster that is not ready is asked
-	// again by a later one.
-	once := r.streams
-	once.Wait = -1
+	// A request waits for one try: a later one asks again.
 	kv, err := event.EnsureBucket(octx, r.js, r.log, jetstream.KeyValueConfig{Bucket: r.bucket,
 		Description: "the cell's ingress token buckets, one per tenant and lane, shared by its ingress instances",
-		History:     1, Storage: jetstream.MemoryStorage}, once)
+		History:     1, Storage: jetstream.MemoryStorage}, r.streams.Once())
 	if err != nil {
 		r.warnLocked("shared rate bucket not opened; the tenant's rate holds per instance until it is", err)
 		return false
