@@ -74,12 +74,15 @@ func readNow[V any](b *browser, script string) (V, error) {
 	return v, nil
 }
 
-// navigating reports whether err is the browser saying the page went away
-// while it was read (a navigation the page or a click began, error -32000):
-// the next read meets the page that follows.
+// navigating reports whether err may be the page changing under the read:
+// the browser saying the page went away (a navigation a click or a sign-in
+// began, error -32000), or the script meeting a document not yet built
+// (an exception). The next read meets the page that follows; a script that
+// always throws still fails at the deadline, with its exception.
 func navigating(err error) bool {
 	var ce *cdproto.Error
-	return errors.As(err, &ce) && ce.Code == -32000
+	var ex *chromedp.ExceptionError
+	return errors.As(err, &ce) && ce.Code == -32000 || errors.As(err, &ex)
 }
 
 // await reads a page with script until ok holds of its view, and fails
