@@ -100,231 +100,50 @@ func (s *Store) InsertBatch(ctx context.Context, b *Batch, entries []*BatchEntry
 	return got, created, nil
 }
 
-// insertBatchWork is the ingress fence for a batch's items, in id order.
+// insertBatchWork is the ingress fence for a batch's items, in id order:
+// the fence's one statement (insertGroup), each item asked for as a batch's
+// item and superseding its source's older revisions; the manifest names
+// each item's work.
 func insertBatchWork(ctx context.Context, tx pgx.Tx, b *Batch, order []*BatchEntry, announce func(*Work) ([]OutboxMsg, error)) error {
-	n := len(order)
-	if n == 0 {
+	if len(order) == 0 {
 		return nil
 	}
-	cols, err := newBatchWorkColumns(b, order)
-	if err != nil {
+	if err := sameRoute(b, order); err != nil {
 		return err
 	}
-	byID := make(map[string]*BatchEntry, n)
-	for _, e := range order {
-		byID[e.Work.ID] = e
-	}
-	fresh, err := queryWork(ctx, tx, insertBatchWorkSQL, cols.args()...)
-	if err != nil {
-		return err
-	}
-	var newIDs, newSources, newRevisions []string
-	for _, w := range fresh {
-		e := byID[w.ID]
-		e.Got, e.Created = w, true
-		newIDs, newSources, newRevisions = append(newIDs, w.ID), append(newSources, w.SourceID), append(newRevisions, w.Revision)
-	}
-	// Keys accepted already: the existing work; dropped work is queued
-	// again, as asking again after a drop does.
-	if len(fresh) < n {
-		if err := adoptBatchWork(ctx, tx, order, byID, cols.ids); err != nil {
-			return err
-		}
-	}
-	// New revisions supersede the same sources' unfinished older ones
-	// (revisionAfter: two of one batch are neither older); a running
-	// attempt loses its lease, and its model call is canceled.
-	if len(newIDs) > 0 {
-		if err := supersedeBatchWork(ctx, tx, b, byID, newIDs, newSources, newRevisions); err != nil {
-			return err
-		}
-	}
-	if err := announceBatchWork(ctx, tx, order, announce); err != nil {
-		return err
-	}
-	workIDs := make([]string, n)
+	reqs := make([]InsertReq, len(order))
 	for i, e := range order {
-		workIDs[i] = e.Got.ID
+		w := *e.Work
+		w.SupersedeOlder = true
+		reqs[i] = InsertReq{Work: &w, Announce: announce, Item: true}
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO batch_items (batch_id, item_id, tenant_id, work_id)
+	items, workIDs := make([]string, len(order)), make([]string, len(order))
+	for i, got := range insertGroup(ctx, tx, reqs) {
+		e := order[i]
+		if got.Err != nil {
+			return fmt.Errorf("item %s: %w", e.ItemID, got.Err)
+		}
+		e.Got, e.Created = got.Work, got.Created
+		items[i], workIDs[i] = e.ItemID, got.Work.ID
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO batch_items (batch_id, item_id, tenant_id, work_id)
 		SELECT $1, item_id, $2, work_id FROM unnest($3::text[], $4::text[]) AS x(item_id, work_id)`,
-		b.ID, b.TenantID, cols.items, workIDs)
+		b.ID, b.TenantID, items, workIDs)
 	return err
 }
 
-// batchWorkColumns are a batch's items as the columns insertBatchWorkSQL
-// takes, one array element per item in id order, and the route they share.
-type batchWorkColumns struct {
-	ids, tenants, regions, contracts, schemas, taxonomies []string
-	sources, revisions, lanes, inputs, digests, traces    []string
-	deadlines                                             []time.Time
-	items                                                 []string
-	model, promptDigest                                   string
-}
-
-// newBatchWorkColumns checks that every item's work is of b's tenant and
-// contract and made by the route of the first, and lays the items out as
-// columns.
-func newBatchWorkColumns(b *Batch, order []*BatchEntry) (*batchWorkColumns, error) {
-	n := len(order)
-	c := &batchWorkColumns{
-		ids: make([]string, n), tenants: make([]string, n), regions: make([]string, n), contracts: make([]string, n),
-		schemas: make([]string, n), taxonomies: make([]string, n), sources: make([]string, n), revisions: make([]string, n),
-		lanes: make([]string, n), inputs: make([]string, n), digests: make([]string, n), traces: make([]string, n),
-		deadlines: make([]time.Time, n), items: make([]string, n),
-	}
-	// A batch's items are made by one route: one version, model and prompt.
+// sameRoute checks that every item's work is of b's tenant and contract and
+// made by the route of the first: one version, model and prompt.
+func sameRoute(b *Batch, order []*BatchEntry) error {
 	first := order[0].Work
-	c.model, c.promptDigest = first.Model, first.PromptDigest
-	for i, e := range order {
+	for _, e := range order {
 		w := e.Work
 		if w.TenantID != b.TenantID || w.Contract != b.Contract {
-			return nil, fmt.Errorf("item %s: work of tenant %s and contract %s in a batch of %s and %s", e.ItemID, w.TenantID, w.Contract, b.TenantID, b.Contract)
+			return fmt.Errorf("item %s: work of tenant %s and contract %s in a batch of %s and %s", e.ItemID, w.TenantID, w.Contract, b.TenantID, b.Contract)
 		}
 		if w.SchemaVersion != first.SchemaVersion || w.Model != first.Model || w.PromptDigest != first.PromptDigest || w.ShadowOf != "" {
-			return nil, fmt.Errorf("item %s: made by another route than the batch's first item", e.ItemID)
+			return fmt.Errorf("item %s: made by another route than the batch's first item", e.ItemID)
 		}
-		c.ids[i], c.tenants[i], c.regions[i], c.contracts[i], c.schemas[i], c.taxonomies[i] = w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion
-		c.sources[i], c.revisions[i], c.lanes[i], c.inputs[i], c.digests[i], c.traces[i] = w.SourceID, w.Revision, w.Lane, w.Input, w.Digest, w.Traceparent
-		c.deadlines[i], c.items[i] = w.DeadlineAt, e.ItemID
-	}
-	return c, nil
-}
-
-// args are the columns in the order of insertBatchWorkSQL's placeholders.
-func (c *batchWorkColumns) args() []any {
-	return []any{c.ids, c.tenants, c.regions, c.contracts, c.schemas, c.taxonomies, c.sources, c.revisions, c.lanes,
-		c.inputs, c.digests, c.deadlines, c.traces, c.model, c.promptDigest}
-}
-
-// insertBatchWorkSQL inserts a batch's work rows whose ids are not taken,
-// in id order, and returns those it inserted.
-const insertBatchWorkSQL = `INSERT INTO work (id, tenant_id, region, contract, schema_version, taxonomy_version,
-			source_id, revision, lane, input, content_digest, deadline_at, traceparent, direct, model, prompt_digest)
-		SELECT id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane, input,
-			content_digest, deadline_at, NULLIF(traceparent, ''), false, NULLIF($14, ''), NULLIF($15, '')
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-			$9::text[], $10::text[], $11::text[], $12::timestamptz[], $13::text[])
-			AS x(id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane, input,
-				content_digest, deadline_at, traceparent)
-		ORDER BY id
-		ON CONFLICT DO NOTHING
-		RETURNING ` + workColumns
-
-// queryWork runs a statement that returns work rows and scans them.
-func queryWork(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]*Work, error) {
-	rows, err := tx.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Work, error) { return scanWork(r) })
-}
-
-// adoptBatchWork gives each entry the insert left without work the work
-// that holds its id already, queuing dropped work again; an entry left
-// with none is an error.
-func adoptBatchWork(ctx context.Context, tx pgx.Tx, order []*BatchEntry, byID map[string]*BatchEntry, ids []string) error {
-	all, err := queryWork(ctx, tx, `SELECT `+workColumns+` FROM work WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids)
-	if err != nil {
-		return err
-	}
-	for _, w := range all {
-		e := byID[w.ID]
-		if e.Got != nil {
-			continue
-		}
-		e.Got = w
-		if w.State == outcome.Dropped {
-			if e.Got, err = readmit(ctx, tx, w.ID, e.Work.DeadlineAt); err != nil {
-				return err
-			}
-			e.Created = true
-		}
-	}
-	for _, e := range order {
-		if e.Got == nil {
-			return fmt.Errorf("item %s: work %s neither inserted nor found", e.ItemID, e.Work.ID)
-		}
-	}
-	return nil
-}
-
-// supersedeBatchWork supersedes the unfinished work that the batch's new
-// work (newIDs, with their sources and revisions) is a later revision of,
-// and notes it on the superseding entries' work.
-func supersedeBatchWork(ctx context.Context, tx pgx.Tx, b *Batch, byID map[string]*BatchEntry, newIDs, newSources, newRevisions []string) error {
-	rows, err := tx.Query(ctx, `WITH new AS (SELECT * FROM unnest($3::text[], $4::text[], $5::text[]) AS n(id, source_id, revision)),
-			old AS (SELECT w.id, w.state, n.id AS by, n.revision FROM work w JOIN new n
-					ON w.tenant_id = $1 AND w.contract = $2 AND w.source_id = n.source_id AND w.id <> n.id
-					JOIN work me ON me.id = n.id
-				WHERE w.state IN ('queued', 'running') AND `+revisionAfter("me", "w")+` ORDER BY w.id FOR UPDATE OF w)
-			UPDATE work w SET state = $6, lease_token = NULL, lease_expires_at = NULL,
-				reason = 'superseded by revision ' || old.revision, updated_at = now()
-			FROM old WHERE w.id = old.id
-			RETURNING w.id, old.state, old.by`, b.TenantID, b.Contract, newIDs, newSources, newRevisions, outcome.Superseded)
-	if err != nil {
-		return err
-	}
-	for rows.Next() {
-		var id, was, by string
-		if err := rows.Scan(&id, &was, &by); err != nil {
-			rows.Close()
-			return err
-		}
-		w := byID[by].Got
-		w.Superseded = append(w.Superseded, id)
-		if was == outcome.Running {
-			w.SupersededRunning = append(w.SupersededRunning, id)
-		}
-	}
-	return rows.Err()
-}
-
-// announceBatchWork writes the outbox rows announcing the entries' work
-// that is new and queued, in order.
-func announceBatchWork(ctx context.Context, tx pgx.Tx, order []*BatchEntry, announce func(*Work) ([]OutboxMsg, error)) error {
-	var msgs []OutboxMsg
-	for _, e := range order {
-		if !e.Created || e.Got.State != outcome.Queued {
-			continue
-		}
-		m, err := announce(e.Got)
-		if err != nil {
-			return err
-		}
-		msgs = append(msgs, m...)
-	}
-	return insertOutboxRows(ctx, tx, msgs)
-}
-
-// insertOutboxRows writes outbox rows in one statement, in order.
-func insertOutboxRows(ctx context.Context, tx pgx.Tx, msgs []OutboxMsg) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	streams, subjects, msgIDs := make([]string, len(msgs)), make([]string, len(msgs)), make([]string, len(msgs))
-	payloads, headers := make([][]byte, len(msgs)), make([]string, len(msgs))
-	for i, m := range msgs {
-		if m.Stream == "" {
-			return fmt.Errorf("store: outbox row for %s names no stream", m.Subject)
-		}
-		h := m.Headers
-		if h == nil {
-			h = map[string]string{}
-		}
-		raw, err := json.Marshal(h)
-		if err != nil {
-			return err
-		}
-		streams[i], subjects[i], msgIDs[i], payloads[i], headers[i] = m.Stream, m.Subject, m.MsgID, m.Payload, string(raw)
-	}
-	_, err := tx.Exec(ctx, `INSERT INTO outbox (stream, subject, msg_id, payload, headers)
-		SELECT stream, subject, msg_id, payload, headers::jsonb
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]) WITH ORDINALITY
-			AS x(stream, subject, msg_id, payload, headers, n)
-		ORDER BY n`, streams, subjects, msgIDs, payloads, headers)
-	if err != nil {
-		return fmt.Errorf("store: outbox: %w", err)
 	}
 	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"assay.dev/pkg/outcome"
 )
 
@@ -13,6 +15,9 @@ import (
 type InsertReq struct {
 	Work     *Work
 	Announce func(*Work) ([]OutboxMsg, error)
+	// Item: the work is asked for as a batch's item, not on its own: a new
+	// row is stored not direct, and a row found stays as direct as it was.
+	Item bool
 }
 
 // WorkInserted is what the ingress fence answered for one request.
@@ -101,9 +106,11 @@ func insertRound(ctx context.Context, db txQuerier, reqs []InsertReq, take []int
 		return nil
 	}
 	answers, err := runInsert(ctx, db, args)
-	if err != nil && Permanent(err) && len(at) > 1 {
+	if _, inTx := db.(pgx.Tx); err != nil && Permanent(err) && len(at) > 1 && !inTx {
 		// A value one request carries that the database refuses: each half
-		// again, so the refusal falls on that request alone.
+		// again, so the refusal falls on that request alone. In the
+		// caller's transaction, which the refusal has ended, the caller
+		// has the error.
 		half := len(take) / 2
 		return append(insertRound(ctx, db, reqs, take[:half], out), insertRound(ctx, db, reqs, take[half:], out)...)
 	}
@@ -207,7 +214,7 @@ func insertGroupArgs(reqs []InsertReq, take []int, out []WorkInserted) (args []a
 		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n),
 		make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n),
 		make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	deadlines, supersede, sourceTimes := make([]time.Time, n), make([]bool, n), make([]*time.Time, n)
+	deadlines, supersede, sourceTimes, direct := make([]time.Time, n), make([]bool, n), make([]*time.Time, n), make([]bool, n)
 	var ob outboxRows
 	announced = map[int][]OutboxMsg{}
 	for k, i := range take {
@@ -226,29 +233,34 @@ func insertGroupArgs(reqs []InsertReq, take []int, out []WorkInserted) (args []a
 		ids[k], tenants[k], regions[k], contracts[k], schemas[k], taxonomies[k] = w.ID, w.TenantID, w.Region, w.Contract, w.SchemaVersion, w.TaxonomyVersion
 		sources[k], revisions[k], lanes[k], inputs[k], digests[k], deadlines[k] = w.SourceID, w.Revision, w.Lane, w.Input, w.Digest, w.DeadlineAt
 		traces[k], supersede[k], models[k], prompts[k], shadows[k] = w.Traceparent, w.SupersedeOlder, w.Model, w.PromptDigest, w.ShadowOf
-		drops[k], sourceTimes[k] = w.DropReason, sourceTime(w.SourceUpdatedAt)
+		drops[k], sourceTimes[k], direct[k] = w.DropReason, sourceTime(w.SourceUpdatedAt), !reqs[i].Item
 	}
 	args = append([]any{ids, tenants, regions, contracts, schemas, taxonomies, sources, revisions, lanes, inputs, digests,
-		deadlines, traces, supersede, models, prompts, shadows, drops, sourceTimes}, ob.args()...)
+		deadlines, traces, supersede, models, prompts, shadows, drops, sourceTimes, direct}, ob.args()...)
 	return args, announced
 }
 
 // insertGroupSQL is the ingress fence's statement. For each request (x, one
 // per source):
 //   - found is the row its ingress key already names, if any, whatever
-//     its id; me is the request as a revision of its source: the found
-//     row's id and times, or the new row's (its source time, and now() as
-//     it arrives);
+//     its id, looked up by id and by key each through its own index (the
+//     two asked in one condition scanned the whole table); me is the
+//     request as a revision of its source: the found row's id and times,
+//     or the new row's (its source time, and now() as it arrives);
 //   - late names a later revision of its source already here, when it
 //     supersedes (revisionAfter; a partial review's rests are the same
 //     revision): it is then stored superseded and supersedes nothing;
 //   - ins inserts a new row, queued, dropped with its reason, or
-//     superseded when late; ex marks a found row asked for on its own
-//     (direct) and queues it again when it was dropped and is asked for
-//     without a drop, under the next dispatch number;
+//     superseded when late, direct unless it is a batch's item; ex marks
+//     a found row asked for on its own direct, and queues it again when
+//     it was dropped and is asked for without a drop, under the next
+//     dispatch number;
 //   - sup supersedes, for each row created (new or queued again) and not
 //     late, the source's other unfinished revisions it comes after;
 //   - ob writes the announcements of the new rows that are queued.
+//
+// Rows are inserted and locked in id order, so that two groups naming the
+// same work (two batches) wait for each other instead of deadlocking.
 //
 // It answers each request's row with what became of it (new, readmitted
 // or found) and what it superseded; a request whose key a copy committed
@@ -256,14 +268,15 @@ func insertGroupArgs(reqs []InsertReq, take []int, out []WorkInserted) (args []a
 var insertGroupSQL = `WITH x AS (
 			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
 				$9::text[], $10::text[], $11::text[], $12::timestamptz[], $13::text[], $14::bool[], $15::text[], $16::text[], $17::text[],
-				$18::text[], $19::timestamptz[])
+				$18::text[], $19::timestamptz[], $20::bool[])
 				AS x(r_id, r_tenant, r_region, r_contract, r_schema, r_taxonomy, r_source, r_revision, r_lane, r_input,
-					r_digest, r_deadline, r_trace, r_supersede, r_model, r_prompt, r_shadow, r_drop, r_source_time)
+					r_digest, r_deadline, r_trace, r_supersede, r_model, r_prompt, r_shadow, r_drop, r_source_time, r_direct)
 			WHERE x.r_id <> ''
 		), found AS (
-			SELECT w.* FROM work w
-			WHERE w.id = ANY($1) OR (w.tenant_id, w.contract, w.source_id, w.revision) IN
-				(SELECT r_tenant, r_contract, r_source, r_revision FROM x)
+			SELECT w.* FROM work w WHERE w.id IN (
+				SELECT r_id FROM x
+				UNION ALL SELECT k.id FROM x JOIN work k ON k.tenant_id = x.r_tenant AND k.contract = x.r_contract
+					AND k.source_id = x.r_source AND k.revision = x.r_revision)
 		), me AS (
 			SELECT x.*, coalesce(f.id, x.r_id) AS row_id, f.id IS NOT NULL AS taken, coalesce(f.direct, true) AS was_direct,
 				coalesce(f.dispatch, 0) AS was_dispatch,
@@ -278,20 +291,21 @@ var insertGroupSQL = `WITH x AS (
 			ORDER BY me.r_id, coalesce(o.source_updated_at, o.created_at) DESC
 		), ins AS (
 			INSERT INTO work (id, tenant_id, region, contract, schema_version, taxonomy_version, source_id, revision, lane, input,
-				content_digest, deadline_at, source_updated_at, state, reason, traceparent, model, prompt_digest, shadow_of)
+				content_digest, deadline_at, source_updated_at, state, reason, traceparent, model, prompt_digest, shadow_of, direct)
 			SELECT me.r_id, me.r_tenant, me.r_region, me.r_contract, me.r_schema, me.r_taxonomy, me.r_source, me.r_revision,
 				me.r_lane, me.r_input, me.r_digest, me.r_deadline, me.r_source_time,
 				CASE WHEN late.late_id IS NOT NULL THEN '` + outcome.Superseded + `' WHEN me.r_drop <> '' THEN '` + outcome.Dropped + `'
 					ELSE '` + outcome.Queued + `' END,
 				CASE WHEN late.late_id IS NOT NULL THEN 'revision ' || late.late_revision || ' was pushed later'
 					ELSE nullif(me.r_drop, '') END,
-				nullif(me.r_trace, ''), nullif(me.r_model, ''), nullif(me.r_prompt, ''), nullif(me.r_shadow, '')
+				nullif(me.r_trace, ''), nullif(me.r_model, ''), nullif(me.r_prompt, ''), nullif(me.r_shadow, ''), me.r_direct
 			FROM me LEFT JOIN late ON late.late_id = me.r_id
 			WHERE NOT me.taken
+			ORDER BY me.r_id
 			ON CONFLICT DO NOTHING
 			RETURNING ` + workColumns + `
 		), ex AS (
-			UPDATE work w SET direct = true,
+			UPDATE work w SET direct = w.direct OR m.r_direct,
 				state = CASE WHEN w.state <> '` + outcome.Dropped + `' OR m.r_drop <> '' THEN w.state
 					WHEN late.late_id IS NOT NULL THEN '` + outcome.Superseded + `' ELSE '` + outcome.Queued + `' END,
 				reason = CASE WHEN w.state <> '` + outcome.Dropped + `' OR m.r_drop <> '' THEN w.reason
@@ -301,10 +315,10 @@ var insertGroupSQL = `WITH x AS (
 				updated_at = CASE WHEN w.state = '` + outcome.Dropped + `' AND m.r_drop = '' THEN now() ELSE w.updated_at END,
 				outcome_announced_at = CASE WHEN w.state = '` + outcome.Dropped + `' AND m.r_drop = '' THEN NULL
 					ELSE w.outcome_announced_at END
-			FROM (SELECT r_id, row_id, r_drop, r_deadline, taken, was_direct, was_dispatch FROM me) m
+			FROM (SELECT r_id, row_id, r_drop, r_deadline, r_direct, taken, was_direct, was_dispatch FROM me) m
 				LEFT JOIN late ON late.late_id = m.r_id
 			WHERE w.id IN (SELECT row_id FROM me WHERE taken) AND w.id = m.row_id AND m.taken
-				AND (NOT m.was_direct OR (w.state = '` + outcome.Dropped + `' AND m.r_drop = ''))
+				AND ((m.r_direct AND NOT m.was_direct) OR (w.state = '` + outcome.Dropped + `' AND m.r_drop = ''))
 			RETURNING ` + workColumns + `, w.dispatch > m.was_dispatch AS readmitted, m.r_id AS req
 		), mine AS (
 			SELECT me.row_id, me.r_tenant, me.r_contract, me.r_source, me.r_revision, me.source_updated_at, me.created_at
@@ -315,13 +329,13 @@ var insertGroupSQL = `WITH x AS (
 			SELECT w.id, w.state, mine.row_id AS by_id, mine.r_revision AS revision
 			FROM mine JOIN work w ON w.tenant_id = mine.r_tenant AND w.contract = mine.r_contract AND w.source_id = mine.r_source
 			WHERE w.id <> mine.row_id AND w.state IN ('` + outcome.Queued + `', '` + outcome.Running + `') AND ` + revisionAfter("mine", "w") + `
-			FOR UPDATE OF w
+			ORDER BY w.id FOR UPDATE OF w
 		), sup AS (
 			UPDATE work w SET state = '` + outcome.Superseded + `', lease_token = NULL, lease_expires_at = NULL,
 				reason = 'superseded by revision ' || old.revision, updated_at = now()
 			FROM old WHERE w.id = old.id
 			RETURNING w.id, old.state, old.by_id
-		), ob AS (` + outboxInsert(20, `m.tag IN (SELECT id FROM ins WHERE state = '`+outcome.Queued+`')`) + `), answer AS (
+		), ob AS (` + outboxInsert(21, `m.tag IN (SELECT id FROM ins WHERE state = '`+outcome.Queued+`')`) + `), answer AS (
 			SELECT ins.*, false AS readmitted, ins.id AS req, 'new' AS kind FROM ins
 			UNION ALL SELECT ex.*, CASE WHEN ex.readmitted THEN 'readmitted' ELSE 'found' END FROM ex
 			UNION ALL SELECT fw.*, false, fr.req, 'found'

@@ -500,3 +500,43 @@ func TestReviewedOutcomeIsReadBack(t *testing.T) {
 		t.Fatalf("read back once the publisher has it: %q; want nothing", got)
 	}
 }
+
+// A batch's items go through the ingress fence's one statement: an item
+// whose key work under another id already holds gets that work (the batch
+// used to fail), a new item is not direct, a found direct row stays direct,
+// and work a batch made becomes direct when asked for on its own.
+func TestBatchItemsTakeTheIngressFence(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	held := newWork("acme", "held", "r1")
+	held.ID = "w_other_id_for_held"
+	held = insert(t, ctx, s, held)
+	direct := insert(t, ctx, s, newWork("acme", "mine", "r1"))
+	es := []*store.BatchEntry{
+		{ItemID: "a", Work: newWork("acme", "held", "r1")},
+		{ItemID: "b", Work: newWork("acme", "mine", "r1")},
+		{ItemID: "c", Work: newWork("acme", "fresh", "r1")},
+	}
+	b := &store.Batch{ID: "b_fence", TenantID: "acme", Contract: "pr-review", ItemsDigest: "df", DeadlineAt: time.Now().Add(time.Hour)}
+	if _, created, err := s.InsertBatch(ctx, b, es, announce); err != nil || !created {
+		t.Fatalf("insert batch: created=%v %v", created, err)
+	}
+	if es[0].Got.ID != held.ID || es[0].Created || es[1].Got.ID != direct.ID || es[1].Created || !es[2].Created {
+		t.Fatalf("entries: %+v / %+v / %+v", es[0], es[1], es[2])
+	}
+	isDirect := func(id string) bool {
+		return count(t, ctx, s, `SELECT count(*) FROM work WHERE id = $1 AND direct`, id) == 1
+	}
+	if !isDirect(held.ID) || !isDirect(direct.ID) || isDirect(es[2].Got.ID) {
+		t.Fatalf("direct: held %v, mine %v, fresh %v; want true, true, false", isDirect(held.ID), isDirect(direct.ID), isDirect(es[2].Got.ID))
+	}
+	if n := count(t, ctx, s, `SELECT count(*) FROM batch_items WHERE batch_id = $1 AND work_id = $2`, b.ID, held.ID); n != 1 {
+		t.Fatalf("the manifest names the held work %d times", n)
+	}
+	if got, created, err := s.InsertWork(ctx, newWork("acme", "fresh", "r1"), announce); err != nil || created || got.ID != es[2].Got.ID {
+		t.Fatalf("asking for the batch's work on its own: %+v created=%v %v", got, created, err)
+	}
+	if !isDirect(es[2].Got.ID) {
+		t.Fatal("work a batch made stays not direct after it is asked for on its own")
+	}
+}

@@ -120,10 +120,9 @@ func sourceTime(t time.Time) *time.Time {
 // revisionAfter is the SQL condition that the row named a is a later
 // revision of its source than the row named b; a and b name rows of work,
 // or rows with its source_updated_at and created_at columns. It alone
-// decides which revisions a new one supersedes, whichever way it is
-// inserted (insertGroupSQL, insertBatchWork), and
-// whether a later revision replaced work asked to run again
-// (newerRevision).
+// decides which revisions a new one supersedes (insertGroupSQL, the one
+// way work is inserted) and whether a later revision replaced work asked
+// to run again (newerRevision).
 //
 // A revision is later when its source says it was pushed later:
 // source_updated_at is the source's own time of the change (a pull
