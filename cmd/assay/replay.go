@@ -31,7 +31,7 @@ also read the cell's Postgres.
   dump        JSON lines of the selected messages: stream, subject, sequence,
               time, headers (trace context included: traceparent names the
               work's trace) and payload, with the work and attempt they
-              name; a RESULT's lease token is masked as a digest. Payloads
+              name; a result's lease token is masked as a digest. Payloads
               carry ids, outcomes and reasons, never inputs or answers
   revalidate  run today's gate (or --contracts DIR's) on the answers of the
               selected work, kept in the cell's database, and report which
@@ -43,7 +43,7 @@ also read the cell's Postgres.
 selection (all optional, combined):
   --stream WORK,RESULT,ATTEMPT,OUTCOME
                                 streams to read (default: dump all; revalidate
-                                RESULT; redrive WORK)
+                                ATTEMPT and RESULT; redrive WORK)
   --tenant T                    one tenant's subjects
   --lane interactive|batch      one lane's announcements (WORK only)
   --since T --until T           a time window: RFC 3339, a date, or a
@@ -137,7 +137,7 @@ func replayCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defKinds := map[string][]string{"dump": event.Kinds, "revalidate": {event.KindResult}, "redrive": {event.KindWork}}[mode]
+	defKinds := map[string][]string{"dump": event.Kinds, "revalidate": {event.KindAttempt, event.KindResult}, "redrive": {event.KindWork}}[mode]
 	sel, err := f.sel.selection(time.Now(), defKinds)
 	if err != nil {
 		return configError{err}

@@ -220,6 +220,9 @@ func decodeMsg(n event.Names, kind string, m jetstream.Msg, meta *jetstream.MsgM
 		var a event.Attempt
 		a, err = event.Parse[event.Attempt](data)
 		r.WorkID, r.AttemptID, r.Outcome = a.WorkID, a.AttemptID, a.Outcome
+		if a.Result != nil {
+			r.Payload = maskLease(r.Payload, a.Result.LeaseToken)
+		}
 	case kind == event.KindOutcome:
 		var o event.Outcome
 		o, err = event.Parse[event.Outcome](data)

@@ -66,7 +66,7 @@ var clusterAlso = []string{FaultKillIngress, FaultKillClassifier, FaultKillCommi
 func streamDurables(n event.Names) [][2]string {
 	return [][2]string{
 		{n.Stream(event.KindWork), n.WorkConsumer(event.Interactive)},
-		{n.Stream(event.KindResult), n.ResultConsumer()},
+		{n.Stream(event.KindAttempt), n.ResultConsumer()},
 		{n.Stream(event.KindAttempt), n.AttemptConsumer()},
 		{n.Stream(event.KindOutcome), n.OutcomeConsumer()},
 	}

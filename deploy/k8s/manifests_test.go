@@ -748,7 +748,7 @@ func checkScaling(t *testing.T, s *set, cell string) {
 	names := event.Names{Installation: cellConfig(t, s).Data["installation"], Cell: cell}
 	want := map[string][][2]string{
 		"classifier": {{names.Stream(event.KindWork), classifier.Consumer(names, event.Interactive)}, {names.Stream(event.KindWork), classifier.Consumer(names, event.Batch)}},
-		"committer":  {{names.Stream(event.KindResult), committer.Consumer(names)}},
+		"committer":  {{names.Stream(event.KindAttempt), committer.Consumer(names)}},
 		"ledger":     {{names.Stream(event.KindAttempt), ledger.Consumer(names)}},
 	}
 	// The account is the cell's in the NATS accounts file its servers load.

@@ -133,12 +133,12 @@ func (n Names) Durable(name string) string { return n.inst() + "-" + name }
 // announcements from a backlog.
 func (n Names) WorkConsumer(lane string) string { return n.Durable("classifier-" + lane) }
 
-// ResultConsumer is the durable that consumes the cell's RESULT stream
-// (the committer's).
+// ResultConsumer is the committer's durable, on the ATTEMPT stream (the
+// results attempts carry) and on the RESULT stream (results a classifier
+// of an earlier release published on their own).
 func (n Names) ResultConsumer() string { return n.Durable("committer") }
 
-// AttemptConsumer is the durable that consumes the cell's ATTEMPT stream
-// (the ledger's).
+// AttemptConsumer is the ledger's durable on the cell's ATTEMPT stream.
 func (n Names) AttemptConsumer() string { return n.Durable("ledger") }
 
 // StreamDurable is a durable consumer and the stream it reads.
@@ -148,13 +148,14 @@ type StreamDurable struct {
 
 // Durables are every durable consumer of the cell, in the order work flows
 // through them: the classifier's per lane on WORK, the committer's on
-// RESULT, the ledger's on ATTEMPT, the publisher's on OUTCOME.
+// RESULT and ATTEMPT, the ledger's on ATTEMPT, the publisher's on OUTCOME.
 func (n Names) Durables() []StreamDurable {
 	var out []StreamDurable
 	for _, lane := range Lanes {
 		out = append(out, StreamDurable{n.Stream(KindWork), n.WorkConsumer(lane)})
 	}
 	return append(out, StreamDurable{n.Stream(KindResult), n.ResultConsumer()},
+		StreamDurable{n.Stream(KindAttempt), n.ResultConsumer()},
 		StreamDurable{n.Stream(KindAttempt), n.AttemptConsumer()},
 		StreamDurable{n.Stream(KindOutcome), n.OutcomeConsumer()})
 }
@@ -191,6 +192,11 @@ type Work struct {
 	// can pass over work that cannot finish in time without reading it.
 	DeadlineAt time.Time `json:"deadlineAt,omitzero"`
 }
+
+// NoCallHeader marks an ATTEMPT event of an attempt that made no call of
+// its own (Attempt.NoCall), in its outbox row too: the ledger's read-back
+// passes over those rows without reading their payloads.
+const NoCallHeader = "Assay-No-Call"
 
 // FactsHeader is the header of a work announcement that carries the
 // work's facts (WorkFacts, as JSON). A header and not a field: a reader
@@ -276,7 +282,11 @@ type Result struct {
 	// no event grows with it: the committer reads it by AttemptID.
 }
 
-// Attempt is one attempt's usage, for the ledger.
+// Attempt is the one event of an attempt, on the ATTEMPT stream: the
+// usage of its model call, for the ledger, and the result it came to,
+// for the committer. A call that is one part of a review in parts has no
+// result of its own (the review's last attempt carries it); an attempt
+// that made no call of its own (NoCall) has no usage.
 type Attempt struct {
 	AttemptID string `json:"attemptId"`
 	WorkID    string `json:"workId"`
@@ -302,6 +312,12 @@ type Attempt struct {
 	// Batch: the attempt was one line of a provider batch (the Batch API),
 	// priced at the table's batch price.
 	Batch bool `json:"batch,omitempty"`
+	// NoCall: the attempt ended without a model call of its own (a review
+	// in parts ending, work ended unclaimed); the ledger has no row to
+	// write for it.
+	NoCall bool `json:"noCall,omitempty"`
+	// Result is what the attempt came to, for the committer.
+	Result *Result `json:"result,omitempty"`
 }
 
 // OutcomeMsgID is the Nats-Msg-Id of an outcome event, and the outcome's
@@ -406,6 +422,12 @@ func (a *Attempt) check() error {
 		return errors.New("event: attempt: outcome missing")
 	case a.InputUnits < 0 || a.OutputUnits < 0:
 		return errors.New("event: attempt: negative units")
+	case a.NoCall && a.Result == nil:
+		return errors.New("event: attempt: neither a call nor a result")
+	case a.Result == nil:
+		return nil
+	case a.Result.AttemptID != a.AttemptID || a.Result.WorkID != a.WorkID || a.Result.TenantID != a.TenantID:
+		return errors.New("event: attempt: its result names another attempt, work or tenant")
 	}
-	return nil
+	return a.Result.check()
 }

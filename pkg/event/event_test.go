@@ -129,6 +129,14 @@ func TestDecodeAccepts(t *testing.T) {
 	if a.InputUnits != 10 || !a.At.Equal(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)) {
 		t.Fatalf("attempt = %+v", a)
 	}
+	var carried event.Attempt
+	with := `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","noCall":true,"result":` + goodResult + `}`
+	if err := event.Decode([]byte(with), &carried); err != nil {
+		t.Fatalf("attempt carrying its result: %v", err)
+	}
+	if carried.Result == nil || *carried.Result != r || !carried.NoCall {
+		t.Fatalf("attempt carrying its result = %+v", carried)
+	}
 }
 
 func TestDecodeRefuses(t *testing.T) {
@@ -192,16 +200,20 @@ func TestDecodeRefuses(t *testing.T) {
 	}
 
 	attempt := map[string]string{
-		"missing attemptId":  `{"workId":"w_1","tenantId":"acme","outcome":"ok"}`,
-		"attemptId not uuid": `{"attemptId":"a1","workId":"w_1","tenantId":"acme","outcome":"ok"}`,
-		"missing workId":     `{"attemptId":"` + a1 + `","tenantId":"acme","outcome":"ok"}`,
-		"missing outcome":    `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme"}`,
-		"bad tenant":         `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"ACME","outcome":"ok"}`,
-		"negative input":     `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","inputUnits":-1}`,
-		"negative output":    `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","outputUnits":-1}`,
-		"bad time":           `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","at":"yesterday"}`,
-		"unknown field":      `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","costMicros":1}`,
-		"trailing data":      goodAttempt + `"x"`,
+		"missing attemptId":       `{"workId":"w_1","tenantId":"acme","outcome":"ok"}`,
+		"attemptId not uuid":      `{"attemptId":"a1","workId":"w_1","tenantId":"acme","outcome":"ok"}`,
+		"missing workId":          `{"attemptId":"` + a1 + `","tenantId":"acme","outcome":"ok"}`,
+		"missing outcome":         `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme"}`,
+		"bad tenant":              `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"ACME","outcome":"ok"}`,
+		"negative input":          `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","inputUnits":-1}`,
+		"negative output":         `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","outputUnits":-1}`,
+		"bad time":                `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","at":"yesterday"}`,
+		"unknown field":           `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","costMicros":1}`,
+		"trailing data":           goodAttempt + `"x"`,
+		"neither call nor result": `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","noCall":true}`,
+		"result of another work":  `{"attemptId":"` + a1 + `","workId":"w_2","tenantId":"acme","outcome":"ok","result":` + goodResult + `}`,
+		"result without a lease": `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","result":` +
+			`{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok"}}`,
 	}
 	for name, body := range attempt {
 		var a event.Attempt

@@ -63,7 +63,7 @@ type AttemptRecord struct {
 	// provider outage: the attempt budget does not count it.
 	Outage bool
 
-	// Outbox are the events the attempt implies (its RESULT and ATTEMPT).
+	// Outbox are the events the attempt implies (its ATTEMPT event).
 	Outbox []OutboxMsg
 }
 

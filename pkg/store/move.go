@@ -70,7 +70,7 @@ func (u Unsettled) String() string {
 		u.Work, u.Outbox, u.Unrecorded, u.Reserved, u.Unannounced, u.Unpublished, u.Publishing)
 }
 
-// ReadBackHorizon is how far back the committer's reaper reads lost RESULT
+// ReadBackHorizon is how far back the committer's reaper reads lost result
 // and OUTCOME events back from the outbox. An outcome published longer ago
 // without a publication is one nothing will publish any more, so it does
 // not hold a tenant's move either; the bound also keeps that count on the

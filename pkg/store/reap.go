@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"assay.dev/pkg/event"
 )
 
 // The ledger reaper's queries. The broker carries ATTEMPT events, but
@@ -76,7 +78,8 @@ func (s *Store) DeadAttempts(ctx context.Context, grace time.Duration, limit int
 
 // UnrecordedEvents returns the payloads of up to limit events of the
 // given stream (the cell's ATTEMPT events) written within horizon and
-// published more than grace ago whose attempt has no ledger row: events the
+// published more than grace ago, of an attempt that made a call
+// (event.NoCallHeader) and has no ledger row: events the
 // broker acknowledged and then lost (a purged stream, a store lost with its
 // node), or that nobody consumed. Such events carry their attempt id as
 // their message id.
@@ -85,6 +88,7 @@ func (s *Store) UnrecordedEvents(ctx context.Context, stream string, grace, hori
 		WHERE o.stream = $1
 			AND o.created_at > now() - $3 * interval '1 microsecond'
 			AND o.published_at < now() - $2 * interval '1 microsecond'
+			AND NOT o.headers ? '`+event.NoCallHeader+`'
 			AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = o.msg_id::uuid)
 		ORDER BY o.created_at LIMIT $4`,
 		stream, interval(grace), interval(horizon), limit)

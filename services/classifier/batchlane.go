@@ -7,7 +7,7 @@ package classifier
 // (custom_id = attempt id), submits them, polls them and, once a batch
 // ends, reconciles every line by its custom_id, never by position: each
 // answer goes through the same gate and verdict as an interactive answer
-// and becomes its own attempt, RESULT and ATTEMPT events, and so its own
+// and becomes its own attempt and ATTEMPT event, and so its own
 // ledger row, at the table's batch price. A line the provider did not run
 // (an expired, failed or canceled batch) is charged nothing; a line a
 // finished batch does not mention is charged its reservation, estimated;
@@ -709,7 +709,7 @@ func (l *batchLane) reconcileLine(ctx context.Context, b *store.ProviderBatch, l
 }
 
 // reconcile is settle for a batch line: the same gate and verdict, the
-// attempt, the work's next state and the RESULT and ATTEMPT events, in the
+// attempt, the work's next state and the ATTEMPT event, in the
 // transaction that marks the line reconciled.
 func (l *batchLane) reconcile(ctx context.Context, line store.BatchLine, w *store.Work, c *contract.Contract, r lineResult) {
 	s := l.s

@@ -125,9 +125,13 @@ func (r *capacityReporter) report(ctx context.Context, now time.Time, rate float
 	for _, lane := range lanes {
 		rep.Lanes[lane] = s.laneLoad(ctx, stream, lane)
 	}
-	if c, err := s.d.JS.Consumer(ctx, s.cfg.Names.Stream(event.KindResult), s.cfg.Names.ResultConsumer()); err == nil {
-		if info, err := c.Info(ctx); err == nil {
-			rep.Downstream = int(info.NumPending) + info.NumAckPending
+	// The committer's backlog: the attempts' results, and any a classifier
+	// of an earlier release published on their own.
+	for _, kind := range []string{event.KindAttempt, event.KindResult} {
+		if c, err := s.d.JS.Consumer(ctx, s.cfg.Names.Stream(kind), s.cfg.Names.ResultConsumer()); err == nil {
+			if info, err := c.Info(ctx); err == nil {
+				rep.Downstream += int(info.NumPending) + info.NumAckPending
+			}
 		}
 	}
 	return rep

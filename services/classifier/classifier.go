@@ -1,7 +1,8 @@
 // Package classifier is the only caller of the model. It claims work under a
 // lease, calls the model once per attempt with a deadline, checks the answer
 // against the contract to decide on a repair, and hands every attempt to the
-// committer (RESULT) and the ledger (ATTEMPT) through its outbox.
+// committer and the ledger in one ATTEMPT event per attempt through its
+// outbox.
 package classifier
 
 import (

@@ -161,18 +161,27 @@ func (b *bundle) events(t *testing.T, kind string, n int) []jetstream.RawStreamM
 
 // The classifier on its own: it creates the streams it owns, consumes the
 // announcement, claims, calls the model once, and hands the answer over as
-// a RESULT and an ATTEMPT event, keeping the lease for the committer.
+// one ATTEMPT event, the call's usage with its result, keeping the lease
+// for the committer. Nothing goes to RESULT, which holds what earlier
+// releases published.
 func TestClassifierAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id := b.enqueue(t, "post-1", "buy now, free money")
-	results := b.events(t, event.KindResult, 1)
-	var res event.Result
-	if err := event.Decode(results[0].Data, &res); err != nil {
+	attempts := b.events(t, event.KindAttempt, 1)
+	var att event.Attempt
+	if err := event.Decode(attempts[0].Data, &att); err != nil {
 		t.Fatal(err)
 	}
+	if att.Result == nil || att.NoCall {
+		t.Fatalf("attempt %+v; want a call with its result", att)
+	}
+	res := *att.Result
 	if res.WorkID != id || res.Outcome != outcome.AttemptOK || !res.Final {
 		t.Fatalf("result %+v", res)
+	}
+	if att.AttemptID != res.AttemptID || att.Outcome != outcome.AttemptOK || att.InputUnits <= 0 {
+		t.Fatalf("attempt %+v", att)
 	}
 	// The answer stays in the cell with its attempt; the event names it.
 	var raw []byte
@@ -180,15 +189,17 @@ func TestClassifierAlone(t *testing.T) {
 		!json.Valid(raw) {
 		t.Fatalf("raw answer %q, %v", raw, err)
 	}
-	if len(results[0].Data) > 2048 {
-		t.Fatalf("the RESULT event is %d bytes; it should carry no answer", len(results[0].Data))
+	if len(attempts[0].Data) > 2048 {
+		t.Fatalf("the ATTEMPT event is %d bytes; it should carry no answer", len(attempts[0].Data))
 	}
-	var att event.Attempt
-	if err := event.Decode(b.events(t, event.KindAttempt, 1)[0].Data, &att); err != nil {
+	st, err := b.js.Stream(t.Context(), names.Stream(event.KindResult))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if att.AttemptID != res.AttemptID || att.Outcome != outcome.AttemptOK || att.InputUnits <= 0 {
-		t.Fatalf("attempt %+v", att)
+	if info, err := st.Info(t.Context()); err != nil {
+		t.Fatal(err)
+	} else if info.State.Msgs != 0 {
+		t.Fatalf("RESULT holds %d messages; want none", info.State.Msgs)
 	}
 	w, err := b.st.GetWork(t.Context(), id)
 	if err != nil {

@@ -56,7 +56,7 @@ func TestStartsWhileTheClusterForms(t *testing.T) {
 	// It serves: an announcement becomes a result.
 	// (the WORK stream is ingress's, which the test makes as it would).
 	b.enqueue(t, "post-1", "buy now, free money")
-	b.events(t, event.KindResult, 1)
+	b.events(t, event.KindAttempt, 1)
 	deadline := time.Now().Add(time.Minute)
 	for {
 		err := b.svc.Ready(t.Context())

@@ -272,8 +272,8 @@ func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract,
 }
 
 // settle decides what the call's result means and records it: the
-// attempt's outcome, the work's next state and the RESULT and ATTEMPT
-// events, in one statement.
+// attempt's outcome, the work's next state and the ATTEMPT event, in one
+// statement.
 func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token string,
 	reply *model.Reply, callErr error, claimedAt time.Time, outage bool) consumer.Disposition {
 	a, raw := s.answerTo(w, c, reply, callErr, true, counted(w, outage))
@@ -343,8 +343,8 @@ func (s *Service) logVerdict(ctx context.Context, w *store.Work, attemptID strin
 }
 
 // record records an attempt as decide (judge, mostly) decides on a — its outcome, its work's
-// next state, its RESULT event and, when attempt gives one, its ATTEMPT
-// event, in one statement — and counts it. A lease gone while the call ran
+// next state, and its ATTEMPT event, with the call's usage when attempt gives
+// one, in one statement — and counts it. A lease gone while the call ran
 // has the attempt recorded as what it then is. ok=false: nothing could be
 // recorded, and the delivery is to be tried again.
 func (s *Service) record(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token string, a answer,
@@ -390,7 +390,7 @@ func (s *Service) record(ctx context.Context, w *store.Work, c *contract.Contrac
 	return v, true
 }
 
-// resultEvent is the RESULT event of an attempt at w under c, as v decides.
+// resultEvent is the result of an attempt at w under c, as v decides.
 func (s *Service) resultEvent(w *store.Work, c *contract.Contract, attemptID, token string, v verdict) event.Result {
 	return event.Result{AttemptID: attemptID, WorkID: w.ID, TenantID: w.TenantID, Region: w.Region,
 		Number: w.Attempts, LeaseToken: token, Contract: c.Name, SchemaVersion: w.SchemaVersion,
@@ -582,18 +582,24 @@ func unbilled(reply *model.Reply, err error) int {
 	return billed
 }
 
-// events are the outbox rows of an attempt's RESULT and ATTEMPT events;
-// an attempt that made no call of its own (att nil) has no ATTEMPT event.
+// events are the outbox row of an attempt's one ATTEMPT event: the call's
+// usage (att) with the result it came to; an attempt that made no call of
+// its own (att nil) carries the result alone.
 func (s *Service) events(ctx context.Context, w *store.Work, res event.Result, att *event.Attempt) ([]store.OutboxMsg, error) {
-	resMsg, err := outbox.Msg(ctx, event.KindResult, s.cfg.Names.Result(w.TenantID), res.AttemptID, res)
-	if err != nil || att == nil {
-		return []store.OutboxMsg{resMsg}, err
+	ev := event.Attempt{AttemptID: res.AttemptID, WorkID: res.WorkID, TenantID: res.TenantID, Region: res.Region,
+		Number: res.Number, Outcome: res.Outcome, At: time.Now().UTC(), NoCall: true}
+	if att != nil {
+		ev = *att
 	}
-	attMsg, err := s.attemptMsg(ctx, w, *att)
+	ev.Result = &res
+	msg, err := s.attemptMsg(ctx, w, ev)
 	if err != nil {
 		return nil, err
 	}
-	return []store.OutboxMsg{resMsg, attMsg}, nil
+	if ev.NoCall {
+		msg.Headers[event.NoCallHeader] = "1"
+	}
+	return []store.OutboxMsg{msg}, nil
 }
 
 // attemptMsg is the outbox row of one call's ATTEMPT event.

@@ -47,8 +47,8 @@ type Config struct {
 	// AckWait and MaxDeliver configure the durable consumer. Defaults 30s, 20.
 	AckWait    time.Duration
 	MaxDeliver int
-	// ReapEvery is how often the committer looks in the outbox for RESULT
-	// events the broker lost (a store lost with its node): answers whose
+	// ReapEvery is how often the committer looks in the outbox for results
+	// the broker lost (a store lost with its node): answers whose
 	// work still waits for a verdict. Default 5s; negative turns it off.
 	ReapEvery time.Duration
 	// ReapGrace is how old such an event must be before it is read back,
@@ -87,16 +87,16 @@ type Config struct {
 
 // Vars are the settings FromEnv reads, for the committer's help.
 var Vars = []config.Var{
-	{Name: "ASSAY_ACK_WAIT", Default: "30s", Usage: "the RESULT consumer's ack wait"},
-	{Name: "ASSAY_COMMITTER_REAP_EVERY", Default: "5s", Usage: "how often the reaper reads back RESULT events the broker lost"},
-	{Name: "ASSAY_COMMITTER_REAP_GRACE", Default: "60s", Usage: "a RESULT event published this long ago and not committed is read back"},
+	{Name: "ASSAY_ACK_WAIT", Default: "30s", Usage: "the result consumers' ack wait"},
+	{Name: "ASSAY_COMMITTER_REAP_EVERY", Default: "5s", Usage: "how often the reaper reads back results the broker lost"},
+	{Name: "ASSAY_COMMITTER_REAP_GRACE", Default: "60s", Usage: "a result published this long ago and not committed is read back"},
 	{Name: "ASSAY_PUBLISH_DEADLINE", Default: "24h", Usage: "an outcome's publication to each target is tried this long, then failed (assay publish retry sends it again)"},
 	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where check runs and review comments are published"},
 	{Name: "ASSAY_GITHUB_APP_ID", Default: "none (record what would be published)", Usage: "the GitHub App's id, to publish as the app"},
 	{Name: "ASSAY_GITHUB_APP_KEY_FILE", Default: "none", Usage: "the GitHub App's private key (PEM); required with ASSAY_GITHUB_APP_ID"},
 }
 
-// FromEnv fills ASSAY_ACK_WAIT (the RESULT consumer's ack wait),
+// FromEnv fills ASSAY_ACK_WAIT (the result consumers' ack wait),
 // ASSAY_COMMITTER_REAP_EVERY and ASSAY_COMMITTER_REAP_GRACE (Go durations)
 // from the environment. Errors name the variable.
 //
@@ -130,7 +130,7 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 type JetStream interface {
 	jetstream.Publisher             // the outbox relay's announcements
 	jetstream.StreamManager         // the OUTCOME stream
-	jetstream.StreamConsumerManager // the RESULT and OUTCOME consumers
+	jetstream.StreamConsumerManager // the ATTEMPT, RESULT and OUTCOME consumers
 	// Conn is the connection, read for the largest payload its server
 	// takes.
 	Conn() *nats.Conn
@@ -156,7 +156,8 @@ type Service struct {
 	refused   metric.Int64Counter
 	endToEnd  metric.Float64Histogram
 	onError   consumer.Step[event.Result] // what a commit's error does to its message
-	results   *consumer.Consumer
+	results   *consumer.Consumer          // on ATTEMPT
+	earlier   *consumer.Consumer          // on RESULT
 	reaper    lifecycle.Ticker
 	streams   *event.Keeper
 	relay     *outbox.Relay
@@ -168,7 +169,8 @@ type Service struct {
 	commits *group.Batch[store.CommitReq, store.CommitVerdict]
 }
 
-// Consumer is the durable name of the committer's RESULT consumer.
+// Consumer is the durable name of the committer's consumers on ATTEMPT and
+// RESULT.
 func Consumer(n event.Names) string { return n.ResultConsumer() }
 
 // New checks the config and builds the service.
@@ -244,33 +246,41 @@ func (s *Service) buildMetrics() error {
 	return err
 }
 
-// buildResults sets up the durable RESULT consumer, which gates and
-// commits every answer.
+// buildResults sets up the durable consumers that gate and commit every
+// answer: on the ATTEMPT stream, whose events carry their attempt's
+// result, and on the RESULT stream, where a classifier of an earlier
+// release published results on their own (drained after an upgrade, then
+// idle).
 func (s *Service) buildResults() error {
 	cfg, d := s.cfg, s.d
 	s.onError = consumer.Step[event.Result]{Log: d.Log, Failed: "commit failed; will retry",
 		Attrs: func(ev event.Result) []any { return []any{"key", ev.WorkID, "attempt", ev.AttemptID} }, Wait: time.Second}
+	results := func(kind string, handle consumer.Handler) (*consumer.Consumer, error) {
+		return consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(kind),
+			Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names), AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver,
+				MaxAckPending: 4 * cfg.Concurrency},
+			Concurrency: cfg.Concurrency, Log: d.Log,
+			Meter: d.Tel.Meter(), Labels: []attribute.KeyValue{attribute.String("region", cfg.Region), attribute.String("lane", "")},
+			Handle: handle})
+	}
 	var err error
-	s.results, err = consumer.New(consumer.Config{JS: d.JS, Stream: cfg.Names.Stream(event.KindResult),
-		Durable: event.ConsumerSettings{Durable: Consumer(cfg.Names), AckWait: cfg.AckWait, MaxDeliver: cfg.MaxDeliver,
-			MaxAckPending: 4 * cfg.Concurrency},
-		Concurrency: cfg.Concurrency, Log: d.Log,
-		Meter: d.Tel.Meter(), Labels: []attribute.KeyValue{attribute.String("region", cfg.Region), attribute.String("lane", "")},
-		Handle: consumer.Typed(d.Log, event.Parse[event.Result], s.handle)})
-	if err != nil {
+	if s.results, err = results(event.KindAttempt, consumer.Typed(d.Log, event.Parse[event.Attempt], s.handleAttempt)); err != nil {
+		return fmt.Errorf("committer: %w", err)
+	}
+	if s.earlier, err = results(event.KindResult, consumer.Typed(d.Log, event.Parse[event.Result], s.handle)); err != nil {
 		return fmt.Errorf("committer: %w", err)
 	}
 	return nil
 }
 
-// buildReaper sets up the reaper, which reads back RESULT events the
+// buildReaper sets up the reaper, which reads back results the
 // broker lost, every ReapEvery.
 func (s *Service) buildReaper() {
 	r := &s.reaper
 	r.Name, r.Every, r.Log, r.PassTimeout = "committer reaper", s.cfg.ReapEvery, s.d.Log, time.Minute
 	r.Pass = func(ctx context.Context) (bool, error) {
 		n, err := s.Reap(ctx)
-		return n == reapBatch, err
+		return n >= reapBatch, err
 	}
 }
 
@@ -383,14 +393,14 @@ func (s *Service) announce(ctx context.Context) store.Announce {
 func (s *Service) Publisher() *publish.Publisher { return s.publisher }
 
 // Start creates the OUTCOME stream it publishes to, starts its outbox
-// relay and the publisher, consumes the RESULT stream (the classifier's;
+// relay and the publisher, consumes the ATTEMPT and RESULT streams (the classifier's;
 // the consumer waits for it) and runs the reaper and the announcer.
 func (s *Service) Start(ctx context.Context) error {
 	if err := s.streams.Start(ctx); err != nil {
 		return err
 	}
 	s.relay.MaxPayload = s.d.JS.Conn().MaxPayload()
-	parts := []lifecycle.Service{s.relay, s.publisher, s.results}
+	parts := []lifecycle.Service{s.relay, s.publisher, s.results, s.earlier}
 	if s.cfg.ReapEvery > 0 {
 		parts = append(parts, &s.reaper)
 	}
@@ -408,13 +418,13 @@ func (s *Service) Start(ctx context.Context) error {
 // waits for the ones in hand, flushes the outbox and stops publishing.
 // Idempotent.
 func (s *Service) Stop(ctx context.Context) {
-	lifecycle.StopAll(ctx, &s.reaper, &s.announcer, s.results, s.relay, s.publisher, s.streams)
+	lifecycle.StopAll(ctx, &s.reaper, &s.announcer, s.results, s.earlier, s.relay, s.publisher, s.streams)
 }
 
 // reapBatch bounds the events one reaper pass reads back.
 const reapBatch = 200
 
-// Reap reads back from the outbox the RESULT events the broker lost whose
+// Reap reads back from the outbox the results the broker lost whose
 // work still waits for a verdict, and commits them as if delivered: the
 // commit is idempotent, so one that was only late changes nothing. It
 // does the same for OUTCOME events the publisher recorded nothing for:
@@ -424,17 +434,25 @@ const reapBatch = 200
 // until none is left, so many with nothing to publish never keep a lost
 // one waiting for another pass.
 func (s *Service) Reap(ctx context.Context) (int, error) {
-	payloads, err := s.d.Store.UncommittedResults(ctx, event.KindResult, s.cfg.ReapGrace, store.ReadBackHorizon, reapBatch)
-	if err != nil {
-		return 0, err
-	}
-	for _, p := range payloads {
-		ev, err := event.Parse[event.Result](p)
+	var results []event.Result
+	for _, kind := range []string{event.KindAttempt, event.KindResult} {
+		payloads, err := s.d.Store.UncommittedResults(ctx, kind, s.cfg.ReapGrace, store.ReadBackHorizon, reapBatch)
 		if err != nil {
-			s.d.Log.Warn("undecodable RESULT event in the outbox", "err", err)
-			continue
+			return 0, err
 		}
-		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "reaped", "RESULT event published but its answer still waits for a verdict; read back from the outbox",
+		for _, p := range payloads {
+			ev, err := resultIn(kind, p)
+			if err != nil {
+				s.d.Log.Warn("undecodable "+kind+" event in the outbox", "err", err)
+				continue
+			}
+			if ev != nil {
+				results = append(results, *ev)
+			}
+		}
+	}
+	for _, ev := range results {
+		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "reaped", "result published but its answer still waits for a verdict; read back from the outbox",
 			slog.String("attempt", ev.AttemptID))
 		if err := s.Commit(ctx, ev); err != nil {
 			return 0, err
@@ -454,7 +472,18 @@ func (s *Service) Reap(ctx context.Context) (int, error) {
 			break
 		}
 	}
-	return max(len(payloads), outcomes), nil
+	return max(len(results), outcomes), nil
+}
+
+// resultIn is the result an outbox payload of kind carries: an ATTEMPT
+// event's, nil when it has none, or a RESULT event.
+func resultIn(kind string, payload []byte) (*event.Result, error) {
+	if kind == event.KindResult {
+		ev, err := event.Parse[event.Result](payload)
+		return &ev, err
+	}
+	ev, err := event.Parse[event.Attempt](payload)
+	return ev.Result, err
 }
 
 // reapOutcomes reads back one batch of OUTCOME events and publishes those
@@ -494,7 +523,19 @@ func (s *Service) Ready(ctx context.Context) error {
 	if err := s.publisher.Ready(ctx); err != nil {
 		return err
 	}
-	return s.results.Ready(ctx)
+	if err := s.results.Ready(ctx); err != nil {
+		return err
+	}
+	return s.earlier.Ready(ctx)
+}
+
+// handleAttempt commits the result an ATTEMPT event carries; a call that is
+// one part of a review in parts carries none, and is the ledger's alone.
+func (s *Service) handleAttempt(ctx context.Context, ev event.Attempt, d consumer.Delivery) consumer.Disposition {
+	if ev.Result == nil {
+		return consumer.Done()
+	}
+	return s.handle(ctx, *ev.Result, d)
 }
 
 // handle commits each result; a commit that failed is tried again a
@@ -503,7 +544,7 @@ func (s *Service) handle(ctx context.Context, ev event.Result, _ consumer.Delive
 	return s.onError.Settle(ctx, ev, s.Commit(ctx, ev))
 }
 
-// Commit applies one RESULT event. It is idempotent: a redelivered event
+// Commit applies one result. It is idempotent: a redelivered event
 // finds the work already decided and changes nothing.
 func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	ctx, span := s.d.Tel.Tracer().Start(ctx, "committer.commit", trace.WithSpanKind(trace.SpanKindConsumer),

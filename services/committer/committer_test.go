@@ -72,8 +72,10 @@ func setup(t *testing.T) *bundle {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { svc.Stop(context.Background()) })
-	if _, err := event.EnsureStream(ctx, b.js, nil, names, event.KindResult, event.StreamSettings{}); err != nil {
-		t.Fatal(err)
+	for _, kind := range []string{event.KindAttempt, event.KindResult} {
+		if _, err := event.EnsureStream(ctx, b.js, nil, names, kind, event.StreamSettings{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	b.tel = tel
 	return b
@@ -128,7 +130,25 @@ func (b *bundle) answered(t *testing.T, ev event.Result, answer string) {
 	}
 }
 
+// publish publishes the ATTEMPT event of a call that came to ev.
 func (b *bundle) publish(t *testing.T, ev event.Result) {
+	t.Helper()
+	if _, err := b.js.Publish(t.Context(), names.Attempt(ev.TenantID), attemptOf(ev)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// attemptOf is the payload of the ATTEMPT event of a call that came to ev.
+func attemptOf(ev event.Result) []byte {
+	raw, _ := json.Marshal(event.Attempt{AttemptID: ev.AttemptID, WorkID: ev.WorkID, TenantID: ev.TenantID, Region: ev.Region,
+		Number: ev.Number, Model: "gpt-4o-mini", Outcome: ev.Outcome, UpstreamAttempts: 1, InputUnits: 10, OutputUnits: 5,
+		At: time.Now().UTC(), Result: &ev})
+	return raw
+}
+
+// publishEarlier publishes ev on its own on RESULT, as a classifier of an
+// earlier release did.
+func (b *bundle) publishEarlier(t *testing.T, ev event.Result) {
 	t.Helper()
 	raw, _ := json.Marshal(ev)
 	if _, err := b.js.Publish(t.Context(), names.Result(ev.TenantID), raw); err != nil {
@@ -156,14 +176,24 @@ func (b *bundle) waitState(t *testing.T, id, want string) {
 
 // The committer on its own: a valid answer becomes the one result, an
 // invalid one ends the work schema_rejected, a second answer and a
-// redelivery change nothing.
+// redelivery change nothing. Results come in ATTEMPT events, or on their
+// own on RESULT from a classifier of an earlier release; an ATTEMPT event
+// without a result (a call that is one part of a review) is not the
+// committer's.
 func TestCommitterAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	part := b.claimed(t, "post-000000000004")
+	partCall := event.Attempt{AttemptID: "00000000-0000-4000-8000-0000000000ee", WorkID: part.WorkID, TenantID: "acme",
+		Region: "us", Number: 1, Model: "gpt-4o-mini", Outcome: outcome.AttemptOK, UpstreamAttempts: 1, At: time.Now().UTC()}
+	raw, _ := json.Marshal(partCall)
+	if _, err := b.js.Publish(t.Context(), names.Attempt("acme"), raw); err != nil {
+		t.Fatal(err)
+	}
 	good := b.claimed(t, "post-000000000001")
 	b.answered(t, good, `{"category":"spam","confidence":0.9,"needsHumanReview":false}`)
 	b.publish(t, good)
-	b.publish(t, good) // redelivered
+	b.publishEarlier(t, good) // redelivered, the way an earlier release sent it
 	b.waitState(t, good.WorkID, outcome.Accepted)
 
 	bad := b.claimed(t, "post-000000000002")
@@ -199,21 +229,48 @@ func TestCommitterAlone(t *testing.T) {
 	if results != 1 {
 		t.Fatalf("result rows = %d, want 1", results)
 	}
+	if w, err := b.st.GetWork(t.Context(), part.WorkID); err != nil || w.State != outcome.Running {
+		t.Fatalf("work with a part's call only: %+v %v; want it left running", w, err)
+	}
+	consumed := func(kind string) bool {
+		c, err := b.js.Consumer(t.Context(), names.Stream(kind), committer.Consumer(names))
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(t.Context())
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for !consumed(event.KindAttempt) || !consumed(event.KindResult) {
+		if time.Now().After(deadline) {
+			t.Fatal("the committer's consumers on ATTEMPT and RESULT did not take every message within 15s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
-// A RESULT event the broker acknowledged and then lost is read back from
-// the outbox: its answer gets its verdict without waiting out the handoff
+// A result the broker acknowledged and then lost is read back from the
+// outbox, in an ATTEMPT event or on its own in a RESULT event of an earlier
+// release: its answer gets its verdict without waiting out the handoff
 // lease and paying for another call.
 func TestReaperCommitsLostResults(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ev := b.claimed(t, "post-000000000003")
-	payload, _ := json.Marshal(ev)
-	if _, err := b.st.RecordAttempt(t.Context(), store.AttemptRecord{AttemptID: ev.AttemptID, WorkID: ev.WorkID,
-		LeaseToken: ev.LeaseToken, Outcome: ev.Outcome, Raw: []byte(`{"category":"other","confidence":0.5,"needsHumanReview":false}`),
-		Change: store.Handoff, HandoffTTL: 5 * time.Minute,
-		Outbox: []store.OutboxMsg{{Stream: event.KindResult, Subject: names.Result("acme"), MsgID: ev.AttemptID, Payload: payload}}}); err != nil {
-		t.Fatal(err)
+	earlier := b.claimed(t, "post-000000000005")
+	earlierPayload, _ := json.Marshal(earlier)
+	for _, m := range []struct {
+		ev     event.Result
+		outbox store.OutboxMsg
+	}{
+		{ev, store.OutboxMsg{Stream: event.KindAttempt, Subject: names.Attempt("acme"), MsgID: ev.AttemptID, Payload: attemptOf(ev)}},
+		{earlier, store.OutboxMsg{Stream: event.KindResult, Subject: names.Result("acme"), MsgID: earlier.AttemptID, Payload: earlierPayload}},
+	} {
+		if _, err := b.st.RecordAttempt(t.Context(), store.AttemptRecord{AttemptID: m.ev.AttemptID, WorkID: m.ev.WorkID,
+			LeaseToken: m.ev.LeaseToken, Outcome: m.ev.Outcome, Raw: []byte(`{"category":"other","confidence":0.5,"needsHumanReview":false}`),
+			Change: store.Handoff, HandoffTTL: 5 * time.Minute, Outbox: []store.OutboxMsg{m.outbox}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// Published two minutes ago, never delivered: the broker lost it.
 	if _, err := b.db.Exec(t.Context(), `UPDATE outbox SET published_at = now() - interval '2 minutes'`); err != nil {
@@ -226,10 +283,11 @@ func TestReaperCommitsLostResults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := svc.Reap(t.Context()); err != nil || n != 1 {
-		t.Fatalf("reap: %d %v, want 1 event read back", n, err)
+	if n, err := svc.Reap(t.Context()); err != nil || n != 2 {
+		t.Fatalf("reap: %d %v, want 2 events read back", n, err)
 	}
 	b.waitState(t, ev.WorkID, outcome.Accepted)
+	b.waitState(t, earlier.WorkID, outcome.Accepted)
 	if n, err := svc.Reap(t.Context()); err != nil || n != 0 {
 		t.Fatalf("second reap: %d %v, want nothing left", n, err)
 	}

@@ -8,11 +8,11 @@ import (
 	"assay.dev/pkg/store"
 )
 
-// The committer's decisions are pure functions: triage says what a RESULT
+// The committer's decisions are pure functions: triage says what a result
 // event asks for, given the work as it is now; the verdict functions say
 // what the store's guarded statements did. committer.go carries them out.
 
-// action is what a RESULT event asks of the committer.
+// action is what a result asks of the committer.
 type action int
 
 const (

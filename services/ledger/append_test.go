@@ -58,6 +58,10 @@ func TestHandleSettlesEachAttempt(t *testing.T) {
 			row: &store.LedgerRow{CostMicros: 1200, UpstreamAttempts: 2}},
 		{name: "another region's", edit: func(ev *event.Attempt) { ev.Region = "eu" },
 			want: consumer.Done(), decisions: []string{"refused"}},
+		{name: "no call of its own", edit: func(ev *event.Attempt) {
+			ev.NoCall, ev.Result = true, &event.Result{AttemptID: ev.AttemptID, WorkID: ev.WorkID, TenantID: ev.TenantID,
+				Region: ev.Region, LeaseToken: leaseToken(ev.AttemptID), Outcome: outcome.AttemptOK, Final: true}
+		}, want: consumer.Done()},
 		{name: "refused for good", edit: func(ev *event.Attempt) { ev.WorkID = "w_elsewhere" },
 			want: consumer.Done(), decisions: []string{"refused"}},
 		{name: "store down", given: func(m *memStore) { m.Down() },

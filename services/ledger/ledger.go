@@ -233,6 +233,11 @@ func (s *Service) Append(ctx context.Context, ev event.Attempt) error {
 		telemetry.Decision(ctx, s.d.Log, ev.AttemptID, "refused", why)
 		return nil
 	}
+	if ev.NoCall {
+		// No call of its own: nothing the provider bills; its result is
+		// the committer's.
+		return nil
+	}
 	up := ev.UpstreamAttempts
 	if up < 1 {
 		up = 1

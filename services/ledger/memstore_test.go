@@ -69,6 +69,7 @@ type memReservation struct {
 type memEvent struct {
 	stream, msgID string
 	payload       []byte
+	noCall        bool
 	written       time.Time
 	published     time.Time // zero until published
 }
@@ -171,7 +172,7 @@ func (m *memStore) UnrecordedEvents(_ context.Context, stream string, grace, hor
 	var out [][]byte
 	for _, e := range events {
 		_, recorded := m.ledger[e.msgID]
-		if len(out) < limit && e.stream == stream && e.written.After(now.Add(-horizon)) &&
+		if len(out) < limit && e.stream == stream && !e.noCall && e.written.After(now.Add(-horizon)) &&
 			!e.published.IsZero() && e.published.Before(now.Add(-grace)) && !recorded {
 			out = append(out, e.payload)
 		}
@@ -363,7 +364,7 @@ func (m *memStore) Report(attempt, result string, events ...eventFact) {
 	a.outcome = result
 	now := time.Now()
 	for _, e := range events {
-		ev := memEvent{stream: e.Stream, msgID: attempt, payload: e.Payload, written: now.Add(-e.Written)}
+		ev := memEvent{stream: e.Stream, msgID: attempt, payload: e.Payload, noCall: e.NoCall, written: now.Add(-e.Written)}
 		if e.Published >= 0 {
 			ev.published = now.Add(-e.Published)
 		}

@@ -53,6 +53,9 @@ type claimFact struct {
 type eventFact struct {
 	Stream  string
 	Payload []byte
+	// NoCall: the event of an attempt that made no call of its own
+	// (event.NoCallHeader).
+	NoCall bool
 	// Written is the outbox row's age, Published its publication's;
 	// a negative Published: not published yet.
 	Written, Published time.Duration
@@ -211,9 +214,10 @@ func storeSuite(t *testing.T, open func(t *testing.T) (Store, storeFacts)) {
 		}
 	})
 
-	// An ATTEMPT event published more than grace ago, written within the
-	// horizon, whose attempt has no row, is read back, oldest written
-	// first; nothing else is.
+	// An ATTEMPT event of a call published more than grace ago, written
+	// within the horizon, whose attempt has no row, is read back, oldest
+	// written first; nothing else is, an attempt that made no call of its
+	// own included.
 	run("ReadsBackEventsWithoutARow", func(t *testing.T, st Store, f storeFacts) {
 		f.Tenant("acme", "us", "tok-acme")
 		payload := func(n int) []byte { return fmt.Appendf(nil, `{"attempt":%d}`, n) }
@@ -228,6 +232,7 @@ func storeSuite(t *testing.T, open func(t *testing.T) (Store, storeFacts)) {
 			{5, eventFact{Stream: event.KindResult, Written: 3 * time.Minute, Published: 2 * time.Minute}},    // another stream
 			{6, eventFact{Stream: event.KindAttempt, Written: 4 * time.Minute, Published: 2 * time.Minute}},   // recorded below
 			{7, eventFact{Stream: event.KindAttempt, Written: 5 * time.Minute, Published: 2 * time.Minute}},
+			{8, eventFact{Stream: event.KindAttempt, Written: 6 * time.Minute, Published: 2 * time.Minute, NoCall: true}}, // no call
 		} {
 			f.Claim(claimFact{Tenant: "acme", Work: fmt.Sprintf("w%d", e.n), Attempt: attemptN(e.n), Age: e.fact.Written, Lease: time.Minute})
 			e.fact.Payload = payload(e.n)
@@ -534,7 +539,11 @@ func (f *pgFacts) Report(attempt, result string, events ...eventFact) {
 	names := event.Names{Cell: "us"}
 	var msgs []store.OutboxMsg
 	for _, e := range events {
-		msgs = append(msgs, store.OutboxMsg{Stream: e.Stream, Subject: names.Prefix(e.Stream) + c.Tenant, MsgID: attempt, Payload: e.Payload})
+		m := store.OutboxMsg{Stream: e.Stream, Subject: names.Prefix(e.Stream) + c.Tenant, MsgID: attempt, Payload: e.Payload}
+		if e.NoCall {
+			m.Headers = map[string]string{event.NoCallHeader: "1"}
+		}
+		msgs = append(msgs, m)
 	}
 	if _, err := f.st.RecordAttempt(f.t.Context(), store.AttemptRecord{AttemptID: attempt, WorkID: c.Work,
 		LeaseToken: leaseToken(attempt), Outcome: result, Outbox: msgs}); err != nil {

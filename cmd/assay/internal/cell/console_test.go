@@ -226,7 +226,7 @@ func TestConsoleScopes(t *testing.T) {
 	}
 	var durables []string
 	for _, k := range op.Consumers {
-		durables = append(durables, k.Durable)
+		durables = append(durables, k.Stream+"/"+k.Durable)
 		if k.Error != "" {
 			t.Errorf("consumer %s: %s", k.Durable, k.Error)
 		}
@@ -234,7 +234,9 @@ func TestConsoleScopes(t *testing.T) {
 			t.Errorf("consumer %s lags on a quiet cell: %+v", k.Durable, k)
 		}
 	}
-	if want := []string{"assay-classifier-interactive", "assay-classifier-batch", "assay-committer", "assay-ledger", "assay-publisher"}; !slices.Equal(durables, want) {
+	if want := []string{"ASSAY_WORK_US/assay-classifier-interactive", "ASSAY_WORK_US/assay-classifier-batch",
+		"ASSAY_RESULT_US/assay-committer", "ASSAY_ATTEMPT_US/assay-committer", "ASSAY_ATTEMPT_US/assay-ledger",
+		"ASSAY_OUTCOME_US/assay-publisher"}; !slices.Equal(durables, want) {
 		t.Errorf("consumers = %v, want %v", durables, want)
 	}
 

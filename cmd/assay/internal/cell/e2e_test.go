@@ -71,9 +71,11 @@ func TestConcurrentIdenticalSubmissions(t *testing.T) {
 		t.Errorf("model calls = %d, want 1", n)
 	}
 	// One trace spans ingress → classifier → committer and ledger: the
-	// WORK, RESULT and ATTEMPT messages carry the same trace id.
+	// WORK and ATTEMPT messages carry the same trace id. Three messages
+	// an item: the work, its attempt (with its result) and its outcome;
+	// nothing on RESULT.
 	traces := map[string]string{}
-	for _, kind := range []string{event.KindWork, event.KindResult, event.KindAttempt} {
+	for _, kind := range []string{event.KindWork, event.KindAttempt} {
 		st, err := b.Cell.Env.JS.Stream(context.Background(), b.Names().Stream(kind))
 		if err != nil {
 			t.Fatal(err)
@@ -91,8 +93,19 @@ func TestConcurrentIdenticalSubmissions(t *testing.T) {
 		}
 		traces[kind] = parts[1]
 	}
-	if traces[event.KindWork] != traces[event.KindResult] || traces[event.KindWork] != traces[event.KindAttempt] {
+	if traces[event.KindWork] != traces[event.KindAttempt] {
 		t.Errorf("trace ids differ across the path: %v", traces)
+	}
+	for kind, want := range map[string]uint64{event.KindWork: 1, event.KindAttempt: 1, event.KindResult: 0, event.KindOutcome: 1} {
+		st, err := b.Cell.Env.JS.Stream(context.Background(), b.Names().Stream(kind))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info, err := st.Info(context.Background()); err != nil {
+			t.Fatal(err)
+		} else if info.State.Msgs != want {
+			t.Errorf("%s holds %d messages for one item, want %d", kind, info.State.Msgs, want)
+		}
 	}
 }
 

@@ -213,7 +213,7 @@ func TestNATSACLLeastPrivilege(t *testing.T) {
 		var console ingress.Console
 		err = json.NewDecoder(resp.Body).Decode(&console)
 		resp.Body.Close()
-		if err != nil || len(console.Consumers) != 5 {
+		if err != nil || len(console.Consumers) != len(tc.b.Names().Durables()) {
 			t.Fatalf("%s console: HTTP %d, %v, consumers %+v", tc.b.Cell.Region, resp.StatusCode, err, console.Consumers)
 		}
 		for _, k := range console.Consumers {
@@ -453,7 +453,7 @@ func TestNATSOpsUserReadsButCannotTouchDurables(t *testing.T) {
 	call := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.Background(), time.Second)
 	}
-	work, result := n.Stream(event.KindWork), n.Stream(event.KindResult)
+	work, result := n.Stream(event.KindWork), n.Stream(event.KindAttempt)
 	c1, cl1 := call()
 	if err := js.DeleteConsumer(c1, result, n.ResultConsumer()); err == nil {
 		t.Error("ops deleted the committer's durable")

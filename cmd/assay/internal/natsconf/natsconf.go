@@ -186,6 +186,7 @@ func grants(n event.Names, service string) grant {
 				"$JS.API.STREAM.MSG.GET." + work},
 				"The sweeper reads how far each lane's consumer got, to tell a lost announcement from a backlog.").
 			with([]string{"$JS.API.CONSUMER.INFO." + n.Stream(event.KindResult) + "." + n.ResultConsumer(),
+				"$JS.API.CONSUMER.INFO." + n.Stream(event.KindAttempt) + "." + n.ResultConsumer(),
 				"$JS.API.CONSUMER.INFO." + n.Stream(event.KindAttempt) + "." + n.AttemptConsumer(),
 				"$JS.API.CONSUMER.INFO." + n.Stream(event.KindOutcome) + "." + n.OutcomeConsumer()},
 				"The console shows every durable's lag; reading a consumer's info changes nothing.").
@@ -195,13 +196,14 @@ func grants(n event.Names, service string) grant {
 				"It owns the admission bucket: the tenants' rates, shared by the cell's ingress instances (making a bucket reads the account's info).")
 	case "classifier":
 		g := grant{publish: []line{
-			{"Attempt outcomes through its outbox; never work.", n.Subjects(event.KindResult)},
+			{"Attempts, with their results, through its outbox; never work. RESULT holds what earlier releases published.", n.Subjects(event.KindResult)},
 			{"", n.Subjects(event.KindAttempt)},
 		}, subscribe: append(inbox, n.Cancels())}
 		g = g.with(append(owns(n.Stream(event.KindResult)), owns(n.Stream(event.KindAttempt))...),
 			"It owns the RESULT and ATTEMPT streams.")
 		g = g.with(append(owns("KV_"+n.CapacityBucket()), "$JS.API.INFO", "$KV."+n.CapacityBucket()+".>",
-			"$JS.API.CONSUMER.INFO."+n.Stream(event.KindResult)+"."+n.ResultConsumer()),
+			"$JS.API.CONSUMER.INFO."+n.Stream(event.KindResult)+"."+n.ResultConsumer(),
+			"$JS.API.CONSUMER.INFO."+n.Stream(event.KindAttempt)+"."+n.ResultConsumer()),
 			"It owns the capacity bucket and reports its service rate and backlog there, the committer's too (making a bucket reads the account's info).")
 		calls := n.CallsBucket()
 		g = g.with(append(append(owns("KV_"+calls), "$KV."+calls+".>", "$JS.API.DIRECT.GET.KV_"+calls+".>",
@@ -218,7 +220,8 @@ func grants(n event.Names, service string) grant {
 	case "committer":
 		return grant{publish: []line{{"Outcomes through its outbox, for its publisher.", n.Subjects(event.KindOutcome)}},
 			subscribe: inbox}.with(owns(n.Stream(event.KindOutcome)), "It owns the OUTCOME stream.").
-			with(consumes(n.Stream(event.KindResult), committer.Consumer(n), ""), "Its durable pull consumer on RESULT.").
+			with(consumes(n.Stream(event.KindAttempt), committer.Consumer(n), ""), "Its durable pull consumer on ATTEMPT, whose events carry their results.").
+			with(consumes(n.Stream(event.KindResult), committer.Consumer(n), ""), "Its durable pull consumer on RESULT, for results an earlier release published on their own.").
 			with(consumes(n.Stream(event.KindOutcome), n.OutcomeConsumer(), ""), "Its publisher's durable pull consumer on OUTCOME.")
 	case "ledger":
 		return grant{subscribe: inbox}.with(consumes(n.Stream(event.KindAttempt), ledger.Consumer(n), ""),
