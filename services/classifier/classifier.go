@@ -65,6 +65,11 @@ type Config struct {
 	// FixedConcurrency keeps the limit at Concurrency, with no adaptation,
 	// for a provider whose capacity is known and reserved.
 	FixedConcurrency bool
+	// SplitEvents writes an attempt as a RESULT event and, for a call, an
+	// ATTEMPT event without the result (ASSAY_ATTEMPT_EVENTS=split): what
+	// committers and ledgers of releases before one event per attempt
+	// read. For a rollout from such a release, and a rollback to one.
+	SplitEvents bool
 	// LeaseTTL is how long a claim holds without a heartbeat. Default 30s.
 	LeaseTTL time.Duration
 	// Heartbeat is how often a running call extends its lease and tells
@@ -606,6 +611,7 @@ var Vars = append([]config.Var{
 	{Name: "ASSAY_MODEL_CONCURRENCY", Default: "adaptive", Usage: "adaptive, or fixed at ASSAY_MODEL_MAX_CONCURRENCY"},
 	{Name: "ASSAY_MODEL_MAX_CONCURRENCY", Default: "32", Usage: "model calls in flight at most, per cell: every instance of the cell takes one of its slots per call"},
 	{Name: "ASSAY_MODEL_CONCURRENCY_SCOPE", Default: "cell", Usage: "cell (the ceiling is the cell's, shared through NATS), or instance (each instance's own)"},
+	{Name: "ASSAY_ATTEMPT_EVENTS", Default: "one", Usage: "one ATTEMPT event per attempt carrying its result, or split: a RESULT and an ATTEMPT event, as committers and ledgers of earlier releases read; split while any of those runs"},
 	{Name: "ASSAY_MAX_ATTEMPTS", Default: "5", Usage: "model calls per work item at most"},
 	{Name: "ASSAY_MAX_REPAIRS", Default: "1", Usage: "repair re-asks per work item at most (0: none)"},
 	{Name: "ASSAY_CALL_TIMEOUT", Default: "60s", Usage: "one model call at most"},
@@ -658,6 +664,13 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		c.InstanceScope = true
 	default:
 		return fmt.Errorf("ASSAY_MODEL_CONCURRENCY_SCOPE: %q is not cell or instance", v)
+	}
+	switch v := getenv("ASSAY_ATTEMPT_EVENTS"); v {
+	case "", "one":
+	case "split":
+		c.SplitEvents = true
+	default:
+		return fmt.Errorf("ASSAY_ATTEMPT_EVENTS: %q is not one or split", v)
 	}
 	switch v := getenv("ASSAY_MODEL_CONCURRENCY"); v {
 	case "", "adaptive":

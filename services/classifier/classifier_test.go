@@ -72,9 +72,9 @@ func setup(t *testing.T) *bundle {
 }
 
 // newBundle builds the classifier on the NATS at natsURL with its streams
-// and buckets made with streams, without starting it; it is stopped when
-// the test ends.
-func newBundle(t *testing.T, natsURL string, streams event.StreamSettings) *bundle {
+// and buckets made with streams, and its settings as edit leaves them,
+// without starting it; it is stopped when the test ends.
+func newBundle(t *testing.T, natsURL string, streams event.StreamSettings, edit ...func(*classifier.Config)) *bundle {
 	t.Helper()
 	st, url := storetest.Migrated(t, store.TenantSeed{ID: "acme", HomeRegion: "us", Token: "tok-acme"})
 	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
@@ -98,7 +98,11 @@ func newBundle(t *testing.T, natsURL string, streams event.StreamSettings) *bund
 	}
 	tel := telemetrytest.Provider(t, "classifier", "us")
 	logs := &logBuffer{}
-	svc, err := classifier.New(classifier.Config{Region: "us", Model: "assay-sim-1", BackoffBase: 10 * time.Millisecond, Streams: streams},
+	cfg := classifier.Config{Region: "us", Model: "assay-sim-1", BackoffBase: 10 * time.Millisecond, Streams: streams}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	svc, err := classifier.New(cfg,
 		classifier.Deps{Store: st, JS: js, Model: &model.Client{BaseURL: sim.APIBase(simURL), Model: "assay-sim-1"}, Contracts: reg,
 			Log: slog.New(slog.NewJSONHandler(logs, nil)), Tel: tel})
 	if err != nil {
@@ -213,6 +217,29 @@ func TestClassifierAlone(t *testing.T) {
 	}
 	if err := b.svc.Ready(t.Context()); err != nil {
 		t.Fatalf("ready: %v", err)
+	}
+}
+
+// Split (ASSAY_ATTEMPT_EVENTS=split), an attempt is a RESULT event and the
+// call's ATTEMPT event without the result, as committers and ledgers of
+// releases before one event per attempt read.
+func TestSplitEventsForEarlierReleases(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, testenv.NATS(t), event.StreamSettings{}, func(c *classifier.Config) { c.SplitEvents = true })
+	if err := b.svc.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	id := b.enqueue(t, "post-1", "buy now, free money")
+	var res event.Result
+	if err := event.Decode(b.events(t, event.KindResult, 1)[0].Data, &res); err != nil {
+		t.Fatal(err)
+	}
+	var att event.Attempt
+	if err := event.Decode(b.events(t, event.KindAttempt, 1)[0].Data, &att); err != nil {
+		t.Fatal(err)
+	}
+	if res.WorkID != id || res.Outcome != outcome.AttemptOK || att.AttemptID != res.AttemptID || att.Result != nil || att.NoCall {
+		t.Fatalf("result %+v, attempt %+v; want the result on RESULT and the call alone on ATTEMPT", res, att)
 	}
 }
 

@@ -584,8 +584,12 @@ func unbilled(reply *model.Reply, err error) int {
 
 // events are the outbox row of an attempt's one ATTEMPT event: the call's
 // usage (att) with the result it came to; an attempt that made no call of
-// its own (att nil) carries the result alone.
+// its own (att nil) carries the result alone. Split (SplitEvents), they are
+// a RESULT event and the call's ATTEMPT event.
 func (s *Service) events(ctx context.Context, w *store.Work, res event.Result, att *event.Attempt) ([]store.OutboxMsg, error) {
+	if s.cfg.SplitEvents {
+		return s.splitEvents(ctx, w, res, att)
+	}
 	ev := event.Attempt{AttemptID: res.AttemptID, WorkID: res.WorkID, TenantID: res.TenantID, Region: res.Region,
 		Number: res.Number, Outcome: res.Outcome, At: time.Now().UTC(), NoCall: true}
 	if att != nil {
@@ -600,6 +604,20 @@ func (s *Service) events(ctx context.Context, w *store.Work, res event.Result, a
 		msg.Headers[event.NoCallHeader] = "1"
 	}
 	return []store.OutboxMsg{msg}, nil
+}
+
+// splitEvents are the outbox rows of an attempt's RESULT event and, when it
+// made a call (att), its ATTEMPT event without the result.
+func (s *Service) splitEvents(ctx context.Context, w *store.Work, res event.Result, att *event.Attempt) ([]store.OutboxMsg, error) {
+	resMsg, err := outbox.Msg(ctx, event.KindResult, s.cfg.Names.Result(w.TenantID), res.AttemptID, res)
+	if err != nil || att == nil {
+		return []store.OutboxMsg{resMsg}, err
+	}
+	attMsg, err := s.attemptMsg(ctx, w, *att)
+	if err != nil {
+		return nil, err
+	}
+	return []store.OutboxMsg{resMsg, attMsg}, nil
 }
 
 // attemptMsg is the outbox row of one call's ATTEMPT event.
