@@ -51,7 +51,7 @@ func (c *countedStore) AnnounceOutcomes(ctx context.Context, limit int, announce
 }
 
 // setup starts the committer alone on real Postgres and JetStream; what the
-// classifier would do (the RESULT stream, the claim, the event) the test
+// classifier would do (the streams, the claim, the event) the test
 // does itself.
 func setup(t *testing.T) *bundle {
 	t.Helper()
@@ -99,7 +99,7 @@ func setupCell(t *testing.T) *bundle {
 }
 
 // claimed stores moderation work and claims it, as a classifier would
-// before its call; it returns the RESULT event an answer would travel in.
+// before its call; it returns the result an answer would travel in.
 func (b *bundle) claimed(t *testing.T, source string) event.Result {
 	t.Helper()
 	ctx := t.Context()

@@ -17,14 +17,16 @@ import (
 	"assay.dev/services/committer"
 )
 
-// stressCell is setupCell's cell with the RESULT stream the classifier
-// would have made and answers waiting in it for a verdict, so the first
-// committers stopped hold results.
+// stressCell is setupCell's cell with the ATTEMPT and RESULT streams the
+// classifier would have made and answers waiting in ATTEMPT for a verdict,
+// so the first committers stopped hold results.
 func stressCell(t *testing.T, answers int) *bundle {
 	t.Helper()
 	b := setupCell(t)
-	if _, err := event.EnsureStream(t.Context(), b.js, nil, names, event.KindResult, event.StreamSettings{}); err != nil {
-		t.Fatal(err)
+	for _, kind := range []string{event.KindAttempt, event.KindResult} {
+		if _, err := event.EnsureStream(t.Context(), b.js, nil, names, kind, event.StreamSettings{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for i := range answers {
 		ev := b.claimed(t, fmt.Sprintf("stress-%012d", i))
@@ -57,7 +59,7 @@ func (b *bundle) committerOf(t *testing.T, js committer.JetStream) *committer.Se
 }
 
 // TestServiceLifecycle holds a whole committer (its OUTCOME stream, relay,
-// publisher, RESULT consumer, reaper and announcer) to the contract of
+// publisher, result consumers, reaper and announcer) to the contract of
 // every part, with answers to commit while it starts and stops.
 func TestServiceLifecycle(t *testing.T) {
 	b := stressCell(t, 20)
