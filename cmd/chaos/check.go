@@ -405,7 +405,7 @@ func (h *Harness) duplicateCheck(subs []*submission, works map[string]*workRow, 
 			oneCall++
 		case c > 1 && c == w.Ledger && w.Attempts == c && w.Results <= 1:
 			// Every extra call is an attempt with its ledger row. (An
-			// attempt may say ok and still not be the result: its RESULT
+			// attempt may say ok and still not be the result: its ATTEMPT
 			// event was lost with the broker's store and the work was
 			// answered again.)
 			retried++

@@ -302,7 +302,7 @@ func (h *Harness) killOnLock(ctx context.Context, f *faultRecord, service, table
 
 // restartNATS stops nats-server (SIGKILL when crash, else SIGTERM) and
 // starts it again, on its store or, when lose, on an empty one after
-// freezing the consumers of RESULT and ATTEMPT events.
+// freezing the consumers of ATTEMPT events (the committers and ledgers).
 func (h *Harness) restartNATS(ctx context.Context, f *faultRecord, crash, lose bool) error {
 	var frozen []*proc
 	var err error
@@ -497,8 +497,8 @@ func (h *Harness) purgeWork(ctx context.Context, f *faultRecord) error {
 
 // killBeforePublish slows one call of the region, waits for its attempt,
 // locks the attempt's row, and SIGKILLs the classifier once its answer is
-// in hand and the transaction that records it (and writes the RESULT and
-// ATTEMPT events) waits on that lock.
+// in hand and the transaction that records it (and writes its ATTEMPT
+// event) waits on that lock.
 func (h *Harness) killBeforePublish(ctx context.Context, f *faultRecord) error {
 	name := "classifier-" + f.Region
 	tenant := h.tenantOf(f.Region)
