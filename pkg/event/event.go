@@ -313,10 +313,11 @@ type Attempt struct {
 	// priced at the table's batch price.
 	Batch bool `json:"batch,omitempty"`
 	// NoCall: the attempt ended without a model call of its own (a review
-	// in parts ending, work ended unclaimed); the ledger has no row to
-	// write for it.
+	// in parts ending, claimed work ended before its call); the ledger has
+	// no row to write for it.
 	NoCall bool `json:"noCall,omitempty"`
-	// Result is what the attempt came to, for the committer.
+	// Result is what the attempt came to, for the committer, which checks
+	// it (AttemptResult); the ledger records the call whatever it says.
 	Result *Result `json:"result,omitempty"`
 }
 
@@ -424,10 +425,21 @@ func (a *Attempt) check() error {
 		return errors.New("event: attempt: negative units")
 	case a.NoCall && a.Result == nil:
 		return errors.New("event: attempt: neither a call nor a result")
-	case a.Result == nil:
-		return nil
-	case a.Result.AttemptID != a.AttemptID || a.Result.WorkID != a.WorkID || a.Result.TenantID != a.TenantID:
-		return errors.New("event: attempt: its result names another attempt, work or tenant")
 	}
-	return a.Result.check()
+	return nil
+}
+
+// AttemptResult decodes an ATTEMPT event for the committer: the result it
+// carries, checked as a RESULT event is and naming the event's attempt,
+// work and tenant; nil for a call that carries none (one part of a review
+// in parts).
+func AttemptResult(data []byte) (*Result, error) {
+	a, err := Parse[Attempt](data)
+	switch {
+	case err != nil || a.Result == nil:
+		return nil, err
+	case a.Result.AttemptID != a.AttemptID || a.Result.WorkID != a.WorkID || a.Result.TenantID != a.TenantID:
+		return nil, errors.New("event: attempt: its result names another attempt, work or tenant")
+	}
+	return a.Result, a.Result.check()
 }

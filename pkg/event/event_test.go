@@ -137,6 +137,12 @@ func TestDecodeAccepts(t *testing.T) {
 	if carried.Result == nil || *carried.Result != r || !carried.NoCall {
 		t.Fatalf("attempt carrying its result = %+v", carried)
 	}
+	if res, err := event.AttemptResult([]byte(with)); err != nil || res == nil || *res != r {
+		t.Fatalf("the committer's result of an attempt carrying one: %+v, %v", res, err)
+	}
+	if res, err := event.AttemptResult([]byte(goodAttempt)); err != nil || res != nil {
+		t.Fatalf("the committer's result of a call carrying none: %+v, %v; want none", res, err)
+	}
 }
 
 func TestDecodeRefuses(t *testing.T) {
@@ -211,14 +217,27 @@ func TestDecodeRefuses(t *testing.T) {
 		"unknown field":           `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","costMicros":1}`,
 		"trailing data":           goodAttempt + `"x"`,
 		"neither call nor result": `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","noCall":true}`,
-		"result of another work":  `{"attemptId":"` + a1 + `","workId":"w_2","tenantId":"acme","outcome":"ok","result":` + goodResult + `}`,
-		"result without a lease": `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","result":` +
-			`{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok"}}`,
 	}
 	for name, body := range attempt {
 		var a event.Attempt
 		if err := event.Decode([]byte(body), &a); err == nil {
 			t.Errorf("attempt %s: accepted %q", name, body)
+		}
+	}
+
+	// A result the committer cannot take is refused to the committer
+	// alone: the ledger still reads the call's usage.
+	carried := map[string]string{
+		"result of another work": `{"attemptId":"` + a1 + `","workId":"w_2","tenantId":"acme","outcome":"ok","inputUnits":10,"result":` + goodResult + `}`,
+		"result without a lease": `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","inputUnits":10,"result":` +
+			`{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok"}}`,
+	}
+	for name, body := range carried {
+		if res, err := event.AttemptResult([]byte(body)); err == nil {
+			t.Errorf("attempt with a %s: the committer took %+v", name, res)
+		}
+		if a, err := event.Parse[event.Attempt]([]byte(body)); err != nil || a.InputUnits != 10 {
+			t.Errorf("attempt with a %s: the ledger read %+v, %v; want its usage", name, a, err)
 		}
 	}
 }

@@ -264,7 +264,7 @@ func (s *Service) buildResults() error {
 			Handle: handle})
 	}
 	var err error
-	if s.results, err = results(event.KindAttempt, consumer.Typed(d.Log, event.Parse[event.Attempt], s.handleAttempt)); err != nil {
+	if s.results, err = results(event.KindAttempt, consumer.Typed(d.Log, event.AttemptResult, s.handleAttempt)); err != nil {
 		return fmt.Errorf("committer: %w", err)
 	}
 	if s.earlier, err = results(event.KindResult, consumer.Typed(d.Log, event.Parse[event.Result], s.handle)); err != nil {
@@ -482,8 +482,7 @@ func resultIn(kind string, payload []byte) (*event.Result, error) {
 		ev, err := event.Parse[event.Result](payload)
 		return &ev, err
 	}
-	ev, err := event.Parse[event.Attempt](payload)
-	return ev.Result, err
+	return event.AttemptResult(payload)
 }
 
 // reapOutcomes reads back one batch of OUTCOME events and publishes those
@@ -531,11 +530,11 @@ func (s *Service) Ready(ctx context.Context) error {
 
 // handleAttempt commits the result an ATTEMPT event carries; a call that is
 // one part of a review in parts carries none, and is the ledger's alone.
-func (s *Service) handleAttempt(ctx context.Context, ev event.Attempt, d consumer.Delivery) consumer.Disposition {
-	if ev.Result == nil {
+func (s *Service) handleAttempt(ctx context.Context, res *event.Result, d consumer.Delivery) consumer.Disposition {
+	if res == nil {
 		return consumer.Done()
 	}
-	return s.handle(ctx, *ev.Result, d)
+	return s.handle(ctx, *res, d)
 }
 
 // handle commits each result; a commit that failed is tried again a
