@@ -485,8 +485,12 @@ func checkEndToEndQuantiles(t *testing.T, ctx context.Context, api string, board
 				continue
 			}
 			want := ds[max(0, int(math.Ceil(q*float64(len(ds))))-1)]
+			// The panel's clock reads an ending after its commit returns,
+			// the database's at the commit's start: on a loaded machine
+			// the panel's may fall a bucket above, never below.
 			lo, _ := bucket(want - 0.05)
-			_, hi := bucket(want + 0.05)
+			_, up := bucket(want + 0.05)
+			_, hi := bucket(math.Nextafter(up, math.Inf(1)))
 			if s.value < lo || s.value > hi {
 				t.Errorf("end to end p%g %s: the panel says %.3fs; the database's is %.3fs, in (%g, %g]", q*100, s.labels["lane"], s.value, want, lo, hi)
 			} else {
