@@ -313,17 +313,14 @@ func sampleLanes(ctx context.Context, bed *benchBed) func() laneSample {
 	return func() laneSample { cancel(); return <-done }
 }
 
-// printFairPath prints where each tenant's queue wait went: from its
-// creation to its announcement's publication (the outbox and the relay),
-// and from there to its first attempt's start (the stream, the
+// printFairPath prints how long each tenant's work waited from its
+// creation to its first attempt's start (the announcement, the stream, the
 // classifier's hand, the turn and the permit, the claim).
 func printFairPath(ctx context.Context, bed *benchBed, phase string) error {
 	rows, err := bed.db.Query(ctx, `SELECT w.tenant_id,
-			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM o.published_at - w.created_at)),
-			percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM o.published_at - w.created_at)),
-			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.first - o.published_at)),
-			percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM a.first - o.published_at))
-		FROM work w JOIN outbox o ON o.msg_id = w.id || '.1'
+			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.first - w.created_at)),
+			percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM a.first - w.created_at))
+		FROM work w
 		JOIN (SELECT work_id, min(started_at) AS first FROM attempts GROUP BY work_id) a ON a.work_id = w.id
 		WHERE w.source_id LIKE 's7-%'
 		GROUP BY w.tenant_id ORDER BY w.tenant_id`)
@@ -333,12 +330,11 @@ func printFairPath(ctx context.Context, bed *benchBed, phase string) error {
 	defer rows.Close()
 	for rows.Next() {
 		var t string
-		var r50, r95, s50, s95 float64
-		if err := rows.Scan(&t, &r50, &r95, &s50, &s95); err != nil {
+		var p50, p95 float64
+		if err := rows.Scan(&t, &p50, &p95); err != nil {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "  %s %s path: created → published p50 %.0f p95 %.0f ms; published → first attempt p50 %.0f p95 %.0f ms\n",
-			phase, t, r50*1000, r95*1000, s50*1000, s95*1000)
+		fmt.Fprintf(os.Stderr, "  %s %s path: created → first attempt p50 %.0f p95 %.0f ms\n", phase, t, p50*1000, p95*1000)
 	}
 	return rows.Err()
 }

@@ -145,7 +145,9 @@ func (h *Harness) strandedNow(ctx context.Context, region string, js jetstream.J
 	defer cancel()
 	// Queued work is stranded when its latest announcement is neither
 	// waiting for the relay nor held by its lane's consumer: published
-	// before the head (acknowledged, or lost), or set aside.
+	// before the head (acknowledged, or lost), or set aside. An
+	// announcement with no outbox row (the ingress publishes a new work's
+	// own) was published, if at all, when the row was written.
 	rows, err := h.pool[region].Query(cctx, `SELECT w.id, w.state FROM work w
 		LEFT JOIN unnest($1::text[], $2::timestamptz[]) AS x(lane, head) ON x.lane = w.lane
 		WHERE (w.state = 'running' AND w.lease_expires_at < now() - interval '1 second')
@@ -153,7 +155,9 @@ func (h *Harness) strandedNow(ctx context.Context, region string, js jetstream.J
 				AND greatest(w.updated_at, coalesce(w.retry_at, w.updated_at)) < now() - interval '5 seconds'
 				AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = w.id || '.' || w.dispatch
 					AND NOT EXISTS (SELECT 1 FROM outbox_waiting q WHERE q.id = o.id AND q.set_aside_at IS NOT NULL)
-					AND (o.published_at IS NULL OR o.published_at >= x.head - interval '1 second')))`, lanes, heads)
+					AND (o.published_at IS NULL OR o.published_at >= x.head - interval '1 second'))
+				AND NOT (w.updated_at >= x.head - interval '1 second'
+					AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = w.id || '.' || w.dispatch)))`, lanes, heads)
 	if err != nil {
 		return nil, err
 	}

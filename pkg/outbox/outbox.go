@@ -6,6 +6,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -61,6 +62,12 @@ type Source interface {
 // makes the outbox reliable, a hand-off only makes it fast. A row sent but
 // not yet marked when the process stops is sent again by the poll, and
 // the broker keeps one copy of its id.
+//
+// A message handed over with no row (store.OutboxMsg.NoRow) is published
+// the same way and never marked. One the broker does not take is tried
+// again at the poll's pace for NoRowFor; past that, or when the process
+// stops, it is counted (assay_outbox_unsent_total) and left to the state
+// it announces: the sweeper announces queued work again.
 type Relay struct {
 	Store Source
 	JS    jetstream.Publisher
@@ -89,9 +96,13 @@ type Relay struct {
 	Meter metric.Meter
 	// Region labels the count, as every series of a service is.
 	Region string
+	// NoRowFor is how long a message with no row is tried again after the
+	// broker did not take it. Default 30s.
+	NoRowFor time.Duration
 
 	ticker   lifecycle.Ticker
 	setAside metric.Int64Counter
+	unsent   metric.Int64Counter
 	once     sync.Once
 
 	mu      sync.Mutex
@@ -100,8 +111,16 @@ type Relay struct {
 	polled  time.Time         // the last poll's start
 	full    bool              // the last poll found a full batch: poll again
 	sent    []store.Published // handed rows the broker took, not yet marked
+	again   []rowless         // messages with no row the broker did not take
 	handing atomic.Bool       // Send has been called: the poll leaves young rows to it
 	final   atomic.Bool       // Stop was called: the poll takes every row
+}
+
+// rowless is a message with no row that waits to be tried again, since
+// it was first handed over.
+type rowless struct {
+	msg   store.OutboxMsg
+	since time.Time
 }
 
 // handedGrace is how old a row is before a relay that is handed rows
@@ -151,6 +170,7 @@ func (r *Relay) pass(ctx context.Context) (bool, error) {
 	if !due {
 		return r.waiting(), nil
 	}
+	r.tryAgain(ctx, final)
 	r.polled = time.Now()
 	var olderThan time.Duration
 	if !kicked && !final && r.handing.Load() {
@@ -187,16 +207,80 @@ func (r *Relay) Send(msgs ...store.OutboxMsg) {
 // sendHanded publishes handed rows and keeps those the broker took to be
 // marked. What it does not publish is the poll's.
 func (r *Relay) sendHanded(ctx context.Context, msgs []store.OutboxMsg) {
+	r.sendSince(ctx, msgs, nil, time.Now())
+}
+
+// sendSince publishes msgs, handed over at since (or, for a message with
+// no row tried before, at its own since[i]), keeps the rows the broker
+// took to be marked, and the messages with no row it did not take to be
+// tried again.
+func (r *Relay) sendSince(ctx context.Context, msgs []store.OutboxMsg, since []time.Time, at time.Time) {
 	sent, stopped := r.publishAll(ctx, msgs)
 	now, published := time.Now(), 0
-	for i, s := range sent {
-		if s.Err == nil {
-			r.sent = append(r.sent, store.Published{Stream: msgs[i].Stream, MsgID: msgs[i].MsgID, At: now})
+	for i, m := range msgs {
+		if i < len(sent) && sent[i].Err == nil {
+			if !m.NoRow {
+				r.sent = append(r.sent, store.Published{Stream: m.Stream, MsgID: m.MsgID, At: now})
+			}
 			published++
+			continue
+		}
+		if m.NoRow {
+			first := at
+			if since != nil {
+				first = since[i]
+			}
+			if len(r.again) >= maxHanded {
+				r.countUnsent(ctx, m.Stream)
+				continue
+			}
+			r.again = append(r.again, rowless{msg: m, since: first})
 		}
 	}
 	if published < len(msgs) {
 		r.Log.Debug("outbox: handed rows not published; left to the poll", "rows", len(msgs)-published, "stopped", stopped)
+	}
+}
+
+// tryAgain publishes the messages with no row that the broker did not take
+// before, and gives up on those handed over more than NoRowFor ago, or on
+// all of them when the relay stops: the sweeper finds what they announce.
+func (r *Relay) tryAgain(ctx context.Context, final bool) {
+	if len(r.again) == 0 {
+		return
+	}
+	waited := cmp.Or(r.NoRowFor, 30*time.Second)
+	var msgs []store.OutboxMsg
+	var since []time.Time
+	gaveUp := 0
+	for _, a := range r.again {
+		if time.Since(a.since) >= waited {
+			r.countUnsent(ctx, a.msg.Stream)
+			gaveUp++
+			continue
+		}
+		msgs, since = append(msgs, a.msg), append(since, a.since)
+	}
+	r.again = nil
+	if len(msgs) > 0 {
+		r.sendSince(ctx, msgs, since, time.Time{})
+	}
+	if final {
+		for _, a := range r.again {
+			r.countUnsent(ctx, a.msg.Stream)
+		}
+		gaveUp += len(r.again)
+		r.again = nil
+	}
+	if gaveUp > 0 {
+		r.Log.Warn("outbox: messages with no row not published in time; what they announce is found again from its state (the sweeper)",
+			"messages", gaveUp, "tried_for", waited, "stopping", final)
+	}
+}
+
+func (r *Relay) countUnsent(ctx context.Context, stream string) {
+	if r.unsent != nil {
+		r.unsent.Add(ctx, 1, r.labels(stream))
 	}
 }
 
@@ -222,9 +306,14 @@ func (r *Relay) init() (err error) {
 				metric.WithDescription("outbox rows set aside after they could not be published"))
 			// Each stream's series exists from the start, at zero, so a
 			// rate over it is 0 and not absent until the first row.
+			if err == nil {
+				r.unsent, err = r.Meter.Int64Counter("assay_outbox_unsent",
+					metric.WithDescription("messages with no outbox row the broker did not take in time, left to the state they announce"))
+			}
 			for _, st := range r.Streams {
 				if err == nil {
 					r.setAside.Add(context.Background(), 0, r.labels(st))
+					r.unsent.Add(context.Background(), 0, r.labels(st))
 				}
 			}
 		}

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
@@ -468,5 +470,107 @@ func TestPollTakesRowsNobodyHandedOver(t *testing.T) {
 	}
 	if got := b.streamMsgs(t); got != 2 {
 		t.Fatalf("stream holds %d messages, want 2", got)
+	}
+}
+
+// A message with no row is published once and never dated; one the broker
+// does not take is tried again at the poll's pace, and past NoRowFor it is
+// counted and left to the state it announces.
+func TestMessagesWithNoRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reader := sdkmetric.NewManualReader()
+	meter := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)).Meter("test")
+	relay := &outbox.Relay{Store: b.store, JS: b.js, Log: slog.New(slog.DiscardHandler), Streams: streams,
+		Every: 20 * time.Millisecond, NoRowFor: 5 * time.Second, PublishTimeout: 200 * time.Millisecond, Meter: meter}
+	if err := relay.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			relay.Stop(context.Background())
+		}
+	}
+	t.Cleanup(stop)
+	noRow := func(id string) store.OutboxMsg {
+		m := workMsg(t, b.ctx, id, 1)
+		m.NoRow = true
+		return m
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("not within 30s: %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	unsent := func() int64 {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(b.ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "assay_outbox_unsent" {
+					for _, dp := range sum.DataPoints {
+						n += dp.Value
+					}
+				}
+			}
+		}
+		return n
+	}
+	ensure := func() {
+		st, err := event.EnsureStream(b.ctx, b.js, nil, names, event.KindWork, event.StreamSettings{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.stream = st
+	}
+
+	relay.Send(noRow("w_1"))
+	waitFor("the message with no row in the stream", func() bool { return b.streamMsgs(t) == 1 })
+	var rows int
+	if err := b.db.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("%d outbox rows (%v), want none", rows, err)
+	}
+
+	// The broker has no stream for a while, shorter than NoRowFor: the
+	// message is tried again and arrives.
+	if err := b.js.DeleteStream(b.ctx, names.Stream(event.KindWork)); err != nil {
+		t.Fatal(err)
+	}
+	tries, err := b.js.Conn().SubscribeSync(names.Work(event.Batch, "acme"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.Send(noRow("w_2"))
+	if _, err := tries.NextMsg(30 * time.Second); err != nil { // a try no stream took
+		t.Fatalf("no try of the message: %v", err)
+	}
+	_ = tries.Unsubscribe()
+	ensure()
+	waitFor("the message tried again in the stream", func() bool { return b.streamMsgs(t) == 1 })
+	if n := unsent(); n != 0 {
+		t.Fatalf("assay_outbox_unsent = %d after a message that arrived, want 0", n)
+	}
+
+	// Longer than NoRowFor: counted and left; the last pass, with the
+	// stream back, does not send it.
+	if err := b.js.DeleteStream(b.ctx, names.Stream(event.KindWork)); err != nil {
+		t.Fatal(err)
+	}
+	relay.Send(noRow("w_3"))
+	waitFor("assay_outbox_unsent to count the message", func() bool { return unsent() == 1 })
+	ensure()
+	stop()
+	if n := b.streamMsgs(t); n != 0 {
+		t.Fatalf("the stream holds %d messages after a given-up message, want 0", n)
 	}
 }

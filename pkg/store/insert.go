@@ -18,6 +18,12 @@ type InsertReq struct {
 	// Item: the work is asked for as a batch's item, not on its own: a new
 	// row is stored not direct, and a row found stays as direct as it was.
 	Item bool
+	// Publish: the caller hands the new work's announcement to its relay
+	// once the statement has committed, so the statement writes no outbox
+	// row for it (store.OutboxMsg.NoRow); should the announcement be lost,
+	// the sweeper announces the queued work again. Without it the
+	// announcement is an outbox row, published by a relay's poll.
+	Publish bool
 }
 
 // WorkInserted is what the ingress fence answered for one request.
@@ -222,7 +228,11 @@ func insertGroupArgs(reqs []InsertReq, take []int, out []WorkInserted) (args []a
 		first := *w
 		first.Dispatch, first.Superseded, first.SupersededRunning, first.State = 1, nil, nil, outcome.Queued
 		msgs, err := reqs[i].Announce(&first)
-		if err == nil {
+		if err == nil && reqs[i].Publish {
+			for j := range msgs {
+				msgs[j].NoRow = true
+			}
+		} else if err == nil {
 			err = ob.add(w.ID, msgs)
 		}
 		if err != nil {

@@ -20,6 +20,12 @@ type OutboxMsg struct {
 	MsgID   string
 	Payload []byte
 	Headers map[string]string
+	// NoRow: the message has no outbox row. Its process publishes it once
+	// it has committed (Relay.Send), and what the broker loses of it is
+	// found again from the state it announces (the sweeper announces
+	// queued work whose announcement is gone), so no row has to be
+	// written, published and dated for it.
+	NoRow bool
 }
 
 func insertOutbox(ctx context.Context, tx pgx.Tx, msgs []OutboxMsg) error {

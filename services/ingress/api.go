@@ -204,7 +204,7 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 		s.overCapacity(ctx, w, t, work, r)
 		return
 	}
-	ins := s.inserts.Do(ctx, store.InsertReq{Work: work, Announce: s.announce(ctx)})
+	ins := s.inserts.Do(ctx, store.InsertReq{Work: work, Announce: s.announce(ctx), Publish: true})
 	got, created, err := ins.Work, ins.Created, ins.Err
 	if store.Permanent(err) {
 		// Bad input the checks above let through: a 400, never a

@@ -228,6 +228,14 @@ func decisions(w *store.Work, s *WorkStory) []Decision {
 			ds = append(ds, Decision{At: *a.FinishedAt, What: fmt.Sprintf("attempt %d: %s", a.Number, a.Outcome), Reason: a.Reason, From: "attempts.outcome"})
 		}
 	}
+	first := event.WorkMsgID(w.ID, 1)
+	if w.State != outcome.Dropped && !slices.ContainsFunc(s.Outbox, func(o store.OutboxRow) bool { return o.MsgID == first }) {
+		// The ingress publishes a new work's own announcement once the row
+		// is committed, with no outbox row; the sweeper announces queued
+		// work again whose announcement was lost.
+		ds = append(ds, Decision{At: w.CreatedAt, What: "announced " + first,
+			Reason: "published by the ingress once the work row was committed (no outbox row)", From: "work.created_at"})
+	}
 	for _, o := range s.Outbox {
 		what := "event " + o.Stream + " " + o.MsgID
 		if o.Stream == event.KindWork {
