@@ -63,7 +63,11 @@ type AttemptRecord struct {
 	// provider outage: the attempt budget does not count it.
 	Outage bool
 
-	// Outbox are the events the attempt implies (its ATTEMPT event).
+	// Outbox are the events the attempt implies (its ATTEMPT event). Its
+	// ATTEMPT event marked NoRow is kept on the attempt's row instead of an
+	// outbox row, for its process to publish once the record has committed;
+	// the reapers read it back from there (UnrecordedEvents,
+	// UncommittedResults).
 	Outbox []OutboxMsg
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 )
 
@@ -272,6 +273,8 @@ func recordAttemptGroupArgs(recs []AttemptRecord) ([]any, error) {
 		handoffs, retries                          = make([]int64, n), make([]int64, n)
 		notes, workOutcomes, workReasons           = make([]string, n), make([]string, n), make([]string, n)
 		outages                                    = make([]bool, n)
+		events                                     = make([][]byte, n)
+		calls                                      = make([]*bool, n)
 		ob                                         outboxRows
 	)
 	for i, r := range recs {
@@ -282,12 +285,25 @@ func recordAttemptGroupArgs(recs []AttemptRecord) ([]any, error) {
 		changes[i], caps[i] = int32(r.Change), int32(r.OutputCap)
 		handoffs[i], retries[i] = interval(r.HandoffTTL), interval(r.RetryAfter)
 		notes[i], workOutcomes[i], workReasons[i], outages[i] = Text(r.RepairNote), r.WorkOutcome, Text(r.WorkReason), r.Outage
-		if err := ob.add(r.AttemptID, r.Outbox); err != nil {
+		rows := r.Outbox[:0:0]
+		for _, m := range r.Outbox {
+			if !m.NoRow {
+				rows = append(rows, m)
+				continue
+			}
+			if m.Stream != event.KindAttempt || m.MsgID != r.AttemptID || events[i] != nil {
+				return nil, fmt.Errorf("store: record attempt %s: a message with no row (%s %s) is not its ATTEMPT event",
+					r.AttemptID, m.Stream, m.MsgID)
+			}
+			call := m.Headers[event.NoCallHeader] == ""
+			events[i], calls[i] = m.Payload, &call
+		}
+		if err := ob.add(r.AttemptID, rows); err != nil {
 			return nil, err
 		}
 	}
 	return append([]any{works, tokens, attempts, outcomes, reasons, raws, changes, handoffs, notes, retries, caps, workOutcomes,
-		workReasons, outages}, ob.args()...), nil
+		workReasons, outages, events, calls}, ob.args()...), nil
 }
 
 // recordAttemptGroupSQL makes each record's change, chosen per row by its
@@ -297,8 +313,9 @@ func recordAttemptGroupArgs(recs []AttemptRecord) ([]any, error) {
 // It returns the attempt ids of the records that applied.
 var recordAttemptGroupSQL = `WITH x AS (
 			SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $7::int[],
-				$8::bigint[], $9::text[], $10::bigint[], $11::int[], $12::text[], $13::text[], $14::bool[])
-				AS x(work_id, token, attempt_id, outcome, reason, raw, change, handoff, note, retry, cap, work_outcome, work_reason, outage)
+				$8::bigint[], $9::text[], $10::bigint[], $11::int[], $12::text[], $13::text[], $14::bool[], $15::bytea[], $16::bool[])
+				AS x(work_id, token, attempt_id, outcome, reason, raw, change, handoff, note, retry, cap, work_outcome, work_reason, outage,
+					event, event_call)
 		), wk AS (
 			UPDATE work SET
 				state = CASE x.change WHEN 2 THEN 'queued' WHEN 3 THEN x.work_outcome ELSE work.state END,
@@ -318,9 +335,10 @@ var recordAttemptGroupSQL = `WITH x AS (
 			SELECT attempt_id FROM wk UNION ALL SELECT attempt_id FROM x WHERE x.change = 0
 		), att AS (
 			UPDATE attempts SET outcome = x.outcome, reason = nullif(x.reason, ''),
-				raw_response = coalesce(x.raw, attempts.raw_response), finished_at = coalesce(attempts.finished_at, now())
+				raw_response = coalesce(x.raw, attempts.raw_response), finished_at = coalesce(attempts.finished_at, now()),
+				event = coalesce(x.event, attempts.event), event_call = coalesce(x.event_call, attempts.event_call)
 			FROM x WHERE attempts.id = ANY($3) AND attempts.id = x.attempt_id AND x.attempt_id IN (SELECT attempt_id FROM ok)
-		), ob AS (` + outboxInsert(15, `m.tag::uuid IN (SELECT attempt_id FROM ok)`) + `)
+		), ob AS (` + outboxInsert(17, `m.tag::uuid IN (SELECT attempt_id FROM ok)`) + `)
 		SELECT attempt_id::text FROM ok`
 
 // recordAttemptGroup runs recordAttemptGroupSQL for recs on db (the pool,

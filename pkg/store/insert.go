@@ -232,7 +232,8 @@ func insertGroupArgs(reqs []InsertReq, take []int, out []WorkInserted) (args []a
 			for j := range msgs {
 				msgs[j].NoRow = true
 			}
-		} else if err == nil {
+		}
+		if err == nil {
 			err = ob.add(w.ID, msgs)
 		}
 		if err != nil {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"assay.dev/pkg/outcome"
 )
 
 // movedTable is one table of a tenant's history: the tenant's rows (where,
@@ -85,14 +87,20 @@ func (s *Store) TenantUnsettled(ctx context.Context, tenant string) (Unsettled, 
 			(SELECT count(*) FROM outbox_waiting q JOIN outbox o ON o.id = q.id
 				WHERE q.set_aside_at IS NULL AND o.subject LIKE '%.' || $1),
 			(SELECT count(*) FROM attempts a WHERE a.tenant_id = $1 AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = a.id)
-				AND (a.outcome IS NULL OR EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = a.id::text))),
+				AND (a.outcome IS NULL OR a.event_call OR EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = a.id::text))),
 			(SELECT count(*) FROM budget_reservations WHERE tenant_id = $1 AND settled_at IS NULL),
 			(SELECT count(*) FROM work WHERE tenant_id = $1 AND state NOT IN ('queued', 'running') AND outcome_announced_at IS NULL),
 			(SELECT count(*) FROM outbox o JOIN work w ON w.id = split_part(o.msg_id, '.', 1)
 				WHERE o.stream = 'OUTCOME' AND o.created_at > now() - $2 * interval '1 microsecond' AND o.published_at IS NOT NULL
 					AND w.tenant_id = $1
 					AND `+publishable+`
-					AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2))),
+					AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2)))
+			+ (SELECT count(*) FROM work w WHERE w.tenant_id = $1 AND w.state IN ('`+outcome.Accepted+`', '`+outcome.Expired+`') AND w.shadow_of IS NULL
+					AND w.updated_at > now() - $2 * interval '1 microsecond' AND w.outcome_announced_at IS NOT NULL
+					AND `+publishable+`
+					AND NOT EXISTS (SELECT 1 FROM reviews v WHERE v.work_id = w.id AND v.output IS NOT NULL)
+					AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = w.id || '.' || w.state AND o.stream = 'OUTCOME')
+					AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = w.state)),
 			(SELECT count(*) FROM publications WHERE tenant_id = $1 AND state = 'pending')`, tenant, interval(ReadBackHorizon)).
 		Scan(&u.Work, &u.Outbox, &u.Unrecorded, &u.Reserved, &u.Unannounced, &u.Unpublished, &u.Publishing)
 	if err != nil {

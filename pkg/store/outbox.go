@@ -299,9 +299,13 @@ type outboxRows struct {
 	payloads                              [][]byte
 }
 
-// add appends msgs under tag.
+// add appends msgs under tag, but for those with no row (NoRow), which
+// their process publishes once the statement has committed.
 func (o *outboxRows) add(tag string, msgs []OutboxMsg) error {
 	for _, m := range msgs {
+		if m.NoRow {
+			continue
+		}
 		if m.Stream == "" {
 			return fmt.Errorf("store: outbox row for %s names no stream", m.Subject)
 		}

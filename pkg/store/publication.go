@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"assay.dev/pkg/outcome"
 )
 
 // Announce builds the outbox rows that tell the cell a work item reached
@@ -696,7 +698,7 @@ func (s *Store) AbandonPublications(ctx context.Context, workID, reason string) 
 const publishable = `((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/#]+#[1-9][0-9]*$')
 				OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))`
 
-// UnpublishedOutcomes reads back from the outbox up to limit OUTCOME events
+// UnpublishedOutcomes reads back up to limit OUTCOME events
 // written within horizon and published more than grace ago whose work is still in that
 // outcome and for which the publisher recorded nothing: events the broker
 // lost (a person's reviewed answer among them). Only work something may
@@ -705,19 +707,37 @@ const publishable = `((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/
 // callback. Once the publisher has seen an outcome, its rows (pending,
 // published, failed, or skipped when there was nothing to publish) take
 // it from there, so each outcome is read back at most once.
+//
+// A commit's OUTCOME event (accepted, or expired when the answer came
+// late) has no outbox row: the work row says it (its state, announced at
+// outcome_announced_at), and the event is rebuilt from it here when the
+// broker lost it or its committer stopped before publishing it. Outcomes
+// reached any other way are announced with a row.
 func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Duration, limit int) ([][]byte, error) {
 	// The outcome a work publishes is its state's, or, once a person
 	// published an answer from the review screen, reviewed.
-	rows, err := s.pool.Query(ctx, `SELECT o.payload FROM outbox o
-		JOIN work w ON w.id = split_part(o.msg_id, '.', 1)
-		LEFT JOIN reviews v ON v.work_id = w.id AND v.output IS NOT NULL
-		WHERE o.stream = 'OUTCOME'
-			AND split_part(o.msg_id, '.', 2) = CASE WHEN v.work_id IS NULL THEN w.state ELSE 'reviewed' END
-			AND o.created_at > now() - $2 * interval '1 microsecond'
-			AND o.published_at < now() - $1 * interval '1 microsecond'
-			AND `+publishable+`
-			AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2))
-		ORDER BY o.created_at LIMIT $3`, interval(grace), interval(horizon), limit)
+	rows, err := s.pool.Query(ctx, `SELECT e.payload FROM (
+			SELECT o.payload, o.created_at AS at FROM outbox o
+			JOIN work w ON w.id = split_part(o.msg_id, '.', 1)
+			LEFT JOIN reviews v ON v.work_id = w.id AND v.output IS NOT NULL
+			WHERE o.stream = 'OUTCOME'
+				AND split_part(o.msg_id, '.', 2) = CASE WHEN v.work_id IS NULL THEN w.state ELSE 'reviewed' END
+				AND o.created_at > now() - $2 * interval '1 microsecond'
+				AND o.published_at < now() - $1 * interval '1 microsecond'
+				AND `+publishable+`
+				AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2))
+			UNION ALL
+			SELECT convert_to(json_build_object('outcomeId', w.id || '.' || w.state, 'workId', w.id, 'tenantId', w.tenant_id,
+					'region', w.region, 'outcome', w.state, 'at', w.outcome_announced_at)::text, 'UTF8'), w.outcome_announced_at
+			FROM work w
+			WHERE w.state IN ('`+outcome.Accepted+`', '`+outcome.Expired+`') AND w.shadow_of IS NULL
+				AND w.updated_at > now() - $2 * interval '1 microsecond'
+				AND w.outcome_announced_at < now() - $1 * interval '1 microsecond'
+				AND `+publishable+`
+				AND NOT EXISTS (SELECT 1 FROM reviews v WHERE v.work_id = w.id AND v.output IS NOT NULL)
+				AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = w.id || '.' || w.state AND o.stream = 'OUTCOME')
+				AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = w.state)
+		) e ORDER BY e.at LIMIT $3`, interval(grace), interval(horizon), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: unpublished outcomes: %w", err)
 	}

@@ -11,10 +11,12 @@ import (
 )
 
 // The ledger reaper's queries. The broker carries ATTEMPT events, but
-// Postgres holds what they say: the attempt row and the outbox row written
-// in the transaction that finished the attempt. So an event the broker lost
-// is read back from the outbox, and an attempt whose worker died before it
-// could write either still becomes a ledger row, estimated.
+// Postgres holds what they say: the attempt row, and the event itself,
+// written in the statement that finished the attempt on the attempt's row
+// (or, for the events of some paths and of earlier releases, as an outbox
+// row). So an event the broker lost is read back from there, and an
+// attempt whose worker died before it could write either still becomes a
+// ledger row, estimated.
 
 // DeadAttempt is an attempt whose worker will not report: it claimed the
 // work (and so, a moment later, called the model) and then its lease went
@@ -47,6 +49,7 @@ func (s *Store) DeadAttempts(ctx context.Context, grace time.Duration, limit int
 				AND NOT (w.state = 'running' AND w.lease_token = a.lease_token
 					AND w.lease_expires_at > now() - $1 * interval '1 microsecond')
 				AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = a.id)
+				AND a.event IS NULL
 				AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = a.id::text)
 			ORDER BY a.started_at LIMIT $2
 		), marked AS (
@@ -78,19 +81,27 @@ func (s *Store) DeadAttempts(ctx context.Context, grace time.Duration, limit int
 
 // UnrecordedEvents returns the payloads of up to limit events of the
 // given stream (the cell's ATTEMPT events) written within horizon and
-// published more than grace ago, of an attempt that made a call
-// (event.NoCallHeader) and has no ledger row: events the
-// broker acknowledged and then lost (a purged stream, a store lost with its
-// node), or that nobody consumed. Such events carry their attempt id as
-// their message id.
+// published more than grace ago (an event kept on its attempt's row:
+// recorded more than grace ago), oldest first, of an attempt that made a
+// call (event.NoCallHeader) and has no ledger row: events the broker
+// acknowledged and then lost (a purged stream, a store lost with its node),
+// that its worker never got to publish, or that nobody consumed. Such
+// events carry their attempt id as their message id.
 func (s *Store) UnrecordedEvents(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error) {
-	rows, err := s.pool.Query(ctx, `SELECT o.payload FROM outbox o
-		WHERE o.stream = $1
-			AND o.created_at > now() - $3 * interval '1 microsecond'
-			AND o.published_at < now() - $2 * interval '1 microsecond'
-			AND NOT o.headers ? '`+event.NoCallHeader+`'
-			AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = o.msg_id::uuid)
-		ORDER BY o.created_at LIMIT $4`,
+	rows, err := s.pool.Query(ctx, `SELECT e.payload FROM (
+			SELECT o.payload, o.created_at AS at FROM outbox o
+			WHERE o.stream = $1
+				AND o.created_at > now() - $3 * interval '1 microsecond'
+				AND o.published_at < now() - $2 * interval '1 microsecond'
+				AND NOT o.headers ? '`+event.NoCallHeader+`'
+				AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = o.msg_id::uuid)
+			UNION ALL
+			SELECT a.event, a.finished_at FROM attempts a
+			WHERE $1 = '`+event.KindAttempt+`' AND a.event_call
+				AND a.finished_at > now() - $3 * interval '1 microsecond'
+				AND a.finished_at < now() - $2 * interval '1 microsecond'
+				AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.attempt_id = a.id)
+		) e ORDER BY e.at LIMIT $4`,
 		stream, interval(grace), interval(horizon), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: unrecorded events: %w", err)
@@ -137,14 +148,18 @@ func (s *Store) UncommittedResults(ctx context.Context, stream string, grace, ho
 	// From the work that runs, which is what is in flight, not from the
 	// horizon's events: a pass costs what the cell has in hand, however
 	// many results an hour of traffic published.
-	rows, err := s.pool.Query(ctx, `SELECT o.payload FROM work w
+	// An ATTEMPT event kept on its attempt's row counts as published when
+	// the attempt was recorded.
+	rows, err := s.pool.Query(ctx, `SELECT coalesce(o.payload, a.event) FROM work w
 		JOIN attempts a ON a.work_id = w.id AND a.lease_token = w.lease_token
-		JOIN outbox o ON o.msg_id = a.id::text AND o.stream = $1
-		WHERE w.state = 'running'
-			AND a.outcome IN ('ok', 'invalid_output')
+		LEFT JOIN outbox o ON o.msg_id = a.id::text AND o.stream = $1
 			AND o.created_at > now() - $3 * interval '1 microsecond'
 			AND o.published_at < now() - $2 * interval '1 microsecond'
-		ORDER BY o.created_at LIMIT $4`,
+		WHERE w.state = 'running'
+			AND a.outcome IN ('ok', 'invalid_output')
+			AND (o.id IS NOT NULL OR ($1 = '`+event.KindAttempt+`' AND a.event IS NOT NULL
+				AND a.finished_at < now() - $2 * interval '1 microsecond'))
+		ORDER BY coalesce(o.created_at, a.finished_at) LIMIT $4`,
 		stream, interval(grace), interval(horizon), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: uncommitted results: %w", err)

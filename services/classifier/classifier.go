@@ -499,6 +499,12 @@ func (s *Service) limitChanged(old, new int, reason string) {
 		slog.Int("from", old), slog.Int("to", new))
 }
 
+// Relay is the relay the service hands the events of its records to once
+// they have committed (an ATTEMPT event has no outbox row to be found by
+// another relay's poll). Start runs it; a service driven by hand, without
+// Start, runs it alone.
+func (s *Service) Relay() *outbox.Relay { return s.relay }
+
 // Start creates the RESULT and ATTEMPT streams it publishes to, listens
 // for cancels, starts its outbox relay and consumes each lane of the WORK
 // stream (created by ingress, which owns it; the consumers wait for it).

@@ -496,13 +496,13 @@ func (s *Service) reapOutcomes(ctx context.Context, seen map[string]bool) (n, fr
 		ev, err := event.Parse[event.Outcome](p)
 		if err != nil || seen[ev.OutcomeID] {
 			if err != nil {
-				s.d.Log.Warn("undecodable OUTCOME event in the outbox", "err", err)
+				s.d.Log.Warn("undecodable OUTCOME event read back", "err", err)
 			}
 			continue
 		}
 		seen[ev.OutcomeID] = true
 		fresh++
-		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "reaped", "OUTCOME event published but nothing recorded for it; read back from the outbox",
+		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "reaped", "OUTCOME event published but nothing recorded for it; read back from the cell's database",
 			slog.String("work_outcome", ev.Outcome))
 		if err := s.publisher.Publish(ctx, ev); err != nil {
 			s.d.Log.Warn("reaped outcome not recorded; the next pass tries again", "key", ev.WorkID, "err", err)
@@ -618,6 +618,14 @@ func (s *Service) commit(ctx context.Context, w *store.Work, ev event.Result, ou
 	}
 	if req.Expired, err = announce(w, outcome.Expired); err != nil {
 		return store.Lost, nil, err
+	}
+	// The outcome's event has no outbox row: the work row the commit
+	// writes says it (UnpublishedOutcomes rebuilds a lost one from it),
+	// and it is handed to the relay below once committed.
+	for _, msgs := range [][]store.OutboxMsg{req.Accepted, req.Expired} {
+		for i := range msgs {
+			msgs[i].NoRow = true
+		}
 	}
 	got := s.commits.Do(ctx, req)
 	switch {

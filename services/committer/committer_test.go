@@ -249,15 +249,17 @@ func TestCommitterAlone(t *testing.T) {
 	}
 }
 
-// A result the broker acknowledged and then lost is read back from the
-// outbox, in an ATTEMPT event or on its own in a RESULT event of an earlier
-// release: its answer gets its verdict without waiting out the handoff
-// lease and paying for another call.
+// A result the broker acknowledged and then lost is read back: in an
+// ATTEMPT event kept on its attempt's row, in one from the outbox, or on
+// its own in a RESULT event of an earlier release: its answer gets its
+// verdict without waiting out the handoff lease and paying for another
+// call.
 func TestReaperCommitsLostResults(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ev := b.claimed(t, "post-000000000003")
 	earlier := b.claimed(t, "post-000000000005")
+	onRow := b.claimed(t, "post-000000000007")
 	earlierPayload, _ := json.Marshal(earlier)
 	for _, m := range []struct {
 		ev     event.Result
@@ -265,6 +267,8 @@ func TestReaperCommitsLostResults(t *testing.T) {
 	}{
 		{ev, store.OutboxMsg{Stream: event.KindAttempt, Subject: names.Attempt("acme"), MsgID: ev.AttemptID, Payload: attemptOf(ev)}},
 		{earlier, store.OutboxMsg{Stream: event.KindResult, Subject: names.Result("acme"), MsgID: earlier.AttemptID, Payload: earlierPayload}},
+		{onRow, store.OutboxMsg{Stream: event.KindAttempt, Subject: names.Attempt("acme"), MsgID: onRow.AttemptID, Payload: attemptOf(onRow),
+			NoRow: true}},
 	} {
 		if _, err := b.st.RecordAttempt(t.Context(), store.AttemptRecord{AttemptID: m.ev.AttemptID, WorkID: m.ev.WorkID,
 			LeaseToken: m.ev.LeaseToken, Outcome: m.ev.Outcome, Raw: []byte(`{"category":"other","confidence":0.5,"needsHumanReview":false}`),
@@ -276,6 +280,10 @@ func TestReaperCommitsLostResults(t *testing.T) {
 	if _, err := b.db.Exec(t.Context(), `UPDATE outbox SET published_at = now() - interval '2 minutes'`); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := b.db.Exec(t.Context(), `UPDATE attempts SET finished_at = now() - interval '2 minutes' WHERE id = $1`,
+		onRow.AttemptID); err != nil {
+		t.Fatal(err)
+	}
 	reg, _ := contract.Load()
 	tel := telemetrytest.Provider(t, "committer", "us")
 	svc, err := committer.New(committer.Config{Region: "us", ReapEvery: -1, ReapGrace: time.Second},
@@ -283,11 +291,12 @@ func TestReaperCommitsLostResults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := svc.Reap(t.Context()); err != nil || n != 2 {
-		t.Fatalf("reap: %d %v, want 2 events read back", n, err)
+	if n, err := svc.Reap(t.Context()); err != nil || n != 3 {
+		t.Fatalf("reap: %d %v, want 3 events read back", n, err)
 	}
 	b.waitState(t, ev.WorkID, outcome.Accepted)
 	b.waitState(t, earlier.WorkID, outcome.Accepted)
+	b.waitState(t, onRow.WorkID, outcome.Accepted)
 	if n, err := svc.Reap(t.Context()); err != nil || n != 0 {
 		t.Fatalf("second reap: %d %v, want nothing left", n, err)
 	}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/devkit/fakegithub"
 	"assay.dev/pkg/devkit/testenv"
@@ -21,8 +23,8 @@ import (
 	"assay.dev/services/committer"
 )
 
-// The commit transaction writes the accepted outcome to the outbox and the
-// relay publishes it; an outcome reached elsewhere (a dropped webhook) is
+// The commit's accepted outcome is published once the commit has
+// committed, with no outbox row (the work row says it); an outcome reached elsewhere (a dropped webhook) is
 // announced by the sweep; with no GitHub App the publisher records what it
 // would publish.
 func TestOutcomesReachThePublisher(t *testing.T) {
@@ -52,12 +54,19 @@ func TestOutcomesReachThePublisher(t *testing.T) {
 	if err := svc.Commit(ctx, good); err != nil {
 		t.Fatal(err)
 	}
-	waitRow(t, "the accepted outcome published from the outbox", func() bool {
-		var n int
-		err := b.db.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE stream = 'OUTCOME' AND msg_id = $1
-			AND subject = $2 AND published_at IS NOT NULL`, event.OutcomeMsgID(good.WorkID, outcome.Accepted), own.Outcome("acme")).Scan(&n)
-		return err == nil && n == 1
+	waitRow(t, "the accepted outcome published", func() bool {
+		st, err := b.js.Stream(ctx, own.Stream(event.KindOutcome))
+		if err != nil {
+			return false
+		}
+		m, err := st.GetLastMsgForSubject(ctx, own.Outcome("acme"))
+		return err == nil && m.Header.Get(jetstream.MsgIDHeader) == event.OutcomeMsgID(good.WorkID, outcome.Accepted)
 	})
+	var rows int
+	if err := b.db.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE msg_id = $1`,
+		event.OutcomeMsgID(good.WorkID, outcome.Accepted)).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("%d outbox rows of the commit's outcome (%v), want none", rows, err)
+	}
 
 	dropped := &store.Work{ID: "w_dropped41", TenantID: "acme", Region: "us", Contract: "code-review", SchemaVersion: "1",
 		TaxonomyVersion: "2026-11", SourceID: "shop/app#41", Revision: strings.Repeat("a", 40), Lane: event.Interactive,
@@ -92,20 +101,30 @@ func waitRow(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// An OUTCOME event the broker acknowledged and lost is read back from the
-// outbox by the reaper and published.
+// An OUTCOME event the broker acknowledged and lost is read back by the
+// reaper and published: from its outbox row, or, for an event that has
+// none (a commit's), rebuilt from the work row.
 func TestReaperPublishesLostOutcomes(t *testing.T) {
 	t.Parallel()
 	b := setupCell(t)
 	ctx := t.Context()
-	w := &store.Work{ID: "w_lost51", TenantID: "acme", Region: "us", Contract: "code-review", SchemaVersion: "1",
-		TaxonomyVersion: "2026-11", SourceID: "shop/app#51", Revision: strings.Repeat("c", 40), Lane: event.Interactive,
-		Input: `{}`, Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Minute)}
-	if _, _, err := b.st.InsertWork(ctx, w, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil }); err != nil {
-		t.Fatal(err)
+	expired := func(id, pr string) *store.Work {
+		w := &store.Work{ID: id, TenantID: "acme", Region: "us", Contract: "code-review", SchemaVersion: "1",
+			TaxonomyVersion: "2026-11", SourceID: "shop/app#" + pr, Revision: strings.Repeat("c", 40), Lane: event.Interactive,
+			Input: `{}`, Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Minute)}
+		if _, _, err := b.st.InsertWork(ctx, w, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil }); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := b.st.FinishUnleased(ctx, w.ID, outcome.Expired, "deadline passed"); err != nil || !ok {
+			t.Fatalf("expire: %v %v", ok, err)
+		}
+		return w
 	}
-	if ok, err := b.st.FinishUnleased(ctx, w.ID, outcome.Expired, "deadline passed"); err != nil || !ok {
-		t.Fatalf("expire: %v %v", ok, err)
+	w, rowless := expired("w_lost51", "51"), expired("w_lost52", "52")
+	// Announced two minutes ago with no outbox row; the broker lost it.
+	if _, err := b.db.Exec(ctx, `UPDATE work SET outcome_announced_at = now() - interval '2 minutes' WHERE id = $1`,
+		rowless.ID); err != nil {
+		t.Fatal(err)
 	}
 	id := event.OutcomeMsgID(w.ID, outcome.Expired)
 	payload, _ := json.Marshal(event.Outcome{OutcomeID: id, WorkID: w.ID, TenantID: "acme", Region: "us", Outcome: outcome.Expired})
@@ -128,9 +147,11 @@ func TestReaperPublishesLostOutcomes(t *testing.T) {
 	if _, err := svc.Reap(ctx); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := b.st.GetPublication(ctx, w.ID, "dry")
-	if err != nil || pub.PublishedAt.IsZero() || !strings.Contains(string(pub.Plan), `"timed_out"`) {
-		t.Fatalf("after the reap: %+v, %v; want the expired check run recorded", pub, err)
+	for _, w := range []*store.Work{w, rowless} {
+		pub, err := b.st.GetPublication(ctx, w.ID, "dry")
+		if err != nil || pub.PublishedAt.IsZero() || !strings.Contains(string(pub.Plan), `"timed_out"`) {
+			t.Fatalf("%s after the reap: %+v, %v; want the expired check run recorded", w.ID, pub, err)
+		}
 	}
 	if n, err := svc.Reap(ctx); err != nil || n != 0 {
 		t.Fatalf("second reap: %d, %v; want nothing left", n, err)

@@ -365,7 +365,9 @@ func (m *memStore) Report(attempt, result string, events ...eventFact) {
 	now := time.Now()
 	for _, e := range events {
 		ev := memEvent{stream: e.Stream, msgID: attempt, payload: e.Payload, noCall: e.NoCall, written: now.Add(-e.Written)}
-		if e.Published >= 0 {
+		if e.OnRow {
+			ev.published = ev.written
+		} else if e.Published >= 0 {
 			ev.published = now.Add(-e.Published)
 		}
 		m.outbox = append(m.outbox, ev)

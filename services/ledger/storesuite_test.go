@@ -49,7 +49,8 @@ type claimFact struct {
 	Estimate int64
 }
 
-// eventFact is one event of an attempt in the outbox.
+// eventFact is one event of an attempt in the outbox, or kept on the
+// attempt's row.
 type eventFact struct {
 	Stream  string
 	Payload []byte
@@ -59,6 +60,9 @@ type eventFact struct {
 	// Written is the outbox row's age, Published its publication's;
 	// a negative Published: not published yet.
 	Written, Published time.Duration
+	// OnRow: an ATTEMPT event kept on the attempt's row, with no outbox
+	// row, recorded Written ago; it counts as published then.
+	OnRow bool
 }
 
 // attemptN is the attempt id numbered n.
@@ -233,6 +237,10 @@ func storeSuite(t *testing.T, open func(t *testing.T) (Store, storeFacts)) {
 			{6, eventFact{Stream: event.KindAttempt, Written: 4 * time.Minute, Published: 2 * time.Minute}},   // recorded below
 			{7, eventFact{Stream: event.KindAttempt, Written: 5 * time.Minute, Published: 2 * time.Minute}},
 			{8, eventFact{Stream: event.KindAttempt, Written: 6 * time.Minute, Published: 2 * time.Minute, NoCall: true}}, // no call
+			{9, eventFact{Stream: event.KindAttempt, Written: 7 * time.Minute, OnRow: true}},
+			{10, eventFact{Stream: event.KindAttempt, Written: 10 * time.Second, OnRow: true}},              // within grace
+			{11, eventFact{Stream: event.KindAttempt, Written: 8 * time.Minute, OnRow: true, NoCall: true}}, // no call
+			{12, eventFact{Stream: event.KindAttempt, Written: 2 * time.Hour, OnRow: true}},                 // beyond the horizon
 		} {
 			f.Claim(claimFact{Tenant: "acme", Work: fmt.Sprintf("w%d", e.n), Attempt: attemptN(e.n), Age: e.fact.Written, Lease: time.Minute})
 			e.fact.Payload = payload(e.n)
@@ -251,15 +259,15 @@ func storeSuite(t *testing.T, open func(t *testing.T) (Store, storeFacts)) {
 			}
 			return out
 		}
-		if got, want := read(10), []string{string(payload(7)), string(payload(1))}; !slices.Equal(got, want) {
+		if got, want := read(10), []string{string(payload(9)), string(payload(7)), string(payload(1))}; !slices.Equal(got, want) {
 			t.Errorf("unrecorded events %q, want %q", got, want)
 		}
-		if got, want := read(1), []string{string(payload(7))}; !slices.Equal(got, want) {
+		if got, want := read(1), []string{string(payload(9))}; !slices.Equal(got, want) {
 			t.Errorf("unrecorded events, limit 1: %q, want %q", got, want)
 		}
-		given(t, st, row(7, "acme", "w7", 10))
+		given(t, st, row(7, "acme", "w7", 10), row(9, "acme", "w9", 10))
 		if got, want := read(10), []string{string(payload(1))}; !slices.Equal(got, want) {
-			t.Errorf("unrecorded events once one is recorded: %q, want %q", got, want)
+			t.Errorf("unrecorded events once two are recorded: %q, want %q", got, want)
 		}
 	})
 
@@ -286,13 +294,17 @@ func storeSuite(t *testing.T, open func(t *testing.T) (Store, storeFacts)) {
 		guessed.Model, guessed.Estimated = "guessed", true
 		given(t, st, reported, guessed)
 		// 4: its lease is live. 5: its lease ran out within grace. 6: it
-		// reported (its event is not yet published). 7: it has a row.
+		// reported (its event is not yet published). 7: it has a row. 11:
+		// its event, kept on its row, says its lease had expired.
 		f.Claim(claimFact{Tenant: "acme", Work: "w4", Attempt: attemptN(4), Age: 3 * time.Minute, Lease: time.Minute})
 		f.Claim(claimFact{Tenant: "acme", Work: "w5", Attempt: attemptN(5), Age: 3 * time.Minute, Lease: -10 * time.Second})
 		f.Claim(claimFact{Tenant: "acme", Work: "w6", Attempt: attemptN(6), Age: 3 * time.Minute, Lease: -2 * time.Minute})
 		f.Report(attemptN(6), outcome.AttemptOK, eventFact{Stream: event.KindAttempt, Payload: []byte("{}"), Written: 2 * time.Minute, Published: -1})
 		f.Claim(claimFact{Tenant: "acme", Work: "w7", Attempt: attemptN(7), Age: 3 * time.Minute, Lease: -2 * time.Minute})
 		given(t, st, row(7, "acme", "w7", 10))
+		f.Claim(claimFact{Tenant: "acme", Work: "w11", Attempt: attemptN(11), Age: 3 * time.Minute, Lease: -2 * time.Minute})
+		f.Report(attemptN(11), outcome.AttemptLeaseExpired, eventFact{Stream: event.KindAttempt, Payload: []byte("{}"),
+			Written: 2 * time.Minute, OnRow: true})
 
 		dead := func(limit int) []store.DeadAttempt {
 			t.Helper()
@@ -539,7 +551,8 @@ func (f *pgFacts) Report(attempt, result string, events ...eventFact) {
 	names := event.Names{Cell: "us"}
 	var msgs []store.OutboxMsg
 	for _, e := range events {
-		m := store.OutboxMsg{Stream: e.Stream, Subject: names.Prefix(e.Stream) + c.Tenant, MsgID: attempt, Payload: e.Payload}
+		m := store.OutboxMsg{Stream: e.Stream, Subject: names.Prefix(e.Stream) + c.Tenant, MsgID: attempt, Payload: e.Payload,
+			NoRow: e.OnRow}
 		if e.NoCall {
 			m.Headers = map[string]string{event.NoCallHeader: "1"}
 		}
@@ -550,6 +563,11 @@ func (f *pgFacts) Report(attempt, result string, events ...eventFact) {
 		f.t.Fatal(err)
 	}
 	for _, e := range events {
+		if e.OnRow {
+			f.exec(`UPDATE attempts SET finished_at = now() - $2::bigint * interval '1 microsecond' WHERE id = $1`,
+				attempt, e.Written.Microseconds())
+			continue
+		}
 		var published *int64 // NULL: not published
 		if e.Published >= 0 {
 			us := e.Published.Microseconds()

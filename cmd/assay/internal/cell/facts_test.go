@@ -52,6 +52,10 @@ func TestClaimOnFacts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := w.Relay().Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Relay().Stop(context.Background()) })
 	ctx := context.Background()
 	// announce is the announcement ingress writes for the work, its facts
 	// changed by change.

@@ -245,7 +245,7 @@ func (b *Bundle) WaitLedger(t *testing.T, tenant string, want int) {
 // HandClassifiers returns a maker of classifiers of the cell that are not
 // started, for tests that drive Process by hand. It does what a started
 // classifier does around Process: it creates the RESULT and ATTEMPT
-// streams and relays the classifiers' outbox rows.
+// streams, relays the classifiers' outbox rows and runs each one's relay.
 func (b *Bundle) HandClassifiers(t *testing.T) func(classifier.Config) *classifier.Service {
 	t.Helper()
 	env := b.Cell.Env
@@ -268,6 +268,12 @@ func (b *Bundle) HandClassifiers(t *testing.T) func(classifier.Config) *classifi
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Its own relay publishes the ATTEMPT events it records, which
+		// have no outbox row for the relay above to find.
+		if err := s.Relay().Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Relay().Stop(context.Background()) })
 		return s
 	}
 }
