@@ -592,6 +592,29 @@ func CheckVars(vars []Var, fromEnv func(getenv func(string) string) error) []str
 	return problems
 }
 
+// Choice is a setting of two words: Default (or unset) leaves To false,
+// Other sets it.
+type Choice struct {
+	Name           string // the variable, e.g. ASSAY_SHED
+	Default, Other string // the two words it takes
+	To             *bool  // set true by Other
+}
+
+// Choices reads each variable as one of its two words. The error names the
+// variable and both words.
+func Choices(getenv func(string) string, cs ...Choice) error {
+	for _, c := range cs {
+		switch v := getenv(c.Name); v {
+		case "", c.Default:
+		case c.Other:
+			*c.To = true
+		default:
+			return Invalid(fmt.Errorf("%s: %q is not %s or %s", c.Name, v, c.Default, c.Other))
+		}
+	}
+	return nil
+}
+
 // Duration is one duration setting a service reads from the environment.
 type Duration struct {
 	Name     string         // the variable, e.g. ASSAY_LEASE_TTL

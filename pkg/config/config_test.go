@@ -414,3 +414,19 @@ func TestRedactedMultiHostURL(t *testing.T) {
 		}
 	}
 }
+
+func TestChoices(t *testing.T) {
+	read := func(v string) (bool, error) {
+		var on bool
+		err := config.Choices(func(string) string { return v }, config.Choice{Name: "ASSAY_X", Default: "on", Other: "off", To: &on})
+		return on, err
+	}
+	for v, want := range map[string]bool{"": false, "on": false, "off": true} {
+		if got, err := read(v); err != nil || got != want {
+			t.Errorf("ASSAY_X=%q: %v, %v; want %v", v, got, err, want)
+		}
+	}
+	if _, err := read("Off"); err == nil || !config.IsInvalid(err) || !strings.Contains(err.Error(), `ASSAY_X: "Off" is not on or off`) {
+		t.Errorf("ASSAY_X=Off: %v; want a bad setting naming the variable and both words", err)
+	}
+}

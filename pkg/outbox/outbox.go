@@ -67,7 +67,8 @@ type Source interface {
 // the same way and never marked. One the broker does not take is tried
 // again at the poll's pace for NoRowFor; past that, or when the process
 // stops, it is counted (assay_outbox_unsent_total) and left to the state
-// it announces: the sweeper announces queued work again.
+// it announces: the sweeper announces queued work again, the reapers read
+// back an attempt's or a commit's event.
 type Relay struct {
 	Store Source
 	JS    jetstream.Publisher
@@ -207,14 +208,13 @@ func (r *Relay) Send(msgs ...store.OutboxMsg) {
 // sendHanded publishes handed rows and keeps those the broker took to be
 // marked. What it does not publish is the poll's.
 func (r *Relay) sendHanded(ctx context.Context, msgs []store.OutboxMsg) {
-	r.sendSince(ctx, msgs, nil, time.Now())
+	r.sendSince(ctx, msgs, nil)
 }
 
-// sendSince publishes msgs, handed over at since (or, for a message with
-// no row tried before, at its own since[i]), keeps the rows the broker
-// took to be marked, and the messages with no row it did not take to be
-// tried again.
-func (r *Relay) sendSince(ctx context.Context, msgs []store.OutboxMsg, since []time.Time, at time.Time) {
+// sendSince publishes msgs, each handed over at since[i] (now when since is
+// nil), keeps the rows the broker took to be marked, and the messages with
+// no row it did not take to be tried again.
+func (r *Relay) sendSince(ctx context.Context, msgs []store.OutboxMsg, since []time.Time) {
 	sent, stopped := r.publishAll(ctx, msgs)
 	now, published := time.Now(), 0
 	for i, m := range msgs {
@@ -226,7 +226,7 @@ func (r *Relay) sendSince(ctx context.Context, msgs []store.OutboxMsg, since []t
 			continue
 		}
 		if m.NoRow {
-			first := at
+			first := now
 			if since != nil {
 				first = since[i]
 			}
@@ -244,7 +244,8 @@ func (r *Relay) sendSince(ctx context.Context, msgs []store.OutboxMsg, since []t
 
 // tryAgain publishes the messages with no row that the broker did not take
 // before, and gives up on those handed over more than NoRowFor ago, or on
-// all of them when the relay stops: the sweeper finds what they announce.
+// all of them when the relay stops: the sweeper and the reapers find what
+// they announce from its state.
 func (r *Relay) tryAgain(ctx context.Context, final bool) {
 	if len(r.again) == 0 {
 		return
@@ -263,7 +264,7 @@ func (r *Relay) tryAgain(ctx context.Context, final bool) {
 	}
 	r.again = nil
 	if len(msgs) > 0 {
-		r.sendSince(ctx, msgs, since, time.Time{})
+		r.sendSince(ctx, msgs, since)
 	}
 	if final {
 		for _, a := range r.again {
@@ -273,7 +274,7 @@ func (r *Relay) tryAgain(ctx context.Context, final bool) {
 		r.again = nil
 	}
 	if gaveUp > 0 {
-		r.Log.Warn("outbox: messages with no row not published in time; what they announce is found again from its state (the sweeper)",
+		r.Log.Warn("outbox: messages with no row not published in time; the sweeper and the reapers find what they announce from its state",
 			"messages", gaveUp, "tried_for", waited, "stopping", final)
 	}
 }

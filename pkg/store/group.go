@@ -285,10 +285,10 @@ func recordAttemptGroupArgs(recs []AttemptRecord) ([]any, error) {
 		changes[i], caps[i] = int32(r.Change), int32(r.OutputCap)
 		handoffs[i], retries[i] = interval(r.HandoffTTL), interval(r.RetryAfter)
 		notes[i], workOutcomes[i], workReasons[i], outages[i] = Text(r.RepairNote), r.WorkOutcome, Text(r.WorkReason), r.Outage
-		rows := r.Outbox[:0:0]
+		// Its ATTEMPT event with no row is kept on the attempt's row; add
+		// leaves it out of the outbox.
 		for _, m := range r.Outbox {
 			if !m.NoRow {
-				rows = append(rows, m)
 				continue
 			}
 			if m.Stream != event.KindAttempt || m.MsgID != r.AttemptID || events[i] != nil {
@@ -298,7 +298,7 @@ func recordAttemptGroupArgs(recs []AttemptRecord) ([]any, error) {
 			call := m.Headers[event.NoCallHeader] == ""
 			events[i], calls[i] = m.Payload, &call
 		}
-		if err := ob.add(r.AttemptID, rows); err != nil {
+		if err := ob.add(r.AttemptID, r.Outbox); err != nil {
 			return nil, err
 		}
 	}

@@ -228,10 +228,8 @@ func insertGroupArgs(reqs []InsertReq, take []int, out []WorkInserted) (args []a
 		first := *w
 		first.Dispatch, first.Superseded, first.SupersededRunning, first.State = 1, nil, nil, outcome.Queued
 		msgs, err := reqs[i].Announce(&first)
-		if err == nil && reqs[i].Publish {
-			for j := range msgs {
-				msgs[j].NoRow = true
-			}
+		if reqs[i].Publish {
+			NoRows(msgs)
 		}
 		if err == nil {
 			err = ob.add(w.ID, msgs)

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"assay.dev/pkg/outcome"
 )
 
 // movedTable is one table of a tenant's history: the tenant's rows (where,
@@ -95,12 +93,8 @@ func (s *Store) TenantUnsettled(ctx context.Context, tenant string) (Unsettled, 
 					AND w.tenant_id = $1
 					AND `+publishable+`
 					AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2)))
-			+ (SELECT count(*) FROM work w WHERE w.tenant_id = $1 AND w.state IN ('`+outcome.Accepted+`', '`+outcome.Expired+`') AND w.shadow_of IS NULL
-					AND w.updated_at > now() - $2 * interval '1 microsecond' AND w.outcome_announced_at IS NOT NULL
-					AND `+publishable+`
-					AND NOT EXISTS (SELECT 1 FROM reviews v WHERE v.work_id = w.id AND v.output IS NOT NULL)
-					AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = w.id || '.' || w.state AND o.stream = 'OUTCOME')
-					AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = w.state)),
+			+ (SELECT count(*) FROM work w WHERE w.tenant_id = $1 AND w.updated_at > now() - $2 * interval '1 microsecond'
+					AND `+unpublishedCommit+`),
 			(SELECT count(*) FROM publications WHERE tenant_id = $1 AND state = 'pending')`, tenant, interval(ReadBackHorizon)).
 		Scan(&u.Work, &u.Outbox, &u.Unrecorded, &u.Reserved, &u.Unannounced, &u.Unpublished, &u.Publishing)
 	if err != nil {

@@ -23,9 +23,18 @@ type OutboxMsg struct {
 	// NoRow: the message has no outbox row. Its process publishes it once
 	// it has committed (Relay.Send), and what the broker loses of it is
 	// found again from the state it announces (the sweeper announces
-	// queued work whose announcement is gone), so no row has to be
-	// written, published and dated for it.
+	// queued work whose announcement is gone, the reapers read back an
+	// attempt's or a commit's event), so no row has to be written,
+	// published and dated for it.
 	NoRow bool
+}
+
+// NoRows marks msgs as messages with no row (NoRow) and returns them.
+func NoRows(msgs []OutboxMsg) []OutboxMsg {
+	for i := range msgs {
+		msgs[i].NoRow = true
+	}
+	return msgs
 }
 
 func insertOutbox(ctx context.Context, tx pgx.Tx, msgs []OutboxMsg) error {

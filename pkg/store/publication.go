@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 )
 
@@ -698,6 +699,18 @@ func (s *Store) AbandonPublications(ctx context.Context, workID, reason string) 
 const publishable = `((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/#]+#[1-9][0-9]*$')
 				OR EXISTS (SELECT 1 FROM tenant_callbacks c WHERE c.tenant_id = w.tenant_id))`
 
+// unpublishedCommit is the condition on work w of a commit's outcome
+// (accepted, or expired when the answer came late), which has no outbox
+// row, that something may be published for and the publisher recorded
+// nothing for. The work row says the outcome: its state, announced at
+// outcome_announced_at.
+const unpublishedCommit = `w.state IN ('` + outcome.Accepted + `', '` + outcome.Expired + `') AND w.shadow_of IS NULL
+				AND w.outcome_announced_at IS NOT NULL
+				AND ` + publishable + `
+				AND NOT EXISTS (SELECT 1 FROM reviews v WHERE v.work_id = w.id AND v.output IS NOT NULL)
+				AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = w.id || '.' || w.state AND o.stream = 'OUTCOME')
+				AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = w.state)`
+
 // UnpublishedOutcomes reads back up to limit OUTCOME events
 // written within horizon and published more than grace ago whose work is still in that
 // outcome and for which the publisher recorded nothing: events the broker
@@ -716,8 +729,8 @@ const publishable = `((w.contract = 'code-review' AND w.source_id ~ '^[^/#]+/[^/
 func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Duration, limit int) ([][]byte, error) {
 	// The outcome a work publishes is its state's, or, once a person
 	// published an answer from the review screen, reviewed.
-	rows, err := s.pool.Query(ctx, `SELECT e.payload FROM (
-			SELECT o.payload, o.created_at AS at FROM outbox o
+	rows, err := s.pool.Query(ctx, `SELECT e.payload, e.work_id, e.tenant_id, e.region, e.state, e.at FROM (
+			SELECT o.payload, '' AS work_id, '' AS tenant_id, '' AS region, '' AS state, o.created_at AS at FROM outbox o
 			JOIN work w ON w.id = split_part(o.msg_id, '.', 1)
 			LEFT JOIN reviews v ON v.work_id = w.id AND v.output IS NOT NULL
 			WHERE o.stream = 'OUTCOME'
@@ -727,21 +740,25 @@ func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Dur
 				AND `+publishable+`
 				AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2))
 			UNION ALL
-			SELECT convert_to(json_build_object('outcomeId', w.id || '.' || w.state, 'workId', w.id, 'tenantId', w.tenant_id,
-					'region', w.region, 'outcome', w.state, 'at', w.outcome_announced_at)::text, 'UTF8'), w.outcome_announced_at
-			FROM work w
-			WHERE w.state IN ('`+outcome.Accepted+`', '`+outcome.Expired+`') AND w.shadow_of IS NULL
-				AND w.updated_at > now() - $2 * interval '1 microsecond'
+			SELECT NULL, w.id, w.tenant_id, w.region, w.state, w.outcome_announced_at FROM work w
+			WHERE w.updated_at > now() - $2 * interval '1 microsecond'
 				AND w.outcome_announced_at < now() - $1 * interval '1 microsecond'
-				AND `+publishable+`
-				AND NOT EXISTS (SELECT 1 FROM reviews v WHERE v.work_id = w.id AND v.output IS NOT NULL)
-				AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = w.id || '.' || w.state AND o.stream = 'OUTCOME')
-				AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = w.state)
+				AND `+unpublishedCommit+`
 		) e ORDER BY e.at LIMIT $3`, interval(grace), interval(horizon), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: unpublished outcomes: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]byte, error) {
+		var payload []byte
+		var o event.Outcome
+		if err := r.Scan(&payload, &o.WorkID, &o.TenantID, &o.Region, &o.Outcome, &o.At); err != nil || payload != nil {
+			return payload, err
+		}
+		// A commit's outcome, rebuilt from its work row as the committer
+		// built it.
+		o.OutcomeID, o.At = event.OutcomeMsgID(o.WorkID, o.Outcome), o.At.UTC()
+		return json.Marshal(o)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("store: unpublished outcomes: %w", err)
 	}

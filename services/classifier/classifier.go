@@ -664,26 +664,12 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 	); err != nil {
 		return err
 	}
-	switch v := getenv("ASSAY_MODEL_CONCURRENCY_SCOPE"); v {
-	case "", "cell":
-	case "instance":
-		c.InstanceScope = true
-	default:
-		return fmt.Errorf("ASSAY_MODEL_CONCURRENCY_SCOPE: %q is not cell or instance", v)
-	}
-	switch v := getenv("ASSAY_ATTEMPT_EVENTS"); v {
-	case "", "one":
-	case "split":
-		c.SplitEvents = true
-	default:
-		return fmt.Errorf("ASSAY_ATTEMPT_EVENTS: %q is not one or split", v)
-	}
-	switch v := getenv("ASSAY_MODEL_CONCURRENCY"); v {
-	case "", "adaptive":
-	case "fixed":
-		c.FixedConcurrency = true
-	default:
-		return fmt.Errorf("ASSAY_MODEL_CONCURRENCY: %q is not adaptive or fixed", v)
+	if err := config.Choices(getenv,
+		config.Choice{Name: "ASSAY_MODEL_CONCURRENCY_SCOPE", Default: "cell", Other: "instance", To: &c.InstanceScope},
+		config.Choice{Name: "ASSAY_ATTEMPT_EVENTS", Default: "one", Other: "split", To: &c.SplitEvents},
+		config.Choice{Name: "ASSAY_MODEL_CONCURRENCY", Default: "adaptive", Other: "fixed", To: &c.FixedConcurrency},
+	); err != nil {
+		return err
 	}
 	prices, err := price.Load(getenv("ASSAY_PRICE_TABLE"))
 	if err != nil {

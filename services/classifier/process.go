@@ -362,9 +362,7 @@ func (s *Service) record(ctx context.Context, w *store.Work, c *contract.Contrac
 			// The one ATTEMPT event is kept on the attempt's row, not as an
 			// outbox row: it is handed to the relay below once recorded, and
 			// the reapers read back what the broker loses of it.
-			for i := range msgs {
-				msgs[i].NoRow = true
-			}
+			store.NoRows(msgs)
 		}
 		applied, err := s.recordAttempt(ctx, s.attemptRecord(w, attemptID, token, v, raw, msgs, a.outage))
 		if applied && err == nil {

@@ -622,11 +622,8 @@ func (s *Service) commit(ctx context.Context, w *store.Work, ev event.Result, ou
 	// The outcome's event has no outbox row: the work row the commit
 	// writes says it (UnpublishedOutcomes rebuilds a lost one from it),
 	// and it is handed to the relay below once committed.
-	for _, msgs := range [][]store.OutboxMsg{req.Accepted, req.Expired} {
-		for i := range msgs {
-			msgs[i].NoRow = true
-		}
-	}
+	store.NoRows(req.Accepted)
+	store.NoRows(req.Expired)
 	got := s.commits.Do(ctx, req)
 	switch {
 	case got.Err != nil:

@@ -91,12 +91,8 @@ func (c *ShedConfig) backlog(lane string) int {
 }
 
 func (c *ShedConfig) fromEnv(getenv func(string) string) error {
-	switch v := getenv("ASSAY_SHED"); v {
-	case "", "on":
-	case "off":
-		c.Off = true
-	default:
-		return fmt.Errorf("ASSAY_SHED: %q is not on or off", v)
+	if err := config.Choices(getenv, config.Choice{Name: "ASSAY_SHED", Default: "on", Other: "off", To: &c.Off}); err != nil {
+		return err
 	}
 	if err := config.Durations(getenv,
 		config.Duration{Name: "ASSAY_SHED_QUEUE_WAIT", To: &c.QueueWait, Min: 10 * time.Millisecond, Max: time.Hour},
@@ -110,14 +106,7 @@ func (c *ShedConfig) fromEnv(getenv func(string) string) error {
 	if err := config.Int(getenv, "ASSAY_INTERACTIVE_BACKLOG", &c.InteractiveBacklog, 1, 10_000_000); err != nil {
 		return err
 	}
-	switch v := getenv("ASSAY_INGRESS_RATE"); v {
-	case "", "shared":
-	case "local":
-		c.LocalRate = true
-	default:
-		return fmt.Errorf("ASSAY_INGRESS_RATE: %q is not shared or local", v)
-	}
-	return nil
+	return config.Choices(getenv, config.Choice{Name: "ASSAY_INGRESS_RATE", Default: "shared", Other: "local", To: &c.LocalRate})
 }
 
 // openCounter is the store's bounded count of a tenant's open work in a
