@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -128,7 +129,9 @@ func newCluster(dir string, n int, tags []string, clientPorts bool) (*Cluster, e
 		}
 		return -1
 	}
-	c := &Cluster{Name: "assay-test"}
+	// A name of its own: a route port another test takes up cannot join
+	// two tests' clusters into one.
+	c := &Cluster{Name: "assay-test-" + strconv.Itoa(ports[0])}
 	for i := range n {
 		name := "n" + strconv.Itoa(i+1)
 		c.nodes = append(c.nodes, &clusterNode{opts: &server.Options{
@@ -172,20 +175,87 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
+// start starts the node on its ports. A port chosen before the node binds
+// it (a forming cluster's, or a stopped node's) may have been taken by
+// another process in between; the node then moves to a free one and tries
+// again. Its peers still find it: it dials their routes itself, and
+// clients learn its new address from the cluster.
 func (nd *clusterNode) start() error {
+	var err error
+	for try := 1; try <= 3; try++ {
+		// A taken port is seen before the start, which would otherwise wait
+		// its whole deadline for a listener that never comes.
+		moved, merr := nd.moveTakenPorts()
+		if merr != nil {
+			return errors.Join(err, merr)
+		}
+		if try > 1 && !moved {
+			return err
+		}
+		if err = nd.startOnce(); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+func (nd *clusterNode) startOnce() error {
 	opts := *nd.opts
 	s, err := server.NewServer(&opts)
 	if err != nil {
 		return fmt.Errorf("cluster node %s: %w", nd.opts.ServerName, err)
 	}
 	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
+	if !s.ReadyForConnections(30 * time.Second) {
 		s.Shutdown()
 		s.WaitForShutdown()
-		return fmt.Errorf("cluster node %s not ready for connections within 10s", nd.opts.ServerName)
+		return fmt.Errorf("cluster node %s (client port %d, route port %d) not ready for connections within 30s",
+			nd.opts.ServerName, nd.opts.Port, nd.opts.Cluster.Port)
 	}
 	nd.srv = s
 	return nil
+}
+
+// moveTakenPorts gives the node a free port in place of each of its ports
+// that another process holds, and says whether it moved any.
+func (nd *clusterNode) moveTakenPorts() (bool, error) {
+	moved := false
+	for _, port := range []*int{&nd.opts.Port, &nd.opts.Cluster.Port} {
+		if *port <= 0 || portFree(*port) {
+			continue
+		}
+		free, err := freePorts(1)
+		if err != nil {
+			return moved, err
+		}
+		if port == &nd.opts.Cluster.Port {
+			nd.opts.Routes = withoutPort(nd.opts.Routes, *port)
+		}
+		*port, moved = free[0], true
+	}
+	return moved, nil
+}
+
+// portFree says whether a listener can bind port on 127.0.0.1 now.
+func portFree(port int) bool {
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
+}
+
+// withoutPort is routes less the one to port, which another process now
+// holds: the node must not dial it as a peer.
+func withoutPort(routes []*url.URL, port int) []*url.URL {
+	var kept []*url.URL
+	for _, r := range routes {
+		if r.Port() != strconv.Itoa(port) {
+			kept = append(kept, r)
+		}
+	}
+	return kept
 }
 
 func (nd *clusterNode) stop() {

@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -195,6 +196,38 @@ func TestClusterKeepsR3StreamAcrossLeaderLoss(t *testing.T) {
 	msgs := own.Msgs
 	if msgs != 100 {
 		t.Fatalf("node %s holds %d messages after catching up, want 100", old, msgs)
+	}
+}
+
+// TestClusterNodeJoinsWhenItsPortsWereTaken: a node that has not started
+// yet, whose client and route ports another process took meanwhile, starts
+// on free ones, and the three nodes form one cluster with a meta leader.
+func TestClusterNodeJoinsWhenItsPortsWereTaken(t *testing.T) {
+	t.Parallel()
+	c := NewFormingCluster(t, 3, 2, "region:us")
+	n3 := c.node("n3")
+	taken := []int{n3.opts.Port, n3.opts.Cluster.Port}
+	for _, p := range taken {
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			t.Fatalf("take port %d: %v", p, err)
+		}
+		defer l.Close()
+	}
+	c.Start(t, "n3")
+	if got := []int{n3.opts.Port, n3.opts.Cluster.Port}; got[0] == taken[0] || got[1] == taken[1] {
+		t.Fatalf("n3 listens on %v, ports %v were taken", got, taken)
+	}
+	if err := c.WaitReady(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(c.Servers()); n != 3 {
+		t.Fatalf("%d nodes running, want 3", n)
+	}
+	for _, s := range c.Servers() {
+		if routes := s.NumRoutes(); routes == 0 {
+			t.Fatalf("node %s has no route to the others", s.Name())
+		}
 	}
 }
 
