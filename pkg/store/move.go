@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -70,17 +69,17 @@ func (u Unsettled) String() string {
 		u.Work, u.Outbox, u.Unrecorded, u.Reserved, u.Unannounced, u.Unpublished, u.Publishing)
 }
 
-// ReadBackHorizon is how far back the committer's reaper reads lost result
-// and OUTCOME events back from the outbox. An outcome published longer ago
-// without a publication is one nothing will publish any more, so it does
-// not hold a tenant's move either; the bound also keeps that count on the
-// outbox's index of when rows were written rather than on every row it retains.
-const ReadBackHorizon = time.Hour
-
-// TenantUnsettled counts what this cell still does for tenant.
+// TenantUnsettled counts what this cell still does for tenant. Its
+// outcomes without a publication are those the committer's reaper would
+// read back, counted from the same point before the cell's outcome mark,
+// however old: each holds the move until it is published.
 func (s *Store) TenantUnsettled(ctx context.Context, tenant string) (Unsettled, error) {
 	var u Unsettled
-	err := s.pool.QueryRow(ctx, `SELECT
+	since, err := s.readBackSince(ctx)
+	if err != nil {
+		return u, err
+	}
+	err = s.pool.QueryRow(ctx, `SELECT
 			(SELECT count(*) FROM work WHERE tenant_id = $1 AND state IN ('queued', 'running')),
 			(SELECT count(*) FROM outbox_waiting q JOIN outbox o ON o.id = q.id
 				WHERE q.set_aside_at IS NULL AND o.subject LIKE '%.' || $1),
@@ -88,14 +87,12 @@ func (s *Store) TenantUnsettled(ctx context.Context, tenant string) (Unsettled, 
 				AND (a.outcome IS NULL OR a.event_call OR EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = a.id::text))),
 			(SELECT count(*) FROM budget_reservations WHERE tenant_id = $1 AND settled_at IS NULL),
 			(SELECT count(*) FROM work WHERE tenant_id = $1 AND state NOT IN ('queued', 'running') AND outcome_announced_at IS NULL),
-			(SELECT count(*) FROM outbox o JOIN work w ON w.id = split_part(o.msg_id, '.', 1)
-				WHERE o.stream = 'OUTCOME' AND o.created_at > now() - $2 * interval '1 microsecond' AND o.published_at IS NOT NULL
-					AND w.tenant_id = $1
-					AND `+publishable+`
-					AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2)))
-			+ (SELECT count(*) FROM work w WHERE w.tenant_id = $1 AND w.updated_at > now() - $2 * interval '1 microsecond'
+			(SELECT count(*) FROM `+outboxOutcomes+`
+				WHERE o.created_at > $2 AND o.published_at IS NOT NULL AND w.tenant_id = $1
+					AND `+owedInOutbox+`)
+			+ (SELECT count(*) FROM work w WHERE w.tenant_id = $1 AND w.updated_at > $2
 					AND `+unpublishedCommit+`),
-			(SELECT count(*) FROM publications WHERE tenant_id = $1 AND state = 'pending')`, tenant, interval(ReadBackHorizon)).
+			(SELECT count(*) FROM publications WHERE tenant_id = $1 AND state = 'pending')`, tenant, since).
 		Scan(&u.Work, &u.Outbox, &u.Unrecorded, &u.Reserved, &u.Unannounced, &u.Unpublished, &u.Publishing)
 	if err != nil {
 		return u, fmt.Errorf("store: what is unsettled for %s: %w", tenant, err)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"assay.dev/pkg/event"
 )
 
 // OutboxMsg is one message to publish once the transaction that wrote it
@@ -250,7 +252,9 @@ func (s *Store) PendingOutbox(ctx context.Context) (int, error) {
 type Retention struct {
 	// Outbox is how long a published outbox row is kept (the ledger's
 	// reaper reads ATTEMPT events back from it, so it must outlast the
-	// reaper's horizon).
+	// reaper's horizon). An OUTCOME row is kept longer while the
+	// committer's reaper may still read it: until it is older than the
+	// point before the cell's outcome mark where that reading starts.
 	Outbox time.Duration
 	// Data is how long work inputs and raw answers are kept after the work
 	// ended; then they are removed, and the rows that say what happened
@@ -265,14 +269,20 @@ type Purged struct {
 	Outbox, Inputs, Answers int64
 }
 
-// Purge removes published outbox rows older than r.Outbox, and the inputs
+// Purge removes published outbox rows older than r.Outbox (OUTCOME rows
+// only once the committer's reaper reads no further back), and the inputs
 // and raw answers of work that ended more than r.Data ago.
 func (s *Store) Purge(ctx context.Context, r Retention) (Purged, error) {
 	var p Purged
+	since, err := s.readBackSince(ctx)
+	if err != nil {
+		return p, err
+	}
 	steps := []struct {
-		n   *int64
-		sql string
-		age time.Duration
+		n    *int64
+		sql  string
+		age  time.Duration
+		more []any
 	}{
 		// Stream by stream through the index of when rows were written: a
 		// row published before the cut was written before it too.
@@ -284,15 +294,16 @@ func (s *Store) Purge(ctx context.Context, r Retention) (Purged, error) {
 			DELETE FROM outbox WHERE id IN (SELECT old.id FROM kinds, LATERAL (
 				SELECT id FROM outbox o WHERE o.stream = kinds.stream AND o.created_at < now() - $1 * interval '1 microsecond'
 					AND o.published_at < now() - $1 * interval '1 microsecond'
-				ORDER BY o.created_at LIMIT $2) old LIMIT $2)`, r.Outbox},
+					AND (o.stream <> '` + event.KindOutcome + `' OR o.created_at < $3)
+				ORDER BY o.created_at LIMIT $2) old LIMIT $2)`, r.Outbox, []any{since}},
 		{&p.Answers, `UPDATE attempts SET raw_response = NULL WHERE id IN (SELECT a.id FROM attempts a JOIN work w ON w.id = a.work_id
 			WHERE a.raw_response IS NOT NULL AND w.state NOT IN ('queued', 'running')
-				AND w.updated_at < now() - $1 * interval '1 microsecond' LIMIT $2)`, r.Data},
+				AND w.updated_at < now() - $1 * interval '1 microsecond' LIMIT $2)`, r.Data, nil},
 		{&p.Inputs, `UPDATE work SET input = '' WHERE id IN (SELECT id FROM work
-			WHERE input <> '' AND state NOT IN ('queued', 'running') AND updated_at < now() - $1 * interval '1 microsecond' LIMIT $2)`, r.Data},
+			WHERE input <> '' AND state NOT IN ('queued', 'running') AND updated_at < now() - $1 * interval '1 microsecond' LIMIT $2)`, r.Data, nil},
 	}
 	for _, st := range steps {
-		tag, err := s.pool.Exec(ctx, st.sql, interval(st.age), r.Limit)
+		tag, err := s.pool.Exec(ctx, st.sql, append([]any{interval(st.age), r.Limit}, st.more...)...)
 		if err != nil {
 			return p, fmt.Errorf("store: purge: %w", err)
 		}

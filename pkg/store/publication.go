@@ -711,10 +711,13 @@ const unpublishedCommit = `w.state IN ('` + outcome.Accepted + `', '` + outcome.
 				AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.msg_id = w.id || '.' || w.state AND o.stream = 'OUTCOME')
 				AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = w.state)`
 
-// UnpublishedOutcomes reads back up to limit OUTCOME events
-// written within horizon and published more than grace ago whose work is still in that
+// UnpublishedOutcomes reads back up to limit OUTCOME events, oldest
+// first, published more than grace ago whose work is still in that
 // outcome and for which the publisher recorded nothing: events the broker
-// lost (a person's reviewed answer among them). Only work something may
+// lost (a person's reviewed answer among them). They are read from a
+// little before the cell's outcome mark, however long ago that is (see
+// AdvanceOutcomeMark), so an outcome lost while the committer was down for
+// a day is read when it is back. Only work something may
 // be published for is read: code reviews of
 // a pull request (owner/repo#number), and the work of tenants with a
 // callback. Once the publisher has seen an outcome, its rows (pending,
@@ -726,25 +729,22 @@ const unpublishedCommit = `w.state IN ('` + outcome.Accepted + `', '` + outcome.
 // outcome_announced_at), and the event is rebuilt from it here when the
 // broker lost it or its committer stopped before publishing it. Outcomes
 // reached any other way are announced with a row.
-func (s *Store) UnpublishedOutcomes(ctx context.Context, grace, horizon time.Duration, limit int) ([][]byte, error) {
-	// The outcome a work publishes is its state's, or, once a person
-	// published an answer from the review screen, reviewed.
+func (s *Store) UnpublishedOutcomes(ctx context.Context, grace time.Duration, limit int) ([][]byte, error) {
+	since, err := s.readBackSince(ctx)
+	if err != nil {
+		return nil, err
+	}
 	rows, err := s.pool.Query(ctx, `SELECT e.payload, e.work_id, e.tenant_id, e.region, e.state, e.at FROM (
-			SELECT o.payload, '' AS work_id, '' AS tenant_id, '' AS region, '' AS state, o.created_at AS at FROM outbox o
-			JOIN work w ON w.id = split_part(o.msg_id, '.', 1)
-			LEFT JOIN reviews v ON v.work_id = w.id AND v.output IS NOT NULL
-			WHERE o.stream = 'OUTCOME'
-				AND split_part(o.msg_id, '.', 2) = CASE WHEN v.work_id IS NULL THEN w.state ELSE 'reviewed' END
-				AND o.created_at > now() - $2 * interval '1 microsecond'
+			SELECT o.payload, '' AS work_id, '' AS tenant_id, '' AS region, '' AS state, o.created_at AS at FROM `+outboxOutcomes+`
+			WHERE o.created_at > $2
 				AND o.published_at < now() - $1 * interval '1 microsecond'
-				AND `+publishable+`
-				AND NOT EXISTS (SELECT 1 FROM publications p WHERE p.work_id = w.id AND p.outcome = split_part(o.msg_id, '.', 2))
+				AND `+owedInOutbox+`
 			UNION ALL
 			SELECT NULL, w.id, w.tenant_id, w.region, w.state, w.outcome_announced_at FROM work w
-			WHERE w.updated_at > now() - $2 * interval '1 microsecond'
+			WHERE w.updated_at > $2
 				AND w.outcome_announced_at < now() - $1 * interval '1 microsecond'
 				AND `+unpublishedCommit+`
-		) e ORDER BY e.at LIMIT $3`, interval(grace), interval(horizon), limit)
+		) e ORDER BY e.at LIMIT $3`, interval(grace), since, limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: unpublished outcomes: %w", err)
 	}

@@ -138,29 +138,28 @@ func (s *Store) ReleaseOrphanReservations(ctx context.Context, grace time.Durati
 }
 
 // UncommittedResults returns the payloads of up to limit RESULT events of
-// the given stream written within horizon and published more than grace
-// ago whose answer
-// still waits for its verdict: the attempt handed its work to the
+// the given stream published more than grace ago, however long ago, whose
+// answer still waits for its verdict: the attempt handed its work to the
 // committer, holds the lease, and the work has no outcome. These are events
-// the broker acknowledged and then lost; without them the work would wait
-// out its handoff lease and be paid for again.
-func (s *Store) UncommittedResults(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error) {
+// the broker acknowledged and then lost, or that no committer was up to
+// take; without them the work would wait out its handoff lease and be paid
+// for again.
+func (s *Store) UncommittedResults(ctx context.Context, stream string, grace time.Duration, limit int) ([][]byte, error) {
 	// From the work that runs, which is what is in flight, not from the
-	// horizon's events: a pass costs what the cell has in hand, however
-	// many results an hour of traffic published.
-	// An ATTEMPT event kept on its attempt's row counts as published when
-	// the attempt was recorded.
+	// events: a pass costs what the cell has in hand, however many results
+	// were published since the one it reads, so it needs no bound on their
+	// age. An ATTEMPT event kept on its attempt's row counts as published
+	// when the attempt was recorded.
 	rows, err := s.pool.Query(ctx, `SELECT coalesce(o.payload, a.event) FROM work w
 		JOIN attempts a ON a.work_id = w.id AND a.lease_token = w.lease_token
 		LEFT JOIN outbox o ON o.msg_id = a.id::text AND o.stream = $1
-			AND o.created_at > now() - $3 * interval '1 microsecond'
 			AND o.published_at < now() - $2 * interval '1 microsecond'
 		WHERE w.state = 'running'
 			AND a.outcome IN ('ok', 'invalid_output')
 			AND (o.id IS NOT NULL OR ($1 = '`+event.KindAttempt+`' AND a.event IS NOT NULL
 				AND a.finished_at < now() - $2 * interval '1 microsecond'))
-		ORDER BY coalesce(o.created_at, a.finished_at) LIMIT $4`,
-		stream, interval(grace), interval(horizon), limit)
+		ORDER BY coalesce(o.created_at, a.finished_at) LIMIT $3`,
+		stream, interval(grace), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: uncommitted results: %w", err)
 	}

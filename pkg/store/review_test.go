@@ -468,7 +468,7 @@ func TestReviewedOutcomeIsReadBack(t *testing.T) {
 		if _, err := store.Pool(s).Exec(ctx, `UPDATE outbox SET published_at = now() - interval '1 minute' WHERE msg_id LIKE $1 || '.%'`, w.ID); err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.UnpublishedOutcomes(ctx, time.Second, time.Hour, 10)
+		got, err := s.UnpublishedOutcomes(ctx, time.Second, 10)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -432,11 +432,14 @@ const reapBatch = 200
 // each outcome has its rows (made, pending, failed, or skipped when it has
 // nowhere to go), so none is read twice. Outcomes are read in batches
 // until none is left, so many with nothing to publish never keep a lost
-// one waiting for another pass.
+// one waiting for another pass. Neither is bounded by age: a committer
+// back from an outage of a day reads back what it owes from then, and
+// each pass ends by moving the cell's outcome mark up to the oldest
+// outcome still owed, where the next pass starts reading.
 func (s *Service) Reap(ctx context.Context) (int, error) {
 	var results []event.Result
 	for _, kind := range []string{event.KindAttempt, event.KindResult} {
-		payloads, err := s.d.Store.UncommittedResults(ctx, kind, s.cfg.ReapGrace, store.ReadBackHorizon, reapBatch)
+		payloads, err := s.d.Store.UncommittedResults(ctx, kind, s.cfg.ReapGrace, reapBatch)
 		if err != nil {
 			return 0, err
 		}
@@ -472,6 +475,11 @@ func (s *Service) Reap(ctx context.Context) (int, error) {
 			break
 		}
 	}
+	// What this pass read has its rows now: the mark moves up to the
+	// oldest outcome still owed, the next pass's start.
+	if _, err := s.d.Store.AdvanceOutcomeMark(ctx); err != nil {
+		return 0, err
+	}
 	return max(len(results), outcomes), nil
 }
 
@@ -488,7 +496,7 @@ func resultIn(kind string, payload []byte) (*event.Result, error) {
 // reapOutcomes reads back one batch of OUTCOME events and publishes those
 // not seen yet in this pass; fresh counts them.
 func (s *Service) reapOutcomes(ctx context.Context, seen map[string]bool) (n, fresh int, err error) {
-	outcomes, err := s.d.Store.UnpublishedOutcomes(ctx, s.cfg.ReapGrace, store.ReadBackHorizon, reapBatch)
+	outcomes, err := s.d.Store.UnpublishedOutcomes(ctx, s.cfg.ReapGrace, reapBatch)
 	if err != nil {
 		return 0, 0, err
 	}

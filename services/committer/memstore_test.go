@@ -21,8 +21,9 @@ import (
 //
 // It implements the four methods the commit path calls: WorkAnswerGroup,
 // CommitGroup, MarkStale and Reject. The rest of Store (Ping, WorkAnswer,
-// Commit, UncommittedResults, AnnounceOutcomes, UnpublishedOutcomes, the
-// outbox relay's and the publisher's) is the embedded interface, unset:
+// Commit, UncommittedResults, AnnounceOutcomes, UnpublishedOutcomes,
+// AdvanceOutcomeMark, the outbox relay's and the publisher's) is the
+// embedded interface, unset:
 // calling one panics. A committer on a memStore is never started, reaped
 // or asked whether it is ready.
 //

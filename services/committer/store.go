@@ -17,7 +17,7 @@ type Store interface {
 	WorkAnswer(ctx context.Context, workID, attemptID string) (*store.Work, []byte, error)
 	MarkStale(ctx context.Context, attemptID string) (bool, error)
 	Reject(ctx context.Context, w *store.Work, attemptID, token, reason string, announce store.Announce) (bool, error)
-	UncommittedResults(ctx context.Context, stream string, grace, horizon time.Duration, limit int) ([][]byte, error)
+	UncommittedResults(ctx context.Context, stream string, grace time.Duration, limit int) ([][]byte, error)
 	Commit(ctx context.Context, w *store.Work, attemptID, token string, output json.RawMessage, findings int,
 		announce store.Announce) (store.Verdict, error)
 	// The same in groups: what concurrent results ask at once is one
@@ -25,7 +25,8 @@ type Store interface {
 	WorkAnswerGroup(ctx context.Context, reqs []store.AnswerReq) []store.Answer
 	CommitGroup(ctx context.Context, reqs []store.CommitReq) []store.CommitVerdict
 	AnnounceOutcomes(ctx context.Context, limit int, announce store.Announce) (int, error)
-	UnpublishedOutcomes(ctx context.Context, grace, horizon time.Duration, limit int) ([][]byte, error)
+	UnpublishedOutcomes(ctx context.Context, grace time.Duration, limit int) ([][]byte, error)
+	AdvanceOutcomeMark(ctx context.Context) (time.Time, error)
 	outbox.Source
 	publish.Store
 }
