@@ -37,7 +37,7 @@ var secrets = map[string][]string{
 	"assay-pg-app":         {"uri"},
 	"assay-pg-ca":          {"ca.crt"},
 	"assay-pg-backup":      {"ACCESS_KEY_ID", "ACCESS_SECRET_KEY"},
-	"assay-nats-urls":      {"ingress", "classifier", "committer", "ledger", "placement"},
+	"assay-nats-urls":      {"ingress", "classifier", "committer", "ledger", "placement", "publisher"},
 	"assay-nats-passwords": nil, // every line of assay nats-config --passwords
 	"assay-model":          {"api-key"},
 	"assay-github":         {"webhook-secret", "token"},

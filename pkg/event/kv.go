@@ -22,3 +22,10 @@ func (n Names) CallsBucket() string { return n.inst() + "_calls_" + n.Cell }
 // answers, e.g. assay_placement_us. It is the region's, not a cell's: every
 // cell of the region reads the same one.
 func (n Names) PlacementBucket(region string) string { return n.inst() + "_placement_" + region }
+
+// GitHubBucket is the key-value bucket of GitHub write budgets: per App
+// installation, the content-creating requests made in the last hour and a
+// hold GitHub imposed. A region's (e.g. assay_github_us, in the region's
+// account) is drawn from by every publisher of the region; a cell's (named
+// after the cell, in its own account) by the cell's committer replicas.
+func (n Names) GitHubBucket(where string) string { return n.inst() + "_github_" + where }

@@ -184,6 +184,10 @@ type PublishFacts struct {
 	// from the console (approved or amended); nil when there is none. Once
 	// there is, it is what the work publishes.
 	Reviewed json.RawMessage
+	// Newer is the revision of the same source, after the work's, that
+	// replaces what it would publish: accepted, on its way (queued or
+	// running), or published from the review screen. "" when there is none.
+	Newer string
 }
 
 // PublishFacts reads, in one statement, the work, its result, its
@@ -233,7 +237,7 @@ func (s *Store) PublishFactsGroup(ctx context.Context, ids []string) []Facts {
 
 // publishFactsSQL reads the columns scanPublishFacts takes, to be ended
 // by the work it reads.
-const publishFactsSQL = `SELECT ` + workColumns + `,
+var publishFactsSQL = `SELECT ` + workColumns + `,
 			(SELECT output FROM results r WHERE r.work_id = work.id AND r.schema_version = work.schema_version),
 			(SELECT a.coverage FROM results r JOIN attempts a ON a.id = r.attempt_id
 				WHERE r.work_id = work.id AND r.schema_version = work.schema_version),
@@ -248,7 +252,13 @@ const publishFactsSQL = `SELECT ` + workColumns + `,
 				(SELECT coalesce(json_agg(json_build_object('key', key, 'repositories', repositories) ORDER BY key), '[]')
 				FROM tenant_sources WHERE kind = 'github_installation' AND tenant_id = work.tenant_id) END,
 			coalesce(work.rest_of, ''),
-			(SELECT output FROM reviews v WHERE v.work_id = work.id)
+			(SELECT output FROM reviews v WHERE v.work_id = work.id),
+			coalesce((SELECT o.revision FROM work o
+				WHERE o.tenant_id = work.tenant_id AND o.contract = work.contract AND o.source_id = work.source_id
+					AND coalesce(o.rest_of, o.id) <> coalesce(work.rest_of, work.id) AND ` + revisionAfter("o", "work") + `
+					AND (o.state IN ('queued', 'running', 'accepted')
+						OR EXISTS (SELECT 1 FROM reviews v WHERE v.work_id = o.id AND v.output IS NOT NULL))
+				ORDER BY coalesce(o.source_updated_at, o.created_at) DESC LIMIT 1), '')
 		FROM work`
 
 func scanPublishFacts(row pgx.Row) (PublishFacts, error) {
@@ -257,7 +267,8 @@ func scanPublishFacts(row pgx.Row) (PublishFacts, error) {
 	var inst *int64
 	var links []byte
 	var restOf string
-	w, err := scanWorkWith(row, &f.Output, &f.Coverage, &f.CheckPolicy, &cbURL, &cbSecret, &inst, &base, &links, &restOf, &f.Reviewed)
+	w, err := scanWorkWith(row, &f.Output, &f.Coverage, &f.CheckPolicy, &cbURL, &cbSecret, &inst, &base, &links, &restOf, &f.Reviewed,
+		&f.Newer)
 	if err != nil {
 		return f, err
 	}
@@ -372,6 +383,9 @@ const (
 	PublicationPublished = "published" // made; a redelivered outcome changes nothing
 	PublicationFailed    = "failed"    // its deadline passed or the target refused it for good
 	PublicationSkipped   = "skipped"   // target "none": nothing to publish, Reason says why
+	// PublicationSuperseded: a newer revision of the pull request replaces
+	// the work's review before it was made; Reason names it.
+	PublicationSuperseded = "superseded"
 )
 
 // Publication is the fence row of one work item's publication to one
@@ -384,9 +398,16 @@ type Publication struct {
 	// CommentIDs maps a comment's key (a finding's index) to its id.
 	CommentIDs     map[string]int64
 	RerunCommentID int64
-	Plan           json.RawMessage
-	Tries          int
-	LastError      string
+	// ReviewID is the last pull request review made for the work; 0 for
+	// none.
+	ReviewID int64
+	// Steps maps each step of a publication to GitHub that is complete
+	// (StepCheckRun, StepReview, StepRerun, StepComment) to the outcome it
+	// was completed for; see Done.
+	Steps     map[string]string
+	Plan      json.RawMessage
+	Tries     int
+	LastError string
 	// Reason says why a publication failed or was skipped.
 	Reason string
 	// NextTryAt is when a pending publication is tried again; DeadlineAt
@@ -396,16 +417,39 @@ type Publication struct {
 	CreatedAt, UpdatedAt               time.Time
 }
 
+// Steps of a publication to GitHub, as Publication.Steps names them.
+const (
+	// StepCheckRun: the check run is made, or edited, with the outcome's
+	// content.
+	StepCheckRun = "check_run"
+	// StepReview: every finding of the outcome is on the pull request, the
+	// new ones in one review and the others edited.
+	StepReview = "review"
+	// StepRerun: the conversation comment is made, or edited.
+	StepRerun = "rerun"
+)
+
+// StepComment is the step of editing the existing comment of one finding
+// (its key) to the outcome's content.
+func StepComment(key string) string { return "comment:" + key }
+
+// Done reports whether step is complete for the publication's outcome. A
+// step completed for an earlier outcome of the work is not.
+func (p *Publication) Done(step string) bool {
+	o, ok := p.Steps[step]
+	return ok && o == p.Outcome
+}
+
 const publicationColumns = `work_id, target, tenant_id, outcome, state, coalesce(check_run_id, 0), comment_ids,
-	coalesce(rerun_comment_id, 0), plan, tries, coalesce(last_error, ''), coalesce(reason, ''),
+	coalesce(rerun_comment_id, 0), coalesce(review_id, 0), steps, plan, tries, coalesce(last_error, ''), coalesce(reason, ''),
 	coalesce(next_try_at, 'epoch'), coalesce(deadline_at, 'epoch'), coalesce(last_tried_at, 'epoch'),
 	coalesce(published_at, 'epoch'), created_at, updated_at`
 
 func scanPublication(row pgx.Row) (*Publication, error) {
 	var p Publication
 	err := row.Scan(&p.WorkID, &p.Target, &p.TenantID, &p.Outcome, &p.State, &p.CheckRunID, &p.CommentIDs,
-		&p.RerunCommentID, &p.Plan, &p.Tries, &p.LastError, &p.Reason, &p.NextTryAt, &p.DeadlineAt, &p.LastTriedAt,
-		&p.PublishedAt, &p.CreatedAt, &p.UpdatedAt)
+		&p.RerunCommentID, &p.ReviewID, &p.Steps, &p.Plan, &p.Tries, &p.LastError, &p.Reason, &p.NextTryAt, &p.DeadlineAt,
+		&p.LastTriedAt, &p.PublishedAt, &p.CreatedAt, &p.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -427,16 +471,16 @@ func collectPublications(rows pgx.Rows, err error) ([]*Publication, error) {
 // OpenPublications makes the rows of an outcome's publication to each
 // target, pending from now until deadline, and returns every row of the
 // work by target. A row that holds another outcome of the work (dropped
-// work run again) starts over for this one, keeping the remote ids; a row
-// of this outcome is left as it is, so a redelivered outcome changes
-// nothing.
+// work run again, a person's review of accepted work) starts over for this
+// one, keeping the remote ids and forgetting its completed steps; a row of
+// this outcome is left as it is, so a redelivered outcome changes nothing.
 func (s *Store) OpenPublications(ctx context.Context, workID, tenant, outcome string, targets []string,
 	now, deadline time.Time) (map[string]*Publication, error) {
 	rows, err := s.pool.Query(ctx, `WITH up AS (
 			INSERT INTO publications AS p (work_id, target, tenant_id, outcome, state, next_try_at, deadline_at)
 			SELECT $1, t, $2, $3, 'pending', $5, $6 FROM unnest($4::text[]) t
 			ON CONFLICT (work_id, target) DO UPDATE SET outcome = excluded.outcome, state = 'pending', tries = 0,
-				last_error = NULL, reason = NULL, published_at = NULL, next_try_at = excluded.next_try_at,
+				last_error = NULL, reason = NULL, published_at = NULL, steps = '{}', next_try_at = excluded.next_try_at,
 				deadline_at = excluded.deadline_at, updated_at = now()
 			WHERE p.outcome <> excluded.outcome
 			RETURNING `+publicationColumns+`)
@@ -570,18 +614,42 @@ func (s *Store) RecordCheckRun(ctx context.Context, workID, target string, id in
 		WHERE work_id = $1 AND target = $2`, workID, target, id)
 }
 
-// RecordComment records one review comment of a publication under key.
-func (s *Store) RecordComment(ctx context.Context, workID, target, key string, id int64) error {
-	return s.recordPublication(ctx, `UPDATE publications SET comment_ids = comment_ids || jsonb_build_object($3::text, $4::bigint),
-			updated_at = now()
-		WHERE work_id = $1 AND target = $2`, workID, target, key, id)
+// FinishCheckRun records the check run of a publication as made, or
+// edited, with outcome's content: a retry of that outcome does not send it
+// again.
+func (s *Store) FinishCheckRun(ctx context.Context, workID, target, outcome string, id int64) error {
+	return s.recordPublication(ctx, `UPDATE publications SET check_run_id = $3,
+			steps = steps || jsonb_build_object('`+StepCheckRun+`', $4::text), updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, id, outcome)
 }
 
-// RecordRerunComment records the comment that tells how to run dropped
-// work again.
-func (s *Store) RecordRerunComment(ctx context.Context, workID, target string, id int64) error {
-	return s.recordPublication(ctx, `UPDATE publications SET rerun_comment_id = $3, updated_at = now()
-		WHERE work_id = $1 AND target = $2`, workID, target, id)
+// FinishComment records the existing review comment of one finding (key)
+// as edited to outcome's content.
+func (s *Store) FinishComment(ctx context.Context, workID, target, outcome, key string, id int64) error {
+	return s.recordPublication(ctx, `UPDATE publications SET comment_ids = comment_ids || jsonb_build_object($3::text, $4::bigint),
+			steps = steps || jsonb_build_object('comment:' || $3::text, $5::text), updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, key, id, outcome)
+}
+
+// FinishReview records that every finding of outcome is on the pull
+// request: id is the review made for the findings that had no comment (0
+// when every one had), comments the ids of its comments by key.
+func (s *Store) FinishReview(ctx context.Context, workID, target, outcome string, id int64, comments map[string]int64) error {
+	if comments == nil {
+		comments = map[string]int64{}
+	}
+	return s.recordPublication(ctx, `UPDATE publications SET review_id = coalesce(nullif($3::bigint, 0), review_id),
+			comment_ids = comment_ids || $4::jsonb, steps = steps || jsonb_build_object('`+StepReview+`', $5::text),
+			updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, id, comments, outcome)
+}
+
+// FinishRerunComment records the conversation comment of a publication as
+// made, or edited, with outcome's text.
+func (s *Store) FinishRerunComment(ctx context.Context, workID, target, outcome string, id int64) error {
+	return s.recordPublication(ctx, `UPDATE publications SET rerun_comment_id = $3,
+			steps = steps || jsonb_build_object('`+StepRerun+`', $4::text), updated_at = now()
+		WHERE work_id = $1 AND target = $2`, workID, target, id, outcome)
 }
 
 // FinishPublication records that the publication of outcome is complete,

@@ -81,7 +81,7 @@ func TestPublicationRows(t *testing.T) {
 		!rows["callback"].DeadlineAt.Equal(t0.Add(time.Hour)) {
 		t.Fatalf("opened: %+v, %v", rows, err)
 	}
-	if err := s.RecordRerunComment(ctx, w.ID, "github", 77); err != nil {
+	if err := s.FinishRerunComment(ctx, w.ID, "github", "dropped", 77); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.FinishPublication(ctx, w.ID, "github", "dropped", []byte(`{}`), t0); err != nil {
@@ -91,14 +91,15 @@ func TestPublicationRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	again, err := s.OpenPublications(ctx, w.ID, "acme", "dropped", targets, t0.Add(time.Hour), t0.Add(2*time.Hour))
-	if err != nil || again["github"].State != store.PublicationPublished || again["callback"].Tries != 1 ||
+	if err != nil || again["github"].State != store.PublicationPublished || !again["github"].Done(store.StepRerun) || again["callback"].Tries != 1 ||
 		!again["callback"].NextTryAt.Equal(t0.Add(time.Minute)) || !again["callback"].DeadlineAt.Equal(t0.Add(time.Hour)) {
 		t.Fatalf("the same outcome again: %+v, %v; want the rows as they were", again, err)
 	}
 	next, err := s.OpenPublications(ctx, w.ID, "acme", "accepted", targets, t0.Add(time.Hour), t0.Add(2*time.Hour))
 	if err != nil || next["github"].State != store.PublicationPending || next["github"].Outcome != "accepted" ||
-		next["github"].RerunCommentID != 77 || next["callback"].Tries != 0 || !next["callback"].DeadlineAt.Equal(t0.Add(2*time.Hour)) {
-		t.Fatalf("the work's next outcome: %+v, %v; want pending again, keeping the ids", next, err)
+		next["github"].RerunCommentID != 77 || next["github"].Done(store.StepRerun) || len(next["github"].Steps) != 0 ||
+		next["callback"].Tries != 0 || !next["callback"].DeadlineAt.Equal(t0.Add(2*time.Hour)) {
+		t.Fatalf("the work's next outcome: %+v, %v; want pending again, keeping the ids and no step done", next, err)
 	}
 	due, err := s.DuePublications(ctx, t0.Add(time.Hour), 10)
 	if err != nil || len(due) != 2 {
@@ -129,5 +130,61 @@ func TestPublicationRows(t *testing.T) {
 	all, err := s.PublicationsOf(ctx, w.ID)
 	if err != nil || len(all) != 3 || all[2].Target != "none" || all[2].State != store.PublicationSkipped {
 		t.Fatalf("publications of the work: %+v, %v", all, err)
+	}
+}
+
+// The steps of a publication to GitHub are recorded with their ids, each
+// complete for the outcome it was done for: a retry of that outcome finds
+// them done, a later outcome of the work finds none done but keeps the ids.
+func TestPublicationSteps(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := &store.Work{ID: "w_pubsteps", TenantID: "acme", Region: "us", Contract: "code-review", SchemaVersion: "1",
+		TaxonomyVersion: "t", SourceID: "shop/app#10", Revision: strings.Repeat("c", 40), Lane: "interactive", Input: `{}`,
+		Digest: "d", DeadlineAt: time.Now().Add(time.Minute)}
+	if _, _, err := s.InsertWork(ctx, w, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	if _, err := s.OpenPublications(ctx, w.ID, "acme", "accepted", []string{"github"}, t0, t0.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FinishCheckRun(ctx, w.ID, "github", "accepted", 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeferPublication(ctx, w.ID, "github", "HTTP 502", t0, t0.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.GetPublication(ctx, w.ID, "github")
+	if err != nil || p.CheckRunID != 5 || !p.Done(store.StepCheckRun) || p.Done(store.StepReview) || p.Tries != 1 {
+		t.Fatalf("after the check run and a failed review: %+v, %v; want the check run done, the review not", p, err)
+	}
+	if err := s.FinishReview(ctx, w.ID, "github", "accepted", 9, map[string]int64{"0": 10, "1": 11}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FinishPublication(ctx, w.ID, "github", "accepted", []byte(`{}`), t0); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = s.GetPublication(ctx, w.ID, "github"); err != nil || p.ReviewID != 9 || len(p.CommentIDs) != 2 || !p.Done(store.StepReview) {
+		t.Fatalf("after the review: %+v, %v", p, err)
+	}
+	next, err := s.OpenPublications(ctx, w.ID, "acme", "reviewed", []string{"github"}, t0, t0.Add(time.Hour))
+	if p = next["github"]; err != nil || p.Done(store.StepCheckRun) || p.Done(store.StepReview) || p.CheckRunID != 5 || p.ReviewID != 9 ||
+		p.CommentIDs["1"] != 11 {
+		t.Fatalf("reopened for reviewed: %+v, %v; want no step done and every id kept", p, err)
+	}
+	// A step recorded late for the earlier outcome counts for nothing.
+	if err := s.FinishCheckRun(ctx, w.ID, "github", "accepted", 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FinishComment(ctx, w.ID, "github", "reviewed", "1", 11); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FinishReview(ctx, w.ID, "github", "reviewed", 0, map[string]int64{"2": 12}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = s.GetPublication(ctx, w.ID, "github"); err != nil || p.Done(store.StepCheckRun) || !p.Done(store.StepComment("1")) ||
+		p.Done(store.StepComment("0")) || !p.Done(store.StepReview) || p.ReviewID != 9 || len(p.CommentIDs) != 3 {
+		t.Fatalf("reviewed's steps: %+v, %v", p, err)
 	}
 }

@@ -78,6 +78,20 @@ type Config struct {
 	// (defaults: publish.Config's).
 	PublishBackoff                       publish.Backoff
 	PublishRetryEvery, PublishCountEvery time.Duration
+	// PublishConcurrency and CallbackConcurrency are how many publications
+	// to GitHub and how many callbacks are tried at once (defaults:
+	// publish.Config's).
+	PublishConcurrency, CallbackConcurrency int
+	// GitHubWritesPerMinute and GitHubWritesPerHour are each installation's
+	// budget of content-creating requests, drawn from by every publisher
+	// that shares the budget bucket. Defaults GitHub's limits, 80 and 500.
+	GitHubWritesPerMinute, GitHubWritesPerHour int
+	// GitHubBudgetNATSURL is the region's account, where the installations'
+	// write budgets are kept for every cell of the region, with this
+	// cell's publisher user (ASSAY_GITHUB_BUDGET_NATS_URL; assay
+	// nats-config writes it). Unset, the budgets are kept in the cell's own
+	// account: shared by its committer replicas.
+	GitHubBudgetNATSURL string
 	// Now is the publisher's clock. Default time.Now.
 	Now func() time.Time
 	// SetAside bounds how long an OUTCOME row that fails to publish is
@@ -94,6 +108,11 @@ var Vars = []config.Var{
 	{Name: "ASSAY_GITHUB_API_URL", Default: "https://api.github.com", Usage: "where check runs and review comments are published"},
 	{Name: "ASSAY_GITHUB_APP_ID", Default: "none (record what would be published)", Usage: "the GitHub App's id, to publish as the app"},
 	{Name: "ASSAY_GITHUB_APP_KEY_FILE", Default: "none", Usage: "the GitHub App's private key (PEM); required with ASSAY_GITHUB_APP_ID"},
+	{Name: "ASSAY_PUBLISH_CONCURRENCY", Default: "4", Usage: "publications to GitHub tried at once"},
+	{Name: "ASSAY_CALLBACK_CONCURRENCY", Default: "4", Usage: "callbacks tried at once, apart from GitHub's"},
+	{Name: "ASSAY_GITHUB_WRITES_PER_MINUTE", Default: "80", Usage: "content-creating requests each installation may make in any minute, shared by every publisher of the budget"},
+	{Name: "ASSAY_GITHUB_WRITES_PER_HOUR", Default: "500", Usage: "content-creating requests each installation may make in any hour"},
+	{Name: "ASSAY_GITHUB_BUDGET_NATS_URL", Default: "none (the cell's own account)", Usage: "the region's account, where every cell's publishers share each installation's write budget"},
 }
 
 // FromEnv fills ASSAY_ACK_WAIT (the result consumers' ack wait),
@@ -110,6 +129,26 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		config.Duration{Name: "ASSAY_COMMITTER_REAP_GRACE", To: &c.ReapGrace, Min: 100 * time.Millisecond, Max: 24 * time.Hour},
 		config.Duration{Name: "ASSAY_PUBLISH_DEADLINE", To: &c.PublishDeadline, Min: time.Minute, Max: 30 * 24 * time.Hour}); err != nil {
 		return err
+	}
+	for _, n := range []struct {
+		name     string
+		to       *int
+		min, max int
+	}{{"ASSAY_PUBLISH_CONCURRENCY", &c.PublishConcurrency, 1, 256}, {"ASSAY_CALLBACK_CONCURRENCY", &c.CallbackConcurrency, 1, 256},
+		{"ASSAY_GITHUB_WRITES_PER_MINUTE", &c.GitHubWritesPerMinute, 1, 1_000_000}, {"ASSAY_GITHUB_WRITES_PER_HOUR", &c.GitHubWritesPerHour, 1, 60_000_000}} {
+		if err := config.Int(getenv, n.name, n.to, n.min, n.max); err != nil {
+			return err
+		}
+	}
+	if c.GitHubWritesPerMinute > 0 && c.GitHubWritesPerHour > 0 && c.GitHubWritesPerMinute > c.GitHubWritesPerHour {
+		return config.Invalid(fmt.Errorf("ASSAY_GITHUB_WRITES_PER_MINUTE: %d is more than ASSAY_GITHUB_WRITES_PER_HOUR (%d)",
+			c.GitHubWritesPerMinute, c.GitHubWritesPerHour))
+	}
+	if v := getenv("ASSAY_GITHUB_BUDGET_NATS_URL"); v != "" {
+		if err := config.CheckNATSURL(v); err != nil {
+			return fmt.Errorf("ASSAY_GITHUB_BUDGET_NATS_URL: %w", err)
+		}
+		c.GitHubBudgetNATSURL = v
 	}
 	if v := getenv("ASSAY_GITHUB_API_URL"); v != "" {
 		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -131,6 +170,7 @@ type JetStream interface {
 	jetstream.Publisher             // the outbox relay's announcements
 	jetstream.StreamManager         // the OUTCOME stream
 	jetstream.StreamConsumerManager // the ATTEMPT, RESULT and OUTCOME consumers
+	jetstream.KeyValueManager       // the GitHub write budgets, kept in the cell's account
 	// Conn is the connection, read for the largest payload its server
 	// takes.
 	Conn() *nats.Conn
@@ -163,6 +203,7 @@ type Service struct {
 	relay     *outbox.Relay
 	announcer lifecycle.Ticker
 	publisher *publish.Publisher
+	budget    budgetConn
 	// The reads of the answers to gate and the commits of concurrent
 	// results, in groups (group commit).
 	answers *group.Batch[store.AnswerReq, store.Answer]
@@ -329,7 +370,8 @@ func (s *Service) announcePass(ctx context.Context) (bool, error) {
 func (s *Service) buildPublisher() error {
 	cfg := s.cfg
 	pc := publish.Config{Region: cfg.Region, Names: cfg.Names, Rerun: cfg.Rerun, Deadline: cfg.PublishDeadline,
-		Backoff: cfg.PublishBackoff, RetryEvery: cfg.PublishRetryEvery, CountEvery: cfg.PublishCountEvery, Now: cfg.Now}
+		Backoff: cfg.PublishBackoff, RetryEvery: cfg.PublishRetryEvery, CountEvery: cfg.PublishCountEvery, Now: cfg.Now,
+		Concurrency: cfg.PublishConcurrency, CallbackConcurrency: cfg.CallbackConcurrency}
 	if pc.Rerun == nil {
 		pc.Rerun = func(id string) string { return fmt.Sprintf("assay work rerun %s --region %s", id, cfg.Region) }
 	}
@@ -339,7 +381,8 @@ func (s *Service) buildPublisher() error {
 			api = "https://api.github.com"
 		}
 		pc.GitHub = &publish.GitHub{App: &githubapp.App{API: api, ID: cfg.GitHubAppID, Key: cfg.GitHubKey, Now: cfg.Now,
-			UserAgent: "assay-publisher"}}
+			UserAgent: "assay-publisher"},
+			Budget: &publish.Budget{PerMinute: cfg.GitHubWritesPerMinute, PerHour: cfg.GitHubWritesPerHour, Now: cfg.Now, Open: s.openBudget}}
 	}
 	var err error
 	if s.publisher, err = publish.New(pc, s.d.Store, s.d.JS, s.d.Log, s.d.Tel.Meter()); err != nil {
@@ -419,6 +462,7 @@ func (s *Service) Start(ctx context.Context) error {
 // Idempotent.
 func (s *Service) Stop(ctx context.Context) {
 	lifecycle.StopAll(ctx, &s.reaper, &s.announcer, s.results, s.earlier, s.relay, s.publisher, s.streams)
+	s.closeBudget()
 }
 
 // reapBatch bounds the events one reaper pass reads back.

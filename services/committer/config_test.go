@@ -44,6 +44,14 @@ func TestGitHubSettings(t *testing.T) {
 		{map[string]string{"ASSAY_PUBLISH_DEADLINE": "6h"}, ""},
 		{map[string]string{"ASSAY_PUBLISH_DEADLINE": "5s"}, "ASSAY_PUBLISH_DEADLINE"},
 		{map[string]string{"ASSAY_PUBLISH_DEADLINE": "a day"}, "ASSAY_PUBLISH_DEADLINE"},
+		{map[string]string{"ASSAY_PUBLISH_CONCURRENCY": "8", "ASSAY_CALLBACK_CONCURRENCY": "3",
+			"ASSAY_GITHUB_WRITES_PER_MINUTE": "40", "ASSAY_GITHUB_WRITES_PER_HOUR": "400"}, ""},
+		{map[string]string{"ASSAY_PUBLISH_CONCURRENCY": "0"}, "ASSAY_PUBLISH_CONCURRENCY"},
+		{map[string]string{"ASSAY_CALLBACK_CONCURRENCY": "many"}, "ASSAY_CALLBACK_CONCURRENCY"},
+		{map[string]string{"ASSAY_GITHUB_WRITES_PER_MINUTE": "-1"}, "ASSAY_GITHUB_WRITES_PER_MINUTE"},
+		{map[string]string{"ASSAY_GITHUB_WRITES_PER_MINUTE": "90", "ASSAY_GITHUB_WRITES_PER_HOUR": "60"}, "ASSAY_GITHUB_WRITES_PER_MINUTE"},
+		{map[string]string{"ASSAY_GITHUB_BUDGET_NATS_URL": "http://nats:4222"}, "ASSAY_GITHUB_BUDGET_NATS_URL"},
+		{map[string]string{"ASSAY_GITHUB_BUDGET_NATS_URL": "nats://publisher:pw@nats:4222"}, ""},
 	} {
 		var cfg Config
 		err := cfg.FromEnv(func(k string) string { return c.env[k] })
@@ -56,6 +64,12 @@ func TestGitHubSettings(t *testing.T) {
 			t.Errorf("%v: app %d, key %v", c.env, cfg.GitHubAppID, cfg.GitHubKey != nil)
 		case c.want == "" && c.env["ASSAY_PUBLISH_DEADLINE"] != "" && cfg.PublishDeadline != 6*time.Hour:
 			t.Errorf("%v: publication deadline %s", c.env, cfg.PublishDeadline)
+		case c.want == "" && c.env["ASSAY_PUBLISH_CONCURRENCY"] != "" && (cfg.PublishConcurrency != 8 || cfg.CallbackConcurrency != 3 ||
+			cfg.GitHubWritesPerMinute != 40 || cfg.GitHubWritesPerHour != 400):
+			t.Errorf("%v: concurrency %d and %d, writes %d a minute and %d an hour", c.env, cfg.PublishConcurrency,
+				cfg.CallbackConcurrency, cfg.GitHubWritesPerMinute, cfg.GitHubWritesPerHour)
+		case c.want == "" && c.env["ASSAY_GITHUB_BUDGET_NATS_URL"] != "" && cfg.GitHubBudgetNATSURL != c.env["ASSAY_GITHUB_BUDGET_NATS_URL"]:
+			t.Errorf("%v: budget URL %q", c.env, cfg.GitHubBudgetNATSURL)
 		}
 	}
 }

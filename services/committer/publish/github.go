@@ -52,9 +52,12 @@ type GitHub struct {
 	App *githubapp.App
 	// Client defaults to one with a 30s timeout.
 	Client *http.Client
+	// Budget paces each installation's content-creating requests under
+	// GitHub's limits and holds all its calls while GitHub said to wait.
+	// Default: one of this process's own at GitHub's limits.
+	Budget *Budget
 
-	mu        sync.Mutex
-	notBefore time.Time // no call before this: a rate limit said so
+	once sync.Once
 }
 
 func (g *GitHub) now() time.Time {
@@ -67,54 +70,86 @@ func (g *GitHub) now() time.Time {
 // do makes one call as the installation. A refused token is judged as any
 // other answer of GitHub's.
 func (g *GitHub) do(ctx context.Context, installation int64, method, path string, in, out any) error {
-	if err := g.limited(method, path); err != nil {
+	if err := g.pace(ctx, installation, method, path); err != nil {
 		return err
 	}
 	tok, err := g.App.Token(ctx, installation)
 	var ae *githubapp.Error
 	switch {
 	case errors.As(err, &ae):
-		return g.judge(&StatusError{Method: http.MethodPost, Path: "/app/installations/{id}/access_tokens", Status: ae.Status},
+		return g.judge(ctx, installation, &StatusError{Method: http.MethodPost, Path: "/app/installations/{id}/access_tokens", Status: ae.Status},
 			ae.Header, ae.Body)
 	case errors.Is(err, githubapp.ErrNoInstallation):
 		return fmt.Errorf("%w: the work names no GitHub App installation to publish as", errFinal)
 	case err != nil:
 		return &RetryError{Err: err}
 	}
-	return g.call(ctx, "token "+tok, method, path, in, out)
+	return g.call(ctx, installation, "token "+tok, method, path, in, out)
 }
 
-// limited is the wait a rate limit imposed on every call, as an error.
-func (g *GitHub) limited(method, path string) error {
-	g.mu.Lock()
-	wait := g.notBefore.Sub(g.now())
-	g.mu.Unlock()
-	if wait > 0 {
-		// Honoured here too, so no other publication calls before GitHub
-		// said it may.
-		return &RetryError{Wait: wait, Err: fmt.Errorf("github: %s %s: rate limited", method, path)}
+func (g *GitHub) budget() *Budget {
+	g.once.Do(func() {
+		if g.Budget == nil {
+			g.Budget = &Budget{Now: g.now}
+		}
+	})
+	return g.Budget
+}
+
+// writes are the methods GitHub counts as content-creating.
+func writes(method string) bool {
+	return method == http.MethodPost || method == http.MethodPatch || method == http.MethodPut || method == http.MethodDelete
+}
+
+// pace is the wait the installation's budget imposes on a call, as an
+// error: a hold GitHub asked for on any call, and no room for one more
+// write on a content-creating one. A write it lets through is counted.
+func (g *GitHub) pace(ctx context.Context, inst int64, method, path string) error {
+	var wait time.Duration
+	var err error
+	if writes(method) {
+		wait, err = g.budget().Take(ctx, inst)
+	} else {
+		wait, err = g.budget().Wait(ctx, inst)
+	}
+	switch {
+	case err != nil:
+		return &RetryError{Err: fmt.Errorf("github: %s %s: %w", method, path, err)}
+	case wait > 0:
+		return &RetryError{Wait: wait, Err: fmt.Errorf("github: %s %s: %w", method, path, errPaced)}
 	}
 	return nil
 }
 
 // judge says what an answer that is not a success means: final, or a
-// RetryError with GitHub's wait; a rate limit holds every call back.
-func (g *GitHub) judge(failed *StatusError, h http.Header, body []byte) error {
+// RetryError with GitHub's wait; a rate limit holds every call of the
+// installation back.
+func (g *GitHub) judge(ctx context.Context, inst int64, failed *StatusError, h http.Header, body []byte) error {
 	wait, retry, limited := RetryAfter(failed.Status, h, body, g.now())
 	if !retry {
 		return failed
 	}
 	if limited {
-		g.mu.Lock()
-		if t := g.now().Add(wait); t.After(g.notBefore) {
-			g.notBefore = t
+		if err := g.budget().Hold(ctx, inst, g.now().Add(wait)); err != nil {
+			return &RetryError{Wait: wait, Err: errors.Join(failed, err)}
 		}
-		g.mu.Unlock()
 	}
 	return &RetryError{Wait: wait, Err: failed}
 }
 
-func (g *GitHub) call(ctx context.Context, auth, method, path string, in, out any) error {
+// spent holds the installation's calls until the primary limit's reset
+// when an answer says none of its requests remain.
+func (g *GitHub) spent(ctx context.Context, inst int64, h http.Header) {
+	if h.Get("X-Ratelimit-Remaining") != "0" {
+		return
+	}
+	if reset, err := strconv.ParseInt(h.Get("X-Ratelimit-Reset"), 10, 64); err == nil {
+		// Not held is no worse than before: the next call's 403 says so.
+		_ = g.budget().Hold(ctx, inst, time.Unix(reset, 0))
+	}
+}
+
+func (g *GitHub) call(ctx context.Context, inst int64, auth, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -148,6 +183,7 @@ func (g *GitHub) call(ctx context.Context, auth, method, path string, in, out an
 		return &RetryError{Err: fmt.Errorf("github: %s %s: read: %w", method, path, err)}
 	}
 	if resp.StatusCode/100 == 2 {
+		g.spent(ctx, inst, resp.Header)
 		if out == nil || len(b) == 0 {
 			return nil
 		}
@@ -156,7 +192,7 @@ func (g *GitHub) call(ctx context.Context, auth, method, path string, in, out an
 		}
 		return nil
 	}
-	return g.judge(&StatusError{Method: method, Path: path, Status: resp.StatusCode}, resp.Header, b)
+	return g.judge(ctx, inst, &StatusError{Method: method, Path: path, Status: resp.StatusCode}, resp.Header, b)
 }
 
 // RetryAfter says whether an answer may be tried again and how long to
@@ -214,12 +250,10 @@ type comment struct {
 	Body string `json:"body"`
 }
 
+// reviewCommentRequest edits a review comment, or makes or edits a
+// conversation comment.
 type reviewCommentRequest struct {
-	Body     string `json:"body"`
-	CommitID string `json:"commit_id,omitempty"`
-	Path     string `json:"path,omitempty"`
-	Line     int    `json:"line,omitempty"`
-	Side     string `json:"side,omitempty"`
+	Body string `json:"body"`
 }
 
 func repoPath(p Plan) string {
@@ -275,7 +309,14 @@ func (g *GitHub) markedComments(ctx context.Context, inst int64, p Plan, issue b
 	if issue {
 		base = fmt.Sprintf("%s/issues/%d/comments", repoPath(p), p.Number)
 	}
-	prefix := "<!-- assay:work=" + p.WorkID + " key="
+	return g.marked(ctx, inst, base, p.WorkID)
+}
+
+// marked reads a list of comments or reviews (base, a page at a time) and
+// returns those that carry the work's marker, by key; the first of a key
+// is kept.
+func (g *GitHub) marked(ctx context.Context, inst int64, base, workID string) (map[string]int64, error) {
+	prefix := "<!-- assay:work=" + workID + " key="
 	found := map[string]int64{}
 	for page := 1; page <= 50; page++ {
 		var cs []comment
@@ -297,17 +338,12 @@ func (g *GitHub) markedComments(ctx context.Context, inst int64, p Plan, issue b
 	return found, nil
 }
 
-// putReviewComment creates a review comment at file and line (id 0) or
-// edits its body.
-func (g *GitHub) putReviewComment(ctx context.Context, inst int64, p Plan, c Comment, id int64) (int64, error) {
-	body := withMarker(c.Body, p.WorkID, c.Key)
+// editReviewComment edits the body of review comment id, which an earlier
+// outcome of the work made for the finding c: its place stays.
+func (g *GitHub) editReviewComment(ctx context.Context, inst int64, p Plan, c Comment, id int64) error {
 	var out comment
-	if id != 0 {
-		return id, g.do(ctx, inst, http.MethodPatch, fmt.Sprintf("%s/pulls/comments/%d", repoPath(p), id), reviewCommentRequest{Body: body}, &out)
-	}
-	err := g.do(ctx, inst, http.MethodPost, fmt.Sprintf("%s/pulls/%d/comments", repoPath(p), p.Number),
-		reviewCommentRequest{Body: body, CommitID: p.HeadSHA, Path: c.Path, Line: c.Line, Side: "RIGHT"}, &out)
-	return out.ID, err
+	return g.do(ctx, inst, http.MethodPatch, fmt.Sprintf("%s/pulls/comments/%d", repoPath(p), id),
+		reviewCommentRequest{Body: withMarker(c.Body, p.WorkID, c.Key)}, &out)
 }
 
 // putIssueComment creates a conversation comment (id 0) or edits it.
@@ -319,4 +355,44 @@ func (g *GitHub) putIssueComment(ctx context.Context, inst int64, p Plan, key, t
 	}
 	err := g.do(ctx, inst, http.MethodPost, fmt.Sprintf("%s/issues/%d/comments", repoPath(p), p.Number), body, &out)
 	return out.ID, err
+}
+
+type reviewRequest struct {
+	CommitID string          `json:"commit_id"`
+	Body     string          `json:"body"`
+	Event    string          `json:"event"`
+	Comments []reviewComment `json:"comments"`
+}
+
+type reviewComment struct {
+	Path string `json:"path"`
+	Line int    `json:"line"`
+	Side string `json:"side"`
+	Body string `json:"body"`
+}
+
+// markedReviews lists the pull request's reviews that carry the work's
+// marker, by key (reviewKey of the outcome that made each).
+func (g *GitHub) markedReviews(ctx context.Context, inst int64, p Plan) (map[string]int64, error) {
+	return g.marked(ctx, inst, fmt.Sprintf("%s/pulls/%d/reviews", repoPath(p), p.Number), p.WorkID)
+}
+
+// reviewComments lists the comments review id made, by key.
+func (g *GitHub) reviewComments(ctx context.Context, inst int64, p Plan, id int64) (map[string]int64, error) {
+	return g.marked(ctx, inst, fmt.Sprintf("%s/pulls/%d/reviews/%d/comments", repoPath(p), p.Number, id), p.WorkID)
+}
+
+// postReview makes one review of the pull request at the plan's head that
+// carries the comments cs, each with its marker, its body with the
+// outcome's: one request however many findings there are.
+func (g *GitHub) postReview(ctx context.Context, inst int64, p Plan, cs []Comment) (int64, error) {
+	req := reviewRequest{CommitID: p.HeadSHA, Body: withMarker(p.Review, p.WorkID, reviewKey(p.Outcome)), Event: "COMMENT"}
+	for _, c := range cs {
+		req.Comments = append(req.Comments, reviewComment{Path: c.Path, Line: c.Line, Side: "RIGHT", Body: withMarker(c.Body, p.WorkID, c.Key)})
+	}
+	var out comment
+	if err := g.do(ctx, inst, http.MethodPost, fmt.Sprintf("%s/pulls/%d/reviews", repoPath(p), p.Number), req, &out); err != nil {
+		return 0, err
+	}
+	return out.ID, nil
 }

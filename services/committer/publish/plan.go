@@ -1,6 +1,6 @@
 // Package publish turns a work item's outcome into what its source sees:
-// a GitHub check run and review comments, the rerun comment of dropped
-// work, or (with no GitHub App configured) a record of what would be
+// a GitHub check run and one pull request review carrying a comment per
+// finding, the rerun comment of dropped work, or (with no GitHub App configured) a record of what would be
 // published. The decision is Decide, a pure function; Publisher carries it
 // out behind the publication fence.
 package publish
@@ -29,8 +29,10 @@ type Plan struct {
 	// CheckRun is nil when the outcome gets none (dropped work).
 	CheckRun *CheckRun `json:"checkRun,omitempty"`
 	// Comments are review comments at file and line, one per accepted
-	// finding.
+	// finding, made together as one pull request review.
 	Comments []Comment `json:"comments,omitempty"`
+	// Review is the body of that review; empty when there are no comments.
+	Review string `json:"review,omitempty"`
 	// Rerun is the body of the one pull request comment of dropped work,
 	// or of a partial review: what happened and the command to run.
 	Rerun string `json:"rerun,omitempty"`
@@ -133,6 +135,8 @@ func Decide(in Input) Plan {
 		}
 		if len(in.Findings) > 0 {
 			c.Summary = fmt.Sprintf("assay reviewed this revision: %s, posted as review comments.", findings(len(in.Findings)))
+			p.Review = fmt.Sprintf("assay reviewed this revision and found %s; the check run %q sums them up.",
+				findings(len(in.Findings)), CheckName)
 		}
 		if cv := in.Coverage; cv != nil {
 			partial(c, cv)
@@ -144,6 +148,10 @@ func Decide(in Input) Plan {
 			}
 		}
 		if in.Outcome == outcome.Reviewed {
+			if p.Review != "" {
+				p.Review = fmt.Sprintf("A person reviewed the model's findings on this revision and stands by %s; the check run %q sums them up.",
+					findings(len(in.Findings)), CheckName)
+			}
 			c.Title = "Reviewed by a person: " + c.Title
 			c.Summary = "A person reviewed the model's findings on this revision and stands by these.\n\n" + c.Summary
 		}
@@ -254,9 +262,10 @@ func dropCause(reason string) string {
 	return cause
 }
 
-// marker is hidden in every comment body: it carries the work id and the
-// comment's key, so a publisher that died before recording a comment's id
-// finds the comment instead of posting another.
+// marker is hidden in every comment and review body: it carries the work
+// id and the comment's key (reviewKey for a review), so a publisher that
+// died before recording an id finds what it made instead of posting
+// another.
 func marker(workID, key string) string {
 	return fmt.Sprintf("<!-- assay:work=%s key=%s -->", workID, key)
 }
@@ -266,6 +275,12 @@ func withMarker(body, workID, key string) string { return body + "\n\n" + marker
 
 // rerunKey is the marker key of the rerun comment.
 const rerunKey = "rerun"
+
+// reviewKey is the marker key of the review an outcome makes. It names the
+// outcome: a later outcome of the same work (a person's review after the
+// model's) may make a review of its own, for findings the earlier one did
+// not comment on, and each outcome finds its own.
+func reviewKey(outcome string) string { return "review-" + outcome }
 
 // findings is "1 finding", "2 findings".
 func findings(n int) string {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,8 +108,19 @@ func (b *bundle) webhookWork(t *testing.T, n int, drop string) *store.Work {
 	return r.Work
 }
 
+// twoFindings is an answer with two findings.
+const twoFindings = `{"schemaVersion":1,"changeId":"c","findings":[
+		{"file":"cart.js","line":12,"severity":"blocking","summary":"total can go negative","evidence":"total -= d"},
+		{"file":"cart.js","line":20,"severity":"info","summary":"unused variable","evidence":"let x"}]}`
+
 // accepted commits an answer with two findings for the work.
 func (b *bundle) accepted(t *testing.T, n int) *store.Work {
+	t.Helper()
+	return b.acceptedWith(t, n, twoFindings)
+}
+
+// acceptedWith commits the answer out for the work.
+func (b *bundle) acceptedWith(t *testing.T, n int, out string) *store.Work {
 	t.Helper()
 	w := b.webhookWork(t, n, "")
 	attempt := fmt.Sprintf("00000000-0000-4000-8000-%012d", n)
@@ -116,10 +128,7 @@ func (b *bundle) accepted(t *testing.T, n int) *store.Work {
 	if _, ok, err := b.st.Claim(t.Context(), w.ID, attempt, token, time.Minute, 0); err != nil || !ok {
 		t.Fatalf("claim: %v %v", ok, err)
 	}
-	out := json.RawMessage(`{"schemaVersion":1,"changeId":"c","findings":[
-		{"file":"cart.js","line":12,"severity":"blocking","summary":"total can go negative","evidence":"total -= d"},
-		{"file":"cart.js","line":20,"severity":"info","summary":"unused variable","evidence":"let x"}]}`)
-	if v, err := b.st.Commit(t.Context(), w, attempt, token, out, 2, nil); err != nil || v != store.Committed {
+	if v, err := b.st.Commit(t.Context(), w, attempt, token, json.RawMessage(out), 2, nil); err != nil || v != store.Committed {
 		t.Fatalf("commit: %v %v", v, err)
 	}
 	w.State = outcome.Accepted
@@ -174,9 +183,9 @@ func (b *bundle) ackedAll(t *testing.T) bool {
 	return err == nil && info.AckFloor.Stream == si.State.LastSeq && info.NumAckPending == 0 && info.NumPending == 0
 }
 
-// An outcome delivered ten times gives one check run and one set of
-// comments; the nine redeliveries find the publication made and send
-// nothing.
+// An outcome delivered ten times gives one check run and one review with
+// a comment per finding; the nine redeliveries find the publication made
+// and send nothing.
 func TestTenDeliveriesOnePublication(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -195,21 +204,167 @@ func TestTenDeliveriesOnePublication(t *testing.T) {
 	if len(cs) != 2 || b.gh.CommentsOf(w.ID) != 2 {
 		t.Fatalf("comments = %+v, want one set of 2", cs)
 	}
+	reviews := b.gh.Reviews()
+	if len(reviews) != 1 || reviews[0].Comments != 2 || reviews[0].CommitID != head || reviews[0].Number != 1 ||
+		!strings.Contains(reviews[0].Body, "<!-- assay:work="+w.ID+" key=review-accepted -->") {
+		t.Fatalf("reviews = %+v, want one with the 2 comments, marked", reviews)
+	}
 	for _, c := range cs {
-		if !c.Review || c.Path != "cart.js" || c.CommitID != head || c.Side != "RIGHT" || c.Edits != 0 {
-			t.Errorf("comment %+v: want a review comment on cart.js at the head, never edited", c)
+		if !c.Review || c.ReviewID != reviews[0].ID || c.Path != "cart.js" || c.CommitID != head || c.Side != "RIGHT" || c.Edits != 0 {
+			t.Errorf("comment %+v: want a comment of the review on cart.js at the head, never edited", c)
 		}
 	}
 	pub, err := b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
-	if err != nil || pub.CheckRunID != runs[0].ID || len(pub.CommentIDs) != 2 || pub.PublishedAt.IsZero() || pub.State != store.PublicationPublished {
+	if err != nil || pub.CheckRunID != runs[0].ID || pub.ReviewID != reviews[0].ID || len(pub.CommentIDs) != 2 ||
+		pub.PublishedAt.IsZero() || pub.State != store.PublicationPublished {
 		t.Fatalf("fence row = %+v, %v", pub, err)
 	}
 	// The first delivery's calls: the check-run lookup, the check run, the
-	// comment listing and two comments (the token request is not an API call).
+	// review lookup, the review and the read of its comments' ids (the token
+	// request is not an API call).
 	if reqs := apiCalls(b.gh); reqs != 5 {
 		t.Errorf("GitHub got %d API calls for ten deliveries, want the first delivery's 5", reqs)
 	}
-	t.Logf("10 deliveries: %d check run, %d review comments, %d API calls", len(runs), len(cs), apiCalls(b.gh))
+	t.Logf("10 deliveries: %d check run, 1 review of %d comments, %d API calls", len(runs), len(cs), apiCalls(b.gh))
+}
+
+// contentWrites counts the content-creating requests GitHub got (POST, PATCH,
+// PUT and DELETE to a repository), answered or refused.
+func contentWrites(gh *fakegithub.Server) int {
+	n := 0
+	for _, r := range gh.Requests() {
+		if r.Method != http.MethodGet && strings.HasPrefix(r.Path, "/repos/") {
+			n++
+		}
+	}
+	return n
+}
+
+// The findings of a pull request, however many, go out as one review: a
+// publication makes two content-creating requests, the check run and the
+// review.
+func TestFindingsAsOneReviewTwoWrites(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var fs []string
+	for i := range 12 {
+		fs = append(fs, fmt.Sprintf(`{"file":"cart.js","line":%d,"severity":"info","summary":"finding %d","evidence":"x"}`, 10+i, i))
+	}
+	w := b.acceptedWith(t, 8, `{"schemaVersion":1,"changeId":"c","findings":[`+strings.Join(fs, ",")+`]}`)
+	if err := b.pub.Publish(t.Context(), outcomeOf(w)); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
+	if err != nil || pub.State != store.PublicationPublished || len(pub.CommentIDs) != 12 {
+		t.Fatalf("publication %+v, %v; want published with 12 comment ids", pub, err)
+	}
+	if n := contentWrites(b.gh); n != 2 || b.gh.Writes(42) != 2 || b.gh.WritesTo("shop/app", 8) != 2 {
+		t.Fatalf("%d content-creating requests (%d by installation 42, %d to shop/app#8), want 2: the check run and the review",
+			n, b.gh.Writes(42), b.gh.WritesTo("shop/app", 8))
+	}
+	if rs := b.gh.Reviews(); len(rs) != 1 || rs[0].Comments != 12 || b.gh.CommentsOf(w.ID) != 12 {
+		t.Fatalf("reviews %+v, %d comments; want one review of 12", rs, b.gh.CommentsOf(w.ID))
+	}
+	t.Logf("12 findings: %d content-creating requests, %d API calls", contentWrites(b.gh), apiCalls(b.gh))
+}
+
+// A try whose review call failed after the check run was made is tried
+// again without editing the check run: the retry makes the review alone.
+func TestReviewFailedRetryMakesOnlyTheReview(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	b := setup(t, func(c *Config) { c.Now = clk.Now })
+	w := b.accepted(t, 9)
+	b.gh.FailNext(fakegithub.Fault{Status: http.StatusBadGateway, Body: `{"message":"Bad Gateway"}`, Method: http.MethodPost,
+		Path: "/pulls/9/reviews"})
+	if err := b.pub.Publish(t.Context(), outcomeOf(w)); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
+	if err != nil || pub.State != store.PublicationPending || pub.Tries != 1 || !strings.Contains(pub.LastError, "502") ||
+		!pub.Done(store.StepCheckRun) || pub.Done(store.StepReview) {
+		t.Fatalf("after the 502: %+v, %v; want pending with the check run done and the review not", pub, err)
+	}
+	clk.Set(pub.NextTryAt)
+	if _, err := b.pub.RetryDue(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if pub, _ = b.st.GetPublication(t.Context(), w.ID, TargetGitHub); pub.State != store.PublicationPublished {
+		t.Fatalf("after the retry: %+v", pub)
+	}
+	runs := b.gh.CheckRuns()
+	if len(runs) != 1 || runs[0].Edits != 0 || len(b.gh.Reviews()) != 1 || b.gh.CommentsOf(w.ID) != 2 {
+		t.Fatalf("after the retry: %d check runs (edits %d), %d reviews, %d comments; want 1 never edited, 1 and 2",
+			len(runs), runs[0].Edits, len(b.gh.Reviews()), b.gh.CommentsOf(w.ID))
+	}
+	var posts, patches int
+	for _, r := range b.gh.Requests() {
+		switch {
+		case r.Method == http.MethodPost && strings.HasSuffix(r.Path, "/reviews"):
+			posts++
+		case r.Method == http.MethodPatch:
+			patches++
+		}
+	}
+	if posts != 2 || patches != 0 || contentWrites(b.gh) != 3 || b.gh.Writes(42) != 2 {
+		t.Fatalf("review posts %d, edits %d, content-creating requests %d (%d made); want the refused post and one more, no edit, 3 and 2",
+			posts, patches, contentWrites(b.gh), b.gh.Writes(42))
+	}
+}
+
+// A person's review of accepted work, with one finding amended and one
+// added, leaves each finding on the pull request once: the comments the
+// model's review made are edited, the new finding goes out in a review of
+// its own, and the check run is edited once. A redelivery sends nothing.
+func TestReviewedAfterAcceptedEachFindingOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w := b.acceptedWith(t, 10, strings.Replace(twoFindings, `"changeId":"c"`, `"changeId":"c","needsHumanReview":true`, 1))
+	if err := b.pub.Publish(t.Context(), outcomeOf(w)); err != nil {
+		t.Fatal(err)
+	}
+	accepted := contentWrites(b.gh)
+	amended := json.RawMessage(`{"schemaVersion":1,"changeId":"c","findings":[
+		{"file":"cart.js","line":12,"severity":"blocking","summary":"total can go negative","evidence":"total -= d"},
+		{"file":"cart.js","line":20,"severity":"warning","summary":"unused variable, and shadowed","evidence":"let x"},
+		{"file":"cart.js","line":31,"severity":"info","summary":"a person's own finding","evidence":"y"}]}`)
+	if _, err := b.st.ResolveReview(t.Context(), "acme", w.ID, store.Resolution{By: "ana", Verdict: store.VerdictAmended,
+		Output: amended}); err != nil {
+		t.Fatal(err)
+	}
+	reviewed := event.Outcome{OutcomeID: event.OutcomeMsgID(w.ID, outcome.Reviewed), WorkID: w.ID, TenantID: "acme", Region: "us",
+		Outcome: outcome.Reviewed, At: time.Now()}
+	for range 2 {
+		if err := b.pub.Publish(t.Context(), reviewed); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub, err := b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
+	if err != nil || pub.State != store.PublicationPublished || pub.Outcome != outcome.Reviewed || len(pub.CommentIDs) != 3 {
+		t.Fatalf("reviewed publication %+v, %v", pub, err)
+	}
+	at := map[int]int{}
+	for _, c := range b.gh.Comments() {
+		at[c.Line]++
+		if c.Line == 20 && (!strings.Contains(c.Body, "and shadowed") || c.Edits != 1) {
+			t.Errorf("the amended finding's comment %+v: want the model's, edited once to the person's text", c)
+		}
+	}
+	if len(at) != 3 || at[12] != 1 || at[20] != 1 || at[31] != 1 {
+		t.Fatalf("comments by line %v; want each of the three findings once", at)
+	}
+	rs := b.gh.Reviews()
+	if len(rs) != 2 || rs[1].Comments != 1 || !strings.Contains(rs[1].Body, "key=review-reviewed") {
+		t.Fatalf("reviews %+v; want the model's and one for the person's new finding", rs)
+	}
+	if runs := b.gh.CheckRuns(); len(runs) != 1 || runs[0].Edits != 1 || !strings.HasPrefix(runs[0].Output.Title, "Reviewed by a person") {
+		t.Fatalf("check runs %+v; want one, edited once for the person's review", runs)
+	}
+	// The check run, the two comments edited and the new finding's review.
+	if n := contentWrites(b.gh) - accepted; n != 4 {
+		t.Errorf("the reviewed outcome made %d content-creating requests, want 4", n)
+	}
+	t.Logf("accepted: %d content-creating requests; reviewed: %d more", accepted, contentWrites(b.gh)-accepted)
 }
 
 // apiCalls counts the requests GitHub got other than token requests.
@@ -223,15 +378,15 @@ func apiCalls(gh *fakegithub.Server) int {
 	return n
 }
 
-// A publication cut off after GitHub made a comment, before its id was
-// learned, is recorded as a failed try; the next try makes no second: the
-// marker finds it.
+// A publication cut off after GitHub made the review, before its id was
+// learned, is recorded as a failed try; the next try makes nothing twice:
+// the check run is recorded done, the review's marker finds it.
 func TestKilledMidPublicationResumes(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
 	b := setup(t, func(c *Config) { c.Now = clk.Now })
 	w := b.accepted(t, 2)
-	hung := b.gh.HangAfter(2) // the check run, then the first comment
+	hung := b.gh.HangAfter(2) // the check run, then the review
 	ctx, kill := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- b.pub.Publish(ctx, outcomeOf(w)) }()
@@ -240,7 +395,7 @@ func TestKilledMidPublicationResumes(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("publication ended before GitHub hung: %v", err)
 	case <-time.After(20 * time.Second):
-		t.Fatal("GitHub never got the first comment")
+		t.Fatal("GitHub never got the review")
 	}
 	kill()
 	if err := <-done; err != nil {
@@ -251,6 +406,9 @@ func TestKilledMidPublicationResumes(t *testing.T) {
 		!strings.Contains(pub.LastError, "context canceled") || !pub.NextTryAt.After(clk.Now()) {
 		t.Fatalf("after the kill the fence holds %+v, %v; want the check run, no comment id, one failed try and a next one", pub, err)
 	}
+	if !pub.Done(store.StepCheckRun) || pub.Done(store.StepReview) || pub.ReviewID != 0 {
+		t.Fatalf("after the kill the steps are %v (review %d); want the check run done alone", pub.Steps, pub.ReviewID)
+	}
 	if err := b.pub.Publish(t.Context(), outcomeOf(w)); err != nil || apiCallsTo(b.gh, "/pulls/") != 2 {
 		t.Fatalf("redelivered before its next try: %v, %d comment calls; want nothing sent", err, apiCallsTo(b.gh, "/pulls/"))
 	}
@@ -258,14 +416,17 @@ func TestKilledMidPublicationResumes(t *testing.T) {
 	if _, err := b.pub.RetryDue(t.Context()); err != nil {
 		t.Fatalf("resumed publication: %v", err)
 	}
-	if runs, n := b.gh.CheckRuns(), b.gh.CommentsOf(w.ID); len(runs) != 1 || n != 2 {
-		t.Fatalf("after resuming: %d check runs, %d comments; want 1 and 2", len(runs), n)
+	runs, n := b.gh.CheckRuns(), b.gh.CommentsOf(w.ID)
+	if len(runs) != 1 || runs[0].Edits != 0 || n != 2 || len(b.gh.Reviews()) != 1 || contentWrites(b.gh) != 2 {
+		t.Fatalf("after resuming: %d check runs (edits %d), %d comments, %d reviews, %d content-creating requests; want 1 (0), 2, 1 and 2",
+			len(runs), runs[0].Edits, n, len(b.gh.Reviews()), contentWrites(b.gh))
 	}
 	pub, _ = b.st.GetPublication(t.Context(), w.ID, TargetGitHub)
-	if len(pub.CommentIDs) != 2 || pub.PublishedAt.IsZero() || pub.State != store.PublicationPublished {
+	if len(pub.CommentIDs) != 2 || pub.ReviewID != b.gh.Reviews()[0].ID || pub.PublishedAt.IsZero() || pub.State != store.PublicationPublished {
 		t.Fatalf("fence row after resuming = %+v", pub)
 	}
-	t.Logf("killed after GitHub made the check run and comment 0; resumed: %d check run, %d comments", len(b.gh.CheckRuns()), b.gh.CommentsOf(w.ID))
+	t.Logf("killed after GitHub made the check run and the review; resumed: %d check run, 1 review, %d comments, %d content-creating requests",
+		len(b.gh.CheckRuns()), b.gh.CommentsOf(w.ID), contentWrites(b.gh))
 }
 
 // A publisher killed after GitHub made the check run, before it recorded

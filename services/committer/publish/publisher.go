@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -47,13 +49,17 @@ type Store interface {
 	RecordDryPublication(ctx context.Context, workID, tenant, outcome string, plan json.RawMessage) error
 	RecordDryPublicationGroup(ctx context.Context, recs []store.DryPublication) []error
 	SkipPublication(ctx context.Context, workID, target, tenant, outcome, reason string) error
+	SupersedePublication(ctx context.Context, workID, target, tenant, outcome, reason string) error
 	OpenPublications(ctx context.Context, workID, tenant, outcome string, targets []string, now, deadline time.Time) (map[string]*store.Publication, error)
 	LockPublication(ctx context.Context, workID, target string) (*store.Publication, func(), error)
 	RecordCheckRun(ctx context.Context, workID, target string, id int64) error
-	RecordComment(ctx context.Context, workID, target, key string, id int64) error
-	RecordRerunComment(ctx context.Context, workID, target string, id int64) error
+	FinishCheckRun(ctx context.Context, workID, target, outcome string, id int64) error
+	FinishComment(ctx context.Context, workID, target, outcome, key string, id int64) error
+	FinishReview(ctx context.Context, workID, target, outcome string, id int64, comments map[string]int64) error
+	FinishRerunComment(ctx context.Context, workID, target, outcome string, id int64) error
 	FinishPublication(ctx context.Context, workID, target, outcome string, plan json.RawMessage, now time.Time) error
 	DeferPublication(ctx context.Context, workID, target, msg string, now, next time.Time) error
+	PacePublication(ctx context.Context, workID, target, msg string, next time.Time) error
 	FailPublication(ctx context.Context, workID, target, msg, reason string, now time.Time) error
 	DuePublications(ctx context.Context, now time.Time, limit int) ([]*store.Publication, error)
 	UnfinishedPublications(ctx context.Context, tenant string) ([]store.PublicationCount, error)
@@ -88,10 +94,15 @@ type Config struct {
 	// acknowledged once its publications are recorded (made, or scheduled
 	// to be tried again), so the durable never gives up on one.
 	AckWait time.Duration
-	// Concurrency is how many publications are tried at once (calls to
-	// GitHub and callbacks). Default 2. Up to 32 outcomes are in hand, their
-	// reads and records in groups.
+	// Concurrency is how many publications to GitHub are tried at once.
+	// Default 4. Up to 32 outcomes are in hand, their reads and records in
+	// groups. What GitHub is sent is paced by each installation's budget
+	// (GitHub.Budget), however many are tried at once.
 	Concurrency int
+	// CallbackConcurrency is how many callbacks are tried at once, apart
+	// from GitHub's: a slow tenant endpoint never holds a pull request's
+	// review back, nor the reverse. Default 4.
+	CallbackConcurrency int
 	// CallbackTimeout bounds one callback. Default 10s.
 	CallbackTimeout time.Duration
 	// TryTimeout bounds one try of a publication, all its calls together,
@@ -111,7 +122,10 @@ func (c *Config) defaults() error {
 		return errors.New("publish: Rerun is required")
 	}
 	if c.Concurrency <= 0 {
-		c.Concurrency = 2
+		c.Concurrency = 4
+	}
+	if c.CallbackConcurrency <= 0 {
+		c.CallbackConcurrency = 4
 	}
 	if c.AckWait <= 0 {
 		c.AckWait = time.Minute
@@ -160,10 +174,12 @@ type Publisher struct {
 	counts map[[2]string]int64 // target, state -> publications
 
 	// The reads and dry records of the outcomes in hand, in groups; tries
-	// bounds the tries made at once (Concurrency).
-	factsOf *group.Batch[string, store.Facts]
-	drys    *group.Batch[store.DryPublication, error]
-	tries   chan struct{}
+	// and callbackTries bound the tries made at once (Concurrency,
+	// CallbackConcurrency).
+	factsOf       *group.Batch[string, store.Facts]
+	drys          *group.Batch[store.DryPublication, error]
+	tries         chan struct{}
+	callbackTries chan struct{}
 }
 
 // inHand is how many outcomes the publisher holds at once.
@@ -177,7 +193,7 @@ func New(cfg Config, st Store, js jetstream.StreamConsumerManager, log *slog.Log
 	p := &Publisher{cfg: cfg, st: st, log: log, callbacks: &http.Client{Timeout: cfg.CallbackTimeout}, counts: map[[2]string]int64{},
 		factsOf: &group.Batch[string, store.Facts]{Run: st.PublishFactsGroup},
 		drys:    &group.Batch[store.DryPublication, error]{Run: st.RecordDryPublicationGroup},
-		tries:   make(chan struct{}, cfg.Concurrency)}
+		tries:   make(chan struct{}, cfg.Concurrency), callbackTries: make(chan struct{}, cfg.CallbackConcurrency)}
 	if err := p.instruments(meter); err != nil {
 		return nil, err
 	}
@@ -271,6 +287,10 @@ func (p *Publisher) publish(ctx context.Context, ev event.Outcome, only string) 
 	if err != nil {
 		return err
 	}
+	var done bool
+	if ts, done, err = p.superseded(ctx, f, ev, ts, only); err != nil || done {
+		return err
+	}
 	if skip != "" && only == "" {
 		telemetry.Decision(ctx, p.log, w.ID, "unpublished", skip)
 		if err := p.st.SkipPublication(ctx, w.ID, TargetNone, w.TenantID, ev.Outcome, skip); err != nil {
@@ -303,15 +323,51 @@ func (p *Publisher) publish(ctx context.Context, ev event.Outcome, only string) 
 	var wg sync.WaitGroup
 	for i, t := range ts {
 		if pub := pubs[t.name]; pub != nil && due(pub, ev.Outcome, now) {
+			slots := p.tries
+			if t.name == TargetCallback {
+				slots = p.callbackTries
+			}
 			wg.Go(func() {
-				p.tries <- struct{}{}
-				defer func() { <-p.tries }()
+				slots <- struct{}{}
+				defer func() { <-slots }()
 				errs[i] = p.try(ctx, w, ev, t)
 			})
 		}
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// superseded ends the pull request's publication as superseded when a
+// newer revision of it is accepted or on its way, since that revision's
+// review replaces this one, and returns the targets left; done when the
+// one asked for (only) was that one.
+func (p *Publisher) superseded(ctx context.Context, f store.PublishFacts, ev event.Outcome, ts []target, only string) (
+	left []target, done bool, err error) {
+	if f.Newer == "" {
+		return ts, false, nil
+	}
+	w := f.Work
+	reason := "revision " + f.Newer + " of the pull request replaces this one's review"
+	var kept []target
+	for _, t := range ts {
+		if t.name != TargetGitHub && t.name != TargetDry {
+			kept = append(kept, t)
+			continue
+		}
+		if only != "" && only != t.name {
+			continue
+		}
+		if err := p.st.SupersedePublication(ctx, w.ID, t.name, w.TenantID, ev.Outcome, reason); err != nil {
+			return nil, false, err
+		}
+		p.count(ctx, t.name, "superseded")
+		telemetry.Decision(ctx, p.log, w.ID, "superseded", ev.Outcome+" not published to "+t.name+": "+reason)
+		if only == t.name {
+			return nil, true, nil
+		}
+	}
+	return kept, false, nil
 }
 
 // due is whether a publication of outcome waits for a try at now.
@@ -446,10 +502,24 @@ func (p *Publisher) settle(ctx context.Context, w *store.Work, ev event.Outcome,
 		p.count(ctx, t.name, "published")
 		what := ev.Outcome + " to the tenant's callback"
 		if t.name == TargetGitHub {
-			what = fmt.Sprintf("%s to %s: check run %v, %d comments, rerun comment %v",
-				ev.Outcome, t.name, t.plan.CheckRun != nil, len(t.plan.Comments), t.plan.Rerun != "")
+			review := "no review"
+			if n := len(t.plan.Comments); n > 0 {
+				review = fmt.Sprintf("review with %d comments", n)
+			}
+			what = fmt.Sprintf("%s to %s: check run %v, %s, rerun comment %v",
+				ev.Outcome, t.name, t.plan.CheckRun != nil, review, t.plan.Rerun != "")
 		}
 		telemetry.Decision(ctx, p.log, w.ID, "published", what, slog.Int("tries", pub.Tries+1))
+		return nil
+	}
+	var re *RetryError
+	if errors.As(sent, &re) && errors.Is(re.Err, errPaced) && !now.Add(re.Wait).After(pub.DeadlineAt) {
+		// Nothing was sent: the installation's budget had no room. It is
+		// tried once the budget has, and that is not a try.
+		if err := p.st.PacePublication(ctx, w.ID, t.name, sent.Error(), now.Add(re.Wait)); err != nil {
+			return err
+		}
+		p.count(ctx, t.name, "paced")
 		return nil
 	}
 	wait, told, final := p.next(pub.Tries, sent)
@@ -521,12 +591,15 @@ func (p *Publisher) plan(w *store.Work, src store.PullSource, f store.PublishFac
 	return Decide(in)
 }
 
-// toGitHub carries the plan out, recording each remote id as soon as it
-// is known. What the fence has not recorded is looked for by its marker
-// before anything is made.
+// toGitHub carries the plan out in up to three steps: the check run, the
+// findings (one review), the conversation comment. Each step is recorded
+// complete for the publication's outcome as soon as it is, with its remote
+// ids, so a retry sends nothing a step already did: a failed review does
+// not edit the check run again. What the fence has not recorded is looked
+// for by its marker before anything is made.
 func (p *Publisher) toGitHub(ctx context.Context, pub *store.Publication, plan Plan, inst int64) error {
 	g := p.cfg.GitHub
-	if plan.CheckRun != nil {
+	if plan.CheckRun != nil && !pub.Done(store.StepCheckRun) {
 		id := pub.CheckRunID
 		if id == 0 {
 			found, err := g.findCheckRun(ctx, inst, plan)
@@ -544,37 +617,16 @@ func (p *Publisher) toGitHub(ctx context.Context, pub *store.Publication, plan P
 		if err != nil {
 			return err
 		}
-		if id == 0 {
-			if err := p.st.RecordCheckRun(ctx, pub.WorkID, pub.Target, made); err != nil {
-				return err
-			}
+		if err := p.st.FinishCheckRun(ctx, pub.WorkID, pub.Target, pub.Outcome, made); err != nil {
+			return err
 		}
 	}
-	if len(plan.Comments) > 0 {
-		var found map[string]int64
-		for _, c := range plan.Comments {
-			id := pub.CommentIDs[c.Key]
-			if id == 0 {
-				if found == nil {
-					var err error
-					if found, err = g.markedComments(ctx, inst, plan, false); err != nil {
-						return err
-					}
-				}
-				id = found[c.Key]
-			}
-			made, err := g.putReviewComment(ctx, inst, plan, c, id)
-			if err != nil {
-				return err
-			}
-			if pub.CommentIDs[c.Key] == 0 {
-				if err := p.st.RecordComment(ctx, pub.WorkID, pub.Target, c.Key, made); err != nil {
-					return err
-				}
-			}
+	if len(plan.Comments) > 0 && !pub.Done(store.StepReview) {
+		if err := p.review(ctx, pub, plan, inst); err != nil {
+			return err
 		}
 	}
-	if plan.Rerun != "" {
+	if plan.Rerun != "" && !pub.Done(store.StepRerun) {
 		id := pub.RerunCommentID
 		if id == 0 {
 			found, err := g.markedComments(ctx, inst, plan, true)
@@ -587,11 +639,88 @@ func (p *Publisher) toGitHub(ctx context.Context, pub *store.Publication, plan P
 		if err != nil {
 			return err
 		}
-		if pub.RerunCommentID == 0 {
-			if err := p.st.RecordRerunComment(ctx, pub.WorkID, pub.Target, made); err != nil {
+		if err := p.st.FinishRerunComment(ctx, pub.WorkID, pub.Target, pub.Outcome, made); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// review puts each finding of the plan on the pull request once. A finding
+// whose key already has a comment (an earlier outcome of the work made it:
+// the model's accepted review before a person's) has that comment edited,
+// each edit recorded as its own step; the findings with none go out
+// together as one review, whatever their number, and the review's comment
+// ids are recorded with it. Before a review is made, the one an earlier
+// try of this outcome may have made is looked for by its body's marker and
+// taken instead; and where comments the fence may not know of can exist
+// (another outcome's review, an earlier try), the pull request's review
+// comments are looked through by their markers.
+func (p *Publisher) review(ctx context.Context, pub *store.Publication, plan Plan, inst int64) error {
+	g := p.cfg.GitHub
+	ids := maps.Clone(pub.CommentIDs)
+	if ids == nil {
+		ids = map[string]int64{}
+	}
+	missing := func() bool {
+		return slices.ContainsFunc(plan.Comments, func(c Comment) bool { return ids[c.Key] == 0 })
+	}
+	made := map[string]int64{} // comments made with this outcome's text by its review
+	var id int64               // that review
+	if missing() {
+		reviews, err := g.markedReviews(ctx, inst, plan)
+		if err != nil {
+			return err
+		}
+		if id = reviews[reviewKey(plan.Outcome)]; id != 0 {
+			if made, err = g.reviewComments(ctx, inst, plan, id); err != nil {
+				return err
+			}
+			maps.Copy(ids, made)
+		}
+		others := len(reviews)
+		if id != 0 {
+			others--
+		}
+		if missing() && (others > 0 || len(pub.CommentIDs) > 0 || pub.Tries > 0) {
+			found, err := g.markedComments(ctx, inst, plan, false)
+			if err != nil {
+				return err
+			}
+			for k, c := range found {
+				if ids[k] == 0 {
+					ids[k] = c
+				}
+			}
+		}
+	}
+	var fresh []Comment
+	for _, c := range plan.Comments {
+		switch {
+		case made[c.Key] != 0:
+			// This outcome's review made it, with this outcome's text.
+		case ids[c.Key] == 0:
+			fresh = append(fresh, c)
+		case pub.Done(store.StepComment(c.Key)):
+		default:
+			if err := g.editReviewComment(ctx, inst, plan, c, ids[c.Key]); err != nil {
+				return err
+			}
+			if err := p.st.FinishComment(ctx, pub.WorkID, pub.Target, pub.Outcome, c.Key, ids[c.Key]); err != nil {
 				return err
 			}
 		}
 	}
-	return nil
+	if len(fresh) > 0 {
+		var err error
+		if id, err = g.postReview(ctx, inst, plan, fresh); err != nil {
+			return err
+		}
+		more, err := g.reviewComments(ctx, inst, plan, id)
+		if err != nil {
+			return err
+		}
+		maps.Copy(made, more)
+	}
+	return p.st.FinishReview(ctx, pub.WorkID, pub.Target, pub.Outcome, id, made)
 }

@@ -45,7 +45,9 @@ func (p *Publisher) RetryDue(ctx context.Context) (more bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	sem := make(chan struct{}, p.cfg.Concurrency)
+	// Each publication takes its target's slot too; this bounds the
+	// goroutines of a pass.
+	sem := make(chan struct{}, p.cfg.Concurrency+p.cfg.CallbackConcurrency)
 	var wg sync.WaitGroup
 	for _, r := range due {
 		sem <- struct{}{}
@@ -96,13 +98,13 @@ func (p *Publisher) countUnfinished(ctx context.Context) (bool, error) {
 func (p *Publisher) instruments(meter metric.Meter) error {
 	var err error
 	if p.published, err = meter.Int64Counter("assay_publications",
-		metric.WithDescription("tries of publications by target and result: published, deferred (tried again later), failed")); err != nil {
+		metric.WithDescription("tries of publications by target and result: published, deferred (tried again later), paced (waits for the installation's GitHub write budget; not a try), superseded (a newer revision's review replaces it), failed")); err != nil {
 		return err
 	}
 	region := attribute.String("region", p.cfg.Region)
 	for _, t := range retriedTargets {
 		p.counts[[2]string{t, store.PublicationPending}], p.counts[[2]string{t, store.PublicationFailed}] = 0, 0
-		for _, r := range []string{"published", "deferred", "failed"} {
+		for _, r := range []string{"published", "deferred", "paced", "superseded", "failed"} {
 			p.published.Add(context.Background(), 0, metric.WithAttributes(region, attribute.String("target", t), attribute.String("result", r)))
 		}
 	}

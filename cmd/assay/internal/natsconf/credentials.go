@@ -81,7 +81,8 @@ func ServerEnv(creds []Credential) string {
 
 // ServiceURLs is the services' file: per user, the ASSAY_NATS_URL its
 // service connects to server with (a placement user's is the ingress's or
-// the operator's ASSAY_PLACEMENT_NATS_URL), on a line named by URLVar.
+// the operator's ASSAY_PLACEMENT_NATS_URL, a publisher user's the
+// committer's ASSAY_GITHUB_BUDGET_NATS_URL), on a line named by URLVar.
 func ServiceURLs(creds []Credential, server *url.URL) string {
 	var b strings.Builder
 	b.WriteString("# Each service's ASSAY_NATS_URL, written by \"assay nats-config --service-urls\"\n" +
@@ -89,7 +90,8 @@ func ServiceURLs(creds []Credential, server *url.URL) string {
 		"# each service only its own line's value as ASSAY_NATS_URL:\n" +
 		"#   ASSAY_NATS_URL=$<ACCOUNT>_<SERVICE>_NATS_URL\n" +
 		"# and the ingress its cell's PLACEMENT line (the operator's tools the PLACER\n" +
-		"# line) as ASSAY_PLACEMENT_NATS_URL.\n")
+		"# line) as ASSAY_PLACEMENT_NATS_URL, and the committer its cell's PUBLISHER\n" +
+		"# line as ASSAY_GITHUB_BUDGET_NATS_URL.\n")
 	for _, c := range creds {
 		u := url.URL{Scheme: server.Scheme, User: url.UserPassword(c.User(), c.Password), Host: server.Host}
 		fmt.Fprintf(&b, "%s=%s\n", URLVar(c.Names, c.Service), u.String())

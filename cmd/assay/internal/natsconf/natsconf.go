@@ -35,10 +35,13 @@ var Users = append(append([]string(nil), Services...), Ops)
 const (
 	Placement = "placement"
 	Placer    = "placer"
+	// Publisher is the cell's committer's user in the region's account,
+	// where the GitHub write budgets are shared.
+	Publisher = "publisher"
 )
 
 // RegionUsers are a cell's users in its region's account.
-var RegionUsers = []string{Placement, Placer}
+var RegionUsers = []string{Placement, Placer, Publisher}
 
 // Cell is a cell of the installation and the region it serves.
 type Cell struct{ ID, Region string }
@@ -222,7 +225,8 @@ func grants(n event.Names, service string) grant {
 			subscribe: inbox}.with(owns(n.Stream(event.KindOutcome)), "It owns the OUTCOME stream.").
 			with(consumes(n.Stream(event.KindAttempt), committer.Consumer(n), ""), "Its durable pull consumer on ATTEMPT, whose events carry their results.").
 			with(consumes(n.Stream(event.KindResult), committer.Consumer(n), ""), "Its durable pull consumer on RESULT, for results an earlier release published on their own.").
-			with(consumes(n.Stream(event.KindOutcome), n.OutcomeConsumer(), ""), "Its publisher's durable pull consumer on OUTCOME.")
+			with(consumes(n.Stream(event.KindOutcome), n.OutcomeConsumer(), ""), "Its publisher's durable pull consumer on OUTCOME.").
+			with(budgetCalls(n.GitHubBucket(n.Cell)), "Its publishers draw each GitHub App installation's write budget from the cell's bucket when no region's is named.")
 	case "ledger":
 		return grant{subscribe: inbox}.with(consumes(n.Stream(event.KindAttempt), ledger.Consumer(n), ""),
 			"Its durable pull consumer on ATTEMPT.")
@@ -238,6 +242,14 @@ func grants(n event.Names, service string) grant {
 func placementCalls(n event.Names, region, key string) []string {
 	pb := n.PlacementBucket(region)
 	return append(append(owns("KV_"+pb), "$JS.API.INFO", "$KV."+pb+"."+key), watchesKV(pb)[1:]...)
+}
+
+// budgetCalls are the calls on a bucket of GitHub write budgets: make it
+// if need be (which reads the account's info), read a key and write it
+// under the revision read.
+func budgetCalls(bucket string) []string {
+	return append(owns("KV_"+bucket), "$JS.API.INFO", "$KV."+bucket+".>", "$JS.API.DIRECT.GET.KV_"+bucket+".>",
+		"$JS.API.STREAM.MSG.GET.KV_"+bucket)
 }
 
 // opsGrant reads every stream of the cell: its info, its consumers' info,
@@ -282,6 +294,9 @@ func regionGrant(n event.Names, region, user string) grant {
 		pb := n.PlacementBucket(region)
 		return g.with(append(placementCalls(n, region, "tenant.>"), "$KV."+pb+".moving.>"),
 			"Its operator places and moves tenants on the region's cells (assay tenant place, move) and reads where they are.")
+	case Publisher:
+		return g.with(budgetCalls(n.GitHubBucket(region)),
+			"Its committer's publishers draw each GitHub App installation's write budget, shared by every cell of the region.")
 	}
 	panic("natsconf: unknown region user " + user)
 }
