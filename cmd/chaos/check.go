@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -241,7 +240,10 @@ func (h *Harness) evaluate(ctx context.Context, subs []*submission, sched []*fau
 		return nil, nil, err
 	}
 	add(c)
-	add(h.publications(ctx, works))
+	if c, err = h.publications(ctx, works); err != nil {
+		return nil, nil, err
+	}
+	add(c)
 	if h.cl != nil {
 		c, fig := h.strandCheck(sched)
 		add(c)
@@ -466,92 +468,6 @@ func (h *Harness) budgetCheck(ctx context.Context) (check, error) {
 	return check{N: "b", What: "budgets: no reservation left held once everything settled",
 		Figure: fmt.Sprintf("%d reservations unsettled, %d micro-dollars still reserved", open7, heldMicros),
 		OK:     open7 == 0 && heldMicros == 0}, nil
-}
-
-// markerRE finds the marker the publisher hides in every comment.
-var markerRE = regexp.MustCompile(`<!-- assay:work=(\S+) key=(\S+) -->`)
-
-// publications checks what the fake GitHub holds: at most one check run
-// and one set of comments per work, however often its outcome was
-// delivered and whatever was killed mid-publication. It first waits (a
-// bounded time) for the publisher to catch up with the work that ended,
-// and reports how much of it was published.
-func (h *Harness) publications(ctx context.Context, works map[string]*workRow) check {
-	// A check run is due for every code review of a pull request that
-	// ended other than dropped (chaos/code-review#0 names no pull request).
-	due := func(w *workRow) bool {
-		return w.Contract == "code-review" && !strings.HasSuffix(w.SourceID, "#0") &&
-			w.State != "dropped" && w.State != "queued" && w.State != "running"
-	}
-	want := 0
-	for _, w := range works {
-		if due(w) {
-			want++
-		}
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	runs := map[string]int{}
-	for {
-		clear(runs)
-		for _, r := range h.gh.CheckRuns() {
-			runs[r.ExternalID]++
-		}
-		if len(runs) >= want || time.Now().After(deadline) || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	var offenders []string
-	for id, n := range runs {
-		if n > 1 {
-			offenders = append(offenders, fmt.Sprintf("%s: %d check runs", id, n))
-		}
-	}
-	comments := map[string]int{} // work id + key
-	perWork := map[string]int{}
-	total := 0
-	for _, c := range h.gh.Comments() {
-		m := markerRE.FindStringSubmatch(c.Body)
-		if m == nil {
-			offenders = append(offenders, fmt.Sprintf("comment %d carries no marker", c.ID))
-			continue
-		}
-		total++
-		perWork[m[1]]++
-		if comments[m[1]+" "+m[2]]++; comments[m[1]+" "+m[2]] == 2 {
-			offenders = append(offenders, fmt.Sprintf("%s: comment %s posted twice", m[1], m[2]))
-		}
-	}
-	sort.Strings(offenders)
-	// Work that ended and has no check run yet: what its publication says,
-	// read for the few the report names (at 100,000 items the publisher
-	// may be tens of thousands behind, and each read is a query).
-	var late []*workRow
-	for _, w := range works {
-		if due(w) && runs[w.ID] == 0 {
-			late = append(late, w)
-		}
-	}
-	sort.Slice(late, func(i, j int) bool { return late[i].ID < late[j].ID })
-	for _, w := range late[:min(len(late), 3)] {
-		var tries int
-		var last string
-		err := h.pool[w.Region].QueryRow(ctx, `SELECT tries, coalesce(last_error, '') FROM publications
-			WHERE work_id = $1 AND target = 'github'`, w.ID).Scan(&tries, &last)
-		if err != nil {
-			var ob string
-			_ = h.pool[w.Region].QueryRow(ctx, `SELECT coalesce(string_agg(format('outbox %s published %s set aside %s tries %s err %s',
-					o.msg_id, o.published_at, q.set_aside_at, q.tries, q.last_error), '; '), 'no OUTCOME outbox row')
-				FROM outbox o LEFT JOIN outbox_waiting q ON q.id = o.id
-				WHERE o.stream = 'OUTCOME' AND o.msg_id LIKE $1 || '.%'`, w.ID).Scan(&ob)
-			last = "no publication row; " + ob
-		}
-		h.note("not published yet: %s (%s, %s): %d tries, %s", w.ID, w.State, w.Region, tries, last)
-	}
-	return check{N: "p", What: "publication: at most one check run and one set of comments per work",
-		Figure: fmt.Sprintf("%d of %d ended code-review works have their check run (%d not yet); %d comments on %d works",
-			len(runs), want, len(late), total, len(perWork)),
-		OK: len(offenders) == 0, Offenders: offenders}
 }
 
 // recovery is how throughput came back after one fault.
