@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -18,10 +17,8 @@ import (
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/evalset"
-	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
-	"assay.dev/services/ingress"
 )
 
 const rolloutUsage = `usage: assay rollout COMMAND [flags]
@@ -31,28 +28,37 @@ Versions of a contract side by side: which one new work gets, a candidate
 shadow of live work, and its promotion.
 
   check --contract NAME --version V [--model M] [--prompt FILE] --tenant T
-        [--out DIR] [--timeout 10m] [--min-transport 1] [--min-structural 1]
-        [--usefulness-slack 0]
-      run the evaluation set through the cell as shadow work (nothing
-      published, no review items, its calls ledgered as shadow and charged
-      to T), once with the candidate and once with what T's new work gets
-      now; print the three signals per item (transport, structural,
-      usefulness) and in total, write rollout-check-ID.json and .md in DIR
+        [--out DIR] [--timeout 10m] [--samples 3] [--min-transport 1]
+        [--min-structural 1] [--usefulness-slack 0]
+      run the contract's evaluation set through the cell as shadow work
+      (nothing published, no review items, its calls ledgered as shadow
+      and charged to T), each item --samples times (1 to 20) with the
+      candidate and as often with what T's new work gets now; print each
+      signal's mean and spread between samples (transport, structural and
+      the set's usefulness measures) per item and in total, and the items
+      whose samples disagree; write rollout-check-ID.json and .md in DIR
       (.), and exit 1 unless the candidate's transport and structural
-      shares reach their minimums and its recall and precision are not
-      below the live variant's (less the slack)
+      shares reach their minimums and no usefulness measure is below the
+      live variant's by more than the slack plus two standard errors of
+      the difference
   set-live --contract NAME --version V [--model M] [--prompt FILE] [--tenant T]
-      what new work gets, at once and without a check (a first route, or
-      the way back)
+        [--override --reason TEXT]
+      what new work gets, at once, only if the last check of exactly that
+      version, model and prompt passed (the contract's default version
+      with the cell's model and its own prompt needs none); --override
+      moves without a passed check, and its reason is kept in the route's
+      history; a refusal exits 2
   set-candidate --contract NAME --version V [--model M] [--prompt FILE]
         [--share 0.2] [--tenant T]
       the candidate, and the share of live work that also runs with it in
       the shadow (--version none clears it)
-  promote --contract NAME [--tenant T]
+  promote --contract NAME [--tenant T] [--override --reason TEXT]
       the candidate becomes live, only if the last check of exactly its
-      version, model and prompt passed
+      version, model and prompt passed (or with --override, as set-live)
   status --contract NAME [--json]
-      routes, the last checks, and the shadow comparison of the last hour
+      routes (a live variant an override put there marked, with who and
+      why), their recent changes, the last checks, and the shadow
+      comparison of the last hour
   compare --contract NAME [--since 1h] [--json]
       the candidate's shadow runs against their live work: structural
       failures, agreement of findings, cost and latency
@@ -66,10 +72,10 @@ var rolloutVerbs = []string{"check", "set-live", "set-candidate", "promote", "st
 // rolloutTakes are the flags each rollout verb takes, besides --region and
 // --database-url.
 var rolloutTakes = map[string][]string{
-	"check":         {"contract", "version", "model", "prompt", "tenant", "out", "timeout", "min-transport", "min-structural", "usefulness-slack"},
-	"set-live":      {"contract", "version", "model", "prompt", "tenant"},
+	"check":         {"contract", "version", "model", "prompt", "tenant", "out", "timeout", "samples", "min-transport", "min-structural", "usefulness-slack"},
+	"set-live":      {"contract", "version", "model", "prompt", "tenant", "override", "reason"},
 	"set-candidate": {"contract", "version", "model", "prompt", "tenant", "share"},
-	"promote":       {"contract", "tenant"},
+	"promote":       {"contract", "tenant", "override", "reason"},
 	"status":        {"contract", "json"},
 	"compare":       {"contract", "since", "json"},
 }
@@ -82,6 +88,9 @@ type rolloutFlags struct {
 	share, minTransport, minStructural, slack            float64
 	timeout                                              time.Duration
 	asJSON                                               bool
+	override                                             bool
+	reason                                               string // --reason: why --override moves
+	samples                                              int    // check: runs of each item per variant
 	region, dbURL                                        string
 	pos                                                  []string
 	set                                                  map[string]bool // the flags given
@@ -103,9 +112,12 @@ func parseRolloutFlags(verb string, args []string) (*rolloutFlags, error) {
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Minute, "check timeout")
 	fs.Float64Var(&f.minTransport, "min-transport", 1, "check: minimum transport share")
 	fs.Float64Var(&f.minStructural, "min-structural", 1, "check: minimum structural share")
-	fs.Float64Var(&f.slack, "usefulness-slack", 0, "check: how far recall and precision may fall below live")
+	fs.Float64Var(&f.slack, "usefulness-slack", 0, "check: how far a usefulness measure may fall below live")
+	fs.IntVar(&f.samples, "samples", 3, "check: runs of each item per variant")
 	fs.StringVar(&f.since, "since", "1h", "compare: since")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+	fs.BoolVar(&f.override, "override", false, "set-live, promote: move without a passed check")
+	fs.StringVar(&f.reason, "reason", "", "--override: why")
 	fs.StringVar(&f.region, "region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
 	fs.StringVar(&f.dbURL, "database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
 	var err error
@@ -142,6 +154,12 @@ func (f *rolloutFlags) validate(reg *contract.Registry) error {
 		return configError{errors.New("--min-transport, --min-structural and --usefulness-slack are shares between 0 and 1")}
 	case f.verb == "check" && f.tenant == "":
 		return configError{errors.New("--tenant is required: the tenant the check's calls are charged to")}
+	case f.samples < 1 || f.samples > 20:
+		return configError{fmt.Errorf("--samples: %d is not between 1 and 20", f.samples)}
+	case f.override && strings.TrimSpace(f.reason) == "":
+		return configError{errors.New("--reason is required with --override: why live traffic moves without a passed check")}
+	case f.set["reason"] && !f.override:
+		return configError{errors.New("--reason is for --override")}
 	}
 	return nil
 }
@@ -257,22 +275,78 @@ func (r *rolloutRun) variant(ctx context.Context) (store.Variant, error) {
 	return v, nil
 }
 
+// shipped is the contract as it ships, for the rollout fence.
+func (r *rolloutRun) shipped() store.Shipped {
+	def, _ := r.reg.Get(r.name)
+	return store.Shipped{Default: def.SchemaVersion, OwnPrompt: func(v string) string {
+		if c, ok := r.reg.Of(r.name, v); ok {
+			return c.PromptDigest
+		}
+		return ""
+	}}
+}
+
+// overrideReason is --reason with --override, "" without.
+func (r *rolloutRun) overrideReason() string {
+	if !r.override {
+		return ""
+	}
+	return strings.TrimSpace(r.reason)
+}
+
+// refused is the error of a move the rollout fence refused (exit 2): the
+// variant without a passed check, and the check to run.
+func (r *rolloutRun) refused(err error) error {
+	var u *store.UncheckedError
+	if !errors.As(err, &u) {
+		return err
+	}
+	run := fmt.Sprintf("assay rollout check --contract %s --version %s", u.Contract, u.Variant.Version)
+	if u.Variant.Model != "" {
+		run += " --model " + u.Variant.Model
+	}
+	var file string
+	if u.Variant.Prompt != "" {
+		run += " --prompt " + cmp.Or(r.promptFile, "FILE")
+		if r.promptFile == "" {
+			file = fmt.Sprintf(" (FILE: the prompt of digest %s)", u.Variant.Prompt)
+		}
+	}
+	run += " --tenant " + cmp.Or(r.tenant, "TENANT")
+	return configError{fmt.Errorf("not moved: %w; run %s%s, or move anyway with --override --reason TEXT", err, run, file)}
+}
+
+// moved says how a change of live traffic got past the fence.
+func moved(ch store.RouteChange) string {
+	switch {
+	case ch.ID == 0:
+		return "it was live already"
+	case ch.Verb == store.ChangeOverride:
+		return fmt.Sprintf("override by %s: %s", ch.By, ch.Reason)
+	case ch.CheckID != 0:
+		return fmt.Sprintf("check #%d passed", ch.CheckID)
+	case ch.From == ch.To:
+		return "it was live already"
+	}
+	return "the contract's default as shipped"
+}
+
 // setLive runs `rollout set-live`.
 func (r *rolloutRun) setLive(ctx context.Context, stdout io.Writer) error {
 	v, err := r.variant(ctx)
 	if err != nil {
 		return err
 	}
-	if err := r.st.SetLive(ctx, r.scope, r.name, v, r.by); err != nil {
-		return err
+	ch, err := r.st.SetLive(ctx, r.scope, r.name, v, r.shipped(), r.overrideReason(), r.by)
+	if err != nil {
+		return r.refused(err)
 	}
-	fmt.Fprintf(stdout, "%s for %s: new work gets %s\n", r.name, scopeWords(r.scope), variantWords(v, r.reg))
+	fmt.Fprintf(stdout, "%s for %s: new work gets %s (%s)\n", r.name, scopeWords(r.scope), variantWords(v, r.reg), moved(ch))
 	return nil
 }
 
 // setCandidate runs `rollout set-candidate`.
 func (r *rolloutRun) setCandidate(ctx context.Context, stdout io.Writer) error {
-	rt := routeOf(ctx, r.st, r.reg, r.scope, r.name)
 	var v store.Variant
 	if r.c != nil {
 		var err error
@@ -280,7 +354,7 @@ func (r *rolloutRun) setCandidate(ctx context.Context, stdout io.Writer) error {
 			return err
 		}
 	}
-	if err := r.st.SetCandidate(ctx, r.scope, r.name, rt.Live, v, r.share, r.by); err != nil {
+	if err := r.st.SetCandidate(ctx, r.scope, r.name, v, r.share, r.shipped(), r.by); err != nil {
 		return err
 	}
 	if r.c == nil {
@@ -294,21 +368,14 @@ func (r *rolloutRun) setCandidate(ctx context.Context, stdout io.Writer) error {
 
 // promote runs `rollout promote`.
 func (r *rolloutRun) promote(ctx context.Context, stdout io.Writer) error {
-	rt, check, err := r.st.Promote(ctx, r.scope, r.name, func(v string) string {
-		if c, ok := r.reg.Of(r.name, v); ok {
-			return c.PromptDigest
-		}
-		return ""
-	}, r.by)
+	rt, ch, err := r.st.Promote(ctx, r.scope, r.name, r.shipped(), r.overrideReason(), r.by)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return fmt.Errorf("%s for %s has no candidate to promote (assay rollout set-candidate)", r.name, scopeWords(r.scope))
-	case errors.Is(err, store.ErrCheckNotPassed):
-		return fmt.Errorf("not promoted: %w; run assay rollout check for it", err)
 	case err != nil:
-		return err
+		return r.refused(err)
 	}
-	fmt.Fprintf(stdout, "%s for %s: new work gets %s (check #%d passed)\n", r.name, scopeWords(r.scope), variantWords(rt.Live, r.reg), check)
+	fmt.Fprintf(stdout, "%s for %s: new work gets %s (%s)\n", r.name, scopeWords(r.scope), variantWords(rt.Live, r.reg), moved(ch))
 	return nil
 }
 
@@ -323,31 +390,6 @@ func (r *rolloutRun) compare(ctx context.Context, stdout io.Writer) error {
 		return json.NewEncoder(stdout).Encode(cmpr)
 	}
 	printComparison(stdout, cmpr)
-	return nil
-}
-
-// check runs `rollout check`.
-func (r *rolloutRun) check(ctx context.Context, stdout io.Writer) error {
-	cand, err := r.variant(ctx)
-	if err != nil {
-		return err
-	}
-	live := routeOf(ctx, r.st, r.reg, r.tenant, r.name).Live
-	chk := checker{st: r.st, reg: r.reg, announce: ingress.Announce(ctx, r.cfg.Names()), tenant: r.tenant, region: r.cfg.Region, timeout: r.timeout,
-		min: thresholds{Transport: r.minTransport, Structural: r.minStructural, Slack: r.slack}}
-	rep, err := chk.run(ctx, r.c, cand, live)
-	if err != nil {
-		return err
-	}
-	printReport(stdout, rep)
-	paths, err := writeReport(r.out, rep)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "reports: %s\n", strings.Join(paths, ", "))
-	if !rep.Passed {
-		return fmt.Errorf("rollout check #%d failed: %s", rep.ID, strings.Join(rep.Failures, "; "))
-	}
 	return nil
 }
 
@@ -402,335 +444,6 @@ func routeOf(ctx context.Context, st *store.Store, reg *contract.Registry, scope
 	}
 	c, _ := reg.Get(name)
 	return store.Route{Scope: store.RouteAll, Contract: name, Live: store.Variant{Version: c.SchemaVersion}}
-}
-
-// thresholds are what a check must reach to pass.
-type thresholds struct {
-	Transport  float64 `json:"minTransport"`
-	Structural float64 `json:"minStructural"`
-	Slack      float64 `json:"usefulnessSlack"`
-}
-
-// checkItem is one evaluation item's run with one variant.
-type checkItem struct {
-	Item       string   `json:"item"`
-	WorkID     string   `json:"workId"`
-	State      string   `json:"state"`
-	Reason     string   `json:"reason,omitempty"`
-	Attempts   []string `json:"attempts"`
-	Transport  bool     `json:"transport"`  // the provider answered
-	Structural bool     `json:"structural"` // the answer passed the gate
-	Expected   int      `json:"expected"`
-	Matched    int      `json:"matched"`
-	Found      int      `json:"found"`
-	Wrong      int      `json:"wrong"`
-	Recall     float64  `json:"recall"`
-	Precision  float64  `json:"precision"`
-	CostMicros int64    `json:"costMicros"`
-	LatencyMS  int64    `json:"latencyMs"`
-}
-
-// signals are a variant's three signals over the set, kept apart.
-type signals struct {
-	Variant    store.Variant `json:"variant"`
-	Items      int           `json:"items"`
-	Transport  float64       `json:"transport"`  // share of items the provider answered
-	Structural float64       `json:"structural"` // share of items whose answer passed the gate
-	Recall     float64       `json:"recall"`     // expected issues found, over the set
-	Precision  float64       `json:"precision"`  // findings that are useful, over the set
-	Calls      int           `json:"calls"`
-	CostMicros int64         `json:"costMicros"`
-	PerItem    []checkItem   `json:"perItem"`
-}
-
-// checkReport is what a rollout check found and decided.
-type checkReport struct {
-	ID           int64      `json:"id"`
-	Contract     string     `json:"contract"`
-	Tenant       string     `json:"tenant"`
-	PromptDigest string     `json:"promptDigest"`
-	StartedAt    time.Time  `json:"startedAt"`
-	EndedAt      time.Time  `json:"endedAt"`
-	Thresholds   thresholds `json:"thresholds"`
-	Candidate    signals    `json:"candidate"`
-	Live         signals    `json:"live"`
-	Passed       bool       `json:"passed"`
-	Failures     []string   `json:"failures,omitempty"`
-}
-
-type checker struct {
-	st       *store.Store
-	reg      *contract.Registry
-	announce func(*store.Work) ([]store.OutboxMsg, error)
-	tenant   string
-	region   string
-	timeout  time.Duration
-	min      thresholds
-}
-
-// run records the check, makes the set's work for both variants, waits for
-// every item's outcome, scores them and records the verdict.
-func (k *checker) run(ctx context.Context, c *contract.Contract, cand, live store.Variant) (*checkReport, error) {
-	if c.Grounding != contract.GroundingDiff {
-		return nil, configError{fmt.Errorf("--contract: the evaluation set is of code reviews; %s does not review a diff", c.Name)}
-	}
-	liveC, ok := k.reg.Of(c.Name, live.Version)
-	if !ok {
-		return nil, fmt.Errorf("the live route names %s, which this build does not have", live.Version)
-	}
-	digest := cmp.Or(cand.Prompt, c.PromptDigest)
-	rep := &checkReport{Contract: c.Name, Tenant: k.tenant, PromptDigest: digest, StartedAt: time.Now().UTC(), Thresholds: k.min}
-	id, err := k.st.StartCheck(ctx, store.RolloutCheck{Contract: c.Name, SchemaVersion: cand.Version, Model: cand.Model,
-		PromptDigest: digest, TenantID: k.tenant})
-	if err != nil {
-		return nil, err
-	}
-	rep.ID = id
-	of := fmt.Sprintf("check:%d", id)
-	deadline := time.Now().Add(k.timeout)
-	items := evalset.Items()
-	made := map[string][]string{} // "candidate" and "live": work ids in item order
-	for _, side := range []struct {
-		name string
-		c    *contract.Contract
-		v    store.Variant
-	}{{"candidate", c, cand}, {"live", liveC, live}} {
-		for _, it := range items {
-			in, _ := json.Marshal(map[string]string{"diff": it.Diff, "title": it.Title})
-			source := of + ":" + side.name + ":" + it.SourceID
-			w := &store.Work{ID: ingress.WorkID(k.tenant, c.Name, source, it.Revision), TenantID: k.tenant,
-				Region: k.region, Contract: c.Name, SchemaVersion: side.c.SchemaVersion, TaxonomyVersion: side.c.TaxonomyVersion,
-				SourceID: source, Revision: it.Revision, Lane: event.Interactive, Input: string(in), Digest: ingress.Digest(in),
-				DeadlineAt: deadline, Model: side.v.Model, PromptDigest: side.v.Prompt, ShadowOf: of}
-			made[side.name] = append(made[side.name], w.ID)
-			if err := k.insert(ctx, w); err != nil {
-				k.abandon(ctx, id, err)
-				return nil, err
-			}
-		}
-	}
-	if err := k.wait(ctx, append(slices.Clone(made["candidate"]), made["live"]...), deadline.Add(30*time.Second)); err != nil {
-		k.abandon(ctx, id, err)
-		return nil, err
-	}
-	got, err := k.st.ShadowRuns(ctx, c.Name, of, rep.StartedAt.Add(-time.Minute), 2*len(items))
-	runs := map[string]store.ShadowRun{}
-	for _, r := range got {
-		runs[r.Work.ID] = r
-	}
-	if err == nil {
-		if rep.Candidate, err = k.score(ctx, cand, items, made["candidate"], runs); err == nil {
-			rep.Live, err = k.score(ctx, live, items, made["live"], runs)
-		}
-	}
-	if err != nil {
-		k.abandon(ctx, id, err)
-		return nil, err
-	}
-	rep.EndedAt = time.Now().UTC()
-	rep.Failures = k.failures(rep.Candidate, rep.Live)
-	rep.Passed = len(rep.Failures) == 0
-	raw, err := json.Marshal(rep)
-	if err != nil {
-		return nil, err
-	}
-	if err := k.st.EndCheck(ctx, id, rep.Passed, raw); err != nil {
-		return nil, err
-	}
-	return rep, nil
-}
-
-// failures are why a candidate with signals cs fails beside the live
-// variant's ls: each threshold it does not reach; none when it passes.
-func (k *checker) failures(cs, ls signals) []string {
-	var out []string
-	if cs.Transport < k.min.Transport {
-		out = append(out, fmt.Sprintf("transport %.1f%% is under %.1f%%", 100*cs.Transport, 100*k.min.Transport))
-	}
-	if cs.Structural < k.min.Structural {
-		out = append(out, fmt.Sprintf("structural acceptance %.1f%% is under %.1f%%", 100*cs.Structural, 100*k.min.Structural))
-	}
-	if cs.Recall < ls.Recall-k.min.Slack {
-		out = append(out, fmt.Sprintf("recall %.3f is below the live variant's %.3f", cs.Recall, ls.Recall))
-	}
-	if cs.Precision < ls.Precision-k.min.Slack {
-		out = append(out, fmt.Sprintf("precision %.3f is below the live variant's %.3f", cs.Precision, ls.Precision))
-	}
-	return out
-}
-
-// abandon records a check that could not finish as failed, with why.
-func (k *checker) abandon(ctx context.Context, id int64, cause error) {
-	raw, _ := json.Marshal(map[string]string{"error": cause.Error()})
-	_ = k.st.EndCheck(context.WithoutCancel(ctx), id, false, raw)
-}
-
-func (k *checker) insert(ctx context.Context, w *store.Work) error {
-	if _, _, err := k.st.InsertWork(ctx, w, k.announce); err != nil {
-		return fmt.Errorf("rollout check: %s: %w", w.SourceID, err)
-	}
-	return nil
-}
-
-// wait polls until every work item reached its outcome, or until.
-func (k *checker) wait(ctx context.Context, ids []string, until time.Time) error {
-	for {
-		open := 0
-		for _, id := range ids {
-			w, err := k.st.GetWork(ctx, id)
-			if err != nil {
-				return err
-			}
-			if !outcome.IsTerminal(w.State) {
-				open++
-			}
-		}
-		if open == 0 {
-			return nil
-		}
-		if time.Now().After(until) {
-			return fmt.Errorf("rollout check: %d of %d work items had no outcome by the timeout; is the cell running?", open, len(ids))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-}
-
-// answered are the attempt outcomes of a call the provider answered.
-var answered = []string{outcome.AttemptOK, outcome.AttemptInvalidOutput, outcome.AttemptRefused,
-	outcome.AttemptContentFiltered, outcome.AttemptTruncated, outcome.AttemptToolCall}
-
-// score reads one variant's items back and scores them: transport (the
-// provider answered), structural (the gate accepted) and usefulness (the
-// rubric, an item without an accepted answer scored as finding nothing).
-func (k *checker) score(ctx context.Context, v store.Variant, items []evalset.Item, ids []string, runs map[string]store.ShadowRun) (signals, error) {
-	s := signals{Variant: v, Items: len(items)}
-	var scores []evalset.Score
-	transport, structural := 0, 0
-	for i, id := range ids {
-		run, ok := runs[id]
-		if !ok {
-			return s, fmt.Errorf("rollout check: %s was not read back", id)
-		}
-		atts, err := k.st.Attempts(ctx, id)
-		if err != nil {
-			return s, err
-		}
-		w := run.Work
-		ci := checkItem{Item: items[i].Name, WorkID: id, State: w.State, Reason: w.Reason,
-			CostMicros: run.CostMicros, LatencyMS: run.LatencyMS}
-		s.Calls += run.Calls
-		s.CostMicros += run.CostMicros
-		for _, a := range atts {
-			ci.Attempts = append(ci.Attempts, a.Outcome)
-			ci.Transport = ci.Transport || slices.Contains(answered, a.Outcome)
-		}
-		var fs []evalset.Finding
-		if w.State == outcome.Accepted {
-			ci.Structural = true
-			if fs, err = evalset.Findings(run.Output); err != nil {
-				return s, err
-			}
-		}
-		sc := evalset.ScoreItem(items[i], fs)
-		scores = append(scores, sc)
-		ci.Expected, ci.Matched, ci.Found, ci.Wrong, ci.Recall, ci.Precision = sc.Expected, sc.Matched, sc.Found, sc.Wrong, sc.Recall, sc.Precision
-		if ci.Transport {
-			transport++
-		}
-		if ci.Structural {
-			structural++
-		}
-		s.PerItem = append(s.PerItem, ci)
-	}
-	t := evalset.Totals(scores)
-	s.Transport, s.Structural = ratio(transport, len(ids)), ratio(structural, len(ids))
-	s.Recall, s.Precision = t.Recall, t.Precision
-	return s, nil
-}
-
-func ratio(n, d int) float64 {
-	if d == 0 {
-		return 1
-	}
-	return float64(n) / float64(d)
-}
-
-func printReport(w io.Writer, r *checkReport) {
-	fmt.Fprintf(w, "rollout check #%d of %s for tenant %s\n\n", r.ID, r.Contract, r.Tenant)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ITEM\tCANDIDATE\tTRANSPORT\tSTRUCTURAL\tFOUND\tRECALL\tPRECISION\tLIVE RECALL\tLIVE PRECISION")
-	for i, c := range r.Candidate.PerItem {
-		l := r.Live.PerItem[i]
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d of %d\t%.2f\t%.2f\t%.2f\t%.2f\n", c.Item, c.State, yes(c.Transport), yes(c.Structural),
-			c.Matched, c.Expected, c.Recall, c.Precision, l.Recall, l.Precision)
-	}
-	tw.Flush()
-	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VARIANT\tTRANSPORT\tSTRUCTURAL\tRECALL\tPRECISION")
-	for _, s := range []struct {
-		name string
-		s    signals
-	}{{"candidate " + r.Candidate.Variant.Label(), r.Candidate}, {"live " + r.Live.Variant.Label(), r.Live}} {
-		fmt.Fprintf(tw, "%s\t%.1f%%\t%.1f%%\t%.3f\t%.3f\n", s.name, 100*s.s.Transport, 100*s.s.Structural, s.s.Recall, s.s.Precision)
-	}
-	tw.Flush()
-	if r.Passed {
-		fmt.Fprintf(w, "\npassed\n")
-	} else {
-		fmt.Fprintf(w, "\nfailed: %s\n", strings.Join(r.Failures, "; "))
-	}
-}
-
-func yes(b bool) string {
-	if b {
-		return "yes"
-	}
-	return "no"
-}
-
-// writeReport writes the report as JSON and as Markdown into dir.
-func writeReport(dir string, r *checkReport) ([]string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("--out: %w", err)
-	}
-	base := filepath.Join(dir, fmt.Sprintf("rollout-check-%d", r.ID))
-	raw, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(base+".json", append(raw, '\n'), 0o644); err != nil {
-		return nil, fmt.Errorf("--out: %w", err)
-	}
-	var b strings.Builder
-	verdict := "passed"
-	if !r.Passed {
-		verdict = "failed: " + strings.Join(r.Failures, "; ")
-	}
-	fmt.Fprintf(&b, "# Rollout check #%d: %s\n\n%s for tenant %s, %s to %s. **%s**\n\n", r.ID, r.Contract,
-		r.Candidate.Variant.Label(), r.Tenant, r.StartedAt.Format(time.RFC3339), r.EndedAt.Format(time.RFC3339), verdict)
-	fmt.Fprintf(&b, "| Variant | Transport | Structural | Recall | Precision | Calls | Cost (µ$) |\n|---|---|---|---|---|---|---|\n")
-	for _, s := range []struct {
-		name string
-		s    signals
-	}{{"candidate " + r.Candidate.Variant.Label(), r.Candidate}, {"live " + r.Live.Variant.Label(), r.Live}} {
-		fmt.Fprintf(&b, "| %s | %.1f%% | %.1f%% | %.3f | %.3f | %d | %d |\n", s.name, 100*s.s.Transport, 100*s.s.Structural,
-			s.s.Recall, s.s.Precision, s.s.Calls, s.s.CostMicros)
-	}
-	fmt.Fprintf(&b, "\n| Item | Outcome | Transport | Structural | Found | Recall | Precision | Live recall | Live precision |\n|---|---|---|---|---|---|---|---|---|\n")
-	for i, c := range r.Candidate.PerItem {
-		l := r.Live.PerItem[i]
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d of %d | %.2f | %.2f | %.2f | %.2f |\n", c.Item, c.State, yes(c.Transport),
-			yes(c.Structural), c.Matched, c.Expected, c.Recall, c.Precision, l.Recall, l.Precision)
-	}
-	if err := os.WriteFile(base+".md", []byte(b.String()), 0o644); err != nil {
-		return nil, fmt.Errorf("--out: %w", err)
-	}
-	return []string{base + ".json", base + ".md"}, nil
 }
 
 // comparison is the shadow runs of one candidate variant against their
@@ -865,10 +578,15 @@ func printComparison(w io.Writer, cs []comparison) {
 
 // statusView is what assay rollout status prints.
 type statusView struct {
-	Routes []store.Route        `json:"routes"`
-	Checks []store.RolloutCheck `json:"checks"`
-	Shadow []comparison         `json:"shadowLastHour"`
+	Routes []store.Route `json:"routes"`
+	// History is each route's last statusChanges changes, newest first.
+	History []store.RouteChange  `json:"history"`
+	Checks  []store.RolloutCheck `json:"checks"`
+	Shadow  []comparison         `json:"shadowLastHour"`
 }
+
+// statusChanges is how many of each route's last changes status shows.
+const statusChanges = 10
 
 func rolloutStatus(ctx context.Context, st *store.Store, reg *contract.Registry, name string, w io.Writer, asJSON bool) error {
 	var v statusView
@@ -880,6 +598,9 @@ func rolloutStatus(ctx context.Context, st *store.Store, reg *contract.Registry,
 		if r.Contract == name {
 			v.Routes = append(v.Routes, r)
 		}
+	}
+	if v.History, err = st.RouteHistory(ctx, name, statusChanges); err != nil {
+		return err
 	}
 	if v.Checks, err = st.Checks(ctx, name, 5); err != nil {
 		return err
@@ -913,6 +634,26 @@ func rolloutStatus(ctx context.Context, st *store.Store, reg *contract.Registry,
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f%%\t%s\t%s\n", r.Scope, variantWords(r.Live, reg), cand, 100*r.ShadowShare,
 				r.UpdatedAt.UTC().Format(time.RFC3339), r.UpdatedBy)
+		}
+		tw.Flush()
+		for _, r := range v.Routes {
+			if o := r.Override; o != nil {
+				fmt.Fprintf(w, "OVERRIDE: %s is live for %s without a passed check, by %s at %s: %s\n",
+					variantWords(r.Live, reg), scopeWords(r.Scope), o.By, o.At.UTC().Format(time.RFC3339), o.Reason)
+			}
+		}
+	}
+	if len(v.History) > 0 {
+		fmt.Fprintln(w, "\nroute changes, newest first:")
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "AT\tSCOPE\tCHANGE\tFROM\tTO\tCHECK\tBY\tWHY")
+		for _, c := range v.History {
+			from, to, check := cmp.Or(c.From.Label(), "-"), cmp.Or(c.To.Label(), "-"), "-"
+			if c.CheckID != 0 {
+				check = fmt.Sprintf("#%d", c.CheckID)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.At.UTC().Format(time.RFC3339), c.Scope, c.Verb, from, to,
+				check, c.By, cmp.Or(c.Reason, "-"))
 		}
 		tw.Flush()
 	}

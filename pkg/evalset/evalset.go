@@ -1,6 +1,10 @@
-// Package evalset bundles an evaluation set of realistic e-commerce
-// pull-request diffs, each a git-format unified diff with known issues (or,
-// for the clean ones, none), for tests, demos and benchmarks.
+// Package evalset bundles an evaluation set per contract, for rollout
+// checks, tests, demos and benchmarks. The code-review set is realistic
+// e-commerce pull-request diffs, each a git-format unified diff with known
+// issues (or, for the clean ones, none); the change-review set is changes
+// with the risk tags and severity they carry (changes.go); the moderation
+// set is short user texts with their verdicts (moderation.go). [For] gives
+// any of them as a [Set] of inputs with a rubric.
 //
 // The issues are data, not prose: expected.json lists, per item, the findings
 // a correct reviewer must report and the ones it may report without being

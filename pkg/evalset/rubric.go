@@ -26,10 +26,11 @@
 package evalset
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+
+	"assay.dev/pkg/gate"
 )
 
 // Finding is one finding of a review, reduced to what scoring needs. File is
@@ -49,21 +50,17 @@ type Finding struct {
 // It fails when output is not one JSON object, when "findings" is missing or
 // null, or when a finding's file, line or category has the wrong JSON type.
 func Findings(output []byte) ([]Finding, error) {
-	var a struct {
-		Findings *[]struct {
-			File     string `json:"file"`
-			Line     int    `json:"line"`
-			Category string `json:"category"`
-		} `json:"findings"`
-	}
-	if err := json.Unmarshal(output, &a); err != nil {
+	// Read as the gate reads it, so a line written 2.0 is line 2 here as
+	// on the pull request.
+	acc, err := gate.Read(output)
+	if err != nil {
 		return nil, fmt.Errorf("evalset: code-review answer: %w", err)
 	}
-	if a.Findings == nil {
+	if acc.Doc["findings"] == nil {
 		return nil, errors.New(`evalset: code-review answer: no "findings" array`)
 	}
-	out := make([]Finding, 0, len(*a.Findings))
-	for _, f := range *a.Findings {
+	out := make([]Finding, 0, len(acc.Findings))
+	for _, f := range acc.Findings {
 		out = append(out, Finding{File: f.File, Line: f.Line, Category: f.Category})
 	}
 	return out, nil

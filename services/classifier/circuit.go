@@ -22,11 +22,12 @@ import (
 	"assay.dev/pkg/telemetry"
 )
 
-// CircuitConfig shapes the cell's circuit breaker for its model: a
-// provider that fails call after call is a condition of the cell, not of
-// each work item. While the circuit is open no work is claimed: it waits in
-// the stream, within its deadline, and one call at a time (a probe) asks
-// whether the provider answers again.
+// CircuitConfig shapes the cell's circuit breakers, one per model it
+// calls: a model that fails call after call is a condition of the cell,
+// not of each work item. While a model's circuit is open no work for that
+// model is claimed: it waits in the stream, within its deadline, and one
+// call at a time (a probe) asks whether the model answers again. Work for
+// the cell's other models goes on.
 type CircuitConfig struct {
 	// Failures is how many consecutive transport failures (no answer, or a
 	// 5xx) open the circuit. Default 5.
@@ -57,8 +58,8 @@ func (c *CircuitConfig) defaults() {
 
 // circuitVars are the settings of the circuit FromEnv reads.
 var circuitVars = []config.Var{
-	{Name: "ASSAY_MODEL_CIRCUIT_FAILURES", Default: "5", Usage: "consecutive transport failures of the model that open the cell's circuit: work waits instead of spending attempts"},
-	{Name: "ASSAY_MODEL_PROBE_MAX", Default: "30s", Usage: "while the circuit is open, one probe call at most this far apart"},
+	{Name: "ASSAY_MODEL_CIRCUIT_FAILURES", Default: "5", Usage: "consecutive transport failures of a model that open the cell's circuit for it: its work waits instead of spending attempts"},
+	{Name: "ASSAY_MODEL_PROBE_MAX", Default: "30s", Usage: "while a model's circuit is open, one probe call of it at most this far apart"},
 }
 
 func (c *CircuitConfig) fromEnv(getenv func(string) string) error {
@@ -75,7 +76,80 @@ type circuitStore interface {
 	CloseCircuit(ctx context.Context, model string, now time.Time) (bool, error)
 }
 
-// circuit is the cell's circuit for the model as this instance sees it.
+// circuits are the cell's circuits as this instance sees them, one per
+// model: the cell's own and each one a rollout's work names. Every model is
+// asked at the one endpoint of the cell's model client (a rollout's variant
+// names a model, never an endpoint), so the model alone names a circuit. A
+// circuit is made on its model's first call here and keeps its own row in
+// the cell's database.
+type circuits struct {
+	cfg    CircuitConfig
+	cell   string
+	region string
+	st     circuitStore
+	log    *slog.Logger
+	probes metric.Int64Counter
+
+	mu sync.Mutex
+	by map[string]*circuit // model -> its circuit
+}
+
+func newCircuits(cfg CircuitConfig, names event.Names, region string, st circuitStore, log *slog.Logger,
+	meter metric.Meter) (*circuits, error) {
+	cfg.defaults()
+	cs := &circuits{cfg: cfg, cell: names.Cell, region: region, st: st, log: log, by: map[string]*circuit{}}
+	var err error
+	if cs.probes, err = meter.Int64Counter("assay_provider_probes",
+		metric.WithDescription("probe calls made while the cell's circuit for the model was open, by model and result")); err != nil {
+		return nil, err
+	}
+	_, err = meter.Int64ObservableGauge("assay_provider_circuit_open",
+		metric.WithDescription("1 while the cell's circuit for the model is open: the model does not answer and its work waits"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			for _, c := range cs.all() {
+				c.mu.Lock()
+				open := c.open
+				c.mu.Unlock()
+				v := int64(0)
+				if open {
+					v = 1
+				}
+				o.Observe(v, c.attrs)
+			}
+			return nil
+		}))
+	return cs, err
+}
+
+// of is the circuit of the model mdl, made on first use.
+func (cs *circuits) of(mdl string) *circuit {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if c, ok := cs.by[mdl]; ok {
+		return c
+	}
+	c := &circuit{cfg: cs.cfg, cell: cs.cell, model: mdl, st: cs.st, log: cs.log, probes: cs.probes,
+		attrs: metric.WithAttributes(attribute.String("region", cs.region), attribute.String("model", mdl))}
+	for _, r := range []string{"answered", "failed"} {
+		c.probes.Add(context.Background(), 0, metric.WithAttributes(attribute.String("region", cs.region),
+			attribute.String("model", mdl), attribute.String("result", r)))
+	}
+	cs.by[mdl] = c
+	return c
+}
+
+// all are the circuits made so far.
+func (cs *circuits) all() []*circuit {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	out := make([]*circuit, 0, len(cs.by))
+	for _, c := range cs.by {
+		out = append(out, c)
+	}
+	return out
+}
+
+// circuit is the cell's circuit for one model as this instance sees it.
 // Whether it is open and when the next probe is due are the cell's, in its
 // database, so the cell's classifiers make one probe per interval between
 // them; the run of consecutive failures is this instance's.
@@ -98,35 +172,6 @@ type circuit struct {
 	// recorded: the cell's database holds this opening; until it does,
 	// this instance holds work and probes by itself.
 	recorded bool
-}
-
-func newCircuit(cfg CircuitConfig, names event.Names, region, mdl string, st circuitStore, log *slog.Logger, meter metric.Meter) (*circuit, error) {
-	cfg.defaults()
-	c := &circuit{cfg: cfg, cell: names.Cell, model: mdl, st: st, log: log,
-		attrs: metric.WithAttributes(attribute.String("region", region), attribute.String("model", mdl))}
-	var err error
-	if c.probes, err = meter.Int64Counter("assay_provider_probes",
-		metric.WithDescription("probe calls made while the cell's circuit for the model was open, by result")); err != nil {
-		return nil, err
-	}
-	for _, r := range []string{"answered", "failed"} {
-		c.probes.Add(context.Background(), 0, metric.WithAttributes(attribute.String("region", region), attribute.String("model", mdl),
-			attribute.String("result", r)))
-	}
-	_, err = meter.Int64ObservableGauge("assay_provider_circuit_open",
-		metric.WithDescription("1 while the cell's circuit for the model is open: the provider does not answer and work waits"),
-		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
-			c.mu.Lock()
-			open := c.open
-			c.mu.Unlock()
-			v := int64(0)
-			if open {
-				v = 1
-			}
-			o.Observe(v, c.attrs)
-			return nil
-		}))
-	return c, err
 }
 
 func (c *circuit) key() string { return "circuit:" + c.cell + ":" + c.model }
@@ -296,23 +341,28 @@ func reach(reply *model.Reply, err error, deadlineBound bool) int {
 	return reached
 }
 
-// waitForProvider holds an announcement while the circuit is open: the
-// message comes back when the next probe may be due, and work whose
-// deadline cannot wait that long ends now, saying the provider was
-// unavailable. held is false when the work goes on.
-func (s *Service) waitForProvider(ctx context.Context, ev event.Work, need time.Duration) (consumer.Disposition, bool) {
+// circuitOf is the circuit of the model w is asked of.
+func (s *Service) circuitOf(w *store.Work) *circuit { return s.circs.of(s.modelOf(w)) }
+
+// waitForProvider holds an announcement while the circuit of its work's
+// model is open: the message comes back when the next probe may be due,
+// and work whose deadline cannot wait that long ends now, saying the model
+// was unavailable. Work for another model goes on. held is false when the
+// work goes on.
+func (s *Service) waitForProvider(ctx context.Context, ev event.Work, w *store.Work, need time.Duration) (consumer.Disposition, bool) {
 	if s.batches != nil && ev.Lane == event.Batch {
-		// A line of a provider batch: no call of this circuit's.
+		// A line of a provider batch: no call of a circuit's.
 		return consumer.Disposition{}, false
 	}
-	now := s.circ.cfg.Now()
-	wait, held := s.circ.hold(now)
+	circ := s.circuitOf(w)
+	now := circ.cfg.Now()
+	wait, held := circ.hold(now)
 	if !held {
 		return consumer.Disposition{}, false
 	}
 	if ev.DeadlineAt.IsZero() || now.Add(wait+need).Before(ev.DeadlineAt) {
 		telemetry.Decision(ctx, s.d.Log, ev.WorkID, "held", "the cell's circuit for the model is open; waiting for its next probe",
-			slog.Duration("delay", wait))
+			slog.String("model", circ.model), slog.Duration("delay", wait))
 		return consumer.Retry(wait), true
 	}
 	w, _, err := s.d.Store.WorkToRun(ctx, ev.WorkID)
@@ -324,24 +374,27 @@ func (s *Service) waitForProvider(ctx context.Context, ev event.Work, need time.
 	case w.Terminal():
 		return consumer.Done(), true
 	}
-	return s.finishUnleased(ctx, w, outcome.RetryExhausted, s.circ.condition()+"; its deadline comes before the next probe"), true
+	return s.finishUnleased(ctx, w, outcome.RetryExhausted, circ.condition()+"; its deadline comes before the next probe"), true
 }
 
-// probeTurn is the last look before a claim while the circuit is open: the
-// cell's probe goes on as this call, other work waits for it.
+// probeTurn is the last look before a claim while the circuit of w's model
+// is open: the cell's probe of the model goes on as this call, other work
+// for the model waits for it.
 func (s *Service) probeTurn(ctx context.Context, w *store.Work) (probe bool, disp consumer.Disposition, ok bool) {
-	probe, wait, err := s.circ.turn(ctx, s.circ.cfg.Now())
+	circ := s.circuitOf(w)
+	probe, wait, err := circ.turn(ctx, circ.cfg.Now())
 	if err != nil {
-		s.d.Log.Warn("asking for the circuit's probe failed", "key", w.ID, "err", err)
+		s.d.Log.Warn("asking for the circuit's probe failed", "key", w.ID, "model", circ.model, "err", err)
 		return false, consumer.Retry(time.Second), false
 	}
 	if wait > 0 {
 		telemetry.Decision(ctx, s.d.Log, w.ID, "held", "another call is the cell's probe of the model; waiting for it",
-			slog.Duration("delay", wait))
+			slog.String("model", circ.model), slog.Duration("delay", wait))
 		return false, consumer.Retry(wait), false
 	}
 	if probe {
-		telemetry.Decision(ctx, s.d.Log, w.ID, "probe", "the cell's circuit for the model is open; this call asks whether it answers again")
+		telemetry.Decision(ctx, s.d.Log, w.ID, "probe", "the cell's circuit for the model is open; this call asks whether it answers again",
+			slog.String("model", circ.model))
 	}
 	return probe, consumer.Disposition{}, true
 }

@@ -49,11 +49,11 @@ func TestCircuitOpensProbesAndCloses(t *testing.T) {
 	cfg := CircuitConfig{Failures: 3, ProbeEvery: time.Second, ProbeMax: 4 * time.Second, Now: clk.Now}
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	mk := func() *circuit {
-		c, err := newCircuit(cfg, event.Names{Cell: "us"}, "us", "m", st, log, noop.NewMeterProvider().Meter("test"))
+		cs, err := newCircuits(cfg, event.Names{Cell: "us"}, "us", st, log, noop.NewMeterProvider().Meter("test"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c
+		return cs.of("m")
 	}
 	a, b := mk(), mk()
 	for i := range 2 {
@@ -142,6 +142,55 @@ func TestCircuitOpensProbesAndCloses(t *testing.T) {
 	t.Logf("opened after 3 failures in a row; probe intervals %v; closed by b's answered probe, a learned it at its next look", probes)
 }
 
+// Each model the cell calls has its own circuit: failures of a rollout's
+// model open its circuit and its row alone, answers of the cell's model in
+// between do not close it, and the cell's model's work is never held.
+func TestCircuitPerModel(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	st, _ := storetest.Migrated(t)
+	clk := &manual{t: t0}
+	cfg := CircuitConfig{Failures: 3, ProbeEvery: time.Second, ProbeMax: 4 * time.Second, Now: clk.Now}
+	cs, err := newCircuits(cfg, event.Names{Cell: "us"}, "us", st, slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		noop.NewMeterProvider().Meter("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, cand := cs.of("m"), cs.of("candidate")
+	if cs.of("candidate") != cand || len(cs.all()) != 2 {
+		t.Fatalf("circuits %v: want one per model, made once", cs.all())
+	}
+	for i := range 3 {
+		cand.observe(ctx, nil, refused, false, false)
+		if live.observe(ctx, &model.Reply{}, nil, false, false) {
+			t.Fatalf("an answer of the cell's model after the candidate's failure %d counted as an outage", i+1)
+		}
+	}
+	if _, held := cand.hold(t0); !held {
+		t.Fatal("three failures of the candidate in a row did not open its circuit")
+	}
+	if _, held := live.hold(t0); held {
+		t.Fatal("the candidate's failures hold the cell's model's work")
+	}
+	if probe, wait, err := live.turn(ctx, t0); probe || wait != 0 || err != nil {
+		t.Fatalf("the cell's model at its claim: probe %v, wait %s, %v; want it to go on", probe, wait, err)
+	}
+	if c, _ := st.GetCircuit(ctx, "candidate"); c.State != store.CircuitOpen || c.Failures != 3 {
+		t.Fatalf("the candidate's circuit in the database: %+v", c)
+	}
+	if c, _ := st.GetCircuit(ctx, "m"); c.State != store.CircuitClosed {
+		t.Fatalf("the cell's model's circuit in the database: %+v", c)
+	}
+	clk.Set(t0.Add(time.Second))
+	if probe, _, err := cand.turn(ctx, clk.Now()); !probe || err != nil {
+		t.Fatalf("the candidate's first probe: %v, %v", probe, err)
+	}
+	cand.observe(ctx, &model.Reply{}, nil, false, true)
+	if c, _ := st.GetCircuit(ctx, "candidate"); c.State != store.CircuitClosed {
+		t.Fatalf("after its answered probe the candidate's circuit is %s", c.State)
+	}
+}
+
 // What a call says of the provider: any answer reaches it; no answer, a
 // 5xx or a call timeout does not; a cancel or a cut by the work's own
 // deadline says nothing.
@@ -191,11 +240,12 @@ func TestCircuitOpenedHereBeforeTheCellKnows(t *testing.T) {
 	st, _ := storetest.Migrated(t)
 	clk := &manual{t: t0}
 	cfg := CircuitConfig{Failures: 2, ProbeEvery: time.Second, ProbeMax: 4 * time.Second, Now: clk.Now}
-	c, err := newCircuit(cfg, event.Names{Cell: "us"}, "us", "m", unrecorded{st}, slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+	cs, err := newCircuits(cfg, event.Names{Cell: "us"}, "us", unrecorded{st}, slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 		noop.NewMeterProvider().Meter("test"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	c := cs.of("m")
 	c.observe(ctx, nil, refused, false, false)
 	if !c.observe(ctx, nil, refused, false, false) {
 		t.Fatal("two failures in a row did not open the circuit")

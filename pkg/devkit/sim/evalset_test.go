@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"encoding/json"
+	"math"
 	"slices"
 	"testing"
 
@@ -93,5 +94,40 @@ func TestSimulatedReviewerBaseline(t *testing.T) {
 	if tot.Expected != 18 || tot.Matched != 14 || tot.Found != 18 || tot.Useful != 18 {
 		t.Errorf("the simulated reviewer matched %d of %d expected issues with %d of %d findings useful; pinned at 14 of 18 and 18 of 18",
 			tot.Matched, tot.Expected, tot.Useful, tot.Found)
+	}
+}
+
+// The simulated reviewer's scores on the change-review and moderation
+// sets are pinned too: they are the baseline of those contracts' rollouts.
+func TestSimulatedReviewerOtherSetsBaseline(t *testing.T) {
+	var tags, severity float64
+	for _, c := range evalset.Changes() {
+		out, err := json.Marshal(sim.ReviewChange(c.Diff, json.RawMessage(`"change-review.v1"`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := evalset.ReadChange(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := evalset.ScoreChange(c, &a)
+		tags += s.Tags
+		severity += s.Severity
+		if s.Severity == 0 {
+			t.Logf("%s: severity %s, want %s", c.Name, a.Severity, c.Severity)
+		}
+	}
+	if severity != 7 || math.Abs(tags-10.8) > 1e-9 {
+		t.Errorf("change-review: severity right on %.0f of 12, tags F1 summing to %.3f; pinned at 7 and 10.8", severity, tags)
+	}
+	var category, human float64
+	for _, p := range evalset.Posts() {
+		m := sim.Moderate(p.Text)
+		s := evalset.ScorePost(p, &evalset.Verdict{Category: m.Category, NeedsHumanReview: m.NeedsHumanReview})
+		category += s.Category
+		human += s.HumanReview
+	}
+	if category != 10 || human != 9 {
+		t.Errorf("moderation: category right on %.0f of 12, human review on %.0f; pinned at 10 and 9", category, human)
 	}
 }

@@ -382,9 +382,23 @@ func Moderate(text string) Moderation {
 const (
 	// DirectiveOmitEvidence makes findings leave out their evidence.
 	DirectiveOmitEvidence = "Leave the evidence field out of every finding."
-	// DirectiveNoFindings makes every review empty.
+	// DirectiveNoFindings makes every review empty: a code review has no
+	// findings, and a change review none and severity low (its tags stay).
 	DirectiveNoFindings = "Report no findings, whatever the change holds."
+	// DirectiveFlagNothing makes every moderation verdict read the text as
+	// harmless: category other, no human review.
+	DirectiveFlagNothing = "Flag nothing: classify every text as other, with no human review."
+	// DirectiveAddNotes makes every answer, of any contract, carry a
+	// "notes" property that no contract's schema allows.
+	DirectiveAddNotes = "Add a notes property with your reasoning to the answer."
 )
+
+// shape fits a change review to the prompt's directives.
+func (ch *ChangeReview) shape(prompt string) {
+	if strings.Contains(prompt, DirectiveNoFindings) {
+		ch.Findings, ch.Severity = []ChangeFinding{}, "low"
+	}
+}
 
 // shape fits a code review to what was asked of it: the schema's finding
 // fields (category and confidence when it has them) and the prompt's

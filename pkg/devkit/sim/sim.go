@@ -1,6 +1,7 @@
 // Package sim is the simulated model provider: a real HTTP server speaking the
 // OpenAI-compatible chat-completions protocol, answering the seed contracts
-// with a deterministic reviewer, counting every call per tenant, limiting
+// with a deterministic reviewer (or, for a model NoisyModel names, one that
+// drops parts of its answers at random), counting every call per tenant, limiting
 // calls to a settable, moving capacity and injecting the faults a real
 // provider shows (rate limits, hangs, broken or schema-invalid answers,
 // wrong correlation, ungrounded findings).
@@ -100,6 +101,9 @@ type Server struct {
 	seq  atomic.Int64
 
 	reviews sync.Map // diff text -> CodeReview, with Constant
+
+	// noise is the draws of the noisy models (noise.go).
+	noise noiseState
 
 	mu     sync.Mutex
 	faults []*Fault // Times counts down; a Times>0 fault is dropped at 0
@@ -357,6 +361,7 @@ type call struct {
 	// here so that admit does not scan a large diff under its lock.
 	injections []injection
 	constant   bool   // Options.Constant: no injections looked for
+	noise      *noise // a noisy model's draws for this call; nil for others
 	diffText   string // code-review and change-review
 	diff       *diff.Diff
 	text       string // moderation
@@ -543,6 +548,7 @@ func (s *Server) content(c *call, f *Fault, kind string) (content, finish string
 	if s.opts.Constant && kind == "" && c.contract == ContractCodeReview {
 		content = s.constantReview(c)
 	} else {
+		c.noise = s.noiseFor(c)
 		content = c.answer(kind)
 	}
 	finish = "stop"
@@ -826,10 +832,13 @@ func (c *call) answer(kind string) string {
 	case ContractCodeReview:
 		cr := ReviewCode(c.diffText, c.corr.SchemaVersion, c.corr.WorkID)
 		cr.shape(c.schema(), c.system())
+		cr.Findings = keep(c.noise, cr.Findings)
 		c.bendCodeReview(&cr, kind)
 		out = cr
 	case ContractChangeReview:
 		ch := ReviewChange(c.diffText, c.corr.SchemaVersion)
+		ch.shape(c.system())
+		ch.bend(c.noise)
 		switch kind {
 		case FaultBadEnum:
 			ch.Severity = "critical"
@@ -839,17 +848,23 @@ func (c *call) answer(kind string) string {
 		out = ch
 	default:
 		m := Moderate(c.text)
+		if strings.Contains(c.system(), DirectiveFlagNothing) {
+			m = harmless
+		}
+		m.bend(c.noise)
 		if kind == FaultBadEnum {
 			m.Category = "hate"
 		}
 		out = m
 	}
 	b, _ := json.Marshal(out)
-	switch kind {
-	case FaultExtraProperty:
+	switch {
+	case kind == FaultExtraProperty:
 		b = append(bytes.TrimSuffix(b, []byte("}")), []byte(`,"notes":"I also looked at the surrounding code."}`)...)
-	case FaultInvalidJSON:
+	case kind == FaultInvalidJSON:
 		return "Sure! Here is what I found in the change:\n" + string(b[:len(b)/2])
+	case strings.Contains(c.system(), DirectiveAddNotes):
+		b = append(bytes.TrimSuffix(b, []byte("}")), []byte(`,"notes":"I read the whole change before answering."}`)...)
 	}
 	return string(b)
 }
