@@ -66,10 +66,10 @@ func openStore(ctx context.Context, url string) (*store.Store, error) {
 	}
 	st, err := store.Open(ctx, url)
 	if store.SQLState(err) == "3D000" {
-		return nil, fmt.Errorf("ASSAY_DATABASE_URL: %w (create it and its tables with: assay migrate --create-database)", err)
+		return nil, fmt.Errorf("ASSAY_DATABASE_URL: %w (create it and its tables with: assay migrate --create-database)", config.RedactError(err, url))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+		return nil, fmt.Errorf("ASSAY_DATABASE_URL: %w", config.RedactError(err, url))
 	}
 	return st, nil
 }
@@ -79,12 +79,12 @@ func openStore(ctx context.Context, url string) (*store.Store, error) {
 func connectNATS(cfg config.Config) (*nats.Conn, jetstream.JetStream, error) {
 	nc, err := nats.Connect(cfg.NATSURL, nats.Name("assay-operator-"+cfg.Region), nats.Timeout(5*time.Second))
 	if err != nil {
-		return nil, nil, fmt.Errorf("ASSAY_NATS_URL %s: %w", config.Redacted(cfg.NATSURL), err)
+		return nil, nil, fmt.Errorf("ASSAY_NATS_URL %s: %w", config.Redacted(cfg.NATSURL), config.RedactError(err, cfg.NATSURL))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("ASSAY_NATS_URL %s: %w", config.Redacted(cfg.NATSURL), err)
+		return nil, nil, fmt.Errorf("ASSAY_NATS_URL %s: %w", config.Redacted(cfg.NATSURL), config.RedactError(err, cfg.NATSURL))
 	}
 	return nc, js, nil
 }

@@ -76,7 +76,7 @@ func TestAnotherServicesCredentialStopsStartup(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "ingress"))
 	cmd.Env = append(os.Environ(), "ASSAY_REGION=us", "ASSAY_DATABASE_URL="+testenv.Database(t), "ASSAY_NATS_URL="+wrong,
-		"ASSAY_HTTP_ADDR=127.0.0.1:0")
+		"ASSAY_HTTP_ADDR=127.0.0.1:0", "ASSAY_METRICS_ADDR=127.0.0.1:0")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	err = cmd.Run()

@@ -86,6 +86,10 @@ func runDemo(ctx context.Context, dev *cell.Dev, w io.Writer) error {
 	} else {
 		fmt.Fprintln(w, "note: ASSAY_MODEL_BASE_URL is set, so no invalid output is forced")
 	}
+	for _, r := range e.Regions {
+		c := e.Cells[r]
+		fmt.Fprintf(w, "cell %s: API %s, metrics %s/metrics (a free port of their own, never the API's)\n", r, c.URL, c.MetricsURL)
+	}
 
 	subs, err := e.submitSet(ctx, client, w)
 	if err != nil {

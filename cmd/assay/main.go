@@ -76,7 +76,7 @@ commands:
                          --passwords FILE [--service-urls FILE] also draw a password per user
   version                print the build's version
 
-assay COMMAND --help shows a command's flags. A bad setting exits 2, a failure 1.
+assay COMMAND --help shows a command's flags. A bad setting or a refusal exits 2, a failure 1.
 `
 
 // helps are each command's own help, printed for -h or --help.
@@ -269,8 +269,11 @@ func run(args []string, stderr io.Writer) int {
 	return 0
 }
 
-// configError marks a bad setting, which exits 2.
+// configError marks a bad setting, or a refusal (a move of live traffic
+// the rollout fence refused), which exits 2.
 type configError struct{ error }
+
+func (e configError) Unwrap() error { return e.error }
 
 func migrate(ctx context.Context, args []string) error {
 	create := false
@@ -289,7 +292,7 @@ func migrate(ctx context.Context, args []string) error {
 	if create {
 		made, err := store.EnsureDatabase(ctx, cfg.DatabaseURL)
 		if err != nil {
-			return fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+			return fmt.Errorf("ASSAY_DATABASE_URL: %w", config.RedactError(err, cfg.DatabaseURL))
 		}
 		if made {
 			fmt.Printf("region %s: database created\n", cfg.Region)
@@ -298,9 +301,9 @@ func migrate(ctx context.Context, args []string) error {
 	st, err := store.Open(ctx, cfg.DatabaseURL)
 	if err != nil {
 		if store.SQLState(err) == "3D000" && !create {
-			return fmt.Errorf("ASSAY_DATABASE_URL: %w (create it first, or run assay migrate --create-database)", err)
+			return fmt.Errorf("ASSAY_DATABASE_URL: %w (create it first, or run assay migrate --create-database)", config.RedactError(err, cfg.DatabaseURL))
 		}
-		return fmt.Errorf("ASSAY_DATABASE_URL: %w", err)
+		return fmt.Errorf("ASSAY_DATABASE_URL: %w", config.RedactError(err, cfg.DatabaseURL))
 	}
 	defer st.Close()
 	applied, err := st.Migrate(ctx)

@@ -153,13 +153,20 @@ func runBlock(t *testing.T, block, run string, env []string, limit time.Duration
 // serves on.
 func servingAddr(t *testing.T, run, name string) string {
 	t.Helper()
+	return loggedAddr(t, run, name, "serving")
+}
+
+// loggedAddr is the address of the first line of name's log whose message
+// is msg: "serving" (the API's listener) or "serving metrics".
+func loggedAddr(t *testing.T, run, name, msg string) string {
+	t.Helper()
 	for _, line := range strings.Split(readLog(t, run, name), "\n") {
 		var l struct{ Msg, Addr string }
-		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "serving" && l.Addr != "" {
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == msg && l.Addr != "" {
 			return l.Addr
 		}
 	}
-	t.Fatalf("%s.log names no address it serves on", name)
+	t.Fatalf("%s.log names no address it is %s on", name, msg)
 	return ""
 }
 
@@ -245,7 +252,10 @@ func TestOperatorWalkthrough(t *testing.T) {
 	if s := get("/v1/nothing-here", &notFound); s != http.StatusNotFound || notFound.Error.Code != "not_found" {
 		t.Errorf("an unknown path: HTTP %d, code %q; want a JSON 404", s, notFound.Error.Code)
 	}
-	resp, err := http.Get(base + "/metrics")
+	if s := get("/metrics", &notFound); s != http.StatusNotFound {
+		t.Errorf("/metrics on the API's address: HTTP %d, want 404: metrics have a listener of their own", s)
+	}
+	resp, err := http.Get("http://" + loggedAddr(t, run, "ingress", "serving metrics") + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

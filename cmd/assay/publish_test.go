@@ -187,7 +187,7 @@ func waitMetric(t *testing.T, b *celltest.Bundle, prefix string, rest ...string)
 	deadline := time.Now().Add(20 * time.Second)
 	last := ""
 	for time.Now().Before(deadline) {
-		resp, err := http.Get(b.Cell.URL + "/metrics")
+		resp, err := http.Get(b.Cell.MetricsURL + "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -175,6 +175,19 @@ func printStory(w io.Writer, s *WorkStory) error {
 	if err := printPublications(w, s.Publications); err != nil {
 		return err
 	}
+	if v := s.Review; v != nil {
+		fmt.Fprintf(tw, "\nreview\n  %s\t%s\t%s\n", v.ReviewID, v.Reason, cmp.Or(v.Resolution, v.State))
+		if v.HeldBy != "" {
+			fmt.Fprintf(tw, "  \theld by %s %s until %s\n", v.HeldByKind, v.HeldBy, rfc(*v.HeldUntil))
+		}
+	}
+	fmt.Fprintln(tw, "\nactions")
+	if len(s.Actions) == 0 {
+		fmt.Fprintln(tw, "  none")
+	}
+	for _, a := range s.Actions {
+		fmt.Fprintf(tw, "  %s\t%s\tby %s\t%s\n", rfc(a.At), a.Action, a.Actor(), a.Note)
+	}
 	fmt.Fprintln(tw, "\ndecisions")
 	for _, d := range s.Decisions {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t[%s]\n", rfc(d.At), d.What, d.Reason, d.From)

@@ -9,8 +9,9 @@
 // user nonroot, uid and gid 65532, its home /home/nonroot, and /tmp with mode
 // 1777), then the binary at /usr/local/bin/<name>, mode 0755, owned by root.
 // The image runs the binary as 65532:65532; a service's image listens on all
-// interfaces at its default port (ASSAY_HTTP_ADDR=:8080 for ingress, :8081
-// classifier, :8082 committer, :8083 ledger) and exposes that port.
+// interfaces at its default ports (ASSAY_HTTP_ADDR=:8080 for ingress, :8081
+// classifier, :8082 committer, :8083 ledger; ASSAY_METRICS_ADDR=:9090 to
+// :9093, /metrics on a listener of its own) and exposes both.
 //
 // Tar entries are sorted and carry one fixed time (SOURCE_DATE_EPOCH, else
 // the Unix epoch), as does the image config, so building the same source
@@ -75,15 +76,18 @@ type target struct {
 	// Port is the port of the binary's default ASSAY_HTTP_ADDR
 	// (config.Need.HTTPAddr in its main.go); 0 for a binary that serves none.
 	Port int
-	Doc  string
+	// MetricsPort is the port of its default ASSAY_METRICS_ADDR
+	// (config.Need.MetricsAddr), the listener /metrics has to itself.
+	MetricsPort int
+	Doc         string
 }
 
 var targets = []target{
 	{Name: "assay", Module: "cmd/assay", Pkg: ".", Tags: "operator", Doc: "assay operator tool: tenants, credentials, NATS configuration, usage"},
-	{Name: "ingress", Module: "services/ingress", Pkg: "./cmd/ingress", Port: 8080, Doc: "assay ingress: one cell's API, GitHub webhooks and usage"},
-	{Name: "classifier", Module: "services/classifier", Pkg: "./cmd/classifier", Port: 8081, Doc: "assay classifier: claims work and calls the model"},
-	{Name: "committer", Module: "services/committer", Pkg: "./cmd/committer", Port: 8082, Doc: "assay committer: gates and commits results"},
-	{Name: "ledger", Module: "services/ledger", Pkg: "./cmd/ledger", Port: 8083, Doc: "assay ledger: attempts, usage and budgets"},
+	{Name: "ingress", Module: "services/ingress", Pkg: "./cmd/ingress", Port: 8080, MetricsPort: 9090, Doc: "assay ingress: one cell's API, GitHub webhooks and usage"},
+	{Name: "classifier", Module: "services/classifier", Pkg: "./cmd/classifier", Port: 8081, MetricsPort: 9091, Doc: "assay classifier: claims work and calls the model"},
+	{Name: "committer", Module: "services/committer", Pkg: "./cmd/committer", Port: 8082, MetricsPort: 9092, Doc: "assay committer: gates and commits results"},
+	{Name: "ledger", Module: "services/ledger", Pkg: "./cmd/ledger", Port: 8083, MetricsPort: 9093, Doc: "assay ledger: attempts, usage and budgets"},
 }
 
 // The image's user and file system.
@@ -696,10 +700,11 @@ func buildImage(o options, t target, base v1.Layer, bin string) (v1.Image, error
 		Labels:     labels,
 	}
 	if t.Port != 0 {
-		// The binary's default address is loopback, which nothing outside a
-		// container reaches; the image listens on its port on every interface.
-		cf.Config.Env = append(cf.Config.Env, fmt.Sprintf("ASSAY_HTTP_ADDR=:%d", t.Port))
-		cf.Config.ExposedPorts = map[string]struct{}{fmt.Sprintf("%d/tcp", t.Port): {}}
+		// The binary's default addresses are loopback, which nothing outside
+		// a container reaches; the image listens on its ports, the API's and
+		// the metrics', on every interface.
+		cf.Config.Env = append(cf.Config.Env, fmt.Sprintf("ASSAY_HTTP_ADDR=:%d", t.Port), fmt.Sprintf("ASSAY_METRICS_ADDR=:%d", t.MetricsPort))
+		cf.Config.ExposedPorts = map[string]struct{}{fmt.Sprintf("%d/tcp", t.Port): {}, fmt.Sprintf("%d/tcp", t.MetricsPort): {}}
 	}
 	return mutate.ConfigFile(img, cf)
 }

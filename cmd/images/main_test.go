@@ -216,15 +216,18 @@ func TestImages(t *testing.T) {
 			}
 			var wantPorts []string
 			if tg.Port != 0 {
-				wantPorts = []string{fmt.Sprintf("%d/tcp", tg.Port)}
-				if want := fmt.Sprintf("ASSAY_HTTP_ADDR=:%d", tg.Port); !slices.Contains(c.Env, want) {
-					t.Errorf("env %q lacks %s", c.Env, want)
+				wantPorts = []string{fmt.Sprintf("%d/tcp", tg.Port), fmt.Sprintf("%d/tcp", tg.MetricsPort)}
+				for _, want := range []string{fmt.Sprintf("ASSAY_HTTP_ADDR=:%d", tg.Port), fmt.Sprintf("ASSAY_METRICS_ADDR=:%d", tg.MetricsPort)} {
+					if !slices.Contains(c.Env, want) {
+						t.Errorf("env %q lacks %s", c.Env, want)
+					}
 				}
 			}
 			var ports []string
 			for p := range c.ExposedPorts {
 				ports = append(ports, p)
 			}
+			slices.Sort(ports)
 			if !slices.Equal(ports, wantPorts) {
 				t.Errorf("exposed ports %q, want %q", ports, wantPorts)
 			}
@@ -277,6 +280,10 @@ func TestImages(t *testing.T) {
 				want := fmt.Sprintf("(default 127.0.0.1:%d)", tg.Port)
 				if line := helpLine(help, "ASSAY_HTTP_ADDR"); !strings.Contains(line, want) {
 					t.Errorf("%s --help says %q of ASSAY_HTTP_ADDR, want %s", tg.Name, line, want)
+				}
+				want = fmt.Sprintf("(default 127.0.0.1:%d)", tg.MetricsPort)
+				if line := helpLine(help, "ASSAY_METRICS_ADDR"); !strings.Contains(line, want) {
+					t.Errorf("%s --help says %q of ASSAY_METRICS_ADDR, want %s", tg.Name, line, want)
 				}
 			}
 			if tg.Port != 0 {

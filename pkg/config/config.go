@@ -67,13 +67,14 @@ type Config struct {
 	// Model is the model name sent on every call (ASSAY_MODEL). Required by
 	// the classifier: there is no default model of a real endpoint.
 	Model string
-	// HTTPAddr is where the service serves its API, /healthz, /readyz and
-	// /metrics (ASSAY_HTTP_ADDR). Default given by the service.
+	// HTTPAddr is where the service serves its API, /healthz and /readyz
+	// (ASSAY_HTTP_ADDR). Default given by the service.
 	HTTPAddr string
-	// MetricsAddr, when set, is where /metrics is served instead, on a
-	// listener of its own (ASSAY_METRICS_ADDR), so a scraper can be let in
-	// there and nowhere else and the API's port never shows tenant ids.
-	// Default none: /metrics is on HTTPAddr.
+	// MetricsAddr is where /metrics is served, on a listener of its own and
+	// never on HTTPAddr (ASSAY_METRICS_ADDR), so a scraper can be let in
+	// there and nowhere else and the API's port never shows tenant ids or
+	// their outcomes. Default given by the service (127.0.0.1:9090–9093);
+	// "" serves no metrics at all.
 	MetricsAddr string
 	// StartupWait is how long start-up waits for Postgres and NATS to
 	// answer, trying again with capped backoff (ASSAY_STARTUP_WAIT, a Go
@@ -113,16 +114,29 @@ var settings = []setting{
 	{"ASSAY_MODEL_ENDPOINT", "model-endpoint", "", "the chat-completions URL itself, asked as given (instead of ASSAY_MODEL_BASE_URL)", func(c *Config) *string { return &c.ModelEndpoint }, true},
 	{"ASSAY_MODEL_API_KEY", "model-api-key", "", "bearer token for the model endpoint", func(c *Config) *string { return &c.ModelAPIKey }, true},
 	{"ASSAY_MODEL", "model", "", "model name the endpoint serves (e.g. gpt-4o-mini); required", func(c *Config) *string { return &c.Model }, true},
-	{"ASSAY_HTTP_ADDR", "http-addr", "", "listen address for the API, /healthz, /readyz and /metrics", func(c *Config) *string { return &c.HTTPAddr }, false},
-	{"ASSAY_METRICS_ADDR", "metrics-addr", "", "listen address for /metrics alone, which ASSAY_HTTP_ADDR then does not serve (unset: /metrics is on ASSAY_HTTP_ADDR)", func(c *Config) *string { return &c.MetricsAddr }, false},
+	{"ASSAY_HTTP_ADDR", "http-addr", "", "listen address for the API, /healthz and /readyz", func(c *Config) *string { return &c.HTTPAddr }, false},
+	{"ASSAY_METRICS_ADDR", "metrics-addr", "", "listen address for /metrics, a listener of its own: ASSAY_HTTP_ADDR never serves it", func(c *Config) *string { return &c.MetricsAddr }, false},
 }
 
 const defaultNATSURL = "nats://127.0.0.1:4222"
 
 // Need says which optional settings a service requires.
 type Need struct {
-	Model    bool
-	HTTPAddr string // default listen address
+	Model       bool
+	HTTPAddr    string // default listen address
+	MetricsAddr string // default listen address of /metrics
+}
+
+// defaultAddr is the default of an address setting for a service with
+// need; false for any other setting.
+func (need Need) defaultAddr(env string) (string, bool) {
+	switch env {
+	case "ASSAY_HTTP_ADDR":
+		return need.HTTPAddr, true
+	case "ASSAY_METRICS_ADDR":
+		return need.MetricsAddr, true
+	}
+	return "", false
 }
 
 var rawSettings = []struct {
@@ -160,8 +174,8 @@ func Shared(need Need) []Var {
 			continue
 		}
 		def := s.def
-		if s.env == "ASSAY_HTTP_ADDR" {
-			def = need.HTTPAddr
+		if addr, ok := need.defaultAddr(s.env); ok {
+			def = addr
 		}
 		out = append(out, Var{Name: s.env, Default: def, Usage: s.usage})
 	}
@@ -188,8 +202,8 @@ func Usage(name, doc string, need Need, own []Var) string {
 			continue
 		}
 		def := s.def
-		if s.env == "ASSAY_HTTP_ADDR" {
-			def = need.HTTPAddr
+		if addr, ok := need.defaultAddr(s.env); ok {
+			def = addr
 		}
 		row(s.flag, s.env, def, s.usage)
 	}
@@ -242,7 +256,7 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 		return Config{}, ErrVersion
 	}
 	if fs.NArg() > 0 {
-		return Config{}, Invalid(fmt.Errorf("config: unexpected argument %q", fs.Arg(0)))
+		return Config{}, Invalid(fmt.Errorf("config: unexpected argument %q", Redacted(fs.Arg(0))))
 	}
 	var errs []error
 	c.Regions, c.Streams, errs = r.parse()
@@ -250,7 +264,7 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 	if r.startupWait != "" {
 		d, err := time.ParseDuration(r.startupWait)
 		if err != nil || d < 0 || d > time.Hour {
-			errs = append(errs, fmt.Errorf("ASSAY_STARTUP_WAIT: %q is not a duration from 0s to 1h", r.startupWait))
+			errs = append(errs, fmt.Errorf("ASSAY_STARTUP_WAIT: %q is not a duration from 0s to 1h", Redacted(r.startupWait)))
 		}
 		c.StartupWait = d
 	}
@@ -258,14 +272,14 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 	if r.metricsTenants != "" {
 		n, err := strconv.Atoi(r.metricsTenants)
 		if err != nil || n < 1 || n > 1000 {
-			errs = append(errs, fmt.Errorf("ASSAY_METRICS_TENANTS: %q is not a whole number from 1 to 1000", r.metricsTenants))
+			errs = append(errs, fmt.Errorf("ASSAY_METRICS_TENANTS: %q is not a whole number from 1 to 1000", Redacted(r.metricsTenants)))
 		}
 		c.MetricsTenants = n
 	}
 	if r.databasePool != "" {
 		n, err := strconv.Atoi(r.databasePool)
 		if err != nil || n < 1 || n > 1000 {
-			errs = append(errs, fmt.Errorf("ASSAY_DATABASE_POOL: %q is not a whole number from 1 to 1000", r.databasePool))
+			errs = append(errs, fmt.Errorf("ASSAY_DATABASE_POOL: %q is not a whole number from 1 to 1000", Redacted(r.databasePool)))
 		}
 		c.DatabasePool = n
 	}
@@ -277,6 +291,9 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 	}
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = need.HTTPAddr
+	}
+	if c.MetricsAddr == "" {
+		c.MetricsAddr = need.MetricsAddr
 	}
 	if c.Installation == "" {
 		c.Installation = event.DefaultInstallation
@@ -308,14 +325,14 @@ func (r raw) parse() (regions []string, st event.StreamSettings, errs []error) {
 	if r.replicas != "" {
 		n, err := strconv.Atoi(r.replicas)
 		if err != nil || n < 1 || n > 5 {
-			errs = append(errs, fmt.Errorf("ASSAY_STREAM_REPLICAS: %q is not a whole number from 1 to 5", r.replicas))
+			errs = append(errs, fmt.Errorf("ASSAY_STREAM_REPLICAS: %q is not a whole number from 1 to 5", Redacted(r.replicas)))
 		}
 		st.Replicas = n
 	}
 	if r.maxAge != "" {
 		d, err := time.ParseDuration(r.maxAge)
 		if err != nil || d < time.Hour || d > 366*24*time.Hour {
-			errs = append(errs, fmt.Errorf("ASSAY_STREAM_MAX_AGE: %q is not a duration from 1h to 8784h", r.maxAge))
+			errs = append(errs, fmt.Errorf("ASSAY_STREAM_MAX_AGE: %q is not a duration from 1h to 8784h", Redacted(r.maxAge)))
 		}
 		st.MaxAge = d
 	}
@@ -334,10 +351,10 @@ func ParseRegions(list string) ([]string, error) {
 	for _, r := range strings.Split(list, ",") {
 		r = strings.TrimSpace(r)
 		if !event.ValidToken(r) {
-			return nil, fmt.Errorf("%q is not a region name (lower-case letters, digits, hyphens)", r)
+			return nil, fmt.Errorf("%q is not a region name (lower-case letters, digits, hyphens)", Redacted(r))
 		}
 		if slices.Contains(out, r) {
-			return nil, fmt.Errorf("region %q is listed twice", r)
+			return nil, fmt.Errorf("region %q is listed twice", Redacted(r))
 		}
 		out = append(out, r)
 	}
@@ -356,15 +373,15 @@ func (c Config) validate(need Need, errs []error) error {
 		errs = append(errs, fmt.Errorf("ASSAY_REGION: %w", err))
 	}
 	if !event.ValidToken(c.Cell) && c.Region != "" {
-		errs = append(errs, fmt.Errorf("ASSAY_CELL: %q is not a cell id (lower-case letters, digits, hyphens)", c.Cell))
+		errs = append(errs, fmt.Errorf("ASSAY_CELL: %q is not a cell id (lower-case letters, digits, hyphens)", Redacted(c.Cell)))
 	}
 	if !event.ValidToken(c.Installation) {
-		errs = append(errs, fmt.Errorf("ASSAY_INSTALLATION: %q is not an installation name (lower-case letters, digits, hyphens)", c.Installation))
+		errs = append(errs, fmt.Errorf("ASSAY_INSTALLATION: %q is not an installation name (lower-case letters, digits, hyphens)", Redacted(c.Installation)))
 	}
 	if c.DatabaseURL == "" {
 		errs = append(errs, Missing("ASSAY_DATABASE_URL"))
 	} else if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
-		errs = append(errs, fmt.Errorf("ASSAY_DATABASE_URL: cannot parse: %s", redact(err.Error(), c.DatabaseURL)))
+		errs = append(errs, fmt.Errorf("ASSAY_DATABASE_URL: cannot parse: %s", Scrub(err.Error(), c.DatabaseURL)))
 	}
 	if err := CheckNATSURL(c.NATSURL); err != nil {
 		errs = append(errs, fmt.Errorf("ASSAY_NATS_URL: %w", err))
@@ -374,14 +391,14 @@ func (c Config) validate(need Need, errs []error) error {
 	}
 	if c.HTTPAddr != "" {
 		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-			errs = append(errs, fmt.Errorf("ASSAY_HTTP_ADDR: %q: %v", c.HTTPAddr, err))
+			errs = append(errs, fmt.Errorf("ASSAY_HTTP_ADDR: %q: %s", Redacted(c.HTTPAddr), Scrub(err.Error(), c.HTTPAddr)))
 		}
 	}
 	if c.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
-			errs = append(errs, fmt.Errorf("ASSAY_METRICS_ADDR: %q: %v", c.MetricsAddr, err))
+			errs = append(errs, fmt.Errorf("ASSAY_METRICS_ADDR: %q: %s", Redacted(c.MetricsAddr), Scrub(err.Error(), c.MetricsAddr)))
 		} else if _, port, _ := net.SplitHostPort(c.MetricsAddr); c.MetricsAddr == c.HTTPAddr && port != "0" {
-			errs = append(errs, fmt.Errorf("ASSAY_METRICS_ADDR: %q is ASSAY_HTTP_ADDR; give /metrics a port of its own or leave it unset", c.MetricsAddr))
+			errs = append(errs, fmt.Errorf("ASSAY_METRICS_ADDR: %q is ASSAY_HTTP_ADDR; /metrics is served on a port of its own", Redacted(c.MetricsAddr)))
 		}
 	}
 	if len(errs) > 0 {
@@ -437,7 +454,7 @@ func ValidateRegion(regions []string, r string) error {
 		return errors.New("required: the region served (one of " + strings.Join(regions, ", ") + ")")
 	}
 	if !slices.Contains(regions, r) {
-		return fmt.Errorf("unknown region %q (known: %s; ASSAY_REGIONS sets them)", r, strings.Join(regions, ", "))
+		return fmt.Errorf("unknown region %q (known: %s; ASSAY_REGIONS sets them)", Redacted(r), strings.Join(regions, ", "))
 	}
 	return nil
 }
@@ -461,20 +478,17 @@ type invalidError struct{ error }
 
 func (e invalidError) Unwrap() error { return e.error }
 
-// redact keeps a password out of an error message.
-// Redacted is the configuration as a start-up log line shows it: every URL
-// with its password replaced, the API key only as set or not.
+// Redacted is the configuration as a start-up log line shows it: every
+// value as Redacted shows it, whatever its setting (a URL's password,
+// token and credential parameters replaced), and the API key only as set
+// or not.
 func (c Config) Redacted() map[string]any {
-	key := ""
-	if c.ModelAPIKey != "" {
-		key = "(set)"
-	}
 	return map[string]any{
-		"region": c.Region, "cell": c.Cell, "installation": c.Installation, "regions": strings.Join(c.Regions, ","),
+		"region": Redacted(c.Region), "cell": Redacted(c.Cell), "installation": Redacted(c.Installation), "regions": strings.Join(c.Regions, ","),
 		"database_url": Redacted(c.DatabaseURL), "nats_url": Redacted(c.NATSURL),
-		"model_base_url": Redacted(c.ModelBaseURL), "model_endpoint": Redacted(c.ModelEndpoint), "model": c.Model, "model_api_key": key,
-		"http_addr": c.HTTPAddr, "metrics_addr": c.MetricsAddr, "startup_wait": c.StartupWait.String(), "database_pool": c.DatabasePool,
-		"stream_replicas": c.Streams.Replicas, "stream_max_age": c.Streams.MaxAge.String(),
+		"model_base_url": Redacted(c.ModelBaseURL), "model_endpoint": Redacted(c.ModelEndpoint), "model": Redacted(c.Model),
+		"model_api_key": RedactedSetting("ASSAY_MODEL_API_KEY", c.ModelAPIKey), "http_addr": Redacted(c.HTTPAddr), "metrics_addr": Redacted(c.MetricsAddr),
+		"startup_wait": c.StartupWait.String(), "database_pool": c.DatabasePool, "stream_replicas": c.Streams.Replicas, "stream_max_age": c.Streams.MaxAge.String(),
 	}
 }
 
@@ -489,51 +503,6 @@ func CheckNATSURL(raw string) error {
 	return nil
 }
 
-// Redacted is a URL setting fit for a message: each of its comma-separated
-// URLs with any password replaced (url.URL.Redacted), and one that does not
-// parse named only as such.
-func Redacted(raw string) string {
-	parts := strings.Split(raw, ",")
-	for i, p := range parts {
-		parts[i] = redactedPart(strings.TrimSpace(p))
-	}
-	return strings.Join(parts, ",")
-}
-
-// redactedPart is one element of a comma-separated list of URLs, or a
-// later host of a Postgres multi-host URL (host:port[/db][?query]), with
-// any password masked, in its user or in its query.
-func redactedPart(p string) string {
-	u, err := url.Parse(p)
-	if err == nil && u.Scheme != "" {
-		return maskQueryPassword(u).Redacted()
-	}
-	if !strings.Contains(p, "@") {
-		if u, err := url.Parse("//" + p); err == nil && u.Host != "" {
-			return strings.TrimPrefix(maskQueryPassword(u).String(), "//")
-		}
-	}
-	return "(a value that does not parse as a URL)"
-}
-
-func maskQueryPassword(u *url.URL) *url.URL {
-	q := u.Query()
-	if q.Get("password") != "" {
-		q.Set("password", "xxxxx")
-		u.RawQuery = q.Encode()
-	}
-	return u
-}
-
-func redact(msg, rawURL string) string {
-	if u, err := url.Parse(rawURL); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			msg = strings.ReplaceAll(msg, p, "xxxxx")
-		}
-	}
-	return msg
-}
-
 // Int reads the variable name, when it is set, as a whole number from min
 // to max into to. The error names the variable.
 func Int(getenv func(string) string, name string, to *int, min, max int) error {
@@ -543,7 +512,7 @@ func Int(getenv func(string) string, name string, to *int, min, max int) error {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < min || n > max {
-		return Invalid(fmt.Errorf("%s: %q is not a whole number from %d to %d", name, v, min, max))
+		return Invalid(fmt.Errorf("%s: %q is not a whole number from %d to %d", name, Redacted(v), min, max))
 	}
 	*to = n
 	return nil
@@ -609,7 +578,7 @@ func Choices(getenv func(string) string, cs ...Choice) error {
 		case c.Other:
 			*c.To = true
 		default:
-			return Invalid(fmt.Errorf("%s: %q is not %s or %s", c.Name, v, c.Default, c.Other))
+			return Invalid(fmt.Errorf("%s: %q is not %s or %s", c.Name, Redacted(v), c.Default, c.Other))
 		}
 	}
 	return nil
@@ -632,7 +601,7 @@ func Durations(getenv func(string) string, ds ...Duration) error {
 		}
 		dur, err := time.ParseDuration(v)
 		if err != nil || dur < d.Min || dur > d.Max {
-			return Invalid(fmt.Errorf("%s: %q is not a duration from %s to %s", d.Name, v, d.Min, d.Max))
+			return Invalid(fmt.Errorf("%s: %q is not a duration from %s to %s", d.Name, Redacted(v), d.Min, d.Max))
 		}
 		*d.To = dur
 	}

@@ -72,6 +72,31 @@ func TestLoadDefaults(t *testing.T) {
 	}
 }
 
+// /metrics has a listener of its own by default, the service's, and is
+// never put on the API's address.
+func TestMetricsAddrDefaultsApart(t *testing.T) {
+	t.Parallel()
+	need := config.Need{HTTPAddr: "127.0.0.1:8080", MetricsAddr: "127.0.0.1:9090"}
+	c, err := config.Load("svc", nil, env(valid()), need)
+	if err != nil || c.HTTPAddr != "127.0.0.1:8080" || c.MetricsAddr != "127.0.0.1:9090" {
+		t.Fatalf("defaults: http %q, metrics %q, %v", c.HTTPAddr, c.MetricsAddr, err)
+	}
+	vars := valid()
+	vars["ASSAY_METRICS_ADDR"] = "127.0.0.1:8080"
+	if _, err := config.Load("svc", nil, env(vars), need); err == nil || !strings.Contains(err.Error(), "ASSAY_METRICS_ADDR") {
+		t.Errorf("metrics on the API's address: %v, want ASSAY_METRICS_ADDR refused", err)
+	}
+	h := config.Usage("svc", "s.", need, nil)
+	if !strings.Contains(h, "(default 127.0.0.1:9090)") {
+		t.Errorf("the help does not give ASSAY_METRICS_ADDR's default:\n%s", h)
+	}
+	for _, v := range config.Shared(need) {
+		if v.Name == "ASSAY_METRICS_ADDR" && v.Default != "127.0.0.1:9090" {
+			t.Errorf("Shared gives ASSAY_METRICS_ADDR the default %q", v.Default)
+		}
+	}
+}
+
 func TestLoadFlagsOverrideEnv(t *testing.T) {
 	t.Parallel()
 	vars := valid()

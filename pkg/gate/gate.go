@@ -13,7 +13,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 
 	"assay.dev/pkg/contract"
@@ -108,14 +107,21 @@ func ExpectFor(c *contract.Contract, seen Seen, currentDigest string, input []by
 	return e
 }
 
-// Accepted is an output that passed the whole gate.
+// Accepted is an output that passed the whole gate, in the one reading
+// that every later reader of it shares.
 type Accepted struct {
-	// Output is the validated document re-encoded compactly (keys sorted,
-	// HTML left unescaped): exactly what was checked, whatever whitespace or
-	// duplicate keys the model sent.
+	// Output is the answer's canonical JSON: Doc encoded compactly, keys
+	// sorted, strings with their escapes resolved and HTML left unescaped.
+	// It is exactly what was checked, whatever whitespace, duplicate keys,
+	// escapes or spellings of numbers the model sent, and it is what the
+	// committer stores as the result.
 	Output json.RawMessage
-	// Findings is the length of a top-level "findings" array, 0 if none.
-	Findings int
+	// Doc is the validated document, normalised: each number is a
+	// json.Number in its canonical spelling (see canonicalNumber), so a
+	// line written 2.0, 2e0 or 0.2e1 is 2.
+	Doc map[string]any
+	// Findings are Doc's findings, typed; nil when it has no "findings".
+	Findings []Finding
 }
 
 // MaxOutputBytes caps an output before it is parsed.
@@ -129,6 +135,11 @@ func Check(c *contract.Contract, output []byte, exp Expect) (*Accepted, *Failure
 	doc, f := checkSyntax(output)
 	if f != nil {
 		return nil, f
+	}
+	// Every stage checks the normalised document: what is checked is what
+	// is stored and what every reader reads.
+	if at := normalize(doc, "output"); at != "" {
+		return nil, fail(StageSyntax, CodeInvalidJSON, "%s is a number beyond the range of a double", at)
 	}
 	if err := c.ValidateOutput(doc); err != nil {
 		return nil, fail(StageSchema, CodeSchemaViolation, "%s", err.Error())
@@ -144,15 +155,13 @@ func Check(c *contract.Contract, output []byte, exp Expect) (*Accepted, *Failure
 	if f := checkPolicy(doc); f != nil {
 		return nil, f
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(doc); err != nil {
-		// Unreachable for a decoded document; refuse rather than publish nothing.
-		return nil, fail(StageSyntax, CodeInvalidJSON, "re-encoding: %v", err)
+	acc, err := accepted(doc)
+	if err != nil {
+		// Unreachable for a document the schema accepted; refuse rather
+		// than let a reader find nothing in it.
+		return nil, fail(StageSchema, CodeSchemaViolation, "%v", err)
 	}
-	findings, _ := doc["findings"].([]any)
-	return &Accepted{Output: bytes.TrimRight(buf.Bytes(), "\n"), Findings: len(findings)}, nil
+	return acc, nil
 }
 
 func fail(s Stage, code, format string, args ...any) *Failure {
@@ -243,6 +252,8 @@ func kind(v any) string {
 		return "a string"
 	case []any:
 		return "an array"
+	case map[string]any:
+		return "an object"
 	}
 	return fmt.Sprintf("%T", v)
 }
@@ -304,17 +315,18 @@ func checkGrounding(doc map[string]any, input json.RawMessage) *Failure {
 	return nil
 }
 
-// lineOf reads an integer line number; JSON allows 12, 12.0 and 1.2e1 alike.
+// lineOf reads a line number of a normalised document. JSON allows 12,
+// 12.0 and 1.2e1 alike; normalize has spelled each of them 12.
 func lineOf(v any) (int, bool) {
 	n, ok := v.(json.Number)
 	if !ok {
 		return 0, false
 	}
-	f, err := strconv.ParseFloat(string(n), 64)
-	if err != nil || f != math.Trunc(f) || f < 1 || f > math.MaxInt32 {
+	i, err := n.Int64()
+	if err != nil || i < 1 || i > math.MaxInt32 {
 		return 0, false
 	}
-	return int(f), true
+	return int(i), true
 }
 
 // evidenceIn accepts evidence found within one diff line of the file, or

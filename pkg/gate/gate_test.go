@@ -274,17 +274,14 @@ func TestNoContract(t *testing.T) {
 }
 
 func TestCheckAccepts(t *testing.T) {
-	cases := []struct {
-		name, contract, output string
-		expect                 func(*gate.Expect)
-		findings               int
-	}{
+	cases := []acceptCase{
 		{"code-review with findings", "code-review", codeReview(sqlFinding, logFinding), nil, 2},
 		{"code-review, nothing found", "code-review", codeReview(), nil, 0},
 		{"code-review, evidence on a context line", "code-review", codeReview(finding("auth/login.go", 13, "return ErrDenied")), nil, 1},
 		{"code-review, multi-line evidence", "code-review",
 			codeReview(finding("auth/login.go", 11, "if user != nil && !check(user, p) {\n\t\tlog.Printf(\"login failed for %s with password %s\", u, p)")), nil, 1},
 		{"code-review, line as 1.5e1", "code-review", strings.Replace(codeReview(sqlFinding), `"line":15`, `"line":1.5e1`, 1), nil, 1},
+		{"code-review, schemaVersion as 1.0", "code-review", strings.Replace(codeReview(sqlFinding), `"schemaVersion":1`, `"schemaVersion":1.0`, 1), nil, 1},
 		{"code-review, second file", "code-review", codeReview(finding("docs/README.md", 2, "Login now logs failures.")), nil, 1},
 		{"change-review", "change-review", changeReview("high",
 			obj{"code": "SQL_INJECTION", "severity": "high", "summary": "Builds SQL from user input."},
@@ -304,16 +301,31 @@ func TestCheckAccepts(t *testing.T) {
 			if f != nil {
 				t.Fatalf("refused: %v", f)
 			}
-			if acc.Findings != tc.findings {
-				t.Errorf("Findings = %d, want %d", acc.Findings, tc.findings)
+			if len(acc.Findings) != tc.findings {
+				t.Errorf("Findings = %d, want %d", len(acc.Findings), tc.findings)
 			}
 			var compact bytes.Buffer
 			if err := json.Compact(&compact, acc.Output); err != nil || !bytes.Equal(compact.Bytes(), acc.Output) ||
-				!reflect.DeepEqual(decodeNumbers(t, acc.Output), decodeNumbers(t, []byte(tc.output))) {
+				!reflect.DeepEqual(decodeNumbers(t, acc.Output), decodeNumbers(t, []byte(tc.canonical()))) {
 				t.Errorf("Output %s is not a compact encoding of %s", acc.Output, tc.output)
+			}
+			if !reflect.DeepEqual(decodeNumbers(t, acc.Output), any(acc.Doc)) {
+				t.Errorf("Output %s is not an encoding of Doc %v", acc.Output, acc.Doc)
 			}
 		})
 	}
+}
+
+type acceptCase struct {
+	name, contract, output string
+	expect                 func(*gate.Expect)
+	findings               int
+}
+
+// canonical is the case's output as the gate stores it: its numbers in
+// their canonical spelling.
+func (tc acceptCase) canonical() string {
+	return strings.NewReplacer(`"line":1.5e1`, `"line":15`, `"schemaVersion":1.0`, `"schemaVersion":1`).Replace(tc.output)
 }
 
 func decodeNumbers(t *testing.T, b []byte) any {
@@ -329,13 +341,13 @@ func decodeNumbers(t *testing.T, b []byte) any {
 
 func TestAcceptedOutputIsWhatWasChecked(t *testing.T) {
 	// Whitespace goes, duplicate keys resolve to the value that was validated,
-	// numbers keep their text and HTML is not escaped.
+	// numbers take their canonical spelling and HTML is not escaped.
 	out := "{\n  \"needsHumanReview\": true, \"category\": \"spam\",\n  \"confidence\": 0.50, \"category\": \"abuse\"\n}\n"
 	acc, f := gate.Check(get(t, "moderation"), []byte(out), expect("moderation"))
 	if f != nil {
 		t.Fatal(f)
 	}
-	if got, want := string(acc.Output), `{"category":"abuse","confidence":0.50,"needsHumanReview":true}`; got != want {
+	if got, want := string(acc.Output), `{"category":"abuse","confidence":0.5,"needsHumanReview":true}`; got != want {
 		t.Fatalf("Output = %s, want %s", got, want)
 	}
 	acc, f = gate.Check(get(t, "code-review"), []byte(codeReview(finding("auth/login.go", 15, `u + "'"`))), expect("code-review"))
@@ -383,8 +395,12 @@ func FuzzCheck(f *testing.F) {
 			}
 			// What was accepted must pass again unchanged.
 			again, fl := gate.Check(c, acc.Output, exp)
-			if fl != nil || !bytes.Equal(again.Output, acc.Output) || again.Findings != acc.Findings {
+			if fl != nil || !bytes.Equal(again.Output, acc.Output) || !reflect.DeepEqual(again.Findings, acc.Findings) {
 				t.Fatalf("%s: accepted %s but its re-check gave %v", name, acc.Output, fl)
+			}
+			// And every reader reads it as the gate did.
+			if read, err := gate.Read(acc.Output); err != nil || !reflect.DeepEqual(read, acc) {
+				t.Fatalf("%s: accepted %s but Read gave %+v, %v", name, acc.Output, read, err)
 			}
 		}
 	})

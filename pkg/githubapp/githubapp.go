@@ -113,7 +113,7 @@ func FromEnv(getenv func(string) string) (int64, *rsa.PrivateKey, error) {
 	}
 	n, err := strconv.ParseInt(id, 10, 64)
 	if err != nil || n <= 0 {
-		return 0, nil, fmt.Errorf("ASSAY_GITHUB_APP_ID: %q is not a positive integer", id)
+		return 0, nil, fmt.Errorf("ASSAY_GITHUB_APP_ID: %q is not a positive integer", config.Redacted(id))
 	}
 	pemBytes, err := os.ReadFile(keyFile)
 	if err != nil {
@@ -173,7 +173,7 @@ func (a *App) Token(ctx context.Context, installation int64) (string, error) {
 	path := fmt.Sprintf("/app/installations/%d/access_tokens", installation)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(a.API, "/")+path, bytes.NewReader(nil))
 	if err != nil {
-		return "", fmt.Errorf("github: %w", err)
+		return "", fmt.Errorf("github: %w", config.RedactError(err))
 	}
 	req.Header.Set("Accept", "application/vnd.github+json")
 	req.Header.Set("X-GitHub-Api-Version", "2022-11-28")
@@ -185,7 +185,7 @@ func (a *App) Token(ctx context.Context, installation int64) (string, error) {
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("github: POST %s: %w", path, err)
+		return "", fmt.Errorf("github: POST %s: %w", path, config.RedactError(err))
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))

@@ -46,6 +46,10 @@ type Env struct {
 	nats     natsHealth
 	draining atomic.Bool
 
+	// own are the service's own settings, name and value, whose
+	// credentials what /readyz logs leaves out. Run sets them.
+	own map[string]string
+
 	refreshLabels func(context.Context)
 	stopLabels    context.CancelFunc // ends the tenant labels' refresh
 	labelsEnded   chan struct{}
@@ -121,6 +125,36 @@ func (e *Env) Ready(ctx context.Context) error {
 	return nil
 }
 
+// redact is err's text with every credential of the service's settings
+// left out: its URLs' (as config.Redacted finds them, whatever the
+// setting), and the whole value of a setting named for a secret.
+func (e *Env) redact(err error) string {
+	c := e.Config
+	settings := [][2]string{{"ASSAY_DATABASE_URL", c.DatabaseURL}, {"ASSAY_NATS_URL", c.NATSURL},
+		{"ASSAY_MODEL_BASE_URL", c.ModelBaseURL}, {"ASSAY_MODEL_ENDPOINT", c.ModelEndpoint}, {"ASSAY_MODEL_API_KEY", c.ModelAPIKey}}
+	for name, v := range e.own {
+		settings = append(settings, [2]string{name, v})
+	}
+	return redactWith(config.RedactError(err).Error(), settings)
+}
+
+// redactWith is msg without the credentials of settings (each a name and
+// a value): those config.Scrub finds in any value, and the whole value of
+// a setting named for a secret.
+func redactWith(msg string, settings [][2]string) string {
+	values := make([]string, 0, len(settings))
+	for _, s := range settings {
+		values = append(values, s[1])
+	}
+	msg = config.Scrub(msg, values...)
+	for _, s := range settings {
+		if config.Secret(s[0], s[1]) {
+			msg = strings.ReplaceAll(msg, s[1], "xxxxx")
+		}
+	}
+	return msg
+}
+
 // Refusal is the permissions violation the server last reported, "" when
 // none lately: why a start that timed out on JetStream did.
 func (e *Env) Refusal() string { return e.nats.recent() }
@@ -148,12 +182,12 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 	e := &Env{Config: cfg, Contracts: reg, Log: log, Tel: tel}
 	err = retry(ctx, log, "postgres", config.Redacted(cfg.DatabaseURL), cfg.StartupWait, func(ctx context.Context) error {
 		if created, err := store.EnsureDatabase(ctx, cfg.DatabaseURL); err != nil {
-			return err
+			return config.RedactError(err, cfg.DatabaseURL)
 		} else if created {
 			log.Info("database created", "database", databaseName(cfg.DatabaseURL))
 		}
 		e.Store, err = store.Open(ctx, cfg.DatabaseURL, store.Options{MaxConns: cfg.DatabasePool})
-		return err
+		return config.RedactError(err, cfg.DatabaseURL)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ASSAY_DATABASE_URL: %w%s", err, waited(cfg.StartupWait))
@@ -187,19 +221,19 @@ func Connect(ctx context.Context, name string, cfg config.Config, log *slog.Logg
 					log.Warn("nats: disconnected", "err", err)
 				}
 			}),
-			nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats: reconnected", "server", nc.ConnectedUrlRedacted()) }),
+			nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats: reconnected", "server", config.Redacted(nc.ConnectedUrl())) }),
 		)
-		return err
+		return config.RedactError(err, cfg.NATSURL)
 	})
 	if err != nil {
 		e.Store.Close()
 		return nil, fmt.Errorf("ASSAY_NATS_URL: connect %s: %w%s", config.Redacted(cfg.NATSURL), err, waited(cfg.StartupWait))
 	}
-	log.Info("nats: connected", "server", e.NC.ConnectedUrlRedacted(), "max_payload", e.NC.MaxPayload())
+	log.Info("nats: connected", "server", config.Redacted(e.NC.ConnectedUrl()), "max_payload", e.NC.MaxPayload())
 	// Without JetStream every stream call would answer "no responders";
 	// waiting longer cannot change that.
 	if on, _ := e.NC.ConnectedServerJetStream(); !on {
-		url := e.NC.ConnectedUrlRedacted()
+		url := config.Redacted(e.NC.ConnectedUrl())
 		e.NC.Close()
 		e.Store.Close()
 		return nil, fmt.Errorf("ASSAY_NATS_URL: JetStream is not enabled on %s (start nats-server with -js, or enable it in its configuration)", url)
@@ -316,9 +350,10 @@ func (e *Env) Close(ctx context.Context) {
 }
 
 // Mux builds the HTTP surface every service has: its own API (may be nil),
-// /healthz (the process answers, draining included), /readyz (env and
-// every part can do their job) and /metrics; anything else is a JSON 404
-// or 405. /readyz answers ready or not ready and nothing more, since anyone
+// /healthz (the process answers, draining included) and /readyz (env and
+// every part can do their job); anything else is a JSON 404 or 405,
+// /metrics included, which only MetricsMux serves, on a listener of its
+// own (ASSAY_METRICS_ADDR), since it names tenants and their outcomes. /readyz answers ready or not ready and nothing more, since anyone
 // may ask it; why it is not ready goes to the log, once each time the
 // reason changes.
 func Mux(api http.Handler, env *Env, parts ...Part) http.Handler {
@@ -360,7 +395,7 @@ func Mux(api http.Handler, env *Env, parts ...Part) http.Handler {
 		})
 		for _, check := range checks {
 			if err := check(ctx); err != nil {
-				note(err.Error())
+				note(env.redact(err))
 				apierror.JSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
 				return
 			}
@@ -368,14 +403,11 @@ func Mux(api http.Handler, env *Env, parts ...Part) http.Handler {
 		note("")
 		apierror.JSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	if env.Tel != nil && env.Config.MetricsAddr == "" {
-		mux.Handle("GET /metrics", env.Tel.MetricsHandler())
-	}
 	return apierror.JSONErrors(mux)
 }
 
-// MetricsMux serves /metrics alone, for ASSAY_METRICS_ADDR; anything else
-// is a JSON 404 or 405.
+// MetricsMux serves /metrics alone, on ASSAY_METRICS_ADDR's listener;
+// anything else is a JSON 404 or 405.
 func MetricsMux(env *Env) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", env.Tel.MetricsHandler())
@@ -488,8 +520,7 @@ func Run(spec Spec) {
 	info := buildinfo.Read()
 	cfg := configure(spec, info)
 	log := telemetry.NewLogger(os.Stderr, spec.Name, cfg.Region, slog.LevelInfo)
-	log.Info("starting", "version", info.Version, "revision", info.RevisionOrUnknown(), "go", info.GoVersion,
-		"config", cfg.Redacted(), "settings", ownSettings(spec.Vars, os.Getenv))
+	LogStart(log, spec, info, cfg, os.Getenv)
 	ctx, stopSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stopSignals()
 	// The ports are bound before anything is connected: a port that is
@@ -503,6 +534,7 @@ func Run(spec Spec) {
 	served := make(chan error, 2)
 	listeners := listen(hctx, log, spec.Name, cfg, front, back, served)
 	env, part, api := startService(ctx, spec, cfg, log)
+	env.own = ownValues(spec.Vars, os.Getenv)
 	front.Store(Mux(api, env, part))
 	back.Store(MetricsMux(env))
 	var err error
@@ -516,25 +548,68 @@ func Run(spec Spec) {
 	}
 }
 
+// LogStart logs the line a service starts with: its version and build,
+// the shared settings it runs with and its own, each value as
+// config.RedactedSetting shows it.
+func LogStart(log *slog.Logger, spec Spec, info buildinfo.Info, cfg config.Config, getenv func(string) string) {
+	log.Info("starting", "version", info.Version, "revision", info.RevisionOrUnknown(), "go", info.GoVersion,
+		"config", cfg.Redacted(), "settings", ownSettings(spec.Vars, getenv))
+}
+
 // configure loads the settings of spec's service and runs its Configure. It
 // ends the process after --help or --version (0) and on a bad setting (2).
 func configure(spec Spec, info buildinfo.Info) config.Config {
-	cfg, err := config.Load(spec.Name, os.Args[1:], os.Getenv, spec.Need)
+	cfg, out, code := Configure(spec, info, os.Args[1:], os.Getenv)
+	switch code {
+	case -1:
+		return cfg
+	case 0:
+		fmt.Print(out)
+	default:
+		fmt.Fprint(os.Stderr, out)
+	}
+	os.Exit(code)
+	return cfg
+}
+
+// Configure is what a service's process makes of its arguments and its
+// environment before it connects: the settings it runs with and code -1,
+// or what it prints and the code it exits with: the help or the version
+// and 0, a bad setting's error and 2. No value in out carries a
+// credential: a bad setting is named with its value redacted.
+func Configure(spec Spec, info buildinfo.Info, args []string, getenv func(string) string) (cfg config.Config, out string, code int) {
+	cfg, err := config.Load(spec.Name, args, getenv, spec.Need)
 	switch {
 	case errors.Is(err, config.ErrHelp):
-		fmt.Print(config.Usage(spec.Name, spec.Doc, spec.Need, spec.Vars))
-		os.Exit(0)
+		return cfg, config.Usage(spec.Name, spec.Doc, spec.Need, spec.Vars), 0
 	case errors.Is(err, config.ErrVersion):
-		fmt.Printf("%s %s\n", spec.Name, info)
-		os.Exit(0)
+		return cfg, fmt.Sprintf("%s %s\n", spec.Name, info), 0
 	case err == nil && spec.Configure != nil:
-		err = spec.Configure(os.Getenv)
+		err = spec.Configure(getenv)
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n(%s --help lists every setting)\n", spec.Name, err, spec.Name)
-		os.Exit(2)
+		// A check that quotes a value it refuses redacts it; this keeps
+		// out what one that does not would quote.
+		var settings [][2]string
+		for _, v := range append(config.Shared(spec.Need), spec.Vars...) {
+			settings = append(settings, [2]string{v.Name, getenv(v.Name)})
+		}
+		// A flag's value is named by its flag: --model-api-key=… or
+		// --model-api-key ….
+		flag := ""
+		for _, a := range args {
+			if k, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(k, "-") {
+				settings, flag = append(settings, [2]string{k, v}), ""
+			} else if strings.HasPrefix(a, "-") {
+				flag = a
+			} else {
+				settings = append(settings, [2]string{flag, a})
+			}
+		}
+		msg := redactWith(err.Error(), settings)
+		return cfg, fmt.Sprintf("%s: %s\n(%s --help lists every setting)\n", spec.Name, msg, spec.Name), 2
 	}
-	return cfg
+	return cfg, "", -1
 }
 
 // listen binds the API and metrics ports cfg sets and serves front and back
@@ -657,18 +732,29 @@ func fail(log *slog.Logger, name string, err error) {
 	os.Exit(1)
 }
 
+// ownValues are the service's own settings that are set, by name.
+func ownValues(vars []config.Var, getenv func(string) string) map[string]string {
+	out := map[string]string{}
+	for _, v := range vars {
+		if val := getenv(v.Name); val != "" {
+			out[v.Name] = val
+		}
+	}
+	return out
+}
+
 // ownSettings are a service's own settings as it runs with them: each set
-// variable's value (one holding a secret or a token shown as set), the
-// rest as their defaults.
+// variable's value as config.RedactedSetting shows it (a URL's credentials
+// replaced, whatever the variable; one named for a secret only as set),
+// the rest as their defaults.
 func ownSettings(vars []config.Var, getenv func(string) string) map[string]string {
 	out := make(map[string]string, len(vars))
 	for _, v := range vars {
 		val := getenv(v.Name)
-		switch {
-		case val == "":
+		if val == "" {
 			val = "default: " + v.Default
-		case strings.Contains(v.Name, "SECRET") || strings.Contains(v.Name, "TOKEN") || strings.Contains(v.Name, "KEY"):
-			val = "(set)"
+		} else {
+			val = config.RedactedSetting(v.Name, val)
 		}
 		out[v.Name] = val
 	}

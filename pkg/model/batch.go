@@ -292,7 +292,7 @@ func (c *Client) batchRequest(ctx context.Context, method, path, contentType str
 	target := Join(c.BatchBaseURL(), path)
 	req, err := http.NewRequestWithContext(ctx, method, target, body)
 	if err != nil {
-		return nil, &Error{Kind: KindRejected, Msg: "building request", Err: err, URL: asked(method, target)}
+		return nil, &Error{Kind: KindRejected, Msg: "building request", Err: unaddressed(err), URL: asked(method, target)}
 	}
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)

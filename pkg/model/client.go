@@ -169,6 +169,17 @@ func asked(method, raw string) string {
 	return method + " " + u.String()
 }
 
+// unaddressed is err with the URL of the *url.Error it wraps cut as asked
+// cuts it: net/http's keeps a user that stands alone (a token) and the
+// query, and url.Parse's the password too.
+func unaddressed(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = strings.TrimPrefix(asked("", ue.URL), " ")
+	}
+	return err
+}
+
 // Call is one structured-output request.
 type Call struct {
 	Tenant   string
@@ -234,7 +245,7 @@ func (c *Client) complete(ctx context.Context, call Call, endpoint string) (*Rep
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
-		return nil, &Error{Kind: KindRejected, Msg: "building request", Err: err}
+		return nil, &Error{Kind: KindRejected, Msg: "building request", Err: unaddressed(err)}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
@@ -397,6 +408,7 @@ func bodySize(resp *http.Response, read int64, readErr error) int64 {
 
 // transportError classifies a failure to exchange bytes with the provider.
 func transportError(ctx context.Context, what string, err error) *Error {
+	err = unaddressed(err)
 	if cerr := ctx.Err(); cerr != nil {
 		if errors.Is(cerr, context.DeadlineExceeded) {
 			return &Error{Kind: KindTimeout, Msg: what, Err: cerr}

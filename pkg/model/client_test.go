@@ -547,6 +547,29 @@ func TestCompleteConnectionErrors(t *testing.T) {
 	})
 }
 
+// A failed exchange names the URL asked without the credentials a URL may
+// carry: net/http's own error keeps a lone user (a token) and the query,
+// which the operator's log must not.
+func TestTransportErrorCarriesNoCredential(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.NotFoundHandler())
+	host := strings.TrimPrefix(srv.URL, "http://")
+	srv.Close()
+	for _, c := range []*Client{{BaseURL: "http://t0ken-user@" + host + "/v1"}, {Endpoint: "http://" + host + "/chat?api_key=k3y-param"},
+		{BatchURL: "http://t0ken-user@" + host + "/v1?api_key=k3y-param"}} {
+		var err error
+		if c.BatchURL != "" {
+			_, err = c.batchRequest(context.Background(), http.MethodGet, "batches", "", nil)
+		} else {
+			_, err = c.Complete(context.Background(), testCall)
+		}
+		msg := asError(t, err).Error()
+		if strings.Contains(msg, "t0ken-user") || strings.Contains(msg, "k3y-param") || !strings.Contains(msg, host) {
+			t.Errorf("Error() = %q: want where it asked, without the token or the query", msg)
+		}
+	}
+}
+
 func TestCompleteBadBaseURL(t *testing.T) {
 	t.Parallel()
 	c := &Client{BaseURL: "http://bad host"}

@@ -282,7 +282,7 @@ func (v *View) Start(ctx context.Context) error {
 func Connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
 	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond))
 	if err != nil {
-		return nil, nil, fmt.Errorf("ASSAY_PLACEMENT_NATS_URL: connect %s: %w", config.Redacted(url), err)
+		return nil, nil, fmt.Errorf("ASSAY_PLACEMENT_NATS_URL: connect %s: %w", config.Redacted(url), config.RedactError(err, url))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

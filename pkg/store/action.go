@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -11,40 +12,111 @@ import (
 	"assay.dev/pkg/outcome"
 )
 
+// Actor kinds: whose credential an act on a work item was made with.
+// work_actions and reviews allow the same words.
+const (
+	// ActorTenant is a tenant's token; the actor's id is the tenant's.
+	ActorTenant = "tenant"
+	// ActorReviewer is an operator token of role reviewer; the id is its
+	// name.
+	ActorReviewer = "reviewer"
+	// ActorOperator is an operator token of role operator; the id is its
+	// name.
+	ActorOperator = "operator"
+)
+
+// ActorKinds lists every actor kind.
+var ActorKinds = []string{ActorTenant, ActorReviewer, ActorOperator}
+
+// Routes an act comes through.
+const (
+	// RouteAPI is the tenant API (POST /v1/reviews/{id}/resolve).
+	RouteAPI = "api"
+	// RouteConsole is the console and its review screen.
+	RouteConsole = "console"
+)
+
+// Routes lists every route.
+var Routes = []string{RouteAPI, RouteConsole}
+
+// Actor is who did something to a work item and the route it came
+// through. It is read from the credential of the request, never from its
+// body, so a tenant cannot act in an operator's name.
+type Actor struct {
+	Kind  string `json:"kind"`
+	ID    string `json:"id"`
+	Route string `json:"route"`
+}
+
+// String is the actor as a sentence names it: "tenant acme via the API",
+// "reviewer ana via the console".
+func (a Actor) String() string {
+	via := a.Route
+	switch a.Route {
+	case RouteAPI:
+		via = "the API"
+	case RouteConsole:
+		via = "the console"
+	}
+	return a.Kind + " " + a.ID + " via " + via
+}
+
+// Valid reports whether a names a kind, an id and a route.
+func (a Actor) Valid() bool {
+	return slices.Contains(ActorKinds, a.Kind) && a.ID != "" && slices.Contains(Routes, a.Route)
+}
+
 // Audit is who asked for an action on a work item, written in the
 // action's own transaction.
 type Audit struct {
-	By, Action, Note string
+	By           Actor
+	Action, Note string
 }
 
-// WorkAction is one action a person took on a work item: what, who and
-// when.
+// Actions recorded besides the console's redrive, rerun and cancel: a
+// review item claimed, and resolved with its verdict.
+const (
+	ActionClaim   = "claim"
+	ActionResolve = "resolve"
+)
+
+// WorkAction is one act on a work item: what, who (kind, id and route)
+// and when. A resolution's note is its verdict; the resolver's own note
+// stays on the review item.
 type WorkAction struct {
 	Action string    `json:"action"`
 	By     string    `json:"by"`
+	Kind   string    `json:"kind"`
+	Route  string    `json:"route"`
 	Note   string    `json:"note,omitempty"`
 	At     time.Time `json:"at"`
 }
+
+// Actor is who took the action.
+func (a WorkAction) Actor() Actor { return Actor{Kind: a.Kind, ID: a.By, Route: a.Route} }
 
 // insertAudit records a (nil records nothing) for the work id.
 func insertAudit(ctx context.Context, tx pgx.Tx, id string, a *Audit) error {
 	if a == nil {
 		return nil
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO work_actions (work_id, action, by_name, note) VALUES ($1, $2, $3, $4)`,
-		id, a.Action, a.By, a.Note)
+	if !a.By.Valid() {
+		return fmt.Errorf("store: the %s of %s names no actor: %+v", a.Action, id, a.By)
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO work_actions (work_id, action, by_name, actor_kind, route, note) VALUES ($1, $2, $3, $4, $5, $6)`,
+		id, a.Action, a.By.ID, a.By.Kind, a.By.Route, a.Note)
 	return err
 }
 
-// ActionsOf lists what people did to a work item, oldest first.
+// ActionsOf lists what was done to a work item, oldest first.
 func (s *Store) ActionsOf(ctx context.Context, workID string) ([]WorkAction, error) {
-	rows, err := s.pool.Query(ctx, `SELECT action, by_name, note, acted_at FROM work_actions WHERE work_id = $1 ORDER BY id`, workID)
+	rows, err := s.pool.Query(ctx, `SELECT action, by_name, actor_kind, route, note, acted_at FROM work_actions WHERE work_id = $1 ORDER BY id`, workID)
 	if err != nil {
 		return nil, fmt.Errorf("store: actions of %s: %w", workID, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkAction, error) {
 		var a WorkAction
-		return a, r.Scan(&a.Action, &a.By, &a.Note, &a.At)
+		return a, r.Scan(&a.Action, &a.By, &a.Kind, &a.Route, &a.Note, &a.At)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: actions of %s: %w", workID, err)

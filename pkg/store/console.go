@@ -116,15 +116,18 @@ type RolloutFigures struct {
 	// CostMicros is what the shadow runs' calls cost, LiveCostMicros what
 	// their live twins' did.
 	CostMicros, LiveCostMicros int64
+	// History is the route's last changes, newest first.
+	History []RouteChange
 }
+
+// consoleRouteChanges is how many of each route's last changes the
+// console lists.
+const consoleRouteChanges = 5
 
 // rolloutFigures reads the routes that apply to tenant ("": all) and the
 // shadow runs of their candidates created in the last hour.
 func rolloutFigures(ctx context.Context, q querier, tenant string) ([]RolloutFigures, error) {
-	rows, err := q.Query(ctx, `SELECT r.scope, r.contract, r.live_version, coalesce(r.live_model, ''),
-			coalesce(r.live_prompt, ''), coalesce(r.candidate_version, ''), coalesce(r.candidate_model, ''),
-			coalesce(r.candidate_prompt, ''), r.shadow_share, r.updated_at, coalesce(r.updated_by, ''),
-			coalesce(s.runs, 0), coalesce(s.open, 0), coalesce(s.accepted, 0), coalesce(s.rejected, 0),
+	rows, err := q.Query(ctx, `SELECT `+routeColumns("r")+`, coalesce(s.runs, 0), coalesce(s.open, 0), coalesce(s.accepted, 0), coalesce(s.rejected, 0),
 			coalesce(s.cost, 0), coalesce(s.live_cost, 0)
 		FROM contract_routes r
 		LEFT JOIN LATERAL (
@@ -148,15 +151,23 @@ func rolloutFigures(ctx context.Context, q querier, tenant string) ([]RolloutFig
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (RolloutFigures, error) {
 		var f RolloutFigures
-		var share float32
-		err := r.Scan(&f.Scope, &f.Contract, &f.Live.Version, &f.Live.Model, &f.Live.Prompt, &f.Candidate.Version,
-			&f.Candidate.Model, &f.Candidate.Prompt, &share, &f.UpdatedAt, &f.UpdatedBy, &f.Runs, &f.Open, &f.Accepted,
-			&f.StructuralFailures, &f.CostMicros, &f.LiveCostMicros)
-		f.ShadowShare = float64(share)
+		var err error
+		f.Route, err = scanRoute(r, &f.Runs, &f.Open, &f.Accepted, &f.StructuralFailures, &f.CostMicros, &f.LiveCostMicros)
 		return f, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: rollout figures: %w", err)
+	}
+	changes, err := routeChanges(ctx, q, "", tenant, consoleRouteChanges)
+	if err != nil {
+		return nil, err
+	}
+	for i, f := range out {
+		for _, c := range changes {
+			if c.Scope == f.Scope && c.Contract == f.Contract {
+				out[i].History = append(out[i].History, c)
+			}
+		}
 	}
 	return out, nil
 }

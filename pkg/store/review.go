@@ -60,28 +60,45 @@ var Verdicts = []string{VerdictApproved, VerdictAmended, VerdictRejected, Verdic
 // work's id: one review per work at most. ID is the row's own key, for
 // the cell alone.
 type Review struct {
-	ID         int64
-	WorkID     string
-	TenantID   string
-	Contract   string
-	Lane       string
-	Reason     string
-	State      string
-	Verdict    string
-	ResolvedBy string
-	Note       string
-	ResolvedAt time.Time // zero while open
-	CreatedAt  time.Time
+	ID       int64
+	WorkID   string
+	TenantID string
+	Contract string
+	Lane     string
+	Reason   string
+	State    string
+	Verdict  string
+	// ResolvedBy is the resolver's id; ResolvedKind and ResolvedRoute say
+	// of which kind and through which route ("" for an item resolved
+	// before they were recorded, whose ResolvedBy is the name its request
+	// gave, never checked).
+	ResolvedBy    string
+	ResolvedKind  string
+	ResolvedRoute string
+	Note          string
+	ResolvedAt    time.Time // zero while open
+	CreatedAt     time.Time
 	// WorkState and WorkReason are the work's as it stands.
 	WorkState  string
 	WorkReason string
-	// ClaimedBy holds the item until ClaimedUntil (zero: nobody has
-	// claimed it); a claim past its time is nobody's.
+	// ClaimedBy, an operator token's name of kind ClaimedKind, holds the
+	// item until ClaimedUntil (zero: nobody has claimed it); a claim past
+	// its time is nobody's.
 	ClaimedBy    string
+	ClaimedKind  string
 	ClaimedUntil time.Time
 	// Output is the answer a person resolved the item with from the
 	// console, which the work's reviewed outcome publishes; nil otherwise.
 	Output json.RawMessage
+}
+
+// Resolver is who resolved the item; false for an open item, or one
+// resolved before resolvers were recorded.
+func (v *Review) Resolver() (Actor, bool) {
+	if v.ResolvedKind == "" {
+		return Actor{}, false
+	}
+	return Actor{Kind: v.ResolvedKind, ID: v.ResolvedBy, Route: v.ResolvedRoute}, true
 }
 
 // HeldBy is who holds the item at now, "" when nobody does.
@@ -93,13 +110,15 @@ func (v *Review) HeldBy(now time.Time) string {
 }
 
 const reviewColumns = `v.id, v.work_id, v.tenant_id, v.contract, v.lane, v.reason, v.state, coalesce(v.verdict, ''),
-	coalesce(v.resolved_by, ''), coalesce(v.note, ''), coalesce(v.resolved_at, 'epoch'), v.created_at,
-	w.state, coalesce(w.reason, ''), coalesce(v.claimed_by, ''), coalesce(v.claimed_until, 'epoch'), v.output`
+	coalesce(v.resolved_by, ''), coalesce(v.resolved_kind, ''), coalesce(v.resolved_route, ''), coalesce(v.note, ''),
+	coalesce(v.resolved_at, 'epoch'), v.created_at, w.state, coalesce(w.reason, ''), coalesce(v.claimed_by, ''),
+	coalesce(v.claimed_kind, ''), coalesce(v.claimed_until, 'epoch'), v.output`
 
 func scanReview(row pgx.Row) (*Review, error) {
 	var v Review
 	err := row.Scan(&v.ID, &v.WorkID, &v.TenantID, &v.Contract, &v.Lane, &v.Reason, &v.State, &v.Verdict,
-		&v.ResolvedBy, &v.Note, &v.ResolvedAt, &v.CreatedAt, &v.WorkState, &v.WorkReason, &v.ClaimedBy, &v.ClaimedUntil, &v.Output)
+		&v.ResolvedBy, &v.ResolvedKind, &v.ResolvedRoute, &v.Note, &v.ResolvedAt, &v.CreatedAt, &v.WorkState, &v.WorkReason,
+		&v.ClaimedBy, &v.ClaimedKind, &v.ClaimedUntil, &v.Output)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -176,16 +195,31 @@ func (s *Store) GetReview(ctx context.Context, tenant, workID string) (*Review, 
 // returned with it says who, and until when.
 var ErrClaimed = errors.New("store: review item claimed by another person")
 
-// ClaimReview has who hold an open review item of the tenant ("" any
-// tenant's) until now+hold: a claim of its own is extended, one past its
-// time taken over. The guarded update is the fence: of two people claiming
-// at once, one holds it and the other gets ErrClaimed. An item resolved
-// already is ErrResolved, both with the item as it is.
-func (s *Store) ClaimReview(ctx context.Context, tenant, workID, who string, hold time.Duration) (*Review, error) {
-	v, err := scanReview(s.pool.QueryRow(ctx, `WITH v AS (UPDATE reviews SET claimed_by = $3, claimed_until = now() + $4 * interval '1 microsecond'
-		WHERE work_id = $1 AND ($2 = '' OR tenant_id = $2) AND state = 'open'
-			AND (claimed_by IS NULL OR claimed_by = $3 OR claimed_until <= now()) RETURNING *)
-		SELECT `+reviewColumns+` FROM v JOIN work w ON w.id = v.work_id`, workID, tenant, Text(who), interval(hold)))
+// ClaimReview has who (a reviewer or an operator, from the console) hold
+// an open review item of the tenant ("" any tenant's) until now+hold: a
+// claim of its own is extended, one past its time taken over. Each claim
+// is recorded in work_actions in its own transaction. The guarded update
+// is the fence: of two people claiming at once, one holds it and the other
+// gets ErrClaimed. An item resolved already is ErrResolved, both with the
+// item as it is.
+func (s *Store) ClaimReview(ctx context.Context, tenant, workID string, who Actor, hold time.Duration) (*Review, error) {
+	if !who.Valid() || who.Kind == ActorTenant {
+		return nil, fmt.Errorf("store: claim the review of %s: a claim is a reviewer's or an operator's, not %+v", workID, who)
+	}
+	var v *Review
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		v, err = scanReview(tx.QueryRow(ctx, `WITH v AS (UPDATE reviews SET claimed_by = $3, claimed_kind = $5,
+				claimed_until = now() + $4 * interval '1 microsecond'
+			WHERE work_id = $1 AND ($2 = '' OR tenant_id = $2) AND state = 'open'
+				AND (claimed_by IS NULL OR claimed_by = $3 OR claimed_until <= now()) RETURNING *)
+			SELECT `+reviewColumns+` FROM v JOIN work w ON w.id = v.work_id`, workID, tenant, Text(who.ID), interval(hold), who.Kind))
+		if err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, workID, &Audit{By: who, Action: ActionClaim,
+			Note: "held until " + v.ClaimedUntil.UTC().Format(time.RFC3339)})
+	})
 	if err == nil {
 		return v, nil
 	}
@@ -219,9 +253,11 @@ func (s *Store) ReviewOfWork(ctx context.Context, workID string) (*Review, error
 // ErrResolved is returned by ResolveReview for an item resolved already.
 var ErrResolved = errors.New("store: review already resolved")
 
-// Resolution is a person's decision on a review item.
+// Resolution is a decision on a review item: By is who made it, as the
+// request's credential says, recorded with the item and in work_actions.
 type Resolution struct {
-	By, Verdict, Note string
+	By            Actor
+	Verdict, Note string
 	// Holder is the claim the person resolving holds ("" none): another
 	// person's claim that has not run out refuses the resolution.
 	Holder string
@@ -233,21 +269,33 @@ type Resolution struct {
 }
 
 // ResolveReview resolves an open review item of the tenant ("" any
-// tenant's). The guarded update is the fence: of two people resolving at
-// once, one wins and the other gets ErrResolved with the item as it was
-// resolved; an item another person holds is ErrClaimed.
+// tenant's), recording who resolved it and through which route with the
+// item and in work_actions, in one transaction. The guarded update is the
+// fence: of two people resolving at once, one wins and the other gets
+// ErrResolved with the item as it was resolved; an item another person
+// holds is ErrClaimed.
 func (s *Store) ResolveReview(ctx context.Context, tenant, workID string, res Resolution) (*Review, error) {
+	if !res.By.Valid() {
+		return nil, fmt.Errorf("store: resolve the review of %s: the resolution names no actor: %+v", workID, res.By)
+	}
 	var v *Review
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
 		v, err = scanReview(tx.QueryRow(ctx, `WITH v AS (UPDATE reviews SET state = 'resolved', verdict = $3,
-				resolved_by = $4, note = nullif($5, ''), resolved_at = now(), output = $7, claimed_by = NULL, claimed_until = NULL
+				resolved_by = $4, resolved_kind = $8, resolved_route = $9, note = nullif($5, ''), resolved_at = now(), output = $7,
+				claimed_by = NULL, claimed_kind = NULL, claimed_until = NULL
 			WHERE work_id = $1 AND ($2 = '' OR tenant_id = $2) AND state = 'open'
 				AND (claimed_by IS NULL OR claimed_by = $6 OR claimed_until <= now()) RETURNING *)
 			SELECT `+reviewColumns+` FROM v JOIN work w ON w.id = v.work_id`,
-			workID, tenant, res.Verdict, Text(res.By), Text(res.Note), res.Holder, nullJSON(res.Output)))
-		if err != nil || res.Output == nil || res.Announce == nil {
+			workID, tenant, res.Verdict, Text(res.By.ID), Text(res.Note), res.Holder, nullJSON(res.Output), res.By.Kind, res.By.Route))
+		if err != nil {
 			return err
+		}
+		if err := insertAudit(ctx, tx, workID, &Audit{By: res.By, Action: ActionResolve, Note: res.Verdict}); err != nil {
+			return err
+		}
+		if res.Output == nil || res.Announce == nil {
+			return nil
 		}
 		msgs, err := res.Announce(v)
 		if err != nil {

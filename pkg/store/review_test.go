@@ -27,20 +27,25 @@ func checkWords(t *testing.T, ctx context.Context, s *store.Store, table, constr
 	return slices.Sorted(slices.Values(words))
 }
 
-// The review queue's words are the database's, and the outcome a canceled
-// batch item ends with is a work state the database allows.
+// The review queue's words and the actors' kinds and routes are the
+// database's, and the outcome a canceled batch item ends with is a work
+// state the database allows.
 func TestReviewVocabularyMatchesTheDatabase(t *testing.T) {
 	t.Parallel()
 	s, ctx := setup(t)
 	for _, c := range []struct {
-		constraint string
-		want       []string
+		table, constraint string
+		want              []string
 	}{
-		{"reviews_reason_check", store.ReviewReasons},
-		{"reviews_state_check", store.ReviewStates},
-		{"reviews_verdict_check", store.Verdicts},
+		{"reviews", "reviews_reason_check", store.ReviewReasons},
+		{"reviews", "reviews_state_check", store.ReviewStates},
+		{"reviews", "reviews_verdict_check", store.Verdicts},
+		{"reviews", "reviews_resolved_kind_check", store.ActorKinds},
+		{"reviews", "reviews_resolved_route_check", store.Routes},
+		{"work_actions", "work_actions_actor_kind_check", store.ActorKinds},
+		{"work_actions", "work_actions_route_check", store.Routes},
 	} {
-		if got := checkWords(t, ctx, s, "reviews", c.constraint); !slices.Equal(got, slices.Sorted(slices.Values(c.want))) {
+		if got := checkWords(t, ctx, s, c.table, c.constraint); !slices.Equal(got, slices.Sorted(slices.Values(c.want))) {
 			t.Errorf("%s allows %v; package store names %v", c.constraint, got, c.want)
 		}
 	}
@@ -54,6 +59,14 @@ func TestReviewVocabularyMatchesTheDatabase(t *testing.T) {
 		t.Errorf("work_state_check does not allow %s", outcome.Canceled)
 	}
 }
+
+// The actors of the tests: acme's token through the API, and two people
+// on the console's review screen.
+var (
+	acmeAPI = store.Actor{Kind: store.ActorTenant, ID: "acme", Route: store.RouteAPI}
+	ana     = store.Actor{Kind: store.ActorReviewer, ID: "ana", Route: store.RouteConsole}
+	bo      = store.Actor{Kind: store.ActorOperator, ID: "bo", Route: store.RouteConsole}
+)
 
 func reviews(t *testing.T, ctx context.Context, s *store.Store, workID string) int {
 	t.Helper()
@@ -166,7 +179,7 @@ func TestReviewQueueEntries(t *testing.T) {
 	if before[store.ViewNeedsReview] != 1 {
 		t.Fatalf("views before the resolution: %v, want needs_review 1", before)
 	}
-	if _, err := s.ResolveReview(ctx, "acme", human.ID, store.Resolution{By: "ana", Verdict: store.VerdictApproved}); err != nil {
+	if _, err := s.ResolveReview(ctx, "acme", human.ID, store.Resolution{By: ana, Verdict: store.VerdictApproved}); err != nil {
 		t.Fatal(err)
 	}
 	after := views()
@@ -208,15 +221,18 @@ func TestResolveReview(t *testing.T) {
 		t.Fatalf("another tenant lists %d items, %v", len(other), err)
 	}
 	target := page[0].WorkID
-	if _, err := s.ResolveReview(ctx, "other", target, store.Resolution{By: "mallory", Verdict: store.VerdictApproved}); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.ResolveReview(ctx, "other", target, store.Resolution{By: store.Actor{Kind: store.ActorTenant, ID: "other", Route: store.RouteAPI}, Verdict: store.VerdictApproved}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("another tenant resolves: %v, want ErrNotFound", err)
 	}
-	v, err := s.ResolveReview(ctx, "acme", target, store.Resolution{By: "ana", Verdict: store.VerdictRejected, Note: "wrong file"})
-	if err != nil || v.State != store.ReviewResolved || v.ResolvedBy != "ana" || v.Verdict != store.VerdictRejected || v.Note != "wrong file" || v.ResolvedAt.IsZero() {
+	v, err := s.ResolveReview(ctx, "acme", target, store.Resolution{By: acmeAPI, Verdict: store.VerdictRejected, Note: "wrong file"})
+	if err != nil || v.State != store.ReviewResolved || v.ResolvedBy != "acme" || v.Verdict != store.VerdictRejected || v.Note != "wrong file" || v.ResolvedAt.IsZero() {
 		t.Fatalf("resolve: %+v, %v", v, err)
 	}
-	again, err := s.ResolveReview(ctx, "acme", target, store.Resolution{By: "bo", Verdict: store.VerdictApproved})
-	if !errors.Is(err, store.ErrResolved) || again.ResolvedBy != "ana" || again.Verdict != store.VerdictRejected {
+	if who, ok := v.Resolver(); !ok || who != acmeAPI || who.String() != "tenant acme via the API" {
+		t.Errorf("the resolver: %+v (%v), want acme's token through the API", who, ok)
+	}
+	again, err := s.ResolveReview(ctx, "acme", target, store.Resolution{By: bo, Verdict: store.VerdictApproved})
+	if !errors.Is(err, store.ErrResolved) || again.ResolvedBy != "acme" || again.Verdict != store.VerdictRejected {
 		t.Fatalf("resolve twice: %+v, %v; want ErrResolved with the first resolution", again, err)
 	}
 	open, err := s.ListReviews(ctx, store.ReviewFilter{Tenant: "acme", State: store.ReviewOpen, Limit: 10})
@@ -243,28 +259,31 @@ func TestReviewClaims(t *testing.T) {
 		ids = append(ids, w.ID)
 	}
 	held := ids[0]
-	if _, err := s.ClaimReview(ctx, "other", held, "ana", time.Minute); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.ClaimReview(ctx, "other", held, ana, time.Minute); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a claim scoped to another tenant: %v, want ErrNotFound", err)
 	}
-	v, err := s.ClaimReview(ctx, "", held, "ana", time.Minute)
-	if err != nil || v.HeldBy(time.Now()) != "ana" {
+	if _, err := s.ClaimReview(ctx, "", held, acmeAPI, time.Minute); err == nil {
+		t.Fatal("a tenant's claim was taken: a claim is a person's on the console")
+	}
+	v, err := s.ClaimReview(ctx, "", held, ana, time.Minute)
+	if err != nil || v.HeldBy(time.Now()) != "ana" || v.ClaimedKind != store.ActorReviewer {
 		t.Fatalf("ana's claim: %+v, %v", v, err)
 	}
-	if again, err := s.ClaimReview(ctx, "", held, "ana", 2*time.Minute); err != nil || !again.ClaimedUntil.After(v.ClaimedUntil) {
+	if again, err := s.ClaimReview(ctx, "", held, ana, 2*time.Minute); err != nil || !again.ClaimedUntil.After(v.ClaimedUntil) {
 		t.Fatalf("ana's claim again: %+v, %v; want it extended", again, err)
 	}
-	if got, err := s.ClaimReview(ctx, "", held, "bo", time.Minute); !errors.Is(err, store.ErrClaimed) || got.ClaimedBy != "ana" {
+	if got, err := s.ClaimReview(ctx, "", held, bo, time.Minute); !errors.Is(err, store.ErrClaimed) || got.ClaimedBy != "ana" {
 		t.Fatalf("bo's claim while ana holds: %+v, %v; want ErrClaimed naming ana", got, err)
 	}
-	for _, r := range []store.Resolution{{By: "bo", Verdict: store.VerdictRejected, Holder: "bo"},
-		{By: "a tenant's reviewer", Verdict: store.VerdictApproved}} {
+	for _, r := range []store.Resolution{{By: bo, Verdict: store.VerdictRejected, Holder: "bo"},
+		{By: acmeAPI, Verdict: store.VerdictApproved}} {
 		if got, err := s.ResolveReview(ctx, "", held, r); !errors.Is(err, store.ErrClaimed) || got.ClaimedBy != "ana" {
 			t.Fatalf("%s resolves while ana holds: %+v, %v; want ErrClaimed", r.By, got, err)
 		}
 	}
 	before := count(t, ctx, s, `SELECT count(*) FROM outbox WHERE msg_id = $1`, held+".reviewed")
 	out := []byte(`{"findings": []}`) // as jsonb prints it
-	resolved, err := s.ResolveReview(ctx, "", held, store.Resolution{By: "ana", Verdict: store.VerdictAmended, Holder: "ana", Output: out,
+	resolved, err := s.ResolveReview(ctx, "", held, store.Resolution{By: ana, Verdict: store.VerdictAmended, Holder: "ana", Output: out,
 		Announce: func(v *store.Review) ([]store.OutboxMsg, error) {
 			return []store.OutboxMsg{{Stream: "OUTCOME", Subject: "x.outcome." + v.TenantID, MsgID: v.WorkID + ".reviewed", Payload: []byte(`{}`)}}, nil
 		}})
@@ -274,21 +293,38 @@ func TestReviewClaims(t *testing.T) {
 	if n := count(t, ctx, s, `SELECT count(*) FROM outbox WHERE msg_id = $1`, held+".reviewed"); n != before+1 {
 		t.Errorf("outbox rows of the reviewed outcome: %d, want %d", n, before+1)
 	}
+	if who, ok := resolved.Resolver(); !ok || who != ana {
+		t.Errorf("the resolver: %+v (%v), want ana on the console", who, ok)
+	}
+	// Each claim and the resolution are recorded with who and the route;
+	// the claims and resolutions refused record nothing.
+	acts, err := s.ActionsOf(ctx, held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range acts {
+		got = append(got, a.Action+" by "+a.Actor().String())
+	}
+	if want := []string{"claim by reviewer ana via the console", "claim by reviewer ana via the console",
+		"resolve by reviewer ana via the console"}; !slices.Equal(got, want) || acts[2].Note != store.VerdictAmended {
+		t.Errorf("the item's actions: %q (last note %q), want %q", got, acts[len(acts)-1].Note, want)
+	}
 	// The answer a person published counts as accepted; the other item is
 	// still rejected.
 	if views, err := s.ViewsOf(ctx, time.Hour, "acme"); err != nil || views[store.ViewAccepted] != 1 || views[store.ViewRejected] != 1 {
 		t.Errorf("views after the amendment: %v, %v; want one accepted, one rejected", views, err)
 	}
-	if _, err := s.ClaimReview(ctx, "", held, "bo", time.Minute); !errors.Is(err, store.ErrResolved) {
+	if _, err := s.ClaimReview(ctx, "", held, bo, time.Minute); !errors.Is(err, store.ErrResolved) {
 		t.Errorf("a claim of a resolved item: %v, want ErrResolved", err)
 	}
 	// A hold that has run out is anyone's.
 	lapsed := ids[1]
-	if _, err := s.ClaimReview(ctx, "", lapsed, "ana", time.Microsecond); err != nil {
+	if _, err := s.ClaimReview(ctx, "", lapsed, ana, time.Microsecond); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * time.Millisecond)
-	if v, err := s.ClaimReview(ctx, "acme", lapsed, "bo", time.Minute); err != nil || v.ClaimedBy != "bo" {
+	if v, err := s.ClaimReview(ctx, "acme", lapsed, bo, time.Minute); err != nil || v.ClaimedBy != "bo" || v.ClaimedKind != store.ActorOperator {
 		t.Fatalf("bo's claim after ana's lapsed: %+v, %v", v, err)
 	}
 }
@@ -485,7 +521,7 @@ func TestReviewedOutcomeIsReadBack(t *testing.T) {
 	if got := readBack(); len(got) != 1 || got[0] != `{"outcome":"schema_rejected"}` {
 		t.Fatalf("read back before the review: %q", got)
 	}
-	if _, err := s.ResolveReview(ctx, "acme", w.ID, store.Resolution{By: "ana", Verdict: store.VerdictAmended, Output: []byte(`{"findings": []}`),
+	if _, err := s.ResolveReview(ctx, "acme", w.ID, store.Resolution{By: ana, Verdict: store.VerdictAmended, Output: []byte(`{"findings": []}`),
 		Announce: func(*store.Review) ([]store.OutboxMsg, error) { return outcomeRow(outcome.Reviewed), nil }}); err != nil {
 		t.Fatal(err)
 	}

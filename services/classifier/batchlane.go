@@ -129,12 +129,12 @@ func (p *ProviderBatch) fromEnv(getenv func(string) string) error {
 	case "on":
 		p.On = true
 	default:
-		return fmt.Errorf("ASSAY_PROVIDER_BATCH: %q is not on or off", on)
+		return fmt.Errorf("ASSAY_PROVIDER_BATCH: %q is not on or off", config.Redacted(on))
 	}
 	if rawURL != "" {
 		u, err := url.Parse(rawURL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("ASSAY_PROVIDER_BATCH_URL: %q is not an http(s) URL", rawURL)
+			return fmt.Errorf("ASSAY_PROVIDER_BATCH_URL: %q is not an http(s) URL", config.Redacted(rawURL))
 		}
 		p.URL = rawURL
 	}

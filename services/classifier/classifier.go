@@ -131,7 +131,7 @@ type Config struct {
 	// WeightsEvery is how often the tenants' weights are read again.
 	// Default 10s.
 	WeightsEvery time.Duration
-	// Circuit is the cell's circuit breaker for the model.
+	// Circuit shapes the cell's circuit breakers, one per model it calls.
 	Circuit CircuitConfig
 }
 
@@ -273,7 +273,7 @@ type Service struct {
 	budgets budgets
 	fair    *fairLanes
 	report  lifecycle.Ticker
-	circ    *circuit
+	circs   *circuits
 	// The hot path's statements in groups (group commit): reads of the
 	// work to run, claims and attempt records of concurrent calls.
 	toRun   *group.Batch[string, store.ToRun]
@@ -310,9 +310,12 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if s.m, err = newMetrics(d.Tel, cfg.Region); err != nil {
 		return nil, err
 	}
-	if s.circ, err = newCircuit(cfg.Circuit, cfg.Names, cfg.Region, cfg.Model, d.Store, d.Log, d.Tel.Meter()); err != nil {
+	if s.circs, err = newCircuits(cfg.Circuit, cfg.Names, cfg.Region, d.Store, d.Log, d.Tel.Meter()); err != nil {
 		return nil, err
 	}
+	// The cell's own model has its circuit from the start, so its gauge
+	// reads 0 before any call; a rollout's model gets one on first use.
+	s.circs.of(cfg.Model)
 	if err := s.buildCounters(); err != nil {
 		return nil, err
 	}
@@ -679,14 +682,14 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 	if v := getenv("ASSAY_MAX_OUTPUT_UNITS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			return fmt.Errorf("ASSAY_MAX_OUTPUT_UNITS: %q is not a positive whole number", v)
+			return fmt.Errorf("ASSAY_MAX_OUTPUT_UNITS: %q is not a positive whole number", config.Redacted(v))
 		}
 		c.MaxOutputUnits = n
 	}
 	if v := getenv("ASSAY_BUDGET_BYTES_PER_UNIT"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || f < 1 || f > 16 {
-			return fmt.Errorf("ASSAY_BUDGET_BYTES_PER_UNIT: %q is not a number from 1 to 16", v)
+			return fmt.Errorf("ASSAY_BUDGET_BYTES_PER_UNIT: %q is not a number from 1 to 16", config.Redacted(v))
 		}
 		c.BytesPerUnit = f
 	}
@@ -696,7 +699,7 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 	if v := getenv("ASSAY_WORK_COST_CAP_MICROS"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 1 {
-			return fmt.Errorf("ASSAY_WORK_COST_CAP_MICROS: %q is not a positive whole number of micro-dollars", v)
+			return fmt.Errorf("ASSAY_WORK_COST_CAP_MICROS: %q is not a positive whole number of micro-dollars", config.Redacted(v))
 		}
 		c.WorkCostCap = n
 	}

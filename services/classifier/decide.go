@@ -123,8 +123,8 @@ type answer struct {
 	// re-ask after a cut answer gets, 0 when the cap was raised already.
 	outputCap, raisedCap int
 	// outage: the call failed because the provider is unreachable (the
-	// cell's circuit is open, or this call opened it); condition says so,
-	// for the reason of work that ends.
+	// cell's circuit for the work's model is open, or this call opened it);
+	// condition says so, for the reason of work that ends.
 	outage    bool
 	condition string
 }

@@ -222,7 +222,7 @@ func (s *Service) reviewPart(ctx context.Context, r *partsRun, p *diff.Part, ear
 			return false
 		}
 		reply, callErr := s.call(ctx, &pw, c, r.token, r.progress)
-		r.outage = s.circ.observe(ctx, reply, callErr, time.Until(w.DeadlineAt) < s.cfg.CallTimeout, r.probe) || r.outage
+		r.outage = s.circuitOf(w).observe(ctx, reply, callErr, time.Until(w.DeadlineAt) < s.cfg.CallTimeout, r.probe) || r.outage
 		r.probe = false
 		out, hasOutput := output(reply, callErr)
 		var fail *gate.Failure
@@ -433,7 +433,7 @@ func (s *Service) settleParts(ctx context.Context, r *partsRun, claimedAt time.T
 		deadline: w.DeadlineAt, backoff: s.backoff(w.Attempts), retryRefusals: c.OnRefusal == contract.RefusalRetry,
 		outputCap: s.outputCap(w), outage: r.outage}
 	if r.outage {
-		a.condition = s.circ.condition()
+		a.condition = s.circuitOf(w).condition()
 	}
 	if w.OutputCap == 0 {
 		a.raisedCap = 2 * s.cfg.MaxOutputUnits

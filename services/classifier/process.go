@@ -40,11 +40,13 @@ func (s *Service) Process(ctx context.Context, ev event.Work, d consumer.Deliver
 	if st := screen(ev, s.cfg.Region, time.Now(), need); !st.proceed {
 		return s.carry(ctx, ev.WorkID, nil, st)
 	}
-	if disp, held := s.waitForProvider(ctx, ev, need); held {
-		return disp
-	}
 	j, disp, ok := s.job(ctx, ev, d, need)
 	if !ok {
+		return disp
+	}
+	// The work's model is known once it is read (or taken from its
+	// facts): only work for a model whose circuit is open waits.
+	if disp, held := s.waitForProvider(ctx, ev, j.w, need); held {
 		return disp
 	}
 	if s.batches != nil && j.w.Lane == event.Batch && s.partsOf(j.c, j.w) == nil {
@@ -107,7 +109,7 @@ func (s *Service) callAndSettle(ctx context.Context, cw *store.Work, c *contract
 	deadlineBound := time.Until(cw.DeadlineAt) < s.cfg.CallTimeout
 	reply, callErr := s.call(ctx, cw, c, token, progress)
 	permit.Release(callSignal(reply, callErr, deadlineBound))
-	outage := s.circ.observe(ctx, reply, callErr, deadlineBound, probe)
+	outage := s.circuitOf(cw).observe(ctx, reply, callErr, deadlineBound, probe)
 	// What the call cost must be recorded even when the worker is stopping.
 	ctx = context.WithoutCancel(ctx)
 	// Whether the lease is still the attempt's is asked by the statement
@@ -279,7 +281,7 @@ func (s *Service) settle(ctx context.Context, w *store.Work, c *contract.Contrac
 	a, raw := s.answerTo(w, c, reply, callErr, true, counted(w, outage))
 	a.outage = outage
 	if outage {
-		a.condition = s.circ.condition()
+		a.condition = s.circuitOf(w).condition()
 	}
 	v, ok := s.record(ctx, w, c, attemptID, token, a, raw, s.judge, func(outcome string) *event.Attempt {
 		att := s.attemptEvent(c, w, attemptID, outcome, reply, callErr)

@@ -38,7 +38,7 @@ func (s *Service) openBudget(ctx context.Context) (jetstream.KeyValue, error) {
 				nats.ReconnectWait(500*time.Millisecond))
 			if err != nil {
 				b.mu.Unlock()
-				return nil, fmt.Errorf("ASSAY_GITHUB_BUDGET_NATS_URL: connect %s: %w", config.Redacted(url), err)
+				return nil, fmt.Errorf("ASSAY_GITHUB_BUDGET_NATS_URL: connect %s: %w", config.Redacted(url), config.RedactError(err, url))
 			}
 			rjs, err := jetstream.New(nc)
 			if err != nil {

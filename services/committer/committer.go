@@ -152,7 +152,7 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 	}
 	if v := getenv("ASSAY_GITHUB_API_URL"); v != "" {
 		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("ASSAY_GITHUB_API_URL: %q is not an http(s) URL", v)
+			return fmt.Errorf("ASSAY_GITHUB_API_URL: %q is not an http(s) URL", config.Redacted(v))
 		}
 		c.GitHubAPI = v
 	}
@@ -642,7 +642,9 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 	if fail != nil {
 		return s.reject(ctx, w, ev, fail.Error())
 	}
-	v, written, err := s.commit(ctx, w, ev, acc.Output, acc.Findings)
+	// The result is the gate's canonical JSON, the one reading every later
+	// reader gets; the answer as the model sent it stays on its attempt.
+	v, written, err := s.commit(ctx, w, ev, acc.Output, len(acc.Findings))
 	if store.Permanent(err) {
 		// Refused for good: a retry would only loop. The answer cannot
 		// become a result; the work ends with the reason.
@@ -654,7 +656,7 @@ func (s *Service) Commit(ctx context.Context, ev event.Result) error {
 		return err
 	}
 	s.relay.Send(written...)
-	return s.decided(ctx, w, ev, committed(v), true, slog.Int("findings", acc.Findings))
+	return s.decided(ctx, w, ev, committed(v), true, slog.Int("findings", len(acc.Findings)))
 }
 
 // commit commits an accepted answer in a group with those of other

@@ -331,6 +331,7 @@ var drainBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); retur
 func bodyRefusal(err error, limit int64) *apierror.Error {
 	var re *ReadError
 	var te *contract.TextError
+	var ee *EscapeError
 	var mbe *http.MaxBytesError
 	var ne net.Error
 	switch {
@@ -338,6 +339,8 @@ func bodyRefusal(err error, limit int64) *apierror.Error {
 		return nil
 	case errors.As(err, &te):
 		return apierror.New(http.StatusBadRequest, "invalid_input", "request body has "+te.Error()+"; send UTF-8 text without NUL")
+	case errors.As(err, &ee):
+		return apierror.New(http.StatusBadRequest, "invalid_input", "request body: "+ee.Error()+"; send UTF-8 text without NUL")
 	case !errors.As(err, &re):
 		return apierror.New(http.StatusBadRequest, "invalid_json", err.Error())
 	case errors.As(err, &mbe):

@@ -50,7 +50,9 @@ func (s *Service) servedBy(tenant string) (string, error) {
 // one address per region, whichever cell holds the tenant, and a tenant
 // moved between cells keeps it. A request already sent on, or for a cell
 // that has not registered where it answers, or that does not answer, gets
-// the refusal. body, when not nil, is the request's body as read already.
+// the refusal, which names the cell and never its address or why it did
+// not answer (the log has both). body, when not nil, is the request's body
+// as read already.
 func (s *Service) sendOn(w http.ResponseWriter, r *http.Request, tenant string, refused *apierror.Error, body []byte) {
 	var cell string
 	var target *url.URL
@@ -84,10 +86,12 @@ func (s *Service) sendOn(w http.ResponseWriter, r *http.Request, tenant string, 
 			if errors.Is(r.Context().Err(), err) || r.Context().Err() != nil {
 				return // the caller went away
 			}
+			// The other cell's address and the dial error are the region's
+			// own business: the log has them, the client is told the cell.
 			s.d.Log.Warn("a request for another cell of the region was not answered there", "tenant", tenant, "cell", cell,
 				"url", target.String(), "err", err)
 			apierror.Write(w, http.StatusMisdirectedRequest, refused.Code,
-				refused.Message+"; it did not answer through this cell ("+err.Error()+")")
+				refused.Message+"; cell "+cell+" did not answer through this cell")
 		},
 	}
 	proxy.ServeHTTP(w, r)

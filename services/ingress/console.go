@@ -70,6 +70,28 @@ type ConsoleRollout struct {
 	StructuralFailures int64   `json:"structuralFailures"`
 	CostMicros         int64   `json:"costMicros"`
 	LiveCostMicros     int64   `json:"liveCostMicros"`
+	// Override, when set, is the change that made the live variant live
+	// without a passed rollout check: who overrode the fence, and why.
+	Override *ConsoleRouteChange `json:"override,omitempty"`
+	// Changes are the route's last changes, newest first.
+	Changes []ConsoleRouteChange `json:"changes"`
+}
+
+// ConsoleRouteChange is one change of a route: of its live variant
+// (set-live, promote, override) or of its candidate (set-candidate).
+type ConsoleRouteChange struct {
+	At      time.Time `json:"at"`
+	By      string    `json:"by"`
+	Verb    string    `json:"verb"`
+	From    string    `json:"from,omitempty"`
+	To      string    `json:"to,omitempty"`
+	CheckID int64     `json:"checkId,omitempty"`
+	Reason  string    `json:"reason,omitempty"`
+}
+
+func consoleRouteChange(c store.RouteChange) ConsoleRouteChange {
+	return ConsoleRouteChange{At: c.At.UTC(), By: c.By, Verb: c.Verb, From: c.From.Label(), To: c.To.Label(),
+		CheckID: c.CheckID, Reason: c.Reason}
 }
 
 // ConsolePublications are one target's publications not made.
@@ -191,6 +213,14 @@ func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error)
 			CostMicros: r.CostMicros, LiveCostMicros: r.LiveCostMicros}
 		if r.Candidate.Version != "" {
 			cr.Candidate = r.Candidate.Label()
+		}
+		if r.Override != nil {
+			o := consoleRouteChange(*r.Override)
+			cr.Override = &o
+		}
+		cr.Changes = []ConsoleRouteChange{}
+		for _, ch := range r.History {
+			cr.Changes = append(cr.Changes, consoleRouteChange(ch))
 		}
 		c.Rollouts = append(c.Rollouts, cr)
 	}

@@ -67,7 +67,8 @@ func TestDecodeSubmitRefuses(t *testing.T) {
 }
 
 func FuzzDecodeSubmit(f *testing.F) {
-	for _, s := range []string{validSubmit, `{}`, `null`, `[]`, `{"input":[1,2]}`, validSubmit + `{}`, `{"contract":"c","x":1}`} {
+	for _, s := range []string{validSubmit, `{}`, `null`, `[]`, `{"input":[1,2]}`, validSubmit + `{}`, `{"contract":"c","x":1}`,
+		`{"contract":"\ud83d\ude00","input":{"a":"\ud800"}}`, `{"sourceId":"\u0000"}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -84,7 +85,38 @@ func FuzzDecodeSubmit(f *testing.F) {
 		if len(req.Input) > 0 && !json.Valid(req.Input) {
 			t.Fatalf("accepted input that is not JSON: %q", req.Input)
 		}
+		// What was accepted is text as it was sent: no NUL, and no U+FFFD
+		// the body did not spell (a surrogate half alone decodes to one).
+		var input any
+		_ = json.Unmarshal(req.Input, &input)
+		spelled := bytes.Contains(body, []byte("\uFFFD")) || strings.Contains(strings.ToLower(string(body)), "fffd")
+		for _, s := range append(strs(input), req.Contract, req.SourceID, req.Revision, req.Lane) {
+			if strings.IndexByte(s, 0) >= 0 || (strings.Contains(s, "\uFFFD") && !spelled) {
+				t.Fatalf("accepted %q from %q", s, body)
+			}
+		}
 	})
+}
+
+// strs is every string in a decoded JSON value, keys included.
+func strs(v any) []string {
+	switch x := v.(type) {
+	case string:
+		return []string{x}
+	case []any:
+		var out []string
+		for _, e := range x {
+			out = append(out, strs(e)...)
+		}
+		return out
+	case map[string]any:
+		var out []string
+		for k, e := range x {
+			out = append(append(out, k), strs(e)...)
+		}
+		return out
+	}
+	return nil
 }
 
 var workIDRE = regexp.MustCompile(`^w_[0-9a-f]{24}$`)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/githubapp"
 	"assay.dev/pkg/store"
 )
@@ -96,7 +97,7 @@ func (g *GitHubDiffs) Diff(ctx context.Context, pr PullRef) (string, error) {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return "", fmt.Errorf("github: %w", err)
+		return "", fmt.Errorf("github: %w", config.RedactError(err))
 	}
 	req.Header.Set("Accept", "application/vnd.github.diff")
 	req.Header.Set("X-GitHub-Api-Version", "2022-11-28")
@@ -118,7 +119,7 @@ func (g *GitHubDiffs) Diff(ctx context.Context, pr PullRef) (string, error) {
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("github: get %s diff: %w", pr, err)
+		return "", fmt.Errorf("github: get %s diff: %w", pr, config.RedactError(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -212,7 +212,7 @@ func (c *Config) streamDefaults() {
 func (c *Config) githubDefaults() error {
 	c.GitHubAPI = cmp.Or(c.GitHubAPI, "https://api.github.com")
 	if u, err := url.Parse(c.GitHubAPI); err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-		return fmt.Errorf("ingress: GitHubAPI %q is not an http(s) URL", c.GitHubAPI)
+		return fmt.Errorf("ingress: GitHubAPI %q is not an http(s) URL", config.Redacted(c.GitHubAPI))
 	}
 	c.GitHubTimeout = cmp.Or(c.GitHubTimeout, 5*time.Second)
 	if c.GitHubAppID != 0 && c.GitHubToken != "" {
@@ -294,14 +294,14 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 	if v := getenv("ASSAY_MAX_DIFF_BYTES"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 64<<10 || n > MaxDiffCeiling {
-			return fmt.Errorf("ASSAY_MAX_DIFF_BYTES: %q is not a whole number of bytes from %d to %d", v, 64<<10, MaxDiffCeiling)
+			return fmt.Errorf("ASSAY_MAX_DIFF_BYTES: %q is not a whole number of bytes from %d to %d", config.Redacted(v), 64<<10, MaxDiffCeiling)
 		}
 		c.MaxDiffBytes = n
 	}
 	if v := getenv("ASSAY_CELL_URL"); v != "" {
 		u, err := url.Parse(v)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
-			return fmt.Errorf("ASSAY_CELL_URL: %q is not the http(s) address of a cell's ingress (scheme and host, no path)", v)
+			return fmt.Errorf("ASSAY_CELL_URL: %q is not the http(s) address of a cell's ingress (scheme and host, no path)", config.Redacted(v))
 		}
 		c.CellURL = strings.TrimSuffix(v, "/")
 	}
@@ -680,7 +680,8 @@ func RerunCommand(w *store.Work) string {
 	return fmt.Sprintf("assay work rerun %s --region %s", w.ID, w.Region)
 }
 
-// Handler serves the ingress API.
+// Handler serves the ingress API. A path that is not text is refused
+// before it is routed (textPaths).
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	for _, r := range s.endpoints(usage.Handler(s.d.Store, s.cell(), s.d.Log, func(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error) {
@@ -688,7 +689,7 @@ func (s *Service) Handler() http.Handler {
 	})) {
 		mux.Handle(r.pattern, r.h)
 	}
-	return mux
+	return textPaths(mux)
 }
 
 // Routes is every "METHOD /path" the ingress API serves: what its OpenAPI
@@ -707,12 +708,14 @@ type endpoint struct {
 }
 
 // endpoints pairs each pattern with its handler; usageReport serves the
-// usage report.
+// usage report. Each operation whose query reaches the database (filters,
+// cursors) is wrapped in textQuery; the usage report's parameters are
+// compared and parsed, never queried by.
 func (s *Service) endpoints(usageReport http.Handler) []endpoint {
 	return []endpoint{
 		{"POST /v1/work", http.HandlerFunc(s.submit)},
 		{"GET /v1/work/{id}", http.HandlerFunc(s.get)},
-		{"GET /v1/work", http.HandlerFunc(s.list)},
+		{"GET /v1/work", textQuery(http.HandlerFunc(s.list))},
 		{"GET /v1/work/{id}/events", http.HandlerFunc(s.workEventStream)},
 		{"POST /v1/batches", http.HandlerFunc(s.submitBatch)},
 		{"GET /v1/batches/{id}", http.HandlerFunc(s.getBatch)},
@@ -720,9 +723,9 @@ func (s *Service) endpoints(usageReport http.Handler) []endpoint {
 		{"GET /v1/batches/{id}/events", http.HandlerFunc(s.batchEventStream)},
 		{"POST /v1/batches/{id}/cancel", http.HandlerFunc(s.cancelBatch)},
 		{"DELETE /v1/batches/{id}", http.HandlerFunc(s.cancelBatch)},
-		{"GET /v1/reviews", http.HandlerFunc(s.listReviews)},
+		{"GET /v1/reviews", textQuery(http.HandlerFunc(s.listReviews))},
 		{"POST /v1/reviews/{id}/resolve", http.HandlerFunc(s.resolveReview)},
-		{"GET /v1/views", http.HandlerFunc(s.views)},
+		{"GET /v1/views", textQuery(http.HandlerFunc(s.views))},
 		{"POST /v1/webhooks/github", http.HandlerFunc(s.githubWebhook)},
 		// The ledger's rows are in the cell's database: the usage report is
 		// read here too, so a cell has one base URL.
@@ -731,11 +734,11 @@ func (s *Service) endpoints(usageReport http.Handler) []endpoint {
 		{"GET /console", http.HandlerFunc(s.consolePage)},
 		{"GET /v1/console", http.HandlerFunc(s.consoleSnapshot)},
 		{"GET /v1/console/events", http.HandlerFunc(s.consoleEvents)},
-		{"GET /v1/console/work", http.HandlerFunc(s.consoleFind)},
+		{"GET /v1/console/work", textQuery(http.HandlerFunc(s.consoleFind))},
 		{"GET /v1/console/work/{id}", http.HandlerFunc(s.consoleWork)},
 		{"POST /v1/console/work/{id}/actions", http.HandlerFunc(s.consoleAct)},
 		{"GET /console/work/{id}", http.HandlerFunc(s.consoleWorkPage)},
-		{"GET /v1/console/reviews", http.HandlerFunc(s.consoleReviews)},
+		{"GET /v1/console/reviews", textQuery(http.HandlerFunc(s.consoleReviews))},
 		{"GET /v1/console/reviews/{id}", http.HandlerFunc(s.consoleReview)},
 		{"POST /v1/console/reviews/{id}/claim", http.HandlerFunc(s.consoleClaim)},
 		{"POST /v1/console/reviews/{id}/resolve", http.HandlerFunc(s.consoleResolve)},

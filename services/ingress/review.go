@@ -2,12 +2,12 @@ package ingress
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -24,28 +24,38 @@ type reviewStore interface {
 	ListReviews(ctx context.Context, f store.ReviewFilter) ([]*store.Review, error)
 	ResolveReview(ctx context.Context, tenant, workID string, res store.Resolution) (*store.Review, error)
 	GetReview(ctx context.Context, tenant, workID string) (*store.Review, error)
-	ClaimReview(ctx context.Context, tenant, workID, who string, hold time.Duration) (*store.Review, error)
+	ClaimReview(ctx context.Context, tenant, workID string, who store.Actor, hold time.Duration) (*store.Review, error)
 }
 
 // ReviewView is one item of the human review queue.
 type ReviewView struct {
-	ReviewID   string     `json:"reviewId"`
-	WorkID     string     `json:"workId"`
-	TenantID   string     `json:"tenantId"`
-	Contract   string     `json:"contract"`
-	Lane       string     `json:"lane"`
-	Reason     string     `json:"reason"`
-	State      string     `json:"state"`
-	WorkState  string     `json:"workState"`
-	WorkReason string     `json:"workReason,omitempty"`
-	Verdict    string     `json:"verdict,omitempty"`
-	ResolvedBy string     `json:"resolvedBy,omitempty"`
+	ReviewID   string `json:"reviewId"`
+	WorkID     string `json:"workId"`
+	TenantID   string `json:"tenantId"`
+	Contract   string `json:"contract"`
+	Lane       string `json:"lane"`
+	Reason     string `json:"reason"`
+	State      string `json:"state"`
+	WorkState  string `json:"workState"`
+	WorkReason string `json:"workReason,omitempty"`
+	Verdict    string `json:"verdict,omitempty"`
+	ResolvedBy string `json:"resolvedBy,omitempty"`
+	// Resolver is who resolved the item, as the credential of the request
+	// said, and through which route; absent for an item resolved before
+	// resolvers were recorded, whose ResolvedBy is the name its request
+	// gave.
+	Resolver *store.Actor `json:"resolver,omitempty"`
+	// Resolution says it in a sentence: "approved by tenant acme via the
+	// API", "amended by reviewer ana via the console".
+	Resolution string     `json:"resolution,omitempty"`
 	Note       string     `json:"note,omitempty"`
 	ResolvedAt *time.Time `json:"resolvedAt,omitempty"`
-	// HeldBy is the person who holds the open item from the console, until
-	// HeldUntil; absent when nobody does.
-	HeldBy    string     `json:"heldBy,omitempty"`
-	HeldUntil *time.Time `json:"heldUntil,omitempty"`
+	// HeldBy is the person (an operator token's name, of kind HeldByKind)
+	// who holds the open item from the console, until HeldUntil; absent
+	// when nobody does.
+	HeldBy     string     `json:"heldBy,omitempty"`
+	HeldByKind string     `json:"heldByKind,omitempty"`
+	HeldUntil  *time.Time `json:"heldUntil,omitempty"`
 	// Published says the item was resolved with an answer that the work
 	// publishes as its reviewed outcome.
 	Published bool      `json:"published,omitempty"`
@@ -60,11 +70,17 @@ type ReviewList struct {
 	Next  string       `json:"next,omitempty"`
 }
 
-// ResolveRequest is the body of POST /v1/reviews/{id}/resolve.
+// ResolveRequest is the body of POST /v1/reviews/{id}/resolve. Who
+// resolves is the token's tenant, recorded as resolved by tenant <id> via
+// the API.
 type ResolveRequest struct {
-	By      string `json:"by"`
-	Verdict string `json:"verdict"`
-	Note    string `json:"note,omitempty"`
+	// By is refused, whatever it holds (400 invalid_resolver). It was once
+	// a free-text name, stored as it came, so a tenant could resolve in an
+	// operator's name; a client that still sends it learns so rather than
+	// having it dropped without a word.
+	By      json.RawMessage `json:"by,omitempty"`
+	Verdict string          `json:"verdict"`
+	Note    string          `json:"note,omitempty"`
 }
 
 // reviewID is a review item's public id: rv_ and its work's hex. A work
@@ -87,12 +103,31 @@ func reviewView(v *store.Review, now time.Time) ReviewView {
 	if !v.ResolvedAt.IsZero() {
 		at := v.ResolvedAt
 		rv.ResolvedAt = &at
+		rv.Resolution = resolution(v)
+	}
+	if who, ok := v.Resolver(); ok {
+		rv.Resolver = &who
 	}
 	if rv.HeldBy = v.HeldBy(now); rv.HeldBy != "" {
 		until := v.ClaimedUntil
-		rv.HeldUntil = &until
+		rv.HeldByKind, rv.HeldUntil = v.ClaimedKind, &until
 	}
 	return rv
+}
+
+// resolution is a resolved item's verdict and resolver in a sentence. An
+// item resolved before resolvers were recorded has only the name its
+// request gave, and says so.
+func resolution(v *store.Review) string {
+	if who, ok := v.Resolver(); ok {
+		return v.Verdict + " by " + who.String()
+	}
+	return fmt.Sprintf("%s by %q (as its request named it, before resolvers were recorded)", v.Verdict, v.ResolvedBy)
+}
+
+// holder is who holds an item in a sentence: "reviewer ana".
+func holder(v *store.Review) string {
+	return strings.TrimSpace(v.ClaimedKind + " " + v.ClaimedBy)
 }
 
 // listReviews serves GET /v1/reviews?state=&reason=&contract=&limit=&cursor=:
@@ -149,13 +184,9 @@ func (s *Service) writeReviews(w http.ResponseWriter, r *http.Request, f store.R
 	apierror.JSON(w, http.StatusOK, out)
 }
 
-// resolverRE is who may be named as resolving: 1-200 characters, none a
-// control character or a bidirectional override or isolate (which make a
-// name display as another).
-var resolverRE = regexp.MustCompile(`^[^\x00-\x1f\x7f\x{80}-\x{9f}\x{200e}\x{200f}\x{061c}\x{202a}-\x{202e}\x{2066}-\x{2069}]{1,200}$`)
-
-// resolveReview serves POST /v1/reviews/{id}/resolve. Resolving an item
-// resolved already is 409 and names who resolved it.
+// resolveReview serves POST /v1/reviews/{id}/resolve: the token's tenant
+// resolves its item, recorded as resolved by tenant <id> via the API.
+// Resolving an item resolved already is 409 and names who resolved it.
 func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 	t, ok := s.authenticate(w, r)
 	if !ok {
@@ -172,9 +203,9 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
-	case !resolverRE.MatchString(req.By):
+	case req.By != nil:
 		apierror.Write(w, http.StatusBadRequest, "invalid_resolver",
-			"by must name who resolves: 1-200 characters, no control characters or bidirectional overrides")
+			"by is not accepted: the resolution is recorded as the token's tenant's ("+t.ID+"), via the API; leave by out")
 		return
 	case !slices.Contains(store.Verdicts, req.Verdict) || req.Verdict == store.VerdictAmended:
 		apierror.Write(w, http.StatusBadRequest, "invalid_verdict",
@@ -184,7 +215,8 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_note", "note is at most 4000 bytes")
 		return
 	}
-	v, err := s.d.Store.ResolveReview(r.Context(), t.ID, workID, store.Resolution{By: req.By, Verdict: req.Verdict, Note: req.Note})
+	by := store.Actor{Kind: store.ActorTenant, ID: t.ID, Route: store.RouteAPI}
+	v, err := s.d.Store.ResolveReview(r.Context(), t.ID, workID, store.Resolution{By: by, Verdict: req.Verdict, Note: req.Note})
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this tenant")
@@ -197,7 +229,7 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 		auth.Unavailable().Write(w)
 		return
 	}
-	telemetry.Decision(r.Context(), s.d.Log, v.WorkID, "review_resolved", "verdict "+v.Verdict,
+	telemetry.Decision(r.Context(), s.d.Log, v.WorkID, "review_resolved", resolution(v),
 		slog.String("tenant", t.ID), slog.String("review", reviewID(v)))
 	apierror.JSON(w, http.StatusOK, reviewView(v, time.Now()))
 }
@@ -207,13 +239,13 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 func reviewConflict(w http.ResponseWriter, v *store.Review, err error) {
 	if errors.Is(err, store.ErrResolved) {
 		apierror.Write(w, http.StatusConflict, "already_resolved",
-			fmt.Sprintf("review %s was resolved already (%s by %s at %s); it is not resolved again", reviewID(v),
-				v.Verdict, v.ResolvedBy, v.ResolvedAt.UTC().Format(time.RFC3339)))
+			fmt.Sprintf("review %s was resolved already (%s at %s); it is not resolved again", reviewID(v),
+				resolution(v), v.ResolvedAt.UTC().Format(time.RFC3339)))
 		return
 	}
 	apierror.Write(w, http.StatusConflict, "claimed",
 		fmt.Sprintf("review %s is held by %s from the console until %s; it can be taken once that has passed", reviewID(v),
-			v.ClaimedBy, v.ClaimedUntil.UTC().Format(time.RFC3339)))
+			holder(v), v.ClaimedUntil.UTC().Format(time.RFC3339)))
 }
 
 // ViewCounts answers GET /v1/views: the tenant's work created in the last

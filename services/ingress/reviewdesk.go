@@ -24,8 +24,10 @@ import (
 	"assay.dev/pkg/telemetry"
 )
 
-// ReviewHold is how long opening a review item on the console's review
-// screen holds it for that person; opening it again extends the hold.
+// ReviewHold is how long a claim from the console's review screen (its
+// Claim button, POST /v1/console/reviews/{id}/claim) holds an item for
+// that person; claiming it again extends the hold. Opening the item only
+// reads it.
 const ReviewHold = 15 * time.Minute
 
 // ReviewCase is one review item as the review screen shows it: the item,
@@ -103,19 +105,30 @@ type DeskResolveRequest struct {
 }
 
 // reviewer authenticates a person on the review screen: an operator
-// token of either role. A tenant's token reads its tenant's queue but
-// names nobody, so it neither claims nor resolves from the console.
-func (s *Service) reviewer(w http.ResponseWriter, r *http.Request) (*store.Operator, bool) {
+// token of either role, who acts as that token's name and role via the
+// console. A tenant's token reads its tenant's queue but names nobody, so
+// it neither claims nor resolves from the console.
+func (s *Service) reviewer(w http.ResponseWriter, r *http.Request) (store.Actor, bool) {
 	v, ok := s.viewer(w, r)
 	if !ok {
-		return nil, false
+		return store.Actor{}, false
 	}
 	if v.Operator == nil {
 		apierror.Write(w, http.StatusForbidden, "forbidden",
 			"a review item is held and resolved by a person: sign in with an operator token (role reviewer or operator); a tenant's token resolves through POST /v1/reviews/{id}/resolve")
-		return nil, false
+		return store.Actor{}, false
 	}
-	return v.Operator, true
+	return consoleActor(v.Operator), true
+}
+
+// consoleActor is the person an operator token names, acting from the
+// console: a reviewer or an operator, by the token's role.
+func consoleActor(op *store.Operator) store.Actor {
+	kind := store.ActorReviewer
+	if op.Role == store.RoleOperator {
+		kind = store.ActorOperator
+	}
+	return store.Actor{Kind: kind, ID: op.Name, Route: store.RouteConsole}
 }
 
 // scope is the tenant whose items a viewer reaches: its own for a tenant's
@@ -150,8 +163,8 @@ func (s *Service) consoleReviews(w http.ResponseWriter, r *http.Request) {
 	s.writeReviews(w, r, f)
 }
 
-// consoleReview serves GET /v1/console/reviews/{id}: the item's case,
-// without holding it.
+// consoleReview serves GET /v1/console/reviews/{id}: the item's case and
+// who holds it, if anyone. Reading an item never claims it.
 func (s *Service) consoleReview(w http.ResponseWriter, r *http.Request) {
 	v, ok := s.viewer(w, r)
 	if !ok {
@@ -165,11 +178,12 @@ func (s *Service) consoleReview(w http.ResponseWriter, r *http.Request) {
 	s.writeCase(w, r, rv, err)
 }
 
-// consoleClaim serves POST /v1/console/reviews/{id}/claim: the person
-// holds the open item for ReviewHold and gets its case. Another person's
-// hold is 409 claimed, naming them.
+// consoleClaim serves POST /v1/console/reviews/{id}/claim, the review
+// screen's Claim button: the person holds the open item for ReviewHold and
+// gets its case; the claim is recorded with the work's actions. Another
+// person's hold is 409 claimed, naming them.
 func (s *Service) consoleClaim(w http.ResponseWriter, r *http.Request) {
-	op, ok := s.reviewer(w, r)
+	by, ok := s.reviewer(w, r)
 	if !ok {
 		return
 	}
@@ -177,13 +191,13 @@ func (s *Service) consoleClaim(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	rv, err := s.d.Store.ClaimReview(r.Context(), "", workID, op.Name, ReviewHold)
+	rv, err := s.d.Store.ClaimReview(r.Context(), "", workID, by, ReviewHold)
 	if errors.Is(err, store.ErrClaimed) || errors.Is(err, store.ErrResolved) {
 		reviewConflict(w, rv, err)
 		return
 	}
 	if err == nil {
-		s.d.Log.Info("console: review item held", "key", workID, "by", op.Name)
+		s.d.Log.Info("console: review item held", "key", workID, "by", by.String())
 	}
 	s.writeCase(w, r, rv, err)
 }
@@ -238,10 +252,15 @@ func (s *Service) readCase(ctx context.Context, rv *store.Review) (*ReviewCase, 
 		c.Files = caseFiles(d)
 	}
 	if j.answer != nil {
-		if _, fail := gate.Check(j.contract, j.answer, expect(j.contract, wk)); fail != nil {
+		read := j.answer
+		if acc, fail := gate.Check(j.contract, j.answer, expect(j.contract, wk)); fail != nil {
 			c.Gate = fail.Error()
+		} else {
+			// The findings as the gate reads them, and as they would be
+			// published: a line written 2.0 is placed on line 2.
+			read = acc.Output
 		}
-		c.Findings = placeFindings(j.answer, d)
+		c.Findings = placeFindings(read, d)
 	}
 	return c, nil
 }
@@ -366,7 +385,7 @@ func placeFindings(answer []byte, d *diff.Diff) []CaseFinding {
 // publish the answer as the work's reviewed outcome, once, in the
 // resolution's own transaction; the answer must pass the contract's gate.
 func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
-	op, ok := s.reviewer(w, r)
+	by, ok := s.reviewer(w, r)
 	if !ok {
 		return
 	}
@@ -391,7 +410,7 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	res := store.Resolution{By: op.Name, Verdict: req.Verdict, Note: req.Note, Holder: op.Name}
+	res := store.Resolution{By: by, Verdict: req.Verdict, Note: req.Note, Holder: by.ID}
 	if req.Verdict == store.VerdictApproved || req.Verdict == store.VerdictAmended {
 		output, refusal, err := s.deskOutput(ctx, workID, req)
 		if errors.Is(err, store.ErrNotFound) {
@@ -422,8 +441,8 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 		auth.Unavailable().Write(w)
 		return
 	}
-	telemetry.Decision(ctx, s.d.Log, rv.WorkID, "review_resolved", "verdict "+rv.Verdict+" from the console",
-		slog.String("tenant", rv.TenantID), slog.String("review", reviewID(rv)), slog.String("by", op.Name),
+	telemetry.Decision(ctx, s.d.Log, rv.WorkID, "review_resolved", resolution(rv),
+		slog.String("tenant", rv.TenantID), slog.String("review", reviewID(rv)), slog.String("by", by.ID),
 		slog.Bool("published", rv.Output != nil))
 	apierror.JSON(w, http.StatusOK, reviewView(rv, time.Now()))
 }
@@ -465,6 +484,8 @@ func (s *Service) deskOutput(ctx context.Context, workID string, req DeskResolve
 	if fail != nil {
 		return nil, "the answer fails the contract's gate (" + fail.Error() + "); amend its findings, or reject it", nil
 	}
+	// What is stored and published is the gate's canonical JSON, as a
+	// result the committer stores is: a line a person wrote 3.0 is 3.
 	return acc.Output, "", nil
 }
 

@@ -97,9 +97,13 @@ type WorkStory struct {
 	Result   *store.Result     `json:"result,omitempty"`
 	Outbox   []store.OutboxRow `json:"outbox"`
 	Redrives []store.Redrive   `json:"redrives"`
-	// Actions are what people did to it from the console: who, what, when.
-	Actions   []store.WorkAction `json:"actions"`
-	Decisions []Decision         `json:"decisions"`
+	// Actions are what was done to it: the console's redrives, reruns and
+	// cancels, and its review item's claims and resolution, each with who
+	// (as their credential said), through which route, and when.
+	Actions []store.WorkAction `json:"actions"`
+	// Review is its review item, when it has one.
+	Review    *ReviewView `json:"review,omitempty"`
+	Decisions []Decision  `json:"decisions"`
 	// Publications are where its outcome went, one per target.
 	Publications []PublicationView `json:"publications"`
 }
@@ -158,6 +162,7 @@ type StoryStore interface {
 	RedrivesOf(ctx context.Context, workID string) ([]store.Redrive, error)
 	ActionsOf(ctx context.Context, workID string) ([]store.WorkAction, error)
 	PublicationsOf(ctx context.Context, workID string) ([]*store.Publication, error)
+	ReviewOfWork(ctx context.Context, workID string) (*store.Review, error)
 }
 
 // ReadStory reads everything the cell records about one work item,
@@ -206,6 +211,14 @@ func ReadStory(ctx context.Context, st StoryStore, id string, answers Answers) (
 	}
 	if s.Actions == nil {
 		s.Actions = []store.WorkAction{}
+	}
+	rv, err := st.ReviewOfWork(ctx, id)
+	switch {
+	case err == nil:
+		view := reviewView(rv, time.Now())
+		s.Review = &view
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, err
 	}
 	pubs, err := st.PublicationsOf(ctx, id)
 	if err != nil {
@@ -269,8 +282,26 @@ func decisions(w *store.Work, s *WorkStory) []Decision {
 		ds = append(ds, Decision{At: r.RedrivenAt, What: "redriven", Reason: fmt.Sprintf("its %s ending of %s queued again as dispatch %d",
 			r.EndedState, r.EndedAt.UTC().Format(time.RFC3339), r.Dispatch), From: "redrives"})
 	}
+	resolvedAct := false
 	for _, a := range s.Actions {
-		ds = append(ds, Decision{At: a.At, What: a.Action + " asked from the console", Reason: "by " + a.By, From: "work_actions"})
+		d := Decision{At: a.At, What: a.Action + " asked", Reason: "by " + a.Actor().String(), From: "work_actions"}
+		switch a.Action {
+		case store.ActionClaim:
+			d.What = "review item claimed"
+			if a.Note != "" {
+				d.Reason += ", " + a.Note
+			}
+		case store.ActionResolve:
+			d.What, resolvedAct = "review item "+a.Note, true
+		}
+		ds = append(ds, d)
+	}
+	if v := s.Review; v != nil {
+		ds = append(ds, Decision{At: v.CreatedAt, What: "entered the review queue", Reason: v.Reason, From: "reviews.created_at"})
+		if v.ResolvedAt != nil && !resolvedAct {
+			// Resolved before resolutions were recorded as actions.
+			ds = append(ds, Decision{At: *v.ResolvedAt, What: "review item " + v.Verdict, Reason: v.Resolution, From: "reviews.resolved_at"})
+		}
 	}
 	if w.Terminal() && w.State != outcome.Accepted {
 		ds = append(ds, Decision{At: w.UpdatedAt, What: "ended " + w.State, Reason: w.Reason, From: "work.state"})
@@ -448,7 +479,7 @@ func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
 		auth.Unavailable().Write(w)
 		return
 	}
-	audit := &store.Audit{By: v.Operator.Name, Action: req.Action, Note: req.Note}
+	audit := &store.Audit{By: consoleActor(v.Operator), Action: req.Action, Note: req.Note}
 	deadline := time.Now().Add(s.laneDeadline(cur.Lane))
 	var got *store.Work
 	switch req.Action {

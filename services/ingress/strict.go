@@ -43,14 +43,16 @@ func decodeStrict(body []byte, v any) error {
 // body refused at its first fault is read no further than that, and a
 // byte that is not storable text (invalid UTF-8, NUL: encoding/json would
 // turn the first into U+FFFD quietly) stops it too, as a
-// *contract.TextError. Errors of r itself (its size cap, its deadline)
-// come back as they are.
+// *contract.TextError; so does a string whose JSON escapes make what is
+// not (\u0000, a surrogate half alone), as an *EscapeError naming where
+// it is. Errors of r itself (its size cap, its deadline) come back as
+// they are.
 func decodeStrictFrom(r io.Reader, v any) error {
 	var seen bytes.Buffer
 	src := &textReader{r: io.TeeReader(r, &seen)}
 	dec := json.NewDecoder(src)
 	dec.UseNumber()
-	w := walker{dec: dec, lim: requestLimits}
+	w := walker{dec: dec, lim: requestLimits, seen: &seen}
 	if err := w.value(reflect.TypeOf(v).Elem(), "", 0); err != nil {
 		if src.err != nil {
 			return readFault(src.err)
@@ -138,8 +140,9 @@ func (t *textReader) Read(p []byte) (int, error) {
 
 // walker checks one JSON value against the Go type it will decode into.
 type walker struct {
-	dec *json.Decoder
-	lim decodeLimits
+	dec  *json.Decoder
+	lim  decodeLimits
+	seen *bytes.Buffer // the body as read so far, for a string's escapes
 }
 
 var rawMessage = reflect.TypeOf(json.RawMessage(nil))
@@ -180,7 +183,7 @@ func (w walker) value(t reflect.Type, path string, depth int) error {
 		if !ok {
 			return kindError(path, "a string", tok)
 		}
-		return w.stringSize(s, path)
+		return w.text(s, path, false)
 	case t.Kind() == reflect.Bool:
 		if _, ok := tok.(bool); !ok {
 			return kindError(path, "true or false", tok)
@@ -294,7 +297,7 @@ func (w walker) any(tok json.Token, path string, depth int) error {
 		return syntaxAt(path, err)
 	}
 	if s, ok := tok.(string); ok {
-		return w.stringSize(s, path)
+		return w.text(s, path, false)
 	}
 	return nil
 }
@@ -320,14 +323,20 @@ func (w walker) key(path string, n int) (string, error) {
 		return "", syntaxAt(path, err)
 	}
 	key, _ := tok.(string)
-	return key, w.stringSize(key, path)
+	return key, w.text(key, path, true)
 }
 
-func (w walker) stringSize(s, path string) error {
+// text checks the string (a key of the object at path, or its value)
+// the decoder just read: within the size limit, and text as it was sent.
+func (w walker) text(s, path string, key bool) error {
 	if len(s) > w.lim.StringSize {
 		return fmt.Errorf("%sa string longer than %d bytes", at(path), w.lim.StringSize)
 	}
-	return nil
+	var body []byte
+	if w.seen != nil {
+		body = w.seen.Bytes()
+	}
+	return escapeFault(s, body, w.dec.InputOffset(), path, key)
 }
 
 // jsonFields maps the names a struct's fields take in JSON to their types.

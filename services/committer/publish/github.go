@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/githubapp"
 	"assay.dev/pkg/httpwait"
 )
@@ -160,7 +161,7 @@ func (g *GitHub) call(ctx context.Context, inst int64, auth, method, path string
 	}
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(g.App.API, "/")+path, body)
 	if err != nil {
-		return fmt.Errorf("github: %w", err)
+		return fmt.Errorf("github: %w", config.RedactError(err))
 	}
 	req.Header.Set("Accept", "application/vnd.github+json")
 	req.Header.Set("X-GitHub-Api-Version", "2022-11-28")
@@ -175,7 +176,7 @@ func (g *GitHub) call(ctx context.Context, inst int64, auth, method, path string
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return &RetryError{Wait: 0, Err: fmt.Errorf("github: %s %s: %w", method, path, err)}
+		return &RetryError{Wait: 0, Err: fmt.Errorf("github: %s %s: %w", method, path, config.RedactError(err))}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))

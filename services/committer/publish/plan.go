@@ -6,11 +6,11 @@
 package publish
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 
 	"assay.dev/pkg/diff"
+	"assay.dev/pkg/gate"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 )
@@ -63,22 +63,24 @@ type Finding struct {
 	Evidence string `json:"evidence"`
 }
 
-// Findings reads the findings of an accepted output; outputs of contracts
-// without findings have none.
-func Findings(output []byte) []Finding {
-	var o struct {
-		Findings []Finding `json:"findings"`
+// Findings reads the findings of an accepted code review's output, as the
+// gate read it when it accepted it (gate.Read): a line written 2.0 is line
+// 2 here as it was there. An output that cannot be read, or a finding
+// with no file and line to comment at, is an error that fails the
+// publication: it never passes as a review with no findings.
+func Findings(output []byte) ([]Finding, error) {
+	acc, err := gate.Read(output)
+	if err != nil {
+		return nil, fmt.Errorf("publish: the accepted answer cannot be read: %w", err)
 	}
-	if json.Unmarshal(output, &o) != nil {
-		return nil
-	}
-	var out []Finding
-	for _, f := range o.Findings {
-		if f.File != "" && f.Line > 0 {
-			out = append(out, f)
+	out := make([]Finding, 0, len(acc.Findings))
+	for i, f := range acc.Findings {
+		if f.File == "" || f.Line < 1 {
+			return nil, fmt.Errorf("publish: findings[%d] of the accepted answer names no file and line to comment at", i)
 		}
+		out = append(out, Finding{File: f.File, Line: f.Line, Severity: f.Severity, Summary: f.Summary, Evidence: f.Evidence})
 	}
-	return out
+	return out, nil
 }
 
 // Input is what Decide looks at.

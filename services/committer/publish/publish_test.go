@@ -328,8 +328,8 @@ func TestReviewedAfterAcceptedEachFindingOnce(t *testing.T) {
 		{"file":"cart.js","line":12,"severity":"blocking","summary":"total can go negative","evidence":"total -= d"},
 		{"file":"cart.js","line":20,"severity":"warning","summary":"unused variable, and shadowed","evidence":"let x"},
 		{"file":"cart.js","line":31,"severity":"info","summary":"a person's own finding","evidence":"y"}]}`)
-	if _, err := b.st.ResolveReview(t.Context(), "acme", w.ID, store.Resolution{By: "ana", Verdict: store.VerdictAmended,
-		Output: amended}); err != nil {
+	if _, err := b.st.ResolveReview(t.Context(), "acme", w.ID, store.Resolution{Verdict: store.VerdictAmended,
+		By: store.Actor{Kind: store.ActorReviewer, ID: "ana", Route: store.RouteConsole}, Output: amended}); err != nil {
 		t.Fatal(err)
 	}
 	reviewed := event.Outcome{OutcomeID: event.OutcomeMsgID(w.ID, outcome.Reviewed), WorkID: w.ID, TenantID: "acme", Region: "us",

@@ -259,6 +259,10 @@ type target struct {
 	inst int64
 	cb   store.Callback
 	body []byte
+	// unreadable, when set, says why the accepted answer the plan is made
+	// from cannot be read: the publication fails for good, loudly, and
+	// nothing is posted (never a check run that says "No findings").
+	unreadable error
 }
 
 // Publish publishes one outcome behind the publication fence, to each of
@@ -299,12 +303,15 @@ func (p *Publisher) publish(ctx context.Context, ev event.Outcome, only string) 
 	}
 	var names []string
 	for _, t := range ts {
+		// A dry plan that could not be made is failed as a publication
+		// would be, so it is recorded, not left out.
+		dry := t.name == TargetDry && t.unreadable == nil
 		switch {
-		case t.name == TargetDry && only == "":
+		case dry && only == "":
 			if err := p.dry(ctx, w, ev, t.plan); err != nil {
 				return err
 			}
-		case t.name != TargetDry && (only == "" || only == t.name):
+		case !dry && (only == "" || only == t.name):
 			names = append(names, t.name)
 		}
 	}
@@ -442,7 +449,8 @@ func (p *Publisher) targets(f store.PublishFacts) (ts []target, skip string, err
 		// installation that may write to the repository.
 		return ts, "no GitHub App installation of the tenant covers " + src.Owner + "/" + src.Repo, nil
 	}
-	return append(ts, target{name: name, plan: p.plan(w, src, f), inst: src.Installation}), "", nil
+	plan, unreadable := p.plan(w, src, f)
+	return append(ts, target{name: name, plan: plan, inst: src.Installation, unreadable: unreadable}), "", nil
 }
 
 // dry records the plan under the dry target: nothing leaves the cell.
@@ -479,13 +487,15 @@ func (p *Publisher) try(ctx context.Context, w *store.Work, ev event.Outcome, t 
 	defer cancel()
 	var sent error
 	record := t.body
-	switch t.name {
-	case TargetGitHub:
+	switch {
+	case t.unreadable != nil:
+		sent = fmt.Errorf("%w: %v", errFinal, t.unreadable)
+	case t.name == TargetGitHub:
 		sent = p.toGitHub(tctx, pub, t.plan, t.inst)
 		if record, err = json.Marshal(t.plan); err != nil {
 			return err
 		}
-	case TargetCallback:
+	case t.name == TargetCallback:
 		sent = p.callback(tctx, t.cb.URL, t.cb.Secret, ev.OutcomeID, t.body)
 	}
 	return p.settle(context.WithoutCancel(ctx), w, ev, t, pub, sent, record)
@@ -575,11 +585,15 @@ func (p *Publisher) count(ctx context.Context, target, result string) {
 		attribute.String("target", target), attribute.String("result", result)))
 }
 
-// plan gathers what Decide needs.
-func (p *Publisher) plan(w *store.Work, src store.PullSource, f store.PublishFacts) Plan {
+// plan gathers what Decide needs. An accepted or reviewed answer that
+// cannot be read is an error, and no plan.
+func (p *Publisher) plan(w *store.Work, src store.PullSource, f store.PublishFacts) (Plan, error) {
 	in := Input{WorkID: w.ID, Outcome: w.State, Reason: w.Reason, Source: src, Rerun: p.cfg.Rerun(w.ID), Rest: p.cfg.Rest(w.ID)}
 	if w.State == outcome.Accepted || w.State == outcome.Reviewed {
-		in.Findings = Findings(f.Output)
+		var err error
+		if in.Findings, err = Findings(f.Output); err != nil {
+			return Plan{}, err
+		}
 		in.Policy = f.CheckPolicy
 		if len(f.Coverage) > 0 {
 			var cv diff.Coverage
@@ -588,7 +602,7 @@ func (p *Publisher) plan(w *store.Work, src store.PullSource, f store.PublishFac
 			}
 		}
 	}
-	return Decide(in)
+	return Decide(in), nil
 }
 
 // toGitHub carries the plan out in up to three steps: the check run, the

@@ -710,7 +710,7 @@ func TestReviewQueue(t *testing.T) {
 	hex := strings.TrimPrefix(item.ReviewID, "rv_")
 	for _, alias := range []string{"rv_" + strings.ToUpper(hex), "rv_0" + hex, "rv_+" + hex, "rv_" + hex[1:], "rv_ " + hex, "rv_1"} {
 		path := "/v1/reviews/" + url.PathEscape(alias) + "/resolve"
-		if status, raw := call(t, b, http.MethodPost, path, b.Token, ingress.ResolveRequest{By: "ana", Verdict: "approved"}); status != http.StatusNotFound {
+		if status, raw := call(t, b, http.MethodPost, path, b.Token, ingress.ResolveRequest{Verdict: "approved"}); status != http.StatusNotFound {
 			t.Errorf("resolve %q: %d %s, want 404", alias, status, raw)
 		}
 	}
@@ -719,30 +719,32 @@ func TestReviewQueue(t *testing.T) {
 		body any
 		code string
 	}{
-		{ingress.ResolveRequest{By: "ana", Verdict: "maybe"}, "invalid_verdict"},
-		{ingress.ResolveRequest{Verdict: "approved"}, "invalid_resolver"},
-		// Overrides and isolates would display the name as another.
-		{ingress.ResolveRequest{By: "ana\u202egro.emca", Verdict: "approved"}, "invalid_resolver"},
-		{ingress.ResolveRequest{By: "\u2067bo\u2069", Verdict: "approved"}, "invalid_resolver"},
-		{[]byte(`{"by":"ana","verdict":"approved","extra":1}`), "invalid_json"},
+		{ingress.ResolveRequest{Verdict: "maybe"}, "invalid_verdict"},
+		// Who resolves is the token's tenant: a name in the body, of
+		// anyone, is refused, and so is an empty one.
+		{[]byte(`{"by":"dev","verdict":"approved"}`), "invalid_resolver"},
+		{[]byte(`{"by":"","verdict":"approved"}`), "invalid_resolver"},
+		{[]byte(`{"by":null,"verdict":"approved"}`), "invalid_resolver"},
+		{[]byte(`{"verdict":"approved","extra":1}`), "invalid_json"},
 	} {
 		if status, raw := call(t, b, http.MethodPost, resolve, b.Token, c.body); status != http.StatusBadRequest || errorCode(t, raw) != c.code {
 			t.Errorf("resolve %v: %d %s", c.body, status, raw)
 		}
 	}
-	if status, raw := call(t, b, http.MethodPost, resolve, other, ingress.ResolveRequest{By: "mallory", Verdict: "approved"}); status != http.StatusNotFound {
+	if status, raw := call(t, b, http.MethodPost, resolve, other, ingress.ResolveRequest{Verdict: "approved"}); status != http.StatusNotFound {
 		t.Fatalf("another tenant resolves: %d %s", status, raw)
 	}
-	status, raw = call(t, b, http.MethodPost, resolve, b.Token, ingress.ResolveRequest{By: "ana@acme", Verdict: "approved", Note: "a person called back"})
-	if rv := decode[ingress.ReviewView](t, raw); status != http.StatusOK || rv.State != "resolved" || rv.ResolvedBy != "ana@acme" || rv.Verdict != "approved" {
+	status, raw = call(t, b, http.MethodPost, resolve, b.Token, ingress.ResolveRequest{Verdict: "approved", Note: "a person called back"})
+	if rv := decode[ingress.ReviewView](t, raw); status != http.StatusOK || rv.State != "resolved" || rv.ResolvedBy != "acme" || rv.Verdict != "approved" ||
+		rv.Resolution != "approved by tenant acme via the API" {
 		t.Fatalf("resolve: %d %s", status, raw)
 	}
-	status, raw = call(t, b, http.MethodPost, resolve, b.Token, ingress.ResolveRequest{By: "bo", Verdict: "rejected"})
-	if status != http.StatusConflict || errorCode(t, raw) != "already_resolved" || !strings.Contains(string(raw), "ana@acme") {
+	status, raw = call(t, b, http.MethodPost, resolve, b.Token, ingress.ResolveRequest{Verdict: "rejected"})
+	if status != http.StatusConflict || errorCode(t, raw) != "already_resolved" || !strings.Contains(string(raw), "approved by tenant acme via the API") {
 		t.Fatalf("resolve twice: %d %s", status, raw)
 	}
 	// The open stream tells of the resolution.
-	if m := stream.event(t); m.Event != "resolved" || !strings.Contains(m.Data, `"by":"ana@acme"`) {
+	if m := stream.event(t); m.Event != "resolved" || !strings.Contains(m.Data, `"by":"acme"`) {
 		t.Fatalf("after the resolution: %+v", m)
 	}
 	// Its outcome told and its review resolved, the work's story is over.

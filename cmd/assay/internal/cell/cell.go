@@ -56,8 +56,9 @@ type Options struct {
 	// StoreTracer, when set, gives the named service's pool a tracer that
 	// sees every statement it sends (the pipeline benchmark counts them).
 	StoreTracer func(service string) pgx.QueryTracer
-	// WrapHTTP, when set, wraps the cell's whole HTTP surface (the tests
-	// hold every answer to the API's description with it).
+	// WrapHTTP, when set, wraps the cell's whole HTTP surface, its metrics
+	// listener's too (the tests hold every answer to the API's description
+	// with it).
 	WrapHTTP func(http.Handler) http.Handler
 	// RegisterURL registers the cell's listener in its region's placement
 	// map as where it answers, once it listens, so the region's other cells
@@ -66,26 +67,33 @@ type Options struct {
 }
 
 // Cell is one region's four services in one process, behind one HTTP
-// listener that serves the ingress API, the usage API, health and metrics.
+// listener that serves the ingress API, the usage API and health, and a
+// listener of its own for metrics, never on the API's.
 type Cell struct {
-	Region     string
-	URL        string
+	Region string
+	URL    string
+	// MetricsURL is the base URL of the metrics listener (Config.MetricsAddr,
+	// default a free port on 127.0.0.1): its /metrics names tenants and
+	// their outcomes, which the API's port never shows.
+	MetricsURL string
 	Env        *host.Env
 	Ingress    *ingress.Service
 	Classifier *classifier.Service
 	Committer  *committer.Service
 	Ledger     *ledger.Service
 
-	parts    []host.Part  // started, in start order
-	conns    []*nats.Conn // per-service connections, from NATSURLs
-	stores   []*store.Store
-	stopHTTP context.CancelFunc
-	httpDone chan error
-	stopOnce sync.Once
+	parts     []host.Part  // started, in start order
+	conns     []*nats.Conn // per-service connections, from NATSURLs
+	stores    []*store.Store
+	stopHTTP  context.CancelFunc
+	httpDone  chan error
+	listeners int // how many servers send on httpDone when they end
+	stopOnce  sync.Once
 }
 
 // Start connects, builds and starts the cell's services and serves its
-// HTTP surface on Config.HTTPAddr (default a free port on 127.0.0.1).
+// HTTP surface on Config.HTTPAddr and its metrics on Config.MetricsAddr
+// (each by default a free port on 127.0.0.1).
 func Start(ctx context.Context, o Options) (c *Cell, err error) {
 	env, err := host.Connect(ctx, "dev", o.Config, o.Log, o.Telemetry...)
 	if err != nil {
@@ -148,15 +156,16 @@ func Start(ctx context.Context, o Options) (c *Cell, err error) {
 		}
 		c.parts = append(c.parts, p)
 	}
-	if err = c.serve(ctx, o.Config.HTTPAddr, o.HTTP, o.WrapHTTP, parts); err != nil || !o.RegisterURL {
+	if err = c.serve(ctx, o.Config, o.HTTP, o.WrapHTTP, parts); err != nil || !o.RegisterURL {
 		return c, err
 	}
 	return c, c.Ingress.RegisterCell(ctx, c.URL)
 }
 
-// serve serves the cell's HTTP surface: the ingress and usage APIs, health,
-// readiness of every part, and metrics.
-func (c *Cell) serve(ctx context.Context, addr string, lim host.Limits, wrap func(http.Handler) http.Handler, parts []host.Part) error {
+// serve serves the cell's HTTP surface on cfg.HTTPAddr: the ingress and
+// usage APIs, health and readiness of every part; and its metrics on
+// cfg.MetricsAddr, a listener of their own.
+func (c *Cell) serve(ctx context.Context, cfg config.Config, lim host.Limits, wrap func(http.Handler) http.Handler, parts []host.Part) error {
 	api := http.NewServeMux()
 	api.Handle("/v1/work", c.Ingress.Handler())
 	api.Handle("/v1/work/", c.Ingress.Handler())
@@ -172,26 +181,37 @@ func (c *Cell) serve(ctx context.Context, addr string, lim host.Limits, wrap fun
 	api.Handle("/console/", c.Ingress.Handler())
 	api.Handle("/v1/console", c.Ingress.Handler())
 	api.Handle("/v1/console/", c.Ingress.Handler())
-	mux := host.Mux(api, c.Env, parts...)
+	mux, metrics := host.Mux(api, c.Env, parts...), host.MetricsMux(c.Env)
 	if wrap != nil {
-		mux = wrap(mux)
+		mux, metrics = wrap(mux), wrap(metrics)
 	}
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	c.stopHTTP, c.httpDone = cancel, make(chan error, 1)
+	c.stopHTTP, c.httpDone = cancel, make(chan error, 2)
+	var err error
+	if c.URL, err = c.listen(hctx, cfg.HTTPAddr, mux, lim); err != nil {
+		return err
+	}
+	c.MetricsURL, err = c.listen(hctx, cfg.MetricsAddr, metrics, lim)
+	return err
+}
+
+// listen serves h on addr ("": a free port on 127.0.0.1) until ctx ends,
+// its end sent on httpDone, and returns its base URL once it listens.
+func (c *Cell) listen(ctx context.Context, addr string, h http.Handler, lim host.Limits) (string, error) {
 	bound := make(chan string, 1)
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	go func() { c.httpDone <- host.Serve(hctx, addr, mux, lim, func(a string) { bound <- a }) }()
+	c.listeners++
+	go func() { c.httpDone <- host.Serve(ctx, addr, h, lim, func(a string) { bound <- a }) }()
 	select {
 	case a := <-bound:
-		c.URL = "http://" + a
-		return nil
+		return "http://" + a, nil
 	case err := <-c.httpDone:
 		c.httpDone <- err
-		return err
+		return "", err
 	case <-time.After(10 * time.Second):
-		return fmt.Errorf("cell %s: HTTP listener did not start", c.Region)
+		return "", fmt.Errorf("cell %s: HTTP listener on %s did not start", c.Region, addr)
 	}
 }
 
@@ -202,7 +222,9 @@ func (c *Cell) Stop(ctx context.Context) {
 	c.stopOnce.Do(func() {
 		if c.stopHTTP != nil {
 			c.stopHTTP()
-			<-c.httpDone
+			for range c.listeners {
+				<-c.httpDone
+			}
 		}
 		parts := make([]lifecycle.Service, len(c.parts))
 		for i, p := range c.parts {

@@ -6,6 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -23,6 +26,7 @@ import (
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/placement"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/telemetry"
 	"assay.dev/services/ingress"
 )
 
@@ -456,5 +460,81 @@ func TestMoveATenantUnderLoad(t *testing.T) {
 	}
 	if got := r.a.Count(t, `SELECT count(*) FROM work WHERE tenant_id = 'acme'`); got != n {
 		t.Errorf("us holds %d of acme's work items after the move back, want %d", got, n)
+	}
+}
+
+// A request sent on to the tenant's cell, which does not answer, is
+// refused 421 wrong_cell naming that cell: never the cell's internal
+// address or the dial error, which the log has, at Warn.
+func TestAFailedForwardNamesTheCellAlone(t *testing.T) {
+	t.Parallel()
+	logs := &lockedBuffer{}
+	b := celltest.Setup(t, cell.Options{Log: telemetry.NewLogger(logs, "test", "us", slog.LevelInfo)})
+	// Cell us-3 "answers" at an address that takes each connection and
+	// closes it at once.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	dead := ln.Addr().String()
+	_, port, _ := net.SplitHostPort(dead)
+	ctx := context.Background()
+	kv, err := placement.Bucket(ctx, b.Cell.Env.JS, b.Names().PlacementBucket("us"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := placement.Register(ctx, kv, "us-3", "http://"+dead); err != nil {
+		t.Fatal(err)
+	}
+	if err := placement.Place(ctx, kv, "acme", "us-3"); err != nil {
+		t.Fatal(err)
+	}
+	var status int
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	var raw []byte
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		req, _ := http.NewRequest(http.MethodGet, b.Cell.URL+"/v1/views", nil)
+		req.Header.Set("Authorization", "Bearer "+b.Token)
+		resp, err := b.HTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if status = resp.StatusCode; status == http.StatusMisdirectedRequest || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := json.Unmarshal(raw, &e); err != nil || status != http.StatusMisdirectedRequest || e.Error.Code != "wrong_cell" ||
+		!strings.Contains(e.Error.Message, "cell us-3") {
+		t.Fatalf("acme on a cell that does not answer: HTTP %d %s; want 421 wrong_cell naming us-3", status, raw)
+	}
+	for _, leak := range []string{dead, port, "127.0.0.1", "EOF", "dial", "connection", "http://"} {
+		if strings.Contains(string(raw), leak) {
+			t.Errorf("the 421 shows %q: %s", leak, raw)
+		}
+	}
+	warned := false
+	for line := range strings.Lines(logs.String()) {
+		var l struct{ Level, Msg, URL, Err string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Level == "WARN" && strings.HasPrefix(l.Msg, "a request for another cell") {
+			warned = warned || (strings.Contains(l.URL, dead) && l.Err != "")
+		}
+	}
+	if !warned {
+		t.Errorf("the log has no Warn with the cell's address and the error:\n%.3000s", logs.String())
 	}
 }

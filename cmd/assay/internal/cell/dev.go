@@ -161,7 +161,7 @@ func devSettingsFromEnv() (devSettings, error) {
 	}
 	if u := os.Getenv("ASSAY_DATABASE_URL"); u != "" {
 		if _, err := pgx.ParseConfig(u); err != nil {
-			return s, config.Invalid(fmt.Errorf("ASSAY_DATABASE_URL: cannot parse: %v", err))
+			return s, config.Invalid(fmt.Errorf("ASSAY_DATABASE_URL: cannot parse: %s", config.Scrub(err.Error(), u)))
 		}
 	}
 	return s, nil
@@ -382,7 +382,7 @@ func (e *Dev) PrintEndpoints(w io.Writer) {
 	if e.pg != nil {
 		fmt.Fprintf(w, "  Postgres (throwaway)        %s\n", e.baseDB)
 	}
-	model := "POST " + e.ChatURL()
+	model := "POST " + config.Redacted(e.ChatURL())
 	if e.Sim != nil {
 		model += "  (simulated provider; stats at " + e.simRoot + "/sim/stats)"
 	}
@@ -393,6 +393,7 @@ func (e *Dev) PrintEndpoints(w io.Writer) {
 		for _, p := range devEndpoints {
 			fmt.Fprintf(w, "    %-6s %-40s %s\n", p[0], p[1], p[2])
 		}
+		fmt.Fprintf(w, "    %-6s %-40s %s\n", "GET", c.MetricsURL+"/metrics", "Prometheus metrics, on a port of their own (never the API's)")
 	}
 	fmt.Fprintf(w, "\n  GitHub webhooks: secret %s; repositories acme/shop and globex/shop are linked to their tenants\n", e.WebhookSecret)
 	fmt.Fprintln(w, "\n  tokens")
@@ -425,5 +426,5 @@ var devEndpoints = [][3]string{
 	{"GET", "/v1/usage", "calls, units and cost from the ledger"},
 	{"POST", "/v1/webhooks/github", "GitHub deliveries (X-Hub-Signature-256)"},
 	{"GET", "/console", "the live console (a tenant's or the operator token)"},
-	{"GET", "/healthz /readyz /metrics", "health, readiness, Prometheus metrics"},
+	{"GET", "/healthz /readyz", "health, readiness"},
 }

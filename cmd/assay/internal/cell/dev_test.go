@@ -15,7 +15,9 @@ import (
 
 // assay dev --serve on the same ports and with the same tokens run after
 // run, printing every endpoint, the operator token and the export line the
-// README's examples use; a taken port falls back to a free one.
+// README's examples use; a taken port falls back to a free one. Each
+// cell's metrics are on a free port of their own, printed, and the API's
+// port answers /metrics 404.
 func TestDevServeIsStableAndComplete(t *testing.T) {
 	t.Setenv("ASSAY_DATABASE_URL", testenv.PostgresURL(t))
 	t.Setenv("ASSAY_MODEL_BASE_URL", "")
@@ -49,13 +51,18 @@ func TestDevServeIsStableAndComplete(t *testing.T) {
 	var out bytes.Buffer
 	first.PrintEndpoints(&out)
 	acme, operator, us := first.Token("acme"), first.OperatorToken, first.Cells["us"].URL
+	metrics := first.Cells["us"].MetricsURL
 	first.Stop()
+	if metrics == "" || metrics == us {
+		t.Errorf("the us cell's metrics are at %q, its API at %s: want a port of their own", metrics, us)
+	}
 	if us != "http://"+addrs[0] {
 		t.Errorf("the us cell listens on %s, want %s", us, addrs[0])
 	}
 	text := out.String()
 	for _, want := range []string{"export CELL=" + us + " TOKEN=" + acme + " OPERATOR_TOKEN=" + operator,
-		"/v1/batches", "/v1/reviews", "/v1/views", "/v1/work/{id}/events", "/console", "/v1/usage", "operator", secrets} {
+		"/v1/batches", "/v1/reviews", "/v1/views", "/v1/work/{id}/events", "/console", "/v1/usage", "operator", secrets,
+		metrics + "/metrics"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the endpoints lack %q:\n%s", want, text)
 		}
@@ -83,5 +90,16 @@ func TestDevServeIsStableAndComplete(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("GET /v1/console with the operator token: HTTP %d", resp.StatusCode)
+	}
+	for base, want := range map[string]int{second.Cells["us"].URL: http.StatusNotFound, second.Cells["us"].MetricsURL: http.StatusOK} {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || (want == http.StatusNotFound) == strings.Contains(string(body), "assay_build_info") {
+			t.Errorf("GET %s/metrics: HTTP %d, want %d", base, resp.StatusCode, want)
+		}
 	}
 }

@@ -142,7 +142,7 @@ func TestProviderAnswersThatAreNotOutput(t *testing.T) {
 			t.Errorf("usage counts %d %s calls, want %d (%v)", byOutcome[o], o, want, byOutcome)
 		}
 	}
-	resp, err := b.HTTP.Get(b.Cell.URL + "/metrics")
+	resp, err := b.HTTP.Get(b.Cell.MetricsURL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,6 +73,27 @@ func TestOpenAPIIsServed(t *testing.T) {
 	}
 }
 
+// /metrics, which names tenants and their outcomes, is served on the
+// cell's metrics listener alone: the API's port answers it 404.
+func TestMetricsOnlyOnTheirListener(t *testing.T) {
+	t.Parallel()
+	b := celltest.Setup(t, cell.Options{})
+	if b.Cell.MetricsURL == "" || b.Cell.MetricsURL == b.Cell.URL {
+		t.Fatalf("metrics at %q, the API at %s: want a listener of their own", b.Cell.MetricsURL, b.Cell.URL)
+	}
+	for base, want := range map[string]int{b.Cell.URL: http.StatusNotFound, b.Cell.MetricsURL: http.StatusOK} {
+		resp, err := b.HTTP.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || (want == http.StatusOK) != bytes.Contains(body, []byte("assay_build_info")) {
+			t.Errorf("GET %s/metrics: HTTP %d, want %d:\n%.300s", base, resp.StatusCode, want, body)
+		}
+	}
+}
+
 // apiCoverage fails a run of the whole package in which a cell never gave
 // an answer the description lists (an operation's status, and for an
 // error each of its codes), unless notYetExercised names it. An answer
@@ -147,8 +168,8 @@ var notYetExercised = map[string]bool{
 	// Capacity admission's refusal under load (services/ingress's shedding
 	// tests, at the handler; bench goodput 6 through a cell).
 	"POST /v1/work 429 over_capacity": true,
-	// The metrics port apart from the API's, and a registry that fails.
-	"GET /metrics 404 not_found": true, "GET /metrics 500": true,
+	// A registry that fails.
+	"GET /metrics 500": true,
 	// A delivery from a tenant's installation: cmd/assay's burst and size
 	// tests post them through a cell (and so are checked), services/ingress's
 	// webhook tests give each refusal at the handler.
@@ -210,7 +231,7 @@ func TestEveryDescribedRefusal(t *testing.T) {
 	review := celltest.CodeReview(evalset.Items()[0], "conformance")
 	batch := map[string]any{"contract": review.Contract, "items": []map[string]any{
 		{"itemId": "a", "sourceId": "shop/conformance#1", "revision": "r1", "input": review.Input}}}
-	resolve := map[string]string{"by": "reviewer@example.com", "verdict": "approved"}
+	resolve := map[string]string{"verdict": "approved"}
 	calls := map[string]apiCall{
 		"POST /v1/work":                 {body: review},
 		"GET /v1/work":                  {},
@@ -376,14 +397,14 @@ func TestEveryDescribedRefusal(t *testing.T) {
 		many[i] = map[string]any{"itemId": fmt.Sprintf("i%d", i), "input": map[string]any{}}
 	}
 	expect("POST /v1/batches", apiCall{body: map[string]any{"contract": review.Contract, "items": many}}, b.Token, 400, "too_many_items")
-	huge := map[string]string{"by": "reviewer@example.com", "verdict": "approved", "note": strings.Repeat("n", 64<<10)}
+	huge := map[string]string{"verdict": "approved", "note": strings.Repeat("n", 64<<10)}
 	expect("POST /v1/reviews/{id}/resolve", apiCall{path: "/v1/reviews/rv_000000000000000000000000/resolve", body: huge}, b.Token, 413, "payload_too_large")
 	expect("POST /v1/batches", apiCall{body: map[string]any{"contract": review.Contract, "items": []map[string]any{
 		{"itemId": "a", "sourceId": "s", "revision": "r", "input": map[string]string{"pad": strings.Repeat("p", 5<<20)}}}}}, b.Token, 413, "payload_too_large")
 	expect("POST /v1/reviews/{id}/resolve", apiCall{path: "/v1/reviews/rv_000000000000000000000000/resolve",
-		body: map[string]string{"by": "reviewer@example.com", "verdict": "approved", "note": strings.Repeat("n", 4001)}}, b.Token, 400, "invalid_note")
+		body: map[string]string{"verdict": "approved", "note": strings.Repeat("n", 4001)}}, b.Token, 400, "invalid_note")
 	expect("POST /v1/reviews/{id}/resolve", apiCall{path: "/v1/reviews/rv_000000000000000000000000/resolve",
-		body: []byte("{\"by\": \"reviewer\x00\", \"verdict\": \"approved\"}")}, b.Token, 400, "invalid_input")
+		body: []byte("{\"note\": \"reviewer\x00\", \"verdict\": \"approved\"}")}, b.Token, 400, "invalid_input")
 }
 
 // Where the database does not answer a token's lookup, every operation

@@ -168,7 +168,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // there is none.
 func metricValue(t *testing.T, b *celltest.Bundle, name string, labels ...string) float64 {
 	t.Helper()
-	resp, err := http.Get(b.Cell.URL + "/metrics")
+	resp, err := http.Get(b.Cell.MetricsURL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -237,14 +238,14 @@ func TestReviewDeskFences(t *testing.T) {
 		t.Errorf("the case's attempts %+v: want two, the gate's reason on each", c.Attempts)
 	}
 	status, code, raw := d.send(t, "POST", path+"/claim", d.bo, nil)
-	if status != 409 || code != "claimed" || !bytes.Contains(raw, []byte("held by ana")) {
+	if status != 409 || code != "claimed" || !bytes.Contains(raw, []byte("held by reviewer ana")) {
 		t.Errorf("bo claims what ana holds: HTTP %d %s", status, raw)
 	}
 	if status, code, _ := d.send(t, "POST", path+"/resolve", d.bo, map[string]string{"verdict": "rejected"}); status != 409 || code != "claimed" {
 		t.Errorf("bo resolves what ana holds: HTTP %d %s, want 409 claimed", status, code)
 	}
 	if status, code, _ := d.send(t, "POST", "/v1/reviews/"+item+"/resolve", d.Token,
-		map[string]string{"by": "someone at acme", "verdict": "dismissed"}); status != 409 || code != "claimed" {
+		map[string]string{"verdict": "dismissed"}); status != 409 || code != "claimed" {
 		t.Errorf("acme's API resolves what ana holds: HTTP %d %s, want 409 claimed", status, code)
 	}
 	if status, code, raw := d.send(t, "POST", path+"/resolve", d.ana, map[string]string{"verdict": "approved"}); status != 400 ||
@@ -257,7 +258,8 @@ func TestReviewDeskFences(t *testing.T) {
 	findings, moved := amend(t, c)
 	status, _, raw = d.send(t, "POST", path+"/resolve", d.ana, map[string]any{"verdict": "amended", "note": "line moved", "findings": findings})
 	var done ingress.ReviewView
-	if status != 200 || json.Unmarshal(raw, &done) != nil || done.Verdict != "amended" || done.ResolvedBy != "ana" || !done.Published {
+	if status != 200 || json.Unmarshal(raw, &done) != nil || done.Verdict != "amended" || done.ResolvedBy != "ana" || !done.Published ||
+		done.Resolution != "amended by reviewer ana via the console" {
 		t.Fatalf("ana amends: HTTP %d %s", status, raw)
 	}
 	d.await(t, "the amended review on the pull request", func() bool {
@@ -388,8 +390,9 @@ func (b *browser) noExceptions(t *testing.T) {
 	}
 }
 
-// A reviewer opens an item from the queue and holds it; a second reviewer
-// who opens it is told who holds it and cannot resolve; the first moves a
+// A reviewer opens an item from the queue, which holds nothing, and holds
+// it with Claim; a second reviewer who opens it is told who holds it and
+// cannot resolve; the first moves a
 // finding to its changed line, rewrites its summary and resolves the item
 // amended; the fake GitHub gets exactly one publication of the amended
 // review. A tenant's token sees its own queue alone, and not another
@@ -404,17 +407,30 @@ func TestReviewScreenInChromium(t *testing.T) {
 	ana.signIn(t, d.ana)
 	ana.reviewScreen(t, "ana's queue", func(v reviewScreen) bool { return len(v.Queue) == 1 && v.Queue[0] == item })
 	ana.do(t, "open the item", chromedp.Click(chromedp.CSS(`#queue a[href="/console/reviews?item=`+item+`"]`)))
-	v := ana.reviewScreen(t, "ana holds the item", func(v reviewScreen) bool { return v.Loaded == item })
-	if v.Held != "you" || !v.Resolve || !strings.Contains(strings.Join(v.Findings, " "), "outside_hunk") {
-		t.Fatalf("ana's screen: held %q (%q), resolve form %v, findings %q", v.Held, v.Claim, v.Resolve, v.Findings)
+	v := ana.reviewScreen(t, "the item, held by nobody", func(v reviewScreen) bool { return v.Loaded == item })
+	if v.Held != "none" || v.Resolve || !strings.Contains(strings.Join(v.Findings, " "), "outside_hunk") {
+		t.Fatalf("ana's screen before Claim: held %q (%q), resolve form %v, findings %q", v.Held, v.Claim, v.Resolve, v.Findings)
+	}
+	if n := d.Count(t, `SELECT count(*) FROM reviews WHERE work_id = $1 AND claimed_by IS NULL`, d.rejected); n != 1 {
+		t.Fatalf("opening the item claimed it")
+	}
+	ana.do(t, "claim it", chromedp.Click(chromedp.ID("claim-button")))
+	v = ana.reviewScreen(t, "ana holds the item", func(v reviewScreen) bool { return v.Held == "you" })
+	if !v.Resolve || !strings.Contains(v.Claim, "Held by you") {
+		t.Fatalf("ana's screen after Claim: held %q (%q), resolve form %v", v.Held, v.Claim, v.Resolve)
 	}
 
 	bo := ana.tab(t)
 	bo.do(t, "bo opens the same item", chromedp.Navigate(d.Cell.URL+"/console/reviews?item="+item))
 	bo.signIn(t, d.bo)
 	w := bo.reviewScreen(t, "bo is told ana holds it", func(v reviewScreen) bool { return v.Loaded == item })
-	if w.Held != "other" || !strings.Contains(w.Claim, "held by ana") || w.Resolve {
+	if w.Held != "other" || !strings.Contains(w.Claim, "Held by reviewer ana") || w.Resolve {
 		t.Errorf("bo's screen: held %q (%q), resolve form %v; want ana's hold named and no resolve form", w.Held, w.Claim, w.Resolve)
+	}
+	bo.do(t, "bo presses Claim", chromedp.Click(chromedp.ID("claim-button")))
+	w = bo.reviewScreen(t, "bo's claim refused", func(v reviewScreen) bool { return strings.HasPrefix(v.Claim, "claimed:") })
+	if w.Held != "other" || !strings.Contains(w.Claim, "held by reviewer ana") || w.Resolve {
+		t.Errorf("bo's screen after Claim: held %q (%q), resolve form %v; want the refusal naming ana", w.Held, w.Claim, w.Resolve)
 	}
 	bo.noExceptions(t)
 
@@ -440,7 +456,7 @@ func TestReviewScreenInChromium(t *testing.T) {
 	ana.screenshot(t, "assay-console-review.png")
 	ana.do(t, "resolve", chromedp.Click(chromedp.ID("resolve")))
 	v = ana.reviewScreen(t, "the resolution", func(v reviewScreen) bool { return v.Verdict != "" || strings.Contains(v.Result, ":") })
-	if v.Verdict != "amended" || !strings.Contains(v.Result, "published") {
+	if v.Verdict != "amended" || !strings.Contains(v.Result, "amended by reviewer ana via the console") || !strings.Contains(v.Result, "published") {
 		t.Fatalf("ana's resolution: %q", v.Result)
 	}
 	d.await(t, "the amended review on the pull request", func() bool {
@@ -482,3 +498,124 @@ func TestReviewScreenInChromium(t *testing.T) {
 }
 
 func jsonNumber(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// Who resolves or claims a review item is read from the credential, never
+// from the body: acme's token cannot sign a resolution with a reviewer's
+// name (dev), and its own resolution is recorded as the tenant's, via the
+// API; a reviewer's claim and resolution from the console are recorded as
+// that reviewer's. Reading an item, or opening the review screen on it,
+// claims nothing. The work's story, as the work page and assay work show
+// read it, says who did what and through which route.
+func TestReviewActorsFromTheCredential(t *testing.T) {
+	t.Parallel()
+	d := setupDesk(t)
+	ctx := context.Background()
+	dev := store.NewToken()
+	if err := d.Cell.Env.Store.AddOperatorTokenAs(ctx, "dev", store.RoleReviewer, dev); err != nil {
+		t.Fatal(err)
+	}
+	// A second item the gate refused, for the console.
+	const title = "desk: a second finding off the diff"
+	if err := d.Sim.AddFault(sim.Fault{Kind: sim.FaultLineOutsideHunk, Tenant: "acme", Match: title, Times: 2}); err != nil {
+		t.Fatal(err)
+	}
+	req := celltest.CodeReview(evalset.Items()[0], title)
+	req.SourceID = "shop/app#78"
+	_, sub := d.Submit(t, req)
+	if v := d.Wait(t, sub.WorkID); *v.Outcome != outcome.SchemaRejected {
+		t.Fatalf("the second work ended %s (%s), want schema_rejected", *v.Outcome, v.Reason)
+	}
+	byAPI, byConsole := d.rejected, sub.WorkID
+
+	// The tenant's API: a name in the body is refused, whoever it names,
+	// and the item stays open.
+	resolve := "/v1/reviews/" + reviewIDOf(byAPI) + "/resolve"
+	status, code, raw := d.send(t, "POST", resolve, d.Token, map[string]string{"by": "dev", "verdict": "dismissed"})
+	if status != http.StatusBadRequest || code != "invalid_resolver" || !bytes.Contains(raw, []byte("by is not accepted")) {
+		t.Errorf("acme resolves as dev: HTTP %d %s; want 400 invalid_resolver naming by", status, raw)
+	}
+	if n := d.Count(t, `SELECT count(*) FROM reviews WHERE work_id = $1 AND state = 'open'`, byAPI); n != 1 {
+		t.Fatalf("the refused resolution resolved the item")
+	}
+	status, _, raw = d.send(t, "POST", resolve, d.Token, map[string]string{"verdict": "dismissed", "note": "not ours to fix"})
+	var rv ingress.ReviewView
+	tenantAPI := store.Actor{Kind: store.ActorTenant, ID: "acme", Route: store.RouteAPI}
+	if status != http.StatusOK || json.Unmarshal(raw, &rv) != nil || rv.Resolver == nil || *rv.Resolver != tenantAPI ||
+		rv.ResolvedBy != "acme" || rv.Resolution != "dismissed by tenant acme via the API" {
+		t.Fatalf("acme resolves: HTTP %d %s", status, raw)
+	}
+
+	// The console: the review screen's page, and the item read, hold
+	// nothing; Claim does.
+	item := reviewIDOf(byConsole)
+	page, err := d.HTTP.Get(d.Cell.URL + "/console/reviews?item=" + item)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page.Body.Close()
+	var c ingress.ReviewCase
+	status, _, raw = d.send(t, "GET", "/v1/console/reviews/"+item, dev, nil)
+	if page.StatusCode != http.StatusOK || status != http.StatusOK || json.Unmarshal(raw, &c) != nil || c.Review.HeldBy != "" {
+		t.Fatalf("the page (HTTP %d) and dev's read of the item: HTTP %d %s; want it held by nobody", page.StatusCode, status, raw)
+	}
+	if n := d.Count(t, `SELECT count(*) FROM reviews WHERE work_id = $1 AND claimed_by IS NULL`, byConsole); n != 1 {
+		t.Fatal("opening the item claimed it")
+	}
+	status, _, raw = d.send(t, "POST", "/v1/console/reviews/"+item+"/claim", dev, nil)
+	if status != http.StatusOK || json.Unmarshal(raw, &c) != nil || c.Review.HeldBy != "dev" || c.Review.HeldByKind != store.ActorReviewer {
+		t.Fatalf("dev claims: HTTP %d %s", status, raw)
+	}
+	status, _, raw = d.send(t, "GET", "/v1/console/reviews/"+item, d.ana, nil)
+	if status != http.StatusOK || json.Unmarshal(raw, &c) != nil || c.Review.HeldBy != "dev" || c.Review.HeldByKind != store.ActorReviewer {
+		t.Errorf("ana reads the item dev holds: HTTP %d %s; want dev named", status, raw)
+	}
+	status, _, raw = d.send(t, "POST", "/v1/console/reviews/"+item+"/resolve", dev, map[string]string{"verdict": "rejected"})
+	reviewerConsole := store.Actor{Kind: store.ActorReviewer, ID: "dev", Route: store.RouteConsole}
+	if status != http.StatusOK || json.Unmarshal(raw, &rv) != nil || rv.Resolver == nil || *rv.Resolver != reviewerConsole ||
+		rv.Resolution != "rejected by reviewer dev via the console" {
+		t.Fatalf("dev resolves: HTTP %d %s", status, raw)
+	}
+	for id, want := range map[string]string{byAPI: "acme tenant api", byConsole: "dev reviewer console"} {
+		var by, kind, route string
+		if err := d.DB.QueryRow(ctx, `SELECT resolved_by, resolved_kind, resolved_route FROM reviews WHERE work_id = $1`, id).Scan(&by, &kind, &route); err != nil ||
+			by+" "+kind+" "+route != want {
+			t.Errorf("the review row of %s: %s %s %s (%v), want %s", id, by, kind, route, err, want)
+		}
+	}
+
+	// The story: the work page's (GET /v1/console/work/{id}) and assay work
+	// show's (ingress.ReadStory) alike.
+	for id, want := range map[string][]string{
+		byAPI:     {"resolve dismissed by tenant acme via the API"},
+		byConsole: {"claim by reviewer dev via the console", "resolve rejected by reviewer dev via the console"},
+	} {
+		status, _, raw := d.send(t, "GET", "/v1/console/work/"+id, d.ana, nil)
+		var page ingress.WorkStory
+		if status != http.StatusOK || json.Unmarshal(raw, &page) != nil {
+			t.Fatalf("the work page's story of %s: HTTP %d %s", id, status, raw)
+		}
+		show, err := ingress.ReadStory(ctx, d.Cell.Env.Store, id, ingress.AnswerNone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, s := range map[string]*ingress.WorkStory{"the work page": &page, "assay work show": show} {
+			var got []string
+			for _, a := range s.Actions {
+				if a.Action == store.ActionResolve {
+					got = append(got, a.Action+" "+a.Note+" by "+a.Actor().String())
+				} else {
+					got = append(got, a.Action+" by "+a.Actor().String())
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("%s: the actions of %s are %q, want %q", name, id, got, want)
+			}
+			resolved := slices.ContainsFunc(s.Decisions, func(dc ingress.Decision) bool {
+				return strings.HasPrefix(dc.What, "review item ") && dc.Reason == "by "+strings.SplitN(want[len(want)-1], " by ", 2)[1]
+			})
+			if !resolved || s.Review == nil || !strings.HasSuffix(want[len(want)-1], strings.SplitN(s.Review.Resolution, " by ", 2)[1]) {
+				t.Errorf("%s: the story of %s does not say who resolved it: review %+v, decisions %+v", name, id, s.Review, s.Decisions)
+			}
+		}
+	}
+}

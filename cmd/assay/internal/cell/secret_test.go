@@ -157,7 +157,7 @@ func TestSecretReachesNoTelemetry(t *testing.T) {
 		}
 	}
 
-	resp, err := b.HTTP.Get(b.Cell.URL + "/metrics")
+	resp, err := b.HTTP.Get(b.Cell.MetricsURL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -286,7 +286,7 @@ func TestRedriveFromTheWorkPage(t *testing.T) {
 	b.do(t, "read the page again", chromedp.Reload(), chromedp.WaitVisible(chromedp.ID("story")))
 	got, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](
 		`Array.from(document.querySelectorAll("#actions tbody tr")).map((tr) => tr.dataset.action + " by " + tr.querySelector('[data-field="by"]').textContent).join(";")`))
-	if err != nil || got != "redrive by ops" {
+	if err != nil || got != "redrive by operator ops via the console" {
 		t.Errorf("the page's actions %q (%v), want the operator's redrive alone", got, err)
 	}
 	if n := c.Count(t, `SELECT count(*) FROM work_actions WHERE work_id = $1 AND action = 'redrive' AND by_name = 'ops'`, sub.WorkID); n != 1 {

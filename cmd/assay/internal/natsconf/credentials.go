@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
 )
 
@@ -104,10 +105,10 @@ func ServiceURLs(creds []Credential, server *url.URL) string {
 func ParseServer(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls") {
-		return nil, fmt.Errorf("%q is not a nats:// or tls:// URL", raw)
+		return nil, fmt.Errorf("%q is not a nats:// or tls:// URL", config.Redacted(raw))
 	}
 	if u.User != nil || strings.Trim(u.Path, "/") != "" || u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("%q: give only scheme, host and port; the user and password are written per service", u.Redacted())
+		return nil, fmt.Errorf("%q: give only scheme, host and port; the user and password are written per service", config.Redacted(raw))
 	}
 	return u, nil
 }

@@ -13,7 +13,7 @@ func main() {
 	var cfg committer.Config
 	host.Run(host.Spec{
 		Name: "committer", Doc: "committer checks each answer again and commits one result per work item.",
-		Need: config.Need{HTTPAddr: "127.0.0.1:8082"}, Vars: committer.Vars, Configure: cfg.FromEnv,
+		Need: config.Need{HTTPAddr: "127.0.0.1:8082", MetricsAddr: "127.0.0.1:9092"}, Vars: committer.Vars, Configure: cfg.FromEnv,
 		Build: func(e *host.Env) (host.Part, http.Handler, error) {
 			cfg.Region, cfg.Names, cfg.Streams = e.Config.Region, e.Config.Names(), e.Config.Streams
 			s, err := committer.New(cfg,
