@@ -310,9 +310,10 @@ func startCell(t *testing.T, cell string, nc *natsCluster, ca *testCA) *cellRun 
 		"assay-github":    {"webhook-secret": "test-webhook-secret", "token": "test-token"},
 		"assay-nats-urls": {},
 	}
-	for _, svc := range append(services, "placement") {
+	for _, svc := range append(services, "placement", "publisher") {
 		// Each service on its own user, spread over the three servers; the
-		// ingress's placement user is in the region's account.
+		// ingress's placement user and the committer's publisher user are
+		// in the region's account.
 		secretValues["assay-nats-urls"][svc] = nc.url(cell, svc)
 	}
 	env := func(where string, c corev1.Container, p corev1.PodSpec, cms map[string]*corev1.ConfigMap) []string {
@@ -570,10 +571,13 @@ type natsCluster struct {
 	servers     []*server.Server
 }
 
-// url is where the service (or "placement", "placer") of cell connects,
-// with its user; the users are spread over the three servers.
+// regionUsers are a cell's users in its region's account.
+var regionUsers = []string{"placement", "placer", "publisher"}
+
+// url is where the service (or a region user) of cell connects, with its
+// user; the users are spread over the three servers.
 func (nc *natsCluster) url(cell, svc string) string {
-	i := slices.Index(append(services, "placement", "placer"), svc)
+	i := slices.Index(append(services, regionUsers...), svc)
 	return fmt.Sprintf("tls://%s:%s@127.0.0.1:%d", nc.users[cell][svc], nc.passwords[cell][svc], nc.clientPorts[i%len(nc.clientPorts)])
 }
 
@@ -616,7 +620,7 @@ func startNATSCluster(t *testing.T, k natsKustomization, v *natsHelmValues, ca *
 	for _, cell := range k.cells {
 		nc.users[cell], nc.passwords[cell] = map[string]string{}, map[string]string{}
 		env := strings.ToUpper(strings.ReplaceAll("assay_"+cell, "-", "_"))
-		for _, svc := range append(services, "placement", "placer") {
+		for _, svc := range append(services, regionUsers...) {
 			nc.users[cell][svc] = "assay-" + cell + "-" + svc
 			var b [16]byte
 			rand.Read(b[:])
