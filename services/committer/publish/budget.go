@@ -97,18 +97,7 @@ func (b *Budget) Take(ctx context.Context, inst int64) (time.Duration, error) {
 	return wait, err
 }
 
-// Wait is how long installation inst must wait for any call (a hold
-// GitHub imposed); it reserves nothing.
-func (b *Budget) Wait(ctx context.Context, inst int64) (time.Duration, error) {
-	var wait time.Duration
-	err := b.change(ctx, inst, func(l *ledgerOf, now time.Time) bool {
-		wait = max(time.UnixMilli(l.Held).Sub(now), 0)
-		return false
-	})
-	return wait, err
-}
-
-// Hold stops every call of installation inst until until: GitHub said so.
+// Hold stops every write of installation inst until until: GitHub said so.
 func (b *Budget) Hold(ctx context.Context, inst int64, until time.Time) error {
 	return b.change(ctx, inst, func(l *ledgerOf, _ time.Time) bool {
 		if until.UnixMilli() <= l.Held {

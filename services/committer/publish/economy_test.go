@@ -12,8 +12,8 @@ import (
 	"assay.dev/pkg/store"
 )
 
-// scaledClock runs factor times as fast as the wall clock from start: a
-// minute of GitHub's windows passes in a tenth of one.
+// scaledClock runs factor times as fast as the wall clock from start, so
+// a minute of GitHub's windows passes in less than one.
 type scaledClock struct {
 	start, wall time.Time
 	factor      float64
@@ -38,11 +38,13 @@ func answerOf(k int) string {
 // arrives, each with one check run and each finding once, in at most two
 // such requests per pull request, with no request GitHub refuses, and the
 // last within 120s of the delivery. The clock the publisher, its budget
-// and GitHub share runs ten times as fast as the wall's
+// and GitHub share runs twice as fast as the wall's
 // (ASSAY_BURST_CLOCK_SCALE=1 runs it in real time).
 func TestABurstStaysUnderGitHubsLimits(t *testing.T) {
 	t.Parallel()
-	factor := 10.0
+	// Twice the wall's speed keeps the budget's 2s margin a second of the
+	// wall, more than a loaded machine delays one request behind another.
+	factor := 2.0
 	if v := os.Getenv("ASSAY_BURST_CLOCK_SCALE"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || f <= 0 {

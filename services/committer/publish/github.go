@@ -102,17 +102,16 @@ func writes(method string) bool {
 	return method == http.MethodPost || method == http.MethodPatch || method == http.MethodPut || method == http.MethodDelete
 }
 
-// pace is the wait the installation's budget imposes on a call, as an
-// error: a hold GitHub asked for on any call, and no room for one more
-// write on a content-creating one. A write it lets through is counted.
+// pace is the wait the installation's budget imposes on a
+// content-creating call, as an error: a hold GitHub asked for, or no room
+// for one more write. A write it lets through is counted. A read asks
+// nothing of the budget, so it costs no round trip to the bucket: a read
+// GitHub refuses for a limit holds the installation as any refusal does.
 func (g *GitHub) pace(ctx context.Context, inst int64, method, path string) error {
-	var wait time.Duration
-	var err error
-	if writes(method) {
-		wait, err = g.budget().Take(ctx, inst)
-	} else {
-		wait, err = g.budget().Wait(ctx, inst)
+	if !writes(method) {
+		return nil
 	}
+	wait, err := g.budget().Take(ctx, inst)
 	switch {
 	case err != nil:
 		return &RetryError{Err: fmt.Errorf("github: %s %s: %w", method, path, err)}
@@ -123,7 +122,7 @@ func (g *GitHub) pace(ctx context.Context, inst int64, method, path string) erro
 }
 
 // judge says what an answer that is not a success means: final, or a
-// RetryError with GitHub's wait; a rate limit holds every call of the
+// RetryError with GitHub's wait; a rate limit holds every write of the
 // installation back.
 func (g *GitHub) judge(ctx context.Context, inst int64, failed *StatusError, h http.Header, body []byte) error {
 	wait, retry, limited := RetryAfter(failed.Status, h, body, g.now())
