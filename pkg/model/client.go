@@ -141,6 +141,22 @@ type Client struct {
 	// MaxFileBytes caps a batch output or error file read; 0 means
 	// DefaultMaxFileBytes.
 	MaxFileBytes int64
+	// Provider is who answers at the endpoint, as the OpenTelemetry GenAI
+	// conventions name providers (gen_ai.provider.name: "openai",
+	// "azure.ai.openai", "gcp.gemini", …); "" is DefaultProvider.
+	Provider string
+}
+
+// DefaultProvider is the gen_ai.provider.name of an OpenAI-compatible
+// endpoint whose provider is not named.
+const DefaultProvider = "openai"
+
+// ProviderName is Provider, or DefaultProvider when it is not set.
+func (c *Client) ProviderName() string {
+	if c.Provider != "" {
+		return c.Provider
+	}
+	return DefaultProvider
 }
 
 // Join is path under base, as the OpenAI SDKs join a base URL and a
@@ -205,6 +221,11 @@ type Reply struct {
 	// Sent: the whole request reached the connection, so the provider
 	// may bill the call even if no answer came back.
 	Sent bool
+	// ID is the provider's id of its answer ("chatcmpl-…"), and
+	// FinishReasons the finish_reason of each choice, in order: "" and nil
+	// when no chat.completion was read.
+	ID            string
+	FinishReasons []string
 }
 
 // defaultHTTP is shared so that every Client with a nil HTTP reuses one
@@ -340,9 +361,12 @@ func decodeAnswer(rep *Reply, raw []byte, maxTokens int) *Error {
 	if err := json.Unmarshal(raw, &cr); err != nil {
 		return &Error{Kind: KindMalformed, Status: rep.Status, Msg: "response is not JSON", Err: err}
 	}
-	rep.Usage = cr.Usage
+	rep.Usage, rep.ID = cr.Usage, cr.ID
 	if cr.Model != "" {
 		rep.Model = cr.Model
+	}
+	for _, ch := range cr.Choices {
+		rep.FinishReasons = append(rep.FinishReasons, ch.FinishReason)
 	}
 	if len(cr.Choices) > 0 {
 		rep.Content = cr.Choices[0].Message.Content

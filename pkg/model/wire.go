@@ -6,6 +6,7 @@ package model
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"regexp"
 	"strings"
 )
@@ -64,11 +65,75 @@ type Choice struct {
 	FinishReason string  `json:"finish_reason"`
 }
 
-// Usage is the provider's own count of units.
+// Usage is the provider's own count of units. The details are what
+// OpenAI reports beside the counts: the prompt's units it read from its
+// prompt cache, and the completion's units spent on hidden reasoning (both
+// already counted in PromptTokens and CompletionTokens). A provider that
+// sends no details leaves them zero.
 type Usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
+	PromptTokens            int                     `json:"prompt_tokens"`
+	CompletionTokens        int                     `json:"completion_tokens"`
+	TotalTokens             int                     `json:"total_tokens"`
+	PromptTokensDetails     PromptTokensDetails     `json:"prompt_tokens_details,omitzero"`
+	CompletionTokensDetails CompletionTokensDetails `json:"completion_tokens_details,omitzero"`
+}
+
+// PromptTokensDetails is usage.prompt_tokens_details.
+type PromptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// CompletionTokensDetails is usage.completion_tokens_details.
+type CompletionTokensDetails struct {
+	ReasoningTokens int `json:"reasoning_tokens"`
+}
+
+// UnmarshalJSON reads prompt_tokens_details leniently: a detail that is
+// not a whole number (null, a string, a fraction) reads as 0, so it never
+// makes an answer unreadable, and 0 cached units never prices a call
+// below what the provider may bill.
+func (d *PromptTokensDetails) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		CachedTokens json.RawMessage `json:"cached_tokens"`
+	}
+	_ = json.Unmarshal(b, &raw)
+	*d = PromptTokensDetails{CachedTokens: wholeNumber(raw.CachedTokens)}
+	return nil
+}
+
+// UnmarshalJSON reads completion_tokens_details as leniently as
+// PromptTokensDetails.
+func (d *CompletionTokensDetails) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		ReasoningTokens json.RawMessage `json:"reasoning_tokens"`
+	}
+	_ = json.Unmarshal(b, &raw)
+	*d = CompletionTokensDetails{ReasoningTokens: wholeNumber(raw.ReasoningTokens)}
+	return nil
+}
+
+// wholeNumber is raw as an int, 0 when it is not a JSON whole number
+// (12 and 12.0 are; "12", null and 12.5 are not).
+func wholeNumber(raw json.RawMessage) int {
+	var f float64
+	if json.Unmarshal(raw, &f) != nil || f != math.Trunc(f) || math.Abs(f) > 1<<53 {
+		return 0
+	}
+	return int(f)
+}
+
+// CachedInputTokens are the prompt's units the provider read from its
+// prompt cache (usage.prompt_tokens_details.cached_tokens), within
+// [0, PromptTokens]: a count outside it is not the provider's to bill.
+func (u Usage) CachedInputTokens() int {
+	return max(0, min(u.PromptTokensDetails.CachedTokens, u.PromptTokens))
+}
+
+// ReasoningTokens are the completion's units spent on reasoning the answer
+// does not show (usage.completion_tokens_details.reasoning_tokens), within
+// [0, CompletionTokens]: they are part of the completion, not beside it.
+func (u Usage) ReasoningTokens() int {
+	return max(0, min(u.CompletionTokensDetails.ReasoningTokens, u.CompletionTokens))
 }
 
 // Correlation is what the worker tells the model to echo back. It travels in

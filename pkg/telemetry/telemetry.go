@@ -46,6 +46,7 @@ type Provider struct {
 	mp       *sdkmetric.MeterProvider
 	tracer   trace.Tracer
 	meter    metric.Meter
+	scope    string
 	registry *prometheus.Registry
 	handler  http.Handler
 	tenants  tenantLabels
@@ -122,9 +123,9 @@ func Setup(ctx context.Context, service, region string, opts ...Option) (*Provid
 	}
 	p.mp = sdkmetric.NewMeterProvider(meterOpts...)
 
-	scope := "assay.dev/" + service
-	p.tracer = p.tp.Tracer(scope)
-	p.meter = p.mp.Meter(scope)
+	p.scope = "assay.dev/" + service
+	p.tracer = p.tp.Tracer(p.scope)
+	p.meter = p.mp.Meter(p.scope)
 
 	p.registerRuntime(service, region, cell)
 	p.handler = promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{Registry: p.registry})
@@ -187,6 +188,20 @@ func (p *Provider) Tracer() trace.Tracer { return p.tracer }
 
 // Meter returns the service's meter.
 func (p *Provider) Meter() metric.Meter { return p.meter }
+
+// TracerFor is the service's tracer for spans that follow the semantic
+// conventions at schemaURL (a semconv package's SchemaURL): it declares
+// the version, so a collector knows what the names mean.
+func (p *Provider) TracerFor(schemaURL string) trace.Tracer {
+	return p.tp.Tracer(p.scope, trace.WithSchemaURL(schemaURL))
+}
+
+// MeterFor is the service's meter for instruments that follow the
+// semantic conventions at schemaURL; their series carry it as
+// otel_scope_schema_url.
+func (p *Provider) MeterFor(schemaURL string) metric.Meter {
+	return p.mp.Meter(p.scope, metric.WithSchemaURL(schemaURL))
+}
 
 // MetricsHandler serves this provider's metrics in the Prometheus text format.
 func (p *Provider) MetricsHandler() http.Handler { return p.handler }

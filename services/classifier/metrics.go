@@ -7,6 +7,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/semconv/v1.41.0/genaiconv"
 
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/model"
@@ -23,6 +25,9 @@ type metrics struct {
 	gateRejected, rateLimited metric.Int64Counter
 	retries, budgetDenied     metric.Int64Counter
 	onFactsClaims             metric.Int64Counter
+	// The GenAI client metrics of the model calls (genai.go).
+	tokenUsage genaiconv.ClientTokenUsage
+	opDuration genaiconv.ClientOperationDuration
 }
 
 func newMetrics(tel *telemetry.Provider, region string) (*metrics, error) {
@@ -46,6 +51,12 @@ func newMetrics(tel *telemetry.Provider, region string) (*metrics, error) {
 	m.retries = count("assay_retries", "attempts followed by another, by why")
 	m.budgetDenied = count("assay_budget_denials", "attempts the tenant's budget could not cover")
 	m.onFactsClaims = count("assay_claims_on_facts", "claims made on an announcement's facts without reading the work row, by result (claimed, or reread when the row was not as the facts said)")
+	genai := tel.MeterFor(semconv.SchemaURL)
+	var err error
+	m.tokenUsage, err = genaiconv.NewClientTokenUsage(genai, metric.WithExplicitBucketBoundaries(GenAITokenBuckets...))
+	errs = append(errs, err)
+	m.opDuration, err = genaiconv.NewClientOperationDuration(genai, metric.WithExplicitBucketBoundaries(GenAIDurationBuckets...))
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}

@@ -221,7 +221,7 @@ func (s *Service) reviewPart(ctx context.Context, r *partsRun, p *diff.Part, ear
 		if !s.startPart(ctx, r, p, id, est) {
 			return false
 		}
-		reply, callErr := s.call(ctx, &pw, c, r.token, r.progress)
+		reply, callErr := s.call(ctx, &pw, c, id, r.token, r.progress)
 		r.outage = s.circuitOf(w).observe(ctx, reply, callErr, time.Until(w.DeadlineAt) < s.cfg.CallTimeout, r.probe) || r.outage
 		r.probe = false
 		out, hasOutput := output(reply, callErr)

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
@@ -107,7 +106,7 @@ func (s *Service) callAndSettle(ctx context.Context, cw *store.Work, c *contract
 	// A call cut short by the work's own deadline says nothing of the
 	// provider: only the call timeout counts as its slowness.
 	deadlineBound := time.Until(cw.DeadlineAt) < s.cfg.CallTimeout
-	reply, callErr := s.call(ctx, cw, c, token, progress)
+	reply, callErr := s.call(ctx, cw, c, attemptID, token, progress)
 	permit.Release(callSignal(reply, callErr, deadlineBound))
 	outage := s.circuitOf(cw).observe(ctx, reply, callErr, deadlineBound, probe)
 	// What the call cost must be recorded even when the worker is stopping.
@@ -228,9 +227,11 @@ func (s *Service) timeNeeded() time.Duration {
 	return 2*s.lim.Stats().Baseline + s.cfg.DeadlineMargin
 }
 
-// call runs one model call with a deadline, keeping the lease and the
-// delivery alive while it runs.
-func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract, token string, progress func()) (*model.Reply, error) {
+// call runs attempt attemptID's model call with a deadline, keeping the
+// lease and the delivery alive while it runs, in a span and the metrics
+// of the GenAI conventions (genai.go).
+func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token string,
+	progress func()) (*model.Reply, error) {
 	timeout := min(s.cfg.CallTimeout, time.Until(w.DeadlineAt))
 	ctx, cancelCause := context.WithCancelCause(ctx)
 	defer cancelCause(nil)
@@ -264,12 +265,13 @@ func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract,
 			}
 		}()
 	}
-	ctx, span := s.d.Tel.Tracer().Start(callCtx, "model.complete", trace.WithSpanKind(trace.SpanKindClient))
+	cc := s.chatOf(w)
+	ctx, span := s.startChat(callCtx, w, c, attemptID, cc)
 	defer span.End()
+	start := time.Now()
 	reply, err := s.d.Model.Complete(ctx, s.modelCall(c, w))
-	if err != nil {
-		span.SetStatus(codes.Error, err.Error())
-	}
+	endChat(span, reply, err)
+	s.m.chat(ctx, cc, w, reply, err, time.Since(start))
 	return reply, err
 }
 

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"net"
@@ -90,6 +91,11 @@ type TenantStats struct {
 	// usage of every 2xx answer it wrote, readable by the client or not.
 	PromptUnits     int64 `json:"promptUnits"`
 	CompletionUnits int64 `json:"completionUnits"`
+	// CachedPromptUnits and ReasoningUnits are the part of those the
+	// answers reported as cached_tokens and reasoning_tokens
+	// (SetUsageDetails).
+	CachedPromptUnits int64 `json:"cachedPromptUnits"`
+	ReasoningUnits    int64 `json:"reasoningUnits"`
 }
 
 // Server is the simulated provider. It is an http.Handler and can also listen
@@ -120,6 +126,9 @@ type Server struct {
 
 	// bat is the Batch API's state (batch.go).
 	bat *batches
+	// details are the usage details reported and the prompt cache
+	// (usage.go).
+	details usageDetails
 
 	srvMu     sync.Mutex
 	srv       *http.Server
@@ -141,8 +150,10 @@ func New(opts Options) *Server {
 		inFlight: map[int64]time.Time{}, notBefore: map[string]time.Time{}, sweepAt: minSweep,
 		done: make(chan struct{}), bat: newBatches(),
 	}
+	s.details.seed, s.details.prefixes = maphash.MakeSeed(), map[uint64]struct{}{}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	s.routeBatches()
+	s.routeUsageDetails()
 	s.mux.HandleFunc("GET /sim/stats", s.handleStats)
 	s.mux.HandleFunc("DELETE /sim/stats", func(w http.ResponseWriter, r *http.Request) {
 		s.ResetStats()
@@ -302,6 +313,8 @@ func (s *Server) bill(tenant string, u model.Usage) {
 	}
 	ts.PromptUnits += int64(u.PromptTokens)
 	ts.CompletionUnits += int64(u.CompletionTokens)
+	ts.CachedPromptUnits += int64(u.CachedInputTokens())
+	ts.ReasoningUnits += int64(u.ReasoningTokens())
 }
 
 // minSweep is the notBefore size below which it is never swept.
@@ -523,6 +536,7 @@ func (s *Server) completion(c *call, f *Fault, kind string) ([]byte, model.Usage
 		resp.Choices = []model.Choice{}
 	}
 	resp.Usage = usage(c.req.Messages, msg)
+	s.addDetails(c, &resp.Usage)
 	billed := resp.Usage
 	switch kind {
 	case FaultRenamed:

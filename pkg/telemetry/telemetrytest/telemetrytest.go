@@ -6,6 +6,9 @@ import (
 	"context"
 	"testing"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"assay.dev/pkg/telemetry"
 )
 
@@ -19,4 +22,18 @@ func Provider(t testing.TB, service, region string) *telemetry.Provider {
 	}
 	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
 	return tel
+}
+
+// Traced is Provider with every span it ends kept in the exporter it
+// returns, for the test to read.
+func Traced(t testing.TB, service, region string) (*telemetry.Provider, *tracetest.InMemoryExporter) {
+	t.Helper()
+	spans := tracetest.NewInMemoryExporter()
+	tel, err := telemetry.Setup(t.Context(), service, region,
+		telemetry.WithSpanProcessor(sdktrace.NewSimpleSpanProcessor(spans)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	return tel, spans
 }

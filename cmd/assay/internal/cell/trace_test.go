@@ -55,7 +55,7 @@ func TestOneTraceSpansTheCell(t *testing.T) {
 		t.Fatalf("%s (%s)", *v.Outcome, v.Reason)
 	}
 	b.WaitLedger(t, "acme", 1)
-	want := []string{"ingress.submit", "classifier.process", "model.complete", "committer.commit", "ledger."}
+	want := []string{"ingress.submit", "classifier.process", "chat ", "committer.commit", "ledger."}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		names := map[string]bool{}
