@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -17,6 +18,7 @@ import (
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/evalset"
+	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 )
@@ -42,17 +44,18 @@ shadow of live work, and its promotion.
       live variant's by more than the slack plus two standard errors of
       the difference
   set-live --contract NAME --version V [--model M] [--prompt FILE] [--tenant T]
-        [--override --reason TEXT]
+        [--override --reason TEXT] [--cells C,C | --all-cells]
       what new work gets, at once, only if the last check of exactly that
       version, model and prompt passed (the contract's default version
       with the cell's model and its own prompt needs none); --override
       moves without a passed check, and its reason is kept in the route's
       history; a refusal exits 2
   set-candidate --contract NAME --version V [--model M] [--prompt FILE]
-        [--share 0.2] [--tenant T]
+        [--share 0.2] [--tenant T] [--cells C,C | --all-cells]
       the candidate, and the share of live work that also runs with it in
       the shadow (--version none clears it)
   promote --contract NAME [--tenant T] [--override --reason TEXT]
+        [--cells C,C | --all-cells]
       the candidate becomes live, only if the last check of exactly its
       version, model and prompt passed (or with --override, as set-live)
   status --contract NAME [--json]
@@ -65,6 +68,16 @@ shadow of live work, and its promotion.
 
 Without --tenant a route is every tenant's ("*"); a tenant's own route
 overrides it. Ingress reads routes every ASSAY_ROUTES_EVERY (5s).
+
+Rollouts are per cell: routes, checks and their history live in the cell's
+database, so a change made in one cell leaves every other cell as it was.
+set-live, set-candidate and promote take --cells us,eu, or --all-cells (the
+cells of ASSAY_CELLS, else a cell per region of ASSAY_REGIONS), to make the
+change in each cell named, on its database ASSAY_DATABASE_URL_<CELL> (US,
+EU, US_2; the cell of --region may use --database-url instead), each behind
+its own fence: its own last check, an override's reason kept in its own
+history. Every cell is tried and reported; the command says which moved and
+which did not, and exits 2 when only fences refused, 1 on another failure.
 `
 
 var rolloutVerbs = []string{"check", "set-live", "set-candidate", "promote", "status", "compare"}
@@ -73,9 +86,9 @@ var rolloutVerbs = []string{"check", "set-live", "set-candidate", "promote", "st
 // --database-url.
 var rolloutTakes = map[string][]string{
 	"check":         {"contract", "version", "model", "prompt", "tenant", "out", "timeout", "samples", "min-transport", "min-structural", "usefulness-slack"},
-	"set-live":      {"contract", "version", "model", "prompt", "tenant", "override", "reason"},
-	"set-candidate": {"contract", "version", "model", "prompt", "tenant", "share"},
-	"promote":       {"contract", "tenant", "override", "reason"},
+	"set-live":      {"contract", "version", "model", "prompt", "tenant", "override", "reason", "cells", "all-cells"},
+	"set-candidate": {"contract", "version", "model", "prompt", "tenant", "share", "cells", "all-cells"},
+	"promote":       {"contract", "tenant", "override", "reason", "cells", "all-cells"},
 	"status":        {"contract", "json"},
 	"compare":       {"contract", "since", "json"},
 }
@@ -91,6 +104,8 @@ type rolloutFlags struct {
 	override                                             bool
 	reason                                               string // --reason: why --override moves
 	samples                                              int    // check: runs of each item per variant
+	cells                                                string // --cells: the cells to change, comma-separated
+	allCells                                             bool   // --all-cells
 	region, dbURL                                        string
 	pos                                                  []string
 	set                                                  map[string]bool // the flags given
@@ -118,6 +133,8 @@ func parseRolloutFlags(verb string, args []string) (*rolloutFlags, error) {
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
 	fs.BoolVar(&f.override, "override", false, "set-live, promote: move without a passed check")
 	fs.StringVar(&f.reason, "reason", "", "--override: why")
+	fs.StringVar(&f.cells, "cells", "", "set-live, set-candidate, promote: the cells to change, comma-separated")
+	fs.BoolVar(&f.allCells, "all-cells", false, "set-live, set-candidate, promote: change every cell of the installation")
 	fs.StringVar(&f.region, "region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
 	fs.StringVar(&f.dbURL, "database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
 	var err error
@@ -160,6 +177,10 @@ func (f *rolloutFlags) validate(reg *contract.Registry) error {
 		return configError{errors.New("--reason is required with --override: why live traffic moves without a passed check")}
 	case f.set["reason"] && !f.override:
 		return configError{errors.New("--reason is for --override")}
+	case f.set["cells"] && f.allCells:
+		return configError{errors.New("--cells and --all-cells: give one or the other")}
+	case f.set["cells"] && strings.TrimSpace(f.cells) == "":
+		return configError{errors.New("--cells: name the cells, comma-separated (us,eu)")}
 	}
 	return nil
 }
@@ -234,6 +255,9 @@ func rolloutCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if r.from, err = parseWhen(f.since, time.Now()); err != nil {
 		return configError{fmt.Errorf("--since: %w", err)}
+	}
+	if f.set["cells"] || f.allCells {
+		return r.everyCell(ctx, stdout)
 	}
 	if r.cfg, err = loadCell("assay rollout", f.region, f.dbURL); err != nil {
 		return err
@@ -675,4 +699,119 @@ func rolloutStatus(ctx context.Context, st *store.Store, reg *contract.Registry,
 	fmt.Fprintln(w, "shadow runs of the last hour:")
 	printComparison(w, v.Shadow)
 	return nil
+}
+
+// rolloutCell is one cell a rollout across cells changes, and its
+// database.
+type rolloutCell struct{ id, dbURL string }
+
+// cellDatabaseVar is the variable that names a cell's database for a
+// rollout across cells: ASSAY_DATABASE_URL_US_2 for us-2.
+func cellDatabaseVar(cell string) string {
+	return "ASSAY_DATABASE_URL_" + strings.ToUpper(strings.ReplaceAll(cell, "-", "_"))
+}
+
+// rolloutCells are the cells --cells or --all-cells names (the cells of
+// ASSAY_CELLS, as nats-config spells them, else a cell per region of
+// ASSAY_REGIONS), each with its database; a cell without one is refused
+// before any cell changes.
+func (f *rolloutFlags) rolloutCells() ([]rolloutCell, error) {
+	list, from := f.cells, "--cells"
+	if f.allCells {
+		list, from = envOr("ASSAY_CELLS", envOr("ASSAY_REGIONS", strings.Join(config.DefaultRegions, ","))), "--all-cells"
+	}
+	own := envOr("ASSAY_CELL", f.region)
+	var cells []rolloutCell
+	var missing []string
+	for _, spec := range strings.Split(list, ",") {
+		id, _, _ := strings.Cut(strings.TrimSpace(spec), ":")
+		if !event.ValidToken(id) {
+			return nil, configError{fmt.Errorf("%s: %q is not a cell id (lower-case letters, digits, hyphens)", from, id)}
+		}
+		if slices.ContainsFunc(cells, func(c rolloutCell) bool { return c.id == id }) {
+			return nil, configError{fmt.Errorf("%s: cell %s is named twice", from, id)}
+		}
+		c := rolloutCell{id: id, dbURL: os.Getenv(cellDatabaseVar(id))}
+		if c.dbURL == "" && id == own {
+			c.dbURL = f.dbURL
+		}
+		if c.dbURL == "" {
+			missing = append(missing, cellDatabaseVar(id))
+		}
+		cells = append(cells, c)
+	}
+	if len(missing) > 0 {
+		return nil, configError{fmt.Errorf("%s: no database for %d of the cells: set %s; nothing was changed",
+			from, len(missing), strings.Join(missing, ", "))}
+	}
+	return cells, nil
+}
+
+// inCell runs the verb against one cell's database, behind that cell's
+// fence, and returns what it printed.
+func (r *rolloutRun) inCell(ctx context.Context, c rolloutCell) (string, error) {
+	st, err := store.Open(ctx, c.dbURL)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", cellDatabaseVar(c.id), config.RedactError(err, c.dbURL))
+	}
+	defer st.Close()
+	one := *r
+	one.st = st
+	if r.tenant != "" {
+		if err := knownTenant(ctx, st, r.tenant); err != nil {
+			return "", err
+		}
+	}
+	var out bytes.Buffer
+	switch r.verb {
+	case "set-live":
+		err = one.setLive(ctx, &out)
+	case "set-candidate":
+		err = one.setCandidate(ctx, &out)
+	case "promote":
+		err = one.promote(ctx, &out)
+	default:
+		err = configError{fmt.Errorf("--cells and --all-cells are for set-live, set-candidate and promote, not %s", r.verb)}
+	}
+	return out.String(), err
+}
+
+// everyCell runs set-live, set-candidate or promote in every cell named,
+// each on its own database and behind its own fence. A cell that fails is
+// reported and the next is tried; the error names the cells that moved
+// and those that did not, a configError (exit 2) when only fences refused.
+func (r *rolloutRun) everyCell(ctx context.Context, stdout io.Writer) error {
+	cells, err := r.rolloutCells()
+	if err != nil {
+		return err
+	}
+	var moved, not []string
+	refused := 0
+	for _, c := range cells {
+		out, err := r.inCell(ctx, c)
+		if err != nil {
+			fmt.Fprintf(stdout, "cell %s: %v\n", c.id, err)
+			not = append(not, c.id)
+			if errors.As(err, new(configError)) {
+				refused++
+			}
+			continue
+		}
+		fmt.Fprintf(stdout, "cell %s: %s", c.id, out)
+		moved = append(moved, c.id)
+	}
+	if len(not) == 0 {
+		fmt.Fprintf(stdout, "moved in every cell named: %s\n", strings.Join(moved, ", "))
+		return nil
+	}
+	msg := fmt.Sprintf("rollout %s moved in %d of %d cells: moved in %s; not moved in %s", r.verb, len(moved), len(cells),
+		cmp.Or(strings.Join(moved, ", "), "none"), strings.Join(not, ", "))
+	if refused > 0 {
+		msg += " (each cell is gated by its own last check: run assay rollout check against a cell refused, or move it " +
+			"with --override --reason TEXT)"
+	}
+	if refused == len(not) {
+		return configError{errors.New(msg)}
+	}
+	return errors.New(msg)
 }

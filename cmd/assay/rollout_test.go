@@ -19,8 +19,10 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
@@ -573,4 +575,127 @@ func TestRolloutFence(t *testing.T) {
 		len(r.Changes) != 5 || r.Changes[0].Verb != store.ChangeOverride || r.Changes[3].CheckID != check {
 		t.Fatalf("console rollout %+v", r)
 	}
+}
+
+// twoCells starts cells us and eu of one installation, each reading its
+// routes every 200 ms, with each one's database in its
+// ASSAY_DATABASE_URL_<CELL> and the single-cell settings unset.
+func twoCells(t *testing.T) (map[string]*celltest.Bundle, map[string]*statements) {
+	t.Helper()
+	natsURL := testenv.NATS(t)
+	cells := map[string]*celltest.Bundle{}
+	reads := map[string]*statements{}
+	for _, region := range []string{"us", "eu"} {
+		reads[region] = &statements{service: "ingress", fragment: routesRead}
+		cells[region] = celltest.SetupOn(t, cell.Options{Config: config.Config{Region: region, Regions: config.DefaultRegions,
+			DatabasePool: 2}, Ingress: ingress.Config{RoutesEvery: 200 * time.Millisecond}, StoreTracer: reads[region].tracer},
+			nil, natsURL)
+		t.Setenv(cellDatabaseVar(region), cells[region].Cell.Env.Config.DatabaseURL)
+	}
+	for _, k := range []string{"ASSAY_REGION", "ASSAY_DATABASE_URL", "ASSAY_CELL", "ASSAY_CELLS", "ASSAY_REGIONS"} {
+		t.Setenv(k, "")
+	}
+	return cells, reads
+}
+
+// liveOf is the live variant of every tenant's code-review route in st,
+// "-" without one.
+func liveOf(t *testing.T, st *store.Store) string {
+	t.Helper()
+	rs, err := st.Routes(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs {
+		if r.Scope == store.RouteAll && r.Contract == "code-review" {
+			return r.Live.Label()
+		}
+	}
+	return "-"
+}
+
+// Rollouts are per cell, and --cells and --all-cells make one in every
+// cell named: each cell is gated by its own last check and keeps its own
+// history. A cell with no passed check is reported not moved, the cells
+// after it still move, and the command exits 2 naming both; with
+// --override every cell moves, and new work in each cell gets the version.
+func TestRolloutAcrossCellsGatesEachCell(t *testing.T) {
+	cells, reads := twoCells(t)
+	us, eu := cells["us"].Cell.Env.Store, cells["eu"].Cell.Env.Store
+	ctx := t.Context()
+	run := func(args ...string) (string, error) {
+		t.Helper()
+		var out bytes.Buffer
+		err := rolloutCmd(ctx, append(append([]string{}, args...), "--contract", "code-review"), &out)
+		return out.String(), err
+	}
+	reg, err := contract.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, _ := reg.Of("code-review", "code-review/2")
+	check := finishedCheck(t, us, v2.PromptDigest)
+
+	// Only us has a passed check: eu, named first, is refused and
+	// reported, and us still moves.
+	out, err := run("set-live", "--version", "code-review/2", "--cells", "eu,us")
+	var refusal configError
+	if !errors.As(err, &refusal) || !strings.Contains(err.Error(), "moved in 1 of 2 cells: moved in us; not moved in eu") {
+		t.Fatalf("set-live --cells eu,us: %v (want a refusal naming the cells)\n%s", err, out)
+	}
+	for _, want := range []string{"cell eu: not moved: " + store.ErrCheckNotPassed.Error(), "was never checked",
+		fmt.Sprintf("cell us: code-review for every tenant: new work gets code-review/2, the cell's model, its own prompt %s (check #%d passed)",
+			store.ShortDigest(v2.PromptDigest), check)} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("set-live --cells eu,us printed\n%s\nwant %q", out, want)
+		}
+	}
+	if liveOf(t, us) != "code-review/2" || liveOf(t, eu) != "-" {
+		t.Fatalf("after the refusal in eu: us live %s, eu live %s", liveOf(t, us), liveOf(t, eu))
+	}
+	// An override moves the cell its fence refused, with the reason in
+	// that cell's history.
+	out, err = run("set-live", "--version", "code-review/2", "--all-cells", "--override", "--reason", "eu checked by hand")
+	if err != nil || !strings.Contains(out, "cell us: code-review for every tenant: new work gets code-review/2") ||
+		!strings.Contains(out, "(override by assay rollout set-live: eu checked by hand)") ||
+		!strings.Contains(out, "moved in every cell named: us, eu") {
+		t.Fatalf("set-live --all-cells --override: %v\n%s", err, out)
+	}
+	for region, b := range cells {
+		reads[region].waitNext(t, 2)
+		_, r := b.Submit(t, celltest.CodeReview(evalset.Items()[0], "every cell"))
+		if v := b.Wait(t, r.WorkID); v.SchemaVersion != "code-review/2" {
+			t.Errorf("new work in %s made for %s, want code-review/2", region, v.SchemaVersion)
+		}
+	}
+	// A cell without a database is refused before any cell changes.
+	if out, err := run("set-candidate", "--version", "code-review/1", "--share", "0", "--cells", "us,ap"); !errors.As(err, &refusal) ||
+		!strings.Contains(err.Error(), "set "+cellDatabaseVar("ap")) || out != "" {
+		t.Fatalf("set-candidate in a cell without a database: %v\n%s", err, out)
+	}
+	// Promote goes across cells the same way: the shipped default needs
+	// no check anywhere.
+	if out, err := run("set-candidate", "--version", "code-review/1", "--share", "0", "--all-cells"); err != nil {
+		t.Fatalf("set-candidate --all-cells: %v\n%s", err, out)
+	}
+	out, err = run("promote", "--all-cells")
+	if err != nil || strings.Count(out, "the contract's default as shipped") != 2 || liveOf(t, us) != "code-review/1" ||
+		liveOf(t, eu) != "code-review/1" {
+		t.Fatalf("promote --all-cells: %v\n%s", err, out)
+	}
+}
+
+// finishedCheck records a passed rollout check of code-review/2 with the
+// cell's model and the prompt digest given, in st, and returns its id.
+func finishedCheck(t *testing.T, st *store.Store, digest string) int64 {
+	t.Helper()
+	id, err := st.StartCheck(t.Context(), store.RolloutCheck{Contract: "code-review", SchemaVersion: "code-review/2",
+		PromptDigest: digest, TenantID: "acme"})
+	if err == nil {
+		err = st.EndCheck(t.Context(), id, true, json.RawMessage(`{"passed":true}`))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

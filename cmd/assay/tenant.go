@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
@@ -33,6 +34,8 @@ const tenantUsage = `usage: assay tenant <command> [args] [--region R --database
                               one cell, install it in the others with --token-from)
   suspend ID | resume ID      refuse (403) or accept the tenant's requests again
   set-budget ID --usd N|--unlimited [--period month|day]
+                              the budget counts what ID spent in the current period
+                              before it was set (from the ledger), and says how much
   set-rate ID --per-minute N --burst N
                               admission rate per lane: over it API calls get 429,
                               webhook work is dropped with a re-run command
@@ -68,7 +71,9 @@ const tenantUsage = `usage: assay tenant <command> [args] [--region R --database
                               move ID from the cell that serves it (ASSAY_DATABASE_URL)
                               to cell C of the region: its requests are held (503)
                               while its work in flight ends, its history is copied to
-                              C and removed here, and C serves it from then on
+                              C and removed here, and C serves it from then on; a cell
+                              of another region (eu, eu-2) is refused before anything
+                              is held: a move is not a change of region
 
 place, placement and move read and write the region's placement map, in the
 region's account (ASSAY_PLACEMENT_NATS_URL, with the cell's placer user) or,
@@ -179,6 +184,11 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return nil
 	}
 	verb, rest := args[0], args[1:]
+	if verb == "move" {
+		if err := refuseMoveOutOfRegion(ctx, rest); err != nil {
+			return err
+		}
+	}
 	if verb == "place" || verb == "placement" || verb == "move" {
 		return placeCmd(ctx, verb, rest, stdout)
 	}
@@ -254,7 +264,7 @@ func (t *tenantRun) add(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	if t.set["budget-usd"] {
-		if err := setBudget(ctx, t.st, t.pos[0], t.usd, false, t.period); err != nil {
+		if _, err := setBudget(ctx, t.st, t.pos[0], t.usd, false, t.period); err != nil {
 			return err
 		}
 	}
@@ -285,12 +295,30 @@ func (t *tenantRun) setStatus(ctx context.Context, verb string, stdout io.Writer
 	return nil
 }
 
-// setBudget runs `tenant set-budget`.
+// setBudget runs `tenant set-budget`: the budget counts what the tenant
+// spent in the current period before it was set, and says so.
 func (t *tenantRun) setBudget(ctx context.Context, stdout io.Writer) error {
-	if err := setBudget(ctx, t.st, t.pos[0], t.setUSD, t.unlimited, t.period); err != nil {
+	b, err := setBudget(ctx, t.st, t.pos[0], t.setUSD, t.unlimited, t.period)
+	if err != nil {
 		return t.notFound(err)
 	}
-	fmt.Fprintf(stdout, "tenant %s budget set\n", t.pos[0])
+	since := b.PeriodStart.Format(time.RFC3339)
+	if t.unlimited {
+		fmt.Fprintf(stdout, "tenant %s has no budget; spent so far this %s (since %s): %s\n", t.pos[0], t.period, since,
+			usd(b.SpentMicros)[0])
+		return nil
+	}
+	m := usd(b.SpentMicros, b.LimitMicros, b.ReservedMicros, max(b.LimitMicros-b.SpentMicros-b.ReservedMicros, 0))
+	fmt.Fprintf(stdout, "tenant %s budget set: %s a %s\n", t.pos[0], m[1], t.period)
+	fmt.Fprintf(stdout, "spent so far this %s (since %s, from the ledger): %s of %s\n", t.period, since, m[0], m[1])
+	switch {
+	case b.SpentMicros >= b.LimitMicros:
+		fmt.Fprintf(stdout, "nothing is left: its work ends budget_exhausted, without a call, until the %s ends\n", t.period)
+	case b.ReservedMicros > 0:
+		fmt.Fprintf(stdout, "left: %s, and %s more held for calls in flight\n", m[3], m[2])
+	default:
+		fmt.Fprintf(stdout, "left: %s\n", m[3])
+	}
 	return nil
 }
 
@@ -587,15 +615,110 @@ func linkOf(pos []string, repos string) (store.Link, error) {
 	return l, nil
 }
 
-func setBudget(ctx context.Context, st *store.Store, id string, usd float64, unlimited bool, period string) error {
+// setBudget sets the tenant's budget and returns its standing in the
+// period that holds now, the spend before the budget counted.
+func setBudget(ctx context.Context, st *store.Store, id string, amount float64, unlimited bool, period string) (store.Budget, error) {
 	if unlimited {
-		return st.SetBudget(ctx, id, nil, period)
+		return st.SetBudgetCounted(ctx, id, nil, period)
 	}
-	if math.IsInf(usd, 0) || math.IsNaN(usd) || usd > 1e9 {
-		return configError{fmt.Errorf("budget %s is not a sensible amount of dollars", strconv.FormatFloat(usd, 'f', -1, 64))}
+	if math.IsInf(amount, 0) || math.IsNaN(amount) || amount > 1e9 {
+		return store.Budget{}, configError{fmt.Errorf("budget %s is not a sensible amount of dollars", strconv.FormatFloat(amount, 'f', -1, 64))}
 	}
-	micros := int64(math.Round(usd * 1e6))
-	return st.SetBudget(ctx, id, &micros, period)
+	micros := int64(math.Round(amount * 1e6))
+	return st.SetBudgetCounted(ctx, id, &micros, period)
 }
 
 func dollars(micros int64) string { return fmt.Sprintf("%.6f", float64(micros)/1e6) }
+
+// usd prints amounts of micro-dollars as dollars, each with the fewest
+// decimals (2 to 6) that show all of them exactly: $0.0079 of $0.0080.
+func usd(micros ...int64) []string {
+	d, unit := 2, int64(10_000)
+	for _, m := range micros {
+		for d < 6 && m%unit != 0 {
+			d, unit = d+1, unit/10
+		}
+	}
+	out := make([]string, len(micros))
+	for i, m := range micros {
+		out[i] = fmt.Sprintf("$%.*f", d, float64(m)/1e6)
+	}
+	return out
+}
+
+// moveArgs are what refuseMoveOutOfRegion reads of a move's command line.
+type moveArgs struct{ tenant, to, region, dbURL string }
+
+// parseMoveArgs reads a move's command line as placeCmd does; ok is false
+// when it is not one placeCmd takes, which placeCmd then names.
+func parseMoveArgs(args []string) (m moveArgs, ok bool) {
+	fs := flag.NewFlagSet("assay tenant move", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&m.to, "to", "", "")
+	fs.StringVar(&m.region, "region", os.Getenv("ASSAY_REGION"), "")
+	fs.StringVar(&m.dbURL, "database-url", os.Getenv("ASSAY_DATABASE_URL"), "")
+	fs.String("to-database-url", "", "")
+	fs.String("cell", "", "")
+	fs.Duration("settle", 0, "")
+	fs.Bool("json", false, "")
+	pos, err := parseArgs(fs, args, tenantUsage)
+	if err != nil || len(pos) != 1 || !event.ValidToken(pos[0]) || !event.ValidToken(m.to) {
+		return m, false
+	}
+	m.tenant = pos[0]
+	return m, true
+}
+
+// cellRegion is the region a cell belongs to by its name: a region's own
+// cell is named after the region, its other cells after the region and a
+// suffix (us-2). It is "" when the name is none of these.
+func cellRegion(regions []string, cell string) string {
+	best := ""
+	for _, r := range regions {
+		if (cell == r || strings.HasPrefix(cell, r+"-")) && len(r) > len(best) {
+			best = r
+		}
+	}
+	return best
+}
+
+// refuseMoveOutOfRegion refuses `tenant move` to a cell of another region
+// than the tenant's, or than the region whose placement map the move
+// would write, before anything is held: a move goes between the cells of
+// one region, and a tenant's region is not changed by moving it.
+func refuseMoveOutOfRegion(ctx context.Context, args []string) error {
+	m, ok := parseMoveArgs(args)
+	if !ok || m.dbURL == "" {
+		return nil
+	}
+	regions, err := config.ParseRegions(envOr("ASSAY_REGIONS", strings.Join(config.DefaultRegions, ",")))
+	if err != nil {
+		return nil
+	}
+	target := cellRegion(regions, m.to)
+	if target == "" {
+		return nil
+	}
+	st, err := openStore(ctx, m.dbURL)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	home, err := st.TenantRegion(ctx, m.tenant)
+	if errors.Is(err, store.ErrNotFound) {
+		return configError{fmt.Errorf("no tenant %q in the database of the cell that serves it (ASSAY_DATABASE_URL); nothing was held", m.tenant)}
+	}
+	if err != nil {
+		return err
+	}
+	switch {
+	case home != target:
+		return configError{fmt.Errorf("tenant %s is of region %s, and cell %s is of region %s: a move goes between cells of "+
+			"the tenant's own region (%s), and a move to another region is not a cell move; nothing was held",
+			m.tenant, home, m.to, target, home)}
+	case m.region != "" && m.region != target:
+		return configError{fmt.Errorf("cell %s is of region %s (tenant %s's), and this is region %s's placement map "+
+			"(ASSAY_REGION, --region): run the move with region %s; nothing was held", m.to, target, m.tenant, m.region, target)}
+	}
+	return nil
+}

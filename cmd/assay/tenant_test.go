@@ -4,20 +4,27 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/consumer"
+	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/placement"
+	"assay.dev/pkg/store"
 	"assay.dev/services/ingress"
 )
 
@@ -296,4 +303,177 @@ func TestTenantCommandNamesTheMissingDatabase(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "assay migrate --create-database") {
 		t.Fatalf("tenant add on a database that does not exist: %v", err)
 	}
+}
+
+// A budget set after the tenant has spent part of the period counts that
+// spend, and set-budget says so: set a little above it, the next work ends
+// budget_exhausted without a call (it used to be let through as if nothing
+// were spent); raised again mid-period, the spend is neither lost nor
+// counted twice.
+func TestTenantSetBudgetCountsTheSpendSoFar(t *testing.T) {
+	t.Parallel()
+	b := celltest.Setup(t, cell.Options{})
+	ctx := context.Background()
+	db := b.Cell.Env.Config.DatabaseURL
+	items := evalset.Items()
+	submit := func(i int) ingress.WorkView {
+		t.Helper()
+		req := celltest.CodeReview(items[i], "spent before the budget")
+		req.SourceID = fmt.Sprintf("shop/budget#%d", i)
+		_, r := b.Submit(t, req)
+		return b.Wait(t, r.WorkID)
+	}
+	for i := range 3 {
+		if v := submit(i); *v.Outcome != "accepted" {
+			t.Fatalf("item %d without a budget: %s (%s)", i, *v.Outcome, v.Reason)
+		}
+	}
+	b.WaitLedger(t, "acme", int(b.Calls("acme")))
+	spent := int64(b.Count(t, `SELECT sum(cost_micros)::int FROM ledger WHERE tenant_id = 'acme'`))
+	setBudget := func(limit int64) string {
+		t.Helper()
+		var out bytes.Buffer
+		if err := tenantCmd(ctx, []string{"set-budget", "acme", "--usd", strconv.FormatFloat(float64(limit)/1e6, 'f', -1, 64),
+			"--period", "month", "--region", "us", "--database-url", db}, &out); err != nil {
+			t.Fatalf("set-budget: %v", err)
+		}
+		return out.String()
+	}
+	month, err := b.Cell.Env.Store.PeriodStart(ctx, "month", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A tenth of one call's cost on top of the spend: no call fits.
+	limit := spent + spent/30
+	m := usd(spent, limit)
+	out := setBudget(limit)
+	if want := fmt.Sprintf("spent so far this month (since %s, from the ledger): %s of %s", month.Format(time.RFC3339), m[0], m[1]); !strings.Contains(out, want) {
+		t.Fatalf("set-budget printed\n%s\nwant %q", out, want)
+	}
+	calls := b.Calls("acme")
+	if v := submit(3); *v.Outcome != "budget_exhausted" || len(v.Attempts) != 0 || b.Calls("acme") != calls {
+		t.Fatalf("work after the budget: %s after %d attempts, %d calls more; want budget_exhausted without a call",
+			*v.Outcome, len(v.Attempts), b.Calls("acme")-calls)
+	}
+	// Raised mid-period: the same spend, and room for more calls.
+	limit = 10 * spent
+	if out := setBudget(limit); !strings.Contains(out, fmt.Sprintf(": %s of %s\n", usd(spent, limit)[0], usd(spent, limit)[1])) {
+		t.Fatalf("set-budget again printed\n%s\nwant %s spent", out, usd(spent)[0])
+	}
+	if v := submit(4); *v.Outcome != "accepted" {
+		t.Fatalf("work under the raised budget: %s (%s)", *v.Outcome, v.Reason)
+	}
+	b.WaitLedger(t, "acme", int(b.Calls("acme")))
+	ledger := int64(b.Count(t, `SELECT sum(cost_micros)::int FROM ledger WHERE tenant_id = 'acme'`))
+	if bud, err := b.Cell.Env.Store.CurrentBudget(ctx, "acme"); err != nil || bud.SpentMicros != ledger || bud.ReservedMicros != 0 {
+		t.Fatalf("period %+v (%v); want the ledger's %d spent, nothing reserved", bud, err, ledger)
+	}
+}
+
+// moveDatabases are the databases of cells us and eu, each knowing acme
+// (homed in us), with work of acme in us.
+func moveDatabases(t *testing.T) map[string]string {
+	t.Helper()
+	ctx := t.Context()
+	urls := map[string]string{}
+	for _, cell := range []string{"us", "eu"} {
+		urls[cell] = testenv.Database(t)
+		st, err := store.Open(ctx, urls[cell])
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+		if _, err := st.Migrate(ctx); err == nil {
+			err = st.AddTenant(ctx, "acme", "us", "acme-token")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := store.Open(ctx, urls["us"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	w := &store.Work{ID: "w_000000000000000000000001", TenantID: "acme", Region: "us", Contract: "code-review",
+		SchemaVersion: "1", TaxonomyVersion: "1", SourceID: "shop/app#1", Revision: "r1", Lane: "batch", Input: `{}`,
+		Digest: "sha256:00", DeadlineAt: time.Now().Add(time.Hour)}
+	if _, _, err := st.InsertWork(ctx, w, func(*store.Work) ([]store.OutboxMsg, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	return urls
+}
+
+// A move to a cell of another region is refused before anything is held:
+// the refusal names the tenant's region and the cell's, the region's
+// placement map is never written (no hold, so no 503, and no placement),
+// and the tenant's history stays where it is.
+func TestTenantMoveToAnotherRegionIsRefusedBeforeAnythingIsHeld(t *testing.T) {
+	t.Setenv("ASSAY_NATS_URL", testenv.NATS(t))
+	t.Setenv("ASSAY_REGION", "us")
+	ctx := context.Background()
+	urls := moveDatabases(t)
+	t.Setenv("ASSAY_DATABASE_URL", urls["us"])
+	// The region's placement map as the command opens it, with a tenant
+	// placed so that it holds something.
+	var out bytes.Buffer
+	if err := tenantCmd(ctx, []string{"place", "initech", "--cell", "us-2"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := natsOnlyCell("us")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, js, err := connectNATS(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	kv, err := placement.Bucket(ctx, js, cfg.Names().PlacementBucket("us"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastWrite := func() uint64 {
+		t.Helper()
+		st, err := kv.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq
+	}
+	before := lastWrite()
+	for _, to := range []string{"eu", "eu-2"} {
+		var stderr bytes.Buffer
+		code := run([]string{"tenant", "move", "acme", "--to", to, "--to-database-url", urls["eu"]}, &stderr)
+		for _, want := range []string{"tenant acme is of region us", "cell " + to + " is of region eu", "not a cell move", "nothing was held"} {
+			if code != 2 || !strings.Contains(stderr.String(), want) {
+				t.Fatalf("move acme --to %s: exit %d, want 2 and %q in\n%s", to, code, want, stderr.String())
+			}
+		}
+	}
+	if after := lastWrite(); after != before {
+		t.Fatalf("the placement map was written %d times by refused moves", after-before)
+	}
+	snap, err := placement.Read(ctx, kv, "us")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Moving) != 0 || snap.CellOf("acme") != "us" {
+		t.Fatalf("after the refusals: moving %v, acme on %s; want nothing held and acme on us", snap.Moving, snap.CellOf("acme"))
+	}
+	for cell, want := range map[string]int{"us": 1, "eu": 0} {
+		if n := countIn(t, urls[cell], `SELECT count(*) FROM work WHERE tenant_id = 'acme'`); n != want {
+			t.Errorf("acme's work in %s's database: %d, want %d", cell, n, want)
+		}
+	}
+}
+
+// countIn runs a counting query on the database at url.
+func countIn(t *testing.T, url, sql string) int {
+	t.Helper()
+	var n int
+	if err := testenv.Pool(t, url).QueryRow(t.Context(), sql).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

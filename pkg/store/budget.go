@@ -114,7 +114,10 @@ func (s *Store) Release(ctx context.Context, attemptID string) error {
 // of which is spent (an excess can only leave less room, and once spent
 // passes the limit the tenant's next reservation is refused). An attempt
 // without a reservation (its tenant had no budget when it started) is still
-// charged to the tenant's current period, when that period exists.
+// charged to the tenant's current period, when that period exists: setting
+// a budget makes the period that holds then, with what the ledger says was
+// spent in it (SetBudgetCounted), and each later period begins at its
+// first reservation.
 
 // respend corrects what an attempt spent by delta, in the period its
 // reservation was taken from, else the tenant's current period.
@@ -160,4 +163,73 @@ func (s *Store) CurrentBudget(ctx context.Context, tenantID string) (Budget, err
 		return Budget{}, ErrNotFound
 	}
 	return b, err
+}
+
+// periodSpent is what tenant $1 spent in the period p.start of kind $2, by
+// the ledger: each row counts in the period its budget reservation was
+// taken in or, without one, in the period that held when the ledger
+// recorded it — the period the ledger settled it into.
+const periodSpent = `(SELECT greatest(coalesce(sum(l.cost_micros), 0), 0) FROM ledger l
+		LEFT JOIN budget_reservations r ON r.attempt_id = l.attempt_id
+		WHERE l.tenant_id = $1 AND budget_period_start($2, coalesce(r.created_at, l.recorded_at)) = p.start)`
+
+// setPeriodSQL makes the tenant's current period hold the limit and what
+// the ledger says the tenant spent in it so far; what is reserved for
+// calls in flight stays.
+const setPeriodSQL = `WITH p AS (SELECT budget_period_start($2::text, clock_timestamp()) AS start)
+	INSERT INTO budget_periods AS b (tenant_id, period_start, limit_micros, spent_micros)
+	SELECT $1, p.start, $3, ` + periodSpent + ` FROM p
+	ON CONFLICT (tenant_id, period_start) DO UPDATE SET limit_micros = excluded.limit_micros, spent_micros = excluded.spent_micros
+	RETURNING b.period_start, b.limit_micros, b.reserved_micros, b.spent_micros`
+
+// ErrLedgerBusy is returned by SetBudgetCounted when the ledger was
+// written at length (a tenant moving in, say) for longer than it waits.
+var ErrLedgerBusy = errors.New("the ledger is busy; try again in a moment")
+
+// SetBudgetCounted sets a tenant's budget per period (nil: unlimited) and
+// returns its standing in the period that holds now. A budget set or
+// changed mid-period counts what the tenant spent in that period before:
+// the spend is read from the ledger (periodSpent) while the cell's ledger
+// writes wait, so an attempt of the period is counted either here or when
+// the ledger settles it afterwards, never both and never neither. Without
+// a budget, the period is left as it is and Budget has no limit, only what
+// the ledger says was spent.
+func (s *Store) SetBudgetCounted(ctx context.Context, tenantID string, micros *int64, period string) (Budget, error) {
+	b := Budget{TenantID: tenantID}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if micros != nil {
+			// SHARE conflicts with the ROW EXCLUSIVE every ledger write
+			// takes: those under way end first, the next wait for the commit.
+			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '2s'`); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `LOCK TABLE ledger IN SHARE MODE`); err != nil {
+				return err
+			}
+		}
+		tag, err := tx.Exec(ctx, `UPDATE tenants SET budget_micros = $2, budget_period = $3 WHERE id = $1`,
+			tenantID, micros, period)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrNotFound
+		}
+		if micros == nil {
+			return tx.QueryRow(ctx, `WITH p AS (SELECT budget_period_start($2::text, clock_timestamp()) AS start)
+				SELECT p.start, `+periodSpent+` FROM p`, tenantID, period).Scan(&b.PeriodStart, &b.SpentMicros)
+		}
+		return tx.QueryRow(ctx, setPeriodSQL, tenantID, period, *micros).
+			Scan(&b.PeriodStart, &b.LimitMicros, &b.ReservedMicros, &b.SpentMicros)
+	})
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return Budget{}, err
+	case SQLState(err) == "55P03":
+		return Budget{}, fmt.Errorf("store: set budget of %s: %w", tenantID, ErrLedgerBusy)
+	case err != nil:
+		return Budget{}, fmt.Errorf("store: set budget of %s: %w", tenantID, err)
+	}
+	b.PeriodStart = b.PeriodStart.UTC()
+	return b, nil
 }

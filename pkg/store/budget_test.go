@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -197,4 +198,135 @@ func countRows(t *testing.T, s *store.Store, q string, args ...any) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// spendRow is an attempt of w's tenant, as the ledger records it.
+func spendRow(w *store.Work, cost int64) store.LedgerRow {
+	return store.LedgerRow{AttemptID: newUUID(), TenantID: w.TenantID, WorkID: w.ID, Model: "assay-sim-1", Outcome: "ok",
+		UpstreamAttempts: 1, CostMicros: cost, OccurredAt: time.Now()}
+}
+
+// A budget set after the tenant spent $0.0079 of the day counts that
+// spend: a budget of $0.0080 refuses the next reservation, where it once
+// let three more calls through. An attempt that began before the budget
+// and settles after it is counted once; a budget changed again mid-period,
+// with a reservation in flight or after a time without a budget, keeps
+// every attempt of the period counted once.
+func TestBudgetSetMidPeriodCountsTheSpendSoFar(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := insert(t, ctx, s, newWork("acme", "octo/budget#1", "r1"))
+	other := insert(t, ctx, s, newWork("other", "octo/budget#1", "r1"))
+	for _, r := range []store.LedgerRow{spendRow(w, 7000), spendRow(w, 900), spendRow(other, 5000)} {
+		if _, err := s.AppendLedger(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Yesterday's spend is another period's.
+	old := spendRow(w, 100_000)
+	if _, err := s.AppendLedger(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Pool(s).Exec(ctx, `UPDATE ledger SET recorded_at = now() - interval '1 day',
+		occurred_at = now() - interval '1 day' WHERE attempt_id = $1`, old.AttemptID); err != nil {
+		t.Fatal(err)
+	}
+	limit := func(m int64) *int64 { return &m }
+	set := func(micros *int64, wantSpent, wantReserved int64) {
+		t.Helper()
+		b, err := s.SetBudgetCounted(ctx, "acme", micros, "day")
+		day, _ := s.PeriodStart(ctx, "day", time.Now())
+		if err != nil || b.SpentMicros != wantSpent || b.ReservedMicros != wantReserved || !b.PeriodStart.Equal(day) ||
+			(micros != nil && b.LimitMicros != *micros) {
+			t.Fatalf("set budget %v: %+v (%v); want %d spent and %d reserved in the period from %v", micros, b, err, wantSpent,
+				wantReserved, day)
+		}
+	}
+	standing := func(wantSpent, wantReserved int64) {
+		t.Helper()
+		if b, err := s.CurrentBudget(ctx, "acme"); err != nil || b.SpentMicros != wantSpent || b.ReservedMicros != wantReserved {
+			t.Fatalf("period %+v (%v); want %d spent and %d reserved", b, err, wantSpent, wantReserved)
+		}
+	}
+	record := func(r store.LedgerRow) {
+		t.Helper()
+		if _, _, err := s.RecordLedger(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(limit(8000), 7900, 0)
+	if r, err := s.Reserve(ctx, "acme", newUUID(), 200); err != nil || r != store.Exhausted {
+		t.Fatalf("a reservation of $0.0002 after $0.0079 of $0.0080 spent: %v, %v; want exhausted", r, err)
+	}
+	// An attempt that began without a budget settles after it: counted
+	// once, however often its event comes.
+	late := spendRow(w, 60)
+	record(late)
+	record(late)
+	standing(7960, 0)
+	// Changed again mid-period: the same spend, neither reset nor doubled.
+	set(limit(9000), 7960, 0)
+	inFlight := newUUID()
+	if r, err := s.Reserve(ctx, "acme", inFlight, 500); err != nil || r != store.Reserved {
+		t.Fatalf("reserve 500 of the 1040 left: %v, %v", r, err)
+	}
+	set(limit(9500), 7960, 500)
+	settled := spendRow(w, 300)
+	settled.AttemptID = inFlight
+	record(settled)
+	standing(8260, 0)
+	// Spend while the tenant had no budget counts when it has one again.
+	set(nil, 8260, 0)
+	record(spendRow(w, 1000))
+	set(limit(20_000), 9260, 0)
+	record(spendRow(w, 40))
+	standing(9300, 0)
+}
+
+// Ledger rows settled while budgets are set and changed, from many
+// workers at once, are each counted once: the period ends holding exactly
+// what the ledger recorded.
+func TestBudgetSetWhileTheLedgerSettlesCountsEachAttemptOnce(t *testing.T) {
+	t.Parallel()
+	s, ctx := setup(t)
+	w := insert(t, ctx, s, newWork("acme", "octo/budget#2", "r1"))
+	const workers, rows = 6, 30
+	var wg sync.WaitGroup
+	for i := range workers {
+		wg.Go(func() {
+			for j := range rows {
+				var errs []error
+				if i%2 == 0 {
+					_, _, err := s.RecordLedger(ctx, spendRow(w, int64(1+j)))
+					errs = append(errs, err)
+				} else {
+					for _, r := range s.RecordLedgerBatch(ctx, []store.LedgerRow{spendRow(w, int64(1+j)), spendRow(w, 1)}) {
+						errs = append(errs, r.Err)
+					}
+				}
+				if err := errors.Join(errs...); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 20 {
+			limit := int64(1_000_000 + i)
+			if _, err := s.SetBudgetCounted(ctx, "acme", &limit, "month"); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	wg.Wait()
+	var ledger int64
+	if err := store.Pool(s).QueryRow(ctx, `SELECT sum(cost_micros) FROM ledger WHERE tenant_id = 'acme'`).Scan(&ledger); err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.CurrentBudget(ctx, "acme")
+	if err != nil || b.SpentMicros != ledger || b.LimitMicros != 1_000_019 {
+		t.Fatalf("period %+v (%v); want the ledger's %d spent under the last limit", b, err, ledger)
+	}
 }

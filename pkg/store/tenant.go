@@ -103,24 +103,25 @@ func (s *Store) TenantByToken(ctx context.Context, token string) (Tenant, error)
 	return t, err
 }
 
-// SetBudget sets a tenant's budget per period (nil: unlimited). The current
-// period's limit follows, so a cut takes effect at the next reservation.
+// SetBudget sets a tenant's budget per period (nil: unlimited), counting
+// what the tenant spent in the current period so far (SetBudgetCounted).
 func (s *Store) SetBudget(ctx context.Context, tenantID string, micros *int64, period string) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE tenants SET budget_micros = $2, budget_period = $3 WHERE id = $1`,
-			tenantID, micros, period)
-		if err != nil {
-			return fmt.Errorf("store: set budget: %w", err)
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrNotFound
-		}
-		if micros != nil {
-			_, err = tx.Exec(ctx, `UPDATE budget_periods SET limit_micros = $2
-				WHERE tenant_id = $1 AND period_start = budget_period_start($3, now())`, tenantID, *micros, period)
-		}
-		return err
-	})
+	_, err := s.SetBudgetCounted(ctx, tenantID, micros, period)
+	return err
+}
+
+// TenantRegion is the tenant's home region as this cell knows it;
+// ErrNotFound when it does not know the tenant.
+func (s *Store) TenantRegion(ctx context.Context, tenantID string) (string, error) {
+	var region string
+	err := s.pool.QueryRow(ctx, `SELECT home_region FROM tenants WHERE id = $1`, tenantID).Scan(&region)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("store: region of %s: %w", tenantID, err)
+	}
+	return region, nil
 }
 
 // TenantInfo is a tenant as the operator sees it.
