@@ -23,7 +23,7 @@ const devPort = 18080
 // dev runs `assay dev [--serve [--port N] [--fresh]] [-v]`: the cells of
 // every region in one process on embedded defaults, the demo unless
 // --serve.
-func dev(ctx context.Context, args []string) error {
+func dev(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("assay dev", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	serve := fs.Bool("serve", false, "keep the cells running with the HTTP API up until interrupted")
@@ -39,50 +39,65 @@ func dev(ctx context.Context, args []string) error {
 	if *port < 1 || *port > 65535-8 {
 		return configError{fmt.Errorf("--port: %d is not a port", *port)}
 	}
+	if err := leftoverExport(); err != nil {
+		return configError{err}
+	}
 	o := cell.DevOptions{LogTo: io.Discard, Level: slog.LevelInfo}
 	if *verbose {
 		o.LogTo = os.Stderr
 	}
-	var logPath string
-	if *serve {
-		for i := range 8 {
-			o.Addrs = append(o.Addrs, "127.0.0.1:"+strconv.Itoa(*port+i))
+	if !*serve {
+		e, err := cell.StartDev(ctx, o)
+		if e != nil {
+			defer e.Stop()
 		}
-		if !*fresh {
-			o.Secrets = devSecretsFile()
+		if err != nil {
+			return err
 		}
-		if !*verbose {
-			// The decision log goes to a file, so the summary stays on
-			// screen.
-			f, err := os.CreateTemp("", "assay-dev-*.log")
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			o.LogTo, logPath = f, f.Name()
-		}
+		return runDemo(ctx, e, stdout)
 	}
-	e, err := cell.StartDev(ctx, o)
-	if e != nil {
-		defer e.Stop()
+	for i := range 8 {
+		o.Addrs = append(o.Addrs, "127.0.0.1:"+strconv.Itoa(*port+i))
+	}
+	if !*fresh {
+		o.Secrets = devSecretsFile()
+	}
+	var logPath string
+	if !*verbose {
+		// The decision log goes to a file, so the summary stays on
+		// screen.
+		f, err := os.CreateTemp("", "assay-dev-*.log")
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		o.LogTo, logPath = f, f.Name()
+	}
+	return serveDev(ctx, o, *port, logPath, stdout)
+}
+
+// serveDev runs assay dev --serve until ctx ends: the cells, and the fake
+// GitHub they read diffs from and publish to.
+func serveDev(ctx context.Context, o cell.DevOptions, port int, logPath string, stdout io.Writer) error {
+	s, err := startServing(ctx, o, devRunFile())
+	if s != nil {
+		defer s.Stop()
 	}
 	if err != nil {
 		return err
 	}
-	if !*serve {
-		return runDemo(ctx, e, os.Stdout)
-	}
 	if logPath != "" {
-		fmt.Printf("decision log: %s (-v prints it here instead)\n\n", logPath)
+		fmt.Fprintf(stdout, "decision log: %s (-v prints it here instead)\n\n", logPath)
 	}
-	e.PrintEndpoints(os.Stdout)
-	for i, r := range e.Regions {
-		if want := "127.0.0.1:" + strconv.Itoa(*port+i); !strings.HasSuffix(e.Cells[r].URL, want) {
-			fmt.Printf("\nnote: %s was taken, so cell %s listens on %s\n", want, r, e.Cells[r].URL)
+	s.PrintEndpoints(stdout)
+	for i, r := range s.Regions {
+		if want := "127.0.0.1:" + strconv.Itoa(port+i); !strings.HasSuffix(s.Cells[r].URL, want) {
+			fmt.Fprintf(stdout, "\nnote: %s was taken, so cell %s listens on %s\n", want, r, s.Cells[r].URL)
 		}
 	}
+	s.printCommands(stdout)
 	<-ctx.Done()
-	fmt.Println("\nstopping…")
+	fmt.Fprintln(stdout, "\nstopping…")
 	return nil
 }
 

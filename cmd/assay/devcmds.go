@@ -17,6 +17,7 @@ import (
 
 func init() {
 	helps["bench"] = benchUsage + "\n" + benchPipeUsage + "\n" + benchPartsUsage + "\n" + benchCellsUsage
+	helps["dev"] += "\n" + devServeUsage + "\n" + devWebhookUsage
 }
 
 // devCommand runs a command of the development build: both cells in one
@@ -26,7 +27,10 @@ func init() {
 func devCommand(ctx context.Context, name string, args []string, stdout io.Writer) error {
 	switch name {
 	case "dev":
-		return dev(ctx, args)
+		if len(args) > 0 && args[0] == "webhook" {
+			return devWebhook(ctx, args[1:], stdout)
+		}
+		return dev(ctx, args, stdout)
 	case "sim":
 		return runSim(ctx, args)
 	default:

@@ -102,7 +102,8 @@ func (s *Server) routeBatches() {
 		var f BatchFault
 		b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
 		if err == nil {
-			err = json.Unmarshal(b, &f)
+			// Strictly: a misspelt "times" would bend every batch.
+			err = decodeFields("batch fault", "kind, match, times", b, &f)
 		}
 		if err == nil {
 			err = s.AddBatchFault(f)

@@ -2,7 +2,10 @@ package sim
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -103,26 +106,51 @@ func (f Fault) MarshalJSON() ([]byte, error) {
 	return json.Marshal(j)
 }
 
-// UnmarshalJSON reads durations as Go duration strings.
+// faultFields are the fields of a fault as POST /sim/faults takes it.
+const faultFields = "kind, tenant, match, times, retryAfter, latency, size"
+
+// UnmarshalJSON reads a fault as POST /sim/faults takes it, strictly: an
+// unknown field (a misspelt "time" would leave Times 0, every call) and
+// an unknown kind are errors that name them; durations are Go duration
+// strings ("2s").
 func (f *Fault) UnmarshalJSON(b []byte) error {
 	var j faultJSON
-	if err := json.Unmarshal(b, &j); err != nil {
+	if err := decodeFields("fault", faultFields, b, &j); err != nil {
 		return err
+	}
+	if j.Kind == "" {
+		return errors.New("fault: kind is required, one of " + strings.Join(FaultKinds, ", "))
+	}
+	if !slices.Contains(FaultKinds, j.Kind) {
+		return fmt.Errorf("fault: unknown kind %q (kinds: %s)", j.Kind, strings.Join(FaultKinds, ", "))
 	}
 	out := Fault{Kind: j.Kind, Tenant: j.Tenant, Match: j.Match, Times: j.Times, Size: j.Size}
 	var err error
 	if j.RetryAfter != "" {
 		if out.RetryAfter, err = time.ParseDuration(j.RetryAfter); err != nil {
-			return fmt.Errorf("retryAfter: %w", err)
+			return fmt.Errorf("fault: retryAfter: %w", err)
 		}
 	}
 	if j.Latency != "" {
 		if out.Latency, err = time.ParseDuration(j.Latency); err != nil {
-			return fmt.Errorf("latency: %w", err)
+			return fmt.Errorf("fault: latency: %w", err)
 		}
 	}
 	*f = out
 	return nil
+}
+
+// decodeFields decodes b into v as strictUnmarshal does; an unknown
+// field's error names it and the fields what has.
+func decodeFields(what, fields string, b []byte, v any) error {
+	err := strictUnmarshal(b, v)
+	if err == nil {
+		return nil
+	}
+	if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		return fmt.Errorf("%s: unknown field %s (a %s has %s)", what, field, what, fields)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // AddFault appends a fault after the ones already set.
@@ -140,6 +168,12 @@ func (s *Server) AddFault(f Fault) error {
 		return fmt.Errorf("sim: fault durations must not be negative")
 	case f.Kind == FaultLatency && f.Latency == 0:
 		return fmt.Errorf("sim: latency fault needs a latency")
+	case f.RetryAfter != 0 && f.Kind != FaultRateLimit && f.Kind != FaultUnavailable:
+		return fmt.Errorf("sim: retryAfter is for rate_limit and unavailable, not %s", f.Kind)
+	case f.Latency != 0 && f.Kind != FaultLatency:
+		return fmt.Errorf("sim: latency is for the latency kind, not %s", f.Kind)
+	case f.Size < 0 || (f.Size != 0 && f.Kind != FaultHuge):
+		return fmt.Errorf("sim: size is a positive byte count for the huge kind, not %d for %s", f.Size, f.Kind)
 	}
 	if f.Kind == FaultRateLimit && f.RetryAfter == 0 {
 		f.RetryAfter = time.Second
