@@ -133,6 +133,7 @@ func printStory(w io.Writer, s *WorkStory) error {
 	r := s.Work
 	fmt.Fprintf(tw, "work %s\n", r.ID)
 	fmt.Fprintf(tw, "  state\t%s\n", r.State)
+	fmt.Fprintf(tw, "  counts as\t%s\n", countsAs(s))
 	if r.Reason != "" {
 		fmt.Fprintf(tw, "  reason\t%s\n", r.Reason)
 	}
@@ -175,12 +176,7 @@ func printStory(w io.Writer, s *WorkStory) error {
 	if err := printPublications(w, s.Publications); err != nil {
 		return err
 	}
-	if v := s.Review; v != nil {
-		fmt.Fprintf(tw, "\nreview\n  %s\t%s\t%s\n", v.ReviewID, v.Reason, cmp.Or(v.Resolution, v.State))
-		if v.HeldBy != "" {
-			fmt.Fprintf(tw, "  \theld by %s %s until %s\n", v.HeldByKind, v.HeldBy, rfc(*v.HeldUntil))
-		}
-	}
+	printReview(tw, s.Review)
 	fmt.Fprintln(tw, "\nactions")
 	if len(s.Actions) == 0 {
 		fmt.Fprintln(tw, "  none")
@@ -210,6 +206,46 @@ func printStory(w io.Writer, s *WorkStory) error {
 }
 
 func rfc(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// countsAs is the work's one state, as the work API and the views give
+// it, with the resolution that decided it when a person published.
+func countsAs(s *WorkStory) string {
+	if v := s.Review; v != nil && (v.Published || v.State == store.ReviewOpen) {
+		return s.View + " (review " + v.ReviewID + " " + cmp.Or(v.Resolution, "open") + ")"
+	}
+	return s.View
+}
+
+// printReview prints the work's review item: how it stands, or the
+// verdict, who gave it (the actor the credential named) and when, and the
+// answer a person published.
+func printReview(tw *tabwriter.Writer, v *ingress.WorkReview) {
+	if v == nil {
+		return
+	}
+	fmt.Fprintf(tw, "\nreview\n  %s\t%s\t%s\n", v.ReviewID, v.Reason, v.State)
+	if v.HeldBy != "" {
+		fmt.Fprintf(tw, "  \theld by\t%s %s until %s\n", v.HeldByKind, v.HeldBy, rfc(*v.HeldUntil))
+	}
+	if v.ResolvedAt == nil {
+		return
+	}
+	fmt.Fprintf(tw, "  \tverdict\t%s\n", v.Verdict)
+	fmt.Fprintf(tw, "  \tresolved\t%s at %s\n", v.Resolution, rfc(*v.ResolvedAt))
+	if v.Note != "" {
+		fmt.Fprintf(tw, "  \tnote\t%s\n", v.Note)
+	}
+	if v.Output != nil {
+		var out struct {
+			Findings *[]json.RawMessage `json:"findings"`
+		}
+		what := "its answer"
+		if json.Unmarshal(v.Output, &out) == nil && out.Findings != nil {
+			what = fmt.Sprintf("%d finding(s)", len(*out.Findings))
+		}
+		fmt.Fprintf(tw, "  \tpublished\t%s, as the work's reviewed outcome (--json has the answer)\n", what)
+	}
+}
 
 // workListFlags are the flags of `assay work list`.
 type workListFlags struct {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -53,8 +54,29 @@ const (
 	VerdictDismissed = "dismissed"
 )
 
-// Verdicts lists every review verdict.
+// Verdicts lists every review verdict a person gives.
 var Verdicts = []string{VerdictApproved, VerdictAmended, VerdictRejected, VerdictDismissed}
+
+// A review item its work settled is closed by the system: redriven work
+// that ended accepted (with an answer that asks for nobody), superseded or
+// canceled. The item's verdict is VerdictClosed, its resolver is of kind
+// and route ResolverSystem with the id SystemID, and its note says why.
+const (
+	VerdictClosed  = "closed"
+	ResolverSystem = "system"
+	SystemID       = "assay"
+)
+
+// ResolvedVerdicts lists every verdict an item is resolved with: a
+// person's, or the system's close.
+var ResolvedVerdicts = append(slices.Clone(Verdicts), VerdictClosed)
+
+// ResolverKinds and ResolverRoutes list who resolves an item and through
+// which route: a person, as ActorKinds and Routes say, or the system.
+var (
+	ResolverKinds  = append(slices.Clone(ActorKinds), ResolverSystem)
+	ResolverRoutes = append(slices.Clone(Routes), ResolverSystem)
+)
 
 // Review is one item of the human review queue. Its public name is its
 // work's id: one review per work at most. ID is the row's own key, for
@@ -90,7 +112,14 @@ type Review struct {
 	// Output is the answer a person resolved the item with from the
 	// console, which the work's reviewed outcome publishes; nil otherwise.
 	Output json.RawMessage
+	// SourceID and Revision are the work's: what the item is about.
+	SourceID string
+	Revision string
 }
+
+// ClosedBySystem says the system closed the item: its work was settled by
+// another ending, which Note names.
+func (v *Review) ClosedBySystem() bool { return v.Verdict == VerdictClosed }
 
 // Resolver is who resolved the item; false for an open item, or one
 // resolved before resolvers were recorded.
@@ -112,13 +141,13 @@ func (v *Review) HeldBy(now time.Time) string {
 const reviewColumns = `v.id, v.work_id, v.tenant_id, v.contract, v.lane, v.reason, v.state, coalesce(v.verdict, ''),
 	coalesce(v.resolved_by, ''), coalesce(v.resolved_kind, ''), coalesce(v.resolved_route, ''), coalesce(v.note, ''),
 	coalesce(v.resolved_at, 'epoch'), v.created_at, w.state, coalesce(w.reason, ''), coalesce(v.claimed_by, ''),
-	coalesce(v.claimed_kind, ''), coalesce(v.claimed_until, 'epoch'), v.output`
+	coalesce(v.claimed_kind, ''), coalesce(v.claimed_until, 'epoch'), v.output, w.source_id, w.revision`
 
 func scanReview(row pgx.Row) (*Review, error) {
 	var v Review
 	err := row.Scan(&v.ID, &v.WorkID, &v.TenantID, &v.Contract, &v.Lane, &v.Reason, &v.State, &v.Verdict,
 		&v.ResolvedBy, &v.ResolvedKind, &v.ResolvedRoute, &v.Note, &v.ResolvedAt, &v.CreatedAt, &v.WorkState, &v.WorkReason,
-		&v.ClaimedBy, &v.ClaimedKind, &v.ClaimedUntil, &v.Output)
+		&v.ClaimedBy, &v.ClaimedKind, &v.ClaimedUntil, &v.Output, &v.SourceID, &v.Revision)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}

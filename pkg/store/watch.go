@@ -2,8 +2,11 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Oldest is, per lane, the age of the oldest work that has no outcome yet.
@@ -29,16 +32,31 @@ func (s *Store) Oldest(ctx context.Context) (map[string]time.Duration, error) {
 // Views of work a reviewer tells apart.
 const (
 	ViewRunning     = "running"      // queued or running: no outcome yet
-	ViewAccepted    = "accepted"     // accepted, nothing for a person to look at
-	ViewNeedsReview = "needs_review" // accepted, and the answer asks for a person
-	ViewRejected    = "rejected"     // schema_rejected: the model's answers failed the gate
+	ViewAccepted    = "accepted"     // accepted, or a person published its answer
+	ViewNeedsReview = "needs_review" // its review item is open: a person can act on it
+	ViewRejected    = "rejected"     // schema_rejected, or a person rejected its answer
 	ViewTerminal    = "terminal"     // every other outcome: expired, exhausted, dropped, superseded, …
 )
 
-// Views counts the work created in the last window by what a reviewer
-// sees: running, accepted, ready for human review (an accepted answer that
-// asks for one: needsHumanReview, a blocking finding, a high severity),
-// validation-rejected, or otherwise terminal.
+// viewCase is the view of work w with review item v (NULLs when it has
+// none), the one reading of a work's state that the views, the work API
+// and the console share: an open review item needs review whatever the
+// work's state; a person's resolution decides for the work (an answer
+// published from the review screen is accepted, a rejection rejected);
+// otherwise the work's own state.
+const viewCase = `CASE
+		WHEN v.state = 'open' THEN 'needs_review'
+		WHEN w.state IN ('queued', 'running') THEN 'running'
+		WHEN v.output IS NOT NULL THEN 'accepted'
+		WHEN v.verdict = 'rejected' THEN 'rejected'
+		WHEN w.state = 'accepted' THEN 'accepted'
+		WHEN w.state = 'schema_rejected' THEN 'rejected'
+		ELSE 'terminal' END`
+
+// Views counts the cell's work by what a reviewer sees: needs_review is
+// every open review item, the queue a person works through, however old;
+// the other four count the work created in the last window that has no
+// open item: running, accepted, rejected or otherwise terminal.
 func (s *Store) Views(ctx context.Context, window time.Duration) (map[string]int64, error) {
 	return s.ViewsOf(ctx, window, "")
 }
@@ -49,22 +67,14 @@ func (s *Store) ViewsOf(ctx context.Context, window time.Duration, tenant string
 }
 
 func viewsOf(ctx context.Context, q querier, window time.Duration, tenant string) (map[string]int64, error) {
-	// A person's resolution of the work's review item decides for it:
-	// approved or dismissed is accepted, rejected is rejected, and an
-	// answer a person published from the review screen (approved or
-	// amended) is accepted whatever the work's own outcome.
-	rows, err := q.Query(ctx, `SELECT CASE
-			WHEN w.state IN ('queued', 'running') THEN 'running'
-			WHEN v.output IS NOT NULL THEN 'accepted'
-			WHEN w.state = 'accepted' AND v.verdict = 'rejected' THEN 'rejected'
-			WHEN w.state = 'accepted' AND v.state IS DISTINCT FROM 'resolved' AND (r.output->>'needsHumanReview' = 'true'
-				OR r.output @> '{"findings": [{"severity": "blocking"}]}' OR r.output->>'severity' = 'high') THEN 'needs_review'
-			WHEN w.state = 'accepted' THEN 'accepted'
-			WHEN w.state = 'schema_rejected' THEN 'rejected'
-			ELSE 'terminal' END AS view, count(*)
-		FROM work w LEFT JOIN results r ON r.work_id = w.id LEFT JOIN reviews v ON v.work_id = w.id
-		WHERE w.created_at > now() - $1 * interval '1 microsecond' AND ($2 = '' OR w.tenant_id = $2)
-		GROUP BY 1`, interval(window), tenant)
+	rows, err := q.Query(ctx, `SELECT view, count(*) FROM (
+			SELECT `+viewCase+` AS view
+			FROM work w LEFT JOIN reviews v ON v.work_id = w.id
+			WHERE w.created_at > now() - $1 * interval '1 microsecond' AND ($2 = '' OR w.tenant_id = $2)
+				AND v.state IS DISTINCT FROM 'open'
+			UNION ALL
+			SELECT 'needs_review' FROM reviews v WHERE v.state = 'open' AND ($2 = '' OR v.tenant_id = $2)
+		) x GROUP BY 1`, interval(window), tenant)
 	if err != nil {
 		return nil, fmt.Errorf("store: views: %w", err)
 	}
@@ -79,6 +89,20 @@ func viewsOf(ctx context.Context, q querier, window time.Duration, tenant string
 		out[view] = n
 	}
 	return out, rows.Err()
+}
+
+// ViewOf is the view of one work item, as Views counts it.
+func (s *Store) ViewOf(ctx context.Context, workID string) (string, error) {
+	var view string
+	err := s.pool.QueryRow(ctx, `SELECT `+viewCase+` FROM work w LEFT JOIN reviews v ON v.work_id = w.id
+		WHERE w.id = $1`, workID).Scan(&view)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("store: view of %s: %w", workID, err)
+	}
+	return view, nil
 }
 
 // OutboxBacklog is one stream's unpublished outbox rows.

@@ -77,6 +77,36 @@ type WorkView struct {
 	Result        *ResultView   `json:"result,omitempty"`
 	// Publications are where the outcome went, one per target.
 	Publications []PublicationView `json:"publications"`
+	// View is the work's one state, whatever path settled it, as GET
+	// /v1/views counts it: running, accepted, needs_review (its review item
+	// is open), rejected or terminal. Work whose answer a person published
+	// from the review screen is accepted, though State and Outcome stay
+	// what the pipeline ended it with.
+	View string `json:"view"`
+	// Review is the work's review item, when it has one: open, or resolved
+	// with the verdict, who resolved it (the actor the credential named)
+	// and when, and the answer a person published.
+	Review *WorkReview `json:"review,omitempty"`
+}
+
+// WorkReview is a work's review item as its work shows it: the item, and
+// the answer it was resolved with and published (approved as it was, or
+// amended), which the work's reviewed outcome carries.
+type WorkReview struct {
+	ReviewView
+	Output json.RawMessage `json:"output,omitempty"`
+}
+
+// workReview reads the review item of work id, nil when it has none.
+func workReview(ctx context.Context, st StoryStore, id string) (*WorkReview, error) {
+	rv, err := st.ReviewOfWork(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &WorkReview{ReviewView: reviewView(rv, time.Now()), Output: rv.Output}, nil
 }
 
 // AttemptView is one attempt of a work item.
@@ -502,5 +532,11 @@ func (s *Service) View(ctx context.Context, id string) (*WorkView, error) {
 		return nil, err
 	}
 	v.Publications = PublicationViews(pubs)
+	if v.Review, err = workReview(ctx, s.d.Store, id); err != nil {
+		return nil, err
+	}
+	if v.View, err = s.d.Store.ViewOf(ctx, id); err != nil {
+		return nil, err
+	}
 	return v, nil
 }

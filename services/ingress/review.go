@@ -25,6 +25,7 @@ type reviewStore interface {
 	ResolveReview(ctx context.Context, tenant, workID string, res store.Resolution) (*store.Review, error)
 	GetReview(ctx context.Context, tenant, workID string) (*store.Review, error)
 	ClaimReview(ctx context.Context, tenant, workID string, who store.Actor, hold time.Duration) (*store.Review, error)
+	ViewOf(ctx context.Context, workID string) (string, error)
 }
 
 // ReviewView is one item of the human review queue.
@@ -38,15 +39,23 @@ type ReviewView struct {
 	State      string `json:"state"`
 	WorkState  string `json:"workState"`
 	WorkReason string `json:"workReason,omitempty"`
+	// SourceID and Revision are what the work is about: a pull request's
+	// owner/repo#number and head SHA, or the caller's own source id.
+	SourceID string `json:"sourceId"`
+	Revision string `json:"revision"`
+	// Verdict is a person's (approved, amended, rejected, dismissed), or
+	// closed: the system closed the item because its work was settled by
+	// another ending, which Note names.
 	Verdict    string `json:"verdict,omitempty"`
 	ResolvedBy string `json:"resolvedBy,omitempty"`
 	// Resolver is who resolved the item, as the credential of the request
-	// said, and through which route; absent for an item resolved before
-	// resolvers were recorded, whose ResolvedBy is the name its request
-	// gave.
+	// said, and through which route (kind and route system for an item the
+	// system closed); absent for an item resolved before resolvers were
+	// recorded, whose ResolvedBy is the name its request gave.
 	Resolver *store.Actor `json:"resolver,omitempty"`
 	// Resolution says it in a sentence: "approved by tenant acme via the
-	// API", "amended by reviewer ana via the console".
+	// API", "amended by reviewer ana via the console", "closed by the
+	// system: the work was redriven and its answer was accepted".
 	Resolution string     `json:"resolution,omitempty"`
 	Note       string     `json:"note,omitempty"`
 	ResolvedAt *time.Time `json:"resolvedAt,omitempty"`
@@ -98,7 +107,8 @@ func parseReviewID(s string) (workID string, ok bool) {
 // reviewView is v as the API shows it at now.
 func reviewView(v *store.Review, now time.Time) ReviewView {
 	rv := ReviewView{ReviewID: reviewID(v), WorkID: v.WorkID, TenantID: v.TenantID, Contract: v.Contract, Lane: v.Lane, Reason: v.Reason,
-		State: v.State, WorkState: v.WorkState, WorkReason: v.WorkReason, Verdict: v.Verdict, ResolvedBy: v.ResolvedBy,
+		State: v.State, WorkState: v.WorkState, WorkReason: v.WorkReason, SourceID: v.SourceID, Revision: v.Revision,
+		Verdict: v.Verdict, ResolvedBy: v.ResolvedBy,
 		Note: v.Note, Published: v.Output != nil, CreatedAt: v.CreatedAt, Links: Links{Self: "/v1/work/" + v.WorkID}}
 	if !v.ResolvedAt.IsZero() {
 		at := v.ResolvedAt
@@ -119,6 +129,9 @@ func reviewView(v *store.Review, now time.Time) ReviewView {
 // item resolved before resolvers were recorded has only the name its
 // request gave, and says so.
 func resolution(v *store.Review) string {
+	if v.ClosedBySystem() {
+		return "closed by the system: " + v.Note
+	}
 	if who, ok := v.Resolver(); ok {
 		return v.Verdict + " by " + who.String()
 	}

@@ -2,14 +2,17 @@ package ingress
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"assay.dev/pkg/apierror"
@@ -50,6 +53,16 @@ type ReviewCase struct {
 	Attempts []CaseAttempt   `json:"attempts"`
 	// Output is what the item was resolved with and published, once it is.
 	Output json.RawMessage `json:"output,omitempty"`
+	// Schema is the JSON Schema of an answer of the work's contract
+	// version, the very one an amended answer is checked against: the
+	// review screen builds its amend form from it. Fixed names the fields
+	// the cell fills in from the work (its correlation), which the form
+	// leaves out.
+	Schema json.RawMessage `json:"schema,omitempty"`
+	Fixed  []string        `json:"fixed"`
+	// Judged is the answer judged, as the gate reads it when it passes:
+	// what the amend form starts from.
+	Judged json.RawMessage `json:"judged,omitempty"`
 }
 
 // CaseFinding is one finding of the answer judged, as the model gave it,
@@ -102,6 +115,11 @@ type DeskResolveRequest struct {
 	// contract's schema has it. They pass the contract's gate, or the
 	// resolution is refused.
 	Findings []json.RawMessage `json:"findings,omitempty"`
+	// Answer, with amended only, is the person's whole answer: the fields
+	// of the work's contract version (its correlation, the case's Fixed,
+	// is filled in from the work). It passes that version's schema and
+	// gate, or the resolution is refused naming the field to fix.
+	Answer json.RawMessage `json:"answer,omitempty"`
 }
 
 // reviewer authenticates a person on the review screen: an operator
@@ -239,7 +257,10 @@ func (s *Service) readCase(ctx context.Context, rv *store.Review) (*ReviewCase, 
 	}
 	wk := j.work
 	c := &ReviewCase{Review: reviewView(rv, time.Now()), Work: WorkRowOf(wk), Answer: j.name, Findings: []CaseFinding{},
-		Attempts: make([]CaseAttempt, 0, len(j.kept)), Output: rv.Output}
+		Attempts: make([]CaseAttempt, 0, len(j.kept)), Output: rv.Output, Fixed: []string{}}
+	if j.contract != nil {
+		c.Schema, c.Fixed = j.contract.Schema, correlationFields(j.contract)
+	}
 	for _, a := range j.kept {
 		c.Attempts = append(c.Attempts, CaseAttempt{Number: a.Number, Outcome: a.Outcome, Reason: a.Reason})
 	}
@@ -260,7 +281,7 @@ func (s *Service) readCase(ctx context.Context, rv *store.Review) (*ReviewCase, 
 			// published: a line written 2.0 is placed on line 2.
 			read = acc.Output
 		}
-		c.Findings = placeFindings(read, d)
+		c.Findings, c.Judged = placeFindings(read, d), read
 	}
 	return c, nil
 }
@@ -405,8 +426,8 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 	case len(req.Note) > 4000:
 		apierror.Write(w, http.StatusBadRequest, "invalid_note", "note is at most 4000 bytes")
 		return
-	case req.Findings != nil && req.Verdict != store.VerdictAmended:
-		apierror.Write(w, http.StatusBadRequest, "invalid_findings", "findings are given with the verdict amended only")
+	case (req.Findings != nil || req.Answer != nil) && req.Verdict != store.VerdictAmended:
+		apierror.Write(w, http.StatusBadRequest, "invalid_findings", "findings and answer are given with the verdict amended only")
 		return
 	}
 	ctx := r.Context()
@@ -448,45 +469,125 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 }
 
 // deskOutput is the answer an approved or amended resolution publishes:
-// the answer judged, with the person's findings for amended. refusal, when
-// set, says why it cannot be published (it fails the gate, or there is no
-// answer to approve).
+// the answer judged, with the person's fields for amended. refusal, when
+// set, says why it cannot be published (it fails the gate of the work's
+// contract version, naming the field to fix, or there is no answer to
+// approve).
 func (s *Service) deskOutput(ctx context.Context, workID string, req DeskResolveRequest) (json.RawMessage, string, error) {
 	j, err := s.judge(ctx, workID)
 	if err != nil {
 		return nil, "", err
 	}
 	wk, ct, answer := j.work, j.contract, j.answer
-	if req.Verdict == store.VerdictApproved && answer == nil {
-		return nil, "there is no answer to approve: amend it with findings, or reject or dismiss it", nil
-	}
-	if req.Verdict == store.VerdictAmended {
-		doc := map[string]json.RawMessage{}
-		if answer != nil {
-			_ = json.Unmarshal(answer, &doc)
+	switch {
+	case ct == nil:
+		return nil, "the work's contract version " + wk.SchemaVersion + " is not one this cell knows: reject or dismiss it", nil
+	case req.Verdict == store.VerdictApproved && answer == nil:
+		return nil, "there is no answer to approve: amend it with an answer of " + ct.SchemaVersion + ", or reject or dismiss it", nil
+	case req.Verdict == store.VerdictAmended:
+		var refusal string
+		if answer, refusal = amendedAnswer(ct, wk, answer, req); refusal != "" {
+			return nil, refusal, nil
 		}
-		if len(doc) == 0 {
-			// No answer to amend: the person's findings stand alone, under
-			// the work's correlation.
-			doc["changeId"], _ = json.Marshal(wk.ID)
-			if v, err := strconv.Atoi(wk.SchemaVersion); err == nil {
-				doc["schemaVersion"], _ = json.Marshal(v)
-			}
-		}
-		findings := req.Findings
-		if findings == nil {
-			findings = []json.RawMessage{}
-		}
-		doc["findings"], _ = json.Marshal(findings)
-		answer, _ = json.Marshal(doc)
 	}
 	acc, fail := gate.Check(ct, answer, expect(ct, wk))
 	if fail != nil {
-		return nil, "the answer fails the contract's gate (" + fail.Error() + "); amend its findings, or reject it", nil
+		return nil, gateRefusal(ct, answer, fail, req.Verdict), nil
 	}
 	// What is stored and published is the gate's canonical JSON, as a
 	// result the committer stores is: a line a person wrote 3.0 is 3.
 	return acc.Output, "", nil
+}
+
+// amendedAnswer is the person's answer under the work's correlation: their
+// whole answer when they gave one, else the answer judged (nil: none) with
+// their findings; refusal says why the request's answer cannot be read.
+func amendedAnswer(ct *contract.Contract, wk *store.Work, judged []byte, req DeskResolveRequest) ([]byte, string) {
+	doc := map[string]json.RawMessage{}
+	if req.Answer != nil {
+		if json.Unmarshal(req.Answer, &doc) != nil || doc == nil {
+			return nil, "answer must be a JSON object of " + ct.SchemaVersion + "'s fields"
+		}
+	} else if judged != nil {
+		_ = json.Unmarshal(judged, &doc)
+	}
+	switch _, has := doc["findings"]; {
+	case req.Findings != nil:
+		doc["findings"], _ = json.Marshal(req.Findings)
+	case req.Answer == nil && (has || ct.MaxFindings > 0):
+		doc["findings"] = json.RawMessage("[]")
+	}
+	if f := ct.Correlation.WorkID; f != "" {
+		doc[f], _ = json.Marshal(wk.ID)
+	}
+	if f := ct.Correlation.SchemaVersion; f != "" {
+		doc[f] = ct.WireSchemaVersion
+	}
+	out, err := json.Marshal(doc)
+	if err != nil {
+		return nil, "answer: " + err.Error()
+	}
+	return out, ""
+}
+
+// correlationFields are the fields of ct's answers the cell fills in from
+// the work: its id and the contract version's schema version.
+func correlationFields(ct *contract.Contract) []string {
+	out := []string{}
+	for _, f := range []string{ct.Correlation.WorkID, ct.Correlation.SchemaVersion} {
+		if f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// gateRefusal says why an answer fails ct's gate, and which field to fix.
+func gateRefusal(ct *contract.Contract, answer []byte, fail *gate.Failure, verdict string) string {
+	msg := "the answer fails the gate of " + ct.SchemaVersion + " (" + fail.Error() + ")"
+	if f := fieldToFix(ct, answer, fail); f != "" {
+		msg += "; fix " + f
+	}
+	if verdict == store.VerdictApproved {
+		return msg + "; amend it, or reject or dismiss it"
+	}
+	return msg + "; or reject or dismiss it"
+}
+
+// requiredName reads the first property a "required" violation names:
+// a name of the schema's, never the answer's text.
+var requiredName = regexp.MustCompile(`'([A-Za-z_][A-Za-z0-9_]*)'`)
+
+// fieldPath is a field as the gate's details begin with one:
+// findings[0].line, category.
+var fieldPath = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\])*(\.[A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\])*)*`)
+
+// fieldToFix names the field of answer that fail is about: a schema
+// violation's field (for a missing property, the property), or the field
+// a grounding, policy or correlation detail starts with; "" when it names
+// none of the contract's fields.
+func fieldToFix(ct *contract.Contract, answer []byte, fail *gate.Failure) string {
+	if fail.Stage == gate.StageSchema {
+		var ve *contract.ValidationError
+		if !errors.As(ct.ValidateOutput(answer), &ve) || len(ve.Violations) == 0 {
+			return ""
+		}
+		v := ve.Violations[0]
+		at := strings.TrimPrefix(strings.TrimPrefix(v.Field, "output"), ".")
+		if m := requiredName.FindStringSubmatch(v.Message); v.Keyword == "required" && m != nil {
+			at = strings.TrimPrefix(at+"."+m[1], ".")
+		}
+		return cmp.Or(at, "the answer")
+	}
+	at := fieldPath.FindString(fail.Detail)
+	var schema struct {
+		Properties map[string]json.RawMessage `json:"properties"`
+	}
+	_ = json.Unmarshal(ct.Schema, &schema)
+	if top, _, _ := strings.Cut(strings.SplitN(at, "[", 2)[0], "."); schema.Properties[top] == nil {
+		return ""
+	}
+	return at
 }
 
 // announceReviewed gives the OUTCOME event that publishes a reviewed

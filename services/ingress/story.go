@@ -101,9 +101,12 @@ type WorkStory struct {
 	// cancels, and its review item's claims and resolution, each with who
 	// (as their credential said), through which route, and when.
 	Actions []store.WorkAction `json:"actions"`
-	// Review is its review item, when it has one.
-	Review    *ReviewView `json:"review,omitempty"`
-	Decisions []Decision  `json:"decisions"`
+	// Review is its review item, when it has one, with the answer a person
+	// published when they did.
+	Review *WorkReview `json:"review,omitempty"`
+	// View is the work's one state, as the work API and the views give it.
+	View      string     `json:"view"`
+	Decisions []Decision `json:"decisions"`
 	// Publications are where its outcome went, one per target.
 	Publications []PublicationView `json:"publications"`
 }
@@ -163,6 +166,7 @@ type StoryStore interface {
 	ActionsOf(ctx context.Context, workID string) ([]store.WorkAction, error)
 	PublicationsOf(ctx context.Context, workID string) ([]*store.Publication, error)
 	ReviewOfWork(ctx context.Context, workID string) (*store.Review, error)
+	ViewOf(ctx context.Context, workID string) (string, error)
 }
 
 // ReadStory reads everything the cell records about one work item,
@@ -212,12 +216,10 @@ func ReadStory(ctx context.Context, st StoryStore, id string, answers Answers) (
 	if s.Actions == nil {
 		s.Actions = []store.WorkAction{}
 	}
-	rv, err := st.ReviewOfWork(ctx, id)
-	switch {
-	case err == nil:
-		view := reviewView(rv, time.Now())
-		s.Review = &view
-	case !errors.Is(err, store.ErrNotFound):
+	if s.Review, err = workReview(ctx, st, id); err != nil {
+		return nil, err
+	}
+	if s.View, err = st.ViewOf(ctx, id); err != nil {
 		return nil, err
 	}
 	pubs, err := st.PublicationsOf(ctx, id)

@@ -17,6 +17,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
+	"assay.dev/pkg/store"
 	"assay.dev/services/ingress"
 )
 
@@ -156,6 +157,39 @@ func (b *browser) screenshot(t *testing.T, name string) {
 	t.Logf("screenshot of the console: %s (%d bytes)", path, len(png))
 }
 
+// tableFitScript says whether the table whose id is given stays inside its
+// card (the section it is in): it fits, or it scrolls across inside a box
+// of the card, and the card does not run past the page.
+const tableFitScript = `JSON.stringify(((id) => {
+	const table = document.getElementById(id);
+	if (!table) { return { ok: false, why: "no table " + id }; }
+	const card = table.closest("section"), box = table.parentElement.closest(".scroll");
+	const c = card.getBoundingClientRect(), page = document.documentElement.clientWidth;
+	const seen = " (table " + table.scrollWidth + "px, card " + card.clientWidth + "px at " + Math.round(c.left) + "-" + Math.round(c.right) + ", page " + page + "px)";
+	if (c.right > page + 1) { return { ok: false, why: "the card runs past the page" + seen }; }
+	if (table.getBoundingClientRect().right <= c.right + 1) { return { ok: true, how: "fits" + seen }; }
+	const scrolls = box && card.contains(box) && ["auto", "scroll"].includes(getComputedStyle(box).overflowX) &&
+		box.getBoundingClientRect().right <= c.right + 1 && box.scrollWidth >= table.scrollWidth && box.scrollWidth > box.clientWidth;
+	return scrolls ? { ok: true, how: "scrolls inside its card" + seen } : { ok: false, why: "it runs past its card, hiding columns" + seen };
+})(%q))`
+
+// tablesFit checks that each table stays inside its card: it fits, or it
+// scrolls across inside it.
+func (b *browser) tablesFit(t *testing.T, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		v := read[struct {
+			OK       bool
+			How, Why string
+		}](t, b, fmt.Sprintf(tableFitScript, id))
+		if !v.OK {
+			t.Errorf("table %s: %s", id, v.Why)
+		} else {
+			t.Logf("table %s %s", id, v.How)
+		}
+	}
+}
+
 func total(m map[string]int64) (n int64) {
 	for _, v := range m {
 		n += v
@@ -227,6 +261,11 @@ func TestConsoleInChromium(t *testing.T) {
 	c := setupConsole(t)
 	c.finish(t, c.Token, "acme", 0, "browser acme 1")
 	c.finish(t, c.Initech, "initech", 1, "browser initech")
+	// A route whose row is wider than its card: an override with its reason.
+	if _, err := c.Cell.Env.Store.SetLive(context.Background(), "*", "moderation", store.Variant{Version: "moderation/1", Model: "a-model-with-a-rather-long-name-2026-11"},
+		store.Shipped{Default: "moderation/1"}, "the provider's moderation model was withdrawn overnight; this one stands in until the rollout check passes", "ops"); err != nil {
+		t.Fatal(err)
+	}
 	b := chromium(t)
 
 	b.do(t, "open /console", chromedp.Navigate(c.Cell.URL+"/console"))
@@ -263,6 +302,7 @@ func TestConsoleInChromium(t *testing.T) {
 	if total(updated.States) != total(first.States)+1 {
 		t.Errorf("states went from %v to %v; want one more work item", first.States, updated.States)
 	}
+	b.tablesFit(t, "rollouts", "recent", "consumers", "failed")
 	b.screenshot(t, "assay-console.png")
 
 	// A tenant's token: its own figures.

@@ -7,6 +7,7 @@ import (
 	"crypto/rsa"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -328,24 +329,33 @@ func TestReviewDeskFences(t *testing.T) {
 
 // reviewScreen is what the review screen shows, read from its elements.
 type reviewScreen struct {
-	Loaded   string   `json:"loaded"`
-	Queue    []string `json:"queue"`
-	Held     string   `json:"held"`
-	Claim    string   `json:"claim"`
-	Resolve  bool     `json:"resolve"`
-	Findings []string `json:"findings"`
-	Result   string   `json:"result"`
-	Verdict  string   `json:"verdict"`
-	Error    string   `json:"error"`
-	Text     string   `json:"text"`
+	Loaded string   `json:"loaded"`
+	State  string   `json:"state"`
+	Queue  []string `json:"queue"`
+	// Rows are the queue's rows: source, tenant and contract.
+	Rows []string `json:"rows"`
+	// Item is the item's fields, by name.
+	Item     map[string]string `json:"item"`
+	Held     string            `json:"held"`
+	Claim    string            `json:"claim"`
+	Resolve  bool              `json:"resolve"`
+	Findings []string          `json:"findings"`
+	Result   string            `json:"result"`
+	Verdict  string            `json:"verdict"`
+	Error    string            `json:"error"`
+	Text     string            `json:"text"`
 }
 
 const readReviewScreen = `JSON.stringify((() => {
 	const all = (sel) => Array.from(document.querySelectorAll(sel));
 	const $ = (id) => document.getElementById(id);
 	if (!document.body || !$("claim")) { return {}; } // between pages
+	const item = {};
+	all("#item dd").forEach((dd) => { item[dd.dataset.field] = dd.textContent; });
+	const text = (tr, f) => { const el = tr.querySelector('[data-field="' + f + '"]'); return el ? el.textContent : ""; };
 	return {
-		loaded: document.body.dataset.loaded || "",
+		loaded: document.body.dataset.loaded || "", state: document.body.dataset.state || "", item: item,
+		rows: all("#queue tbody tr").map((tr) => [text(tr, "source"), text(tr, "tenant"), text(tr, "contract")].join("|")),
 		queue: document.body.dataset.queue === undefined ? null : all("#queue tbody tr").map((tr) => tr.dataset.review),
 		held: $("claim").dataset.held || "", claim: $("claim").textContent,
 		resolve: !$("resolve-form").hidden,
@@ -405,7 +415,10 @@ func TestReviewScreenInChromium(t *testing.T) {
 	ana := chromium(t)
 	ana.do(t, "open the review screen", chromedp.Navigate(d.Cell.URL+"/console/reviews"))
 	ana.signIn(t, d.ana)
-	ana.reviewScreen(t, "ana's queue", func(v reviewScreen) bool { return len(v.Queue) == 1 && v.Queue[0] == item })
+	q := ana.reviewScreen(t, "ana's queue", func(v reviewScreen) bool { return len(v.Queue) == 1 && v.Queue[0] == item })
+	if want := "shop/app PR #77|acme|code-review"; len(q.Rows) != 1 || q.Rows[0] != want {
+		t.Errorf("the queue's row reads %q, want its pull request, tenant and contract: %q", q.Rows, want)
+	}
 	ana.do(t, "open the item", chromedp.Click(chromedp.CSS(`#queue a[href="/console/reviews?item=`+item+`"]`)))
 	v := ana.reviewScreen(t, "the item, held by nobody", func(v reviewScreen) bool { return v.Loaded == item })
 	if v.Held != "none" || v.Resolve || !strings.Contains(strings.Join(v.Findings, " "), "outside_hunk") {
@@ -441,6 +454,7 @@ func TestReviewScreenInChromium(t *testing.T) {
 		t.Fatalf("read the case: HTTP %d %s", status, raw)
 	}
 	findings, moved := amend(t, c)
+	formFieldsAreTheSchemas(t, ana, c)
 	edit := `(() => {
 		const tr = document.querySelector('tr.finding[data-placed="outside_hunk"]');
 		const set = (field, value, kind) => { const el = tr.querySelector('[data-field="' + field + '"]'); el.value = value; el.dispatchEvent(new Event(kind)); };
@@ -480,6 +494,7 @@ func TestReviewScreenInChromium(t *testing.T) {
 		by != "ana" || verdict != "amended" {
 		t.Errorf("the review row: %s by %s (%v)", verdict, by, err)
 	}
+	resolvedItemAndItsWork(t, d, ana, item)
 	ana.noExceptions(t)
 
 	// A tenant's token: its own queue, and not another tenant's item.
@@ -498,6 +513,59 @@ func TestReviewScreenInChromium(t *testing.T) {
 }
 
 func jsonNumber(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// formFieldsAreTheSchemas checks that the amend form edits each finding by
+// every field of its contract version's schema, and nothing else but drop.
+func formFieldsAreTheSchemas(t *testing.T, b *browser, c ingress.ReviewCase) {
+	t.Helper()
+	var schema struct {
+		Properties struct {
+			Findings struct {
+				Items struct {
+					Properties map[string]json.RawMessage `json:"properties"`
+				} `json:"items"`
+			} `json:"findings"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(c.Schema, &schema); err != nil {
+		t.Fatalf("the case's schema: %v", err)
+	}
+	want := append(slices.Sorted(maps.Keys(schema.Properties.Findings.Items.Properties)), "drop")
+	got := read[[]string](t, b, `JSON.stringify(Array.from(document.querySelectorAll('tr.finding[data-placed="outside_hunk"] [data-field]')).map((e) => e.dataset.field))`)
+	slices.Sort(got)
+	if len(want) < 3 || !slices.Equal(got, slices.Sorted(slices.Values(want))) {
+		t.Errorf("the amend form edits a finding by %q; %s's schema has %q", got, c.Work.SchemaVersion, want)
+	}
+}
+
+// resolvedItemAndItsWork checks the item page once ana resolved it: it says
+// resolved, and by whom, and no longer that she holds it; its work's page
+// links to it and it to its work, says the work counts as accepted with
+// ana's amendment and shows what was published, its tables inside their
+// cards.
+func resolvedItemAndItsWork(t *testing.T, d *deskCell, ana *browser, item string) {
+	t.Helper()
+	v := ana.reviewScreen(t, "the item after its resolution", func(v reviewScreen) bool { return v.State == "resolved" })
+	if v.Item["state"] != "resolved" || v.Held == "you" || v.Resolve || strings.Contains(v.Text, "Held by you") ||
+		!strings.HasPrefix(v.Claim, "Resolved: amended by reviewer ana via the console") || !strings.HasPrefix(v.Item["verdict"], "amended by reviewer ana") {
+		t.Errorf("the item page after ana resolved it: state %q, held %q (%q), resolve form %v, verdict %q",
+			v.Item["state"], v.Held, v.Claim, v.Resolve, v.Item["verdict"])
+	}
+	ana.do(t, "follow the item's link to its work", chromedp.Click(chromedp.CSS(`#item a[href="/console/work/`+d.rejected+`"]`)),
+		chromedp.WaitVisible(chromedp.ID("story")))
+	w := ana.awaitWork(t, "the work page", func(v workPageView) bool { return v.Loaded == d.rejected })
+	if !strings.HasPrefix(w.Fields["counts as"], "accepted (review "+item+" amended by reviewer ana via the console)") ||
+		!strings.Contains(w.Text, "published by a person, amended by reviewer ana via the console") || len(w.Findings) == 0 {
+		t.Errorf("the work page: counts as %q, findings %q; want accepted by ana's amendment, what she published shown", w.Fields["counts as"], w.Findings)
+	}
+	links, err := chromedp.Run(ana.ctx, chromedp.Evaluate[int](`document.querySelectorAll('#story a[href="/console/reviews?item=`+item+`"]').length`))
+	if err != nil || links < 2 {
+		t.Errorf("the work page has %d links to its review item (%v), want the review field's and the review section's", links, err)
+	}
+	ana.tablesFit(t, "ledger", "decisions", "attempts", "publications")
+	ana.do(t, "follow the work's link to its review item", chromedp.Click(chromedp.CSS(`#review a[href="/console/reviews?item=`+item+`"]`)))
+	ana.reviewScreen(t, "the item again, from its work", func(v reviewScreen) bool { return v.Loaded == item && v.State == "resolved" })
+}
 
 // Who resolves or claims a review item is read from the credential, never
 // from the body: acme's token cannot sign a resolution with a reviewer's
