@@ -71,7 +71,7 @@ var reviewViews = []string{store.ViewRunning, store.ViewAccepted, store.ViewNeed
 var sampledGauges = []sampled{
 	{"assay_oldest_unfinished", "s", "age of the oldest work without an outcome, per lane", "lane", event.Lanes,
 		func(w *watch, k string) float64 { return w.oldest[k].Seconds() }},
-	{"assay_work_views", "", "work created in the last day, by what a reviewer sees: running, accepted, needs_review, rejected, terminal", "view", reviewViews,
+	{"assay_work_views", "", "work by what a reviewer sees: needs_review is every open review item; running, accepted, rejected and terminal count the last day's work with none", "view", reviewViews,
 		func(w *watch, k string) float64 { return float64(w.views[k]) }},
 	{"assay_outbox_pending", "", "outbox rows of the cell waiting for their relay, per stream", "stream", event.Kinds,
 		func(w *watch, k string) float64 { return float64(w.outbox[k].Pending) }},
