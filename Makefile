@@ -93,7 +93,7 @@ images: ## container images of the five binaries, static on an empty base, as an
 K8SCHECK := $(CURDIR)/bin/k8s-apiserver-check.test
 KUBEAPI  := $(or $(KUBE_APISERVER),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/assay-k8s-apiserver/kube-apiserver)
 
-k8s-apiserver-check: ## every cell's manifests on a real kube-apiserver (built from k8s.io/kubernetes) and Debian's etcd, server-side dry runs (not part of make test: the build takes long)
+k8s-apiserver-check: ## every kustomization under deploy/k8s (each optional component on each overlay, the trial included) on a real kube-apiserver (built from k8s.io/kubernetes) and Debian's etcd, server-side dry runs (not part of make test: the build takes long)
 	@mkdir -p bin; start=$$(date +%s); \
 	echo "k8s-apiserver-check: building the check's test binary (client-go, kustomize: minutes the first time)"; \
 	$(TICK) bin/k8s-apiserver-check.test & tick=$$!; \

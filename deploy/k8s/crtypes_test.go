@@ -102,6 +102,7 @@ type cnpgAffinity struct {
 type barmanObjectStore struct {
 	S3Credentials   *barmanS3Credentials `json:"s3Credentials,omitempty"`
 	EndpointURL     string               `json:"endpointURL,omitempty"`
+	EndpointCA      *secretKeySelector   `json:"endpointCA,omitempty"`
 	DestinationPath string               `json:"destinationPath"`
 	ServerName      string               `json:"serverName,omitempty"`
 	Wal             *barmanCompression   `json:"wal,omitempty"`

@@ -9,7 +9,8 @@ import (
 
 // TestExternalPostgres follows deploy/README.md's "An external managed
 // Postgres instead" on a copy of the tree: the us overlay without
-// ../../postgres and without the Cluster's patch still renders, has no
+// ../../postgres and without the replacement that places its backups
+// still renders, has no
 // CloudNativePG object, and its services still read the Secret
 // assay-pg-app, which is then yours to make.
 func TestExternalPostgres(t *testing.T) {
@@ -19,7 +20,7 @@ func TestExternalPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := string(k)
-	cut := strings.Index(s, "patches:")
+	cut := strings.Index(s, "replacements:")
 	if cut < 0 || !strings.Contains(s, "  - ../../postgres\n") {
 		t.Fatalf("overlays/us/kustomization.yaml is not laid out as deploy/README.md describes:\n%s", s)
 	}

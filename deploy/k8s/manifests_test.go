@@ -34,13 +34,13 @@ var services = []string{"ingress", "classifier", "committer", "ledger"}
 // keys they read. None is in the repository; deploy/README.md says how each
 // is made.
 var secrets = map[string][]string{
-	"assay-pg-app":         {"uri"},
+	"assay-pg-app":         {"uri", "password"},
 	"assay-pg-ca":          {"ca.crt"},
-	"assay-pg-backup":      {"ACCESS_KEY_ID", "ACCESS_SECRET_KEY"},
+	"assay-pg-backup":      {"ACCESS_KEY_ID", "ACCESS_SECRET_KEY", "ca.crt"},
 	"assay-nats-urls":      {"ingress", "classifier", "committer", "ledger", "placement", "publisher"},
 	"assay-nats-passwords": nil, // every line of assay nats-config --passwords
 	"assay-model":          {"api-key"},
-	"assay-github":         {"webhook-secret", "token"},
+	"assay-github":         {"webhook-secret", "token", "app-id", "private-key.pem"},
 	"nats-ca":              {"ca.crt"},
 	"nats-tls":             {"tls.crt", "tls.key"},
 	"nats-cluster-tls":     {"tls.crt", "tls.key"},
@@ -50,6 +50,7 @@ var secrets = map[string][]string{
 type set struct {
 	dir          string
 	deployments  map[string]*appsv1.Deployment
+	statefulSets map[string]*appsv1.StatefulSet
 	services     map[string]*corev1.Service
 	pdbs         map[string]*policyv1.PodDisruptionBudget
 	accounts     map[string]*corev1.ServiceAccount
@@ -69,7 +70,7 @@ type set struct {
 func load(t *testing.T, dir string) *set {
 	t.Helper()
 	s := &set{dir: dir,
-		deployments: map[string]*appsv1.Deployment{}, services: map[string]*corev1.Service{},
+		deployments: map[string]*appsv1.Deployment{}, statefulSets: map[string]*appsv1.StatefulSet{}, services: map[string]*corev1.Service{},
 		pdbs: map[string]*policyv1.PodDisruptionBudget{}, accounts: map[string]*corev1.ServiceAccount{},
 		policies: map[string]*networkingv1.NetworkPolicy{}, configMaps: map[string]*corev1.ConfigMap{},
 		jobs: map[string]*batchv1.Job{}, namespaces: map[string]*corev1.Namespace{},
@@ -81,6 +82,8 @@ func load(t *testing.T, dir string) *set {
 		switch o.APIVersion + " " + o.Kind {
 		case "apps/v1 Deployment":
 			err = into(o, s.deployments)
+		case "apps/v1 StatefulSet":
+			err = into(o, s.statefulSets)
 		case "v1 Service":
 			err = into(o, s.services)
 		case "policy/v1 PodDisruptionBudget":
@@ -128,21 +131,36 @@ func into[T any](o object, m map[string]*T) error {
 func cellDir(cell string) string    { return "overlays/" + cell }
 func migrateDir(cell string) string { return "overlays/" + cell + "/migrate" }
 
+// loadCell renders a cell's overlay and its migration Job's: the Job's own
+// kustomization (overlays/<cell>/migrate), or, for a cell on one node
+// whose overlay holds its Job (overlays/trial), the overlay without its
+// Deployments.
+func loadCell(t *testing.T, cell string) (s, m *set) {
+	t.Helper()
+	s = load(t, cellDir(cell))
+	if !singleNode[cell] {
+		return s, load(t, migrateDir(cell))
+	}
+	job := *s
+	job.deployments = map[string]*appsv1.Deployment{}
+	return s, &job
+}
+
 // TestOverlaysRenderAndDecode renders every kustomization a cell is
 // installed from and checks what each object says against the others.
 func TestOverlaysRenderAndDecode(t *testing.T) {
 	for _, cell := range cellIDs {
 		t.Run(cell, func(t *testing.T) {
-			s := load(t, cellDir(cell))
-			m := load(t, migrateDir(cell))
+			s, m := loadCell(t, cell)
 			ns, regionNS := "assay-"+cell, "assay-"+cells[cell]
 			for _, x := range []*set{s, m} {
 				checkNamespace(t, x, ns)
 			}
 			// A region's first cell lives in the namespace its region's NATS
-			// kustomization makes; another cell brings its own.
+			// kustomization makes; another cell, and a cell on one node,
+			// brings its own.
 			home := "nats/" + cell
-			if cells[cell] != cell {
+			if cells[cell] != cell || singleNode[cell] {
 				home = cellDir(cell) + "/namespace"
 			}
 			h := load(t, home)
@@ -174,6 +192,13 @@ func TestOverlaysRenderAndDecode(t *testing.T) {
 			checkEnvRefs(t, s, podSpecs(s))
 			checkEnvRefs(t, m, podSpecs(m))
 			checkImages(t, s, m)
+			if singleNode[cell] {
+				// Its NATS server is its own, rendered with it.
+				checkPolicies(t, s, s, cell, true)
+				checkPolicies(t, m, s, cell, false)
+				checkSingleNode(t, s, m)
+				return
+			}
 			checkPostgres(t, s)
 			checkScaling(t, s, cell)
 		})
@@ -285,7 +310,7 @@ func checkDeployments(t *testing.T, s *set) {
 			t.Errorf("%s: %s: the API token is mounted; the services never call the Kubernetes API", s.dir, name)
 		}
 		checkSecurity(t, s.dir+": "+name, p, c)
-		checkRuntime(t, s.dir+": "+name, p, c)
+		checkRuntime(t, s, s.dir+": "+name, p, c)
 		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 			t.Errorf("%s: %s: resources %v: want cpu and memory requests and a memory limit", s.dir, name, c.Resources)
 		}
@@ -341,17 +366,34 @@ func checkDeployments(t *testing.T, s *set) {
 			t.Errorf("%s: %s: no Service for its metrics", s.dir, name)
 		}
 	}
-	// Every service that creates a stream creates it replicated and placed.
-	owners := streamOwners(t, s.namespaceCell())
+	// Every service that creates a stream creates it with a replica on
+	// each of the cell's NATS servers, placed on them when there are
+	// several (one server has nothing to place).
+	owners := streamOwners(t, s.cell())
 	if len(owners) < 3 {
 		t.Fatalf("%s: stream owners %v: the accounts file is not the one this test reads", s.dir, owners)
 	}
+	servers := natsServers(t, s)
 	for name, streams := range owners {
 		c := s.deployments[name].Spec.Template.Spec.Containers[0]
-		if envValue(c, "ASSAY_STREAM_REPLICAS") != "3" || !hasEnv(c, "ASSAY_STREAM_PLACEMENT") {
-			t.Errorf("%s: %s creates %v: want ASSAY_STREAM_REPLICAS=3 and ASSAY_STREAM_PLACEMENT", s.dir, name, streams)
+		if envValue(c, "ASSAY_STREAM_REPLICAS") != strconv.Itoa(servers) || hasEnv(c, "ASSAY_STREAM_PLACEMENT") != (servers > 1) {
+			t.Errorf("%s: %s creates %v: want ASSAY_STREAM_REPLICAS=%d, and ASSAY_STREAM_PLACEMENT with more than one server", s.dir, name, streams, servers)
 		}
 	}
+}
+
+// natsServers is how many NATS servers serve the cell of s: the replicas
+// of its own server's StatefulSet (nats/single), else the cluster's in its
+// region's Helm values.
+func natsServers(t *testing.T, s *set) int {
+	t.Helper()
+	if n := s.statefulSets["nats"]; n != nil {
+		if n.Spec.Replicas == nil {
+			return 1
+		}
+		return int(*n.Spec.Replicas)
+	}
+	return natsValues(t, cells[s.cell()]).Config.Cluster.Replicas
 }
 
 // streamOwners are the services of a cell that may create a stream, with
@@ -360,7 +402,15 @@ func checkDeployments(t *testing.T, s *set) {
 // streams, however many there are. Key-value buckets are left out.
 func streamOwners(t *testing.T, cell string) map[string][]string {
 	t.Helper()
-	conf, err := os.ReadFile(natsDirs(cell)[0] + "/assay.conf")
+	var conf []byte
+	var err error
+	if dirs := natsDirs(cell); len(dirs) > 0 {
+		conf, err = os.ReadFile(dirs[0] + "/assay.conf")
+	} else {
+		// A cell whose NATS server has no accounts (nats/single): what the
+		// generator grants a cell of that name.
+		conf, err = exec.Command(binary(t, "assay"), "nats-config", "--cells", cellsFlag([]string{cell})).Output()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,7 +471,7 @@ func checkJob(t *testing.T, s *set) {
 		t.Errorf("%s: service account %q not rendered", s.dir, p.ServiceAccountName)
 	}
 	checkSecurity(t, s.dir+": assay-migrate", p, c)
-	checkRuntime(t, s.dir+": assay-migrate", p, c)
+	checkRuntime(t, s, s.dir+": assay-migrate", p, c)
 	// A Job that deletes itself is made again by every GitOps sync; one that
 	// stays must be replaced, not patched, by a new release.
 	if j.Spec.TTLSecondsAfterFinished != nil {
@@ -438,13 +488,25 @@ func checkJob(t *testing.T, s *set) {
 // checkRuntime: the Go runtime collects before the container's memory
 // limit (GOMEMLIMIT between 80 and 95 % of it), and Postgres's certificate
 // is verified (PGSSLMODE verify-full against the CloudNativePG CA, mounted
-// from assay-pg-ca).
-func checkRuntime(t *testing.T, where string, p corev1.PodSpec, c corev1.Container) {
+// from assay-pg-ca) — except on one node, whose Postgres has no TLS
+// (PGSSLMODE disable, said outright, and no CA).
+func checkRuntime(t *testing.T, s *set, where string, p corev1.PodSpec, c corev1.Container) {
 	t.Helper()
 	limit := c.Resources.Limits.Memory().Value()
 	gml, err := goMemLimit(envValue(c, "GOMEMLIMIT"))
 	if err != nil || limit == 0 || float64(gml) < 0.8*float64(limit) || float64(gml) > 0.95*float64(limit) {
 		t.Errorf("%s: GOMEMLIMIT %q (%v) is not 80–95 %% of the memory limit %d", where, envValue(c, "GOMEMLIMIT"), err, limit)
+	}
+	if singleNode[s.cell()] {
+		if envValue(c, "PGSSLMODE") != "disable" || hasEnv(c, "PGSSLROOTCERT") || hasEnv(c, "SSL_CERT_DIR") {
+			t.Errorf("%s: on one node: want PGSSLMODE=disable, no PGSSLROOTCERT and no SSL_CERT_DIR (no TLS there)", where)
+		}
+		for _, v := range p.Volumes {
+			if v.Secret != nil && (v.Secret.SecretName == "assay-pg-ca" || v.Secret.SecretName == "nats-ca") {
+				t.Errorf("%s: on one node: mounts the Secret %s, which no one makes there", where, v.Secret.SecretName)
+			}
+		}
+		return
 	}
 	if envValue(c, "PGSSLMODE") != "verify-full" {
 		t.Errorf("%s: PGSSLMODE %q, want verify-full", where, envValue(c, "PGSSLMODE"))
@@ -508,11 +570,23 @@ func checkSelectors(t *testing.T, s *set) {
 	for name, svc := range s.services {
 		sel := labels.SelectorFromSet(svc.Spec.Selector)
 		got := selected(sel, s)
-		if len(svc.Spec.Selector) == 0 || len(got) != 1 {
-			t.Errorf("%s: Service %s selects %v, want one Deployment", s.dir, name, got)
+		var sts []string
+		for n, ss := range s.statefulSets {
+			if sel.Matches(labels.Set(ss.Spec.Template.Labels)) {
+				sts = append(sts, n)
+			}
+		}
+		if len(svc.Spec.Selector) == 0 || len(got)+len(sts) != 1 {
+			t.Errorf("%s: Service %s selects %v %v, want one Deployment or StatefulSet", s.dir, name, got, sts)
 			continue
 		}
-		c := s.deployments[got[0]].Spec.Template.Spec.Containers[0]
+		var c corev1.Container
+		if len(got) == 1 {
+			c = s.deployments[got[0]].Spec.Template.Spec.Containers[0]
+		} else {
+			got = sts
+			c = s.statefulSets[sts[0]].Spec.Template.Spec.Containers[0]
+		}
 		for _, sp := range svc.Spec.Ports {
 			ok := false
 			for _, cp := range c.Ports {
@@ -651,7 +725,8 @@ func TestImagesAreWhatMakeImagesBuilds(t *testing.T) {
 	built := strings.Fields(string(out))
 	for _, cell := range cells {
 		pulled := map[string]bool{}
-		for _, s := range []*set{load(t, cellDir(cell)), load(t, migrateDir(cell))} {
+		s, m := loadCell(t, cell)
+		for _, s := range []*set{s, m} {
 			for _, p := range podSpecs(s) {
 				for _, c := range p.Spec.Containers {
 					pulled[c.Image] = true
@@ -738,6 +813,17 @@ const barmanPlugin = "barman-cloud.cloudnative-pg.io"
 
 func (s *set) namespaceCell() string {
 	return strings.TrimPrefix(strings.TrimPrefix(s.dir, "overlays/"), "/")
+}
+
+// cell is the cell of an overlay's set (overlays/<cell>, and what is
+// under it), else "".
+func (s *set) cell() string {
+	rest, ok := strings.CutPrefix(s.dir, "overlays/")
+	if !ok {
+		return ""
+	}
+	cell, _, _ := strings.Cut(rest, "/")
+	return cell
 }
 
 // checkScaling: the ScaledObjects scale the Deployments that exist, on the
@@ -827,7 +913,7 @@ func checkScaling(t *testing.T, s *set, cell string) {
 			t.Errorf("%s: classifier trigger %q is not in the formula", s.dir, tr.Name)
 		}
 	}
-	checkProviderBudget(t, s, so)
+	checkProviderBudget(t, s, so.Annotations)
 	checkSurge(t, s)
 }
 
@@ -836,11 +922,11 @@ func checkScaling(t *testing.T, s *set, cell string) {
 // must stay within the provider's allowance; were it per pod
 // (ASSAY_MODEL_CONCURRENCY_SCOPE=instance), every pod a rollout can run —
 // maxReplicaCount plus the surge — would count.
-func checkProviderBudget(t *testing.T, s *set, so *kedaScaledObject) {
+func checkProviderBudget(t *testing.T, s *set, annotations map[string]string) {
 	t.Helper()
 	d := s.deployments["classifier"]
 	c := d.Spec.Template.Spec.Containers[0]
-	allowance, err := strconv.Atoi(so.Annotations["assay.dev/provider-max-concurrency"])
+	allowance, err := strconv.Atoi(annotations["assay.dev/provider-max-concurrency"])
 	ceiling, err2 := strconv.Atoi(envValue(c, "ASSAY_MODEL_MAX_CONCURRENCY"))
 	if err != nil || err2 != nil {
 		t.Fatalf("%s: the provider's allowance and the cell's ceiling must both be set: %v, %v", s.dir, err, err2)
@@ -882,7 +968,7 @@ func podsAtMost(t *testing.T, s *set, name string) int {
 // fits the cell's Postgres max_connections beside the superuser's reserve.
 func checkSurge(t *testing.T, s *set) {
 	t.Helper()
-	limit, err := strconv.Atoi(s.clusters["assay-pg"].Spec.PostgreSQL.Parameters["max_connections"])
+	limit, err := maxConnections(s)
 	if err != nil {
 		t.Fatalf("%s: max_connections: %v", s.dir, err)
 	}
@@ -903,6 +989,25 @@ func checkSurge(t *testing.T, s *set) {
 	if total > limit {
 		t.Errorf("%s: a rollout at the autoscalers' maximum may open %d Postgres connections, above max_connections %d", s.dir, total, limit)
 	}
+}
+
+// maxConnections is the cell's Postgres max_connections: the CloudNativePG
+// Cluster's parameter, else the -c max_connections=N of the single
+// instance's command line, else Postgres's default, 100.
+func maxConnections(s *set) (int, error) {
+	if c := s.clusters["assay-pg"]; c != nil {
+		return strconv.Atoi(c.Spec.PostgreSQL.Parameters["max_connections"])
+	}
+	if pg := s.statefulSets["assay-pg"]; pg != nil {
+		args := pg.Spec.Template.Spec.Containers[0].Args
+		for i, a := range args {
+			if v, ok := strings.CutPrefix(a, "max_connections="); ok && i > 0 && args[i-1] == "-c" {
+				return strconv.Atoi(v)
+			}
+		}
+		return 100, nil
+	}
+	return 0, fmt.Errorf("no Postgres rendered")
 }
 
 func envValue(c corev1.Container, name string) string {

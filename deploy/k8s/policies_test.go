@@ -172,6 +172,15 @@ func checkPolicies(t *testing.T, s, nats *set, cell string, everyOneSelects bool
 	pg := peer{ns: here, pod: map[string]string{"cnpg.io/cluster": "assay-pg", "cnpg.io/instanceRole": "primary", "cnpg.io/podRole": "instance"}}
 	// The region's NATS, in its first cell's namespace.
 	natsPod := peer{ns: cellNSLabels(cells[cell]), pod: map[string]string{"app.kubernetes.io/name": "nats", "app.kubernetes.io/instance": "nats", "app.kubernetes.io/component": "nats"}}
+	// A cell on one node (overlays/trial) renders its own Postgres instance
+	// and NATS server: their pods are the ones its manifests make.
+	cnpg := true
+	if x := nats.statefulSets["assay-pg"]; x != nil {
+		pg.pod, cnpg = x.Spec.Template.Labels, false
+	}
+	if x := nats.statefulSets["nats"]; x != nil {
+		natsPod.pod = x.Spec.Template.Labels
+	}
 	dns := peer{ns: nsLabels("kube-system"), pod: map[string]string{"k8s-app": "kube-dns"}}
 	stranger := peer{ns: nsLabels("elsewhere"), pod: map[string]string{"app": "anything"}}
 	prometheus := peer{ns: nsLabels("monitoring"), pod: map[string]string{"app.kubernetes.io/name": "prometheus"}}
@@ -194,10 +203,14 @@ func checkPolicies(t *testing.T, s, nats *set, cell string, everyOneSelects bool
 		}
 		assayPods = append(assayPods, peer{ns: here, pod: p.Labels, ports: ports})
 	}
+	candidates := append(slices.Clone(assayPods), pg)
+	if s == nats {
+		candidates = append(candidates, natsPod)
+	}
 	for name, np := range s.policies {
 		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
 		any := false
-		for _, p := range append(slices.Clone(assayPods), pg) {
+		for _, p := range candidates {
 			any = any || (err == nil && sel.Matches(labels.Set(p.pod)))
 		}
 		if !any && everyOneSelects {
@@ -260,14 +273,19 @@ func checkPolicies(t *testing.T, s, nats *set, cell string, everyOneSelects bool
 		allowed  bool
 		policies map[string]*networkingv1.NetworkPolicy
 		to       peer
+		cnpgOnly bool // the CloudNativePG instances' own ports
 	}{
-		{"Postgres from an assay pod", svc, 5432, true, s.policies, pg},
-		{"Postgres from another instance", pg, 5432, true, s.policies, pg},
-		{"Postgres from another namespace", stranger, 5432, false, s.policies, pg},
-		{"the instance manager from the operator", cnpgOperator, 8000, true, s.policies, pg},
-		{"the instance manager from another namespace", stranger, 8000, false, s.policies, pg},
-		{"Postgres metrics from Prometheus", prometheus, 9187, true, s.policies, pg},
+		{"Postgres from an assay pod", svc, 5432, true, s.policies, pg, false},
+		{"Postgres from another instance", pg, 5432, true, s.policies, pg, true},
+		{"Postgres from another namespace", stranger, 5432, false, s.policies, pg, false},
+		{"the instance manager from the operator", cnpgOperator, 8000, true, s.policies, pg, true},
+		{"the instance manager from another namespace", stranger, 8000, false, s.policies, pg, false},
+		{"Postgres metrics from Prometheus", prometheus, 9187, true, s.policies, pg, true},
+		{"Postgres from the NATS servers", natsPod, 5432, false, s.policies, pg, false},
 	} {
+		if c.cnpgOnly && !cnpg {
+			continue
+		}
 		if got := allowed(c.policies, ns, c.from, c.to, c.port); got != c.allowed {
 			t.Errorf("%s: %s (port %d): allowed %v, want %v", s.dir, c.what, c.port, got, c.allowed)
 		}

@@ -15,11 +15,13 @@ import (
 )
 
 // cells are the cells with an overlay each (overlays/<cell>), by region:
-// a region's first cell has the region's id, us-2 is the us region's second.
-var cells = map[string]string{"us": "us", "eu": "eu", "us-2": "us"}
+// a region's first cell has the region's id, us-2 is the us region's
+// second, and trial is the cell of a one-node trial (singleNode), a region
+// of its own.
+var cells = map[string]string{"us": "us", "eu": "eu", "us-2": "us", "trial": "trial"}
 
 // cellIDs are the cells in a fixed order.
-var cellIDs = []string{"us", "eu", "us-2"}
+var cellIDs = []string{"us", "eu", "us-2", "trial"}
 
 // regions are the regions, each with its NATS Helm values
 // (nats/values-<region>.yaml) and its NATS kustomization (nats/<region>).

@@ -125,7 +125,8 @@ func TestEnvIsWhatTheBinariesRead(t *testing.T) {
 		migrate[v.Name] = true
 	}
 	for _, cell := range cells {
-		for _, s := range []*set{load(t, cellDir(cell)), load(t, migrateDir(cell))} {
+		s, m := loadCell(t, cell)
+		for _, s := range []*set{s, m} {
 			for name, p := range podSpecs(s) {
 				for _, c := range p.Spec.Containers {
 					bin := strings.TrimPrefix(c.Command[0], "/usr/local/bin/")
@@ -205,12 +206,67 @@ func TestCellStartsFromItsManifests(t *testing.T) {
 	for _, k := range run {
 		ran = append(ran, k.cells...)
 	}
-	if !slices.Equal(sorted(ran), sorted(cellIDs)) {
+	// A cell on one node on its own NATS server (nats/single).
+	var single []string
+	for _, cell := range cellIDs {
+		if singleNode[cell] {
+			single = append(single, cell)
+		}
+	}
+	if ran = append(ran, single...); !slices.Equal(sorted(ran), sorted(cellIDs)) {
 		t.Fatalf("the runs cover cells %v, want every cell %v", ran, cellIDs)
 	}
 	for _, k := range run {
 		t.Run(k.region, func(t *testing.T) { runRegion(t, k) })
 	}
+	for _, cell := range single {
+		t.Run(cell, func(t *testing.T) { runSingleNode(t, cell) })
+	}
+}
+
+// runSingleNode starts one nats-server from the configuration the cell's
+// manifests mount (nats/single's nats.conf, its listen addresses and store
+// moved to this machine's), then the cell from its manifests, as
+// startCell does.
+func runSingleNode(t *testing.T, cell string) {
+	s, _ := loadCell(t, cell)
+	opts := singleNodeNATSOptions(t, s)
+	ports := freePorts(t, 2)
+	opts.Host, opts.Port, opts.HTTPHost, opts.HTTPPort = "127.0.0.1", ports[0], "127.0.0.1", ports[1]
+	opts.StoreDir = t.TempDir()
+	opts.NoLog, opts.NoSigs = true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	r := startCell(t, cell, singleNATS{srv, fmt.Sprintf("nats://127.0.0.1:%d", ports[0])}, newCA(t))
+	r.stop(t)
+}
+
+// cellNATS is the NATS a cell runs on in these tests: where each of its
+// services connects, and the streams of an account.
+type cellNATS interface {
+	url(cell, svc string) string
+	streams(t *testing.T, account string) map[string]*server.StreamDetail
+}
+
+// singleNATS is one server without accounts (nats/single): every client
+// connects to it as no user, in its global account.
+type singleNATS struct {
+	srv  *server.Server
+	addr string
+}
+
+func (n singleNATS) url(_, _ string) string { return n.addr }
+
+func (n singleNATS) streams(t *testing.T, _ string) map[string]*server.StreamDetail {
+	t.Helper()
+	return (&natsCluster{servers: []*server.Server{n.srv}}).streams(t, "$G")
 }
 
 // runRegion starts the region's NATS from k, then each of its cells from
@@ -286,9 +342,8 @@ type proc struct {
 // services, each with the environment its Deployment gives it (Secrets
 // and ConfigMaps resolved, addresses on loopback), and checks each one's
 // probes, its metrics port and the streams of the cell's account.
-func startCell(t *testing.T, cell string, nc *natsCluster, ca *testCA) *cellRun {
-	s := load(t, cellDir(cell))
-	m := load(t, migrateDir(cell))
+func startCell(t *testing.T, cell string, nc cellNATS, ca *testCA) *cellRun {
+	s, m := loadCell(t, cell)
 	run := &cellRun{cell: cell, s: s}
 
 	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -321,6 +376,10 @@ func startCell(t *testing.T, cell string, nc *natsCluster, ca *testCA) *cellRun 
 		for _, e := range c.Env {
 			v := e.Value
 			switch {
+			case e.Name == "ASSAY_NATS_URL" && e.ValueFrom == nil:
+				// The manifest's own server (nats/single), by its Service's
+				// name: here, the test's.
+				v = nc.url(cell, strings.TrimPrefix(where, "Deployment/"))
 			case e.Name == "SSL_CERT_DIR":
 				vol := mountOf(c, p, e.Value)
 				if vol == nil || vol.Secret == nil || vol.Secret.SecretName != "nats-ca" {
@@ -449,11 +508,21 @@ func startCell(t *testing.T, cell string, nc *natsCluster, ca *testCA) *cellRun 
 		}
 	}
 
-	// Every stream in the cell's account, whoever created it, is R3 and
-	// placed by the cell's tag, and so is every kind the code names.
-	placement := strings.Split(cellConfig(t, s).Data["stream-placement"], ",")
+	// Every stream in the cell's account, whoever created it, has a replica
+	// on each server and is placed by the cell's tag, and so is every kind
+	// the code names; on one server without accounts, the streams are of
+	// one replica, unplaced, in its global account.
+	var placement []string
+	if p, ok := cellConfig(t, s).Data["stream-placement"]; ok {
+		placement = strings.Split(p, ",")
+	}
+	replicas := natsServers(t, s)
 	names := event.Names{Installation: cellConfig(t, s).Data["installation"], Cell: cell}
-	streams := nc.streams(t, strings.ToUpper(strings.ReplaceAll(names.Installation+"_"+cell, "-", "_")))
+	account := strings.ToUpper(strings.ReplaceAll(names.Installation+"_"+cell, "-", "_"))
+	if _, single := nc.(singleNATS); single {
+		account = "$G"
+	}
+	streams := nc.streams(t, account)
 	for _, kind := range event.Kinds {
 		if streams[names.Stream(kind)] == nil {
 			t.Errorf("%s: not created (streams: %v)", names.Stream(kind), keys(streams))
@@ -463,11 +532,15 @@ func startCell(t *testing.T, cell string, nc *natsCluster, ca *testCA) *cellRun 
 		if strings.HasPrefix(name, "KV_") && slices.Contains(softBuckets(names), strings.TrimPrefix(name, "KV_")) {
 			continue
 		}
-		if sd.Config.Replicas != 3 || sd.Config.Placement == nil || !slices.Equal(sd.Config.Placement.Tags, placement) {
-			t.Errorf("%s: %d replicas, placement %+v; want 3 on %v", name, sd.Config.Replicas, sd.Config.Placement, placement)
+		var tags []string
+		if sd.Config.Placement != nil {
+			tags = sd.Config.Placement.Tags
 		}
-		if sd.Cluster == nil || sd.Cluster.Leader == "" || len(sd.Cluster.Replicas) != 2 {
-			t.Errorf("%s: cluster %+v, want a leader and two replicas", name, sd.Cluster)
+		if sd.Config.Replicas != replicas || !slices.Equal(tags, placement) {
+			t.Errorf("%s: %d replicas, placement %+v; want %d on %v", name, sd.Config.Replicas, sd.Config.Placement, replicas, placement)
+		}
+		if replicas > 1 && (sd.Cluster == nil || sd.Cluster.Leader == "" || len(sd.Cluster.Replicas) != replicas-1) {
+			t.Errorf("%s: cluster %+v, want a leader and %d replicas", name, sd.Cluster, replicas-1)
 		}
 	}
 

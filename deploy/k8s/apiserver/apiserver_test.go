@@ -13,11 +13,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,19 +37,60 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/kustomize/api/krusty"
+	ktypes "sigs.k8s.io/kustomize/api/types"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
 )
 
-// cells are the region cells with an overlay each (as deploy/k8s's tests).
-var cells = []string{"us", "eu"}
+// optionalComponents are the components that no kustomization includes,
+// each with where it goes, as its kustomization.yaml tells an operator:
+// "overlays", on top of a cell's overlay (overlays/<cell>), or "nats", on
+// top of a region's NATS kustomization (nats/<region>, the one that holds
+// the namespace). A component included by no kustomization and missing
+// here fails the check: a new one cannot go unchecked.
+var optionalComponents = map[string]string{
+	"components/monitoring":    "overlays",
+	"components/api-ingress":   "overlays",
+	"components/api-httproute": "overlays",
+	"components/github-app":    "overlays",
+	"components/cert-manager":  "nats",
+}
 
-// TestManifestsOnARealAPIServer: every kustomization a cell is installed
-// from — nats/<cell>, overlays/<cell>, overlays/<cell>/migrate — is
+// check is one kustomization to apply: a directory of deploy/k8s, with
+// the optional component added to its components, if any; or an example
+// manifest that no kustomization applies (a file named *.example.yaml),
+// as kubectl apply -f would.
+type check struct {
+	dir, component string
+	example        bool
+}
+
+func (c check) String() string {
+	if c.component == "" {
+		return c.dir
+	}
+	return c.dir + " + " + c.component
+}
+
+// TestManifestsOnARealAPIServer: every kustomization under deploy/k8s —
+// each directory holding a kustomization file, found by walking the tree —
+// and every optional component on top of each kustomization it is for, is
 // accepted by kube-apiserver with the operators' CRDs loaded: a
 // server-side apply with dry run and strict field validation, so a field
 // the API (or a CRD's schema) does not know, a value its validation
-// refuses, or a missing required field fails here.
+// refuses, or a missing required field fails here. The namespaces the
+// kustomizations make are made first, for real; what names no namespace
+// goes to default, as kubectl apply -k puts it. One line per
+// kustomization says ok or FAIL.
 func TestManifestsOnARealAPIServer(t *testing.T) {
+	begin := time.Now()
+	checks := discover(t)
+	tree := memTree(t)
+	rendered := map[check][]*unstructured.Unstructured{}
+	renderErr := map[check]error{}
+	for _, c := range checks {
+		rendered[c], renderErr[c] = renderCheck(tree, c)
+	}
 	ctx := t.Context()
 	cfg := startAPIServer(t)
 	loadCRDs(t, ctx, cfg)
@@ -60,56 +103,264 @@ func TestManifestsOnARealAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
-	for _, cell := range cells {
-		for _, dir := range []string{"nats/" + cell, "overlays/" + cell, "overlays/" + cell + "/migrate"} {
-			n := 0
-			for _, o := range render(t, dir) {
-				if o.GetKind() == "Namespace" {
-					// The namespace itself is made, so that what lives in it
-					// can be dry-run there.
-					apply(t, ctx, dyn, mapper, o, false)
+	// The namespaces themselves are made, so that what lives in them can be
+	// dry-run there.
+	for _, c := range checks {
+		for _, o := range rendered[c] {
+			if o.GetKind() == "Namespace" {
+				if err := applyErr(ctx, dyn, mapper, o, false); err != nil {
+					t.Errorf("%s: Namespace %s: %v", c, o.GetName(), err)
 				}
-				apply(t, ctx, dyn, mapper, o, true)
-				n++
 			}
-			t.Logf("%s: %d objects accepted (dry run, strict)", dir, n)
 		}
 	}
+	var report []string
+	failed := 0
+	for _, c := range checks {
+		if err := renderErr[c]; err != nil {
+			t.Errorf("kustomize build %s: %v", c, err)
+			report = append(report, fmt.Sprintf("FAIL  %-58s kustomize build: %v", c, err))
+			failed++
+			continue
+		}
+		refused := 0
+		for _, o := range rendered[c] {
+			if err := applyErr(ctx, dyn, mapper, o, true); err != nil {
+				t.Errorf("%s: %s %s/%s: %v", c, o.GetKind(), o.GetNamespace(), o.GetName(), err)
+				refused++
+			}
+		}
+		verdict := "ok  "
+		if refused > 0 {
+			verdict = "FAIL"
+			failed++
+		}
+		report = append(report, fmt.Sprintf("%s  %-58s %3d objects, %d refused (dry run, strict)", verdict, c, len(rendered[c]), refused))
+	}
 	// The check can fail: a misspelt field is refused.
-	bad := render(t, "overlays/us")[0].DeepCopy()
+	bad := rendered[check{dir: "overlays/us"}][0].DeepCopy()
 	bad.Object["spec"].(map[string]any)["replicaz"] = 3
 	if err := applyErr(ctx, dyn, mapper, bad, true); err == nil {
 		t.Errorf("%s %s with a misspelt field was accepted", bad.GetKind(), bad.GetName())
 	}
+	t.Logf("%d checks (kustomizations, optional components on top of them, examples), %d failed, in %s:\n%s", len(checks), failed, time.Since(begin).Round(time.Second), strings.Join(report, "\n"))
 }
 
-// render builds a kustomization of deploy/k8s as kubectl apply -k does.
-func render(t *testing.T, dir string) []*unstructured.Unstructured {
+// kustomizationFiles are the names kustomize reads a kustomization from.
+var kustomizationFiles = []string{"kustomization.yaml", "kustomization.yml", "Kustomization"}
+
+// discover walks deploy/k8s (this module aside) for every directory with a
+// kustomization file: each Kustomization is a check of its own, each
+// Component is covered by the kustomizations that include it, and one
+// that none includes is a check on top of every kustomization
+// optionalComponents says it goes on. Each example manifest
+// (*.example.yaml) is a check too.
+func discover(t *testing.T) []check {
+	t.Helper()
+	var kusts, comps, examples []string
+	included := map[string]bool{}
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path == filepath.Join("..", "apiserver") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(d.Name(), ".example.yaml") {
+			rel, _ := filepath.Rel("..", path)
+			examples = append(examples, rel)
+		}
+		if d.IsDir() || !slices.Contains(kustomizationFiles, d.Name()) {
+			return nil
+		}
+		dir, _ := filepath.Rel("..", filepath.Dir(path))
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		var k ktypes.Kustomization
+		if err := yaml.Unmarshal(b, &k); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if k.Kind == ktypes.ComponentKind {
+			comps = append(comps, dir)
+		} else {
+			kusts = append(kusts, dir)
+		}
+		for _, c := range k.Components {
+			included[filepath.Join(dir, c)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kusts) == 0 || !slices.Contains(kusts, "overlays/us") {
+		t.Fatalf("found the kustomizations %v: not deploy/k8s", kusts)
+	}
+	var checks []check
+	for _, k := range kusts {
+		checks = append(checks, check{dir: k})
+	}
+	for _, c := range comps {
+		if included[c] {
+			continue
+		}
+		where, ok := optionalComponents[c]
+		if !ok {
+			t.Errorf("the component %s is included by no kustomization, and this check does not know where it goes (optionalComponents)", c)
+			continue
+		}
+		n := 0
+		for _, k := range kusts {
+			if parent, _, nested := strings.Cut(k, "/"); parent != where || strings.Contains(strings.TrimPrefix(k, where+"/"), "/") || !nested {
+				continue
+			}
+			if where == "nats" && !rendersNamespace(t, k) {
+				continue // nats/policies, nats/single: no region's namespace
+			}
+			checks = append(checks, check{dir: k, component: c})
+			n++
+		}
+		if n == 0 {
+			t.Errorf("the component %s goes on top of %s/<name>, and there is none", c, where)
+		}
+	}
+	for _, e := range examples {
+		checks = append(checks, check{dir: e, example: true})
+	}
+	for c := range optionalComponents {
+		if !slices.Contains(comps, c) {
+			t.Errorf("optionalComponents names %s, which is not a component of deploy/k8s", c)
+		}
+	}
+	slices.SortFunc(checks, func(a, b check) int { return strings.Compare(a.String(), b.String()) })
+	return checks
+}
+
+// rendersNamespace says whether the kustomization in dir holds a Namespace.
+func rendersNamespace(t *testing.T, dir string) bool {
 	t.Helper()
 	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), filepath.Join("..", dir))
 	if err != nil {
-		t.Fatalf("kustomize build %s: %v", dir, err)
+		return false
+	}
+	for _, r := range m.Resources() {
+		if r.GetKind() == "Namespace" {
+			return true
+		}
+	}
+	return false
+}
+
+// memTree is a copy of deploy/k8s (this module aside) in memory, under
+// /k8s, where a check adds a component to a kustomization.
+func memTree(t *testing.T) filesys.FileSystem {
+	t.Helper()
+	mem := filesys.MakeFsInMemory()
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path == filepath.Join("..", "apiserver") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel("..", path)
+		return mem.WriteFile(filepath.Join("/k8s", rel), b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mem
+}
+
+// renderCheck builds c as kubectl apply -k does: its kustomization, with
+// the component added after its own components, as an operator adds it.
+func renderCheck(tree filesys.FileSystem, c check) ([]*unstructured.Unstructured, error) {
+	if c.example {
+		b, err := os.ReadFile(filepath.Join("..", c.dir))
+		if err != nil {
+			return nil, err
+		}
+		var out []*unstructured.Unstructured
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+		for {
+			u := &unstructured.Unstructured{}
+			if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
+				return out, nil
+			} else if err != nil {
+				return nil, err
+			}
+			if len(u.Object) > 0 {
+				out = append(out, u)
+			}
+		}
+	}
+	fsys := filesys.MakeFsOnDisk()
+	dir := filepath.Join("..", c.dir)
+	if c.component != "" {
+		fsys, dir = tree, filepath.Join("/k8s", c.dir)
+		path := filepath.Join(dir, "kustomization.yaml")
+		b, err := tree.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		var k ktypes.Kustomization
+		if err := yaml.Unmarshal(b, &k); err != nil {
+			return nil, err
+		}
+		rel, err := filepath.Rel(c.dir, c.component)
+		if err != nil {
+			return nil, err
+		}
+		k.Components = append(k.Components, rel)
+		if b, err = yaml.Marshal(k); err != nil {
+			return nil, err
+		}
+		// A copy of the tree per check: another check's component is not
+		// there.
+		copied := filesys.MakeFsInMemory()
+		if err := tree.Walk("/k8s", func(p string, info fs.FileInfo, err error) error {
+			if err != nil || info.IsDir() {
+				return err
+			}
+			content, err := tree.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return copied.WriteFile(p, content)
+		}); err != nil {
+			return nil, err
+		}
+		if err := copied.WriteFile(path, b); err != nil {
+			return nil, err
+		}
+		fsys = copied
+	}
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(fsys, dir)
+	if err != nil {
+		return nil, err
 	}
 	var out []*unstructured.Unstructured
 	for _, r := range m.Resources() {
 		b, err := r.MarshalJSON()
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		u := &unstructured.Unstructured{}
 		if err := u.UnmarshalJSON(b); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		out = append(out, u)
 	}
-	return out
-}
-
-func apply(t *testing.T, ctx context.Context, dyn dynamic.Interface, mapper *restmapper.DeferredDiscoveryRESTMapper, o *unstructured.Unstructured, dryRun bool) {
-	t.Helper()
-	if err := applyErr(ctx, dyn, mapper, o, dryRun); err != nil {
-		t.Errorf("%s %s/%s: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
-	}
+	return out, nil
 }
 
 func applyErr(ctx context.Context, dyn dynamic.Interface, mapper *restmapper.DeferredDiscoveryRESTMapper, o *unstructured.Unstructured, dryRun bool) error {
@@ -131,21 +382,36 @@ func applyErr(ctx context.Context, dyn dynamic.Interface, mapper *restmapper.Def
 	}
 	var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
 	if m.Scope.Name() == "namespace" {
-		ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
+		// A kustomization that names no namespace is applied to the
+		// context's, default here.
+		ns := o.GetNamespace()
+		if ns == "" {
+			ns = "default"
+		}
+		ri = dyn.Resource(m.Resource).Namespace(ns)
 	}
 	_, err = ri.Patch(ctx, o.GetName(), types.ApplyPatchType, b, opts)
 	return err
 }
 
-// crdSources are the CRDs the manifests use, each read from its project's
-// Go module at a pinned version (config/crd/bases, as the project
-// publishes it): the module proxy serves them, checked against the
-// checksum database, so nothing upstream is kept in this repository.
+// crdSources are the CRDs the manifests use, the optional components'
+// included, each read from its project's Go module at a pinned version
+// (the file as the project publishes it): the module proxy serves them,
+// checked against the checksum database, so nothing upstream is kept in
+// this repository. prometheus-operator's is 0.85.0, the newest version of
+// its root module the proxy serves (its API module, which deploy/k8s's
+// tests decode with, is 0.95.2).
 var crdSources = []struct{ module, file string }{
-	{"github.com/cloudnative-pg/cloudnative-pg@v1.30.0", "postgresql.cnpg.io_clusters.yaml"},
-	{"github.com/cloudnative-pg/cloudnative-pg@v1.30.0", "postgresql.cnpg.io_scheduledbackups.yaml"},
-	{"github.com/cloudnative-pg/plugin-barman-cloud@v0.14.0", "barmancloud.cnpg.io_objectstores.yaml"},
-	{"github.com/kedacore/keda/v2@v2.20.2", "keda.sh_scaledobjects.yaml"},
+	{"github.com/cloudnative-pg/cloudnative-pg@v1.30.0", "config/crd/bases/postgresql.cnpg.io_clusters.yaml"},
+	{"github.com/cloudnative-pg/cloudnative-pg@v1.30.0", "config/crd/bases/postgresql.cnpg.io_scheduledbackups.yaml"},
+	{"github.com/cloudnative-pg/plugin-barman-cloud@v0.14.0", "config/crd/bases/barmancloud.cnpg.io_objectstores.yaml"},
+	{"github.com/kedacore/keda/v2@v2.20.2", "config/crd/bases/keda.sh_scaledobjects.yaml"},
+	{"github.com/prometheus-operator/prometheus-operator@v0.85.0", "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"},
+	{"github.com/prometheus-operator/prometheus-operator@v0.85.0", "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml"},
+	{"github.com/prometheus-operator/prometheus-operator@v0.85.0", "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml"},
+	{"github.com/cert-manager/cert-manager@v1.21.2", "deploy/crds/cert-manager.io_certificates.yaml"},
+	{"github.com/cert-manager/cert-manager@v1.21.2", "deploy/crds/cert-manager.io_issuers.yaml"},
+	{"sigs.k8s.io/gateway-api@v1.6.3", "config/crd/standard/gateway.networking.k8s.io_httproutes.yaml"},
 }
 
 // moduleDir downloads one module version into the module cache and says
@@ -176,7 +442,7 @@ func loadCRDs(t *testing.T, ctx context.Context, cfg *rest.Config) {
 		if dirs[src.module] == "" {
 			dirs[src.module] = moduleDir(t, src.module)
 		}
-		f := filepath.Join(dirs[src.module], "config", "crd", "bases", src.file)
+		f := filepath.Join(dirs[src.module], filepath.FromSlash(src.file))
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
