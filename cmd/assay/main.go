@@ -16,6 +16,8 @@
 //	assay bench parts         reviews in parts: parts, calls, cost and time per work
 //	assay bench cells         a region of several cells: placement, a move under load, writes per cell
 //	assay usage reconcile     check attempts against results, the ledger and the provider
+//	assay usage show          a tenant's calls, units and cost from the ledger
+//	assay usage export        the ledger as CloudEvents 1.0, resumable with a cursor
 //	assay version             the build's version
 package main
 
@@ -68,6 +70,8 @@ commands:
   bench parts [FILE...]  the evaluation set and each diff FILE reviewed, in parts when large: parts, calls, cost, time
   bench cells            a region of several cells in this process: tenants placed, a move under load, each cell's writes
   usage reconcile        check attempts against results, the ledger and the provider's counts
+  usage show             a tenant's calls, units (cached, reasoning) and cost from the ledger
+  usage export           the ledger as CloudEvents 1.0 (OpenMeter), resumable with a cursor
   outbox list|retry      outbox rows set aside because they could not be published; put them back
   publish COMMAND        list, retry (send again, once) or abandon publications that failed past their deadline
   rollout COMMAND        contract versions side by side: check a candidate on the evaluation set, run it in
@@ -122,15 +126,7 @@ tenants, is assay tenant (assay tenant --help).
 	"work":     workUsage,
 	"replay":   replayUsage,
 	"streams":  streamsUsage,
-	"usage": `usage: assay usage reconcile [--database-url URL] [--region R] [--provider-stats URL] [--since T] [--json]
-
-Check attempts against results and the ledger; with --provider-stats (the
-simulated provider's address, or its /sim/stats URL) also ledger rows
-against provider calls per tenant. Prints each check (--json: one JSON
-object); exits 1 on a difference.
-  --since T   only work created (ledger rows) at or after T: an RFC 3339
-              time or a duration back from now (24h); default: all time
-`,
+	"usage":    usageUsage,
 	"outbox": `usage: assay outbox list [--json] | assay outbox retry ID|--all [--region R --database-url URL]
 
 Outbox rows set aside because they could not be published, and putting them back.
@@ -159,7 +155,7 @@ var subcommands = map[string][]string{
 	"work":     {"rerun", "rest", "show", "list", "submit", "get", "watch"},
 	"replay":   {"dump", "revalidate", "redrive"},
 	"bench":    {"goodput", "pipeline", "parts", "cells"},
-	"usage":    {"reconcile"},
+	"usage":    {"reconcile", "show", "export"},
 	"outbox":   {"list", "retry"},
 	"rollout":  rolloutVerbs,
 }
@@ -239,11 +235,7 @@ func run(args []string, stderr io.Writer) int {
 	case "nats-config":
 		err = natsConfig(args[1:], os.Stdout)
 	case "usage":
-		if len(args) < 2 {
-			err = unknownSub("usage", nil)
-			break
-		}
-		err = usageReconcile(ctx, args[2:], os.Stdout)
+		err = usageCmd(ctx, args[1:], os.Stdout, stderr)
 	case "version", "--version":
 		if len(args) > 1 {
 			err = configError{fmt.Errorf("takes no arguments, got %q", args[1])}

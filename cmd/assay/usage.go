@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,11 +11,60 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/usage"
 )
+
+// usageUsage is assay usage's help.
+const usageUsage = `usage: assay usage reconcile [--database-url URL] [--region R] [--provider-stats URL] [--since T] [--json]
+       assay usage show --tenant ID [--database-url URL] [--since T] [--until T] [--json]
+       assay usage export --format cloudevents|cloudevents-batch [--database-url URL] [--region R]
+                          [--tenant ID] [--since T] [--after CURSOR] [--limit N] [--source URI]
+
+reconcile: check attempts against results and the ledger; with
+--provider-stats (the simulated provider's address, or its /sim/stats URL)
+also ledger rows against provider calls per tenant. Prints each check
+(--json: one JSON object); exits 1 on a difference.
+
+show: a tenant's calls, units and cost from the ledger, in total, by
+outcome and by model — input units with those read from the provider's
+prompt cache, output units with those spent on reasoning, and the part
+that is estimated (--json: the object GET /v1/usage answers).
+
+export: the ledger as CloudEvents 1.0 (JSON), one event per attempt, id the
+attempt id, subject the tenant, type dev.assay.model.call: --format
+cloudevents writes one event a line (JSON lines), cloudevents-batch one
+JSON array (application/cloudevents-batch+json). Prints "cursor C (N
+events)" to stderr at the end; --after C resumes after the last event.
+  --tenant ID    that tenant's calls alone
+  --after C      resume after the cursor an earlier export printed
+  --limit N      at most N events (default: every one there is)
+  --source URI   the events' source (default urn:assay:INSTALLATION:REGION,
+                 from --region and $ASSAY_INSTALLATION)
+
+  --since T   only ledger rows that occurred (reconcile: work created) at or
+              after T: an RFC 3339 time or a duration back from now (24h);
+              default: all time
+  --until T   show: only ledger rows before T; default: now
+`
+
+// usageCmd is assay usage: reconcile, show or export.
+func usageCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return unknownSub("usage", nil)
+	}
+	switch args[0] {
+	case "show":
+		return usageShow(ctx, args[1:], stdout)
+	case "export":
+		return usageExport(ctx, args[1:], stdout, stderr)
+	}
+	return usageReconcile(ctx, args[1:], stdout)
+}
 
 // usageReconcile is `assay usage reconcile`: it checks the cell's attempts
 // against its results and ledger, and optionally the ledger against the
@@ -214,4 +264,79 @@ type providerStats struct {
 	Tenants map[string]struct {
 		Calls int64 `json:"calls"`
 	} `json:"tenants"`
+}
+
+// usageShow is `assay usage show`: a tenant's usage from the cell's
+// ledger, as GET /v1/usage reports it.
+func usageShow(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("assay usage show", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
+	tenant := fs.String("tenant", "", "the tenant")
+	sinceFlag := fs.String("since", "", "RFC 3339 time or duration ago; default: everything")
+	untilFlag := fs.String("until", "", "RFC 3339 time or duration ago; default: now")
+	asJSON := fs.Bool("json", false, "print the JSON object GET /v1/usage answers")
+	if err := fs.Parse(args); err != nil {
+		return configError{err}
+	}
+	switch {
+	case fs.NArg() > 0:
+		return configError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	case *tenant == "":
+		return configError{errors.New("--tenant is required")}
+	}
+	now := time.Now()
+	since, err := parseWhen(*sinceFlag, now)
+	if err != nil {
+		return configError{fmt.Errorf("--since: %w", err)}
+	}
+	until := now
+	if *untilFlag != "" {
+		if until, err = parseWhen(*untilFlag, now); err != nil {
+			return configError{fmt.Errorf("--until: %w", err)}
+		}
+	}
+	if !since.Before(until) {
+		return configError{fmt.Errorf("--until %s is not after --since %s", cmpOr(*untilFlag, "now"), cmpOr(*sinceFlag, "the start"))}
+	}
+	st, err := openStore(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	rep, err := usage.Read(ctx, st, *tenant, since, until)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(rep)
+	}
+	printUsage(stdout, rep, *sinceFlag == "")
+	return nil
+}
+
+// printUsage prints a usage report as a table: the total, then a line per
+// outcome and per model.
+func printUsage(w io.Writer, rep usage.Report, allTime bool) {
+	scope := "since " + rep.From.Format(time.RFC3339)
+	if allTime {
+		scope = "all time"
+	}
+	fmt.Fprintf(w, "usage of %s, %s, until %s\n", rep.TenantID, scope, rep.To.Format(time.RFC3339))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\tcalls\tinput units\tcached\toutput units\treasoning\tcost $\testimated calls\testimated $\t")
+	row := func(key string, l usage.Line) {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.6f\t%d\t%.6f\t\n", key, l.Calls, l.InputUnits, l.CachedInputUnits,
+			l.OutputUnits, l.ReasoningUnits, float64(l.CostMicros)/1e6, l.EstimatedCalls, float64(l.EstimatedCostMicros)/1e6)
+	}
+	row("total", usage.Line{Calls: rep.Calls, InputUnits: rep.InputUnits, CachedInputUnits: rep.CachedInputUnits,
+		OutputUnits: rep.OutputUnits, ReasoningUnits: rep.ReasoningUnits, CostMicros: rep.CostMicros,
+		EstimatedCalls: rep.EstimatedCalls, EstimatedCostMicros: rep.EstimatedCostMicros})
+	for _, l := range rep.ByOutcome {
+		row("outcome "+l.Outcome, l)
+	}
+	for _, l := range rep.ByModel {
+		row("model "+l.Model, l)
+	}
+	_ = tw.Flush()
 }

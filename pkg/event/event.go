@@ -305,6 +305,17 @@ type Attempt struct {
 	OutputUnits      int64     `json:"outputUnits"`
 	LatencyMS        int64     `json:"latencyMs"`
 	At               time.Time `json:"at"`
+	// CachedInputUnits are the part of InputUnits the provider read from
+	// its prompt cache (usage.prompt_tokens_details.cached_tokens), which
+	// the ledger prices at the table's cached-input price; ReasoningUnits
+	// the part of OutputUnits spent on hidden reasoning
+	// (completion_tokens_details.reasoning_tokens), billed as output. Both
+	// are 0 for an estimate. Left out when 0, so an event without them is
+	// the form earlier releases read; their strict decoders refuse one
+	// that carries them, so a classifier writes none while such a ledger
+	// or committer runs (ASSAY_ATTEMPT_EVENTS=split).
+	CachedInputUnits int64 `json:"cachedInputUnits,omitempty"`
+	ReasoningUnits   int64 `json:"reasoningUnits,omitempty"`
 	// Estimated: the call left and brought no usage back (a timeout, a
 	// cancel, a 5xx), so InputUnits is the request's estimate and the
 	// ledger marks the row estimated.
@@ -421,7 +432,7 @@ func (a *Attempt) check() error {
 		return fmt.Errorf("event: attempt: bad tenantId %q", a.TenantID)
 	case a.Outcome == "":
 		return errors.New("event: attempt: outcome missing")
-	case a.InputUnits < 0 || a.OutputUnits < 0:
+	case a.InputUnits < 0 || a.OutputUnits < 0 || a.CachedInputUnits < 0 || a.ReasoningUnits < 0:
 		return errors.New("event: attempt: negative units")
 	case a.NoCall && a.Result == nil:
 		return errors.New("event: attempt: neither a call nor a result")

@@ -2,6 +2,7 @@ package event_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -262,7 +263,8 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("accepted result with tenant %q", r.TenantID)
 		}
 		var a event.Attempt
-		if err := event.Decode(data, &a); err == nil && (!event.ValidToken(a.TenantID) || a.InputUnits < 0 || a.OutputUnits < 0) {
+		if err := event.Decode(data, &a); err == nil && (!event.ValidToken(a.TenantID) || a.InputUnits < 0 || a.OutputUnits < 0 ||
+			a.CachedInputUnits < 0 || a.ReasoningUnits < 0) {
 			t.Fatalf("accepted attempt %+v", a)
 		}
 	})
@@ -399,5 +401,36 @@ func TestStreamConfigReplicasAndPlacement(t *testing.T) {
 	}
 	if d := event.StreamConfig(event.Names{Cell: "us"}, event.KindWork, event.StreamSettings{}); d.Placement != nil || d.Replicas != 1 {
 		t.Fatalf("defaults: placement %+v, replicas %d", d.Placement, d.Replicas)
+	}
+}
+
+// An attempt's cached and reasoning units travel as optional fields: an
+// event with them decodes, negative ones are refused, and an event
+// without them is written exactly as an earlier release wrote it, so a
+// ledger or committer of that release, which refuses unknown fields,
+// still reads it.
+func TestAttemptUsageDetails(t *testing.T) {
+	t.Parallel()
+	with := `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","inputUnits":2000,"outputUnits":300,` +
+		`"cachedInputUnits":1920,"reasoningUnits":192}`
+	a, err := event.Parse[event.Attempt]([]byte(with))
+	if err != nil || a.CachedInputUnits != 1920 || a.ReasoningUnits != 192 {
+		t.Fatalf("attempt with usage details: %+v, %v", a, err)
+	}
+	for _, field := range []string{"cachedInputUnits", "reasoningUnits"} {
+		bad := `{"attemptId":"` + a1 + `","workId":"w_1","tenantId":"acme","outcome":"ok","` + field + `":-1}`
+		if _, err := event.Parse[event.Attempt]([]byte(bad)); err == nil {
+			t.Errorf("negative %s accepted", field)
+		}
+	}
+	plain, err := event.Parse[event.Attempt]([]byte(goodAttempt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(plain)
+	for _, field := range []string{"cachedInputUnits", "reasoningUnits"} {
+		if bytes.Contains(raw, []byte(`"`+field+`"`)) {
+			t.Errorf("an attempt without usage details writes %s, which an earlier release refuses: %s", field, raw)
+		}
 	}
 }

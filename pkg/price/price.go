@@ -20,6 +20,20 @@ type Price struct {
 	// table that does not know the discount never under-counts.
 	BatchInput  *float64 `json:"batchInput,omitempty"`
 	BatchOutput *float64 `json:"batchOutput,omitempty"`
+	// CachedInput prices the input units the provider read from its
+	// prompt cache (usage.prompt_tokens_details.cached_tokens). Absent,
+	// they cost what other input units cost: a table that does not know
+	// the discount never under-counts. BatchCachedInput prices them in a
+	// Batch API line; absent, they cost the line's input price.
+	CachedInput      *float64 `json:"cachedInput,omitempty"`
+	BatchCachedInput *float64 `json:"batchCachedInput,omitempty"`
+}
+
+// Units are what an attempt is priced on: its input units, of which
+// CachedInput were read from the provider's prompt cache, and its output
+// units (reasoning units among them, billed as output).
+type Units struct {
+	Input, CachedInput, Output int64
 }
 
 // Prices maps a model name to its price. A key that ends in "*" prices a
@@ -31,15 +45,15 @@ type Prices map[string]Price
 var Default = Prices{"*": {Input: 0.15, Output: 0.60}}
 
 // Parse reads a price table from JSON, e.g.
-// {"gpt-4o-mini": {"input": 0.15, "output": 0.6, "batchInput": 0.075,
-// "batchOutput": 0.3}, "*": {...}}.
+// {"gpt-4o-mini": {"input": 0.15, "output": 0.6, "cachedInput": 0.075,
+// "batchInput": 0.075, "batchOutput": 0.3}, "*": {...}}.
 func Parse(raw []byte) (Prices, error) {
 	var p Prices
 	if err := json.Unmarshal(raw, &p); err != nil {
 		return nil, fmt.Errorf("price table: %w", err)
 	}
 	for m, pr := range p {
-		for _, v := range []*float64{&pr.Input, &pr.Output, pr.BatchInput, pr.BatchOutput} {
+		for _, v := range []*float64{&pr.Input, &pr.Output, pr.BatchInput, pr.BatchOutput, pr.CachedInput, pr.BatchCachedInput} {
 			if v != nil && (*v < 0 || math.IsNaN(*v)) {
 				return nil, fmt.Errorf("price table: model %q: prices must be non-negative", m)
 			}
@@ -84,13 +98,31 @@ func (p Prices) Lookup(model string) Price {
 
 // CostMicros prices an attempt in millionths of a dollar.
 func (p Prices) CostMicros(model string, in, out int64) int64 {
-	pr := p.Lookup(model)
+	return p.Lookup(model).Cost(Units{Input: in, Output: out})
+}
+
+// Cost prices units at pr in millionths of a dollar: cached input units
+// at the cached-input price, the other input units at the input price,
+// output units at the output price. Cached units are bounded by the
+// input units, so they never price more units than were sent.
+func (pr Price) Cost(u Units) int64 {
+	cached := max(0, min(u.CachedInput, u.Input))
 	// dollars/1M units × units = micro-dollars.
-	return int64(math.Round(pr.Input*float64(in) + pr.Output*float64(out)))
+	return int64(math.Round(pr.Input*float64(u.Input-cached) + pr.Cached()*float64(cached) + pr.Output*float64(u.Output)))
+}
+
+// Cached is the price of an input unit read from the prompt cache: the
+// table's cached-input price, else the input price.
+func (pr Price) Cached() float64 {
+	if pr.CachedInput != nil {
+		return *pr.CachedInput
+	}
+	return pr.Input
 }
 
 // Batch is the price of a line answered through the provider's Batch API:
-// the batch prices where the table gives them, else the call's.
+// the batch prices where the table gives them, else the call's; cached
+// input at the batch cached-input price, else at the line's input price.
 func (pr Price) Batch() Price {
 	b := Price{Input: pr.Input, Output: pr.Output}
 	if pr.BatchInput != nil {
@@ -99,11 +131,13 @@ func (pr Price) Batch() Price {
 	if pr.BatchOutput != nil {
 		b.Output = *pr.BatchOutput
 	}
+	if pr.BatchCachedInput != nil {
+		b.CachedInput = pr.BatchCachedInput
+	}
 	return b
 }
 
 // BatchCostMicros prices a Batch API line in millionths of a dollar.
 func (p Prices) BatchCostMicros(model string, in, out int64) int64 {
-	pr := p.Lookup(model).Batch()
-	return int64(math.Round(pr.Input*float64(in) + pr.Output*float64(out)))
+	return p.Lookup(model).Batch().Cost(Units{Input: in, Output: out})
 }

@@ -145,3 +145,48 @@ func TestBatchPrices(t *testing.T) {
 		t.Error("a negative batch price was taken")
 	}
 }
+
+// Cached input units cost the cached-input price where the table gives
+// one, else the input price; a batch line's, the batch cached-input
+// price, else the line's input price. Reasoning units are output units.
+func TestCachedInputPrices(t *testing.T) {
+	t.Parallel()
+	p, err := Parse([]byte(`{"m": {"input": 1, "output": 2, "cachedInput": 0.1, "batchInput": 0.5, "batchCachedInput": 0.05},
+		"no-batch-cache": {"input": 1, "output": 2, "cachedInput": 0.25, "batchInput": 0.5},
+		"*": {"input": 3, "output": 4}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := Units{Input: 1000, CachedInput: 800, Output: 100}
+	for _, c := range []struct {
+		model       string
+		call, batch int64
+	}{
+		{"m", 200*1 + 800*0.1 + 100*2, 200*0.5 + 800*0.05 + 100*2},
+		{"no-batch-cache", 200*1 + 800*0.25 + 100*2, 1000*0.5 + 100*2},
+		// No cached price: cached units cost what other input units cost.
+		{"other", 1000*3 + 100*4, 1000*3 + 100*4},
+	} {
+		if got := p.Lookup(c.model).Cost(u); got != c.call {
+			t.Errorf("%s: call cost %d, want %d", c.model, got, c.call)
+		}
+		if got := p.Lookup(c.model).Batch().Cost(u); got != c.batch {
+			t.Errorf("%s: batch cost %d, want %d", c.model, got, c.batch)
+		}
+		if full := p.CostMicros(c.model, u.Input, u.Output); full < c.call {
+			t.Errorf("%s: the reservation's price %d is below the cost %d", c.model, full, c.call)
+		}
+	}
+	// More cached units than input units price the input units alone.
+	if got, want := p.Lookup("m").Cost(Units{Input: 100, CachedInput: 500}), int64(10); got != want {
+		t.Errorf("cached above input: %d, want %d", got, want)
+	}
+	if got, want := p.Lookup("m").Cost(Units{Input: 100, CachedInput: -5}), int64(100); got != want {
+		t.Errorf("negative cached: %d, want %d", got, want)
+	}
+	for _, raw := range []string{`{"*": {"input": 1, "cachedInput": -0.1}}`, `{"*": {"input": 1, "batchCachedInput": -1}}`} {
+		if _, err := Parse([]byte(raw)); err == nil {
+			t.Errorf("a negative cached price was taken: %s", raw)
+		}
+	}
+}

@@ -22,6 +22,11 @@ type LedgerRow struct {
 	UpstreamAttempts int
 	InputUnits       int64
 	OutputUnits      int64
+	// CachedInputUnits are the part of InputUnits read from the provider's
+	// prompt cache, priced at the cached-input price; ReasoningUnits the
+	// part of OutputUnits spent on hidden reasoning.
+	CachedInputUnits int64
+	ReasoningUnits   int64
 	CostMicros       int64
 	LatencyMS        int64
 	OccurredAt       time.Time
@@ -82,11 +87,11 @@ func (s *Store) RecordLedger(ctx context.Context, r LedgerRow) (rec Recorded, ex
 		var was int64
 		err := tx.QueryRow(ctx, `UPDATE ledger l SET model = $2, served_model = nullif($10, ''), outcome = $3,
 				upstream_attempts = $4, input_units = $5, output_units = $6, cost_micros = $7, latency_ms = $8,
-				occurred_at = $9, estimated = false, recorded_at = now()
+				occurred_at = $9, cached_input_units = $11, reasoning_units = $12, estimated = false, recorded_at = now()
 			FROM (SELECT attempt_id, cost_micros FROM ledger WHERE attempt_id = $1 AND estimated FOR UPDATE) old
 			WHERE l.attempt_id = old.attempt_id RETURNING old.cost_micros`,
 			r.AttemptID, Text(r.Model), r.Outcome, r.UpstreamAttempts, r.InputUnits, r.OutputUnits, r.CostMicros,
-			r.LatencyMS, r.OccurredAt, Text(r.ServedModel)).Scan(&was)
+			r.LatencyMS, r.OccurredAt, Text(r.ServedModel), r.CachedInputUnits, r.ReasoningUnits).Scan(&was)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -108,9 +113,10 @@ func (s *Store) RecordLedger(ctx context.Context, r LedgerRow) (rec Recorded, ex
 // shadow, and charged to the tenant like any other.
 const recordLedgerSQL = `WITH ins AS (
 			INSERT INTO ledger (attempt_id, tenant_id, work_id, model, served_model, outcome,
-				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated, shadow)
+				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated, shadow,
+				cached_input_units, reasoning_units)
 			VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, $9, $10, $11, $12, $13,
-				coalesce((SELECT w.shadow_of IS NOT NULL FROM work w WHERE w.id = $3), false))
+				coalesce((SELECT w.shadow_of IS NOT NULL FROM work w WHERE w.id = $3), false), $14, $15)
 			ON CONFLICT (attempt_id) DO NOTHING RETURNING attempt_id),
 		res AS (UPDATE budget_reservations SET settled_at = now()
 			WHERE attempt_id = $1 AND settled_at IS NULL AND EXISTS (SELECT 1 FROM ins)
@@ -126,7 +132,7 @@ const recordLedgerSQL = `WITH ins AS (
 
 func ledgerArgs(r LedgerRow) []any {
 	return []any{r.AttemptID, r.TenantID, r.WorkID, Text(r.Model), Text(r.ServedModel), r.Outcome, r.UpstreamAttempts,
-		r.InputUnits, r.OutputUnits, r.CostMicros, r.LatencyMS, r.OccurredAt, r.Estimated}
+		r.InputUnits, r.OutputUnits, r.CostMicros, r.LatencyMS, r.OccurredAt, r.Estimated, r.CachedInputUnits, r.ReasoningUnits}
 }
 
 // LedgerResult is what recording one row of a batch did.
@@ -185,7 +191,7 @@ func (s *Store) recordLedgerGroup(ctx context.Context, rows []LedgerRow) (map[st
 	var a struct {
 		attempt, tenant, work, model, served, outcome []string
 		upstream                                      []int32
-		in, out, cost, latency                        []int64
+		in, out, cost, latency, cached, reasoning     []int64
 		at                                            []time.Time
 		estimated                                     []bool
 	}
@@ -195,13 +201,14 @@ func (s *Store) recordLedgerGroup(ctx context.Context, rows []LedgerRow) (map[st
 		a.upstream = append(a.upstream, int32(r.UpstreamAttempts))
 		a.in, a.out, a.cost, a.latency = append(a.in, r.InputUnits), append(a.out, r.OutputUnits), append(a.cost, r.CostMicros), append(a.latency, r.LatencyMS)
 		a.at, a.estimated = append(a.at, r.OccurredAt), append(a.estimated, r.Estimated)
+		a.cached, a.reasoning = append(a.cached, r.CachedInputUnits), append(a.reasoning, r.ReasoningUnits)
 	}
 	inserted, excess := map[string]bool{}, map[string]int64{}
 	var over []string
 	var overBy []int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		got, err := tx.Query(ctx, recordLedgerGroupSQL, a.attempt, a.tenant, a.work, a.model, a.served, a.outcome, a.upstream,
-			a.in, a.out, a.cost, a.latency, a.at, a.estimated)
+			a.in, a.out, a.cost, a.latency, a.at, a.estimated, a.cached, a.reasoning)
 		if err != nil {
 			return err
 		}
@@ -234,14 +241,16 @@ func (s *Store) recordLedgerGroup(ctx context.Context, rows []LedgerRow) (map[st
 // inserted attempt with what it cost beyond its reservation.
 const recordLedgerGroupSQL = `WITH x AS (
 			SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
-				$8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::timestamptz[], $13::bool[])
-				AS x(attempt_id, tenant_id, work_id, model, served, outcome, upstream, input_units, output_units, cost, latency, at, estimated)
+				$8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::timestamptz[], $13::bool[], $14::bigint[], $15::bigint[])
+				AS x(attempt_id, tenant_id, work_id, model, served, outcome, upstream, input_units, output_units, cost, latency, at, estimated,
+					cached, reasoning)
 		), ins AS (
 			INSERT INTO ledger (attempt_id, tenant_id, work_id, model, served_model, outcome,
-				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated, shadow)
+				upstream_attempts, input_units, output_units, cost_micros, latency_ms, occurred_at, estimated, shadow,
+				cached_input_units, reasoning_units)
 			SELECT x.attempt_id, x.tenant_id, x.work_id, x.model, nullif(x.served, ''), x.outcome, x.upstream, x.input_units,
 				x.output_units, x.cost, x.latency, x.at, x.estimated,
-				coalesce((SELECT w.shadow_of IS NOT NULL FROM work w WHERE w.id = x.work_id), false)
+				coalesce((SELECT w.shadow_of IS NOT NULL FROM work w WHERE w.id = x.work_id), false), x.cached, x.reasoning
 			FROM x
 			ON CONFLICT (attempt_id) DO NOTHING RETURNING attempt_id, tenant_id, cost_micros
 		), res AS (

@@ -12,8 +12,8 @@ import (
 // movedTable is one table of a tenant's history: the tenant's rows (where,
 // with the tenant as $1) and the columns copied. shared rows (prompts,
 // provider batches, the tenant's credentials and links) may be in the
-// receiving cell already and are kept there; a serial id is the receiving
-// cell's own.
+// receiving cell already and are kept there; a serial id, and a ledger
+// row's place in the export's order (xact), are the receiving cell's own.
 type movedTable struct {
 	table, where string
 	shared       bool
@@ -35,7 +35,7 @@ var movedTables = []movedTable{
 	{table: "attempts", where: "tenant_id = $1"},
 	{table: "reviews", where: "tenant_id = $1", skip: []string{"id"}},
 	{table: "results", where: "tenant_id = $1"},
-	{table: "ledger", where: "tenant_id = $1"},
+	{table: "ledger", where: "tenant_id = $1", skip: []string{"xact"}},
 	{table: "budget_reservations", where: "tenant_id = $1"},
 	{table: "batch_items", where: "tenant_id = $1"},
 	{table: "publications", where: "tenant_id = $1"},

@@ -15,7 +15,12 @@ type UsageLine struct {
 	Calls       int64
 	InputUnits  int64
 	OutputUnits int64
-	CostMicros  int64
+	// CachedInputUnits are the input units read from the provider's prompt
+	// cache, ReasoningUnits the output units spent on hidden reasoning:
+	// parts of InputUnits and OutputUnits.
+	CachedInputUnits int64
+	ReasoningUnits   int64
+	CostMicros       int64
 	// Estimated counts the rows, and their cost, that are estimates: calls
 	// that left and brought no usage back, and attempts whose worker died.
 	EstimatedCalls      int64
@@ -36,7 +41,8 @@ func (s *Store) Usage(ctx context.Context, tenant string, from, to time.Time, by
 	}
 	rows, err := s.pool.Query(ctx, `SELECT `+by+`, count(*),
 			coalesce(sum(input_units), 0), coalesce(sum(output_units), 0), coalesce(sum(cost_micros), 0),
-			count(*) FILTER (WHERE estimated), coalesce(sum(cost_micros) FILTER (WHERE estimated), 0)
+			count(*) FILTER (WHERE estimated), coalesce(sum(cost_micros) FILTER (WHERE estimated), 0),
+			coalesce(sum(cached_input_units), 0), coalesce(sum(reasoning_units), 0)
 		FROM ledger WHERE tenant_id = $1 AND occurred_at >= $2 AND occurred_at < $3
 		GROUP BY 1 ORDER BY 1`, tenant, from, to)
 	if err != nil {
@@ -44,7 +50,8 @@ func (s *Store) Usage(ctx context.Context, tenant string, from, to time.Time, by
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (UsageLine, error) {
 		var u UsageLine
-		err := r.Scan(&u.Key, &u.Calls, &u.InputUnits, &u.OutputUnits, &u.CostMicros, &u.EstimatedCalls, &u.EstimatedCostMicros)
+		err := r.Scan(&u.Key, &u.Calls, &u.InputUnits, &u.OutputUnits, &u.CostMicros, &u.EstimatedCalls, &u.EstimatedCostMicros,
+			&u.CachedInputUnits, &u.ReasoningUnits)
 		return u, err
 	})
 }

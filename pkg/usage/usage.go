@@ -22,7 +22,13 @@ type Report struct {
 	Calls       int64     `json:"calls"`
 	InputUnits  int64     `json:"inputUnits"`
 	OutputUnits int64     `json:"outputUnits"`
-	CostMicros  int64     `json:"costMicros"`
+	// CachedInputUnits are the input units the provider read from its
+	// prompt cache, priced at the cached-input price; ReasoningUnits the
+	// output units spent on hidden reasoning, billed as output. Both are
+	// parts of the counts above, and 0 in an estimate.
+	CachedInputUnits int64 `json:"cachedInputUnits"`
+	ReasoningUnits   int64 `json:"reasoningUnits"`
+	CostMicros       int64 `json:"costMicros"`
 	// EstimatedCalls and EstimatedCostMicros are the part of the totals that
 	// is estimated: calls that left and brought no usage back, charged the
 	// request's estimate, and attempts whose worker died.
@@ -39,20 +45,28 @@ type Line struct {
 	Calls               int64  `json:"calls"`
 	InputUnits          int64  `json:"inputUnits"`
 	OutputUnits         int64  `json:"outputUnits"`
+	CachedInputUnits    int64  `json:"cachedInputUnits"`
+	ReasoningUnits      int64  `json:"reasoningUnits"`
 	CostMicros          int64  `json:"costMicros"`
 	EstimatedCalls      int64  `json:"estimatedCalls"`
 	EstimatedCostMicros int64  `json:"estimatedCostMicros"`
 }
 
 func line(l store.UsageLine) Line {
-	return Line{Calls: l.Calls, InputUnits: l.InputUnits, OutputUnits: l.OutputUnits, CostMicros: l.CostMicros,
-		EstimatedCalls: l.EstimatedCalls, EstimatedCostMicros: l.EstimatedCostMicros}
+	return Line{Calls: l.Calls, InputUnits: l.InputUnits, OutputUnits: l.OutputUnits, CachedInputUnits: l.CachedInputUnits,
+		ReasoningUnits: l.ReasoningUnits, CostMicros: l.CostMicros, EstimatedCalls: l.EstimatedCalls,
+		EstimatedCostMicros: l.EstimatedCostMicros}
+}
+
+// Ledger totals a tenant's ledger rows; *store.Store is one.
+type Ledger interface {
+	Usage(ctx context.Context, tenant string, from, to time.Time, by string) ([]store.UsageLine, error)
 }
 
 // Store is what the usage report reads; *store.Store is one.
 type Store interface {
 	auth.Tenants
-	Usage(ctx context.Context, tenant string, from, to time.Time, by string) ([]store.UsageLine, error)
+	Ledger
 }
 
 // Handler serves GET /v1/usage?tenant=…&from=…&to=… (RFC 3339 times; from
@@ -107,20 +121,28 @@ func (s handler) usage(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_period", "from must be before to")
 		return
 	}
-	lines, err := s.st.Usage(r.Context(), t.ID, from, to, store.ByOutcome)
+	rep, err := Read(r.Context(), s.st, t.ID, from, to)
 	if err != nil {
 		s.log.Error("usage query failed", "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
-	models, err := s.st.Usage(r.Context(), t.ID, from, to, store.ByModel)
+	apierror.JSON(w, http.StatusOK, rep)
+}
+
+// Read is the report of tenant's ledger rows that occurred in [from, to),
+// as GET /v1/usage answers it.
+func Read(ctx context.Context, st Ledger, tenant string, from, to time.Time) (Report, error) {
+	lines, err := st.Usage(ctx, tenant, from, to, store.ByOutcome)
 	if err != nil {
-		s.log.Error("usage query failed", "err", err)
-		auth.Unavailable().Write(w)
-		return
+		return Report{}, err
+	}
+	models, err := st.Usage(ctx, tenant, from, to, store.ByModel)
+	if err != nil {
+		return Report{}, err
 	}
 	// Empty arrays, not null, so clients can range over them unchecked.
-	rep := Report{TenantID: t.ID, From: from.UTC(), To: to.UTC(), ByOutcome: []Line{}, ByModel: []Line{}}
+	rep := Report{TenantID: tenant, From: from.UTC(), To: to.UTC(), ByOutcome: []Line{}, ByModel: []Line{}}
 	for _, l := range lines {
 		u := line(l)
 		u.Outcome = l.Key
@@ -128,6 +150,8 @@ func (s handler) usage(w http.ResponseWriter, r *http.Request) {
 		rep.Calls += l.Calls
 		rep.InputUnits += l.InputUnits
 		rep.OutputUnits += l.OutputUnits
+		rep.CachedInputUnits += l.CachedInputUnits
+		rep.ReasoningUnits += l.ReasoningUnits
 		rep.CostMicros += l.CostMicros
 		rep.EstimatedCalls += l.EstimatedCalls
 		rep.EstimatedCostMicros += l.EstimatedCostMicros
@@ -137,5 +161,5 @@ func (s handler) usage(w http.ResponseWriter, r *http.Request) {
 		u.Model = l.Key
 		rep.ByModel = append(rep.ByModel, u)
 	}
-	apierror.JSON(w, http.StatusOK, rep)
+	return rep, nil
 }

@@ -567,6 +567,9 @@ func (s *Service) attemptEvent(c *contract.Contract, w *store.Work, attemptID, o
 		out := int64(math.Ceil(float64(body) / s.cfg.BytesPerUnit))
 		att.InputUnits, att.OutputUnits, att.Estimated = s.inputUnits(c, w, len(w.Input)), out, true
 	}
+	if !att.Estimated && !s.cfg.SplitEvents { // split: the form earlier ledgers and committers read
+		att.CachedInputUnits, att.ReasoningUnits = int64(reply.Usage.CachedInputTokens()), int64(reply.Usage.ReasoningTokens())
+	}
 	return att
 }
 

@@ -16,12 +16,17 @@ import (
 // Each ATTEMPT delivery is settled by what the store answered: recorded,
 // already there or refused for good, it is done; when the store does not
 // answer it is asked for again in a second. A row is priced from the
-// table, a batch line at the batch price, and charged in full even past
-// its reservation.
+// table, a batch line at the batch price, cached input units at the
+// cached-input price (an estimate's at the input price, recording none),
+// and charged in full even past its reservation.
 func TestHandleSettlesEachAttempt(t *testing.T) {
 	t.Parallel()
-	half, one := 0.5, 1.0
-	prices := price.Prices{"*": {Input: 1, Output: 2, BatchInput: &half, BatchOutput: &one}}
+	half, one, quarter, eighth := 0.5, 1.0, 0.25, 0.125
+	prices := price.Prices{"*": {Input: 1, Output: 2, BatchInput: &half, BatchOutput: &one, CachedInput: &quarter,
+		BatchCachedInput: &eighth}}
+	details := func(cached, reasoning int64) func(ev *event.Attempt) {
+		return func(ev *event.Attempt) { ev.CachedInputUnits, ev.ReasoningUnits = cached, reasoning }
+	}
 	attempt := attemptN(1)
 	estimate := store.LedgerRow{AttemptID: attempt, TenantID: "acme", WorkID: "w1", Model: "unknown",
 		Outcome: outcome.AttemptLeaseExpired, UpstreamAttempts: 1, CostMicros: 5000, Estimated: true}
@@ -45,6 +50,18 @@ func TestHandleSettlesEachAttempt(t *testing.T) {
 			want: consumer.Done(), decisions: []string{"recorded"},
 			row: &store.LedgerRow{CostMicros: 600, UpstreamAttempts: 2}},
 		{name: "estimated call", edit: func(ev *event.Attempt) { ev.Estimated = true },
+			want: consumer.Done(), decisions: []string{"recorded"},
+			row: &store.LedgerRow{CostMicros: 1200, UpstreamAttempts: 2, Estimated: true}},
+		{name: "cached input", edit: details(800, 40),
+			want: consumer.Done(), decisions: []string{"recorded"},
+			row: &store.LedgerRow{CostMicros: 200 + 200 + 200, UpstreamAttempts: 2, CachedInputUnits: 800, ReasoningUnits: 40}},
+		{name: "cached batch line", edit: func(ev *event.Attempt) { details(800, 0)(ev); ev.Batch = true },
+			want: consumer.Done(), decisions: []string{"recorded"},
+			row: &store.LedgerRow{CostMicros: 100 + 100 + 100, UpstreamAttempts: 2, CachedInputUnits: 800}},
+		{name: "details beyond the units", edit: details(5000, 500),
+			want: consumer.Done(), decisions: []string{"recorded"},
+			row: &store.LedgerRow{CostMicros: 250 + 200, UpstreamAttempts: 2, CachedInputUnits: 1000, ReasoningUnits: 100}},
+		{name: "estimated call with details", edit: func(ev *event.Attempt) { details(800, 40)(ev); ev.Estimated = true },
 			want: consumer.Done(), decisions: []string{"recorded"},
 			row: &store.LedgerRow{CostMicros: 1200, UpstreamAttempts: 2, Estimated: true}},
 		{name: "redelivered", deliveries: 2,
@@ -96,8 +113,10 @@ func TestHandleSettlesEachAttempt(t *testing.T) {
 			case c.row == nil:
 			case !ok:
 				t.Error("no row")
-			case got.CostMicros != c.row.CostMicros || got.Estimated != c.row.Estimated || got.UpstreamAttempts != c.row.UpstreamAttempts:
-				t.Errorf("row %+v, want cost %d, estimated %v, %d upstream attempts", got, c.row.CostMicros, c.row.Estimated, c.row.UpstreamAttempts)
+			case got.CostMicros != c.row.CostMicros || got.Estimated != c.row.Estimated || got.UpstreamAttempts != c.row.UpstreamAttempts ||
+				got.CachedInputUnits != c.row.CachedInputUnits || got.ReasoningUnits != c.row.ReasoningUnits:
+				t.Errorf("row %+v, want cost %d, estimated %v, %d upstream attempts, %d cached and %d reasoning units", got,
+					c.row.CostMicros, c.row.Estimated, c.row.UpstreamAttempts, c.row.CachedInputUnits, c.row.ReasoningUnits)
 			}
 		})
 	}

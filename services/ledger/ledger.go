@@ -242,13 +242,26 @@ func (s *Service) Append(ctx context.Context, ev event.Attempt) error {
 	if up < 1 {
 		up = 1
 	}
-	cost := s.cfg.Prices.CostMicros(ev.Model, ev.InputUnits, ev.OutputUnits)
+	cached, reasoning := details(ev)
+	pr := s.cfg.Prices.Lookup(ev.Model)
 	if ev.Batch {
-		cost = s.cfg.Prices.BatchCostMicros(ev.Model, ev.InputUnits, ev.OutputUnits)
+		pr = pr.Batch()
 	}
+	cost := pr.Cost(price.Units{Input: ev.InputUnits, CachedInput: cached, Output: ev.OutputUnits})
 	return s.append(ctx, store.LedgerRow{AttemptID: ev.AttemptID, TenantID: ev.TenantID,
 		WorkID: ev.WorkID, Model: ev.Model, ServedModel: ev.ServedModel, Outcome: ev.Outcome, UpstreamAttempts: up, InputUnits: ev.InputUnits,
-		OutputUnits: ev.OutputUnits, CostMicros: cost, LatencyMS: ev.LatencyMS, OccurredAt: ev.At, Estimated: ev.Estimated})
+		OutputUnits: ev.OutputUnits, CachedInputUnits: cached, ReasoningUnits: reasoning, CostMicros: cost, LatencyMS: ev.LatencyMS,
+		OccurredAt: ev.At, Estimated: ev.Estimated})
+}
+
+// details are the cached input and reasoning units the ledger records of
+// ev: none for an estimate, which is priced in full, and never more than
+// the units they are part of.
+func details(ev event.Attempt) (cached, reasoning int64) {
+	if ev.Estimated {
+		return 0, 0
+	}
+	return min(ev.CachedInputUnits, ev.InputUnits), min(ev.ReasoningUnits, ev.OutputUnits)
 }
 
 // append writes one ledger row and logs the decision.

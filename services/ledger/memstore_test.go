@@ -273,6 +273,8 @@ func (m *memStore) Usage(_ context.Context, tenant string, from, to time.Time, b
 		l.Calls++
 		l.InputUnits += r.InputUnits
 		l.OutputUnits += r.OutputUnits
+		l.CachedInputUnits += r.CachedInputUnits
+		l.ReasoningUnits += r.ReasoningUnits
 		l.CostMicros += r.CostMicros
 		if r.Estimated {
 			l.EstimatedCalls++

@@ -194,6 +194,30 @@ func storeSuite(t *testing.T, open func(t *testing.T) (Store, storeFacts)) {
 		}
 	})
 
+	// A row keeps its cached input and reasoning units, written alone, in
+	// a batch, or replacing an estimate, and usage sums them.
+	run("KeepsCachedAndReasoningUnits", func(t *testing.T, st Store, f storeFacts) {
+		f.Tenant("acme", "us", "tok-acme")
+		f.Claim(claimFact{Tenant: "acme", Work: "w1", Attempt: attemptN(1), Lease: time.Minute})
+		estimate := row(1, "acme", "w1", 5000)
+		estimate.Outcome, estimate.InputUnits, estimate.OutputUnits, estimate.Estimated = outcome.AttemptLeaseExpired, 0, 0, true
+		given(t, st, estimate)
+		report := row(1, "acme", "w1", 40)
+		report.CachedInputUnits, report.ReasoningUnits = 64, 4
+		second, third := row(2, "acme", "w1", 50), row(3, "acme", "w1", 60)
+		second.CachedInputUnits, third.ReasoningUnits = 32, 8
+		got := record(t, st, report, second, third)
+		want := []store.LedgerResult{{Recorded: store.Replaced}, {Recorded: store.Inserted}, {Recorded: store.Inserted}}
+		if !slices.Equal(got, want) {
+			t.Errorf("batch: %+v, want %+v", got, want)
+		}
+		wantLines := []store.UsageLine{{Key: "assay-sim-1", Calls: 3, InputUnits: 300, OutputUnits: 30,
+			CachedInputUnits: 96, ReasoningUnits: 12, CostMicros: 150}}
+		if got := usage(t, st, "acme", store.ByModel); !slices.Equal(got, wantLines) {
+			t.Errorf("usage %+v, want %+v", got, wantLines)
+		}
+	})
+
 	// A row whose work is not the cell's, or is another tenant's, is
 	// refused for good, alone: its batch is recorded all the same.
 	run("RefusesARowOfWorkItDoesNotHold", func(t *testing.T, st Store, f storeFacts) {
