@@ -1,6 +1,7 @@
 // Command assay is the operator's tool and the all-in-one binary:
 //
 //	assay dev [--serve]       both cells in one process, the demo by default
+//	assay dev webhook         a signed GitHub delivery to the cells make serve runs
 //	assay migrate             apply the cell's migrations
 //	assay sim                 run the simulated provider
 //	assay tenants seed FILE   create tenants and tokens from a JSON file
@@ -51,6 +52,7 @@ const mainUsage = `usage: assay <command> [flags]
 commands:
   dev [--serve]          run both cells (us, eu) in one process on embedded defaults;
                          without --serve, submit the evaluation set, print results, exit
+  dev webhook            send make serve's cells a signed pull_request delivery of its fake GitHub
   migrate                apply the cell's migrations (ASSAY_DATABASE_URL)
   sim                    run the simulated OpenAI-compatible provider (ASSAY_HTTP_ADDR)
   tenants seed FILE      create many tenants and tokens from FILE: [{"id","homeRegion","token"}]
