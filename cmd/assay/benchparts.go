@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -12,11 +13,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/pkg/devkit/devpg"
+	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/diff"
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/outcome"
@@ -24,11 +27,18 @@ import (
 	"assay.dev/services/ingress"
 )
 
-const benchPartsUsage = `usage: assay bench parts [--part-units N] [--cost-cap MICROS] [FILE.diff ...]
+const benchPartsUsage = `usage: assay bench parts [--part-units N] [--cost-cap MICROS] [--part-concurrency N] [FILE.diff ...]
+       assay bench parts --model-latency D [--files 40] [--runs 3] [--part-units 1500] [--part-concurrency N]
 
 Reviews the evaluation set and each unified diff FILE, one at a time, on a
 cell of its own with the simulated provider, and prints per work item its
 parts, model calls, ledger cost and time from created to its outcome.
+With --model-latency the simulated provider answers each call after D, and
+the bench reviews a one-file change (one part, one call) and then, --runs
+times, a pull request of --files new files cut into parts (--part-units,
+1500 unless given), and prints each review's time against the one part's,
+as "N.Nx one part", with the cell's adaptive limit when it started (4 in a
+fresh cell, growing as calls answer) and its calls and ledger rows.
 ASSAY_DATABASE_URL names a Postgres to make the cell's database on (else a
 throwaway one is started).`
 
@@ -37,14 +47,24 @@ throwaway one is started).`
 func benchParts(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("assay bench parts", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	units := fs.Int("part-units", 0, "the part size in model units (default: the contract's)")
+	units := fs.Int("part-units", 0, "the part size in model units (default: the contract's; 1500 with --model-latency)")
 	capMicros := fs.Int64("cost-cap", 0, "the work cost cap in micro-dollars (default: none)")
+	concurrency := fs.Int("part-concurrency", 0, "calls one review in parts makes at once (default: the classifier's, 8)")
+	latency := fs.Duration("model-latency", 0, "how long the simulated provider takes to answer each call")
+	files := fs.Int("files", 40, "with --model-latency, the files of the pull request reviewed in parts")
+	runs := fs.Int("runs", 3, "with --model-latency, how many times the pull request is reviewed")
 	if err := fs.Parse(args); err != nil {
 		return configError{fmt.Errorf("%v\n%s", err, benchPartsUsage)}
+	}
+	if *latency < 0 || *files < 2 || *runs < 1 || *concurrency < 0 {
+		return configError{fmt.Errorf("--model-latency and --part-concurrency must not be negative, --files at least 2 and --runs at least 1\n%s", benchPartsUsage)}
 	}
 	items, err := partsItems(fs.Args())
 	if err != nil {
 		return err
+	}
+	if *latency > 0 && *units == 0 {
+		*units = 1500
 	}
 	base := os.Getenv("ASSAY_DATABASE_URL")
 	if base == "" {
@@ -55,20 +75,86 @@ func benchParts(ctx context.Context, args []string, stdout io.Writer) error {
 		defer func() { _ = pg.Stop() }()
 		base = pg.URL("postgres")
 	}
-	bed, err := startBenchBed(ctx, base, cell.Options{Classifier: classifier.Config{PartUnits: *units, WorkCostCap: *capMicros},
-		Log: benchLogger(io.Discard, 0, "")}, []string{"acme"})
+	cc := classifier.Config{PartUnits: *units, WorkCostCap: *capMicros, PartConcurrency: *concurrency}
+	bed, err := startBenchBed(ctx, base, cell.Options{Classifier: cc, Log: benchLogger(io.Discard, 0, "")}, []string{"acme"},
+		sim.Options{Latency: *latency})
 	if err != nil {
 		return err
 	}
 	defer bed.close()
-	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "work\tdiff bytes\tparts\tcalls\tcost µ$\ttime\toutcome\treviewed")
+	if *latency > 0 {
+		return benchPartsSpeed(ctx, bed, stdout, speedRun{files: *files, runs: *runs, latency: *latency,
+			concurrency: cmp.Or(*concurrency, classifier.DefaultPartConcurrency)})
+	}
+	tw := partsTable(stdout)
 	for i, it := range items {
-		if err := benchPartsItem(ctx, bed, tw, i, it); err != nil {
+		if _, err := benchPartsItem(ctx, bed, tw, i, it); err != nil {
 			return err
 		}
 	}
 	return tw.Flush()
+}
+
+// partsTable is bench parts' table, its header written.
+func partsTable(w io.Writer) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "work\tdiff bytes\tparts\tcalls\tledger rows\tcost µ$\ttime\toutcome\treviewed")
+	return tw
+}
+
+// speedRun is what bench parts --model-latency reviews.
+type speedRun struct {
+	files, runs, concurrency int
+	latency                  time.Duration
+}
+
+// benchPartsSpeed reviews a one-file change, one part's review, then a
+// pull request of r.files r.runs times: a fresh cell's adaptive limit
+// starts at 4 and grows as the calls answer, so the first review runs
+// under it and the later ones as a busy cell's would. It prints each
+// review's time against the one part's.
+func benchPartsSpeed(ctx context.Context, bed *benchBed, stdout io.Writer, r speedRun) error {
+	tw := partsTable(stdout)
+	one, err := benchPartsItem(ctx, bed, tw, 0, partsItem{"one file", benchPR(1)})
+	if err != nil {
+		return err
+	}
+	var lines []string
+	for i := range r.runs {
+		limit := bed.cell.Classifier.Limiter().Limit()
+		pr, err := benchPartsItem(ctx, bed, tw, i+1, partsItem{fmt.Sprintf("%d files", r.files), benchPR(r.files)})
+		if err != nil {
+			return err
+		}
+		lines = append(lines, fmt.Sprintf("review %d, the cell's limit %d: %d files in %s parts in %s against one part's %s: %.1fx one part; %d calls, %d ledger rows",
+			i+1, limit, r.files, pr.parts, pr.took.Round(time.Millisecond), one.took.Round(time.Millisecond),
+			pr.took.Seconds()/one.took.Seconds(), pr.calls, pr.rows))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "model latency %s, part concurrency %d (calls of one review in parts at once)\n%s\n", r.latency, r.concurrency,
+		strings.Join(lines, "\n"))
+	return nil
+}
+
+// benchPR is a pull request of n new Go files of twenty-four lines each;
+// every third builds SQL by concatenation (the simulated reviewer's
+// blocking finding).
+func benchPR(n int) string {
+	var b strings.Builder
+	for i := range n {
+		name := fmt.Sprintf("svc/orders%02d.go", i)
+		fmt.Fprintf(&b, "diff --git a/%s b/%s\nnew file mode 100644\n--- /dev/null\n+++ b/%s\n@@ -0,0 +1,24 @@\n", name, name, name)
+		for l := 1; l <= 24; l++ {
+			if l == 12 && i%3 == 0 {
+				fmt.Fprintf(&b, "+\tq := \"SELECT * FROM orders WHERE id = \" + id%d\n", i)
+				continue
+			}
+			fmt.Fprintf(&b, "+\tcount%d_%d := step(%d, %d) // moves the order along\n", i, l, i, l)
+		}
+	}
+	return b.String()
 }
 
 // partsItem is one diff bench parts reviews.
@@ -90,28 +176,34 @@ func partsItems(files []string) ([]partsItem, error) {
 	return items, nil
 }
 
+// partsRow is what bench parts measured of one work item.
+type partsRow struct {
+	parts       string // "whole", or how many
+	calls, rows int    // model calls (attempt rows with a call) and ledger rows
+	took        time.Duration
+}
+
 // benchPartsItem reviews it, the i-th item, waits for its outcome and its
 // ledger rows, and writes its row to tw.
-func benchPartsItem(ctx context.Context, bed *benchBed, tw io.Writer, i int, it partsItem) error {
+func benchPartsItem(ctx context.Context, bed *benchBed, tw io.Writer, i int, it partsItem) (partsRow, error) {
+	var row partsRow
 	id, err := benchSubmitReview(ctx, bed, it.diff, fmt.Sprintf("bench/parts#%d", i+1))
 	if err != nil {
-		return fmt.Errorf("%s: %w", it.name, err)
+		return row, fmt.Errorf("%s: %w", it.name, err)
 	}
 	var state string
-	var took time.Duration
 	for end := time.Now().Add(10 * time.Minute); ; {
-		if err := bed.db.QueryRow(ctx, `SELECT state, updated_at - created_at FROM work WHERE id = $1`, id).Scan(&state, &took); err != nil {
-			return err
+		if err := bed.db.QueryRow(ctx, `SELECT state, updated_at - created_at FROM work WHERE id = $1`, id).Scan(&state, &row.took); err != nil {
+			return row, err
 		}
 		if state != outcome.Queued && state != outcome.Running {
 			break
 		}
 		if time.Now().After(end) {
-			return fmt.Errorf("%s: still %s after 10 minutes", it.name, state)
+			return row, fmt.Errorf("%s: still %s after 10 minutes", it.name, state)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	var calls, rows int
 	var cost int64
 	var cov []byte
 	// The ledger's rows follow the outcome by moments.
@@ -121,28 +213,29 @@ func benchPartsItem(ctx context.Context, bed *benchBed, tw io.Writer, i int, it 
 				(SELECT count(*) FROM ledger WHERE work_id = $1),
 				(SELECT coalesce(sum(cost_micros), 0) FROM ledger WHERE work_id = $1),
 				(SELECT a.coverage FROM results r JOIN attempts a ON a.id = r.attempt_id WHERE r.work_id = $1)`, id).
-			Scan(&calls, &rows, &cost, &cov); err != nil {
-			return err
+			Scan(&row.calls, &row.rows, &cost, &cov); err != nil {
+			return row, err
 		}
-		if rows >= calls {
+		if row.rows >= row.calls {
 			break
 		}
 		if time.Now().After(end) {
-			return fmt.Errorf("%s: %d ledger rows for %d calls after 30 s", it.name, rows, calls)
+			return row, fmt.Errorf("%s: %d ledger rows for %d calls after 30 s", it.name, row.rows, row.calls)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	parts, reviewed := "whole", "all"
+	row.parts = "whole"
+	reviewed := "all"
 	if cov != nil {
 		var cv diff.Coverage
 		if err := json.Unmarshal(cov, &cv); err != nil {
-			return err
+			return row, err
 		}
-		parts, reviewed = fmt.Sprint(cv.Parts), fmt.Sprintf("%d of %d parts", len(cv.Reviewed), cv.Parts)
+		row.parts, reviewed = fmt.Sprint(cv.Parts), fmt.Sprintf("%d of %d parts", len(cv.Reviewed), cv.Parts)
 	}
-	fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\n", it.name, len(it.diff), parts, calls, cost,
-		took.Round(time.Millisecond), state, reviewed)
-	return nil
+	fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", it.name, len(it.diff), row.parts, row.calls, row.rows, cost,
+		row.took.Round(time.Millisecond), state, reviewed)
+	return row, nil
 }
 
 // benchSubmitReview submits text as a code review of source and returns

@@ -137,3 +137,41 @@ func (s *Store) SetWholeAnswer(ctx context.Context, attemptID, token string, ans
 	}
 	return tag.RowsAffected() == 1, nil
 }
+
+// CallCost is what one call of a review in parts was reserved at and what
+// its ledger row charged.
+type CallCost struct {
+	Estimate, Cost int64
+}
+
+// PartCallCosts lists the reservations and charges of the last n calls of
+// reviews in parts of contract asked of model, newest first: those the
+// model answered (ok or invalid_output) whose ledger row carries the
+// provider's own usage (not an estimate, not a shadow lane's). Read only; a review in parts calibrates its cost cap on
+// them.
+func (s *Store) PartCallCosts(ctx context.Context, contract, model string, n int) ([]CallCost, error) {
+	rows, err := s.pool.Query(ctx, `SELECT a.estimate_micros, l.cost_micros
+		FROM attempts a
+		JOIN work w ON w.id = a.work_id
+		JOIN ledger l ON l.attempt_id = a.id
+		WHERE a.call IS NOT NULL AND a.finished_at IS NOT NULL AND a.estimate_micros > 0
+			AND a.outcome IN ('ok', 'invalid_output') AND w.contract = $1 AND l.model = $2 AND NOT l.estimated AND NOT l.shadow
+		ORDER BY a.finished_at DESC
+		LIMIT $3`, contract, model, n)
+	if err != nil {
+		return nil, fmt.Errorf("store: part call costs of %s: %w", contract, err)
+	}
+	defer rows.Close()
+	var out []CallCost
+	for rows.Next() {
+		var c CallCost
+		if err := rows.Scan(&c.Estimate, &c.Cost); err != nil {
+			return nil, fmt.Errorf("store: part call costs of %s: %w", contract, err)
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: part call costs of %s: %w", contract, err)
+	}
+	return out, nil
+}

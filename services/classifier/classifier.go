@@ -119,6 +119,11 @@ type Config struct {
 	// contracts' own caps: a review in parts that reaches it is a partial
 	// review.
 	WorkCostCap int64
+	// PartConcurrency bounds the calls one work item reviewed in parts
+	// makes at once (ASSAY_REVIEW_PART_CONCURRENCY). Each call beyond the
+	// first also takes its tenant's turn in the lane and a permit of the
+	// cell's limiter. Default 8.
+	PartConcurrency int
 	// ProviderBatch sends batch-lane work through the provider's Batch
 	// API. Default off.
 	ProviderBatch ProviderBatch
@@ -213,7 +218,7 @@ func (c *Config) defaults() error {
 	if c.WeightsEvery <= 0 {
 		c.WeightsEvery = 10 * time.Second
 	}
-	return nil
+	return c.partDefaults()
 }
 
 // Completer is the one method of the model adapter the classifier uses.
@@ -286,6 +291,9 @@ type Service struct {
 
 	mu      sync.Mutex
 	running map[string]context.CancelCauseFunc // work id -> its model call
+	// inParts are the reviews in parts running here: work id -> what
+	// cancels all its calls.
+	inParts map[string]context.CancelCauseFunc
 	cancels *nats.Subscription
 }
 
@@ -298,6 +306,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, d: d, lim: d.Limiter, running: map[string]context.CancelCauseFunc{}, fair: newFairLanes(),
+		inParts: map[string]context.CancelCauseFunc{},
 		toRun:   &group.Batch[string, store.ToRun]{Run: d.Store.WorkToRunGroup},
 		claims:  &group.Batch[store.ClaimReq, store.Claimed]{Run: d.Store.ClaimGroup},
 		records: &group.Batch[store.AttemptRecord, store.AttemptRecorded]{Run: d.Store.RecordAttemptGroup}}
@@ -595,6 +604,9 @@ func (s *Service) onCancel(msg *nats.Msg) {
 	}
 	s.mu.Lock()
 	cancel := s.running[c.WorkID]
+	if parts := s.inParts[c.WorkID]; parts != nil {
+		cancel = parts
+	}
 	s.mu.Unlock()
 	if cancel != nil {
 		cancel(errSuperseded)
@@ -631,7 +643,8 @@ var Vars = append([]config.Var{
 	{Name: "ASSAY_MAX_OUTPUT_UNITS", Default: "4096", Usage: "the answer's cap (max_tokens); doubled once for an answer cut at it"},
 	{Name: "ASSAY_BUDGET_BYTES_PER_UNIT", Default: "1", Usage: "bytes per unit a reservation counts the request at, 1 to 16"},
 	{Name: "ASSAY_REVIEW_PART_UNITS", Default: "the contract's (code-review: 12000)", Usage: "model units of diff one call of a review in parts carries; a larger diff is reviewed in parts"},
-	{Name: "ASSAY_WORK_COST_CAP_MICROS", Default: "the contract's (none)", Usage: "micro-dollars one work item's calls may cost at their estimates; a review in parts stops there, a partial review"},
+	{Name: "ASSAY_WORK_COST_CAP_MICROS", Default: "the contract's (none)", Usage: "micro-dollars one work item's calls may cost, a review in parts counting each part at what recent calls were billed; a review in parts stops there, a partial review"},
+	{Name: "ASSAY_REVIEW_PART_CONCURRENCY", Default: "8", Usage: "calls one review in parts makes at once (1-64), each beyond the first taking its tenant's turn and a cell slot"},
 }, append(batchVars, circuitVars...)...)
 
 // FromEnv fills the budget and admission settings from the environment:
@@ -694,6 +707,9 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 		c.BytesPerUnit = f
 	}
 	if err := config.Int(getenv, "ASSAY_REVIEW_PART_UNITS", &c.PartUnits, 256, 1<<20); err != nil {
+		return err
+	}
+	if err := config.Int(getenv, "ASSAY_REVIEW_PART_CONCURRENCY", &c.PartConcurrency, 1, maxPartConcurrency); err != nil {
 		return err
 	}
 	if v := getenv("ASSAY_WORK_COST_CAP_MICROS"); v != "" {

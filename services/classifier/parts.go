@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
+	"sync"
 	"time"
 
 	"assay.dev/pkg/admission"
@@ -25,21 +25,27 @@ import (
 
 // A code review whose diff is over its contract's part size is reviewed in
 // parts (diff.Split: whole files where they fit, riskiest first, lock
-// files skipped) under the one lease of its claimed attempt. Each part is
-// a call of its own — recorded before it is made and after, with its
-// reservation, raw answer and ATTEMPT event — and its answer passes the
-// gate against the part's own diff; a part whose answer fails is asked
-// again with what failed (MaxRepairs times, once by default), and a failure
-// after that ends the work schema_rejected naming the part. The parts' findings are merged (a
-// finding two parts both made is kept once, and the contract's cap on
-// findings keeps the most severe) into one answer, which the committer
-// gates against the whole diff and commits as the one result. When the
-// work's cost cap, its tenant's budget or its deadline stops the review
-// before every part is reviewed, what was reviewed is the result, a
-// partial review whose coverage names what was not. A call that brings no
-// answer ends the lease as a whole attempt's would (a retry, a raised cap,
-// an outage); the parts reviewed so far are not paid for again, as the
-// next lease reuses their answers.
+// files skipped) under the one lease of its claimed attempt. The parts are
+// called in their order, up to PartConcurrency at once (partsrun.go): the
+// first call runs on the lease's permit, each other takes its tenant's
+// turn in the lane and a permit of the cell's limiter, so a large pull
+// request waits its turn like any other tenant's work. Each part is a call
+// of its own — recorded before it is made and after, with its reservation,
+// raw answer and ATTEMPT event — and its answer passes the gate against
+// the part's own diff; a part whose answer fails is asked again with what
+// failed (MaxRepairs times, once by default), and a failure after that
+// ends the work schema_rejected naming the part. The parts' findings are
+// merged (merge.go: findings of two parts that point at one issue are kept
+// once, and the contract's cap on findings keeps the most severe) into one
+// answer, which the committer gates against the whole diff and commits as
+// the one result. The work's cost cap counts each part at its calibrated
+// estimate (calibrate.go) and each call made at what it was billed; when
+// the cap, its tenant's budget or its deadline stops the review before
+// every part is reviewed, what was reviewed is the result, a partial
+// review whose coverage names what was not and what it would cost. A call
+// that brings no answer ends the lease as a whole attempt's would (a
+// retry, a raised cap, an outage); the parts reviewed so far are not paid
+// for again, as the next lease reuses their answers.
 
 // partsPlan is a work item cut into parts.
 type partsPlan struct {
@@ -123,18 +129,28 @@ type partsRun struct {
 	token     string
 	budgeted  bool
 	pp        *partsPlan
-	probe     bool
 	progress  func()
 
-	calls int
-	spent int64
 	// limit is the work's cost cap (0: none); published the parts a review
 	// it continues published, which it neither reviews nor merges.
 	limit     int64
 	published []string
+	cal       *calibration
 	cov       diff.Coverage
-	findings  [][]any // each reviewed part's findings, in review order
+	findings  [][]any // each reviewed part's findings, in plan order
 	doc       map[string]any
+
+	mu      sync.Mutex
+	wake    chan struct{} // a part's calls ended
+	probe   bool          // the next call is the circuit's probe
+	calls   int           // calls started
+	running int           // parts whose calls run
+	calling int           // calls started and not ended
+	// spent is what the calls that ended were billed, and the answers
+	// reused from earlier leases at their calibrated estimates; pending
+	// the calibrated estimates of the calls running.
+	spent, pending int64
+	answers        []*gate.Accepted // by part, the gate's accepted answers
 	// What ended the calls early: a call without an answer (err, reply),
 	// a part that failed the gate twice (failed, naming it), a lease gone
 	// (lost), or a reason the parts left were not reviewed (stop).
@@ -147,8 +163,8 @@ type partsRun struct {
 	stopEnd string // the work's outcome when nothing was reviewed
 }
 
-// reviewInParts runs the lease's calls, one part at a time, and records
-// the claimed attempt with what they came to.
+// reviewInParts runs the lease's calls and records the claimed attempt
+// with what they came to.
 func (s *Service) reviewInParts(ctx context.Context, r *partsRun, permit *servedPermit) consumer.Disposition {
 	w := r.w
 	claimedAt := time.Now()
@@ -160,6 +176,7 @@ func (s *Service) reviewInParts(ctx context.Context, r *partsRun, permit *served
 		}
 	}
 	r.cov = diff.Coverage{Parts: len(r.pp.plan.Parts), Skipped: r.pp.plan.Skipped, Reviewed: []string{}, Files: []string{}}
+	r.answers, r.wake = make([]*gate.Accepted, len(r.pp.plan.Parts)), make(chan struct{}, 1)
 	facts, err := s.d.Store.PartsFacts(ctx, w.ID)
 	if err != nil {
 		// Without its cap or what was published before, the work is not
@@ -175,17 +192,13 @@ func (s *Service) reviewInParts(ctx context.Context, r *partsRun, permit *served
 	for _, a := range earlier {
 		reused[a.Part] = a.Raw
 	}
-	for i := range r.pp.plan.Parts {
-		p := &r.pp.plan.Parts[i]
-		if r.err != nil {
-			break
-		}
-		if slices.Contains(r.published, p.ID) {
-			r.cov.Earlier = append(r.cov.Earlier, p.ID)
-			continue
-		}
-		if !s.reviewPart(ctx, r, p, reused[p.ID]) {
-			break
+	r.cal = s.calibrationOf(ctx, r.c.Name, s.modelOf(w))
+	if r.err == nil {
+		s.runParts(ctx, r, reused)
+	}
+	for i, acc := range r.answers {
+		if acc != nil {
+			r.accept(&r.pp.plan.Parts[i], acc)
 		}
 	}
 	sig := admission.Signal{Kind: admission.Ignore}
@@ -197,127 +210,87 @@ func (s *Service) reviewInParts(ctx context.Context, r *partsRun, permit *served
 	return s.settleParts(ctx, r, claimedAt)
 }
 
-// reviewPart reviews one part: its answer from an earlier lease when the
-// gate still accepts it, else a call, and once more when the answer fails
-// the gate. false: the review goes no further.
-func (s *Service) reviewPart(ctx context.Context, r *partsRun, p *diff.Part, earlier []byte) bool {
-	w, c := r.w, r.c
-	pw := r.pp.work(w, p)
-	est := s.estimate(c, &pw, len(pw.Input))
-	exp := gate.ExpectFor(c, seen(w), w.Digest, []byte(pw.Input))
-	if earlier != nil {
-		if acc, fail := gate.Check(c, earlier, exp); fail == nil {
-			r.spent += est
-			r.accept(p, acc)
-			return true
-		}
-	}
-	for try := 0; ; try++ {
-		if why, end := s.room(r, est); why != "" {
-			r.stop, r.stopEnd = why, end
-			return false
-		}
-		id := newUUID()
-		if !s.startPart(ctx, r, p, id, est) {
-			return false
-		}
-		reply, callErr := s.call(ctx, &pw, c, id, r.token, r.progress)
-		r.outage = s.circuitOf(w).observe(ctx, reply, callErr, time.Until(w.DeadlineAt) < s.cfg.CallTimeout, r.probe) || r.outage
-		r.probe = false
-		out, hasOutput := output(reply, callErr)
-		var fail *gate.Failure
-		var acc *gate.Accepted
-		if hasOutput {
-			acc, fail = gate.Check(c, []byte(out), exp)
-		}
-		s.recordPart(ctx, r, &pw, id, p, reply, callErr, out, hasOutput, fail)
-		r.spent += est
-		switch {
-		case hasOutput && fail == nil:
-			r.accept(p, acc)
-			return true
-		case !hasOutput:
-			r.reply, r.err = reply, callErr
-			return false
-		case try >= s.cfg.MaxRepairs || fail.Code == gate.CodeTaxonomyVersion || fail.Code == gate.CodeDigest:
-			f := *fail
-			f.Detail = fmt.Sprintf("part %s (%s): %s", p.ID, strings.Join(p.Files, ", "), fail.Detail)
-			r.failed = &f
-			return false
-		}
-		// Asked again, told what failed: as many times as a whole work's
-		// answer would be (ASSAY_MAX_REPAIRS).
-		pw.Repairs, pw.RepairNote = try+1, fail.Error()
-	}
-}
-
-// room says why another call of est cannot be made, "" when it can: the
-// work's cost cap or its deadline; end is the work's outcome should nothing
-// have been reviewed.
-func (s *Service) room(r *partsRun, est int64) (why, end string) {
-	if r.limit > 0 && r.spent+est > r.limit {
-		return fmt.Sprintf("the work's cost cap of %d micro-dollars was reached (%d spent, the next part estimated at %d)",
-			r.limit, r.spent, est), outcome.BudgetExhausted
-	}
-	if left := time.Until(r.w.DeadlineAt); left < s.timeNeeded() {
-		return "the work's deadline was near: " + shortOfTime(left, s.timeNeeded()), outcome.Expired
-	}
-	return "", ""
-}
-
-// costCap is the most a work item's calls may cost at their estimates: the
-// work's own cap (a continuation's), else its tenant's, else the cell's
-// setting, else its contract's; 0 for none.
+// costCap is the most a work item's calls may cost — each call counted at
+// what it was billed once it ends, and at its calibrated estimate until
+// then: the work's own cap (a continuation's), else its tenant's, else the
+// cell's setting, else its contract's; 0 for none.
 func (s *Service) costCap(c *contract.Contract, f store.PartsFacts) int64 {
 	return cmp.Or(f.CostCap, f.TenantCostCap, s.cfg.WorkCostCap, c.CostCapMicros)
 }
 
 // partBudgetWait is how long a part's call waits for its tenant's budget
-// held by calls in flight.
+// held by calls in flight, from the last of this work's own calls to end.
 const partBudgetWait = 5 * time.Second
 
 // startPart reserves the call's cost when its tenant has a budget and
-// records the call before it is made. false: the budget or the lease
-// stops the review.
-func (s *Service) startPart(ctx context.Context, r *partsRun, p *diff.Part, id string, est int64) bool {
+// records the call before it is made, counting it among the calls running
+// at its calibrated estimate proj; call is its place among the lease's
+// calls. ok=false: the budget or the lease stops the review.
+func (s *Service) startPart(ctx context.Context, r *partsRun, p *diff.Part, id string, est, proj int64) (call int, ok bool) {
 	w := r.w
+	if r.budgeted && !s.reservePart(ctx, r, id, est) {
+		return 0, false
+	}
+	r.mu.Lock()
+	r.calls++
+	call = r.calls
+	r.calling++
+	r.pending += proj
+	r.mu.Unlock()
+	ok, err := s.d.Store.StartPart(ctx, store.PartCall{ID: id, WorkID: w.ID, Token: r.token, Part: p.ID, Call: call,
+		Estimate: est, TTL: s.cfg.LeaseTTL})
+	if err == nil && ok {
+		return call, true
+	}
+	r.mu.Lock()
+	r.calling--
+	r.pending -= proj
+	r.mu.Unlock()
 	if r.budgeted {
-		res, err := s.d.Store.Reserve(ctx, w.TenantID, id, est)
-		// The budget held by this work's own calls, reserved at their
-		// estimates, is freed as the ledger settles them at their cost:
-		// moments, so the next part waits that long before it is refused.
-		for wait := time.Now().Add(partBudgetWait); err == nil && res == store.Busy && time.Now().Before(wait); {
-			select {
-			case <-ctx.Done():
-				err = ctx.Err()
-			case <-time.After(100 * time.Millisecond):
-				res, err = s.d.Store.Reserve(ctx, w.TenantID, id, est)
-			}
-		}
-		switch {
-		case err != nil:
-			r.err = fmt.Errorf("budget reservation: %w", err)
-			return false
-		case res != store.Reserved:
-			r.stop, r.stopEnd = fmt.Sprintf("tenant %s's budget cannot cover the next part, estimated at %d micro-dollars",
-				w.TenantID, est), outcome.BudgetExhausted
-			return false
+		if rerr := s.d.Store.Release(context.WithoutCancel(ctx), id); rerr != nil {
+			s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", id, "err", rerr)
 		}
 	}
-	r.calls++
-	ok, err := s.d.Store.StartPart(ctx, store.PartCall{ID: id, WorkID: w.ID, Token: r.token, Part: p.ID, Call: r.calls,
-		Estimate: est, TTL: s.cfg.LeaseTTL})
-	if err != nil || !ok {
-		if r.budgeted {
-			if rerr := s.d.Store.Release(context.WithoutCancel(ctx), id); rerr != nil {
-				s.d.Log.Warn("releasing a reservation failed", "key", w.ID, "attempt", id, "err", rerr)
-			}
+	if err != nil {
+		r.halt(func() { r.err = err })
+	} else {
+		r.halt(func() { r.lost = true })
+	}
+	return 0, false
+}
+
+// reservePart reserves a call's estimate of its tenant's budget. The
+// budget held by this work's own calls, reserved at their estimates, is
+// freed as the ledger settles them at their cost: moments after they end,
+// so while any runs, and partBudgetWait after the last, a call the budget
+// would cover once they settle waits for it. false: the budget stops the
+// review (or the database did not answer).
+func (s *Service) reservePart(ctx context.Context, r *partsRun, id string, est int64) bool {
+	w := r.w
+	res, err := s.d.Store.Reserve(ctx, w.TenantID, id, est)
+	for until := time.Now().Add(partBudgetWait); err == nil && res == store.Busy; {
+		if r.callsRunning() > 0 {
+			until = time.Now().Add(partBudgetWait)
 		}
-		if err != nil {
-			r.err = err
-		} else {
-			r.lost = true
+		if time.Now().After(until) {
+			break
 		}
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+			res, err = s.d.Store.Reserve(ctx, w.TenantID, id, est)
+		}
+	}
+	switch {
+	case err != nil:
+		r.halt(func() { r.err = fmt.Errorf("budget reservation: %w", err) })
+		return false
+	case res != store.Reserved:
+		r.halt(func() {
+			r.stop, r.stopEnd = fmt.Sprintf("tenant %s's budget cannot cover the next part, estimated at %d micro-dollars",
+				w.TenantID, est), outcome.BudgetExhausted
+		})
 		return false
 	}
 	return true
@@ -325,9 +298,9 @@ func (s *Service) startPart(ctx context.Context, r *partsRun, p *diff.Part, id s
 
 // recordPart records how one call ended, with its ATTEMPT event, sent again
 // while it fails before reaching the database (the call is paid for), as
-// an attempt's record is.
-func (s *Service) recordPart(ctx context.Context, r *partsRun, pw *store.Work, id string, p *diff.Part,
-	reply *model.Reply, callErr error, out string, hasOutput bool, fail *gate.Failure) {
+// an attempt's record is. It returns the event: what the ledger charges.
+func (s *Service) recordPart(ctx context.Context, r *partsRun, pw *store.Work, id string, p *diff.Part, call int,
+	reply *model.Reply, callErr error, out string, hasOutput bool, fail *gate.Failure) event.Attempt {
 	ctx = context.WithoutCancel(ctx)
 	oc, reason := outcome.AttemptOK, ""
 	switch {
@@ -341,7 +314,8 @@ func (s *Service) recordPart(ctx context.Context, r *partsRun, pw *store.Work, i
 	if !hasOutput && reply != nil {
 		raw = reply.Raw
 	}
-	msg, err := s.attemptMsg(ctx, pw, s.attemptEvent(r.c, pw, id, oc, reply, callErr))
+	att := s.attemptEvent(r.c, pw, id, oc, reply, callErr)
+	msg, err := s.attemptMsg(ctx, pw, att)
 	for i := 0; err == nil; i++ {
 		if err = s.d.Store.RecordPart(ctx, store.PartRecord{ID: id, Outcome: oc, Reason: reason, Raw: raw,
 			Outbox: []store.OutboxMsg{msg}}); err == nil || !store.Unsent(err) || i == len(recordBackoff) {
@@ -355,7 +329,8 @@ func (s *Service) recordPart(ctx context.Context, r *partsRun, pw *store.Work, i
 		s.d.Log.Error("recording a part's call failed", "key", r.w.ID, "attempt", id, "part", p.ID, "err", err)
 	}
 	telemetry.Decision(ctx, s.d.Log, r.w.ID, "part_"+oc, cmp.Or(reason, "model answered"),
-		slog.String("attempt", id), slog.String("part", p.ID), slog.Int("call", r.calls))
+		slog.String("attempt", id), slog.String("part", p.ID), slog.Int("call", call))
+	return att
 }
 
 // accept keeps a part's accepted answer.
@@ -380,23 +355,12 @@ func (r *partsRun) accept(p *diff.Part, acc *gate.Accepted) {
 }
 
 // merged is the parts' answers as one: the first part's document with
-// every part's findings, a finding made twice kept once, and no more than
-// the contract allows, the most severe kept.
+// every part's findings, those that point at one issue merged
+// (mergeFindings), and no more than the contract allows, the most severe
+// kept.
 func (r *partsRun) merged() ([]byte, error) {
-	seen := map[string]bool{}
-	var all []any
-	for _, fs := range r.findings {
-		for _, f := range fs {
-			m, _ := f.(map[string]any) // the schema makes every finding an object
-			key, _ := json.Marshal([]any{m["file"], m["line"], m["summary"]})
-			if seen[string(key)] {
-				r.cov.Folded++
-				continue
-			}
-			seen[string(key)] = true
-			all = append(all, f)
-		}
-	}
+	all, folded := mergeFindings(r.findings)
+	r.cov.Folded = folded
 	if limit := r.c.MaxFindings; limit > 0 && len(all) > limit {
 		slices.SortStableFunc(all, func(a, b any) int { return severity(b) - severity(a) })
 		r.cov.Dropped = len(all) - limit
@@ -446,7 +410,7 @@ func (s *Service) settleParts(ctx context.Context, r *partsRun, claimedAt time.T
 			continue
 		}
 		pw := r.pp.work(w, p)
-		r.cov.LeftCost += s.estimate(c, &pw, len(pw.Input))
+		r.cov.LeftCost += r.cal.project(s.estimate(c, &pw, len(pw.Input)))
 		for _, f := range p.Files {
 			if !slices.Contains(r.cov.Left, f) {
 				r.cov.Left = append(r.cov.Left, f)

@@ -34,6 +34,7 @@ type Store interface {
 	PartAnswers(ctx context.Context, workID string) ([]store.PartAnswer, error)
 	PartsFacts(ctx context.Context, id string) (store.PartsFacts, error)
 	SetWholeAnswer(ctx context.Context, attemptID, token string, answer, coverage []byte) (bool, error)
+	PartCallCosts(ctx context.Context, contract, model string, n int) ([]store.CallCost, error)
 	// Prompt reads a rollout's prompt by its digest.
 	Prompt(ctx context.Context, digest string) (string, error)
 	circuitStore
