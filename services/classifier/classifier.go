@@ -290,10 +290,7 @@ type Service struct {
 	m            *metrics
 
 	mu      sync.Mutex
-	running map[string]context.CancelCauseFunc // work id -> its model call
-	// inParts are the reviews in parts running here: work id -> what
-	// cancels all its calls.
-	inParts map[string]context.CancelCauseFunc
+	running map[string]context.CancelCauseFunc // work id -> its model call, or all its parts' calls
 	cancels *nats.Subscription
 }
 
@@ -306,7 +303,6 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, d: d, lim: d.Limiter, running: map[string]context.CancelCauseFunc{}, fair: newFairLanes(),
-		inParts: map[string]context.CancelCauseFunc{},
 		toRun:   &group.Batch[string, store.ToRun]{Run: d.Store.WorkToRunGroup},
 		claims:  &group.Batch[store.ClaimReq, store.Claimed]{Run: d.Store.ClaimGroup},
 		records: &group.Batch[store.AttemptRecord, store.AttemptRecorded]{Run: d.Store.RecordAttemptGroup}}
@@ -604,9 +600,6 @@ func (s *Service) onCancel(msg *nats.Msg) {
 	}
 	s.mu.Lock()
 	cancel := s.running[c.WorkID]
-	if parts := s.inParts[c.WorkID]; parts != nil {
-		cancel = parts
-	}
 	s.mu.Unlock()
 	if cancel != nil {
 		cancel(errSuperseded)

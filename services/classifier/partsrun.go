@@ -24,16 +24,8 @@ var errLeaseLost = errors.New("the lease of the review in parts is gone")
 // fits the cap beside what was spent and what runs. It returns when every
 // call it started has ended.
 func (s *Service) runParts(ctx context.Context, r *partsRun, reused map[string][]byte) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	s.mu.Lock()
-	s.inParts[r.w.ID] = cancel
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.inParts, r.w.ID)
-		s.mu.Unlock()
-	}()
+	ctx, cancel, release := s.cancelable(ctx, r.w.ID)
+	defer release()
 	stopKeeping := s.keepLease(ctx, r, cancel)
 	defer stopKeeping()
 	// Once no part is left to start, the permits not in use go back at

@@ -106,7 +106,9 @@ func (s *Service) callAndSettle(ctx context.Context, cw *store.Work, c *contract
 	// A call cut short by the work's own deadline says nothing of the
 	// provider: only the call timeout counts as its slowness.
 	deadlineBound := time.Until(cw.DeadlineAt) < s.cfg.CallTimeout
-	reply, callErr := s.call(ctx, cw, c, attemptID, token, progress)
+	callCtx, _, release := s.cancelable(ctx, cw.ID)
+	reply, callErr := s.call(callCtx, cw, c, attemptID, token, progress)
+	release()
 	permit.Release(callSignal(reply, callErr, deadlineBound))
 	outage := s.circuitOf(cw).observe(ctx, reply, callErr, deadlineBound, probe)
 	// What the call cost must be recorded even when the worker is stopping.
@@ -227,22 +229,28 @@ func (s *Service) timeNeeded() time.Duration {
 	return 2*s.lim.Stats().Baseline + s.cfg.DeadlineMargin
 }
 
+// cancelable is ctx ended by a CANCEL of work workID (a superseding push):
+// the work's model call, or every call of its review in parts. release
+// ends it and forgets it.
+func (s *Service) cancelable(ctx context.Context, workID string) (context.Context, context.CancelCauseFunc, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	s.mu.Lock()
+	s.running[workID] = cancel
+	s.mu.Unlock()
+	return ctx, cancel, func() {
+		cancel(nil)
+		s.mu.Lock()
+		delete(s.running, workID)
+		s.mu.Unlock()
+	}
+}
+
 // call runs attempt attemptID's model call with a deadline, keeping the
 // lease and the delivery alive while it runs, in a span and the metrics
 // of the GenAI conventions (genai.go).
 func (s *Service) call(ctx context.Context, w *store.Work, c *contract.Contract, attemptID, token string,
 	progress func()) (*model.Reply, error) {
 	timeout := min(s.cfg.CallTimeout, time.Until(w.DeadlineAt))
-	ctx, cancelCause := context.WithCancelCause(ctx)
-	defer cancelCause(nil)
-	s.mu.Lock()
-	s.running[w.ID] = cancelCause
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.running, w.ID)
-		s.mu.Unlock()
-	}()
 	callCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if s.cfg.Heartbeat > 0 {
