@@ -613,10 +613,23 @@ type statusView struct {
 const statusChanges = 10
 
 func rolloutStatus(ctx context.Context, st *store.Store, reg *contract.Registry, name string, w io.Writer, asJSON bool) error {
+	v, err := readStatus(ctx, st, name)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return json.NewEncoder(w).Encode(v)
+	}
+	printStatus(w, v, reg, name)
+	return nil
+}
+
+// readStatus reads what rollout status shows of one contract.
+func readStatus(ctx context.Context, st *store.Store, name string) (statusView, error) {
 	var v statusView
 	rs, err := st.Routes(ctx)
 	if err != nil {
-		return err
+		return v, err
 	}
 	for _, r := range rs {
 		if r.Contract == name {
@@ -624,19 +637,22 @@ func rolloutStatus(ctx context.Context, st *store.Store, reg *contract.Registry,
 		}
 	}
 	if v.History, err = st.RouteHistory(ctx, name, statusChanges); err != nil {
-		return err
+		return v, err
 	}
 	if v.Checks, err = st.Checks(ctx, name, 5); err != nil {
-		return err
+		return v, err
 	}
 	runs, err := st.ShadowRuns(ctx, name, "", time.Now().Add(-time.Hour), 10000)
 	if err != nil {
-		return err
+		return v, err
 	}
 	v.Shadow = compareRuns(runs)
-	if asJSON {
-		return json.NewEncoder(w).Encode(v)
-	}
+	return v, nil
+}
+
+// printStatus writes v as tables: versions, routes and overrides, route
+// changes, checks, shadow runs.
+func printStatus(w io.Writer, v statusView, reg *contract.Registry, name string) {
 	def, _ := reg.Get(name)
 	fmt.Fprintf(w, "%s: versions ", name)
 	for i, c := range reg.Versions(name) {
@@ -646,27 +662,7 @@ func rolloutStatus(ctx context.Context, st *store.Store, reg *contract.Registry,
 		fmt.Fprint(w, c.SchemaVersion)
 	}
 	fmt.Fprintf(w, "; without a route, new work gets %s\n\n", def.SchemaVersion)
-	if len(v.Routes) == 0 {
-		fmt.Fprintln(w, "no routes")
-	} else {
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SCOPE\tLIVE\tCANDIDATE\tSHADOW SHARE\tUPDATED\tBY")
-		for _, r := range v.Routes {
-			cand := "-"
-			if r.Candidate.Version != "" {
-				cand = variantWords(r.Candidate, reg)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f%%\t%s\t%s\n", r.Scope, variantWords(r.Live, reg), cand, 100*r.ShadowShare,
-				r.UpdatedAt.UTC().Format(time.RFC3339), r.UpdatedBy)
-		}
-		tw.Flush()
-		for _, r := range v.Routes {
-			if o := r.Override; o != nil {
-				fmt.Fprintf(w, "OVERRIDE: %s is live for %s without a passed check, by %s at %s: %s\n",
-					variantWords(r.Live, reg), scopeWords(r.Scope), o.By, o.At.UTC().Format(time.RFC3339), o.Reason)
-			}
-		}
-	}
+	printRoutes(w, v.Routes, reg)
 	if len(v.History) > 0 {
 		fmt.Fprintln(w, "\nroute changes, newest first:")
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -682,23 +678,52 @@ func rolloutStatus(ctx context.Context, st *store.Store, reg *contract.Registry,
 		tw.Flush()
 	}
 	fmt.Fprintln(w)
-	if len(v.Checks) == 0 {
-		fmt.Fprintln(w, "no rollout checks")
-	} else {
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "CHECK\tVERSION\tMODEL\tPROMPT\tTENANT\tSTATE\tSTARTED\tWHY")
-		for _, c := range v.Checks {
-			var rep checkReport
-			_ = json.Unmarshal(c.Report, &rep)
-			fmt.Fprintf(tw, "#%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.SchemaVersion, cmp.Or(c.Model, "(cell's)"),
-				store.ShortDigest(c.PromptDigest), c.TenantID, c.State, c.StartedAt.UTC().Format(time.RFC3339), strings.Join(rep.Failures, "; "))
-		}
-		tw.Flush()
-	}
+	printRolloutChecks(w, v.Checks)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "shadow runs of the last hour:")
 	printComparison(w, v.Shadow)
-	return nil
+}
+
+// printRoutes writes the routes' table and a line per override.
+func printRoutes(w io.Writer, routes []store.Route, reg *contract.Registry) {
+	if len(routes) == 0 {
+		fmt.Fprintln(w, "no routes")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCOPE\tLIVE\tCANDIDATE\tSHADOW SHARE\tUPDATED\tBY")
+	for _, r := range routes {
+		cand := "-"
+		if r.Candidate.Version != "" {
+			cand = variantWords(r.Candidate, reg)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f%%\t%s\t%s\n", r.Scope, variantWords(r.Live, reg), cand, 100*r.ShadowShare,
+			r.UpdatedAt.UTC().Format(time.RFC3339), r.UpdatedBy)
+	}
+	tw.Flush()
+	for _, r := range routes {
+		if o := r.Override; o != nil {
+			fmt.Fprintf(w, "OVERRIDE: %s is live for %s without a passed check, by %s at %s: %s\n",
+				variantWords(r.Live, reg), scopeWords(r.Scope), o.By, o.At.UTC().Format(time.RFC3339), o.Reason)
+		}
+	}
+}
+
+// printRolloutChecks writes the last rollout checks' table.
+func printRolloutChecks(w io.Writer, checks []store.RolloutCheck) {
+	if len(checks) == 0 {
+		fmt.Fprintln(w, "no rollout checks")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECK\tVERSION\tMODEL\tPROMPT\tTENANT\tSTATE\tSTARTED\tWHY")
+	for _, c := range checks {
+		var rep checkReport
+		_ = json.Unmarshal(c.Report, &rep)
+		fmt.Fprintf(tw, "#%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.SchemaVersion, cmp.Or(c.Model, "(cell's)"),
+			store.ShortDigest(c.PromptDigest), c.TenantID, c.State, c.StartedAt.UTC().Format(time.RFC3339), strings.Join(rep.Failures, "; "))
+	}
+	tw.Flush()
 }
 
 // rolloutCell is one cell a rollout across cells changes, and its
