@@ -281,7 +281,9 @@ func moderationItems(texts map[string]string) []ingress.BatchItemRequest {
 
 func waitBatch(t *testing.T, b *celltest.Bundle, id string, done func(ingress.BatchView) bool) ingress.BatchView {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	// A thousand items on a loaded two-core machine take more than a
+	// minute: the deadline is for a batch that stopped moving.
+	deadline := time.Now().Add(4 * time.Minute)
 	for {
 		status, raw := call(t, b, http.MethodGet, "/v1/batches/"+id, b.Token, nil)
 		if status != http.StatusOK {
@@ -292,7 +294,7 @@ func waitBatch(t *testing.T, b *celltest.Bundle, id string, done func(ingress.Ba
 			return v
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("batch %s not there after 60s: %s", id, raw)
+			t.Fatalf("batch %s not there after 4m: %s", id, raw)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
