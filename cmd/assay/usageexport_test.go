@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/pkg/devkit/storetest"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/store/storetest"
 )
 
 // rfc3339 is RFC 3339's date-time (section 5.6), which CloudEvents' time

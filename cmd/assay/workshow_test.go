@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/pkg/devkit/storetest"
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/store/storetest"
 	"assay.dev/services/ingress"
 )
 

@@ -17,8 +17,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"assay.dev/pkg/dbpool"
 	"assay.dev/pkg/event"
-	"assay.dev/pkg/store"
 )
 
 // DefaultRegions are the regions an installation knows when ASSAY_REGIONS
@@ -84,7 +84,7 @@ type Config struct {
 	StartupWait time.Duration
 	// DatabasePool is how many connections this service's Postgres pool
 	// holds (ASSAY_DATABASE_POOL, 1 to 1000). 0, the default, takes the
-	// URL's pool_max_conns, else store.DefaultMaxConns (10).
+	// URL's pool_max_conns, else dbpool.DefaultMaxConns (10).
 	DatabasePool int
 	// MetricsTenants is how many tenants get a metric label of their own;
 	// the rest are "other" (ASSAY_METRICS_TENANTS, 1 to 1000). Default 20.
@@ -309,7 +309,7 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 	if err := c.validate(need, errs); err != nil {
 		return c, err
 	}
-	c.DatabasePool = store.PoolSize(c.DatabaseURL, c.DatabasePool)
+	c.DatabasePool = dbpool.Size(c.DatabaseURL, c.DatabasePool)
 	return c, nil
 }
 

@@ -21,7 +21,6 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/store/storetest"
 	"assay.dev/pkg/telemetry"
 )
 
@@ -39,10 +38,28 @@ type bundle struct {
 	stream jetstream.Stream
 }
 
+// migrated is a store on a fresh, migrated database of the test's own,
+// and that database's URL. (The dev kit's storetest does the same for
+// other modules; a test of assay.dev/pkg does not import the dev kit
+// beyond testenv.)
+func migrated(t *testing.T) (*store.Store, string) {
+	t.Helper()
+	url := testenv.Database(t)
+	s, err := store.Open(t.Context(), url)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(s.Close)
+	if _, err := s.Migrate(t.Context()); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return s, url
+}
+
 func setup(t *testing.T) bundle {
 	t.Helper()
 	ctx := t.Context()
-	s, url := storetest.Migrated(t)
+	s, url := migrated(t)
 	nc, err := nats.Connect(testenv.NATS(t))
 	if err != nil {
 		t.Fatalf("connect: %v", err)

@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"assay.dev/pkg/dbpool"
 )
 
 //go:embed migrations/*.sql
@@ -34,28 +36,11 @@ type Store struct {
 // Options adjust the pool Open makes.
 type Options struct {
 	// MaxConns bounds the pool's connections; 0 keeps the URL's
-	// pool_max_conns, else DefaultMaxConns.
+	// pool_max_conns, else dbpool.DefaultMaxConns.
 	MaxConns int
 	// Tracer, when set, sees every statement the pool sends (the pipeline
 	// benchmark counts them).
 	Tracer pgx.QueryTracer
-}
-
-// DefaultMaxConns is a service's pool when neither ASSAY_DATABASE_POOL nor
-// the URL's pool_max_conns says otherwise.
-const DefaultMaxConns = 10
-
-// PoolSize is how many connections a pool Open makes for url holds:
-// asked when above 0, else the URL's pool_max_conns, else
-// DefaultMaxConns.
-func PoolSize(url string, asked int) int {
-	if asked > 0 {
-		return asked
-	}
-	if cfg, err := pgxpool.ParseConfig(url); err == nil && strings.Contains(url, "pool_max_conns") {
-		return int(cfg.MaxConns)
-	}
-	return DefaultMaxConns
 }
 
 // Open connects to the cell's database and checks that it answers.
@@ -68,7 +53,7 @@ func Open(ctx context.Context, url string, opts ...Options) (*Store, error) {
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	cfg.MaxConns = int32(PoolSize(url, o.MaxConns))
+	cfg.MaxConns = int32(dbpool.Size(url, o.MaxConns))
 	// Each statement is planned for its values when it runs. Left to
 	// itself, Postgres keeps a prepared statement's generic plan after five
 	// runs, made from the statistics of that moment: on a new cell's nearly

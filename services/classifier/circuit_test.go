@@ -10,10 +10,10 @@ import (
 
 	"go.opentelemetry.io/otel/metric/noop"
 
+	"assay.dev/pkg/devkit/storetest"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/store/storetest"
 )
 
 // manual is a clock that moves only when the test says.

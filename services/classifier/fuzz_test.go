@@ -11,12 +11,12 @@ import (
 	"time"
 
 	"assay.dev/pkg/contract"
+	"assay.dev/pkg/devkit/storetest"
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/gate"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/store/storetest"
 )
 
 // FuzzAnswerBytes sends arbitrary bytes as the model's response body

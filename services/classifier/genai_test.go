@@ -18,11 +18,11 @@ import (
 
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/devkit/sim"
+	"assay.dev/pkg/devkit/storetest"
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/model"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/store/storetest"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/pkg/telemetry/telemetrytest"
 	"assay.dev/services/classifier"

@@ -14,11 +14,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/pkg/contract"
+	"assay.dev/pkg/devkit/storetest"
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/store/storetest"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/pkg/telemetry/telemetrytest"
 	"assay.dev/services/committer"

@@ -22,6 +22,7 @@ require (
 )
 
 require (
+	assay.dev/pkg/devkit v0.0.0
 	assay.dev/schemas v0.0.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect

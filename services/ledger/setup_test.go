@@ -7,9 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"assay.dev/pkg/devkit/storetest"
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/store/storetest"
 	"assay.dev/pkg/telemetry/telemetrytest"
 )
 

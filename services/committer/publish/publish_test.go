@@ -20,12 +20,12 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 
 	"assay.dev/pkg/devkit/fakegithub"
+	"assay.dev/pkg/devkit/storetest"
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/githubapp"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/store/storetest"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

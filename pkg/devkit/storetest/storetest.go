@@ -1,5 +1,6 @@
 // Package storetest opens the cell's store for a test, on a database of
-// the test's own.
+// the test's own. It lives in the dev kit, beside testenv, so that no
+// non-test package of assay.dev/pkg depends on the dev kit.
 package storetest
 
 import (
