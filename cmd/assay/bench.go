@@ -107,6 +107,9 @@ func benchCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) > 0 && args[0] == "cells" {
 		return benchCells(ctx, args[1:], stdout)
 	}
+	if len(args) > 0 && args[0] == "move" {
+		return benchMove(ctx, args[1:], stdout)
+	}
 	if len(args) == 0 || args[0] != "goodput" {
 		return unknownSub("bench", args)
 	}

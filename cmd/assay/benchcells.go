@@ -239,8 +239,9 @@ func loadAndMove(ctx context.Context, cells []*benchCell, kv jetstream.KeyValue,
 }
 
 // startRegion starts ncells cells of region us on one NATS, each its own
-// database, each registered where it listens.
-func startRegion(ctx context.Context, base, natsURL, simURL string, ncells, pool int) ([]*benchCell, error) {
+// database, each registered where it listens; each adjust, when given, may
+// change the i-th cell's options before it starts.
+func startRegion(ctx context.Context, base, natsURL, simURL string, ncells, pool int, adjust ...func(i int, o *cell.Options)) ([]*benchCell, error) {
 	var cells []*benchCell
 	stamp := time.Now().UnixNano()
 	for i := range ncells {
@@ -256,8 +257,12 @@ func startRegion(ctx context.Context, base, natsURL, simURL string, ncells, pool
 		cfg := config.Config{Regions: config.DefaultRegions, Region: "us", Cell: id, Installation: event.DefaultInstallation,
 			DatabaseURL: dbURL, NATSURL: natsURL, ModelBaseURL: sim.APIBase(simURL), Model: "assay-sim-1", HTTPAddr: "127.0.0.1:0",
 			DatabasePool: pool}
-		if bc.cell, err = cell.Start(ctx, cell.Options{Config: cfg, Log: benchLogger(io.Discard, 0, "cell "+id), RegisterURL: true,
-			Ingress: ingress.Config{Shed: ingress.ShedConfig{Off: true}}}); err != nil {
+		o := cell.Options{Config: cfg, Log: benchLogger(io.Discard, 0, "cell "+id), RegisterURL: true,
+			Ingress: ingress.Config{Shed: ingress.ShedConfig{Off: true}}}
+		for _, f := range adjust {
+			f(i, &o)
+		}
+		if bc.cell, err = cell.Start(ctx, o); err != nil {
 			return cells, fmt.Errorf("cell %s: %w", id, err)
 		}
 		pc, err := pgxpool.ParseConfig(dbURL)

@@ -16,7 +16,7 @@ import (
 )
 
 func init() {
-	helps["bench"] = benchUsage + "\n" + benchPipeUsage + "\n" + benchPartsUsage + "\n" + benchCellsUsage
+	helps["bench"] = benchUsage + "\n" + benchPipeUsage + "\n" + benchPartsUsage + "\n" + benchCellsUsage + "\n" + benchMoveUsage
 	helps["dev"] += "\n" + devServeUsage + "\n" + devWebhookUsage
 }
 

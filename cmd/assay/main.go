@@ -16,6 +16,7 @@
 //	assay bench goodput       the admission benchmark
 //	assay bench parts         reviews in parts: parts, calls, cost and time per work
 //	assay bench cells         a region of several cells: placement, a move under load, writes per cell
+//	assay bench move          a tenant moved between two cells and back under load: refusals, loss, duplicates, latency
 //	assay usage reconcile     check attempts against results, the ledger and the provider
 //	assay usage show          a tenant's calls, units and cost from the ledger
 //	assay usage export        the ledger as CloudEvents 1.0, resumable with a cursor
@@ -71,6 +72,7 @@ commands:
   bench goodput          admission benchmark against the simulated provider (make bench-goodput)
   bench parts [FILE...]  the evaluation set and each diff FILE reviewed, in parts when large: parts, calls, cost, time
   bench cells            a region of several cells in this process: tenants placed, a move under load, each cell's writes
+  bench move             a tenant moved between two cells and back under load: refusals, work lost or duplicated, latency
   usage reconcile        check attempts against results, the ledger and the provider's counts
   usage show             a tenant's calls, units (cached, reasoning) and cost from the ledger
   usage export           the ledger as CloudEvents 1.0 (OpenMeter), resumable with a cursor
@@ -156,7 +158,7 @@ var subcommands = map[string][]string{
 	"operator": {"token"},
 	"work":     {"rerun", "rest", "show", "list", "submit", "get", "watch"},
 	"replay":   {"dump", "revalidate", "redrive"},
-	"bench":    {"goodput", "pipeline", "parts", "cells"},
+	"bench":    {"goodput", "pipeline", "parts", "cells", "move"},
 	"usage":    {"reconcile", "show", "export"},
 	"outbox":   {"list", "retry"},
 	"rollout":  rolloutVerbs,

@@ -30,7 +30,7 @@ func placeCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 	cellID := fs.String("cell", "", "the cell to place the tenant on (default: the region's least loaded)")
 	to := fs.String("to", "", "move: the cell the tenant moves to")
 	toDB := fs.String("to-database-url", "", "move: that cell's Postgres")
-	settle := fs.Duration("settle", 2*time.Minute, "move: how long to wait for the tenant's work in flight to end")
+	settle := fs.Duration("settle", 2*time.Minute, "move: how long the cell it leaves keeps work it admitted and has not begun, before handing it over")
 	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "move: the Postgres of the cell that serves the tenant now ($ASSAY_DATABASE_URL)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "region ($ASSAY_REGION)")
@@ -147,9 +147,9 @@ func moveTenant(ctx context.Context, stdout io.Writer, kv jetstream.KeyValue, sn
 	case fromDB == "" || toDB == "":
 		return configError{fmt.Errorf("assay tenant move needs both cells' Postgres: ASSAY_DATABASE_URL (--database-url) of the cell that serves %s now, and --to-database-url of %s", tenant, to)}
 	}
-	from, err := snap.Serving(tenant)
-	if err != nil {
-		return err
+	from := snap.CellOf(tenant)
+	if m, ok := snap.Moving[tenant]; ok && m.From != "" {
+		from = m.From
 	}
 	src, err := openStore(ctx, fromDB)
 	if err != nil {
@@ -161,21 +161,40 @@ func moveTenant(ctx context.Context, stdout io.Writer, kv jetstream.KeyValue, sn
 		return fmt.Errorf("--to-database-url: %w", err)
 	}
 	defer dst.Close()
-	fmt.Fprintf(stdout, "moving %s from cell %s to cell %s: its requests are held (503, try again) until the move ends\n", tenant, from, to)
-	last := ""
+	fmt.Fprintf(stdout, "moving %s from cell %s to cell %s: its requests are answered throughout (held for the moment of the cut)\n", tenant, from, to)
 	r, err := placement.Move(ctx, kv, snap.Region, src, dst, tenant, from, to, placement.MoveOptions{Settle: settle,
-		Progress: func(u store.Unsettled) {
-			if s := u.String(); !u.Zero() && s != last {
-				fmt.Fprintf(stdout, "waiting for %s in %s: %s\n", tenant, from, s)
-				last = s
-			}
-		}})
+		Waiting: func(ws []store.Waiting) { printWaiting(stdout, tenant, ws) }})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "moved %s to %s: held %s; copied %s; removed from %s %s\n", tenant, to, r.Held.Round(time.Millisecond),
-		rowCounts(r.Copied), from, rowCounts(r.Dropped))
+	if r.Resumed {
+		fmt.Fprintf(stdout, "took up the tail of %s's move to %s\n", tenant, to)
+	} else {
+		fmt.Fprintf(stdout, "cut over %s to %s: requests held %s; copied %s\n", tenant, to, r.Held.Round(time.Millisecond), rowCounts(r.Copied))
+	}
+	handed := ""
+	if r.Handed {
+		handed = " (work not begun by --settle was handed over)"
+	}
+	fmt.Fprintf(stdout, "moved %s to %s in %s: %d work item(s) finished in %s after the cut and copied over%s; removed from %s %s\n",
+		tenant, to, r.Took.Round(time.Millisecond), r.Tail, from, handed, from, rowCounts(r.Dropped))
 	return nil
+}
+
+// printWaiting prints what a move's tail waits for: each work item, the
+// cell that finishes it and why, the first ten named.
+func printWaiting(w io.Writer, tenant string, ws []store.Waiting) {
+	if len(ws) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "waiting for %d work item(s) of %s that %s finishes:\n", len(ws), tenant, ws[0].Cell)
+	for i, x := range ws {
+		if i == 10 {
+			fmt.Fprintf(w, "  … and %d more\n", len(ws)-10)
+			break
+		}
+		fmt.Fprintf(w, "  %s: %s\n", x.WorkID, x.Why)
+	}
 }
 
 // rowCounts prints rows per table, those with rows only, by table name.

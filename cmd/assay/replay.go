@@ -64,6 +64,20 @@ flags:
               --deadline D      the redriven work's new deadline (default 10m)
               --again           also redrive work redriven before (a new ending)
 
+A tenant moved between cells of the region (assay tenant move) is followed:
+its events stay in the streams of the cell that made them, so --tenant T
+reads each cell's streams for the time it served T, as the region's
+placement map records T's moves (in $ASSAY_PLACEMENT_NATS_URL's account when
+set, else the cell's own): the first cell's from the beginning until T's
+first move, the next one's from then until the next move, the last one's
+until now. Each stream's messages come in time order across the cells, and
+each message (and each stream read) names the cell it was read from
+("cell"). Another cell's streams are read through this cell's NATS
+connection (the cells of a region may share an account) unless
+ASSAY_NATS_URL_<CELL> (US_2 for cell us-2) names its server. --seq cannot
+select such a tenant: sequences are per stream of one cell. A tenant that
+never moved, and a replay without --tenant, read this cell's streams alone.
+
 A progress bar is drawn on stderr when it is a terminal.
 `
 
@@ -165,6 +179,19 @@ func replayCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	defer nc.Close()
 	r := replayer{names: cfg.Names(), stdout: stdout, json: f.asJSON, bar: newProgress()}
+	if sel.tenant != "" {
+		if r.follow, err = followTenant(ctx, cfg, js, sel.tenant); err != nil {
+			return err
+		}
+		defer r.follow.close()
+		if r.follow != nil && sel.fromSeq != 0 {
+			return configError{fmt.Errorf("--seq: tenant %s moved between cells (%s): sequences are per stream of one cell; select by --since and --until",
+				sel.tenant, r.follow.cellsSaid())}
+		}
+		if r.follow != nil {
+			fmt.Fprintf(os.Stderr, "tenant %s moved between cells: reading %s\n", sel.tenant, r.follow.cellsSaid())
+		}
+	}
 	if mode == "dump" {
 		return r.dump(ctx, js, sel)
 	}
@@ -200,7 +227,10 @@ func loadContracts(dir string) (*contract.Registry, error) {
 }
 
 type replayer struct {
-	names  event.Names
+	names event.Names
+	// follow, when set, reads the tenant selected across the cells that
+	// served it.
+	follow *following
 	stdout io.Writer
 	json   bool
 	bar    *progress
@@ -212,12 +242,12 @@ func (r replayer) dump(ctx context.Context, js jetstream.JetStream, sel selectio
 	enc := json.NewEncoder(r.stdout)
 	enc.SetEscapeHTML(false)
 	seen := map[string]bool{}
-	reads, err := readSelection(ctx, js, r.names, sel, r.bar, func(m ReplayMsg) error {
+	reads, err := readTenant(ctx, r.follow, js, r.names, sel, r.bar, func(m ReplayMsg) error {
 		seen[m.WorkID] = true
 		return enc.Encode(m)
 	})
 	for _, s := range reads {
-		fmt.Fprintf(os.Stderr, "%s: %d message(s) dumped of %d read; the stream holds %d\n", s.Stream, s.Selected, s.Read, s.Held)
+		fmt.Fprintf(os.Stderr, "%s: %d message(s) dumped of %d read; the stream holds %d\n", s.name(), s.Selected, s.Read, s.Held)
 	}
 	if err != nil {
 		return err
@@ -230,7 +260,7 @@ func (r replayer) dump(ctx context.Context, js jetstream.JetStream, sel selectio
 func (r replayer) workIDs(ctx context.Context, js jetstream.JetStream, sel selection) ([]string, []streamRead, error) {
 	seen := map[string]bool{}
 	var ids []string
-	reads, err := readSelection(ctx, js, r.names, sel, r.bar, func(m ReplayMsg) error {
+	reads, err := readTenant(ctx, r.follow, js, r.names, sel, r.bar, func(m ReplayMsg) error {
 		if m.WorkID != "" && !seen[m.WorkID] {
 			seen[m.WorkID] = true
 			ids = append(ids, m.WorkID)
@@ -308,7 +338,7 @@ func (r replayer) revalidate(ctx context.Context, st *store.Store, reg *contract
 		return json.NewEncoder(r.stdout).Encode(rep)
 	}
 	for _, s := range reads {
-		fmt.Fprintf(r.stdout, "%s: %d message(s) read, %d selected\n", s.Stream, s.Read, s.Selected)
+		fmt.Fprintf(r.stdout, "%s: %d message(s) read, %d selected\n", s.name(), s.Read, s.Selected)
 	}
 	fmt.Fprintf(r.stdout, "%d answer(s) of %d work item(s) checked again: %d verdict(s) would change\n",
 		rep.Checked, rep.Works, len(rep.Changed))
@@ -397,7 +427,7 @@ func (r replayer) redrive(ctx context.Context, st *store.Store, announce func(*s
 		return json.NewEncoder(r.stdout).Encode(rep)
 	}
 	for _, s := range reads {
-		fmt.Fprintf(r.stdout, "%s: %d message(s) read, %d selected\n", s.Stream, s.Read, s.Selected)
+		fmt.Fprintf(r.stdout, "%s: %d message(s) read, %d selected\n", s.name(), s.Read, s.Selected)
 	}
 	verb := "redriven"
 	if rep.DryRun {

@@ -35,7 +35,7 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"replay", "dump", "--region", "mars"}, "mars"},
 		{[]string{"streams", "extra"}, `unexpected argument "extra"`},
 		{[]string{"work", "show"}, "work show takes one work id, got 0"},
-		{[]string{"work", "list", "--state", "finished"}, `--state: "finished" is not one of queued, running, accepted`},
+		{[]string{"work", "list", "--state", "finished"}, `--state: "finished" is not one of queued, running, elsewhere, accepted`},
 		{[]string{"work", "list", "--limit", "0"}, "--limit: 0 is not from 1 to 1000"},
 		{[]string{"work", "list", "--after", "nonsense"}, `--after: "nonsense" is not a cursor`},
 	} {

@@ -8,14 +8,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/placement"
 	"assay.dev/services/ingress"
 )
 
@@ -44,6 +48,9 @@ type ReplayMsg struct {
 	WorkID      string `json:"workId,omitempty"`
 	AttemptID   string `json:"attemptId,omitempty"`
 	Outcome     string `json:"outcome,omitempty"`
+	// Cell is the cell whose streams it was read from, named when the
+	// tenant selected moved between cells (its history spans theirs).
+	Cell string `json:"cell,omitempty"`
 }
 
 // maskLease replaces a RESULT's lease token in its payload by a digest of
@@ -237,12 +244,23 @@ func decodeMsg(n event.Names, kind string, m jetstream.Msg, meta *jetstream.MsgM
 // streamRead is what reading one stream found.
 type streamRead struct {
 	Stream string `json:"stream"`
+	// Cell is the cell the stream is of, named when the read follows a
+	// tenant that moved between cells.
+	Cell string `json:"cell,omitempty"`
 	// Held is how many messages the stream held when the read began;
 	// Read how many the ordered consumer delivered, Selected how many of
 	// them the selection kept.
 	Held     uint64 `json:"held"`
 	Read     int    `json:"read"`
 	Selected int    `json:"selected"`
+}
+
+// name is the stream's, and its cell's when the read names it.
+func (r streamRead) name() string {
+	if r.Cell != "" {
+		return r.Stream + " (cell " + r.Cell + ")"
+	}
+	return r.Stream
 }
 
 // readSelection reads the selected messages of every selected stream, in
@@ -388,4 +406,236 @@ func (r *orderedRead) read(ctx context.Context, it jetstream.MessagesContext) er
 			return nil
 		}
 	}
+}
+
+// A tenant moved between cells of its region leaves its events where they
+// were made: those of the time a cell served it are in that cell's
+// streams. A replay of the tenant (and work show's messages) follows it:
+// it reads each cell's streams for the time that cell served the tenant,
+// as the placement map's hops say, and names the cell of each message.
+
+// span is a time one cell served a tenant that moved. A zero bound is
+// open.
+type span struct {
+	cell         string
+	since, until time.Time
+}
+
+// spans are the times each cell served a tenant, oldest first, as its
+// hops say: the first hop's From from the beginning until that hop, each
+// hop's To from it until the next hop, the last until now. None without
+// hops.
+func spans(hops []placement.Hop) []span {
+	if len(hops) == 0 {
+		return nil
+	}
+	hops = slices.Clone(hops)
+	slices.SortStableFunc(hops, func(a, b placement.Hop) int { return a.At.Compare(b.At) })
+	out := []span{{cell: hops[0].From, until: hops[0].At}}
+	for i, h := range hops {
+		sp := span{cell: h.To, since: h.At}
+		if i+1 < len(hops) {
+			sp.until = hops[i+1].At
+		}
+		out = append(out, sp)
+	}
+	return out
+}
+
+// within narrows sel's time to sp's; ok is false when they do not meet.
+func (sel selection) within(sp span) (s selection, ok bool) {
+	if !sp.since.IsZero() && sp.since.After(sel.since) {
+		sel.since = sp.since
+	}
+	if !sp.until.IsZero() && (sel.until.IsZero() || sp.until.Before(sel.until)) {
+		sel.until = sp.until
+	}
+	return sel, sel.since.IsZero() || sel.until.IsZero() || sel.since.Before(sel.until)
+}
+
+// cellNATSVar is the variable that names another cell's NATS when it is
+// not this cell's: ASSAY_NATS_URL_US_2 for us-2.
+func cellNATSVar(cell string) string {
+	return "ASSAY_NATS_URL_" + strings.ToUpper(strings.ReplaceAll(cell, "-", "_"))
+}
+
+// regionCells reaches the streams of the region's cells: a cell's through
+// this cell's connection (the cells of a region may share an account),
+// unless ASSAY_NATS_URL_<CELL> names another server for it.
+type regionCells struct {
+	cfg    config.Config
+	js     jetstream.JetStream // this cell's
+	byCell map[string]jetstream.JetStream
+	conns  []*nats.Conn // those made for other cells
+}
+
+// newRegionCells reaches the cells of cfg's region, this one's through js.
+func newRegionCells(cfg config.Config, js jetstream.JetStream) *regionCells {
+	return &regionCells{cfg: cfg, js: js, byCell: map[string]jetstream.JetStream{}}
+}
+
+// names are cell's names: its streams and their subjects.
+func (c *regionCells) names(cell string) event.Names {
+	return event.Names{Installation: c.cfg.Installation, Cell: cell}
+}
+
+// streams is the connection cell's streams are read through.
+func (c *regionCells) streams(cell string) (jetstream.JetStream, error) {
+	if cell == c.cfg.Cell {
+		return c.js, nil
+	}
+	if js, ok := c.byCell[cell]; ok {
+		return js, nil
+	}
+	url := os.Getenv(cellNATSVar(cell))
+	if url == "" {
+		c.byCell[cell] = c.js
+		return c.js, nil
+	}
+	nc, err := nats.Connect(url, nats.Name("assay-operator-"+c.cfg.Region), nats.Timeout(5*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", cellNATSVar(cell), config.Redacted(url), config.RedactError(err, url))
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("%s %s: %w", cellNATSVar(cell), config.Redacted(url), config.RedactError(err, url))
+	}
+	c.conns = append(c.conns, nc)
+	c.byCell[cell] = js
+	return js, nil
+}
+
+func (c *regionCells) close() {
+	for _, nc := range c.conns {
+		nc.Close()
+	}
+	c.conns = nil
+}
+
+// following is a read of one tenant that follows it across the cells that
+// served it.
+type following struct {
+	tenant string
+	spans  []span
+	cells  *regionCells
+}
+
+// placementMap is the region's placement map, to read: in the region's
+// account when ASSAY_PLACEMENT_NATS_URL names it, else in the cell's own
+// (js). kv is nil when the map was never made. done closes the connection
+// it made.
+func placementMap(ctx context.Context, cfg config.Config, js jetstream.JetStream) (kv jetstream.KeyValue, done func(), err error) {
+	done = func() {}
+	if u := os.Getenv("ASSAY_PLACEMENT_NATS_URL"); u != "" {
+		nc, pjs, err := placement.Connect(u, "assay-operator-"+cfg.Region)
+		if err != nil {
+			return nil, done, err
+		}
+		js, done = pjs, nc.Close
+	}
+	bucket := cfg.Names().PlacementBucket(cfg.Region)
+	kv, err = js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, done, nil
+	}
+	if err != nil {
+		done()
+		return nil, func() {}, fmt.Errorf("the region's placement map (%s), where a tenant's moves between cells are kept: %w", bucket, err)
+	}
+	return kv, done, nil
+}
+
+// followTenant is the read that follows tenant across the cells that
+// served it, read from the placement map; nil when it never moved: its
+// events are then read from this cell's streams (js), as ever. Close it
+// when done.
+func followTenant(ctx context.Context, cfg config.Config, js jetstream.JetStream, tenant string) (*following, error) {
+	kv, done, err := placementMap(ctx, cfg, js)
+	if err != nil || kv == nil {
+		return nil, err
+	}
+	defer done()
+	hops, err := placement.History(ctx, kv, tenant)
+	if err != nil {
+		return nil, err
+	}
+	return followHops(cfg, js, tenant, hops)
+}
+
+// followHops is followTenant of tenant's hops.
+func followHops(cfg config.Config, js jetstream.JetStream, tenant string, hops []placement.Hop) (*following, error) {
+	sp := spans(hops)
+	if len(sp) == 0 {
+		return nil, nil
+	}
+	for _, s := range sp {
+		if !event.ValidToken(s.cell) {
+			return nil, fmt.Errorf("the placement map's history of %s names cell %q, which is not a cell id", tenant, s.cell)
+		}
+	}
+	return &following{tenant: tenant, spans: sp, cells: newRegionCells(cfg, js)}, nil
+}
+
+func (f *following) close() {
+	if f != nil {
+		f.cells.close()
+	}
+}
+
+// cellsSaid names the cells f reads and when, for a person.
+func (f *following) cellsSaid() string {
+	var parts []string
+	for _, s := range f.spans {
+		switch {
+		case s.since.IsZero():
+			parts = append(parts, fmt.Sprintf("%s until %s", s.cell, s.until.UTC().Format(time.RFC3339)))
+		case s.until.IsZero():
+			parts = append(parts, fmt.Sprintf("%s since %s", s.cell, s.since.UTC().Format(time.RFC3339)))
+		default:
+			parts = append(parts, fmt.Sprintf("%s from %s until %s", s.cell, s.since.UTC().Format(time.RFC3339), s.until.UTC().Format(time.RFC3339)))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// read is readSelection following the tenant: each selected stream of each
+// cell for the time the cell served the tenant, the cells oldest first,
+// so that each stream's messages come in time order across the cells;
+// each message names its cell.
+func (f *following) read(ctx context.Context, sel selection, bar *progress, each func(ReplayMsg) error) ([]streamRead, error) {
+	var out []streamRead
+	for _, kind := range sel.kinds {
+		for _, sp := range f.spans {
+			s, ok := sel.within(sp)
+			if !ok {
+				continue
+			}
+			js, err := f.cells.streams(sp.cell)
+			if err != nil {
+				return out, err
+			}
+			cell := sp.cell
+			r, err := readStream(ctx, js, f.cells.names(cell), kind, s, bar, func(m ReplayMsg) error {
+				m.Cell = cell
+				return each(m)
+			})
+			r.Cell = cell
+			if err != nil {
+				return out, fmt.Errorf("cell %s: %w", cell, err)
+			}
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// readTenant is readSelection through f when it is not nil: following the
+// tenant across the cells that served it.
+func readTenant(ctx context.Context, f *following, js jetstream.JetStream, n event.Names, sel selection, bar *progress,
+	each func(ReplayMsg) error) ([]streamRead, error) {
+	if f != nil {
+		return f.read(ctx, sel, bar, each)
+	}
+	return readSelection(ctx, js, n, sel, bar, each)
 }

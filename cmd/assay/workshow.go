@@ -17,17 +17,43 @@ import (
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
+	"assay.dev/pkg/placement"
 	"assay.dev/pkg/store"
 	"assay.dev/services/ingress"
 )
+
+// workShowFollows is what assay work show does for work of a tenant that
+// moved between cells: the help of assay work says it.
+const workShowFollows = `work show ID follows a tenant moved between cells of the region (assay
+tenant move): when the work is not in this cell's database, or this cell
+holds only a pointer to it (state elsewhere) while the cell that admitted
+it finishes it, it is read from the database of another cell the tenant's
+moves name (as the region's placement map records them; in
+$ASSAY_PLACEMENT_NATS_URL's account when set, else the cell's own), the
+most recent first, each named by ASSAY_DATABASE_URL_<CELL> (US_2 for cell
+us-2); the first that holds it in another state than elsewhere answers,
+and work show says which cell that is ("cell" in --json). Its messages
+follow the tenant as assay replay --tenant does: each cell's streams for
+the time it served the tenant, each message naming its cell.
+`
+
+func init() { helps["work"] += "\n" + workShowFollows }
 
 // WorkStory is what assay work show prints: the cell's records of the
 // work, and its messages in the streams.
 type WorkStory struct {
 	*ingress.WorkStory
-	Messages []ReplayMsg `json:"messages"`
+	// Cell is the cell whose database the work was read from, when not
+	// this cell's: its tenant moved between cells.
+	Cell string `json:"cell,omitempty"`
+	// Elsewhere, when the work is only a pointer here (state elsewhere)
+	// and no other cell's database could answer for it, says why.
+	Elsewhere string      `json:"elsewhere,omitempty"`
+	Messages  []ReplayMsg `json:"messages"`
 	// MessagesError says why the streams could not be read.
 	MessagesError string `json:"messagesError,omitempty"`
+	// why says why the work was read from Cell, for a person.
+	why string
 }
 
 // readStory reads the work's story, with an excerpt of each answer when
@@ -53,12 +79,12 @@ func workShow(ctx context.Context, args []string, stdout io.Writer) error {
 	answers := fs.Bool("answers", false, "print the first bytes of each answer (they may quote the input)")
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
 	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
-	pos, err := parseArgs(fs, args, workUsage)
+	pos, err := parseArgs(fs, args, workUsage+"\n"+workShowFollows)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return configError{fmt.Errorf("work show takes one work id, got %d\n%s", len(pos), workUsage)}
+		return configError{fmt.Errorf("work show takes one work id, got %d\n%s", len(pos), workUsage+"\n"+workShowFollows)}
 	}
 	cfg, err := loadCell("assay work", *region, *dbURL)
 	if err != nil {
@@ -70,11 +96,13 @@ func workShow(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	defer st.Close()
 	s, err := readStory(ctx, st, pos[0], *answers)
-	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("no work %q in region %s's database", pos[0], cfg.Region)
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
+	}
+	if err != nil || s.Work.State == outcome.Elsewhere {
+		if s, err = storyElsewhere(ctx, cfg, pos[0], s, *answers); err != nil {
+			return err
+		}
 	}
 	if !*noMsgs {
 		if err := storyMessages(ctx, cfg, s); err != nil {
@@ -94,18 +122,149 @@ func workShow(ctx context.Context, args []string, stdout io.Writer) error {
 	return nil
 }
 
+// storyElsewhere reads work id from another cell of the region: the work
+// is not in this cell's database, or here (s, nil when not) it only
+// points to another cell. The cells tried are those the moves of its
+// tenant name (of every tenant that moved, when the work is not here to
+// say whose it is), the most recent first, each whose database
+// ASSAY_DATABASE_URL_<CELL> names; the first that holds the work in
+// another state than elsewhere answers. When none does, a pointer here is
+// shown as it is, saying so.
+func storyElsewhere(ctx context.Context, cfg config.Config, id string, s *WorkStory, withAnswers bool) (*WorkStory, error) {
+	notHere := fmt.Errorf("no work %q in region %s's database", id, cfg.Region)
+	tenant := ""
+	if s != nil {
+		tenant = s.Work.TenantID
+	}
+	cells, err := movedThrough(ctx, cfg, tenant)
+	if err != nil {
+		if s == nil {
+			return nil, fmt.Errorf("%w, and the cells its tenant may have moved through could not be looked up: %w", notHere, err)
+		}
+		s.Elsewhere = fmt.Sprintf("the cells %s moved through could not be looked up: %v", tenant, err)
+		return s, nil
+	}
+	var tried, unset []string
+	for _, c := range cells {
+		v := cellDatabaseVar(c)
+		url := os.Getenv(cellDatabaseVar(c))
+		if url == "" {
+			unset = append(unset, v)
+			continue
+		}
+		other, err := readStoryIn(ctx, c, url, id, withAnswers)
+		if err != nil {
+			return nil, err
+		}
+		if other == nil || other.Work.State == outcome.Elsewhere {
+			tried = append(tried, c)
+			continue
+		}
+		other.Cell = c
+		if s == nil {
+			other.why = fmt.Sprintf("not in this cell's (%s) database", cfg.Cell)
+		} else {
+			other.why = fmt.Sprintf("this cell (%s) holds only a pointer to it (state %s)", cfg.Cell, outcome.Elsewhere)
+		}
+		return other, nil
+	}
+	var more []string
+	if len(tried) > 0 {
+		more = append(more, "nor in the database of cell "+strings.Join(tried, ", "))
+	}
+	if len(unset) > 0 {
+		more = append(more, "not looked for in the database of a cell the tenant moved through, as "+strings.Join(unset, ", ")+" is not set")
+	}
+	if s == nil {
+		if len(more) > 0 {
+			return nil, fmt.Errorf("%w; %s", notHere, strings.Join(more, "; "))
+		}
+		return nil, notHere
+	}
+	s.Elsewhere = cmp.Or(strings.Join(more, "; "), "the tenant's moves name no other cell")
+	return s, nil
+}
+
+// movedThrough are the cells other than this one that tenant's moves name
+// (every tenant's, when tenant is ""), the most recent first.
+func movedThrough(ctx context.Context, cfg config.Config, tenant string) ([]string, error) {
+	nc, js, err := connectNATS(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	kv, done, err := placementMap(ctx, cfg, js)
+	if err != nil || kv == nil {
+		return nil, err
+	}
+	defer done()
+	var hops []placement.Hop
+	if tenant != "" {
+		if hops, err = placement.History(ctx, kv, tenant); err != nil {
+			return nil, err
+		}
+	} else {
+		all, err := placement.Histories(ctx, kv)
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range all {
+			hops = append(hops, h...)
+		}
+	}
+	slices.SortStableFunc(hops, func(a, b placement.Hop) int { return b.At.Compare(a.At) })
+	var cells []string
+	for _, h := range hops {
+		for _, c := range []string{h.To, h.From} {
+			if c != cfg.Cell && event.ValidToken(c) && !slices.Contains(cells, c) {
+				cells = append(cells, c)
+			}
+		}
+	}
+	return cells, nil
+}
+
+// readStoryIn reads work id's story from cell's database at url; nil when
+// the work is not there.
+func readStoryIn(ctx context.Context, cell, url, id string, withAnswers bool) (*WorkStory, error) {
+	st, err := store.Open(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("cell %s's database (%s): %w", cell, cellDatabaseVar(cell), config.RedactError(err, url))
+	}
+	defer st.Close()
+	s, err := readStory(ctx, st, id, withAnswers)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cell %s's database (%s): %w", cell, cellDatabaseVar(cell), err)
+	}
+	return s, nil
+}
+
 // storyMessages finds the work's messages in WORK, RESULT, ATTEMPT and
 // OUTCOME: those on the tenant's subjects, from just before the work was
-// created, whose payload names the work.
+// created, whose payload names the work. They follow the tenant across
+// the cells that served it, as assay replay --tenant does; work read from
+// another cell's database, of a tenant whose moves are not recorded, is
+// looked for in that cell's streams.
 func storyMessages(ctx context.Context, cfg config.Config, s *WorkStory) error {
 	nc, js, err := connectNATS(cfg)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	follow, err := followTenant(ctx, cfg, js, s.Work.TenantID)
+	if err != nil {
+		return err
+	}
+	if follow == nil && s.Cell != "" {
+		follow = &following{tenant: s.Work.TenantID, spans: []span{{cell: s.Cell}}, cells: newRegionCells(cfg, js)}
+	}
+	defer follow.close()
 	sel := selection{kinds: event.Kinds, tenant: s.Work.TenantID, since: s.Work.CreatedAt.Add(-5 * time.Second),
 		until: storyEnd(s), works: map[string]bool{s.Work.ID: true}}
-	_, err = readSelection(ctx, js, cfg.Names(), sel, nil, func(m ReplayMsg) error {
+	_, err = readTenant(ctx, follow, js, cfg.Names(), sel, nil, func(m ReplayMsg) error {
 		s.Messages = append(s.Messages, m)
 		return nil
 	})
@@ -131,8 +290,14 @@ func storyEnd(s *WorkStory) time.Time {
 func printStory(w io.Writer, s *WorkStory) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	r := s.Work
+	if s.Cell != "" {
+		fmt.Fprintf(tw, "read from cell %s's database: %s\n", s.Cell, cmp.Or(s.why, "its tenant moved between cells"))
+	}
 	fmt.Fprintf(tw, "work %s\n", r.ID)
 	fmt.Fprintf(tw, "  state\t%s\n", r.State)
+	if s.Elsewhere != "" {
+		fmt.Fprintf(tw, "  \tonly a pointer: another cell of the region finishes it, and it was not read there: %s\n", s.Elsewhere)
+	}
 	fmt.Fprintf(tw, "  counts as\t%s\n", countsAs(s))
 	if r.Reason != "" {
 		fmt.Fprintf(tw, "  reason\t%s\n", r.Reason)
@@ -200,7 +365,11 @@ func printStory(w io.Writer, s *WorkStory) error {
 		if v := m.Headers["Nats-Msg-Id"]; len(v) > 0 {
 			id = v[0]
 		}
-		fmt.Fprintf(tw, "  %s\tseq %d\t%s\t%s\tmsg-id %s\t%s\n", m.Stream, m.Sequence, rfc(m.Time), m.Subject, orDash(id), m.Outcome)
+		stream := m.Stream
+		if m.Cell != "" {
+			stream += " (cell " + m.Cell + ")"
+		}
+		fmt.Fprintf(tw, "  %s\tseq %d\t%s\t%s\tmsg-id %s\t%s\n", stream, m.Sequence, rfc(m.Time), m.Subject, orDash(id), m.Outcome)
 	}
 	return tw.Flush()
 }

@@ -9,6 +9,10 @@ import "slices"
 const (
 	Queued  = "queued"
 	Running = "running"
+	// Elsewhere is work of a tenant that moved to this cell which the cell
+	// it moved from still finishes: the row holds its key here, and takes
+	// its outcome once that cell has finished it.
+	Elsewhere = "elsewhere"
 )
 
 // Work outcomes: every work item ends in exactly one.
@@ -58,7 +62,7 @@ var Terminal = []string{Accepted, SchemaRejected, RetryExhausted, TransportRejec
 	Superseded, Canceled, BudgetExhausted}
 
 // WorkStates lists every state a work row can be in.
-var WorkStates = append([]string{Queued, Running}, Terminal...)
+var WorkStates = append([]string{Queued, Running, Elsewhere}, Terminal...)
 
 // IsTerminal reports whether state is a work outcome.
 func IsTerminal(state string) bool { return slices.Contains(Terminal, state) }

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -13,119 +14,180 @@ import (
 
 // MoveOptions bound a move.
 type MoveOptions struct {
-	// Settle bounds the wait for the sending cell to finish what it does
-	// for the tenant (work in flight, events, the ledger, publications);
-	// past it the move is given up and the tenant served where it was.
-	// Default 2m.
+	// Settle is how long the sending cell keeps finishing work it admitted
+	// before the cut-over that has not begun: past it, such work is handed
+	// over and runs in the receiving cell. Work whose call is running
+	// finishes where it is, however long. Default 2m.
 	Settle time.Duration
-	// Quiet is how long the tenant stays settled before it is copied, so
-	// a request admitted just before its ingress heard of the move has
-	// made its work. Default 2s.
+	// Quiet is how long the cut is announced before the sending cell is
+	// fenced, so every ingress of the region holds the tenant's requests
+	// and those admitted just before have made their work. Default 500ms.
 	Quiet time.Duration
-	// Progress, when set, hears what the move waits for.
-	Progress func(store.Unsettled)
+	// Waiting, when set, hears what the move's tail waits for, each time
+	// it changes.
+	Waiting func([]store.Waiting)
 }
 
 // MoveReport is what a move did.
 type MoveReport struct {
-	Held    time.Duration  // how long the tenant's requests were held
-	Copied  map[string]int // rows copied to the receiving cell, per table
+	Held    time.Duration  // how long the tenant's requests were held, at the cut
+	Copied  map[string]int // rows copied to the receiving cell at the cut, per table
+	Tail    int            // work items the sending cell finished after the cut, copied as each ended
+	Handed  bool           // whether work not begun by Settle was handed over
+	Took    time.Duration  // the whole move, the tail included
 	Dropped map[string]int // rows removed from the sending cell, per table
+	Resumed bool           // the move's tail was taken up where an earlier run left it
 }
 
 // Move moves tenant from cell from (its store fromDB) to cell to (toDB)
-// of region, whose placement bucket is kv. The tenant's requests are
-// held (503, try again) from the start: work in flight finishes in the
-// sending cell, which then holds nothing unsettled for the tenant; its
-// history is copied to the receiving cell in one transaction, the
-// placement map then names the receiving cell, and the sending cell's copy
-// is removed. A duplicate of earlier work asked for after the move finds
-// that work in the receiving cell. Given up (settling took too long), the
-// tenant is served where it was and nothing was copied.
+// of region, whose placement bucket is kv, while its traffic flows.
+//
+// The cut: the map announces it (every ingress holds the tenant's
+// requests rather than refusing them), the sending cell is fenced (it
+// admits no new work of the tenant), the tenant's history is copied to the
+// receiving cell in one transaction — work the sending cell has not
+// finished as rows held elsewhere — and the map names the receiving cell.
+// The tail: the sending cell finishes what it admitted, and each item is
+// copied over as it ends; what has not begun by Settle is handed over.
+// Then the sending cell's copy is removed. A move whose tail was cut short
+// (the command stopped) is taken up again by running it again.
 func Move(ctx context.Context, kv jetstream.KeyValue, region string, fromDB, toDB *store.Store, tenant, from, to string,
 	o MoveOptions) (MoveReport, error) {
 	if o.Settle <= 0 {
 		o.Settle = 2 * time.Minute
 	}
 	if o.Quiet <= 0 {
-		o.Quiet = 2 * time.Second
+		o.Quiet = 500 * time.Millisecond
 	}
+	start := time.Now()
 	var r MoveReport
 	snap, err := Read(ctx, kv, region)
 	if err != nil {
 		return r, err
 	}
-	switch served, err := snap.Serving(tenant); {
-	case err != nil:
-		return r, fmt.Errorf("placement: %w", err)
+	m, moving := snap.Moving[tenant]
+	switch {
 	case from == to:
 		return r, fmt.Errorf("placement: %s is served by %s already", tenant, to)
-	case served != from:
-		return r, fmt.Errorf("placement: %s is served by %s, not %s", tenant, served, from)
+	case moving && m.Phase == PhaseTail && m.From == from && m.To == to:
+		r.Resumed = true
+	case moving && m.Phase == PhaseTail:
+		return r, fmt.Errorf("placement: %s is still moving from %s to %s: run that move again to finish it first", tenant, m.From, m.To)
+	case moving && (m.From != from && m.From != "" || m.To != to):
+		return r, fmt.Errorf("placement: %s is being moved from %s to %s", tenant, m.From, m.To)
+	case !moving && snap.CellOf(tenant) != from:
+		return r, fmt.Errorf("placement: %s is served by %s, not %s", tenant, snap.CellOf(tenant), from)
 	}
-	start := time.Now()
-	if _, err := kv.PutString(ctx, movingPrefix+tenant, to); err != nil {
-		return r, fmt.Errorf("placement: hold %s: %w", tenant, err)
-	}
-	release := func() { _ = kv.Delete(context.WithoutCancel(ctx), movingPrefix+tenant) }
-	deadline := start.Add(o.Settle)
-	for {
-		if err := settle(ctx, fromDB, tenant, deadline, o); err != nil {
-			release()
+	cutAt := m.At
+	if !r.Resumed {
+		if cutAt, err = cut(ctx, kv, fromDB, toDB, tenant, from, to, moving, o, &r); err != nil {
 			return r, err
 		}
-		r.Copied, err = fromDB.CopyTenant(ctx, toDB, tenant)
-		if errors.Is(err, store.ErrTenantBusy) && time.Now().Before(deadline) {
-			continue
-		}
-		if err != nil {
-			release()
-			return r, err
-		}
-		break
+		r.Held = time.Since(start)
 	}
-	if err := Place(ctx, kv, tenant, to); err != nil {
-		// The receiving cell has the history and the map does not say so:
-		// the hold stays, and placing the tenant again ends the move.
-		return r, fmt.Errorf("%w; the tenant's requests stay held: run assay tenant place %s --cell %s", err, tenant, to)
+	if err := tail(ctx, fromDB, toDB, tenant, cutAt, o, &r); err != nil {
+		return r, err
+	}
+	if r.Dropped, err = fromDB.DropTenant(ctx, tenant); err != nil {
+		return r, fmt.Errorf("%w; %s is served by %s now, and %s still holds a copy of its history: run the move again", err, tenant, to, from)
 	}
 	if err := kv.Delete(ctx, movingPrefix+tenant); err != nil {
-		return r, fmt.Errorf("placement: release %s: %w", tenant, err)
+		return r, fmt.Errorf("placement: end the move of %s: %w", tenant, err)
 	}
-	r.Held = time.Since(start)
-	if r.Dropped, err = fromDB.DropTenant(ctx, tenant); err != nil {
-		return r, fmt.Errorf("%w; %s is served by %s now, and %s still holds a copy of its history", err, tenant, to, from)
-	}
+	r.Took = time.Since(start)
 	return r, nil
 }
 
-// settle waits until the sending cell has nothing unsettled for tenant,
-// and has stayed so for o.Quiet.
-func settle(ctx context.Context, db *store.Store, tenant string, deadline time.Time, o MoveOptions) error {
-	var quietSince time.Time
-	for {
-		u, err := db.TenantUnsettled(ctx, tenant)
+// putMoving writes tenant's moving entry.
+func putMoving(ctx context.Context, kv jetstream.KeyValue, tenant string, m Moving) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if _, err := kv.Put(ctx, movingPrefix+tenant, b); err != nil {
+		return fmt.Errorf("placement: move %s (%s): %w", tenant, m.Phase, err)
+	}
+	return nil
+}
+
+// cut makes the receiving cell serve tenant, and returns when.
+// again says an earlier run was stopped during the cut: a copy it
+// committed stands.
+func cut(ctx context.Context, kv jetstream.KeyValue, fromDB, toDB *store.Store, tenant, from, to string, again bool, o MoveOptions,
+	r *MoveReport) (time.Time, error) {
+	m := Moving{From: from, To: to, Phase: PhaseCut, At: time.Now().UTC()}
+	if err := putMoving(ctx, kv, tenant, m); err != nil {
+		return time.Time{}, err
+	}
+	giveUp := func(err error) (time.Time, error) {
+		ctx := context.WithoutCancel(ctx)
+		if uerr := fromDB.UnfenceTenant(ctx, tenant); uerr != nil {
+			return time.Time{}, fmt.Errorf("%w; and %v: the tenant's requests stay held until the move is run again", err, uerr)
+		}
+		_ = kv.Delete(ctx, movingPrefix+tenant)
+		return time.Time{}, fmt.Errorf("%w; the move was given up and %s is served by %s", err, tenant, from)
+	}
+	select {
+	case <-ctx.Done():
+		return giveUp(ctx.Err())
+	case <-time.After(o.Quiet):
+	}
+	if err := fromDB.FenceTenant(ctx, tenant, to); err != nil {
+		return giveUp(err)
+	}
+	var err error
+	for try := 0; ; try++ {
+		r.Copied, err = fromDB.CopyTenant(ctx, toDB, tenant, from)
+		if errors.Is(err, store.ErrTenantBusy) && try < 5 {
+			continue
+		}
+		if errors.Is(err, store.ErrTenantHere) && again {
+			err = nil
+		}
 		if err != nil {
-			return err
+			return giveUp(err)
 		}
-		if o.Progress != nil {
-			o.Progress(u)
+		break
+	}
+	m.Phase = PhaseTail
+	if err := Place(ctx, kv, tenant, to); err != nil {
+		return time.Time{}, fmt.Errorf("%w; %s's history is in %s and its requests stay held: run the move again", err, tenant, to)
+	}
+	if err := putMoving(ctx, kv, tenant, m); err != nil {
+		return time.Time{}, fmt.Errorf("%w; run the move again", err)
+	}
+	if err := addHop(ctx, kv, tenant, Hop{From: from, To: to, At: m.At}); err != nil {
+		return time.Time{}, err
+	}
+	return m.At, nil
+}
+
+// tail copies the work the sending cell finishes to the receiving cell as
+// it ends, handing over what has not begun once o.Settle has passed since
+// the cut, until none is left.
+func tail(ctx context.Context, fromDB, toDB *store.Store, tenant string, cutAt time.Time, o MoveOptions, r *MoveReport) error {
+	last := ""
+	for {
+		handOver := time.Since(cutAt) >= o.Settle
+		n, waiting, err := toDB.TailTenant(ctx, fromDB, tenant, handOver)
+		r.Tail += n
+		r.Handed = r.Handed || handOver && len(waiting)+n > 0
+		if err != nil {
+			return fmt.Errorf("placement: the tail of %s's move: %w; %s is served by the receiving cell, run the move again to finish it", tenant, err, tenant)
 		}
-		switch {
-		case !u.Zero():
-			quietSince = time.Time{}
-		case quietSince.IsZero():
-			quietSince = time.Now()
-		case time.Since(quietSince) >= o.Quiet:
+		if o.Waiting != nil {
+			if s := fmt.Sprint(waiting); s != last {
+				o.Waiting(waiting)
+				last = s
+			}
+		}
+		if len(waiting) == 0 {
 			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("placement: %s did not settle in time (%s); it is served where it was", tenant, u)
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+			return fmt.Errorf("placement: the tail of %s's move: %w; run the move again to finish it", tenant, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }

@@ -32,7 +32,37 @@ const (
 	tenantPrefix = "tenant."
 	cellPrefix   = "cell."
 	movingPrefix = "moving."
+	hopsPrefix   = "hops."
 )
+
+// Phases of a move, as the map's moving.<tenant> entry names them.
+const (
+	// PhaseCut: the tenant's history is being copied to the receiving
+	// cell. Requests are held by every ingress (not refused) for the
+	// moment it takes, and the sending cell admits no new work.
+	PhaseCut = "cut"
+	// PhaseTail: the receiving cell serves the tenant; work the sending
+	// cell admitted before the cut finishes there and is copied over as it
+	// ends. The sending cell answers what the receiving one sends it for
+	// that work.
+	PhaseTail = "tail"
+)
+
+// Moving is a tenant's move between two cells of the region.
+type Moving struct {
+	From  string    `json:"from"`
+	To    string    `json:"to"`
+	Phase string    `json:"phase"`
+	At    time.Time `json:"at"`
+}
+
+// Hop is one finished cut-over of a tenant from one cell to another: events
+// of the tenant before At are in From's streams, after it in To's.
+type Hop struct {
+	From string    `json:"from"`
+	To   string    `json:"to"`
+	At   time.Time `json:"at"`
+}
 
 // Cell is one cell of the region as it registered itself.
 type Cell struct {
@@ -68,24 +98,33 @@ type Snapshot struct {
 	// the cell named after the region.
 	Tenants map[string]string
 	Cells   map[string]Cell
-	// Moving maps a tenant being moved to the cell it moves to: while it
-	// moves, no cell serves it.
-	Moving map[string]string
+	// Moving maps a tenant being moved to its move.
+	Moving map[string]Moving
 }
 
-// ErrMoving is the error of a tenant being moved between cells.
+// ErrMoving is the error of a tenant whose history is being copied to
+// another cell (PhaseCut): for that moment no cell admits its work.
 type ErrMoving struct{ Tenant, To string }
 
 func (e *ErrMoving) Error() string {
 	return fmt.Sprintf("tenant %s is moving to cell %s; try again in a few seconds", e.Tenant, e.To)
 }
 
-// Serving is the cell that serves tenant, or *ErrMoving while it moves.
+// Serving is the cell that serves tenant, or *ErrMoving while its history
+// is copied to another cell. In a move's tail the receiving cell serves
+// it.
 func (s *Snapshot) Serving(tenant string) (string, error) {
-	if to, ok := s.Moving[tenant]; ok {
-		return "", &ErrMoving{Tenant: tenant, To: to}
+	if m, ok := s.Moving[tenant]; ok && m.Phase != PhaseTail {
+		return "", &ErrMoving{Tenant: tenant, To: m.To}
 	}
 	return s.CellOf(tenant), nil
+}
+
+// Finishing reports whether cell finishes work of tenant that it admitted
+// before a move to asker: what asker sends it for that work, it answers.
+func (s *Snapshot) Finishing(tenant, cell, asker string) bool {
+	m, ok := s.Moving[tenant]
+	return ok && m.Phase == PhaseTail && m.From == cell && m.To == asker
 }
 
 // CellOf is the cell that serves tenant.
@@ -137,7 +176,7 @@ func (s *Snapshot) apply(e jetstream.KeyValueEntry) error {
 			delete(s.Moving, t)
 			return nil
 		}
-		s.Moving[t] = string(e.Value())
+		s.Moving[t] = parseMoving(e.Value())
 	case strings.HasPrefix(key, cellPrefix):
 		id := strings.TrimPrefix(key, cellPrefix)
 		if !put {
@@ -153,8 +192,51 @@ func (s *Snapshot) apply(e jetstream.KeyValueEntry) error {
 	return nil
 }
 
+// parseMoving reads a moving.<tenant> value: JSON, or the bare cell id an
+// earlier version wrote, which held the tenant while it moved.
+func parseMoving(v []byte) Moving {
+	var m Moving
+	if json.Unmarshal(v, &m) == nil && m.To != "" {
+		return m
+	}
+	return Moving{To: string(v), Phase: PhaseCut}
+}
+
 func newSnapshot(region string) *Snapshot {
-	return &Snapshot{Region: region, Tenants: map[string]string{}, Cells: map[string]Cell{}, Moving: map[string]string{}}
+	return &Snapshot{Region: region, Tenants: map[string]string{}, Cells: map[string]Cell{}, Moving: map[string]Moving{}}
+}
+
+// History is tenant's cut-overs, oldest first: where its events were made
+// when.
+func History(ctx context.Context, kv jetstream.KeyValue, tenant string) ([]Hop, error) {
+	e, err := kv.Get(ctx, hopsPrefix+tenant)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("placement: history of %s: %w", tenant, err)
+	}
+	var hops []Hop
+	if err := json.Unmarshal(e.Value(), &hops); err != nil {
+		return nil, fmt.Errorf("placement: history of %s: %w", tenant, err)
+	}
+	return hops, nil
+}
+
+// addHop appends a cut-over to tenant's history.
+func addHop(ctx context.Context, kv jetstream.KeyValue, tenant string, h Hop) error {
+	hops, err := History(ctx, kv, tenant)
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(append(hops, h))
+	if err != nil {
+		return err
+	}
+	if _, err := kv.Put(ctx, hopsPrefix+tenant, b); err != nil {
+		return fmt.Errorf("placement: history of %s: %w", tenant, err)
+	}
+	return nil
 }
 
 // Read reads the whole map once.
@@ -362,7 +444,7 @@ func (v *View) watch(ctx context.Context, kv jetstream.KeyValue) error {
 // publish makes a copy of s the map requests read.
 func (v *View) publish(s *Snapshot) {
 	c := &Snapshot{Region: s.Region, Tenants: make(map[string]string, len(s.Tenants)), Cells: make(map[string]Cell, len(s.Cells)),
-		Moving: make(map[string]string, len(s.Moving))}
+		Moving: make(map[string]Moving, len(s.Moving))}
 	for k, x := range s.Moving {
 		c.Moving[k] = x
 	}

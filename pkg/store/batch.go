@@ -276,7 +276,7 @@ type BatchSignal struct {
 // BatchSignal reads the batch's progress summary in one statement.
 func (s *Store) BatchSignal(ctx context.Context, batchID string) (BatchSignal, error) {
 	var sig BatchSignal
-	err := s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE w.state NOT IN ('queued', 'running')),
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE w.state NOT IN ('queued', 'running', 'elsewhere')),
 			coalesce(max(w.updated_at), 'epoch'), coalesce((SELECT canceled_at FROM batches WHERE id = $1), 'epoch')
 		FROM batch_items i JOIN work w ON w.id = i.work_id WHERE i.batch_id = $1`, batchID).
 		Scan(&sig.Ended, &sig.LastChange, &sig.CanceledAt)

@@ -112,7 +112,7 @@ func insertRound(ctx context.Context, db txQuerier, reqs []InsertReq, take []int
 		return nil
 	}
 	answers, err := runInsert(ctx, db, args)
-	if _, inTx := db.(pgx.Tx); err != nil && Permanent(err) && len(at) > 1 && !inTx {
+	if _, inTx := db.(pgx.Tx); err != nil && (Permanent(err) || MovedOut(err)) && len(at) > 1 && !inTx {
 		// A value one request carries that the database refuses: each half
 		// again, so the refusal falls on that request alone. In the
 		// caller's transaction, which the refusal has ended, the caller

@@ -10,14 +10,19 @@ import (
 )
 
 // movedTable is one table of a tenant's history: the tenant's rows (where,
-// with the tenant as $1) and the columns copied. shared rows (prompts,
-// provider batches, the tenant's credentials and links) may be in the
-// receiving cell already and are kept there; a serial id, and a ledger
-// row's place in the export's order (xact), are the receiving cell's own.
+// with the tenant as $1) and the columns copied. work names the row's work
+// (a column or an expression), for the tables whose rows belong to one
+// work item. shared rows (prompts, provider batches, the tenant's
+// credentials and links) may be in the receiving cell already and are kept
+// there; a serial id, and a ledger row's place in the export's order
+// (xact), are the receiving cell's own. held: the table's rows of work the
+// sending cell still finishes are copied at the cut too (the work row, as
+// a row held elsewhere; its batch items and deliveries); the other tables'
+// rows of that work are copied when it ends.
 type movedTable struct {
-	table, where string
-	shared       bool
-	skip         []string
+	table, where, work string
+	shared, held       bool
+	skip               []string
 }
 
 // movedTables are in the order they are copied: each after the rows it
@@ -31,19 +36,19 @@ var movedTables = []movedTable{
 	{table: "contract_prompts", where: "digest IN (SELECT prompt_digest FROM work WHERE tenant_id = $1)", shared: true},
 	{table: "budget_periods", where: "tenant_id = $1"},
 	{table: "batches", where: "tenant_id = $1"},
-	{table: "work", where: "tenant_id = $1"},
-	{table: "attempts", where: "tenant_id = $1"},
-	{table: "reviews", where: "tenant_id = $1", skip: []string{"id"}},
-	{table: "results", where: "tenant_id = $1"},
-	{table: "ledger", where: "tenant_id = $1", skip: []string{"xact"}},
-	{table: "budget_reservations", where: "tenant_id = $1"},
-	{table: "batch_items", where: "tenant_id = $1"},
-	{table: "publications", where: "tenant_id = $1"},
-	{table: "redrives", where: "work_id IN (SELECT id FROM work WHERE tenant_id = $1)"},
-	{table: "webhook_deliveries", where: "tenant_id = $1"},
-	{table: "work_actions", where: "work_id IN (SELECT id FROM work WHERE tenant_id = $1)", skip: []string{"id"}},
+	{table: "work", where: "tenant_id = $1", work: "id", held: true},
+	{table: "attempts", where: "tenant_id = $1", work: "work_id"},
+	{table: "reviews", where: "tenant_id = $1", work: "work_id", skip: []string{"id"}},
+	{table: "results", where: "tenant_id = $1", work: "work_id"},
+	{table: "ledger", where: "tenant_id = $1", work: "work_id", skip: []string{"xact"}},
+	{table: "budget_reservations", where: "tenant_id = $1", work: "(SELECT a.work_id FROM attempts a WHERE a.id = attempt_id)"},
+	{table: "batch_items", where: "tenant_id = $1", work: "work_id", held: true},
+	{table: "publications", where: "tenant_id = $1", work: "work_id"},
+	{table: "redrives", where: "work_id IN (SELECT id FROM work WHERE tenant_id = $1)", work: "work_id"},
+	{table: "webhook_deliveries", where: "tenant_id = $1", work: "work_id", held: true},
+	{table: "work_actions", where: "work_id IN (SELECT id FROM work WHERE tenant_id = $1)", work: "work_id", skip: []string{"id"}},
 	{table: "provider_batches", where: "id IN (SELECT batch_id FROM provider_batch_lines WHERE tenant_id = $1)", shared: true},
-	{table: "provider_batch_lines", where: "tenant_id = $1"},
+	{table: "provider_batch_lines", where: "tenant_id = $1", work: "work_id"},
 }
 
 // tenantSettings are the tenants row's columns that follow the tenant to
@@ -110,11 +115,15 @@ var ErrTenantBusy = fmt.Errorf("store: work of the tenant was made while it was 
 
 // CopyTenant copies tenant's history — its work, attempts, results, ledger,
 // budget periods, reviews, batches, publications, deliveries and actions —
-// and its settings, credentials and links from this cell to to, read in
-// one snapshot and written in one transaction, and returns the rows copied
-// per table. The receiving cell must know the tenant and hold none of its
-// work.
-func (s *Store) CopyTenant(ctx context.Context, to *Store, tenant string) (map[string]int, error) {
+// and its settings, credentials and links from this cell, the cell named
+// from, to to, read in one snapshot and written in one transaction, and
+// returns the rows copied per table. The receiving cell must know the
+// tenant and hold none of its work. Work this cell has not finished (see
+// HeldWork) is copied as a row held elsewhere, with its batch items and
+// deliveries: the receiving cell answers its key and runs nothing of it,
+// and TailTenant copies the rest once it ends here. This cell must admit
+// no new work of the tenant by then (FenceTenant).
+func (s *Store) CopyTenant(ctx context.Context, to *Store, tenant, from string) (map[string]int, error) {
 	copied := map[string]int{}
 	// The snapshot is read on a connection of its own, so the pool (of a
 	// single connection, maybe) is free for the count of work made since.
@@ -128,6 +137,14 @@ func (s *Store) CopyTenant(ctx context.Context, to *Store, tenant string) (map[s
 		return nil, fmt.Errorf("store: move %s: %w", tenant, err)
 	}
 	defer func() { _ = src.Rollback(context.WithoutCancel(ctx)) }()
+	held, err := heldAtCut(ctx, src, tenant)
+	if err != nil {
+		return nil, fmt.Errorf("store: move %s: %w", tenant, err)
+	}
+	ids := make([]string, len(held))
+	for i, h := range held {
+		ids[i] = h.WorkID
+	}
 	err = pgx.BeginFunc(ctx, to.pool, func(dst pgx.Tx) error {
 		var here bool
 		if err := dst.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM work WHERE tenant_id = $1)`, tenant).Scan(&here); err != nil {
@@ -140,15 +157,23 @@ func (s *Store) CopyTenant(ctx context.Context, to *Store, tenant string) (map[s
 			return err
 		}
 		for _, t := range movedTables {
-			n, err := copyRows(ctx, src, dst, t, tenant)
+			where := t.where
+			if t.work != "" && !t.held {
+				where += " AND NOT (coalesce(" + t.work + ", '') = ANY($2))"
+			}
+			n, err := copyRows(ctx, src, dst, t, where, copyInsert, tenant, ids)
 			if err != nil {
 				return fmt.Errorf("%s: %w", t.table, err)
 			}
 			copied[t.table] = n
 		}
+		if err := holdElsewhere(ctx, dst, tenant, from, held); err != nil {
+			return err
+		}
+		copied["work_held"] = len(held)
 		// Work made after the snapshot (a request admitted before the
-		// cell heard the tenant was moving) would be left behind: the copy
-		// is not committed, and the move waits for it.
+		// fence) would be left behind: the copy is not committed, and the
+		// move tries again.
 		var now int
 		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM work WHERE tenant_id = $1`, tenant).Scan(&now); err != nil {
 			return err
@@ -165,7 +190,7 @@ func (s *Store) CopyTenant(ctx context.Context, to *Store, tenant string) (map[s
 }
 
 // copySettings gives the receiving cell's tenants row the settings of the
-// sending cell's.
+// sending cell's, and lifts a fence an earlier move out of it left.
 func copySettings(ctx context.Context, src, dst pgx.Tx, tenant string) error {
 	vals := make([]any, len(tenantSettings))
 	ptrs := make([]any, len(vals))
@@ -179,7 +204,7 @@ func copySettings(ctx context.Context, src, dst pgx.Tx, tenant string) error {
 	for i, c := range tenantSettings {
 		sets[i] = fmt.Sprintf("%s = $%d", c, i+2)
 	}
-	tag, err := dst.Exec(ctx, `UPDATE tenants SET `+strings.Join(sets, ", ")+` WHERE id = $1`, append([]any{tenant}, vals...)...)
+	tag, err := dst.Exec(ctx, `UPDATE tenants SET moved_to = NULL, `+strings.Join(sets, ", ")+` WHERE id = $1`, append([]any{tenant}, vals...)...)
 	if err != nil {
 		return fmt.Errorf("tenants: %w", err)
 	}
@@ -189,8 +214,15 @@ func copySettings(ctx context.Context, src, dst pgx.Tx, tenant string) error {
 	return nil
 }
 
-// copyRows copies t's rows of tenant from src to dst.
-func copyRows(ctx context.Context, src, dst pgx.Tx, t movedTable, tenant string) (int, error) {
+// How copyRows writes what it read.
+const (
+	copyInsert  = iota // insert the rows (a shared table's: those not there)
+	copyAdd            // insert those not there
+	copyReplace        // update the rows there (work held elsewhere) with them
+)
+
+// copyRows copies t's rows matching where (with args) from src to dst.
+func copyRows(ctx context.Context, src, dst pgx.Tx, t movedTable, where string, mode int, args ...any) (int, error) {
 	rows, err := src.Query(ctx, `SELECT column_name FROM information_schema.columns
 		WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position`, t.table)
 	if err != nil {
@@ -202,7 +234,9 @@ func copyRows(ctx context.Context, src, dst pgx.Tx, t movedTable, tenant string)
 	}
 	cols = slices.DeleteFunc(cols, func(c string) bool { return slices.Contains(t.skip, c) })
 	list := strings.Join(cols, ", ")
-	rows, err = src.Query(ctx, `SELECT `+list+` FROM `+t.table+` WHERE `+t.where, tenant)
+	// $2, when the where does not use it, is still sent: a statement may
+	// not leave a parameter without a type, so it is named once.
+	rows, err = src.Query(ctx, `SELECT `+list+` FROM `+t.table+` WHERE (`+where+`) AND $1::text IS NOT NULL AND $2::text[] IS NOT NULL`, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -221,16 +255,32 @@ func copyRows(ctx context.Context, src, dst pgx.Tx, t movedTable, tenant string)
 	if len(data) == 0 {
 		return 0, nil
 	}
+	if t.shared && mode == copyInsert {
+		mode = copyAdd
+	}
 	into := t.table
-	if t.shared {
+	if mode != copyInsert {
 		into = "moving_" + t.table
-		if _, err := dst.Exec(ctx, `CREATE TEMP TABLE `+into+` (LIKE `+t.table+` INCLUDING DEFAULTS) ON COMMIT DROP`); err != nil {
+		if _, err := dst.Exec(ctx, `CREATE TEMP TABLE IF NOT EXISTS `+into+` (LIKE `+t.table+` INCLUDING DEFAULTS) ON COMMIT DROP`); err != nil {
+			return 0, err
+		}
+		if _, err := dst.Exec(ctx, `TRUNCATE `+into); err != nil {
 			return 0, err
 		}
 	}
 	n, err := dst.CopyFrom(ctx, pgx.Identifier{into}, cols, pgx.CopyFromRows(data))
-	if err != nil || !t.shared {
+	if err != nil || mode == copyInsert {
 		return int(n), err
+	}
+	if mode == copyReplace {
+		sets := make([]string, 0, len(cols))
+		for _, c := range cols {
+			if c != "id" {
+				sets = append(sets, c+" = m."+c)
+			}
+		}
+		tag, err := dst.Exec(ctx, `UPDATE `+t.table+` x SET `+strings.Join(sets, ", ")+` FROM `+into+` m WHERE x.id = m.id`)
+		return int(tag.RowsAffected()), err
 	}
 	tag, err := dst.Exec(ctx, `INSERT INTO `+t.table+` (`+list+`) SELECT `+list+` FROM `+into+` ON CONFLICT DO NOTHING`)
 	return int(tag.RowsAffected()), err

@@ -297,10 +297,10 @@ func (s *Store) Purge(ctx context.Context, r Retention) (Purged, error) {
 					AND (o.stream <> '` + event.KindOutcome + `' OR o.created_at < $3)
 				ORDER BY o.created_at LIMIT $2) old LIMIT $2)`, r.Outbox, []any{since}},
 		{&p.Answers, `UPDATE attempts SET raw_response = NULL WHERE id IN (SELECT a.id FROM attempts a JOIN work w ON w.id = a.work_id
-			WHERE a.raw_response IS NOT NULL AND w.state NOT IN ('queued', 'running')
+			WHERE a.raw_response IS NOT NULL AND w.state NOT IN ('queued', 'running', 'elsewhere')
 				AND w.updated_at < now() - $1 * interval '1 microsecond' LIMIT $2)`, r.Data, nil},
 		{&p.Inputs, `UPDATE work SET input = '' WHERE id IN (SELECT id FROM work
-			WHERE input <> '' AND state NOT IN ('queued', 'running') AND updated_at < now() - $1 * interval '1 microsecond' LIMIT $2)`, r.Data, nil},
+			WHERE input <> '' AND state NOT IN ('queued', 'running', 'elsewhere') AND updated_at < now() - $1 * interval '1 microsecond' LIMIT $2)`, r.Data, nil},
 	}
 	for _, st := range steps {
 		tag, err := s.pool.Exec(ctx, st.sql, append([]any{interval(st.age), r.Limit}, st.more...)...)

@@ -256,7 +256,7 @@ var publishFactsSQL = `SELECT ` + workColumns + `,
 			coalesce((SELECT o.revision FROM work o
 				WHERE o.tenant_id = work.tenant_id AND o.contract = work.contract AND o.source_id = work.source_id
 					AND coalesce(o.rest_of, o.id) <> coalesce(work.rest_of, work.id) AND ` + revisionAfter("o", "work") + `
-					AND (o.state IN ('queued', 'running', 'accepted')
+					AND (o.state IN ('queued', 'running', 'accepted', 'elsewhere')
 						OR EXISTS (SELECT 1 FROM reviews v WHERE v.work_id = o.id AND v.output IS NOT NULL))
 				ORDER BY coalesce(o.source_updated_at, o.created_at) DESC LIMIT 1), '')
 		FROM work`

@@ -190,6 +190,9 @@ var (
 // writes the refusal and returns false.
 func (s *Service) authenticate(w http.ResponseWriter, r *http.Request) (store.Tenant, bool) {
 	t, refused := auth.Bearer(r.Context(), s.tokens, r.Header.Get("Authorization"), s.cell())
+	if refused != nil && refused.Code == "wrong_cell" && t.ID != "" && s.finishing(r, t.ID) {
+		return t, true
+	}
 	if refused != nil {
 		if refused.Status == http.StatusServiceUnavailable {
 			s.d.Log.Error("token lookup failed", "err", refused.Message)
@@ -245,11 +248,22 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("the cell cannot store this request: %s; nothing was stored", store.Refusal(err)))
 		return
 	}
+	if store.MovedOut(err) {
+		body, _ := json.Marshal(req)
+		s.movedOut(w, r, t.ID, body)
+		return
+	}
 	if err != nil {
 		s.d.Log.Error("insert work failed", "key", work.ID, "err", err)
 		s.count(ctx, "unavailable")
 		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the work was not stored; try again")
 		return
+	}
+	if !created && got.State == outcome.Elsewhere {
+		body, _ := json.Marshal(req)
+		if s.sendToFinisher(w, r, t.ID, got.ID, body) {
+			return
+		}
 	}
 	if !created {
 		s.duplicate(ctx, w, t, got)
@@ -493,6 +507,9 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.d.Log.Error("read work failed", "key", r.PathValue("id"), "err", err)
 		auth.Unavailable().Write(w)
+		return
+	}
+	if v.State == outcome.Elsewhere && s.sendToFinisher(w, r, t.ID, v.WorkID, nil) {
 		return
 	}
 	apierror.JSON(w, http.StatusOK, v)

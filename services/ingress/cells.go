@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httputil"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"assay.dev/pkg/apierror"
+	"assay.dev/pkg/placement"
 	"assay.dev/pkg/store"
 )
 
@@ -32,16 +34,69 @@ func (s *Service) RegisterCell(ctx context.Context, url string) error {
 	return s.place.Register(ctx, url)
 }
 
+// holdWait bounds how long a request of a tenant whose history is being
+// copied to another cell (the cut of a move, placement.PhaseCut) is held
+// before it is refused 503: the cut takes a moment, and every request
+// that arrives during it is answered once it is over, by the cell that
+// serves the tenant then.
+const holdWait = 20 * time.Second
+
 // servedBy is the cell of this region that serves tenant, as the region's
-// placement map says; an error while the map is not read, or while the
-// tenant moves between cells (its requests are refused 503 meanwhile, for
-// the few seconds the move holds them).
+// placement map says; an error while the map is not read. During a move's
+// cut it waits for the cut to end, up to holdWait.
 func (s *Service) servedBy(tenant string) (string, error) {
-	snap, err := s.place.Now()
-	if err != nil {
-		return "", err
+	deadline := time.Now().Add(holdWait)
+	for {
+		snap, err := s.place.Now()
+		if err != nil {
+			return "", err
+		}
+		cell, err := snap.Serving(tenant)
+		var moving *placement.ErrMoving
+		if !errors.As(err, &moving) || time.Now().After(deadline) {
+			return cell, err
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return snap.Serving(tenant)
+}
+
+// finishing reports whether r was sent on by the cell that serves tenant
+// now, for work this cell admitted before the tenant moved there and
+// still finishes: this cell answers it.
+func (s *Service) finishing(r *http.Request, tenant string) bool {
+	by := r.Header.Get(ForwardedBy)
+	if by == "" {
+		return false
+	}
+	snap, err := s.place.Now()
+	return err == nil && snap.Finishing(tenant, s.cfg.Names.Cell, by)
+}
+
+// sendToFinisher answers a request about work this cell holds for the
+// cell that finishes it (a tenant moved here, its work admitted before
+// the move not ended there yet) with that cell's answer; reports false
+// when the work is not held for another cell.
+func (s *Service) sendToFinisher(w http.ResponseWriter, r *http.Request, tenant, workID string, body []byte) bool {
+	cell, err := s.d.Store.HeldIn(r.Context(), workID)
+	if err != nil || cell == "" || r.Header.Get(ForwardedBy) != "" {
+		return false
+	}
+	s.sendTo(w, r, tenant, cell, apierror.New(http.StatusServiceUnavailable, "unavailable",
+		fmt.Sprintf("work %s is finished by cell %s, which did not answer; try again", workID, cell)), body)
+	return true
+}
+
+// movedOut answers a request whose work the database refused because the
+// tenant moved out of this cell (a request admitted just before the cut):
+// it is sent on to the cell that serves the tenant once the map says so.
+func (s *Service) movedOut(w http.ResponseWriter, r *http.Request, tenant string, body []byte) {
+	refused := apierror.New(http.StatusServiceUnavailable, "unavailable",
+		fmt.Sprintf("tenant %s is moving to another cell of the region; try again", tenant))
+	if cell, err := s.servedBy(tenant); err == nil && cell != s.cfg.Names.Cell {
+		s.sendTo(w, r, tenant, cell, refused, body)
+		return
+	}
+	refused.Write(w)
 }
 
 // sendOn answers a request of a tenant that another cell of the region
@@ -54,10 +109,17 @@ func (s *Service) servedBy(tenant string) (string, error) {
 // not answer (the log has both). body, when not nil, is the request's body
 // as read already.
 func (s *Service) sendOn(w http.ResponseWriter, r *http.Request, tenant string, refused *apierror.Error, body []byte) {
-	var cell string
-	var target *url.URL
-	if snap, err := s.place.Now(); err == nil && r.Header.Get(ForwardedBy) == "" {
+	cell := ""
+	if snap, err := s.place.Now(); err == nil {
 		cell = snap.CellOf(tenant)
+	}
+	s.sendTo(w, r, tenant, cell, refused, body)
+}
+
+// sendTo sends r on to cell, as sendOn does.
+func (s *Service) sendTo(w http.ResponseWriter, r *http.Request, tenant, cell string, refused *apierror.Error, body []byte) {
+	var target *url.URL
+	if snap, err := s.place.Now(); err == nil && r.Header.Get(ForwardedBy) == "" && cell != "" {
 		if c, ok := snap.Cells[cell]; ok && c.URL != "" {
 			target, _ = url.Parse(c.URL)
 		}
@@ -95,29 +157,6 @@ func (s *Service) sendOn(w http.ResponseWriter, r *http.Request, tenant string, 
 		},
 	}
 	proxy.ServeHTTP(w, r)
-}
-
-// moveWait bounds how long a GitHub delivery for a tenant being moved
-// waits for the move to end: GitHub gives up on an answer after 10s, and
-// does not deliver again by itself, so a delivery is held rather than
-// refused for the few seconds a move holds the tenant.
-const moveWait = 8 * time.Second
-
-// awaitMove returns once tenant is not being moved between cells, or
-// after moveWait.
-func (s *Service) awaitMove(ctx context.Context, tenant string) {
-	deadline := time.Now().Add(moveWait)
-	for {
-		snap, err := s.place.Now()
-		if err != nil || snap.Moving[tenant] == "" || time.Now().After(deadline) {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 // refuseOrSendOn writes refused, or, when it is the refusal of a tenant

@@ -25,6 +25,7 @@ type Store interface {
 	OpenReviews(ctx context.Context, tenant string) (int, error)
 	Ping(ctx context.Context) error
 	GetWork(ctx context.Context, id string) (*store.Work, error)
+	HeldIn(ctx context.Context, id string) (string, error)
 	InsertWork(ctx context.Context, w *store.Work, announce func(*store.Work) ([]store.OutboxMsg, error)) (*store.Work, bool, error)
 	InsertWorkGroup(ctx context.Context, reqs []store.InsertReq) []store.WorkInserted
 	Attempts(ctx context.Context, workID string) ([]store.Attempt, error)

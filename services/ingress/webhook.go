@@ -242,7 +242,7 @@ func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	span.SetAttributes(attribute.String("assay.tenant", d.tenant.ID))
-	s.storeDelivery(ctx, w, d)
+	s.storeDelivery(ctx, w, r, d)
 }
 
 // verifyDelivery checks everything about a delivery that does not need its
@@ -352,7 +352,6 @@ func (s *Service) routeDelivery(ctx context.Context, d *delivery) (dup *store.De
 		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", refused.Message, source)
 		return nil, refused
 	}
-	s.awaitMove(ctx, t.ID)
 	if refused := auth.Admit(t, s.cell()); refused != nil {
 		d.tenant = t // another cell of the region may serve it: the delivery goes on there
 		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", refused.Message, slog.String("tenant", t.ID))
@@ -372,7 +371,7 @@ func (s *Service) routeDelivery(ctx context.Context, d *delivery) (dup *store.De
 
 // storeDelivery fetches the pull request's diff, makes the work and stores
 // it with the delivery, then answers.
-func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *delivery) {
+func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, r *http.Request, d *delivery) {
 	work, ignored, refused := s.reviewWork(ctx, d)
 	switch {
 	case refused != nil:
@@ -402,6 +401,13 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, d *d
 		rec.Installation = d.pr.Installation.ID
 	}
 	res, err := s.d.Store.InsertWebhookWork(ctx, rec, work, s.announce(ctx))
+	if store.MovedOut(err) {
+		// Admitted just before the tenant's cut: the delivery goes on to
+		// the cell that serves the tenant now, as one that arrived later.
+		s.countWebhook(ctx, "wrong_cell")
+		s.movedOut(w, r, d.tenant.ID, d.body)
+		return
+	}
 	if err != nil {
 		s.d.Log.ErrorContext(ctx, "insert webhook work failed", "key", work.ID, "delivery", telemetry.Opaque(d.id), "err", err)
 		s.countWebhook(ctx, "unavailable")

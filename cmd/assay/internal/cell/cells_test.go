@@ -49,6 +49,8 @@ type region2 struct {
 	initech string
 	// lookups counts cell us's lookups of a delivery's tenant.
 	lookups *linkLookups
+	// gh is the GitHub both cells publish to.
+	gh *fakegithub.Server
 }
 
 // linkLookups counts the lookups of a GitHub delivery's tenant that one
@@ -78,7 +80,9 @@ func (l *linkLookups) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.Trac
 	}
 }
 
-func setupRegion2(t *testing.T) *region2 {
+// setupRegion2 starts the region; each of opts adjusts both cells'
+// options (with the region's fake GitHub) before they start.
+func setupRegion2(t *testing.T, opts ...func(*cell.Options, *fakegithub.Server)) *region2 {
 	t.Helper()
 	natsURL := testenv.NATS(t)
 	gh := fakegithub.New()
@@ -88,11 +92,16 @@ func setupRegion2(t *testing.T) *region2 {
 	gh.AddPull("shop/checkout", 41, deliveryBase, deliveryHead, evalset.Items()[0].Diff)
 	github := ingress.Config{GitHubSecret: deliverySecret, GitHubAPI: gh.URL, GitHubToken: deliveryToken}
 	lookups := &linkLookups{}
-	a := celltest.SetupOn(t, cell.Options{RegisterURL: true, Ingress: github, StoreTracer: lookups.tracer}, nil, natsURL)
-	b := celltest.SetupOn(t, cell.Options{RegisterURL: true, Ingress: github,
-		Config: config.Config{Region: "us", Regions: config.DefaultRegions, Cell: "us-2"}}, nil, natsURL)
+	ao := cell.Options{RegisterURL: true, Ingress: github, StoreTracer: lookups.tracer}
+	bo := cell.Options{RegisterURL: true, Ingress: github, Config: config.Config{Region: "us", Regions: config.DefaultRegions, Cell: "us-2"}}
+	for _, o := range opts {
+		o(&ao, gh)
+		o(&bo, gh)
+	}
+	a := celltest.SetupOn(t, ao, nil, natsURL)
+	b := celltest.SetupOn(t, bo, nil, natsURL)
 	ctx := context.Background()
-	r := &region2{a: a, b: b, acme: a.Token, initech: "initech-token-both-cells", lookups: lookups}
+	r := &region2{a: a, b: b, acme: a.Token, initech: "initech-token-both-cells", lookups: lookups, gh: gh}
 	for _, c := range []*celltest.Bundle{a, b} {
 		if err := c.Cell.Env.Store.LinkSource(ctx, store.Link{Kind: store.SourceGitHubInstallation, Key: fmt.Sprint(deliveryInstallation),
 			Tenant: "acme", Repositories: []string{"shop/*"}}); err != nil {
@@ -268,13 +277,12 @@ func TestARegionOfTwoCells(t *testing.T) {
 	if _, err := kv.PutString(context.Background(), "moving.acme", "us-2"); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if status, _, _ := r.get(t, r.a, r.acme, "/v1/views"); status == http.StatusServiceUnavailable {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("cell us does not hold acme's requests while it moves: HTTP %d", status)
-		}
-	}
+	// A read during the cut is held, not refused: answered once it ends.
+	viewed := make(chan int, 1)
+	go func() {
+		status, _, _ := r.get(t, r.a, r.acme, "/v1/views")
+		viewed <- status
+	}()
 	// The move ends once cell us has looked up the delivery's tenant, the
 	// move still on, so the delivery is sent during it however slowly it
 	// travels.
@@ -294,6 +302,9 @@ func TestARegionOfTwoCells(t *testing.T) {
 	}
 	if status != http.StatusOK || again.WorkID != wr.WorkID {
 		t.Errorf("the delivery again during a move: HTTP %d %+v; want 200 and its work %s", status, again, wr.WorkID)
+	}
+	if status := <-viewed; status != http.StatusOK {
+		t.Errorf("a read of acme's views during the cut: HTTP %d, want 200 once the cut ended", status)
 	}
 	// Usage, too, is read where the tenant's ledger is.
 	status, h, raw = r.get(t, r.a, r.acme, "/v1/usage")
@@ -341,6 +352,20 @@ func submitRetrying(t *testing.T, c *celltest.Bundle, token string, req ingress.
 		}
 		return status, sub.WorkID
 	}
+}
+
+// submitUnrefused posts req as token to c once, fails the test unless it
+// is taken or found (a move refuses nothing), and returns the status and
+// work id.
+func submitUnrefused(t *testing.T, c *celltest.Bundle, token string, req ingress.SubmitRequest) (int, string) {
+	t.Helper()
+	status, raw := c.Post(t, token, req)
+	var sub ingress.SubmitResponse
+	if (status != http.StatusAccepted && status != http.StatusOK) || json.Unmarshal(raw, &sub) != nil {
+		t.Errorf("POST /v1/work %s: HTTP %d %s", req.SourceID, status, raw)
+		return status, ""
+	}
+	return status, sub.WorkID
 }
 
 // usageOf reads acme's usage through c.
@@ -394,12 +419,12 @@ func TestMoveATenantUnderLoad(t *testing.T) {
 			}()
 		}
 		at := []*celltest.Bundle{r.a, r.b}[i%2]
-		_, id := submitRetrying(t, at, r.acme, request(i))
+		_, id := submitUnrefused(t, at, r.acme, request(i))
 		works[i] = id
 		if i%4 == 3 {
 			// A duplicate of an earlier request, to the other cell.
 			j := i - 3
-			if _, again := submitRetrying(t, []*celltest.Bundle{r.a, r.b}[(i+1)%2], r.acme, request(j)); again != works[j] {
+			if _, again := submitUnrefused(t, []*celltest.Bundle{r.a, r.b}[(i+1)%2], r.acme, request(j)); again != works[j] {
 				t.Errorf("a duplicate of request %d got %s, want its first work %s", j, again, works[j])
 			}
 		}
