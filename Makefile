@@ -27,7 +27,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -X assay.dev/pkg/buildinfo.version=$(VERSION) -X assay.dev/pkg/buildinfo.revision=$(REVISION)
 SERVICES := ingress classifier committer ledger
 
-.PHONY: help demo serve test chaos chaos-cluster build images vet fmt fuzz tidy bench bench-goodput k8s-apiserver-check bin/assay $(addprefix bin/,$(SERVICES))
+.PHONY: help demo serve test chaos chaos-cluster build images vet fmt fuzz tidy bench bench-goodput k8s-apiserver-check docs bin/assay $(addprefix bin/,$(SERVICES))
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -129,6 +129,9 @@ fuzz: ## run each fuzz target for FUZZTIME
 	cd services/ingress && $(GO) test -run='^$$' -fuzz=FuzzDecodeSubmit -fuzztime=$(FUZZTIME) .
 	cd services/ingress && $(GO) test -run='^$$' -fuzz=FuzzWebhook -fuzztime=$(FUZZTIME) .
 	cd services/classifier && $(GO) test -run='^$$' -fuzz=FuzzAnswerBytes -fuzztime=$(FUZZTIME) .
+
+docs: ## write the pages of docs/ made from the code: configuration.md from the settings the binaries read, api.md's operations from schemas/openapi.yaml
+	cd cmd/assay && $(GO) run ./internal/docgen -root ../..
 
 tidy: ## go mod tidy every module
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) mod tidy); done

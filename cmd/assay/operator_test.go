@@ -32,20 +32,20 @@ var (
 	buildErr  error
 )
 
-// readmeBlock is the shell block that follows marker in README.md.
+// readmeBlock is the shell block that follows marker in docs/operating.md.
 func readmeBlock(t *testing.T, marker string) string {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "docs", "operating.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, after, ok := strings.Cut(string(raw), marker+"\n```sh\n")
 	if !ok {
-		t.Fatalf("README.md has no ```sh block after %s", marker)
+		t.Fatalf("docs/operating.md has no ```sh block after %s", marker)
 	}
 	block, _, ok := strings.Cut(after, "\n```")
 	if !ok {
-		t.Fatal("the README block does not end")
+		t.Fatal("the docs/operating.md block does not end")
 	}
 	return block
 }
@@ -92,7 +92,7 @@ type processGroup struct {
 
 func (g *processGroup) signal(sig syscall.Signal) { _ = syscall.Kill(-g.cmd.Process.Pid, sig) }
 
-// walkthroughEnv is the environment a README block runs with: the test's
+// walkthroughEnv is the environment a docs/operating.md block runs with: the test's
 // own database and NATS (unless extra says otherwise), RUN, and the rest
 // of the test's environment without its ASSAY_ settings.
 func walkthroughEnv(t *testing.T, run string, extra ...string) []string {
@@ -113,7 +113,7 @@ func walkthroughEnv(t *testing.T, run string, extra ...string) []string {
 	return env
 }
 
-// runBlock runs a README shell block under bash -euo pipefail in the
+// runBlock runs a docs/operating.md shell block under bash -euo pipefail in the
 // clone, its output in run/block.out and block.err, and returns its error
 // once it ends. Whatever it leaves running is killed when t ends.
 func runBlock(t *testing.T, block, run string, env []string, limit time.Duration) error {
@@ -144,7 +144,7 @@ func runBlock(t *testing.T, block, run string, env []string, limit time.Duration
 	case err := <-done:
 		return err
 	case <-time.After(limit):
-		t.Fatalf("the README block did not end in %s\n%s", limit, readLog(t, run, "block.err"))
+		t.Fatalf("the docs/operating.md block did not end in %s\n%s", limit, readLog(t, run, "block.err"))
 		return nil
 	}
 }
@@ -170,13 +170,13 @@ func loggedAddr(t *testing.T, run, name, msg string) string {
 	return ""
 }
 
-// The README's operator section, run as written: make build's binaries,
+// docs/operating.md's walkthrough, run as written: make build's binaries,
 // the database created by the migration, a tenant with its token in a
 // file, the four services as four processes on free ports, readiness
 // waited for, and a request that is accepted. Then what an operator reads:
 // the usage report on the same base URL, JSON start-up logs with the
 // version, migrations, streams and durables, the build-info metric, and
-// the README's stop step, after which each service has drained and said
+// its stop step, after which each service has drained and said
 // how long it took.
 func TestOperatorWalkthrough(t *testing.T) {
 	block := readmeBlock(t, "<!-- operator-walkthrough -->")
@@ -191,7 +191,7 @@ func TestOperatorWalkthrough(t *testing.T) {
 		}
 	})
 	if err := runBlock(t, block, run, env, 8*time.Minute); err != nil {
-		t.Fatalf("the README block failed: %v\n%s\nstdout: %s", err, readLog(t, run, "block.err"), readLog(t, run, "block.out"))
+		t.Fatalf("the docs/operating.md block failed: %v\n%s\nstdout: %s", err, readLog(t, run, "block.err"), readLog(t, run, "block.out"))
 	}
 	// The block's last line is the answer to the request.
 	lines := strings.Split(strings.TrimSpace(readLog(t, run, "block.out")), "\n")
@@ -265,7 +265,7 @@ func TestOperatorWalkthrough(t *testing.T) {
 		t.Error("/metrics carries no assay_build_info, or one with an empty revision")
 	}
 
-	// The README's stop step: each service drains and says how long it
+	// The stop step of docs/operating.md: each service drains and says how long it
 	// took.
 	if err := runBlock(t, readmeBlock(t, "<!-- operator-walkthrough-stop -->"), run, env, time.Minute); err != nil {
 		t.Fatalf("the stop block failed: %v\n%s", err, readLog(t, run, "block.err"))

@@ -56,17 +56,17 @@ func errMessage(body []byte) string {
 	return e.Error.Message
 }
 
-// The README's simulated-provider section names every fault kind and
+// docs/models.md's simulated-provider section names every fault kind and
 // every field a fault takes.
 func TestREADMEDocumentsEveryFault(t *testing.T) {
-	raw, err := os.ReadFile("../../../README.md")
+	raw, err := os.ReadFile("../../../docs/models.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	doc := string(raw)
 	from := strings.Index(doc, "\n## The simulated provider\n")
 	if from < 0 {
-		t.Fatal("README.md has no section \"The simulated provider\"")
+		t.Fatal("docs/models.md has no section \"The simulated provider\"")
 	}
 	section := doc[from+1:]
 	if end := strings.Index(section[3:], "\n## "); end >= 0 {

@@ -15,7 +15,7 @@ import (
 
 // assay dev --serve on the same ports and with the same tokens run after
 // run, printing every endpoint, the operator token and the export line the
-// README's examples use; a taken port falls back to a free one. Each
+// examples of docs/ use; a taken port falls back to a free one. Each
 // cell's metrics are on a free port of their own, printed, and the API's
 // port answers /metrics 404.
 func TestDevServeIsStableAndComplete(t *testing.T) {
