@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/cmd/assay/internal/cell"
@@ -106,26 +107,42 @@ func parseCellsRun(args []string) (cellsRun, error) {
 	return r, nil
 }
 
+// benchServers starts what a bench of cells in this process stands on: a
+// Postgres (benchPostgres) and an embedded NATS keeping its streams in a
+// directory of its own; stop ends both and removes the directory.
+func benchServers(ctx context.Context, name string) (base string, ns *server.Server, stop func(), err error) {
+	base, stopPG, err := benchPostgres(ctx)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	dir, err := os.MkdirTemp("", "assay-bench-"+name+"-")
+	if err != nil {
+		stopPG()
+		return "", nil, nil, err
+	}
+	if ns, err = cell.StartNATS(dir); err != nil {
+		os.RemoveAll(dir)
+		stopPG()
+		return "", nil, nil, err
+	}
+	return base, ns, func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		os.RemoveAll(dir)
+		stopPG()
+	}, nil
+}
+
 func benchCells(ctx context.Context, args []string, stdout io.Writer) error {
 	run, err := parseCellsRun(args)
 	if err != nil {
 		return err
 	}
-	base, stop, err := benchPostgres(ctx)
+	base, ns, stop, err := benchServers(ctx, "cells")
 	if err != nil {
 		return err
 	}
 	defer stop()
-	dir, err := os.MkdirTemp("", "assay-bench-cells-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	ns, err := cell.StartNATS(dir)
-	if err != nil {
-		return err
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
 	model := sim.New(sim.Options{Constant: true})
 	defer model.Close()
 	simURL, err := model.Start("127.0.0.1:0")

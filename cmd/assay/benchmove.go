@@ -230,21 +230,11 @@ func benchMove(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	base, stop, err := benchPostgres(ctx)
+	base, ns, stop, err := benchServers(ctx, "move")
 	if err != nil {
 		return err
 	}
 	defer stop()
-	dir, err := os.MkdirTemp("", "assay-bench-move-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	ns, err := cell.StartNATS(dir)
-	if err != nil {
-		return err
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
 	b := &moveBench{run: run, counters: []*callCounter{{}, {}}, secret: "bench-move-webhook-secret-of-tenant-t1",
 		model: sim.New(sim.Options{Constant: true, Latency: run.latency})}
 	defer b.model.Close()
