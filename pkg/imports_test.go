@@ -23,6 +23,9 @@ const devkit = module + "/devkit"
 // package, not in the package that happens to use it first.
 var sideways = map[string][]string{
 	module + "/config": {module + "/store"},
+	// The API's wire types are a leaf every client imports: the standard
+	// library alone.
+	module + "/api": {module, "assay.dev/services"},
 }
 
 // nonTestImports walks the module below dir, leaving out the modules nested

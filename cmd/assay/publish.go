@@ -15,8 +15,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/store"
-	"assay.dev/services/ingress"
+	"assay.dev/pkg/story"
 )
 
 const publishUsage = `usage: assay publish list [--since T] [--json] [--region R --database-url URL]
@@ -121,7 +122,7 @@ func retryWork(ctx context.Context, st *store.Store, stdout io.Writer, region, i
 			return fmt.Errorf("no publication of work %q in region %s's database", id, region)
 		}
 		fmt.Fprintf(stdout, "work %s has no failed publication; nothing sent:\n", id)
-		return printPublications(stdout, ingress.PublicationViews(pubs))
+		return printPublications(stdout, story.PublicationViews(pubs))
 	}
 	for _, p := range back {
 		fmt.Fprintf(stdout, "work %s: %s publication of %s pending again; the publisher sends it at once, deadline %s\n",
@@ -159,10 +160,10 @@ func printFailed(w io.Writer, ps []*store.Publication, asJSON bool) error {
 	type failed struct {
 		WorkID   string `json:"workId"`
 		TenantID string `json:"tenantId"`
-		ingress.PublicationView
+		api.PublicationView
 		FailedAt time.Time `json:"failedAt"`
 	}
-	views := ingress.PublicationViews(ps)
+	views := story.PublicationViews(ps)
 	out := make([]failed, len(ps))
 	for i, p := range ps {
 		out[i] = failed{WorkID: p.WorkID, TenantID: p.TenantID, PublicationView: views[i], FailedAt: p.UpdatedAt.UTC()}
@@ -181,7 +182,7 @@ func printFailed(w io.Writer, ps []*store.Publication, asJSON bool) error {
 // printPublications prints a work item's publications, one per target:
 // its state, the remote ids made, its tries and last error, and when it is
 // tried next or was made.
-func printPublications(w io.Writer, ps []ingress.PublicationView) error {
+func printPublications(w io.Writer, ps []api.PublicationView) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	if len(ps) == 0 {
 		fmt.Fprintln(tw, "  none recorded")

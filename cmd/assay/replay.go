@@ -17,9 +17,9 @@ import (
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/gate"
+	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
-	"assay.dev/services/ingress"
 )
 
 const replayUsage = `usage: assay replay dump|revalidate|redrive [selection] [flags]
@@ -207,7 +207,7 @@ func replayCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if mode == "revalidate" {
 		return r.revalidate(ctx, st, reg, ids, reads)
 	}
-	return r.redrive(ctx, st, ingress.Announce(ctx, cfg.Names()), ids, reads,
+	return r.redrive(ctx, st, outbox.Announce(ctx, cfg.Names()), ids, reads,
 		store.RedriveOptions{Deadline: time.Now().Add(f.deadline), Again: f.again}, f.confirm)
 }
 

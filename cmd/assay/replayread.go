@@ -17,10 +17,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/placement"
-	"assay.dev/services/ingress"
 )
 
 // selection is which retained messages a replay reads.
@@ -152,7 +152,7 @@ func (f selectFlags) selection(now time.Time, defKinds []string) (selection, err
 		if w = strings.TrimSpace(w); w == "" {
 			continue
 		}
-		if !ingress.ValidWorkID(w) {
+		if !api.ValidWorkID(w) {
 			return sel, fmt.Errorf("--work: %q is not a work id (w_ and 24 hex digits, as the API answers)", w)
 		}
 		sel.works[w] = true

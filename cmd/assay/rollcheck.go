@@ -14,12 +14,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
-	"assay.dev/services/ingress"
 )
 
 // checkZ is how many standard errors of the candidate's difference from
@@ -35,7 +36,7 @@ func (r *rolloutRun) check(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	live := routeOf(ctx, r.st, r.reg, r.tenant, r.name).Live
-	chk := checker{st: r.st, reg: r.reg, announce: ingress.Announce(ctx, r.cfg.Names()), tenant: r.tenant, region: r.cfg.Region, timeout: r.timeout,
+	chk := checker{st: r.st, reg: r.reg, announce: outbox.Announce(ctx, r.cfg.Names()), tenant: r.tenant, region: r.cfg.Region, timeout: r.timeout,
 		samples: r.samples, min: thresholds{Transport: r.minTransport, Structural: r.minStructural, Slack: r.slack, Z: checkZ}}
 	rep, err := chk.run(ctx, r.c, cand, live)
 	if err != nil {
@@ -227,9 +228,9 @@ func (k *checker) run(ctx context.Context, c *contract.Contract, cand, live stor
 		for n := range samples {
 			for i, cs := range set.Cases {
 				source := fmt.Sprintf("%s:%s:%d:%s", of, side.name, n, cs.SourceID)
-				w := &store.Work{ID: ingress.WorkID(k.tenant, c.Name, source, cs.Revision), TenantID: k.tenant,
+				w := &store.Work{ID: api.WorkID(k.tenant, c.Name, source, cs.Revision), TenantID: k.tenant,
 					Region: k.region, Contract: c.Name, SchemaVersion: side.c.SchemaVersion, TaxonomyVersion: side.c.TaxonomyVersion,
-					SourceID: source, Revision: cs.Revision, Lane: event.Interactive, Input: string(cs.Input), Digest: ingress.Digest(cs.Input),
+					SourceID: source, Revision: cs.Revision, Lane: event.Interactive, Input: string(cs.Input), Digest: api.Digest(cs.Input),
 					DeadlineAt: deadline, Model: side.v.Model, PromptDigest: side.v.Prompt, ShadowOf: of}
 				ids[i] = append(ids[i], w.ID)
 				all = append(all, w.ID)

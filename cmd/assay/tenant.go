@@ -15,10 +15,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
-	"assay.dev/services/ingress"
 )
 
 const tenantUsage = `usage: assay tenant <command> [args] [--region R --database-url URL]
@@ -594,7 +594,7 @@ func linkOf(pos []string, repos string) (store.Link, error) {
 			if p = strings.TrimSpace(p); p == "" {
 				continue
 			}
-			if !ingress.RepositoryPatternOK(p) {
+			if !api.RepositoryPatternOK(p) {
 				return l, fmt.Errorf("--repositories: %q is not owner/* or owner/repo", p)
 			}
 			l.Repositories = append(l.Repositories, p)
@@ -603,7 +603,7 @@ func linkOf(pos []string, repos string) (store.Link, error) {
 			return l, errors.New("an installation link needs --repositories owner/*,owner/repo: the repositories the installation may speak for")
 		}
 	case store.SourceGitHubRepository:
-		if !ingress.RepositoryPatternOK(l.Key) || strings.HasSuffix(l.Key, "/*") {
+		if !api.RepositoryPatternOK(l.Key) || strings.HasSuffix(l.Key, "/*") {
 			return l, fmt.Errorf("repository %q is not owner/repo", l.Key)
 		}
 		if repos != "" {

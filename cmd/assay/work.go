@@ -10,10 +10,11 @@ import (
 	"slices"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
+	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
-	"assay.dev/services/ingress"
 )
 
 const workUsage = `usage: assay work rerun ID [--deadline D] [--region R --database-url URL]
@@ -101,7 +102,7 @@ func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if verb == "rest" {
 		return workRest(ctx, st, pos[0], *costCap, time.Now().Add(*deadline), cfg.Names(), *region, stdout)
 	}
-	w, err := st.Rerun(ctx, pos[0], time.Now().Add(*deadline), ingress.Announce(ctx, cfg.Names()))
+	w, err := st.Rerun(ctx, pos[0], time.Now().Add(*deadline), outbox.Announce(ctx, cfg.Names()))
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("no work %q in region %s's database", pos[0], *region)
 	}
@@ -117,7 +118,7 @@ func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 // left and publishes them as a check run and comments of its own.
 func workRest(ctx context.Context, st *store.Store, id string, costCap int64, deadline time.Time, names event.Names,
 	region string, stdout io.Writer) error {
-	w, created, err := st.ReviewRest(ctx, id, costCap, deadline, ingress.WorkID, ingress.Announce(ctx, names))
+	w, created, err := st.ReviewRest(ctx, id, costCap, deadline, api.WorkID, outbox.Announce(ctx, names))
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("no work %q in region %s's database", id, region)
 	}

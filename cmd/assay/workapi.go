@@ -17,8 +17,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/outcome"
-	"assay.dev/services/ingress"
 )
 
 // The tenant's side of `assay work`: submit, get, watch and list over the
@@ -234,7 +234,7 @@ func workListQuery(state, lane, after, since string, limit int) (url.Values, err
 // list prints a page of GET /v1/work?q: the API's JSON as it is, or a
 // table and the command that gives the next page.
 func (c *apiClient) list(ctx context.Context, q url.Values, asJSON bool, stdout io.Writer) error {
-	var list ingress.WorkList
+	var list api.WorkList
 	var raw json.RawMessage
 	if _, err := c.call(ctx, http.MethodGet, "/v1/work?"+q.Encode(), nil, &raw); err != nil {
 		return err
@@ -303,7 +303,7 @@ func (c *apiClient) submit(ctx context.Context, file string, watch bool, giveUp 
 	if !watch {
 		return printIndented(stdout, raw)
 	}
-	var sr ingress.SubmitResponse
+	var sr api.SubmitResponse
 	if err := json.Unmarshal(raw, &sr); err != nil {
 		return err
 	}
@@ -442,7 +442,7 @@ func eventPrinter(w io.Writer) func(sseFrame) error {
 		}
 	}
 	return func(f sseFrame) error {
-		var ev ingress.WorkEvent
+		var ev api.WorkEvent
 		_ = json.Unmarshal(f.Data, &ev)
 		at := time.Now()
 		if ev.At != nil {

@@ -14,12 +14,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/placement"
 	"assay.dev/pkg/store"
-	"assay.dev/services/ingress"
+	"assay.dev/pkg/story"
 )
 
 // workShowFollows is what assay work show does for work of a tenant that
@@ -42,7 +43,7 @@ func init() { helps["work"] += "\n" + workShowFollows }
 // WorkStory is what assay work show prints: the cell's records of the
 // work, and its messages in the streams.
 type WorkStory struct {
-	*ingress.WorkStory
+	*story.Story
 	// Cell is the cell whose database the work was read from, when not
 	// this cell's: its tenant moved between cells.
 	Cell string `json:"cell,omitempty"`
@@ -59,15 +60,15 @@ type WorkStory struct {
 // readStory reads the work's story, with an excerpt of each answer when
 // withAnswers is set.
 func readStory(ctx context.Context, st *store.Store, id string, withAnswers bool) (*WorkStory, error) {
-	answers := ingress.AnswerNone
+	answers := story.AnswerNone
 	if withAnswers {
-		answers = ingress.AnswerFull
+		answers = story.AnswerFull
 	}
-	s, err := ingress.ReadStory(ctx, st, id, answers)
+	s, err := story.Read(ctx, st, id, answers)
 	if err != nil {
 		return nil, err
 	}
-	return &WorkStory{WorkStory: s, Messages: []ReplayMsg{}}, nil
+	return &WorkStory{Story: s, Messages: []ReplayMsg{}}, nil
 }
 
 // workShow runs `assay work show ID`.
@@ -388,7 +389,7 @@ func countsAs(s *WorkStory) string {
 // printReview prints the work's review item: how it stands, or the
 // verdict, who gave it (the actor the credential named) and when, and the
 // answer a person published.
-func printReview(tw *tabwriter.Writer, v *ingress.WorkReview) {
+func printReview(tw *tabwriter.Writer, v *api.WorkReview) {
 	if v == nil {
 		return
 	}
@@ -522,13 +523,13 @@ func workList(ctx context.Context, args []string, stdout io.Writer) error {
 // continues after them when more rows follow.
 func printWorkList(stdout io.Writer, ws []*store.Work, next string, asJSON bool) error {
 	if asJSON {
-		rows := make([]ingress.WorkRow, 0, len(ws))
+		rows := make([]story.WorkRow, 0, len(ws))
 		for _, w := range ws {
-			rows = append(rows, ingress.WorkRowOf(w))
+			rows = append(rows, story.WorkRowOf(w))
 		}
 		return json.NewEncoder(stdout).Encode(struct {
-			Items []ingress.WorkRow `json:"items"`
-			Next  string            `json:"next,omitempty"`
+			Items []story.WorkRow `json:"items"`
+			Next  string          `json:"next,omitempty"`
 		}{rows, next})
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)

@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/devkit/storetest"
 	"assay.dev/pkg/devkit/testenv"
 	"assay.dev/pkg/store"
-	"assay.dev/services/ingress"
+	"assay.dev/pkg/story"
 )
 
 // assay work show prints the work's review item and every act on it with
@@ -18,13 +19,13 @@ import (
 func TestPrintStorySaysWhoActed(t *testing.T) {
 	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	resolved := at.Add(time.Minute)
-	s := &WorkStory{WorkStory: &ingress.WorkStory{
-		Work: ingress.WorkRow{ID: "w_0123456789abcdef01234567", State: "schema_rejected"},
+	s := &WorkStory{Story: &story.Story{
+		Work: story.WorkRow{ID: "w_0123456789abcdef01234567", State: "schema_rejected"},
 		Actions: []store.WorkAction{
 			{Action: store.ActionClaim, By: "dev", Kind: store.ActorReviewer, Route: store.RouteConsole, At: at},
 			{Action: store.ActionResolve, By: "acme", Kind: store.ActorTenant, Route: store.RouteAPI, Note: "dismissed", At: resolved},
 		},
-		Review: &ingress.WorkReview{ReviewView: ingress.ReviewView{ReviewID: "rv_0123456789abcdef01234567", Reason: "schema_rejected",
+		Review: &api.WorkReview{ReviewView: api.ReviewView{ReviewID: "rv_0123456789abcdef01234567", Reason: "schema_rejected",
 			State: "resolved", Verdict: "dismissed", Resolution: "dismissed by tenant acme via the API", ResolvedAt: &resolved}},
 	}}
 	var out bytes.Buffer

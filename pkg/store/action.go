@@ -4,67 +4,38 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/outcome"
 )
 
 // Actor kinds: whose credential an act on a work item was made with.
-// work_actions and reviews allow the same words.
+// work_actions and reviews allow the same words. The API names them, so
+// they live in package api.
 const (
-	// ActorTenant is a tenant's token; the actor's id is the tenant's.
-	ActorTenant = "tenant"
-	// ActorReviewer is an operator token of role reviewer; the id is its
-	// name.
-	ActorReviewer = "reviewer"
-	// ActorOperator is an operator token of role operator; the id is its
-	// name.
-	ActorOperator = "operator"
+	ActorTenant   = api.ActorTenant
+	ActorReviewer = api.ActorReviewer
+	ActorOperator = api.ActorOperator
 )
 
 // ActorKinds lists every actor kind.
-var ActorKinds = []string{ActorTenant, ActorReviewer, ActorOperator}
+var ActorKinds = api.ActorKinds
 
 // Routes an act comes through.
 const (
-	// RouteAPI is the tenant API (POST /v1/reviews/{id}/resolve).
-	RouteAPI = "api"
-	// RouteConsole is the console and its review screen.
-	RouteConsole = "console"
+	RouteAPI     = api.RouteAPI
+	RouteConsole = api.RouteConsole
 )
 
 // Routes lists every route.
-var Routes = []string{RouteAPI, RouteConsole}
+var Routes = api.Routes
 
 // Actor is who did something to a work item and the route it came
-// through. It is read from the credential of the request, never from its
-// body, so a tenant cannot act in an operator's name.
-type Actor struct {
-	Kind  string `json:"kind"`
-	ID    string `json:"id"`
-	Route string `json:"route"`
-}
-
-// String is the actor as a sentence names it: "tenant acme via the API",
-// "reviewer ana via the console".
-func (a Actor) String() string {
-	via := a.Route
-	switch a.Route {
-	case RouteAPI:
-		via = "the API"
-	case RouteConsole:
-		via = "the console"
-	}
-	return a.Kind + " " + a.ID + " via " + via
-}
-
-// Valid reports whether a names a kind, an id and a route.
-func (a Actor) Valid() bool {
-	return slices.Contains(ActorKinds, a.Kind) && a.ID != "" && slices.Contains(Routes, a.Route)
-}
+// through: api.Actor, which reviews show.
+type Actor = api.Actor
 
 // Audit is who asked for an action on a work item, written in the
 // action's own transaction.

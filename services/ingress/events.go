@@ -33,26 +33,6 @@ import (
 // none skipped, even when the rows changed out of order meanwhile (an
 // attempt whose worker reports after the next attempt began).
 
-// WorkEvent is the data of one event of GET /v1/work/{id}/events. Event
-// names: queued (the work is in the queue, again after a re-run),
-// running (attempt Attempt began), attempt (attempt Attempt ended with
-// Outcome), the work's outcome word when it ends (accepted,
-// schema_rejected, retry_exhausted, canceled, …), review (it entered the
-// human review queue) and resolved (a person resolved that item).
-type WorkEvent struct {
-	WorkID    string          `json:"workId"`
-	State     string          `json:"state,omitempty"`
-	Attempt   int             `json:"attempt,omitempty"`
-	AttemptID string          `json:"attemptId,omitempty"`
-	Outcome   string          `json:"outcome,omitempty"`
-	Reason    string          `json:"reason,omitempty"`
-	Output    json.RawMessage `json:"output,omitempty"`
-	ReviewID  string          `json:"reviewId,omitempty"`
-	Verdict   string          `json:"verdict,omitempty"`
-	By        string          `json:"by,omitempty"`
-	At        *time.Time      `json:"at,omitempty"`
-}
-
 // sseEvent is one event to send: its id, its name and its data.
 type sseEvent struct {
 	ID   string
@@ -416,22 +396,6 @@ func (s *Service) workEventStream(w http.ResponseWriter, r *http.Request) {
 			s.d.Log.Warn("work events: read failed; the stream goes on", "key", id, "err", err)
 		}
 	}
-}
-
-// BatchEvent is the data of one event of GET /v1/batches/{id}/events.
-// Event names: queued (the batch, first of all), an item's outcome word
-// when it ends (accepted, schema_rejected, canceled, …), canceled (the
-// batch was canceled) and complete (every item has its outcome). Ended is
-// how many items had ended by this event.
-type BatchEvent struct {
-	BatchID string     `json:"batchId"`
-	ItemID  string     `json:"itemId,omitempty"`
-	WorkID  string     `json:"workId,omitempty"`
-	Outcome string     `json:"outcome,omitempty"`
-	Reason  string     `json:"reason,omitempty"`
-	Ended   int        `json:"ended"`
-	Total   int        `json:"total"`
-	At      *time.Time `json:"at,omitempty"`
 }
 
 // batchMark is what a subscriber of a batch has had: the queued event (any

@@ -7,9 +7,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/rsa"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -489,62 +486,8 @@ func (s *Service) cell() auth.Cell {
 	return auth.Cell{Region: s.cfg.Region, ID: s.cfg.Names.Cell, ServedBy: s.servedBy}
 }
 
-// WorkID is deterministic from the ingress key, so a duplicate names the
-// same work everywhere, even before it reaches the database.
-func WorkID(tenant, contractName, sourceID, revision string) string {
-	h := sha256.New()
-	for _, p := range []string{tenant, contractName, sourceID, revision} {
-		h.Write([]byte(p))
-		h.Write([]byte{0})
-	}
-	return "w_" + hex.EncodeToString(h.Sum(nil))[:24]
-}
-
-// ValidWorkID reports whether id has the form WorkID gives: w_ and 24
-// lower-case hex digits.
-func ValidWorkID(id string) bool {
-	if len(id) != 26 || id[:2] != "w_" {
-		return false
-	}
-	for _, c := range id[2:] {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
-
-// Digest is the content digest of a work's input.
-func Digest(input []byte) string {
-	h := sha256.Sum256(input)
-	return "sha256:" + hex.EncodeToString(h[:])
-}
-
 func (s *Service) announce(ctx context.Context) func(*store.Work) ([]store.OutboxMsg, error) {
 	return Announce(ctx, s.cfg.Names)
-}
-
-// Announce makes the outbox rows of newly queued work in the cell n names:
-// its announcement, and a cancel for each older revision a worker is
-// running.
-func Announce(ctx context.Context, n event.Names) func(*store.Work) ([]store.OutboxMsg, error) {
-	return func(w *store.Work) ([]store.OutboxMsg, error) {
-		m, err := WorkMessage(ctx, n, w, w.Dispatch)
-		if err != nil {
-			return nil, err
-		}
-		msgs := []store.OutboxMsg{m}
-		// A worker running an older revision stops paying for its answer.
-		for _, old := range w.SupersededRunning {
-			c, err := outbox.Msg(ctx, event.KindWork, n.Cancel(w.TenantID), "cancel."+old+"."+w.ID,
-				event.Cancel{WorkID: old, TenantID: w.TenantID, Region: w.Region, Reason: "revision " + w.Revision + " superseded it"})
-			if err != nil {
-				return nil, err
-			}
-			msgs = append(msgs, c)
-		}
-		return msgs, nil
-	}
 }
 
 // logSuperseded records the supersede decision for each older work item.
@@ -560,29 +503,6 @@ func (s *Service) logSuperseded(ctx context.Context, w *store.Work) {
 		}
 		telemetry.Decision(ctx, s.d.Log, id, outcome.Superseded, why, slog.String("by", w.ID))
 	}
-}
-
-// WorkMessage is the outbox row that announces w with a dispatch number,
-// its facts in a header (event.FactsHeader).
-func WorkMessage(ctx context.Context, n event.Names, w *store.Work, dispatch int) (store.OutboxMsg, error) {
-	m, err := outbox.Msg(ctx, event.KindWork, n.Work(w.Lane, w.TenantID), event.WorkMsgID(w.ID, dispatch),
-		event.Work{WorkID: w.ID, TenantID: w.TenantID, Region: w.Region, Lane: w.Lane, Dispatch: dispatch, DeadlineAt: w.DeadlineAt})
-	if err != nil {
-		return m, err
-	}
-	ready := w.UpdatedAt
-	if w.RetryAt.After(ready) {
-		ready = w.RetryAt
-	}
-	facts, err := json.Marshal(event.WorkFacts{Contract: w.Contract, SchemaVersion: w.SchemaVersion,
-		TaxonomyVersion: w.TaxonomyVersion, PromptDigest: w.PromptDigest, Model: w.Model, InputBytes: len(w.Input),
-		Attempts: w.Attempts, OutageAttempts: w.OutageAttempts, Repairs: w.Repairs, OutputCap: w.OutputCap,
-		DeadlineAt: w.DeadlineAt, ReadyAt: ready})
-	if err != nil {
-		return m, err
-	}
-	m.Headers[event.FactsHeader] = string(facts)
-	return m, nil
 }
 
 // SweepOnce runs one pass of the sweeper, a lifecycle.Ticker: work past its

@@ -21,31 +21,6 @@ type workLister interface {
 	ListWork(ctx context.Context, f store.WorkFilter) ([]*store.Work, error)
 }
 
-// WorkSummary is one work item in GET /v1/work.
-type WorkSummary struct {
-	WorkID     string    `json:"workId"`
-	TenantID   string    `json:"tenantId"`
-	Contract   string    `json:"contract"`
-	SourceID   string    `json:"sourceId"`
-	Revision   string    `json:"revision"`
-	Lane       string    `json:"lane"`
-	State      string    `json:"state"`
-	Outcome    *string   `json:"outcome"`
-	Reason     string    `json:"reason,omitempty"`
-	Attempts   int       `json:"attempts"`
-	DeadlineAt time.Time `json:"deadlineAt"`
-	CreatedAt  time.Time `json:"createdAt"`
-	UpdatedAt  time.Time `json:"updatedAt"`
-	Links      Links     `json:"links"`
-}
-
-// WorkList answers GET /v1/work: a page of the token's tenant's work,
-// oldest first; Next, when set, is the cursor of the next page.
-type WorkList struct {
-	Items []WorkSummary `json:"items"`
-	Next  string        `json:"next,omitempty"`
-}
-
 // list serves GET /v1/work?state=&lane=&since=&limit=&cursor=: the
 // token's tenant's work, filtered, in pages.
 func (s *Service) list(w http.ResponseWriter, r *http.Request) {

@@ -2,7 +2,6 @@ package ingress
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,114 +27,11 @@ type reviewStore interface {
 	ViewOf(ctx context.Context, workID string) (string, error)
 }
 
-// ReviewView is one item of the human review queue.
-type ReviewView struct {
-	ReviewID   string `json:"reviewId"`
-	WorkID     string `json:"workId"`
-	TenantID   string `json:"tenantId"`
-	Contract   string `json:"contract"`
-	Lane       string `json:"lane"`
-	Reason     string `json:"reason"`
-	State      string `json:"state"`
-	WorkState  string `json:"workState"`
-	WorkReason string `json:"workReason,omitempty"`
-	// SourceID and Revision are what the work is about: a pull request's
-	// owner/repo#number and head SHA, or the caller's own source id.
-	SourceID string `json:"sourceId"`
-	Revision string `json:"revision"`
-	// Verdict is a person's (approved, amended, rejected, dismissed), or
-	// closed: the system closed the item because its work was settled by
-	// another ending, which Note names.
-	Verdict    string `json:"verdict,omitempty"`
-	ResolvedBy string `json:"resolvedBy,omitempty"`
-	// Resolver is who resolved the item, as the credential of the request
-	// said, and through which route (kind and route system for an item the
-	// system closed); absent for an item resolved before resolvers were
-	// recorded, whose ResolvedBy is the name its request gave.
-	Resolver *store.Actor `json:"resolver,omitempty"`
-	// Resolution says it in a sentence: "approved by tenant acme via the
-	// API", "amended by reviewer ana via the console", "closed by the
-	// system: the work was redriven and its answer was accepted".
-	Resolution string     `json:"resolution,omitempty"`
-	Note       string     `json:"note,omitempty"`
-	ResolvedAt *time.Time `json:"resolvedAt,omitempty"`
-	// HeldBy is the person (an operator token's name, of kind HeldByKind)
-	// who holds the open item from the console, until HeldUntil; absent
-	// when nobody does.
-	HeldBy     string     `json:"heldBy,omitempty"`
-	HeldByKind string     `json:"heldByKind,omitempty"`
-	HeldUntil  *time.Time `json:"heldUntil,omitempty"`
-	// Published says the item was resolved with an answer that the work
-	// publishes as its reviewed outcome.
-	Published bool      `json:"published,omitempty"`
-	CreatedAt time.Time `json:"createdAt"`
-	Links     Links     `json:"links"`
-}
-
-// ReviewList answers GET /v1/reviews; Next, when set, is the cursor of the
-// next page.
-type ReviewList struct {
-	Items []ReviewView `json:"items"`
-	Next  string       `json:"next,omitempty"`
-}
-
-// ResolveRequest is the body of POST /v1/reviews/{id}/resolve. Who
-// resolves is the token's tenant, recorded as resolved by tenant <id> via
-// the API.
-type ResolveRequest struct {
-	// By is refused, whatever it holds (400 invalid_resolver). It was once
-	// a free-text name, stored as it came, so a tenant could resolve in an
-	// operator's name; a client that still sends it learns so rather than
-	// having it dropped without a word.
-	By      json.RawMessage `json:"by,omitempty"`
-	Verdict string          `json:"verdict"`
-	Note    string          `json:"note,omitempty"`
-}
-
-// reviewID is a review item's public id: rv_ and its work's hex. A work
-// has one review item at most, so it is unique, and it counts nothing (a
-// sequence would tell a tenant how many items the whole cell holds).
-func reviewID(v *store.Review) string { return "rv_" + strings.TrimPrefix(v.WorkID, "w_") }
-
 // parseReviewID reads a review id into its work's id: exactly rv_ and 24
 // lower-case hex digits, so no other spelling names the same item.
 func parseReviewID(s string) (workID string, ok bool) {
 	hex, found := strings.CutPrefix(s, "rv_")
 	return "w_" + hex, found && ValidWorkID("w_"+hex)
-}
-
-// reviewView is v as the API shows it at now.
-func reviewView(v *store.Review, now time.Time) ReviewView {
-	rv := ReviewView{ReviewID: reviewID(v), WorkID: v.WorkID, TenantID: v.TenantID, Contract: v.Contract, Lane: v.Lane, Reason: v.Reason,
-		State: v.State, WorkState: v.WorkState, WorkReason: v.WorkReason, SourceID: v.SourceID, Revision: v.Revision,
-		Verdict: v.Verdict, ResolvedBy: v.ResolvedBy,
-		Note: v.Note, Published: v.Output != nil, CreatedAt: v.CreatedAt, Links: Links{Self: "/v1/work/" + v.WorkID}}
-	if !v.ResolvedAt.IsZero() {
-		at := v.ResolvedAt
-		rv.ResolvedAt = &at
-		rv.Resolution = resolution(v)
-	}
-	if who, ok := v.Resolver(); ok {
-		rv.Resolver = &who
-	}
-	if rv.HeldBy = v.HeldBy(now); rv.HeldBy != "" {
-		until := v.ClaimedUntil
-		rv.HeldByKind, rv.HeldUntil = v.ClaimedKind, &until
-	}
-	return rv
-}
-
-// resolution is a resolved item's verdict and resolver in a sentence. An
-// item resolved before resolvers were recorded has only the name its
-// request gave, and says so.
-func resolution(v *store.Review) string {
-	if v.ClosedBySystem() {
-		return "closed by the system: " + v.Note
-	}
-	if who, ok := v.Resolver(); ok {
-		return v.Verdict + " by " + who.String()
-	}
-	return fmt.Sprintf("%s by %q (as its request named it, before resolvers were recorded)", v.Verdict, v.ResolvedBy)
 }
 
 // holder is who holds an item in a sentence: "reviewer ana".

@@ -3,9 +3,6 @@ package ingress
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/contract"
@@ -77,9 +75,6 @@ type Installation struct {
 }
 
 var (
-	// GitHub owner logins are letters, digits and hyphens (at most 39);
-	// repository names letters, digits and ._- (at most 100).
-	fullNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$`)
 	// SHA-1 object names, or SHA-256 ones for repositories that use them.
 	shaRE      = regexp.MustCompile(`^(?:[0-9a-f]{40}|[0-9a-f]{64})$`)
 	actionRE   = regexp.MustCompile(`^[a-z_]{1,64}$`)
@@ -132,7 +127,7 @@ func DecodePullRequestEvent(body []byte) (*PullRequestEvent, error) {
 		return nil, errors.New("payload: number must be a positive integer")
 	case e.PullRequest.Number != e.Number:
 		return nil, errors.New("payload: pull_request.number does not match number")
-	case !fullNameRE.MatchString(e.Repository.FullName) || e.Repo() == "." || e.Repo() == "..":
+	case !api.FullNameOK(e.Repository.FullName) || e.Repo() == "." || e.Repo() == "..":
 		return nil, errors.New("payload: repository.full_name must be owner/repo")
 	case !shaRE.MatchString(e.PullRequest.Head.SHA):
 		return nil, errors.New("payload: pull_request.head.sha must be a full lower-case hex commit id")
@@ -142,44 +137,6 @@ func DecodePullRequestEvent(body []byte) (*PullRequestEvent, error) {
 		return nil, errors.New("payload: installation.id must be a positive integer")
 	}
 	return &e, nil
-}
-
-// VerifySignature checks GitHub's X-Hub-Signature-256 header: "sha256="
-// and the hex HMAC-SHA256 of the raw body keyed with the webhook secret.
-// The comparison takes the same time wherever the first difference is.
-func VerifySignature(secret string, body []byte, header string) bool {
-	hexSig, ok := strings.CutPrefix(header, "sha256=")
-	if !ok || secret == "" {
-		return false
-	}
-	got, err := hex.DecodeString(hexSig)
-	if err != nil {
-		return false
-	}
-	mac := hmac.New(sha256.New, []byte(secret))
-	mac.Write(body)
-	return hmac.Equal(got, mac.Sum(nil))
-}
-
-// Sign returns the X-Hub-Signature-256 value for body, as GitHub computes it.
-func Sign(secret string, body []byte) string {
-	mac := hmac.New(sha256.New, []byte(secret))
-	mac.Write(body)
-	return "sha256=" + hex.EncodeToString(mac.Sum(nil))
-}
-
-// WebhookResponse answers a delivery that maps to work.
-type WebhookResponse struct {
-	SubmitResponse
-	Delivery string `json:"delivery"`
-	// Reason is set when admission dropped the work: why, and the command
-	// that asks again.
-	Reason string `json:"reason,omitempty"`
-}
-
-// IgnoredResponse answers a delivery that asks for no work.
-type IgnoredResponse struct {
-	Ignored string `json:"ignored"`
 }
 
 // delivery is one webhook delivery as it moves through the stages of
@@ -299,7 +256,7 @@ func (s *Service) signedBy(ctx context.Context, body []byte, sig string) (signer
 	var peek struct {
 		Repository Repository `json:"repository"`
 	}
-	if json.Unmarshal(body, &peek) != nil || !fullNameRE.MatchString(peek.Repository.FullName) {
+	if json.Unmarshal(body, &peek) != nil || !api.FullNameOK(peek.Repository.FullName) {
 		return signer{}, nil
 	}
 	tenant, secret, err := s.d.Store.RepositorySecret(ctx, peek.Repository.FullName)
@@ -591,16 +548,6 @@ func bind(pr *PullRequestEvent, by signer, l store.WebhookLinks) (store.Tenant, 
 		return store.Tenant{}, via, apierror.New(http.StatusNotFound, "unknown_installation", via+" is not linked to a tenant")
 	}
 	return l.Repository.Tenant, "repository " + repo, nil
-}
-
-// RepositoryPatternOK reports whether p is a pattern an installation link
-// can cover: "owner/*" or "owner/repo".
-func RepositoryPatternOK(p string) bool {
-	if owner, ok := strings.CutSuffix(p, "/*"); ok {
-		return fullNameRE.MatchString(owner + "/x")
-	}
-	_, r, _ := strings.Cut(p, "/")
-	return fullNameRE.MatchString(p) && r != "." && r != ".."
 }
 
 // reviewInput builds the code-review input. The title is for context only,

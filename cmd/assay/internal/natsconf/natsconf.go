@@ -13,9 +13,6 @@ import (
 	"strings"
 
 	"assay.dev/pkg/event"
-	"assay.dev/services/classifier"
-	"assay.dev/services/committer"
-	"assay.dev/services/ledger"
 )
 
 // Services are the services that connect to NATS, in the order they are
@@ -217,18 +214,18 @@ func grants(n event.Names, service string) grant {
 			if i == 0 {
 				comment = "Its durable pull consumer on WORK per lane, created with the lane's filter."
 			}
-			g = g.with(consumes(n.Stream(event.KindWork), classifier.Consumer(n, lane), n.Lane(lane)), comment)
+			g = g.with(consumes(n.Stream(event.KindWork), n.WorkConsumer(lane), n.Lane(lane)), comment)
 		}
 		return g
 	case "committer":
 		return grant{publish: []line{{"Outcomes through its outbox, for its publisher.", n.Subjects(event.KindOutcome)}},
 			subscribe: inbox}.with(owns(n.Stream(event.KindOutcome)), "It owns the OUTCOME stream.").
-			with(consumes(n.Stream(event.KindAttempt), committer.Consumer(n), ""), "Its durable pull consumer on ATTEMPT, whose events carry their results.").
-			with(consumes(n.Stream(event.KindResult), committer.Consumer(n), ""), "Its durable pull consumer on RESULT, for results an earlier release published on their own.").
+			with(consumes(n.Stream(event.KindAttempt), n.ResultConsumer(), ""), "Its durable pull consumer on ATTEMPT, whose events carry their results.").
+			with(consumes(n.Stream(event.KindResult), n.ResultConsumer(), ""), "Its durable pull consumer on RESULT, for results an earlier release published on their own.").
 			with(consumes(n.Stream(event.KindOutcome), n.OutcomeConsumer(), ""), "Its publisher's durable pull consumer on OUTCOME.").
 			with(budgetCalls(n.GitHubBucket(n.Cell)), "Its publishers draw each GitHub App installation's write budget from the cell's bucket when no region's is named.")
 	case "ledger":
-		return grant{subscribe: inbox}.with(consumes(n.Stream(event.KindAttempt), ledger.Consumer(n), ""),
+		return grant{subscribe: inbox}.with(consumes(n.Stream(event.KindAttempt), n.AttemptConsumer(), ""),
 			"Its durable pull consumer on ATTEMPT.")
 	case Ops:
 		return opsGrant(n)
