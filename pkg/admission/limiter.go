@@ -92,10 +92,11 @@ type LimiterConfig struct {
 	// GrowthWindows: the limit grows by one after GrowthWindows × Limit()
 	// consecutive clean successes. Default 10.
 	GrowthWindows int
-	// SlowStart, until the first congestion signal, grows the limit after
-	// one window (Limit() clean successes) instead of GrowthWindows, so a
-	// fresh limiter finds a roomy provider within seconds; after the first
-	// 429, timeout or latency rise it grows slowly.
+	// SlowStart, until the first congestion signal, grows the limit by one
+	// after every busy clean success instead of after GrowthWindows windows,
+	// so the limit doubles each window, as TCP's congestion window does in
+	// slow start, and a fresh limiter finds a roomy provider within a few
+	// windows; after the first 429, timeout or latency rise it grows slowly.
 	SlowStart bool
 	// LatencyTolerance: a short-term latency above LatencyTolerance × the
 	// baseline counts as congestion. Greater than 1. Default 2.
@@ -177,8 +178,8 @@ func (c *LimiterConfig) validate() error {
 // hands out permits for calls (Acquire) and slots for messages held while
 // they wait for a permit (Enter). The limit shrinks multiplicatively on 429s,
 // timeouts and rising latency, at most once per window, and grows by one
-// after a run of clean successes. Waiting interactive callers are served
-// before batch ones; each lane is FIFO.
+// after a run of clean successes (in slow start, after each one). Waiting
+// interactive callers are served before batch ones; each lane is FIFO.
 type Limiter struct {
 	cfg LimiterConfig
 
@@ -372,13 +373,17 @@ func (l *Limiter) observeLocked(epoch uint64, busy bool, s Signal) string {
 		if !busy {
 			return ""
 		}
-		l.clean++
-		windows := l.cfg.GrowthWindows
-		if l.probing {
-			windows = 1
-		}
-		if l.clean < windows*l.limitLocked() {
-			return ""
+		// In slow start (probing: no congestion seen yet) every busy clean
+		// success grows the limit by one, so a window of Limit() of them
+		// doubles it: a fresh cell reaches a roomy provider's capacity in
+		// a few windows instead of one step per window. The first 429,
+		// timeout or latency rise ends probing (congestionLocked); from
+		// then on the limit grows by one per GrowthWindows windows.
+		if !l.probing {
+			l.clean++
+			if l.clean < l.cfg.GrowthWindows*l.limitLocked() {
+				return ""
+			}
 		}
 		l.clean = 0
 		if l.limit >= float64(l.cfg.Max) {

@@ -88,32 +88,67 @@ func call(t testing.TB, l *admission.Limiter, clk *clock, kind admission.SignalK
 	}
 }
 
-// With SlowStart the limit grows after every window until the first
-// congestion signal, then after GrowthWindows windows.
-func TestLimiterSlowStart(t *testing.T) {
+// With SlowStart every busy clean success grows the limit by one, so it
+// doubles each window (4 → 8 after four successes, not after sixteen),
+// until the first congestion signal; from then on it grows by one after
+// GrowthWindows windows. A 429 and a latency rise both end slow start.
+func TestLimiterSlowStartDoublesPerWindow(t *testing.T) {
 	t.Parallel()
+	const fast, slow = 100 * time.Millisecond, time.Second
+	for _, tc := range []struct {
+		reason  string
+		congest func(testing.TB, *admission.Limiter, *clock)
+	}{
+		{admission.ReasonRateLimited, func(t testing.TB, l *admission.Limiter, clk *clock) {
+			call(t, l, clk, admission.RateLimited, 0)
+		}},
+		{admission.ReasonLatency, func(t testing.TB, l *admission.Limiter, clk *clock) {
+			call(t, l, clk, admission.Success, slow) // ten times the baseline
+		}},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			const after = 14
+			clk, rec := newClock(), &changes{}
+			l := newLimiter(t, admission.LimiterConfig{Initial: 4, Max: 32, SlowStart: true, Now: clk.Now, OnChange: rec.record})
+			for i := 1; i <= 12; i++ {
+				call(t, l, clk, admission.Success, fast)
+				if got := l.Limit(); got != 4+i {
+					t.Fatalf("slow start: after %d busy successes from 4, limit %d, want %d", i, got, 4+i)
+				}
+			}
+			tc.congest(t, l, clk) // 16 -> 14
+			if got := l.Limit(); got != after {
+				t.Fatalf("after the congestion signal: limit %d, want %d", got, after)
+			}
+			for i := 1; i < 10*after; i++ {
+				call(t, l, clk, admission.Success, fast)
+				if got := l.Limit(); got != after {
+					t.Fatalf("after the congestion, %d successes at %d: limit %d", i, after, got)
+				}
+			}
+			call(t, l, clk, admission.Success, fast)
+			if got := l.Limit(); got != after+1 {
+				t.Fatalf("after ten windows at %d: limit %d, want %d", after, got, after+1)
+			}
+			var want []string
+			for n := 4; n < 16; n++ {
+				want = append(want, fmt.Sprintf("%d→%d growth", n, n+1))
+			}
+			want = append(want, fmt.Sprintf("16→%d %s", after, tc.reason), fmt.Sprintf("%d→%d growth", after, after+1))
+			equal(t, "changes", rec.list(), want)
+		})
+	}
+
+	// Light traffic in slow start: lone calls are not busy and do not grow it.
 	clk := newClock()
 	l := newLimiter(t, admission.LimiterConfig{Initial: 4, Max: 32, SlowStart: true, Now: clk.Now})
-	for limit := 4; limit < 10; limit++ {
-		for range limit {
-			call(t, l, clk, admission.Success, 100*time.Millisecond)
-		}
-		if got := l.Limit(); got != limit+1 {
-			t.Fatalf("slow start: after %d successes at %d, limit %d", limit, limit, got)
-		}
+	for range 1000 {
+		p := acquire(t, l, admission.Interactive)
+		clk.Advance(fast)
+		p.Release(admission.Signal{Kind: admission.Success, Latency: fast})
 	}
-	call(t, l, clk, admission.RateLimited, 0) // 10 -> 9
-	for range 9 {
-		call(t, l, clk, admission.Success, 100*time.Millisecond)
-	}
-	if got := l.Limit(); got != 9 {
-		t.Fatalf("after the first 429 one window grew the limit to %d", got)
-	}
-	for range 81 {
-		call(t, l, clk, admission.Success, 100*time.Millisecond)
-	}
-	if got := l.Limit(); got != 10 {
-		t.Fatalf("after ten windows the limit is %d, want 10", got)
+	if s := l.Stats(); s.Limit != 4 || s.Increases != 0 {
+		t.Fatalf("slow start, after 1000 lone calls: %+v, want limit 4 and no growth", s)
 	}
 }
 
