@@ -338,19 +338,8 @@ func (s *Store) takeOver(ctx context.Context, from *Store, tenant string, ids []
 				return fmt.Errorf("handed-over work: %w", err)
 			}
 		}
-		for _, id := range ids {
-			x := h[id]
-			if x.reserved > 0 && x.period != nil {
-				if _, err := dst.Exec(ctx, `UPDATE budget_periods SET reserved_micros = greatest(reserved_micros - $3, 0)
-					WHERE tenant_id = $1 AND period_start = $2`, tenant, *x.period, x.reserved); err != nil {
-					return fmt.Errorf("budget: %w", err)
-				}
-			}
-			if d := spent[id] - x.spent; d != 0 {
-				if err := spendNow(ctx, dst, tenant, d); err != nil {
-					return fmt.Errorf("budget: %w", err)
-				}
-			}
+		if err := rebudget(ctx, dst, tenant, ids, h, spent); err != nil {
+			return fmt.Errorf("budget: %w", err)
 		}
 		_, err := dst.Exec(ctx, `DELETE FROM work_held WHERE work_id = ANY($1)`, ids)
 		return err
@@ -359,6 +348,31 @@ func (s *Store) takeOver(ctx context.Context, from *Store, tenant string, ids []
 		return fmt.Errorf("store: take over %s's work: %w", tenant, err)
 	}
 	return nil
+}
+
+// rebudget makes the tenant's budget here count what work ids spent since
+// the cut (spent, less what the copy counted) and no longer hold what they
+// had reserved then: a statement per period reserved in, one for the spend.
+func rebudget(ctx context.Context, tx pgx.Tx, tenant string, ids []string, h map[string]held, spent map[string]int64) error {
+	released := map[time.Time]int64{}
+	var delta int64
+	for _, id := range ids {
+		x := h[id]
+		if x.reserved > 0 && x.period != nil {
+			released[*x.period] += x.reserved
+		}
+		delta += spent[id] - x.spent
+	}
+	for period, amount := range released {
+		if _, err := tx.Exec(ctx, `UPDATE budget_periods SET reserved_micros = greatest(reserved_micros - $3, 0)
+			WHERE tenant_id = $1 AND period_start = $2`, tenant, period, amount); err != nil {
+			return err
+		}
+	}
+	if delta == 0 {
+		return nil
+	}
+	return spendNow(ctx, tx, tenant, delta)
 }
 
 func cmpBool(a, b bool) int {

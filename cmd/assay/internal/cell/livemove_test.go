@@ -18,6 +18,7 @@ import (
 	"assay.dev/pkg/devkit/fakegithub"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/evalset"
+	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/placement"
 	"assay.dev/pkg/store"
 	"assay.dev/services/committer"
@@ -241,7 +242,7 @@ func TestMoveATenantWithABatchInFlight(t *testing.T) {
 			t.Fatalf("the batch is not complete within 3 min of the move: %+v", view.Counts)
 		}
 	}
-	if view.Accepted != len(texts) || view.Counts[ingressElsewhere] != 0 {
+	if view.Accepted != len(texts) || view.Counts[outcome.Elsewhere] != 0 {
 		t.Errorf("the batch after the move: %d of %d accepted, counts %v", view.Accepted, len(texts), view.Counts)
 	}
 	if nb, na := r.b.Count(t, `SELECT count(*) FROM batch_items i JOIN work w ON w.id = i.work_id WHERE i.batch_id = $1 AND w.state = 'accepted'`, sub.BatchID),
@@ -260,5 +261,3 @@ func TestMoveATenantWithABatchInFlight(t *testing.T) {
 		t.Errorf("acme's budget in us-2 still holds %d µ$ reserved after every call ended", got)
 	}
 }
-
-const ingressElsewhere = "elsewhere"
