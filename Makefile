@@ -27,7 +27,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -X assay.dev/pkg/buildinfo.version=$(VERSION) -X assay.dev/pkg/buildinfo.revision=$(REVISION)
 SERVICES := ingress classifier committer ledger
 
-.PHONY: help demo serve test chaos chaos-cluster build images vet fmt fuzz tidy bench bench-goodput k8s-apiserver-check docs bin/assay $(addprefix bin/,$(SERVICES))
+.PHONY: help demo serve test chaos chaos-cluster build images vet fmt fuzz tidy bench bench-goodput k8s-apiserver-check docs bin/assay bin/assay-dev $(addprefix bin/,$(SERVICES))
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -37,14 +37,16 @@ help: ## list the targets
 # recipe kills it ($$!) when the build ends.
 TICK := tick() { i=0; while sleep 1; do i=$$((i+1)); [ $$((i % 30)) -ne 0 ] || echo "  $$1: still building, $${i}s"; done; }; tick
 
-# demo and serve run bin/assay, built as make build builds it (go build
-# only relinks what changed), so they share make build's compiled packages
-# rather than compiling the workspace's versions a second time.
-demo: bin/assay ## run both cells on embedded defaults, submit the evaluation set, print results
-	bin/assay dev
+# demo and serve run bin/assay-dev, the development binary, built as make
+# build builds it (go build only relinks what changed), so they share make
+# build's compiled packages rather than compiling the workspace's versions a
+# second time. serve builds bin/assay as well: the commands it prints for
+# the cells it runs are the operator tool's.
+demo: bin/assay-dev ## run both cells on embedded defaults, submit the evaluation set, print results (bin/assay-dev dev)
+	bin/assay-dev dev
 
-serve: bin/assay ## run both cells with the HTTP API up until Ctrl-C
-	bin/assay dev --serve
+serve: bin/assay-dev bin/assay ## run both cells with the HTTP API up until Ctrl-C (bin/assay-dev dev --serve)
+	bin/assay-dev dev --serve
 
 test: ## run every module's tests against real Postgres and real JetStream
 	@set -e; for m in $(MODULES); do \
@@ -64,18 +66,26 @@ chaos: ## kill, restart and starve the services under load; check the exactly-on
 chaos-cluster: ## the same on 3-node JetStream clusters, Postgres primary + synchronous standby, 2 of every service; partitions, leader kills, failover (CLUSTERFLAGS)
 	cd cmd/chaos && $(GO) run . -cluster $(CLUSTERFLAGS)
 
-build: ## the binaries, each module on its own (GOWORK=off), into bin/, a line per binary
-	@echo "make build: bin/assay first (it compiles what the services share: minutes when cold), then the four services side by side"
-	@$(MAKE) --no-print-directory bin/assay
-	@$(MAKE) --no-print-directory -j 4 $(addprefix bin/,$(SERVICES))
+build: ## the binaries, each module on its own (GOWORK=off), into bin/, a line per binary: assay, assay-dev and the four services
+	@echo "make build: bin/assay-dev first (it links the four services and compiles what they share: minutes when cold), then bin/assay and the four services side by side"
+	@$(MAKE) --no-print-directory bin/assay-dev
+	@$(MAKE) --no-print-directory -j 4 bin/assay $(addprefix bin/,$(SERVICES))
 
 # One go build per binary, timed. go build decides what is current.
+# bin/assay-dev is cmd/assay/assay-dev: dev, dev webhook and bench, which
+# run the cells in the process; bin/assay, the operator's tool, links none
+# of the services.
+bin/assay-dev:
+	@mkdir -p bin; start=$$(date +%s); \
+	echo "  bin/assay-dev: go build (the first build compiles every package the services share: about 4 minutes; later ones seconds)"; \
+	$(TICK) bin/assay-dev & tick=$$!; \
+	(cd cmd/assay && GOWORK=off $(GO) build -ldflags "$(LDFLAGS)" -o ../../bin/assay-dev ./assay-dev); rc=$$?; kill $$tick; \
+	[ $$rc -eq 0 ] || exit $$rc; \
+	printf '  %-16s %ss\n' bin/assay-dev $$(( $$(date +%s) - start ))
+
 bin/assay:
 	@mkdir -p bin; start=$$(date +%s); \
-	echo "  bin/assay: go build (the first build compiles every package the services share: about 4 minutes; later ones seconds)"; \
-	$(TICK) bin/assay & tick=$$!; \
-	(cd cmd/assay && GOWORK=off $(GO) build -ldflags "$(LDFLAGS)" -o ../../bin/assay .); rc=$$?; kill $$tick; \
-	[ $$rc -eq 0 ] || exit $$rc; \
+	(cd cmd/assay && GOWORK=off $(GO) build -ldflags "$(LDFLAGS)" -o ../../bin/assay .) || exit 1; \
 	printf '  %-16s %ss\n' bin/assay $$(( $$(date +%s) - start ))
 
 $(addprefix bin/,$(SERVICES)): bin/%:
@@ -112,14 +122,13 @@ k8s-apiserver-check: ## every kustomization under deploy/k8s (each optional comp
 
 vet: ## go vet and gofmt every module, and build each on its own (GOWORK=off)
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./... && GOWORK=off $(GO) build ./...); done
-	cd cmd/assay && GOWORK=off $(GO) build -tags operator -o /dev/null .
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; exit 1; }
 
 bench: ## pipeline benchmark: N items through ingress to accepted and ledgered, beside the River build (BENCHFLAGS)
-	cd cmd/assay && $(GO) run . bench pipeline $(BENCHFLAGS)
+	cd cmd/assay && $(GO) run ./assay-dev bench pipeline $(BENCHFLAGS)
 
 bench-goodput: ## admission benchmark: 5 scenarios, adaptive vs baseline, over real JetStream and Postgres
-	cd cmd/assay && $(GO) run . bench goodput
+	cd cmd/assay && $(GO) run ./assay-dev bench goodput
 
 fuzz: ## run each fuzz target for FUZZTIME
 	cd pkg && $(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME) ./diff

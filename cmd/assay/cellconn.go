@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
@@ -34,7 +35,7 @@ func loadCell(name, region, dbURL string) (config.Config, error) {
 	}
 	cfg, err := config.Load(name, []string{"--region", region, "--database-url", dbURL}, operatorEnv, config.Need{})
 	if err != nil {
-		return cfg, configError{err}
+		return cfg, cli.ConfigError{Err: err}
 	}
 	return cfg, nil
 }
@@ -43,18 +44,18 @@ func loadCell(name, region, dbURL string) (config.Config, error) {
 func natsOnlyCell(region string) (config.Config, error) {
 	regions, err := config.ParseRegions(envOr("ASSAY_REGIONS", strings.Join(config.DefaultRegions, ",")))
 	if err != nil {
-		return config.Config{}, configError{fmt.Errorf("ASSAY_REGIONS: %w", err)}
+		return config.Config{}, cli.ConfigError{Err: fmt.Errorf("ASSAY_REGIONS: %w", err)}
 	}
 	if region == "" {
-		return config.Config{}, configError{config.Missing("ASSAY_REGION")}
+		return config.Config{}, cli.ConfigError{Err: config.Missing("ASSAY_REGION")}
 	}
 	if err := config.ValidateRegion(regions, region); err != nil {
-		return config.Config{}, configError{fmt.Errorf("ASSAY_REGION (--region): %w", err)}
+		return config.Config{}, cli.ConfigError{Err: fmt.Errorf("ASSAY_REGION (--region): %w", err)}
 	}
 	cfg := config.Config{Regions: regions, Region: region, Cell: envOr("ASSAY_CELL", region),
 		Installation: envOr("ASSAY_INSTALLATION", event.DefaultInstallation), NATSURL: envOr("ASSAY_NATS_URL", "nats://127.0.0.1:4222")}
 	if err := cfg.Names().Check(); err != nil {
-		return cfg, configError{err}
+		return cfg, cli.ConfigError{Err: err}
 	}
 	return cfg, nil
 }
@@ -62,7 +63,7 @@ func natsOnlyCell(region string) (config.Config, error) {
 // openStore opens the cell's Postgres.
 func openStore(ctx context.Context, url string) (*store.Store, error) {
 	if url == "" {
-		return nil, configError{config.Missing("ASSAY_DATABASE_URL")}
+		return nil, cli.ConfigError{Err: config.Missing("ASSAY_DATABASE_URL")}
 	}
 	st, err := store.Open(ctx, url)
 	if store.SQLState(err) == "3D000" {
@@ -98,7 +99,7 @@ func parseArgs(fs interface {
 	var pos []string
 	for rest := args; len(rest) > 0; {
 		if err := fs.Parse(rest); err != nil {
-			return nil, configError{fmt.Errorf("%v\n%s", err, usage)}
+			return nil, cli.ConfigError{Err: fmt.Errorf("%v\n%s", err, usage)}
 		}
 		if rest = fs.Args(); len(rest) > 0 {
 			pos, rest = append(pos, rest[0]), rest[1:]

@@ -41,6 +41,13 @@ func TestCommandMistakesAreNamed(t *testing.T) {
 		{[]string{"streams"}, 2, "ASSAY_REGION (--region): required"},
 		{[]string{"work", "list", "--region", "us", "--database-url", db, "--state", "queued,nope"}, 2, `--state: "nope" is not one of`},
 		{[]string{"work", "list", "--region", "us", "--database-url", db, "--since", "1h", "--until", "2h"}, 2, "--until 2h is not after --since 1h"},
+		// The development commands are in assay-dev: asked for one, help
+		// or not, assay says where it went.
+		{[]string{"dev"}, 2, "assay dev: the development commands are in assay-dev now"},
+		{[]string{"dev", "--serve"}, 2, "make demo and make serve"},
+		{[]string{"dev", "webhook", "--help"}, 2, "bin/assay-dev dev [--serve]"},
+		{[]string{"bench", "goodput", "--quick"}, 2, "make bench-goodput"},
+		{[]string{"bench", "--help"}, 2, "bin/assay-dev bench goodput|pipeline|parts|cells|move"},
 	} {
 		var stderr bytes.Buffer
 		code := run(c.args, &stderr)

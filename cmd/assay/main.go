@@ -1,7 +1,7 @@
-// Command assay is the operator's tool and the all-in-one binary:
+// Command assay is the operator's tool. It links none of the services:
+// the development commands, which run the cells in one process (the demo,
+// make serve, the benchmarks), are in assay-dev (./assay-dev).
 //
-//	assay dev [--serve]       both cells in one process, the demo by default
-//	assay dev webhook         a signed GitHub delivery to the cells make serve runs
 //	assay migrate             apply the cell's migrations
 //	assay sim                 run the simulated provider
 //	assay tenants seed FILE   create tenants and tokens from a JSON file
@@ -13,10 +13,6 @@
 //	assay streams             the cell's streams and consumers
 //	assay publish …           failed publications: list, retry, abandon
 //	assay rollout …           contract versions: check, set-live, set-candidate, promote, status, compare
-//	assay bench goodput       the admission benchmark
-//	assay bench parts         reviews in parts: parts, calls, cost and time per work
-//	assay bench cells         a region of several cells: placement, a move under load, writes per cell
-//	assay bench move          a tenant moved between two cells and back under load: refusals, loss, duplicates, latency
 //	assay usage reconcile     check attempts against results, the ledger and the provider
 //	assay usage show          a tenant's calls, units and cost from the ledger
 //	assay usage export        the ledger as CloudEvents 1.0, resumable with a cursor
@@ -26,17 +22,14 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"slices"
 	"strings"
-	"syscall"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/cmd/assay/internal/natsconf"
 	"assay.dev/pkg/buildinfo"
 	"assay.dev/pkg/config"
@@ -51,9 +44,6 @@ func main() {
 const mainUsage = `usage: assay <command> [flags]
 
 commands:
-  dev [--serve]          run both cells (us, eu) in one process on embedded defaults;
-                         without --serve, submit the evaluation set, print results, exit
-  dev webhook            send make serve's cells a signed pull_request delivery of its fake GitHub
   migrate                apply the cell's migrations (ASSAY_DATABASE_URL)
   sim                    run the simulated OpenAI-compatible provider (ASSAY_HTTP_ADDR)
   tenants seed FILE      create many tenants and tokens from FILE: [{"id","homeRegion","token"}]
@@ -69,10 +59,6 @@ commands:
   replay MODE            the retained streams: dump (JSON lines), revalidate (today's gate on
                          the answers, writes nothing), redrive (failed work again, dry run first)
   streams                the cell's streams and consumers: pending, ack pending, redelivered
-  bench goodput          admission benchmark against the simulated provider (make bench-goodput)
-  bench parts [FILE...]  the evaluation set and each diff FILE reviewed, in parts when large: parts, calls, cost, time
-  bench cells            a region of several cells in this process: tenants placed, a move under load, each cell's writes
-  bench move             a tenant moved between two cells and back under load: refusals, work lost or duplicated, latency
   usage reconcile        check attempts against results, the ledger and the provider's counts
   usage show             a tenant's calls, units (cached, reasoning) and cost from the ledger
   usage export           the ledger as CloudEvents 1.0 (OpenMeter), resumable with a cursor
@@ -85,27 +71,13 @@ commands:
   version                print the build's version
 
 assay COMMAND --help shows a command's flags. A bad setting or a refusal exits 2, a failure 1.
+
+The development commands, dev (the demo, make serve) and bench, are in assay-dev
+(bin/assay-dev, which make build builds): make demo, make serve, make bench-goodput.
 `
 
 // helps are each command's own help, printed for -h or --help.
 var helps = map[string]string{
-	"dev": `usage: assay dev [--serve [--port N] [--fresh]] [-v]
-
-Both cells (us, eu) in one process: an embedded nats-server, a throwaway
-Postgres (or ASSAY_DATABASE_URL's server) and the simulated provider (or
-ASSAY_MODEL_BASE_URL or ASSAY_MODEL_ENDPOINT, with ASSAY_MODEL). Without
---serve it submits the evaluation set, prints each item's outcome and exits;
-it exits 1 when no item could reach the model, naming why.
-  --serve   keep the cells running with their HTTP API until interrupted,
-            and print each cell's endpoints, the tokens and an export line
-            for CELL and TOKEN; the decision log goes to a file it names
-  --port N  --serve: the us cell listens on 127.0.0.1:N (default 18080), the
-            next cells on the next ports; a port that is taken gets a free one
-  --fresh   --serve: new tokens; otherwise the tenants', the operator's and
-            the webhook secret are kept in the user's cache directory
-            (assay/dev-serve.json) and every run answers the same ones
-  -v        print the services' decision log to stderr
-`,
 	"migrate": `usage: assay migrate [--create-database] [--region R --database-url URL]
 
 Apply the cell's migrations. --create-database first creates the database
@@ -158,118 +130,73 @@ var subcommands = map[string][]string{
 	"operator": {"token"},
 	"work":     {"rerun", "rest", "show", "list", "submit", "get", "watch"},
 	"replay":   {"dump", "revalidate", "redrive"},
-	"bench":    {"goodput", "pipeline", "parts", "cells", "move"},
 	"usage":    {"reconcile", "show", "export"},
 	"outbox":   {"list", "retry"},
 	"rollout":  rolloutVerbs,
 }
 
-// checkSubcommand refuses a subcommand cmd does not have.
-func checkSubcommand(cmd string, args []string) error {
-	subs, ok := subcommands[cmd]
-	if !ok || len(args) == 0 || isHelp(args[:1]) || slices.Contains(subs, args[0]) {
-		return nil
-	}
-	return unknownSub(cmd, args)
+// devMoved says where the development commands went.
+const devMoved = "the development commands are in assay-dev now, which make build builds as bin/assay-dev (cmd/assay/assay-dev): "
+
+// movedCommands are the development commands, which were in assay and are
+// now in assay-dev: they run the cells in the process and so link the
+// services, which the operator's tool does not.
+var movedCommands = map[string]string{
+	"dev":   devMoved + "bin/assay-dev dev [--serve], or make demo and make serve",
+	"bench": devMoved + "bin/assay-dev bench goodput|pipeline|parts|cells|move, or make bench-goodput and make bench",
 }
 
-// unknownSub is the error of a command given no subcommand, or one it does
-// not have: what it was given, what it takes, and its usage.
-func unknownSub(cmd string, args []string) error {
-	subs := strings.Join(subcommands[cmd], ", ")
-	if len(args) == 0 {
-		return configError{fmt.Errorf("%s needs a command: %s\n%s", cmd, subs, helps[cmd])}
-	}
-	return configError{fmt.Errorf("unknown %s command %q (it takes %s)\n%s", cmd, args[0], subs, helps[cmd])}
-}
-
-// unknownCommand says what was not a command, and which one was likely meant.
-func unknownCommand(name string) string {
-	for _, guess := range []string{name + "s", strings.TrimSuffix(name, "s")} {
-		if _, ok := helps[guess]; ok && guess != name {
-			return fmt.Sprintf("assay: unknown command %q: did you mean assay %s? (assay %s --help)\n", name, guess, guess)
-		}
-	}
-	return fmt.Sprintf("assay: unknown command %q\n%s", name, mainUsage)
-}
+// tool is assay's commands.
+var tool = &cli.Tool{Name: "assay", Usage: mainUsage, Helps: helps, Subcommands: subcommands, Moved: movedCommands}
 
 func run(args []string, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, mainUsage)
-		return 2
+	if len(args) > 0 && args[0] == "--version" {
+		args = append([]string{"version"}, args[1:]...)
 	}
-	if _, known := helps[args[0]]; !known && !slices.Contains([]string{"help", "-h", "--help", "--version"}, args[0]) {
-		fmt.Fprint(stderr, unknownCommand(args[0]))
-		return 2
-	}
-	if err := checkSubcommand(args[0], args[1:]); err != nil {
-		fmt.Fprintf(stderr, "assay %s: %v\n", args[0], err)
-		return 2
-	}
-	if h, ok := helps[args[0]]; ok && isHelp(args[1:]) {
-		fmt.Print(h)
-		return 0
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	var err error
-	switch args[0] {
-	case "dev", "sim", "bench":
-		err = devCommand(ctx, args[0], args[1:], os.Stdout)
-	case "migrate":
-		err = migrate(ctx, args[1:])
-	case "tenants":
-		err = tenants(ctx, args[1:])
-	case "tenant":
-		err = tenantCmd(ctx, args[1:], os.Stdout)
-	case "operator":
-		err = operatorCmd(ctx, args[1:], os.Stdout)
-	case "work":
-		err = workCmd(ctx, args[1:], os.Stdout)
-	case "replay":
-		err = replayCmd(ctx, args[1:], os.Stdout)
-	case "streams":
-		err = streamsCmd(ctx, args[1:], os.Stdout)
-	case "outbox":
-		err = outboxCmd(ctx, args[1:], os.Stdout)
-	case "publish":
-		err = publishCmd(ctx, args[1:], os.Stdout)
-	case "rollout":
-		err = rolloutCmd(ctx, args[1:], os.Stdout)
-	case "nats-config":
-		err = natsConfig(args[1:], os.Stdout)
-	case "usage":
-		err = usageCmd(ctx, args[1:], os.Stdout, stderr)
-	case "version", "--version":
-		if len(args) > 1 {
-			err = configError{fmt.Errorf("takes no arguments, got %q", args[1])}
-			break
-		}
-		fmt.Println("assay", buildinfo.Read())
-		return 0
-	case "help", "-h", "--help":
-		fmt.Print(mainUsage)
-		return 0
-	}
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Print(helps[args[0]])
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "assay %s: %v\n", args[0], err)
-		if _, ok := err.(configError); ok || config.IsInvalid(err) {
-			return 2
-		}
-		return 1
-	}
-	return 0
+	return tool.Main(args, stderr, func(ctx context.Context, name string, args []string) error {
+		return command(ctx, name, args, stderr)
+	})
 }
 
-// configError marks a bad setting, or a refusal (a move of live traffic
-// the rollout fence refused), which exits 2.
-type configError struct{ error }
-
-func (e configError) Unwrap() error { return e.error }
+// command runs one of assay's commands; usage export tells its progress
+// on stderr.
+func command(ctx context.Context, name string, args []string, stderr io.Writer) error {
+	switch name {
+	case "migrate":
+		return migrate(ctx, args)
+	case "sim":
+		return runSim(ctx, args)
+	case "tenants":
+		return tenants(ctx, args)
+	case "tenant":
+		return tenantCmd(ctx, args, os.Stdout)
+	case "operator":
+		return operatorCmd(ctx, args, os.Stdout)
+	case "work":
+		return workCmd(ctx, args, os.Stdout)
+	case "replay":
+		return replayCmd(ctx, args, os.Stdout)
+	case "streams":
+		return streamsCmd(ctx, args, os.Stdout)
+	case "outbox":
+		return outboxCmd(ctx, args, os.Stdout)
+	case "publish":
+		return publishCmd(ctx, args, os.Stdout)
+	case "rollout":
+		return rolloutCmd(ctx, args, os.Stdout)
+	case "nats-config":
+		return natsConfig(args, os.Stdout)
+	case "usage":
+		return usageCmd(ctx, args, os.Stdout, stderr)
+	case "version":
+		if len(args) > 0 {
+			return cli.ConfigError{Err: fmt.Errorf("takes no arguments, got %q", args[0])}
+		}
+		fmt.Println("assay", buildinfo.Read())
+		return nil
+	}
+	return fmt.Errorf("no command %s", name)
+}
 
 func migrate(ctx context.Context, args []string) error {
 	create := false
@@ -283,7 +210,7 @@ func migrate(ctx context.Context, args []string) error {
 	}
 	cfg, err := config.Load("assay migrate", rest, os.Getenv, config.Need{})
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	if create {
 		made, err := store.EnsureDatabase(ctx, cfg.DatabaseURL)
@@ -312,31 +239,31 @@ func migrate(ctx context.Context, args []string) error {
 
 func tenants(ctx context.Context, args []string) error {
 	if len(args) < 2 {
-		return configError{fmt.Errorf("usage: assay tenants seed FILE [flags] (one tenant at a time: assay tenant add ID …)")}
+		return cli.ConfigError{Err: fmt.Errorf("usage: assay tenants seed FILE [flags] (one tenant at a time: assay tenant add ID …)")}
 	}
 	raw, err := os.ReadFile(args[1])
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	var seeds []store.TenantSeed
 	if err := json.Unmarshal(raw, &seeds); err != nil {
-		return configError{fmt.Errorf("%s: %w", args[1], err)}
+		return cli.ConfigError{Err: fmt.Errorf("%s: %w", args[1], err)}
 	}
 	for i, t := range seeds {
 		if !event.ValidToken(t.ID) {
-			return configError{fmt.Errorf("%s[%d]: tenant id %q: use 1-63 lowercase letters, digits and '-'", args[1], i, t.ID)}
+			return cli.ConfigError{Err: fmt.Errorf("%s[%d]: tenant id %q: use 1-63 lowercase letters, digits and '-'", args[1], i, t.ID)}
 		}
 		if !store.ValidToken(t.Token) {
-			return configError{fmt.Errorf("%s[%d]: tenant %q: the token is not 24 to 256 letters, digits and _.~- (a placeholder?)", args[1], i, t.ID)}
+			return cli.ConfigError{Err: fmt.Errorf("%s[%d]: tenant %q: the token is not 24 to 256 letters, digits and _.~- (a placeholder?)", args[1], i, t.ID)}
 		}
 	}
 	cfg, err := config.Load("assay tenants seed", args[2:], os.Getenv, config.Need{})
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	for _, t := range seeds {
 		if err := config.ValidateRegion(cfg.Regions, t.HomeRegion); err != nil {
-			return configError{fmt.Errorf("%s: tenant %q: homeRegion: %w", args[1], t.ID, err)}
+			return cli.ConfigError{Err: fmt.Errorf("%s: tenant %q: homeRegion: %w", args[1], t.ID, err)}
 		}
 	}
 	st, err := openStore(ctx, cfg.DatabaseURL)
@@ -369,25 +296,25 @@ func natsConfig(args []string, stdout io.Writer) error {
 	urls := fs.String("service-urls", "", "with --passwords, also write FILE (new, mode 0600): each service's ASSAY_NATS_URL with its user and password")
 	server := fs.String("server-url", "nats://127.0.0.1:4222", "where the services reach the server, in --service-urls")
 	if err := fs.Parse(args); err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	if fs.NArg() > 0 {
-		return configError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+		return cli.ConfigError{Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	list := strings.Split(*cells, ",")
 	seen := map[string]bool{}
 	for _, spec := range list {
 		c, err := natsconf.ParseCell(strings.TrimSpace(spec))
 		if err != nil {
-			return configError{fmt.Errorf("--cells: %w", err)}
+			return cli.ConfigError{Err: fmt.Errorf("--cells: %w", err)}
 		}
 		if seen[c.ID] {
-			return configError{fmt.Errorf("--cells: cell %s is named twice", c.ID)}
+			return cli.ConfigError{Err: fmt.Errorf("--cells: cell %s is named twice", c.ID)}
 		}
 		seen[c.ID] = true
 	}
 	if !event.ValidToken(*inst) {
-		return configError{fmt.Errorf("--installation: %q is not an installation name (lower-case letters, digits, hyphens)", *inst)}
+		return cli.ConfigError{Err: fmt.Errorf("--installation: %q is not an installation name (lower-case letters, digits, hyphens)", *inst)}
 	}
 	if *passwords != "" || *urls != "" {
 		if err := natsCredentials(*inst, list, *passwords, *urls, *server); err != nil {
@@ -401,14 +328,14 @@ func natsConfig(args []string, stdout io.Writer) error {
 // natsCredentials writes the files of --passwords and --service-urls.
 func natsCredentials(inst string, cells []string, passwords, urls, server string) error {
 	if passwords == "" {
-		return configError{fmt.Errorf("--service-urls needs --passwords: the URLs carry the passwords drawn for the server")}
+		return cli.ConfigError{Err: fmt.Errorf("--service-urls needs --passwords: the URLs carry the passwords drawn for the server")}
 	}
 	if urls != "" && filepath.Clean(urls) == filepath.Clean(passwords) {
-		return configError{fmt.Errorf("--passwords and --service-urls name the same file")}
+		return cli.ConfigError{Err: fmt.Errorf("--passwords and --service-urls name the same file")}
 	}
 	srv, err := natsconf.ParseServer(server)
 	if err != nil {
-		return configError{fmt.Errorf("--server-url: %w", err)}
+		return cli.ConfigError{Err: fmt.Errorf("--server-url: %w", err)}
 	}
 	creds, err := natsconf.NewCredentials(inst, cells)
 	if err != nil {

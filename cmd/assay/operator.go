@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/store"
 )
@@ -40,19 +41,19 @@ Settings: --region (ASSAY_REGION) and --database-url (ASSAY_DATABASE_URL).
 // operatorCmd runs `assay operator token …` against the cell in
 // ASSAY_DATABASE_URL.
 func operatorCmd(ctx context.Context, args []string, stdout io.Writer) error {
-	if isHelp(args) {
+	if cli.IsHelp(args) {
 		fmt.Fprint(stdout, operatorUsage)
 		return nil
 	}
 	if len(args) == 0 || args[0] != "token" {
-		return unknownSub("operator", args)
+		return tool.UnknownSub("operator", args)
 	}
 	if len(args) < 2 || !slices.Contains([]string{"create", "list", "revoke"}, args[1]) {
 		what := "operator token needs a command"
 		if len(args) >= 2 {
 			what = fmt.Sprintf("unknown operator token command %q", args[1])
 		}
-		return configError{fmt.Errorf("%s (it takes create, list, revoke)\n%s", what, operatorUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("%s (it takes create, list, revoke)\n%s", what, operatorUsage)}
 	}
 	verb := args[1]
 	fs := flag.NewFlagSet("assay operator token "+verb, flag.ContinueOnError)
@@ -65,16 +66,16 @@ func operatorCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	region := fs.String("region", os.Getenv("ASSAY_REGION"), "cell ($ASSAY_REGION)")
 	dbURL := fs.String("database-url", os.Getenv("ASSAY_DATABASE_URL"), "the cell's Postgres ($ASSAY_DATABASE_URL)")
 	if err := fs.Parse(args[2:]); err != nil {
-		return configError{fmt.Errorf("%v\n%s", err, operatorUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("%v\n%s", err, operatorUsage)}
 	}
 	if fs.NArg() > 0 {
-		return configError{fmt.Errorf("operator token %s takes no arguments, got %q\n%s", verb, fs.Args(), operatorUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("operator token %s takes no arguments, got %q\n%s", verb, fs.Args(), operatorUsage)}
 	}
 	if err := checkOperatorFlags(verb, *name, *role); err != nil {
 		return err
 	}
 	if _, err := config.Load("assay operator", []string{"--region", *region, "--database-url", *dbURL}, regionsOnly, config.Need{}); err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	st, err := store.Open(ctx, *dbURL)
 	if err != nil {
@@ -117,10 +118,10 @@ func operatorCmd(ctx context.Context, args []string, stdout io.Writer) error {
 // checkOperatorFlags refuses a name or role verb cannot take.
 func checkOperatorFlags(verb, name, role string) error {
 	if (verb == "create" || verb == "revoke") && !store.ValidOperatorName(name) {
-		return configError{fmt.Errorf("--name %q: use 1-63 lowercase letters, digits and ._-, starting with a letter or digit", name)}
+		return cli.ConfigError{Err: fmt.Errorf("--name %q: use 1-63 lowercase letters, digits and ._-, starting with a letter or digit", name)}
 	}
 	if !slices.Contains(store.Roles, role) {
-		return configError{fmt.Errorf("--role %q: use operator or reviewer", role)}
+		return cli.ConfigError{Err: fmt.Errorf("--role %q: use operator or reviewer", role)}
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/store"
 )
@@ -138,7 +139,7 @@ func TestOperatorTokenCommands(t *testing.T) {
 	}
 
 	for _, args := range [][]string{{"create"}, {"create", "--name", "Bad Name"}, {"rotate", "--name", "x"}, {"list", "extra"}} {
-		var ce configError
+		var ce cli.ConfigError
 		if _, err := operator(args...); !errors.As(err, &ce) {
 			t.Errorf("operator token %v: %v, want a configuration error", args, err)
 		}

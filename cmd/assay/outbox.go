@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/store"
 )
@@ -26,7 +27,7 @@ const outboxUsage = `usage: assay outbox list [--json] [--region R --database-ur
 // outboxCmd runs `assay outbox …` against the cell in ASSAY_DATABASE_URL.
 func outboxCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 || (args[0] != "list" && args[0] != "retry") {
-		return unknownSub("outbox", args)
+		return tool.UnknownSub("outbox", args)
 	}
 	verb := args[0]
 	fs := flag.NewFlagSet("assay outbox "+verb, flag.ContinueOnError)
@@ -38,28 +39,28 @@ func outboxCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	var pos []string
 	for rest := args[1:]; len(rest) > 0; {
 		if err := fs.Parse(rest); err != nil {
-			return configError{fmt.Errorf("%v\n%s", err, outboxUsage)}
+			return cli.ConfigError{Err: fmt.Errorf("%v\n%s", err, outboxUsage)}
 		}
 		if rest = fs.Args(); len(rest) > 0 {
 			pos, rest = append(pos, rest[0]), rest[1:]
 		}
 	}
 	if _, err := config.Load("assay outbox", []string{"--region", *region, "--database-url", *dbURL}, regionsOnly, config.Need{}); err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	var ids []int64
 	for _, p := range pos {
 		id, err := strconv.ParseInt(p, 10, 64)
 		if err != nil || id <= 0 {
-			return configError{fmt.Errorf("outbox row id %q is not a positive whole number\n%s", p, outboxUsage)}
+			return cli.ConfigError{Err: fmt.Errorf("outbox row id %q is not a positive whole number\n%s", p, outboxUsage)}
 		}
 		ids = append(ids, id)
 	}
 	switch {
 	case verb == "list" && (len(ids) > 0 || *all):
-		return configError{errors.New(outboxUsage)}
+		return cli.ConfigError{Err: errors.New(outboxUsage)}
 	case verb == "retry" && (len(ids) > 0) == *all:
-		return configError{fmt.Errorf("retry takes row ids or --all\n%s", outboxUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("retry takes row ids or --all\n%s", outboxUsage)}
 	}
 	st, err := store.Open(ctx, *dbURL)
 	if err != nil {

@@ -8,13 +8,13 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/placement"
 	"assay.dev/pkg/store"
@@ -39,7 +39,7 @@ func placeCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 		return err
 	}
 	if want := tenantArgs[verb]; len(pos) != want {
-		return configError{fmt.Errorf("assay tenant %s takes %d argument(s), got %d\n%s", verb, want, len(pos), tenantUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("assay tenant %s takes %d argument(s), got %d\n%s", verb, want, len(pos), tenantUsage)}
 	}
 	cfg, err := natsOnlyCell(*region)
 	if err != nil {
@@ -74,13 +74,13 @@ func placeCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 	}
 	tenant, cell := pos[0], *cellID
 	if !event.ValidToken(tenant) {
-		return configError{fmt.Errorf("%q is not a tenant id", tenant)}
+		return cli.ConfigError{Err: fmt.Errorf("%q is not a tenant id", tenant)}
 	}
 	if cell == "" {
 		cell = snap.Choose()
 	}
 	if !event.ValidToken(cell) {
-		return configError{fmt.Errorf("--cell: %q is not a cell id (lower-case letters, digits, hyphens)", cell)}
+		return cli.ConfigError{Err: fmt.Errorf("--cell: %q is not a cell id (lower-case letters, digits, hyphens)", cell)}
 	}
 	was := snap.CellOf(tenant)
 	if err := placement.Place(ctx, kv, tenant, cell); err != nil {
@@ -143,9 +143,9 @@ func moveTenant(ctx context.Context, stdout io.Writer, kv jetstream.KeyValue, sn
 	settle time.Duration) error {
 	switch {
 	case !event.ValidToken(to):
-		return configError{fmt.Errorf("--to: %q is not a cell id (lower-case letters, digits, hyphens)", to)}
+		return cli.ConfigError{Err: fmt.Errorf("--to: %q is not a cell id (lower-case letters, digits, hyphens)", to)}
 	case fromDB == "" || toDB == "":
-		return configError{fmt.Errorf("assay tenant move needs both cells' Postgres: ASSAY_DATABASE_URL (--database-url) of the cell that serves %s now, and --to-database-url of %s", tenant, to)}
+		return cli.ConfigError{Err: fmt.Errorf("assay tenant move needs both cells' Postgres: ASSAY_DATABASE_URL (--database-url) of the cell that serves %s now, and --to-database-url of %s", tenant, to)}
 	}
 	from := snap.CellOf(tenant)
 	if m, ok := snap.Moving[tenant]; ok && m.From != "" {
@@ -170,14 +170,14 @@ func moveTenant(ctx context.Context, stdout io.Writer, kv jetstream.KeyValue, sn
 	if r.Resumed {
 		fmt.Fprintf(stdout, "took up the tail of %s's move to %s\n", tenant, to)
 	} else {
-		fmt.Fprintf(stdout, "cut over %s to %s: requests held %s; copied %s\n", tenant, to, r.Held.Round(time.Millisecond), rowCounts(r.Copied))
+		fmt.Fprintf(stdout, "cut over %s to %s: requests held %s; copied %s\n", tenant, to, r.Held.Round(time.Millisecond), cli.RowCounts(r.Copied))
 	}
 	handed := ""
 	if r.Handed {
 		handed = " (work not begun by --settle was handed over)"
 	}
 	fmt.Fprintf(stdout, "moved %s to %s in %s: %d work item(s) finished in %s after the cut and copied over%s; removed from %s %s\n",
-		tenant, to, r.Took.Round(time.Millisecond), r.Tail, from, handed, from, rowCounts(r.Dropped))
+		tenant, to, r.Took.Round(time.Millisecond), r.Tail, from, handed, from, cli.RowCounts(r.Dropped))
 	return nil
 }
 
@@ -195,19 +195,4 @@ func printWaiting(w io.Writer, tenant string, ws []store.Waiting) {
 		}
 		fmt.Fprintf(w, "  %s: %s\n", x.WorkID, x.Why)
 	}
-}
-
-// rowCounts prints rows per table, those with rows only, by table name.
-func rowCounts(m map[string]int) string {
-	var parts []string
-	for t, n := range m {
-		if n > 0 {
-			parts = append(parts, fmt.Sprintf("%s %d", t, n))
-		}
-	}
-	slices.Sort(parts)
-	if len(parts) == 0 {
-		return "nothing"
-	}
-	return strings.Join(parts, ", ")
 }

@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/api"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/story"
@@ -39,7 +40,7 @@ const publishUsage = `usage: assay publish list [--since T] [--json] [--region R
 // publishCmd runs `assay publish …` against the cell in ASSAY_DATABASE_URL.
 func publishCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 || (args[0] != "list" && args[0] != "retry" && args[0] != "abandon") {
-		return configError{errors.New(publishUsage)}
+		return cli.ConfigError{Err: errors.New(publishUsage)}
 	}
 	verb := args[0]
 	fs := flag.NewFlagSet("assay publish "+verb, flag.ContinueOnError)
@@ -59,23 +60,23 @@ func publishCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	d, err := time.ParseDuration(*deadline)
 	switch {
 	case len(pos) > 0:
-		return configError{fmt.Errorf("unexpected argument %q\n%s", pos[0], publishUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("unexpected argument %q\n%s", pos[0], publishUsage)}
 	case err != nil || d < time.Minute:
-		return configError{fmt.Errorf("--deadline: %q is not a duration of a minute or more", *deadline)}
+		return cli.ConfigError{Err: fmt.Errorf("--deadline: %q is not a duration of a minute or more", *deadline)}
 	case verb == "retry" && (*work == "") == (*since == ""):
-		return configError{fmt.Errorf("retry takes --work ID or --since T\n%s", publishUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("retry takes --work ID or --since T\n%s", publishUsage)}
 	case verb == "list" && (*work != "" || *confirm >= 0):
-		return configError{fmt.Errorf("list takes --since and --json\n%s", publishUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("list takes --since and --json\n%s", publishUsage)}
 	case *work != "" && *confirm >= 0:
-		return configError{fmt.Errorf("--confirm is for --since: --work names the one item to retry")}
+		return cli.ConfigError{Err: fmt.Errorf("--confirm is for --since: --work names the one item to retry")}
 	case verb == "abandon" && (*work == "" || *reason == "" || *since != ""):
-		return configError{fmt.Errorf("abandon takes --work ID and --reason TEXT\n%s", publishUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("abandon takes --work ID and --reason TEXT\n%s", publishUsage)}
 	case verb != "abandon" && *reason != "":
-		return configError{fmt.Errorf("--reason is for abandon\n%s", publishUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("--reason is for abandon\n%s", publishUsage)}
 	}
 	from, err := parseWhen(*since, time.Now())
 	if err != nil {
-		return configError{fmt.Errorf("--since: %w", err)}
+		return cli.ConfigError{Err: fmt.Errorf("--since: %w", err)}
 	}
 	cfg, err := loadCell("assay publish", *region, *dbURL)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/gate"
@@ -119,7 +120,7 @@ func parseReplayFlags(mode string, args []string) (*replayFlags, error) {
 		return nil, err
 	}
 	if len(pos) > 0 {
-		return nil, configError{fmt.Errorf("unexpected argument %q\n%s", pos[0], replayUsage)}
+		return nil, cli.ConfigError{Err: fmt.Errorf("unexpected argument %q\n%s", pos[0], replayUsage)}
 	}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	return f, nil
@@ -130,13 +131,13 @@ func parseReplayFlags(mode string, args []string) (*replayFlags, error) {
 func (f *replayFlags) validate() error {
 	switch {
 	case f.mode != "revalidate" && f.contracts != "":
-		return configError{fmt.Errorf("--contracts is for revalidate")}
+		return cli.ConfigError{Err: fmt.Errorf("--contracts is for revalidate")}
 	case f.mode != "redrive" && (f.set["confirm"] || f.again):
-		return configError{fmt.Errorf("--confirm and --again are for redrive")}
+		return cli.ConfigError{Err: fmt.Errorf("--confirm and --again are for redrive")}
 	case f.set["confirm"] && f.confirm < 0:
-		return configError{fmt.Errorf("--confirm: %d is not a count: give the count the dry run printed (0 or more)", f.confirm)}
+		return cli.ConfigError{Err: fmt.Errorf("--confirm: %d is not a count: give the count the dry run printed (0 or more)", f.confirm)}
 	case f.deadline <= 0:
-		return configError{fmt.Errorf("--deadline: %s is not a positive duration", f.deadline)}
+		return cli.ConfigError{Err: fmt.Errorf("--deadline: %s is not a positive duration", f.deadline)}
 	}
 	return nil
 }
@@ -144,7 +145,7 @@ func (f *replayFlags) validate() error {
 // replayCmd runs `assay replay …`.
 func replayCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 || (args[0] != "dump" && args[0] != "revalidate" && args[0] != "redrive") {
-		return unknownSub("replay", args)
+		return tool.UnknownSub("replay", args)
 	}
 	mode := args[0]
 	f, err := parseReplayFlags(mode, args[1:])
@@ -154,7 +155,7 @@ func replayCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	defKinds := map[string][]string{"dump": event.Kinds, "revalidate": {event.KindAttempt, event.KindResult}, "redrive": {event.KindWork}}[mode]
 	sel, err := f.sel.selection(time.Now(), defKinds)
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	if err := f.validate(); err != nil {
 		return err
@@ -185,7 +186,7 @@ func replayCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		defer r.follow.close()
 		if r.follow != nil && sel.fromSeq != 0 {
-			return configError{fmt.Errorf("--seq: tenant %s moved between cells (%s): sequences are per stream of one cell; select by --since and --until",
+			return cli.ConfigError{Err: fmt.Errorf("--seq: tenant %s moved between cells (%s): sequences are per stream of one cell; select by --since and --until",
 				sel.tenant, r.follow.cellsSaid())}
 		}
 		if r.follow != nil {
@@ -217,11 +218,11 @@ func loadContracts(dir string) (*contract.Registry, error) {
 		return contract.Load()
 	}
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return nil, configError{fmt.Errorf("--contracts: %s is not a directory", dir)}
+		return nil, cli.ConfigError{Err: fmt.Errorf("--contracts: %s is not a directory", dir)}
 	}
 	reg, err := contract.LoadFS(os.DirFS(dir))
 	if err != nil {
-		return nil, configError{fmt.Errorf("--contracts %s: %w", dir, err)}
+		return nil, cli.ConfigError{Err: fmt.Errorf("--contracts %s: %w", dir, err)}
 	}
 	return reg, nil
 }

@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/api"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/evalset"
@@ -196,7 +197,7 @@ type checker struct {
 func (k *checker) run(ctx context.Context, c *contract.Contract, cand, live store.Variant) (*checkReport, error) {
 	set, err := evalset.For(c.Name)
 	if err != nil {
-		return nil, configError{fmt.Errorf("--contract: %w", err)}
+		return nil, cli.ConfigError{Err: fmt.Errorf("--contract: %w", err)}
 	}
 	liveC, ok := k.reg.Of(c.Name, live.Version)
 	if !ok {

@@ -12,6 +12,7 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/evalset"
@@ -260,7 +261,7 @@ func TestRolloutCheckSamplesFlag(t *testing.T) {
 		if err == nil {
 			err = f.validate(reg)
 		}
-		var cerr configError
+		var cerr cli.ConfigError
 		switch {
 		case tc.err == "" && err != nil:
 			t.Errorf("%s %v: %v", tc.verb, tc.args, err)

@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/evalset"
@@ -144,7 +145,7 @@ func parseRolloutFlags(verb string, args []string) (*rolloutFlags, error) {
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	for name := range f.set {
 		if !slices.Contains(rolloutTakes[verb], name) && name != "region" && name != "database-url" {
-			return nil, configError{fmt.Errorf("--%s is not a flag of rollout %s\n%s", name, verb, rolloutUsage)}
+			return nil, cli.ConfigError{Err: fmt.Errorf("--%s is not a flag of rollout %s\n%s", name, verb, rolloutUsage)}
 		}
 	}
 	return f, nil
@@ -154,33 +155,33 @@ func parseRolloutFlags(verb string, args []string) (*rolloutFlags, error) {
 func (f *rolloutFlags) validate(reg *contract.Registry) error {
 	switch {
 	case len(f.pos) > 0:
-		return configError{fmt.Errorf("unexpected argument %q\n%s", f.pos[0], rolloutUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("unexpected argument %q\n%s", f.pos[0], rolloutUsage)}
 	case f.name == "":
-		return configError{fmt.Errorf("--contract is required\n%s", rolloutUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("--contract is required\n%s", rolloutUsage)}
 	case len(reg.Versions(f.name)) == 0:
-		return configError{fmt.Errorf("--contract: %q is not a contract (known: %s)", f.name, strings.Join(reg.Names(), ", "))}
+		return cli.ConfigError{Err: fmt.Errorf("--contract: %q is not a contract (known: %s)", f.name, strings.Join(reg.Names(), ", "))}
 	case slices.Contains(rolloutTakes[f.verb], "version") && f.version == "":
-		return configError{fmt.Errorf("--version is required\n%s", rolloutUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("--version is required\n%s", rolloutUsage)}
 	case f.share < 0 || f.share > 1:
-		return configError{fmt.Errorf("--share: %v is not between 0 and 1", f.share)}
+		return cli.ConfigError{Err: fmt.Errorf("--share: %v is not between 0 and 1", f.share)}
 	case f.verb == "set-candidate" && f.version != "none" && f.set["share"] == false:
-		return configError{errors.New("--share is required: the share of live work that also runs with the candidate (0 for none)")}
+		return cli.ConfigError{Err: errors.New("--share is required: the share of live work that also runs with the candidate (0 for none)")}
 	case f.timeout < 10*time.Second:
-		return configError{fmt.Errorf("--timeout: %s is less than 10s", f.timeout)}
+		return cli.ConfigError{Err: fmt.Errorf("--timeout: %s is less than 10s", f.timeout)}
 	case f.minTransport < 0 || f.minTransport > 1 || f.minStructural < 0 || f.minStructural > 1 || f.slack < 0 || f.slack > 1:
-		return configError{errors.New("--min-transport, --min-structural and --usefulness-slack are shares between 0 and 1")}
+		return cli.ConfigError{Err: errors.New("--min-transport, --min-structural and --usefulness-slack are shares between 0 and 1")}
 	case f.verb == "check" && f.tenant == "":
-		return configError{errors.New("--tenant is required: the tenant the check's calls are charged to")}
+		return cli.ConfigError{Err: errors.New("--tenant is required: the tenant the check's calls are charged to")}
 	case f.samples < 1 || f.samples > 20:
-		return configError{fmt.Errorf("--samples: %d is not between 1 and 20", f.samples)}
+		return cli.ConfigError{Err: fmt.Errorf("--samples: %d is not between 1 and 20", f.samples)}
 	case f.override && strings.TrimSpace(f.reason) == "":
-		return configError{errors.New("--reason is required with --override: why live traffic moves without a passed check")}
+		return cli.ConfigError{Err: errors.New("--reason is required with --override: why live traffic moves without a passed check")}
 	case f.set["reason"] && !f.override:
-		return configError{errors.New("--reason is for --override")}
+		return cli.ConfigError{Err: errors.New("--reason is for --override")}
 	case f.set["cells"] && f.allCells:
-		return configError{errors.New("--cells and --all-cells: give one or the other")}
+		return cli.ConfigError{Err: errors.New("--cells and --all-cells: give one or the other")}
 	case f.set["cells"] && strings.TrimSpace(f.cells) == "":
-		return configError{errors.New("--cells: name the cells, comma-separated (us,eu)")}
+		return cli.ConfigError{Err: errors.New("--cells: name the cells, comma-separated (us,eu)")}
 	}
 	return nil
 }
@@ -196,7 +197,7 @@ func (f *rolloutFlags) contractOf(reg *contract.Registry) (*contract.Contract, e
 		for _, v := range reg.Versions(f.name) {
 			known = append(known, v.SchemaVersion)
 		}
-		return nil, configError{fmt.Errorf("--version: %q is not a version of %s (known: %s)", f.version, f.name, strings.Join(known, ", "))}
+		return nil, cli.ConfigError{Err: fmt.Errorf("--version: %q is not a version of %s (known: %s)", f.version, f.name, strings.Join(known, ", "))}
 	}
 	return c, nil
 }
@@ -208,11 +209,11 @@ func (f *rolloutFlags) prompt() (string, error) {
 	}
 	b, err := os.ReadFile(f.promptFile)
 	if err != nil {
-		return "", configError{fmt.Errorf("--prompt: %w", err)}
+		return "", cli.ConfigError{Err: fmt.Errorf("--prompt: %w", err)}
 	}
 	prompt := string(b)
 	if strings.TrimSpace(prompt) == "" {
-		return "", configError{fmt.Errorf("--prompt: %s is empty", f.promptFile)}
+		return "", cli.ConfigError{Err: fmt.Errorf("--prompt: %s is empty", f.promptFile)}
 	}
 	return prompt, nil
 }
@@ -234,7 +235,7 @@ type rolloutRun struct {
 // rolloutCmd runs `assay rollout …`.
 func rolloutCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 || !slices.Contains(rolloutVerbs, args[0]) {
-		return configError{errors.New(rolloutUsage)}
+		return cli.ConfigError{Err: errors.New(rolloutUsage)}
 	}
 	f, err := parseRolloutFlags(args[0], args[1:])
 	if err != nil {
@@ -254,7 +255,7 @@ func rolloutCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	if r.from, err = parseWhen(f.since, time.Now()); err != nil {
-		return configError{fmt.Errorf("--since: %w", err)}
+		return cli.ConfigError{Err: fmt.Errorf("--since: %w", err)}
 	}
 	if f.set["cells"] || f.allCells {
 		return r.everyCell(ctx, stdout)
@@ -337,7 +338,7 @@ func (r *rolloutRun) refused(err error) error {
 		}
 	}
 	run += " --tenant " + cmp.Or(r.tenant, "TENANT")
-	return configError{fmt.Errorf("not moved: %w; run %s%s, or move anyway with --override --reason TEXT", err, run, file)}
+	return cli.ConfigError{Err: fmt.Errorf("not moved: %w; run %s%s, or move anyway with --override --reason TEXT", err, run, file)}
 }
 
 // moved says how a change of live traffic got past the fence.
@@ -427,7 +428,7 @@ func knownTenant(ctx context.Context, st *store.Store, id string) error {
 			return nil
 		}
 	}
-	return configError{fmt.Errorf("--tenant: %q is not a tenant of this cell (assay tenant list)", id)}
+	return cli.ConfigError{Err: fmt.Errorf("--tenant: %q is not a tenant of this cell (assay tenant list)", id)}
 }
 
 func scopeWords(scope string) string {
@@ -751,10 +752,10 @@ func (f *rolloutFlags) rolloutCells() ([]rolloutCell, error) {
 	for _, spec := range strings.Split(list, ",") {
 		id, _, _ := strings.Cut(strings.TrimSpace(spec), ":")
 		if !event.ValidToken(id) {
-			return nil, configError{fmt.Errorf("%s: %q is not a cell id (lower-case letters, digits, hyphens)", from, id)}
+			return nil, cli.ConfigError{Err: fmt.Errorf("%s: %q is not a cell id (lower-case letters, digits, hyphens)", from, id)}
 		}
 		if slices.ContainsFunc(cells, func(c rolloutCell) bool { return c.id == id }) {
-			return nil, configError{fmt.Errorf("%s: cell %s is named twice", from, id)}
+			return nil, cli.ConfigError{Err: fmt.Errorf("%s: cell %s is named twice", from, id)}
 		}
 		c := rolloutCell{id: id, dbURL: os.Getenv(cellDatabaseVar(id))}
 		if c.dbURL == "" && id == own {
@@ -766,7 +767,7 @@ func (f *rolloutFlags) rolloutCells() ([]rolloutCell, error) {
 		cells = append(cells, c)
 	}
 	if len(missing) > 0 {
-		return nil, configError{fmt.Errorf("%s: no database for %d of the cells: set %s; nothing was changed",
+		return nil, cli.ConfigError{Err: fmt.Errorf("%s: no database for %d of the cells: set %s; nothing was changed",
 			from, len(missing), strings.Join(missing, ", "))}
 	}
 	return cells, nil
@@ -796,7 +797,7 @@ func (r *rolloutRun) inCell(ctx context.Context, c rolloutCell) (string, error) 
 	case "promote":
 		err = one.promote(ctx, &out)
 	default:
-		err = configError{fmt.Errorf("--cells and --all-cells are for set-live, set-candidate and promote, not %s", r.verb)}
+		err = cli.ConfigError{Err: fmt.Errorf("--cells and --all-cells are for set-live, set-candidate and promote, not %s", r.verb)}
 	}
 	return out.String(), err
 }
@@ -804,7 +805,7 @@ func (r *rolloutRun) inCell(ctx context.Context, c rolloutCell) (string, error) 
 // everyCell runs set-live, set-candidate or promote in every cell named,
 // each on its own database and behind its own fence. A cell that fails is
 // reported and the next is tried; the error names the cells that moved
-// and those that did not, a configError (exit 2) when only fences refused.
+// and those that did not, a cli.ConfigError (exit 2) when only fences refused.
 func (r *rolloutRun) everyCell(ctx context.Context, stdout io.Writer) error {
 	cells, err := r.rolloutCells()
 	if err != nil {
@@ -817,7 +818,7 @@ func (r *rolloutRun) everyCell(ctx context.Context, stdout io.Writer) error {
 		if err != nil {
 			fmt.Fprintf(stdout, "cell %s: %v\n", c.id, err)
 			not = append(not, c.id)
-			if errors.As(err, new(configError)) {
+			if errors.As(err, new(cli.ConfigError)) {
 				refused++
 			}
 			continue
@@ -836,7 +837,7 @@ func (r *rolloutRun) everyCell(ctx context.Context, stdout io.Writer) error {
 			"with --override --reason TEXT)"
 	}
 	if refused == len(not) {
-		return configError{errors.New(msg)}
+		return cli.ConfigError{Err: errors.New(msg)}
 	}
 	return errors.New(msg)
 }

@@ -19,6 +19,7 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/devkit/sim"
@@ -462,7 +463,7 @@ func TestRolloutFence(t *testing.T) {
 	passed("gpt-other", v2.PromptDigest)
 	passed("", contract.PromptDigest(string(otherText)))
 	_, err = rollout(t, b, "set-live", "--contract", "code-review", "--version", "code-review/2")
-	var cerr configError
+	var cerr cli.ConfigError
 	if !errors.Is(err, store.ErrCheckNotPassed) || !errors.As(err, &cerr) {
 		t.Fatalf("set-live with checks of other variants: %v", err)
 	}
@@ -639,7 +640,7 @@ func TestRolloutAcrossCellsGatesEachCell(t *testing.T) {
 	// Only us has a passed check: eu, named first, is refused and
 	// reported, and us still moves.
 	out, err := run("set-live", "--version", "code-review/2", "--cells", "eu,us")
-	var refusal configError
+	var refusal cli.ConfigError
 	if !errors.As(err, &refusal) || !strings.Contains(err.Error(), "moved in 1 of 2 cells: moved in us; not moved in eu") {
 		t.Fatalf("set-live --cells eu,us: %v (want a refusal naming the cells)\n%s", err, out)
 	}

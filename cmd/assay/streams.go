@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/event"
 )
 
@@ -64,7 +65,7 @@ func streamsCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	if len(pos) > 0 {
-		return configError{fmt.Errorf("unexpected argument %q\n%s", pos[0], streamsUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("unexpected argument %q\n%s", pos[0], streamsUsage)}
 	}
 	cfg, err := loadCell("assay streams", *region, "")
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/api"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
@@ -144,24 +145,24 @@ func parseTenantFlags(verb string, args []string) (*tenantFlags, error) {
 func (f *tenantFlags) validate(verb string, args []string) error {
 	for name, v := range map[string]float64{"usd": f.setUSD, "budget-usd": f.usd} {
 		if f.set[name] && v < 0 {
-			return configError{fmt.Errorf("--%s: %s is negative: a budget is 0 dollars or more (--unlimited removes it)", name, strconv.FormatFloat(v, 'f', -1, 64))}
+			return cli.ConfigError{Err: fmt.Errorf("--%s: %s is negative: a budget is 0 dollars or more (--unlimited removes it)", name, strconv.FormatFloat(v, 'f', -1, 64))}
 		}
 	}
 	if f.period != "month" && f.period != "day" {
-		return configError{fmt.Errorf("--period: %q is not month or day", f.period)}
+		return cli.ConfigError{Err: fmt.Errorf("--period: %q is not month or day", f.period)}
 	}
 	if err := tenantFlagError(verb, f.set, f.unlimited, f.perMinute, f.burst, f.weight, f.callbackURL, f.callbackOff); err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	n, known := tenantArgs[verb]
 	if !known {
-		return unknownSub("tenant", args)
+		return tool.UnknownSub("tenant", args)
 	}
 	if len(f.pos) != n {
-		return configError{fmt.Errorf("tenant %s takes %d argument(s), got %d\n%s", verb, n, len(f.pos), tenantUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("tenant %s takes %d argument(s), got %d\n%s", verb, n, len(f.pos), tenantUsage)}
 	}
 	if n > 0 && !event.ValidToken(f.pos[0]) {
-		return configError{fmt.Errorf("tenant id %q: use 1-63 lowercase letters, digits and '-', starting with a letter or digit", f.pos[0])}
+		return cli.ConfigError{Err: fmt.Errorf("tenant id %q: use 1-63 lowercase letters, digits and '-', starting with a letter or digit", f.pos[0])}
 	}
 	return nil
 }
@@ -177,9 +178,9 @@ type tenantRun struct {
 // tenantCmd runs `assay tenant …` against the cell in ASSAY_DATABASE_URL.
 func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return unknownSub("tenant", nil)
+		return tool.UnknownSub("tenant", nil)
 	}
-	if isHelp(args) {
+	if cli.IsHelp(args) {
 		fmt.Fprint(stdout, tenantUsage)
 		return nil
 	}
@@ -199,7 +200,7 @@ func tenantCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	t := &tenantRun{tenantFlags: f}
 	t.cfg, err = config.Load("assay tenant", []string{"--region", f.region, "--database-url", f.dbURL}, regionsOnly, config.Need{})
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	if err := f.validate(verb, args); err != nil {
 		return err
@@ -251,7 +252,7 @@ func (t *tenantRun) notFound(err error) error {
 // add runs `tenant add`.
 func (t *tenantRun) add(ctx context.Context, stdout io.Writer) error {
 	if err := config.ValidateRegion(t.cfg.Regions, t.home); err != nil {
-		return configError{fmt.Errorf("--home-region: %w", err)}
+		return cli.ConfigError{Err: fmt.Errorf("--home-region: %w", err)}
 	}
 	tok, err := token(t.tokenFrom)
 	if err != nil {
@@ -344,7 +345,7 @@ func (t *tenantRun) setWeight(ctx context.Context, stdout io.Writer) error {
 func (t *tenantRun) link(ctx context.Context, stdout io.Writer) error {
 	l, err := linkOf(t.pos, t.repos)
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	if err := t.st.LinkSource(ctx, l); err != nil {
 		return err
@@ -388,7 +389,7 @@ func (t *tenantRun) checkPolicy(ctx context.Context, stdout io.Writer) error {
 	if err := t.st.SetCheckPolicy(ctx, t.pos[0], t.pos[1]); errors.Is(err, store.ErrNotFound) {
 		return t.notFound(err)
 	} else if err != nil {
-		return configError{fmt.Errorf("check-policy: %q is not advisory or blocking", t.pos[1])}
+		return cli.ConfigError{Err: fmt.Errorf("check-policy: %q is not advisory or blocking", t.pos[1])}
 	}
 	fmt.Fprintf(stdout, "tenant %s check runs are %s\n", t.pos[0], t.pos[1])
 	return nil
@@ -398,7 +399,7 @@ func (t *tenantRun) checkPolicy(ctx context.Context, stdout io.Writer) error {
 func (t *tenantRun) costCap(ctx context.Context, stdout io.Writer) error {
 	micros, err := costCapArg(t.pos[1])
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	if err := t.st.SetWorkCostCap(ctx, t.pos[0], micros); err != nil {
 		return t.notFound(err)
@@ -464,11 +465,11 @@ func token(file string) (string, error) {
 		raw, err = os.ReadFile(file)
 	}
 	if err != nil {
-		return "", configError{fmt.Errorf("--token-from: %w", err)}
+		return "", cli.ConfigError{Err: fmt.Errorf("--token-from: %w", err)}
 	}
 	tok := strings.TrimSpace(string(raw))
 	if !store.ValidToken(tok) {
-		return "", configError{fmt.Errorf("--token-from %s: not a token (24 to 256 letters, digits and _.~-)", file)}
+		return "", cli.ConfigError{Err: fmt.Errorf("--token-from %s: not a token (24 to 256 letters, digits and _.~-)", file)}
 	}
 	return tok, nil
 }
@@ -480,7 +481,7 @@ func showToken(stdout io.Writer, tok, from, out string) error {
 	case out != "":
 		f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
-			return configError{fmt.Errorf("--token-out: %w", err)}
+			return cli.ConfigError{Err: fmt.Errorf("--token-out: %w", err)}
 		}
 		if _, err := fmt.Fprintln(f, tok); err != nil {
 			f.Close()
@@ -553,7 +554,7 @@ func listTenants(ctx context.Context, st *store.Store, stdout io.Writer, asJSON 
 	for _, t := range ts {
 		b := "unlimited"
 		if t.BudgetMicros != nil {
-			b = dollars(*t.BudgetMicros)
+			b = cli.Dollars(*t.BudgetMicros)
 		}
 		var gh []string
 		for _, l := range byTenant[t.ID] {
@@ -570,16 +571,6 @@ func listTenants(ctx context.Context, st *store.Store, stdout io.Writer, asJSON 
 			b, t.BudgetPeriod, t.ActiveTokens, strings.Join(gh, "; "))
 	}
 	return tw.Flush()
-}
-
-// isHelp reports whether args ask for help.
-func isHelp(args []string) bool {
-	for _, a := range args {
-		if a == "-h" || a == "-help" || a == "--help" || a == "help" {
-			return true
-		}
-	}
-	return false
 }
 
 // linkOf is the link `tenant link ID KIND KEY` asks for, checked.
@@ -622,13 +613,11 @@ func setBudget(ctx context.Context, st *store.Store, id string, amount float64, 
 		return st.SetBudgetCounted(ctx, id, nil, period)
 	}
 	if math.IsInf(amount, 0) || math.IsNaN(amount) || amount > 1e9 {
-		return store.Budget{}, configError{fmt.Errorf("budget %s is not a sensible amount of dollars", strconv.FormatFloat(amount, 'f', -1, 64))}
+		return store.Budget{}, cli.ConfigError{Err: fmt.Errorf("budget %s is not a sensible amount of dollars", strconv.FormatFloat(amount, 'f', -1, 64))}
 	}
 	micros := int64(math.Round(amount * 1e6))
 	return st.SetBudgetCounted(ctx, id, &micros, period)
 }
-
-func dollars(micros int64) string { return fmt.Sprintf("%.6f", float64(micros)/1e6) }
 
 // usd prints amounts of micro-dollars as dollars, each with the fewest
 // decimals (2 to 6) that show all of them exactly: $0.0079 of $0.0080.
@@ -706,18 +695,18 @@ func refuseMoveOutOfRegion(ctx context.Context, args []string) error {
 	defer st.Close()
 	home, err := st.TenantRegion(ctx, m.tenant)
 	if errors.Is(err, store.ErrNotFound) {
-		return configError{fmt.Errorf("no tenant %q in the database of the cell that serves it (ASSAY_DATABASE_URL); nothing was held", m.tenant)}
+		return cli.ConfigError{Err: fmt.Errorf("no tenant %q in the database of the cell that serves it (ASSAY_DATABASE_URL); nothing was held", m.tenant)}
 	}
 	if err != nil {
 		return err
 	}
 	switch {
 	case home != target:
-		return configError{fmt.Errorf("tenant %s is of region %s, and cell %s is of region %s: a move goes between cells of "+
+		return cli.ConfigError{Err: fmt.Errorf("tenant %s is of region %s, and cell %s is of region %s: a move goes between cells of "+
 			"the tenant's own region (%s), and a move to another region is not a cell move; nothing was held",
 			m.tenant, home, m.to, target, home)}
 	case m.region != "" && m.region != target:
-		return configError{fmt.Errorf("cell %s is of region %s (tenant %s's), and this is region %s's placement map "+
+		return cli.ConfigError{Err: fmt.Errorf("cell %s is of region %s (tenant %s's), and this is region %s's placement map "+
 			"(ASSAY_REGION, --region): run the move with region %s; nothing was held", m.to, target, m.tenant, m.region, target)}
 	}
 	return nil

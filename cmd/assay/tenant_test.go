@@ -18,6 +18,7 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/consumer"
 	"assay.dev/pkg/devkit/testenv"
@@ -199,7 +200,7 @@ func TestTenantCommands(t *testing.T) {
 	} {
 		var out bytes.Buffer
 		err := tenantCmd(ctx, append(bad, "--region", "us", "--database-url", db), &out)
-		if _, ok := err.(configError); !ok {
+		if _, ok := err.(cli.ConfigError); !ok {
 			t.Errorf("assay tenant %v: %v, want a usage error", bad, err)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/usage"
@@ -55,7 +56,7 @@ events)" to stderr at the end; --after C resumes after the last event.
 // usageCmd is assay usage: reconcile, show or export.
 func usageCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return unknownSub("usage", nil)
+		return tool.UnknownSub("usage", nil)
 	}
 	switch args[0] {
 	case "show":
@@ -85,17 +86,17 @@ func usageReconcile(ctx context.Context, args []string, stdout io.Writer) error 
 	sinceFlag := fs.String("since", "", "RFC 3339 time or duration ago; default: everything")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	if err := fs.Parse(args); err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	if fs.NArg() > 0 {
-		return configError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+		return cli.ConfigError{Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	if *dbURL == "" {
-		return configError{config.Missing("ASSAY_DATABASE_URL")}
+		return cli.ConfigError{Err: config.Missing("ASSAY_DATABASE_URL")}
 	}
 	since, err := parseWhen(*sinceFlag, time.Now())
 	if err != nil {
-		return configError{fmt.Errorf("--since: %w", err)}
+		return cli.ConfigError{Err: fmt.Errorf("--since: %w", err)}
 	}
 	st, err := openStore(ctx, *dbURL)
 	if err != nil {
@@ -215,7 +216,7 @@ func providerCheck(ctx context.Context, st *store.Store, url string, since time.
 	url = statsEndpoint(url)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return c, configError{fmt.Errorf("--provider-stats: %w", err)}
+		return c, cli.ConfigError{Err: fmt.Errorf("--provider-stats: %w", err)}
 	}
 	cl := &http.Client{Timeout: 10 * time.Second}
 	resp, err := cl.Do(req)
@@ -277,27 +278,27 @@ func usageShow(ctx context.Context, args []string, stdout io.Writer) error {
 	untilFlag := fs.String("until", "", "RFC 3339 time or duration ago; default: now")
 	asJSON := fs.Bool("json", false, "print the JSON object GET /v1/usage answers")
 	if err := fs.Parse(args); err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	switch {
 	case fs.NArg() > 0:
-		return configError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+		return cli.ConfigError{Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	case *tenant == "":
-		return configError{errors.New("--tenant is required")}
+		return cli.ConfigError{Err: errors.New("--tenant is required")}
 	}
 	now := time.Now()
 	since, err := parseWhen(*sinceFlag, now)
 	if err != nil {
-		return configError{fmt.Errorf("--since: %w", err)}
+		return cli.ConfigError{Err: fmt.Errorf("--since: %w", err)}
 	}
 	until := now
 	if *untilFlag != "" {
 		if until, err = parseWhen(*untilFlag, now); err != nil {
-			return configError{fmt.Errorf("--until: %w", err)}
+			return cli.ConfigError{Err: fmt.Errorf("--until: %w", err)}
 		}
 	}
 	if !since.Before(until) {
-		return configError{fmt.Errorf("--until %s is not after --since %s", cmpOr(*untilFlag, "now"), cmpOr(*sinceFlag, "the start"))}
+		return cli.ConfigError{Err: fmt.Errorf("--until %s is not after --since %s", cmpOr(*untilFlag, "now"), cmpOr(*sinceFlag, "the start"))}
 	}
 	st, err := openStore(ctx, *dbURL)
 	if err != nil {

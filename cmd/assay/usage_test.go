@@ -13,6 +13,7 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/price"
@@ -121,7 +122,7 @@ func TestUsageReconcile(t *testing.T) {
 		t.Fatalf("corrupted cell reconciled:\n%s", out.String())
 	}
 	t.Logf("%v\n%s", err, out.String())
-	var ce configError
+	var ce cli.ConfigError
 	if errors.As(err, &ce) {
 		t.Fatalf("a difference is reported as a bad setting: %v", err)
 	}
@@ -161,7 +162,7 @@ func TestUsageReconcile(t *testing.T) {
 
 	for _, bad := range [][]string{{"--since", "yesterday", "--database-url", dbURL}, {"--database-url", ""}, {"--nope"}} {
 		if err := usageReconcile(ctx, bad, &out); !errors.As(err, &ce) {
-			t.Errorf("%v: error %v, want a configError", bad, err)
+			t.Errorf("%v: error %v, want a cli.ConfigError", bad, err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
@@ -116,7 +117,7 @@ func parseExportFlags(args []string) (exportFlags, error) {
 func usageExport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f, err := parseExportFlags(args)
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	st, err := openStore(ctx, f.dbURL)
 	if err != nil {

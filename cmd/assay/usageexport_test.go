@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/devkit/storetest"
 	"assay.dev/pkg/store"
 )
@@ -316,7 +317,7 @@ func TestUsageExportRefusesBadFlags(t *testing.T) {
 	} {
 		args := append([]string{"--database-url", "postgres://postgres@127.0.0.1:1/none", "--region", "us"}, c.args...)
 		err := usageExport(context.Background(), args, &bytes.Buffer{}, &bytes.Buffer{})
-		if _, ok := err.(configError); !ok || !strings.Contains(err.Error(), c.want) {
+		if _, ok := err.(cli.ConfigError); !ok || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v, want a setting error naming %s", c.args, err, c.want)
 		}
 	}

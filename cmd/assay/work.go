@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/api"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
@@ -60,7 +61,7 @@ func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return workAPI(ctx, args[0], args[1:], stdout)
 	}
 	if len(args) == 0 || (args[0] != "rerun" && args[0] != "rest") {
-		return unknownSub("work", args)
+		return tool.UnknownSub("work", args)
 	}
 	verb := args[0]
 	fs := flag.NewFlagSet("assay work "+verb, flag.ContinueOnError)
@@ -72,27 +73,27 @@ func workCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	var pos []string
 	for rest := args[1:]; len(rest) > 0; {
 		if err := fs.Parse(rest); err != nil {
-			return configError{fmt.Errorf("%v\n%s", err, workUsage)}
+			return cli.ConfigError{Err: fmt.Errorf("%v\n%s", err, workUsage)}
 		}
 		if rest = fs.Args(); len(rest) > 0 {
 			pos, rest = append(pos, rest[0]), rest[1:]
 		}
 	}
 	if len(pos) != 1 {
-		return configError{fmt.Errorf("work %s takes one work id, got %d\n%s", verb, len(pos), workUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("work %s takes one work id, got %d\n%s", verb, len(pos), workUsage)}
 	}
 	if *deadline <= 0 {
-		return configError{fmt.Errorf("--deadline: %s is not a positive duration", *deadline)}
+		return cli.ConfigError{Err: fmt.Errorf("--deadline: %s is not a positive duration", *deadline)}
 	}
 	if verb == "rest" && *costCap <= 0 {
-		return configError{fmt.Errorf("work rest needs --cost-cap, a positive number of micro-dollars (the partial review's check run gives what the parts left are estimated at)")}
+		return cli.ConfigError{Err: fmt.Errorf("work rest needs --cost-cap, a positive number of micro-dollars (the partial review's check run gives what the parts left are estimated at)")}
 	}
 	if verb == "rerun" && *costCap != 0 {
-		return configError{fmt.Errorf("--cost-cap is for work rest")}
+		return cli.ConfigError{Err: fmt.Errorf("--cost-cap is for work rest")}
 	}
 	cfg, err := config.Load("assay work", []string{"--region", *region, "--database-url", *dbURL}, regionsOnly, config.Need{})
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	st, err := openStore(ctx, *dbURL)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/api"
 	"assay.dev/pkg/outcome"
 )
@@ -47,21 +48,9 @@ const workAPIUsage = `
   FILE; list without a token reads the cell's Postgres as an operator.
 `
 
-// apiClient calls the cell's HTTP API as a tenant.
-type apiClient struct {
-	base, token string
-	http        *http.Client
-}
-
-// apiError is a refusal the API answered: its status, code and message.
-type apiError struct {
-	Status        int
-	Code, Message string
-}
-
-func (e *apiError) Error() string {
-	return fmt.Sprintf("HTTP %d %s: %s", e.Status, e.Code, e.Message)
-}
+// apiClient is the tenant's client of the cell's HTTP API, with the work
+// commands' calls.
+type apiClient struct{ *cli.APIClient }
 
 // apiFlags adds --url and --token-file to fs; client makes the client
 // they name once fs is parsed.
@@ -74,13 +63,13 @@ func apiFlags(fs *flag.FlagSet) (client func() (*apiClient, error)) {
 			return nil, err
 		}
 		if *base == "" {
-			return nil, configError{errors.New("--url: no cell named (set --url or $ASSAY_URL to the cell's ingress, http://host:port)")}
+			return nil, cli.ConfigError{Err: errors.New("--url: no cell named (set --url or $ASSAY_URL to the cell's ingress, http://host:port)")}
 		}
 		u, err := url.Parse(*base)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, configError{fmt.Errorf("--url: %q is not an http(s) address of the cell's ingress", *base)}
+			return nil, cli.ConfigError{Err: fmt.Errorf("--url: %q is not an http(s) address of the cell's ingress", *base)}
 		}
-		return &apiClient{base: strings.TrimRight(*base, "/"), token: token, http: &http.Client{}}, nil
+		return &apiClient{&cli.APIClient{Base: strings.TrimRight(*base, "/"), Token: token, HTTP: &http.Client{}}}, nil
 	}
 }
 
@@ -100,64 +89,17 @@ func tenantToken(file string) (string, error) {
 	if file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {
-			return "", configError{fmt.Errorf("--token-file: %w", err)}
+			return "", cli.ConfigError{Err: fmt.Errorf("--token-file: %w", err)}
 		}
 		if t := strings.TrimSpace(string(b)); t != "" {
 			return t, nil
 		}
-		return "", configError{fmt.Errorf("--token-file: %s is empty", file)}
+		return "", cli.ConfigError{Err: fmt.Errorf("--token-file: %s is empty", file)}
 	}
 	if t := strings.TrimSpace(os.Getenv("ASSAY_TOKEN")); t != "" {
 		return t, nil
 	}
-	return "", configError{errors.New("no tenant token: set $ASSAY_TOKEN or --token-file FILE")}
-}
-
-// call sends one request and decodes a 2xx answer's body into out (when
-// not nil); any other answer is an *apiError.
-func (c *apiClient) call(ctx context.Context, method, path string, body []byte, out any) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return resp.StatusCode, err
-	}
-	if resp.StatusCode/100 != 2 {
-		return resp.StatusCode, decodeAPIError(resp.StatusCode, raw)
-	}
-	if out != nil {
-		if err := json.Unmarshal(raw, out); err != nil {
-			return resp.StatusCode, fmt.Errorf("%s %s: the answer is not what the API describes: %w", method, path, err)
-		}
-	}
-	return resp.StatusCode, nil
-}
-
-func decodeAPIError(status int, raw []byte) error {
-	var e struct {
-		Error struct{ Code, Message string }
-	}
-	if json.Unmarshal(raw, &e) != nil || e.Error.Code == "" {
-		return &apiError{Status: status, Code: "unknown", Message: strings.TrimSpace(string(raw))}
-	}
-	return &apiError{Status: status, Code: e.Error.Code, Message: e.Error.Message}
+	return "", cli.ConfigError{Err: errors.New("no tenant token: set $ASSAY_TOKEN or --token-file FILE")}
 }
 
 // workAPI runs submit, get and watch, and list when a token is at hand.
@@ -182,10 +124,10 @@ func workAPI(ctx context.Context, verb string, args []string, stdout io.Writer) 
 		pos = []string{"-"}
 	}
 	if len(pos) != want {
-		return configError{fmt.Errorf("work %s takes %d argument(s), got %d\n%s", verb, want, len(pos), workUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("work %s takes %d argument(s), got %d\n%s", verb, want, len(pos), workUsage)}
 	}
 	if *giveUp <= 0 {
-		return configError{fmt.Errorf("--give-up-after: %s is not a positive duration", *giveUp)}
+		return cli.ConfigError{Err: fmt.Errorf("--give-up-after: %s is not a positive duration", *giveUp)}
 	}
 	c, err := client()
 	if err != nil {
@@ -196,7 +138,7 @@ func workAPI(ctx context.Context, verb string, args []string, stdout io.Writer) 
 		return c.submit(ctx, pos[0], *watch, *giveUp, stdout)
 	case "get":
 		var v json.RawMessage
-		if _, err := c.call(ctx, http.MethodGet, "/v1/work/"+url.PathEscape(pos[0]), nil, &v); err != nil {
+		if _, err := c.Call(ctx, http.MethodGet, "/v1/work/"+url.PathEscape(pos[0]), nil, &v); err != nil {
 			return err
 		}
 		return printIndented(stdout, v)
@@ -224,7 +166,7 @@ func workListQuery(state, lane, after, since string, limit int) (url.Values, err
 	if since != "" {
 		at, err := sinceTime(since)
 		if err != nil {
-			return nil, configError{fmt.Errorf("--since: %v", err)}
+			return nil, cli.ConfigError{Err: fmt.Errorf("--since: %v", err)}
 		}
 		q.Set("since", at.UTC().Format(time.RFC3339Nano))
 	}
@@ -236,7 +178,7 @@ func workListQuery(state, lane, after, since string, limit int) (url.Values, err
 func (c *apiClient) list(ctx context.Context, q url.Values, asJSON bool, stdout io.Writer) error {
 	var list api.WorkList
 	var raw json.RawMessage
-	if _, err := c.call(ctx, http.MethodGet, "/v1/work?"+q.Encode(), nil, &raw); err != nil {
+	if _, err := c.Call(ctx, http.MethodGet, "/v1/work?"+q.Encode(), nil, &raw); err != nil {
 		return err
 	}
 	if asJSON {
@@ -291,13 +233,13 @@ func (c *apiClient) submit(ctx context.Context, file string, watch bool, giveUp 
 		body, err = os.ReadFile(file)
 	}
 	if err != nil {
-		return configError{fmt.Errorf("read the request: %w", err)}
+		return cli.ConfigError{Err: fmt.Errorf("read the request: %w", err)}
 	}
 	if !json.Valid(body) {
-		return configError{fmt.Errorf("%s is not JSON: the request is an object with contract, sourceId, revision and input", file)}
+		return cli.ConfigError{Err: fmt.Errorf("%s is not JSON: the request is an object with contract, sourceId, revision and input", file)}
 	}
 	var raw json.RawMessage
-	if _, err := c.call(ctx, http.MethodPost, "/v1/work", body, &raw); err != nil {
+	if _, err := c.Call(ctx, http.MethodPost, "/v1/work", body, &raw); err != nil {
 		return err
 	}
 	if !watch {
@@ -351,7 +293,7 @@ func (c *apiClient) watch(ctx context.Context, id string, giveUp time.Duration, 
 		if done {
 			return err
 		}
-		var refused *apiError
+		var refused *cli.APIError
 		if errors.As(err, &refused) && refused.Status/100 == 4 && refused.Status != http.StatusTooManyRequests {
 			return err // retrying cannot help: a wrong id, token or mark
 		}
@@ -373,16 +315,16 @@ func (c *apiClient) watch(ctx context.Context, id string, giveUp time.Duration, 
 // follow reads one connection's events; done says the work's stream ended
 // (or err cannot be retried), got that some event came.
 func (c *apiClient) follow(ctx context.Context, id, last string, on func(sseFrame) error) (done, got bool, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/work/"+url.PathEscape(id)+"/events", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+"/v1/work/"+url.PathEscape(id)+"/events", nil)
 	if err != nil {
 		return true, false, err
 	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Authorization", "Bearer "+c.Token)
 	req.Header.Set("Accept", "text/event-stream")
 	if last != "" {
 		req.Header.Set("Last-Event-ID", last)
 	}
-	resp, err := c.http.Do(req)
+	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return ctx.Err() != nil, false, err
 	}
@@ -392,7 +334,7 @@ func (c *apiClient) follow(ctx context.Context, id, last string, on func(sseFram
 		return true, false, nil
 	case resp.StatusCode != http.StatusOK:
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		return false, false, decodeAPIError(resp.StatusCode, raw)
+		return false, false, cli.DecodeAPIError(resp.StatusCode, raw)
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)

@@ -19,6 +19,7 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/store"
 	"assay.dev/services/ingress"
@@ -103,7 +104,7 @@ func TestTenantWorkCommands(t *testing.T) {
 		t.Fatalf("list --json: %v %q", err, out)
 	}
 
-	var refused *apiError
+	var refused *cli.APIError
 	for _, args := range [][]string{{"get", workID}, {"watch", workID}} {
 		if out, err := work(other, args...); !errors.As(err, &refused) || refused.Status != 404 || refused.Code != "not_found" {
 			t.Errorf("%v with another tenant's token: %v %q, want 404 not_found", args, err, out)
@@ -119,7 +120,7 @@ func TestTenantWorkCommands(t *testing.T) {
 	if _, err := work(acme, "submit", bad); err == nil || !strings.Contains(err.Error(), "not JSON") {
 		t.Errorf("submit of a file that is not JSON: %v", err)
 	}
-	var cerr configError
+	var cerr cli.ConfigError
 	if err := workCmd(ctx, []string{"get", workID, "--url", b.Cell.URL}, &bytes.Buffer{}); !errors.As(err, &cerr) ||
 		!strings.Contains(err.Error(), "ASSAY_TOKEN") {
 		t.Errorf("get without a token: %v, want a setting error naming $ASSAY_TOKEN", err)

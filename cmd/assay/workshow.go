@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/api"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/event"
@@ -85,7 +86,7 @@ func workShow(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return configError{fmt.Errorf("work show takes one work id, got %d\n%s", len(pos), workUsage+"\n"+workShowFollows)}
+		return cli.ConfigError{Err: fmt.Errorf("work show takes one work id, got %d\n%s", len(pos), workUsage+"\n"+workShowFollows)}
 	}
 	cfg, err := loadCell("assay work", *region, *dbURL)
 	if err != nil {
@@ -446,7 +447,7 @@ func parseWorkListFlags(args []string) (workListFlags, error) {
 		return f, err
 	}
 	if len(pos) > 0 {
-		return f, configError{fmt.Errorf("unexpected argument %q\n%s", pos[0], workUsage)}
+		return f, cli.ConfigError{Err: fmt.Errorf("unexpected argument %q\n%s", pos[0], workUsage)}
 	}
 	return f, nil
 }
@@ -459,32 +460,32 @@ func (fl workListFlags) filter() (store.WorkFilter, error) {
 			continue
 		}
 		if !slices.Contains(outcome.WorkStates, s) {
-			return f, configError{fmt.Errorf("--state: %q is not one of %s", s, strings.Join(outcome.WorkStates, ", "))}
+			return f, cli.ConfigError{Err: fmt.Errorf("--state: %q is not one of %s", s, strings.Join(outcome.WorkStates, ", "))}
 		}
 		f.States = append(f.States, s)
 	}
 	switch {
 	case f.Tenant != "" && !event.ValidToken(f.Tenant):
-		return f, configError{fmt.Errorf("--tenant: %q is not a tenant id", f.Tenant)}
+		return f, cli.ConfigError{Err: fmt.Errorf("--tenant: %q is not a tenant id", f.Tenant)}
 	case f.Lane != "" && !event.ValidLane(f.Lane):
-		return f, configError{fmt.Errorf("--lane: %q is not a lane (%s)", f.Lane, strings.Join(event.Lanes, ", "))}
+		return f, cli.ConfigError{Err: fmt.Errorf("--lane: %q is not a lane (%s)", f.Lane, strings.Join(event.Lanes, ", "))}
 	case f.Limit < 1 || f.Limit > 1000:
-		return f, configError{fmt.Errorf("--limit: %d is not from 1 to 1000", f.Limit)}
+		return f, cli.ConfigError{Err: fmt.Errorf("--limit: %d is not from 1 to 1000", f.Limit)}
 	}
 	now := time.Now()
 	var err error
 	if f.Since, err = parseWhen(fl.since, now); err != nil {
-		return f, configError{fmt.Errorf("--since: %w", err)}
+		return f, cli.ConfigError{Err: fmt.Errorf("--since: %w", err)}
 	}
 	if f.Until, err = parseWhen(fl.until, now); err != nil {
-		return f, configError{fmt.Errorf("--until: %w", err)}
+		return f, cli.ConfigError{Err: fmt.Errorf("--until: %w", err)}
 	}
 	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Until.After(f.Since) {
-		return f, configError{fmt.Errorf("--until %s is not after --since %s", fl.until, fl.since)}
+		return f, cli.ConfigError{Err: fmt.Errorf("--until %s is not after --since %s", fl.until, fl.since)}
 	}
 	if fl.after != "" {
 		if f.AfterCreated, f.AfterID, err = store.ParseWorkCursor(fl.after); err != nil {
-			return f, configError{fmt.Errorf("--after: %w", err)}
+			return f, cli.ConfigError{Err: fmt.Errorf("--after: %w", err)}
 		}
 	}
 	return f, nil

@@ -70,9 +70,6 @@ type target struct {
 	Name   string // binary and image name
 	Module string // module directory, relative to the repository root
 	Pkg    string // main package, relative to Module
-	// Tags are the build tags it is built with: the image's assay is the
-	// operator build, without the development commands and what they link.
-	Tags string
 	// Port is the port of the binary's default ASSAY_HTTP_ADDR
 	// (config.Need.HTTPAddr in its main.go); 0 for a binary that serves none.
 	Port int
@@ -83,7 +80,7 @@ type target struct {
 }
 
 var targets = []target{
-	{Name: "assay", Module: "cmd/assay", Pkg: ".", Tags: "operator", Doc: "assay operator tool: tenants, credentials, NATS configuration, usage"},
+	{Name: "assay", Module: "cmd/assay", Pkg: ".", Doc: "assay operator tool: tenants, credentials, NATS configuration, usage"},
 	{Name: "ingress", Module: "services/ingress", Pkg: "./cmd/ingress", Port: 8080, MetricsPort: 9090, Doc: "assay ingress: one cell's API, GitHub webhooks and usage"},
 	{Name: "classifier", Module: "services/classifier", Pkg: "./cmd/classifier", Port: 8081, MetricsPort: 9091, Doc: "assay classifier: claims work and calls the model"},
 	{Name: "committer", Module: "services/committer", Pkg: "./cmd/committer", Port: 8082, MetricsPort: 9092, Doc: "assay committer: gates and commits results"},
@@ -484,7 +481,7 @@ func buildBinaries(ctx context.Context, o options, dir string, stderr io.Writer)
 				return
 			}
 			out := filepath.Join(dir, t.Name)
-			cmd := exec.CommandContext(ctx, o.Go, "build", "-trimpath", "-tags", t.Tags,
+			cmd := exec.CommandContext(ctx, o.Go, "build", "-trimpath",
 				"-ldflags", "-X "+versionVar+"="+o.Version, "-o", out, t.Pkg)
 			cmd.Dir = filepath.Join(o.Root, t.Module)
 			cmd.Env = append(os.Environ(), "GOWORK=off", "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+o.Arch)

@@ -299,11 +299,12 @@ func TestImages(t *testing.T) {
 				}
 			}
 			if tg.Name == "assay" {
-				// The image's assay is the operator build: the development
-				// commands are not in it, and saying so is a usage error.
+				// The image's assay is the operator's tool: the development
+				// commands are in assay-dev, and asking for one is a usage
+				// error that says where it went.
 				out, code := runEntrypoint(t, root, c, nil, "dev")
-				if code != 2 || !strings.Contains(out, "development command") {
-					t.Errorf("the image's assay dev exited %d with %q, want 2 naming a development command", code, out)
+				if code != 2 || !strings.Contains(out, "development commands are in assay-dev") {
+					t.Errorf("the image's assay dev exited %d with %q, want 2 naming assay-dev", code, out)
 				}
 			}
 			if tg.Name == "ingress" {

@@ -375,10 +375,10 @@ func (e *Dev) Token(tenant string) string {
 
 // PrintEndpoints prints what a person needs to use the cells by hand:
 // each cell's endpoints, the tokens, and the line that sets CELL and TOKEN
-// for the README's examples (assay dev --serve prints its own export line
+// for the README's examples (assay-dev dev --serve prints its own export line
 // for assay's commands after it).
 func (e *Dev) PrintEndpoints(w io.Writer) {
-	fmt.Fprintf(w, "assay dev: cells %s are up (Ctrl-C stops everything)\n", strings.Join(e.Regions, ", "))
+	fmt.Fprintf(w, "assay-dev dev: cells %s are up (Ctrl-C stops everything)\n", strings.Join(e.Regions, ", "))
 	fmt.Fprintf(w, "  NATS (embedded, JetStream)  %s\n", e.NATS.ClientURL())
 	if e.pg != nil {
 		fmt.Fprintf(w, "  Postgres (throwaway)        %s\n", e.baseDB)

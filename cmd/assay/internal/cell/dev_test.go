@@ -13,7 +13,7 @@ import (
 	"assay.dev/pkg/devkit/testenv"
 )
 
-// assay dev --serve on the same ports and with the same tokens run after
+// assay-dev dev --serve on the same ports and with the same tokens run after
 // run, printing every endpoint, the operator token and the export line the
 // examples of docs/ use; a taken port falls back to a free one. Each
 // cell's metrics are on a free port of their own, printed, and the API's

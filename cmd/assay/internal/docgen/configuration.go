@@ -56,7 +56,7 @@ func groupOf(ss *settings, s *setting) string {
 	for _, by := range readers {
 		if s.readBy(by) {
 			switch by {
-			case "assay", "assay dev", "chaos":
+			case "assay", "assay-dev", "chaos":
 				return "assay"
 			}
 			return by
@@ -71,7 +71,7 @@ var groups = []struct{ key, title, intro string }{
 	{"classifier", "classifier", "The classifier's own settings."},
 	{"committer", "committer", "The committer's own settings."},
 	{"ledger", "ledger", "The ledger's own settings."},
-	{"assay", "The assay command", "Read by `assay`'s commands alone."},
+	{"assay", "The assay commands", "Read by `assay`'s and `assay-dev`'s commands alone, not by the services."},
 	{"tests", "Tests", "Read by `make test`'s tests and the test kit (`pkg/devkit/testenv`), never by a binary."},
 }
 

@@ -171,7 +171,7 @@ func TestEverySettingHasAMeaning(t *testing.T) {
 		}
 	}
 	for name, by := range map[string]string{"ASSAY_SHED": "ingress", "ASSAY_LEASE_TTL": "classifier", "ASSAY_PUBLISH_DEADLINE": "committer",
-		"ASSAY_LEDGER_GROUP_WAIT": "ledger", "ASSAY_URL": "assay", "ASSAY_MODEL": "assay dev", "ASSAY_TEST_NATS_URL": "tests"} {
+		"ASSAY_LEDGER_GROUP_WAIT": "ledger", "ASSAY_URL": "assay", "ASSAY_MODEL": "assay-dev", "ASSAY_TEST_NATS_URL": "tests"} {
 		if s := ss.byName[name]; s == nil || !s.readBy(by) {
 			t.Errorf("%s is not found read by %s", name, by)
 		}

@@ -41,13 +41,14 @@ var varsOf = map[string][]config.Var{
 // generator: name its binary here.
 var readerOf = map[string]string{
 	"cmd/assay":               "assay",
-	"cmd/assay/internal/cell": "assay dev",
+	"cmd/assay/assay-dev":     "assay-dev",
+	"cmd/assay/internal/cell": "assay-dev",
 	"cmd/chaos":               "chaos",
 	"pkg/devkit/testenv":      "tests",
 }
 
 // readers is the order the reference names readers in.
-var readers = []string{"ingress", "classifier", "committer", "ledger", "assay", "assay dev", "chaos", "tests"}
+var readers = []string{"ingress", "classifier", "committer", "ledger", "assay", "assay-dev", "chaos", "tests"}
 
 // prefixed are the variables whose names the code makes from a prefix,
 // each with the name the reference gives it.
@@ -113,7 +114,7 @@ func cmpOr(a, b string) string {
 
 // readSettings finds every variable the binaries under root read: each
 // service's config.Load settings and Vars, as its main names them, then
-// what the assay command, its dev mode, the chaos harness and the tests
+// what the assay command, assay-dev, the chaos harness and the tests
 // read from the environment themselves.
 func readSettings(root string) (*settings, error) {
 	ss := &settings{byName: map[string]*setting{}, shared: map[string]bool{}}

@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (
@@ -30,6 +28,7 @@ import (
 
 	"assay.dev/cmd/assay/internal/cell"
 	"assay.dev/cmd/assay/internal/cell/celltest"
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/devpg"
 	"assay.dev/pkg/devkit/sim"
@@ -39,7 +38,7 @@ import (
 	"assay.dev/services/ingress"
 )
 
-const benchPipeUsage = `usage: assay bench pipeline [-n 20000] [-c 8,32] [--runs 1] [--peer DIR] [--answer constant|reviewer]
+const benchPipeUsage = `usage: assay-dev bench pipeline [-n 20000] [-c 8,32] [--runs 1] [--peer DIR] [--answer constant|reviewer]
        [--tenants 4] [--pool N] [--rate R] [--statements] [--cpuprofile FILE] [--log FILE]
 
 N distinct code reviews posted through HTTP ingress by C keep-alive clients
@@ -94,7 +93,7 @@ type pipeFlags struct {
 // parsePipeFlags reads bench pipeline's flags and checks them.
 func parsePipeFlags(args []string) (*pipeFlags, error) {
 	f := &pipeFlags{}
-	fs := flag.NewFlagSet("assay bench pipeline", flag.ContinueOnError)
+	fs := flag.NewFlagSet("assay-dev bench pipeline", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.IntVar(&f.n, "n", 20000, "distinct work items to post")
 	fs.StringVar(&f.cs, "c", "8,32", "concurrent clients, comma separated: one series each")
@@ -108,7 +107,7 @@ func parsePipeFlags(args []string) (*pipeFlags, error) {
 	fs.StringVar(&f.logTo, "log", "", "write the cell's JSON logs (decisions included) to this file")
 	fs.Float64Var(&f.rate, "rate", 0, "post open loop at this many items a second (C bounds the posts in flight) instead of C clients in a closed loop")
 	if err := fs.Parse(args); err != nil {
-		return nil, configError{fmt.Errorf("%v\n%s", err, benchPipeUsage)}
+		return nil, cli.ConfigError{Err: fmt.Errorf("%v\n%s", err, benchPipeUsage)}
 	}
 	if err := f.validate(); err != nil {
 		return nil, err
@@ -121,28 +120,28 @@ func (f *pipeFlags) validate() error {
 	for _, s := range strings.Split(f.cs, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || c < 1 || c > 1024 {
-			return configError{fmt.Errorf("-c: %q is not a list of client counts from 1 to 1024", f.cs)}
+			return cli.ConfigError{Err: fmt.Errorf("-c: %q is not a list of client counts from 1 to 1024", f.cs)}
 		}
 		f.clients = append(f.clients, c)
 	}
 	if f.answer != "constant" && f.answer != "reviewer" {
-		return configError{fmt.Errorf("--answer: %q is neither constant nor reviewer", f.answer)}
+		return cli.ConfigError{Err: fmt.Errorf("--answer: %q is neither constant nor reviewer", f.answer)}
 	}
 	if f.tenants < 1 || f.tenants > 100_000 {
-		return configError{fmt.Errorf("--tenants: %d is not from 1 to 100000", f.tenants)}
+		return cli.ConfigError{Err: fmt.Errorf("--tenants: %d is not from 1 to 100000", f.tenants)}
 	}
 	if f.n < 1 || f.runs < 1 {
-		return configError{errors.New("-n and --runs must be positive")}
+		return cli.ConfigError{Err: errors.New("-n and --runs must be positive")}
 	}
 	if f.rate < 0 || f.rate > 100_000 {
-		return configError{fmt.Errorf("--rate: %g is not from 0 to 100000 items a second", f.rate)}
+		return cli.ConfigError{Err: fmt.Errorf("--rate: %g is not from 0 to 100000 items a second", f.rate)}
 	}
 	if f.rate > 0 && f.peer != "" {
-		return configError{errors.New("--rate with --peer: the River build posts in a closed loop only; run it on its own with -c")}
+		return cli.ConfigError{Err: errors.New("--rate with --peer: the River build posts in a closed loop only; run it on its own with -c")}
 	}
 	if f.peer != "" {
 		if st, err := os.Stat(filepath.Join(f.peer, "go.mod")); err != nil || st.IsDir() {
-			return configError{fmt.Errorf("--peer: %s holds no go.mod", f.peer)}
+			return cli.ConfigError{Err: fmt.Errorf("--peer: %s holds no go.mod", f.peer)}
 		}
 	}
 	return nil
@@ -161,7 +160,7 @@ func benchPipeline(ctx context.Context, args []string, stdout io.Writer) error {
 	if f.cpuProfile != "" {
 		prof, err := os.Create(f.cpuProfile)
 		if err != nil {
-			return configError{fmt.Errorf("--cpuprofile: %w", err)}
+			return cli.ConfigError{Err: fmt.Errorf("--cpuprofile: %w", err)}
 		}
 		defer prof.Close()
 		if err := pprof.StartCPUProfile(prof); err != nil {

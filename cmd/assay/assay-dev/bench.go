@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (
@@ -24,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/admission"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/devpg"
@@ -37,7 +36,7 @@ import (
 	"assay.dev/services/ingress"
 )
 
-const benchUsage = `usage: assay bench goodput [--scenarios 1,2,3,4,5,6,7,8,9] [--quick]
+const benchUsage = `usage: assay-dev bench goodput [--scenarios 1,2,3,4,5,6,7,8,9] [--quick]
 
 Runs each scenario against the simulated provider over real JetStream
 (embedded) and Postgres (ASSAY_DATABASE_URL, else a throwaway cluster),
@@ -111,21 +110,21 @@ func benchCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return benchMove(ctx, args[1:], stdout)
 	}
 	if len(args) == 0 || args[0] != "goodput" {
-		return unknownSub("bench", args)
+		return tool.UnknownSub("bench", args)
 	}
-	fs := flag.NewFlagSet("assay bench goodput", flag.ContinueOnError)
+	fs := flag.NewFlagSet("assay-dev bench goodput", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	which := fs.String("scenarios", "1,2,3,4,5,6,7,8", "comma-separated scenario numbers")
 	quick := fs.Bool("quick", false, "shorten every load phase tenfold")
 	logTo := fs.String("log", "", "write the cells' JSON logs (decisions included) to this file")
 	if err := fs.Parse(args[1:]); err != nil {
-		return configError{fmt.Errorf("%v\n%s", err, benchUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("%v\n%s", err, benchUsage)}
 	}
 	want := map[int]bool{}
 	for _, f := range strings.Split(*which, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 || n > 9 {
-			return configError{fmt.Errorf("--scenarios: %q is not a list of 1-9", *which)}
+			return cli.ConfigError{Err: fmt.Errorf("--scenarios: %q is not a list of 1-9", *which)}
 		}
 		want[n] = true
 	}
@@ -453,14 +452,14 @@ func benchLogFile(path string) (io.Writer, func(), error) {
 	}
 	f, err := os.Create(path)
 	if err != nil {
-		return nil, nil, configError{fmt.Errorf("--log: %w", err)}
+		return nil, nil, cli.ConfigError{Err: fmt.Errorf("--log: %w", err)}
 	}
 	return f, func() { f.Close() }, nil
 }
 
 // benchDB creates a fresh database on the server of base and returns its
 // URL and a function that drops it. Each service opens its own pool on it
-// (ASSAY_DATABASE_POOL's default, or --pool), as in assay dev; the URL
+// (ASSAY_DATABASE_POOL's default, or --pool), as in assay-dev dev; the URL
 // names no pool size of its own, which every pool would take.
 func benchDB(ctx context.Context, base, name string) (string, func(), error) {
 	dbURL, err := cell.CreateDatabase(ctx, base, name)

@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (
@@ -12,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -25,25 +25,26 @@ import (
 	"assay.dev/pkg/devkit/testenv"
 )
 
-// notExported are the variables assay's commands read that assay dev
+// notExported are the variables assay's commands read that assay-dev dev
 // --serve's export line leaves out, and why.
 var notExported = map[string]string{
 	"ASSAY_HTTP_ADDR":             "assay sim's own listen address: it reaches no cell",
 	"ASSAY_PUBLISH_DEADLINE":      "assay publish retry's fresh deadline, a choice with a default",
-	"ASSAY_PLACEMENT_NATS_URL":    "the region's account; unset, the placement map is the cell's own, which ASSAY_NATS_URL reaches, as in assay dev",
-	"ASSAY_CELLS":                 "rollout --all-cells's cells; unset, a cell per region of ASSAY_REGIONS, which the line exports: assay dev's cells exactly",
-	"ASSAY_GITHUB_WEBHOOK_SECRET": "assay dev webhook's override of the secret serve keeps",
-	"ASSAY_GITHUB_API_URL":        "assay dev --serve's choice of the user's GitHub over the fake one",
+	"ASSAY_PLACEMENT_NATS_URL":    "the region's account; unset, the placement map is the cell's own, which ASSAY_NATS_URL reaches, as in assay-dev dev",
+	"ASSAY_CELLS":                 "rollout --all-cells's cells; unset, a cell per region of ASSAY_REGIONS, which the line exports: assay-dev dev's cells exactly",
+	"ASSAY_GITHUB_WEBHOOK_SECRET": "assay-dev dev webhook's override of the secret serve keeps",
+	"ASSAY_GITHUB_API_URL":        "assay-dev dev --serve's choice of the user's GitHub over the fake one",
 	"ASSAY_GITHUB_APP_ID":         "the same",
 	"ASSAY_GITHUB_APP_KEY_FILE":   "the same",
 	"ASSAY_GITHUB_TOKEN":          "the same",
 }
 
-// The export line assay dev --serve prints names exactly the variables
-// assay's commands read (found in this package's source: os.Getenv and
-// envOr of a name, every name a pass-through getenv such as operatorEnv
-// answers, and the required settings of config.Load when it is handed
-// os.Getenv), less those notExported says why it leaves out.
+// The export line assay-dev dev --serve prints names exactly the variables
+// assay's commands read (found in the source of assay, .., and of this
+// package: os.Getenv and envOr of a name, every name a pass-through getenv
+// such as operatorEnv answers, and the required settings of config.Load
+// when it is handed os.Getenv), less those notExported says why it leaves
+// out.
 func TestServeExportsWhatTheCommandsRead(t *testing.T) {
 	read := envRead(t)
 	exported := map[string]bool{}
@@ -52,12 +53,12 @@ func TestServeExportsWhatTheCommandsRead(t *testing.T) {
 	}
 	for name, at := range read {
 		if !exported[name] && notExported[name] == "" {
-			t.Errorf("%s is read (%s) but assay dev --serve does not export it: add it to cellEnv, or to notExported with why", name, at)
+			t.Errorf("%s is read (%s) but assay-dev dev --serve does not export it: add it to cellEnv, or to notExported with why", name, at)
 		}
 	}
 	for name := range exported {
 		if read[name] == "" {
-			t.Errorf("assay dev --serve exports %s, which no command reads", name)
+			t.Errorf("assay-dev dev --serve exports %s, which no command reads", name)
 		}
 		if notExported[name] != "" {
 			t.Errorf("%s is both exported and left out", name)
@@ -75,27 +76,33 @@ func TestServeExportsWhatTheCommandsRead(t *testing.T) {
 	}
 }
 
-// envRead finds, in this package's non-test source, the variables read
-// from the environment, each with where it is first read.
+// envRead finds, in the non-test source of assay (..) and of assay-dev
+// (.), the variables read from the environment, each with where it is
+// first read.
 func envRead(t *testing.T) map[string]string {
 	fset := gotoken.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	read := map[string]string{}
 	add := func(name string, at gotoken.Pos) {
 		if read[name] == "" {
 			read[name] = fset.Position(at).String()
 		}
 	}
-	for _, f := range pkgs["main"].Files {
-		for _, d := range f.Decls {
-			fn, ok := d.(*ast.FuncDecl)
-			if !ok || fn.Body == nil {
-				continue
+	for _, dir := range []string{"..", "."} {
+		pkgs, err := parser.ParseDir(fset, dir, func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pkgs["main"] == nil {
+			t.Fatalf("%s holds no package main", dir)
+		}
+		for _, f := range pkgs["main"].Files {
+			for _, d := range f.Decls {
+				fn, ok := d.(*ast.FuncDecl)
+				if !ok || fn.Body == nil {
+					continue
+				}
+				envReadIn(fn, add)
 			}
-			envReadIn(fn, add)
 		}
 	}
 	return read
@@ -153,25 +160,27 @@ func exprName(e ast.Expr) string {
 }
 
 // An ASSAY_DATABASE_URL left from an earlier serve's export line names a
-// dev cell's database: assay dev refuses it, saying why, before it starts
+// dev cell's database: assay-dev dev refuses it, saying why, before it starts
 // anything.
 func TestDevRefusesALeftoverExport(t *testing.T) {
 	t.Setenv("ASSAY_DATABASE_URL", "postgres://postgres@127.0.0.1:1/assay_dev_us_1784211345")
 	for _, args := range [][]string{{"dev"}, {"dev", "--serve"}} {
 		var stderr bytes.Buffer
-		if code := run(args, &stderr); code != 2 || !strings.Contains(stderr.String(), "a cell of an earlier assay dev --serve (its export line)") ||
+		if code := run(args, &stderr); code != 2 || !strings.Contains(stderr.String(), "a cell of an earlier assay-dev dev --serve (its export line)") ||
 			!strings.Contains(stderr.String(), "unset ASSAY_DATABASE_URL") {
 			t.Errorf("assay %s: exit %d, %q; want 2 and the export named", strings.Join(args, " "), code, stderr.String())
 		}
 	}
 }
 
-// assay dev --serve, as make serve runs it: its export line sets exactly
-// cellEnv, with values assay's commands work with; assay dev webhook sends
-// a delivery signed with the secret serve keeps, the cell fetches the
-// diff from the fake GitHub, the work is accepted and its review is
-// posted to the fake GitHub; Ctrl-C stops it all and removes the run file.
+// assay-dev dev --serve, as make serve runs it: its export line sets
+// exactly cellEnv, with values assay's commands work with; assay-dev dev
+// webhook sends a delivery signed with the secret serve keeps, the cell
+// fetches the diff from the fake GitHub, the work is accepted and its
+// review is posted to the fake GitHub; Ctrl-C stops it all and removes the
+// run file.
 func TestServeTakesASignedDeliveryToTheFakeGitHub(t *testing.T) {
+	assay := buildAssay(t)
 	t.Setenv("ASSAY_DATABASE_URL", testenv.PostgresURL(t))
 	for _, k := range []string{"ASSAY_MODEL_BASE_URL", "ASSAY_MODEL_ENDPOINT", "ASSAY_MODEL", "ASSAY_REGIONS", "ASSAY_URL", "ASSAY_TOKEN",
 		"ASSAY_GITHUB_WEBHOOK_SECRET", "ASSAY_GITHUB_API_URL", "ASSAY_GITHUB_APP_ID", "ASSAY_GITHUB_APP_KEY_FILE", "ASSAY_GITHUB_TOKEN"} {
@@ -194,21 +203,21 @@ func TestServeTakesASignedDeliveryToTheFakeGitHub(t *testing.T) {
 
 	var hook bytes.Buffer
 	if err := devCommand(ctx, "dev", []string{"webhook", "--repo", "acme/shop", "--pr", "1", "--wait"}, &hook); err != nil {
-		t.Fatalf("assay dev webhook: %v\n%s", err, hook.String())
+		t.Fatalf("assay-dev dev webhook: %v\n%s", err, hook.String())
 	}
 	m := regexp.MustCompile(`HTTP 202, work (w_[0-9a-z]+) `).FindStringSubmatch(hook.String())
 	if m == nil || !strings.Contains(hook.String(), "work "+m[1]+": accepted (") ||
 		!regexp.MustCompile(`published to github: check run [1-9][0-9]*, [1-9][0-9]* review comments`).MatchString(hook.String()) {
-		t.Fatalf("assay dev webhook --wait:\n%s\nwant the delivery accepted (202), the work accepted and published to github", hook.String())
+		t.Fatalf("assay-dev dev webhook --wait:\n%s\nwant the delivery accepted (202), the work accepted and published to github", hook.String())
 	}
 	workID := m[1]
 	checkFakeGitHubReview(t, workID)
-	checkExportsWork(t, ctx, exports, workID)
+	checkExportsWork(t, ctx, assay, exports, workID)
 
 	cancel()
 	stopped = true
 	if err := <-done; err != nil {
-		t.Fatalf("assay dev --serve after Ctrl-C: %v", err)
+		t.Fatalf("assay-dev dev --serve after Ctrl-C: %v", err)
 	}
 	if _, err := os.Stat(devRunFile()); !os.IsNotExist(err) {
 		t.Errorf("run file %s left behind (%v)", devRunFile(), err)
@@ -245,10 +254,21 @@ func findPullOrFail(t *testing.T) devPull {
 	return p
 }
 
-// checkExportsWork runs assay's commands with nothing but the export
-// line's variables: the API ones (work get), the cell's database and NATS
-// ones (work show reads both, tenant list the database).
-func checkExportsWork(t *testing.T, ctx context.Context, exports map[string]string, workID string) {
+// buildAssay builds assay, the operator's tool (..), into the test's
+// temporary directory, as make build builds bin/assay.
+func buildAssay(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "assay")
+	if out, err := exec.Command("go", "build", "-o", bin, "..").CombinedOutput(); err != nil {
+		t.Fatalf("go build -o %s ..: %v\n%s", bin, err, out)
+	}
+	return bin
+}
+
+// checkExportsWork runs assay, the operator's tool, with nothing but the
+// export line's variables: the API ones (work get), the cell's database
+// and NATS ones (work show reads both, tenant list the database).
+func checkExportsWork(t *testing.T, ctx context.Context, assay string, exports map[string]string, workID string) {
 	t.Helper()
 	for k, v := range exports {
 		t.Setenv(k, v)
@@ -261,16 +281,13 @@ func checkExportsWork(t *testing.T, ctx context.Context, exports map[string]stri
 		{[]string{"work", "show", workID}, []string{workID, "github", "OUTCOME"}},
 		{[]string{"tenant", "list"}, []string{"acme", "globex"}},
 	} {
-		var out bytes.Buffer
-		var err error
-		if c.args[0] == "work" {
-			err = workCmd(ctx, c.args[1:], &out)
-		} else {
-			err = tenantCmd(ctx, c.args[1:], &out)
-		}
+		var out, stderr bytes.Buffer
+		cmd := exec.CommandContext(ctx, assay, c.args...)
+		cmd.Stdout, cmd.Stderr = &out, &stderr
+		err := cmd.Run()
 		for _, w := range c.want {
 			if err != nil || !strings.Contains(out.String(), w) {
-				t.Errorf("assay %s with the export line: %v, output lacks %q:\n%s", strings.Join(c.args, " "), err, w, out.String())
+				t.Errorf("assay %s with the export line: %v, %s, output lacks %q:\n%s", strings.Join(c.args, " "), err, stderr.String(), w, out.String())
 				break
 			}
 		}
@@ -335,11 +352,11 @@ func (o *serveOutput) waitFor(t *testing.T, want string, done <-chan error) stri
 	for !strings.Contains(o.String(), want) {
 		select {
 		case err := <-done:
-			t.Fatalf("assay dev --serve ended: %v\n%s", err, o.String())
+			t.Fatalf("assay-dev dev --serve ended: %v\n%s", err, o.String())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("assay dev --serve has not printed %q after 2m:\n%s", want, o.String())
+			t.Fatalf("assay-dev dev --serve has not printed %q after 2m:\n%s", want, o.String())
 		}
 	}
 	return o.String()

@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (
@@ -23,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/config"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/evalset"
@@ -32,7 +31,7 @@ import (
 	"assay.dev/services/ingress"
 )
 
-const benchCellsUsage = `usage: assay bench cells [--cells 10] [--tenants 1000] [-n 3000] [--rate 60] [-c 64] [--pool 1]
+const benchCellsUsage = `usage: assay-dev bench cells [--cells 10] [--tenants 1000] [-n 3000] [--rate 60] [-c 64] [--pool 1]
 
 A region of --cells cells in this process, on one NATS and one Postgres
 server, each cell its own database: --tenants tenants placed by the
@@ -77,7 +76,7 @@ func dbCounters(ctx context.Context, db *pgxpool.Pool, name string) (pgDBCounter
 	return c, err
 }
 
-// cellsRun is one assay bench cells run, as its flags ask.
+// cellsRun is one assay-dev bench cells run, as its flags ask.
 type cellsRun struct {
 	cells, tenants, n, c, pool int
 	rate                       float64
@@ -85,7 +84,7 @@ type cellsRun struct {
 
 func parseCellsRun(args []string) (cellsRun, error) {
 	var r cellsRun
-	fs := flag.NewFlagSet("assay bench cells", flag.ContinueOnError)
+	fs := flag.NewFlagSet("assay-dev bench cells", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.IntVar(&r.cells, "cells", 10, "cells in the region")
 	fs.IntVar(&r.tenants, "tenants", 1000, "tenants, placed on the cells")
@@ -94,15 +93,15 @@ func parseCellsRun(args []string) (cellsRun, error) {
 	fs.IntVar(&r.c, "c", 64, "posts in flight at most")
 	fs.IntVar(&r.pool, "pool", 1, "connections in each service's pool")
 	if err := fs.Parse(args); err != nil {
-		return r, configError{fmt.Errorf("%v\n%s", err, benchCellsUsage)}
+		return r, cli.ConfigError{Err: fmt.Errorf("%v\n%s", err, benchCellsUsage)}
 	}
 	switch {
 	case r.cells < 2 || r.cells > 20:
-		return r, configError{fmt.Errorf("--cells: %d is not from 2 to 20", r.cells)}
+		return r, cli.ConfigError{Err: fmt.Errorf("--cells: %d is not from 2 to 20", r.cells)}
 	case r.tenants < r.cells || r.tenants > 100_000:
-		return r, configError{fmt.Errorf("--tenants: %d is not from --cells to 100000", r.tenants)}
+		return r, cli.ConfigError{Err: fmt.Errorf("--tenants: %d is not from --cells to 100000", r.tenants)}
 	case r.n < 10 || r.rate <= 0 || r.c < 1 || r.pool < 1:
-		return r, configError{errors.New("-n (at least 10), --rate, -c and --pool must be positive")}
+		return r, cli.ConfigError{Err: errors.New("-n (at least 10), --rate, -c and --pool must be positive")}
 	}
 	return r, nil
 }
@@ -424,6 +423,6 @@ func printRegion(ctx context.Context, w io.Writer, cells []*benchCell, snap *pla
 	}
 	fmt.Fprintf(w, "work in all cells: %d of %d posted\n", total, n)
 	fmt.Fprintf(w, "moved %s from %s to %s under the load: its requests held %s; copied %s\n", l.mover, l.from, l.to,
-		l.moved.Held.Round(time.Millisecond), rowCounts(l.moved.Copied))
+		l.moved.Held.Round(time.Millisecond), cli.RowCounts(l.moved.Copied))
 	return nil
 }

@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (

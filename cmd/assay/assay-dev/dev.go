@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (
@@ -14,33 +12,34 @@ import (
 	"strings"
 
 	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cli"
 )
 
-// devPort is the first cell's port under assay dev --serve; the others
+// devPort is the first cell's port under assay-dev dev --serve; the others
 // follow it. Away from the ports other dev servers take first.
 const devPort = 18080
 
-// dev runs `assay dev [--serve [--port N] [--fresh]] [-v]`: the cells of
+// dev runs `assay-dev dev [--serve [--port N] [--fresh]] [-v]`: the cells of
 // every region in one process on embedded defaults, the demo unless
 // --serve.
 func dev(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("assay dev", flag.ContinueOnError)
+	fs := flag.NewFlagSet("assay-dev dev", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	serve := fs.Bool("serve", false, "keep the cells running with the HTTP API up until interrupted")
 	verbose := fs.Bool("v", false, "print the services' decision log to stderr")
 	port := fs.Int("port", devPort, "--serve: the first cell's port on 127.0.0.1; the next cells take the next ports (a taken one: a free port)")
 	fresh := fs.Bool("fresh", false, "--serve: new tokens, not the ones kept from the last run")
 	if err := fs.Parse(args); err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	if fs.NArg() > 0 {
-		return configError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+		return cli.ConfigError{Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	if *port < 1 || *port > 65535-8 {
-		return configError{fmt.Errorf("--port: %d is not a port", *port)}
+		return cli.ConfigError{Err: fmt.Errorf("--port: %d is not a port", *port)}
 	}
 	if err := leftoverExport(); err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	o := cell.DevOptions{LogTo: io.Discard, Level: slog.LevelInfo}
 	if *verbose {
@@ -76,7 +75,7 @@ func dev(ctx context.Context, args []string, stdout io.Writer) error {
 	return serveDev(ctx, o, *port, logPath, stdout)
 }
 
-// serveDev runs assay dev --serve until ctx ends: the cells, and the fake
+// serveDev runs assay-dev dev --serve until ctx ends: the cells, and the fake
 // GitHub they read diffs from and publish to.
 func serveDev(ctx context.Context, o cell.DevOptions, port int, logPath string, stdout io.Writer) error {
 	s, err := startServing(ctx, o, devRunFile())
@@ -101,7 +100,7 @@ func serveDev(ctx context.Context, o cell.DevOptions, port int, logPath string, 
 	return nil
 }
 
-// devSecretsFile keeps assay dev --serve's tokens from one run to the
+// devSecretsFile keeps assay-dev dev --serve's tokens from one run to the
 // next, in the user's cache directory ("" when there is none: new tokens
 // each run).
 func devSecretsFile() string {

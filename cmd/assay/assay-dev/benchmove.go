@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (
@@ -22,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/model"
@@ -32,7 +31,7 @@ import (
 	"assay.dev/services/ingress"
 )
 
-const benchMoveUsage = `usage: assay bench move [--duration 60s] [--rate 4] [--model-latency 5s] [--webhooks 0.25] [--dups 0.2]
+const benchMoveUsage = `usage: assay-dev bench move [--duration 60s] [--rate 4] [--model-latency 5s] [--webhooks 0.25] [--dups 0.2]
                         [--move-after 5s] [-c 64] [--pool 2] [--settle 2m] [--wait 3m]
 
 Two cells of region us (us and us-2) in this process, on one NATS and one
@@ -63,7 +62,7 @@ Postgres: ASSAY_DATABASE_URL, else a throwaway server from the PostgreSQL
 binaries on the machine.
 `
 
-// moveRun is one assay bench move run, as its flags ask.
+// moveRun is one assay-dev bench move run, as its flags ask.
 type moveRun struct {
 	duration, latency, moveAfter, settle, wait time.Duration
 	rate, webhooks, dups                       float64
@@ -72,7 +71,7 @@ type moveRun struct {
 
 func parseMoveRun(args []string) (moveRun, error) {
 	var r moveRun
-	fs := flag.NewFlagSet("assay bench move", flag.ContinueOnError)
+	fs := flag.NewFlagSet("assay-dev bench move", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.DurationVar(&r.duration, "duration", time.Minute, "how long the load runs at least")
 	fs.Float64Var(&r.rate, "rate", 4, "requests a second, open loop")
@@ -85,19 +84,19 @@ func parseMoveRun(args []string) (moveRun, error) {
 	fs.DurationVar(&r.settle, "settle", 2*time.Minute, "how long a move may wait for the tenant to settle (MoveOptions.Settle)")
 	fs.DurationVar(&r.wait, "wait", 3*time.Minute, "how long the end of the work and the ledger are waited for")
 	if err := fs.Parse(args); err != nil {
-		return r, configError{fmt.Errorf("%v\n%s", err, benchMoveUsage)}
+		return r, cli.ConfigError{Err: fmt.Errorf("%v\n%s", err, benchMoveUsage)}
 	}
 	switch {
 	case fs.NArg() > 0:
-		return r, configError{fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), benchMoveUsage)}
+		return r, cli.ConfigError{Err: fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), benchMoveUsage)}
 	case r.rate <= 0 || r.rate > 500:
-		return r, configError{fmt.Errorf("--rate: %g is not above 0 and at most 500", r.rate)}
+		return r, cli.ConfigError{Err: fmt.Errorf("--rate: %g is not above 0 and at most 500", r.rate)}
 	case r.duration < time.Second || r.latency < 0 || r.latency > 5*time.Minute || r.moveAfter < 0:
-		return r, configError{errors.New("--duration must be at least 1s, --model-latency from 0 to 5m, --move-after not negative")}
+		return r, cli.ConfigError{Err: errors.New("--duration must be at least 1s, --model-latency from 0 to 5m, --move-after not negative")}
 	case r.webhooks < 0 || r.webhooks > 1 || r.dups < 0 || r.dups > 1:
-		return r, configError{errors.New("--webhooks and --dups are shares, from 0 to 1")}
+		return r, cli.ConfigError{Err: errors.New("--webhooks and --dups are shares, from 0 to 1")}
 	case r.c < 1 || r.pool < 1 || r.settle <= 0 || r.wait <= 0:
-		return r, configError{errors.New("-c, --pool, --settle and --wait must be positive")}
+		return r, cli.ConfigError{Err: errors.New("-c, --pool, --settle and --wait must be positive")}
 	}
 	return r, nil
 }
@@ -208,7 +207,7 @@ func (m moveSpan) holds(t time.Time) bool {
 	return !m.start.IsZero() && !t.Before(m.start) && t.Before(m.end)
 }
 
-// moveBench is a run of assay bench move: the region, the tenant and what
+// moveBench is a run of assay-dev bench move: the region, the tenant and what
 // the load did.
 type moveBench struct {
 	run      moveRun

@@ -18,8 +18,8 @@ func TestBenchPipelineFlagErrors(t *testing.T) {
 		{[]string{"bench", "pipeline", "--rate", "-5"}, "--rate: -5 is not from 0 to 100000"},
 		{[]string{"bench", "pipeline", "--rate", "300", "--peer", "."}, "the River build posts in a closed loop only"},
 		{[]string{"bench", "pipeline", "--bogus"}, "flag provided but not defined: -bogus"},
-		{[]string{"bench"}, "usage: assay bench pipeline"},
-		{[]string{"bench"}, "usage: assay bench parts"},
+		{[]string{"bench"}, "usage: assay-dev bench pipeline"},
+		{[]string{"bench"}, "usage: assay-dev bench parts"},
 		{[]string{"bench", "parts", "--part-units", "x"}, `invalid value "x" for flag -part-units`},
 		{[]string{"bench", "parts", "/nonexistent.diff"}, "/nonexistent.diff"},
 	} {

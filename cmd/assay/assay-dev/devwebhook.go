@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (
@@ -17,15 +15,16 @@ import (
 	"strings"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/services/committer/publish"
 	"assay.dev/services/ingress"
 )
 
-const devWebhookUsage = `usage: assay dev webhook [--repo OWNER/REPO] [--pr N] [--action A] [--wait [--wait-for D]] [--url URL]
+const devWebhookUsage = `usage: assay-dev dev webhook [--repo OWNER/REPO] [--pr N] [--action A] [--wait [--wait-for D]] [--url URL]
 
-Send the running assay dev --serve a pull_request delivery as GitHub would:
+Send the running assay-dev dev --serve a pull_request delivery as GitHub would:
 signed with the webhook secret serve keeps (assay/dev-serve.json in the
 user's cache directory; $ASSAY_GITHUB_WEBHOOK_SECRET when set), naming the
 fake GitHub App's installation, to the home cell of the repository's
@@ -38,9 +37,9 @@ outcome and its publication to GitHub, and prints both.
   --url URL   the cell to send it to (default: the tenant's home cell of the running serve)
 `
 
-// devWebhook runs `assay dev webhook`.
+// devWebhook runs `assay-dev dev webhook`.
 func devWebhook(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("assay dev webhook", flag.ContinueOnError)
+	fs := flag.NewFlagSet("assay-dev dev webhook", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	repo := fs.String("repo", "acme/shop", "the repository")
 	pr := fs.Int64("pr", 1, "the pull request's number")
@@ -49,19 +48,19 @@ func devWebhook(ctx context.Context, args []string, stdout io.Writer) error {
 	waitFor := fs.Duration("wait-for", 3*time.Minute, "how long --wait waits")
 	cellURL := fs.String("url", "", "the cell to send it to")
 	if err := fs.Parse(args); err != nil {
-		return configError{fmt.Errorf("%v\n%s", err, devWebhookUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("%v\n%s", err, devWebhookUsage)}
 	}
 	if fs.NArg() > 0 {
-		return configError{fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), devWebhookUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), devWebhookUsage)}
 	}
 	pull, err := findPull(*repo, *pr)
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	tenant, _, _ := strings.Cut(pull.Repo, "/")
 	run, err := readServeRun(devRunFile())
 	if err != nil && *cellURL == "" {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	home := run.Homes[tenant]
 	if *cellURL == "" {
@@ -69,7 +68,7 @@ func devWebhook(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	secret, token, err := devWebhookSecrets(run, tenant)
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError{Err: err}
 	}
 	d := devDelivery{pull: pull, action: *action, installation: devInstallations[tenant]}
 	resp, err := d.send(ctx, *cellURL, secret)
@@ -81,9 +80,9 @@ func devWebhook(ctx context.Context, args []string, stdout io.Writer) error {
 	if run.GitHub == "" && run.Cells != nil {
 		fmt.Fprintln(stdout, "note: this serve uses your GitHub settings, not the fake GitHub: the diff is fetched from there")
 	}
-	self := selfName()
-	fmt.Fprintf(stdout, "  watch it:    %s work watch %s     (the export line's ASSAY_URL and ASSAY_TOKEN)\n", self, resp.WorkID)
-	fmt.Fprintf(stdout, "  its story:   %s work show %s      (ASSAY_REGION, ASSAY_DATABASE_URL, ASSAY_NATS_URL)\n", self, resp.WorkID)
+	assay := assayName()
+	fmt.Fprintf(stdout, "  watch it:    %s work watch %s     (the export line's ASSAY_URL and ASSAY_TOKEN)\n", assay, resp.WorkID)
+	fmt.Fprintf(stdout, "  its story:   %s work show %s      (ASSAY_REGION, ASSAY_DATABASE_URL, ASSAY_NATS_URL)\n", assay, resp.WorkID)
 	fmt.Fprintf(stdout, "  its page:    %s/console/work/%s\n", *cellURL, resp.WorkID)
 	if run.GitHub != "" {
 		fmt.Fprintf(stdout, "  on GitHub:   curl -s -H 'Authorization: token dev' %s/repos/%s/pulls/%d/reviews\n", run.GitHub, pull.Repo, pull.Number)
@@ -160,7 +159,7 @@ func (d *devDelivery) send(ctx context.Context, cellURL, secret string) (ingress
 	body := d.body()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(cellURL, "/")+"/v1/webhooks/github", bytes.NewReader(body))
 	if err != nil {
-		return r, configError{fmt.Errorf("--url: %w", err)}
+		return r, cli.ConfigError{Err: fmt.Errorf("--url: %w", err)}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-GitHub-Event", "pull_request")
@@ -168,7 +167,7 @@ func (d *devDelivery) send(ctx context.Context, cellURL, secret string) (ingress
 	req.Header.Set("X-Hub-Signature-256", ingress.Sign(secret, body))
 	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
 	if err != nil {
-		return r, fmt.Errorf("POST %s/v1/webhooks/github: %w (is assay dev --serve running?)", cellURL, err)
+		return r, fmt.Errorf("POST %s/v1/webhooks/github: %w (is assay-dev dev --serve running?)", cellURL, err)
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -183,13 +182,13 @@ func (d *devDelivery) send(ctx context.Context, cellURL, secret string) (ingress
 // GitHub (or the reason it has none), and prints them.
 func watchDelivered(ctx context.Context, w io.Writer, cellURL, token, id string, limit time.Duration) error {
 	if token == "" {
-		return configError{errors.New("--wait: no token of the tenant: this serve keeps none (--fresh); set ASSAY_TOKEN")}
+		return cli.ConfigError{Err: errors.New("--wait: no token of the tenant: this serve keeps none (--fresh); set ASSAY_TOKEN")}
 	}
-	c := &apiClient{base: strings.TrimRight(cellURL, "/"), token: token, http: &http.Client{}}
+	c := &cli.APIClient{Base: strings.TrimRight(cellURL, "/"), Token: token, HTTP: &http.Client{}}
 	deadline := time.Now().Add(limit)
 	for {
 		var v ingress.WorkView
-		if _, err := c.call(ctx, http.MethodGet, "/v1/work/"+id, nil, &v); err != nil {
+		if _, err := c.Call(ctx, http.MethodGet, "/v1/work/"+id, nil, &v); err != nil {
 			return err
 		}
 		if p, done := publishedTo(v); done {

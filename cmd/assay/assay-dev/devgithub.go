@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (
@@ -18,7 +16,7 @@ import (
 	"assay.dev/pkg/evalset"
 )
 
-// devAppID is the fake GitHub App of assay dev --serve.
+// devAppID is the fake GitHub App of assay-dev dev --serve.
 const devAppID = 4242
 
 // devInstallations are the fake App's installations, one per demo tenant,
@@ -62,7 +60,7 @@ func findPull(repo string, number int64) (devPull, error) {
 	return devPull{}, fmt.Errorf("the fake GitHub has no %s#%d: its pull requests are #1 to #%d of %v", repo, number, last, devRepos)
 }
 
-// devGitHub is the fake GitHub of assay dev --serve, its App's private
+// devGitHub is the fake GitHub of assay-dev dev --serve, its App's private
 // key in a directory of its own.
 type devGitHub struct {
 	*fakegithub.Server

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/devkit/testenv"
 )
 
@@ -43,8 +44,8 @@ func TestBenchCellsSmall(t *testing.T) {
 		benchCells(context.Background(), []string{"--cells", "1"}, &out),
 		benchCells(context.Background(), []string{"--tenants", "2"}, &out),
 	} {
-		if _, ok := bad.(configError); !ok {
-			t.Errorf("a bad flag: %v, want a configError", bad)
+		if _, ok := bad.(cli.ConfigError); !ok {
+			t.Errorf("a bad flag: %v, want a cli.ConfigError", bad)
 		}
 	}
 }

@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (
@@ -16,6 +14,7 @@ import (
 	"time"
 
 	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/evalset"
 	"assay.dev/pkg/outcome"
@@ -165,9 +164,9 @@ func (e demo) usageTable(ctx context.Context, client *http.Client, w io.Writer) 
 			return err
 		}
 		for _, l := range rep.ByOutcome {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", t.ID, t.HomeRegion, l.Outcome, l.Calls, l.InputUnits, l.OutputUnits, dollars(l.CostMicros))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", t.ID, t.HomeRegion, l.Outcome, l.Calls, l.InputUnits, l.OutputUnits, cli.Dollars(l.CostMicros))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t\t\t%s\n", t.ID, t.HomeRegion, "total", rep.Calls, dollars(rep.CostMicros))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t\t\t%s\n", t.ID, t.HomeRegion, "total", rep.Calls, cli.Dollars(rep.CostMicros))
 	}
 	tw.Flush()
 	return nil
@@ -235,7 +234,7 @@ func (e demo) table(ctx context.Context, w io.Writer, subs []submitted, views []
 			shown, forced = shown+" (expected*)", s.WorkID
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.WorkID, s.Tenant, s.Region, s.Body.Contract,
-			s.Body.SourceID, shown, findings, attempts, dollars(cost), short(v.Reason, 60))
+			s.Body.SourceID, shown, findings, attempts, cli.Dollars(cost), short(v.Reason, 60))
 	}
 	tw.Flush()
 	if forced != "" {

@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (
@@ -11,10 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/devkit/testenv"
 )
 
-// benchMoveLine is the line assay bench move prints, its figures grouped.
+// benchMoveLine is the line assay-dev bench move prints, its figures grouped.
 var benchMoveLine = regexp.MustCompile(`(?m)^during the moves (\d+) requests, (\d+) non-2xx \((\d+) of (\d+) in all\); ` +
 	`work lost (\d+), duplicated (\d+) \((\d+) rows left in (\S+)\); ` +
 	`model calls (\S+) (\d+) \+ (\S+) (\d+) = (\d+) \(the sim saw (\d+)\) against (\d+) ledger rows in (\S+); ` +
@@ -65,8 +64,8 @@ func TestBenchMove(t *testing.T) {
 		t.Errorf("model calls %s + %s = %s, the sim saw %s", m[10], m[12], m[13], m[14])
 	}
 	for _, bad := range [][]string{{"--rate", "0"}, {"--webhooks", "2"}, {"--duration", "0s"}, {"extra"}} {
-		if _, ok := benchMove(context.Background(), bad, &out).(configError); !ok {
-			t.Errorf("bench move %v: want a configError", bad)
+		if _, ok := benchMove(context.Background(), bad, &out).(cli.ConfigError); !ok {
+			t.Errorf("bench move %v: want a cli.ConfigError", bad)
 		}
 	}
 }

@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (
@@ -19,22 +17,23 @@ import (
 	"assay.dev/pkg/store"
 )
 
-const devServeUsage = `assay dev --serve also prints an export line for assay's own commands
-against the us cell as acme: ASSAY_URL and ASSAY_TOKEN (assay work submit,
-get, watch, list), ASSAY_REGION, ASSAY_CELL, ASSAY_REGIONS,
-ASSAY_INSTALLATION, ASSAY_DATABASE_URL and ASSAY_NATS_URL (assay work show,
-tenant, usage, rollout, streams, publish, replay). They name this run's
-cells: a later assay dev refuses an ASSAY_DATABASE_URL left from one.
+const devServeUsage = `assay-dev dev --serve also prints an export line for the commands of assay,
+the operator's tool (bin/assay), against the us cell as acme: ASSAY_URL and
+ASSAY_TOKEN (assay work submit, get, watch, list), ASSAY_REGION, ASSAY_CELL,
+ASSAY_REGIONS, ASSAY_INSTALLATION, ASSAY_DATABASE_URL and ASSAY_NATS_URL
+(assay work show, tenant, usage, rollout, streams, publish, replay). They
+name this run's cells: a later assay-dev dev refuses an ASSAY_DATABASE_URL
+left from one.
 
 Unless ASSAY_GITHUB_API_URL, ASSAY_GITHUB_APP_ID, ASSAY_GITHUB_APP_KEY_FILE
 or ASSAY_GITHUB_TOKEN is set, it also starts a fake GitHub in the process:
 its App reads the pull requests of acme/shop and globex/shop (#1 to #12, the
-evaluation set's diffs) and receives the reviews, and assay dev webhook
-sends it deliveries.
+evaluation set's diffs) and receives the reviews, and assay-dev dev
+webhook sends it deliveries.
 `
 
 // cellEnv are the variables assay's commands read to reach a cell and act
-// in it, each one's value for a dev cell: what assay dev --serve exports.
+// in it, each one's value for a dev cell: what assay-dev dev --serve exports.
 var cellEnv = []struct {
 	name  string
 	value func(c *cell.Cell, token string) string
@@ -90,23 +89,23 @@ func shellQuote(s string) string {
 }
 
 // leftoverExport refuses an ASSAY_DATABASE_URL that names a dev cell's
-// database, as the export line of an earlier assay dev --serve leaves it:
-// assay dev makes its own, and that run's server may be gone.
+// database, as the export line of an earlier assay-dev dev --serve leaves it:
+// assay-dev dev makes its own, and that run's server may be gone.
 func leftoverExport() error {
 	u, err := url.Parse(os.Getenv("ASSAY_DATABASE_URL"))
 	if err != nil {
 		return nil
 	}
 	if db := strings.TrimPrefix(u.Path, "/"); strings.HasPrefix(db, "assay_dev_") {
-		return fmt.Errorf("ASSAY_DATABASE_URL names database %s, a cell of an earlier assay dev --serve (its export line): "+
-			"assay dev makes its cells' databases itself; unset ASSAY_DATABASE_URL (for a throwaway server), or set it to a server's postgres database", db)
+		return fmt.Errorf("ASSAY_DATABASE_URL names database %s, a cell of an earlier assay-dev dev --serve (its export line): "+
+			"assay-dev dev makes its cells' databases itself; unset ASSAY_DATABASE_URL (for a throwaway server), or set it to a server's postgres database", db)
 	}
 	return nil
 }
 
-// serving is a running assay dev --serve: the cells, the fake GitHub they
+// serving is a running assay-dev dev --serve: the cells, the fake GitHub they
 // read diffs from and publish to (nil when the user's GitHub settings are
-// set), and the run file that tells assay dev webhook where they are.
+// set), and the run file that tells assay-dev dev webhook where they are.
 type serving struct {
 	*cell.Dev
 	gh      *devGitHub
@@ -173,7 +172,7 @@ func ownGitHub() string {
 	return ""
 }
 
-// serveRun is what assay dev webhook reads of a running assay dev --serve.
+// serveRun is what assay-dev dev webhook reads of a running assay-dev dev --serve.
 type serveRun struct {
 	PID int `json:"pid"`
 	// Cells are the cells' URLs by region, Homes each demo tenant's
@@ -187,7 +186,7 @@ type serveRun struct {
 	Secrets string `json:"secrets,omitempty"`
 }
 
-// devRunFile is where assay dev --serve says where it runs, beside the
+// devRunFile is where assay-dev dev --serve says where it runs, beside the
 // file that keeps its secrets ("" when there is no cache directory).
 func devRunFile() string {
 	if f := devSecretsFile(); f != "" {
@@ -217,15 +216,15 @@ func (s *serving) writeRun() error {
 	return os.WriteFile(s.runFile, append(raw, '\n'), 0o600)
 }
 
-// readServeRun reads the run file of the assay dev --serve running now.
+// readServeRun reads the run file of the assay-dev dev --serve running now.
 func readServeRun(file string) (serveRun, error) {
 	var r serveRun
 	if file == "" {
-		return r, errors.New("no cache directory, so no assay dev --serve can say where it runs; give the cell with --url")
+		return r, errors.New("no cache directory, so no assay-dev dev --serve can say where it runs; give the cell with --url")
 	}
 	raw, err := os.ReadFile(file)
 	if errors.Is(err, fs.ErrNotExist) {
-		return r, fmt.Errorf("no assay dev --serve is running (%s is missing): start one with make serve", file)
+		return r, fmt.Errorf("no assay-dev dev --serve is running (%s is missing): start one with make serve", file)
 	}
 	if err != nil {
 		return r, err
@@ -240,7 +239,7 @@ func readServeRun(file string) (serveRun, error) {
 // own commands and the GitHub path.
 func (s *serving) printCommands(w io.Writer) {
 	tenant := s.Tenants[0]
-	fmt.Fprintf(w, "\n  for assay's commands (work submit|get|watch|list, work show, tenant, usage, rollout, streams, …) against cell %s as %s:\n",
+	fmt.Fprintf(w, "\n  for assay's commands (bin/assay: work submit|get|watch|list, work show, tenant, usage, rollout, streams, …) against cell %s as %s:\n",
 		tenant.HomeRegion, tenant.ID)
 	fmt.Fprintf(w, "    %s\n", exportLine(s.Dev, tenant.ID))
 	if u, err := url.Parse(s.Cells[tenant.HomeRegion].Env.Config.DatabaseURL); err == nil && u.User != nil {
@@ -248,7 +247,7 @@ func (s *serving) printCommands(w io.Writer) {
 			fmt.Fprintln(w, "    (ASSAY_DATABASE_URL's password is left out: export PGPASSWORD as well)")
 		}
 	}
-	fmt.Fprintln(w, "    (they name this run's cells: a later assay dev refuses the ASSAY_DATABASE_URL; unset it first)")
+	fmt.Fprintln(w, "    (they name this run's cells: a later assay-dev dev refuses the ASSAY_DATABASE_URL; unset it first)")
 	self := selfName()
 	if s.gh == nil {
 		fmt.Fprintf(w, "\n  GitHub: %s is set, so the cells read diffs from and publish to your GitHub, not the fake one\n", s.own)
@@ -262,11 +261,20 @@ func (s *serving) printCommands(w io.Writer) {
 	fmt.Fprintf(w, "    %s dev webhook --repo acme/shop --pr 1 --wait\n", self)
 }
 
-// selfName is how to run this assay again: as it was started, unless go
-// run or go test built it into a temporary directory.
+// selfName is how to run this assay-dev again: as it was started, unless
+// go run or go test built it into a temporary directory.
 func selfName() string {
 	if a := os.Args[0]; !strings.HasPrefix(a, os.TempDir()) && a != "" {
 		return a
+	}
+	return "assay-dev"
+}
+
+// assayName is how to run assay, the operator's tool, beside this
+// assay-dev: bin/assay for bin/assay-dev, else assay.
+func assayName() string {
+	if self := selfName(); strings.HasSuffix(self, "assay-dev") {
+		return strings.TrimSuffix(self, "-dev")
 	}
 	return "assay"
 }

@@ -1,5 +1,3 @@
-//go:build !operator
-
 package main
 
 import (
@@ -18,6 +16,7 @@ import (
 	"time"
 
 	"assay.dev/cmd/assay/internal/cell"
+	"assay.dev/cmd/assay/internal/cli"
 	"assay.dev/pkg/devkit/devpg"
 	"assay.dev/pkg/devkit/sim"
 	"assay.dev/pkg/diff"
@@ -27,8 +26,8 @@ import (
 	"assay.dev/services/ingress"
 )
 
-const benchPartsUsage = `usage: assay bench parts [--part-units N] [--cost-cap MICROS] [--part-concurrency N] [FILE.diff ...]
-       assay bench parts --model-latency D [--files 40] [--runs 3] [--part-units 1500] [--part-concurrency N]
+const benchPartsUsage = `usage: assay-dev bench parts [--part-units N] [--cost-cap MICROS] [--part-concurrency N] [FILE.diff ...]
+       assay-dev bench parts --model-latency D [--files 40] [--runs 3] [--part-units 1500] [--part-concurrency N]
 
 Reviews the evaluation set and each unified diff FILE, one at a time, on a
 cell of its own with the simulated provider, and prints per work item its
@@ -45,7 +44,7 @@ throwaway one is started).`
 // benchParts measures reviews in parts: what each work item cost in calls,
 // money and time.
 func benchParts(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("assay bench parts", flag.ContinueOnError)
+	fs := flag.NewFlagSet("assay-dev bench parts", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	units := fs.Int("part-units", 0, "the part size in model units (default: the contract's; 1500 with --model-latency)")
 	capMicros := fs.Int64("cost-cap", 0, "the work cost cap in micro-dollars (default: none)")
@@ -54,10 +53,10 @@ func benchParts(ctx context.Context, args []string, stdout io.Writer) error {
 	files := fs.Int("files", 40, "with --model-latency, the files of the pull request reviewed in parts")
 	runs := fs.Int("runs", 3, "with --model-latency, how many times the pull request is reviewed")
 	if err := fs.Parse(args); err != nil {
-		return configError{fmt.Errorf("%v\n%s", err, benchPartsUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("%v\n%s", err, benchPartsUsage)}
 	}
 	if *latency < 0 || *files < 2 || *runs < 1 || *concurrency < 0 {
-		return configError{fmt.Errorf("--model-latency and --part-concurrency must not be negative, --files at least 2 and --runs at least 1\n%s", benchPartsUsage)}
+		return cli.ConfigError{Err: fmt.Errorf("--model-latency and --part-concurrency must not be negative, --files at least 2 and --runs at least 1\n%s", benchPartsUsage)}
 	}
 	items, err := partsItems(fs.Args())
 	if err != nil {
@@ -169,7 +168,7 @@ func partsItems(files []string) ([]partsItem, error) {
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
-			return nil, configError{err}
+			return nil, cli.ConfigError{Err: err}
 		}
 		items = append(items, partsItem{filepath.Base(f), string(b)})
 	}
