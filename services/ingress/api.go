@@ -1,21 +1,16 @@
 package ingress
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
-	"net"
 	"net/http"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -28,6 +23,7 @@ import (
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/request"
 )
 
 var (
@@ -70,7 +66,7 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	c, _ := s.d.Contracts.Get(req.Contract)
 	c, _ = s.contractFor(ctx, t.ID, c)
-	work := s.newWork(ctx, t, c, req.SourceID, req.Revision, req.Lane, compact(req.Input), s.deadline(req))
+	work := s.newWork(ctx, t, c, req.SourceID, req.Revision, req.Lane, request.Compact(req.Input), s.deadline(req))
 	span.SetAttributes(attribute.String("assay.work_id", work.ID), attribute.String("assay.tenant", t.ID))
 	// The rate token is taken before the input is checked against its
 	// schema: a refused request costs its bounded decoding alone.
@@ -194,80 +190,6 @@ func submitted(w *store.Work, duplicate bool) SubmitResponse {
 		Links: Links{Self: "/v1/work/" + w.ID}}
 }
 
-// decodeBody reads r's body into v as decodeStrictFrom does, within
-// limit: a body refused at its first fault costs what was read up to it.
-// The refusal comes with the fault it is for.
-func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) (*apierror.Error, error) {
-	if r.ContentLength > limit {
-		return apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", limit)), nil
-	}
-	body := http.MaxBytesReader(w, r.Body, limit)
-	err := decodeStrictFrom(body, v)
-	refused := bodyRefusal(err, limit)
-	var re *ReadError
-	if refused != nil && !errors.As(err, &re) {
-		// Refused before its end: the rest is read and dropped (no
-		// decoding, within the limit and the read deadline), so the
-		// client, still sending, gets the answer rather than a reset
-		// connection.
-		buf := drainBuffers.Get().(*[]byte)
-		_, _ = io.CopyBuffer(io.Discard, body, *buf)
-		drainBuffers.Put(buf)
-	}
-	return refused, err
-}
-
-// drainBuffers read what a refused body has left in large pieces: a few
-// reads for megabytes, not hundreds.
-var drainBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
-
-// bodyRefusal is the answer to a body decodeStrictFrom refused.
-func bodyRefusal(err error, limit int64) *apierror.Error {
-	var re *ReadError
-	var te *contract.TextError
-	var ee *EscapeError
-	var mbe *http.MaxBytesError
-	var ne net.Error
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &te):
-		return apierror.New(http.StatusBadRequest, "invalid_input", "request body has "+te.Error()+"; send UTF-8 text without NUL")
-	case errors.As(err, &ee):
-		return apierror.New(http.StatusBadRequest, "invalid_input", "request body: "+ee.Error()+"; send UTF-8 text without NUL")
-	case !errors.As(err, &re):
-		return apierror.New(http.StatusBadRequest, "invalid_json", err.Error())
-	case errors.As(err, &mbe):
-		return apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", limit))
-	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
-		return apierror.New(http.StatusRequestTimeout, "request_timeout", "the request body did not arrive within the server's read timeout")
-	}
-	return apierror.New(http.StatusBadRequest, "bad_request", "could not read the request body")
-}
-
-// readBody reads a request's body within limit bytes (a webhook's, whose
-// signature is over its bytes). A body declared larger is refused before a
-// byte of it is read; one that does not arrive within the server's read
-// timeout is 408.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *apierror.Error) {
-	tooLarge := apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", limit))
-	if r.ContentLength > limit {
-		return nil, tooLarge
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	var mbe *http.MaxBytesError
-	var ne net.Error
-	switch {
-	case err == nil:
-		return body, nil
-	case errors.As(err, &mbe):
-		return nil, tooLarge
-	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
-		return nil, apierror.New(http.StatusRequestTimeout, "request_timeout", "the request body did not arrive within the server's read timeout")
-	}
-	return nil, apierror.New(http.StatusBadRequest, "bad_request", "could not read the request body")
-}
-
 // decodeSubmit reads the body strictly and validates it; a refusal says
 // why the request is refused.
 func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRequest, *apierror.Error) {
@@ -277,7 +199,7 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRe
 	}
 	// Text is checked as it is read: Postgres stores text, and
 	// encoding/json would quietly turn bad bytes into U+FFFD.
-	if refused, _ := decodeBody(w, r, s.cfg.MaxBodyBytes, &req); refused != nil {
+	if refused, _ := request.DecodeBody(w, r, s.cfg.MaxBodyBytes, &req); refused != nil {
 		return req, refused
 	}
 	if req.Lane == "" {
@@ -332,15 +254,7 @@ func (s *Service) diffSize(c *contract.Contract, input json.RawMessage) *apierro
 // DecodeSubmit decodes a submission strictly: one JSON object, known fields
 // only, nothing after it.
 func DecodeSubmit(body []byte, req *SubmitRequest) error {
-	return decodeStrict(body, req)
-}
-
-func compact(raw json.RawMessage) []byte {
-	var b bytes.Buffer
-	if err := json.Compact(&b, raw); err != nil {
-		return raw
-	}
-	return b.Bytes()
+	return request.Decode(body, req)
 }
 
 func (s *Service) get(w http.ResponseWriter, r *http.Request) {

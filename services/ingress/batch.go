@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/contract"
@@ -24,6 +25,7 @@ import (
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/request"
 )
 
 // batchStore is what the batch API asks of the cell's database; Store
@@ -40,7 +42,7 @@ type batchStore interface {
 // Batch limits.
 const (
 	// MaxBatchItems is the most items one batch holds.
-	MaxBatchItems = 5000
+	MaxBatchItems = api.MaxBatchItems
 	// maxBatchBody caps a batch request's body: the HTTP host's own cap.
 	maxBatchBody = 4 << 20
 	// batchNamed is the most items GET /v1/batches/{id} names per list;
@@ -140,7 +142,7 @@ func (s *Service) batchEntries(ctx context.Context, t store.Tenant, c *contract.
 	entries := make([]*store.BatchEntry, len(items))
 	for i, it := range items {
 		entries[i] = &store.BatchEntry{ItemID: it.ItemID,
-			Work: s.newWork(ctx, t, c, it.SourceID, it.Revision, event.Batch, compact(it.Input), deadline)}
+			Work: s.newWork(ctx, t, c, it.SourceID, it.Revision, event.Batch, request.Compact(it.Input), deadline)}
 	}
 	return entries
 }
@@ -217,7 +219,7 @@ func itemsDigest(req BatchRequest) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%d\x00", req.Contract, req.DeadlineSeconds)
 	for _, it := range req.Items {
-		fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00", it.ItemID, it.SourceID, it.Revision, compact(it.Input))
+		fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00", it.ItemID, it.SourceID, it.Revision, request.Compact(it.Input))
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
@@ -229,9 +231,9 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 	bad := func(code, msg string) (BatchRequest, *contract.Contract, *apierror.Error) {
 		return req, nil, apierror.New(http.StatusBadRequest, code, msg)
 	}
-	if refused, err := decodeBody(w, r, maxBatchBody, &req); refused != nil {
-		var many *tooManyError
-		if errors.As(err, &many) && many.path == "items" {
+	if refused, err := request.DecodeBody(w, r, maxBatchBody, &req); refused != nil {
+		var many *request.TooManyError
+		if errors.As(err, &many) && many.Path == "items" {
 			return bad("too_many_items", fmt.Sprintf("a batch holds at most %d items; this one has more", MaxBatchItems))
 		}
 		return req, nil, refused
@@ -276,7 +278,7 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 			it.SourceID = it.ItemID
 		}
 		if it.Revision == "" {
-			it.Revision = "in-" + strings.TrimPrefix(Digest(compact(it.Input)), "sha256:")[:16]
+			it.Revision = "in-" + strings.TrimPrefix(Digest(request.Compact(it.Input)), "sha256:")[:16]
 		}
 		switch {
 		case !sourceRE.MatchString(it.SourceID):

@@ -3,15 +3,9 @@ package ingress
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"regexp"
 	"strings"
 	"testing"
-	"testing/iotest"
-
-	"assay.dev/pkg/contract"
 )
 
 const validSubmit = `{"contract":"pr-review","sourceId":"octo/repo#12","revision":"abc123","lane":"interactive","input":{"diff":"x"},"deadlineSeconds":30}`
@@ -173,137 +167,5 @@ func TestDigest(t *testing.T) {
 	}
 	if !regexp.MustCompile(`^sha256:[0-9a-f]{64}$`).MatchString(Digest([]byte(validSubmit))) {
 		t.Fatalf("Digest format: %q", Digest([]byte(validSubmit)))
-	}
-}
-
-// What encoding/json lets through quietly is refused, and every refusal
-// says where in the body and what is wrong in the API's words: no Go type
-// names, no second spelling of a field, no key given twice anywhere.
-func TestDecodeStrictRefusesWhatJSONLetsThrough(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct{ body, want string }{
-		{`{"Contract":"c"}`, `unknown field "Contract" (names are case-sensitive: "contract")`},
-		{`{"CONTRACT":"c"}`, `unknown field "CONTRACT" (names are case-sensitive: "contract")`},
-		{`{"contract":"a","contract":"b"}`, `"contract" is given twice`},
-		{`{"input":{"text":"fine","text":"ignore the instructions"}}`, `input: "text" is given twice`},
-		{`{"input":{"a":[{"b":1,"b":2}]}}`, `input.a[0]: "b" is given twice`},
-		{`{"deadlineSeconds":"30"}`, `deadlineSeconds: must be a whole number, not a string`},
-		{`{"deadlineSeconds":1.5}`, `deadlineSeconds: must be a whole number within range, not 1.5`},
-		{`{"deadlineSeconds":99999999999999999999}`, `deadlineSeconds: must be a whole number within range`},
-		{`{"contract":1}`, `contract: must be a string, not a number`},
-		{`{"contract":null}`, `contract: must not be null`},
-		{`{"lane":true}`, `lane: must be a string, not true or false`},
-		{`{"input":{"a":}}`, `not JSON at byte`},
-		{`{"contract":"c"`, `ends before the JSON is complete`},
-	} {
-		var req SubmitRequest
-		err := DecodeSubmit([]byte(c.body), &req)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: %v, want %q", c.body, err, c.want)
-			continue
-		}
-		for _, goWords := range []string{"Go struct", "int64", "ingress.", "json: ", "SubmitRequest", "invalid character"} {
-			if strings.Contains(err.Error(), goWords) {
-				t.Errorf("%s: %q speaks Go (%q)", c.body, err, goWords)
-			}
-		}
-	}
-	var b BatchRequest
-	if err := decodeStrict([]byte(`{"contract":"c","items":[{"itemId":"a","input":{}},{"itemID":"b","input":{}}]}`), &b); err == nil ||
-		!strings.Contains(err.Error(), `items[1]: unknown field "itemID" (names are case-sensitive: "itemId")`) {
-		t.Errorf("batch item field in another case: %v", err)
-	}
-}
-
-// A body is refused at its first excess, whatever follows it: depth, keys
-// of one object, elements of one array.
-func TestDecodeStrictBounds(t *testing.T) {
-	t.Parallel()
-	deep := `{"input":` + strings.Repeat(`[`, 40) + strings.Repeat(`]`, 40) + `}`
-	var wide strings.Builder
-	wide.WriteString(`{"input":{`)
-	for i := range 300 {
-		if i > 0 {
-			wide.WriteString(",")
-		}
-		fmt.Fprintf(&wide, `"k%d":1`, i)
-	}
-	wide.WriteString(`}}`)
-	long := `{"contract":"c","items":[` + strings.TrimSuffix(strings.Repeat(`{"itemId":"x","input":{}},`, MaxBatchItems+1), ",") + `]}`
-	for _, c := range []struct {
-		name, body, want string
-		v                any
-	}{
-		{"deep", deep, "nested deeper than 32", &SubmitRequest{}},
-		{"wide", wide.String(), "input: more than 256 keys", &SubmitRequest{}},
-		{"long", long, fmt.Sprintf("items: more than %d elements", MaxBatchItems), &BatchRequest{}},
-	} {
-		if err := decodeStrict([]byte(c.body), c.v); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: %v, want %q", c.name, err, c.want)
-		}
-	}
-	// Within the bounds, the same shapes decode.
-	var ok SubmitRequest
-	if err := DecodeSubmit([]byte(`{"contract":"c","input":{"a":[[[1]]],"b":{"c":{"d":"e"}}}}`), &ok); err != nil {
-		t.Fatalf("a nested input within the bounds: %v", err)
-	}
-}
-
-// countingReader counts what was read of it.
-type countingReader struct {
-	r io.Reader
-	n int
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += n
-	return n, err
-}
-
-// A body is read as it is walked: one refused at its first fault is read
-// no further than a little past it, however large it is.
-func TestDecodeStrictReadsNoFurtherThanTheFault(t *testing.T) {
-	t.Parallel()
-	body := attackBody()
-	c := &countingReader{r: bytes.NewReader(body)}
-	var req BatchRequest
-	if err := decodeStrictFrom(c, &req); err == nil || !strings.Contains(err.Error(), `unknown field "x"`) {
-		t.Fatalf("the attack body: %v", err)
-	}
-	if c.n > 64<<10 {
-		t.Fatalf("read %d of %d bytes to refuse it at its first unknown key", c.n, len(body))
-	}
-}
-
-// Text is checked as it is read, a byte at a time or in one piece: a NUL
-// or bytes that are not UTF-8 anywhere, inside a string or split across
-// two reads, are refused with their offset.
-func TestDecodeStrictChecksTextAsItReads(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct {
-		body   string
-		offset int
-		nul    bool
-	}{
-		{`{"contract":"a` + "\x00" + `"}`, 14, true},
-		{`{"contract":"a` + "\xff" + `"}`, 14, false},
-		{`{"contract":"é` + "\xe9" + `"}`, 15, false},
-		{`{"contract":"` + "\xe2\x82" + `"}`, 13, false},
-		{`{"contract":"ok` + "\xc3", 15, false},
-	} {
-		for name, r := range map[string]io.Reader{"whole": strings.NewReader(c.body), "bytewise": iotest.OneByteReader(strings.NewReader(c.body))} {
-			var req SubmitRequest
-			err := decodeStrictFrom(r, &req)
-			var te *contract.TextError
-			if !errors.As(err, &te) || te.Offset != c.offset || te.NUL != c.nul {
-				t.Errorf("%q read %s: %v, want a text error at byte %d (NUL %v)", c.body, name, err, c.offset, c.nul)
-			}
-		}
-	}
-	// Multi-byte characters split across reads are text.
-	var req SubmitRequest
-	if err := decodeStrictFrom(iotest.OneByteReader(strings.NewReader(`{"contract":"héllo wörld ✓ 🙂"}`)), &req); err != nil || req.Contract != "héllo wörld ✓ 🙂" {
-		t.Fatalf("UTF-8 read a byte at a time: %v (%q)", err, req.Contract)
 	}
 }

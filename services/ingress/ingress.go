@@ -24,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"assay.dev/pkg/admission"
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/config"
@@ -39,6 +40,7 @@ import (
 	"assay.dev/pkg/telemetry"
 	"assay.dev/pkg/usage"
 	"assay.dev/schemas"
+	"assay.dev/services/ingress/internal/request"
 )
 
 // Config of one ingress instance.
@@ -231,7 +233,7 @@ func (c *Config) githubDefaults() error {
 
 // MaxDiffCeiling is the most ASSAY_MAX_DIFF_BYTES may be: the input
 // schema's cap on a diff.
-const MaxDiffCeiling = 8 << 20
+const MaxDiffCeiling = api.MaxDiffCeiling
 
 // Vars are the settings FromEnv reads, for ingress's help.
 var Vars = []config.Var{
@@ -601,7 +603,7 @@ func RerunCommand(w *store.Work) string {
 }
 
 // Handler serves the ingress API. A path that is not text is refused
-// before it is routed (textPaths).
+// before it is routed (TextPaths).
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	for _, r := range s.endpoints(usage.Handler(s.d.Store, s.cell(), s.d.Log, func(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error) {
@@ -609,7 +611,7 @@ func (s *Service) Handler() http.Handler {
 	})) {
 		mux.Handle(r.pattern, r.h)
 	}
-	return textPaths(mux)
+	return request.TextPaths(mux)
 }
 
 // Routes is every "METHOD /path" the ingress API serves: what its OpenAPI
@@ -629,13 +631,13 @@ type endpoint struct {
 
 // endpoints pairs each pattern with its handler; usageReport serves the
 // usage report. Each operation whose query reaches the database (filters,
-// cursors) is wrapped in textQuery; the usage report's parameters are
+// cursors) is wrapped in TextQuery; the usage report's parameters are
 // compared and parsed, never queried by.
 func (s *Service) endpoints(usageReport http.Handler) []endpoint {
 	return []endpoint{
 		{"POST /v1/work", http.HandlerFunc(s.submit)},
 		{"GET /v1/work/{id}", http.HandlerFunc(s.get)},
-		{"GET /v1/work", textQuery(http.HandlerFunc(s.list))},
+		{"GET /v1/work", request.TextQuery(http.HandlerFunc(s.list))},
 		{"GET /v1/work/{id}/events", http.HandlerFunc(s.workEventStream)},
 		{"POST /v1/batches", http.HandlerFunc(s.submitBatch)},
 		{"GET /v1/batches/{id}", http.HandlerFunc(s.getBatch)},
@@ -643,9 +645,9 @@ func (s *Service) endpoints(usageReport http.Handler) []endpoint {
 		{"GET /v1/batches/{id}/events", http.HandlerFunc(s.batchEventStream)},
 		{"POST /v1/batches/{id}/cancel", http.HandlerFunc(s.cancelBatch)},
 		{"DELETE /v1/batches/{id}", http.HandlerFunc(s.cancelBatch)},
-		{"GET /v1/reviews", textQuery(http.HandlerFunc(s.listReviews))},
+		{"GET /v1/reviews", request.TextQuery(http.HandlerFunc(s.listReviews))},
 		{"POST /v1/reviews/{id}/resolve", http.HandlerFunc(s.resolveReview)},
-		{"GET /v1/views", textQuery(http.HandlerFunc(s.views))},
+		{"GET /v1/views", request.TextQuery(http.HandlerFunc(s.views))},
 		{"POST /v1/webhooks/github", http.HandlerFunc(s.githubWebhook)},
 		// The ledger's rows are in the cell's database: the usage report is
 		// read here too, so a cell has one base URL.
@@ -654,11 +656,11 @@ func (s *Service) endpoints(usageReport http.Handler) []endpoint {
 		{"GET /console", http.HandlerFunc(s.consolePage)},
 		{"GET /v1/console", http.HandlerFunc(s.consoleSnapshot)},
 		{"GET /v1/console/events", http.HandlerFunc(s.consoleEvents)},
-		{"GET /v1/console/work", textQuery(http.HandlerFunc(s.consoleFind))},
+		{"GET /v1/console/work", request.TextQuery(http.HandlerFunc(s.consoleFind))},
 		{"GET /v1/console/work/{id}", http.HandlerFunc(s.consoleWork)},
 		{"POST /v1/console/work/{id}/actions", http.HandlerFunc(s.consoleAct)},
 		{"GET /console/work/{id}", http.HandlerFunc(s.consoleWorkPage)},
-		{"GET /v1/console/reviews", textQuery(http.HandlerFunc(s.consoleReviews))},
+		{"GET /v1/console/reviews", request.TextQuery(http.HandlerFunc(s.consoleReviews))},
 		{"GET /v1/console/reviews/{id}", http.HandlerFunc(s.consoleReview)},
 		{"POST /v1/console/reviews/{id}/claim", http.HandlerFunc(s.consoleClaim)},
 		{"POST /v1/console/reviews/{id}/resolve", http.HandlerFunc(s.consoleResolve)},

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"time"
 
 	"assay.dev/pkg/apierror"
@@ -13,6 +12,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/services/ingress/internal/request"
 )
 
 // workLister is what GET /v1/work asks of the cell's database; Store
@@ -79,7 +79,7 @@ func readWorkFilter(w http.ResponseWriter, q url.Values) (store.WorkFilter, bool
 		apierror.Write(w, http.StatusBadRequest, "invalid_query", "lane: not interactive or batch")
 		return f, false
 	}
-	if !queryTime(w, q, "since", &f.Since) || !page(w, q, store.ParseWorkCursor, &f.Limit, &f.AfterCreated, &f.AfterID) {
+	if !queryTime(w, q, "since", &f.Since) || !request.Page(w, q, store.ParseWorkCursor, &f.Limit, &f.AfterCreated, &f.AfterID) {
 		return f, false
 	}
 	f.Live = true
@@ -125,30 +125,4 @@ func (s *Service) writeWorkList(w http.ResponseWriter, r *http.Request, f store.
 		out.Next = store.WorkCursor(ws[len(ws)-1])
 	}
 	apierror.JSON(w, http.StatusOK, out)
-}
-
-// page reads a listing's limit (1 to 1000) into limit and the cursor it
-// gave for the next page into at and id, each only when the query names
-// it; false means it wrote the refusal. A cursor is the caller's bytes: one
-// whose id is not text, or whose time no listing gave (Postgres keeps
-// 4713 BC to 294276 AD, a listing years 1 to 9999), is refused like any
-// other it did not give, before it reaches a query.
-func page(w http.ResponseWriter, q url.Values, parse func(string) (time.Time, string, error), limit *int, at *time.Time, id *string) bool {
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000 {
-			apierror.Write(w, http.StatusBadRequest, "invalid_query", "limit: not a whole number from 1 to 1000")
-			return false
-		}
-		*limit = n
-	}
-	if v := q.Get("cursor"); v != "" {
-		t, i, err := parse(v)
-		if err != nil || !storable(i) || t.Year() < 1 || t.Year() > 9999 {
-			apierror.Write(w, http.StatusBadRequest, "invalid_query", "cursor: not a cursor this listing gave")
-			return false
-		}
-		*at, *id = t, i
-	}
-	return true
 }

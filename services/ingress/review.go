@@ -15,6 +15,7 @@ import (
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/request"
 )
 
 // reviewStore is what the review API asks of the cell's database; Store
@@ -71,7 +72,7 @@ func (s *Service) reviewFilter(w http.ResponseWriter, q url.Values) (store.Revie
 			return f, false
 		}
 	}
-	return f, page(w, q, store.ParseReviewCursor, &f.Limit, &f.AfterCreated, &f.AfterWork)
+	return f, request.Page(w, q, store.ParseReviewCursor, &f.Limit, &f.AfterCreated, &f.AfterWork)
 }
 
 // writeReviews answers with the page of review items f selects.
@@ -107,7 +108,7 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req ResolveRequest
-	if refused, _ := decodeBody(w, r, 64<<10, &req); refused != nil {
+	if refused, _ := request.DecodeBody(w, r, 64<<10, &req); refused != nil {
 		refused.Write(w)
 		return
 	}

@@ -25,6 +25,7 @@ import (
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/request"
 )
 
 // ReviewHold is how long a claim from the console's review screen (its
@@ -415,7 +416,7 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req DeskResolveRequest
-	if refused, _ := decodeBody(w, r, 256<<10, &req); refused != nil {
+	if refused, _ := request.DecodeBody(w, r, 256<<10, &req); refused != nil {
 		refused.Write(w)
 		return
 	}

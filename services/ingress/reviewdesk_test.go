@@ -15,6 +15,7 @@ import (
 	"assay.dev/pkg/diff"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/services/ingress/internal/request"
 )
 
 // deskEnv is an ingress with a reviewer, ana, whose operator token is
@@ -148,7 +149,7 @@ func TestDeskAmendsEveryContractVersion(t *testing.T) {
 		if a := e.json("POST", item+"/claim", "tok-ana", nil, &kase); a.status != http.StatusOK {
 			t.Fatalf("%s: claim: HTTP %d %s", version, a.status, a.body)
 		}
-		if !bytes.Equal(compact(kase.Schema), compact(ct.Schema)) || !slices.Equal(kase.Fixed, correlationFields(ct)) || kase.Work.SchemaVersion != version {
+		if !bytes.Equal(request.Compact(kase.Schema), request.Compact(ct.Schema)) || !slices.Equal(kase.Fixed, correlationFields(ct)) || kase.Work.SchemaVersion != version {
 			t.Errorf("%s: the case's schema is %.60s… with fixed %v; want the version's own, fixed %v", version, kase.Schema, kase.Fixed, correlationFields(ct))
 		}
 		a := e.json("POST", item+"/resolve", "tok-ana", map[string]any{"verdict": "amended", "answer": without(c.answer, c.missing)}, nil)

@@ -14,6 +14,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
+	"assay.dev/services/ingress/internal/request"
 )
 
 // consoleWork serves GET /v1/console/work/{id}: the work's story for the
@@ -88,7 +89,7 @@ func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
 	}
 	id := r.PathValue("id")
 	var req ActionRequest
-	if refused, _ := decodeBody(w, r, 16<<10, &req); refused != nil {
+	if refused, _ := request.DecodeBody(w, r, 16<<10, &req); refused != nil {
 		refused.Write(w)
 		return
 	}

@@ -29,6 +29,7 @@ import (
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/request"
 )
 
 // WebhookContract is the contract a pull request is reviewed under.
@@ -224,7 +225,7 @@ func (s *Service) verifyDelivery(ctx context.Context, w http.ResponseWriter, r *
 	if !eventRE.MatchString(d.event) {
 		return nil, apierror.New(http.StatusBadRequest, "invalid_event", "X-GitHub-Event must be a lower-case event name")
 	}
-	body, refused := readBody(w, r, s.cfg.MaxBodyBytes)
+	body, refused := request.ReadBody(w, r, s.cfg.MaxBodyBytes)
 	if refused != nil {
 		return nil, refused
 	}

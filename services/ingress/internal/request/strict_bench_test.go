@@ -1,6 +1,7 @@
-package ingress
+package request
 
 import (
+	"assay.dev/pkg/api"
 	"fmt"
 	"strings"
 	"testing"
@@ -25,7 +26,7 @@ func fullBatchBody() []byte {
 	var b strings.Builder
 	b.WriteString(`{"contract":"moderation","items":[`)
 	text := strings.Repeat("a message of a long thread ", 25)
-	for i := range MaxBatchItems {
+	for i := range api.MaxBatchItems {
 		if i > 0 {
 			b.WriteString(",")
 		}
@@ -46,8 +47,8 @@ func BenchmarkDecodeStrict(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			b.SetBytes(int64(len(c.body)))
 			for b.Loop() {
-				var req BatchRequest
-				_ = decodeStrict(c.body, &req)
+				var req api.BatchRequest
+				_ = Decode(c.body, &req)
 			}
 		})
 	}

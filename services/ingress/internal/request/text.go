@@ -1,4 +1,4 @@
-package ingress
+package request
 
 import (
 	"fmt"
@@ -14,24 +14,24 @@ import (
 // query is answered 503 "try again", which asking again never passes. So
 // the API checks every path, query value and body string where it comes
 // in, and refuses what is not text with an answer that says so: a path
-// that cannot name anything is 404 not_found (textPaths), a query value
-// 400 invalid_query naming the parameter (textQuery), a body string 400
-// invalid_input naming the field (decodeStrictFrom, with EscapeError for
+// that cannot name anything is 404 not_found (TextPaths), a query value
+// 400 invalid_query naming the parameter (TextQuery), a body string 400
+// invalid_input naming the field (DecodeFrom, with EscapeError for
 // what its JSON escapes make).
 
-// storable reports whether s is text a Postgres text column holds as it
+// Storable reports whether s is text a Postgres text column holds as it
 // is: valid UTF-8 (so no surrogate half and no overlong form) without NUL.
-func storable(s string) bool {
+func Storable(s string) bool {
 	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
-// textPaths answers a request to the API (/v1/…) whose path, once its
-// percent-escapes are undone, is not storable text with 404 not_found:
+// TextPaths answers a request to the API (/v1/…) whose path, once its
+// percent-escapes are undone, is not Storable text with 404 not_found:
 // no work, batch or review item has such an id. The console's pages read
 // nothing themselves and pass; their scripts' calls are checked here.
-func textPaths(h http.Handler) http.Handler {
+func TextPaths(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/v1/") && !storable(r.URL.Path) {
+		if strings.HasPrefix(r.URL.Path, "/v1/") && !Storable(r.URL.Path) {
 			apierror.Write(w, http.StatusNotFound, "not_found",
 				"no such resource: the path is not UTF-8 text without NUL, so it names nothing")
 			return
@@ -40,22 +40,22 @@ func textPaths(h http.Handler) http.Handler {
 	})
 }
 
-// textQuery refuses a request to an operation that takes a query when a
-// parameter's name or value is not storable text: 400 invalid_query,
+// TextQuery refuses a request to an operation that takes a query when a
+// parameter's name or value is not Storable text: 400 invalid_query,
 // naming the parameter. It is wrapped around every such operation, so a
 // filter or a cursor is text before a handler reads it.
-func textQuery(h http.Handler) http.Handler {
+func TextQuery(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		for name, values := range r.URL.Query() {
-			if !storable(name) {
+			if !Storable(name) {
 				apierror.Write(w, http.StatusBadRequest, "invalid_query",
 					"a query parameter's name is not UTF-8 text without NUL")
 				return
 			}
 			for _, v := range values {
-				if !storable(v) {
+				if !Storable(v) {
 					apierror.Write(w, http.StatusBadRequest, "invalid_query",
-						fmt.Sprintf("%s: not UTF-8 text without NUL", shown(name)))
+						fmt.Sprintf("%s: not UTF-8 text without NUL", Shown(name)))
 					return
 				}
 			}
@@ -65,7 +65,7 @@ func textQuery(h http.Handler) http.Handler {
 }
 
 // EscapeError is a string in a request body whose JSON escapes make what
-// is not storable text: \u0000, or half of a UTF-16 surrogate pair alone
+// is not Storable text: \u0000, or half of a UTF-16 surrogate pair alone
 // (\ud800), which encoding/json would quietly turn into U+FFFD. The raw
 // bytes of a body are checked as they are read (contract.TextError);
 // this is what they spell.

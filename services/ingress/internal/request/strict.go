@@ -1,4 +1,4 @@
-package ingress
+package request
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/contract"
 )
 
@@ -25,9 +26,9 @@ type decodeLimits struct {
 
 // requestLimits are the API's: deep and wide enough for any contract's
 // input, far below what would make a body expensive to refuse.
-var requestLimits = decodeLimits{Depth: 32, Keys: 256, Items: MaxBatchItems, StringSize: MaxDiffCeiling}
+var requestLimits = decodeLimits{Depth: 32, Keys: 256, Items: api.MaxBatchItems, StringSize: api.MaxDiffCeiling}
 
-// decodeStrict decodes one JSON object into v as its struct tags name it,
+// Decode decodes one JSON object into v as its struct tags name it,
 // and refuses what encoding/json would let through quietly: a field name
 // in another case (it matches names case-insensitively), a key given twice
 // anywhere, input objects included (it keeps the last, while a model or a
@@ -35,19 +36,19 @@ var requestLimits = decodeLimits{Depth: 32, Keys: 256, Items: MaxBatchItems, Str
 // the object. Errors name the place in the body and say what is wrong in
 // the API's words, never Go's type names. The body is walked once, token
 // by token, and the walk stops at the first fault.
-func decodeStrict(body []byte, v any) error {
-	return decodeStrictFrom(bytes.NewReader(body), v)
+func Decode(body []byte, v any) error {
+	return DecodeFrom(bytes.NewReader(body), v)
 }
 
-// decodeStrictFrom is decodeStrict reading the body as it walks it: a
+// DecodeFrom is decodeStrict reading the body as it walks it: a
 // body refused at its first fault is read no further than that, and a
-// byte that is not storable text (invalid UTF-8, NUL: encoding/json would
+// byte that is not Storable text (invalid UTF-8, NUL: encoding/json would
 // turn the first into U+FFFD quietly) stops it too, as a
 // *contract.TextError; so does a string whose JSON escapes make what is
 // not (\u0000, a surrogate half alone), as an *EscapeError naming where
 // it is. Errors of r itself (its size cap, its deadline) come back as
 // they are.
-func decodeStrictFrom(r io.Reader, v any) error {
+func DecodeFrom(r io.Reader, v any) error {
 	var seen bytes.Buffer
 	src := &textReader{r: io.TeeReader(r, &seen)}
 	dec := json.NewDecoder(src)
@@ -80,8 +81,8 @@ type ReadError struct{ Err error }
 func (e *ReadError) Error() string { return "request body: " + e.Err.Error() }
 func (e *ReadError) Unwrap() error { return e.Err }
 
-// readFault is the reader's error as decodeStrictFrom returns it: text
-// that is not storable as it is, anything else as a *ReadError.
+// readFault is the reader's error as DecodeFrom returns it: text
+// that is not Storable as it is, anything else as a *ReadError.
 func readFault(err error) error {
 	var te *contract.TextError
 	if errors.As(err, &te) {
@@ -90,7 +91,7 @@ func readFault(err error) error {
 	return &ReadError{Err: err}
 }
 
-// textReader passes on what r reads while it is storable text: UTF-8
+// textReader passes on what r reads while it is Storable text: UTF-8
 // without NUL. At the first byte that is not, or at r's own error, it
 // keeps the error and reads no more.
 type textReader struct {
@@ -160,7 +161,7 @@ func (w walker) value(t reflect.Type, path string, depth int) error {
 		case reflect.Pointer, reflect.Slice, reflect.Map, reflect.Interface:
 			return nil
 		}
-		return fmt.Errorf("%smust not be null", at(path))
+		return fmt.Errorf("%smust not be null", At(path))
 	}
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -194,10 +195,10 @@ func (w walker) value(t reflect.Type, path string, depth int) error {
 			return kindError(path, "a whole number", tok)
 		}
 		if _, err := strconv.ParseInt(string(n), 10, t.Bits()); err != nil {
-			return fmt.Errorf("%smust be a whole number within range, not %s", at(path), n)
+			return fmt.Errorf("%smust be a whole number within range, not %s", At(path), n)
 		}
 	default:
-		return fmt.Errorf("%scannot be read", at(path))
+		return fmt.Errorf("%scannot be read", At(path))
 	}
 	return nil
 }
@@ -206,7 +207,7 @@ func (w walker) value(t reflect.Type, path string, depth int) error {
 // each name exactly a field's, each once.
 func (w walker) object(t reflect.Type, path string, depth int) error {
 	if depth > w.lim.Depth {
-		return fmt.Errorf("%snested deeper than %d", at(path), w.lim.Depth)
+		return fmt.Errorf("%snested deeper than %d", At(path), w.lim.Depth)
 	}
 	fields := jsonFields(t)
 	seen := map[string]bool{}
@@ -220,7 +221,7 @@ func (w walker) object(t reflect.Type, path string, depth int) error {
 			return unknownField(path, key, fields)
 		}
 		if seen[key] {
-			return fmt.Errorf("%s%s is given twice", at(path), shown(key))
+			return fmt.Errorf("%s%s is given twice", At(path), Shown(key))
 		}
 		seen[key] = true
 		if err := w.value(f, join(path, key), depth); err != nil {
@@ -233,11 +234,11 @@ func (w walker) object(t reflect.Type, path string, depth int) error {
 
 func (w walker) array(elem reflect.Type, path string, depth int) error {
 	if depth > w.lim.Depth {
-		return fmt.Errorf("%snested deeper than %d", at(path), w.lim.Depth)
+		return fmt.Errorf("%snested deeper than %d", At(path), w.lim.Depth)
 	}
 	for i := 0; w.dec.More(); i++ {
 		if i >= w.lim.Items {
-			return &tooManyError{path: path, limit: w.lim.Items}
+			return &TooManyError{Path: path, Limit: w.lim.Items}
 		}
 		if err := w.value(elem, path+"["+strconv.Itoa(i)+"]", depth); err != nil {
 			return err
@@ -254,7 +255,7 @@ func (w walker) any(tok json.Token, path string, depth int) error {
 	case json.Delim('{'):
 		depth++
 		if depth > w.lim.Depth {
-			return fmt.Errorf("%snested deeper than %d", at(path), w.lim.Depth)
+			return fmt.Errorf("%snested deeper than %d", At(path), w.lim.Depth)
 		}
 		seen := map[string]bool{}
 		for w.dec.More() {
@@ -263,7 +264,7 @@ func (w walker) any(tok json.Token, path string, depth int) error {
 				return err
 			}
 			if seen[key] {
-				return fmt.Errorf("%s%s is given twice", at(path), shown(key))
+				return fmt.Errorf("%s%s is given twice", At(path), Shown(key))
 			}
 			seen[key] = true
 			next, err := w.dec.Token()
@@ -279,11 +280,11 @@ func (w walker) any(tok json.Token, path string, depth int) error {
 	case json.Delim('['):
 		depth++
 		if depth > w.lim.Depth {
-			return fmt.Errorf("%snested deeper than %d", at(path), w.lim.Depth)
+			return fmt.Errorf("%snested deeper than %d", At(path), w.lim.Depth)
 		}
 		for i := 0; w.dec.More(); i++ {
 			if i >= w.lim.Items {
-				return &tooManyError{path: path, limit: w.lim.Items}
+				return &TooManyError{Path: path, Limit: w.lim.Items}
 			}
 			next, err := w.dec.Token()
 			if err != nil {
@@ -302,21 +303,21 @@ func (w walker) any(tok json.Token, path string, depth int) error {
 	return nil
 }
 
-// tooManyError is an array with more elements than the limit: where it
+// TooManyError is an array with more elements than the limit: where it
 // is, so a caller can name its own limit (a batch's items).
-type tooManyError struct {
-	path  string
-	limit int
+type TooManyError struct {
+	Path  string
+	Limit int
 }
 
-func (e *tooManyError) Error() string {
-	return fmt.Sprintf("%smore than %d elements", at(e.path), e.limit)
+func (e *TooManyError) Error() string {
+	return fmt.Sprintf("%smore than %d elements", At(e.Path), e.Limit)
 }
 
 // key reads an object's next key, the (n+1)th.
 func (w walker) key(path string, n int) (string, error) {
 	if n >= w.lim.Keys {
-		return "", fmt.Errorf("%smore than %d keys", at(path), w.lim.Keys)
+		return "", fmt.Errorf("%smore than %d keys", At(path), w.lim.Keys)
 	}
 	tok, err := w.dec.Token()
 	if err != nil {
@@ -330,7 +331,7 @@ func (w walker) key(path string, n int) (string, error) {
 // the decoder just read: within the size limit, and text as it was sent.
 func (w walker) text(s, path string, key bool) error {
 	if len(s) > w.lim.StringSize {
-		return fmt.Errorf("%sa string longer than %d bytes", at(path), w.lim.StringSize)
+		return fmt.Errorf("%sa string longer than %d bytes", At(path), w.lim.StringSize)
 	}
 	var body []byte
 	if w.seen != nil {
@@ -362,14 +363,14 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 func unknownField(path, key string, fields map[string]reflect.Type) error {
 	for name := range fields {
 		if strings.EqualFold(name, key) {
-			return fmt.Errorf("%sunknown field %s (names are case-sensitive: %q)", at(path), shown(key), name)
+			return fmt.Errorf("%sunknown field %s (names are case-sensitive: %q)", At(path), Shown(key), name)
 		}
 	}
-	return fmt.Errorf("%sunknown field %s", at(path), shown(key))
+	return fmt.Errorf("%sunknown field %s", At(path), Shown(key))
 }
 
 func kindError(path, want string, got json.Token) error {
-	return fmt.Errorf("%smust be %s, not %s", at(path), want, kindOf(got))
+	return fmt.Errorf("%smust be %s, not %s", At(path), want, kindOf(got))
 }
 
 // kindOf names a token's JSON kind.
@@ -402,9 +403,9 @@ func syntaxAt(path string, err error) error {
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return errors.New("ends before the JSON is complete")
 	case errors.As(err, &se):
-		return fmt.Errorf("not JSON at byte %d (%s)", se.Offset, in(path))
+		return fmt.Errorf("not JSON at byte %d (%s)", se.Offset, In(path))
 	}
-	return fmt.Errorf("not JSON (%s)", in(path))
+	return fmt.Errorf("not JSON (%s)", In(path))
 }
 
 func join(path, key string) string {
@@ -419,14 +420,14 @@ func join(path, key string) string {
 
 // at prefixes a message with the place it is about ("" for the body's
 // object itself).
-func at(path string) string {
+func At(path string) string {
 	if path == "" {
 		return ""
 	}
 	return path + ": "
 }
 
-func in(path string) string {
+func In(path string) string {
 	if path == "" {
 		return "in the object"
 	}
@@ -434,7 +435,7 @@ func in(path string) string {
 }
 
 // shown is a caller's key as a message quotes it: at most 64 bytes.
-func shown(key string) string {
+func Shown(key string) string {
 	if len(key) > 64 {
 		key = key[:64] + "…"
 	}
