@@ -27,106 +27,106 @@ import (
 )
 
 var (
-	// sourceRE admits owner/repo#number and other printable ids, no spaces.
-	sourceRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/#:@+-]{0,199}$`)
-	revisionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
+	// SourceRE admits owner/repo#number and other printable ids, no spaces.
+	SourceRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/#:@+-]{0,199}$`)
+	RevisionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
 )
 
 // authenticate resolves the bearer token to a tenant this cell serves, or
-// writes the refusal and returns false.
-func (s *Service) authenticate(w http.ResponseWriter, r *http.Request) (store.Tenant, bool) {
-	t, refused := auth.Bearer(r.Context(), s.tokens, r.Header.Get("Authorization"), s.cell())
-	if refused != nil && refused.Code == "wrong_cell" && t.ID != "" && s.finishing(r, t.ID) {
+// writes the Refusal and returns false.
+func (s *Service) Authenticate(w http.ResponseWriter, r *http.Request) (store.Tenant, bool) {
+	t, refused := auth.Bearer(r.Context(), s.Tokens, r.Header.Get("Authorization"), s.Cell())
+	if refused != nil && refused.Code == "wrong_cell" && t.ID != "" && s.Finishing(r, t.ID) {
 		return t, true
 	}
 	if refused != nil {
 		if refused.Status == http.StatusServiceUnavailable {
-			s.d.Log.Error("token lookup failed", "err", refused.Message)
+			s.D.Log.Error("token lookup failed", "err", refused.Message)
 		}
-		s.refuseOrSendOn(w, r, t, refused, nil)
+		s.RefuseOrSendOn(w, r, t, refused, nil)
 		return store.Tenant{}, false
 	}
 	return t, true
 }
 
 func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
-	ctx, span := s.d.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.submit", trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := s.D.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.submit", trace.WithSpanKind(trace.SpanKindServer))
 	defer span.End()
 	r = r.WithContext(ctx)
-	t, ok := s.authenticate(w, r)
+	t, ok := s.Authenticate(w, r)
 	if !ok {
-		s.count(ctx, "unauthenticated")
+		s.Count(ctx, "unauthenticated")
 		return
 	}
 	req, refused := s.decodeSubmit(w, r)
 	if refused != nil {
-		s.count(ctx, refused.Code)
+		s.Count(ctx, refused.Code)
 		refused.Write(w)
 		return
 	}
-	c, _ := s.d.Contracts.Get(req.Contract)
-	c, _ = s.contractFor(ctx, t.ID, c)
-	work := s.newWork(ctx, t, c, req.SourceID, req.Revision, req.Lane, request.Compact(req.Input), s.deadline(req))
+	c, _ := s.D.Contracts.Get(req.Contract)
+	c, _ = s.ContractFor(ctx, t.ID, c)
+	work := s.NewWork(ctx, t, c, req.SourceID, req.Revision, req.Lane, request.Compact(req.Input), s.deadline(req))
 	span.SetAttributes(attribute.String("assay.work_id", work.ID), attribute.String("assay.tenant", t.ID))
 	// The rate token is taken before the input is checked against its
 	// schema: a refused request costs its bounded decoding alone.
-	if wait, ok := s.admit(ctx, t, req.Lane); !ok {
-		s.overRate(ctx, w, t, work, wait)
+	if wait, ok := s.Admit(ctx, t, req.Lane); !ok {
+		s.RefuseOverRate(ctx, w, t, work, wait)
 		return
 	}
-	if refused := s.validateInput(c, req.Input); refused != nil {
-		s.count(ctx, refused.Code)
+	if refused := s.ValidateInput(c, req.Input); refused != nil {
+		s.Count(ctx, refused.Code)
 		refused.Write(w)
 		return
 	}
-	if r := s.admitCapacity(ctx, t, work); r != nil {
-		s.overCapacity(ctx, w, t, work, r)
+	if r := s.AdmitCapacity(ctx, t, work); r != nil {
+		s.OverCapacity(ctx, w, t, work, r)
 		return
 	}
-	ins := s.inserts.Do(ctx, store.InsertReq{Work: work, Announce: s.announce(ctx), Publish: true})
+	ins := s.Inserts.Do(ctx, store.InsertReq{Work: work, Announce: s.Announcer(ctx), Publish: true})
 	got, created, err := ins.Work, ins.Created, ins.Err
 	if store.Permanent(err) {
 		// Bad input the checks above let through: a 400, never a
 		// "try again".
-		s.count(ctx, "invalid_input")
-		s.d.Log.Warn("work refused by the database", "key", work.ID, "sqlstate", store.SQLState(err))
+		s.Count(ctx, "invalid_input")
+		s.D.Log.Warn("work refused by the database", "key", work.ID, "sqlstate", store.SQLState(err))
 		apierror.Write(w, http.StatusBadRequest, "invalid_input",
 			fmt.Sprintf("the cell cannot store this request: %s; nothing was stored", store.Refusal(err)))
 		return
 	}
 	if store.MovedOut(err) {
 		body, _ := json.Marshal(req)
-		s.movedOut(w, r, t.ID, body)
+		s.MovedOut(w, r, t.ID, body)
 		return
 	}
 	if err != nil {
-		s.d.Log.Error("insert work failed", "key", work.ID, "err", err)
-		s.count(ctx, "unavailable")
+		s.D.Log.Error("insert work failed", "key", work.ID, "err", err)
+		s.Count(ctx, "unavailable")
 		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the work was not stored; try again")
 		return
 	}
 	if !created && got.State == outcome.Elsewhere {
 		body, _ := json.Marshal(req)
-		if s.sendToFinisher(w, r, t.ID, got.ID, body) {
+		if s.SendToFinisher(w, r, t.ID, got.ID, body) {
 			return
 		}
 	}
 	if !created {
-		s.duplicate(ctx, w, t, got)
+		s.Duplicate(ctx, w, t, got)
 		return
 	}
-	s.relay.Send(got.Announced...)
-	s.goShadow(ctx, work)
-	s.logSuperseded(ctx, got)
-	s.count(ctx, outcome.Accepted)
-	telemetry.Decision(ctx, s.d.Log, got.ID, outcome.Queued, "new ingress key",
+	s.Relay.Send(got.Announced...)
+	s.GoShadow(ctx, work)
+	s.LogSuperseded(ctx, got)
+	s.Count(ctx, outcome.Accepted)
+	telemetry.Decision(ctx, s.D.Log, got.ID, outcome.Queued, "new ingress key",
 		slog.String("tenant", t.ID), telemetry.OpaqueAttr("source", req.SourceID), telemetry.OpaqueAttr("revision", req.Revision))
-	apierror.JSON(w, http.StatusAccepted, submitted(got, false))
+	apierror.JSON(w, http.StatusAccepted, Submitted(got, false))
 }
 
 // deadline is the request's deadline: its own, else its lane's.
 func (s *Service) deadline(req SubmitRequest) time.Time {
-	d := s.laneDeadline(req.Lane)
+	d := s.LaneDeadline(req.Lane)
 	if req.DeadlineSeconds > 0 {
 		d = time.Duration(req.DeadlineSeconds) * time.Second
 	}
@@ -134,63 +134,63 @@ func (s *Service) deadline(req SubmitRequest) time.Time {
 }
 
 // laneDeadline is how long work of lane has by default.
-func (s *Service) laneDeadline(lane string) time.Duration {
+func (s *Service) LaneDeadline(lane string) time.Duration {
 	if lane == event.Batch {
-		return s.cfg.BatchDeadline
+		return s.Cfg.BatchDeadline
 	}
-	return s.cfg.InteractiveDeadline
+	return s.Cfg.InteractiveDeadline
 }
 
-// overRate answers a submission the tenant's bucket refused: 429 with
+// OverRate answers a submission the tenant's bucket refused: 429 with
 // Retry-After, nothing stored; a key already accepted costs nothing, over
 // the rate or not, and answers as the duplicate it is.
-func (s *Service) overRate(ctx context.Context, w http.ResponseWriter, t store.Tenant, work *store.Work, wait time.Duration) {
-	if got, err := s.d.Store.GetWork(ctx, work.ID); err == nil && got.State != outcome.Dropped {
-		s.duplicate(ctx, w, t, got)
+func (s *Service) RefuseOverRate(ctx context.Context, w http.ResponseWriter, t store.Tenant, work *store.Work, wait time.Duration) {
+	if got, err := s.D.Store.GetWork(ctx, work.ID); err == nil && got.State != outcome.Dropped {
+		s.Duplicate(ctx, w, t, got)
 		return
 	}
-	s.count(ctx, "rate_limited")
-	telemetry.Decision(ctx, s.d.Log, work.ID, "refused", overRate(t, work.Lane),
+	s.Count(ctx, "rate_limited")
+	telemetry.Decision(ctx, s.D.Log, work.ID, "refused", OverRate(t, work.Lane),
 		slog.String("tenant", t.ID), slog.Duration("retry_after", wait))
-	tooMany(w, "rate_limited", overRate(t, work.Lane), wait)
+	TooMany(w, "rate_limited", OverRate(t, work.Lane), wait)
 }
 
-// tooMany answers a submission refused for now: retryLater, with a message
+// TooMany answers a submission refused for now: RetryLater, with a message
 // that says why, how long, and that nothing was stored.
-func tooMany(w http.ResponseWriter, code, why string, wait time.Duration) {
-	retryLater(w, code, fmt.Sprintf("%s; retry after %d s (nothing was stored)", why, retrySeconds(wait)), wait)
+func TooMany(w http.ResponseWriter, code, why string, wait time.Duration) {
+	RetryLater(w, code, fmt.Sprintf("%s; retry after %d s (nothing was stored)", why, RetrySeconds(wait)), wait)
 }
 
-// retryLater answers a refusal that asking again later can pass: 429 with
-// code and message, and Retry-After: wait in whole seconds (retrySeconds).
+// RetryLater answers a Refusal that asking again later can pass: 429 with
+// code and message, and Retry-After: wait in whole seconds (RetrySeconds).
 // Every 429 ingress answers is written here.
-func retryLater(w http.ResponseWriter, code, message string, wait time.Duration) {
-	w.Header().Set("Retry-After", strconv.Itoa(retrySeconds(wait)))
+func RetryLater(w http.ResponseWriter, code, message string, wait time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(RetrySeconds(wait)))
 	apierror.Write(w, http.StatusTooManyRequests, code, message)
 }
 
-// retrySeconds is wait as Retry-After gives it: whole seconds, rounded up.
-func retrySeconds(wait time.Duration) int { return int(math.Ceil(wait.Seconds())) }
+// RetrySeconds is wait as Retry-After gives it: whole seconds, rounded up.
+func RetrySeconds(wait time.Duration) int { return int(math.Ceil(wait.Seconds())) }
 
-// streamsFullWait is the Retry-After of a stream refused because its
+// StreamsFullWait is the Retry-After of a stream refused because its
 // holder has as many open as it may: a stream ends when its client closes
 // it, which no wait foretells, so the wait only paces asking again.
-const streamsFullWait = 5 * time.Second
+const StreamsFullWait = 5 * time.Second
 
 // duplicate answers a submission whose ingress key was already accepted.
-func (s *Service) duplicate(ctx context.Context, w http.ResponseWriter, t store.Tenant, got *store.Work) {
-	s.count(ctx, "duplicate")
-	telemetry.Decision(ctx, s.d.Log, got.ID, "duplicate", "ingress key already accepted",
+func (s *Service) Duplicate(ctx context.Context, w http.ResponseWriter, t store.Tenant, got *store.Work) {
+	s.Count(ctx, "duplicate")
+	telemetry.Decision(ctx, s.D.Log, got.ID, "duplicate", "ingress key already accepted",
 		slog.String("tenant", t.ID), slog.String("state", got.State))
-	apierror.JSON(w, http.StatusOK, submitted(got, true))
+	apierror.JSON(w, http.StatusOK, Submitted(got, true))
 }
 
-func submitted(w *store.Work, duplicate bool) SubmitResponse {
+func Submitted(w *store.Work, duplicate bool) SubmitResponse {
 	return SubmitResponse{WorkID: w.ID, State: w.State, Duplicate: duplicate, Region: w.Region,
 		Links: Links{Self: "/v1/work/" + w.ID}}
 }
 
-// decodeSubmit reads the body strictly and validates it; a refusal says
+// decodeSubmit reads the body strictly and validates it; a Refusal says
 // why the request is refused.
 func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRequest, *apierror.Error) {
 	var req SubmitRequest
@@ -199,19 +199,19 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRe
 	}
 	// Text is checked as it is read: Postgres stores text, and
 	// encoding/json would quietly turn bad bytes into U+FFFD.
-	if refused, _ := request.DecodeBody(w, r, s.cfg.MaxBodyBytes, &req); refused != nil {
+	if refused, _ := request.DecodeBody(w, r, s.Cfg.MaxBodyBytes, &req); refused != nil {
 		return req, refused
 	}
 	if req.Lane == "" {
 		req.Lane = event.Interactive
 	}
-	_, ok := s.d.Contracts.Get(req.Contract)
+	_, ok := s.D.Contracts.Get(req.Contract)
 	switch {
 	case !ok:
-		return bad("unknown_contract", fmt.Sprintf("contract %q is not known (known: %s)", req.Contract, strings.Join(s.d.Contracts.Names(), ", ")))
-	case !sourceRE.MatchString(req.SourceID):
+		return bad("unknown_contract", fmt.Sprintf("contract %q is not known (known: %s)", req.Contract, strings.Join(s.D.Contracts.Names(), ", ")))
+	case !SourceRE.MatchString(req.SourceID):
 		return bad("invalid_source_id", "sourceId must be 1-200 characters of letters, digits and ._/#:@+- (e.g. owner/repo#42)")
-	case !revisionRE.MatchString(req.Revision):
+	case !RevisionRE.MatchString(req.Revision):
 		return bad("invalid_revision", "revision must be 1-100 characters of letters, digits and ._- (e.g. a commit SHA)")
 	case !event.ValidLane(req.Lane):
 		return bad("invalid_lane", fmt.Sprintf("lane %q is not one of interactive, batch", req.Lane))
@@ -225,30 +225,30 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRe
 
 // validateInput checks the input against its contract's schema: the
 // dearest check, made once the request took its rate token.
-func (s *Service) validateInput(c *contract.Contract, input json.RawMessage) *apierror.Error {
+func (s *Service) ValidateInput(c *contract.Contract, input json.RawMessage) *apierror.Error {
 	if err := c.ValidateInput(input); err != nil {
 		return apierror.New(http.StatusBadRequest, "invalid_input", err.Error())
 	}
-	return s.diffSize(c, input)
+	return s.DiffSize(c, input)
 }
 
 // diffSize refuses the input of a contract grounded in a diff whose diff is
 // over the cell's cap, the one webhooks are held to.
-func (s *Service) diffSize(c *contract.Contract, input json.RawMessage) *apierror.Error {
+func (s *Service) DiffSize(c *contract.Contract, input json.RawMessage) *apierror.Error {
 	// A diff is never longer than the JSON that quotes it: most inputs are
 	// not decoded again.
-	if c.Grounding != contract.GroundingDiff || int64(len(input)) <= s.cfg.MaxDiffBytes {
+	if c.Grounding != contract.GroundingDiff || int64(len(input)) <= s.Cfg.MaxDiffBytes {
 		return nil
 	}
 	var in struct {
 		Diff string `json:"diff"`
 	}
-	if json.Unmarshal(input, &in) != nil || int64(len(in.Diff)) <= s.cfg.MaxDiffBytes {
+	if json.Unmarshal(input, &in) != nil || int64(len(in.Diff)) <= s.Cfg.MaxDiffBytes {
 		return nil
 	}
 	return apierror.New(http.StatusRequestEntityTooLarge, "diff_too_large", fmt.Sprintf(
 		"the input's diff is %d bytes, over this cell's limit of %d (ASSAY_MAX_DIFF_BYTES, up to %d; larger diffs are reviewed in parts)",
-		len(in.Diff), s.cfg.MaxDiffBytes, MaxDiffCeiling))
+		len(in.Diff), s.Cfg.MaxDiffBytes, MaxDiffCeiling))
 }
 
 // DecodeSubmit decodes a submission strictly: one JSON object, known fields
@@ -258,7 +258,7 @@ func DecodeSubmit(body []byte, req *SubmitRequest) error {
 }
 
 func (s *Service) get(w http.ResponseWriter, r *http.Request) {
-	t, ok := s.authenticate(w, r)
+	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return
 	}
@@ -269,11 +269,11 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		s.d.Log.Error("read work failed", "key", r.PathValue("id"), "err", err)
+		s.D.Log.Error("read work failed", "key", r.PathValue("id"), "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
-	if v.State == outcome.Elsewhere && s.sendToFinisher(w, r, t.ID, v.WorkID, nil) {
+	if v.State == outcome.Elsewhere && s.SendToFinisher(w, r, t.ID, v.WorkID, nil) {
 		return
 	}
 	apierror.JSON(w, http.StatusOK, v)
@@ -281,7 +281,7 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request) {
 
 // View reads what GET /v1/work/{id} shows.
 func (s *Service) View(ctx context.Context, id string) (*WorkView, error) {
-	wk, err := s.d.Store.GetWork(ctx, id)
+	wk, err := s.D.Store.GetWork(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -292,7 +292,7 @@ func (s *Service) View(ctx context.Context, id string) (*WorkView, error) {
 		o := wk.State
 		v.Outcome = &o
 	}
-	attempts, err := s.d.Store.Attempts(ctx, id)
+	attempts, err := s.D.Store.Attempts(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -301,22 +301,22 @@ func (s *Service) View(ctx context.Context, id string) (*WorkView, error) {
 			Reason: a.Reason, StartedAt: a.StartedAt, FinishedAt: a.FinishedAt, Part: a.Part})
 	}
 	if wk.State == outcome.Accepted {
-		r, err := s.d.Store.GetResult(ctx, id)
+		r, err := s.D.Store.GetResult(ctx, id)
 		if err != nil {
 			return nil, err
 		}
 		v.Result = &ResultView{SchemaVersion: r.SchemaVersion, AttemptID: r.AttemptID, Output: r.Output,
 			Findings: r.Findings, CreatedAt: r.CreatedAt, Coverage: r.Coverage}
 	}
-	pubs, err := s.d.Store.PublicationsOf(ctx, id)
+	pubs, err := s.D.Store.PublicationsOf(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	v.Publications = PublicationViews(pubs)
-	if v.Review, err = workReview(ctx, s.d.Store, id); err != nil {
+	if v.Review, err = workReview(ctx, s.D.Store, id); err != nil {
 		return nil, err
 	}
-	if v.View, err = s.d.Store.ViewOf(ctx, id); err != nil {
+	if v.View, err = s.D.Store.ViewOf(ctx, id); err != nil {
 		return nil, err
 	}
 	return v, nil

@@ -23,14 +23,14 @@ func TestRetryLater(t *testing.T) {
 		return e.Error.Code, e.Error.Message
 	}
 	rec := httptest.NewRecorder()
-	tooMany(rec, "rate_limited", "over the rate", 1200*time.Millisecond)
+	TooMany(rec, "rate_limited", "over the rate", 1200*time.Millisecond)
 	code, msg := read(rec)
 	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "2" || code != "rate_limited" ||
 		msg != "over the rate; retry after 2 s (nothing was stored)" {
 		t.Errorf("submission: %d, Retry-After %q, %s %q", rec.Code, rec.Header().Get("Retry-After"), code, msg)
 	}
 	rec = httptest.NewRecorder()
-	retryLater(rec, "too_many_streams", "close one first", streamsFullWait)
+	RetryLater(rec, "too_many_streams", "close one first", StreamsFullWait)
 	code, msg = read(rec)
 	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "5" || code != "too_many_streams" ||
 		msg != "close one first" {

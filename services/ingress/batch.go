@@ -74,16 +74,16 @@ var (
 // all in one transaction. The batch takes one token of the tenant's batch
 // lane bucket.
 func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
-	ctx, span := s.d.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.batch")
+	ctx, span := s.D.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.batch")
 	defer span.End()
-	t, ok := s.authenticate(w, r)
+	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return
 	}
 	// The rate token first, a repeated batchKey's too: a refused request
 	// costs no reading of its body.
-	if wait, ok := s.admit(ctx, t, event.Batch); !ok {
-		tooMany(w, "rate_limited", overRate(t, event.Batch), wait)
+	if wait, ok := s.Admit(ctx, t, event.Batch); !ok {
+		TooMany(w, "rate_limited", OverRate(t, event.Batch), wait)
 		return
 	}
 	req, c, refused := s.decodeBatch(w, r)
@@ -91,38 +91,38 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 		refused.Write(w)
 		return
 	}
-	c, _ = s.contractFor(ctx, t.ID, c)
-	deadline := batchDeadline(time.Now(), req.DeadlineSeconds, s.cfg.BatchDeadline)
+	c, _ = s.ContractFor(ctx, t.ID, c)
+	deadline := batchDeadline(time.Now(), req.DeadlineSeconds, s.Cfg.BatchDeadline)
 	b := &store.Batch{ID: batchID(t.ID, req.BatchKey), TenantID: t.ID, Contract: c.Name, ItemsDigest: itemsDigest(req),
 		DeadlineAt: deadline}
 	known := false
 	if req.BatchKey != "" {
-		_, err := s.d.Store.GetBatch(ctx, t.ID, b.ID)
+		_, err := s.D.Store.GetBatch(ctx, t.ID, b.ID)
 		known = err == nil
 	}
 	// A batch asked for again is answered as the one it is; a new one
 	// must fit in the tenant's backlog with all its items.
 	if r := s.newBatchBacklog(ctx, t, known, len(req.Items)); r != nil {
-		s.countShed(ctx, event.Batch, r.code, "api")
-		telemetry.Decision(ctx, s.d.Log, b.ID, "refused", r.reason, slog.String("tenant", t.ID), slog.Int("items", len(req.Items)))
-		tooMany(w, r.code, r.reason, r.retry)
+		s.CountShed(ctx, event.Batch, r.code, "api")
+		telemetry.Decision(ctx, s.D.Log, b.ID, "refused", r.reason, slog.String("tenant", t.ID), slog.Int("items", len(req.Items)))
+		TooMany(w, r.code, r.reason, r.retry)
 		return
 	}
 	entries := s.batchEntries(ctx, t, c, req.Items, deadline)
-	got, created, err := s.d.Store.InsertBatch(ctx, b, entries, s.announce(ctx))
+	got, created, err := s.D.Store.InsertBatch(ctx, b, entries, s.Announcer(ctx))
 	if s.insertRefused(w, err, b.ID, req.BatchKey) {
 		return
 	}
 	resp := BatchResponse{BatchID: got.ID, Contract: got.Contract, Total: got.ItemCount, Duplicate: !created,
-		Region: s.cfg.Region, Links: batchLinks(got.ID)}
+		Region: s.Cfg.Region, Links: batchLinks(got.ID)}
 	if !created {
-		telemetry.Decision(ctx, s.d.Log, got.ID, "duplicate", "batch key already accepted", slog.String("tenant", t.ID))
+		telemetry.Decision(ctx, s.D.Log, got.ID, "duplicate", "batch key already accepted", slog.String("tenant", t.ID))
 		apierror.JSON(w, http.StatusOK, resp)
 		return
 	}
-	s.relay.Kick()
+	s.Relay.Kick()
 	resp.Items = s.batchQueued(ctx, t, got.ID, entries)
-	telemetry.Decision(ctx, s.d.Log, got.ID, "batch_accepted", fmt.Sprintf("%d items", got.ItemCount), slog.String("tenant", t.ID))
+	telemetry.Decision(ctx, s.D.Log, got.ID, "batch_accepted", fmt.Sprintf("%d items", got.ItemCount), slog.String("tenant", t.ID))
 	apierror.JSON(w, http.StatusAccepted, resp)
 }
 
@@ -142,7 +142,7 @@ func (s *Service) batchEntries(ctx context.Context, t store.Tenant, c *contract.
 	entries := make([]*store.BatchEntry, len(items))
 	for i, it := range items {
 		entries[i] = &store.BatchEntry{ItemID: it.ItemID,
-			Work: s.newWork(ctx, t, c, it.SourceID, it.Revision, event.Batch, request.Compact(it.Input), deadline)}
+			Work: s.NewWork(ctx, t, c, it.SourceID, it.Revision, event.Batch, request.Compact(it.Input), deadline)}
 	}
 	return entries
 }
@@ -155,11 +155,11 @@ func (s *Service) insertRefused(w http.ResponseWriter, err error, id, key string
 		apierror.Write(w, http.StatusConflict, "batch_key_reused",
 			fmt.Sprintf("batchKey %q names a batch with other items; use a new key for new items", key))
 	case store.Permanent(err):
-		s.d.Log.Warn("batch refused by the database", "key", id, "sqlstate", store.SQLState(err))
+		s.D.Log.Warn("batch refused by the database", "key", id, "sqlstate", store.SQLState(err))
 		apierror.Write(w, http.StatusBadRequest, "invalid_input",
 			fmt.Sprintf("the cell cannot store this batch: %s; nothing was stored", store.Refusal(err)))
 	case err != nil:
-		s.d.Log.Error("insert batch failed", "key", id, "err", err)
+		s.D.Log.Error("insert batch failed", "key", id, "err", err)
 		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the batch was not stored; try again")
 	default:
 		return false
@@ -177,13 +177,13 @@ func (s *Service) batchQueued(ctx context.Context, t store.Tenant, batchID strin
 			made = append(made, e.Work)
 		}
 	}
-	s.goShadow(ctx, made...)
+	s.GoShadow(ctx, made...)
 	var items []BatchItemWork
 	for _, e := range entries {
 		items = append(items, BatchItemWork{ItemID: e.ItemID, WorkID: e.Got.ID, State: e.Got.State, Existing: !e.Created})
 		if e.Created {
-			s.logSuperseded(ctx, e.Got)
-			telemetry.Decision(ctx, s.d.Log, e.Got.ID, outcome.Queued, "new ingress key in batch "+batchID,
+			s.LogSuperseded(ctx, e.Got)
+			telemetry.Decision(ctx, s.D.Log, e.Got.ID, outcome.Queued, "new ingress key in batch "+batchID,
 				slog.String("tenant", t.ID), telemetry.OpaqueAttr("item", e.ItemID))
 		}
 	}
@@ -192,11 +192,11 @@ func (s *Service) batchQueued(ctx context.Context, t store.Tenant, batchID strin
 
 // newBatchBacklog is the backlog rule for a batch of n items; a batch
 // asked for again (known) adds nothing.
-func (s *Service) newBatchBacklog(ctx context.Context, t store.Tenant, known bool, n int) *refusal {
+func (s *Service) newBatchBacklog(ctx context.Context, t store.Tenant, known bool, n int) *Refusal {
 	if known {
 		return nil
 	}
-	return s.admitBacklog(ctx, t, event.Batch, n)
+	return s.AdmitBacklog(ctx, t, event.Batch, n)
 }
 
 // batchID is the batch's id: from the tenant and its batch key when there
@@ -225,7 +225,7 @@ func itemsDigest(req BatchRequest) string {
 }
 
 // decodeBatch reads a batch strictly and validates every item; the first
-// refusal says which item and why. Nothing of a refused batch is stored.
+// Refusal says which item and why. Nothing of a refused batch is stored.
 func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequest, *contract.Contract, *apierror.Error) {
 	var req BatchRequest
 	bad := func(code, msg string) (BatchRequest, *contract.Contract, *apierror.Error) {
@@ -238,10 +238,10 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 		}
 		return req, nil, refused
 	}
-	c, ok := s.d.Contracts.Get(req.Contract)
+	c, ok := s.D.Contracts.Get(req.Contract)
 	switch {
 	case !ok:
-		return bad("unknown_contract", fmt.Sprintf("contract %q is not known (known: %s)", req.Contract, strings.Join(s.d.Contracts.Names(), ", ")))
+		return bad("unknown_contract", fmt.Sprintf("contract %q is not known (known: %s)", req.Contract, strings.Join(s.D.Contracts.Names(), ", ")))
 	case req.BatchKey != "" && !batchKeyRE.MatchString(req.BatchKey):
 		return bad("invalid_batch_key", "batchKey must be 1-100 characters of letters, digits and ._:-")
 	case req.DeadlineSeconds < 0 || req.DeadlineSeconds > 7*24*3600:
@@ -256,7 +256,7 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 	for i := range req.Items {
 		it := &req.Items[i]
 		at := fmt.Sprintf("items[%d]", i)
-		if !sourceRE.MatchString(it.ItemID) {
+		if !SourceRE.MatchString(it.ItemID) {
 			return bad("invalid_item_id", at+": itemId must be 1-200 characters of letters, digits and ._/#:@+-")
 		}
 		at += fmt.Sprintf(" (itemId %s)", it.ItemID)
@@ -270,7 +270,7 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 		if err := c.ValidateInput(it.Input); err != nil {
 			return bad("invalid_input", at+": "+err.Error())
 		}
-		if refused := s.diffSize(c, it.Input); refused != nil {
+		if refused := s.DiffSize(c, it.Input); refused != nil {
 			refused.Message = at + ": " + refused.Message
 			return BatchRequest{}, nil, refused
 		}
@@ -281,9 +281,9 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 			it.Revision = "in-" + strings.TrimPrefix(Digest(request.Compact(it.Input)), "sha256:")[:16]
 		}
 		switch {
-		case !sourceRE.MatchString(it.SourceID):
+		case !SourceRE.MatchString(it.SourceID):
 			return bad("invalid_source_id", at+": sourceId must be 1-200 characters of letters, digits and ._/#:@+-")
-		case !revisionRE.MatchString(it.Revision):
+		case !RevisionRE.MatchString(it.Revision):
 			return bad("invalid_revision", at+": revision must be 1-100 characters of letters, digits and ._-")
 		}
 		// Two items of one source would be one work item, or one would
@@ -297,9 +297,9 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 }
 
 // tenantBatch authenticates the caller and reads its batch named in the
-// path, or writes the refusal. Another tenant's batch is no batch.
+// path, or writes the Refusal. Another tenant's batch is no batch.
 func (s *Service) tenantBatch(w http.ResponseWriter, r *http.Request) (store.Tenant, *store.Batch, bool) {
-	t, ok := s.authenticate(w, r)
+	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return t, nil, false
 	}
@@ -308,13 +308,13 @@ func (s *Service) tenantBatch(w http.ResponseWriter, r *http.Request) (store.Ten
 		apierror.Write(w, http.StatusNotFound, "not_found", "no batch with that id for this tenant")
 		return t, nil, false
 	}
-	b, err := s.d.Store.GetBatch(r.Context(), t.ID, id)
+	b, err := s.D.Store.GetBatch(r.Context(), t.ID, id)
 	if errors.Is(err, store.ErrNotFound) {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no batch with that id for this tenant")
 		return t, nil, false
 	}
 	if err != nil {
-		s.d.Log.Error("read batch failed", "key", id, "err", err)
+		s.D.Log.Error("read batch failed", "key", id, "err", err)
 		auth.Unavailable().Write(w)
 		return t, nil, false
 	}
@@ -326,9 +326,9 @@ func (s *Service) getBatch(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	v, err := batchView(r.Context(), s.d.Store, b)
+	v, err := batchView(r.Context(), s.D.Store, b)
 	if err != nil {
-		s.d.Log.Error("read batch failed", "key", b.ID, "err", err)
+		s.D.Log.Error("read batch failed", "key", b.ID, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
@@ -398,10 +398,10 @@ func (s *Service) batchResults(w http.ResponseWriter, r *http.Request) {
 	after := ""
 	wrote := false
 	for {
-		items, err := s.d.Store.BatchItems(ctx, store.BatchItemFilter{BatchID: b.ID, After: after, WithOutput: true, Limit: page})
+		items, err := s.D.Store.BatchItems(ctx, store.BatchItemFilter{BatchID: b.ID, After: after, WithOutput: true, Limit: page})
 		if err != nil {
 			if !wrote {
-				s.d.Log.Error("read batch results failed", "key", b.ID, "err", err)
+				s.D.Log.Error("read batch results failed", "key", b.ID, "err", err)
 				auth.Unavailable().Write(w)
 			}
 			// Once lines were written the status is sent: the cut-off
@@ -443,14 +443,14 @@ func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	reason := "batch " + b.ID + " was canceled"
-	got, ended, err := s.d.Store.CancelBatch(ctx, t.ID, b.ID, func(items []store.CanceledItem) ([]store.OutboxMsg, error) {
+	got, ended, err := s.D.Store.CancelBatch(ctx, t.ID, b.ID, func(items []store.CanceledItem) ([]store.OutboxMsg, error) {
 		var msgs []store.OutboxMsg
 		for _, it := range items {
 			if !it.Running {
 				continue
 			}
-			m, err := outbox.Msg(ctx, event.KindWork, s.cfg.Names.Cancel(t.ID), "cancel."+it.WorkID+"."+b.ID,
-				event.Cancel{WorkID: it.WorkID, TenantID: t.ID, Region: s.cfg.Region, Reason: reason})
+			m, err := outbox.Msg(ctx, event.KindWork, s.Cfg.Names.Cancel(t.ID), "cancel."+it.WorkID+"."+b.ID,
+				event.Cancel{WorkID: it.WorkID, TenantID: t.ID, Region: s.Cfg.Region, Reason: reason})
 			if err != nil {
 				return nil, err
 			}
@@ -459,17 +459,17 @@ func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) {
 		return msgs, nil
 	})
 	if err != nil {
-		s.d.Log.Error("cancel batch failed", "key", b.ID, "err", err)
+		s.D.Log.Error("cancel batch failed", "key", b.ID, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
-	s.relay.Kick()
+	s.Relay.Kick()
 	for _, it := range ended {
-		telemetry.Decision(ctx, s.d.Log, it.WorkID, outcome.Canceled, reason, slog.String("tenant", t.ID))
+		telemetry.Decision(ctx, s.D.Log, it.WorkID, outcome.Canceled, reason, slog.String("tenant", t.ID))
 	}
-	v, err := batchView(ctx, s.d.Store, got)
+	v, err := batchView(ctx, s.D.Store, got)
 	if err != nil {
-		s.d.Log.Error("read batch failed", "key", b.ID, "err", err)
+		s.D.Log.Error("read batch failed", "key", b.ID, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}

@@ -31,7 +31,7 @@ const ServedBy = "Assay-Served-By"
 // dev mode's and tests' cells on a free port); ASSAY_CELL_URL does it at
 // the start.
 func (s *Service) RegisterCell(ctx context.Context, url string) error {
-	return s.place.Register(ctx, url)
+	return s.Place.Register(ctx, url)
 }
 
 // holdWait bounds how long a request of a tenant whose history is being
@@ -44,10 +44,10 @@ const holdWait = 20 * time.Second
 // servedBy is the cell of this region that serves tenant, as the region's
 // placement map says; an error while the map is not read. During a move's
 // cut it waits for the cut to end, up to holdWait.
-func (s *Service) servedBy(tenant string) (string, error) {
+func (s *Service) Serving(tenant string) (string, error) {
 	deadline := time.Now().Add(holdWait)
 	for {
-		snap, err := s.place.Now()
+		snap, err := s.Place.Now()
 		if err != nil {
 			return "", err
 		}
@@ -63,25 +63,25 @@ func (s *Service) servedBy(tenant string) (string, error) {
 // finishing reports whether r was sent on by the cell that serves tenant
 // now, for work this cell admitted before the tenant moved there and
 // still finishes: this cell answers it.
-func (s *Service) finishing(r *http.Request, tenant string) bool {
+func (s *Service) Finishing(r *http.Request, tenant string) bool {
 	by := r.Header.Get(ForwardedBy)
 	if by == "" {
 		return false
 	}
-	snap, err := s.place.Now()
-	return err == nil && snap.Finishing(tenant, s.cfg.Names.Cell, by)
+	snap, err := s.Place.Now()
+	return err == nil && snap.Finishing(tenant, s.Cfg.Names.Cell, by)
 }
 
 // sendToFinisher answers a request about work this cell holds for the
 // cell that finishes it (a tenant moved here, its work admitted before
 // the move not ended there yet) with that cell's answer; reports false
 // when the work is not held for another cell.
-func (s *Service) sendToFinisher(w http.ResponseWriter, r *http.Request, tenant, workID string, body []byte) bool {
-	cell, err := s.d.Store.HeldIn(r.Context(), workID)
+func (s *Service) SendToFinisher(w http.ResponseWriter, r *http.Request, tenant, workID string, body []byte) bool {
+	cell, err := s.D.Store.HeldIn(r.Context(), workID)
 	if err != nil || cell == "" || r.Header.Get(ForwardedBy) != "" {
 		return false
 	}
-	s.sendTo(w, r, tenant, cell, apierror.New(http.StatusServiceUnavailable, "unavailable",
+	s.SendTo(w, r, tenant, cell, apierror.New(http.StatusServiceUnavailable, "unavailable",
 		fmt.Sprintf("work %s is finished by cell %s, which did not answer; try again", workID, cell)), body)
 	return true
 }
@@ -89,11 +89,11 @@ func (s *Service) sendToFinisher(w http.ResponseWriter, r *http.Request, tenant,
 // movedOut answers a request whose work the database refused because the
 // tenant moved out of this cell (a request admitted just before the cut):
 // it is sent on to the cell that serves the tenant once the map says so.
-func (s *Service) movedOut(w http.ResponseWriter, r *http.Request, tenant string, body []byte) {
+func (s *Service) MovedOut(w http.ResponseWriter, r *http.Request, tenant string, body []byte) {
 	refused := apierror.New(http.StatusServiceUnavailable, "unavailable",
 		fmt.Sprintf("tenant %s is moving to another cell of the region; try again", tenant))
-	if cell, err := s.servedBy(tenant); err == nil && cell != s.cfg.Names.Cell {
-		s.sendTo(w, r, tenant, cell, refused, body)
+	if cell, err := s.Serving(tenant); err == nil && cell != s.Cfg.Names.Cell {
+		s.SendTo(w, r, tenant, cell, refused, body)
 		return
 	}
 	refused.Write(w)
@@ -105,21 +105,21 @@ func (s *Service) movedOut(w http.ResponseWriter, r *http.Request, tenant string
 // one address per region, whichever cell holds the tenant, and a tenant
 // moved between cells keeps it. A request already sent on, or for a cell
 // that has not registered where it answers, or that does not answer, gets
-// the refusal, which names the cell and never its address or why it did
+// the Refusal, which names the cell and never its address or why it did
 // not answer (the log has both). body, when not nil, is the request's body
 // as read already.
-func (s *Service) sendOn(w http.ResponseWriter, r *http.Request, tenant string, refused *apierror.Error, body []byte) {
+func (s *Service) SendOn(w http.ResponseWriter, r *http.Request, tenant string, refused *apierror.Error, body []byte) {
 	cell := ""
-	if snap, err := s.place.Now(); err == nil {
+	if snap, err := s.Place.Now(); err == nil {
 		cell = snap.CellOf(tenant)
 	}
-	s.sendTo(w, r, tenant, cell, refused, body)
+	s.SendTo(w, r, tenant, cell, refused, body)
 }
 
 // sendTo sends r on to cell, as sendOn does.
-func (s *Service) sendTo(w http.ResponseWriter, r *http.Request, tenant, cell string, refused *apierror.Error, body []byte) {
+func (s *Service) SendTo(w http.ResponseWriter, r *http.Request, tenant, cell string, refused *apierror.Error, body []byte) {
 	var target *url.URL
-	if snap, err := s.place.Now(); err == nil && r.Header.Get(ForwardedBy) == "" && cell != "" {
+	if snap, err := s.Place.Now(); err == nil && r.Header.Get(ForwardedBy) == "" && cell != "" {
 		if c, ok := snap.Cells[cell]; ok && c.URL != "" {
 			target, _ = url.Parse(c.URL)
 		}
@@ -132,7 +132,7 @@ func (s *Service) sendTo(w http.ResponseWriter, r *http.Request, tenant, cell st
 		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 		r.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	}
-	from := s.cfg.Names.Cell
+	from := s.Cfg.Names.Cell
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
@@ -150,7 +150,7 @@ func (s *Service) sendTo(w http.ResponseWriter, r *http.Request, tenant, cell st
 			}
 			// The other cell's address and the dial error are the region's
 			// own business: the log has them, the client is told the cell.
-			s.d.Log.Warn("a request for another cell of the region was not answered there", "tenant", tenant, "cell", cell,
+			s.D.Log.Warn("a request for another cell of the region was not answered there", "tenant", tenant, "cell", cell,
 				"url", target.String(), "err", err)
 			apierror.Write(w, http.StatusMisdirectedRequest, refused.Code,
 				refused.Message+"; cell "+cell+" did not answer through this cell")
@@ -159,11 +159,11 @@ func (s *Service) sendTo(w http.ResponseWriter, r *http.Request, tenant, cell st
 	proxy.ServeHTTP(w, r)
 }
 
-// refuseOrSendOn writes refused, or, when it is the refusal of a tenant
+// refuseOrSendOn writes refused, or, when it is the Refusal of a tenant
 // another cell serves, sends the request on to that cell.
-func (s *Service) refuseOrSendOn(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error, body []byte) {
+func (s *Service) RefuseOrSendOn(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error, body []byte) {
 	if refused.Code == "wrong_cell" && t.ID != "" {
-		s.sendOn(w, r, t.ID, refused, body)
+		s.SendOn(w, r, t.ID, refused, body)
 		return
 	}
 	refused.Write(w)

@@ -25,7 +25,7 @@ import (
 
 // Console is what GET /v1/console answers and every snapshot event of
 // /v1/console/events carries: the cell's work as one tenant sees it
-// (scope "tenant": its own work and spend) or as an operator does (scope
+// (Scope "tenant": its own work and spend) or as an operator does (Scope
 // "cell": everyone's, and the consumers' lag).
 type Console struct {
 	Scope    string `json:"scope"`
@@ -172,7 +172,7 @@ var ConsoleStates = []string{store.ViewRunning, store.ViewAccepted, store.ViewNe
 
 // Snapshot reads the console's figures as v may see them.
 func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
-	c := &Console{Scope: "cell", Region: s.cfg.Region, Cell: s.cfg.Names.Cell, WindowSeconds: int64(ViewWindow / time.Second),
+	c := &Console{Scope: "cell", Region: s.Cfg.Region, Cell: s.Cfg.Names.Cell, WindowSeconds: int64(ViewWindow / time.Second),
 		Lanes: []ConsoleLane{}, Recent: []ConsoleOutcome{}, Spend: []ConsoleSpend{}, At: time.Now().UTC()}
 	tenant := ""
 	if v.Tenant != nil {
@@ -180,7 +180,7 @@ func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error)
 	} else {
 		c.Operator = v.Operator.Name
 	}
-	f, err := s.d.Store.Console(ctx, ViewWindow, tenant, ConsoleRecent, c.At.Add(-ViewWindow))
+	f, err := s.D.Store.Console(ctx, ViewWindow, tenant, ConsoleRecent, c.At.Add(-ViewWindow))
 	if err != nil {
 		return nil, err
 	}
@@ -278,13 +278,13 @@ func (c *Console) publications(f store.ConsoleFigures) {
 func (s *Service) consumerLag(ctx context.Context) []ConsoleConsumer {
 	ctx, cancel := context.WithTimeout(ctx, consumerInfoWait)
 	defer cancel()
-	durables := s.cfg.Names.Durables()
+	durables := s.Cfg.Names.Durables()
 	out := make([]ConsoleConsumer, len(durables))
 	var wg sync.WaitGroup
 	for i, d := range durables {
 		wg.Go(func() {
 			c := ConsoleConsumer{Stream: d.Stream, Durable: d.Durable}
-			cons, err := s.d.JS.Consumer(ctx, d.Stream, d.Durable)
+			cons, err := s.D.JS.Consumer(ctx, d.Stream, d.Durable)
 			if err != nil {
 				c.Error = err.Error()
 			} else {
@@ -301,31 +301,31 @@ func (s *Service) consumerLag(ctx context.Context) []ConsoleConsumer {
 // consumerInfoWait bounds the console's wait for the consumers' info.
 const consumerInfoWait = 2 * time.Second
 
-// viewer authenticates a reader of the console, or writes the refusal.
-func (s *Service) viewer(w http.ResponseWriter, r *http.Request) (auth.Viewer, bool) {
-	v, refused := auth.Console(r.Context(), s.d.Store, r.Header.Get("Authorization"), s.cell())
+// viewer authenticates a reader of the console, or writes the Refusal.
+func (s *Service) Viewer(w http.ResponseWriter, r *http.Request) (auth.Viewer, bool) {
+	v, refused := auth.Console(r.Context(), s.D.Store, r.Header.Get("Authorization"), s.Cell())
 	if refused != nil {
 		if refused.Status == http.StatusServiceUnavailable {
-			s.d.Log.Error("console: token lookup failed", "err", refused.Message)
+			s.D.Log.Error("console: token lookup failed", "err", refused.Message)
 		}
 		var t store.Tenant
 		if v.Tenant != nil {
 			t = *v.Tenant
 		}
-		s.refuseOrSendOn(w, r, t, refused, nil)
+		s.RefuseOrSendOn(w, r, t, refused, nil)
 		return auth.Viewer{}, false
 	}
 	return v, true
 }
 
 func (s *Service) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
-	v, ok := s.viewer(w, r)
+	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
 	}
 	c, err := s.Snapshot(r.Context(), v)
 	if err != nil {
-		s.d.Log.Error("console: snapshot failed", "err", err)
+		s.D.Log.Error("console: snapshot failed", "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
@@ -333,36 +333,36 @@ func (s *Service) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
 	apierror.JSON(w, http.StatusOK, c)
 }
 
-// consoleShared is the last snapshot read per scope (the cell, or one
-// tenant), so that streams of one scope share its queries: a stream reads
-// the database and the consumers again only when the scope's last snapshot
+// consoleShared is the last snapshot read per Scope (the cell, or one
+// tenant), so that streams of one Scope share its queries: a stream reads
+// the database and the consumers again only when the Scope's last snapshot
 // is older than half of ConsoleEvery. GET /v1/console always reads afresh.
 type consoleShared struct {
 	mu   sync.Mutex
 	last map[string]*Console
 }
 
-// sharedSnapshot is Snapshot for a stream of v, from the scope's last
+// sharedSnapshot is Snapshot for a stream of v, from the Scope's last
 // snapshot while it is fresh enough.
-func (s *Service) sharedSnapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
-	scope := ""
+func (s *Service) SharedSnapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
+	Scope := ""
 	if v.Tenant != nil {
-		scope = v.Tenant.ID
+		Scope = v.Tenant.ID
 	}
-	s.shared.mu.Lock()
-	c := s.shared.last[scope]
-	s.shared.mu.Unlock()
-	if c == nil || time.Since(c.At) >= s.cfg.ConsoleEvery/2 {
+	s.Shared.mu.Lock()
+	c := s.Shared.last[Scope]
+	s.Shared.mu.Unlock()
+	if c == nil || time.Since(c.At) >= s.Cfg.ConsoleEvery/2 {
 		fresh, err := s.Snapshot(ctx, v)
 		if err != nil {
 			return nil, err
 		}
-		s.shared.mu.Lock()
-		if s.shared.last == nil {
-			s.shared.last = map[string]*Console{}
+		s.Shared.mu.Lock()
+		if s.Shared.last == nil {
+			s.Shared.last = map[string]*Console{}
 		}
-		s.shared.last[scope] = fresh
-		s.shared.mu.Unlock()
+		s.Shared.last[Scope] = fresh
+		s.Shared.mu.Unlock()
 		c = fresh
 	}
 	out := *c // its slices are never written after the read
@@ -384,21 +384,21 @@ const consoleHeartbeat = 15 * time.Second
 // ends with an error event. The stream ends when the client goes, or the
 // server drains.
 func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
-	v, ok := s.viewer(w, r)
+	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
 	}
-	release, ok := s.open.take(v.Key(), s.cfg.ConsoleStreams)
+	release, ok := s.Open.take(v.Key(), s.Cfg.ConsoleStreams)
 	if !ok {
-		retryLater(w, "too_many_streams",
-			fmt.Sprintf("this credential holds %d console streams open already; close one first", s.cfg.ConsoleStreams), streamsFullWait)
+		RetryLater(w, "too_many_streams",
+			fmt.Sprintf("this credential holds %d console streams open already; close one first", s.Cfg.ConsoleStreams), StreamsFullWait)
 		return
 	}
 	defer release()
 	ctx := r.Context()
-	first, err := s.sharedSnapshot(ctx, v)
+	first, err := s.SharedSnapshot(ctx, v)
 	if err != nil {
-		s.d.Log.Error("console: snapshot failed", "err", err)
+		s.D.Log.Error("console: snapshot failed", "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
@@ -414,7 +414,7 @@ func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
 // again, and a heartbeat comment when nothing changed for a while, until
 // the client goes, the server drains or the credential no longer holds.
 func (s *Service) followConsole(ctx context.Context, r *http.Request, cs *consoleStream) {
-	tick := time.NewTicker(s.cfg.ConsoleEvery)
+	tick := time.NewTicker(s.Cfg.ConsoleEvery)
 	defer tick.Stop()
 	quiet := time.Now()
 	for {
@@ -426,18 +426,18 @@ func (s *Service) followConsole(ctx context.Context, r *http.Request, cs *consol
 			return
 		case <-tick.C:
 		}
-		again, refused := auth.Console(ctx, s.d.Store, r.Header.Get("Authorization"), s.cell())
+		again, refused := auth.Console(ctx, s.D.Store, r.Header.Get("Authorization"), s.Cell())
 		if refused != nil {
 			body, _ := json.Marshal(apierror.Body{Error: apierror.Detail{Code: refused.Code, Message: refused.Message}})
 			cs.send([]byte("event: error\ndata: " + string(body) + "\n\n"))
 			return
 		}
-		c, err := s.sharedSnapshot(ctx, again)
+		c, err := s.SharedSnapshot(ctx, again)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			s.d.Log.Warn("console: snapshot failed; the stream goes on", "err", err)
+			s.D.Log.Warn("console: snapshot failed; the stream goes on", "err", err)
 			continue
 		}
 		before := cs.seq
@@ -508,14 +508,14 @@ func figures(c *Console) []byte {
 	return b
 }
 
-// openStreams counts the console streams each credential holds open.
-type openStreams struct {
+// OpenStreams counts the console streams each credential holds open.
+type OpenStreams struct {
 	mu sync.Mutex
 	n  map[string]int
 }
 
 // take admits one more stream for key, up to max; release gives it back.
-func (o *openStreams) take(key string, max int) (release func(), ok bool) {
+func (o *OpenStreams) take(key string, max int) (release func(), ok bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.n == nil {

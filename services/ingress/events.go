@@ -231,8 +231,8 @@ type historyReader interface {
 
 // readHistory reads what the rows tell of one work item now, from one
 // snapshot.
-func (s *Service) readHistory(ctx context.Context, id string) (workHistory, error) {
-	h, err := s.d.Store.WorkHistory(ctx, id)
+func (s *Service) ReadHistory(ctx context.Context, id string) (workHistory, error) {
+	h, err := s.D.Store.WorkHistory(ctx, id)
 	if err != nil {
 		return workHistory{}, err
 	}
@@ -253,12 +253,12 @@ type stream struct {
 }
 
 // open takes a stream slot for the tenant and starts the answer, or writes
-// the refusal.
+// the Refusal.
 func (s *Service) openStream(w http.ResponseWriter, t store.Tenant) (*stream, func(), bool) {
-	release, ok := s.eventStreams.take(t.ID, s.cfg.EventStreams)
+	release, ok := s.EventStreams.take(t.ID, s.Cfg.EventStreams)
 	if !ok {
-		retryLater(w, "too_many_streams",
-			fmt.Sprintf("this tenant holds %d event streams open already on this instance; close one first", s.cfg.EventStreams), streamsFullWait)
+		RetryLater(w, "too_many_streams",
+			fmt.Sprintf("this tenant holds %d event streams open already on this instance; close one first", s.Cfg.EventStreams), StreamsFullWait)
 		return nil, nil, false
 	}
 	h := w.Header()
@@ -266,7 +266,7 @@ func (s *Service) openStream(w http.ResponseWriter, t store.Tenant) (*stream, fu
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	st := &stream{w: w, rc: http.NewResponseController(w), heartbeat: s.cfg.EventsHeartbeat, checked: time.Now()}
+	st := &stream{w: w, rc: http.NewResponseController(w), heartbeat: s.Cfg.EventsHeartbeat, checked: time.Now()}
 	return st, release, st.write("retry: 2000\n\n")
 }
 
@@ -309,10 +309,10 @@ func (s *Service) wait(ctx context.Context, r *http.Request, st *stream) bool {
 	case <-host.Draining(ctx):
 		st.write("event: bye\ndata: {\"reason\":\"the server is shutting down; resume with Last-Event-ID\"}\n\n")
 		return false
-	case <-time.After(min(s.cfg.EventsEvery, time.Until(st.checked.Add(s.cfg.EventsRecheck)))):
+	case <-time.After(min(s.Cfg.EventsEvery, time.Until(st.checked.Add(s.Cfg.EventsRecheck)))):
 	}
-	if time.Since(st.checked) >= s.cfg.EventsRecheck {
-		_, refused := auth.Bearer(ctx, s.tokens, r.Header.Get("Authorization"), s.cell())
+	if time.Since(st.checked) >= s.Cfg.EventsRecheck {
+		_, refused := auth.Bearer(ctx, s.Tokens, r.Header.Get("Authorization"), s.Cell())
 		switch {
 		case refused == nil:
 			st.checked = time.Now()
@@ -334,19 +334,19 @@ func (s *Service) wait(ctx context.Context, r *http.Request, st *stream) bool {
 // workEventStream serves GET /v1/work/{id}/events. The stream only reads:
 // a client that goes away cancels nothing.
 func (s *Service) workEventStream(w http.ResponseWriter, r *http.Request) {
-	t, ok := s.authenticate(w, r)
+	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return
 	}
 	ctx := r.Context()
 	id := r.PathValue("id")
-	h, err := s.readHistory(ctx, id)
+	h, err := s.ReadHistory(ctx, id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && h.Work.TenantID != t.ID) {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no work with that id for this tenant")
 		return
 	}
 	if err != nil {
-		s.d.Log.Error("read work history failed", "key", id, "err", err)
+		s.D.Log.Error("read work history failed", "key", id, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
@@ -385,7 +385,7 @@ func (s *Service) workEventStream(w http.ResponseWriter, r *http.Request) {
 		if !s.wait(ctx, r, st) {
 			return
 		}
-		fresh, err := s.readHistory(ctx, id)
+		fresh, err := s.ReadHistory(ctx, id)
 		if err == nil {
 			h = fresh
 		} else {
@@ -393,7 +393,7 @@ func (s *Service) workEventStream(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			// The stream goes on with what it had; the next look catches up.
-			s.d.Log.Warn("work events: read failed; the stream goes on", "key", id, "err", err)
+			s.D.Log.Warn("work events: read failed; the stream goes on", "key", id, "err", err)
 		}
 	}
 }
@@ -530,10 +530,10 @@ func (s *Service) batchEventStream(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	var seen *store.BatchSignal
 	for {
-		sig, err := s.d.Store.BatchSignal(ctx, b.ID)
+		sig, err := s.D.Store.BatchSignal(ctx, b.ID)
 		if err == nil && (seen == nil || sig != *seen) {
 			var items []store.BatchItem
-			if items, err = allItems(ctx, s.d.Store, b.ID); err == nil {
+			if items, err = allItems(ctx, s.D.Store, b.ID); err == nil {
 				if sig.CanceledAt.After(time.Unix(0, 0)) {
 					b.CanceledAt = sig.CanceledAt
 				}
@@ -551,7 +551,7 @@ func (s *Service) batchEventStream(w http.ResponseWriter, r *http.Request) {
 			if ctx.Err() != nil {
 				return
 			}
-			s.d.Log.Warn("batch events: read failed; the stream goes on", "key", b.ID, "err", err)
+			s.D.Log.Warn("batch events: read failed; the stream goes on", "key", b.ID, "err", err)
 		}
 		if mark != nil && mark.complete {
 			st.end("every item of the batch has its outcome")

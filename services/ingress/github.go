@@ -23,10 +23,10 @@ func (s *Service) diffInstallation(ctx context.Context, d *delivery) (int64, err
 	if d.pr.Installation != nil && d.by.app {
 		return d.pr.Installation.ID, nil
 	}
-	if s.cfg.GitHubAppID == 0 {
+	if s.Cfg.GitHubAppID == 0 {
 		return 0, nil
 	}
-	return s.d.Store.InstallationFor(ctx, d.tenant.ID, d.pr.Repository.FullName)
+	return s.D.Store.InstallationFor(ctx, d.tenant.ID, d.pr.Repository.FullName)
 }
 
 // covers reports whether one of an installation's repository patterns

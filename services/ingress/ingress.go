@@ -130,7 +130,7 @@ type Config struct {
 	// GitHub waits for a webhook answer.
 	GitHubTimeout time.Duration
 	// MaxDiffBytes is the one cap on a diff to review: a pull request's
-	// fetched diff, and the diff of a code review submitted through the
+	// fetched diff, and the diff of a code review Submitted through the
 	// API. Default 1 MiB; reviews in parts serve diffs up to it.
 	MaxDiffBytes int64
 	// CellURL is where this cell's ingress answers the other cells of its
@@ -348,35 +348,35 @@ type Deps struct {
 
 // Service is one ingress instance.
 type Service struct {
-	cfg     Config
-	d       Deps
-	streams *event.Keeper
-	relay   *outbox.Relay
-	// inserts writes the work of concurrent submissions in one statement.
-	inserts *group.Batch[store.InsertReq, store.WorkInserted]
+	Cfg     Config
+	D       Deps
+	Streams *event.Keeper
+	Relay   *outbox.Relay
+	// Inserts writes the work of concurrent submissions in one statement.
+	Inserts *group.Batch[store.InsertReq, store.WorkInserted]
 	sweeper lifecycle.Ticker
 	janitor lifecycle.Ticker
 	watcher lifecycle.Ticker
 	router  lifecycle.Ticker
-	routes  routes
-	// shadowing counts the shadow twins being made; Stop waits for them.
-	shadowing sync.WaitGroup
-	watched   watch
-	open      openStreams
-	shared    consoleShared
+	Routes_ routes
+	// Shadowing counts the shadow twins being made; Stop waits for them.
+	Shadowing sync.WaitGroup
+	Watched   watch
+	Open      OpenStreams
+	Shared    consoleShared
 
-	submitted metric.Int64Counter
-	webhooks  metric.Int64Counter
-	dropped   metric.Int64Counter
-	shadows   metric.Int64Counter
-	buckets   *admission.Buckets
-	tokens    *auth.Cache
-	tenants   *tenantWatch // keeps tokens told of changes; nil when the store cannot
-	place     *placement.View
-	shed      *shedder
+	Requests metric.Int64Counter
+	Webhooks metric.Int64Counter
+	Dropped  metric.Int64Counter
+	Shadows  metric.Int64Counter
+	Buckets  *admission.Buckets
+	Tokens   *auth.Cache
+	Tenants  *tenantWatch // keeps tokens told of changes; nil when the store cannot
+	Place    *placement.View
+	Shed     *shedder
 
-	// eventStreams counts the work and batch event streams per tenant.
-	eventStreams openStreams
+	// EventStreams counts the work and batch event streams per tenant.
+	EventStreams OpenStreams
 }
 
 // New checks the config and builds the service.
@@ -384,19 +384,19 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, d: d, buckets: admission.NewBuckets(time.Now), tokens: auth.NewCache(d.Store, cfg.TokenCache)}
-	s.tokens.LongTTL = cfg.TokenCacheListening
+	s := &Service{Cfg: cfg, D: d, Buckets: admission.NewBuckets(time.Now), Tokens: auth.NewCache(d.Store, cfg.TokenCache)}
+	s.Tokens.LongTTL = cfg.TokenCacheListening
 	if cfg.TokenCache > 0 {
-		s.tenants = &tenantWatch{w: d.Store, cache: s.tokens, log: d.Log}
+		s.Tenants = &tenantWatch{w: d.Store, cache: s.Tokens, log: d.Log}
 	}
-	s.place = &placement.View{JS: d.JS, Bucket: cfg.Names.PlacementBucket(cfg.Region), Region: cfg.Region,
+	s.Place = &placement.View{JS: d.JS, Bucket: cfg.Names.PlacementBucket(cfg.Region), Region: cfg.Region,
 		Replicas: cfg.Streams.Replicas, Tags: cfg.Streams.Placement, Cell: cfg.Names.Cell, URL: cfg.CellURL,
 		NATSURL: cfg.PlacementNATSURL, Log: d.Log, Wait: cfg.Streams.Wait}
-	s.streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log,
+	s.Streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log,
 		Meter: d.Tel.Meter(), Region: cfg.Region}
-	s.relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},
-		Ensure: s.streams.Ensure, Meter: d.Tel.Meter(), Region: cfg.Region, SetAside: cfg.SetAside}
-	s.inserts = &group.Batch[store.InsertReq, store.WorkInserted]{Run: d.Store.InsertWorkGroup}
+	s.Relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},
+		Ensure: s.Streams.Ensure, Meter: d.Tel.Meter(), Region: cfg.Region, SetAside: cfg.SetAside}
+	s.Inserts = &group.Batch[store.InsertReq, store.WorkInserted]{Run: d.Store.InsertWorkGroup}
 	sw := &s.sweeper
 	sw.Name, sw.Every, sw.Log, sw.PassTimeout = "sweeper", cfg.SweepEvery, d.Log, time.Minute
 	sw.Pass = func(ctx context.Context) (bool, error) { return false, s.SweepOnce(ctx) }
@@ -405,28 +405,28 @@ func New(cfg Config, d Deps) (*Service, error) {
 	jn.Pass = s.purge
 	wt := &s.watcher
 	wt.Name, wt.Every, wt.Log, wt.PassTimeout = "watch", cfg.WatchEvery, d.Log, time.Minute
-	wt.Pass = s.sample
+	wt.Pass = s.Sample
 	rt := &s.router
 	rt.Name, rt.Every, rt.Log, rt.PassTimeout = "routes", cfg.RoutesEvery, d.Log, 30*time.Second
-	rt.Pass = s.refreshRoutes
-	if err := s.watchMetrics(); err != nil {
+	rt.Pass = s.RefreshRoutes
+	if err := s.WatchMetrics(); err != nil {
 		return nil, err
 	}
-	if err := s.setUpShed(); err != nil {
+	if err := s.SetUpShed(); err != nil {
 		return nil, err
 	}
 	var err error
-	s.submitted, err = d.Tel.Meter().Int64Counter("assay_ingress_requests",
+	s.Requests, err = d.Tel.Meter().Int64Counter("assay_ingress_requests",
 		metric.WithDescription("work submissions by result"))
 	if err != nil {
 		return nil, err
 	}
-	s.webhooks, err = d.Tel.Meter().Int64Counter("assay_ingress_webhooks",
+	s.Webhooks, err = d.Tel.Meter().Int64Counter("assay_ingress_webhooks",
 		metric.WithDescription("GitHub webhook deliveries by result"))
 	if err != nil {
 		return nil, err
 	}
-	s.shadows, err = d.Tel.Meter().Int64Counter("assay_ingress_shadows",
+	s.Shadows, err = d.Tel.Meter().Int64Counter("assay_ingress_shadows",
 		metric.WithDescription("shadow twins of live work for a route's candidate, by contract and result (made, failed, unknown_version)"))
 	return s, err
 }
@@ -434,27 +434,27 @@ func New(cfg Config, d Deps) (*Service, error) {
 // Start creates the cell's WORK stream, which ingress owns, and runs the
 // outbox relay and the sweeper.
 func (s *Service) Start(ctx context.Context) error {
-	s.relay.MaxPayload = s.d.JS.Conn().MaxPayload()
+	s.Relay.MaxPayload = s.D.JS.Conn().MaxPayload()
 	// The routes are read once before work is taken, then every
 	// RoutesEvery; a database that does not answer yet leaves the defaults
 	// until it does.
-	if _, err := s.refreshRoutes(ctx); err != nil {
-		s.d.Log.WarnContext(ctx, "routes not read yet; new work gets the contracts' default versions until they are", "err", err)
+	if _, err := s.RefreshRoutes(ctx); err != nil {
+		s.D.Log.WarnContext(ctx, "routes not read yet; new work gets the contracts' default versions until they are", "err", err)
 	}
-	parts := []lifecycle.Service{s.place, s.streams, s.relay, &s.sweeper, &s.janitor, &s.watcher, &s.router, s.shed.view}
-	if s.tenants != nil {
-		parts = append(parts, s.tenants)
+	parts := []lifecycle.Service{s.Place, s.Streams, s.Relay, &s.sweeper, &s.janitor, &s.watcher, &s.router, s.Shed.view}
+	if s.Tenants != nil {
+		parts = append(parts, s.Tenants)
 	}
 	return lifecycle.StartAll(ctx, parts...)
 }
 
 // Stop ends the sweeper, then the relay after a last drain. Idempotent.
 func (s *Service) Stop(ctx context.Context) {
-	parts := []lifecycle.Service{s.shed.view, &s.router, &s.watcher, &s.janitor, &s.sweeper, s.relay, s.streams, s.place}
-	if s.tenants != nil {
-		parts = append([]lifecycle.Service{s.tenants}, parts...)
+	parts := []lifecycle.Service{s.Shed.view, &s.router, &s.watcher, &s.janitor, &s.sweeper, s.Relay, s.Streams, s.Place}
+	if s.Tenants != nil {
+		parts = append([]lifecycle.Service{s.Tenants}, parts...)
 	}
-	s.shadowing.Wait()
+	s.Shadowing.Wait()
 	lifecycle.StopAll(ctx, parts...)
 }
 
@@ -463,12 +463,12 @@ func (s *Service) Stop(ctx context.Context) {
 // DataRetention ago. A full batch asks for another pass at once.
 func (s *Service) purge(ctx context.Context) (bool, error) {
 	const batch = 5000
-	p, err := s.d.Store.Purge(ctx, store.Retention{Outbox: s.cfg.OutboxRetention, Data: s.cfg.DataRetention, Limit: batch})
+	p, err := s.D.Store.Purge(ctx, store.Retention{Outbox: s.Cfg.OutboxRetention, Data: s.Cfg.DataRetention, Limit: batch})
 	if err != nil {
 		return false, err
 	}
 	if p.Outbox+p.Inputs+p.Answers > 0 {
-		s.d.Log.Info("retention: removed what the cell no longer keeps", "outbox_rows", p.Outbox,
+		s.D.Log.Info("retention: removed what the cell no longer keeps", "outbox_rows", p.Outbox,
 			"work_inputs", p.Inputs, "raw_answers", p.Answers)
 	}
 	return p.Outbox == batch || p.Inputs == batch || p.Answers == batch, nil
@@ -477,23 +477,23 @@ func (s *Service) purge(ctx context.Context) (bool, error) {
 // Ready reports whether the service can take work: its database answers
 // and the WORK stream exists.
 func (s *Service) Ready(ctx context.Context) error {
-	if err := s.d.Store.Ping(ctx); err != nil {
+	if err := s.D.Store.Ping(ctx); err != nil {
 		return err
 	}
-	return s.streams.Ready(ctx)
+	return s.Streams.Ready(ctx)
 }
 
 // cell is who ingress authenticates for.
-func (s *Service) cell() auth.Cell {
-	return auth.Cell{Region: s.cfg.Region, ID: s.cfg.Names.Cell, ServedBy: s.servedBy}
+func (s *Service) Cell() auth.Cell {
+	return auth.Cell{Region: s.Cfg.Region, ID: s.Cfg.Names.Cell, ServedBy: s.Serving}
 }
 
-func (s *Service) announce(ctx context.Context) func(*store.Work) ([]store.OutboxMsg, error) {
-	return Announce(ctx, s.cfg.Names)
+func (s *Service) Announcer(ctx context.Context) func(*store.Work) ([]store.OutboxMsg, error) {
+	return Announce(ctx, s.Cfg.Names)
 }
 
 // logSuperseded records the supersede decision for each older work item.
-func (s *Service) logSuperseded(ctx context.Context, w *store.Work) {
+func (s *Service) LogSuperseded(ctx context.Context, w *store.Work) {
 	running := map[string]bool{}
 	for _, id := range w.SupersededRunning {
 		running[id] = true
@@ -503,7 +503,7 @@ func (s *Service) logSuperseded(ctx context.Context, w *store.Work) {
 		if running[id] {
 			why += "; its running model call is canceled"
 		}
-		telemetry.Decision(ctx, s.d.Log, id, outcome.Superseded, why, slog.String("by", w.ID))
+		telemetry.Decision(ctx, s.D.Log, id, outcome.Superseded, why, slog.String("by", w.ID))
 	}
 }
 
@@ -512,38 +512,38 @@ func (s *Service) logSuperseded(ctx context.Context, w *store.Work) {
 // or whose lease expired, is announced again. A lost broker message delays
 // work; it never loses it.
 func (s *Service) SweepOnce(ctx context.Context) error {
-	expired, err := s.d.Store.ExpireOverdue(ctx, s.cfg.LeaseGrace, 500)
+	expired, err := s.D.Store.ExpireOverdue(ctx, s.Cfg.LeaseGrace, 500)
 	if err != nil {
 		return err
 	}
 	for _, w := range expired {
-		telemetry.Decision(ctx, s.d.Log, w.ID, outcome.Expired, w.Reason, slog.String("tenant", w.TenantID), slog.String("lane", w.Lane))
+		telemetry.Decision(ctx, s.D.Log, w.ID, outcome.Expired, w.Reason, slog.String("tenant", w.TenantID), slog.String("lane", w.Lane))
 	}
-	sw := store.Sweep{QueuedFor: s.cfg.QueuedFor, LeaseGrace: s.cfg.LeaseGrace, Heads: s.backlogHeads(ctx), Limit: 500}
-	stuck, err := s.d.Store.SweepStuck(ctx, sw, func(st store.Stuck) (store.OutboxMsg, error) {
+	sw := store.Sweep{QueuedFor: s.Cfg.QueuedFor, LeaseGrace: s.Cfg.LeaseGrace, Heads: s.backlogHeads(ctx), Limit: 500}
+	stuck, err := s.D.Store.SweepStuck(ctx, sw, func(st store.Stuck) (store.OutboxMsg, error) {
 		// The new announcement is a trace of its own, linked to the one
 		// the work began in.
 		var opts []trace.SpanStartOption
 		if l, ok := telemetry.Link(st.Work.Traceparent); ok {
 			opts = append(opts, trace.WithLinks(l))
 		}
-		actx, span := s.d.Tel.Tracer().Start(context.WithoutCancel(ctx), "ingress.reannounce", append(opts,
+		actx, span := s.D.Tel.Tracer().Start(context.WithoutCancel(ctx), "ingress.reannounce", append(opts,
 			trace.WithNewRoot(), trace.WithAttributes(attribute.String("assay.work_id", st.Work.ID), attribute.Int("assay.dispatch", st.Dispatch)))...)
 		defer span.End()
-		return WorkMessage(actx, s.cfg.Names, st.Work, st.Dispatch)
+		return WorkMessage(actx, s.Cfg.Names, st.Work, st.Dispatch)
 	})
 	if err != nil {
 		return err
 	}
 	for _, st := range stuck {
-		reason := "queued longer than " + s.cfg.QueuedFor.String() + " with no announcement waiting"
+		reason := "queued longer than " + s.Cfg.QueuedFor.String() + " with no announcement waiting"
 		if st.Redrive {
 			reason = "lease expired"
 		}
-		telemetry.Decision(ctx, s.d.Log, st.Work.ID, "requeued", reason, slog.Int("dispatch", st.Dispatch))
+		telemetry.Decision(ctx, s.D.Log, st.Work.ID, "requeued", reason, slog.Int("dispatch", st.Dispatch))
 	}
 	if len(stuck) > 0 {
-		s.relay.Kick()
+		s.Relay.Kick()
 	}
 	return nil
 }
@@ -563,9 +563,9 @@ func (s *Service) SweepOnce(ctx context.Context) error {
 // consumer cannot be read, or that holds nothing, counts as caught up.
 func (s *Service) backlogHeads(ctx context.Context) map[string]time.Time {
 	heads := map[string]time.Time{}
-	stream := s.cfg.Names.Stream(event.KindWork)
+	stream := s.Cfg.Names.Stream(event.KindWork)
 	for _, lane := range event.Lanes {
-		cons, err := s.d.JS.Consumer(ctx, stream, s.cfg.Names.WorkConsumer(lane))
+		cons, err := s.D.JS.Consumer(ctx, stream, s.Cfg.Names.WorkConsumer(lane))
 		if err != nil {
 			continue
 		}
@@ -573,27 +573,27 @@ func (s *Service) backlogHeads(ctx context.Context) map[string]time.Time {
 		if info.NumPending == 0 && info.NumAckPending == 0 {
 			continue
 		}
-		st, err := s.d.JS.Stream(ctx, stream)
+		st, err := s.D.JS.Stream(ctx, stream)
 		if err != nil {
 			continue
 		}
-		next, err := st.GetMsg(ctx, info.AckFloor.Stream+1, jetstream.WithGetMsgSubject(s.cfg.Names.Lane(lane)))
+		next, err := st.GetMsg(ctx, info.AckFloor.Stream+1, jetstream.WithGetMsgSubject(s.Cfg.Names.Lane(lane)))
 		if err != nil {
 			continue
 		}
-		heads[lane] = next.Time.Add(-s.cfg.QueuedFor)
+		heads[lane] = next.Time.Add(-s.Cfg.QueuedFor)
 	}
 	return heads
 }
 
 // admit takes a token from the tenant's bucket for the lane. When there is
 // none it returns how long until there is one.
-func (s *Service) admit(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {
-	return s.take(ctx, t, lane)
+func (s *Service) Admit(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {
+	return s.Take(ctx, t, lane)
 }
 
-// overRate says why admission refused work.
-func overRate(t store.Tenant, lane string) string {
+// OverRate says why admission refused work.
+func OverRate(t store.Tenant, lane string) string {
 	return fmt.Sprintf("tenant %s is over its %s rate of %d per minute (burst %d)", t.ID, lane, t.RatePerMinute, t.Burst)
 }
 
@@ -606,8 +606,8 @@ func RerunCommand(w *store.Work) string {
 // before it is routed (TextPaths).
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	for _, r := range s.endpoints(usage.Handler(s.d.Store, s.cell(), s.d.Log, func(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error) {
-		s.refuseOrSendOn(w, r, t, refused, nil)
+	for _, r := range s.endpoints(usage.Handler(s.D.Store, s.Cell(), s.D.Log, func(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error) {
+		s.RefuseOrSendOn(w, r, t, refused, nil)
 	})) {
 		mux.Handle(r.pattern, r.h)
 	}
@@ -674,8 +674,8 @@ func openAPI(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write(schemas.OpenAPI)
 }
 
-func (s *Service) count(ctx context.Context, result string) {
-	s.submitted.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result), attribute.String("region", s.cfg.Region)))
+func (s *Service) Count(ctx context.Context, result string) {
+	s.Requests.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result), attribute.String("region", s.Cfg.Region)))
 }
 
 // newWork is the work a caller or a webhook asks for: the one place a work
@@ -683,9 +683,9 @@ func (s *Service) count(ctx context.Context, result string) {
 // contract version c (contractFor's: the route's live one) with the model
 // and prompt the route names for it. A new revision of the same source
 // supersedes the older one's work.
-func (s *Service) newWork(ctx context.Context, t store.Tenant, c *contract.Contract, source, revision, lane string, input []byte, deadline time.Time) *store.Work {
+func (s *Service) NewWork(ctx context.Context, t store.Tenant, c *contract.Contract, source, revision, lane string, input []byte, deadline time.Time) *store.Work {
 	var v store.Variant
-	if r, ok := s.route(t.ID, c.Name); ok && r.Live.Version == c.SchemaVersion {
+	if r, ok := s.Route(t.ID, c.Name); ok && r.Live.Version == c.SchemaVersion {
 		v = r.Live
 	}
 	return &store.Work{
@@ -694,7 +694,7 @@ func (s *Service) newWork(ctx context.Context, t store.Tenant, c *contract.Contr
 		Traceparent:     telemetry.Traceparent(ctx),
 		ID:              WorkID(t.ID, c.Name, source, revision),
 		TenantID:        t.ID,
-		Region:          s.cfg.Region,
+		Region:          s.Cfg.Region,
 		Contract:        c.Name,
 		SchemaVersion:   c.SchemaVersion,
 		TaxonomyVersion: c.TaxonomyVersion,

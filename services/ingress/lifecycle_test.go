@@ -56,15 +56,15 @@ func TestWarmServiceLifecycle(t *testing.T) {
 // started, whose tickers pass often.
 func (e *webhookEnv) stressService(t *testing.T) *Service {
 	t.Helper()
-	cfg := e.svc.cfg
+	cfg := e.svc.Cfg
 	cfg.SweepEvery, cfg.WatchEvery, cfg.RoutesEvery = 5*time.Millisecond, 5*time.Millisecond, 5*time.Millisecond
-	d := e.svc.d
+	d := e.svc.D
 	d.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	s, err := New(cfg, d)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.tenants == nil {
+	if s.Tenants == nil {
 		t.Fatal("the instance has no tenant watch to stress")
 	}
 	return s
@@ -75,7 +75,7 @@ func (e *webhookEnv) stressService(t *testing.T) *Service {
 func TestCapacityViewLifecycle(t *testing.T) {
 	e := lifecycleEnv(t)
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
-		return &capacityView{js: e.js, bucket: e.svc.cfg.Names.CapacityBucket(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		return &capacityView{js: e.js, bucket: e.svc.Cfg.Names.CapacityBucket(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	})
 }
 
@@ -84,7 +84,7 @@ func TestCapacityViewLifecycle(t *testing.T) {
 func TestWarmCapacityViewLifecycle(t *testing.T) {
 	e := lifecycleEnv(t)
 	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
-		v := &capacityView{js: e.js, bucket: e.svc.cfg.Names.CapacityBucket(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		v := &capacityView{js: e.js, bucket: e.svc.Cfg.Names.CapacityBucket(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 		return lifecycletest.Warm(v, func(context.Context) error {
 			if v.rate(time.Now()) == 0 {
 				return errNotYet

@@ -24,7 +24,7 @@ type workLister interface {
 // list serves GET /v1/work?state=&lane=&since=&limit=&cursor=: the
 // token's tenant's work, filtered, in pages.
 func (s *Service) list(w http.ResponseWriter, r *http.Request) {
-	t, ok := s.authenticate(w, r)
+	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return
 	}
@@ -40,7 +40,7 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request) {
 // source id, tenant, state, lane and time. An operator's token searches
 // the cell's work, a tenant's its own alone.
 func (s *Service) consoleFind(w http.ResponseWriter, r *http.Request) {
-	v, ok := s.viewer(w, r)
+	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
 	}
@@ -50,7 +50,7 @@ func (s *Service) consoleFind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.Tenant, f.SourceID = q.Get("tenant"), q.Get("source")
-	if f.SourceID != "" && !sourceRE.MatchString(f.SourceID) {
+	if f.SourceID != "" && !SourceRE.MatchString(f.SourceID) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_query", "source: not a source id")
 		return
 	}
@@ -68,7 +68,7 @@ func (s *Service) consoleFind(w http.ResponseWriter, r *http.Request) {
 }
 
 // readWorkFilter reads a listing's state, lane, since, limit and cursor,
-// or writes the refusal.
+// or writes the Refusal.
 func readWorkFilter(w http.ResponseWriter, q url.Values) (store.WorkFilter, bool) {
 	f := store.WorkFilter{State: q.Get("state"), Lane: q.Get("lane"), Limit: 100}
 	if f.State != "" && !slices.Contains(outcome.WorkStates, f.State) {
@@ -87,7 +87,7 @@ func readWorkFilter(w http.ResponseWriter, q url.Values) (store.WorkFilter, bool
 }
 
 // queryTime reads the query's name, when given, as an RFC 3339 time into
-// at; false means it wrote the refusal.
+// at; false means it wrote the Refusal.
 func queryTime(w http.ResponseWriter, q url.Values, name string, at *time.Time) bool {
 	v := q.Get(name)
 	if v == "" {
@@ -104,9 +104,9 @@ func queryTime(w http.ResponseWriter, q url.Values, name string, at *time.Time) 
 
 // writeWorkList answers with the page of work f selects.
 func (s *Service) writeWorkList(w http.ResponseWriter, r *http.Request, f store.WorkFilter) {
-	ws, err := s.d.Store.ListWork(r.Context(), f)
+	ws, err := s.D.Store.ListWork(r.Context(), f)
 	if err != nil {
-		s.d.Log.Error("list work failed", "tenant", f.Tenant, "err", err)
+		s.D.Log.Error("list work failed", "tenant", f.Tenant, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}

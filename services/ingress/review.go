@@ -43,7 +43,7 @@ func holder(v *store.Review) string {
 // listReviews serves GET /v1/reviews?state=&reason=&contract=&limit=&cursor=:
 // the tenant's review queue, oldest first, in pages.
 func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
-	t, ok := s.authenticate(w, r)
+	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return
 	}
@@ -56,7 +56,7 @@ func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
 }
 
 // reviewFilter reads a review listing's state, reason, contract, limit and
-// cursor, or writes the refusal.
+// cursor, or writes the Refusal.
 func (s *Service) reviewFilter(w http.ResponseWriter, q url.Values) (store.ReviewFilter, bool) {
 	f := store.ReviewFilter{State: q.Get("state"), Reason: q.Get("reason"), Contract: q.Get("contract"), Limit: 100}
 	switch {
@@ -67,7 +67,7 @@ func (s *Service) reviewFilter(w http.ResponseWriter, q url.Values) (store.Revie
 		apierror.Write(w, http.StatusBadRequest, "invalid_query", "reason: not one of "+strings.Join(store.ReviewReasons, ", "))
 		return f, false
 	case f.Contract != "":
-		if _, known := s.d.Contracts.Get(f.Contract); !known {
+		if _, known := s.D.Contracts.Get(f.Contract); !known {
 			apierror.Write(w, http.StatusBadRequest, "invalid_query", "contract: not a known contract")
 			return f, false
 		}
@@ -77,9 +77,9 @@ func (s *Service) reviewFilter(w http.ResponseWriter, q url.Values) (store.Revie
 
 // writeReviews answers with the page of review items f selects.
 func (s *Service) writeReviews(w http.ResponseWriter, r *http.Request, f store.ReviewFilter) {
-	vs, err := s.d.Store.ListReviews(r.Context(), f)
+	vs, err := s.D.Store.ListReviews(r.Context(), f)
 	if err != nil {
-		s.d.Log.Error("list reviews failed", "tenant", f.Tenant, "err", err)
+		s.D.Log.Error("list reviews failed", "tenant", f.Tenant, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
@@ -98,7 +98,7 @@ func (s *Service) writeReviews(w http.ResponseWriter, r *http.Request, f store.R
 // resolves its item, recorded as resolved by tenant <id> via the API.
 // Resolving an item resolved already is 409 and names who resolved it.
 func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
-	t, ok := s.authenticate(w, r)
+	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return
 	}
@@ -126,7 +126,7 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	by := store.Actor{Kind: store.ActorTenant, ID: t.ID, Route: store.RouteAPI}
-	v, err := s.d.Store.ResolveReview(r.Context(), t.ID, workID, store.Resolution{By: by, Verdict: req.Verdict, Note: req.Note})
+	v, err := s.D.Store.ResolveReview(r.Context(), t.ID, workID, store.Resolution{By: by, Verdict: req.Verdict, Note: req.Note})
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this tenant")
@@ -135,11 +135,11 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 		reviewConflict(w, v, err)
 		return
 	case err != nil:
-		s.d.Log.Error("resolve review failed", "key", workID, "err", err)
+		s.D.Log.Error("resolve review failed", "key", workID, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
-	telemetry.Decision(r.Context(), s.d.Log, v.WorkID, "review_resolved", resolution(v),
+	telemetry.Decision(r.Context(), s.D.Log, v.WorkID, "review_resolved", resolution(v),
 		slog.String("tenant", t.ID), slog.String("review", reviewID(v)))
 	apierror.JSON(w, http.StatusOK, reviewView(v, time.Now()))
 }
@@ -170,7 +170,7 @@ type ViewCounts struct {
 
 // views serves GET /v1/views?window=24h.
 func (s *Service) views(w http.ResponseWriter, r *http.Request) {
-	t, ok := s.authenticate(w, r)
+	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return
 	}
@@ -183,16 +183,16 @@ func (s *Service) views(w http.ResponseWriter, r *http.Request) {
 		}
 		window = d
 	}
-	states, err := s.d.Store.ViewsOf(r.Context(), window, t.ID)
+	states, err := s.D.Store.ViewsOf(r.Context(), window, t.ID)
 	if err != nil {
-		s.d.Log.Error("views failed", "tenant", t.ID, "err", err)
+		s.D.Log.Error("views failed", "tenant", t.ID, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
 	out := ViewCounts{WindowSeconds: int64(window / time.Second), States: states}
-	n, err := s.d.Store.OpenReviews(r.Context(), t.ID)
+	n, err := s.D.Store.OpenReviews(r.Context(), t.ID)
 	if err != nil {
-		s.d.Log.Error("views failed", "tenant", t.ID, "err", err)
+		s.D.Log.Error("views failed", "tenant", t.ID, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}

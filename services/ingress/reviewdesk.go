@@ -128,7 +128,7 @@ type DeskResolveRequest struct {
 // console. A tenant's token reads its tenant's queue but names nobody, so
 // it neither claims nor resolves from the console.
 func (s *Service) reviewer(w http.ResponseWriter, r *http.Request) (store.Actor, bool) {
-	v, ok := s.viewer(w, r)
+	v, ok := s.Viewer(w, r)
 	if !ok {
 		return store.Actor{}, false
 	}
@@ -137,12 +137,12 @@ func (s *Service) reviewer(w http.ResponseWriter, r *http.Request) (store.Actor,
 			"a review item is held and resolved by a person: sign in with an operator token (role reviewer or operator); a tenant's token resolves through POST /v1/reviews/{id}/resolve")
 		return store.Actor{}, false
 	}
-	return consoleActor(v.Operator), true
+	return ConsoleActor(v.Operator), true
 }
 
-// consoleActor is the person an operator token names, acting from the
+// ConsoleActor is the person an operator token names, acting from the
 // console: a reviewer or an operator, by the token's role.
-func consoleActor(op *store.Operator) store.Actor {
+func ConsoleActor(op *store.Operator) store.Actor {
 	kind := store.ActorReviewer
 	if op.Role == store.RoleOperator {
 		kind = store.ActorOperator
@@ -150,9 +150,9 @@ func consoleActor(op *store.Operator) store.Actor {
 	return store.Actor{Kind: kind, ID: op.Name, Route: store.RouteConsole}
 }
 
-// scope is the tenant whose items a viewer reaches: its own for a tenant's
+// Scope is the tenant whose items a viewer reaches: its own for a tenant's
 // token, every tenant's ("") for an operator's.
-func scope(v auth.Viewer) string {
+func Scope(v auth.Viewer) string {
 	if v.Operator != nil {
 		return ""
 	}
@@ -162,7 +162,7 @@ func scope(v auth.Viewer) string {
 // consoleReviews serves GET /v1/console/reviews: the review queue of the
 // token's tenant, or, for an operator, of the cell (tenant= narrows it).
 func (s *Service) consoleReviews(w http.ResponseWriter, r *http.Request) {
-	v, ok := s.viewer(w, r)
+	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
 	}
@@ -185,7 +185,7 @@ func (s *Service) consoleReviews(w http.ResponseWriter, r *http.Request) {
 // consoleReview serves GET /v1/console/reviews/{id}: the item's case and
 // who holds it, if anyone. Reading an item never claims it.
 func (s *Service) consoleReview(w http.ResponseWriter, r *http.Request) {
-	v, ok := s.viewer(w, r)
+	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
 	}
@@ -193,7 +193,7 @@ func (s *Service) consoleReview(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	rv, err := s.d.Store.GetReview(r.Context(), scope(v), workID)
+	rv, err := s.D.Store.GetReview(r.Context(), Scope(v), workID)
 	s.writeCase(w, r, rv, err)
 }
 
@@ -210,13 +210,13 @@ func (s *Service) consoleClaim(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	rv, err := s.d.Store.ClaimReview(r.Context(), "", workID, by, ReviewHold)
+	rv, err := s.D.Store.ClaimReview(r.Context(), "", workID, by, ReviewHold)
 	if errors.Is(err, store.ErrClaimed) || errors.Is(err, store.ErrResolved) {
 		reviewConflict(w, rv, err)
 		return
 	}
 	if err == nil {
-		s.d.Log.Info("console: review item held", "key", workID, "by", by.String())
+		s.D.Log.Info("console: review item held", "key", workID, "by", by.String())
 	}
 	s.writeCase(w, r, rv, err)
 }
@@ -242,7 +242,7 @@ func (s *Service) writeCase(w http.ResponseWriter, r *http.Request, rv *store.Re
 		c, err = s.readCase(r.Context(), rv)
 	}
 	if err != nil {
-		s.d.Log.Error("console: read a review item failed", "review", r.PathValue("id"), "err", err)
+		s.D.Log.Error("console: read a review item failed", "review", r.PathValue("id"), "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
@@ -301,18 +301,18 @@ type judgement struct {
 
 // judge reads the judgement of work workID.
 func (s *Service) judge(ctx context.Context, workID string) (*judgement, error) {
-	wk, err := s.d.Store.GetWork(ctx, workID)
+	wk, err := s.D.Store.GetWork(ctx, workID)
 	if err != nil {
 		return nil, err
 	}
-	kept, err := s.d.Store.AttemptAnswers(ctx, workID)
+	kept, err := s.D.Store.AttemptAnswers(ctx, workID)
 	if err != nil {
 		return nil, err
 	}
 	j := &judgement{work: wk, kept: kept}
-	j.contract, _ = s.d.Contracts.Of(wk.Contract, wk.SchemaVersion)
+	j.contract, _ = s.D.Contracts.Of(wk.Contract, wk.SchemaVersion)
 	if wk.State == outcome.Accepted {
-		res, err := s.d.Store.GetResult(ctx, wk.ID)
+		res, err := s.D.Store.GetResult(ctx, wk.ID)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return nil, err
 		}
@@ -434,23 +434,23 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	res := store.Resolution{By: by, Verdict: req.Verdict, Note: req.Note, Holder: by.ID}
 	if req.Verdict == store.VerdictApproved || req.Verdict == store.VerdictAmended {
-		output, refusal, err := s.deskOutput(ctx, workID, req)
+		output, Refusal, err := s.deskOutput(ctx, workID, req)
 		if errors.Is(err, store.ErrNotFound) {
 			apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this token")
 			return
 		}
 		if err != nil {
-			s.d.Log.Error("console: read a review item failed", "key", workID, "err", err)
+			s.D.Log.Error("console: read a review item failed", "key", workID, "err", err)
 			auth.Unavailable().Write(w)
 			return
 		}
-		if refusal != "" {
-			apierror.Write(w, http.StatusBadRequest, "invalid_findings", refusal)
+		if Refusal != "" {
+			apierror.Write(w, http.StatusBadRequest, "invalid_findings", Refusal)
 			return
 		}
 		res.Output, res.Announce = output, s.announceReviewed(ctx)
 	}
-	rv, err := s.d.Store.ResolveReview(ctx, "", workID, res)
+	rv, err := s.D.Store.ResolveReview(ctx, "", workID, res)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this token")
@@ -459,18 +459,18 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 		reviewConflict(w, rv, err)
 		return
 	case err != nil:
-		s.d.Log.Error("console: resolve review failed", "key", workID, "err", err)
+		s.D.Log.Error("console: resolve review failed", "key", workID, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
-	telemetry.Decision(ctx, s.d.Log, rv.WorkID, "review_resolved", resolution(rv),
+	telemetry.Decision(ctx, s.D.Log, rv.WorkID, "review_resolved", resolution(rv),
 		slog.String("tenant", rv.TenantID), slog.String("review", reviewID(rv)), slog.String("by", by.ID),
 		slog.Bool("published", rv.Output != nil))
 	apierror.JSON(w, http.StatusOK, reviewView(rv, time.Now()))
 }
 
 // deskOutput is the answer an approved or amended resolution publishes:
-// the answer judged, with the person's fields for amended. refusal, when
+// the answer judged, with the person's fields for amended. Refusal, when
 // set, says why it cannot be published (it fails the gate of the work's
 // contract version, naming the field to fix, or there is no answer to
 // approve).
@@ -486,9 +486,9 @@ func (s *Service) deskOutput(ctx context.Context, workID string, req DeskResolve
 	case req.Verdict == store.VerdictApproved && answer == nil:
 		return nil, "there is no answer to approve: amend it with an answer of " + ct.SchemaVersion + ", or reject or dismiss it", nil
 	case req.Verdict == store.VerdictAmended:
-		var refusal string
-		if answer, refusal = amendedAnswer(ct, wk, answer, req); refusal != "" {
-			return nil, refusal, nil
+		var Refusal string
+		if answer, Refusal = amendedAnswer(ct, wk, answer, req); Refusal != "" {
+			return nil, Refusal, nil
 		}
 	}
 	acc, fail := gate.Check(ct, answer, expect(ct, wk))
@@ -502,7 +502,7 @@ func (s *Service) deskOutput(ctx context.Context, workID string, req DeskResolve
 
 // amendedAnswer is the person's answer under the work's correlation: their
 // whole answer when they gave one, else the answer judged (nil: none) with
-// their findings; refusal says why the request's answer cannot be read.
+// their findings; Refusal says why the request's answer cannot be read.
 func amendedAnswer(ct *contract.Contract, wk *store.Work, judged []byte, req DeskResolveRequest) ([]byte, string) {
 	doc := map[string]json.RawMessage{}
 	if req.Answer != nil {
@@ -596,8 +596,8 @@ func fieldToFix(ct *contract.Contract, answer []byte, fail *gate.Failure) string
 func (s *Service) announceReviewed(ctx context.Context) func(*store.Review) ([]store.OutboxMsg, error) {
 	return func(rv *store.Review) ([]store.OutboxMsg, error) {
 		id := event.OutcomeMsgID(rv.WorkID, outcome.Reviewed)
-		m, err := outbox.Msg(ctx, event.KindOutcome, s.cfg.Names.Outcome(rv.TenantID), id, event.Outcome{OutcomeID: id,
-			WorkID: rv.WorkID, TenantID: rv.TenantID, Region: s.cfg.Region, Outcome: outcome.Reviewed, At: time.Now().UTC()})
+		m, err := outbox.Msg(ctx, event.KindOutcome, s.Cfg.Names.Outcome(rv.TenantID), id, event.Outcome{OutcomeID: id,
+			WorkID: rv.WorkID, TenantID: rv.TenantID, Region: s.Cfg.Region, Outcome: outcome.Reviewed, At: time.Now().UTC()})
 		if err != nil {
 			return nil, err
 		}

@@ -25,11 +25,11 @@ type routes struct {
 	loaded bool
 }
 
-type routeKey struct{ scope, contract string }
+type routeKey struct{ Scope, contract string }
 
 // refreshRoutes reads the routes again.
-func (s *Service) refreshRoutes(ctx context.Context) (bool, error) {
-	rs, err := s.d.Store.Routes(ctx)
+func (s *Service) RefreshRoutes(ctx context.Context) (bool, error) {
+	rs, err := s.D.Store.Routes(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -37,22 +37,22 @@ func (s *Service) refreshRoutes(ctx context.Context) (bool, error) {
 	for _, r := range rs {
 		m[routeKey{r.Scope, r.Contract}] = r
 	}
-	s.routes.mu.Lock()
-	s.routes.byKey, s.routes.loaded = m, true
-	s.routes.mu.Unlock()
+	s.Routes_.mu.Lock()
+	s.Routes_.byKey, s.Routes_.loaded = m, true
+	s.Routes_.mu.Unlock()
 	return false, nil
 }
 
 // route is the route a tenant's new work of a contract follows: its own,
 // or every tenant's; ok is false when neither exists (the contract's
 // default version, as it ships).
-func (s *Service) route(tenant, name string) (store.Route, bool) {
-	s.routes.mu.RLock()
-	defer s.routes.mu.RUnlock()
-	if r, ok := s.routes.byKey[routeKey{tenant, name}]; ok {
+func (s *Service) Route(tenant, name string) (store.Route, bool) {
+	s.Routes_.mu.RLock()
+	defer s.Routes_.mu.RUnlock()
+	if r, ok := s.Routes_.byKey[routeKey{tenant, name}]; ok {
 		return r, true
 	}
-	r, ok := s.routes.byKey[routeKey{store.RouteAll, name}]
+	r, ok := s.Routes_.byKey[routeKey{store.RouteAll, name}]
 	return r, ok
 }
 
@@ -60,14 +60,14 @@ func (s *Service) route(tenant, name string) (store.Route, bool) {
 // is made for: the route's live version, or the default one. A route
 // naming a version this build does not have leaves the default in place
 // (and says so): work is never made for a version no classifier reads.
-func (s *Service) contractFor(ctx context.Context, tenant string, c *contract.Contract) (*contract.Contract, store.Variant) {
-	r, ok := s.route(tenant, c.Name)
+func (s *Service) ContractFor(ctx context.Context, tenant string, c *contract.Contract) (*contract.Contract, store.Variant) {
+	r, ok := s.Route(tenant, c.Name)
 	if !ok || r.Live.Version == "" {
 		return c, store.Variant{Version: c.SchemaVersion}
 	}
-	v, known := s.d.Contracts.Of(c.Name, r.Live.Version)
+	v, known := s.D.Contracts.Of(c.Name, r.Live.Version)
 	if !known {
-		s.d.Log.WarnContext(ctx, "route names a contract version this build does not have; the default is used",
+		s.D.Log.WarnContext(ctx, "route names a contract version this build does not have; the default is used",
 			"contract", c.Name, "scope", r.Scope, "version", r.Live.Version)
 		return c, store.Variant{Version: c.SchemaVersion}
 	}
@@ -91,32 +91,32 @@ func (s *Service) shadow(ctx context.Context, live *store.Work) {
 	if live.ShadowOf != "" {
 		return
 	}
-	r, ok := s.route(live.TenantID, live.Contract)
+	r, ok := s.Route(live.TenantID, live.Contract)
 	if !ok || r.Candidate.Version == "" || !ShadowSampled(live.ID, r.ShadowShare) {
 		return
 	}
-	c, known := s.d.Contracts.Of(live.Contract, r.Candidate.Version)
+	c, known := s.D.Contracts.Of(live.Contract, r.Candidate.Version)
 	result := "made"
 	defer func() {
-		s.shadows.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.cfg.Region),
+		s.Shadows.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.Cfg.Region),
 			attribute.String("contract", live.Contract), attribute.String("result", result)))
 	}()
 	if !known {
 		result = "unknown_version"
-		s.d.Log.WarnContext(ctx, "a route's candidate names a contract version this build does not have; no shadow",
+		s.D.Log.WarnContext(ctx, "a route's candidate names a contract version this build does not have; no shadow",
 			"contract", live.Contract, "scope", r.Scope, "version", r.Candidate.Version)
 		return
 	}
 	w := ShadowWork(live, c, r.Candidate)
-	if d := time.Now().Add(s.cfg.BatchDeadline); d.After(w.DeadlineAt) {
+	if d := time.Now().Add(s.Cfg.BatchDeadline); d.After(w.DeadlineAt) {
 		w.DeadlineAt = d
 	}
-	if _, _, err := s.d.Store.InsertWork(ctx, w, s.announce(ctx)); err != nil {
+	if _, _, err := s.D.Store.InsertWork(ctx, w, s.Announcer(ctx)); err != nil {
 		result = "failed"
-		s.d.Log.WarnContext(ctx, "shadow work not made", "key", live.ID, "err", err)
+		s.D.Log.WarnContext(ctx, "shadow work not made", "key", live.ID, "err", err)
 		return
 	}
-	telemetry.Decision(ctx, s.d.Log, w.ID, "shadowed", "a share of live work runs with the route's candidate",
+	telemetry.Decision(ctx, s.D.Log, w.ID, "shadowed", "a share of live work runs with the route's candidate",
 		slog.String("live", live.ID), slog.String("version", c.SchemaVersion))
 }
 
@@ -135,10 +135,10 @@ func ShadowWork(live *store.Work, c *contract.Contract, v store.Variant) *store.
 
 // goShadow makes the shadow twins of newly made live work, after the
 // caller has its answer: a twin is a sample, and nothing live waits on it.
-func (s *Service) goShadow(ctx context.Context, made ...*store.Work) {
+func (s *Service) GoShadow(ctx context.Context, made ...*store.Work) {
 	sampled := false
 	for _, w := range made {
-		if r, ok := s.route(w.TenantID, w.Contract); ok && r.Candidate.Version != "" && r.ShadowShare > 0 {
+		if r, ok := s.Route(w.TenantID, w.Contract); ok && r.Candidate.Version != "" && r.ShadowShare > 0 {
 			sampled = true
 			break
 		}
@@ -147,14 +147,14 @@ func (s *Service) goShadow(ctx context.Context, made ...*store.Work) {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	s.shadowing.Add(1)
+	s.Shadowing.Add(1)
 	go func() {
-		defer s.shadowing.Done()
+		defer s.Shadowing.Done()
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		for _, w := range made {
 			s.shadow(ctx, w)
 		}
-		s.relay.Kick()
+		s.Relay.Kick()
 	}()
 }

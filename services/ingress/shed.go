@@ -39,7 +39,7 @@ type ShedConfig struct {
 	// backlog_full (a webhook is dropped). Defaults 10000 and 1000.
 	BatchBacklog, InteractiveBacklog int
 	// RetryAfterMax caps the Retry-After of a capacity or backlog
-	// refusal (a refusal's Retry-After is never past the work's deadline
+	// Refusal (a Refusal's Retry-After is never past the work's deadline
 	// either). Default 60s.
 	RetryAfterMax time.Duration
 	// LocalRate keeps each tenant's rate per ingress instance instead of
@@ -79,7 +79,7 @@ var shedVars = []config.Var{
 	{Name: "ASSAY_BATCH_BACKLOG", Default: "10000", Usage: "batch work a tenant may have queued or running, however it came (work, batches)"},
 	{Name: "ASSAY_INTERACTIVE_BACKLOG", Default: "1000", Usage: "interactive work a tenant may have queued or running, however it came (work, webhooks)"},
 	{Name: "ASSAY_INGRESS_RATE", Default: "shared", Usage: "shared: a tenant's rate holds across the cell's ingress instances (NATS KV); local: per instance"},
-	{Name: "ASSAY_SHED_RETRY_AFTER_MAX", Default: "60s", Usage: "the longest Retry-After a capacity or backlog refusal gives (never past the work's deadline either)"},
+	{Name: "ASSAY_SHED_RETRY_AFTER_MAX", Default: "60s", Usage: "the longest Retry-After a capacity or backlog Refusal gives (never past the work's deadline either)"},
 }
 
 // backlog is the lane's backlog limit.
@@ -126,21 +126,21 @@ type shedder struct {
 	counted metric.Int64Counter // assay_shed
 }
 
-func (s *Service) setUpShed() error {
-	sh := &shedder{cfg: s.cfg.Shed}
-	sh.view = &capacityView{js: s.d.JS, bucket: s.cfg.Names.CapacityBucket(), log: s.d.Log}
-	sh.open = s.d.Store
+func (s *Service) SetUpShed() error {
+	sh := &shedder{cfg: s.Cfg.Shed}
+	sh.view = &capacityView{js: s.D.JS, bucket: s.Cfg.Names.CapacityBucket(), log: s.D.Log}
+	sh.open = s.D.Store
 	if !sh.cfg.LocalRate {
-		sh.shared = &sharedRate{js: s.d.JS, bucket: s.cfg.Names.AdmitBucket(), streams: s.cfg.Streams, log: s.d.Log,
-			b: &admission.SharedBuckets{Local: s.buckets}}
+		sh.shared = &sharedRate{js: s.D.JS, bucket: s.Cfg.Names.AdmitBucket(), streams: s.Cfg.Streams, log: s.D.Log,
+			b: &admission.SharedBuckets{Local: s.Buckets}}
 	}
 	var err error
-	sh.counted, err = s.d.Tel.Meter().Int64Counter("assay_shed",
+	sh.counted, err = s.D.Tel.Meter().Int64Counter("assay_shed",
 		metric.WithDescription("submissions ingress refused for the cell's capacity or the tenant's batch backlog, by lane, why and how they came"))
 	if err != nil {
 		return err
 	}
-	region := attribute.String("region", s.cfg.Region)
+	region := attribute.String("region", s.Cfg.Region)
 	for _, lane := range event.Lanes { // at zero from the start, like assay_dropped
 		for _, via := range []string{"api", "webhook"} {
 			for _, why := range []string{"over_capacity", "backlog_full"} {
@@ -148,38 +148,38 @@ func (s *Service) setUpShed() error {
 					attribute.String("reason", why), attribute.String("via", via)))
 			}
 		}
-		s.dropped.Add(context.Background(), 0, metric.WithAttributes(region, attribute.String("lane", lane),
+		s.Dropped.Add(context.Background(), 0, metric.WithAttributes(region, attribute.String("lane", lane),
 			attribute.String("reason", "over_capacity")))
 	}
-	s.shed = sh
+	s.Shed = sh
 	return nil
 }
 
 // CapacityKnown reports whether a fresh capacity report of the cell's
 // classifiers has been read.
 func (s *Service) CapacityKnown() bool {
-	if s.shed == nil {
+	if s.Shed == nil {
 		return false
 	}
-	s.shed.view.mu.Lock()
-	defer s.shed.view.mu.Unlock()
-	return s.shed.view.load(time.Now()).Reports > 0
+	s.Shed.view.mu.Lock()
+	defer s.Shed.view.mu.Unlock()
+	return s.Shed.view.load(time.Now()).Reports > 0
 }
 
 // take takes a token from the tenant's bucket for the lane: the cell's
 // shared one, or this instance's.
-func (s *Service) take(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {
-	if s.shed != nil && s.shed.shared != nil {
-		return s.shed.shared.take(ctx, t, lane)
+func (s *Service) Take(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {
+	if s.Shed != nil && s.Shed.shared != nil {
+		return s.Shed.shared.take(ctx, t, lane)
 	}
-	ok, wait := s.buckets.Take(t.ID+"/"+lane, float64(t.RatePerMinute), t.Burst)
+	ok, wait := s.Buckets.Take(t.ID+"/"+lane, float64(t.RatePerMinute), t.Burst)
 	return wait, ok
 }
 
-// refusal is why capacity admission refused work, and when to ask again.
+// Refusal is why capacity admission refused work, and when to ask again.
 // reason is what the caller is told: of its own work only. detail is what
 // the decision log adds for the operator: the lane's figures.
-type refusal struct {
+type Refusal struct {
 	code   string // over_capacity or backlog_full
 	reason string
 	detail string
@@ -197,7 +197,7 @@ const deadlineShare = 10
 // leaves after the call needs its time. Unknown capacity admits, and so
 // does a lane with nothing waiting in it. The Retry-After it gives is at
 // most retryMax and never past the deadline.
-func shedDecision(p admission.Prediction, maxWait, remaining, need, retryMax time.Duration) *refusal {
+func shedDecision(p admission.Prediction, maxWait, remaining, need, retryMax time.Duration) *Refusal {
 	if !p.Known || p.Waiting <= 0 {
 		return nil
 	}
@@ -221,7 +221,7 @@ func shedDecision(p admission.Prediction, maxWait, remaining, need, retryMax tim
 		reason = fmt.Sprintf("the cell is at capacity: this work's result would come after its deadline (%s to start, %s behind the results being committed)",
 			p.Wait.Round(time.Millisecond), p.Downstream.Round(time.Millisecond))
 	}
-	return &refusal{code: "over_capacity", retry: retry, reason: reason,
+	return &Refusal{code: "over_capacity", retry: retry, reason: reason,
 		detail: fmt.Sprintf("%.0f waiting in the lane, %.0f of them this tenant's, at %.1f/s served, %s to commit what is answered",
 			p.Waiting, p.Ahead, p.Rate, p.Downstream.Round(time.Millisecond))}
 }
@@ -229,8 +229,8 @@ func shedDecision(p admission.Prediction, maxWait, remaining, need, retryMax tim
 // admitCapacity decides whether the cell can take w now: the tenant's
 // backlog in w's lane must have room for it, and interactive work must be
 // predicted to start within what it can wait.
-func (s *Service) admitCapacity(ctx context.Context, t store.Tenant, w *store.Work) *refusal {
-	sh := s.shed
+func (s *Service) AdmitCapacity(ctx context.Context, t store.Tenant, w *store.Work) *Refusal {
+	sh := s.Shed
 	if sh == nil || sh.cfg.Off {
 		return nil
 	}
@@ -244,7 +244,7 @@ func (s *Service) admitCapacity(ctx context.Context, t store.Tenant, w *store.Wo
 			return r
 		}
 	}
-	if r := s.admitBacklog(ctx, t, w.Lane, 1); r != nil {
+	if r := s.AdmitBacklog(ctx, t, w.Lane, 1); r != nil {
 		return r
 	}
 	sh.view.admitted(w.Lane, t.ID)
@@ -255,8 +255,8 @@ func (s *Service) admitCapacity(ctx context.Context, t store.Tenant, w *store.Wo
 // submission, a batch of n items, a webhook): the tenant's work queued or
 // running in the lane, with the n this would add, stays within the
 // lane's limit.
-func (s *Service) admitBacklog(ctx context.Context, t store.Tenant, lane string, n int) *refusal {
-	sh := s.shed
+func (s *Service) AdmitBacklog(ctx context.Context, t store.Tenant, lane string, n int) *Refusal {
+	sh := s.Shed
 	if sh == nil || sh.cfg.Off {
 		return nil
 	}
@@ -264,7 +264,7 @@ func (s *Service) admitBacklog(ctx context.Context, t store.Tenant, lane string,
 	open, err := sh.open.OpenWork(ctx, t.ID, lane, limit)
 	if err != nil {
 		// The insert that follows meets the same database; let it answer.
-		s.d.Log.WarnContext(ctx, "backlog count failed", "tenant", t.ID, "lane", lane, "err", err)
+		s.D.Log.WarnContext(ctx, "backlog count failed", "tenant", t.ID, "lane", lane, "err", err)
 		return nil
 	}
 	if open+n <= limit {
@@ -278,7 +278,7 @@ func (s *Service) admitBacklog(ctx context.Context, t store.Tenant, lane string,
 	if n > 1 {
 		what = fmt.Sprintf("these %d items", n)
 	}
-	return &refusal{code: "backlog_full", retry: retry,
+	return &Refusal{code: "backlog_full", retry: retry,
 		reason: fmt.Sprintf("the tenant's %s-lane backlog is full: %d work items queued or running, and %s would take it past its limit of %d",
 			lane, open, what, limit)}
 }
@@ -286,23 +286,23 @@ func (s *Service) admitBacklog(ctx context.Context, t store.Tenant, lane string,
 // overCapacity answers a submission capacity admission refused: 429 with
 // Retry-After, nothing stored; a key already accepted answers as the
 // duplicate it is.
-func (s *Service) overCapacity(ctx context.Context, w http.ResponseWriter, t store.Tenant, work *store.Work, r *refusal) {
-	if got, err := s.d.Store.GetWork(ctx, work.ID); err == nil && got.State != outcome.Dropped {
-		s.duplicate(ctx, w, t, got)
+func (s *Service) OverCapacity(ctx context.Context, w http.ResponseWriter, t store.Tenant, work *store.Work, r *Refusal) {
+	if got, err := s.D.Store.GetWork(ctx, work.ID); err == nil && got.State != outcome.Dropped {
+		s.Duplicate(ctx, w, t, got)
 		return
 	}
-	s.count(ctx, r.code)
-	s.countShed(ctx, work.Lane, r.code, "api")
-	telemetry.Decision(ctx, s.d.Log, work.ID, "refused", r.reason, slog.String("tenant", t.ID), slog.String("lane", work.Lane),
+	s.Count(ctx, r.code)
+	s.CountShed(ctx, work.Lane, r.code, "api")
+	telemetry.Decision(ctx, s.D.Log, work.ID, "refused", r.reason, slog.String("tenant", t.ID), slog.String("lane", work.Lane),
 		slog.Duration("retry_after", r.retry), slog.String("detail", r.detail))
-	tooMany(w, r.code, r.reason, r.retry)
+	TooMany(w, r.code, r.reason, r.retry)
 }
 
-func (s *Service) countShed(ctx context.Context, lane, code, via string) {
-	if s.shed == nil {
+func (s *Service) CountShed(ctx context.Context, lane, code, via string) {
+	if s.Shed == nil {
 		return
 	}
-	s.shed.counted.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.cfg.Region),
+	s.Shed.counted.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.Cfg.Region),
 		attribute.String("lane", lane), attribute.String("reason", code), attribute.String("via", via)))
 }
 

@@ -72,7 +72,7 @@ func (e *webhookEnv) report(r admission.CapacityReport) {
 		e.t.Fatal(err)
 	}
 	for end := time.Now().Add(30 * time.Second); ; {
-		if e.svc.shed.view.rate(time.Now()) > 0 {
+		if e.svc.Shed.view.rate(time.Now()) > 0 {
 			return
 		}
 		if time.Now().After(end) {
@@ -99,10 +99,10 @@ func TestSubmitOverCapacity(t *testing.T) {
 	if a.status != http.StatusTooManyRequests || a.code() != "over_capacity" {
 		t.Fatalf("over capacity: %d %s, want 429 over_capacity", a.status, a.body)
 	}
-	// The refusal speaks of this work alone: nothing of how much the
+	// The Refusal speaks of this work alone: nothing of how much the
 	// lane holds or whose it is.
 	if strings.Contains(string(a.body), "waiting in the lane") || strings.Contains(string(a.body), "tenant") {
-		t.Fatalf("the refusal tells of the lane: %s", a.body)
+		t.Fatalf("the Refusal tells of the lane: %s", a.body)
 	}
 	secs, err := strconv.Atoi(h.Get("Retry-After"))
 	if err != nil || secs < 3 || secs > 5 {
@@ -167,7 +167,7 @@ func TestShedFromEnv(t *testing.T) {
 // The two rules of capacity admission, over random cells: a lane with
 // nothing waiting in it (its work running, parked out of the way for a
 // Retry-After or a backoff, or waiting for the committer) refuses no one,
-// whatever earlier work waited; and no refusal's Retry-After is longer
+// whatever earlier work waited; and no Refusal's Retry-After is longer
 // than the cap or than the work could wait.
 func TestShedRulesHoldOverRandomCells(t *testing.T) {
 	t.Parallel()
@@ -221,7 +221,7 @@ func TestShedRulesHoldOverRandomCells(t *testing.T) {
 			t.Fatalf("Retry-After %v with a cap of %v and %v left", r.retry, retryMax, remaining)
 		}
 		if strings.Contains(r.reason, "tenant") || strings.Contains(r.reason, "waiting in the lane") {
-			t.Fatalf("a refusal tells of other work: %q", r.reason)
+			t.Fatalf("a Refusal tells of other work: %q", r.reason)
 		}
 	}
 	if refusals == 0 || idle == 0 {

@@ -21,17 +21,17 @@ import (
 // console's work page. A tenant's token reads its own work, an operator's
 // any of the cell's; each answer is shown by its shape, never its words.
 func (s *Service) consoleWork(w http.ResponseWriter, r *http.Request) {
-	v, ok := s.viewer(w, r)
+	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
 	}
-	story, err := ReadStory(r.Context(), s.d.Store, r.PathValue("id"), AnswerShape)
+	story, err := ReadStory(r.Context(), s.D.Store, r.PathValue("id"), AnswerShape)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && v.Operator == nil && story.Work.TenantID != v.Tenant.ID) {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no work with that id for this token")
 		return
 	}
 	if err != nil {
-		s.d.Log.Error("console: read a work's story failed", "key", r.PathValue("id"), "err", err)
+		s.D.Log.Error("console: read a work's story failed", "key", r.PathValue("id"), "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
@@ -79,7 +79,7 @@ type actor interface {
 // from its page; the action is written with who asked, in its own
 // transaction.
 func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
-	v, ok := s.viewer(w, r)
+	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
 	}
@@ -105,50 +105,50 @@ func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	cur, err := s.d.Store.GetWork(ctx, id)
+	cur, err := s.D.Store.GetWork(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no work with that id in this cell")
 		return
 	}
 	if err != nil {
-		s.d.Log.Error("console: read work failed", "key", id, "err", err)
+		s.D.Log.Error("console: read work failed", "key", id, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
-	audit := &store.Audit{By: consoleActor(v.Operator), Action: req.Action, Note: req.Note}
-	deadline := time.Now().Add(s.laneDeadline(cur.Lane))
+	audit := &store.Audit{By: ConsoleActor(v.Operator), Action: req.Action, Note: req.Note}
+	deadline := time.Now().Add(s.LaneDeadline(cur.Lane))
 	var got *store.Work
 	switch req.Action {
 	case "redrive":
-		got, err = s.d.Store.RedriveWork(ctx, id, store.RedriveOptions{Deadline: deadline, Audit: audit}, Announce(ctx, s.cfg.Names))
+		got, err = s.D.Store.RedriveWork(ctx, id, store.RedriveOptions{Deadline: deadline, Audit: audit}, Announce(ctx, s.Cfg.Names))
 	case "rerun":
-		got, err = s.d.Store.RerunAudited(ctx, id, deadline, Announce(ctx, s.cfg.Names), audit)
+		got, err = s.D.Store.RerunAudited(ctx, id, deadline, Announce(ctx, s.Cfg.Names), audit)
 	default:
 		reason := "canceled from the console by " + v.Operator.Name
-		got, err = s.d.Store.CancelWork(ctx, id, reason, func(w *store.Work, running bool) ([]store.OutboxMsg, error) {
+		got, err = s.D.Store.CancelWork(ctx, id, reason, func(w *store.Work, running bool) ([]store.OutboxMsg, error) {
 			if !running {
 				return nil, nil
 			}
-			m, err := outbox.Msg(ctx, event.KindWork, s.cfg.Names.Cancel(w.TenantID), "cancel."+w.ID+".console",
-				event.Cancel{WorkID: w.ID, TenantID: w.TenantID, Region: s.cfg.Region, Reason: reason})
+			m, err := outbox.Msg(ctx, event.KindWork, s.Cfg.Names.Cancel(w.TenantID), "cancel."+w.ID+".console",
+				event.Cancel{WorkID: w.ID, TenantID: w.TenantID, Region: s.Cfg.Region, Reason: reason})
 			if err != nil {
 				return nil, err
 			}
 			return []store.OutboxMsg{m}, nil
 		}, audit)
 	}
-	for _, refusal := range []error{store.ErrNotRedrivable, store.ErrRedriven, store.ErrNoInput, store.ErrSuperseded,
+	for _, Refusal := range []error{store.ErrNotRedrivable, store.ErrRedriven, store.ErrNoInput, store.ErrSuperseded,
 		store.ErrNotDropped, store.ErrTooLarge, store.ErrNotCancelable} {
-		if errors.Is(err, refusal) {
+		if errors.Is(err, Refusal) {
 			apierror.Write(w, http.StatusConflict, "not_actionable", err.Error())
 			return
 		}
 	}
 	if err != nil {
-		s.d.Log.Error("console: action failed", "key", id, "action", req.Action, "err", err)
+		s.D.Log.Error("console: action failed", "key", id, "action", req.Action, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
-	s.d.Log.Info("console: work acted on", "key", id, "action", req.Action, "by", v.Operator.Name)
+	s.D.Log.Info("console: work acted on", "key", id, "action", req.Action, "by", v.Operator.Name)
 	apierror.JSON(w, http.StatusOK, ActionResponse{WorkID: got.ID, Action: req.Action, State: got.State, By: v.Operator.Name})
 }

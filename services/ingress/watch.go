@@ -28,31 +28,31 @@ type watch struct {
 	outbox map[string]store.OutboxBacklog
 }
 
-func (s *Service) sample(ctx context.Context) (bool, error) {
-	oldest, err := s.d.Store.Oldest(ctx)
+func (s *Service) Sample(ctx context.Context) (bool, error) {
+	oldest, err := s.D.Store.Oldest(ctx)
 	if err != nil {
 		return false, err
 	}
-	views, err := s.d.Store.Views(ctx, ViewWindow)
+	views, err := s.D.Store.Views(ctx, ViewWindow)
 	if err != nil {
 		return false, err
 	}
-	outbox, err := s.d.Store.Outbox(ctx)
+	outbox, err := s.D.Store.Outbox(ctx)
 	if err != nil {
 		return false, err
 	}
-	s.watched.mu.Lock()
-	s.watched.oldest, s.watched.views, s.watched.outbox = oldest, views, outbox
-	s.watched.mu.Unlock()
+	s.Watched.mu.Lock()
+	s.Watched.oldest, s.Watched.views, s.Watched.outbox = oldest, views, outbox
+	s.Watched.mu.Unlock()
 	return false, nil
 }
 
 // Views is the last sample of the work views (see store.Views).
 func (s *Service) Views() map[string]int64 {
-	s.watched.mu.Lock()
-	defer s.watched.mu.Unlock()
-	out := make(map[string]int64, len(s.watched.views))
-	for k, v := range s.watched.views {
+	s.Watched.mu.Lock()
+	defer s.Watched.mu.Unlock()
+	out := make(map[string]int64, len(s.Watched.views))
+	for k, v := range s.Watched.views {
 		out[k] = v
 	}
 	return out
@@ -84,16 +84,16 @@ var sampledGauges = []sampled{
 // watchMetrics registers the gauges of the samples, and the counter of
 // what ingress itself drops (the end to end time of what it ends is the
 // committer's to record, when it announces the outcome).
-func (s *Service) watchMetrics() error {
-	m := s.d.Tel.Meter()
-	region := attribute.String("region", s.cfg.Region)
+func (s *Service) WatchMetrics() error {
+	m := s.D.Tel.Meter()
+	region := attribute.String("region", s.Cfg.Region)
 	for _, g := range sampledGauges {
 		opts := []metric.Float64ObservableGaugeOption{metric.WithDescription(g.desc),
 			metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
-				s.watched.mu.Lock()
-				defer s.watched.mu.Unlock()
+				s.Watched.mu.Lock()
+				defer s.Watched.mu.Unlock()
 				for _, k := range g.keys {
-					o.Observe(g.value(&s.watched, k), metric.WithAttributes(region, attribute.String(g.label, k)))
+					o.Observe(g.value(&s.Watched, k), metric.WithAttributes(region, attribute.String(g.label, k)))
 				}
 				return nil
 			})}
@@ -105,11 +105,11 @@ func (s *Service) watchMetrics() error {
 		}
 	}
 	var err error
-	if s.dropped, err = m.Int64Counter("assay_dropped", metric.WithDescription("work stored dropped by admission, by lane and why")); err != nil {
+	if s.Dropped, err = m.Int64Counter("assay_dropped", metric.WithDescription("work stored dropped by admission, by lane and why")); err != nil {
 		return err
 	}
 	for _, lane := range event.Lanes { // at zero from the start: a rate over it reads 0, not nothing
-		s.dropped.Add(context.Background(), 0, metric.WithAttributes(region, attribute.String("lane", lane), attribute.String("reason", "over_rate")))
+		s.Dropped.Add(context.Background(), 0, metric.WithAttributes(region, attribute.String("lane", lane), attribute.String("reason", "over_rate")))
 	}
 	return nil
 }

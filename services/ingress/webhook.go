@@ -172,7 +172,7 @@ func DeliveryKey(id string) string { return "delivery:" + telemetry.Opaque(id) }
 // delivery already recorded) and store (the diff, the work, the answer).
 // Each stage that refuses answers with its error and the decision logged.
 func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
-	ctx, span := s.d.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.webhook.github", trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := s.D.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.webhook.github", trace.WithSpanKind(trace.SpanKindServer))
 	defer span.End()
 	d, refused := s.verifyDelivery(ctx, w, r)
 	if refused == nil {
@@ -193,7 +193,7 @@ func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
 	if refused != nil {
 		s.countWebhook(ctx, refused.Code)
 		if d != nil && refused.Code == "wrong_cell" {
-			s.refuseOrSendOn(w, r, d.tenant, refused, d.body)
+			s.RefuseOrSendOn(w, r, d.tenant, refused, d.body)
 			return
 		}
 		refused.Write(w)
@@ -225,17 +225,17 @@ func (s *Service) verifyDelivery(ctx context.Context, w http.ResponseWriter, r *
 	if !eventRE.MatchString(d.event) {
 		return nil, apierror.New(http.StatusBadRequest, "invalid_event", "X-GitHub-Event must be a lower-case event name")
 	}
-	body, refused := request.ReadBody(w, r, s.cfg.MaxBodyBytes)
+	body, refused := request.ReadBody(w, r, s.Cfg.MaxBodyBytes)
 	if refused != nil {
 		return nil, refused
 	}
 	var err error
 	if d.by, err = s.signedBy(ctx, body, sig); err != nil {
-		s.d.Log.ErrorContext(ctx, "webhook secret lookup failed", "delivery", telemetry.Opaque(d.id), "err", err)
+		s.D.Log.ErrorContext(ctx, "webhook secret lookup failed", "delivery", telemetry.Opaque(d.id), "err", err)
 		return nil, apierror.New(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")
 	}
 	if !d.by.app && d.by.tenant == "" {
-		s.d.Log.WarnContext(ctx, "webhook signature refused", "delivery", telemetry.Opaque(d.id))
+		s.D.Log.WarnContext(ctx, "webhook signature refused", "delivery", telemetry.Opaque(d.id))
 		return nil, apierror.New(http.StatusUnauthorized, "invalid_signature", "X-Hub-Signature-256 does not match the body under any secret that may sign it")
 	}
 	if err := contract.CheckText(body); err != nil {
@@ -249,7 +249,7 @@ func (s *Service) verifyDelivery(ctx context.Context, w http.ResponseWriter, r *
 // the tenant the payload's repository is linked to. A zero signer is no
 // one's; an error is the database's.
 func (s *Service) signedBy(ctx context.Context, body []byte, sig string) (signer, error) {
-	if s.cfg.GitHubSecret != "" && VerifySignature(s.cfg.GitHubSecret, body, sig) {
+	if s.Cfg.GitHubSecret != "" && VerifySignature(s.Cfg.GitHubSecret, body, sig) {
 		return signer{app: true}, nil
 	}
 	// Only to find which secret to try: nothing else is read from a body
@@ -260,7 +260,7 @@ func (s *Service) signedBy(ctx context.Context, body []byte, sig string) (signer
 	if json.Unmarshal(body, &peek) != nil || !api.FullNameOK(peek.Repository.FullName) {
 		return signer{}, nil
 	}
-	tenant, secret, err := s.d.Store.RepositorySecret(ctx, peek.Repository.FullName)
+	tenant, secret, err := s.D.Store.RepositorySecret(ctx, peek.Repository.FullName)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return signer{}, nil
@@ -299,29 +299,29 @@ func (s *Service) routeDelivery(ctx context.Context, d *delivery) (dup *store.De
 	if d.pr.Installation != nil && d.by.app {
 		installation = strconv.FormatInt(d.pr.Installation.ID, 10)
 	}
-	links, err := s.d.Store.WebhookLinks(ctx, installation, d.pr.Repository.FullName)
+	links, err := s.D.Store.WebhookLinks(ctx, installation, d.pr.Repository.FullName)
 	if err != nil {
-		s.d.Log.ErrorContext(ctx, "webhook tenant lookup failed", "key", d.key(), "err", err)
+		s.D.Log.ErrorContext(ctx, "webhook tenant lookup failed", "key", d.key(), "err", err)
 		return nil, apierror.New(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")
 	}
 	t, via, refused := bind(d.pr, d.by, links)
 	d.via = via
 	if refused != nil {
-		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", refused.Message, source)
+		telemetry.Decision(ctx, s.D.Log, d.key(), "refused", refused.Message, source)
 		return nil, refused
 	}
-	if refused := auth.Admit(t, s.cell()); refused != nil {
+	if refused := auth.Admit(t, s.Cell()); refused != nil {
 		d.tenant = t // another cell of the region may serve it: the delivery goes on there
-		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", refused.Message, slog.String("tenant", t.ID))
+		telemetry.Decision(ctx, s.D.Log, d.key(), "refused", refused.Message, slog.String("tenant", t.ID))
 		return nil, refused
 	}
 	d.tenant = t
-	rec, err := s.d.Store.GetDelivery(ctx, d.id)
+	rec, err := s.D.Store.GetDelivery(ctx, d.id)
 	if err == nil {
 		return rec, nil
 	}
 	if !errors.Is(err, store.ErrNotFound) {
-		s.d.Log.ErrorContext(ctx, "webhook delivery lookup failed", "key", d.key(), "err", err)
+		s.D.Log.ErrorContext(ctx, "webhook delivery lookup failed", "key", d.key(), "err", err)
 		return nil, apierror.New(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")
 	}
 	return nil, nil
@@ -345,11 +345,11 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, r *h
 	if work.DropReason != "" {
 		// Dropped before admission: nothing is asked of the model.
 		dropped = outcome.ReasonDiffTooLarge
-	} else if _, ok := s.admit(ctx, d.tenant, work.Lane); !ok {
+	} else if _, ok := s.Admit(ctx, d.tenant, work.Lane); !ok {
 		// GitHub does not retry a refused delivery: the work is stored
 		// dropped, and its reason says how to ask again.
-		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", overRate(d.tenant, work.Lane), RerunCommand(work))
-	} else if r := s.admitCapacity(ctx, d.tenant, work); r != nil {
+		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", OverRate(d.tenant, work.Lane), RerunCommand(work))
+	} else if r := s.AdmitCapacity(ctx, d.tenant, work); r != nil {
 		dropped = r.code
 		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", r.reason, RerunCommand(work))
 	}
@@ -358,16 +358,16 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, r *h
 		// Only the App's own deliveries name an installation to publish as.
 		rec.Installation = d.pr.Installation.ID
 	}
-	res, err := s.d.Store.InsertWebhookWork(ctx, rec, work, s.announce(ctx))
+	res, err := s.D.Store.InsertWebhookWork(ctx, rec, work, s.Announcer(ctx))
 	if store.MovedOut(err) {
 		// Admitted just before the tenant's cut: the delivery goes on to
 		// the cell that serves the tenant now, as one that arrived later.
 		s.countWebhook(ctx, "wrong_cell")
-		s.movedOut(w, r, d.tenant.ID, d.body)
+		s.MovedOut(w, r, d.tenant.ID, d.body)
 		return
 	}
 	if err != nil {
-		s.d.Log.ErrorContext(ctx, "insert webhook work failed", "key", work.ID, "delivery", telemetry.Opaque(d.id), "err", err)
+		s.D.Log.ErrorContext(ctx, "insert webhook work failed", "key", work.ID, "delivery", telemetry.Opaque(d.id), "err", err)
 		s.countWebhook(ctx, "unavailable")
 		apierror.Write(w, http.StatusServiceUnavailable, "unavailable", "the work was not stored; redeliver later")
 		return
@@ -376,34 +376,34 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, r *h
 		s.webhookDuplicate(ctx, w, d.tenant.ID, res.Delivery, res.Work)
 		return
 	}
-	resp := WebhookResponse{SubmitResponse: submitted(res.Work, !res.Created), Delivery: d.id}
+	resp := WebhookResponse{SubmitResponse: Submitted(res.Work, !res.Created), Delivery: d.id}
 	attrs := []slog.Attr{slog.String("tenant", d.tenant.ID), telemetry.OpaqueAttr("source", work.SourceID), slog.String("revision", work.Revision),
 		slog.String("delivery", telemetry.Opaque(d.id)), slog.String("action", d.pr.Action), slog.String("via", d.via)}
 	switch {
 	case !res.Created:
 		s.countWebhook(ctx, "duplicate")
-		telemetry.Decision(ctx, s.d.Log, res.Work.ID, "duplicate", "ingress key already accepted", attrs...)
+		telemetry.Decision(ctx, s.D.Log, res.Work.ID, "duplicate", "ingress key already accepted", attrs...)
 		apierror.JSON(w, http.StatusOK, resp)
 		return
 	case res.Work.State == outcome.Dropped:
-		s.dropped.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.cfg.Region),
+		s.Dropped.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.Cfg.Region),
 			attribute.String("lane", res.Work.Lane), attribute.String("reason", dropped)))
 		if dropped != "over_rate" && dropped != outcome.ReasonDiffTooLarge {
-			s.countShed(ctx, res.Work.Lane, dropped, "webhook")
+			s.CountShed(ctx, res.Work.Lane, dropped, "webhook")
 		}
-		s.relay.Kick()
-		s.logSuperseded(ctx, res.Work)
+		s.Relay.Kick()
+		s.LogSuperseded(ctx, res.Work)
 		resp.Reason = res.Work.Reason
 		s.countWebhook(ctx, outcome.Dropped)
-		telemetry.Decision(ctx, s.d.Log, res.Work.ID, outcome.Dropped, res.Work.Reason, attrs...)
+		telemetry.Decision(ctx, s.D.Log, res.Work.ID, outcome.Dropped, res.Work.Reason, attrs...)
 		apierror.JSON(w, http.StatusAccepted, resp)
 		return
 	}
-	s.relay.Kick()
-	s.goShadow(ctx, work)
-	s.logSuperseded(ctx, res.Work)
+	s.Relay.Kick()
+	s.GoShadow(ctx, work)
+	s.LogSuperseded(ctx, res.Work)
 	s.countWebhook(ctx, outcome.Accepted)
-	telemetry.Decision(ctx, s.d.Log, res.Work.ID, outcome.Queued, "new head; older revisions superseded", attrs...)
+	telemetry.Decision(ctx, s.D.Log, res.Work.ID, outcome.Queued, "new head; older revisions superseded", attrs...)
 	apierror.JSON(w, http.StatusAccepted, resp)
 }
 
@@ -415,43 +415,43 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 		BaseSHA: pr.PullRequest.Base.SHA}
 	inst, err := s.diffInstallation(ctx, d)
 	if err != nil {
-		s.d.Log.ErrorContext(ctx, "webhook installation lookup failed", "key", d.key(), "err", err)
+		s.D.Log.ErrorContext(ctx, "webhook installation lookup failed", "key", d.key(), "err", err)
 		return nil, "", apierror.New(http.StatusServiceUnavailable, "unavailable", "the cell's database did not answer; redeliver later")
 	}
 	ref.Installation = inst
-	diffText, err := s.cfg.Diffs.Diff(ctx, ref)
+	diffText, err := s.Cfg.Diffs.Diff(ctx, ref)
 	if errors.Is(err, ErrDiffTooLarge) {
 		return s.tooLarge(ctx, d, ref)
 	}
 	if err != nil {
 		// Nothing is stored, so GitHub's redelivery of the same id is
 		// processed in full.
-		s.d.Log.WarnContext(ctx, "diff fetch failed", "key", d.key(), "source", telemetry.Opaque(pr.SourceID()), "err", err)
+		s.D.Log.WarnContext(ctx, "diff fetch failed", "key", d.key(), "source", telemetry.Opaque(pr.SourceID()), "err", err)
 		return nil, "", apierror.New(http.StatusBadGateway, "upstream_unavailable", "could not fetch the pull request's diff from GitHub; redeliver later")
 	}
 	if strings.TrimSpace(diffText) == "" {
 		return nil, "pull request has no changes", nil
 	}
 	if err := contract.CheckText([]byte(diffText)); err != nil {
-		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", "diff is not text: "+err.Error(), source)
+		telemetry.Decision(ctx, s.D.Log, d.key(), "refused", "diff is not text: "+err.Error(), source)
 		return nil, "", apierror.New(http.StatusBadRequest, "invalid_payload",
 			"the pull request's diff has "+err.Error()+"; it cannot be stored or reviewed as text")
 	}
-	c, ok := s.d.Contracts.Get(WebhookContract)
+	c, ok := s.D.Contracts.Get(WebhookContract)
 	if !ok {
-		s.d.Log.ErrorContext(ctx, "webhook contract missing", "contract", WebhookContract)
+		s.D.Log.ErrorContext(ctx, "webhook contract missing", "contract", WebhookContract)
 		return nil, "", apierror.New(http.StatusServiceUnavailable, "unavailable", "contract "+WebhookContract+" is not loaded")
 	}
-	c, _ = s.contractFor(ctx, d.tenant.ID, c)
+	c, _ = s.ContractFor(ctx, d.tenant.ID, c)
 	input, err := reviewInput(diffText, pr.PullRequest.Title)
 	if err == nil {
 		err = c.ValidateInput(input)
 	}
 	if err != nil {
-		telemetry.Decision(ctx, s.d.Log, d.key(), "refused", "diff not reviewable", source, slog.String("err", err.Error()))
+		telemetry.Decision(ctx, s.D.Log, d.key(), "refused", "diff not reviewable", source, slog.String("err", err.Error()))
 		return nil, "", apierror.New(http.StatusUnprocessableEntity, "invalid_diff", "the pull request's diff cannot be reviewed: "+err.Error())
 	}
-	work = s.newWork(ctx, d.tenant, c, pr.SourceID(), ref.HeadSHA, event.Interactive, input, time.Now().Add(s.cfg.InteractiveDeadline))
+	work = s.NewWork(ctx, d.tenant, c, pr.SourceID(), ref.HeadSHA, event.Interactive, input, time.Now().Add(s.Cfg.InteractiveDeadline))
 	work.SourceUpdatedAt = pr.PullRequest.UpdatedAt
 	return work, "", nil
 }
@@ -461,15 +461,15 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 // comment that says why it was not reviewed and what would review it, and
 // a redelivery finds the work and posts nothing again.
 func (s *Service) tooLarge(ctx context.Context, d *delivery, ref PullRef) (*store.Work, string, *apierror.Error) {
-	c, ok := s.d.Contracts.Get(WebhookContract)
+	c, ok := s.D.Contracts.Get(WebhookContract)
 	if !ok {
 		return nil, "", apierror.New(http.StatusServiceUnavailable, "unavailable", "the review contract is not loaded; redeliver later")
 	}
 	input, _ := json.Marshal(map[string]string{"diff": "", "title": d.pr.PullRequest.Title})
-	work := s.newWork(ctx, d.tenant, c, d.pr.SourceID(), ref.HeadSHA, event.Interactive, input, time.Now().Add(s.cfg.InteractiveDeadline))
+	work := s.NewWork(ctx, d.tenant, c, d.pr.SourceID(), ref.HeadSHA, event.Interactive, input, time.Now().Add(s.Cfg.InteractiveDeadline))
 	work.SourceUpdatedAt = d.pr.PullRequest.UpdatedAt
 	work.DropReason = fmt.Sprintf("%s: the pull request's diff is over the %d bytes this installation reviews (ASSAY_MAX_DIFF_BYTES on the region's ingress, up to %d; larger diffs are reviewed in parts); once an operator raises it, the next push to the pull request is reviewed",
-		outcome.ReasonDiffTooLarge, s.cfg.MaxDiffBytes, MaxDiffCeiling)
+		outcome.ReasonDiffTooLarge, s.Cfg.MaxDiffBytes, MaxDiffCeiling)
 	return work, "", nil
 }
 
@@ -480,12 +480,12 @@ func (s *Service) ignore(ctx context.Context, w http.ResponseWriter, d *delivery
 		attrs = append(attrs, telemetry.OpaqueAttr("source", d.pr.SourceID()))
 	}
 	s.countWebhook(ctx, "ignored")
-	telemetry.Decision(ctx, s.d.Log, d.key(), "ignored", reason, attrs...)
+	telemetry.Decision(ctx, s.D.Log, d.key(), "ignored", reason, attrs...)
 	apierror.JSON(w, http.StatusOK, IgnoredResponse{Ignored: reason})
 }
 
 func (s *Service) countWebhook(ctx context.Context, result string) {
-	s.webhooks.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result), attribute.String("region", s.cfg.Region)))
+	s.Webhooks.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result), attribute.String("region", s.Cfg.Region)))
 }
 
 // webhookDuplicate answers a delivery id already recorded: the work it
@@ -494,23 +494,23 @@ func (s *Service) webhookDuplicate(ctx context.Context, w http.ResponseWriter, t
 	if d.TenantID != tenant {
 		// Another tenant's delivery id: nothing of its work is told.
 		s.countWebhook(ctx, "delivery_conflict")
-		telemetry.Decision(ctx, s.d.Log, DeliveryKey(d.ID), "refused", "delivery id already recorded for another tenant",
+		telemetry.Decision(ctx, s.D.Log, DeliveryKey(d.ID), "refused", "delivery id already recorded for another tenant",
 			slog.String("tenant", tenant))
 		apierror.Write(w, http.StatusConflict, "delivery_conflict", "X-GitHub-Delivery was already used by another delivery; nothing was recorded")
 		return
 	}
 	s.countWebhook(ctx, "duplicate_delivery")
-	resp := WebhookResponse{SubmitResponse: SubmitResponse{WorkID: d.WorkID, Duplicate: true, Region: s.cfg.Region}, Delivery: d.ID}
+	resp := WebhookResponse{SubmitResponse: SubmitResponse{WorkID: d.WorkID, Duplicate: true, Region: s.Cfg.Region}, Delivery: d.ID}
 	if d.WorkID != "" {
 		resp.Links.Self = "/v1/work/" + d.WorkID
 		if wk == nil {
-			wk, _ = s.d.Store.GetWork(ctx, d.WorkID)
+			wk, _ = s.D.Store.GetWork(ctx, d.WorkID)
 		}
 	}
 	if wk != nil {
 		resp.State, resp.Region = wk.State, wk.Region
 	}
-	telemetry.Decision(ctx, s.d.Log, DeliveryKey(d.ID), "duplicate", "delivery already recorded",
+	telemetry.Decision(ctx, s.D.Log, DeliveryKey(d.ID), "duplicate", "delivery already recorded",
 		slog.String("work", d.WorkID), slog.String("tenant", d.TenantID))
 	apierror.JSON(w, http.StatusOK, resp)
 }

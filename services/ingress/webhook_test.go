@@ -211,7 +211,7 @@ func FuzzWebhook(f *testing.F) {
 		}
 		// What an accepted payload yields must pass the same checks as an
 		// API submission, and name a safe API path.
-		if !sourceRE.MatchString(e.SourceID()) || !revisionRE.MatchString(e.PullRequest.Head.SHA) {
+		if !SourceRE.MatchString(e.SourceID()) || !RevisionRE.MatchString(e.PullRequest.Head.SHA) {
 			t.Fatalf("accepted source %q revision %q", e.SourceID(), e.PullRequest.Head.SHA)
 		}
 		if e.Owner() == "" || e.Repo() == "" || e.Repo() == "." || e.Repo() == ".." || strings.Contains(e.Repo(), "/") {
@@ -592,7 +592,7 @@ func TestWebhookOpened(t *testing.T) {
 	if in.Diff != evalDiff(t, "05-checkout-state") || in.Title != "Mark orders paid on confirmation and shipped from the warehouse" {
 		t.Fatalf("input title %q, diff of %d bytes", in.Title, len(in.Diff))
 	}
-	c, _ := e.svc.d.Contracts.Get("code-review")
+	c, _ := e.svc.D.Contracts.Get("code-review")
 	if err := c.ValidateInput([]byte(w.Input)); err != nil {
 		t.Fatalf("stored input does not validate: %v", err)
 	}
