@@ -6,10 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/http"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,36 +15,13 @@ import (
 
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
-	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
 )
-
-var (
-	// SourceRE admits owner/repo#number and other printable ids, no spaces.
-	SourceRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/#:@+-]{0,199}$`)
-	RevisionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
-)
-
-// authenticate resolves the bearer token to a tenant this cell serves, or
-// writes the Refusal and returns false.
-func (s *Service) Authenticate(w http.ResponseWriter, r *http.Request) (store.Tenant, bool) {
-	t, refused := auth.Bearer(r.Context(), s.Tokens, r.Header.Get("Authorization"), s.Cell())
-	if refused != nil && refused.Code == "wrong_cell" && t.ID != "" && s.Finishing(r, t.ID) {
-		return t, true
-	}
-	if refused != nil {
-		if refused.Status == http.StatusServiceUnavailable {
-			s.D.Log.Error("token lookup failed", "err", refused.Message)
-		}
-		s.RefuseOrSendOn(w, r, t, refused, nil)
-		return store.Tenant{}, false
-	}
-	return t, true
-}
 
 func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 	ctx, span := s.D.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.submit", trace.WithSpanKind(trace.SpanKindServer))
@@ -121,7 +95,7 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 	s.Count(ctx, outcome.Accepted)
 	telemetry.Decision(ctx, s.D.Log, got.ID, outcome.Queued, "new ingress key",
 		slog.String("tenant", t.ID), telemetry.OpaqueAttr("source", req.SourceID), telemetry.OpaqueAttr("revision", req.Revision))
-	apierror.JSON(w, http.StatusAccepted, Submitted(got, false))
+	apierror.JSON(w, http.StatusAccepted, door.Submitted(got, false))
 }
 
 // deadline is the request's deadline: its own, else its lane's.
@@ -131,63 +105,6 @@ func (s *Service) deadline(req SubmitRequest) time.Time {
 		d = time.Duration(req.DeadlineSeconds) * time.Second
 	}
 	return time.Now().Add(d)
-}
-
-// laneDeadline is how long work of lane has by default.
-func (s *Service) LaneDeadline(lane string) time.Duration {
-	if lane == event.Batch {
-		return s.Cfg.BatchDeadline
-	}
-	return s.Cfg.InteractiveDeadline
-}
-
-// OverRate answers a submission the tenant's bucket refused: 429 with
-// Retry-After, nothing stored; a key already accepted costs nothing, over
-// the rate or not, and answers as the duplicate it is.
-func (s *Service) RefuseOverRate(ctx context.Context, w http.ResponseWriter, t store.Tenant, work *store.Work, wait time.Duration) {
-	if got, err := s.D.Store.GetWork(ctx, work.ID); err == nil && got.State != outcome.Dropped {
-		s.Duplicate(ctx, w, t, got)
-		return
-	}
-	s.Count(ctx, "rate_limited")
-	telemetry.Decision(ctx, s.D.Log, work.ID, "refused", OverRate(t, work.Lane),
-		slog.String("tenant", t.ID), slog.Duration("retry_after", wait))
-	TooMany(w, "rate_limited", OverRate(t, work.Lane), wait)
-}
-
-// TooMany answers a submission refused for now: RetryLater, with a message
-// that says why, how long, and that nothing was stored.
-func TooMany(w http.ResponseWriter, code, why string, wait time.Duration) {
-	RetryLater(w, code, fmt.Sprintf("%s; retry after %d s (nothing was stored)", why, RetrySeconds(wait)), wait)
-}
-
-// RetryLater answers a Refusal that asking again later can pass: 429 with
-// code and message, and Retry-After: wait in whole seconds (RetrySeconds).
-// Every 429 ingress answers is written here.
-func RetryLater(w http.ResponseWriter, code, message string, wait time.Duration) {
-	w.Header().Set("Retry-After", strconv.Itoa(RetrySeconds(wait)))
-	apierror.Write(w, http.StatusTooManyRequests, code, message)
-}
-
-// RetrySeconds is wait as Retry-After gives it: whole seconds, rounded up.
-func RetrySeconds(wait time.Duration) int { return int(math.Ceil(wait.Seconds())) }
-
-// StreamsFullWait is the Retry-After of a stream refused because its
-// holder has as many open as it may: a stream ends when its client closes
-// it, which no wait foretells, so the wait only paces asking again.
-const StreamsFullWait = 5 * time.Second
-
-// duplicate answers a submission whose ingress key was already accepted.
-func (s *Service) Duplicate(ctx context.Context, w http.ResponseWriter, t store.Tenant, got *store.Work) {
-	s.Count(ctx, "duplicate")
-	telemetry.Decision(ctx, s.D.Log, got.ID, "duplicate", "ingress key already accepted",
-		slog.String("tenant", t.ID), slog.String("state", got.State))
-	apierror.JSON(w, http.StatusOK, Submitted(got, true))
-}
-
-func Submitted(w *store.Work, duplicate bool) SubmitResponse {
-	return SubmitResponse{WorkID: w.ID, State: w.State, Duplicate: duplicate, Region: w.Region,
-		Links: Links{Self: "/v1/work/" + w.ID}}
 }
 
 // decodeSubmit reads the body strictly and validates it; a Refusal says
@@ -209,9 +126,9 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRe
 	switch {
 	case !ok:
 		return bad("unknown_contract", fmt.Sprintf("contract %q is not known (known: %s)", req.Contract, strings.Join(s.D.Contracts.Names(), ", ")))
-	case !SourceRE.MatchString(req.SourceID):
+	case !door.SourceRE.MatchString(req.SourceID):
 		return bad("invalid_source_id", "sourceId must be 1-200 characters of letters, digits and ._/#:@+- (e.g. owner/repo#42)")
-	case !RevisionRE.MatchString(req.Revision):
+	case !door.RevisionRE.MatchString(req.Revision):
 		return bad("invalid_revision", "revision must be 1-100 characters of letters, digits and ._- (e.g. a commit SHA)")
 	case !event.ValidLane(req.Lane):
 		return bad("invalid_lane", fmt.Sprintf("lane %q is not one of interactive, batch", req.Lane))
@@ -221,34 +138,6 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRe
 		return bad("invalid_input", "input is required")
 	}
 	return req, nil
-}
-
-// validateInput checks the input against its contract's schema: the
-// dearest check, made once the request took its rate token.
-func (s *Service) ValidateInput(c *contract.Contract, input json.RawMessage) *apierror.Error {
-	if err := c.ValidateInput(input); err != nil {
-		return apierror.New(http.StatusBadRequest, "invalid_input", err.Error())
-	}
-	return s.DiffSize(c, input)
-}
-
-// diffSize refuses the input of a contract grounded in a diff whose diff is
-// over the cell's cap, the one webhooks are held to.
-func (s *Service) DiffSize(c *contract.Contract, input json.RawMessage) *apierror.Error {
-	// A diff is never longer than the JSON that quotes it: most inputs are
-	// not decoded again.
-	if c.Grounding != contract.GroundingDiff || int64(len(input)) <= s.Cfg.MaxDiffBytes {
-		return nil
-	}
-	var in struct {
-		Diff string `json:"diff"`
-	}
-	if json.Unmarshal(input, &in) != nil || int64(len(in.Diff)) <= s.Cfg.MaxDiffBytes {
-		return nil
-	}
-	return apierror.New(http.StatusRequestEntityTooLarge, "diff_too_large", fmt.Sprintf(
-		"the input's diff is %d bytes, over this cell's limit of %d (ASSAY_MAX_DIFF_BYTES, up to %d; larger diffs are reviewed in parts)",
-		len(in.Diff), s.Cfg.MaxDiffBytes, MaxDiffCeiling))
 }
 
 // DecodeSubmit decodes a submission strictly: one JSON object, known fields

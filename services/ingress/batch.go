@@ -25,19 +25,9 @@ import (
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
 )
-
-// batchStore is what the batch API asks of the cell's database; Store
-// includes it.
-type batchStore interface {
-	InsertBatch(ctx context.Context, b *store.Batch, entries []*store.BatchEntry, announce func(*store.Work) ([]store.OutboxMsg, error)) (*store.Batch, bool, error)
-	GetBatch(ctx context.Context, tenant, id string) (*store.Batch, error)
-	BatchItems(ctx context.Context, f store.BatchItemFilter) ([]store.BatchItem, error)
-	BatchOverview(ctx context.Context, batchID string, named int) (store.BatchOverview, error)
-	BatchSignal(ctx context.Context, batchID string) (store.BatchSignal, error)
-	CancelBatch(ctx context.Context, tenant, id string, cancel func([]store.CanceledItem) ([]store.OutboxMsg, error)) (*store.Batch, []store.CanceledItem, error)
-}
 
 // Batch limits.
 const (
@@ -83,7 +73,7 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 	// The rate token first, a repeated batchKey's too: a refused request
 	// costs no reading of its body.
 	if wait, ok := s.Admit(ctx, t, event.Batch); !ok {
-		TooMany(w, "rate_limited", OverRate(t, event.Batch), wait)
+		door.TooMany(w, "rate_limited", door.OverRate(t, event.Batch), wait)
 		return
 	}
 	req, c, refused := s.decodeBatch(w, r)
@@ -103,9 +93,9 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 	// A batch asked for again is answered as the one it is; a new one
 	// must fit in the tenant's backlog with all its items.
 	if r := s.newBatchBacklog(ctx, t, known, len(req.Items)); r != nil {
-		s.CountShed(ctx, event.Batch, r.code, "api")
-		telemetry.Decision(ctx, s.D.Log, b.ID, "refused", r.reason, slog.String("tenant", t.ID), slog.Int("items", len(req.Items)))
-		TooMany(w, r.code, r.reason, r.retry)
+		s.CountShed(ctx, event.Batch, r.Code, "api")
+		telemetry.Decision(ctx, s.D.Log, b.ID, "refused", r.Reason, slog.String("tenant", t.ID), slog.Int("items", len(req.Items)))
+		door.TooMany(w, r.Code, r.Reason, r.Retry)
 		return
 	}
 	entries := s.batchEntries(ctx, t, c, req.Items, deadline)
@@ -192,7 +182,7 @@ func (s *Service) batchQueued(ctx context.Context, t store.Tenant, batchID strin
 
 // newBatchBacklog is the backlog rule for a batch of n items; a batch
 // asked for again (known) adds nothing.
-func (s *Service) newBatchBacklog(ctx context.Context, t store.Tenant, known bool, n int) *Refusal {
+func (s *Service) newBatchBacklog(ctx context.Context, t store.Tenant, known bool, n int) *door.Refusal {
 	if known {
 		return nil
 	}
@@ -256,7 +246,7 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 	for i := range req.Items {
 		it := &req.Items[i]
 		at := fmt.Sprintf("items[%d]", i)
-		if !SourceRE.MatchString(it.ItemID) {
+		if !door.SourceRE.MatchString(it.ItemID) {
 			return bad("invalid_item_id", at+": itemId must be 1-200 characters of letters, digits and ._/#:@+-")
 		}
 		at += fmt.Sprintf(" (itemId %s)", it.ItemID)
@@ -281,9 +271,9 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 			it.Revision = "in-" + strings.TrimPrefix(Digest(request.Compact(it.Input)), "sha256:")[:16]
 		}
 		switch {
-		case !SourceRE.MatchString(it.SourceID):
+		case !door.SourceRE.MatchString(it.SourceID):
 			return bad("invalid_source_id", at+": sourceId must be 1-200 characters of letters, digits and ._/#:@+-")
-		case !RevisionRE.MatchString(it.Revision):
+		case !door.RevisionRE.MatchString(it.Revision):
 			return bad("invalid_revision", at+": revision must be 1-100 characters of letters, digits and ._-")
 		}
 		// Two items of one source would be one work item, or one would
@@ -337,7 +327,7 @@ func (s *Service) getBatch(w http.ResponseWriter, r *http.Request) {
 
 // batchView counts a batch's items per state and names those without a
 // result, from one snapshot.
-func batchView(ctx context.Context, bs batchStore, b *store.Batch) (*BatchView, error) {
+func batchView(ctx context.Context, bs door.BatchStore, b *store.Batch) (*BatchView, error) {
 	o, err := bs.BatchOverview(ctx, b.ID, batchNamed)
 	if err != nil {
 		return nil, err

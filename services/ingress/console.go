@@ -21,6 +21,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/host"
 	"assay.dev/pkg/store"
+	"assay.dev/services/ingress/internal/door"
 )
 
 // Console is what GET /v1/console answers and every snapshot event of
@@ -172,7 +173,7 @@ var ConsoleStates = []string{store.ViewRunning, store.ViewAccepted, store.ViewNe
 
 // Snapshot reads the console's figures as v may see them.
 func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
-	c := &Console{Scope: "cell", Region: s.Cfg.Region, Cell: s.Cfg.Names.Cell, WindowSeconds: int64(ViewWindow / time.Second),
+	c := &Console{Scope: "cell", Region: s.Cfg.Region, Cell: s.Cfg.Names.Cell, WindowSeconds: int64(door.ViewWindow / time.Second),
 		Lanes: []ConsoleLane{}, Recent: []ConsoleOutcome{}, Spend: []ConsoleSpend{}, At: time.Now().UTC()}
 	tenant := ""
 	if v.Tenant != nil {
@@ -180,7 +181,7 @@ func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error)
 	} else {
 		c.Operator = v.Operator.Name
 	}
-	f, err := s.D.Store.Console(ctx, ViewWindow, tenant, ConsoleRecent, c.At.Add(-ViewWindow))
+	f, err := s.D.Store.Console(ctx, door.ViewWindow, tenant, ConsoleRecent, c.At.Add(-door.ViewWindow))
 	if err != nil {
 		return nil, err
 	}
@@ -301,23 +302,6 @@ func (s *Service) consumerLag(ctx context.Context) []ConsoleConsumer {
 // consumerInfoWait bounds the console's wait for the consumers' info.
 const consumerInfoWait = 2 * time.Second
 
-// viewer authenticates a reader of the console, or writes the Refusal.
-func (s *Service) Viewer(w http.ResponseWriter, r *http.Request) (auth.Viewer, bool) {
-	v, refused := auth.Console(r.Context(), s.D.Store, r.Header.Get("Authorization"), s.Cell())
-	if refused != nil {
-		if refused.Status == http.StatusServiceUnavailable {
-			s.D.Log.Error("console: token lookup failed", "err", refused.Message)
-		}
-		var t store.Tenant
-		if v.Tenant != nil {
-			t = *v.Tenant
-		}
-		s.RefuseOrSendOn(w, r, t, refused, nil)
-		return auth.Viewer{}, false
-	}
-	return v, true
-}
-
 func (s *Service) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
 	v, ok := s.Viewer(w, r)
 	if !ok {
@@ -331,15 +315,6 @@ func (s *Service) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	apierror.JSON(w, http.StatusOK, c)
-}
-
-// consoleShared is the last snapshot read per Scope (the cell, or one
-// tenant), so that streams of one Scope share its queries: a stream reads
-// the database and the consumers again only when the Scope's last snapshot
-// is older than half of ConsoleEvery. GET /v1/console always reads afresh.
-type consoleShared struct {
-	mu   sync.Mutex
-	last map[string]*Console
 }
 
 // sharedSnapshot is Snapshot for a stream of v, from the Scope's last
@@ -388,10 +363,10 @@ func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	release, ok := s.Open.take(v.Key(), s.Cfg.ConsoleStreams)
+	release, ok := s.Open.Take(v.Key(), s.Cfg.ConsoleStreams)
 	if !ok {
-		RetryLater(w, "too_many_streams",
-			fmt.Sprintf("this credential holds %d console streams open already; close one first", s.Cfg.ConsoleStreams), StreamsFullWait)
+		door.RetryLater(w, "too_many_streams",
+			fmt.Sprintf("this credential holds %d console streams open already; close one first", s.Cfg.ConsoleStreams), door.StreamsFullWait)
 		return
 	}
 	defer release()
@@ -508,35 +483,6 @@ func figures(c *Console) []byte {
 	return b
 }
 
-// OpenStreams counts the console streams each credential holds open.
-type OpenStreams struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-// take admits one more stream for key, up to max; release gives it back.
-func (o *OpenStreams) take(key string, max int) (release func(), ok bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.n == nil {
-		o.n = map[string]int{}
-	}
-	if o.n[key] >= max {
-		return nil, false
-	}
-	o.n[key]++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			o.mu.Lock()
-			defer o.mu.Unlock()
-			if o.n[key]--; o.n[key] == 0 {
-				delete(o.n, key)
-			}
-		})
-	}, true
-}
-
 //go:embed console.html
 var consoleSource []byte
 
@@ -594,4 +540,13 @@ func servePage(w http.ResponseWriter, r *http.Request, page []byte, csp string) 
 	if !strings.EqualFold(r.Method, http.MethodHead) {
 		_, _ = w.Write(page)
 	}
+}
+
+// consoleShared is the last snapshot read per Scope (the cell, or one
+// tenant), so that streams of one Scope share its queries: a stream reads
+// the database and the consumers again only when the Scope's last snapshot
+// is older than half of ConsoleEvery. GET /v1/console always reads afresh.
+type consoleShared struct {
+	mu   sync.Mutex
+	last map[string]*Console
 }

@@ -20,6 +20,7 @@ import (
 	"assay.dev/pkg/host"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/services/ingress/internal/door"
 )
 
 // Server-sent events of one work item and of one batch.
@@ -224,11 +225,6 @@ func workEvents(mark *workMark, h workHistory) ([]sseEvent, *workMark) {
 	return out, m
 }
 
-// historyReader is what a work stream reads; *store.Store is one.
-type historyReader interface {
-	WorkHistory(ctx context.Context, id string) (*store.History, error)
-}
-
 // readHistory reads what the rows tell of one work item now, from one
 // snapshot.
 func (s *Service) ReadHistory(ctx context.Context, id string) (workHistory, error) {
@@ -255,10 +251,10 @@ type stream struct {
 // open takes a stream slot for the tenant and starts the answer, or writes
 // the Refusal.
 func (s *Service) openStream(w http.ResponseWriter, t store.Tenant) (*stream, func(), bool) {
-	release, ok := s.EventStreams.take(t.ID, s.Cfg.EventStreams)
+	release, ok := s.EventStreams.Take(t.ID, s.Cfg.EventStreams)
 	if !ok {
-		RetryLater(w, "too_many_streams",
-			fmt.Sprintf("this tenant holds %d event streams open already on this instance; close one first", s.Cfg.EventStreams), StreamsFullWait)
+		door.RetryLater(w, "too_many_streams",
+			fmt.Sprintf("this tenant holds %d event streams open already on this instance; close one first", s.Cfg.EventStreams), door.StreamsFullWait)
 		return nil, nil, false
 	}
 	h := w.Header()
@@ -490,7 +486,7 @@ func batchEvents(mark *batchMark, b *store.Batch, items []store.BatchItem) ([]ss
 }
 
 // allItems reads every item of a batch, in item order.
-func allItems(ctx context.Context, bs batchStore, id string) ([]store.BatchItem, error) {
+func allItems(ctx context.Context, bs door.BatchStore, id string) ([]store.BatchItem, error) {
 	var all []store.BatchItem
 	after := ""
 	for {

@@ -1,7 +1,6 @@
 package ingress
 
 import (
-	"context"
 	"net/http"
 	"net/url"
 	"slices"
@@ -12,14 +11,9 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
 )
-
-// workLister is what GET /v1/work asks of the cell's database; Store
-// includes it.
-type workLister interface {
-	ListWork(ctx context.Context, f store.WorkFilter) ([]*store.Work, error)
-}
 
 // list serves GET /v1/work?state=&lane=&since=&limit=&cursor=: the
 // token's tenant's work, filtered, in pages.
@@ -50,7 +44,7 @@ func (s *Service) consoleFind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.Tenant, f.SourceID = q.Get("tenant"), q.Get("source")
-	if f.SourceID != "" && !SourceRE.MatchString(f.SourceID) {
+	if f.SourceID != "" && !door.SourceRE.MatchString(f.SourceID) {
 		apierror.Write(w, http.StatusBadRequest, "invalid_query", "source: not a source id")
 		return
 	}

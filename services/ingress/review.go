@@ -1,7 +1,6 @@
 package ingress
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,18 +14,9 @@ import (
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
 )
-
-// reviewStore is what the review API asks of the cell's database; Store
-// includes it.
-type reviewStore interface {
-	ListReviews(ctx context.Context, f store.ReviewFilter) ([]*store.Review, error)
-	ResolveReview(ctx context.Context, tenant, workID string, res store.Resolution) (*store.Review, error)
-	GetReview(ctx context.Context, tenant, workID string) (*store.Review, error)
-	ClaimReview(ctx context.Context, tenant, workID string, who store.Actor, hold time.Duration) (*store.Review, error)
-	ViewOf(ctx context.Context, workID string) (string, error)
-}
 
 // parseReviewID reads a review id into its work's id: exactly rv_ and 24
 // lower-case hex digits, so no other spelling names the same item.
@@ -174,7 +164,7 @@ func (s *Service) views(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	window := ViewWindow
+	window := door.ViewWindow
 	if v := r.URL.Query().Get("window"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < time.Minute || d > 31*24*time.Hour {

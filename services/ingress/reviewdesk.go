@@ -25,6 +25,7 @@ import (
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
 )
 
@@ -137,26 +138,7 @@ func (s *Service) reviewer(w http.ResponseWriter, r *http.Request) (store.Actor,
 			"a review item is held and resolved by a person: sign in with an operator token (role reviewer or operator); a tenant's token resolves through POST /v1/reviews/{id}/resolve")
 		return store.Actor{}, false
 	}
-	return ConsoleActor(v.Operator), true
-}
-
-// ConsoleActor is the person an operator token names, acting from the
-// console: a reviewer or an operator, by the token's role.
-func ConsoleActor(op *store.Operator) store.Actor {
-	kind := store.ActorReviewer
-	if op.Role == store.RoleOperator {
-		kind = store.ActorOperator
-	}
-	return store.Actor{Kind: kind, ID: op.Name, Route: store.RouteConsole}
-}
-
-// Scope is the tenant whose items a viewer reaches: its own for a tenant's
-// token, every tenant's ("") for an operator's.
-func Scope(v auth.Viewer) string {
-	if v.Operator != nil {
-		return ""
-	}
-	return v.Tenant.ID
+	return door.ConsoleActor(v.Operator), true
 }
 
 // consoleReviews serves GET /v1/console/reviews: the review queue of the
@@ -193,7 +175,7 @@ func (s *Service) consoleReview(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	rv, err := s.D.Store.GetReview(r.Context(), Scope(v), workID)
+	rv, err := s.D.Store.GetReview(r.Context(), door.Scope(v), workID)
 	s.writeCase(w, r, rv, err)
 }
 

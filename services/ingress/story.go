@@ -2,7 +2,6 @@ package ingress
 
 import (
 	"bytes"
-	"context"
 	_ "embed"
 	"errors"
 	"net/http"
@@ -14,6 +13,7 @@ import (
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
+	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
 )
 
@@ -65,15 +65,6 @@ func (s *Service) consoleWorkPage(w http.ResponseWriter, r *http.Request) {
 	servePage(w, r, consoleWorkHTML, consoleWorkCSP)
 }
 
-// actor is what acting on work from the console asks of the store.
-type actor interface {
-	RedriveWork(ctx context.Context, id string, o store.RedriveOptions, announce func(*store.Work) ([]store.OutboxMsg, error)) (*store.Work, error)
-	RerunAudited(ctx context.Context, id string, deadline time.Time, announce func(*store.Work) ([]store.OutboxMsg, error),
-		audit *store.Audit) (*store.Work, error)
-	CancelWork(ctx context.Context, id, reason string, cancel func(w *store.Work, running bool) ([]store.OutboxMsg, error),
-		audit *store.Audit) (*store.Work, error)
-}
-
 // consoleAct serves POST /v1/console/work/{id}/actions: an operator (an
 // operator token of role operator) redrives, reruns or cancels a work item
 // from its page; the action is written with who asked, in its own
@@ -115,7 +106,7 @@ func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
 		auth.Unavailable().Write(w)
 		return
 	}
-	audit := &store.Audit{By: ConsoleActor(v.Operator), Action: req.Action, Note: req.Note}
+	audit := &store.Audit{By: door.ConsoleActor(v.Operator), Action: req.Action, Note: req.Note}
 	deadline := time.Now().Add(s.LaneDeadline(cur.Lane))
 	var got *store.Work
 	switch req.Action {

@@ -29,6 +29,7 @@ import (
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
 )
 
@@ -348,10 +349,10 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, r *h
 	} else if _, ok := s.Admit(ctx, d.tenant, work.Lane); !ok {
 		// GitHub does not retry a refused delivery: the work is stored
 		// dropped, and its reason says how to ask again.
-		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", OverRate(d.tenant, work.Lane), RerunCommand(work))
+		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", door.OverRate(d.tenant, work.Lane), door.RerunCommand(work))
 	} else if r := s.AdmitCapacity(ctx, d.tenant, work); r != nil {
-		dropped = r.code
-		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", r.reason, RerunCommand(work))
+		dropped = r.Code
+		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", r.Reason, door.RerunCommand(work))
 	}
 	rec := store.Delivery{ID: d.id, TenantID: d.tenant.ID, Event: d.event, Action: d.pr.Action, BaseSHA: d.pr.PullRequest.Base.SHA}
 	if d.pr.Installation != nil && d.by.app {
@@ -376,7 +377,7 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, r *h
 		s.webhookDuplicate(ctx, w, d.tenant.ID, res.Delivery, res.Work)
 		return
 	}
-	resp := WebhookResponse{SubmitResponse: Submitted(res.Work, !res.Created), Delivery: d.id}
+	resp := WebhookResponse{SubmitResponse: door.Submitted(res.Work, !res.Created), Delivery: d.id}
 	attrs := []slog.Attr{slog.String("tenant", d.tenant.ID), telemetry.OpaqueAttr("source", work.SourceID), slog.String("revision", work.Revision),
 		slog.String("delivery", telemetry.Opaque(d.id)), slog.String("action", d.pr.Action), slog.String("via", d.via)}
 	switch {
@@ -411,7 +412,7 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, r *h
 // ignored, when set, says why the delivery asks for no work after all.
 func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work, ignored string, refused *apierror.Error) {
 	pr, source := d.pr, telemetry.OpaqueAttr("source", d.pr.SourceID())
-	ref := PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA,
+	ref := door.PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA,
 		BaseSHA: pr.PullRequest.Base.SHA}
 	inst, err := s.diffInstallation(ctx, d)
 	if err != nil {
@@ -420,7 +421,7 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 	}
 	ref.Installation = inst
 	diffText, err := s.Cfg.Diffs.Diff(ctx, ref)
-	if errors.Is(err, ErrDiffTooLarge) {
+	if errors.Is(err, door.ErrDiffTooLarge) {
 		return s.tooLarge(ctx, d, ref)
 	}
 	if err != nil {
@@ -460,7 +461,7 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 // cap: stored dropped, without its diff, so the pull request gets one
 // comment that says why it was not reviewed and what would review it, and
 // a redelivery finds the work and posts nothing again.
-func (s *Service) tooLarge(ctx context.Context, d *delivery, ref PullRef) (*store.Work, string, *apierror.Error) {
+func (s *Service) tooLarge(ctx context.Context, d *delivery, ref door.PullRef) (*store.Work, string, *apierror.Error) {
 	c, ok := s.D.Contracts.Get(WebhookContract)
 	if !ok {
 		return nil, "", apierror.New(http.StatusServiceUnavailable, "unavailable", "the review contract is not loaded; redeliver later")
@@ -469,7 +470,7 @@ func (s *Service) tooLarge(ctx context.Context, d *delivery, ref PullRef) (*stor
 	work := s.NewWork(ctx, d.tenant, c, d.pr.SourceID(), ref.HeadSHA, event.Interactive, input, time.Now().Add(s.Cfg.InteractiveDeadline))
 	work.SourceUpdatedAt = d.pr.PullRequest.UpdatedAt
 	work.DropReason = fmt.Sprintf("%s: the pull request's diff is over the %d bytes this installation reviews (ASSAY_MAX_DIFF_BYTES on the region's ingress, up to %d; larger diffs are reviewed in parts); once an operator raises it, the next push to the pull request is reviewed",
-		outcome.ReasonDiffTooLarge, s.Cfg.MaxDiffBytes, MaxDiffCeiling)
+		outcome.ReasonDiffTooLarge, s.Cfg.MaxDiffBytes, door.MaxDiffCeiling)
 	return work, "", nil
 }
 

@@ -31,6 +31,7 @@ import (
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/pkg/telemetry/telemetrytest"
+	"assay.dev/services/ingress/internal/door"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -211,7 +212,7 @@ func FuzzWebhook(f *testing.F) {
 		}
 		// What an accepted payload yields must pass the same checks as an
 		// API submission, and name a safe API path.
-		if !SourceRE.MatchString(e.SourceID()) || !RevisionRE.MatchString(e.PullRequest.Head.SHA) {
+		if !door.SourceRE.MatchString(e.SourceID()) || !door.RevisionRE.MatchString(e.PullRequest.Head.SHA) {
 			t.Fatalf("accepted source %q revision %q", e.SourceID(), e.PullRequest.Head.SHA)
 		}
 		if e.Owner() == "" || e.Repo() == "" || e.Repo() == "." || e.Repo() == ".." || strings.Contains(e.Repo(), "/") {
@@ -1043,7 +1044,7 @@ func TestConfigRefusesBadGitHubAPI(t *testing.T) {
 	t.Parallel()
 	for _, api := range []string{"api.github.com", "ftp://x", "https://"} {
 		c := Config{Region: "us", GitHubAPI: api}
-		if err := c.defaults(); err == nil {
+		if err := c.Defaults(); err == nil {
 			t.Errorf("GitHubAPI %q accepted", api)
 		}
 	}
@@ -1074,7 +1075,7 @@ func TestGitHubDiffs(t *testing.T) {
 		t.Fatalf("request %s %v", got.URL, got.Header)
 	}
 	g.MaxBytes = 99
-	if _, err := g.Diff(t.Context(), PullRef{Owner: "shop", Repo: "checkout", Number: 7}); !errors.Is(err, ErrDiffTooLarge) {
+	if _, err := g.Diff(t.Context(), PullRef{Owner: "shop", Repo: "checkout", Number: 7}); !errors.Is(err, door.ErrDiffTooLarge) {
 		t.Fatalf("over the cap: %v, want ErrDiffTooLarge", err)
 	}
 	g.Token = "ghs_x"

@@ -1,4 +1,4 @@
-package ingress
+package door
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
@@ -28,7 +29,7 @@ type routes struct {
 type routeKey struct{ Scope, contract string }
 
 // refreshRoutes reads the routes again.
-func (s *Service) RefreshRoutes(ctx context.Context) (bool, error) {
+func (s *Door) RefreshRoutes(ctx context.Context) (bool, error) {
 	rs, err := s.D.Store.Routes(ctx)
 	if err != nil {
 		return false, err
@@ -46,7 +47,7 @@ func (s *Service) RefreshRoutes(ctx context.Context) (bool, error) {
 // route is the route a tenant's new work of a contract follows: its own,
 // or every tenant's; ok is false when neither exists (the contract's
 // default version, as it ships).
-func (s *Service) Route(tenant, name string) (store.Route, bool) {
+func (s *Door) Route(tenant, name string) (store.Route, bool) {
 	s.Routes_.mu.RLock()
 	defer s.Routes_.mu.RUnlock()
 	if r, ok := s.Routes_.byKey[routeKey{tenant, name}]; ok {
@@ -60,7 +61,7 @@ func (s *Service) Route(tenant, name string) (store.Route, bool) {
 // is made for: the route's live version, or the default one. A route
 // naming a version this build does not have leaves the default in place
 // (and says so): work is never made for a version no classifier reads.
-func (s *Service) ContractFor(ctx context.Context, tenant string, c *contract.Contract) (*contract.Contract, store.Variant) {
+func (s *Door) ContractFor(ctx context.Context, tenant string, c *contract.Contract) (*contract.Contract, store.Variant) {
 	r, ok := s.Route(tenant, c.Name)
 	if !ok || r.Live.Version == "" {
 		return c, store.Variant{Version: c.SchemaVersion}
@@ -87,7 +88,7 @@ func ShadowSampled(id string, share float64) bool {
 // lane, never published and never opening a review item; its calls are
 // ledgered, marked shadow, and charged to the tenant. A twin that cannot
 // be made is logged and counted; live work never waits on it.
-func (s *Service) shadow(ctx context.Context, live *store.Work) {
+func (s *Door) shadow(ctx context.Context, live *store.Work) {
 	if live.ShadowOf != "" {
 		return
 	}
@@ -126,7 +127,7 @@ func (s *Service) shadow(ctx context.Context, live *store.Work) {
 func ShadowWork(live *store.Work, c *contract.Contract, v store.Variant) *store.Work {
 	source := "shadow:" + c.SchemaVersion + ":" + live.SourceID
 	w := *live
-	w.ID = WorkID(live.TenantID, c.Name, source, live.Revision)
+	w.ID = api.WorkID(live.TenantID, c.Name, source, live.Revision)
 	w.SourceID, w.SchemaVersion, w.TaxonomyVersion = source, c.SchemaVersion, c.TaxonomyVersion
 	w.Model, w.PromptDigest, w.ShadowOf = v.Model, v.Prompt, live.ID
 	w.Lane, w.SupersedeOlder = event.Batch, true
@@ -135,7 +136,7 @@ func ShadowWork(live *store.Work, c *contract.Contract, v store.Variant) *store.
 
 // goShadow makes the shadow twins of newly made live work, after the
 // caller has its answer: a twin is a sample, and nothing live waits on it.
-func (s *Service) GoShadow(ctx context.Context, made ...*store.Work) {
+func (s *Door) GoShadow(ctx context.Context, made ...*store.Work) {
 	sampled := false
 	for _, w := range made {
 		if r, ok := s.Route(w.TenantID, w.Contract); ok && r.Candidate.Version != "" && r.ShadowShare > 0 {

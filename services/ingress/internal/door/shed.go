@@ -1,4 +1,4 @@
-package ingress
+package door
 
 import (
 	"context"
@@ -109,9 +109,9 @@ func (c *ShedConfig) fromEnv(getenv func(string) string) error {
 	return config.Choices(getenv, config.Choice{Name: "ASSAY_INGRESS_RATE", Default: "shared", Other: "local", To: &c.LocalRate})
 }
 
-// openCounter is the store's bounded count of a tenant's open work in a
+// OpenCounter is the store's bounded count of a tenant's open work in a
 // lane.
-type openCounter interface {
+type OpenCounter interface {
 	OpenWork(ctx context.Context, tenantID, lane string, limit int) (int, error)
 }
 
@@ -121,12 +121,12 @@ type openCounter interface {
 type shedder struct {
 	cfg     ShedConfig
 	view    *capacityView
-	open    openCounter
+	open    OpenCounter
 	shared  *sharedRate
 	counted metric.Int64Counter // assay_shed
 }
 
-func (s *Service) SetUpShed() error {
+func (s *Door) SetUpShed() error {
 	sh := &shedder{cfg: s.Cfg.Shed}
 	sh.view = &capacityView{js: s.D.JS, bucket: s.Cfg.Names.CapacityBucket(), log: s.D.Log}
 	sh.open = s.D.Store
@@ -157,7 +157,7 @@ func (s *Service) SetUpShed() error {
 
 // CapacityKnown reports whether a fresh capacity report of the cell's
 // classifiers has been read.
-func (s *Service) CapacityKnown() bool {
+func (s *Door) CapacityKnown() bool {
 	if s.Shed == nil {
 		return false
 	}
@@ -168,7 +168,7 @@ func (s *Service) CapacityKnown() bool {
 
 // take takes a token from the tenant's bucket for the lane: the cell's
 // shared one, or this instance's.
-func (s *Service) Take(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {
+func (s *Door) Take(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {
 	if s.Shed != nil && s.Shed.shared != nil {
 		return s.Shed.shared.take(ctx, t, lane)
 	}
@@ -180,10 +180,10 @@ func (s *Service) Take(ctx context.Context, t store.Tenant, lane string) (time.D
 // reason is what the caller is told: of its own work only. detail is what
 // the decision log adds for the operator: the lane's figures.
 type Refusal struct {
-	code   string // over_capacity or backlog_full
-	reason string
-	detail string
-	retry  time.Duration
+	Code   string // over_capacity or backlog_full
+	Reason string
+	Detail string
+	Retry  time.Duration
 }
 
 // deadlineShare: without a QueueWait, work may wait a tenth of its
@@ -221,15 +221,15 @@ func shedDecision(p admission.Prediction, maxWait, remaining, need, retryMax tim
 		reason = fmt.Sprintf("the cell is at capacity: this work's result would come after its deadline (%s to start, %s behind the results being committed)",
 			p.Wait.Round(time.Millisecond), p.Downstream.Round(time.Millisecond))
 	}
-	return &Refusal{code: "over_capacity", retry: retry, reason: reason,
-		detail: fmt.Sprintf("%.0f waiting in the lane, %.0f of them this tenant's, at %.1f/s served, %s to commit what is answered",
+	return &Refusal{Code: "over_capacity", Retry: retry, Reason: reason,
+		Detail: fmt.Sprintf("%.0f waiting in the lane, %.0f of them this tenant's, at %.1f/s served, %s to commit what is answered",
 			p.Waiting, p.Ahead, p.Rate, p.Downstream.Round(time.Millisecond))}
 }
 
 // admitCapacity decides whether the cell can take w now: the tenant's
 // backlog in w's lane must have room for it, and interactive work must be
 // predicted to start within what it can wait.
-func (s *Service) AdmitCapacity(ctx context.Context, t store.Tenant, w *store.Work) *Refusal {
+func (s *Door) AdmitCapacity(ctx context.Context, t store.Tenant, w *store.Work) *Refusal {
 	sh := s.Shed
 	if sh == nil || sh.cfg.Off {
 		return nil
@@ -255,7 +255,7 @@ func (s *Service) AdmitCapacity(ctx context.Context, t store.Tenant, w *store.Wo
 // submission, a batch of n items, a webhook): the tenant's work queued or
 // running in the lane, with the n this would add, stays within the
 // lane's limit.
-func (s *Service) AdmitBacklog(ctx context.Context, t store.Tenant, lane string, n int) *Refusal {
+func (s *Door) AdmitBacklog(ctx context.Context, t store.Tenant, lane string, n int) *Refusal {
 	sh := s.Shed
 	if sh == nil || sh.cfg.Off {
 		return nil
@@ -278,27 +278,27 @@ func (s *Service) AdmitBacklog(ctx context.Context, t store.Tenant, lane string,
 	if n > 1 {
 		what = fmt.Sprintf("these %d items", n)
 	}
-	return &Refusal{code: "backlog_full", retry: retry,
-		reason: fmt.Sprintf("the tenant's %s-lane backlog is full: %d work items queued or running, and %s would take it past its limit of %d",
+	return &Refusal{Code: "backlog_full", Retry: retry,
+		Reason: fmt.Sprintf("the tenant's %s-lane backlog is full: %d work items queued or running, and %s would take it past its limit of %d",
 			lane, open, what, limit)}
 }
 
 // overCapacity answers a submission capacity admission refused: 429 with
 // Retry-After, nothing stored; a key already accepted answers as the
 // duplicate it is.
-func (s *Service) OverCapacity(ctx context.Context, w http.ResponseWriter, t store.Tenant, work *store.Work, r *Refusal) {
+func (s *Door) OverCapacity(ctx context.Context, w http.ResponseWriter, t store.Tenant, work *store.Work, r *Refusal) {
 	if got, err := s.D.Store.GetWork(ctx, work.ID); err == nil && got.State != outcome.Dropped {
 		s.Duplicate(ctx, w, t, got)
 		return
 	}
-	s.Count(ctx, r.code)
-	s.CountShed(ctx, work.Lane, r.code, "api")
-	telemetry.Decision(ctx, s.D.Log, work.ID, "refused", r.reason, slog.String("tenant", t.ID), slog.String("lane", work.Lane),
-		slog.Duration("retry_after", r.retry), slog.String("detail", r.detail))
-	TooMany(w, r.code, r.reason, r.retry)
+	s.Count(ctx, r.Code)
+	s.CountShed(ctx, work.Lane, r.Code, "api")
+	telemetry.Decision(ctx, s.D.Log, work.ID, "refused", r.Reason, slog.String("tenant", t.ID), slog.String("lane", work.Lane),
+		slog.Duration("retry_after", r.Retry), slog.String("detail", r.Detail))
+	TooMany(w, r.Code, r.Reason, r.Retry)
 }
 
-func (s *Service) CountShed(ctx context.Context, lane, code, via string) {
+func (s *Door) CountShed(ctx context.Context, lane, code, via string) {
 	if s.Shed == nil {
 		return
 	}

@@ -1,4 +1,4 @@
-package ingress
+package door
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package ingress
+package door
 
 import (
 	"context"
@@ -9,10 +9,10 @@ import (
 	"assay.dev/pkg/lifecycle"
 )
 
-// tenantWatcher is what tells the token cache of changes: the cell's
+// TenantWatcher is what tells the token cache of changes: the cell's
 // database, which tells of every change to a tenant or its tokens at its
 // commit; *store.Store is one.
-type tenantWatcher interface {
+type TenantWatcher interface {
 	WatchTenants(ctx context.Context, listening func(bool), changed func(tenant string)) error
 }
 
@@ -22,7 +22,7 @@ type tenantWatcher interface {
 // cannot listen (the database down, a connection lost), the cache holds
 // entries for ASSAY_TOKEN_CACHE only. A lifecycle part.
 type tenantWatch struct {
-	w     tenantWatcher
+	w     TenantWatcher
 	cache *auth.Cache
 	log   *slog.Logger
 	run   lifecycle.Runner

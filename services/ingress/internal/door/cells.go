@@ -1,4 +1,4 @@
-package ingress
+package door
 
 import (
 	"bytes"
@@ -30,7 +30,7 @@ const ServedBy = "Assay-Served-By"
 // cell answers, for a cell that learns its address once it listens (the
 // dev mode's and tests' cells on a free port); ASSAY_CELL_URL does it at
 // the start.
-func (s *Service) RegisterCell(ctx context.Context, url string) error {
+func (s *Door) RegisterCell(ctx context.Context, url string) error {
 	return s.Place.Register(ctx, url)
 }
 
@@ -44,7 +44,7 @@ const holdWait = 20 * time.Second
 // servedBy is the cell of this region that serves tenant, as the region's
 // placement map says; an error while the map is not read. During a move's
 // cut it waits for the cut to end, up to holdWait.
-func (s *Service) Serving(tenant string) (string, error) {
+func (s *Door) Serving(tenant string) (string, error) {
 	deadline := time.Now().Add(holdWait)
 	for {
 		snap, err := s.Place.Now()
@@ -63,7 +63,7 @@ func (s *Service) Serving(tenant string) (string, error) {
 // finishing reports whether r was sent on by the cell that serves tenant
 // now, for work this cell admitted before the tenant moved there and
 // still finishes: this cell answers it.
-func (s *Service) Finishing(r *http.Request, tenant string) bool {
+func (s *Door) Finishing(r *http.Request, tenant string) bool {
 	by := r.Header.Get(ForwardedBy)
 	if by == "" {
 		return false
@@ -76,7 +76,7 @@ func (s *Service) Finishing(r *http.Request, tenant string) bool {
 // cell that finishes it (a tenant moved here, its work admitted before
 // the move not ended there yet) with that cell's answer; reports false
 // when the work is not held for another cell.
-func (s *Service) SendToFinisher(w http.ResponseWriter, r *http.Request, tenant, workID string, body []byte) bool {
+func (s *Door) SendToFinisher(w http.ResponseWriter, r *http.Request, tenant, workID string, body []byte) bool {
 	cell, err := s.D.Store.HeldIn(r.Context(), workID)
 	if err != nil || cell == "" || r.Header.Get(ForwardedBy) != "" {
 		return false
@@ -89,7 +89,7 @@ func (s *Service) SendToFinisher(w http.ResponseWriter, r *http.Request, tenant,
 // movedOut answers a request whose work the database refused because the
 // tenant moved out of this cell (a request admitted just before the cut):
 // it is sent on to the cell that serves the tenant once the map says so.
-func (s *Service) MovedOut(w http.ResponseWriter, r *http.Request, tenant string, body []byte) {
+func (s *Door) MovedOut(w http.ResponseWriter, r *http.Request, tenant string, body []byte) {
 	refused := apierror.New(http.StatusServiceUnavailable, "unavailable",
 		fmt.Sprintf("tenant %s is moving to another cell of the region; try again", tenant))
 	if cell, err := s.Serving(tenant); err == nil && cell != s.Cfg.Names.Cell {
@@ -108,7 +108,7 @@ func (s *Service) MovedOut(w http.ResponseWriter, r *http.Request, tenant string
 // the Refusal, which names the cell and never its address or why it did
 // not answer (the log has both). body, when not nil, is the request's body
 // as read already.
-func (s *Service) SendOn(w http.ResponseWriter, r *http.Request, tenant string, refused *apierror.Error, body []byte) {
+func (s *Door) SendOn(w http.ResponseWriter, r *http.Request, tenant string, refused *apierror.Error, body []byte) {
 	cell := ""
 	if snap, err := s.Place.Now(); err == nil {
 		cell = snap.CellOf(tenant)
@@ -117,7 +117,7 @@ func (s *Service) SendOn(w http.ResponseWriter, r *http.Request, tenant string, 
 }
 
 // sendTo sends r on to cell, as sendOn does.
-func (s *Service) SendTo(w http.ResponseWriter, r *http.Request, tenant, cell string, refused *apierror.Error, body []byte) {
+func (s *Door) SendTo(w http.ResponseWriter, r *http.Request, tenant, cell string, refused *apierror.Error, body []byte) {
 	var target *url.URL
 	if snap, err := s.Place.Now(); err == nil && r.Header.Get(ForwardedBy) == "" && cell != "" {
 		if c, ok := snap.Cells[cell]; ok && c.URL != "" {
@@ -161,7 +161,7 @@ func (s *Service) SendTo(w http.ResponseWriter, r *http.Request, tenant, cell st
 
 // refuseOrSendOn writes refused, or, when it is the Refusal of a tenant
 // another cell serves, sends the request on to that cell.
-func (s *Service) RefuseOrSendOn(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error, body []byte) {
+func (s *Door) RefuseOrSendOn(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error, body []byte) {
 	if refused.Code == "wrong_cell" && t.ID != "" {
 		s.SendOn(w, r, t.ID, refused, body)
 		return

@@ -1,4 +1,4 @@
-package ingress
+package door
 
 import (
 	"context"
@@ -28,7 +28,7 @@ type watch struct {
 	outbox map[string]store.OutboxBacklog
 }
 
-func (s *Service) Sample(ctx context.Context) (bool, error) {
+func (s *Door) Sample(ctx context.Context) (bool, error) {
 	oldest, err := s.D.Store.Oldest(ctx)
 	if err != nil {
 		return false, err
@@ -48,7 +48,7 @@ func (s *Service) Sample(ctx context.Context) (bool, error) {
 }
 
 // Views is the last sample of the work views (see store.Views).
-func (s *Service) Views() map[string]int64 {
+func (s *Door) Views() map[string]int64 {
 	s.Watched.mu.Lock()
 	defer s.Watched.mu.Unlock()
 	out := make(map[string]int64, len(s.Watched.views))
@@ -84,7 +84,7 @@ var sampledGauges = []sampled{
 // watchMetrics registers the gauges of the samples, and the counter of
 // what ingress itself drops (the end to end time of what it ends is the
 // committer's to record, when it announces the outcome).
-func (s *Service) WatchMetrics() error {
+func (s *Door) WatchMetrics() error {
 	m := s.D.Tel.Meter()
 	region := attribute.String("region", s.Cfg.Region)
 	for _, g := range sampledGauges {
