@@ -107,7 +107,7 @@ func (s *Service) deadline(req SubmitRequest) time.Time {
 	return time.Now().Add(d)
 }
 
-// decodeSubmit reads the body strictly and validates it; a Refusal says
+// decodeSubmit reads the body strictly and validates it; a refusal says
 // why the request is refused.
 func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRequest, *apierror.Error) {
 	var req SubmitRequest

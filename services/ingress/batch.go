@@ -215,7 +215,7 @@ func itemsDigest(req BatchRequest) string {
 }
 
 // decodeBatch reads a batch strictly and validates every item; the first
-// Refusal says which item and why. Nothing of a refused batch is stored.
+// refusal says which item and why. Nothing of a refused batch is stored.
 func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequest, *contract.Contract, *apierror.Error) {
 	var req BatchRequest
 	bad := func(code, msg string) (BatchRequest, *contract.Contract, *apierror.Error) {
@@ -287,7 +287,7 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 }
 
 // tenantBatch authenticates the caller and reads its batch named in the
-// path, or writes the Refusal. Another tenant's batch is no batch.
+// path, or writes the refusal. Another tenant's batch is no batch.
 func (s *Service) tenantBatch(w http.ResponseWriter, r *http.Request) (store.Tenant, *store.Batch, bool) {
 	t, ok := s.Authenticate(w, r)
 	if !ok {

@@ -141,7 +141,7 @@ func TestWebhookDuplicateDeliveryAnswersOnlyItsTenant(t *testing.T) {
 }
 
 // bind, as a table: who signed, which links exist, and what the delivery
-// names decide its tenant or its Refusal.
+// names decide its tenant or its refusal.
 func TestBind(t *testing.T) {
 	t.Parallel()
 	acme := &store.SourceLink{Tenant: store.Tenant{ID: "acme"}}

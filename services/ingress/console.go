@@ -26,7 +26,7 @@ import (
 
 // Console is what GET /v1/console answers and every snapshot event of
 // /v1/console/events carries: the cell's work as one tenant sees it
-// (Scope "tenant": its own work and spend) or as an operator does (Scope
+// (scope "tenant": its own work and spend) or as an operator does (scope
 // "cell": everyone's, and the consumers' lag).
 type Console struct {
 	Scope    string `json:"scope"`
@@ -317,15 +317,15 @@ func (s *Service) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
 	apierror.JSON(w, http.StatusOK, c)
 }
 
-// sharedSnapshot is Snapshot for a stream of v, from the Scope's last
+// sharedSnapshot is Snapshot for a stream of v, from the scope's last
 // snapshot while it is fresh enough.
 func (s *Service) SharedSnapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
-	Scope := ""
+	scope := ""
 	if v.Tenant != nil {
-		Scope = v.Tenant.ID
+		scope = v.Tenant.ID
 	}
 	s.Shared.mu.Lock()
-	c := s.Shared.last[Scope]
+	c := s.Shared.last[scope]
 	s.Shared.mu.Unlock()
 	if c == nil || time.Since(c.At) >= s.Cfg.ConsoleEvery/2 {
 		fresh, err := s.Snapshot(ctx, v)
@@ -336,7 +336,7 @@ func (s *Service) SharedSnapshot(ctx context.Context, v auth.Viewer) (*Console, 
 		if s.Shared.last == nil {
 			s.Shared.last = map[string]*Console{}
 		}
-		s.Shared.last[Scope] = fresh
+		s.Shared.last[scope] = fresh
 		s.Shared.mu.Unlock()
 		c = fresh
 	}
@@ -542,9 +542,9 @@ func servePage(w http.ResponseWriter, r *http.Request, page []byte, csp string) 
 	}
 }
 
-// consoleShared is the last snapshot read per Scope (the cell, or one
-// tenant), so that streams of one Scope share its queries: a stream reads
-// the database and the consumers again only when the Scope's last snapshot
+// consoleShared is the last snapshot read per scope (the cell, or one
+// tenant), so that streams of one scope share its queries: a stream reads
+// the database and the consumers again only when the scope's last snapshot
 // is older than half of ConsoleEvery. GET /v1/console always reads afresh.
 type consoleShared struct {
 	mu   sync.Mutex

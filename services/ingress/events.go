@@ -249,7 +249,7 @@ type stream struct {
 }
 
 // open takes a stream slot for the tenant and starts the answer, or writes
-// the Refusal.
+// the refusal.
 func (s *Service) openStream(w http.ResponseWriter, t store.Tenant) (*stream, func(), bool) {
 	release, ok := s.EventStreams.Take(t.ID, s.Cfg.EventStreams)
 	if !ok {

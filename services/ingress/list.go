@@ -62,7 +62,7 @@ func (s *Service) consoleFind(w http.ResponseWriter, r *http.Request) {
 }
 
 // readWorkFilter reads a listing's state, lane, since, limit and cursor,
-// or writes the Refusal.
+// or writes the refusal.
 func readWorkFilter(w http.ResponseWriter, q url.Values) (store.WorkFilter, bool) {
 	f := store.WorkFilter{State: q.Get("state"), Lane: q.Get("lane"), Limit: 100}
 	if f.State != "" && !slices.Contains(outcome.WorkStates, f.State) {
@@ -81,7 +81,7 @@ func readWorkFilter(w http.ResponseWriter, q url.Values) (store.WorkFilter, bool
 }
 
 // queryTime reads the query's name, when given, as an RFC 3339 time into
-// at; false means it wrote the Refusal.
+// at; false means it wrote the refusal.
 func queryTime(w http.ResponseWriter, q url.Values, name string, at *time.Time) bool {
 	v := q.Get(name)
 	if v == "" {

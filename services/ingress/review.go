@@ -46,7 +46,7 @@ func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
 }
 
 // reviewFilter reads a review listing's state, reason, contract, limit and
-// cursor, or writes the Refusal.
+// cursor, or writes the refusal.
 func (s *Service) reviewFilter(w http.ResponseWriter, q url.Values) (store.ReviewFilter, bool) {
 	f := store.ReviewFilter{State: q.Get("state"), Reason: q.Get("reason"), Contract: q.Get("contract"), Limit: 100}
 	switch {

@@ -416,7 +416,7 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	res := store.Resolution{By: by, Verdict: req.Verdict, Note: req.Note, Holder: by.ID}
 	if req.Verdict == store.VerdictApproved || req.Verdict == store.VerdictAmended {
-		output, Refusal, err := s.deskOutput(ctx, workID, req)
+		output, refusal, err := s.deskOutput(ctx, workID, req)
 		if errors.Is(err, store.ErrNotFound) {
 			apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this token")
 			return
@@ -426,8 +426,8 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 			auth.Unavailable().Write(w)
 			return
 		}
-		if Refusal != "" {
-			apierror.Write(w, http.StatusBadRequest, "invalid_findings", Refusal)
+		if refusal != "" {
+			apierror.Write(w, http.StatusBadRequest, "invalid_findings", refusal)
 			return
 		}
 		res.Output, res.Announce = output, s.announceReviewed(ctx)
@@ -452,7 +452,7 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 }
 
 // deskOutput is the answer an approved or amended resolution publishes:
-// the answer judged, with the person's fields for amended. Refusal, when
+// the answer judged, with the person's fields for amended. refusal, when
 // set, says why it cannot be published (it fails the gate of the work's
 // contract version, naming the field to fix, or there is no answer to
 // approve).
@@ -468,9 +468,9 @@ func (s *Service) deskOutput(ctx context.Context, workID string, req DeskResolve
 	case req.Verdict == store.VerdictApproved && answer == nil:
 		return nil, "there is no answer to approve: amend it with an answer of " + ct.SchemaVersion + ", or reject or dismiss it", nil
 	case req.Verdict == store.VerdictAmended:
-		var Refusal string
-		if answer, Refusal = amendedAnswer(ct, wk, answer, req); Refusal != "" {
-			return nil, Refusal, nil
+		var refusal string
+		if answer, refusal = amendedAnswer(ct, wk, answer, req); refusal != "" {
+			return nil, refusal, nil
 		}
 	}
 	acc, fail := gate.Check(ct, answer, expect(ct, wk))
@@ -484,7 +484,7 @@ func (s *Service) deskOutput(ctx context.Context, workID string, req DeskResolve
 
 // amendedAnswer is the person's answer under the work's correlation: their
 // whole answer when they gave one, else the answer judged (nil: none) with
-// their findings; Refusal says why the request's answer cannot be read.
+// their findings; refusal says why the request's answer cannot be read.
 func amendedAnswer(ct *contract.Contract, wk *store.Work, judged []byte, req DeskResolveRequest) ([]byte, string) {
 	doc := map[string]json.RawMessage{}
 	if req.Answer != nil {

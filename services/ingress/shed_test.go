@@ -56,10 +56,10 @@ func TestSubmitOverCapacity(t *testing.T) {
 	if a.status != http.StatusTooManyRequests || a.code() != "over_capacity" {
 		t.Fatalf("over capacity: %d %s, want 429 over_capacity", a.status, a.body)
 	}
-	// The Refusal speaks of this work alone: nothing of how much the
+	// The refusal speaks of this work alone: nothing of how much the
 	// lane holds or whose it is.
 	if strings.Contains(string(a.body), "waiting in the lane") || strings.Contains(string(a.body), "tenant") {
-		t.Fatalf("the Refusal tells of the lane: %s", a.body)
+		t.Fatalf("the refusal tells of the lane: %s", a.body)
 	}
 	secs, err := strconv.Atoi(h.Get("Retry-After"))
 	if err != nil || secs < 3 || secs > 5 {

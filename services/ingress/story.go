@@ -128,9 +128,9 @@ func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
 			return []store.OutboxMsg{m}, nil
 		}, audit)
 	}
-	for _, Refusal := range []error{store.ErrNotRedrivable, store.ErrRedriven, store.ErrNoInput, store.ErrSuperseded,
+	for _, refusal := range []error{store.ErrNotRedrivable, store.ErrRedriven, store.ErrNoInput, store.ErrSuperseded,
 		store.ErrNotDropped, store.ErrTooLarge, store.ErrNotCancelable} {
-		if errors.Is(err, Refusal) {
+		if errors.Is(err, refusal) {
 			apierror.Write(w, http.StatusConflict, "not_actionable", err.Error())
 			return
 		}

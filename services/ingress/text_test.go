@@ -31,7 +31,7 @@ func (e *webhookEnv) request(method, path, token, body string) answer {
 	return answer{status: resp.StatusCode, body: buf.Bytes()}
 }
 
-// noErrorLogged fails if the ingress logged an ERROR line: a Refusal of
+// noErrorLogged fails if the ingress logged an ERROR line: a refusal of
 // the caller's bytes is no fault of the cell's.
 func (e *webhookEnv) noErrorLogged() {
 	e.t.Helper()

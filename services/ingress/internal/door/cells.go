@@ -105,7 +105,7 @@ func (s *Door) MovedOut(w http.ResponseWriter, r *http.Request, tenant string, b
 // one address per region, whichever cell holds the tenant, and a tenant
 // moved between cells keeps it. A request already sent on, or for a cell
 // that has not registered where it answers, or that does not answer, gets
-// the Refusal, which names the cell and never its address or why it did
+// the refusal, which names the cell and never its address or why it did
 // not answer (the log has both). body, when not nil, is the request's body
 // as read already.
 func (s *Door) SendOn(w http.ResponseWriter, r *http.Request, tenant string, refused *apierror.Error, body []byte) {
@@ -159,7 +159,7 @@ func (s *Door) SendTo(w http.ResponseWriter, r *http.Request, tenant, cell strin
 	proxy.ServeHTTP(w, r)
 }
 
-// refuseOrSendOn writes refused, or, when it is the Refusal of a tenant
+// refuseOrSendOn writes refused, or, when it is the refusal of a tenant
 // another cell serves, sends the request on to that cell.
 func (s *Door) RefuseOrSendOn(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error, body []byte) {
 	if refused.Code == "wrong_cell" && t.ID != "" {

@@ -111,7 +111,7 @@ type Config struct {
 	// GitHub waits for a webhook answer.
 	GitHubTimeout time.Duration
 	// MaxDiffBytes is the one cap on a diff to review: a pull request's
-	// fetched diff, and the diff of a code review Submitted through the
+	// fetched diff, and the diff of a code review submitted through the
 	// API. Default 1 MiB; reviews in parts serve diffs up to it.
 	MaxDiffBytes int64
 	// CellURL is where this cell's ingress answers the other cells of its

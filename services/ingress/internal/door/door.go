@@ -143,7 +143,7 @@ var (
 )
 
 // authenticate resolves the bearer token to a tenant this cell serves, or
-// writes the Refusal and returns false.
+// writes the refusal and returns false.
 func (s *Door) Authenticate(w http.ResponseWriter, r *http.Request) (store.Tenant, bool) {
 	t, refused := auth.Bearer(r.Context(), s.Tokens, r.Header.Get("Authorization"), s.Cell())
 	if refused != nil && refused.Code == "wrong_cell" && t.ID != "" && s.Finishing(r, t.ID) {
@@ -187,7 +187,7 @@ func TooMany(w http.ResponseWriter, code, why string, wait time.Duration) {
 	RetryLater(w, code, fmt.Sprintf("%s; retry after %d s (nothing was stored)", why, RetrySeconds(wait)), wait)
 }
 
-// RetryLater answers a Refusal that asking again later can pass: 429 with
+// RetryLater answers a refusal that asking again later can pass: 429 with
 // code and message, and Retry-After: wait in whole seconds (RetrySeconds).
 // Every 429 ingress answers is written here.
 func RetryLater(w http.ResponseWriter, code, message string, wait time.Duration) {
@@ -244,7 +244,7 @@ func (s *Door) DiffSize(c *contract.Contract, input json.RawMessage) *apierror.E
 		len(in.Diff), s.Cfg.MaxDiffBytes, MaxDiffCeiling))
 }
 
-// viewer authenticates a reader of the console, or writes the Refusal.
+// viewer authenticates a reader of the console, or writes the refusal.
 func (s *Door) Viewer(w http.ResponseWriter, r *http.Request) (auth.Viewer, bool) {
 	v, refused := auth.Console(r.Context(), s.D.Store, r.Header.Get("Authorization"), s.Cell())
 	if refused != nil {

@@ -39,7 +39,7 @@ type ShedConfig struct {
 	// backlog_full (a webhook is dropped). Defaults 10000 and 1000.
 	BatchBacklog, InteractiveBacklog int
 	// RetryAfterMax caps the Retry-After of a capacity or backlog
-	// Refusal (a Refusal's Retry-After is never past the work's deadline
+	// refusal (a refusal's Retry-After is never past the work's deadline
 	// either). Default 60s.
 	RetryAfterMax time.Duration
 	// LocalRate keeps each tenant's rate per ingress instance instead of
@@ -79,7 +79,7 @@ var shedVars = []config.Var{
 	{Name: "ASSAY_BATCH_BACKLOG", Default: "10000", Usage: "batch work a tenant may have queued or running, however it came (work, batches)"},
 	{Name: "ASSAY_INTERACTIVE_BACKLOG", Default: "1000", Usage: "interactive work a tenant may have queued or running, however it came (work, webhooks)"},
 	{Name: "ASSAY_INGRESS_RATE", Default: "shared", Usage: "shared: a tenant's rate holds across the cell's ingress instances (NATS KV); local: per instance"},
-	{Name: "ASSAY_SHED_RETRY_AFTER_MAX", Default: "60s", Usage: "the longest Retry-After a capacity or backlog Refusal gives (never past the work's deadline either)"},
+	{Name: "ASSAY_SHED_RETRY_AFTER_MAX", Default: "60s", Usage: "the longest Retry-After a capacity or backlog refusal gives (never past the work's deadline either)"},
 }
 
 // backlog is the lane's backlog limit.

@@ -73,7 +73,7 @@ func TestShedFromEnv(t *testing.T) {
 // The two rules of capacity admission, over random cells: a lane with
 // nothing waiting in it (its work running, parked out of the way for a
 // Retry-After or a backoff, or waiting for the committer) refuses no one,
-// whatever earlier work waited; and no Refusal's Retry-After is longer
+// whatever earlier work waited; and no refusal's Retry-After is longer
 // than the cap or than the work could wait.
 func TestShedRulesHoldOverRandomCells(t *testing.T) {
 	t.Parallel()
@@ -127,7 +127,7 @@ func TestShedRulesHoldOverRandomCells(t *testing.T) {
 			t.Fatalf("Retry-After %v with a cap of %v and %v left", r.Retry, retryMax, remaining)
 		}
 		if strings.Contains(r.Reason, "tenant") || strings.Contains(r.Reason, "waiting in the lane") {
-			t.Fatalf("a Refusal tells of other work: %q", r.Reason)
+			t.Fatalf("a refusal tells of other work: %q", r.Reason)
 		}
 	}
 	if refusals == 0 || idle == 0 {

@@ -42,7 +42,7 @@ func Decode(body []byte, v any) error {
 
 // DecodeFrom is decodeStrict reading the body as it walks it: a
 // body refused at its first fault is read no further than that, and a
-// byte that is not Storable text (invalid UTF-8, NUL: encoding/json would
+// byte that is not storable text (invalid UTF-8, NUL: encoding/json would
 // turn the first into U+FFFD quietly) stops it too, as a
 // *contract.TextError; so does a string whose JSON escapes make what is
 // not (\u0000, a surrogate half alone), as an *EscapeError naming where
@@ -82,7 +82,7 @@ func (e *ReadError) Error() string { return "request body: " + e.Err.Error() }
 func (e *ReadError) Unwrap() error { return e.Err }
 
 // readFault is the reader's error as DecodeFrom returns it: text
-// that is not Storable as it is, anything else as a *ReadError.
+// that is not storable as it is, anything else as a *ReadError.
 func readFault(err error) error {
 	var te *contract.TextError
 	if errors.As(err, &te) {
@@ -91,7 +91,7 @@ func readFault(err error) error {
 	return &ReadError{Err: err}
 }
 
-// textReader passes on what r reads while it is Storable text: UTF-8
+// textReader passes on what r reads while it is storable text: UTF-8
 // without NUL. At the first byte that is not, or at r's own error, it
 // keeps the error and reads no more.
 type textReader struct {

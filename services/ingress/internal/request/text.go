@@ -26,7 +26,7 @@ func Storable(s string) bool {
 }
 
 // TextPaths answers a request to the API (/v1/…) whose path, once its
-// percent-escapes are undone, is not Storable text with 404 not_found:
+// percent-escapes are undone, is not storable text with 404 not_found:
 // no work, batch or review item has such an id. The console's pages read
 // nothing themselves and pass; their scripts' calls are checked here.
 func TextPaths(h http.Handler) http.Handler {
@@ -41,7 +41,7 @@ func TextPaths(h http.Handler) http.Handler {
 }
 
 // TextQuery refuses a request to an operation that takes a query when a
-// parameter's name or value is not Storable text: 400 invalid_query,
+// parameter's name or value is not storable text: 400 invalid_query,
 // naming the parameter. It is wrapped around every such operation, so a
 // filter or a cursor is text before a handler reads it.
 func TextQuery(h http.Handler) http.Handler {
@@ -65,7 +65,7 @@ func TextQuery(h http.Handler) http.Handler {
 }
 
 // EscapeError is a string in a request body whose JSON escapes make what
-// is not Storable text: \u0000, or half of a UTF-16 surrogate pair alone
+// is not storable text: \u0000, or half of a UTF-16 surrogate pair alone
 // (\ud800), which encoding/json would quietly turn into U+FFFD. The raw
 // bytes of a body are checked as they are read (contract.TextError);
 // this is what they spell.
