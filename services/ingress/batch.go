@@ -27,6 +27,7 @@ import (
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
+	"assay.dev/services/ingress/internal/shed"
 )
 
 // Batch limits.
@@ -182,7 +183,7 @@ func (s *Service) batchQueued(ctx context.Context, t store.Tenant, batchID strin
 
 // newBatchBacklog is the backlog rule for a batch of n items; a batch
 // asked for again (known) adds nothing.
-func (s *Service) newBatchBacklog(ctx context.Context, t store.Tenant, known bool, n int) *door.Refusal {
+func (s *Service) newBatchBacklog(ctx context.Context, t store.Tenant, known bool, n int) *shed.Refusal {
 	if known {
 		return nil
 	}

@@ -22,8 +22,11 @@ import (
 	"assay.dev/pkg/telemetry"
 	"assay.dev/pkg/usage"
 	"assay.dev/schemas"
+	"assay.dev/services/ingress/internal/diffs"
 	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
+	"assay.dev/services/ingress/internal/settings"
+	"assay.dev/services/ingress/internal/shed"
 )
 
 // Service is one ingress instance: the door every room shares, and the
@@ -39,7 +42,7 @@ type Service struct {
 }
 
 // Config of one ingress instance.
-type Config = door.Config
+type Config = settings.Config
 
 // Deps are what ingress talks to.
 type Deps = door.Deps
@@ -52,18 +55,18 @@ type Store = door.Store
 type JetStream = door.JetStream
 
 // ShedConfig is capacity admission and the shared rate.
-type ShedConfig = door.ShedConfig
+type ShedConfig = shed.Config
 
 // GitHubDiffs fetches pull requests' diffs from GitHub's REST API; PullRef
 // names one pull request.
 type (
-	GitHubDiffs = door.GitHubDiffs
-	PullRef     = door.PullRef
-	DiffSource  = door.DiffSource
+	GitHubDiffs = diffs.GitHubDiffs
+	PullRef     = diffs.PullRef
+	DiffSource  = diffs.DiffSource
 )
 
 // Vars are the settings Config.FromEnv reads, for ingress's help.
-var Vars = door.Vars
+var Vars = settings.Vars
 
 // The headers of a request sent on between the cells of a region.
 const (
@@ -72,7 +75,7 @@ const (
 )
 
 // MaxDiffCeiling is the most ASSAY_MAX_DIFF_BYTES may be.
-const MaxDiffCeiling = door.MaxDiffCeiling
+const MaxDiffCeiling = settings.MaxDiffCeiling
 
 // ShadowSampled reports whether live work with this id is in a shadow
 // share (door.ShadowSampled).

@@ -29,6 +29,7 @@ import (
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/diffs"
 	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
 )
@@ -412,7 +413,7 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, r *h
 // ignored, when set, says why the delivery asks for no work after all.
 func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work, ignored string, refused *apierror.Error) {
 	pr, source := d.pr, telemetry.OpaqueAttr("source", d.pr.SourceID())
-	ref := door.PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA,
+	ref := diffs.PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA,
 		BaseSHA: pr.PullRequest.Base.SHA}
 	inst, err := s.diffInstallation(ctx, d)
 	if err != nil {
@@ -421,7 +422,7 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 	}
 	ref.Installation = inst
 	diffText, err := s.Cfg.Diffs.Diff(ctx, ref)
-	if errors.Is(err, door.ErrDiffTooLarge) {
+	if errors.Is(err, diffs.ErrDiffTooLarge) {
 		return s.tooLarge(ctx, d, ref)
 	}
 	if err != nil {
@@ -461,7 +462,7 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 // cap: stored dropped, without its diff, so the pull request gets one
 // comment that says why it was not reviewed and what would review it, and
 // a redelivery finds the work and posts nothing again.
-func (s *Service) tooLarge(ctx context.Context, d *delivery, ref door.PullRef) (*store.Work, string, *apierror.Error) {
+func (s *Service) tooLarge(ctx context.Context, d *delivery, ref diffs.PullRef) (*store.Work, string, *apierror.Error) {
 	c, ok := s.D.Contracts.Get(WebhookContract)
 	if !ok {
 		return nil, "", apierror.New(http.StatusServiceUnavailable, "unavailable", "the review contract is not loaded; redeliver later")
@@ -470,7 +471,7 @@ func (s *Service) tooLarge(ctx context.Context, d *delivery, ref door.PullRef) (
 	work := s.NewWork(ctx, d.tenant, c, d.pr.SourceID(), ref.HeadSHA, event.Interactive, input, time.Now().Add(s.Cfg.InteractiveDeadline))
 	work.SourceUpdatedAt = d.pr.PullRequest.UpdatedAt
 	work.DropReason = fmt.Sprintf("%s: the pull request's diff is over the %d bytes this installation reviews (ASSAY_MAX_DIFF_BYTES on the region's ingress, up to %d; larger diffs are reviewed in parts); once an operator raises it, the next push to the pull request is reviewed",
-		outcome.ReasonDiffTooLarge, s.Cfg.MaxDiffBytes, door.MaxDiffCeiling)
+		outcome.ReasonDiffTooLarge, s.Cfg.MaxDiffBytes, api.MaxDiffCeiling)
 	return work, "", nil
 }
 

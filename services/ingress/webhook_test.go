@@ -31,6 +31,7 @@ import (
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/pkg/telemetry/telemetrytest"
+	"assay.dev/services/ingress/internal/diffs"
 	"assay.dev/services/ingress/internal/door"
 )
 
@@ -1075,7 +1076,7 @@ func TestGitHubDiffs(t *testing.T) {
 		t.Fatalf("request %s %v", got.URL, got.Header)
 	}
 	g.MaxBytes = 99
-	if _, err := g.Diff(t.Context(), PullRef{Owner: "shop", Repo: "checkout", Number: 7}); !errors.Is(err, door.ErrDiffTooLarge) {
+	if _, err := g.Diff(t.Context(), PullRef{Owner: "shop", Repo: "checkout", Number: 7}); !errors.Is(err, diffs.ErrDiffTooLarge) {
 		t.Fatalf("over the cap: %v, want ErrDiffTooLarge", err)
 	}
 	g.Token = "ghs_x"

@@ -28,11 +28,12 @@ import (
 	"assay.dev/pkg/placement"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/settings"
 )
 
 // Door is one ingress instance.
 type Door struct {
-	Cfg     Config
+	Cfg     settings.Config
 	D       Deps
 	Streams *event.Keeper
 	Relay   *outbox.Relay
@@ -241,7 +242,7 @@ func (s *Door) DiffSize(c *contract.Contract, input json.RawMessage) *apierror.E
 	}
 	return apierror.New(http.StatusRequestEntityTooLarge, "diff_too_large", fmt.Sprintf(
 		"the input's diff is %d bytes, over this cell's limit of %d (ASSAY_MAX_DIFF_BYTES, up to %d; larger diffs are reviewed in parts)",
-		len(in.Diff), s.Cfg.MaxDiffBytes, MaxDiffCeiling))
+		len(in.Diff), s.Cfg.MaxDiffBytes, settings.MaxDiffCeiling))
 }
 
 // viewer authenticates a reader of the console, or writes the refusal.
@@ -311,7 +312,7 @@ func Scope(v auth.Viewer) string {
 
 // New checks the config and builds the door: what every room of ingress
 // shares.
-func New(cfg Config, d Deps) (*Door, error) {
+func New(cfg settings.Config, d Deps) (*Door, error) {
 	if err := cfg.Defaults(); err != nil {
 		return nil, err
 	}

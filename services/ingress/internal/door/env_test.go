@@ -1,18 +1,11 @@
 package door
 
 import (
-	"encoding/json"
 	"errors"
 	"testing"
-	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"assay.dev/pkg/admission"
 	"assay.dev/pkg/devkit/storetest"
 	"assay.dev/pkg/devkit/testenv"
-	"assay.dev/pkg/event"
 	"assay.dev/pkg/store"
 )
 
@@ -21,37 +14,11 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 var errNotYet = errors.New("not running yet")
 
 // cell is what the door's parts are stressed against: a fresh, migrated
-// database and the test NATS server.
-type cell struct {
-	st    *store.Store
-	js    jetstream.JetStream
-	names event.Names
-}
+// database.
+type cell struct{ st *store.Store }
 
-// lifecycleEnv is one cell for every part a Stress call makes, with a
-// classifier's capacity report in the cell's bucket.
 func lifecycleEnv(t *testing.T) *cell {
 	t.Helper()
 	st, _ := storetest.Migrated(t)
-	nc, err := nats.Connect(testenv.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &cell{st: st, js: js, names: event.Names{Cell: "us"}}
-	kv, err := js.CreateOrUpdateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: c.names.CapacityBucket(),
-		History: 1, TTL: time.Minute, Storage: jetstream.MemoryStorage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := json.Marshal(admission.CapacityReport{Instance: "test", At: time.Now(), Every: time.Hour, Rate: 10, Limit: 4,
-		Latency: 100 * time.Millisecond})
-	if _, err := kv.Put(t.Context(), "classifier.test", b); err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return &cell{st: st}
 }

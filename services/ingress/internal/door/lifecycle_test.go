@@ -13,40 +13,6 @@ import (
 	"assay.dev/pkg/lifecycle/lifecycletest"
 )
 
-// TestCapacityViewLifecycle holds the capacity view, which watches the
-// cell's capacity bucket, to the contract of every part.
-func TestCapacityViewLifecycle(t *testing.T) {
-	e := lifecycleEnv(t)
-	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
-		return &capacityView{js: e.js, bucket: e.names.CapacityBucket(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	})
-}
-
-// TestWarmCapacityViewLifecycle is the same with each Stop meeting a view
-// that has read the report and watches for more.
-func TestWarmCapacityViewLifecycle(t *testing.T) {
-	e := lifecycleEnv(t)
-	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
-		v := &capacityView{js: e.js, bucket: e.names.CapacityBucket(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		return lifecycletest.Warm(v, func(context.Context) error {
-			if v.rate(time.Now()) == 0 {
-				return errNotYet
-			}
-			return nil
-		})
-	})
-}
-
-// TestCapacityViewWithoutBucketLifecycle is the capacity view of a cell
-// whose classifiers have not made the bucket yet: it waits for it until
-// stopped.
-func TestCapacityViewWithoutBucketLifecycle(t *testing.T) {
-	e := lifecycleEnv(t)
-	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
-		return &capacityView{js: e.js, bucket: "assay_capacity_nowhere", log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	})
-}
-
 // TestTenantWatchLifecycle holds the tenant watch, which listens to the
 // cell's database for changes to tenants and tokens, to the contract of
 // every part.

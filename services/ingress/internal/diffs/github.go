@@ -1,4 +1,6 @@
-package door
+// Package diffs reads the diffs of pull requests from GitHub, as the
+// installation that may read each, within a size cap.
+package diffs
 
 import (
 	"context"

@@ -1,27 +1,26 @@
-package door
+// Package settings is the configuration of one ingress instance: what a
+// caller sets in Config, what the environment sets through FromEnv, and
+// the defaults Defaults fills in.
+package settings
 
 import (
 	"cmp"
 	"crypto/rsa"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"assay.dev/pkg/api"
 	"assay.dev/pkg/config"
-	"assay.dev/pkg/contract"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/githubapp"
 	"assay.dev/pkg/store"
-	"assay.dev/pkg/telemetry"
+	"assay.dev/services/ingress/internal/diffs"
+	"assay.dev/services/ingress/internal/shed"
 )
 
 // Config of one ingress instance.
@@ -128,9 +127,9 @@ type Config struct {
 	PlacementNATSURL string
 	// Diffs fetches pull-request diffs. Default: GitHubDiffs built from the
 	// settings above.
-	Diffs DiffSource
+	Diffs diffs.DiffSource
 	// Shed is capacity admission and the shared rate.
-	Shed ShedConfig
+	Shed shed.Config
 }
 
 // Defaults checks the config and fills in what it leaves unset.
@@ -152,7 +151,7 @@ func (c *Config) Defaults() error {
 	if err := c.githubDefaults(); err != nil {
 		return err
 	}
-	return c.Shed.defaults()
+	return c.Shed.Defaults()
 }
 
 // requestDefaults fills in the caps of a request and the lanes' deadlines.
@@ -202,7 +201,7 @@ func (c *Config) githubDefaults() error {
 		return errors.New("ingress: GitHubKey is required with GitHubAppID")
 	}
 	if c.Diffs == nil {
-		d := &GitHubDiffs{API: c.GitHubAPI, Token: c.GitHubToken, MaxBytes: c.MaxDiffBytes, Timeout: c.GitHubTimeout}
+		d := &diffs.GitHubDiffs{API: c.GitHubAPI, Token: c.GitHubToken, MaxBytes: c.MaxDiffBytes, Timeout: c.GitHubTimeout}
 		if c.GitHubAppID != 0 {
 			d.App = &githubapp.App{API: c.GitHubAPI, ID: c.GitHubAppID, Key: c.GitHubKey, UserAgent: "assay-ingress",
 				Client: &http.Client{Timeout: c.GitHubTimeout}}
@@ -239,7 +238,7 @@ var Vars = []config.Var{
 	{Name: "ASSAY_GITHUB_TOKEN", Default: "none", Usage: "single tenant, without an App: the one token every diff is read with"},
 	{Name: "ASSAY_PLACEMENT_NATS_URL", Default: "none (the map is kept in the cell's own account)", Usage: "NATS URL of the region's account, with this cell's placement user and password, where the region's map of which cell serves which tenant is kept"},
 	{Name: "ASSAY_CELL_URL", Default: "none (no other cell of the region sends requests here)", Usage: "where this cell's ingress answers the region's other cells, which send the requests of the tenants placed on it here"},
-	shedVars[0], shedVars[1], shedVars[2], shedVars[3], shedVars[4], shedVars[5],
+	shed.Vars[0], shed.Vars[1], shed.Vars[2], shed.Vars[3], shed.Vars[4], shed.Vars[5],
 }
 
 // FromEnv fills the settings an operator sets from the environment:
@@ -301,28 +300,5 @@ func (c *Config) FromEnv(getenv func(string) string) error {
 	if c.GitHubAppID != 0 && c.GitHubToken != "" {
 		return errors.New("ASSAY_GITHUB_TOKEN: set beside ASSAY_GITHUB_APP_ID; with the App each diff is read with its installation's token, so the static token (the single-tenant option) must be unset")
 	}
-	return c.Shed.fromEnv(getenv)
-}
-
-// JetStream is what ingress asks of NATS JetStream; a
-// jetstream.JetStream is one.
-type JetStream interface {
-	jetstream.Publisher             // the outbox relay's announcements
-	jetstream.StreamManager         // the WORK stream and its messages
-	jetstream.StreamConsumerManager // the cell's consumers, read for their backlog
-	jetstream.KeyValueManager       // the placement, capacity and admission buckets
-	// Conn is the connection, read for the largest payload its server
-	// takes.
-	Conn() *nats.Conn
-}
-
-var _ JetStream = jetstream.JetStream(nil)
-
-// Deps are what ingress talks to.
-type Deps struct {
-	Store     Store
-	JS        JetStream
-	Contracts *contract.Registry
-	Log       *slog.Logger
-	Tel       *telemetry.Provider
+	return c.Shed.FromEnv(getenv)
 }

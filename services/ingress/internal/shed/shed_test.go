@@ -1,4 +1,4 @@
-package door
+package shed
 
 import (
 	"fmt"
@@ -39,7 +39,7 @@ func TestShedDecision(t *testing.T) {
 		{"but a result they would push past the deadline is refused", withDown(known(100*time.Millisecond), 9*time.Second), 8 * time.Second, true, 1600 * time.Millisecond},
 	}
 	for _, c := range cases {
-		r := shedDecision(c.p, time.Second, c.remaining, 500*time.Millisecond, time.Hour)
+		r := Decide(c.p, time.Second, c.remaining, 500*time.Millisecond, time.Hour)
 		if r != nil && strings.Contains(c.name, "past the deadline") && !strings.Contains(r.Reason, "after its deadline") {
 			t.Fatalf("%s: %q does not say the result would be late", c.name, r.Reason)
 		}
@@ -112,7 +112,7 @@ func TestShedRulesHoldOverRandomCells(t *testing.T) {
 		p := admission.Combine(reports, now).Predict(event.Interactive, tenant, 1, 0, 0, 0)
 		remaining := time.Duration(1+rng.IntN(600)) * time.Second
 		retryMax := time.Duration(1+rng.IntN(120)) * time.Second
-		r := shedDecision(p, 0, remaining, time.Duration(rng.IntN(3000))*time.Millisecond, retryMax)
+		r := Decide(p, 0, remaining, time.Duration(rng.IntN(3000))*time.Millisecond, retryMax)
 		if waiting == 0 {
 			idle++
 			if r != nil {
