@@ -22,23 +22,31 @@ import (
 	"assay.dev/pkg/telemetry"
 	"assay.dev/pkg/usage"
 	"assay.dev/schemas"
+	"assay.dev/services/ingress/internal/batches"
+	"assay.dev/services/ingress/internal/console"
+	"assay.dev/services/ingress/internal/desk"
 	"assay.dev/services/ingress/internal/diffs"
 	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
 	"assay.dev/services/ingress/internal/settings"
 	"assay.dev/services/ingress/internal/shed"
+	"assay.dev/services/ingress/internal/webhook"
+	"assay.dev/services/ingress/internal/workapi"
 )
 
 // Service is one ingress instance: the door every room shares, and the
 // rooms, each serving its part of the API.
 type Service struct {
 	*door.Door
+	work    *workapi.Room
+	batches *batches.Room
+	webhook *webhook.Room
+	console *console.Room
+	desk    *desk.Room
 	sweeper lifecycle.Ticker
 	janitor lifecycle.Ticker
 	watcher lifecycle.Ticker
 	router  lifecycle.Ticker
-	// Shared is the console streams' last snapshot per scope.
-	Shared consoleShared
 }
 
 // Config of one ingress instance.
@@ -87,7 +95,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{Door: dr}
+	s := &Service{Door: dr, work: &workapi.Room{Door: dr}, batches: &batches.Room{Door: dr}, webhook: &webhook.Room{Door: dr},
+		console: &console.Room{Door: dr}, desk: &desk.Room{Door: dr}}
 	cfg = dr.Cfg
 	sw := &s.sweeper
 	sw.Name, sw.Every, sw.Log, sw.PassTimeout = "sweeper", cfg.SweepEvery, d.Log, time.Minute
@@ -233,13 +242,13 @@ func (s *Service) backlogHeads(ctx context.Context) map[string]time.Time {
 }
 
 // Handler serves the ingress API. A path that is not text is refused
-// before it is routed (TextPaths).
+// before it is routed (request.TextPaths).
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	for _, r := range s.endpoints(usage.Handler(s.D.Store, s.Cell(), s.D.Log, func(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error) {
+	for _, e := range s.endpoints(usage.Handler(s.D.Store, s.Cell(), s.D.Log, func(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error) {
 		s.RefuseOrSendOn(w, r, t, refused, nil)
 	})) {
-		mux.Handle(r.pattern, r.h)
+		mux.Handle(e.Pattern, e.Handler)
 	}
 	return request.TextPaths(mux)
 }
@@ -248,54 +257,25 @@ func (s *Service) Handler() http.Handler {
 // description (schemas/openapi.yaml) must describe, no more and no less.
 func Routes() []string {
 	var out []string
-	for _, r := range (&Service{}).endpoints(nil) {
-		out = append(out, r.pattern)
+	for _, e := range (&Service{}).endpoints(nil) {
+		out = append(out, e.Pattern)
 	}
 	return out
 }
 
-type endpoint struct {
-	pattern string
-	h       http.Handler
-}
-
-// endpoints pairs each pattern with its handler; usageReport serves the
-// usage report. Each operation whose query reaches the database (filters,
-// cursors) is wrapped in TextQuery; the usage report's parameters are
-// compared and parsed, never queried by.
-func (s *Service) endpoints(usageReport http.Handler) []endpoint {
-	return []endpoint{
-		{"POST /v1/work", http.HandlerFunc(s.submit)},
-		{"GET /v1/work/{id}", http.HandlerFunc(s.get)},
-		{"GET /v1/work", request.TextQuery(http.HandlerFunc(s.list))},
-		{"GET /v1/work/{id}/events", http.HandlerFunc(s.workEventStream)},
-		{"POST /v1/batches", http.HandlerFunc(s.submitBatch)},
-		{"GET /v1/batches/{id}", http.HandlerFunc(s.getBatch)},
-		{"GET /v1/batches/{id}/results", http.HandlerFunc(s.batchResults)},
-		{"GET /v1/batches/{id}/events", http.HandlerFunc(s.batchEventStream)},
-		{"POST /v1/batches/{id}/cancel", http.HandlerFunc(s.cancelBatch)},
-		{"DELETE /v1/batches/{id}", http.HandlerFunc(s.cancelBatch)},
-		{"GET /v1/reviews", request.TextQuery(http.HandlerFunc(s.listReviews))},
-		{"POST /v1/reviews/{id}/resolve", http.HandlerFunc(s.resolveReview)},
-		{"GET /v1/views", request.TextQuery(http.HandlerFunc(s.views))},
-		{"POST /v1/webhooks/github", http.HandlerFunc(s.githubWebhook)},
+// endpoints are the rooms' operations, the usage report (usageReport) and
+// the API's description.
+func (s *Service) endpoints(usageReport http.Handler) []door.Endpoint {
+	var out []door.Endpoint
+	for _, r := range []interface{ Endpoints() []door.Endpoint }{s.work, s.batches, s.webhook, s.console, s.desk} {
+		out = append(out, r.Endpoints()...)
+	}
+	return append(out,
 		// The ledger's rows are in the cell's database: the usage report is
 		// read here too, so a cell has one base URL.
-		{"GET /v1/usage", usageReport},
-		{"GET /v1/openapi.yaml", http.HandlerFunc(openAPI)},
-		{"GET /console", http.HandlerFunc(s.consolePage)},
-		{"GET /v1/console", http.HandlerFunc(s.consoleSnapshot)},
-		{"GET /v1/console/events", http.HandlerFunc(s.consoleEvents)},
-		{"GET /v1/console/work", request.TextQuery(http.HandlerFunc(s.consoleFind))},
-		{"GET /v1/console/work/{id}", http.HandlerFunc(s.consoleWork)},
-		{"POST /v1/console/work/{id}/actions", http.HandlerFunc(s.consoleAct)},
-		{"GET /console/work/{id}", http.HandlerFunc(s.consoleWorkPage)},
-		{"GET /v1/console/reviews", request.TextQuery(http.HandlerFunc(s.consoleReviews))},
-		{"GET /v1/console/reviews/{id}", http.HandlerFunc(s.consoleReview)},
-		{"POST /v1/console/reviews/{id}/claim", http.HandlerFunc(s.consoleClaim)},
-		{"POST /v1/console/reviews/{id}/resolve", http.HandlerFunc(s.consoleResolve)},
-		{"GET /console/reviews", http.HandlerFunc(s.consoleReviewPage)},
-	}
+		door.Endpoint{Pattern: "GET /v1/usage", Handler: usageReport},
+		door.Endpoint{Pattern: "GET /v1/openapi.yaml", Handler: http.HandlerFunc(openAPI)},
+	)
 }
 
 // openAPI serves the API's description, to anyone: it holds no secret.

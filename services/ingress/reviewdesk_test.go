@@ -15,6 +15,7 @@ import (
 	"assay.dev/pkg/diff"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/services/ingress/internal/desk"
 	"assay.dev/services/ingress/internal/request"
 )
 
@@ -149,8 +150,8 @@ func TestDeskAmendsEveryContractVersion(t *testing.T) {
 		if a := e.json("POST", item+"/claim", "tok-ana", nil, &kase); a.status != http.StatusOK {
 			t.Fatalf("%s: claim: HTTP %d %s", version, a.status, a.body)
 		}
-		if !bytes.Equal(request.Compact(kase.Schema), request.Compact(ct.Schema)) || !slices.Equal(kase.Fixed, correlationFields(ct)) || kase.Work.SchemaVersion != version {
-			t.Errorf("%s: the case's schema is %.60s… with fixed %v; want the version's own, fixed %v", version, kase.Schema, kase.Fixed, correlationFields(ct))
+		if !bytes.Equal(request.Compact(kase.Schema), request.Compact(ct.Schema)) || !slices.Equal(kase.Fixed, desk.CorrelationFields(ct)) || kase.Work.SchemaVersion != version {
+			t.Errorf("%s: the case's schema is %.60s… with fixed %v; want the version's own, fixed %v", version, kase.Schema, kase.Fixed, desk.CorrelationFields(ct))
 		}
 		a := e.json("POST", item+"/resolve", "tok-ana", map[string]any{"verdict": "amended", "answer": without(c.answer, c.missing)}, nil)
 		if a.status != http.StatusBadRequest || a.code() != "invalid_findings" || !strings.Contains(string(a.body), "fix "+c.missing) ||

@@ -361,3 +361,10 @@ func (s *Door) Parts() []lifecycle.Service {
 	}
 	return parts
 }
+
+// An Endpoint is one operation a room serves: its "METHOD /path" pattern
+// and its handler.
+type Endpoint struct {
+	Pattern string
+	Handler http.Handler
+}

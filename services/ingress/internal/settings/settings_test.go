@@ -44,3 +44,13 @@ func TestGitHubTokenIsSingleTenantOnly(t *testing.T) {
 		t.Fatal("a Config with the App and a static token was taken")
 	}
 }
+
+func TestConfigRefusesBadGitHubAPI(t *testing.T) {
+	t.Parallel()
+	for _, api := range []string{"api.github.com", "ftp://x", "https://"} {
+		c := Config{Region: "us", GitHubAPI: api}
+		if err := c.Defaults(); err == nil {
+			t.Errorf("GitHubAPI %q accepted", api)
+		}
+	}
+}

@@ -1,18 +1,14 @@
-package ingress
+package console
 
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	_ "embed"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"regexp"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +18,7 @@ import (
 	"assay.dev/pkg/host"
 	"assay.dev/pkg/store"
 	"assay.dev/services/ingress/internal/door"
+	"assay.dev/services/ingress/internal/page"
 )
 
 // Console is what GET /v1/console answers and every snapshot event of
@@ -172,7 +169,7 @@ const ConsoleRecent = 20
 var ConsoleStates = []string{store.ViewRunning, store.ViewAccepted, store.ViewNeedsReview, store.ViewRejected, store.ViewTerminal}
 
 // Snapshot reads the console's figures as v may see them.
-func (s *Service) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
+func (s *Room) Snapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
 	c := &Console{Scope: "cell", Region: s.Cfg.Region, Cell: s.Cfg.Names.Cell, WindowSeconds: int64(door.ViewWindow / time.Second),
 		Lanes: []ConsoleLane{}, Recent: []ConsoleOutcome{}, Spend: []ConsoleSpend{}, At: time.Now().UTC()}
 	tenant := ""
@@ -276,7 +273,7 @@ func (c *Console) publications(f store.ConsoleFigures) {
 // and within consumerInfoWait: a request the server refuses is dropped,
 // not answered. A durable that cannot be read (not created yet, or this
 // credential may not ask) says why instead.
-func (s *Service) consumerLag(ctx context.Context) []ConsoleConsumer {
+func (s *Room) consumerLag(ctx context.Context) []ConsoleConsumer {
 	ctx, cancel := context.WithTimeout(ctx, consumerInfoWait)
 	defer cancel()
 	durables := s.Cfg.Names.Durables()
@@ -302,7 +299,7 @@ func (s *Service) consumerLag(ctx context.Context) []ConsoleConsumer {
 // consumerInfoWait bounds the console's wait for the consumers' info.
 const consumerInfoWait = 2 * time.Second
 
-func (s *Service) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
+func (s *Room) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
 	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
@@ -319,7 +316,7 @@ func (s *Service) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
 
 // sharedSnapshot is Snapshot for a stream of v, from the scope's last
 // snapshot while it is fresh enough.
-func (s *Service) SharedSnapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
+func (s *Room) SharedSnapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
 	scope := ""
 	if v.Tenant != nil {
 		scope = v.Tenant.ID
@@ -358,7 +355,7 @@ const consoleHeartbeat = 15 * time.Second
 // The credential is checked again each time, so a revoked token's stream
 // ends with an error event. The stream ends when the client goes, or the
 // server drains.
-func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
+func (s *Room) consoleEvents(w http.ResponseWriter, r *http.Request) {
 	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
@@ -388,7 +385,7 @@ func (s *Service) consoleEvents(w http.ResponseWriter, r *http.Request) {
 // changed, looked for every ConsoleEvery with the credential checked
 // again, and a heartbeat comment when nothing changed for a while, until
 // the client goes, the server drains or the credential no longer holds.
-func (s *Service) followConsole(ctx context.Context, r *http.Request, cs *consoleStream) {
+func (s *Room) followConsole(ctx context.Context, r *http.Request, cs *consoleStream) {
 	tick := time.NewTicker(s.Cfg.ConsoleEvery)
 	defer tick.Stop()
 	quiet := time.Now()
@@ -483,63 +480,11 @@ func figures(c *Console) []byte {
 	return b
 }
 
-//go:embed console.html
-var consoleSource []byte
-
-//go:embed console_shared.js
-var consoleSharedJS []byte
-
-// consoleHTML is the console as served: its page with the script every
-// console page shares.
-var consoleHTML = withSharedScript(consoleSource)
-
-// withSharedScript puts the script every console page shares
-// (console_shared.js) into page's own, where its marker stands.
-func withSharedScript(page []byte) []byte {
-	const marker = "  /* the console's shared script (console_shared.js) is put here when the page is served */\n"
-	if !bytes.Contains(page, []byte(marker)) {
-		panic("ingress: a console page has no place for the shared script")
-	}
-	return bytes.Replace(page, []byte(marker), consoleSharedJS, 1)
-}
-
-var consoleCSP = pageCSP(consoleHTML)
-
-// pageCSP allows a page nothing but itself: its one inline script and
-// one inline style, by hash, and requests to its own origin.
-func pageCSP(page []byte) string {
-	csp := "default-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-	for _, k := range []struct{ directive, tag string }{{"script-src", "script"}, {"style-src", "style"}} {
-		m := regexp.MustCompile(`(?s)<` + k.tag + `>(.*?)</` + k.tag + `>`).FindSubmatch(page)
-		if m == nil {
-			panic("ingress: a console page has no inline " + k.tag)
-		}
-		sum := sha256.Sum256(m[1])
-		csp += "; " + k.directive + " 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
-	}
-	return csp
-}
-
 // consolePage serves the console: one page, no resources from anywhere.
 // It holds no figures itself and needs no credential; its script asks for
 // a token and reads /v1/console/events with it.
-func (s *Service) consolePage(w http.ResponseWriter, r *http.Request) {
-	servePage(w, r, consoleHTML, consoleCSP)
-}
-
-// servePage answers with one of the console's pages and its policy.
-func servePage(w http.ResponseWriter, r *http.Request, page []byte, csp string) {
-	h := w.Header()
-	h.Set("Content-Type", "text/html; charset=utf-8")
-	h.Set("Content-Security-Policy", csp)
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
-	h.Set("Cache-Control", "no-store")
-	h.Set("Content-Length", strconv.Itoa(len(page)))
-	w.WriteHeader(http.StatusOK)
-	if !strings.EqualFold(r.Method, http.MethodHead) {
-		_, _ = w.Write(page)
-	}
+func (s *Room) consolePage(w http.ResponseWriter, r *http.Request) {
+	page.Console.Serve(w, r)
 }
 
 // consoleShared is the last snapshot read per scope (the cell, or one

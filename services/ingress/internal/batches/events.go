@@ -1,4 +1,4 @@
-package ingress
+package batches
 
 import (
 	"context"
@@ -15,11 +15,13 @@ import (
 	"strings"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/host"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/story"
 	"assay.dev/services/ingress/internal/door"
 )
 
@@ -173,14 +175,14 @@ func (h workHistory) over() bool {
 func workEvents(mark *workMark, h workHistory) ([]sseEvent, *workMark) {
 	var out []sseEvent
 	w := h.Work
-	emit := func(m *workMark, name string, data WorkEvent) {
+	emit := func(m *workMark, name string, data api.WorkEvent) {
 		data.WorkID = w.ID
 		out = append(out, sseEvent{ID: m.String(), Name: name, Data: data})
 	}
 	if mark == nil {
 		mark = &workMark{finished: map[int]bool{}}
 		at := w.CreatedAt
-		emit(mark, outcome.Queued, WorkEvent{State: outcome.Queued, At: &at})
+		emit(mark, outcome.Queued, api.WorkEvent{State: outcome.Queued, At: &at})
 	}
 	m := mark.clone()
 	for _, a := range h.Attempts {
@@ -188,18 +190,18 @@ func workEvents(mark *workMark, h workHistory) ([]sseEvent, *workMark) {
 			// Starts are delivered in number order; numbers have no holes.
 			m.started = a.Number
 			at := a.StartedAt
-			emit(m, outcome.Running, WorkEvent{State: outcome.Running, Attempt: a.Number, AttemptID: a.ID, At: &at})
+			emit(m, outcome.Running, api.WorkEvent{State: outcome.Running, Attempt: a.Number, AttemptID: a.ID, At: &at})
 		}
 		if a.Outcome != outcome.Running && !m.finished[a.Number] && a.Number <= maxMarkedAttempts {
 			m.finished[a.Number] = true
-			emit(m, "attempt", WorkEvent{Attempt: a.Number, AttemptID: a.ID, Outcome: a.Outcome, Reason: a.Reason, At: a.FinishedAt})
+			emit(m, "attempt", api.WorkEvent{Attempt: a.Number, AttemptID: a.ID, Outcome: a.Outcome, Reason: a.Reason, At: a.FinishedAt})
 		}
 	}
 	if w.Terminal() {
 		if key := endingKey(w); m.ending != key || m.requeued {
 			m.ending, m.requeued = key, false
 			at := w.UpdatedAt
-			ev := WorkEvent{State: w.State, Outcome: w.State, Reason: w.Reason, At: &at}
+			ev := api.WorkEvent{State: w.State, Outcome: w.State, Reason: w.Reason, At: &at}
 			if h.Result != nil {
 				ev.Output = h.Result.Output
 			}
@@ -208,18 +210,18 @@ func workEvents(mark *workMark, h workHistory) ([]sseEvent, *workMark) {
 	} else if m.ending != "" && !m.requeued {
 		m.requeued = true
 		at := w.UpdatedAt
-		emit(m, outcome.Queued, WorkEvent{State: w.State, Reason: "queued again after its outcome", At: &at})
+		emit(m, outcome.Queued, api.WorkEvent{State: w.State, Reason: "queued again after its outcome", At: &at})
 	}
 	if v := h.Review; v != nil {
 		if m.review < 1 {
 			m.review = 1
 			at := v.CreatedAt
-			emit(m, "review", WorkEvent{ReviewID: reviewID(v), Reason: v.Reason, At: &at})
+			emit(m, "review", api.WorkEvent{ReviewID: story.ReviewID(v), Reason: v.Reason, At: &at})
 		}
 		if v.State == store.ReviewResolved && m.review < 2 {
 			m.review = 2
 			at := v.ResolvedAt
-			emit(m, "resolved", WorkEvent{ReviewID: reviewID(v), Verdict: v.Verdict, By: v.ResolvedBy, At: &at})
+			emit(m, "resolved", api.WorkEvent{ReviewID: story.ReviewID(v), Verdict: v.Verdict, By: v.ResolvedBy, At: &at})
 		}
 	}
 	return out, m
@@ -227,7 +229,7 @@ func workEvents(mark *workMark, h workHistory) ([]sseEvent, *workMark) {
 
 // readHistory reads what the rows tell of one work item now, from one
 // snapshot.
-func (s *Service) ReadHistory(ctx context.Context, id string) (workHistory, error) {
+func (s *Room) ReadHistory(ctx context.Context, id string) (workHistory, error) {
 	h, err := s.D.Store.WorkHistory(ctx, id)
 	if err != nil {
 		return workHistory{}, err
@@ -250,7 +252,7 @@ type stream struct {
 
 // open takes a stream slot for the tenant and starts the answer, or writes
 // the refusal.
-func (s *Service) openStream(w http.ResponseWriter, t store.Tenant) (*stream, func(), bool) {
+func (s *Room) openStream(w http.ResponseWriter, t store.Tenant) (*stream, func(), bool) {
 	release, ok := s.EventStreams.Take(t.ID, s.Cfg.EventStreams)
 	if !ok {
 		door.RetryLater(w, "too_many_streams",
@@ -298,7 +300,7 @@ func (st *stream) send(ev sseEvent) bool {
 // over: the client went, the server drains, or the credential no longer
 // holds (a suspension, a revocation), which is told in a final event
 // named closed.
-func (s *Service) wait(ctx context.Context, r *http.Request, st *stream) bool {
+func (s *Room) wait(ctx context.Context, r *http.Request, st *stream) bool {
 	select {
 	case <-ctx.Done():
 		return false
@@ -329,7 +331,7 @@ func (s *Service) wait(ctx context.Context, r *http.Request, st *stream) bool {
 
 // workEventStream serves GET /v1/work/{id}/events. The stream only reads:
 // a client that goes away cancels nothing.
-func (s *Service) workEventStream(w http.ResponseWriter, r *http.Request) {
+func (s *Room) workEventStream(w http.ResponseWriter, r *http.Request) {
 	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return
@@ -455,14 +457,14 @@ func parseBatchMark(id string, total int) (*batchMark, error) {
 // canceled and complete. items are every item of the batch in item order.
 func batchEvents(mark *batchMark, b *store.Batch, items []store.BatchItem) ([]sseEvent, *batchMark) {
 	var out []sseEvent
-	emit := func(m *batchMark, name string, data BatchEvent) {
+	emit := func(m *batchMark, name string, data api.BatchEvent) {
 		data.BatchID, data.Total, data.Ended = b.ID, b.ItemCount, m.count()
 		out = append(out, sseEvent{ID: m.String(), Name: name, Data: data})
 	}
 	if mark == nil {
 		mark = &batchMark{ended: make([]byte, (b.ItemCount+7)/8)}
 		at := b.CreatedAt
-		emit(mark, outcome.Queued, BatchEvent{At: &at})
+		emit(mark, outcome.Queued, api.BatchEvent{At: &at})
 	}
 	m := &batchMark{ended: slices.Clone(mark.ended), canceled: mark.canceled, complete: mark.complete}
 	for i, it := range items {
@@ -471,16 +473,16 @@ func batchEvents(mark *batchMark, b *store.Batch, items []store.BatchItem) ([]ss
 		}
 		m.ended[i/8] |= 1 << (i % 8)
 		at := it.UpdatedAt
-		emit(m, it.State, BatchEvent{ItemID: it.ItemID, WorkID: it.WorkID, Outcome: it.State, Reason: it.Reason, At: &at})
+		emit(m, it.State, api.BatchEvent{ItemID: it.ItemID, WorkID: it.WorkID, Outcome: it.State, Reason: it.Reason, At: &at})
 	}
 	if !b.CanceledAt.IsZero() && !m.canceled {
 		m.canceled = true
 		at := b.CanceledAt
-		emit(m, outcome.Canceled, BatchEvent{Reason: "the batch was canceled", At: &at})
+		emit(m, outcome.Canceled, api.BatchEvent{Reason: "the batch was canceled", At: &at})
 	}
 	if !m.complete && m.count() == b.ItemCount {
 		m.complete = true
-		emit(m, "complete", BatchEvent{})
+		emit(m, "complete", api.BatchEvent{})
 	}
 	return out, m
 }
@@ -504,7 +506,7 @@ func allItems(ctx context.Context, bs door.BatchStore, id string) ([]store.Batch
 
 // batchEventStream serves GET /v1/batches/{id}/events. It reads the items
 // again only when the batch's progress summary changed.
-func (s *Service) batchEventStream(w http.ResponseWriter, r *http.Request) {
+func (s *Room) batchEventStream(w http.ResponseWriter, r *http.Request) {
 	t, b, ok := s.tenantBatch(w, r)
 	if !ok {
 		return

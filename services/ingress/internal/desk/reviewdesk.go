@@ -1,4 +1,4 @@
-package ingress
+package desk
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/contract"
@@ -24,8 +25,10 @@ import (
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/story"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/ingress/internal/door"
+	"assay.dev/services/ingress/internal/page"
 	"assay.dev/services/ingress/internal/request"
 )
 
@@ -39,8 +42,8 @@ const ReviewHold = 15 * time.Minute
 // its work, the answer judged with each finding placed on the diff, and
 // every attempt's outcome and the gate's reason.
 type ReviewCase struct {
-	Review ReviewView `json:"review"`
-	Work   WorkRow    `json:"work"`
+	Review api.ReviewView `json:"review"`
+	Work   story.WorkRow  `json:"work"`
 	// Answer names the answer judged: "result" (an accepted one), "attempt
 	// N" (the last kept answer that is a JSON object), or "" for none.
 	Answer string `json:"answer"`
@@ -128,7 +131,7 @@ type DeskResolveRequest struct {
 // token of either role, who acts as that token's name and role via the
 // console. A tenant's token reads its tenant's queue but names nobody, so
 // it neither claims nor resolves from the console.
-func (s *Service) reviewer(w http.ResponseWriter, r *http.Request) (store.Actor, bool) {
+func (s *Room) reviewer(w http.ResponseWriter, r *http.Request) (store.Actor, bool) {
 	v, ok := s.Viewer(w, r)
 	if !ok {
 		return store.Actor{}, false
@@ -143,7 +146,7 @@ func (s *Service) reviewer(w http.ResponseWriter, r *http.Request) (store.Actor,
 
 // consoleReviews serves GET /v1/console/reviews: the review queue of the
 // token's tenant, or, for an operator, of the cell (tenant= narrows it).
-func (s *Service) consoleReviews(w http.ResponseWriter, r *http.Request) {
+func (s *Room) consoleReviews(w http.ResponseWriter, r *http.Request) {
 	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
@@ -166,7 +169,7 @@ func (s *Service) consoleReviews(w http.ResponseWriter, r *http.Request) {
 
 // consoleReview serves GET /v1/console/reviews/{id}: the item's case and
 // who holds it, if anyone. Reading an item never claims it.
-func (s *Service) consoleReview(w http.ResponseWriter, r *http.Request) {
+func (s *Room) consoleReview(w http.ResponseWriter, r *http.Request) {
 	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
@@ -183,7 +186,7 @@ func (s *Service) consoleReview(w http.ResponseWriter, r *http.Request) {
 // screen's Claim button: the person holds the open item for ReviewHold and
 // gets its case; the claim is recorded with the work's actions. Another
 // person's hold is 409 claimed, naming them.
-func (s *Service) consoleClaim(w http.ResponseWriter, r *http.Request) {
+func (s *Room) consoleClaim(w http.ResponseWriter, r *http.Request) {
 	by, ok := s.reviewer(w, r)
 	if !ok {
 		return
@@ -205,7 +208,7 @@ func (s *Service) consoleClaim(w http.ResponseWriter, r *http.Request) {
 
 // reviewPath reads the path's review id into its work's id, or writes the
 // 404.
-func (s *Service) reviewPath(w http.ResponseWriter, r *http.Request) (string, bool) {
+func (s *Room) reviewPath(w http.ResponseWriter, r *http.Request) (string, bool) {
 	workID, ok := parseReviewID(r.PathValue("id"))
 	if !ok {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this token")
@@ -214,7 +217,7 @@ func (s *Service) reviewPath(w http.ResponseWriter, r *http.Request) (string, bo
 }
 
 // writeCase answers with rv's case, or with why there is none.
-func (s *Service) writeCase(w http.ResponseWriter, r *http.Request, rv *store.Review, err error) {
+func (s *Room) writeCase(w http.ResponseWriter, r *http.Request, rv *store.Review, err error) {
 	if errors.Is(err, store.ErrNotFound) {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this token")
 		return
@@ -233,16 +236,16 @@ func (s *Service) writeCase(w http.ResponseWriter, r *http.Request, rv *store.Re
 }
 
 // readCase reads what a person judges rv by.
-func (s *Service) readCase(ctx context.Context, rv *store.Review) (*ReviewCase, error) {
+func (s *Room) readCase(ctx context.Context, rv *store.Review) (*ReviewCase, error) {
 	j, err := s.judge(ctx, rv.WorkID)
 	if err != nil {
 		return nil, err
 	}
 	wk := j.work
-	c := &ReviewCase{Review: reviewView(rv, time.Now()), Work: WorkRowOf(wk), Answer: j.name, Findings: []CaseFinding{},
+	c := &ReviewCase{Review: story.ReviewView(rv, time.Now()), Work: story.WorkRowOf(wk), Answer: j.name, Findings: []CaseFinding{},
 		Attempts: make([]CaseAttempt, 0, len(j.kept)), Output: rv.Output, Fixed: []string{}}
 	if j.contract != nil {
-		c.Schema, c.Fixed = j.contract.Schema, correlationFields(j.contract)
+		c.Schema, c.Fixed = j.contract.Schema, CorrelationFields(j.contract)
 	}
 	for _, a := range j.kept {
 		c.Attempts = append(c.Attempts, CaseAttempt{Number: a.Number, Outcome: a.Outcome, Reason: a.Reason})
@@ -282,7 +285,7 @@ type judgement struct {
 }
 
 // judge reads the judgement of work workID.
-func (s *Service) judge(ctx context.Context, workID string) (*judgement, error) {
+func (s *Room) judge(ctx context.Context, workID string) (*judgement, error) {
 	wk, err := s.D.Store.GetWork(ctx, workID)
 	if err != nil {
 		return nil, err
@@ -388,7 +391,7 @@ func placeFindings(answer []byte, d *diff.Diff) []CaseFinding {
 // resolves the item unless another person holds it. Approved and amended
 // publish the answer as the work's reviewed outcome, once, in the
 // resolution's own transaction; the answer must pass the contract's gate.
-func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
+func (s *Room) consoleResolve(w http.ResponseWriter, r *http.Request) {
 	by, ok := s.reviewer(w, r)
 	if !ok {
 		return
@@ -445,10 +448,10 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 		auth.Unavailable().Write(w)
 		return
 	}
-	telemetry.Decision(ctx, s.D.Log, rv.WorkID, "review_resolved", resolution(rv),
-		slog.String("tenant", rv.TenantID), slog.String("review", reviewID(rv)), slog.String("by", by.ID),
+	telemetry.Decision(ctx, s.D.Log, rv.WorkID, "review_resolved", story.Resolution(rv),
+		slog.String("tenant", rv.TenantID), slog.String("review", story.ReviewID(rv)), slog.String("by", by.ID),
 		slog.Bool("published", rv.Output != nil))
-	apierror.JSON(w, http.StatusOK, reviewView(rv, time.Now()))
+	apierror.JSON(w, http.StatusOK, story.ReviewView(rv, time.Now()))
 }
 
 // deskOutput is the answer an approved or amended resolution publishes:
@@ -456,7 +459,7 @@ func (s *Service) consoleResolve(w http.ResponseWriter, r *http.Request) {
 // set, says why it cannot be published (it fails the gate of the work's
 // contract version, naming the field to fix, or there is no answer to
 // approve).
-func (s *Service) deskOutput(ctx context.Context, workID string, req DeskResolveRequest) (json.RawMessage, string, error) {
+func (s *Room) deskOutput(ctx context.Context, workID string, req DeskResolveRequest) (json.RawMessage, string, error) {
 	j, err := s.judge(ctx, workID)
 	if err != nil {
 		return nil, "", err
@@ -513,9 +516,9 @@ func amendedAnswer(ct *contract.Contract, wk *store.Work, judged []byte, req Des
 	return out, ""
 }
 
-// correlationFields are the fields of ct's answers the cell fills in from
+// CorrelationFields are the fields of ct's answers the cell fills in from
 // the work: its id and the contract version's schema version.
-func correlationFields(ct *contract.Contract) []string {
+func CorrelationFields(ct *contract.Contract) []string {
 	out := []string{}
 	for _, f := range []string{ct.Correlation.WorkID, ct.Correlation.SchemaVersion} {
 		if f != "" {
@@ -575,7 +578,7 @@ func fieldToFix(ct *contract.Contract, answer []byte, fail *gate.Failure) string
 
 // announceReviewed gives the OUTCOME event that publishes a reviewed
 // item's answer; its id is the work's and "reviewed", so it is one.
-func (s *Service) announceReviewed(ctx context.Context) func(*store.Review) ([]store.OutboxMsg, error) {
+func (s *Room) announceReviewed(ctx context.Context) func(*store.Review) ([]store.OutboxMsg, error) {
 	return func(rv *store.Review) ([]store.OutboxMsg, error) {
 		id := event.OutcomeMsgID(rv.WorkID, outcome.Reviewed)
 		m, err := outbox.Msg(ctx, event.KindOutcome, s.Cfg.Names.Outcome(rv.TenantID), id, event.Outcome{OutcomeID: id,
@@ -587,15 +590,8 @@ func (s *Service) announceReviewed(ctx context.Context) func(*store.Review) ([]s
 	}
 }
 
-//go:embed console_review.html
-var consoleReviewSource []byte
-
-var consoleReviewHTML = withConsoleStyle(consoleReviewSource)
-
-var consoleReviewCSP = pageCSP(consoleReviewHTML)
-
 // consoleReviewPage serves the review screen: the queue, and the item
 // named by ?item= with its diff and findings.
-func (s *Service) consoleReviewPage(w http.ResponseWriter, r *http.Request) {
-	servePage(w, r, consoleReviewHTML, consoleReviewCSP)
+func (s *Room) consoleReviewPage(w http.ResponseWriter, r *http.Request) {
+	page.Review.Serve(w, r)
 }

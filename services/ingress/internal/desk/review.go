@@ -1,4 +1,4 @@
-package ingress
+package desk
 
 import (
 	"errors"
@@ -10,9 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/story"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
@@ -22,7 +24,7 @@ import (
 // lower-case hex digits, so no other spelling names the same item.
 func parseReviewID(s string) (workID string, ok bool) {
 	hex, found := strings.CutPrefix(s, "rv_")
-	return "w_" + hex, found && ValidWorkID("w_"+hex)
+	return "w_" + hex, found && api.ValidWorkID("w_"+hex)
 }
 
 // holder is who holds an item in a sentence: "reviewer ana".
@@ -32,7 +34,7 @@ func holder(v *store.Review) string {
 
 // listReviews serves GET /v1/reviews?state=&reason=&contract=&limit=&cursor=:
 // the tenant's review queue, oldest first, in pages.
-func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
+func (s *Room) listReviews(w http.ResponseWriter, r *http.Request) {
 	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return
@@ -47,7 +49,7 @@ func (s *Service) listReviews(w http.ResponseWriter, r *http.Request) {
 
 // reviewFilter reads a review listing's state, reason, contract, limit and
 // cursor, or writes the refusal.
-func (s *Service) reviewFilter(w http.ResponseWriter, q url.Values) (store.ReviewFilter, bool) {
+func (s *Room) reviewFilter(w http.ResponseWriter, q url.Values) (store.ReviewFilter, bool) {
 	f := store.ReviewFilter{State: q.Get("state"), Reason: q.Get("reason"), Contract: q.Get("contract"), Limit: 100}
 	switch {
 	case f.State != "" && !slices.Contains(store.ReviewStates, f.State):
@@ -66,7 +68,7 @@ func (s *Service) reviewFilter(w http.ResponseWriter, q url.Values) (store.Revie
 }
 
 // writeReviews answers with the page of review items f selects.
-func (s *Service) writeReviews(w http.ResponseWriter, r *http.Request, f store.ReviewFilter) {
+func (s *Room) writeReviews(w http.ResponseWriter, r *http.Request, f store.ReviewFilter) {
 	vs, err := s.D.Store.ListReviews(r.Context(), f)
 	if err != nil {
 		s.D.Log.Error("list reviews failed", "tenant", f.Tenant, "err", err)
@@ -74,9 +76,9 @@ func (s *Service) writeReviews(w http.ResponseWriter, r *http.Request, f store.R
 		return
 	}
 	now := time.Now()
-	out := ReviewList{Items: make([]ReviewView, 0, len(vs))}
+	out := api.ReviewList{Items: make([]api.ReviewView, 0, len(vs))}
 	for _, v := range vs {
-		out.Items = append(out.Items, reviewView(v, now))
+		out.Items = append(out.Items, story.ReviewView(v, now))
 	}
 	if len(vs) == f.Limit {
 		out.Next = store.ReviewCursor(vs[len(vs)-1])
@@ -87,7 +89,7 @@ func (s *Service) writeReviews(w http.ResponseWriter, r *http.Request, f store.R
 // resolveReview serves POST /v1/reviews/{id}/resolve: the token's tenant
 // resolves its item, recorded as resolved by tenant <id> via the API.
 // Resolving an item resolved already is 409 and names who resolved it.
-func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
+func (s *Room) resolveReview(w http.ResponseWriter, r *http.Request) {
 	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return
@@ -97,7 +99,7 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no review item with that id for this tenant")
 		return
 	}
-	var req ResolveRequest
+	var req api.ResolveRequest
 	if refused, _ := request.DecodeBody(w, r, 64<<10, &req); refused != nil {
 		refused.Write(w)
 		return
@@ -129,9 +131,9 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 		auth.Unavailable().Write(w)
 		return
 	}
-	telemetry.Decision(r.Context(), s.D.Log, v.WorkID, "review_resolved", resolution(v),
-		slog.String("tenant", t.ID), slog.String("review", reviewID(v)))
-	apierror.JSON(w, http.StatusOK, reviewView(v, time.Now()))
+	telemetry.Decision(r.Context(), s.D.Log, v.WorkID, "review_resolved", story.Resolution(v),
+		slog.String("tenant", t.ID), slog.String("review", story.ReviewID(v)))
+	apierror.JSON(w, http.StatusOK, story.ReviewView(v, time.Now()))
 }
 
 // reviewConflict writes the 409 of an item resolved already
@@ -139,12 +141,12 @@ func (s *Service) resolveReview(w http.ResponseWriter, r *http.Request) {
 func reviewConflict(w http.ResponseWriter, v *store.Review, err error) {
 	if errors.Is(err, store.ErrResolved) {
 		apierror.Write(w, http.StatusConflict, "already_resolved",
-			fmt.Sprintf("review %s was resolved already (%s at %s); it is not resolved again", reviewID(v),
-				resolution(v), v.ResolvedAt.UTC().Format(time.RFC3339)))
+			fmt.Sprintf("review %s was resolved already (%s at %s); it is not resolved again", story.ReviewID(v),
+				story.Resolution(v), v.ResolvedAt.UTC().Format(time.RFC3339)))
 		return
 	}
 	apierror.Write(w, http.StatusConflict, "claimed",
-		fmt.Sprintf("review %s is held by %s from the console until %s; it can be taken once that has passed", reviewID(v),
+		fmt.Sprintf("review %s is held by %s from the console until %s; it can be taken once that has passed", story.ReviewID(v),
 			holder(v), v.ClaimedUntil.UTC().Format(time.RFC3339)))
 }
 
@@ -159,7 +161,7 @@ type ViewCounts struct {
 }
 
 // views serves GET /v1/views?window=24h.
-func (s *Service) views(w http.ResponseWriter, r *http.Request) {
+func (s *Room) views(w http.ResponseWriter, r *http.Request) {
 	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return

@@ -1,4 +1,4 @@
-package ingress
+package batches
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
 )
@@ -13,9 +14,9 @@ import (
 // fact names what one event tells, so two deliveries can be compared.
 func fact(ev sseEvent) string {
 	switch d := ev.Data.(type) {
-	case WorkEvent:
+	case api.WorkEvent:
 		return fmt.Sprintf("%s/%d/%s", ev.Name, d.Attempt, d.Outcome)
-	case BatchEvent:
+	case api.BatchEvent:
 		return ev.Name + "/" + d.ItemID
 	}
 	return ev.Name
@@ -188,7 +189,7 @@ func TestBatchEventsResume(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Errorf("resumed at %d: %v, want %v", k, got, want)
 		}
-		if d := ev.Data.(BatchEvent); k > 0 && d.Ended != m.count() {
+		if d := ev.Data.(api.BatchEvent); k > 0 && d.Ended != m.count() {
 			t.Errorf("event %d says %d ended, its id %d", k, d.Ended, m.count())
 		}
 	}

@@ -1,4 +1,4 @@
-package ingress
+package workapi
 
 import (
 	"net/http"
@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/event"
@@ -17,7 +18,7 @@ import (
 
 // list serves GET /v1/work?state=&lane=&since=&limit=&cursor=: the
 // token's tenant's work, filtered, in pages.
-func (s *Service) list(w http.ResponseWriter, r *http.Request) {
+func (s *Room) list(w http.ResponseWriter, r *http.Request) {
 	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return
@@ -33,7 +34,7 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request) {
 // consoleFind serves GET /v1/console/work: the console's search, by
 // source id, tenant, state, lane and time. An operator's token searches
 // the cell's work, a tenant's its own alone.
-func (s *Service) consoleFind(w http.ResponseWriter, r *http.Request) {
+func (s *Room) consoleFind(w http.ResponseWriter, r *http.Request) {
 	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
@@ -97,18 +98,18 @@ func queryTime(w http.ResponseWriter, q url.Values, name string, at *time.Time) 
 }
 
 // writeWorkList answers with the page of work f selects.
-func (s *Service) writeWorkList(w http.ResponseWriter, r *http.Request, f store.WorkFilter) {
+func (s *Room) writeWorkList(w http.ResponseWriter, r *http.Request, f store.WorkFilter) {
 	ws, err := s.D.Store.ListWork(r.Context(), f)
 	if err != nil {
 		s.D.Log.Error("list work failed", "tenant", f.Tenant, "err", err)
 		auth.Unavailable().Write(w)
 		return
 	}
-	out := WorkList{Items: make([]WorkSummary, 0, len(ws))}
+	out := api.WorkList{Items: make([]api.WorkSummary, 0, len(ws))}
 	for _, wk := range ws {
-		v := WorkSummary{WorkID: wk.ID, TenantID: wk.TenantID, Contract: wk.Contract, SourceID: wk.SourceID, Revision: wk.Revision,
+		v := api.WorkSummary{WorkID: wk.ID, TenantID: wk.TenantID, Contract: wk.Contract, SourceID: wk.SourceID, Revision: wk.Revision,
 			Lane: wk.Lane, State: wk.State, Reason: wk.Reason, Attempts: wk.Attempts, DeadlineAt: wk.DeadlineAt,
-			CreatedAt: wk.CreatedAt, UpdatedAt: wk.UpdatedAt, Links: Links{Self: "/v1/work/" + wk.ID}}
+			CreatedAt: wk.CreatedAt, UpdatedAt: wk.UpdatedAt, Links: api.Links{Self: "/v1/work/" + wk.ID}}
 		if wk.Terminal() {
 			o := wk.State
 			v.Outcome = &o

@@ -1,4 +1,4 @@
-package ingress
+package webhook
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 // diffInstallation is the App installation that reads a delivery's pull
 // request: the one that delivered it, when the App signed the delivery, or
 // else the one its tenant linked for the repository; 0 without an App.
-func (s *Service) diffInstallation(ctx context.Context, d *delivery) (int64, error) {
+func (s *Room) diffInstallation(ctx context.Context, d *delivery) (int64, error) {
 	if d.pr.Installation != nil && d.by.app {
 		return d.pr.Installation.ID, nil
 	}

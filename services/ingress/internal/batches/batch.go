@@ -1,4 +1,4 @@
-package ingress
+package batches
 
 import (
 	"bytes"
@@ -41,13 +41,13 @@ const (
 	batchNamed = 1000
 )
 
-func batchLinks(id string) BatchLinks {
+func batchLinks(id string) api.BatchLinks {
 	p := "/v1/batches/" + id
-	return BatchLinks{Self: p, Results: p + "/results", Events: p + "/events", Cancel: p + "/cancel"}
+	return api.BatchLinks{Self: p, Results: p + "/results", Events: p + "/events", Cancel: p + "/cancel"}
 }
 
-func itemView(it store.BatchItem) BatchItemView {
-	v := BatchItemView{ItemID: it.ItemID, WorkID: it.WorkID, State: it.State, Reason: it.Reason, Output: it.Output}
+func itemView(it store.BatchItem) api.BatchItemView {
+	v := api.BatchItemView{ItemID: it.ItemID, WorkID: it.WorkID, State: it.State, Reason: it.Reason, Output: it.Output}
 	if outcome.IsTerminal(it.State) {
 		o := it.State
 		v.Outcome = &o
@@ -64,7 +64,7 @@ var (
 // through the ingress fence, and the manifest names each by its item id,
 // all in one transaction. The batch takes one token of the tenant's batch
 // lane bucket.
-func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
+func (s *Room) submitBatch(w http.ResponseWriter, r *http.Request) {
 	ctx, span := s.D.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.batch")
 	defer span.End()
 	t, ok := s.Authenticate(w, r)
@@ -104,7 +104,7 @@ func (s *Service) submitBatch(w http.ResponseWriter, r *http.Request) {
 	if s.insertRefused(w, err, b.ID, req.BatchKey) {
 		return
 	}
-	resp := BatchResponse{BatchID: got.ID, Contract: got.Contract, Total: got.ItemCount, Duplicate: !created,
+	resp := api.BatchResponse{BatchID: got.ID, Contract: got.Contract, Total: got.ItemCount, Duplicate: !created,
 		Region: s.Cfg.Region, Links: batchLinks(got.ID)}
 	if !created {
 		telemetry.Decision(ctx, s.D.Log, got.ID, "duplicate", "batch key already accepted", slog.String("tenant", t.ID))
@@ -128,7 +128,7 @@ func batchDeadline(now time.Time, seconds int, lane time.Duration) time.Time {
 
 // batchEntries are the manifest's entries of a batch's items, each with
 // the batch-lane work it is to become.
-func (s *Service) batchEntries(ctx context.Context, t store.Tenant, c *contract.Contract, items []BatchItemRequest,
+func (s *Room) batchEntries(ctx context.Context, t store.Tenant, c *contract.Contract, items []api.BatchItemRequest,
 	deadline time.Time) []*store.BatchEntry {
 	entries := make([]*store.BatchEntry, len(items))
 	for i, it := range items {
@@ -140,7 +140,7 @@ func (s *Service) batchEntries(ctx context.Context, t store.Tenant, c *contract.
 
 // insertRefused answers a batch the database did not store (err), and
 // is false when it was stored.
-func (s *Service) insertRefused(w http.ResponseWriter, err error, id, key string) bool {
+func (s *Room) insertRefused(w http.ResponseWriter, err error, id, key string) bool {
 	switch {
 	case errors.Is(err, store.ErrBatchConflict):
 		apierror.Write(w, http.StatusConflict, "batch_key_reused",
@@ -161,7 +161,7 @@ func (s *Service) insertRefused(w http.ResponseWriter, err error, id, key string
 // batchQueued follows a new batch's entries: it starts the shadows of the
 // work they created, logs each new item's decision, and is the items of
 // the answer.
-func (s *Service) batchQueued(ctx context.Context, t store.Tenant, batchID string, entries []*store.BatchEntry) []BatchItemWork {
+func (s *Room) batchQueued(ctx context.Context, t store.Tenant, batchID string, entries []*store.BatchEntry) []api.BatchItemWork {
 	var made []*store.Work
 	for _, e := range entries {
 		if e.Created {
@@ -169,9 +169,9 @@ func (s *Service) batchQueued(ctx context.Context, t store.Tenant, batchID strin
 		}
 	}
 	s.GoShadow(ctx, made...)
-	var items []BatchItemWork
+	var items []api.BatchItemWork
 	for _, e := range entries {
-		items = append(items, BatchItemWork{ItemID: e.ItemID, WorkID: e.Got.ID, State: e.Got.State, Existing: !e.Created})
+		items = append(items, api.BatchItemWork{ItemID: e.ItemID, WorkID: e.Got.ID, State: e.Got.State, Existing: !e.Created})
 		if e.Created {
 			s.LogSuperseded(ctx, e.Got)
 			telemetry.Decision(ctx, s.D.Log, e.Got.ID, outcome.Queued, "new ingress key in batch "+batchID,
@@ -183,7 +183,7 @@ func (s *Service) batchQueued(ctx context.Context, t store.Tenant, batchID strin
 
 // newBatchBacklog is the backlog rule for a batch of n items; a batch
 // asked for again (known) adds nothing.
-func (s *Service) newBatchBacklog(ctx context.Context, t store.Tenant, known bool, n int) *shed.Refusal {
+func (s *Room) newBatchBacklog(ctx context.Context, t store.Tenant, known bool, n int) *shed.Refusal {
 	if known {
 		return nil
 	}
@@ -206,7 +206,7 @@ func batchID(tenant, key string) string {
 }
 
 // itemsDigest tells a retry of a request from other items under one key.
-func itemsDigest(req BatchRequest) string {
+func itemsDigest(req api.BatchRequest) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%d\x00", req.Contract, req.DeadlineSeconds)
 	for _, it := range req.Items {
@@ -217,9 +217,9 @@ func itemsDigest(req BatchRequest) string {
 
 // decodeBatch reads a batch strictly and validates every item; the first
 // refusal says which item and why. Nothing of a refused batch is stored.
-func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequest, *contract.Contract, *apierror.Error) {
-	var req BatchRequest
-	bad := func(code, msg string) (BatchRequest, *contract.Contract, *apierror.Error) {
+func (s *Room) decodeBatch(w http.ResponseWriter, r *http.Request) (api.BatchRequest, *contract.Contract, *apierror.Error) {
+	var req api.BatchRequest
+	bad := func(code, msg string) (api.BatchRequest, *contract.Contract, *apierror.Error) {
 		return req, nil, apierror.New(http.StatusBadRequest, code, msg)
 	}
 	if refused, err := request.DecodeBody(w, r, maxBatchBody, &req); refused != nil {
@@ -263,13 +263,13 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 		}
 		if refused := s.DiffSize(c, it.Input); refused != nil {
 			refused.Message = at + ": " + refused.Message
-			return BatchRequest{}, nil, refused
+			return api.BatchRequest{}, nil, refused
 		}
 		if it.SourceID == "" {
 			it.SourceID = it.ItemID
 		}
 		if it.Revision == "" {
-			it.Revision = "in-" + strings.TrimPrefix(Digest(request.Compact(it.Input)), "sha256:")[:16]
+			it.Revision = "in-" + strings.TrimPrefix(api.Digest(request.Compact(it.Input)), "sha256:")[:16]
 		}
 		switch {
 		case !door.SourceRE.MatchString(it.SourceID):
@@ -289,7 +289,7 @@ func (s *Service) decodeBatch(w http.ResponseWriter, r *http.Request) (BatchRequ
 
 // tenantBatch authenticates the caller and reads its batch named in the
 // path, or writes the refusal. Another tenant's batch is no batch.
-func (s *Service) tenantBatch(w http.ResponseWriter, r *http.Request) (store.Tenant, *store.Batch, bool) {
+func (s *Room) tenantBatch(w http.ResponseWriter, r *http.Request) (store.Tenant, *store.Batch, bool) {
 	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return t, nil, false
@@ -312,7 +312,7 @@ func (s *Service) tenantBatch(w http.ResponseWriter, r *http.Request) (store.Ten
 	return t, b, true
 }
 
-func (s *Service) getBatch(w http.ResponseWriter, r *http.Request) {
+func (s *Room) getBatch(w http.ResponseWriter, r *http.Request) {
 	_, b, ok := s.tenantBatch(w, r)
 	if !ok {
 		return
@@ -328,13 +328,13 @@ func (s *Service) getBatch(w http.ResponseWriter, r *http.Request) {
 
 // batchView counts a batch's items per state and names those without a
 // result, from one snapshot.
-func batchView(ctx context.Context, bs door.BatchStore, b *store.Batch) (*BatchView, error) {
+func batchView(ctx context.Context, bs door.BatchStore, b *store.Batch) (*api.BatchView, error) {
 	o, err := bs.BatchOverview(ctx, b.ID, batchNamed)
 	if err != nil {
 		return nil, err
 	}
-	v := &BatchView{BatchID: b.ID, Contract: b.Contract, Total: b.ItemCount, Counts: map[string]int{},
-		DeadlineAt: b.DeadlineAt, CreatedAt: b.CreatedAt, FailedItems: []BatchItemView{}, PendingItems: []BatchItemView{},
+	v := &api.BatchView{BatchID: b.ID, Contract: b.Contract, Total: b.ItemCount, Counts: map[string]int{},
+		DeadlineAt: b.DeadlineAt, CreatedAt: b.CreatedAt, FailedItems: []api.BatchItemView{}, PendingItems: []api.BatchItemView{},
 		Links: batchLinks(b.ID)}
 	for _, st := range outcome.WorkStates {
 		v.Counts[st] = o.Counts[st]
@@ -362,7 +362,7 @@ func batchView(ctx context.Context, bs door.BatchStore, b *store.Batch) (*BatchV
 	}
 	for _, l := range []struct {
 		from []store.BatchItem
-		to   *[]BatchItemView
+		to   *[]api.BatchItemView
 	}{{o.Failed, &v.FailedItems}, {o.Pending, &v.PendingItems}} {
 		if len(l.from) > batchNamed {
 			l.from, v.Truncated = l.from[:batchNamed], true
@@ -378,7 +378,7 @@ func batchView(ctx context.Context, bs door.BatchStore, b *store.Batch) (*BatchV
 // item, in item id order (bytewise), with the accepted output or the
 // outcome and reason; items with no outcome yet say their state. It is
 // read and written a page at a time.
-func (s *Service) batchResults(w http.ResponseWriter, r *http.Request) {
+func (s *Room) batchResults(w http.ResponseWriter, r *http.Request) {
 	_, b, ok := s.tenantBatch(w, r)
 	if !ok {
 		return
@@ -427,7 +427,7 @@ func (s *Service) batchResults(w http.ResponseWriter, r *http.Request) {
 // /v1/batches/{id}): the batch's items that have no outcome yet end
 // canceled, and running model calls are told to stop. Canceling again is
 // harmless and answers the batch as it stands.
-func (s *Service) cancelBatch(w http.ResponseWriter, r *http.Request) {
+func (s *Room) cancelBatch(w http.ResponseWriter, r *http.Request) {
 	t, b, ok := s.tenantBatch(w, r)
 	if !ok {
 		return

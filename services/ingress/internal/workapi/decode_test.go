@@ -1,18 +1,16 @@
-package ingress
+package workapi
 
 import (
+	"assay.dev/pkg/api"
 	"bytes"
 	"encoding/json"
-	"regexp"
 	"strings"
 	"testing"
 )
 
-const validSubmit = `{"contract":"pr-review","sourceId":"octo/repo#12","revision":"abc123","lane":"interactive","input":{"diff":"x"},"deadlineSeconds":30}`
-
 func TestDecodeSubmitAccepts(t *testing.T) {
 	t.Parallel()
-	var req SubmitRequest
+	var req api.SubmitRequest
 	if err := DecodeSubmit([]byte(validSubmit), &req); err != nil {
 		t.Fatalf("decode: %v", err)
 	}
@@ -21,7 +19,7 @@ func TestDecodeSubmitAccepts(t *testing.T) {
 		t.Fatalf("decoded %+v", req)
 	}
 	for _, body := range []string{validSubmit + "\n", " \t" + validSubmit + " \r\n", `{"contract":"c"}`, `{}`} {
-		var r SubmitRequest
+		var r api.SubmitRequest
 		if err := DecodeSubmit([]byte(body), &r); err != nil {
 			t.Errorf("decode %q: %v", body, err)
 		}
@@ -53,7 +51,7 @@ func TestDecodeSubmitRefuses(t *testing.T) {
 		"bad utf8 in trailing": validSubmit + "\xff",
 	}
 	for name, body := range cases {
-		var req SubmitRequest
+		var req api.SubmitRequest
 		if err := DecodeSubmit([]byte(body), &req); err == nil {
 			t.Errorf("%s: accepted %q as %+v", name, body, req)
 		}
@@ -66,7 +64,7 @@ func FuzzDecodeSubmit(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		var req SubmitRequest
+		var req api.SubmitRequest
 		if err := DecodeSubmit(body, &req); err != nil {
 			return
 		}
@@ -113,59 +111,4 @@ func strs(v any) []string {
 	return nil
 }
 
-var workIDRE = regexp.MustCompile(`^w_[0-9a-f]{24}$`)
-
-func TestWorkID(t *testing.T) {
-	t.Parallel()
-	base := WorkID("acme", "pr-review", "octo/repo#1", "abc")
-	if !workIDRE.MatchString(base) {
-		t.Fatalf("WorkID = %q, want w_ and 24 hex digits", base)
-	}
-	if again := WorkID("acme", "pr-review", "octo/repo#1", "abc"); again != base {
-		t.Fatalf("WorkID not deterministic: %q then %q", base, again)
-	}
-	differ := [][4]string{
-		{"acme2", "pr-review", "octo/repo#1", "abc"},
-		{"acme", "pr-review2", "octo/repo#1", "abc"},
-		{"acme", "pr-review", "octo/repo#2", "abc"},
-		{"acme", "pr-review", "octo/repo#1", "abd"},
-		{"", "pr-review", "octo/repo#1", "abc"},
-		{"acme", "pr-review", "octo/repo#1", ""},
-	}
-	for _, k := range differ {
-		if id := WorkID(k[0], k[1], k[2], k[3]); id == base {
-			t.Errorf("WorkID%q = %q, same as the base key", k, id)
-		}
-	}
-	// Moving bytes across a part boundary must change the id.
-	pairs := [][2][4]string{
-		{{"a", "bc", "s", "r"}, {"ab", "c", "s", "r"}},
-		{{"t", "c", "s1", "2"}, {"t", "c", "s", "12"}},
-		{{"t", "cs", "", "r"}, {"t", "c", "s", "r"}},
-		{{"", "", "", "x"}, {"x", "", "", ""}},
-		{{"t", "c", "s", "r"}, {"t\x00c", "s", "r", ""}},
-		{{"", "", "", ""}, {"", "", "", "\x00"}},
-	}
-	for _, p := range pairs {
-		a, b := p[0], p[1]
-		if WorkID(a[0], a[1], a[2], a[3]) == WorkID(b[0], b[1], b[2], b[3]) {
-			t.Errorf("WorkID%q == WorkID%q", a, b)
-		}
-	}
-}
-
-func TestDigest(t *testing.T) {
-	t.Parallel()
-	got := Digest([]byte("abc"))
-	const want = "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-	if got != want {
-		t.Fatalf("Digest(abc) = %q, want %q", got, want)
-	}
-	empty := Digest(nil)
-	if empty != "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" {
-		t.Fatalf("Digest(nil) = %q", empty)
-	}
-	if !regexp.MustCompile(`^sha256:[0-9a-f]{64}$`).MatchString(Digest([]byte(validSubmit))) {
-		t.Fatalf("Digest format: %q", Digest([]byte(validSubmit)))
-	}
-}
+const validSubmit = `{"contract":"pr-review","sourceId":"octo/repo#12","revision":"abc123","lane":"interactive","input":{"diff":"x"},"deadlineSeconds":30}`

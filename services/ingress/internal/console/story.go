@@ -1,31 +1,32 @@
-package ingress
+package console
 
 import (
-	"bytes"
 	_ "embed"
 	"errors"
 	"net/http"
-	"regexp"
 	"time"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/story"
 	"assay.dev/services/ingress/internal/door"
+	"assay.dev/services/ingress/internal/page"
 	"assay.dev/services/ingress/internal/request"
 )
 
 // consoleWork serves GET /v1/console/work/{id}: the work's story for the
 // console's work page. A tenant's token reads its own work, an operator's
 // any of the cell's; each answer is shown by its shape, never its words.
-func (s *Service) consoleWork(w http.ResponseWriter, r *http.Request) {
+func (s *Room) consoleWork(w http.ResponseWriter, r *http.Request) {
 	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
 	}
-	story, err := ReadStory(r.Context(), s.D.Store, r.PathValue("id"), AnswerShape)
+	story, err := story.Read(r.Context(), s.D.Store, r.PathValue("id"), story.AnswerShape)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && v.Operator == nil && story.Work.TenantID != v.Tenant.ID) {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no work with that id for this token")
 		return
@@ -39,37 +40,18 @@ func (s *Service) consoleWork(w http.ResponseWriter, r *http.Request) {
 	apierror.JSON(w, http.StatusOK, story)
 }
 
-//go:embed console_work.html
-var consoleWorkSource []byte
-
-var consoleWorkHTML = withConsoleStyle(consoleWorkSource)
-
-// withConsoleStyle is a console page with the console's own style rules
-// and the shared script in it, so the pages look and sign in alike from
-// one stylesheet and one script, and each still loads nothing.
-func withConsoleStyle(page []byte) []byte {
-	const marker = "/* the console's own rules (console.html) are put here when the page is served */\n"
-	m := regexp.MustCompile(`(?s)<style>(.*?)</style>`).FindSubmatch(consoleSource)
-	if m == nil || !bytes.Contains(page, []byte(marker)) {
-		panic("ingress: a console page or the console has no style to share")
-	}
-	return withSharedScript(bytes.Replace(page, []byte(marker), m[1], 1))
-}
-
-var consoleWorkCSP = pageCSP(consoleWorkHTML)
-
 // consoleWorkPage serves the work page: like the console, one page with
 // nothing in it but its script, which reads /v1/console/work/{id} with the
 // token the console keeps in the tab.
-func (s *Service) consoleWorkPage(w http.ResponseWriter, r *http.Request) {
-	servePage(w, r, consoleWorkHTML, consoleWorkCSP)
+func (s *Room) consoleWorkPage(w http.ResponseWriter, r *http.Request) {
+	page.Work.Serve(w, r)
 }
 
 // consoleAct serves POST /v1/console/work/{id}/actions: an operator (an
 // operator token of role operator) redrives, reruns or cancels a work item
 // from its page; the action is written with who asked, in its own
 // transaction.
-func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
+func (s *Room) consoleAct(w http.ResponseWriter, r *http.Request) {
 	v, ok := s.Viewer(w, r)
 	if !ok {
 		return
@@ -79,7 +61,7 @@ func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	var req ActionRequest
+	var req api.ActionRequest
 	if refused, _ := request.DecodeBody(w, r, 16<<10, &req); refused != nil {
 		refused.Write(w)
 		return
@@ -111,9 +93,9 @@ func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
 	var got *store.Work
 	switch req.Action {
 	case "redrive":
-		got, err = s.D.Store.RedriveWork(ctx, id, store.RedriveOptions{Deadline: deadline, Audit: audit}, Announce(ctx, s.Cfg.Names))
+		got, err = s.D.Store.RedriveWork(ctx, id, store.RedriveOptions{Deadline: deadline, Audit: audit}, outbox.Announce(ctx, s.Cfg.Names))
 	case "rerun":
-		got, err = s.D.Store.RerunAudited(ctx, id, deadline, Announce(ctx, s.Cfg.Names), audit)
+		got, err = s.D.Store.RerunAudited(ctx, id, deadline, outbox.Announce(ctx, s.Cfg.Names), audit)
 	default:
 		reason := "canceled from the console by " + v.Operator.Name
 		got, err = s.D.Store.CancelWork(ctx, id, reason, func(w *store.Work, running bool) ([]store.OutboxMsg, error) {
@@ -141,5 +123,5 @@ func (s *Service) consoleAct(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.D.Log.Info("console: work acted on", "key", id, "action", req.Action, "by", v.Operator.Name)
-	apierror.JSON(w, http.StatusOK, ActionResponse{WorkID: got.ID, Action: req.Action, State: got.State, By: v.Operator.Name})
+	apierror.JSON(w, http.StatusOK, api.ActionResponse{WorkID: got.ID, Action: req.Action, State: got.State, By: v.Operator.Name})
 }

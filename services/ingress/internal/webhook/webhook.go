@@ -1,4 +1,4 @@
-package ingress
+package webhook
 
 import (
 	"bytes"
@@ -173,7 +173,7 @@ func DeliveryKey(id string) string { return "delivery:" + telemetry.Opaque(id) }
 // (event, payload, action), route (tenant, admission to this cell, a
 // delivery already recorded) and store (the diff, the work, the answer).
 // Each stage that refuses answers with its error and the decision logged.
-func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
+func (s *Room) githubWebhook(w http.ResponseWriter, r *http.Request) {
 	ctx, span := s.D.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.webhook.github", trace.WithSpanKind(trace.SpanKindServer))
 	defer span.End()
 	d, refused := s.verifyDelivery(ctx, w, r)
@@ -211,7 +211,7 @@ func (s *Service) githubWebhook(w http.ResponseWriter, r *http.Request) {
 // is checked before a byte of the body is read, so a caller without a
 // credential is answered at once; then the body is read, within the size
 // and the server's read timeout, and its signature verified.
-func (s *Service) verifyDelivery(ctx context.Context, w http.ResponseWriter, r *http.Request) (*delivery, *apierror.Error) {
+func (s *Room) verifyDelivery(ctx context.Context, w http.ResponseWriter, r *http.Request) (*delivery, *apierror.Error) {
 	sig := r.Header.Get("X-Hub-Signature-256")
 	if !signatureRE.MatchString(sig) {
 		return nil, apierror.New(http.StatusUnauthorized, "invalid_signature", "X-Hub-Signature-256 must be sha256= and 64 hex digits")
@@ -250,8 +250,8 @@ func (s *Service) verifyDelivery(ctx context.Context, w http.ResponseWriter, r *
 // signedBy finds whose secret signed body: the cell's, else the secret of
 // the tenant the payload's repository is linked to. A zero signer is no
 // one's; an error is the database's.
-func (s *Service) signedBy(ctx context.Context, body []byte, sig string) (signer, error) {
-	if s.Cfg.GitHubSecret != "" && VerifySignature(s.Cfg.GitHubSecret, body, sig) {
+func (s *Room) signedBy(ctx context.Context, body []byte, sig string) (signer, error) {
+	if s.Cfg.GitHubSecret != "" && api.VerifySignature(s.Cfg.GitHubSecret, body, sig) {
 		return signer{app: true}, nil
 	}
 	// Only to find which secret to try: nothing else is read from a body
@@ -268,7 +268,7 @@ func (s *Service) signedBy(ctx context.Context, body []byte, sig string) (signer
 		return signer{}, nil
 	case err != nil:
 		return signer{}, err
-	case VerifySignature(secret, body, sig):
+	case api.VerifySignature(secret, body, sig):
 		return signer{tenant: tenant}, nil
 	}
 	return signer{}, nil
@@ -276,7 +276,7 @@ func (s *Service) signedBy(ctx context.Context, body []byte, sig string) (signer
 
 // parseDelivery reads the payload of a verified delivery. ignored, when
 // set, says why the delivery asks for no work.
-func (s *Service) parseDelivery(d *delivery) (ignored string, refused *apierror.Error) {
+func (s *Room) parseDelivery(d *delivery) (ignored string, refused *apierror.Error) {
 	if d.event != "pull_request" {
 		return fmt.Sprintf("event %s is not reviewed", d.event), nil
 	}
@@ -295,7 +295,7 @@ func (s *Service) parseDelivery(d *delivery) (ignored string, refused *apierror.
 // dup is the record of a delivery id already seen: a redelivery costs
 // neither a diff fetch nor a transaction (the store's transaction is still
 // the fence when copies race).
-func (s *Service) routeDelivery(ctx context.Context, d *delivery) (dup *store.Delivery, refused *apierror.Error) {
+func (s *Room) routeDelivery(ctx context.Context, d *delivery) (dup *store.Delivery, refused *apierror.Error) {
 	source := telemetry.OpaqueAttr("source", d.pr.SourceID())
 	installation := ""
 	if d.pr.Installation != nil && d.by.app {
@@ -331,7 +331,7 @@ func (s *Service) routeDelivery(ctx context.Context, d *delivery) (dup *store.De
 
 // storeDelivery fetches the pull request's diff, makes the work and stores
 // it with the delivery, then answers.
-func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, r *http.Request, d *delivery) {
+func (s *Room) storeDelivery(ctx context.Context, w http.ResponseWriter, r *http.Request, d *delivery) {
 	work, ignored, refused := s.reviewWork(ctx, d)
 	switch {
 	case refused != nil:
@@ -378,7 +378,7 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, r *h
 		s.webhookDuplicate(ctx, w, d.tenant.ID, res.Delivery, res.Work)
 		return
 	}
-	resp := WebhookResponse{SubmitResponse: door.Submitted(res.Work, !res.Created), Delivery: d.id}
+	resp := api.WebhookResponse{SubmitResponse: door.Submitted(res.Work, !res.Created), Delivery: d.id}
 	attrs := []slog.Attr{slog.String("tenant", d.tenant.ID), telemetry.OpaqueAttr("source", work.SourceID), slog.String("revision", work.Revision),
 		slog.String("delivery", telemetry.Opaque(d.id)), slog.String("action", d.pr.Action), slog.String("via", d.via)}
 	switch {
@@ -411,7 +411,7 @@ func (s *Service) storeDelivery(ctx context.Context, w http.ResponseWriter, r *h
 
 // reviewWork fetches the delivery's diff and makes its code-review work.
 // ignored, when set, says why the delivery asks for no work after all.
-func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work, ignored string, refused *apierror.Error) {
+func (s *Room) reviewWork(ctx context.Context, d *delivery) (work *store.Work, ignored string, refused *apierror.Error) {
 	pr, source := d.pr, telemetry.OpaqueAttr("source", d.pr.SourceID())
 	ref := diffs.PullRef{Owner: pr.Owner(), Repo: pr.Repo(), Number: pr.Number, HeadSHA: pr.PullRequest.Head.SHA,
 		BaseSHA: pr.PullRequest.Base.SHA}
@@ -462,7 +462,7 @@ func (s *Service) reviewWork(ctx context.Context, d *delivery) (work *store.Work
 // cap: stored dropped, without its diff, so the pull request gets one
 // comment that says why it was not reviewed and what would review it, and
 // a redelivery finds the work and posts nothing again.
-func (s *Service) tooLarge(ctx context.Context, d *delivery, ref diffs.PullRef) (*store.Work, string, *apierror.Error) {
+func (s *Room) tooLarge(ctx context.Context, d *delivery, ref diffs.PullRef) (*store.Work, string, *apierror.Error) {
 	c, ok := s.D.Contracts.Get(WebhookContract)
 	if !ok {
 		return nil, "", apierror.New(http.StatusServiceUnavailable, "unavailable", "the review contract is not loaded; redeliver later")
@@ -476,23 +476,23 @@ func (s *Service) tooLarge(ctx context.Context, d *delivery, ref diffs.PullRef) 
 }
 
 // ignore answers a delivery that asks for no work: 200 with the reason.
-func (s *Service) ignore(ctx context.Context, w http.ResponseWriter, d *delivery, reason string) {
+func (s *Room) ignore(ctx context.Context, w http.ResponseWriter, d *delivery, reason string) {
 	attrs := []slog.Attr{slog.String("event", d.event)}
 	if d.pr != nil {
 		attrs = append(attrs, telemetry.OpaqueAttr("source", d.pr.SourceID()))
 	}
 	s.countWebhook(ctx, "ignored")
 	telemetry.Decision(ctx, s.D.Log, d.key(), "ignored", reason, attrs...)
-	apierror.JSON(w, http.StatusOK, IgnoredResponse{Ignored: reason})
+	apierror.JSON(w, http.StatusOK, api.IgnoredResponse{Ignored: reason})
 }
 
-func (s *Service) countWebhook(ctx context.Context, result string) {
+func (s *Room) countWebhook(ctx context.Context, result string) {
 	s.Webhooks.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result), attribute.String("region", s.Cfg.Region)))
 }
 
 // webhookDuplicate answers a delivery id already recorded: the work it
 // produced, unchanged.
-func (s *Service) webhookDuplicate(ctx context.Context, w http.ResponseWriter, tenant string, d *store.Delivery, wk *store.Work) {
+func (s *Room) webhookDuplicate(ctx context.Context, w http.ResponseWriter, tenant string, d *store.Delivery, wk *store.Work) {
 	if d.TenantID != tenant {
 		// Another tenant's delivery id: nothing of its work is told.
 		s.countWebhook(ctx, "delivery_conflict")
@@ -502,7 +502,7 @@ func (s *Service) webhookDuplicate(ctx context.Context, w http.ResponseWriter, t
 		return
 	}
 	s.countWebhook(ctx, "duplicate_delivery")
-	resp := WebhookResponse{SubmitResponse: SubmitResponse{WorkID: d.WorkID, Duplicate: true, Region: s.Cfg.Region}, Delivery: d.ID}
+	resp := api.WebhookResponse{SubmitResponse: api.SubmitResponse{WorkID: d.WorkID, Duplicate: true, Region: s.Cfg.Region}, Delivery: d.ID}
 	if d.WorkID != "" {
 		resp.Links.Self = "/v1/work/" + d.WorkID
 		if wk == nil {

@@ -1,4 +1,4 @@
-package ingress
+package workapi
 
 import (
 	"context"
@@ -13,17 +13,19 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"assay.dev/pkg/api"
 	"assay.dev/pkg/apierror"
 	"assay.dev/pkg/auth"
 	"assay.dev/pkg/event"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/pkg/story"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/services/ingress/internal/door"
 	"assay.dev/services/ingress/internal/request"
 )
 
-func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
+func (s *Room) submit(w http.ResponseWriter, r *http.Request) {
 	ctx, span := s.D.Tel.Tracer().Start(telemetry.FromCaller(r.Context(), r.Header), "ingress.submit", trace.WithSpanKind(trace.SpanKindServer))
 	defer span.End()
 	r = r.WithContext(ctx)
@@ -99,7 +101,7 @@ func (s *Service) submit(w http.ResponseWriter, r *http.Request) {
 }
 
 // deadline is the request's deadline: its own, else its lane's.
-func (s *Service) deadline(req SubmitRequest) time.Time {
+func (s *Room) deadline(req api.SubmitRequest) time.Time {
 	d := s.LaneDeadline(req.Lane)
 	if req.DeadlineSeconds > 0 {
 		d = time.Duration(req.DeadlineSeconds) * time.Second
@@ -109,9 +111,9 @@ func (s *Service) deadline(req SubmitRequest) time.Time {
 
 // decodeSubmit reads the body strictly and validates it; a refusal says
 // why the request is refused.
-func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRequest, *apierror.Error) {
-	var req SubmitRequest
-	bad := func(code, msg string) (SubmitRequest, *apierror.Error) {
+func (s *Room) decodeSubmit(w http.ResponseWriter, r *http.Request) (api.SubmitRequest, *apierror.Error) {
+	var req api.SubmitRequest
+	bad := func(code, msg string) (api.SubmitRequest, *apierror.Error) {
 		return req, apierror.New(http.StatusBadRequest, code, msg)
 	}
 	// Text is checked as it is read: Postgres stores text, and
@@ -142,11 +144,11 @@ func (s *Service) decodeSubmit(w http.ResponseWriter, r *http.Request) (SubmitRe
 
 // DecodeSubmit decodes a submission strictly: one JSON object, known fields
 // only, nothing after it.
-func DecodeSubmit(body []byte, req *SubmitRequest) error {
+func DecodeSubmit(body []byte, req *api.SubmitRequest) error {
 	return request.Decode(body, req)
 }
 
-func (s *Service) get(w http.ResponseWriter, r *http.Request) {
+func (s *Room) get(w http.ResponseWriter, r *http.Request) {
 	t, ok := s.Authenticate(w, r)
 	if !ok {
 		return
@@ -169,14 +171,14 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request) {
 }
 
 // View reads what GET /v1/work/{id} shows.
-func (s *Service) View(ctx context.Context, id string) (*WorkView, error) {
+func (s *Room) View(ctx context.Context, id string) (*api.WorkView, error) {
 	wk, err := s.D.Store.GetWork(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	v := &WorkView{WorkID: wk.ID, TenantID: wk.TenantID, Region: wk.Region, Contract: wk.Contract, SchemaVersion: wk.SchemaVersion,
+	v := &api.WorkView{WorkID: wk.ID, TenantID: wk.TenantID, Region: wk.Region, Contract: wk.Contract, SchemaVersion: wk.SchemaVersion,
 		SourceID: wk.SourceID, Revision: wk.Revision, Lane: wk.Lane, State: wk.State, Reason: wk.Reason,
-		DeadlineAt: wk.DeadlineAt, CreatedAt: wk.CreatedAt, UpdatedAt: wk.UpdatedAt, Attempts: []AttemptView{}}
+		DeadlineAt: wk.DeadlineAt, CreatedAt: wk.CreatedAt, UpdatedAt: wk.UpdatedAt, Attempts: []api.AttemptView{}}
 	if wk.Terminal() {
 		o := wk.State
 		v.Outcome = &o
@@ -186,7 +188,7 @@ func (s *Service) View(ctx context.Context, id string) (*WorkView, error) {
 		return nil, err
 	}
 	for _, a := range attempts {
-		v.Attempts = append(v.Attempts, AttemptView{AttemptID: a.ID, Number: a.Number, Outcome: a.Outcome,
+		v.Attempts = append(v.Attempts, api.AttemptView{AttemptID: a.ID, Number: a.Number, Outcome: a.Outcome,
 			Reason: a.Reason, StartedAt: a.StartedAt, FinishedAt: a.FinishedAt, Part: a.Part})
 	}
 	if wk.State == outcome.Accepted {
@@ -194,15 +196,15 @@ func (s *Service) View(ctx context.Context, id string) (*WorkView, error) {
 		if err != nil {
 			return nil, err
 		}
-		v.Result = &ResultView{SchemaVersion: r.SchemaVersion, AttemptID: r.AttemptID, Output: r.Output,
+		v.Result = &api.ResultView{SchemaVersion: r.SchemaVersion, AttemptID: r.AttemptID, Output: r.Output,
 			Findings: r.Findings, CreatedAt: r.CreatedAt, Coverage: r.Coverage}
 	}
 	pubs, err := s.D.Store.PublicationsOf(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	v.Publications = PublicationViews(pubs)
-	if v.Review, err = workReview(ctx, s.D.Store, id); err != nil {
+	v.Publications = story.PublicationViews(pubs)
+	if v.Review, err = story.ReviewOf(ctx, s.D.Store, id); err != nil {
 		return nil, err
 	}
 	if v.View, err = s.D.Store.ViewOf(ctx, id); err != nil {
