@@ -227,7 +227,7 @@ func workEvents(mark *workMark, h workHistory) ([]sseEvent, *workMark) {
 	return out, m
 }
 
-// readHistory reads what the rows tell of one work item now, from one
+// ReadHistory reads what the rows tell of one work item now, from one
 // snapshot.
 func (s *Room) ReadHistory(ctx context.Context, id string) (workHistory, error) {
 	h, err := s.D.Store.WorkHistory(ctx, id)

@@ -314,7 +314,7 @@ func (s *Room) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
 	apierror.JSON(w, http.StatusOK, c)
 }
 
-// sharedSnapshot is Snapshot for a stream of v, from the scope's last
+// SharedSnapshot is Snapshot for a stream of v, from the scope's last
 // snapshot while it is fresh enough.
 func (s *Room) SharedSnapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
 	scope := ""

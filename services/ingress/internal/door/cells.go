@@ -31,7 +31,7 @@ const ServedBy = "Assay-Served-By"
 // dev mode's and tests' cells on a free port); ASSAY_CELL_URL does it at
 // the start.
 func (s *Door) RegisterCell(ctx context.Context, url string) error {
-	return s.Place.Register(ctx, url)
+	return s.place.Register(ctx, url)
 }
 
 // holdWait bounds how long a request of a tenant whose history is being
@@ -41,13 +41,13 @@ func (s *Door) RegisterCell(ctx context.Context, url string) error {
 // serves the tenant then.
 const holdWait = 20 * time.Second
 
-// servedBy is the cell of this region that serves tenant, as the region's
+// Serving is the cell of this region that serves tenant, as the region's
 // placement map says; an error while the map is not read. During a move's
 // cut it waits for the cut to end, up to holdWait.
 func (s *Door) Serving(tenant string) (string, error) {
 	deadline := time.Now().Add(holdWait)
 	for {
-		snap, err := s.Place.Now()
+		snap, err := s.place.Now()
 		if err != nil {
 			return "", err
 		}
@@ -60,7 +60,7 @@ func (s *Door) Serving(tenant string) (string, error) {
 	}
 }
 
-// finishing reports whether r was sent on by the cell that serves tenant
+// Finishing reports whether r was sent on by the cell that serves tenant
 // now, for work this cell admitted before the tenant moved there and
 // still finishes: this cell answers it.
 func (s *Door) Finishing(r *http.Request, tenant string) bool {
@@ -68,11 +68,11 @@ func (s *Door) Finishing(r *http.Request, tenant string) bool {
 	if by == "" {
 		return false
 	}
-	snap, err := s.Place.Now()
+	snap, err := s.place.Now()
 	return err == nil && snap.Finishing(tenant, s.Cfg.Names.Cell, by)
 }
 
-// sendToFinisher answers a request about work this cell holds for the
+// SendToFinisher answers a request about work this cell holds for the
 // cell that finishes it (a tenant moved here, its work admitted before
 // the move not ended there yet) with that cell's answer; reports false
 // when the work is not held for another cell.
@@ -86,7 +86,7 @@ func (s *Door) SendToFinisher(w http.ResponseWriter, r *http.Request, tenant, wo
 	return true
 }
 
-// movedOut answers a request whose work the database refused because the
+// MovedOut answers a request whose work the database refused because the
 // tenant moved out of this cell (a request admitted just before the cut):
 // it is sent on to the cell that serves the tenant once the map says so.
 func (s *Door) MovedOut(w http.ResponseWriter, r *http.Request, tenant string, body []byte) {
@@ -99,7 +99,7 @@ func (s *Door) MovedOut(w http.ResponseWriter, r *http.Request, tenant string, b
 	refused.Write(w)
 }
 
-// sendOn answers a request of a tenant that another cell of the region
+// SendOn answers a request of a tenant that another cell of the region
 // serves (refused says so: 421 wrong_cell) with that cell's answer to it,
 // sent on through this one: the tenant's clients and its GitHub App need
 // one address per region, whichever cell holds the tenant, and a tenant
@@ -110,16 +110,16 @@ func (s *Door) MovedOut(w http.ResponseWriter, r *http.Request, tenant string, b
 // as read already.
 func (s *Door) SendOn(w http.ResponseWriter, r *http.Request, tenant string, refused *apierror.Error, body []byte) {
 	cell := ""
-	if snap, err := s.Place.Now(); err == nil {
+	if snap, err := s.place.Now(); err == nil {
 		cell = snap.CellOf(tenant)
 	}
 	s.SendTo(w, r, tenant, cell, refused, body)
 }
 
-// sendTo sends r on to cell, as sendOn does.
+// SendTo sends r on to cell, as sendOn does.
 func (s *Door) SendTo(w http.ResponseWriter, r *http.Request, tenant, cell string, refused *apierror.Error, body []byte) {
 	var target *url.URL
-	if snap, err := s.Place.Now(); err == nil && r.Header.Get(ForwardedBy) == "" && cell != "" {
+	if snap, err := s.place.Now(); err == nil && r.Header.Get(ForwardedBy) == "" && cell != "" {
 		if c, ok := snap.Cells[cell]; ok && c.URL != "" {
 			target, _ = url.Parse(c.URL)
 		}
@@ -159,7 +159,7 @@ func (s *Door) SendTo(w http.ResponseWriter, r *http.Request, tenant, cell strin
 	proxy.ServeHTTP(w, r)
 }
 
-// refuseOrSendOn writes refused, or, when it is the refusal of a tenant
+// RefuseOrSendOn writes refused, or, when it is the refusal of a tenant
 // another cell serves, sends the request on to that cell.
 func (s *Door) RefuseOrSendOn(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error, body []byte) {
 	if refused.Code == "wrong_cell" && t.ID != "" {

@@ -1,3 +1,9 @@
+// Package door is what every room of ingress shares: who the caller is
+// (its token, its tenant and which cell of the region serves it, sending
+// the request on when another does), whether the cell takes the work now
+// (the tenant's rate, the cell's capacity, the tenant's backlog), the one
+// way a work row is made from a request (its contract version by route,
+// its shadow twin) and the answers every room writes alike.
 package door
 
 import (
@@ -31,7 +37,7 @@ import (
 	"assay.dev/services/ingress/internal/settings"
 )
 
-// Door is one ingress instance.
+// Door is one ingress instance's shared parts, which each room embeds.
 type Door struct {
 	Cfg     settings.Config
 	D       Deps
@@ -39,40 +45,37 @@ type Door struct {
 	Relay   *outbox.Relay
 	// Inserts writes the work of concurrent submissions in one statement.
 	Inserts *group.Batch[store.InsertReq, store.WorkInserted]
-	sweeper lifecycle.Ticker
-	janitor lifecycle.Ticker
-	watcher lifecycle.Ticker
-	router  lifecycle.Ticker
-	Routes_ routes
+	routes  routes
 	// Shadowing counts the shadow twins being made; Stop waits for them.
 	Shadowing sync.WaitGroup
-	Watched   watch
+	watched   watch
 	Open      OpenStreams
 
 	Requests metric.Int64Counter
 	Webhooks metric.Int64Counter
 	Dropped  metric.Int64Counter
-	Shadows  metric.Int64Counter
-	Buckets  *admission.Buckets
+	shadows  metric.Int64Counter
+	buckets  *admission.Buckets
 	Tokens   *auth.Cache
 	Tenants  *tenantWatch // keeps tokens told of changes; nil when the store cannot
-	Place    *placement.View
-	Shed     *shedder
+	place    *placement.View
+	shed     *shedder
 
 	// EventStreams counts the work and batch event streams per tenant.
 	EventStreams OpenStreams
 }
 
-// cell is who ingress authenticates for.
+// Cell is who ingress authenticates for.
 func (s *Door) Cell() auth.Cell {
 	return auth.Cell{Region: s.Cfg.Region, ID: s.Cfg.Names.Cell, ServedBy: s.Serving}
 }
 
+// Announcer makes the outbox rows that announce newly queued work.
 func (s *Door) Announcer(ctx context.Context) func(*store.Work) ([]store.OutboxMsg, error) {
 	return outbox.Announce(ctx, s.Cfg.Names)
 }
 
-// logSuperseded records the supersede decision for each older work item.
+// LogSuperseded records the supersede decision for each older work item.
 func (s *Door) LogSuperseded(ctx context.Context, w *store.Work) {
 	running := map[string]bool{}
 	for _, id := range w.SupersededRunning {
@@ -87,7 +90,7 @@ func (s *Door) LogSuperseded(ctx context.Context, w *store.Work) {
 	}
 }
 
-// admit takes a token from the tenant's bucket for the lane. When there is
+// Admit takes a token from the tenant's bucket for the lane. When there is
 // none it returns how long until there is one.
 func (s *Door) Admit(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {
 	return s.Take(ctx, t, lane)
@@ -103,11 +106,12 @@ func RerunCommand(w *store.Work) string {
 	return fmt.Sprintf("assay work rerun %s --region %s", w.ID, w.Region)
 }
 
+// Count counts a work submission by its result (assay_ingress_requests).
 func (s *Door) Count(ctx context.Context, result string) {
 	s.Requests.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result), attribute.String("region", s.Cfg.Region)))
 }
 
-// newWork is the work a caller or a webhook asks for: the one place a work
+// NewWork is the work a caller or a webhook asks for: the one place a work
 // row is made from a request, keyed by the ingress key and bound to the
 // contract version c (contractFor's: the route's live one) with the model
 // and prompt the route names for it. A new revision of the same source
@@ -143,7 +147,7 @@ var (
 	RevisionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
 )
 
-// authenticate resolves the bearer token to a tenant this cell serves, or
+// Authenticate resolves the bearer token to a tenant this cell serves, or
 // writes the refusal and returns false.
 func (s *Door) Authenticate(w http.ResponseWriter, r *http.Request) (store.Tenant, bool) {
 	t, refused := auth.Bearer(r.Context(), s.Tokens, r.Header.Get("Authorization"), s.Cell())
@@ -160,7 +164,7 @@ func (s *Door) Authenticate(w http.ResponseWriter, r *http.Request) (store.Tenan
 	return t, true
 }
 
-// laneDeadline is how long work of lane has by default.
+// LaneDeadline is how long work of lane has by default.
 func (s *Door) LaneDeadline(lane string) time.Duration {
 	if lane == event.Batch {
 		return s.Cfg.BatchDeadline
@@ -168,7 +172,7 @@ func (s *Door) LaneDeadline(lane string) time.Duration {
 	return s.Cfg.InteractiveDeadline
 }
 
-// OverRate answers a submission the tenant's bucket refused: 429 with
+// RefuseOverRate answers a submission the tenant's bucket refused: 429 with
 // Retry-After, nothing stored; a key already accepted costs nothing, over
 // the rate or not, and answers as the duplicate it is.
 func (s *Door) RefuseOverRate(ctx context.Context, w http.ResponseWriter, t store.Tenant, work *store.Work, wait time.Duration) {
@@ -204,7 +208,7 @@ func RetrySeconds(wait time.Duration) int { return int(math.Ceil(wait.Seconds())
 // it, which no wait foretells, so the wait only paces asking again.
 const StreamsFullWait = 5 * time.Second
 
-// duplicate answers a submission whose ingress key was already accepted.
+// Duplicate answers a submission whose ingress key was already accepted.
 func (s *Door) Duplicate(ctx context.Context, w http.ResponseWriter, t store.Tenant, got *store.Work) {
 	s.Count(ctx, "duplicate")
 	telemetry.Decision(ctx, s.D.Log, got.ID, "duplicate", "ingress key already accepted",
@@ -212,12 +216,14 @@ func (s *Door) Duplicate(ctx context.Context, w http.ResponseWriter, t store.Ten
 	apierror.JSON(w, http.StatusOK, Submitted(got, true))
 }
 
+// Submitted is the answer to a submission whose work w is stored, or was
+// already (duplicate).
 func Submitted(w *store.Work, duplicate bool) api.SubmitResponse {
 	return api.SubmitResponse{WorkID: w.ID, State: w.State, Duplicate: duplicate, Region: w.Region,
 		Links: api.Links{Self: "/v1/work/" + w.ID}}
 }
 
-// validateInput checks the input against its contract's schema: the
+// ValidateInput checks the input against its contract's schema: the
 // dearest check, made once the request took its rate token.
 func (s *Door) ValidateInput(c *contract.Contract, input json.RawMessage) *apierror.Error {
 	if err := c.ValidateInput(input); err != nil {
@@ -226,7 +232,7 @@ func (s *Door) ValidateInput(c *contract.Contract, input json.RawMessage) *apier
 	return s.DiffSize(c, input)
 }
 
-// diffSize refuses the input of a contract grounded in a diff whose diff is
+// DiffSize refuses the input of a contract grounded in a diff whose diff is
 // over the cell's cap, the one webhooks are held to.
 func (s *Door) DiffSize(c *contract.Contract, input json.RawMessage) *apierror.Error {
 	// A diff is never longer than the JSON that quotes it: most inputs are
@@ -245,7 +251,7 @@ func (s *Door) DiffSize(c *contract.Contract, input json.RawMessage) *apierror.E
 		len(in.Diff), s.Cfg.MaxDiffBytes, settings.MaxDiffCeiling))
 }
 
-// viewer authenticates a reader of the console, or writes the refusal.
+// Viewer authenticates a reader of the console, or writes the refusal.
 func (s *Door) Viewer(w http.ResponseWriter, r *http.Request) (auth.Viewer, bool) {
 	v, refused := auth.Console(r.Context(), s.D.Store, r.Header.Get("Authorization"), s.Cell())
 	if refused != nil {
@@ -268,7 +274,7 @@ type OpenStreams struct {
 	n  map[string]int
 }
 
-// take admits one more stream for key, up to max; release gives it back.
+// Take admits one more stream for key, up to max; release gives it back.
 func (o *OpenStreams) Take(key string, max int) (release func(), ok bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -316,12 +322,12 @@ func New(cfg settings.Config, d Deps) (*Door, error) {
 	if err := cfg.Defaults(); err != nil {
 		return nil, err
 	}
-	s := &Door{Cfg: cfg, D: d, Buckets: admission.NewBuckets(time.Now), Tokens: auth.NewCache(d.Store, cfg.TokenCache)}
+	s := &Door{Cfg: cfg, D: d, buckets: admission.NewBuckets(time.Now), Tokens: auth.NewCache(d.Store, cfg.TokenCache)}
 	s.Tokens.LongTTL = cfg.TokenCacheListening
 	if cfg.TokenCache > 0 {
 		s.Tenants = &tenantWatch{w: d.Store, cache: s.Tokens, log: d.Log}
 	}
-	s.Place = &placement.View{JS: d.JS, Bucket: cfg.Names.PlacementBucket(cfg.Region), Region: cfg.Region,
+	s.place = &placement.View{JS: d.JS, Bucket: cfg.Names.PlacementBucket(cfg.Region), Region: cfg.Region,
 		Replicas: cfg.Streams.Replicas, Tags: cfg.Streams.Placement, Cell: cfg.Names.Cell, URL: cfg.CellURL,
 		NATSURL: cfg.PlacementNATSURL, Log: d.Log, Wait: cfg.Streams.Wait}
 	s.Streams = &event.Keeper{JS: d.JS, Names: cfg.Names, Kinds: []string{event.KindWork}, Settings: cfg.Streams, Log: d.Log,
@@ -346,7 +352,7 @@ func New(cfg settings.Config, d Deps) (*Door, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.Shadows, err = d.Tel.Meter().Int64Counter("assay_ingress_shadows",
+	s.shadows, err = d.Tel.Meter().Int64Counter("assay_ingress_shadows",
 		metric.WithDescription("shadow twins of live work for a route's candidate, by contract and result (made, failed, unknown_version)"))
 	return s, err
 }
@@ -355,7 +361,7 @@ func New(cfg settings.Config, d Deps) (*Door, error) {
 // placement view, the WORK stream, the outbox relay, the capacity view and,
 // when the store tells of changes to tenants, the token cache's watch.
 func (s *Door) Parts() []lifecycle.Service {
-	parts := []lifecycle.Service{s.Place, s.Streams, s.Relay, s.Shed.view}
+	parts := []lifecycle.Service{s.place, s.Streams, s.Relay, s.shed.view}
 	if s.Tenants != nil {
 		parts = append(parts, s.Tenants)
 	}

@@ -28,7 +28,7 @@ type routes struct {
 
 type routeKey struct{ Scope, contract string }
 
-// refreshRoutes reads the routes again.
+// RefreshRoutes reads the routes again.
 func (s *Door) RefreshRoutes(ctx context.Context) (bool, error) {
 	rs, err := s.D.Store.Routes(ctx)
 	if err != nil {
@@ -38,26 +38,26 @@ func (s *Door) RefreshRoutes(ctx context.Context) (bool, error) {
 	for _, r := range rs {
 		m[routeKey{r.Scope, r.Contract}] = r
 	}
-	s.Routes_.mu.Lock()
-	s.Routes_.byKey, s.Routes_.loaded = m, true
-	s.Routes_.mu.Unlock()
+	s.routes.mu.Lock()
+	s.routes.byKey, s.routes.loaded = m, true
+	s.routes.mu.Unlock()
 	return false, nil
 }
 
-// route is the route a tenant's new work of a contract follows: its own,
+// Route is the route a tenant's new work of a contract follows: its own,
 // or every tenant's; ok is false when neither exists (the contract's
 // default version, as it ships).
 func (s *Door) Route(tenant, name string) (store.Route, bool) {
-	s.Routes_.mu.RLock()
-	defer s.Routes_.mu.RUnlock()
-	if r, ok := s.Routes_.byKey[routeKey{tenant, name}]; ok {
+	s.routes.mu.RLock()
+	defer s.routes.mu.RUnlock()
+	if r, ok := s.routes.byKey[routeKey{tenant, name}]; ok {
 		return r, true
 	}
-	r, ok := s.Routes_.byKey[routeKey{store.RouteAll, name}]
+	r, ok := s.routes.byKey[routeKey{store.RouteAll, name}]
 	return r, ok
 }
 
-// contractFor is the contract version a tenant's new work of a contract
+// ContractFor is the contract version a tenant's new work of a contract
 // is made for: the route's live version, or the default one. A route
 // naming a version this build does not have leaves the default in place
 // (and says so): work is never made for a version no classifier reads.
@@ -99,7 +99,7 @@ func (s *Door) shadow(ctx context.Context, live *store.Work) {
 	c, known := s.D.Contracts.Of(live.Contract, r.Candidate.Version)
 	result := "made"
 	defer func() {
-		s.Shadows.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.Cfg.Region),
+		s.shadows.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.Cfg.Region),
 			attribute.String("contract", live.Contract), attribute.String("result", result)))
 	}()
 	if !known {
@@ -134,7 +134,7 @@ func ShadowWork(live *store.Work, c *contract.Contract, v store.Variant) *store.
 	return &w
 }
 
-// goShadow makes the shadow twins of newly made live work, after the
+// GoShadow makes the shadow twins of newly made live work, after the
 // caller has its answer: a twin is a sample, and nothing live waits on it.
 func (s *Door) GoShadow(ctx context.Context, made ...*store.Work) {
 	sampled := false

@@ -42,7 +42,7 @@ func (s *Door) SetUpShed() error {
 	sh.open = s.D.Store
 	if !sh.cfg.LocalRate {
 		sh.shared = &shed.SharedRate{JS: s.D.JS, Bucket: s.Cfg.Names.AdmitBucket(), Streams: s.Cfg.Streams, Log: s.D.Log,
-			B: &admission.SharedBuckets{Local: s.Buckets}}
+			B: &admission.SharedBuckets{Local: s.buckets}}
 	}
 	var err error
 	sh.counted, err = s.D.Tel.Meter().Int64Counter("assay_shed",
@@ -61,34 +61,34 @@ func (s *Door) SetUpShed() error {
 		s.Dropped.Add(context.Background(), 0, metric.WithAttributes(region, attribute.String("lane", lane),
 			attribute.String("reason", "over_capacity")))
 	}
-	s.Shed = sh
+	s.shed = sh
 	return nil
 }
 
 // CapacityKnown reports whether a fresh capacity report of the cell's
 // classifiers has been read.
 func (s *Door) CapacityKnown() bool {
-	if s.Shed == nil {
+	if s.shed == nil {
 		return false
 	}
-	return s.Shed.view.Known()
+	return s.shed.view.Known()
 }
 
-// take takes a token from the tenant's bucket for the lane: the cell's
+// Take takes a token from the tenant's bucket for the lane: the cell's
 // shared one, or this instance's.
 func (s *Door) Take(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {
-	if s.Shed != nil && s.Shed.shared != nil {
-		return s.Shed.shared.Take(ctx, t, lane)
+	if s.shed != nil && s.shed.shared != nil {
+		return s.shed.shared.Take(ctx, t, lane)
 	}
-	ok, wait := s.Buckets.Take(t.ID+"/"+lane, float64(t.RatePerMinute), t.Burst)
+	ok, wait := s.buckets.Take(t.ID+"/"+lane, float64(t.RatePerMinute), t.Burst)
 	return wait, ok
 }
 
-// admitCapacity decides whether the cell can take w now: the tenant's
+// AdmitCapacity decides whether the cell can take w now: the tenant's
 // backlog in w's lane must have room for it, and interactive work must be
 // predicted to start within what it can wait.
 func (s *Door) AdmitCapacity(ctx context.Context, t store.Tenant, w *store.Work) *shed.Refusal {
-	sh := s.Shed
+	sh := s.shed
 	if sh == nil || sh.cfg.Off {
 		return nil
 	}
@@ -109,12 +109,12 @@ func (s *Door) AdmitCapacity(ctx context.Context, t store.Tenant, w *store.Work)
 	return nil
 }
 
-// admitBacklog is the one backlog rule, for every way work enters (a
+// AdmitBacklog is the one backlog rule, for every way work enters (a
 // submission, a batch of n items, a webhook): the tenant's work queued or
 // running in the lane, with the n this would add, stays within the
 // lane's limit.
 func (s *Door) AdmitBacklog(ctx context.Context, t store.Tenant, lane string, n int) *shed.Refusal {
-	sh := s.Shed
+	sh := s.shed
 	if sh == nil || sh.cfg.Off {
 		return nil
 	}
@@ -141,7 +141,7 @@ func (s *Door) AdmitBacklog(ctx context.Context, t store.Tenant, lane string, n 
 			lane, open, what, limit)}
 }
 
-// overCapacity answers a submission capacity admission refused: 429 with
+// OverCapacity answers a submission capacity admission refused: 429 with
 // Retry-After, nothing stored; a key already accepted answers as the
 // duplicate it is.
 func (s *Door) OverCapacity(ctx context.Context, w http.ResponseWriter, t store.Tenant, work *store.Work, r *shed.Refusal) {
@@ -156,10 +156,12 @@ func (s *Door) OverCapacity(ctx context.Context, w http.ResponseWriter, t store.
 	TooMany(w, r.Code, r.Reason, r.Retry)
 }
 
+// CountShed counts a submission refused for the cell's capacity or the
+// tenant's backlog (assay_shed), by lane, code and the way it came.
 func (s *Door) CountShed(ctx context.Context, lane, code, via string) {
-	if s.Shed == nil {
+	if s.shed == nil {
 		return
 	}
-	s.Shed.counted.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.Cfg.Region),
+	s.shed.counted.Add(ctx, 1, metric.WithAttributes(attribute.String("region", s.Cfg.Region),
 		attribute.String("lane", lane), attribute.String("reason", code), attribute.String("via", via)))
 }

@@ -28,6 +28,8 @@ type watch struct {
 	outbox map[string]store.OutboxBacklog
 }
 
+// Sample reads the gauges of the cell's work again: a pass of the watch
+// ticker.
 func (s *Door) Sample(ctx context.Context) (bool, error) {
 	oldest, err := s.D.Store.Oldest(ctx)
 	if err != nil {
@@ -41,18 +43,18 @@ func (s *Door) Sample(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	s.Watched.mu.Lock()
-	s.Watched.oldest, s.Watched.views, s.Watched.outbox = oldest, views, outbox
-	s.Watched.mu.Unlock()
+	s.watched.mu.Lock()
+	s.watched.oldest, s.watched.views, s.watched.outbox = oldest, views, outbox
+	s.watched.mu.Unlock()
 	return false, nil
 }
 
 // Views is the last sample of the work views (see store.Views).
 func (s *Door) Views() map[string]int64 {
-	s.Watched.mu.Lock()
-	defer s.Watched.mu.Unlock()
-	out := make(map[string]int64, len(s.Watched.views))
-	for k, v := range s.Watched.views {
+	s.watched.mu.Lock()
+	defer s.watched.mu.Unlock()
+	out := make(map[string]int64, len(s.watched.views))
+	for k, v := range s.watched.views {
 		out[k] = v
 	}
 	return out
@@ -81,7 +83,7 @@ var sampledGauges = []sampled{
 		func(w *watch, k string) float64 { return float64(w.outbox[k].SetAside) }},
 }
 
-// watchMetrics registers the gauges of the samples, and the counter of
+// WatchMetrics registers the gauges of the samples, and the counter of
 // what ingress itself drops (the end to end time of what it ends is the
 // committer's to record, when it announces the outcome).
 func (s *Door) WatchMetrics() error {
@@ -90,10 +92,10 @@ func (s *Door) WatchMetrics() error {
 	for _, g := range sampledGauges {
 		opts := []metric.Float64ObservableGaugeOption{metric.WithDescription(g.desc),
 			metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
-				s.Watched.mu.Lock()
-				defer s.Watched.mu.Unlock()
+				s.watched.mu.Lock()
+				defer s.watched.mu.Unlock()
 				for _, k := range g.keys {
-					o.Observe(g.value(&s.Watched, k), metric.WithAttributes(region, attribute.String(g.label, k)))
+					o.Observe(g.value(&s.watched, k), metric.WithAttributes(region, attribute.String(g.label, k)))
 				}
 				return nil
 			})}

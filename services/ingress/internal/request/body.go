@@ -89,6 +89,8 @@ func ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *api
 	return nil, apierror.New(http.StatusBadRequest, "bad_request", "could not read the request body")
 }
 
+// Compact is raw without insignificant space, or raw as it is when it is
+// not JSON.
 func Compact(raw json.RawMessage) []byte {
 	var b bytes.Buffer
 	if err := json.Compact(&b, raw); err != nil {

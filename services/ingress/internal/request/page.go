@@ -9,7 +9,7 @@ import (
 	"assay.dev/pkg/apierror"
 )
 
-// page reads a listing's limit (1 to 1000) into limit and the cursor it
+// Page reads a listing's limit (1 to 1000) into limit and the cursor it
 // gave for the next page into at and id, each only when the query names
 // it; false means it wrote the refusal. A cursor is the caller's bytes: one
 // whose id is not text, or whose time no listing gave (Postgres keeps

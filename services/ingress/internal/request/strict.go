@@ -418,7 +418,7 @@ func join(path, key string) string {
 	return path + "." + key
 }
 
-// at prefixes a message with the place it is about ("" for the body's
+// At prefixes a message with the place it is about ("" for the body's
 // object itself).
 func At(path string) string {
 	if path == "" {
@@ -427,6 +427,7 @@ func At(path string) string {
 	return path + ": "
 }
 
+// In names the place a message is about as a phrase ("in items[0]").
 func In(path string) string {
 	if path == "" {
 		return "in the object"
@@ -434,7 +435,7 @@ func In(path string) string {
 	return "in " + path
 }
 
-// shown is a caller's key as a message quotes it: at most 64 bytes.
+// Shown is a caller's key as a message quotes it: at most 64 bytes.
 func Shown(key string) string {
 	if len(key) > 64 {
 		key = key[:64] + "…"
