@@ -3,18 +3,12 @@ package ingress
 import (
 	"crypto/rand"
 	"crypto/rsa"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"assay.dev/pkg/devkit/fakegithub"
-	"assay.dev/pkg/githubapp"
 	"assay.dev/pkg/store"
 )
 
@@ -85,57 +79,5 @@ func TestWebhookDiffsReadWithInstallationTokens(t *testing.T) {
 	gh.AddPull("shop/checkout", 41, "c0ffee1234567890abcdef1234567890abcdef12", headSync, evalDiff(t, "05-checkout-state"))
 	if a := e.deliver("pull_request", "d-uncovered", sync); a.status != http.StatusBadGateway || a.code() != "upstream_unavailable" {
 		t.Fatalf("installation that does not cover the repository: %d %s, want 502 upstream_unavailable", a.status, a.body)
-	}
-}
-
-// ASSAY_GITHUB_TOKEN is the single-tenant option: beside the App's
-// credentials start-up stops, naming it; alone it reads every diff.
-func TestGitHubTokenIsSingleTenantOnly(t *testing.T) {
-	t.Parallel()
-	key, _ := rsa.GenerateKey(rand.Reader, 2048)
-	file := filepath.Join(t.TempDir(), "app.pem")
-	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{"ASSAY_GITHUB_APP_ID": "9", "ASSAY_GITHUB_APP_KEY_FILE": file, "ASSAY_GITHUB_TOKEN": "ghp_one_persons"}
-	var c Config
-	if err := c.FromEnv(func(k string) string { return env[k] }); err == nil || !strings.HasPrefix(err.Error(), "ASSAY_GITHUB_TOKEN:") {
-		t.Fatalf("App and static token: %v, want an error naming ASSAY_GITHUB_TOKEN", err)
-	}
-	delete(env, "ASSAY_GITHUB_TOKEN")
-	c = Config{}
-	if err := c.FromEnv(func(k string) string { return env[k] }); err != nil || c.GitHubAppID != 9 || c.GitHubKey == nil {
-		t.Fatalf("App alone: %v, app %d", err, c.GitHubAppID)
-	}
-	c.Region = "us"
-	if err := c.defaults(); err != nil {
-		t.Fatal(err)
-	}
-	if d, ok := c.Diffs.(*GitHubDiffs); !ok || d.App == nil || d.App.ID != 9 || d.Token != "" {
-		t.Fatalf("diff source %+v, want the App's", c.Diffs)
-	}
-	both := Config{Region: "us", GitHubAppID: 9, GitHubKey: key, GitHubToken: "x"}
-	if err := both.defaults(); err == nil {
-		t.Fatal("a Config with the App and a static token was taken")
-	}
-}
-
-// GitHubDiffs sends the installation's token when the pull request names
-// one, and none when it names none.
-func TestGitHubDiffsAsTheInstallation(t *testing.T) {
-	t.Parallel()
-	key, _ := rsa.GenerateKey(rand.Reader, 2048)
-	gh := fakegithub.New()
-	t.Cleanup(gh.Close)
-	gh.App(3, &key.PublicKey)
-	gh.Install(77, "acme/*")
-	gh.AddPull("acme/app", 5, "aaa", "bbb", "diff --git a/x b/x\n")
-	g := &GitHubDiffs{API: gh.URL, Timeout: time.Second, App: &githubapp.App{API: gh.URL, ID: 3, Key: key, UserAgent: "assay-test"}}
-	if d, err := g.Diff(t.Context(), PullRef{Owner: "acme", Repo: "app", Number: 5, HeadSHA: "bbb", BaseSHA: "aaa", Installation: 77}); err != nil || d == "" {
-		t.Fatalf("as installation 77: %q, %v", d, err)
-	}
-	if _, err := g.Diff(t.Context(), PullRef{Owner: "acme", Repo: "app", Number: 5, HeadSHA: "bbb", BaseSHA: "aaa"}); err == nil ||
-		!strings.Contains(err.Error(), "HTTP 401") {
-		t.Fatalf("with no installation (no token): %v, want GitHub's 401", err)
 	}
 }

@@ -5,12 +5,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"assay.dev/pkg/admission"
-	"assay.dev/pkg/auth"
 	"assay.dev/pkg/lifecycle"
 	"assay.dev/pkg/lifecycle/lifecycletest"
 )
@@ -56,86 +54,16 @@ func TestWarmServiceLifecycle(t *testing.T) {
 // started, whose tickers pass often.
 func (e *webhookEnv) stressService(t *testing.T) *Service {
 	t.Helper()
-	cfg := e.svc.cfg
+	cfg := e.svc.Cfg
 	cfg.SweepEvery, cfg.WatchEvery, cfg.RoutesEvery = 5*time.Millisecond, 5*time.Millisecond, 5*time.Millisecond
-	d := e.svc.d
+	d := e.svc.D
 	d.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	s, err := New(cfg, d)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.tenants == nil {
+	if s.Tenants == nil {
 		t.Fatal("the instance has no tenant watch to stress")
 	}
 	return s
-}
-
-// TestCapacityViewLifecycle holds the capacity view, which watches the
-// cell's capacity bucket, to the contract of every part.
-func TestCapacityViewLifecycle(t *testing.T) {
-	e := lifecycleEnv(t)
-	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
-		return &capacityView{js: e.js, bucket: e.svc.cfg.Names.CapacityBucket(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	})
-}
-
-// TestWarmCapacityViewLifecycle is the same with each Stop meeting a view
-// that has read the report and watches for more.
-func TestWarmCapacityViewLifecycle(t *testing.T) {
-	e := lifecycleEnv(t)
-	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
-		v := &capacityView{js: e.js, bucket: e.svc.cfg.Names.CapacityBucket(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		return lifecycletest.Warm(v, func(context.Context) error {
-			if v.rate(time.Now()) == 0 {
-				return errNotYet
-			}
-			return nil
-		})
-	})
-}
-
-// TestCapacityViewWithoutBucketLifecycle is the capacity view of a cell
-// whose classifiers have not made the bucket yet: it waits for it until
-// stopped.
-func TestCapacityViewWithoutBucketLifecycle(t *testing.T) {
-	e := lifecycleEnv(t)
-	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
-		return &capacityView{js: e.js, bucket: "assay_capacity_nowhere", log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	})
-}
-
-// TestTenantWatchLifecycle holds the tenant watch, which listens to the
-// cell's database for changes to tenants and tokens, to the contract of
-// every part.
-func TestTenantWatchLifecycle(t *testing.T) {
-	e := lifecycleEnv(t)
-	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
-		return &tenantWatch{w: e.st, cache: auth.NewCache(e.st, 2*time.Second), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	})
-}
-
-// listenSpy is the store's tenant watch, noting whether it listens.
-type listenSpy struct {
-	tenantWatcher
-	on atomic.Bool
-}
-
-func (l *listenSpy) WatchTenants(ctx context.Context, listening func(bool), changed func(string)) error {
-	return l.tenantWatcher.WatchTenants(ctx, func(on bool) { l.on.Store(on); listening(on) }, changed)
-}
-
-// TestWarmTenantWatchLifecycle is the same with each Stop meeting a watch
-// that listens.
-func TestWarmTenantWatchLifecycle(t *testing.T) {
-	e := lifecycleEnv(t)
-	lifecycletest.Stress(t, func(t *testing.T) lifecycle.Service {
-		spy := &listenSpy{tenantWatcher: e.st}
-		w := &tenantWatch{w: spy, cache: auth.NewCache(e.st, 2*time.Second), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		return lifecycletest.Warm(w, func(context.Context) error {
-			if !spy.on.Load() {
-				return errNotYet
-			}
-			return nil
-		})
-	})
 }

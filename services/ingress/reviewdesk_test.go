@@ -15,6 +15,8 @@ import (
 	"assay.dev/pkg/diff"
 	"assay.dev/pkg/outcome"
 	"assay.dev/pkg/store"
+	"assay.dev/services/ingress/internal/desk"
+	"assay.dev/services/ingress/internal/request"
 )
 
 // deskEnv is an ingress with a reviewer, ana, whose operator token is
@@ -33,8 +35,8 @@ func deskEnv(t *testing.T) *webhookEnv {
 // the repair budget spent do: its review item opens.
 func (e *webhookEnv) rejectedWork(ct *contract.Contract, source string, input []byte) *store.Work {
 	e.t.Helper()
-	w := e.svc.newWork(e.t.Context(), store.Tenant{ID: "acme"}, ct, source, "r1", "interactive", input, time.Now().Add(time.Hour))
-	got, _, err := e.st.InsertWork(e.t.Context(), w, e.svc.announce(e.t.Context()))
+	w := e.svc.NewWork(e.t.Context(), store.Tenant{ID: "acme"}, ct, source, "r1", "interactive", input, time.Now().Add(time.Hour))
+	got, _, err := e.st.InsertWork(e.t.Context(), w, e.svc.Announcer(e.t.Context()))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -137,7 +139,7 @@ func without(answer map[string]any, at string) map[string]any {
 func TestDeskAmendsEveryContractVersion(t *testing.T) {
 	t.Parallel()
 	e := deskEnv(t)
-	reg := e.svc.d.Contracts
+	reg := e.svc.D.Contracts
 	cases := deskCases(t, reg)
 	for version, c := range cases {
 		ct, _ := reg.Version(version)
@@ -148,8 +150,8 @@ func TestDeskAmendsEveryContractVersion(t *testing.T) {
 		if a := e.json("POST", item+"/claim", "tok-ana", nil, &kase); a.status != http.StatusOK {
 			t.Fatalf("%s: claim: HTTP %d %s", version, a.status, a.body)
 		}
-		if !bytes.Equal(compact(kase.Schema), compact(ct.Schema)) || !slices.Equal(kase.Fixed, correlationFields(ct)) || kase.Work.SchemaVersion != version {
-			t.Errorf("%s: the case's schema is %.60s… with fixed %v; want the version's own, fixed %v", version, kase.Schema, kase.Fixed, correlationFields(ct))
+		if !bytes.Equal(request.Compact(kase.Schema), request.Compact(ct.Schema)) || !slices.Equal(kase.Fixed, desk.CorrelationFields(ct)) || kase.Work.SchemaVersion != version {
+			t.Errorf("%s: the case's schema is %.60s… with fixed %v; want the version's own, fixed %v", version, kase.Schema, kase.Fixed, desk.CorrelationFields(ct))
 		}
 		a := e.json("POST", item+"/resolve", "tok-ana", map[string]any{"verdict": "amended", "answer": without(c.answer, c.missing)}, nil)
 		if a.status != http.StatusBadRequest || a.code() != "invalid_findings" || !strings.Contains(string(a.body), "fix "+c.missing) ||
@@ -188,8 +190,8 @@ func TestDeskAmendsEveryContractVersion(t *testing.T) {
 func TestWorkAPICarriesThePersonsResolution(t *testing.T) {
 	t.Parallel()
 	e := deskEnv(t)
-	ct, _ := e.svc.d.Contracts.Version("code-review/2")
-	c := deskCases(t, e.svc.d.Contracts)["code-review/2"]
+	ct, _ := e.svc.D.Contracts.Version("code-review/2")
+	c := deskCases(t, e.svc.D.Contracts)["code-review/2"]
 	input, _ := json.Marshal(c.input)
 	w := e.rejectedWork(ct, "shop/app#5", input)
 	var before WorkView
@@ -237,12 +239,12 @@ func TestConsoleNeedsReviewIsTheOpenQueue(t *testing.T) {
 	t.Parallel()
 	e := deskEnv(t)
 	ctx := t.Context()
-	reg := e.svc.d.Contracts
+	reg := e.svc.D.Contracts
 	for i, answer := range []string{`{"schemaVersion":1,"changeId":"%s","findings":[{"file":"a.go","line":1,"severity":"blocking","summary":"s","evidence":"e"}]}`,
 		`{"schema_version":"change-review.v1","severity":"high","tags":["auth"],"findings":[]}`} {
 		ct, _ := reg.Version([]string{"code-review/1", "change-review/1"}[i])
-		w := e.svc.newWork(ctx, store.Tenant{ID: "acme"}, ct, fmt.Sprintf("shop/blocking#%d", i), "r1", "batch", []byte(`{"diff":""}`), time.Now().Add(time.Hour))
-		if _, _, err := e.st.InsertWork(ctx, w, e.svc.announce(ctx)); err != nil {
+		w := e.svc.NewWork(ctx, store.Tenant{ID: "acme"}, ct, fmt.Sprintf("shop/blocking#%d", i), "r1", "batch", []byte(`{"diff":""}`), time.Now().Add(time.Hour))
+		if _, _, err := e.st.InsertWork(ctx, w, e.svc.Announcer(ctx)); err != nil {
 			t.Fatal(err)
 		}
 		token, attempt := "00000000-0000-4000-8000-00000000000"+fmt.Sprint(i), "00000000-0000-4000-8000-10000000000"+fmt.Sprint(i)
@@ -273,7 +275,7 @@ func TestConsoleNeedsReviewIsTheOpenQueue(t *testing.T) {
 	if views.States[store.ViewNeedsReview] != int64(*views.OpenReviews) || !maps.Equal(views.States, console.States) {
 		t.Errorf("/v1/views %v with %d open items; the console %v", views.States, *views.OpenReviews, console.States)
 	}
-	if _, err := e.svc.sample(ctx); err != nil {
+	if _, err := e.svc.Sample(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if gauge := e.svc.Views(); !maps.Equal(gauge, console.States) {

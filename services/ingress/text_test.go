@@ -4,84 +4,12 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"strings"
 	"testing"
-	"testing/iotest"
 
 	"assay.dev/pkg/store"
 )
-
-// A string whose JSON escapes spell a NUL or a surrogate half alone is
-// refused with where it is, as a value or a key, in a field or in a free
-// input; escapes that spell text (a pair, U+FFFD itself, an escaped
-// backslash before "ud800") pass, read whole or a byte at a time.
-func TestDecodeStrictRefusesEscapesThatAreNotText(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct {
-		body, path string
-		key, nul   bool
-	}{
-		{`{"contract":"a\u0000b"}`, "contract", false, true},
-		{`{"contract":"\ud800"}`, "contract", false, false},
-		{`{"contract":"x\uDBFFy"}`, "contract", false, false},
-		{`{"contract":"\udc00\ud800"}`, "contract", false, false},
-		{`{"contract":"\ud800\u0041"}`, "contract", false, false},
-		{`{"contract":"\ud800` + "\uFFFD" + `"}`, "contract", false, false},
-		{`{"input":{"text":"\udfff"}}`, "input.text", false, false},
-		{`{"input":{"a":["ok","\u0000"]}}`, "input.a[1]", false, true},
-		{`{"input":{"k\u0000":1}}`, "input", true, true},
-		{`{"input":{"\ud800":1}}`, "input", true, false},
-		{`{"sou\u0000rceId":"x"}`, "", true, true},
-	} {
-		for name, read := range map[string]func() error{
-			"whole": func() error { var r SubmitRequest; return decodeStrict([]byte(c.body), &r) },
-			"bytewise": func() error {
-				var r SubmitRequest
-				return decodeStrictFrom(iotest.OneByteReader(strings.NewReader(c.body)), &r)
-			},
-		} {
-			var ee *EscapeError
-			if err := read(); !errors.As(err, &ee) || ee.Path != c.path || ee.Key != c.key || ee.NUL != c.nul {
-				t.Errorf("%s read %s: %v, want an escape error at %q (key %v, NUL %v)", c.body, name, err, c.path, c.key, c.nul)
-			}
-		}
-	}
-	for _, body := range []string{
-		`{"contract":"\ud83d\ude00 \uD83D\uDE00"}`,
-		`{"contract":"\ufffd and ` + "\uFFFD" + `"}`,
-		`{"contract":"\\ud800"}`,
-		`{"contract":"\\\ud83d\ude00\"\\"}`,
-		`{"input":{"note":"a \"quoted\" \ufffd"}}`,
-	} {
-		var r SubmitRequest
-		if err := decodeStrict([]byte(body), &r); err != nil {
-			t.Errorf("%s: %v, want it read", body, err)
-		}
-	}
-}
-
-// loneSurrogate reads a literal's escapes in order: an escaped backslash
-// starts no escape, and a high half is paired only by a low half right
-// after it.
-func TestLoneSurrogate(t *testing.T) {
-	t.Parallel()
-	for lit, want := range map[string]bool{
-		``: false, `plain`: false, `\ud83d\ude00`: false, `\\ud800`: false, `\\\ud83d\ude00`: false,
-		`\ud800`: true, `\\\ud800`: true, `\udc00`: true, `\ud83d`: true, `\ud83dx\ude00`: true,
-		`\ud83d\u0041`: true, `\ud83d\ud83d\ude00`: true, `\ud83d\ude00\ude00`: true, `\u00e9\ud800`: true,
-	} {
-		if got := loneSurrogate([]byte(lit)); got != want {
-			t.Errorf("loneSurrogate(%s) = %v, want %v", lit, got, want)
-		}
-	}
-	for b, want := range map[string]string{`"x"`: `x`, `"a\"b"`: `a\"b`, `{"k":"a\\"`: `a\\`, `"\\\""`: `\\\"`, `x`: ``} {
-		if got := string(rawString([]byte(b))); got != want {
-			t.Errorf("rawString(%s) = %s, want %s", b, got, want)
-		}
-	}
-}
 
 // request sends a request to the env's ingress with token, the body raw.
 func (e *webhookEnv) request(method, path, token, body string) answer {

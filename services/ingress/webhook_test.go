@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -31,6 +30,7 @@ import (
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/telemetry"
 	"assay.dev/pkg/telemetry/telemetrytest"
+	"assay.dev/services/ingress/internal/webhook"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -43,47 +43,9 @@ const (
 	prSource     = "shop/checkout#41"
 )
 
-// GitHub's published example for X-Hub-Signature-256.
-func TestSignatureTestVector(t *testing.T) {
-	t.Parallel()
-	const (
-		secret  = "It's a Secret to Everybody"
-		payload = "Hello, World!"
-		want    = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
-	)
-	if got := Sign(secret, []byte(payload)); got != want {
-		t.Fatalf("Sign = %s, want %s", got, want)
-	}
-	if !VerifySignature(secret, []byte(payload), want) {
-		t.Fatal("the published test vector does not verify")
-	}
-	refused := map[string]struct{ secret, payload, header string }{
-		"other payload":    {secret, payload + " ", want},
-		"other secret":     {secret + ".", payload, want},
-		"empty secret":     {"", payload, Sign("", []byte(payload))},
-		"one digit off":    {secret, payload, want[:len(want)-1] + "f"},
-		"truncated":        {secret, payload, want[:len(want)-2]},
-		"extended":         {secret, payload, want + "00"},
-		"no prefix":        {secret, payload, strings.TrimPrefix(want, "sha256=")},
-		"sha1 prefix":      {secret, payload, "sha1=" + strings.TrimPrefix(want, "sha256=")},
-		"not hex":          {secret, payload, "sha256=" + strings.Repeat("zz", 32)},
-		"empty":            {secret, payload, ""},
-		"prefix only":      {secret, payload, "sha256="},
-		"leading space":    {secret, payload, " " + want},
-		"upper-case sha":   {secret, payload, "SHA256=" + strings.TrimPrefix(want, "sha256=")},
-		"odd length hex":   {secret, payload, want + "0"},
-		"empty body match": {secret, "", want},
-	}
-	for name, c := range refused {
-		if VerifySignature(c.secret, []byte(c.payload), c.header) {
-			t.Errorf("%s: verified %q", name, c.header)
-		}
-	}
-}
-
 func readPayload(t testing.TB, name string) []byte {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", name))
+	b, err := os.ReadFile(filepath.Join("internal", "webhook", "testdata", name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,148 +68,6 @@ func mutate(t testing.TB, name string, edit func(map[string]any)) []byte {
 }
 
 func pull(m map[string]any) map[string]any { return m["pull_request"].(map[string]any) }
-
-func TestDecodePullRequestEvent(t *testing.T) {
-	t.Parallel()
-	for name, want := range map[string]struct{ action, head string }{
-		"pull_request_opened.json":      {"opened", headOpened},
-		"pull_request_synchronize.json": {"synchronize", headSync},
-		"pull_request_reopened.json":    {"reopened", headSync},
-		"pull_request_closed.json":      {"closed", headSync},
-	} {
-		e, err := DecodePullRequestEvent(readPayload(t, name))
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		if e.Action != want.action || e.Number != 41 || e.PullRequest.Head.SHA != want.head ||
-			e.Repository.FullName != "shop/checkout" || e.Installation == nil || e.Installation.ID != 51234567 ||
-			e.Owner() != "shop" || e.Repo() != "checkout" || e.SourceID() != prSource ||
-			e.PullRequest.Title != "Mark orders paid on confirmation and shipped from the warehouse" {
-			t.Fatalf("%s: decoded %+v", name, e)
-		}
-	}
-
-	// A repository webhook has no installation; GitHub adds fields over time.
-	e, err := DecodePullRequestEvent(mutate(t, "pull_request_opened.json", func(m map[string]any) {
-		delete(m, "installation")
-		m["some_future_field"] = map[string]any{"nested": []any{1, "x", nil}}
-		pull(m)["head"].(map[string]any)["future"] = true
-	}))
-	if err != nil || e.Installation != nil {
-		t.Fatalf("without installation, with new fields: %+v, %v", e, err)
-	}
-	if e, err := DecodePullRequestEvent(mutate(t, "pull_request_opened.json", func(m map[string]any) { m["installation"] = nil })); err != nil || e.Installation != nil {
-		t.Fatalf("installation null: %+v, %v", e, err)
-	}
-
-	refused := map[string]func(map[string]any){
-		"number as string":       func(m map[string]any) { m["number"] = "41" },
-		"number fractional":      func(m map[string]any) { m["number"] = 41.5 },
-		"number zero":            func(m map[string]any) { m["number"] = 0; pull(m)["number"] = 0 },
-		"number negative":        func(m map[string]any) { m["number"] = -41; pull(m)["number"] = -41 },
-		"numbers disagree":       func(m map[string]any) { pull(m)["number"] = 42 },
-		"no pull_request":        func(m map[string]any) { delete(m, "pull_request") },
-		"pull_request array":     func(m map[string]any) { m["pull_request"] = []any{} },
-		"head sha missing":       func(m map[string]any) { delete(pull(m)["head"].(map[string]any), "sha") },
-		"head sha number":        func(m map[string]any) { pull(m)["head"].(map[string]any)["sha"] = 12345 },
-		"head sha short":         func(m map[string]any) { pull(m)["head"].(map[string]any)["sha"] = headOpened[:12] },
-		"head sha upper":         func(m map[string]any) { pull(m)["head"].(map[string]any)["sha"] = strings.ToUpper(headOpened) },
-		"head sha ref":           func(m map[string]any) { pull(m)["head"].(map[string]any)["sha"] = "refs/heads/main" },
-		"title number":           func(m map[string]any) { pull(m)["title"] = 7 },
-		"action missing":         func(m map[string]any) { delete(m, "action") },
-		"action bool":            func(m map[string]any) { m["action"] = true },
-		"action odd":             func(m map[string]any) { m["action"] = "Opened; DROP" },
-		"repository missing":     func(m map[string]any) { delete(m, "repository") },
-		"full_name no owner":     func(m map[string]any) { m["repository"].(map[string]any)["full_name"] = "checkout" },
-		"full_name traversal":    func(m map[string]any) { m["repository"].(map[string]any)["full_name"] = "shop/.." },
-		"full_name dot":          func(m map[string]any) { m["repository"].(map[string]any)["full_name"] = "shop/." },
-		"full_name deep":         func(m map[string]any) { m["repository"].(map[string]any)["full_name"] = "shop/a/b" },
-		"full_name space":        func(m map[string]any) { m["repository"].(map[string]any)["full_name"] = "shop/check out" },
-		"full_name query":        func(m map[string]any) { m["repository"].(map[string]any)["full_name"] = "shop/x?y" },
-		"installation id string": func(m map[string]any) { m["installation"].(map[string]any)["id"] = "51234567" },
-		"installation id zero":   func(m map[string]any) { m["installation"].(map[string]any)["id"] = 0 },
-		"installation array":     func(m map[string]any) { m["installation"] = []any{1} },
-	}
-	for name, edit := range refused {
-		if e, err := DecodePullRequestEvent(mutate(t, "pull_request_opened.json", edit)); err == nil {
-			t.Errorf("%s: accepted as %+v", name, e)
-		}
-	}
-	opened := readPayload(t, "pull_request_opened.json")
-	for name, body := range map[string][]byte{
-		"null": []byte("null"), "array": []byte("[]"), "string": []byte(`"x"`), "empty": nil,
-		"trailing object": append(bytes.Clone(opened), "{}"...), "trailing garbage": append(bytes.Clone(opened), 'x'),
-		"truncated": opened[:len(opened)-3], "huge number": []byte(`{"action":"opened","number":1e400}`),
-	} {
-		if e, err := DecodePullRequestEvent(body); err == nil {
-			t.Errorf("%s: accepted as %+v", name, e)
-		}
-	}
-}
-
-func FuzzWebhook(f *testing.F) {
-	// Minimizing an input costs time quadratic in its length, so the seeds
-	// are the pull_request shape cut down to what the decoder reads plus a
-	// field it must skip; the full payloads are exercised by the tests.
-	const seed = `{"action":%q,"number":41,"pull_request":{"number":41,"title":"Fix cart","draft":false,` +
-		`"head":{"sha":%q}},"repository":{"id":7,"full_name":"shop/checkout"}%s}`
-	for _, s := range []string{
-		fmt.Sprintf(seed, "opened", headOpened, `,"installation":{"id":51234567}`),
-		fmt.Sprintf(seed, "synchronize", headSync, `,"before":"`+headOpened+`","installation":null`),
-		fmt.Sprintf(seed, "closed", headSync, ""),
-		`{"zen":"Keep it logically awesome.","hook_id":4}`,
-		`{}`, `null`, `[]`,
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		_ = VerifySignature(testSecret, body, string(body))
-		e, err := DecodePullRequestEvent(body)
-		if err != nil {
-			return
-		}
-		if !json.Valid(body) {
-			t.Fatalf("accepted invalid JSON %q", body)
-		}
-		// What an accepted payload yields must pass the same checks as an
-		// API submission, and name a safe API path.
-		if !sourceRE.MatchString(e.SourceID()) || !revisionRE.MatchString(e.PullRequest.Head.SHA) {
-			t.Fatalf("accepted source %q revision %q", e.SourceID(), e.PullRequest.Head.SHA)
-		}
-		if e.Owner() == "" || e.Repo() == "" || e.Repo() == "." || e.Repo() == ".." || strings.Contains(e.Repo(), "/") {
-			t.Fatalf("accepted repository %q", e.Repository.FullName)
-		}
-		if e.Number <= 0 || (e.Installation != nil && e.Installation.ID <= 0) {
-			t.Fatalf("accepted number %d installation %+v", e.Number, e.Installation)
-		}
-		if in, err := reviewInput("diff", e.PullRequest.Title); err != nil || !json.Valid(in) {
-			t.Fatalf("review input from title %q: %q, %v", e.PullRequest.Title, in, err)
-		}
-	})
-}
-
-func TestReviewInputTitle(t *testing.T) {
-	t.Parallel()
-	long := strings.Repeat("é", 400)
-	for title, want := range map[string]string{
-		"Fix <cart> & totals":   "Fix <cart> & totals",
-		"a\x00b\nc\u202e":       "a b c\u202e",
-		"  padded\t":            "padded",
-		long:                    strings.Repeat("é", 300),
-		"bad \xff utf8":         "bad \uFFFD utf8",
-		"":                      "",
-		"\x1b[31mred\x1b[0m ok": "[31mred [0m ok",
-	} {
-		in, err := reviewInput("d", title)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got struct{ Diff, Title string }
-		if err := json.Unmarshal(in, &got); err != nil || got.Title != want || got.Diff != "d" {
-			t.Errorf("title %q: input %s (%v), want title %q", title, in, err, want)
-		}
-	}
-}
 
 // fakeGitHub serves pull-request diffs as the REST API does.
 type fakeGitHub struct {
@@ -592,7 +412,7 @@ func TestWebhookOpened(t *testing.T) {
 	if in.Diff != evalDiff(t, "05-checkout-state") || in.Title != "Mark orders paid on confirmation and shipped from the warehouse" {
 		t.Fatalf("input title %q, diff of %d bytes", in.Title, len(in.Diff))
 	}
-	c, _ := e.svc.d.Contracts.Get("code-review")
+	c, _ := e.svc.D.Contracts.Get("code-review")
 	if err := c.ValidateInput([]byte(w.Input)); err != nil {
 		t.Fatalf("stored input does not validate: %v", err)
 	}
@@ -713,7 +533,7 @@ func TestWebhookReplayedConcurrently(t *testing.T) {
 	if e.gh.calls.Load() != calls {
 		t.Fatal("a recorded delivery fetched the diff again")
 	}
-	e.decision(DeliveryKey("5b4f9a10-0001-11f0-9e7c-0242ac120002"), "duplicate")
+	e.decision(webhook.DeliveryKey("5b4f9a10-0001-11f0-9e7c-0242ac120002"), "duplicate")
 }
 
 func TestWebhookSynchronizeSupersedes(t *testing.T) {
@@ -796,7 +616,7 @@ func TestWebhookIgnored(t *testing.T) {
 		if a.status != http.StatusOK || a.ignored() != c.reason {
 			t.Errorf("%s: %d %s, want 200 ignored %q", c.delivery, a.status, a.body, c.reason)
 		}
-		if d := e.decision(DeliveryKey(c.delivery), "ignored"); d["reason"] != c.reason || d["event"] != c.event {
+		if d := e.decision(webhook.DeliveryKey(c.delivery), "ignored"); d["reason"] != c.reason || d["event"] != c.event {
 			t.Errorf("%s: decision %v", c.delivery, d)
 		}
 	}
@@ -814,7 +634,7 @@ func TestWebhookTenantMapping(t *testing.T) {
 	if a.status != http.StatusNotFound || a.code() != "unknown_installation" {
 		t.Fatalf("unknown installation: %d %s, want 404 unknown_installation", a.status, a.body)
 	}
-	if d := e.decision(DeliveryKey("d-unknown"), "refused"); !strings.Contains(d["reason"].(string), "installation 999") {
+	if d := e.decision(webhook.DeliveryKey("d-unknown"), "refused"); !strings.Contains(d["reason"].(string), "installation 999") {
 		t.Fatalf("decision %v", d)
 	}
 	noInst := mutate(t, "pull_request_opened.json", func(m map[string]any) { delete(m, "installation") })
@@ -1036,51 +856,6 @@ func TestWebhookWithoutCellSecret(t *testing.T) {
 	}
 	if a := e.deliver("pull_request", "d-1", body, Sign(secret, body)); a.status != http.StatusAccepted {
 		t.Fatalf("signed with acme's secret: %d %s, want 202", a.status, a.body)
-	}
-}
-
-func TestConfigRefusesBadGitHubAPI(t *testing.T) {
-	t.Parallel()
-	for _, api := range []string{"api.github.com", "ftp://x", "https://"} {
-		c := Config{Region: "us", GitHubAPI: api}
-		if err := c.defaults(); err == nil {
-			t.Errorf("GitHubAPI %q accepted", api)
-		}
-	}
-}
-
-func TestGitHubDiffs(t *testing.T) {
-	t.Parallel()
-	var got *http.Request
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got = r.Clone(context.Background())
-		fmt.Fprint(w, strings.Repeat("+", 100))
-	}))
-	defer srv.Close()
-	g := &GitHubDiffs{API: srv.URL + "/", MaxBytes: 100, Timeout: time.Second}
-	d, err := g.Diff(t.Context(), PullRef{Owner: "shop", Repo: "checkout.js", Number: 7, HeadSHA: headOpened})
-	if err != nil || len(d) != 100 {
-		t.Fatalf("Diff = %d bytes, %v", len(d), err)
-	}
-	if got.URL.Path != "/repos/shop/checkout.js/pulls/7" {
-		t.Fatalf("without a base: GET %s, want the pull request's diff", got.URL.Path)
-	}
-	if _, err := g.Diff(t.Context(), PullRef{Owner: "shop", Repo: "checkout.js", Number: 7, HeadSHA: "bbb", BaseSHA: "aaa"}); err != nil ||
-		got.URL.Path != "/repos/shop/checkout.js/compare/aaa...bbb" {
-		t.Fatalf("with a base: GET %s (%v), want compare/aaa...bbb: the delivered revision", got.URL.Path, err)
-	}
-	if got.Header.Get("Accept") != "application/vnd.github.diff" ||
-		got.Header.Get("Authorization") != "" || got.Header.Get("X-GitHub-Api-Version") == "" {
-		t.Fatalf("request %s %v", got.URL, got.Header)
-	}
-	g.MaxBytes = 99
-	if _, err := g.Diff(t.Context(), PullRef{Owner: "shop", Repo: "checkout", Number: 7}); !errors.Is(err, ErrDiffTooLarge) {
-		t.Fatalf("over the cap: %v, want ErrDiffTooLarge", err)
-	}
-	g.Token = "ghs_x"
-	g.MaxBytes = 0
-	if _, err := g.Diff(t.Context(), PullRef{Owner: "shop", Repo: "checkout", Number: 7}); err != nil || got.Header.Get("Authorization") != "Bearer ghs_x" {
-		t.Fatalf("with token: %v, Authorization %q", err, got.Header.Get("Authorization"))
 	}
 }
 

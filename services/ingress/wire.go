@@ -9,6 +9,9 @@ import (
 	"assay.dev/pkg/outbox"
 	"assay.dev/pkg/store"
 	"assay.dev/pkg/story"
+	"assay.dev/services/ingress/internal/console"
+	"assay.dev/services/ingress/internal/desk"
+	"assay.dev/services/ingress/internal/webhook"
 )
 
 // The HTTP API's request and answer types are package api's, which the
@@ -111,3 +114,33 @@ func reviewView(v *store.Review, now time.Time) ReviewView { return story.Review
 func reviewID(v *store.Review) string { return story.ReviewID(v) }
 
 func resolution(v *store.Review) string { return story.Resolution(v) }
+
+// The console's snapshot, as GET /v1/console answers it.
+type Console = console.Console
+
+// ConsoleRecent is how many recent items a console snapshot lists;
+// ConsoleStates are the five states, in the order the console shows them.
+const ConsoleRecent = console.ConsoleRecent
+
+var ConsoleStates = console.ConsoleStates
+
+// A review item as the review desk shows it, and a tenant's views.
+type (
+	ReviewCase = desk.ReviewCase
+	ViewCounts = desk.ViewCounts
+)
+
+// The part of GitHub's pull_request event payload that ingress reads.
+type (
+	PullRequestEvent = webhook.PullRequestEvent
+	PullRequest      = webhook.PullRequest
+	GitRef           = webhook.GitRef
+	Repository       = webhook.Repository
+	Installation     = webhook.Installation
+)
+
+// WebhookContract is the contract a pull request's review is made for.
+const WebhookContract = webhook.WebhookContract
+
+// MaxBatchItems is the most items one batch holds.
+const MaxBatchItems = api.MaxBatchItems
