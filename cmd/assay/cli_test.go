@@ -48,6 +48,7 @@ func TestCommandMistakesAreNamed(t *testing.T) {
 		{[]string{"dev", "webhook", "--help"}, 2, "bin/assay-dev dev [--serve]"},
 		{[]string{"bench", "goodput", "--quick"}, 2, "make bench-goodput"},
 		{[]string{"bench", "--help"}, 2, "bin/assay-dev bench goodput|pipeline|parts|cells|move"},
+		{[]string{"sim", "--addr", "127.0.0.1:0"}, 2, "assay sim: the development commands are in assay-dev now, which make build builds as bin/assay-dev (cmd/assay/assay-dev): bin/assay-dev sim"},
 	} {
 		var stderr bytes.Buffer
 		code := run(c.args, &stderr)

@@ -8,10 +8,10 @@ import (
 
 // TestOperatorToolLinksNoService: assay, the operator's tool (the
 // container image's assay), links none of the services, nor an embedded
-// nats-server or the dev kit's throwaway Postgres, test environment or
-// fake GitHub (the simulated provider of assay sim is the dev kit it
-// keeps). assay-dev, which runs the cells in its process, links the
-// services: the check tells the two apart.
+// nats-server or anything of the dev kit (the throwaway Postgres, the
+// test environment, the fake GitHub, the simulated provider). assay-dev,
+// which runs the cells in its process, links the services: the check
+// tells the two apart.
 func TestOperatorToolLinksNoService(t *testing.T) {
 	deps := func(pkg string) []string {
 		out, err := exec.Command("go", "list", "-deps", pkg).Output()
@@ -24,7 +24,7 @@ func TestOperatorToolLinksNoService(t *testing.T) {
 	services := 0
 	for _, p := range deps(".") {
 		if strings.HasPrefix(p, "assay.dev/services/") || strings.HasPrefix(p, "github.com/nats-io/nats-server/") ||
-			(strings.HasPrefix(p, "assay.dev/pkg/devkit/") && p != "assay.dev/pkg/devkit/sim") {
+			strings.HasPrefix(p, "assay.dev/pkg/devkit/") {
 			linked = append(linked, p)
 		}
 	}

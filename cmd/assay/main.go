@@ -3,7 +3,6 @@
 // make serve, the benchmarks), are in assay-dev (./assay-dev).
 //
 //	assay migrate             apply the cell's migrations
-//	assay sim                 run the simulated provider
 //	assay tenants seed FILE   create tenants and tokens from a JSON file
 //	assay tenant …            add, list, rotate-token, suspend, resume, set-budget, link
 //	assay operator token …    create, list, revoke the console's operator tokens
@@ -45,7 +44,6 @@ const mainUsage = `usage: assay <command> [flags]
 
 commands:
   migrate                apply the cell's migrations (ASSAY_DATABASE_URL)
-  sim                    run the simulated OpenAI-compatible provider (ASSAY_HTTP_ADDR)
   tenants seed FILE      create many tenants and tokens from FILE: [{"id","homeRegion","token"}]
   tenant COMMAND         one tenant in this cell: add, list, rotate-token, suspend, resume,
                          set-budget, set-rate, set-weight, link, webhook-secret, callback,
@@ -83,12 +81,6 @@ var helps = map[string]string{
 Apply the cell's migrations. --create-database first creates the database
 ASSAY_DATABASE_URL names when it is missing and the role may (the services
 do the same at start-up).
-`,
-	"sim": `usage: assay sim [--addr HOST:PORT]
-
-Run the simulated OpenAI-compatible provider (POST /v1/chat/completions,
-GET /sim/stats, POST /sim/faults). --addr defaults to $ASSAY_HTTP_ADDR, else
-127.0.0.1:8090.
 `,
 	"tenants": `usage: assay tenants seed FILE [--region R --database-url URL]
 
@@ -144,6 +136,7 @@ const devMoved = "the development commands are in assay-dev now, which make buil
 var movedCommands = map[string]string{
 	"dev":   devMoved + "bin/assay-dev dev [--serve], or make demo and make serve",
 	"bench": devMoved + "bin/assay-dev bench goodput|pipeline|parts|cells|move, or make bench-goodput and make bench",
+	"sim":   devMoved + "bin/assay-dev sim [--addr HOST:PORT]",
 }
 
 // tool is assay's commands.
@@ -164,8 +157,6 @@ func command(ctx context.Context, name string, args []string, stderr io.Writer) 
 	switch name {
 	case "migrate":
 		return migrate(ctx, args)
-	case "sim":
-		return runSim(ctx, args)
 	case "tenants":
 		return tenants(ctx, args)
 	case "tenant":

@@ -20,6 +20,7 @@ func TestCommandMistakesAreNamed(t *testing.T) {
 		{[]string{"devs"}, "did you mean assay-dev dev?"},
 		{[]string{"migrate"}, "commands are in assay (bin/assay)"},
 		{[]string{"dev", "--port", "0"}, "--port: 0 is not a port"},
+		{[]string{"sim", "--addr", "nowhere"}, "ASSAY_HTTP_ADDR"},
 	} {
 		var stderr bytes.Buffer
 		if code := run(c.args, &stderr); code != 2 || !strings.Contains(stderr.String(), c.want) {

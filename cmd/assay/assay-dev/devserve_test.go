@@ -28,7 +28,7 @@ import (
 // notExported are the variables assay's commands read that assay-dev dev
 // --serve's export line leaves out, and why.
 var notExported = map[string]string{
-	"ASSAY_HTTP_ADDR":             "assay sim's own listen address: it reaches no cell",
+	"ASSAY_HTTP_ADDR":             "assay-dev sim's own listen address: it reaches no cell",
 	"ASSAY_PUBLISH_DEADLINE":      "assay publish retry's fresh deadline, a choice with a default",
 	"ASSAY_PLACEMENT_NATS_URL":    "the region's account; unset, the placement map is the cell's own, which ASSAY_NATS_URL reaches, as in assay-dev dev",
 	"ASSAY_CELLS":                 "rollout --all-cells's cells; unset, a cell per region of ASSAY_REGIONS, which the line exports: assay-dev dev's cells exactly",

@@ -7,6 +7,7 @@
 //
 //	assay-dev dev [--serve]     both cells in one process, the demo by default
 //	assay-dev dev webhook       a signed GitHub delivery to the cells make serve runs
+//	assay-dev sim               the simulated provider alone
 //	assay-dev bench goodput     the admission benchmark
 //	assay-dev bench pipeline    N items through ingress to accepted and ledgered, beside the River build
 //	assay-dev bench parts       reviews in parts: parts, calls, cost and time per work
@@ -37,6 +38,7 @@ commands:
                          without --serve, submit the evaluation set, print results, exit
                          (make demo; make serve runs dev --serve)
   dev webhook            send make serve's cells a signed pull_request delivery of its fake GitHub
+  sim                    run the simulated OpenAI-compatible provider (ASSAY_HTTP_ADDR)
   bench goodput          admission benchmark against the simulated provider (make bench-goodput)
   bench pipeline         N items through ingress to accepted and ledgered, beside the River build (make bench)
   bench parts [FILE...]  the evaluation set and each diff FILE reviewed, in parts when large: parts, calls, cost, time
@@ -70,6 +72,7 @@ var tool = &cli.Tool{
 	Usage: mainUsage,
 	Helps: map[string]string{
 		"dev":   devUsage + "\n" + devServeUsage + "\n" + devWebhookUsage,
+		"sim":   simUsage,
 		"bench": benchUsage + "\n" + benchPipeUsage + "\n" + benchPartsUsage + "\n" + benchCellsUsage + "\n" + benchMoveUsage,
 	},
 	Subcommands: map[string][]string{
@@ -87,6 +90,9 @@ func run(args []string, stderr io.Writer) int {
 func devCommand(ctx context.Context, name string, args []string, stdout io.Writer) error {
 	if name == "bench" {
 		return benchCmd(ctx, args, stdout)
+	}
+	if name == "sim" {
+		return runSim(ctx, args)
 	}
 	if len(args) > 0 && args[0] == "webhook" {
 		return devWebhook(ctx, args[1:], stdout)

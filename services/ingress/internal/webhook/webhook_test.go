@@ -162,10 +162,10 @@ const (
 	prSource   = "shop/checkout#41"
 )
 
-// readPayload reads a delivery GitHub sent, from testdata.
+// readPayload reads a delivery GitHub sent, from the service's testdata.
 func readPayload(t testing.TB, name string) []byte {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", name))
+	b, err := os.ReadFile(filepath.Join("..", "..", "testdata", name))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -13,11 +14,18 @@ import (
 	"assay.dev/pkg/telemetry"
 )
 
-// runSim runs `assay sim [--addr HOST:PORT]`: the simulated
+const simUsage = `usage: assay-dev sim [--addr HOST:PORT]
+
+Run the simulated OpenAI-compatible provider (POST /v1/chat/completions,
+GET /sim/stats, POST /sim/faults). --addr defaults to $ASSAY_HTTP_ADDR, else
+127.0.0.1:8090.
+`
+
+// runSim runs `assay-dev sim [--addr HOST:PORT]`: the simulated
 // OpenAI-compatible provider, until interrupted.
 func runSim(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("assay sim", flag.ContinueOnError)
-	addr := fs.String("addr", envOr("ASSAY_HTTP_ADDR", "127.0.0.1:8090"), "listen address ($ASSAY_HTTP_ADDR)")
+	fs := flag.NewFlagSet("assay-dev sim", flag.ContinueOnError)
+	addr := fs.String("addr", cmp.Or(os.Getenv("ASSAY_HTTP_ADDR"), "127.0.0.1:8090"), "listen address ($ASSAY_HTTP_ADDR)")
 	if err := fs.Parse(args); err != nil {
 		return cli.ConfigError{Err: err}
 	}
