@@ -1,6 +1,7 @@
 package cell_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -102,7 +104,7 @@ func TestAWebhookAtEveryPhaseOfAMoveIsReviewedOnce(t *testing.T) {
 	kv := moveBucket(t, r)
 	// acme's calls in us take seconds: work is in flight when the move
 	// starts, and the tail lasts until it ends.
-	if err := r.a.Sim.AddFault(sim.Fault{Kind: sim.FaultLatency, Tenant: "acme", Latency: 6 * time.Second}); err != nil {
+	if err := r.a.Sim.AddFault(sim.Fault{Kind: sim.FaultLatency, Tenant: "acme", Latency: 12 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	heads := map[string]string{} // phase → head
@@ -145,6 +147,29 @@ func TestAWebhookAtEveryPhaseOfAMoveIsReviewedOnce(t *testing.T) {
 	body, _ := r.pullDelivery(t, 101)
 	if status, _, wr := r.deliver(t, body, "d-phase-before-again"); status != http.StatusOK || wr.WorkID != works["before"] {
 		t.Errorf("the first pull request delivered again during the tail: HTTP %d %+v; want 200 and its work %s", status, wr, works["before"])
+	}
+	// Asked of us-2, which holds it for us, the work and its event stream
+	// are answered by us, which finishes it.
+	if status, h, raw := r.get(t, r.b, r.acme, "/v1/work/"+works["before"]); status != http.StatusOK || h.Get(ingress.ServedBy) != "us" {
+		t.Errorf("GET the first work at us-2 during the tail: HTTP %d, served by %q: %s; want us's answer", status, h.Get(ingress.ServedBy), raw)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	sreq, _ := http.NewRequestWithContext(sctx, http.MethodGet, r.b.Cell.URL+"/v1/work/"+works["before"]+"/events", nil)
+	sreq.Header.Set("Authorization", "Bearer "+r.acme)
+	resp, err := r.b.HTTP.Do(sreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	event := false
+	for n := 0; n < 20 && !event && sc.Scan(); n++ {
+		event = strings.HasPrefix(sc.Text(), "id: ")
+	}
+	resp.Body.Close()
+	cancel()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(ingress.ServedBy) != "us" || !event {
+		t.Errorf("the first work's events at us-2 during the tail: HTTP %d, served by %q, an event read %v; want us's stream",
+			resp.StatusCode, resp.Header.Get(ingress.ServedBy), event)
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("move: %v", err)

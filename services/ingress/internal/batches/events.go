@@ -348,6 +348,11 @@ func (s *Room) workEventStream(w http.ResponseWriter, r *http.Request) {
 		auth.Unavailable().Write(w)
 		return
 	}
+	// Work of a tenant that moved here, still finished by the cell it left:
+	// that cell streams its events, as it answers the work itself.
+	if h.Work.State == outcome.Elsewhere && s.SendToFinisher(w, r, t.ID, id, nil) {
+		return
+	}
 	mark, err := parseWorkMark(r.Header.Get("Last-Event-ID"))
 	if err != nil {
 		apierror.Write(w, http.StatusBadRequest, "invalid_last_event_id", "Last-Event-ID: "+err.Error())
