@@ -411,36 +411,19 @@ func (k *checker) score(ctx context.Context, v store.Variant, set evalset.Set, i
 			if !ok {
 				return s, fmt.Errorf("rollout check: %s was not read back", id)
 			}
-			atts, err := k.st.Attempts(ctx, id)
+			cr, err := k.readRun(ctx, cs, n, id, run)
 			if err != nil {
 				return s, err
 			}
-			w := run.Work
-			cr := checkRun{Sample: n, WorkID: id, State: w.State, Reason: w.Reason, CostMicros: run.CostMicros, LatencyMS: run.LatencyMS}
 			s.Calls += run.Calls
 			s.CostMicros += run.CostMicros
-			for _, a := range atts {
-				cr.Attempts = append(cr.Attempts, a.Outcome)
-				cr.Transport = cr.Transport || slices.Contains(answered, a.Outcome)
-			}
-			var answer []byte
-			if w.State == outcome.Accepted {
-				cr.Structural = true
-				answer = run.Output
-				structural++
-			}
-			sc, err := cs.Score(answer)
-			if err != nil {
-				return s, fmt.Errorf("rollout check: %s: %w", id, err)
-			}
-			cr.Scores = sc.Values
 			if cr.Structural {
-				cr.Answer = sc.Key
-				answers[sc.Key] = true
+				structural++
+				answers[cr.Answer] = true
 			}
 			values[0] = append(values[0], one(cr.Transport))
 			values[1] = append(values[1], one(cr.Structural))
-			for m, x := range sc.Values {
+			for m, x := range cr.Scores {
 				values[2+m] = append(values[2+m], x)
 			}
 			ci.Runs = append(ci.Runs, cr)
@@ -473,6 +456,35 @@ func (k *checker) score(ctx context.Context, v store.Variant, set evalset.Set, i
 	}
 	s.Transport, s.Structural = s.Signals[0].Mean, s.Signals[1].Mean
 	return s, nil
+}
+
+// readRun reads sample n of an item, work id, back: its attempts, and its
+// answer scored by the item's rubric when the work was accepted.
+func (k *checker) readRun(ctx context.Context, cs evalset.Case, n int, id string, run store.ShadowRun) (checkRun, error) {
+	atts, err := k.st.Attempts(ctx, id)
+	if err != nil {
+		return checkRun{}, err
+	}
+	w := run.Work
+	cr := checkRun{Sample: n, WorkID: id, State: w.State, Reason: w.Reason, CostMicros: run.CostMicros, LatencyMS: run.LatencyMS}
+	for _, a := range atts {
+		cr.Attempts = append(cr.Attempts, a.Outcome)
+		cr.Transport = cr.Transport || slices.Contains(answered, a.Outcome)
+	}
+	var answer []byte
+	if w.State == outcome.Accepted {
+		cr.Structural = true
+		answer = run.Output
+	}
+	sc, err := cs.Score(answer)
+	if err != nil {
+		return checkRun{}, fmt.Errorf("rollout check: %s: %w", id, err)
+	}
+	cr.Scores = sc.Values
+	if cr.Structural {
+		cr.Answer = sc.Key
+	}
+	return cr, nil
 }
 
 // one is 1 for true and 0 for false.

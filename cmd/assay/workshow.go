@@ -289,8 +289,27 @@ func storyEnd(s *WorkStory) time.Time {
 	return end.Add(time.Minute)
 }
 
+// printStory prints one work item's story, section by section, as work
+// show does without --json.
 func printStory(w io.Writer, s *WorkStory) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	printWorkRow(tw, s)
+	printAttempts(tw, s)
+	fmt.Fprintln(tw, "\npublications")
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := printPublications(w, s.Publications); err != nil {
+		return err
+	}
+	printReview(tw, s.Review)
+	printAfter(tw, s)
+	return tw.Flush()
+}
+
+// printWorkRow prints the work row: where it was read, its state and
+// what it counts as, its tenant, contract, source, input and times.
+func printWorkRow(tw io.Writer, s *WorkStory) {
 	r := s.Work
 	if s.Cell != "" {
 		fmt.Fprintf(tw, "read from cell %s's database: %s\n", s.Cell, cmp.Or(s.why, "its tenant moved between cells"))
@@ -311,6 +330,10 @@ func printStory(w io.Writer, s *WorkStory) error {
 	fmt.Fprintf(tw, "  counts\t%d attempt(s), %d repair(s), dispatch %d\n", r.Attempts, r.Repairs, r.Dispatch)
 	fmt.Fprintf(tw, "  times\tcreated %s, updated %s, deadline %s\n", rfc(r.CreatedAt), rfc(r.UpdatedAt), rfc(r.DeadlineAt))
 	fmt.Fprintf(tw, "  trace\t%s\n", cmp.Or(s.TraceID, "- (no traceparent came with the request)"))
+}
+
+// printAttempts prints the attempts, their ledger rows and the result.
+func printAttempts(tw io.Writer, s *WorkStory) {
 	fmt.Fprintln(tw, "\nattempts")
 	if len(s.Attempts) == 0 {
 		fmt.Fprintln(tw, "  none")
@@ -336,14 +359,11 @@ func printStory(w io.Writer, s *WorkStory) error {
 	if s.Result != nil {
 		fmt.Fprintf(tw, "\nresult\n  %s\tattempt %s\t%d finding(s)\t%s\n", s.Result.SchemaVersion, s.Result.AttemptID, s.Result.Findings, rfc(s.Result.CreatedAt))
 	}
-	fmt.Fprintln(tw, "\npublications")
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if err := printPublications(w, s.Publications); err != nil {
-		return err
-	}
-	printReview(tw, s.Review)
+}
+
+// printAfter prints what came after the outcome and around it: the
+// operator's actions, the decision log and the retained messages.
+func printAfter(tw io.Writer, s *WorkStory) {
 	fmt.Fprintln(tw, "\nactions")
 	if len(s.Actions) == 0 {
 		fmt.Fprintln(tw, "  none")
@@ -373,7 +393,6 @@ func printStory(w io.Writer, s *WorkStory) error {
 		}
 		fmt.Fprintf(tw, "  %s\tseq %d\t%s\t%s\tmsg-id %s\t%s\n", stream, m.Sequence, rfc(m.Time), m.Subject, orDash(id), m.Outcome)
 	}
-	return tw.Flush()
 }
 
 func rfc(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }

@@ -260,6 +260,19 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 	}
 	var errs []error
 	c.Regions, c.Streams, errs = r.parse()
+	errs = append(errs, r.numbers(&c)...)
+	c.defaults(need)
+	if err := c.validate(need, errs); err != nil {
+		return c, err
+	}
+	c.DatabasePool = dbpool.Size(c.DatabaseURL, c.DatabasePool)
+	return c, nil
+}
+
+// numbers reads the settings that are a duration or a count into c, or
+// their defaults; each error names its variable.
+func (r raw) numbers(c *Config) []error {
+	var errs []error
 	c.StartupWait = 60 * time.Second
 	if r.startupWait != "" {
 		d, err := time.ParseDuration(r.startupWait)
@@ -283,6 +296,12 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 		}
 		c.DatabasePool = n
 	}
+	return errs
+}
+
+// defaults fills in what the settings leave unset, and the streams'
+// settings the services will run with, so the start-up log shows them.
+func (c *Config) defaults(need Need) {
 	if c.Cell == "" {
 		c.Cell = c.Region
 	}
@@ -304,13 +323,7 @@ func Load(name string, args []string, getenv func(string) string, need Need) (Co
 	if c.StartupWait == 0 {
 		c.Streams.Wait = -1
 	}
-	// What the services will run with, so that the start-up log shows it.
 	c.Streams = c.Streams.WithDefaults()
-	if err := c.validate(need, errs); err != nil {
-		return c, err
-	}
-	c.DatabasePool = dbpool.Size(c.DatabaseURL, c.DatabasePool)
-	return c, nil
 }
 
 // parse reads the list and stream settings; each error names its variable.
