@@ -73,7 +73,7 @@ func (s *Room) submitBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	// The rate token first, a repeated batchKey's too: a refused request
 	// costs no reading of its body.
-	if wait, ok := s.Admit(ctx, t, event.Batch); !ok {
+	if wait, ok := s.Take(ctx, t, event.Batch); !ok {
 		door.TooMany(w, "rate_limited", door.OverRate(t, event.Batch), wait)
 		return
 	}

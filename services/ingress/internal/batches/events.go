@@ -227,9 +227,9 @@ func workEvents(mark *workMark, h workHistory) ([]sseEvent, *workMark) {
 	return out, m
 }
 
-// ReadHistory reads what the rows tell of one work item now, from one
+// readHistory reads what the rows tell of one work item now, from one
 // snapshot.
-func (s *Room) ReadHistory(ctx context.Context, id string) (workHistory, error) {
+func (s *Room) readHistory(ctx context.Context, id string) (workHistory, error) {
 	h, err := s.D.Store.WorkHistory(ctx, id)
 	if err != nil {
 		return workHistory{}, err
@@ -338,7 +338,7 @@ func (s *Room) workEventStream(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	id := r.PathValue("id")
-	h, err := s.ReadHistory(ctx, id)
+	h, err := s.readHistory(ctx, id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && h.Work.TenantID != t.ID) {
 		apierror.Write(w, http.StatusNotFound, "not_found", "no work with that id for this tenant")
 		return
@@ -388,7 +388,7 @@ func (s *Room) workEventStream(w http.ResponseWriter, r *http.Request) {
 		if !s.wait(ctx, r, st) {
 			return
 		}
-		fresh, err := s.ReadHistory(ctx, id)
+		fresh, err := s.readHistory(ctx, id)
 		if err == nil {
 			h = fresh
 		} else {

@@ -314,27 +314,27 @@ func (s *Room) consoleSnapshot(w http.ResponseWriter, r *http.Request) {
 	apierror.JSON(w, http.StatusOK, c)
 }
 
-// SharedSnapshot is Snapshot for a stream of v, from the scope's last
+// sharedSnapshot is Snapshot for a stream of v, from the scope's last
 // snapshot while it is fresh enough.
-func (s *Room) SharedSnapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
+func (s *Room) sharedSnapshot(ctx context.Context, v auth.Viewer) (*Console, error) {
 	scope := ""
 	if v.Tenant != nil {
 		scope = v.Tenant.ID
 	}
-	s.Shared.mu.Lock()
-	c := s.Shared.last[scope]
-	s.Shared.mu.Unlock()
+	s.shared.mu.Lock()
+	c := s.shared.last[scope]
+	s.shared.mu.Unlock()
 	if c == nil || time.Since(c.At) >= s.Cfg.ConsoleEvery/2 {
 		fresh, err := s.Snapshot(ctx, v)
 		if err != nil {
 			return nil, err
 		}
-		s.Shared.mu.Lock()
-		if s.Shared.last == nil {
-			s.Shared.last = map[string]*Console{}
+		s.shared.mu.Lock()
+		if s.shared.last == nil {
+			s.shared.last = map[string]*Console{}
 		}
-		s.Shared.last[scope] = fresh
-		s.Shared.mu.Unlock()
+		s.shared.last[scope] = fresh
+		s.shared.mu.Unlock()
 		c = fresh
 	}
 	out := *c // its slices are never written after the read
@@ -368,7 +368,7 @@ func (s *Room) consoleEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	ctx := r.Context()
-	first, err := s.SharedSnapshot(ctx, v)
+	first, err := s.sharedSnapshot(ctx, v)
 	if err != nil {
 		s.D.Log.Error("console: snapshot failed", "err", err)
 		auth.Unavailable().Write(w)
@@ -404,7 +404,7 @@ func (s *Room) followConsole(ctx context.Context, r *http.Request, cs *consoleSt
 			cs.send([]byte("event: error\ndata: " + string(body) + "\n\n"))
 			return
 		}
-		c, err := s.SharedSnapshot(ctx, again)
+		c, err := s.sharedSnapshot(ctx, again)
 		if err != nil {
 			if ctx.Err() != nil {
 				return

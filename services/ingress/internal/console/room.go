@@ -13,8 +13,8 @@ import (
 // Room serves the console through the door.
 type Room struct {
 	*door.Door
-	// Shared is the console streams' last snapshot per scope.
-	Shared consoleShared
+	// shared is the console streams' last snapshot per scope.
+	shared consoleShared
 }
 
 // Endpoints are the console's operations and pages.

@@ -41,10 +41,10 @@ func (s *Door) RegisterCell(ctx context.Context, url string) error {
 // serves the tenant then.
 const holdWait = 20 * time.Second
 
-// Serving is the cell of this region that serves tenant, as the region's
+// serving is the cell of this region that serves tenant, as the region's
 // placement map says; an error while the map is not read. During a move's
 // cut it waits for the cut to end, up to holdWait.
-func (s *Door) Serving(tenant string) (string, error) {
+func (s *Door) serving(tenant string) (string, error) {
 	deadline := time.Now().Add(holdWait)
 	for {
 		snap, err := s.place.Now()
@@ -60,10 +60,10 @@ func (s *Door) Serving(tenant string) (string, error) {
 	}
 }
 
-// Finishing reports whether r was sent on by the cell that serves tenant
+// finishing reports whether r was sent on by the cell that serves tenant
 // now, for work this cell admitted before the tenant moved there and
 // still finishes: this cell answers it.
-func (s *Door) Finishing(r *http.Request, tenant string) bool {
+func (s *Door) finishing(r *http.Request, tenant string) bool {
 	by := r.Header.Get(ForwardedBy)
 	if by == "" {
 		return false
@@ -81,7 +81,7 @@ func (s *Door) SendToFinisher(w http.ResponseWriter, r *http.Request, tenant, wo
 	if err != nil || cell == "" || r.Header.Get(ForwardedBy) != "" {
 		return false
 	}
-	s.SendTo(w, r, tenant, cell, apierror.New(http.StatusServiceUnavailable, "unavailable",
+	s.sendTo(w, r, tenant, cell, apierror.New(http.StatusServiceUnavailable, "unavailable",
 		fmt.Sprintf("work %s is finished by cell %s, which did not answer; try again", workID, cell)), body)
 	return true
 }
@@ -92,14 +92,14 @@ func (s *Door) SendToFinisher(w http.ResponseWriter, r *http.Request, tenant, wo
 func (s *Door) MovedOut(w http.ResponseWriter, r *http.Request, tenant string, body []byte) {
 	refused := apierror.New(http.StatusServiceUnavailable, "unavailable",
 		fmt.Sprintf("tenant %s is moving to another cell of the region; try again", tenant))
-	if cell, err := s.Serving(tenant); err == nil && cell != s.Cfg.Names.Cell {
-		s.SendTo(w, r, tenant, cell, refused, body)
+	if cell, err := s.serving(tenant); err == nil && cell != s.Cfg.Names.Cell {
+		s.sendTo(w, r, tenant, cell, refused, body)
 		return
 	}
 	refused.Write(w)
 }
 
-// SendOn answers a request of a tenant that another cell of the region
+// sendOn answers a request of a tenant that another cell of the region
 // serves (refused says so: 421 wrong_cell) with that cell's answer to it,
 // sent on through this one: the tenant's clients and its GitHub App need
 // one address per region, whichever cell holds the tenant, and a tenant
@@ -108,16 +108,16 @@ func (s *Door) MovedOut(w http.ResponseWriter, r *http.Request, tenant string, b
 // the refusal, which names the cell and never its address or why it did
 // not answer (the log has both). body, when not nil, is the request's body
 // as read already.
-func (s *Door) SendOn(w http.ResponseWriter, r *http.Request, tenant string, refused *apierror.Error, body []byte) {
+func (s *Door) sendOn(w http.ResponseWriter, r *http.Request, tenant string, refused *apierror.Error, body []byte) {
 	cell := ""
 	if snap, err := s.place.Now(); err == nil {
 		cell = snap.CellOf(tenant)
 	}
-	s.SendTo(w, r, tenant, cell, refused, body)
+	s.sendTo(w, r, tenant, cell, refused, body)
 }
 
-// SendTo sends r on to cell, as sendOn does.
-func (s *Door) SendTo(w http.ResponseWriter, r *http.Request, tenant, cell string, refused *apierror.Error, body []byte) {
+// sendTo sends r on to cell, as sendOn does.
+func (s *Door) sendTo(w http.ResponseWriter, r *http.Request, tenant, cell string, refused *apierror.Error, body []byte) {
 	var target *url.URL
 	if snap, err := s.place.Now(); err == nil && r.Header.Get(ForwardedBy) == "" && cell != "" {
 		if c, ok := snap.Cells[cell]; ok && c.URL != "" {
@@ -163,7 +163,7 @@ func (s *Door) SendTo(w http.ResponseWriter, r *http.Request, tenant, cell strin
 // another cell serves, sends the request on to that cell.
 func (s *Door) RefuseOrSendOn(w http.ResponseWriter, r *http.Request, t store.Tenant, refused *apierror.Error, body []byte) {
 	if refused.Code == "wrong_cell" && t.ID != "" {
-		s.SendOn(w, r, t.ID, refused, body)
+		s.sendOn(w, r, t.ID, refused, body)
 		return
 	}
 	refused.Write(w)

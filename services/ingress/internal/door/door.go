@@ -67,7 +67,7 @@ type Door struct {
 
 // Cell is who ingress authenticates for.
 func (s *Door) Cell() auth.Cell {
-	return auth.Cell{Region: s.Cfg.Region, ID: s.Cfg.Names.Cell, ServedBy: s.Serving}
+	return auth.Cell{Region: s.Cfg.Region, ID: s.Cfg.Names.Cell, ServedBy: s.serving}
 }
 
 // Announcer makes the outbox rows that announce newly queued work.
@@ -88,12 +88,6 @@ func (s *Door) LogSuperseded(ctx context.Context, w *store.Work) {
 		}
 		telemetry.Decision(ctx, s.D.Log, id, outcome.Superseded, why, slog.String("by", w.ID))
 	}
-}
-
-// Admit takes a token from the tenant's bucket for the lane. When there is
-// none it returns how long until there is one.
-func (s *Door) Admit(ctx context.Context, t store.Tenant, lane string) (time.Duration, bool) {
-	return s.Take(ctx, t, lane)
 }
 
 // OverRate says why admission refused work.
@@ -151,7 +145,7 @@ var (
 // writes the refusal and returns false.
 func (s *Door) Authenticate(w http.ResponseWriter, r *http.Request) (store.Tenant, bool) {
 	t, refused := auth.Bearer(r.Context(), s.Tokens, r.Header.Get("Authorization"), s.Cell())
-	if refused != nil && refused.Code == "wrong_cell" && t.ID != "" && s.Finishing(r, t.ID) {
+	if refused != nil && refused.Code == "wrong_cell" && t.ID != "" && s.finishing(r, t.ID) {
 		return t, true
 	}
 	if refused != nil {
@@ -189,19 +183,19 @@ func (s *Door) RefuseOverRate(ctx context.Context, w http.ResponseWriter, t stor
 // TooMany answers a submission refused for now: RetryLater, with a message
 // that says why, how long, and that nothing was stored.
 func TooMany(w http.ResponseWriter, code, why string, wait time.Duration) {
-	RetryLater(w, code, fmt.Sprintf("%s; retry after %d s (nothing was stored)", why, RetrySeconds(wait)), wait)
+	RetryLater(w, code, fmt.Sprintf("%s; retry after %d s (nothing was stored)", why, retrySeconds(wait)), wait)
 }
 
 // RetryLater answers a refusal that asking again later can pass: 429 with
-// code and message, and Retry-After: wait in whole seconds (RetrySeconds).
+// code and message, and Retry-After: wait in whole seconds (retrySeconds).
 // Every 429 ingress answers is written here.
 func RetryLater(w http.ResponseWriter, code, message string, wait time.Duration) {
-	w.Header().Set("Retry-After", strconv.Itoa(RetrySeconds(wait)))
+	w.Header().Set("Retry-After", strconv.Itoa(retrySeconds(wait)))
 	apierror.Write(w, http.StatusTooManyRequests, code, message)
 }
 
-// RetrySeconds is wait as Retry-After gives it: whole seconds, rounded up.
-func RetrySeconds(wait time.Duration) int { return int(math.Ceil(wait.Seconds())) }
+// retrySeconds is wait as Retry-After gives it: whole seconds, rounded up.
+func retrySeconds(wait time.Duration) int { return int(math.Ceil(wait.Seconds())) }
 
 // StreamsFullWait is the Retry-After of a stream refused because its
 // holder has as many open as it may: a stream ends when its client closes
@@ -335,10 +329,10 @@ func New(cfg settings.Config, d Deps) (*Door, error) {
 	s.Relay = &outbox.Relay{Store: d.Store, JS: d.JS, Log: d.Log, Streams: []string{event.KindWork},
 		Ensure: s.Streams.Ensure, Meter: d.Tel.Meter(), Region: cfg.Region, SetAside: cfg.SetAside}
 	s.Inserts = &group.Batch[store.InsertReq, store.WorkInserted]{Run: d.Store.InsertWorkGroup}
-	if err := s.WatchMetrics(); err != nil {
+	if err := s.watchMetrics(); err != nil {
 		return nil, err
 	}
-	if err := s.SetUpShed(); err != nil {
+	if err := s.setUpShed(); err != nil {
 		return nil, err
 	}
 	var err error

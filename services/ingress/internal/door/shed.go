@@ -35,8 +35,8 @@ type shedder struct {
 	counted metric.Int64Counter // assay_shed
 }
 
-// SetUpShed builds capacity admission and its counter, assay_shed.
-func (s *Door) SetUpShed() error {
+// setUpShed builds capacity admission and its counter, assay_shed.
+func (s *Door) setUpShed() error {
 	sh := &shedder{cfg: s.Cfg.Shed}
 	sh.view = &shed.View{JS: s.D.JS, Bucket: s.Cfg.Names.CapacityBucket(), Log: s.D.Log}
 	sh.open = s.D.Store

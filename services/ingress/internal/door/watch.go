@@ -83,10 +83,10 @@ var sampledGauges = []sampled{
 		func(w *watch, k string) float64 { return float64(w.outbox[k].SetAside) }},
 }
 
-// WatchMetrics registers the gauges of the samples, and the counter of
+// watchMetrics registers the gauges of the samples, and the counter of
 // what ingress itself drops (the end to end time of what it ends is the
 // committer's to record, when it announces the outcome).
-func (s *Door) WatchMetrics() error {
+func (s *Door) watchMetrics() error {
 	m := s.D.Tel.Meter()
 	region := attribute.String("region", s.Cfg.Region)
 	for _, g := range sampledGauges {

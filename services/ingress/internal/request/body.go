@@ -15,7 +15,7 @@ import (
 	"assay.dev/pkg/contract"
 )
 
-// DecodeBody reads r's body into v as DecodeFrom does, within
+// DecodeBody reads r's body into v as decodeFrom does, within
 // limit: a body refused at its first fault costs what was read up to it.
 // The refusal comes with the fault it is for.
 func DecodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) (*apierror.Error, error) {
@@ -23,7 +23,7 @@ func DecodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) (*ap
 		return apierror.New(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", limit)), nil
 	}
 	body := http.MaxBytesReader(w, r.Body, limit)
-	err := DecodeFrom(body, v)
+	err := decodeFrom(body, v)
 	refused := Refusal(err, limit)
 	var re *ReadError
 	if refused != nil && !errors.As(err, &re) {
@@ -42,7 +42,7 @@ func DecodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) (*ap
 // reads for megabytes, not hundreds.
 var drainBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 
-// Refusal is the answer to a body DecodeFrom refused.
+// Refusal is the answer to a body decodeFrom refused.
 func Refusal(err error, limit int64) *apierror.Error {
 	var re *ReadError
 	var te *contract.TextError

@@ -26,7 +26,7 @@ func Page(w http.ResponseWriter, q url.Values, parse func(string) (time.Time, st
 	}
 	if v := q.Get("cursor"); v != "" {
 		t, i, err := parse(v)
-		if err != nil || !Storable(i) || t.Year() < 1 || t.Year() > 9999 {
+		if err != nil || !storable(i) || t.Year() < 1 || t.Year() > 9999 {
 			apierror.Write(w, http.StatusBadRequest, "invalid_query", "cursor: not a cursor this listing gave")
 			return false
 		}

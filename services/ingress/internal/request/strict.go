@@ -37,10 +37,10 @@ var requestLimits = decodeLimits{Depth: 32, Keys: 256, Items: api.MaxBatchItems,
 // the API's words, never Go's type names. The body is walked once, token
 // by token, and the walk stops at the first fault.
 func Decode(body []byte, v any) error {
-	return DecodeFrom(bytes.NewReader(body), v)
+	return decodeFrom(bytes.NewReader(body), v)
 }
 
-// DecodeFrom is decodeStrict reading the body as it walks it: a
+// decodeFrom is decodeStrict reading the body as it walks it: a
 // body refused at its first fault is read no further than that, and a
 // byte that is not storable text (invalid UTF-8, NUL: encoding/json would
 // turn the first into U+FFFD quietly) stops it too, as a
@@ -48,7 +48,7 @@ func Decode(body []byte, v any) error {
 // not (\u0000, a surrogate half alone), as an *EscapeError naming where
 // it is. Errors of r itself (its size cap, its deadline) come back as
 // they are.
-func DecodeFrom(r io.Reader, v any) error {
+func decodeFrom(r io.Reader, v any) error {
 	var seen bytes.Buffer
 	src := &textReader{r: io.TeeReader(r, &seen)}
 	dec := json.NewDecoder(src)
@@ -81,7 +81,7 @@ type ReadError struct{ Err error }
 func (e *ReadError) Error() string { return "request body: " + e.Err.Error() }
 func (e *ReadError) Unwrap() error { return e.Err }
 
-// readFault is the reader's error as DecodeFrom returns it: text
+// readFault is the reader's error as decodeFrom returns it: text
 // that is not storable as it is, anything else as a *ReadError.
 func readFault(err error) error {
 	var te *contract.TextError
@@ -221,7 +221,7 @@ func (w walker) object(t reflect.Type, path string, depth int) error {
 			return unknownField(path, key, fields)
 		}
 		if seen[key] {
-			return fmt.Errorf("%s%s is given twice", At(path), Shown(key))
+			return fmt.Errorf("%s%s is given twice", At(path), shown(key))
 		}
 		seen[key] = true
 		if err := w.value(f, join(path, key), depth); err != nil {
@@ -264,7 +264,7 @@ func (w walker) any(tok json.Token, path string, depth int) error {
 				return err
 			}
 			if seen[key] {
-				return fmt.Errorf("%s%s is given twice", At(path), Shown(key))
+				return fmt.Errorf("%s%s is given twice", At(path), shown(key))
 			}
 			seen[key] = true
 			next, err := w.dec.Token()
@@ -363,10 +363,10 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 func unknownField(path, key string, fields map[string]reflect.Type) error {
 	for name := range fields {
 		if strings.EqualFold(name, key) {
-			return fmt.Errorf("%sunknown field %s (names are case-sensitive: %q)", At(path), Shown(key), name)
+			return fmt.Errorf("%sunknown field %s (names are case-sensitive: %q)", At(path), shown(key), name)
 		}
 	}
-	return fmt.Errorf("%sunknown field %s", At(path), Shown(key))
+	return fmt.Errorf("%sunknown field %s", At(path), shown(key))
 }
 
 func kindError(path, want string, got json.Token) error {
@@ -435,8 +435,8 @@ func In(path string) string {
 	return "in " + path
 }
 
-// Shown is a caller's key as a message quotes it: at most 64 bytes.
-func Shown(key string) string {
+// shown is a caller's key as a message quotes it: at most 64 bytes.
+func shown(key string) string {
 	if len(key) > 64 {
 		key = key[:64] + "…"
 	}

@@ -105,7 +105,7 @@ func TestDecodeStrictReadsNoFurtherThanTheFault(t *testing.T) {
 	body := attackBody()
 	c := &countingReader{r: bytes.NewReader(body)}
 	var req api.BatchRequest
-	if err := DecodeFrom(c, &req); err == nil || !strings.Contains(err.Error(), `unknown field "x"`) {
+	if err := decodeFrom(c, &req); err == nil || !strings.Contains(err.Error(), `unknown field "x"`) {
 		t.Fatalf("the attack body: %v", err)
 	}
 	if c.n > 64<<10 {
@@ -131,7 +131,7 @@ func TestDecodeStrictChecksTextAsItReads(t *testing.T) {
 	} {
 		for name, r := range map[string]io.Reader{"whole": strings.NewReader(c.body), "bytewise": iotest.OneByteReader(strings.NewReader(c.body))} {
 			var req api.SubmitRequest
-			err := DecodeFrom(r, &req)
+			err := decodeFrom(r, &req)
 			var te *contract.TextError
 			if !errors.As(err, &te) || te.Offset != c.offset || te.NUL != c.nul {
 				t.Errorf("%q read %s: %v, want a text error at byte %d (NUL %v)", c.body, name, err, c.offset, c.nul)
@@ -140,7 +140,7 @@ func TestDecodeStrictChecksTextAsItReads(t *testing.T) {
 	}
 	// Multi-byte characters split across reads are text.
 	var req api.SubmitRequest
-	if err := DecodeFrom(iotest.OneByteReader(strings.NewReader(`{"contract":"héllo wörld ✓ 🙂"}`)), &req); err != nil || req.Contract != "héllo wörld ✓ 🙂" {
+	if err := decodeFrom(iotest.OneByteReader(strings.NewReader(`{"contract":"héllo wörld ✓ 🙂"}`)), &req); err != nil || req.Contract != "héllo wörld ✓ 🙂" {
 		t.Fatalf("UTF-8 read a byte at a time: %v (%q)", err, req.Contract)
 	}
 }
@@ -171,7 +171,7 @@ func TestDecodeStrictRefusesEscapesThatAreNotText(t *testing.T) {
 			"whole": func() error { var r api.SubmitRequest; return Decode([]byte(c.body), &r) },
 			"bytewise": func() error {
 				var r api.SubmitRequest
-				return DecodeFrom(iotest.OneByteReader(strings.NewReader(c.body)), &r)
+				return decodeFrom(iotest.OneByteReader(strings.NewReader(c.body)), &r)
 			},
 		} {
 			var ee *EscapeError

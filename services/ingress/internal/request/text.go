@@ -16,12 +16,12 @@ import (
 // in, and refuses what is not text with an answer that says so: a path
 // that cannot name anything is 404 not_found (TextPaths), a query value
 // 400 invalid_query naming the parameter (TextQuery), a body string 400
-// invalid_input naming the field (DecodeFrom, with EscapeError for
+// invalid_input naming the field (decodeFrom, with EscapeError for
 // what its JSON escapes make).
 
-// Storable reports whether s is text a Postgres text column holds as it
+// storable reports whether s is text a Postgres text column holds as it
 // is: valid UTF-8 (so no surrogate half and no overlong form) without NUL.
-func Storable(s string) bool {
+func storable(s string) bool {
 	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
@@ -31,7 +31,7 @@ func Storable(s string) bool {
 // nothing themselves and pass; their scripts' calls are checked here.
 func TextPaths(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/v1/") && !Storable(r.URL.Path) {
+		if strings.HasPrefix(r.URL.Path, "/v1/") && !storable(r.URL.Path) {
 			apierror.Write(w, http.StatusNotFound, "not_found",
 				"no such resource: the path is not UTF-8 text without NUL, so it names nothing")
 			return
@@ -47,15 +47,15 @@ func TextPaths(h http.Handler) http.Handler {
 func TextQuery(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		for name, values := range r.URL.Query() {
-			if !Storable(name) {
+			if !storable(name) {
 				apierror.Write(w, http.StatusBadRequest, "invalid_query",
 					"a query parameter's name is not UTF-8 text without NUL")
 				return
 			}
 			for _, v := range values {
-				if !Storable(v) {
+				if !storable(v) {
 					apierror.Write(w, http.StatusBadRequest, "invalid_query",
-						fmt.Sprintf("%s: not UTF-8 text without NUL", Shown(name)))
+						fmt.Sprintf("%s: not UTF-8 text without NUL", shown(name)))
 					return
 				}
 			}

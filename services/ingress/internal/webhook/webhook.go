@@ -347,7 +347,7 @@ func (s *Room) storeDelivery(ctx context.Context, w http.ResponseWriter, r *http
 	if work.DropReason != "" {
 		// Dropped before admission: nothing is asked of the model.
 		dropped = outcome.ReasonDiffTooLarge
-	} else if _, ok := s.Admit(ctx, d.tenant, work.Lane); !ok {
+	} else if _, ok := s.Take(ctx, d.tenant, work.Lane); !ok {
 		// GitHub does not retry a refused delivery: the work is stored
 		// dropped, and its reason says how to ask again.
 		work.DropReason = fmt.Sprintf("%s when this arrived; ask again with: %s", door.OverRate(d.tenant, work.Lane), door.RerunCommand(work))

@@ -46,7 +46,7 @@ func (s *Room) submit(w http.ResponseWriter, r *http.Request) {
 	span.SetAttributes(attribute.String("assay.work_id", work.ID), attribute.String("assay.tenant", t.ID))
 	// The rate token is taken before the input is checked against its
 	// schema: a refused request costs its bounded decoding alone.
-	if wait, ok := s.Admit(ctx, t, req.Lane); !ok {
+	if wait, ok := s.Take(ctx, t, req.Lane); !ok {
 		s.RefuseOverRate(ctx, w, t, work, wait)
 		return
 	}
